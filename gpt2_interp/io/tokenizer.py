@@ -1,0 +1,58 @@
+"""Offline GPT-2 BPE tokenizer built with tiktoken from the shipped ``gpt2.tiktoken``.
+
+The file is r50k_base (OpenAI's GPT-2 vocabulary), taken from the MIT-licensed
+``openai-whisper`` sdist; its sha256 is checked at load so a corrupted copy can
+never silently produce wrong token ids.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from functools import lru_cache
+from importlib import resources
+
+import tiktoken
+
+BPE_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+EOT_ID = 50256  # <|endoftext|>: GPT-2's BOS, EOS and pad token
+EOT = "<|endoftext|>"
+# tiktoken's r50k_base pattern (the GPT-2 pre-tokenizer regex).
+_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+@lru_cache(maxsize=1)
+def gpt2_encoding() -> tiktoken.Encoding:
+    """The GPT-2 BPE as a ``tiktoken.Encoding`` (50,257 tokens), built offline."""
+    raw = resources.files("gpt2_interp.io").joinpath("data/gpt2.tiktoken").read_bytes()
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != BPE_SHA256:
+        raise RuntimeError(
+            f"gpt2.tiktoken has sha256 {digest}, expected {BPE_SHA256}; reinstall gpt2-interp."
+        )
+    ranks = {
+        base64.b64decode(token): int(rank)
+        for token, rank in (line.split() for line in raw.splitlines() if line)
+    }
+    return tiktoken.Encoding(
+        name="gpt2_interp_r50k",
+        pat_str=_PAT,
+        mergeable_ranks=ranks,
+        special_tokens={EOT: EOT_ID},
+        explicit_n_vocab=50257,
+    )
+
+
+def encode(text: str) -> list[int]:
+    """Token ids of ``text``; the literal ``<|endoftext|>`` is treated as the special token."""
+    return gpt2_encoding().encode(text, allowed_special={EOT})
+
+
+def decode(ids: list[int]) -> str:
+    """Text of token ids (invalid UTF-8 byte runs become U+FFFD, as in GPT-2)."""
+    return gpt2_encoding().decode(ids)
+
+
+def token_str(token_id: int) -> str:
+    """The string of a single token (possibly a partial UTF-8 sequence, replaced)."""
+    return gpt2_encoding().decode_single_token_bytes(token_id).decode("utf-8", errors="replace")

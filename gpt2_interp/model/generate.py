@@ -1,0 +1,87 @@
+"""Batched text generation with a KV cache (left padding, greedy or sampled)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..io.tokenizer import EOT_ID
+from .modules import KVCache
+
+if TYPE_CHECKING:
+    from .hooked_gpt2 import HookedGPT2, Input
+
+
+def sample_next(
+    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, gen: torch.Generator | None
+) -> torch.Tensor:
+    """Next token ids ``[batch]`` from last-position logits ``[batch, d_vocab]``."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None:
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) >= top_p  # keep the smallest prefix reaching top_p
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    probs = logits.softmax(-1)
+    return torch.multinomial(probs, 1, generator=gen)[:, 0]
+
+
+def generate(
+    model: "HookedGPT2",
+    input: "Input",
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    stop_at_eos: bool,
+    seed: int | None,
+    use_kv_cache: bool,
+    prepend_bos: bool,
+) -> Any:
+    if isinstance(input, torch.Tensor):
+        tokens, mask = model._as_tokens(input, None)
+    else:
+        tokens, mask = model.tokenize(input, prepend_bos=prepend_bos)
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    batch, prompt_len = tokens.shape
+    model._check_length(prompt_len + max_new_tokens)
+    gen = None
+    if seed is not None:
+        gen = torch.Generator(device=model.device).manual_seed(seed)
+    if mask is None:
+        mask = torch.ones_like(tokens)
+    cache = KVCache(model.cfg, batch, prompt_len + max_new_tokens, model.device, model.dtype) if use_kv_cache else None
+    out, finished = tokens, torch.zeros(batch, dtype=torch.bool, device=model.device)
+    for step in range(max_new_tokens):
+        step_input = out[:, -1:] if (cache is not None and step > 0) else out
+        logits = model(step_input, attention_mask=mask, past_kv=cache)[:, -1]
+        nxt = sample_next(logits, temperature, top_k, top_p, gen)
+        nxt = torch.where(finished, torch.full_like(nxt, EOT_ID), nxt)
+        out = torch.cat([out, nxt[:, None]], dim=1)
+        mask = torch.cat([mask, torch.ones_like(nxt[:, None])], dim=1)
+        finished |= nxt == EOT_ID
+        if stop_at_eos and bool(finished.all()):
+            break
+    if isinstance(input, torch.Tensor):
+        return out
+    texts = []
+    for row, m in zip(out, mask):
+        prompt = row[:prompt_len][m[:prompt_len].bool()].tolist()[1 if prepend_bos else 0 :]
+        new = row[prompt_len:].tolist()
+        if stop_at_eos and EOT_ID in new:
+            new = new[: new.index(EOT_ID)]
+        texts.append(model.to_string(prompt + new))
+    return texts[0] if isinstance(input, str) else texts

@@ -1,0 +1,383 @@
+"""``HookedGPT2``: GPT-2 with a named hook point on every activation worth reading."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..io import tokenizer as tok
+from .config import KNOWN_CONFIGS, GPT2Config
+from .hooks import ActivationCache, HookFn, HookPoint, NameFilter, name_filter_fn, suggest
+from .modules import Block, KVCache, LayerNorm
+
+Input = Union[str, Sequence[str], torch.Tensor]
+_BLOCK_HOOK_ORDER = (
+    "hook_resid_pre", "ln1.hook_scale", "ln1.hook_normalized",
+    "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z",
+    "hook_attn_out", "hook_resid_mid", "ln2.hook_scale", "ln2.hook_normalized",
+    "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
+)
+HookSpec = tuple[Union[str, Callable[[str], bool]], HookFn]
+
+
+class HookedGPT2(nn.Module):
+    """Exactly GPT-2 (pre-LN, fused QKV, GELU-new, learned positions, tied unembedding),
+    with TransformerLens hook names.
+
+    >>> model = HookedGPT2(GPT2Config(n_layer=2, d_model=64, n_head=4, d_mlp=256, n_ctx=32))
+    >>> logits, cache = model.run_with_cache("Hello world", names_filter="blocks.0.hook_resid_post")
+    """
+
+    def __init__(self, cfg: GPT2Config | str = "gpt2", seed: int | None = None) -> None:
+        super().__init__()
+        if isinstance(cfg, str):
+            if cfg not in KNOWN_CONFIGS:
+                raise KeyError(f"unknown config {cfg!r}; known: {', '.join(KNOWN_CONFIGS)}")
+            cfg = KNOWN_CONFIGS[cfg]
+        self.cfg = cfg
+        self.embed = nn.Module()
+        self.embed.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
+        self.pos_embed = nn.Module()
+        self.pos_embed.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
+        self.hook_embed = HookPoint()
+        self.hook_pos_embed = HookPoint()
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.ln_final = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        found: dict[str, HookPoint] = {}
+        for prefix, module in self.named_modules():
+            for attr, value in vars(module).items():
+                if isinstance(value, HookPoint):
+                    value.name = f"{prefix}.{attr}" if prefix else attr
+                    found[value.name] = value
+        order = ["hook_embed", "hook_pos_embed"]
+        for i in range(cfg.n_layer):
+            order += [f"blocks.{i}.{n}" for n in _BLOCK_HOOK_ORDER]
+        order += ["ln_final.hook_scale", "ln_final.hook_normalized"]
+        assert sorted(order) == sorted(found), "every hook point must have a place in the forward order"
+        self.hook_dict: dict[str, HookPoint] = {n: found[n] for n in order}
+        self.init_weights(seed)
+
+    # ------------------------------------------------------------------ weights
+    @torch.no_grad()
+    def init_weights(self, seed: int | None = None) -> None:
+        """GPT-2's initialisation: N(0, 0.02), output projections scaled by 1/sqrt(2·n_layer)."""
+        g = torch.Generator().manual_seed(seed) if seed is not None else None
+        std, proj_std = 0.02, 0.02 / math.sqrt(2 * self.cfg.n_layer)
+        for name, p in self.named_parameters():
+            if name.endswith((".w",)):
+                p.fill_(1.0)
+            elif name.endswith((".b", "b_QKV", "b_O", "b_in", "b_out")):
+                p.zero_()
+            else:
+                s = proj_std if name.endswith(("W_O", "W_out")) else std
+                p.copy_(torch.randn(p.shape, generator=g) * s)
+
+    @property
+    def W_E(self) -> torch.Tensor:  # [d_vocab, d_model]
+        return self.embed.W_E
+
+    @property
+    def W_pos(self) -> torch.Tensor:  # [n_ctx, d_model]
+        return self.pos_embed.W_pos
+
+    @property
+    def W_U(self) -> torch.Tensor:  # [d_model, d_vocab], tied to W_E
+        return self.embed.W_E.T
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.W_E.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.W_E.dtype
+
+    def n_params(self) -> int:
+        """Number of distinct parameters (W_U is W_E, counted once): 124,439,808 for gpt2."""
+        return sum(p.numel() for p in self.parameters())
+
+    def hook_names(self) -> list[str]:
+        """Every hook point's name, in forward order."""
+        return list(self.hook_dict)
+
+    # ------------------------------------------------------------------ tokens
+    def to_tokens(
+        self, text: str | Sequence[str], prepend_bos: bool = True, padding_side: str = "left"
+    ) -> torch.Tensor:
+        """Token ids ``[batch, pos]`` (a string gives batch 1); a list is padded with <|endoftext|>."""
+        return self.tokenize(text, prepend_bos, padding_side)[0]
+
+    def tokenize(
+        self, text: str | Sequence[str], prepend_bos: bool = True, padding_side: str = "left"
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(tokens [batch, pos], attention_mask [batch, pos] or None)``; the mask marks real tokens
+        and is None when no row needed padding."""
+        texts = [text] if isinstance(text, str) else list(text)
+        if not texts:
+            raise ValueError("no input text: pass a string or a non-empty list of strings")
+        if padding_side not in ("left", "right"):
+            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+        rows = [([tok.EOT_ID] if prepend_bos else []) + tok.encode(t) for t in texts]
+        for t, r in zip(texts, rows):
+            if not r:
+                raise ValueError("empty input: the text has no tokens and prepend_bos=False")
+        width = max(map(len, rows))
+        tokens = torch.full((len(rows), width), tok.EOT_ID, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            sl = slice(width - len(r), width) if padding_side == "left" else slice(0, len(r))
+            tokens[i, sl] = torch.tensor(r)
+            mask[i, sl] = 1
+        padded = any(len(r) != width for r in rows)
+        return tokens.to(self.device), (mask.to(self.device) if padded else None)
+
+    def to_string(self, tokens: torch.Tensor | Sequence[int]) -> str | list[str]:
+        """Decode ``[pos]`` to a string or ``[batch, pos]`` to a list of strings."""
+        t = torch.as_tensor(tokens)
+        if t.ndim == 2:
+            return [tok.decode(r.tolist()) for r in t]
+        return tok.decode(t.tolist())
+
+    def to_str_tokens(self, text_or_tokens: str | torch.Tensor | Sequence[int], prepend_bos: bool = True) -> list[str]:
+        """The string of each token (BOS included when ``prepend_bos`` and given text)."""
+        if isinstance(text_or_tokens, str):
+            ids = self.to_tokens(text_or_tokens, prepend_bos=prepend_bos)[0].tolist()
+        else:
+            t = torch.as_tensor(text_or_tokens)
+            if t.ndim == 2:
+                if t.shape[0] != 1:
+                    raise ValueError("to_str_tokens takes one sequence; index the batch first")
+                t = t[0]
+            ids = t.tolist()
+        return [tok.token_str(i) for i in ids]
+
+    def to_single_token(self, text: str) -> int:
+        """The id of ``text`` if it is exactly one token, else a ValueError showing how it tokenizes."""
+        ids = tok.encode(text)
+        if len(ids) != 1:
+            pieces = [tok.token_str(i) for i in ids]
+            raise ValueError(
+                f"{text!r} is {len(ids)} tokens {pieces}, not one"
+                + ("; note GPT-2 words usually start with a space, e.g. ' Paris'" if text[:1] != " " else "")
+            )
+        return ids[0]
+
+    # ------------------------------------------------------------------ forward
+    def _as_tokens(
+        self, input: Input, attention_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if isinstance(input, torch.Tensor):
+            tokens = input if input.ndim == 2 else input[None]
+            if tokens.dtype not in (torch.long, torch.int, torch.int32, torch.int64):
+                raise TypeError(f"tokens must be integer ids, got {tokens.dtype}")
+            tokens = tokens.to(self.device, torch.long)
+        else:
+            if attention_mask is not None:
+                raise ValueError("attention_mask is computed for text input; pass tokens to give your own")
+            tokens, attention_mask = self.tokenize(input)
+        if tokens.numel() == 0:
+            raise ValueError("empty input: no tokens to run")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.cfg.d_vocab:
+            raise ValueError(f"token id {hi if hi >= self.cfg.d_vocab else lo} is outside the vocabulary [0, {self.cfg.d_vocab})")
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(self.device)
+        return tokens, attention_mask
+
+    def _check_length(self, n: int) -> None:
+        if n > self.cfg.n_ctx:
+            raise ValueError(
+                f"input is {n} tokens long but {self.cfg.name} has a context of {self.cfg.n_ctx}; "
+                "shorten the prompt (or generate fewer tokens)"
+            )
+
+    def _attention_mask(
+        self, q_len: int, past: int, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """Bool ``[batch|1, 1, q, k]`` (True = may attend), or None for plain causal attention."""
+        if attention_mask is None or bool(attention_mask.all()):
+            return None if past == 0 or q_len == 1 else self._causal(q_len, past)[None, None]
+        keys = attention_mask[:, None, None, : past + q_len].bool()
+        causal = self._causal(q_len, past)
+        own = torch.zeros_like(causal)
+        own[:, past:] = torch.eye(q_len, dtype=torch.bool, device=causal.device)
+        # a pad query sees nothing real: let it see itself so softmax stays finite (its output is unused)
+        return (causal & keys) | own
+
+    def _causal(self, q_len: int, past: int) -> torch.Tensor:
+        return torch.ones(q_len, past + q_len, dtype=torch.bool, device=self.device).tril(past)
+
+    def forward(
+        self,
+        input: Input,
+        return_type: Literal["logits", "loss", "both"] | None = "logits",
+        attention_mask: torch.Tensor | None = None,
+        start_at_layer: int | None = None,
+        stop_at_layer: int | None = None,
+        past_kv: KVCache | None = None,
+    ) -> Any:
+        """Run the model.
+
+        ``input``: text, a list of texts (left-padded, masked automatically), or tokens
+        ``[batch, pos]``; with ``start_at_layer`` it is the residual stream
+        ``[batch, pos, d_model]`` entering that block. ``stop_at_layer`` returns the
+        residual stream entering that block instead of logits. ``return_type``:
+        ``"logits"`` ``[batch, pos, d_vocab]``, ``"loss"`` (mean next-token
+        cross-entropy over real tokens), ``"both"`` or None.
+        """
+        n = self.cfg.n_layer
+        start = 0 if start_at_layer is None else _layer_index(start_at_layer, n, "start_at_layer")
+        stop = n if stop_at_layer is None else _layer_index(stop_at_layer, n, "stop_at_layer", allow_end=True)
+        past = past_kv.length if past_kv is not None else 0
+        if start_at_layer is None:
+            tokens, attention_mask = self._as_tokens(input, attention_mask)
+            q_len = tokens.shape[1]
+            self._check_length(past + q_len)
+            if attention_mask is None:
+                pos = torch.arange(past, past + q_len, device=self.device)[None]
+            else:
+                pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, past : past + q_len]
+            x = self.hook_embed(self.embed.W_E[tokens]) + self.hook_pos_embed(
+                self.pos_embed.W_pos[pos].expand(tokens.shape[0], -1, -1)
+            )
+        else:
+            if input.ndim != 3 or input.shape[-1] != self.cfg.d_model:
+                raise ValueError(f"with start_at_layer, input is the residual [batch, pos, {self.cfg.d_model}]; got {tuple(input.shape)}")
+            if return_type in ("loss", "both"):
+                raise ValueError("loss needs tokens; with start_at_layer use return_type='logits'")
+            x, tokens, q_len = input, None, input.shape[1]
+        mask = self._attention_mask(q_len, past, attention_mask)
+        for block in self.blocks[start:stop]:
+            x = block(x, mask, past_kv)
+        if past_kv is not None:
+            past_kv.length += q_len
+        if stop_at_layer is not None:
+            return x
+        if return_type is None:
+            return None
+        logits = self.unembed(self.ln_final(x))
+        if return_type == "logits":
+            return logits
+        loss = self.loss(logits, tokens, attention_mask)
+        return loss if return_type == "loss" else (logits, loss)
+
+    def unembed(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``[..., d_vocab]`` of normalised residuals ``[..., d_model]`` (tied W_U = W_Eᵀ)."""
+        return x @ self.embed.W_E.T
+
+    @staticmethod
+    def loss(logits: torch.Tensor, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean next-token cross-entropy (fp32), over positions whose target is a real token."""
+        lp = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
+        if attention_mask is None:
+            return lp.mean()
+        keep = attention_mask[:, 1:].flatten().to(lp.dtype)
+        return (lp * keep).sum() / keep.sum()
+
+    # ------------------------------------------------------------------ hooks
+    def _resolve(self, name: str | Callable[[str], bool]) -> list[HookPoint]:
+        if callable(name):
+            return [hp for n, hp in self.hook_dict.items() if name(n)]
+        if name not in self.hook_dict:
+            raise KeyError(f"unknown hook name {name!r}.{suggest(name, self.hook_names())} See model.hook_names().")
+        return [self.hook_dict[name]]
+
+    @contextmanager
+    def hooks(self, fwd_hooks: Sequence[HookSpec] = ()) -> Iterator["HookedGPT2"]:
+        """Add ``(name or predicate, fn)`` hooks for the ``with`` block; all are removed on exit,
+        also when the body raises."""
+        removers = []
+        try:
+            for name, fn in fwd_hooks:
+                for hp in self._resolve(name):
+                    removers.append(hp.add_hook(fn))
+            yield self
+        finally:
+            for remove in reversed(removers):
+                remove()
+
+    def reset_hooks(self) -> None:
+        """Remove every hook from every hook point."""
+        for hp in self.hook_dict.values():
+            hp.remove_hooks()
+
+    def run_with_hooks(self, input: Input, fwd_hooks: Sequence[HookSpec] = (), **kwargs: Any) -> Any:
+        """``forward`` with the given hooks active for this call only."""
+        with self.hooks(fwd_hooks):
+            return self(input, **kwargs)
+
+    def run_with_cache(
+        self,
+        input: Input,
+        names_filter: NameFilter = None,
+        device: torch.device | str | None = None,
+        fwd_hooks: Sequence[HookSpec] = (),
+        **kwargs: Any,
+    ) -> tuple[Any, ActivationCache]:
+        """``(forward output, ActivationCache)`` recording the activations the filter selects
+        (all by default). Activations are detached; ``device`` moves them as recorded."""
+        keep = name_filter_fn(names_filter, self.hook_names())
+        store: dict[str, torch.Tensor] = {}
+
+        def save(act: torch.Tensor, hook: HookPoint) -> None:
+            store[hook.name] = act.detach() if device is None else act.detach().to(device)
+
+        hooks = list(fwd_hooks) + [(n, save) for n in self.hook_dict if keep(n)]
+        with self.hooks(hooks):
+            out = self(input, **kwargs)
+        return out, ActivationCache(store, self)
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(
+        self,
+        input: Input,
+        max_new_tokens: int = 20,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        stop_at_eos: bool = True,
+        seed: int | None = None,
+        use_kv_cache: bool = True,
+        prepend_bos: bool = True,
+    ) -> Any:
+        """Continue text. Greedy when ``temperature == 0``; else samples (``top_k``/``top_p``).
+
+        Text in gives text out (a list for a list, left-padded and batched); tokens in
+        gives tokens ``[batch, pos + new]`` out. Rows that reached <|endoftext|> are padded with it.
+        """
+        from .generate import generate
+
+        return generate(self, input, max_new_tokens, temperature, top_k, top_p, stop_at_eos, seed, use_kv_cache, prepend_bos)
+
+    # ------------------------------------------------------------------ conversion
+    def save(self, path: str | Path) -> Path:
+        """Write a Hugging Face directory (config.json + model.safetensors) that transformers loads."""
+        from ..io.checkpoints import save_hf
+
+        return save_hf(self, path)
+
+    def to_transformers(self) -> Any:
+        """An equivalent ``transformers.GPT2LMHeadModel`` (needs ``transformers``)."""
+        from ..io.checkpoints import to_transformers
+
+        return to_transformers(self)
+
+    def extra_repr(self) -> str:
+        c = self.cfg
+        return f"{c.name}: n_layer={c.n_layer}, d_model={c.d_model}, n_head={c.n_head}, d_mlp={c.d_mlp}, n_ctx={c.n_ctx}"
+
+
+def _layer_index(i: int, n: int, what: str, allow_end: bool = False) -> int:
+    """Normalise a layer index for ``n`` layers (negative counts from the end)."""
+    j = i + n if i < 0 else i
+    if not 0 <= j < n + allow_end:
+        raise IndexError(f"{what}={i} is out of range for a model with {n} layers")
+    return j

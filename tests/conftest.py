@@ -1,0 +1,52 @@
+"""Shared fixtures: a randomly initialised full-size GPT-2 in transformers, and ours loaded from it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gpt2_interp as gi
+from gpt2_interp.model import GPT2Config, HookedGPT2
+
+torch.set_num_threads(2)
+
+TINY = GPT2Config(n_layer=2, d_model=64, n_head=4, d_mlp=256, n_ctx=64, name="tiny")
+
+
+@pytest.fixture(scope="session")
+def hf_gpt2():
+    """transformers' GPT2LMHeadModel with the real gpt2 config and random weights (built offline)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config()  # n_layer 12, n_embd 768, vocab 50257: the gpt2 shape
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():  # HF initialises LayerNorms to (1, 0) and biases to 0: make them non-trivial
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or ".ln_" in name:
+                p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+@pytest.fixture(scope="session")
+def gpt2_dir(hf_gpt2, tmp_path_factory):
+    """The random gpt2 saved by transformers as an HF directory (safetensors)."""
+    path = tmp_path_factory.mktemp("hf_gpt2")
+    hf_gpt2.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def gpt2(gpt2_dir):
+    """Our model, loaded from the directory transformers wrote."""
+    return gi.load(gpt2_dir)
+
+
+@pytest.fixture
+def tiny():
+    return HookedGPT2(TINY, seed=0).eval()
+
+
+@pytest.fixture(scope="session")
+def facts_model():
+    """The shipped embedded fact model."""
+    return gi.load("gpt2-facts")
