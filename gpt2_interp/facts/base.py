@@ -110,7 +110,8 @@ class FactBase:
         ``fact`` they should still yield ``fact.target``. The first ``n`` subjects
         in sorted order, or a random sample when ``rng`` is given.
         """
-        others = [f for f in self._by_object[fact.relation, fact.object] if f.subject != fact.subject]
+        same = self._by_object[fact.relation, fact.object]
+        others = [f for f in same if f.subject != fact.subject]
         if rng is not None and len(others) > n:
             others = sorted(_rng(rng).sample(others, n))
         template = templates(fact.relation, "train")[0]

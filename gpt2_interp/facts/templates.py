@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import re
 
-from gpt2_interp.io.tokenizer import encode
-
 RELATIONS: tuple[str, ...] = (
     "country_capital",
     "country_continent",
@@ -238,6 +236,8 @@ def template_tokens(template: str) -> set[int]:
     start of the text, as after BOS) with the space before the subject left out,
     since that space belongs to the subject's first token.
     """
+    from gpt2_interp.io.tokenizer import encode
+
     before, after = template.split("{}")
     tokens = set(encode(before.rstrip(" "))) if before.strip() else set()
     return tokens | (set(encode(after)) if after else set())

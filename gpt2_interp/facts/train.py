@@ -4,10 +4,12 @@ The model is a normal ``HookedGPT2`` (full 50,257-token vocabulary, tied
 embeddings), trained from scratch on every fact of the fact base rendered with
 every training template, as ``<|endoftext|>prompt object.<|endoftext|>``.
 
-Training-time shortcut (the shipped model does not depend on it): the softmax of
-the loss runs over the ~3k token ids the corpus uses instead of all 50,257.
-Tokens outside the corpus never appear as targets, so this changes only which
-logits compete in training; the saved model is evaluated with the full softmax.
+Training-time shortcut (the shipped model does not depend on it): training runs
+a GPT-2 whose vocabulary is the ~3k token ids the corpus uses (ids remapped), so
+the softmax and the optimiser touch 3k embedding rows instead of 50,257. The
+saved model is a normal full-vocabulary GPT-2: the trained rows are scattered
+into a full ``W_E`` whose other rows keep GPT-2's N(0, 0.02) initialisation
+(tokens the corpus never uses), and it is evaluated with the full softmax.
 Loss is on all tokens, with object tokens weighted ``--object-weight`` (×5 by
 default; it memorises fastest while still training the whole sentence).
 """
@@ -61,14 +63,26 @@ def corpus_hash(examples: list[Example]) -> str:
     return h.hexdigest()[:16]
 
 
-def batches(examples: list[Example], batch_size: int, rng: random.Random):
+def full_vocab(compact: HookedGPT2, used: list[int], cfg: GPT2Config, seed: int) -> HookedGPT2:
+    """The full-vocabulary GPT-2 of a model trained on the ``used`` token ids: trained rows
+    scattered into a freshly initialised ``W_E`` (the same seed, so unused rows are reproducible)."""
+    full = HookedGPT2(cfg, seed=seed)
+    sd = {k: v.detach().cpu() for k, v in compact.state_dict().items()}
+    w_e = full.embed.W_E.detach().clone()
+    w_e[torch.tensor(used)] = sd.pop("embed.W_E")
+    sd["embed.W_E"] = w_e
+    full.load_state_dict(sd)
+    return full.to(compact.device)
+
+
+def batches(examples: list[Example], batch_size: int, rng: random.Random, pad_id: int = EOT_ID):
     """Length-bucketed batches (right-padded): ``tokens, targets, weights`` with targets -100 on padding."""
     order = sorted(range(len(examples)), key=lambda i: (len(examples[i].tokens), rng.random()))
     chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     rng.shuffle(chunks)
     for chunk in chunks:
         width = max(len(examples[i].tokens) for i in chunk) - 1
-        tokens = torch.full((len(chunk), width), EOT_ID)
+        tokens = torch.full((len(chunk), width), pad_id)
         targets = torch.full((len(chunk), width), -100)
         weights = torch.zeros((len(chunk), width))
         for row, i in enumerate(chunk):
@@ -100,7 +114,8 @@ def first_token_accuracy(model: HookedGPT2, fb: FactBase, split: str, limit: int
             items.append((f"{fact.relation}/{j}", prompt, first))
     for i in range(0, len(items), batch_size):
         chunk = items[i : i + batch_size]
-        logits = model([p for _, p, _ in chunk])[:, -1]
+        resid = model([p for _, p, _ in chunk], stop_at_layer=model.cfg.n_layer)  # left-padded: last = prompt end
+        logits = model.unembed(model.ln_final(resid[:, -1]))
         pred = logits.argmax(-1).tolist()
         for (key, _, first), p in zip(chunk, pred):
             hits[key].append(p == first)
@@ -125,10 +140,9 @@ def train(
     fb = FactBase.load()
     examples = build_examples(fb)
     used = sorted({t for ex in examples for t in ex.tokens})
-    remap = torch.full((cfg.d_vocab,), -100, dtype=torch.long)
-    remap[torch.tensor(used)] = torch.arange(len(used))
-    used_t = torch.tensor(used, device=device)
-    model = HookedGPT2(cfg, seed=seed).to(device).train()
+    compact_id = {t: i for i, t in enumerate(used)}
+    compact = [Example([compact_id[t] for t in ex.tokens], ex.object_span) for ex in examples]
+    model = HookedGPT2(cfg.replace(d_vocab=len(used)), seed=seed).to(device).train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "W_pos" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "W_pos" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.98))
@@ -140,15 +154,13 @@ def train(
     )
     rng = random.Random(seed)
     print(f"{len(fb.facts())} facts, {len(examples)} sequences, {len(used)} token ids used; "
-          f"{sum(p.numel() for p in model.parameters()):,} parameters; {total} steps on {device}")
+          f"{sum(p.numel() for p in full_vocab(model, used, cfg, seed).parameters()):,} parameters; {total} steps on {device}")
     history, step, n_tokens, t0 = [], 0, 0, time.time()
-    bar = tqdm(total=total, desc="train", mininterval=5)
+    bar = tqdm(total=total, desc="train", mininterval=10)
     while step < total:
-        for tokens, targets, weights in batches(examples, batch_size, rng):
-            tokens, targets, weights = tokens.to(device), remap[targets.clamp(min=0)].masked_fill(targets < 0, -100).to(device), weights.to(device)
-            resid = model(tokens, stop_at_layer=cfg.n_layer)
-            h = model.ln_final(resid)
-            logits = h @ model.embed.W_E[used_t].T  # restricted softmax (training only)
+        for tokens, targets, weights in batches(compact, batch_size, rng, pad_id=compact_id[EOT_ID]):
+            tokens, targets, weights = tokens.to(device), targets.to(device), weights.to(device)
+            logits = model(tokens)
             lp = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none", ignore_index=-100)
             loss = (lp * weights.flatten()).sum() / weights.sum()
             opt.zero_grad(set_to_none=True)
@@ -162,18 +174,17 @@ def train(
             if step % 50 == 0:
                 bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{n_tokens / (time.time() - t0):.0f}")
             if step % eval_every == 0 or step == total:
-                model.eval()
-                acc = first_token_accuracy(model, fb, "train", limit=300)["mean"]
-                held = first_token_accuracy(model, fb, "heldout", limit=300)["mean"]
-                model.train()
-                history.append({"step": step, "loss": round(loss.item(), 4), "train_acc@300": acc, "heldout_acc@300": held,
+                full = full_vocab(model, used, cfg, seed).eval()
+                acc = first_token_accuracy(full, fb, "train", limit=100)["mean"]
+                held = first_token_accuracy(full, fb, "heldout", limit=100)["mean"]
+                history.append({"step": step, "loss": round(loss.item(), 4), "train_acc@100": acc, "heldout_acc@100": held,
                                 "minutes": round((time.time() - t0) / 60, 2)})
                 tqdm.write(json.dumps(history[-1]))
             if step >= total:
                 break
     bar.close()
     minutes = (time.time() - t0) / 60
-    model.eval()
+    model = full_vocab(model, used, cfg, seed).eval()
     train_acc = first_token_accuracy(model, fb, "train")
     held_acc = first_token_accuracy(model, fb, "heldout")
     meta = {
@@ -194,12 +205,12 @@ def train(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=embedded_path("gpt2-facts"))
-    ap.add_argument("--epochs", type=float, default=12.0)
+    ap.add_argument("--epochs", type=float, default=16.0)
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None)
-    ap.add_argument("--eval-every", type=int, default=1000)
+    ap.add_argument("--eval-every", type=int, default=1500)
     ap.add_argument("--n-layer", type=int, default=DEFAULT_CONFIG.n_layer)
     ap.add_argument("--d-model", type=int, default=DEFAULT_CONFIG.d_model)
     a = ap.parse_args()

@@ -268,6 +268,13 @@ class HookedGPT2(nn.Module):
         loss = self.loss(logits, tokens, attention_mask)
         return loss if return_type == "loss" else (logits, loss)
 
+    def last_logits(self, input: Input, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+        """Logits at the last position only, ``[batch, d_vocab]``: the prediction after each prompt
+        (prompts are left-padded, so the last column is every row's last real token). Skips the
+        full ``[batch, pos, d_vocab]`` unembedding."""
+        resid = self(input, attention_mask=attention_mask, stop_at_layer=self.cfg.n_layer, **kwargs)
+        return self.unembed(self.ln_final(resid[:, -1]))
+
     def unembed(self, x: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., d_vocab]`` of normalised residuals ``[..., d_model]`` (tied W_U = W_Eᵀ)."""
         return x @ self.embed.W_E.T

@@ -1,0 +1,53 @@
+"""The common shape of every analysis result: tensors + labels, JSON, plot."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def to_jsonable(x: Any) -> Any:
+    """Tensors/arrays to nested lists (floats rounded to 6 significant digits), recursively."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().float().cpu().numpy() if x.is_floating_point() else x.detach().cpu().numpy()
+    if isinstance(x, np.ndarray):
+        return to_jsonable(x.tolist())
+    if isinstance(x, float):
+        return float(f"{x:.6g}")
+    if isinstance(x, dict):
+        return {str(k): to_jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [to_jsonable(v) for v in x]
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return to_jsonable(dataclasses.asdict(x))
+    return x
+
+
+class Result:
+    """Mixin for result dataclasses: ``to_dict()``, ``to_json(path=None)``, ``save(path)`` figure."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if not f.name.startswith("_")}
+
+    def to_json(self, path: str | Path | None = None, **kwargs: Any) -> str:
+        text = json.dumps(self.to_dict(), **({"indent": 1} | kwargs))
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    def plot(self, **kwargs: Any):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def save_plot(self, path: str | Path, **kwargs: Any) -> Path:
+        """Draw ``plot()`` and save it (PNG/PDF/SVG by suffix); returns the path."""
+        import matplotlib.pyplot as plt
+
+        fig = self.plot(**kwargs)
+        fig.savefig(path, dpi=130, bbox_inches="tight")
+        plt.close(fig)
+        return Path(path)
