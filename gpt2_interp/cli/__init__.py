@@ -1,0 +1,60 @@
+"""``gpt2-interp``: a thin command line over the API (parse, call, print/save).
+
+Each area registers its subcommands in its own module (``model_cmds``, ``reading``,
+``causal``, ``editing``, ``demo``) through ``register(subparsers)``; each
+subcommand sets ``func(args)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+AREAS = ("model_cmds", "reading", "causal", "editing", "demo")
+DEFAULT_MODEL = "gpt2-facts"
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """``--model``, ``--device``, ``--dtype``: every command that runs a model takes these."""
+    p.add_argument("--model", default=DEFAULT_MODEL, help="model name or path (default: the embedded gpt2-facts)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps … (default: cpu)")
+    p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"], help="weights dtype (default fp32)")
+
+
+def load_model(args: argparse.Namespace):
+    from .. import load
+
+    return load(args.model, device=args.device, dtype=args.dtype)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpt2-interp", description="Take GPT-2 apart and put it back together.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for area in AREAS:
+        try:
+            module = importlib.import_module(f".{area}", __name__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{area}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 1
+    try:
+        return args.func(args) or 0
+    except (ValueError, KeyError, FileNotFoundError, IndexError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"gpt2-interp {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

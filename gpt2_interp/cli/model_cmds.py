@@ -1,0 +1,53 @@
+"""``info`` and ``generate``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from . import add_model_args, load_model
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("info", help="the model's config, parameter table and hook names")
+    add_model_args(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--hooks", action="store_true", help="also list every hook name")
+    p.set_defaults(func=info)
+
+    p = sub.add_parser("generate", help="continue a prompt (greedy by default)")
+    add_model_args(p)
+    p.add_argument("prompt", nargs="+", help="one or more prompts (batched)")
+    p.add_argument("-n", "--max-new-tokens", type=int, default=20)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.set_defaults(func=generate)
+
+
+def info(args: argparse.Namespace) -> int:
+    from ..model.params import parameter_table
+
+    model = load_model(args)
+    table = parameter_table(model)
+    if args.json:
+        print(json.dumps({"config": model.cfg.to_dict(), "parameters": table.to_dict(), "hooks": model.hook_names() if args.hooks else None}, indent=1))
+        return 0
+    c = model.cfg
+    print(f"{c.name}: {c.n_layer} layers, d_model {c.d_model}, {c.n_head} heads × {c.d_head}, d_mlp {c.d_mlp}, "
+          f"context {c.n_ctx}, vocabulary {c.d_vocab}; {model.device}, {model.dtype}")
+    print(table.table())
+    if args.hooks:
+        print("\n".join(model.hook_names()))
+    return 0
+
+
+def generate(args: argparse.Namespace) -> int:
+    model = load_model(args)
+    prompts = args.prompt
+    outs = model.generate(prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                          top_p=args.top_p, seed=args.seed)
+    for o in outs:
+        print(o)
+    return 0

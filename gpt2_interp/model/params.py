@@ -1,0 +1,53 @@
+"""The parameter table of a GPT-2, computed from the actual weights (per block, per kind)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..analysis.result import Result
+
+
+@dataclass
+class ParameterTable(Result):
+    """Rows ``(part, shape, count)``; ``total`` counts W_U = W_Eᵀ once (HF's accounting)."""
+
+    rows: list[tuple[str, str, int]]
+    per_block: int
+    total: int
+    notes: list[str] = field(default_factory=list)
+
+    def table(self) -> str:
+        w = max(len(r[0]) for r in self.rows)
+        lines = [f"{'part':<{w}}  {'shape':<22} {'parameters':>13}"]
+        lines += [f"{p:<{w}}  {s:<22} {n:>13,}" for p, s, n in self.rows]
+        lines.append(f"{'total':<{w}}  {'':<22} {self.total:>13,}")
+        return "\n".join(lines + self.notes)
+
+
+def parameter_table(model) -> ParameterTable:
+    """Per-part counts: embeddings, one block broken down (×n_layer), final LN, tied unembedding."""
+    c = model.cfg
+    b0 = model.blocks[0]
+    block_parts = {
+        "ln1 (w, b)": [b0.ln1.w, b0.ln1.b],
+        "attn W_QKV + b_QKV": [b0.attn.W_QKV, b0.attn.b_QKV],
+        "attn W_O + b_O": [b0.attn.W_O, b0.attn.b_O],
+        "ln2 (w, b)": [b0.ln2.w, b0.ln2.b],
+        "mlp W_in + b_in": [b0.mlp.W_in, b0.mlp.b_in],
+        "mlp W_out + b_out": [b0.mlp.W_out, b0.mlp.b_out],
+    }
+    shape = lambda ps: " + ".join("×".join(map(str, p.shape)) for p in ps)
+    rows = [("W_E (token embedding)", shape([model.W_E]), model.W_E.numel()),
+            ("W_pos (position embedding)", shape([model.W_pos]), model.W_pos.numel())]
+    per_block = 0
+    for name, ps in block_parts.items():
+        n = sum(p.numel() for p in ps)
+        per_block += n
+        rows.append((f"block: {name}", shape(ps), n))
+    rows.append((f"blocks × {c.n_layer}", f"{per_block:,} each", per_block * c.n_layer))
+    rows.append(("ln_final (w, b)", shape([model.ln_final.w, model.ln_final.b]), 2 * c.d_model))
+    rows.append(("W_U = W_Eᵀ (tied)", f"{c.d_model}×{c.d_vocab}", 0))
+    total = model.n_params()
+    assert total == model.W_E.numel() + model.W_pos.numel() + per_block * c.n_layer + 2 * c.d_model
+    notes = [f"(untied, W_U would add {model.W_E.numel():,}: {total + model.W_E.numel():,})"]
+    return ParameterTable(rows, per_block, total, notes)
