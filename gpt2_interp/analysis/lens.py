@@ -1,0 +1,386 @@
+"""Reading the residual stream in vocabulary space: the logit lens and direct logit attribution.
+
+Logit lens (nostalgebraist 2020): decode the residual stream at every layer boundary
+as if it were the last one, ``logits_l = ln_final(resid_l) @ W_U``, with ln_final
+recomputed on that residual (its own centring and scale, and the model's ``w``/``b``).
+No weights are folded or centred, so the last boundary gives the model's own logits.
+
+Direct logit attribution: ``ln_final`` is linear once its scale is fixed to the one of
+the actual run, so a logit splits exactly into one term per component that writes to the
+residual stream: ``(c - mean(c)) / scale · (w ⊙ W_U[:, t])``, plus ``b · W_U[:, t]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Union
+
+import torch
+import torch.nn.functional as F
+from einops import einsum
+from tqdm.auto import tqdm
+
+from ..io import tokenizer as tok
+from ..model.hooks import hook_name
+from .result import Result
+from .tokens import target_id
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from ..model import HookedGPT2
+
+Prompts = Union[str, Sequence[str], torch.Tensor]
+Positions = Union[int, Sequence[int], str]
+Target = Union[str, int]
+
+
+# ---------------------------------------------------------------------------- helpers
+def decode_resid(model: "HookedGPT2", resid: torch.Tensor) -> torch.Tensor:
+    """Logit-lens logits ``[..., d_vocab]`` of residuals ``[..., d_model]``: ln_final
+    (recomputed on ``resid``, with its ``w``, ``b`` and ``eps``), then ``W_U``."""
+    ln = model.ln_final
+    return model.unembed(F.layer_norm(resid, resid.shape[-1:], ln.w, ln.b, ln.eps))
+
+
+def _tokens(model: "HookedGPT2", prompts: Prompts) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """``(tokens [batch, width], lengths [batch], texts)``; text is left-padded with BOS prepended."""
+    if isinstance(prompts, torch.Tensor):
+        tokens = prompts if prompts.ndim == 2 else prompts[None]
+        if tokens.shape[0] == 0 or tokens.shape[1] == 0:
+            raise ValueError("no prompts: the token tensor is empty")
+        tokens = tokens.to(model.device, torch.long)
+        lengths = torch.full((tokens.shape[0],), tokens.shape[1], device=model.device)
+        return tokens, lengths, [tok.decode(r.tolist()) for r in tokens]
+    texts = [prompts] if isinstance(prompts, str) else list(prompts)
+    if not texts:
+        raise ValueError("no prompts: pass a prompt or a non-empty list of prompts")
+    tokens, mask = model.tokenize(texts)
+    lengths = mask.sum(-1) if mask is not None else torch.full((len(texts),), tokens.shape[1], device=tokens.device)
+    return tokens, lengths, texts
+
+
+def _columns(positions: Positions, lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Columns of the left-padded batch ``[batch, n_pos]`` for each prompt's ``positions``
+    (index into the prompt's own tokens, BOS = 0; negative counts from its end), and a
+    validity mask (``"all"`` on prompts of different lengths leaves pad cells invalid)."""
+    pad = (width - lengths)[:, None]  # [batch, 1]
+    if isinstance(positions, str):
+        if positions != "all":
+            raise ValueError(f"positions must be an int, a list of ints or 'all', got {positions!r}")
+        cols = torch.arange(width, device=lengths.device).expand(len(lengths), -1)
+        return cols, cols >= pad
+    pos = [positions] if isinstance(positions, int) else list(positions)
+    if not pos:
+        raise ValueError("positions is empty: give an int, a list of ints or 'all'")
+    p = torch.tensor(pos, device=lengths.device)[None]  # [1, n_pos]
+    n = lengths[:, None]
+    bad = ((p >= n) | (p < -n)).any(0)
+    if bad.any():
+        q = pos[int(bad.nonzero()[0])]
+        shortest = int(lengths.min())
+        raise IndexError(
+            f"position {q} is out of range: the shortest prompt has {shortest} tokens (BOS included), "
+            f"so positions run from {-shortest} to {shortest - 1}"
+        )
+    cols = torch.where(p < 0, width + p, pad + p)
+    return cols, torch.ones_like(cols, dtype=torch.bool)
+
+
+def _target_list(model: "HookedGPT2", targets: Target | Sequence[Target] | None, batch: int) -> list[int] | None:
+    if targets is None:
+        return None
+    if isinstance(targets, (str, int)):
+        return [target_id(model, targets)] * batch
+    ids = [target_id(model, t) for t in targets]
+    if len(ids) != batch:
+        raise ValueError(f"got {len(ids)} targets for {batch} prompts; give one target, or one per prompt")
+    return ids
+
+
+def _resid_names(model: "HookedGPT2", include_mid: bool) -> tuple[list[str], list[str]]:
+    names, labels = [hook_name("resid_pre", 0)], ["embed"]
+    for i in range(model.cfg.n_layer):
+        if include_mid:
+            names.append(hook_name("resid_mid", i))
+            labels.append(f"L{i}_mid")
+        names.append(hook_name("resid_post", i))
+        labels.append(f"L{i}")
+    return names, labels
+
+
+def _rank(logits: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(target logit, rank)`` for ``logits [..., d_vocab]`` and ids broadcastable to ``[...]``;
+    rank 1 = the top token (ties count in the target's favour)."""
+    t = logits.gather(-1, ids.expand(logits.shape[:-1])[..., None])
+    return t[..., 0], (logits > t).sum(-1) + 1
+
+
+# ---------------------------------------------------------------------------- logit lens
+@dataclass
+class LensResult(Result):
+    """Logit lens over ``layers`` (boundaries), prompts and positions.
+
+    Tensors are ``[n_layers, batch, n_pos(, k)]``; ``positions [batch, n_pos]`` index each
+    prompt's own tokens (BOS = 0; -1 where ``valid`` is False). Target rank 1 = top token.
+    """
+
+    prompts: list[str]
+    layers: list[str]
+    str_tokens: list[list[str]]
+    positions: torch.Tensor
+    valid: torch.Tensor
+    top_ids: torch.Tensor
+    top_tokens: list[list[list[list[str]]]]
+    top_probs: torch.Tensor
+    targets: list[str] | None = None
+    target_ids: list[int] | None = None
+    target_prob: torch.Tensor | None = None
+    target_logit: torch.Tensor | None = None
+    target_rank: torch.Tensor | None = None
+    logits: torch.Tensor | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d.pop("logits")
+        return d
+
+    def input_token(self, prompt: int, j: int) -> str:
+        p = int(self.positions[prompt, j])
+        return self.str_tokens[prompt][p] if p >= 0 else ""
+
+    def table(self, k: int = 5, prompts: Sequence[int] | None = None) -> str:
+        """Per prompt and position: one row per layer with the top-``k`` tokens (probabilities)
+        and, with a target, its probability and rank."""
+        lines = []
+        for b in prompts if prompts is not None else range(len(self.prompts)):
+            for j in range(self.positions.shape[1]):
+                if not self.valid[b, j]:
+                    continue
+                head = f"prompt {self.prompts[b]!r} · position {int(self.positions[b, j])} ({self.input_token(b, j)!r})"
+                if self.targets is not None:
+                    head += f" · target {self.targets[b]!r}"
+                lines += [head]
+                w = max(map(len, self.layers))
+                for li, name in enumerate(self.layers):
+                    cells = [f"{self.top_tokens[li][b][j][i]!r} {float(self.top_probs[li, b, j, i]):.3f}"
+                             for i in range(min(k, self.top_probs.shape[-1]))]
+                    row = f"  {name:<{w}}  " + "  ".join(f"{c:<22}" for c in cells)
+                    if self.target_prob is not None:
+                        row += f"  | p={float(self.target_prob[li, b, j]):.3f} rank={int(self.target_rank[li, b, j])}"
+                    lines.append(row.rstrip())
+                lines.append("")
+        return "\n".join(lines).rstrip()
+
+    def plot(self, prompt: int = 0, position: int = -1, **kwargs: Any) -> "Figure":
+        """Heatmap (layers × positions, top token as text) + per-layer target curve at column ``position``."""
+        from ..plots.lens import plot_lens
+
+        return plot_lens(self, prompt=prompt, position=position, **kwargs)
+
+
+@torch.no_grad()
+def logit_lens(
+    model: "HookedGPT2",
+    prompts: Prompts,
+    targets: Target | Sequence[Target] | None = None,
+    positions: Positions = -1,
+    k: int = 10,
+    include_mid: bool = False,
+    batch_size: int = 64,
+    return_logits: bool = False,
+    progress: bool | None = None,
+) -> LensResult:
+    """The logit lens at every layer boundary (embeddings, after each block; ``include_mid``
+    adds the mid-block residuals) for each prompt at ``positions``.
+
+    ``prompts``: a prompt, a list (left-padded and batched, ``batch_size`` per forward pass)
+    or tokens ``[batch, pos]``. ``positions``: an int, a list of ints (into each prompt's own
+    tokens, BOS = 0; -1 = its last token) or ``"all"``. ``targets``: one single-token target
+    (string or id) for all prompts, or one per prompt. ``return_logits`` keeps the full lens
+    logits ``[n_layers, batch, n_pos, d_vocab]`` (large). One forward pass per batch,
+    caching only the residual stream.
+    """
+    tokens, lengths, texts = _tokens(model, prompts)
+    batch, width = tokens.shape
+    cols, valid = _columns(positions, lengths, width)
+    tids = _target_list(model, targets, batch)
+    k = min(k, model.cfg.d_vocab)
+    names, labels = _resid_names(model, include_mid)
+    out: dict[str, list[torch.Tensor]] = {n: [] for n in ("ids", "probs", "tp", "tl", "tr", "logits")}
+    starts = range(0, batch, batch_size)
+    bar = progress if progress is not None else len(starts) > 4
+    for s in tqdm(starts, desc="logit lens", disable=not bar):
+        sl = slice(s, s + batch_size)
+        tk, ln = tokens[sl], lengths[sl]
+        w = int(ln.max())  # drop columns that are padding in every row of this chunk
+        tk = tk[:, width - w:]
+        mask = (torch.arange(w, device=tk.device)[None] >= (w - ln)[:, None]).long()
+        _, cache = model.run_with_cache(tk, names_filter=names, attention_mask=mask, return_type=None)
+        resid = torch.stack([cache[n] for n in names])  # [n_layers, b, w, d_model]
+        c = (cols[sl] - (width - w)).clamp(min=0)  # [b, n_pos]
+        rows = torch.arange(len(c), device=c.device)[:, None]
+        picked = resid[:, rows, c]  # [n_layers, b, n_pos, d_model]
+        logits = decode_resid(model, picked).float()  # [n_layers, b, n_pos, d_vocab]
+        logp = logits.log_softmax(-1)
+        top_lp, top_ids = logp.topk(k, dim=-1)
+        out["ids"].append(top_ids)
+        out["probs"].append(top_lp.exp())
+        if tids is not None:
+            t = torch.tensor(tids[sl], device=logits.device)[None, :, None]  # [1, b, 1]
+            tl, tr = _rank(logits, t)
+            out["tl"].append(tl)
+            out["tr"].append(tr)
+            out["tp"].append(logp.gather(-1, t.expand(logp.shape[:-1])[..., None])[..., 0].exp())
+        if return_logits:
+            out["logits"].append(logits)
+    cat = lambda key: torch.cat(out[key], dim=1) if out[key] else None
+    top_ids = cat("ids")
+    probs = cat("probs")
+    inv = ~valid[None, :, :, None]
+    probs = probs.masked_fill(inv, float("nan"))
+    top_ids = top_ids.masked_fill(inv, -1)
+    tp, tl, tr = cat("tp"), cat("tl"), cat("tr")
+    if tids is not None:
+        tp = tp.masked_fill(~valid[None], float("nan"))
+        tl = tl.masked_fill(~valid[None], float("nan"))
+        tr = tr.masked_fill(~valid[None], -1)
+    pad = (width - lengths)[:, None]
+    pos_index = torch.where(valid, cols - pad, torch.full_like(cols, -1))
+    str_tokens = [[tok.token_str(int(i)) for i in tokens[b, width - int(lengths[b]):]] for b in range(batch)]
+    top_tokens = [[[[tok.token_str(int(i)) if i >= 0 else "" for i in cell] for cell in row] for row in layer]
+                  for layer in top_ids.tolist()]
+    return LensResult(
+        prompts=texts, layers=labels, str_tokens=str_tokens, positions=pos_index.cpu(), valid=valid.cpu(),
+        top_ids=top_ids.cpu(), top_tokens=top_tokens, top_probs=probs.cpu(),
+        targets=None if tids is None else [tok.token_str(i) for i in tids], target_ids=tids,
+        target_prob=None if tp is None else tp.cpu(), target_logit=None if tl is None else tl.cpu(),
+        target_rank=None if tr is None else tr.cpu(), logits=cat("logits"),
+    )
+
+
+# ---------------------------------------------------------------------------- direct logit attribution
+@dataclass
+class AttributionResult(Result):
+    """A logit (or logit difference) split into the direct contributions of each component.
+
+    ``parts`` ``[n_parts]`` with ``labels`` (``embed``, ``pos_embed``, ``L{i}.attn``, ``L{i}.mlp``)
+    sum to ``logit - ln_bias``; ``head_parts`` ``[n_layer, n_head]`` plus ``b_O_parts``
+    ``[n_layer]`` sum to the attention parts. ``scale`` is ln_final's scale at the position.
+    """
+
+    prompt: str
+    str_tokens: list[str]
+    position: int
+    target: str
+    baseline: str | None
+    labels: list[str]
+    parts: torch.Tensor
+    head_parts: torch.Tensor | None
+    b_O_parts: torch.Tensor
+    ln_bias: float
+    logit: float
+    scale: float
+
+    @property
+    def total(self) -> float:
+        """Sum of the parts plus the LN bias term: equals ``logit`` up to float error."""
+        return float(self.parts.sum()) + self.ln_bias
+
+    @property
+    def what(self) -> str:
+        return f"logit({self.target!r})" + (f" − logit({self.baseline!r})" if self.baseline is not None else "")
+
+    def table(self) -> str:
+        w = max(map(len, self.labels))
+        lines = [f"{self.what} at position {self.position} ({self.str_tokens[self.position]!r}) of {self.prompt!r}"]
+        lines += [f"  {lab:<{w}}  {float(v):+9.4f}" for lab, v in zip(self.labels, self.parts)]
+        lines.append(f"  {'ln_final.b':<{w}}  {self.ln_bias:+9.4f}")
+        lines.append(f"  {'= sum':<{w}}  {self.total:+9.4f}   (model: {self.logit:+.4f})")
+        if self.head_parts is not None:
+            top = self.head_parts.flatten().abs().topk(min(5, self.head_parts.numel())).indices
+            nh = self.head_parts.shape[1]
+            lines.append("  largest heads: " + ", ".join(
+                f"L{int(i) // nh}H{int(i) % nh} {float(self.head_parts.flatten()[i]):+.3f}" for i in top))
+        return "\n".join(lines)
+
+    def plot(self, **kwargs: Any) -> "Figure":
+        """Bar chart of the parts (and a layer × head heatmap when per-head parts exist)."""
+        from ..plots.lens import plot_attribution
+
+        return plot_attribution(self, **kwargs)
+
+
+def logit_direction(model: "HookedGPT2", target: Target, baseline: Target | None = None) -> torch.Tensor:
+    """``w ⊙ (W_U[:, t] - W_U[:, b])`` ``[d_model]``: what a centred, scaled residual is dotted with."""
+    u = model.W_U[:, target_id(model, target)]
+    if baseline is not None:
+        u = u - model.W_U[:, target_id(model, baseline)]
+    return model.ln_final.w * u
+
+
+def direct_effect(component: torch.Tensor, direction: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+    """``(c - mean(c)) / scale · direction`` for ``component [..., d_model]`` → ``[...]``."""
+    c = component - component.mean(-1, keepdim=True)
+    return (c @ direction) / scale
+
+
+@torch.no_grad()
+def logit_attribution(
+    model: "HookedGPT2",
+    prompt: str,
+    target: Target,
+    baseline: Target | None = None,
+    position: int = -1,
+    per_head: bool = True,
+) -> AttributionResult:
+    """Direct logit attribution of ``target``'s logit (minus ``baseline``'s) at ``position``.
+
+    Uses ln_final's scale of the actual run, so the parts (token and position embeddings,
+    each attention and MLP output; per head via ``hook_z @ W_O`` with ``b_O`` apart) sum
+    exactly to the model's logit (difference) minus the LN bias term ``b · W_U[:, t]``.
+    """
+    if not isinstance(prompt, str):
+        raise TypeError("logit_attribution takes one prompt string")
+    n = model.cfg.n_layer
+    tokens, _ = model.tokenize(prompt)
+    length = tokens.shape[1]
+    if not -length <= position < length:
+        raise IndexError(f"position {position} is out of range for a prompt of {length} tokens (BOS included): "
+                         f"use {-length}..{length - 1}")
+    pos = position % length
+    names = ["hook_embed", "hook_pos_embed", "ln_final.hook_scale"]
+    for i in range(n):
+        names += [hook_name("attn_out", i), hook_name("mlp_out", i)] + ([hook_name("z", i)] if per_head else [])
+    logits, cache = model.run_with_cache(tokens, names_filter=names)
+    direction = logit_direction(model, target, baseline).float()  # [d_model]
+    scale = cache["ln_final.hook_scale"][0, pos].float()  # [1]
+    at = lambda name: cache[name][0, pos].float()  # [d_model] (or [n_head, d_head] for z)
+    comps = [at("hook_embed"), at("hook_pos_embed")]
+    labels = ["embed", "pos_embed"]
+    for i in range(n):
+        comps += [at(hook_name("attn_out", i)), at(hook_name("mlp_out", i))]
+        labels += [f"L{i}.attn", f"L{i}.mlp"]
+    parts = direct_effect(torch.stack(comps), direction, scale)  # [n_parts]
+    b_O = torch.stack([b.attn.b_O.float() for b in model.blocks])  # [n_layer, d_model]
+    b_O_parts = direct_effect(b_O, direction, scale)
+    head_parts = None
+    if per_head:
+        z = torch.stack([at(hook_name("z", i)) for i in range(n)])  # [n_layer, n_head, d_head]
+        W_O = torch.stack([b.attn.W_O.float() for b in model.blocks])  # [n_layer, n_head, d_head, d_model]
+        heads = einsum(z, W_O, "l h dh, l h dh d -> l h d")
+        head_parts = direct_effect(heads, direction, scale)  # [n_layer, n_head]
+    tid = target_id(model, target)
+    ln_bias = model.ln_final.b.float() @ model.W_U[:, tid].float()
+    logit = logits[0, pos, tid].float()
+    if baseline is not None:
+        bid = target_id(model, baseline)
+        ln_bias = ln_bias - model.ln_final.b.float() @ model.W_U[:, bid].float()
+        logit = logit - logits[0, pos, bid].float()
+    return AttributionResult(
+        prompt=prompt, str_tokens=model.to_str_tokens(tokens[0]), position=pos,
+        target=tok.token_str(tid), baseline=None if baseline is None else tok.token_str(target_id(model, baseline)),
+        labels=labels, parts=parts.cpu(), head_parts=None if head_parts is None else head_parts.cpu(),
+        b_O_parts=b_O_parts.cpu(), ln_bias=float(ln_bias), logit=float(logit), scale=float(scale),
+    )

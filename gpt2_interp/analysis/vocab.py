@@ -1,0 +1,337 @@
+"""MLP value vectors read in vocabulary space (Geva et al. 2021, 2022; LM-Debugger).
+
+An MLP writes ``Σ_i m_i · v_i`` to the residual stream, with ``m_i`` the neuron's
+activation (``mlp.hook_post``) and ``v_i = W_out[i]`` its value vector. Projecting
+``v_i`` onto the unembedding says which tokens the neuron promotes when it fires.
+
+What ``apply_ln=True`` applies, exactly: ``score[t] = Σ_d v[d] · w[d] · W_U[d, t]`` with
+``w`` ln_final's gain. Not applied: ln_final's centring (subtracting ``mean(v)``; it
+shifts scores by ``mean(v) · Σ_d w[d] W_U[d, t]``), its ``1/scale`` (a positive number
+per position, which does not change any ranking) and its bias ``b`` (a per-token
+constant that does not depend on ``v``). ``apply_ln=False`` is the raw ``v @ W_U``.
+On a real prompt, :func:`top_subupdates` reports the exact direct effect instead
+(centred, divided by the run's scale — the same formula as ``logit_attribution``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Union
+
+import torch
+from tqdm.auto import tqdm
+
+from ..io import tokenizer as tok
+from ..model.hooks import hook_name
+from .lens import direct_effect, logit_direction
+from .result import Result
+from .tokens import target_id
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from ..model import HookedGPT2
+
+Token = Union[str, int]
+CHUNK = 1024  # vectors per [chunk, d_vocab] score matmul (1024 × 50257 fp32 ≈ 206 MB)
+
+
+def check_layer(model: "HookedGPT2", layer: int) -> int:
+    """``layer`` as a block index (negative counts from the end); out of range says the range."""
+    n = model.cfg.n_layer
+    if not isinstance(layer, int) or not -n <= layer < n:
+        raise IndexError(f"layer {layer} is out of range: the model has {n} layers (0..{n - 1})")
+    return layer % n
+
+
+def _check_neurons(model: "HookedGPT2", neurons: Sequence[int] | torch.Tensor | None) -> torch.Tensor:
+    d = model.cfg.d_mlp
+    if neurons is None:
+        return torch.arange(d, device=model.device)
+    idx = torch.as_tensor(neurons, dtype=torch.long, device=model.device).flatten()
+    if idx.numel() == 0:
+        raise ValueError("neurons is empty: give neuron indices, or None for all")
+    if int(idx.min()) < 0 or int(idx.max()) >= d:
+        raise IndexError(f"neuron indices must be in 0..{d - 1} (d_mlp = {d}); got {idx.tolist()[:8]}")
+    return idx
+
+
+def _readout_in(model: "HookedGPT2", vectors: torch.Tensor, apply_ln: bool) -> torch.Tensor:
+    """Vectors ``[n, d_model]`` as the unembedding sees them: times ln_final's ``w`` if ``apply_ln``."""
+    return vectors * model.ln_final.w if apply_ln else vectors
+
+
+def vocab_scores(model: "HookedGPT2", vectors: torch.Tensor, apply_ln: bool = True) -> torch.Tensor:
+    """Vocabulary scores ``[n, d_vocab]`` of ``vectors [n, d_model]`` (see the module doc)."""
+    return model.unembed(_readout_in(model, vectors, apply_ln))
+
+
+@torch.no_grad()
+def _top_bottom(
+    model: "HookedGPT2", vectors: torch.Tensor, k: int, apply_ln: bool, progress: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(top_scores, top_ids, bottom_scores, bottom_ids)``, each ``[n, k]``, of ``vectors [n, d_model]``,
+    CHUNK vectors per matmul."""
+    k = min(k, model.cfg.d_vocab)
+    outs: list[tuple[torch.Tensor, ...]] = []
+    for s in tqdm(range(0, len(vectors), CHUNK), desc="vocab projection", disable=not progress):
+        scores = vocab_scores(model, vectors[s : s + CHUNK], apply_ln).float()  # [chunk, d_vocab]
+        ts, ti = scores.topk(k, dim=-1)
+        bs, bi = scores.topk(k, dim=-1, largest=False)
+        outs.append((ts, ti, bs, bi))
+    return tuple(torch.cat(parts).cpu() for parts in zip(*outs))  # type: ignore[return-value]
+
+
+def _strs(ids: torch.Tensor) -> list[list[str]]:
+    return [[tok.token_str(int(i)) for i in row] for row in ids]
+
+
+@dataclass
+class VocabProjection(Result):
+    """Top-``k`` and bottom-``k`` tokens (and scores) of vectors projected onto the vocabulary,
+    ``[n, k]`` each, one row per ``labels`` entry (``L5.N123`` for a neuron's value vector)."""
+
+    labels: list[str]
+    top_ids: torch.Tensor
+    top_tokens: list[list[str]]
+    top_scores: torch.Tensor
+    bottom_ids: torch.Tensor
+    bottom_tokens: list[list[str]]
+    bottom_scores: torch.Tensor
+    apply_ln: bool
+    layer: int | None = None
+    neurons: list[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def table(self, k: int | None = None, rows: int | None = None) -> str:
+        k = k or self.top_scores.shape[1]
+        w = max(map(len, self.labels))
+        lines = []
+        for r in range(len(self.labels) if rows is None else min(rows, len(self.labels))):
+            lines.append(f"{self.labels[r]:<{w}}  + " + " ".join(
+                f"{t!r}({float(s):.2f})" for t, s in zip(self.top_tokens[r][:k], self.top_scores[r][:k])))
+            lines.append(f"{'':<{w}}  − " + " ".join(
+                f"{t!r}({float(s):.2f})" for t, s in zip(self.bottom_tokens[r][:k], self.bottom_scores[r][:k])))
+        return "\n".join(lines)
+
+    def plot(self, rows: int = 4, **kwargs: Any) -> "Figure":
+        from ..plots.lens import plot_vocab
+
+        return plot_vocab(self, rows=rows, **kwargs)
+
+
+def _projection(
+    model: "HookedGPT2", vectors: torch.Tensor, labels: list[str], k: int, apply_ln: bool, progress: bool = False, **kw: Any
+) -> VocabProjection:
+    ts, ti, bs, bi = _top_bottom(model, vectors, k, apply_ln, progress)
+    return VocabProjection(labels, ti, _strs(ti), ts, bi, _strs(bi), bs, apply_ln, **kw)
+
+
+@torch.no_grad()
+def neuron_vocab(
+    model: "HookedGPT2",
+    layer: int,
+    neurons: Sequence[int] | torch.Tensor | None = None,
+    k: int = 10,
+    apply_ln: bool = True,
+) -> VocabProjection:
+    """Top/bottom-``k`` vocabulary tokens of the value vectors ``W_out[layer][neurons]``
+    (all neurons by default), scored as the module doc says."""
+    layer = check_layer(model, layer)
+    idx = _check_neurons(model, neurons)
+    V = model.blocks[layer].mlp.W_out[idx]  # [n, d_model]
+    return _projection(model, V, [f"L{layer}.N{int(i)}" for i in idx], k, apply_ln,
+                       progress=len(idx) > 4 * CHUNK, layer=layer, neurons=idx.tolist())
+
+
+@torch.no_grad()
+def project(model: "HookedGPT2", vector: torch.Tensor, k: int = 10, apply_ln: bool = True,
+            labels: Sequence[str] | None = None) -> VocabProjection:
+    """Top/bottom-``k`` tokens of any direction(s) ``[d_model]`` or ``[n, d_model]`` (a residual,
+    a ``W_in`` column, an edit's ``v*``), by the same code path as :func:`neuron_vocab`."""
+    v = torch.as_tensor(vector).to(model.device, model.dtype)
+    v = v[None] if v.ndim == 1 else v
+    if v.ndim != 2 or v.shape[-1] != model.cfg.d_model:
+        raise ValueError(f"vector must be [d_model] or [n, d_model] with d_model = {model.cfg.d_model}; got {tuple(v.shape)}")
+    labels = list(labels) if labels is not None else (["vector"] if len(v) == 1 else [f"vector {i}" for i in range(len(v))])
+    return _projection(model, v, labels, k, apply_ln)
+
+
+# ---------------------------------------------------------------------------- neuron search
+@dataclass
+class NeuronSearch(Result):
+    """Neurons ranked by how much their value vectors promote ``tokens``; iterates as
+    ``(layer, neuron, score)`` tuples. ``top_tokens`` are each neuron's own top tokens."""
+
+    tokens: list[str]
+    layers: list[int]
+    neurons: list[int]
+    scores: torch.Tensor
+    top_tokens: list[list[str]]
+    apply_ln: bool
+    relative: bool
+
+    def __iter__(self) -> Iterator[tuple[int, int, float]]:
+        return iter(zip(self.layers, self.neurons, self.scores.tolist()))
+
+    def __len__(self) -> int:
+        return len(self.neurons)
+
+    def __getitem__(self, i: int) -> tuple[int, int, float]:
+        return self.layers[i], self.neurons[i], float(self.scores[i])
+
+    def table(self, k: int = 8) -> str:
+        what = ", ".join(map(repr, self.tokens[:6])) + (" …" if len(self.tokens) > 6 else "")
+        lines = [f"neurons promoting {what}  (score = v · {'(w ⊙ ' if self.apply_ln else '('}W_U[:, t])"
+                 f"{', minus its vocabulary mean' if self.relative else ''})"]
+        for r, (l, i, s) in enumerate(self):
+            lines.append(f"{r + 1:>3}. L{l}.N{i:<6} {s:+8.3f}   " + " ".join(map(repr, self.top_tokens[r][:k])))
+        return "\n".join(lines)
+
+    def plot(self, **kwargs: Any) -> "Figure":
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(7, 0.28 * len(self) + 1.4))
+        ax = fig.add_subplot()
+        y = list(range(len(self)))[::-1]
+        ax.barh(y, self.scores.numpy())
+        ax.set_yticks(y, [f"L{l}.N{i} " + ",".join(map(repr, t[:3])) for l, i, t in
+                          zip(self.layers, self.neurons, self.top_tokens)], fontsize=7)
+        ax.set_xlabel("score")
+        ax.set_title("neurons promoting " + ", ".join(map(repr, self.tokens[:4])), fontsize=9)
+        fig.tight_layout()
+        return fig
+
+
+def _token_ids(model: "HookedGPT2", token_or_tokens: Token | Sequence[Token]) -> list[int]:
+    items = [token_or_tokens] if isinstance(token_or_tokens, (str, int)) else list(token_or_tokens)
+    if not items:
+        raise ValueError("no tokens given: pass a token such as ' Paris' or a list of tokens")
+    return [target_id(model, t) for t in items]
+
+
+def _layers(model: "HookedGPT2", layers: int | Sequence[int] | None) -> list[int]:
+    if layers is None:
+        return list(range(model.cfg.n_layer))
+    return [check_layer(model, l) for l in ([layers] if isinstance(layers, int) else layers)]
+
+
+@torch.no_grad()
+def find_neurons(
+    model: "HookedGPT2",
+    token_or_tokens: Token | Sequence[Token],
+    k: int = 20,
+    layers: int | Sequence[int] | None = None,
+    apply_ln: bool = True,
+    relative: bool = False,
+    n_tokens: int = 10,
+) -> NeuronSearch:
+    """The ``k`` neurons (over ``layers``, default all) whose value vectors most promote a token,
+    or a set of tokens on average: ``score = v · (w ⊙ W_U[:, t])`` (``apply_ln``; raw ``W_U``
+    otherwise), averaged over the tokens. ``relative`` subtracts each neuron's mean score over
+    the whole vocabulary, so a neuron that raises every logit does not rank first."""
+    ids = _token_ids(model, token_or_tokens)
+    ls = _layers(model, layers)
+    w = model.ln_final.w if apply_ln else torch.ones_like(model.ln_final.w)
+    readout = (w[:, None] * model.W_U[:, ids]).mean(-1)  # [d_model]
+    if relative:
+        readout = readout - w * model.W_U.mean(-1)
+    W_out = torch.stack([model.blocks[l].mlp.W_out for l in ls])  # [n_layers, d_mlp, d_model]
+    scores = (W_out @ readout).float()  # [n_layers, d_mlp]
+    top = scores.flatten().topk(min(k, scores.numel()))
+    d = model.cfg.d_mlp
+    li = [ls[int(i) // d] for i in top.indices]
+    ni = [int(i) % d for i in top.indices]
+    V = torch.stack([model.blocks[l].mlp.W_out[i] for l, i in zip(li, ni)])
+    _, tids, _, _ = _top_bottom(model, V, n_tokens, apply_ln)
+    return NeuronSearch([tok.token_str(i) for i in ids], li, ni, top.values.cpu(), _strs(tids), apply_ln, relative)
+
+
+# ---------------------------------------------------------------------------- sub-updates on a prompt
+@dataclass
+class SubupdateResult(Result):
+    """The largest MLP sub-updates ``m_i · v_i`` at one position of a prompt, largest norm first.
+
+    ``top_tokens`` project ``m_i · v_i`` (sign included) onto the vocabulary; ``target_effects``
+    are their exact direct effects on the target's logit (centred, / ln_final's scale).
+    """
+
+    prompt: str
+    position: int
+    token: str
+    layers: list[int]
+    neurons: list[int]
+    activations: torch.Tensor
+    norms: torch.Tensor
+    top_tokens: list[list[str]]
+    top_scores: torch.Tensor
+    target: str | None = None
+    target_effects: torch.Tensor | None = None
+
+    def table(self, k: int = 6) -> str:
+        lines = [f"MLP sub-updates at position {self.position} ({self.token!r}) of {self.prompt!r}"]
+        head = f"{'neuron':<11} {'m_i':>8} {'|m|·‖v‖':>8}"
+        if self.target_effects is not None:
+            head += f" {'→' + repr(self.target):>10}"
+        lines.append(head + "   top tokens of m_i·v_i")
+        for r in range(len(self.neurons)):
+            row = f"L{self.layers[r]}.N{self.neurons[r]:<6} {float(self.activations[r]):+8.3f} {float(self.norms[r]):8.3f}"
+            if self.target_effects is not None:
+                row += f" {float(self.target_effects[r]):+10.3f}"
+            lines.append(row + "   " + " ".join(map(repr, self.top_tokens[r][:k])))
+        return "\n".join(lines)
+
+    def plot(self, **kwargs: Any) -> "Figure":
+        from ..plots.lens import plot_subupdates
+
+        return plot_subupdates(self, **kwargs)
+
+
+@torch.no_grad()
+def top_subupdates(
+    model: "HookedGPT2",
+    prompt: str,
+    position: int = -1,
+    layer: int | None = None,
+    k: int = 20,
+    target: Token | None = None,
+    n_tokens: int = 10,
+    apply_ln: bool = True,
+) -> SubupdateResult:
+    """On a real prompt, the ``k`` neurons (of ``layer``, or all layers) whose contribution
+    ``m_i · v_i`` at ``position`` has the largest norm ``|m_i| · ‖v_i‖``, with the top tokens of
+    that contribution and, given a ``target``, its direct effect on the target's logit."""
+    if not isinstance(prompt, str):
+        raise TypeError("top_subupdates takes one prompt string")
+    ls = _layers(model, layer)
+    tokens, _ = model.tokenize(prompt)
+    length = tokens.shape[1]
+    if not -length <= position < length:
+        raise IndexError(f"position {position} is out of range for a prompt of {length} tokens (BOS included): "
+                         f"use {-length}..{length - 1}")
+    pos = position % length
+    names = [hook_name("post", l) for l in ls] + (["ln_final.hook_scale"] if target is not None else [])
+    # ln_final (and its scale hook) only runs when logits are asked for
+    _, cache = model.run_with_cache(tokens, names_filter=names, return_type=None if target is None else "logits")
+    m = torch.stack([cache[hook_name("post", l)][0, pos] for l in ls])  # [n_layers, d_mlp]
+    W_out = torch.stack([model.blocks[l].mlp.W_out for l in ls])  # [n_layers, d_mlp, d_model]
+    norms = m.abs() * W_out.norm(dim=-1)  # [n_layers, d_mlp]
+    top = norms.flatten().topk(min(k, norms.numel()))
+    d = model.cfg.d_mlp
+    li = [int(i) // d for i in top.indices]
+    ni = [int(i) % d for i in top.indices]
+    acts = m[li, ni]  # [k]
+    updates = acts[:, None] * W_out[li, ni]  # [k, d_model]
+    ts, tids, _, _ = _top_bottom(model, updates, n_tokens, apply_ln)
+    effects = None
+    if target is not None:
+        scale = cache["ln_final.hook_scale"][0, pos].float()
+        effects = direct_effect(updates.float(), logit_direction(model, target).float(), scale).cpu()
+    return SubupdateResult(
+        prompt=prompt, position=pos, token=tok.token_str(int(tokens[0, pos])), layers=[ls[i] for i in li], neurons=ni,
+        activations=acts.float().cpu(), norms=top.values.float().cpu(), top_tokens=_strs(tids), top_scores=ts,
+        target=None if target is None else tok.token_str(target_id(model, target)), target_effects=effects,
+    )

@@ -1,0 +1,160 @@
+"""Figures for reading the model: logit lens, direct logit attribution, vocabulary projections.
+
+Figures are built as ``matplotlib.figure.Figure`` objects (no pyplot state, any backend;
+``Agg`` renders them to files).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+if TYPE_CHECKING:
+    from ..analysis.lens import AttributionResult, LensResult
+    from ..analysis.vocab import SubupdateResult, VocabProjection
+
+
+def _show(token: str, width: int = 10) -> str:
+    """A token as cell text: visible leading space, newlines escaped, truncated."""
+    s = token.replace("\n", "\\n").replace(" ", "␣", 1) if token.startswith(" ") else token.replace("\n", "\\n")
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def plot_lens(result: "LensResult", prompt: int = 0, position: int = -1, max_layers: int | None = None) -> Figure:
+    """nostalgebraist-style heatmap of one prompt: rows = layer boundaries (output at the top),
+    columns = analysed positions, text = top-1 token, colour = its probability (or the
+    target's log-probability when a target is given); beside it, the target's probability
+    and rank per layer at column ``position`` (top-1 probability without a target)."""
+    b = prompt
+    cols = [j for j in range(result.positions.shape[1]) if result.valid[b, j]]
+    layers = result.layers
+    has_t = result.target_prob is not None
+    if has_t:
+        values = result.target_prob[:, b, cols].clamp_min(1e-12).log().numpy()  # [n_layers, n_cols]
+        cbar_label = f"log p({result.targets[b]!r})"
+    else:
+        values = result.top_probs[:, b, cols, 0].numpy()
+        cbar_label = "p(top-1 token)"
+    n_l, n_c = values.shape
+    fig = Figure(figsize=(min(3 + 1.0 * n_c, 22) + 4.5, 1.2 + 0.38 * n_l))
+    gs = fig.add_gridspec(1, 2, width_ratios=[max(n_c, 1.5), 3.2], wspace=0.35)
+    ax = fig.add_subplot(gs[0])
+    vmin, vmax = (None, 0.0) if has_t else (0.0, 1.0)
+    im = ax.imshow(values, aspect="auto", origin="lower", cmap="viridis" if has_t else "Blues", vmin=vmin, vmax=vmax)
+    for li in range(n_l):
+        for ci, j in enumerate(cols):
+            p = float(result.top_probs[li, b, j, 0])
+            ax.text(ci, li, _show(result.top_tokens[li][b][j][0]), ha="center", va="center", fontsize=7,
+                    color="white" if (has_t and values[li, ci] < (np.nanmin(values) + 0.5 * (0 - np.nanmin(values))))
+                    or (not has_t and p > 0.6) else "black")
+    ax.set_yticks(range(n_l), layers)
+    ax.set_xticks(range(n_c), [f"{_show(result.input_token(b, j), 12)}\n{int(result.positions[b, j])}" for j in cols],
+                  fontsize=7)
+    ax.set_xlabel("input token (position)")
+    ax.set_ylabel("layer boundary (decoded with ln_final + W_U)")
+    ax.set_title(f"logit lens: {result.prompts[b]!r}"[:80], fontsize=9)
+    fig.colorbar(im, ax=ax, label=cbar_label, fraction=0.05, pad=0.02)
+
+    j = cols[position] if cols else 0
+    ax2 = fig.add_subplot(gs[1])
+    x = np.arange(n_l)
+    if has_t:
+        ax2.plot(x, result.target_prob[:, b, j].numpy(), "o-", color="tab:blue", label="probability")
+        ax2.set_ylabel(f"p({result.targets[b]!r})", color="tab:blue")
+        ax2.set_ylim(0, 1)
+        twin = ax2.twinx()
+        twin.plot(x, result.target_rank[:, b, j].numpy(), "s--", color="tab:red", label="rank")
+        twin.set_yscale("log")
+        twin.invert_yaxis()
+        twin.set_ylabel("rank (1 = top)", color="tab:red")
+        ax2.set_title(f"target {result.targets[b]!r} at {result.input_token(b, j)!r}", fontsize=9)
+    else:
+        ax2.plot(x, result.top_probs[:, b, j, 0].numpy(), "o-")
+        ax2.set_ylabel("p(top-1 token)")
+        ax2.set_ylim(0, 1)
+        ax2.set_title(f"top-1 probability at {result.input_token(b, j)!r}", fontsize=9)
+    ax2.set_xticks(x, layers, rotation=90, fontsize=7)
+    ax2.set_xlabel("layer boundary")
+    return fig
+
+
+def plot_attribution(result: "AttributionResult") -> Figure:
+    """Bars of the direct contributions (embeddings, attention, MLP per layer; LN bias apart),
+    and a layer × head heatmap when per-head parts exist."""
+    heads = result.head_parts is not None
+    fig = Figure(figsize=(11 if heads else 8, 4.2))
+    gs = fig.add_gridspec(1, 2 if heads else 1, width_ratios=[2.2, 1] if heads else [1], wspace=0.3)
+    ax = fig.add_subplot(gs[0])
+    labels = list(result.labels) + ["ln_final.b"]
+    vals = np.append(result.parts.numpy(), result.ln_bias)
+    colours = ["tab:gray" if "embed" in l else "tab:blue" if "attn" in l else "tab:orange" if "mlp" in l
+               else "tab:green" for l in labels]
+    ax.bar(range(len(vals)), vals, color=colours)
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_xticks(range(len(vals)), labels, rotation=90, fontsize=7)
+    ax.set_ylabel(f"direct contribution to {result.what}")
+    ax.set_title(f"{result.prompt!r}[{result.position}] · total {result.total:+.3f} (model {result.logit:+.3f})"[:90],
+                 fontsize=9)
+    if heads:
+        ax2 = fig.add_subplot(gs[1])
+        h = result.head_parts.numpy()
+        m = float(np.abs(h).max()) or 1.0
+        im = ax2.imshow(h, cmap="RdBu", vmin=-m, vmax=m, aspect="auto")
+        ax2.set_xlabel("head")
+        ax2.set_ylabel("layer")
+        ax2.set_yticks(range(h.shape[0]))
+        ax2.set_title("per-head direct contribution (b_O excluded)", fontsize=9)
+        fig.colorbar(im, ax=ax2, fraction=0.05)
+    return fig
+
+
+def _token_bars(ax, tokens: Sequence[str], scores: torch.Tensor, colour: str, title: str) -> None:
+    y = np.arange(len(tokens))[::-1]
+    ax.barh(y, scores.numpy(), color=colour)
+    ax.set_yticks(y, [repr(t) for t in tokens], fontsize=7)
+    ax.set_title(title, fontsize=8)
+
+
+def plot_vocab(result: "VocabProjection", rows: int = 4) -> Figure:
+    """For the first ``rows`` vectors: bars of their top and bottom tokens' scores."""
+    n = min(rows, len(result.labels))
+    fig = Figure(figsize=(7, 2.2 * n + 0.6))
+    for r in range(n):
+        ax = fig.add_subplot(n, 2, 2 * r + 1)
+        _token_bars(ax, result.top_tokens[r], result.top_scores[r], "tab:green", f"{result.labels[r]}: top")
+        ax = fig.add_subplot(n, 2, 2 * r + 2)
+        _token_bars(ax, result.bottom_tokens[r], result.bottom_scores[r], "tab:red", f"{result.labels[r]}: bottom")
+    fig.supxlabel("score = v · " + ("(w ⊙ W_U)" if result.apply_ln else "W_U"), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_subupdates(result: "SubupdateResult") -> Figure:
+    """The largest MLP sub-updates: norm |m|·‖v‖ and (with a target) direct effect, labelled
+    with each one's top promoted tokens."""
+    n = len(result.neurons)
+    has_t = result.target_effects is not None
+    fig = Figure(figsize=(10 if has_t else 6.5, 0.3 * n + 1.5))
+    labels = [f"L{l}.N{i} " + ",".join(_show(t, 8) for t in toks[:3])
+              for l, i, toks in zip(result.layers, result.neurons, result.top_tokens)]
+    y = np.arange(n)[::-1]
+    ax = fig.add_subplot(1, 2 if has_t else 1, 1)
+    ax.barh(y, result.norms.numpy(), color=["tab:blue" if a > 0 else "tab:purple" for a in result.activations])
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.set_xlabel("|m_i| · ‖v_i‖ (blue: m > 0)")
+    ax.set_title(f"MLP sub-updates at {result.token!r} of {result.prompt!r}"[:70], fontsize=9)
+    if has_t:
+        ax2 = fig.add_subplot(1, 2, 2, sharey=ax)
+        e = result.target_effects.numpy()
+        ax2.barh(y, e, color=["tab:green" if v > 0 else "tab:red" for v in e])
+        ax2.axvline(0, color="black", lw=0.6)
+        ax2.tick_params(labelleft=False)
+        ax2.xaxis.set_major_locator(MaxNLocator(4))
+        ax2.set_xlabel(f"direct effect on logit({result.target!r})")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Create .venv and install gpt2-interp with the given extras (default: none).
+#   bash scripts/setup.sh            # the package
+#   bash scripts/setup.sh test       # + transformers, transformer-lens 3.9, notebook runner
+# torch is pinned to 2.13.0 first: on our CPU-only machines pip takes that CPU build from local
+# disk instead of downloading a multi-GB CUDA build; elsewhere it is an ordinary torch install.
+# An existing torch in the venv (any version >= 2.1, CPU or CUDA) is kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+[ -d .venv ] || python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+if ! python -c "import torch" >/dev/null 2>&1; then
+  python -m pip install -q "torch==2.13.0"
+fi
+spec="."
+[ -n "$extras" ] && spec=".[$extras]"
+python -m pip install -q -e "$spec"
