@@ -7,9 +7,11 @@
 
 from .io.checkpoints import from_state_dict, from_transformer_lens, from_transformers, load
 from .model import KNOWN_CONFIGS, ActivationCache, GPT2Config, HookedGPT2, HookPoint
+from .editing.rome import compute_edit as rome_edit
 
 __version__ = "0.1.0"
 __all__ = [
     "load", "from_transformers", "from_transformer_lens", "from_state_dict",
     "HookedGPT2", "GPT2Config", "KNOWN_CONFIGS", "ActivationCache", "HookPoint",
+    "rome_edit",
 ]

@@ -180,6 +180,32 @@ class LensResult(Result):
         return plot_lens(self, prompt=prompt, position=position, **kwargs)
 
 
+def _lens_chunk(
+    model: "HookedGPT2", tokens: torch.Tensor, lengths: torch.Tensor, cols: torch.Tensor, names: list[str], k: int,
+    tids: list[int] | None, keep_logits: bool,
+) -> dict[str, torch.Tensor]:
+    """One forward pass over a chunk of left-padded prompts ``tokens [b, width]``, caching only
+    ``names``; decodes the residuals at ``cols [b, n_pos]``. Tensors are ``[n_layers, b, n_pos(, k)]``."""
+    width, w = tokens.shape[1], int(lengths.max())
+    tokens = tokens[:, width - w :]  # drop columns that are padding in every row of this chunk
+    mask = (torch.arange(w, device=tokens.device)[None] >= (w - lengths)[:, None]).long()
+    _, cache = model.run_with_cache(tokens, names_filter=names, attention_mask=mask, return_type=None)
+    resid = torch.stack([cache[n] for n in names])  # [n_layers, b, w, d_model]
+    c = (cols - (width - w)).clamp(min=0)  # invalid cells read any column; they are masked later
+    picked = resid[:, torch.arange(len(c), device=c.device)[:, None], c]  # [n_layers, b, n_pos, d_model]
+    logits = decode_resid(model, picked).float()  # [n_layers, b, n_pos, d_vocab]
+    logp = logits.log_softmax(-1)
+    top_lp, top_ids = logp.topk(k, dim=-1)
+    out = {"ids": top_ids, "probs": top_lp.exp()}
+    if tids is not None:
+        t = torch.tensor(tids, device=logits.device)[None, :, None]  # [1, b, 1]
+        out["tl"], out["tr"] = _rank(logits, t)
+        out["tp"] = logp.gather(-1, t.expand(logp.shape[:-1])[..., None])[..., 0].exp()
+    if keep_logits:
+        out["logits"] = logits
+    return out
+
+
 @torch.no_grad()
 def logit_lens(
     model: "HookedGPT2",
@@ -206,57 +232,26 @@ def logit_lens(
     batch, width = tokens.shape
     cols, valid = _columns(positions, lengths, width)
     tids = _target_list(model, targets, batch)
-    k = min(k, model.cfg.d_vocab)
     names, labels = _resid_names(model, include_mid)
-    out: dict[str, list[torch.Tensor]] = {n: [] for n in ("ids", "probs", "tp", "tl", "tr", "logits")}
     starts = range(0, batch, batch_size)
-    bar = progress if progress is not None else len(starts) > 4
-    for s in tqdm(starts, desc="logit lens", disable=not bar):
-        sl = slice(s, s + batch_size)
-        tk, ln = tokens[sl], lengths[sl]
-        w = int(ln.max())  # drop columns that are padding in every row of this chunk
-        tk = tk[:, width - w:]
-        mask = (torch.arange(w, device=tk.device)[None] >= (w - ln)[:, None]).long()
-        _, cache = model.run_with_cache(tk, names_filter=names, attention_mask=mask, return_type=None)
-        resid = torch.stack([cache[n] for n in names])  # [n_layers, b, w, d_model]
-        c = (cols[sl] - (width - w)).clamp(min=0)  # [b, n_pos]
-        rows = torch.arange(len(c), device=c.device)[:, None]
-        picked = resid[:, rows, c]  # [n_layers, b, n_pos, d_model]
-        logits = decode_resid(model, picked).float()  # [n_layers, b, n_pos, d_vocab]
-        logp = logits.log_softmax(-1)
-        top_lp, top_ids = logp.topk(k, dim=-1)
-        out["ids"].append(top_ids)
-        out["probs"].append(top_lp.exp())
-        if tids is not None:
-            t = torch.tensor(tids[sl], device=logits.device)[None, :, None]  # [1, b, 1]
-            tl, tr = _rank(logits, t)
-            out["tl"].append(tl)
-            out["tr"].append(tr)
-            out["tp"].append(logp.gather(-1, t.expand(logp.shape[:-1])[..., None])[..., 0].exp())
-        if return_logits:
-            out["logits"].append(logits)
-    cat = lambda key: torch.cat(out[key], dim=1) if out[key] else None
-    top_ids = cat("ids")
-    probs = cat("probs")
-    inv = ~valid[None, :, :, None]
-    probs = probs.masked_fill(inv, float("nan"))
-    top_ids = top_ids.masked_fill(inv, -1)
-    tp, tl, tr = cat("tp"), cat("tl"), cat("tr")
-    if tids is not None:
-        tp = tp.masked_fill(~valid[None], float("nan"))
-        tl = tl.masked_fill(~valid[None], float("nan"))
-        tr = tr.masked_fill(~valid[None], -1)
-    pad = (width - lengths)[:, None]
-    pos_index = torch.where(valid, cols - pad, torch.full_like(cols, -1))
+    chunks = [
+        _lens_chunk(model, tokens[s : s + batch_size], lengths[s : s + batch_size], cols[s : s + batch_size], names,
+                    min(k, model.cfg.d_vocab), None if tids is None else tids[s : s + batch_size], return_logits)
+        for s in tqdm(starts, desc="logit lens", disable=not (progress if progress is not None else len(starts) > 4))
+    ]
+    out = {key: torch.cat([c[key] for c in chunks], dim=1) for key in chunks[0]}  # [n_layers, batch, n_pos(, k)]
+    for key, fill in (("ids", -1), ("probs", float("nan")), ("tp", float("nan")), ("tl", float("nan")), ("tr", -1)):
+        if key in out:
+            out[key] = out[key].masked_fill(~valid.view(1, batch, -1, *[1] * (out[key].ndim - 3)), fill).cpu()
+    pos_index = torch.where(valid, cols - (width - lengths)[:, None], torch.full_like(cols, -1))
     str_tokens = [[tok.token_str(int(i)) for i in tokens[b, width - int(lengths[b]):]] for b in range(batch)]
-    top_tokens = [[[[tok.token_str(int(i)) if i >= 0 else "" for i in cell] for cell in row] for row in layer]
-                  for layer in top_ids.tolist()]
+    top_tokens = [[[[tok.token_str(i) if i >= 0 else "" for i in cell] for cell in row] for row in layer]
+                  for layer in out["ids"].tolist()]
     return LensResult(
         prompts=texts, layers=labels, str_tokens=str_tokens, positions=pos_index.cpu(), valid=valid.cpu(),
-        top_ids=top_ids.cpu(), top_tokens=top_tokens, top_probs=probs.cpu(),
+        top_ids=out["ids"], top_tokens=top_tokens, top_probs=out["probs"],
         targets=None if tids is None else [tok.token_str(i) for i in tids], target_ids=tids,
-        target_prob=None if tp is None else tp.cpu(), target_logit=None if tl is None else tl.cpu(),
-        target_rank=None if tr is None else tr.cpu(), logits=cat("logits"),
+        target_prob=out.get("tp"), target_logit=out.get("tl"), target_rank=out.get("tr"), logits=out.get("logits"),
     )
 
 

@@ -106,6 +106,20 @@ class VocabProjection(Result):
     def __len__(self) -> int:
         return len(self.labels)
 
+    def select(self, rows: Sequence[int]) -> "VocabProjection":
+        """The given rows only, in that order."""
+        rows = list(rows)
+        pick = lambda xs: [xs[i] for i in rows]
+        return VocabProjection(
+            pick(self.labels), self.top_ids[rows], pick(self.top_tokens), self.top_scores[rows], self.bottom_ids[rows],
+            pick(self.bottom_tokens), self.bottom_scores[rows], self.apply_ln, self.layer,
+            None if self.neurons is None else pick(self.neurons),
+        )
+
+    def strongest(self, n: int) -> "VocabProjection":
+        """The ``n`` rows whose top token scores highest (the most strongly promoting vectors)."""
+        return self.select(self.top_scores[:, 0].argsort(descending=True)[:n].tolist())
+
     def table(self, k: int | None = None, rows: int | None = None) -> str:
         k = k or self.top_scores.shape[1]
         w = max(map(len, self.labels))

@@ -126,9 +126,9 @@ def first_token_accuracy(model: HookedGPT2, fb: FactBase, split: str, limit: int
 
 def train(
     out: Path,
-    epochs: float = 12.0,
+    epochs: float = 10.0,
     batch_size: int = 64,
-    lr: float = 1e-3,
+    lr: float = 2e-3,
     weight_decay: float = 0.1,
     seed: int = 0,
     cfg: GPT2Config = DEFAULT_CONFIG,
@@ -180,6 +180,8 @@ def train(
                 history.append({"step": step, "loss": round(loss.item(), 4), "train_acc@100": acc, "heldout_acc@100": held,
                                 "minutes": round((time.time() - t0) / 60, 2)})
                 tqdm.write(json.dumps(history[-1]))
+                if step < total:  # a usable checkpoint while training goes on
+                    save_hf(full.cpu(), out, dtype=torch.float16)
             if step >= total:
                 break
     bar.close()
@@ -205,12 +207,12 @@ def train(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=embedded_path("gpt2-facts"))
-    ap.add_argument("--epochs", type=float, default=16.0)
+    ap.add_argument("--epochs", type=float, default=10.0)
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=1.5e-3)
+    ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None)
-    ap.add_argument("--eval-every", type=int, default=1500)
+    ap.add_argument("--eval-every", type=int, default=1000)
     ap.add_argument("--n-layer", type=int, default=DEFAULT_CONFIG.n_layer)
     ap.add_argument("--d-model", type=int, default=DEFAULT_CONFIG.d_model)
     a = ap.parse_args()

@@ -341,6 +341,14 @@ class HookedGPT2(nn.Module):
             out = self(input, **kwargs)
         return out, ActivationCache(store, self)
 
+    @contextmanager
+    def edited(self, *edits: Any) -> Iterator["HookedGPT2"]:
+        """Apply weight edits (e.g. ROME's, in order) for the ``with`` block; undone bit-exactly on exit."""
+        from ..editing.edit import edited
+
+        with edited(self, *edits):
+            yield self
+
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
     def generate(

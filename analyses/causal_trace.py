@@ -1,0 +1,90 @@
+"""Where do facts live in gpt2-facts? ROME's Figure 2, averaged over the embedded fact base.
+
+    python analyses/causal_trace.py [--facts 120] [--quick] [--out-dir analyses/results]
+
+Causal traces (hidden states, MLP and attention outputs) of the fact model on the first
+training template of a spread of facts, averaged over the facts it knows in ROME's six position
+buckets. Writes ``causal_trace.png`` and ``causal_trace.json`` and prints a one-sentence finding
+computed from the numbers (where the MLP indirect effect at the last subject token peaks, and
+how it compares with the last token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+import gpt2_interp as gi
+from gpt2_interp.analysis.tracing import KINDS, AverageTrace, average_trace
+from gpt2_interp.facts.base import FactBase
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def pick_facts(fb: FactBase, n: int, seed: int = 0) -> list:
+    """``n`` facts spread evenly over the relations (random within each, fixed seed)."""
+    rng = random.Random(seed)
+    per = {r: rng.sample(fb.facts(r), len(fb.facts(r))) for r in fb.relations}
+    out: list = []
+    while len(out) < n and any(per.values()):
+        for r in fb.relations:
+            if per[r] and len(out) < n:
+                out.append(per[r].pop())
+    return out
+
+
+def finding(avg: AverageTrace) -> str:
+    """One sentence on where the facts are recalled, from the averaged numbers."""
+    n = len(avg.layer_labels)
+    mlp_layer, mlp_eff = avg.peak("mlp", "last subject token")
+    attn_layer, attn_eff = avg.peak("attn", "last token")
+    _, mlp_last = avg.peak("mlp", "last token")
+    hid_layer, hid_eff = avg.peak("hidden", "last subject token")
+    where = "early" if mlp_layer < n / 3 else "middle" if mlp_layer < 2 * n / 3 else "late"
+    return (
+        f"Over {avg.n_known} facts gpt2-facts knows (of {avg.n_facts} traced), restoring the MLP outputs around layer "
+        f"{mlp_layer} at the last subject token recovers the most (average indirect effect {mlp_eff:.3f}, an {where} layer "
+        f"of {n}; {'more' if mlp_eff > mlp_last else 'less'} than the MLPs at the last token, {mlp_last:.3f}), "
+        f"the last subject token's hidden state matters most at layer {hid_layer} ({hid_eff:.3f}), and attention at the "
+        f"last token peaks at layer {attn_layer} ({attn_eff:.3f}) — clean p = {avg.clean_score:.3f}, corrupted p = "
+        f"{min(avg.corrupted_score):.3f}–{max(avg.corrupted_score):.3f}."
+    )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--facts", type=int, default=120, help="facts to trace (spread over relations)")
+    ap.add_argument("--samples", type=int, default=10)
+    ap.add_argument("--noise", default="3.0", help="noise std as a multiple of std(W_E)")
+    ap.add_argument("--window", type=int, default=None, help="mlp/attn window (default: half the layers)")
+    ap.add_argument("--quick", action="store_true", help="16 facts, 4 samples (< 60 s)")
+    ap.add_argument("--model", default="gpt2-facts")
+    ap.add_argument("--out-dir", type=Path, default=RESULTS)
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.facts, a.samples = 16, 4
+    torch.manual_seed(0)
+    model = gi.load(a.model)
+    # ROME uses a 10-layer window on 48 layers; a 6-layer model gets a proportionate one
+    window = a.window or max(1, model.cfg.n_layer // 2)
+    facts = pick_facts(FactBase.load(), a.facts)
+    t0 = time.perf_counter()
+    avg = average_trace(model, facts, kind=KINDS, noise=a.noise, samples=a.samples, window=window)
+    seconds = time.perf_counter() - t0
+    sentence = finding(avg)
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    avg.save_plot(a.out_dir / "causal_trace.png")
+    out = {"finding": sentence, "seconds": round(seconds, 2), "model": a.model, **avg.to_dict()}
+    (a.out_dir / "causal_trace.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(sentence)
+    print(f"({avg.n_known}/{avg.n_facts} facts known; {seconds:.1f} s; figure and JSON in {a.out_dir})")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Logit-lens accuracy by layer on the embedded fact model, over the whole fact base.
+
+For every fact, the first training prompt and every held-out prompt is decoded at each
+layer boundary (logit lens: ln_final + W_U on the residual at the last token); we record
+the rank of the correct object's first token. Per layer, per relation and split: top-1
+accuracy and mean reciprocal rank. Writes ``logit_lens.json`` and ``logit_lens.png``.
+
+    python analyses/logit_lens.py [--quick] [--model gpt2-facts] [--out analyses/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import gpt2_interp as gi
+from gpt2_interp.analysis.lens import logit_lens
+from gpt2_interp.facts.base import FactBase
+from gpt2_interp.io import tokenizer as tok
+
+HERE = Path(__file__).resolve().parent
+
+
+def prompt_set(fb: FactBase, split: str, per_relation: int | None) -> tuple[list[str], list[int], list[str]]:
+    """``(prompts, first target token ids, relations)``: the first training prompt of each fact
+    (``train``) or all its held-out prompts (``heldout``); ``per_relation`` facts per relation."""
+    prompts, targets, relations = [], [], []
+    for rel in fb.relations:
+        for fact in fb.facts(rel)[:per_relation]:
+            ps = fb.prompts(fact, split)
+            ps = ps[:1] if split == "train" else ps
+            prompts += ps
+            targets += [tok.encode(fb.target(fact))[0]] * len(ps)
+            relations += [rel] * len(ps)
+    return prompts, targets, relations
+
+
+def metrics(ranks: torch.Tensor) -> dict[str, list[float]]:
+    """``ranks [n_layers, n]`` → per-layer top-1 accuracy and mean reciprocal rank."""
+    r = ranks.double()
+    return {"top1": (r == 1).double().mean(-1).tolist(), "mrr": (1 / r).mean(-1).tolist()}
+
+
+def plot(result: dict, path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    layers = result["layers"]
+    fig = Figure(figsize=(12, 7.5))
+    axes = fig.subplots(2, 2, sharex=True)
+    for row, split in enumerate(result["splits"]):
+        res = result["splits"][split]
+        for col, metric in enumerate(("top1", "mrr")):
+            ax = axes[row, col]
+            for rel, m in res["per_relation"].items():
+                ax.plot(layers, m[metric], "o-", ms=3, lw=1, alpha=0.8, label=rel)
+            ax.plot(layers, res["all"][metric], "k-", lw=2.5, label="all facts")
+            ax.set_ylim(0, 1.02)
+            ax.set_title(f"{split} prompts (n={res['n_prompts']}): "
+                         f"{'top-1 accuracy' if metric == 'top1' else 'mean reciprocal rank'}", fontsize=10)
+            ax.set_ylabel("top-1 accuracy" if metric == "top1" else "MRR")
+            ax.grid(alpha=0.3)
+    for ax in axes[-1]:
+        ax.set_xlabel("layer boundary (logit lens: ln_final + W_U)")
+    axes[0, 1].legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"Logit lens on {result['model']}: rank of the correct object's first token at the last prompt token")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+
+
+def run(model, fb: FactBase, per_relation: int | None, batch_size: int) -> dict:
+    out: dict = {"splits": {}}
+    for split in ("train", "heldout"):
+        prompts, targets, relations = prompt_set(fb, split, per_relation)
+        lens = logit_lens(model, prompts, targets=targets, k=1, batch_size=batch_size, progress=True)
+        ranks = lens.target_rank[:, :, 0]  # [n_layers, n_prompts]
+        out["layers"] = lens.layers
+        rel_idx = {r: [i for i, x in enumerate(relations) if x == r] for r in fb.relations}
+        out["splits"][split] = {
+            "n_prompts": len(prompts),
+            "all": metrics(ranks),
+            "per_relation": {r: metrics(ranks[:, idx]) for r, idx in rel_idx.items() if idx},
+            "n_per_relation": {r: len(idx) for r, idx in rel_idx.items()},
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="gpt2-facts")
+    p.add_argument("--quick", action="store_true", help="8 facts per relation (for the test suite)")
+    p.add_argument("--out", type=Path, default=HERE / "results")
+    p.add_argument("--batch-size", type=int, default=128)
+    args = p.parse_args(argv)
+    torch.set_grad_enabled(False)
+    t0 = time.perf_counter()
+    model = gi.load(args.model)
+    fb = FactBase.load()
+    result = {"model": args.model, "quick": args.quick}
+    result |= run(model, fb, 8 if args.quick else None, args.batch_size)
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = "logit_lens_quick" if args.quick else "logit_lens"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, args.out / f"{stem}.png")
+    print(f"{'layer':<8}" + "".join(f"{s + ' top1':>14}{s + ' MRR':>13}" for s in result["splits"]))
+    for i, name in enumerate(result["layers"]):
+        print(f"{name:<8}" + "".join(f"{r['all']['top1'][i]:>14.3f}{r['all']['mrr'][i]:>13.3f}"
+                                      for r in result["splits"].values()))
+    print(f"wrote {args.out / stem}.json/.png in {result['seconds']} s")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,396 @@
+"""ROME-style causal tracing, batched.
+
+Meng et al. (2022) corrupt a prompt by adding Gaussian noise to the subject's
+token embeddings (the output of ``hook_embed``, before position embeddings)
+and then restore one clean state at a time — a (token, layer) cell — to see
+which states carry the fact. ``kind="hidden"`` restores the residual stream
+after block ``L`` (``resid_post``); ``"mlp"``/``"attn"`` restore the MLP/attention
+outputs of a window of ``window`` layers centred on ``L`` (layers
+``max(0, L − window//2) … min(n, L + ceil(window/2)) − 1``). The score is the
+probability of the target (default: the clean top-1) at the last position,
+averaged over ``samples`` noise draws; the same draws are used for every cell.
+
+Every cell × sample is one row of a staircase batch (see
+:func:`~gpt2_interp.analysis.patching.run_staircase`): a row starts from the
+corrupted run's cached residual at the first layer it changes. Cells before the
+subject are never computed — nothing there differs from the corrupted run, so
+their score *is* the corrupted score.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Union
+
+import torch
+from tqdm.auto import tqdm
+
+from ..io import tokenizer as tok
+from .patching import Edit, entry_name, run_staircase
+from .result import Result
+from .tokens import subject_span, target_id, target_ids
+
+if TYPE_CHECKING:
+    from ..facts.base import Fact
+    from ..model import HookedGPT2
+
+Kind = Literal["hidden", "mlp", "attn"]
+KINDS: tuple[str, ...] = ("hidden", "mlp", "attn")
+#: ROME's Figure-2 position buckets, in order.
+BUCKETS: tuple[str, ...] = (
+    "first subject token", "middle subject tokens", "last subject token",
+    "first subsequent token", "further tokens", "last token",
+)
+
+
+# =============================================================== results
+@dataclass
+class TraceResult(Result):
+    """One causal trace.
+
+    ``scores [n_tokens, n_layers]``: target probability with the cell restored (mean over noise
+    samples); ``indirect_effect`` = ``scores − corrupted_score``. Tokens exclude the prepended BOS;
+    ``subject_range`` indexes ``tokens`` (end exclusive).
+    """
+
+    prompt: str
+    subject: str
+    kind: str
+    tokens: list[str]
+    subject_range: tuple[int, int]
+    layer_labels: list[str]
+    target: str
+    target_id: int
+    scores: torch.Tensor
+    indirect_effect: torch.Tensor
+    clean_score: float
+    corrupted_score: float
+    noise_std: float
+    samples: int
+    window: int
+    seed: int
+
+    def plot(self, **kwargs: Any):
+        from ..plots.causal import plot_trace
+
+        return plot_trace(self, **kwargs)
+
+    def peak(self) -> tuple[str, str, float]:
+        """``(token, layer label, score)`` of the highest-scoring cell."""
+        i = int(self.scores.argmax())
+        t, l = divmod(i, self.scores.shape[1])
+        return self.tokens[t], self.layer_labels[l], float(self.scores[t, l])
+
+
+@dataclass
+class TraceSet(Result):
+    """Traces of one prompt for several kinds; ``.plot()`` draws ROME's side-by-side panels."""
+
+    traces: list[TraceResult]
+
+    def __getitem__(self, kind: str) -> TraceResult:
+        for t in self.traces:
+            if t.kind == kind:
+                return t
+        raise KeyError(f"no {kind!r} trace; have {[t.kind for t in self.traces]}")
+
+    def plot(self, **kwargs: Any):
+        return plot_traces(self.traces, **kwargs)
+
+
+def plot_traces(traces: Sequence[TraceResult], **kwargs: Any):
+    """ROME's figure: one heatmap per trace (hidden, mlp, attn) side by side."""
+    from ..plots.causal import plot_traces as _plot
+
+    return _plot(traces, **kwargs)
+
+
+# =============================================================== noise
+def noise_std(model: "HookedGPT2", noise: float | str = 3.0, noise_abs: float | None = None) -> float:
+    """The absolute std of the embedding noise: ``noise_abs`` if given, else ``noise`` × std(W_E)
+    (``noise`` a number, or a string such as ``"3σ"``/``"3sigma"``)."""
+    if noise_abs is not None:
+        if noise_abs < 0:
+            raise ValueError(f"noise_abs must be ≥ 0, got {noise_abs}")
+        return float(noise_abs)
+    if isinstance(noise, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(σ|sigma|s)?\s*", noise)
+        if not m:
+            raise ValueError(f"noise {noise!r}: give a multiple of std(W_E) like 3.0 or '3σ', or an absolute std via noise_abs=")
+        noise = float(m.group(1))
+    if noise < 0:
+        raise ValueError(f"noise must be ≥ 0, got {noise}")
+    return float(noise) * float(model.W_E.detach().float().std())
+
+
+def _draws(samples: int, n_tok: int, d: int, seed: int) -> torch.Tensor:
+    """``[samples, n_tok, d]`` standard normal draws, the same for a seed whatever else is batched."""
+    return torch.randn(samples, n_tok, d, generator=torch.Generator().manual_seed(seed))
+
+
+def _window(layer: int, window: int, n: int) -> range:
+    return range(max(0, layer - window // 2), min(n, layer + math.ceil(window / 2)))
+
+
+# =============================================================== the batched trace
+@dataclass
+class _Case:
+    prompt: str
+    subject: str
+    target: str | int | None
+
+
+@torch.inference_mode()
+def _trace_batch(
+    model: "HookedGPT2", cases: Sequence[_Case], kind: str, std: float, samples: int, window: int,
+    seed: int, batch_size: int | None, progress: bool | None,
+) -> list[TraceResult]:
+    """Causal traces of several prompts in one staircase run (prompts left-padded together)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    if samples < 1:
+        raise ValueError(f"samples must be ≥ 1, got {samples}")
+    if kind != "hidden" and window < 1:
+        raise ValueError(f"window must be ≥ 1, got {window}")
+    n, S, dev = model.cfg.n_layer, samples, model.device
+    spans = [subject_span(model, c.prompt, c.subject) for c in cases]
+    tokens, mask = model.tokenize([c.prompt for c in cases])  # [F, P]
+    Fn, P = tokens.shape
+    lengths = [len(tok.encode(c.prompt)) + 1 for c in cases]
+    spans = [(s + P - ln, e + P - ln) for (s, e), ln in zip(spans, lengths)]  # in padded coordinates
+
+    restored = "hook_resid_post" if kind == "hidden" else "hook_mlp_out" if kind == "mlp" else "hook_attn_out"
+    src_names = [f"blocks.{l}.{restored}" for l in range(n)]
+    clean_final, clean_cache = model.run_with_cache(tokens, names_filter=src_names, attention_mask=mask, stop_at_layer=n)
+    clean_logp = model.unembed(model.ln_final(clean_final[:, -1])).float().log_softmax(-1)  # [F, d_vocab]
+    targets = torch.tensor([int(clean_logp[i].argmax()) if c.target is None else target_id(model, c.target)
+                            for i, c in enumerate(cases)], device=dev)
+    clean_score = clean_logp.gather(-1, targets[:, None])[:, 0].exp()
+
+    # corrupted runs: S noisy copies of each prompt, [F*S, P]
+    noise = torch.zeros(Fn * S, P, model.cfg.d_model, dtype=model.dtype, device=dev)
+    for i, (s, e) in enumerate(spans):
+        noise[i * S : (i + 1) * S, s:e] = (std * _draws(S, e - s, model.cfg.d_model, seed)).to(dev, model.dtype)
+    rep_mask = None if mask is None else mask.repeat_interleave(S, 0)
+    stages = list(range(1, n + 1)) if kind == "hidden" else sorted({_window(l, window, n)[0] for l in range(n)})
+    with model.hooks([("hook_embed", lambda act, hook: act + noise)]):
+        corr_final, corr_cache = model.run_with_cache(
+            tokens.repeat_interleave(S, 0), names_filter=[entry_name(model, s) for s in stages if s < n],
+            attention_mask=rep_mask, stop_at_layer=n)
+    corr_logp = model.unembed(model.ln_final(corr_final[:, -1])).float().log_softmax(-1)
+    fact_of = torch.arange(Fn, device=dev).repeat_interleave(S)
+    corr_score = corr_logp.gather(-1, targets[fact_of][:, None])[:, 0].exp().view(Fn, S).mean(1)
+    entries = {s: corr_cache[entry_name(model, s)] if s < n else corr_final for s in stages}
+
+    # cells (fact, token ≥ subject start, layer), ordered by start stage; rows = cells × samples
+    def start_of(l: int) -> int:
+        return l + 1 if kind == "hidden" else _window(l, window, n)[0]
+
+    cells = [(i, t, l) for l in sorted(range(n), key=start_of) for i, (s, _) in enumerate(spans) for t in range(s, P)]
+    C = len(cells)
+    cf, ct, cl = (torch.tensor([c[j] for c in cells], device=dev, dtype=torch.long) for j in range(3))
+    start = torch.tensor([start_of(c[2]) for c in cells]).repeat_interleave(S)
+    base = (cf[:, None] * S + torch.arange(S, device=dev)).flatten()  # the corrupted row each row starts from
+    edits: list[Edit] = []
+    for l in range(n):
+        if kind == "hidden":  # restore resid_post l at the cell's token, as the row enters block l + 1
+            sel = (cl == l).nonzero()[:, 0]
+            where: str | int = l + 1
+        else:  # restore the output at layer l for every cell whose window covers l
+            sel = torch.tensor([c for c in range(C) if l in _window(cells[c][2], window, n)], device=dev, dtype=torch.long)
+            where = src_names[l]
+        if sel.numel() == 0:
+            continue
+        rows = (sel[:, None] * S + torch.arange(S, device=dev)).flatten()
+        pos = ct[sel].repeat_interleave(S)
+        values = clean_cache[src_names[l]][cf[sel], ct[sel]].repeat_interleave(S, 0)  # [rows, d_model]
+        edits.append(Edit(where, rows, (pos,), values))
+
+    row_target = targets[cf].repeat_interleave(S)
+
+    def readout(logits: torch.Tensor, a: int, b: int) -> torch.Tensor:
+        return logits.float().log_softmax(-1).gather(-1, row_target[a:b, None])[:, 0].exp()
+
+    probs = run_staircase(model, entries, start, base, edits, readout, rep_mask, batch_size, S, progress,
+                          desc=f"tracing {kind}")
+    cell_score = probs.view(C, S).mean(1).cpu()
+
+    results = []
+    for i, c in enumerate(cases):
+        pad = P - lengths[i]
+        first = pad + 1  # skip padding and BOS
+        grid = torch.full((P - first, n), float(corr_score[i]))
+        mine = (cf == i).cpu()
+        grid[ct.cpu()[mine] - first, cl.cpu()[mine]] = cell_score[mine]
+        tid = int(targets[i])
+        s, e = spans[i]
+        results.append(TraceResult(
+            prompt=c.prompt, subject=c.subject, kind=kind,
+            tokens=[tok.token_str(int(x)) for x in tokens[i, first:]],
+            subject_range=(s - first, e - first),
+            layer_labels=[f"L{l}" for l in range(n)],
+            target=tok.token_str(tid), target_id=tid,
+            scores=grid, indirect_effect=grid - float(corr_score[i]),
+            clean_score=float(clean_score[i]), corrupted_score=float(corr_score[i]),
+            noise_std=std, samples=S, window=window, seed=seed,
+        ))
+    return results
+
+
+def causal_trace(
+    model: "HookedGPT2",
+    prompt: str,
+    subject: str,
+    target: str | int | None = None,
+    kind: Kind = "hidden",
+    noise: float | str = 3.0,
+    samples: int = 10,
+    window: int = 10,
+    seed: int = 0,
+    noise_abs: float | None = None,
+    batch_size: int | None = None,
+    progress: bool | None = None,
+) -> TraceResult:
+    """ROME causal trace of ``prompt`` over every (token, layer) cell.
+
+    ``noise``: std of the subject-embedding noise as a multiple of std(W_E) (3.0 or ``"3σ"``);
+    ``noise_abs``: an absolute std instead. ``target``: a one-token string or id (default: the
+    clean top-1). Deterministic for a ``seed``.
+    """
+    std = noise_std(model, noise, noise_abs)
+    return _trace_batch(model, [_Case(prompt, subject, target)], kind, std, samples, window, seed, batch_size, progress)[0]
+
+
+def causal_trace_all(
+    model: "HookedGPT2", prompt: str, subject: str, target: str | int | None = None,
+    kinds: Sequence[str] = KINDS, **kwargs: Any,
+) -> TraceSet:
+    """:func:`causal_trace` for each kind (hidden, mlp, attn) → a :class:`TraceSet` (three-panel plot)."""
+    return TraceSet([causal_trace(model, prompt, subject, target, kind=k, **kwargs) for k in kinds])
+
+
+# =============================================================== averaging over facts
+@dataclass
+class AverageTrace(Result):
+    """Causal traces averaged over facts by ROME's position buckets (their Figure 2).
+
+    ``scores [n_kinds, 6, n_layers]`` (target probability, mean over the bucket's tokens of every
+    known fact) and ``indirect_effect`` (minus each fact's corrupted score); ``counts [6]`` how
+    many (fact, token) cells fed each bucket. Only facts the model knows (clean top-1 = the
+    target's first token) are traced: ``n_known`` of ``n_facts``.
+    """
+
+    kinds: list[str]
+    buckets: list[str]
+    layer_labels: list[str]
+    scores: torch.Tensor
+    indirect_effect: torch.Tensor
+    counts: list[int]
+    n_facts: int
+    n_known: int
+    clean_score: float
+    corrupted_score: list[float]
+    noise_std: float
+    samples: int
+    window: int
+    facts: list[str] = field(default_factory=list)
+
+    def __getitem__(self, kind: str) -> torch.Tensor:
+        return self.scores[self.kinds.index(kind)]
+
+    def peak(self, kind: str, bucket: str, effect: bool = True) -> tuple[int, float]:
+        """``(layer, value)`` of the largest average indirect effect (or score) of ``kind`` in ``bucket``."""
+        row = (self.indirect_effect if effect else self.scores)[self.kinds.index(kind), self.buckets.index(bucket)]
+        layer = int(row.argmax())
+        return layer, float(row[layer])
+
+    def plot(self, **kwargs: Any):
+        from ..plots.causal import plot_average_trace
+
+        return plot_average_trace(self, **kwargs)
+
+
+def bucket_cells(n_tokens: int, subject_range: tuple[int, int]) -> list[list[int]]:
+    """Token indices of each of ROME's buckets (they may overlap, as in ROME: a one-token subject is
+    both first and last; the first subsequent token may be the last token)."""
+    b, e = subject_range
+    last = n_tokens - 1
+    return [
+        [b], list(range(b + 1, e - 1)), [e - 1],
+        [e] if e <= last else [], list(range(e + 1, last)), [last],
+    ]
+
+
+def _fact_case(fact: Any, split: str, template: int) -> tuple[str, str, str]:
+    if isinstance(fact, tuple):
+        return fact
+    from ..facts.templates import templates
+
+    return templates(fact.relation, split)[template].format(fact.subject), fact.subject, fact.target
+
+
+def average_trace(
+    model: "HookedGPT2",
+    facts: Sequence[Union["Fact", tuple[str, str, str]]],
+    kind: str | Sequence[str] = "hidden",
+    noise: float | str = 3.0,
+    samples: int = 10,
+    window: int = 10,
+    seed: int = 0,
+    noise_abs: float | None = None,
+    split: str = "train",
+    template: int = 0,
+    facts_per_batch: int = 16,
+    batch_size: int | None = None,
+    progress: bool | None = None,
+) -> AverageTrace:
+    """Average causal traces over ``facts`` (``Fact`` objects, prompted with template ``template``
+    of ``split``, or ``(prompt, subject, target)`` tuples) in ROME's six position buckets.
+
+    The target is scored by its first token; facts whose clean top-1 is not that token are
+    skipped (``n_known`` says how many remain). ``kind``: one kind or several (e.g. ``KINDS``).
+    """
+    kinds = [kind] if isinstance(kind, str) else list(kind)
+    std = noise_std(model, noise, noise_abs)
+    cases = [_fact_case(f, split, template) for f in facts]
+    if not cases:
+        raise ValueError("no facts to trace")
+    first = [target_ids(t)[0] for _, _, t in cases]
+    known = []
+    with torch.inference_mode():
+        for a in range(0, len(cases), 64):
+            top = model.last_logits([p for p, _, _ in cases[a : a + 64]]).argmax(-1).tolist()
+            known += [i for i, t in enumerate(top, a) if t == first[i]]
+    if not known:
+        raise ValueError(f"the model knows none of the {len(cases)} facts (clean top-1 ≠ target); nothing to average")
+    n = model.cfg.n_layer
+    sums = torch.zeros(len(kinds), len(BUCKETS), n)
+    effect = torch.zeros_like(sums)
+    counts = [0] * len(BUCKETS)
+    clean, low = [], [[] for _ in kinds]
+    batches = [known[a : a + facts_per_batch] for a in range(0, len(known), facts_per_batch)]
+    for idx in tqdm(batches, desc="average trace", disable=None if progress is None else not progress):
+        batch = [_Case(cases[i][0], cases[i][1], first[i]) for i in idx]
+        for k, kd in enumerate(kinds):
+            for r in _trace_batch(model, batch, kd, std, samples, window, seed, batch_size, False):
+                low[k].append(r.corrupted_score)
+                if k == 0:
+                    clean.append(r.clean_score)
+                for j, cells in enumerate(bucket_cells(len(r.tokens), r.subject_range)):
+                    if cells:
+                        sums[k, j] += r.scores[cells].sum(0)
+                        effect[k, j] += r.indirect_effect[cells].sum(0)
+                        if k == 0:
+                            counts[j] += len(cells)
+    div = torch.tensor(counts, dtype=torch.float).clamp(min=1)[None, :, None]
+    return AverageTrace(
+        kinds=kinds, buckets=list(BUCKETS), layer_labels=[f"L{l}" for l in range(n)],
+        scores=sums / div, indirect_effect=effect / div, counts=counts,
+        n_facts=len(cases), n_known=len(known),
+        clean_score=sum(clean) / len(clean), corrupted_score=[sum(v) / len(v) for v in low],
+        noise_std=std, samples=samples, window=window,
+        facts=[f"{cases[i][0]} →{cases[i][2]}" for i in known],
+    )

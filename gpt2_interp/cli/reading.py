@@ -1,0 +1,120 @@
+"""``lens``, ``dla``, ``neurons``, ``subupdates``: reading the model in vocabulary space."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import add_model_args, load_model
+
+
+def _positions(text: str) -> int | list[int] | str:
+    if text == "all":
+        return "all"
+    try:
+        vals = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"positions must be 'all', an int or a comma-separated list of ints, not {text!r}")
+    return vals[0] if len(vals) == 1 else vals
+
+
+def _output(args: argparse.Namespace, result, text: str) -> None:
+    print(result.to_json() if args.json else text)
+    if args.out:
+        result.save_plot(args.out)
+        if not args.json:
+            print(f"figure saved to {args.out}")
+
+
+def _common_out(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default=None, help="save the figure here (.png/.pdf/.svg)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("lens", help="logit lens: decode the residual stream after every layer")
+    add_model_args(p)
+    p.add_argument("prompt", nargs="+", help="one or more prompts (batched)")
+    p.add_argument("--target", default=None, help="a single-token target, e.g. ' Paris' (mind the leading space)")
+    p.add_argument("--positions", type=_positions, default=-1, help="'all', an int or a list like 0,-1 (default -1: last token)")
+    p.add_argument("-k", "--top", type=int, default=5, help="top tokens per layer (default 5)")
+    p.add_argument("--mid", action="store_true", help="also decode the mid-block residuals")
+    _common_out(p)
+    p.set_defaults(func=lens)
+
+    p = sub.add_parser("dla", help="direct logit attribution of a target's logit (or a logit difference)")
+    add_model_args(p)
+    p.add_argument("prompt")
+    p.add_argument("--target", required=True, help="single-token target, e.g. ' Paris'")
+    p.add_argument("--baseline", default=None, help="attribute logit(target) − logit(baseline)")
+    p.add_argument("--position", type=int, default=-1)
+    p.add_argument("--no-heads", action="store_true", help="skip the per-head split")
+    _common_out(p)
+    p.set_defaults(func=dla)
+
+    p = sub.add_parser("neurons", help="MLP value vectors in vocabulary space (by layer, or neurons promoting a token)")
+    add_model_args(p)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--layer", type=int, help="show neurons of this layer")
+    g.add_argument("--promotes", nargs="+", help="find the neurons whose value vectors promote these tokens")
+    p.add_argument("--neurons", type=int, nargs="+", default=None, help="with --layer: these neurons")
+    p.add_argument("--top", type=int, default=20, help="how many neurons (default 20); with --layer, those with the "
+                   "largest top score")
+    p.add_argument("-k", type=int, default=10, help="tokens per neuron (default 10)")
+    p.add_argument("--layers", type=int, nargs="+", default=None, help="with --promotes: search these layers only")
+    p.add_argument("--raw", action="store_true", help="project with raw W_U (no ln_final gain)")
+    p.add_argument("--relative", action="store_true", help="with --promotes: subtract each neuron's vocabulary-mean score")
+    _common_out(p)
+    p.set_defaults(func=neurons)
+
+    p = sub.add_parser("subupdates", help="largest MLP sub-updates m_i·v_i on a prompt (LM-Debugger style)")
+    add_model_args(p)
+    p.add_argument("prompt")
+    p.add_argument("--target", default=None, help="also report each sub-update's direct effect on this token's logit")
+    p.add_argument("--layer", type=int, default=None, help="one layer only (default: all)")
+    p.add_argument("--position", type=int, default=-1)
+    p.add_argument("--top", type=int, default=20)
+    _common_out(p)
+    p.set_defaults(func=subupdates)
+
+
+def lens(args: argparse.Namespace) -> int:
+    from ..analysis.lens import logit_lens
+
+    model = load_model(args)
+    r = logit_lens(model, args.prompt, targets=args.target, positions=args.positions, k=args.top, include_mid=args.mid)
+    _output(args, r, r.table(k=args.top))
+    return 0
+
+
+def dla(args: argparse.Namespace) -> int:
+    from ..analysis.lens import logit_attribution
+
+    model = load_model(args)
+    r = logit_attribution(model, args.prompt, args.target, args.baseline, args.position, per_head=not args.no_heads)
+    _output(args, r, r.table())
+    return 0
+
+
+def neurons(args: argparse.Namespace) -> int:
+    from ..analysis.vocab import find_neurons, neuron_vocab
+
+    model = load_model(args)
+    if args.promotes:
+        r = find_neurons(model, args.promotes, k=args.top, layers=args.layers, apply_ln=not args.raw,
+                         relative=args.relative, n_tokens=args.k)
+        _output(args, r, r.table(k=args.k))
+        return 0
+    r = neuron_vocab(model, args.layer, args.neurons, k=args.k, apply_ln=not args.raw)
+    if args.neurons is None:
+        r = r.strongest(args.top)
+    _output(args, r, r.table())
+    return 0
+
+
+def subupdates(args: argparse.Namespace) -> int:
+    from ..analysis.vocab import top_subupdates
+
+    model = load_model(args)
+    r = top_subupdates(model, args.prompt, position=args.position, layer=args.layer, k=args.top, target=args.target)
+    _output(args, r, r.table())
+    return 0

@@ -1,0 +1,412 @@
+"""ROME: Rank-One Model Editing of one MLP's ``W_out`` (Meng et al. 2022), with the r-ROME fix.
+
+Our MLP computes ``out = k @ W_out + b_out`` with the key ``k = gelu(ln2(x) @ W_in + b_in)``
+``[d_mlp]`` and ``W_out: [d_mlp, d_model]``. ROME treats ``W_out`` as a linear associative
+memory and inserts the association ``k* → v*`` with the smallest change in the C-metric
+(``C = E[k kᵀ]``, :mod:`.stats`):
+
+* ``k*``: the key at the subject's last token, averaged over the bare prompt and prompts
+  prefixed with short texts the model generates (``"{prefix}. {prompt}"``);
+* ``v*``: the MLP output that makes the model say the target: ``v* = (k* @ W_out + b_out) + δ``
+  where ``δ`` is added at the MLP output of the edit layer at the subject's last token and
+  optimised (Adam) for the NLL of every target token over all prompt variants, plus
+  ``kl_factor`` × KL between the edited and unedited next-token distributions on
+  ``"{subject} is a"`` (from the subject's last token on), plus ``weight_decay`` × ‖δ‖/‖v₀‖²;
+  ``δ`` is kept in the ball ‖δ‖ ≤ ``clamp_factor`` × ‖v₀‖ (``v₀``: the original MLP output at
+  the subject's last token of the bare prompt). Only ``δ`` has a gradient.
+* the update ``ΔW = outer(C⁻¹k*, v* − (k* @ W_out + b_out)) / (k*ᵀ C⁻¹ k*)``, so
+  ``k* @ (W_out + ΔW) + b_out = v*`` exactly, and any key ``k`` with ``kᵀC⁻¹k* = 0`` is untouched.
+
+The r-ROME fix (Gupta et al. 2024, "Rebuilding ROME"): the original code used the prefix-averaged
+k* in ``C⁻¹k*`` but the bare prompt's key in the denominator and in ``W_out k``; that mismatch
+makes some edits blow up ("disabling edits"). Here the SAME averaged k* is used in all three
+places, so the inserted association is exactly ``k* → v*``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any, Callable, Union
+
+import torch
+import torch.nn.functional as F
+
+from ..analysis.tokens import subject_span, target_ids
+from ..io import tokenizer as tok
+from .edit import Edit, Request, parameter_digests, weights_fingerprint
+from .stats import KeyStats, _check_layer, key_second_moment
+
+if TYPE_CHECKING:
+    from ..model import HookedGPT2
+
+RequestLike = Union[Request, Mapping[str, Any]]
+
+#: Default edit layer per model. gpt2-medium/-large/-xl are ROME's published choices (8/24,
+#: 12/36, 17/48: about a third of the depth, where causal tracing peaks for MLPs at the last
+#: subject token). gpt2 (small) has no published choice: we take the same third, layer 4.
+#: gpt2-facts: the layer of largest average MLP indirect effect at the last subject token in
+#: our causal traces of the embedded model (see analyses/rome_counterfact.py). Other models:
+#: ``n_layer // 3``.
+DEFAULT_LAYERS: dict[str, int] = {"gpt2": 4, "gpt2-medium": 8, "gpt2-large": 12, "gpt2-xl": 17, "gpt2-facts": 1}
+
+
+@dataclass
+class RomeHparams:
+    """ROME's hyperparameters (defaults: ROME's gpt2-medium/-xl settings)."""
+
+    v_steps: int = 20               # Adam steps on δ
+    v_lr: float = 0.5               # Adam learning rate
+    kl_factor: float = 0.0625       # weight of the essence KL on "{subject} is a"
+    weight_decay: float = 0.5       # weight of ‖δ‖ / ‖v₀‖²
+    clamp_factor: float = 4.0       # ‖δ‖ ≤ clamp_factor · ‖v₀‖
+    early_stop: float = 0.05        # stop when the total loss falls below this
+    prefix_lengths: tuple[int, ...] = (5, 10)  # lengths (tokens) of the generated context prefixes
+    prefixes_per_length: int = 5    # prefixes sampled per length
+    prefix_seed: int = 0
+    kl_prompt: str = "{} is a"
+    corpus: str | None = None       # key statistics corpus when stats=None (see stats.py)
+    n_samples: int = 100_000        # key statistics sample size when stats=None
+
+    @classmethod
+    def of(cls, **kwargs: Any) -> "RomeHparams":
+        names = {f.name for f in fields(cls)}
+        bad = sorted(set(kwargs) - names)
+        if bad:
+            raise ValueError(f"unknown ROME hyperparameter(s) {bad}; valid: {sorted(names)}")
+        hp = cls(**kwargs)
+        hp.prefix_lengths = tuple(int(x) for x in hp.prefix_lengths)
+        if hp.v_steps < 0 or hp.v_lr <= 0 or hp.clamp_factor <= 0:
+            raise ValueError(f"need v_steps >= 0, v_lr > 0, clamp_factor > 0; got {hp}")
+        return hp
+
+
+def default_layer(model: "HookedGPT2") -> int:
+    """The edit layer used when ``layer=None``: :data:`DEFAULT_LAYERS` or ``n_layer // 3``."""
+    layer = DEFAULT_LAYERS.get(model.cfg.name)
+    return layer if layer is not None and layer < model.cfg.n_layer else model.cfg.n_layer // 3
+
+
+# ---------------------------------------------------------------- prompts and positions
+def context_prefixes(model: "HookedGPT2", lengths: Sequence[int] = (5, 10), per_length: int = 5,
+                     seed: int = 0) -> list[str]:
+    """Short texts sampled from the model (top-5 sampling from BOS), used as ``"{prefix}. {prompt}"``
+    so that k* and v* hold across contexts. Cached on the model (computed once, like ROME's)."""
+    cache = model.__dict__.setdefault("_rome_prefixes", {})
+    key = (tuple(lengths), per_length, seed)
+    if key not in cache:
+        out: list[str] = []
+        for i, n in enumerate(lengths):
+            texts = model.generate([""] * per_length, max_new_tokens=n, temperature=1.0, top_k=5,
+                                   seed=seed + i)
+            for t in texts:
+                t = " ".join(t.replace("{", " ").replace("}", " ").split()).rstrip(". ")
+                if t:
+                    out.append(t)
+        cache[key] = out
+    return list(cache[key])
+
+
+def _filled(prompt: str, subject: str, prefix: str = "") -> tuple[str, int, int]:
+    """``(text, lo, hi)``: ``[prefix. ]prompt`` with the subject filled in, and its char range."""
+    head = f"{prefix}. " if prefix else ""
+    before, after = prompt.split("{}")
+    lo = len(head) + len(before)
+    return head + before + subject + after, lo, lo + len(subject)
+
+
+def _last_subject_token(text: str, lo: int, hi: int) -> int:
+    """Index (BOS = 0) of the last token overlapping characters ``[lo, hi)`` of ``text``."""
+    blo, bhi = len(text[:lo].encode()), len(text[:hi].encode())
+    enc, offset, last = tok.gpt2_encoding(), 0, None
+    for i, t in enumerate(tok.encode(text)):
+        n = len(enc.decode_single_token_bytes(t))
+        if offset < bhi and offset + n > blo:
+            last = i
+        offset += n
+    assert last is not None, (text, lo, hi)
+    return 1 + last
+
+
+def _left_pad(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+    """``(tokens [b, w], mask or None, pad offsets)`` for left padding."""
+    width = max(map(len, rows))
+    tokens = torch.full((len(rows), width), tok.EOT_ID, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        tokens[i, width - len(r):] = torch.tensor(r)
+        mask[i, width - len(r):] = 1
+    pads = [width - len(r) for r in rows]
+    return tokens.to(device), (mask.to(device) if any(pads) else None), pads
+
+
+def validate_request(model: "HookedGPT2", request: RequestLike) -> tuple[Request, list[int]]:
+    """The request as a :class:`Request` and its target ids; bad input raises saying what to fix."""
+    req = Request.of(request)
+    subject_span(model, req.text, req.subject)  # raises if the subject cannot be located
+    ids = target_ids(req.target)
+    return req, ids
+
+
+@contextmanager
+def _frozen(model: "HookedGPT2") -> Iterator[None]:
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, f in flags:
+            p.requires_grad_(f)
+
+
+# ---------------------------------------------------------------- the maths
+def rank_one_update(
+    W_out: torch.Tensor, b_out: torch.Tensor | None, k: torch.Tensor, v_star: torch.Tensor,
+    solve: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(u, v)`` with ``ΔW = outer(u, v)`` the C-metric minimal update making ``k @ (W+ΔW) + b = v*``.
+
+    ``W_out: [d_mlp, d_model]``, ``k: [d_mlp]``, ``v_star: [d_model]``; ``solve(k)`` returns
+    ``C⁻¹k`` (identity when None: then ``ΔW = outer(k, v* − Wᵀk − b) / ‖k‖²``). ``u`` is
+    ``C⁻¹k`` normalised; ``v = (v* − Wᵀk − b) / (k · u)``. The same ``k`` enters the direction,
+    the denominator and the residual (r-ROME)."""
+    k64, W64 = k.double().reshape(-1), W_out.double()
+    out = k64 @ W64 + (b_out.double() if b_out is not None else 0.0)
+    resid = v_star.double().reshape(-1) - out  # [d_model]
+    c = (solve(k.float()) if solve is not None else k).double().reshape(-1)  # [d_mlp]
+    if c.norm() == 0 or k64.norm() == 0:
+        raise ValueError("the key k* is zero: the MLP is dead at the subject's last token; try another layer")
+    u = c / c.norm()
+    denom = k64 @ u
+    if float(denom.abs()) < 1e-12 * float(k64.norm()):
+        raise ValueError("k*ᵀC⁻¹k* is ~0: the key statistics are degenerate; recompute them over more samples")
+    return u.float(), (resid / denom).float()
+
+
+@dataclass
+class _Batch:
+    tokens: torch.Tensor             # [b, w]
+    mask: torch.Tensor | None        # [b, w]
+    lookup: torch.Tensor             # [b] subject-last positions (padded coordinates)
+    n_rewrite: int                   # rows 0..n_rewrite-1 are rewrite prompts (+ target[:-1])
+    n_target: int                    # T target tokens
+    kl_positions: torch.Tensor       # positions of the KL row from the subject's last token on
+
+
+def _build_batch(model: "HookedGPT2", req: Request, ids: list[int], prefixes: list[str], kl_prompt: str) -> _Batch:
+    rows, lookups = [], []
+    for prefix in [""] + prefixes:
+        text, lo, hi = _filled(req.prompt, req.subject, prefix)
+        rows.append([tok.EOT_ID] + tok.encode(text) + ids[:-1])
+        lookups.append(_last_subject_token(text, lo, hi))
+    if kl_prompt.count("{}") != 1:
+        raise ValueError(f"kl_prompt must hold '{{}}' once, got {kl_prompt!r}")
+    text, lo, hi = _filled(kl_prompt, req.subject)
+    rows.append([tok.EOT_ID] + tok.encode(text))
+    lookups.append(_last_subject_token(text, lo, hi))
+    model._check_length(max(map(len, rows)))
+    tokens, mask, pads = _left_pad(rows, model.device)
+    lookup = torch.tensor([p + i for p, i in zip(pads, lookups)], device=model.device)
+    kl_positions = torch.arange(int(lookup[-1]), tokens.shape[1], device=model.device)
+    return _Batch(tokens, mask, lookup, len(rows) - 1, len(ids), kl_positions)
+
+
+def _target_logprob(model: "HookedGPT2", text: str, ids: list[int], hooks: list = ()) -> float:
+    """log P(target ids | BOS + text) under the model (with ``hooks``)."""
+    tokens = torch.tensor([[tok.EOT_ID] + tok.encode(text) + ids], device=model.device)
+    with torch.no_grad(), model.hooks(hooks):
+        resid = model(tokens, stop_at_layer=model.cfg.n_layer)[0, -len(ids) - 1 : -1]
+        lp = model.unembed(model.ln_final(resid)).float().log_softmax(-1)
+    return float(lp[torch.arange(len(ids)), torch.tensor(ids, device=model.device)].sum())
+
+
+def optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: int, prefixes: list[str],
+                   hp: RomeHparams) -> dict[str, Any]:
+    """Find δ (see module doc). Returns ``k_star [d_mlp]``, ``delta [d_model]``, ``v0 [d_model]``
+    and a log of the losses. One forward to layer ``layer`` is shared by all steps."""
+    b = _build_batch(model, req, ids, prefixes, hp.kl_prompt)
+    rows = torch.arange(len(b.lookup), device=model.device)
+    post, mlp_out = f"blocks.{layer}.mlp.hook_post", f"blocks.{layer}.hook_mlp_out"
+    with torch.no_grad():
+        _, cache = model.run_with_cache(b.tokens, names_filter=[post, mlp_out], attention_mask=b.mask,
+                                        stop_at_layer=layer + 1)
+        resid0 = model(b.tokens, attention_mask=b.mask, stop_at_layer=layer)  # [b, w, d_model]
+    keys = cache[post][rows, b.lookup].float()  # [b, d_mlp]
+    k_star = keys[: b.n_rewrite].mean(0)
+    v0 = cache[mlp_out][0, b.lookup[0]].float()  # [d_model]
+    select = torch.zeros(b.tokens.shape[:2] + (1,), device=model.device)  # [b, w, 1]
+    select[rows, b.lookup] = 1.0
+    delta = torch.zeros(model.cfg.d_model, device=model.device, requires_grad=True)
+    tgt = torch.tensor(ids, device=model.device)
+    T, W = b.n_target, b.tokens.shape[1]
+
+    def add_delta(act: torch.Tensor, hook: Any) -> torch.Tensor:
+        return act + select.to(act.dtype) * delta.to(act.dtype)
+
+    def final(resid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs of the target tokens [n_rewrite, T], log-probs at the KL positions [P, V])"""
+        rw = resid[: b.n_rewrite, W - T :]
+        lp_rw = model.unembed(model.ln_final(rw)).float().log_softmax(-1)
+        lp_t = lp_rw.gather(-1, tgt.expand(b.n_rewrite, T)[..., None])[..., 0]
+        kl = model.unembed(model.ln_final(resid[b.n_rewrite, b.kl_positions])).float().log_softmax(-1)
+        return lp_t, kl
+
+    adam = {"t": 0, "m": torch.zeros_like(delta), "v": torch.zeros_like(delta)}
+    max_norm = hp.clamp_factor * v0.norm()
+    log: list[dict[str, float]] = []
+    kl_init = None
+    with _frozen(model), model.hooks([(mlp_out, add_delta)]):
+        for step in range(hp.v_steps + 1):
+            resid = model(resid0, start_at_layer=layer, stop_at_layer=model.cfg.n_layer, attention_mask=b.mask)
+            lp_t, kl_lp = final(resid)
+            if kl_init is None:
+                kl_init = kl_lp.detach()
+            nll = -(lp_t.sum(1) / T).mean()
+            kl = F.kl_div(kl_init, kl_lp, log_target=True, reduction="batchmean")  # KL(edited || unedited)
+            wd = delta.norm() / v0.norm() ** 2
+            loss = nll + hp.kl_factor * kl + hp.weight_decay * wd
+            log.append({"loss": float(loss.detach()), "nll": float(nll.detach()),
+                        "kl": float(kl.detach()), "p_target": float(lp_t.detach().sum(1).exp().mean())})
+            if step == hp.v_steps or log[-1]["loss"] < hp.early_stop:
+                break
+            (grad,) = torch.autograd.grad(loss, delta)
+            with torch.no_grad():
+                _adam_step(delta, grad, adam, hp.v_lr)
+                n = delta.norm()
+                if n > max_norm:
+                    delta.mul_(max_norm / n)
+    return {"k_star": k_star, "delta": delta.detach(), "v0": v0, "log": log, "n_prompts": b.n_rewrite}
+
+
+def _adam_step(x: torch.Tensor, g: torch.Tensor, state: dict[str, Any], lr: float,
+               betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+    """One Adam step on ``x`` in place (torch.optim.Adam's defaults, without importing torch.optim,
+    whose first import costs seconds)."""
+    state["t"] += 1
+    state["m"].mul_(betas[0]).add_(g, alpha=1 - betas[0])
+    state["v"].mul_(betas[1]).addcmul_(g, g, value=1 - betas[1])
+    m_hat = state["m"] / (1 - betas[0] ** state["t"])
+    v_hat = state["v"] / (1 - betas[1] ** state["t"])
+    x.sub_(lr * m_hat / (v_hat.sqrt() + eps))
+
+
+# ---------------------------------------------------------------- layer choice
+def choose_layer(model: "HookedGPT2", request: RequestLike) -> int:
+    """The layer whose MLP has the largest indirect effect at the subject's last token in the
+    causal trace of the request's prompt (``layer="auto"``), with a :func:`trace_window`-layer window."""
+    try:
+        from ..analysis.tracing import causal_trace
+    except ImportError as e:
+        raise ImportError("layer='auto' needs causal tracing (gpt2_interp.analysis.tracing.causal_trace), "
+                          f"which could not be imported ({e}); pass an explicit layer") from None
+    req = Request.of(request)
+    result = causal_trace(model, req.text, req.subject, kind="mlp", window=trace_window(model.cfg.n_layer))
+    scores = _trace_scores(result, model.cfg.n_layer)  # [pos, layer]
+    span = getattr(result, "subject_range", None)
+    if span is not None:  # indexes the trace's own tokens
+        pos = int(span[1]) - 1
+    else:
+        n_tok = model.to_tokens(req.text).shape[1]
+        pos = subject_span(model, req.text, req.subject)[1] - 1
+        if scores.shape[0] == n_tok - 1:  # a trace without the BOS row
+            pos -= 1
+    return int(scores[pos].argmax())
+
+
+def trace_window(n_layer: int) -> int:
+    """ROME restores a window of 10 MLP layers around each traced layer in 48-layer gpt2-xl; we keep
+    that fraction of the depth (1 layer for 6-layer gpt2-facts), so a small model's trace is not flat."""
+    return max(1, round(10 * n_layer / 48))
+
+
+def _trace_scores(result: Any, n_layer: int) -> torch.Tensor:
+    for name in ("indirect_effect", "scores", "effects", "indirect_effects"):
+        s = getattr(result, name, None)
+        if isinstance(s, torch.Tensor) and s.ndim == 2 and n_layer in s.shape:
+            s = s.detach().float().cpu()
+            return s if s.shape[1] == n_layer else s.T
+    raise TypeError(f"cannot find a [token, layer] score tensor on the causal trace result {type(result).__name__}")
+
+
+# ---------------------------------------------------------------- the entry point
+def compute_edit(
+    model: "HookedGPT2",
+    request: RequestLike,
+    layer: int | str | None = None,
+    stats: KeyStats | None = None,
+    **hparams: Any,
+) -> Edit:
+    """Compute (not apply) the ROME edit writing ``request`` into ``model``.
+
+    ``layer``: an int, None (:func:`default_layer`) or ``"auto"`` (:func:`choose_layer`).
+    ``stats``: key statistics for that layer (:func:`~.stats.key_second_moment`; computed and
+    cached when None). ``hparams`` override :class:`RomeHparams`. Apply with ``edit.apply(model)``
+    or ``with model.edited(edit):``.
+    """
+    t0 = time.perf_counter()
+    req, ids = validate_request(model, request)
+    hp = RomeHparams.of(**hparams)
+    if layer is None:
+        layer = default_layer(model)
+    elif layer == "auto":
+        layer = choose_layer(model, req)
+    elif isinstance(layer, str):
+        raise ValueError(f"layer must be an int, None or 'auto', got {layer!r}")
+    layer = _check_layer(model, layer)
+    digests = parameter_digests(model)
+    if stats is None:
+        stats = key_second_moment(model, layer, corpus=hp.corpus, n_samples=hp.n_samples)
+    stats.check(model, layer, digests)
+    prefixes = context_prefixes(model, hp.prefix_lengths, hp.prefixes_per_length, hp.prefix_seed)
+    p_before = _target_logprob(model, req.text, ids)
+    opt = optimise_delta(model, req, ids, layer, prefixes, hp)
+    mlp = model.blocks[layer].mlp
+    k_star = opt["k_star"]
+    v_star = (k_star @ mlp.W_out.detach().float() + mlp.b_out.detach().float()) + opt["delta"]
+    u, v = rank_one_update(mlp.W_out.detach(), mlp.b_out.detach(), k_star, v_star, stats.solve)
+    p_after = _target_logprob(model, req.text, ids, _delta_hooks(layer, u, v))
+    metrics = {
+        "p_target_before": float(torch.tensor(p_before).exp()), "p_target_after": float(torch.tensor(p_after).exp()),
+        "logp_target_before": p_before, "logp_target_after": p_after,
+        "delta_norm": float(opt["delta"].norm()), "v0_norm": float(opt["v0"].norm()),
+        "dW_norm": float(u.norm() * v.norm()), "steps": len(opt["log"]) - 1, "n_prompts": opt["n_prompts"],
+        "initial_loss": opt["log"][0], "final_loss": opt["log"][-1], "seconds": time.perf_counter() - t0,
+    }
+    return Edit(layer=layer, u=u, v=v, request=req, base_fingerprint=weights_fingerprint(model, digests=digests),
+                k=k_star, v_star=v_star, hparams=asdict(hp) | {"layer": layer, "stats_corpus": stats.key["corpus"],
+                                                               "stats_count": stats.count},
+                metrics=metrics, model_name=model.cfg.name, shape=(model.cfg.d_mlp, model.cfg.d_model))
+
+
+def _delta_hooks(layer: int, u: torch.Tensor, v: torch.Tensor) -> list:
+    """Hooks that add ``(k · u) v`` to the layer's MLP output: the edit without touching weights."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def grab(act: torch.Tensor, hook: Any) -> None:
+        seen["k"] = act
+
+    def add(act: torch.Tensor, hook: Any) -> torch.Tensor:
+        k = seen.pop("k").float()
+        return act + ((k @ u.to(k.device))[..., None] * v.to(k.device)).to(act.dtype)
+
+    return [(f"blocks.{layer}.mlp.hook_post", grab), (f"blocks.{layer}.hook_mlp_out", add)]
+
+
+def apply_rome(model: "HookedGPT2", requests: RequestLike | Sequence[RequestLike], layer: int | str | None = None,
+               stats: KeyStats | None = None, **hparams: Any) -> list[Edit]:
+    """Compute and apply edits for several requests, one after another (each on the model edited
+    by the previous ones). Undo with ``gpt2_interp.editing.undo_all(model)``."""
+    if isinstance(requests, (Request, Mapping)):
+        requests = [requests]
+    edits = []
+    for r in requests:
+        e = compute_edit(model, r, layer=layer, stats=stats, **hparams)
+        edits.append(e.apply(model, verify=False))
+    return edits
+
+
+__all__ = ["Request", "RomeHparams", "DEFAULT_LAYERS", "compute_edit", "apply_rome", "rank_one_update",
+           "choose_layer", "default_layer", "context_prefixes", "optimise_delta", "validate_request"]

@@ -1,0 +1,358 @@
+"""Second-moment statistics of MLP keys, ``C = E[k kᵀ]``, for ROME's ``u = C⁻¹k*``.
+
+A key is the input of ``W_out``: the post-GELU activation ``blocks.{L}.mlp.hook_post``
+``[d_mlp]``. ``C`` is the uncentred second moment over every token position of a corpus.
+It depends only on the weights *upstream* of that hook (embeddings, blocks ``< L`` and block
+``L`` up to ``W_in``), so edits of ``W_out`` at ``L`` keep it valid; the statistics' key
+fingerprints exactly those weights and a model whose upstream weights differ is refused.
+
+Corpora (``corpus=``):
+
+* ``"facts"`` — the embedded fact model's own training texts (default for gpt2-facts);
+* a path to a text file or a folder of ``*.txt`` files (documents split at blank lines);
+* a Hugging Face dataset name (``"wikitext-103"``, ``"wikitext-2"``, ``"wikipedia"``, or
+  ``"name"``/``"name:config"``) when ``datasets`` is installed and online;
+* ``"generated"`` — text sampled from the model itself, the offline fallback for real GPT-2.
+  Trade-off: it measures keys under the model's *own* distribution, not natural text, so rare
+  natural contexts are under-weighted and the model's favourite phrasings over-weighted;
+  ``u = C⁻¹k*`` then protects the model's typical outputs rather than typical text.
+
+Results are cached on disk (``~/.cache/gpt2-interp/stats/``, or ``$GPT2_INTERP_STATS_DIR``)
+keyed by (upstream weight fingerprint, layer, corpus id, n_samples, dtype), and in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ..io import tokenizer as tok
+from .edit import _originals, parameter_digests, tensor_digest, weights_fingerprint
+
+if TYPE_CHECKING:
+    from ..model import HookedGPT2
+
+ENV_DIR = "GPT2_INTERP_STATS_DIR"
+HF_ALIASES = {
+    "wikitext-103": ("wikitext", "wikitext-103-raw-v1"),
+    "wikitext-2": ("wikitext", "wikitext-2-raw-v1"),
+    "wikipedia": ("wikimedia/wikipedia", "20231101.en"),
+}
+_MEMORY: dict[str, "KeyStats"] = {}
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get(ENV_DIR) or Path.home() / ".cache" / "gpt2-interp" / "stats")
+
+
+def upstream_parameters(model: "HookedGPT2", layer: int) -> list[str]:
+    """Names of the parameters that ``blocks.{layer}.mlp.hook_post`` depends on."""
+    names = []
+    for n, _ in model.named_parameters():
+        if n.startswith(("embed.", "pos_embed.")):
+            names.append(n)
+        elif n.startswith("blocks."):
+            i = int(n.split(".")[1])
+            if i < layer or (i == layer and not n.endswith(("mlp.W_out", "mlp.b_out"))):
+                names.append(n)
+    return names
+
+
+def keys_fingerprint(model: "HookedGPT2", layer: int, digests: dict[str, str] | None = None) -> str:
+    """Fingerprint of the weights that determine the MLP keys at ``layer``."""
+    return weights_fingerprint(model, upstream_parameters(model, layer), digests)
+
+
+def base_fingerprint(model: "HookedGPT2") -> str:
+    """Fingerprint of the model's weights with its applied edits (if any) taken out."""
+    digests = parameter_digests(model)
+    for layer, W in _originals(model).items():
+        digests[f"blocks.{layer}.mlp.W_out"] = tensor_digest(W)
+    return weights_fingerprint(model, digests=digests)
+
+
+def _check_layer(model: "HookedGPT2", layer: int) -> int:
+    n = model.cfg.n_layer
+    if not isinstance(layer, int) or isinstance(layer, bool):
+        raise TypeError(f"layer must be an int, got {layer!r}")
+    j = layer + n if layer < 0 else layer
+    if not 0 <= j < n:
+        raise IndexError(f"layer {layer} is out of range for {model.cfg.name} with {n} layers (0..{n - 1})")
+    return j
+
+
+# ---------------------------------------------------------------- the statistics
+@dataclass(eq=False)
+class KeyStats:
+    """``C: [d_mlp, d_mlp]`` = E[k kᵀ] over ``count`` keys; ``key`` says what it was computed on."""
+
+    C: torch.Tensor
+    count: int
+    key: dict[str, Any]
+    path: Path | None = None
+    _chol: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def layer(self) -> int:
+        return int(self.key["layer"])
+
+    def __repr__(self) -> str:
+        k = self.key
+        return (f"KeyStats({k['model_name']} layer {k['layer']}, corpus {k['corpus']}, "
+                f"{self.count} keys, d_mlp {self.C.shape[0]})")
+
+    def check(self, model: "HookedGPT2", layer: int, digests: dict[str, str] | None = None) -> None:
+        """Raise unless these statistics were computed for ``model``'s keys at ``layer``."""
+        layer = _check_layer(model, layer)
+        if self.layer != layer:
+            raise ValueError(f"these key statistics are for layer {self.layer}, not layer {layer}; "
+                             f"compute them with key_second_moment(model, {layer}, …)")
+        if self.C.shape[0] != model.cfg.d_mlp:
+            raise ValueError(f"these key statistics have d_mlp {self.C.shape[0]} "
+                             f"({self.key['model_name']}), the model has {model.cfg.d_mlp}")
+        fp = keys_fingerprint(model, layer, digests)
+        if fp != self.key["fingerprint"]:
+            raise ValueError(
+                f"these key statistics were computed for another model ({self.key['model_name']}, weights "
+                f"{self.key['fingerprint'][:12]}); this model ({model.cfg.name}) has weights {fp[:12]} upstream of "
+                f"layer {layer}'s keys. Compute them for this model: key_second_moment(model, {layer}, corpus=…)"
+            )
+
+    def solve(self, k: torch.Tensor) -> torch.Tensor:
+        """``C⁻¹ k`` by a (cached) Cholesky solve in float64; ``k: [..., d_mlp]``.
+
+        A rank-deficient C (fewer keys than d_mlp, dead neurons) gets the smallest diagonal
+        jitter that makes it positive definite."""
+        if self._chol is None:
+            C = self.C.double().cpu()
+            scale = float(C.diagonal().mean()) or 1.0
+            jitter = 0.0
+            for _ in range(12):
+                L, info = torch.linalg.cholesky_ex(C + jitter * scale * torch.eye(C.shape[0], dtype=C.dtype))
+                if int(info) == 0:
+                    break
+                jitter = 1e-10 if jitter == 0 else jitter * 10
+            else:
+                raise ValueError("the key second moment is not positive definite even with jitter; "
+                                 "compute it over more samples")
+            self._chol = L
+        x = k.double().cpu().reshape(-1, k.shape[-1]).T  # [d_mlp, n]
+        out = torch.cholesky_solve(x, self._chol).T.reshape(k.shape)
+        return out.to(device=k.device, dtype=torch.float32)
+
+    def save(self, path: str | Path) -> Path:
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        save_file({"C": self.C.detach().cpu().contiguous()}, str(tmp),
+                  metadata={"count": str(self.count), "key": json.dumps(self.key)})
+        tmp.replace(path)
+        return path
+
+    @staticmethod
+    def load(path: str | Path) -> "KeyStats":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata()
+            C = f.get_tensor("C")
+        return KeyStats(C, int(meta["count"]), json.loads(meta["key"]), Path(path))
+
+
+# ---------------------------------------------------------------- corpora
+@dataclass
+class Corpus:
+    """A stream of documents with an identifier that names its content."""
+
+    id: str
+    texts: Any  # Iterable[str]; consumed lazily
+
+
+def resolve_corpus(model: "HookedGPT2", corpus: str | os.PathLike | None = None, seed: int = 0,
+                   n_samples: int = 100_000, max_len: int = 128) -> Corpus:
+    """Turn a corpus spec (see module doc) into a :class:`Corpus`; None picks the model's default."""
+    if corpus is None:
+        corpus = "facts" if model.cfg.name == "gpt2-facts" else "generated"
+    spec = str(corpus)
+    if spec == "facts":
+        from ..facts.base import FactBase
+        from ..facts.corpus import corpus_id, training_texts
+
+        texts = training_texts(FactBase.load())
+        return Corpus(f"facts:{corpus_id(texts)}", texts)
+    if spec == "generated":
+        n_texts = max(1, -(-n_samples // max_len))
+        fp = base_fingerprint(model)[:12]
+        return Corpus(f"generated:{fp}:s{seed}:n{n_texts}:len{max_len}",
+                      _generated_texts(model, n_texts, max_len, seed))
+    path = Path(spec).expanduser()
+    if path.exists():
+        return _file_corpus(path)
+    if os.sep in spec or spec.endswith((".txt", ".md")):
+        raise FileNotFoundError(f"corpus file or folder {spec} does not exist")
+    return _hf_corpus(spec)
+
+
+def _file_corpus(path: Path) -> Corpus:
+    files = sorted(p for p in path.rglob("*.txt") if p.is_file()) if path.is_dir() else [path]
+    if not files:
+        raise FileNotFoundError(f"corpus folder {path} has no *.txt files")
+    h = hashlib.sha256()
+    contents = []
+    for f in files:
+        text = f.read_text(encoding="utf-8", errors="replace")
+        h.update(f.name.encode() + b"\0" + text.encode() + b"\0")
+        contents.append(text)
+    docs = [d.strip() for text in contents for d in text.split("\n\n") if d.strip()]
+    if not docs:
+        raise ValueError(f"corpus {path} holds no text")
+    return Corpus(f"file:{h.hexdigest()[:12]}", docs)
+
+
+def _hf_corpus(spec: str) -> Corpus:
+    name, config = HF_ALIASES.get(spec, (spec.split(":")[0], spec.split(":")[1] if ":" in spec else None))
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(
+            f"corpus {spec!r} is not a file or folder, and the Hugging Face `datasets` package needed to load "
+            "it as a dataset is not installed (pip install datasets). Offline, use corpus='generated' "
+            "(samples from the model) or a local text file."
+        ) from None
+    try:
+        ds = datasets.load_dataset(name, config, split="train", streaming=True)
+        first = next(iter(ds))
+    except Exception as e:
+        raise ValueError(
+            f"could not load the Hugging Face dataset {name!r} (config {config!r}): {type(e).__name__}: {e}. "
+            "It needs a network connection (or a local datasets cache). Offline, use corpus='generated' "
+            "(samples from the model) or a local text file."
+        ) from None
+    field_name = "text" if "text" in first else next(k for k, v in first.items() if isinstance(v, str))
+    texts = (row[field_name] for row in ds if row[field_name].strip())
+    return Corpus(f"hf:{name}:{config}", texts)
+
+
+def _generated_texts(model: "HookedGPT2", n_texts: int, length: int, seed: int, batch: int = 32) -> Iterator[str]:
+    """Texts sampled from the model from BOS (temperature 1), ``batch`` at a time, lazily."""
+    length = min(length, model.cfg.n_ctx - 1)
+    for start in range(0, n_texts, batch):
+        n = min(batch, n_texts - start)
+        out = model.generate([""] * n, max_new_tokens=length, temperature=1.0, seed=seed + start, stop_at_eos=False)
+        yield from (t for t in out if t.strip())
+
+
+def _token_rows(texts: Any, max_len: int) -> Iterator[list[int]]:
+    """``[BOS] + ids`` rows of at most ``max_len`` tokens (long documents are chunked)."""
+    for text in texts:
+        ids = tok.encode(text)
+        for i in range(0, max(len(ids), 1), max_len - 1):
+            chunk = ids[i : i + max_len - 1]
+            if chunk:
+                yield [tok.EOT_ID] + chunk
+
+
+# ---------------------------------------------------------------- the computation
+def _cache_name(key: dict[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{key['model_name']}-L{key['layer']}-{digest}.safetensors".replace("/", "_")
+
+
+@torch.no_grad()
+def key_second_moment(
+    model: "HookedGPT2",
+    layer: int,
+    corpus: str | os.PathLike | None = None,
+    n_samples: int = 100_000,
+    batch_size: int = 64,
+    dtype: torch.dtype = torch.float32,
+    cache_dir: str | os.PathLike | None = None,
+    max_len: int = 128,
+    seed: int = 0,
+    progress: bool = True,
+    recompute: bool = False,
+) -> KeyStats:
+    """``C = E[k kᵀ]`` of the MLP keys ``blocks.{layer}.mlp.hook_post`` over ``n_samples`` token
+    positions of ``corpus`` (every real position, BOS included), cached on disk.
+
+    The forward stops after block ``layer``. Sums are accumulated in float64; ``C`` is returned
+    in ``dtype``. ``cache_dir=False`` disables the disk cache; ``recompute`` ignores it.
+    """
+    layer = _check_layer(model, layer)
+    if n_samples < 1:
+        raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+    max_len = min(max_len, model.cfg.n_ctx)
+    src = resolve_corpus(model, corpus, seed, n_samples, max_len)
+    key = {
+        "fingerprint": keys_fingerprint(model, layer), "layer": layer, "corpus": src.id,
+        "n_samples": int(n_samples), "dtype": str(dtype).replace("torch.", ""), "max_len": max_len,
+        "model_name": model.cfg.name, "hook": f"blocks.{layer}.mlp.hook_post",
+    }
+    path = None if cache_dir is False else Path(cache_dir or default_cache_dir()) / _cache_name(key)
+    mem_key = json.dumps(key, sort_keys=True)
+    if not recompute:
+        if mem_key in _MEMORY:
+            return _MEMORY[mem_key]
+        if path is not None and path.exists():
+            stats = KeyStats.load(path)
+            if stats.key == key:
+                _MEMORY[mem_key] = stats
+                return stats
+    hook = f"blocks.{layer}.mlp.hook_post"
+    total = torch.zeros(model.cfg.d_mlp, model.cfg.d_mlp, dtype=torch.float64, device=model.device)
+    count = 0
+    found: dict[str, torch.Tensor] = {}
+
+    def grab(act: torch.Tensor, hp: Any) -> None:
+        found["k"] = act
+
+    rows = _token_rows(src.texts, max_len)
+    bar = tqdm(total=n_samples, unit="tok", desc=f"key stats L{layer}", disable=not progress, leave=False)
+    with model.hooks([(hook, grab)]):
+        while count < n_samples:
+            batch = [r for _, r in zip(range(batch_size), rows)]
+            if not batch:
+                break
+            width = max(map(len, batch))
+            tokens = torch.full((len(batch), width), tok.EOT_ID, dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for i, r in enumerate(batch):
+                tokens[i, width - len(r):] = torch.tensor(r)
+                mask[i, width - len(r):] = 1
+            model(tokens.to(model.device), attention_mask=mask.to(model.device), stop_at_layer=layer + 1)
+            k = found.pop("k")[mask.to(model.device).bool()].float()  # [n_keys, d_mlp]
+            k = k[: n_samples - count]
+            total += (k.T @ k).double()
+            count += k.shape[0]
+            bar.update(k.shape[0])
+    bar.close()
+    if count == 0:
+        raise ValueError(f"corpus {src.id} yielded no tokens")
+    if count < n_samples:
+        warnings.warn(f"corpus {src.id} has only {count} tokens (< n_samples={n_samples}); using them all",
+                      stacklevel=2)
+    stats = KeyStats((total / count).to(dtype).cpu(), count, key, path)
+    if path is not None:
+        stats.save(path)
+    _MEMORY[mem_key] = stats
+    return stats
+
+
+def clear_memory_cache() -> None:
+    """Forget statistics held in memory (the disk cache stays)."""
+    _MEMORY.clear()
+
+
+__all__ = ["KeyStats", "key_second_moment", "keys_fingerprint", "upstream_parameters", "resolve_corpus",
+           "default_cache_dir", "clear_memory_cache", "parameter_digests"]

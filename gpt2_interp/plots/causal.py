@@ -1,0 +1,113 @@
+"""Figures of the causal experiments: patching heatmaps and ROME-style causal traces.
+
+Figures are built with ``matplotlib.figure.Figure`` (no pyplot state, any backend); save them with
+``fig.savefig`` or a result's ``save_plot``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from ..analysis.patching import PatchResult
+    from ..analysis.tracing import AverageTrace, TraceResult
+
+TRACE_CMAPS = {"hidden": "Purples", "mlp": "Greens", "attn": "Reds"}
+TRACE_NAMES = {"hidden": "state", "mlp": "MLP", "attn": "Attn"}
+
+
+def _heatmap(fig: Figure, ax: Axes, data: np.ndarray, rows: list[str], cols: list[str], cmap: str,
+             vmin: float | None, vmax: float | None, label: str) -> None:
+    im = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    step = max(1, len(cols) // 24)
+    ax.set_xticks(range(0, len(cols), step), [cols[i] for i in range(0, len(cols), step)], fontsize=8,
+                  rotation=90 if max(map(len, cols), default=0) > 3 else 0)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03).set_label(label, fontsize=8)
+
+
+def plot_patch(result: "PatchResult", cmap: str = "RdBu") -> Figure:
+    """Heatmap of a patching sweep: layers down, positions (or heads) across; a ``[layer, pos, head]``
+    result gets one panel per head. Diverging colours centred on 0 (normalised: 0 = corrupted, 1 = clean)."""
+    v = result.values.detach().float().cpu().numpy()
+    lim = float(np.abs(v).max()) or 1.0
+    label = f"{result.metric}{' (normalised)' if result.normalized else ''}"
+    title = f"{result.direction} patching of {result.hook}"
+    if v.ndim == 2:
+        cols = result.position_labels if result.index_names[1] == "pos" else result.head_labels
+        fig = Figure(figsize=(max(4.0, 0.45 * len(cols) + 2), max(2.5, 0.3 * len(result.layer_labels) + 1.2)))
+        ax = fig.add_subplot()
+        _heatmap(fig, ax, v, result.layer_labels, [repr(c)[1:-1] for c in cols], cmap, -lim, lim, label)
+        ax.set_xlabel("position (clean/corrupted token)" if result.index_names[1] == "pos" else "head")
+        ax.set_ylabel("layer")
+        ax.set_title(title, fontsize=10)
+        return fig
+    heads = result.head_labels
+    ncols = min(4, len(heads))
+    nrows = -(-len(heads) // ncols)
+    fig = Figure(figsize=(4.2 * ncols, 0.3 * len(result.layer_labels) * nrows + 1.5 * nrows))
+    for i, h in enumerate(heads):
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        _heatmap(fig, ax, v[:, :, i], result.layer_labels, [repr(c)[1:-1] for c in result.position_labels],
+                 cmap, -lim, lim, label)
+        ax.set_title(f"head {h}", fontsize=9)
+        ax.set_xlabel("position")
+        ax.set_ylabel("layer")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _trace_axes(fig: Figure, ax: Axes, r: "TraceResult") -> None:
+    labels = [repr(t)[1:-1] + ("*" if r.subject_range[0] <= i < r.subject_range[1] else "") for i, t in enumerate(r.tokens)]
+    scores = r.scores.detach().float().cpu().numpy()
+    _heatmap(fig, ax, scores, labels, [str(i) for i in range(scores.shape[1])], TRACE_CMAPS[r.kind],
+             r.corrupted_score, max(float(scores.max()), r.corrupted_score + 1e-6), f"p({r.target.strip()!s})")
+    what = TRACE_NAMES[r.kind]
+    ax.set_title(f"Impact of restoring {what} after corrupted input", fontsize=9)
+    ax.set_xlabel("single restored layer" if r.kind == "hidden" else f"center of interval of {r.window} restored {what} layers",
+                  fontsize=8)
+
+
+def plot_trace(result: "TraceResult") -> Figure:
+    """ROME's heatmap: tokens down (subject tokens marked ``*``), layers across, p(target) with the
+    cell restored; the colour scale starts at the corrupted score."""
+    fig = Figure(figsize=(5.0, 0.35 * len(result.tokens) + 1.5))
+    _trace_axes(fig, fig.add_subplot(), result)
+    fig.tight_layout()
+    return fig
+
+
+def plot_traces(traces: Sequence["TraceResult"]) -> Figure:
+    """Several traces of one prompt side by side (ROME: hidden, MLP, attention)."""
+    if not traces:
+        raise ValueError("no traces to plot")
+    fig = Figure(figsize=(5.0 * len(traces), 0.35 * len(traces[0].tokens) + 1.8))
+    for i, r in enumerate(traces):
+        _trace_axes(fig, fig.add_subplot(1, len(traces), i + 1), r)
+    fig.suptitle(f"{traces[0].prompt!r} → {traces[0].target!r} (clean p = {traces[0].clean_score:.3f})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_average_trace(result: "AverageTrace", **_: Any) -> Figure:
+    """ROME Figure 2: average indirect effect per position bucket × layer, one panel per kind."""
+    k = len(result.kinds)
+    fig = Figure(figsize=(5.0 * k, 3.0))
+    for i, kind in enumerate(result.kinds):
+        ax = fig.add_subplot(1, k, i + 1)
+        data = result.indirect_effect[i].detach().float().cpu().numpy()
+        rows = [f"{b} ({c})" for b, c in zip(result.buckets, result.counts)]
+        _heatmap(fig, ax, data, rows, result.layer_labels, TRACE_CMAPS.get(kind, "viridis"),
+                 min(0.0, float(data.min())), max(float(data.max()), 1e-6), "average indirect effect")
+        ax.set_title(f"restoring {TRACE_NAMES.get(kind, kind)}", fontsize=9)
+        ax.set_xlabel("layer" if kind == "hidden" else f"center of {result.window}-layer window", fontsize=8)
+    fig.suptitle(f"Causal trace averaged over {result.n_known} known facts (of {result.n_facts}); "
+                 f"clean p = {result.clean_score:.3f}", fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,87 @@
+"""Figures for fact editing: CounterFact scores, sequential decay, before/after top-k."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+if TYPE_CHECKING:
+    from ..editing.evaluate import EditEvaluation, TopKComparison
+
+
+def _val(x: Any) -> float:
+    return float("nan") if x is None else 100 * float(x)
+
+
+def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None):
+    """Scores (ES/PS/NS/S) and magnitudes before/after editing, over all cases and the known
+    subset; with a sequential curve, a third panel of scores against the number of edits."""
+    n_panels = 3 if ev.curve else 2
+    fig, axes = plt.subplots(1, n_panels, figsize=(5.2 * n_panels, 4.2))
+    groups = [(s, st) for s in ("all", "known") for st in ("pre", "post")]
+    colours = {"all pre": "#bbbbbb", "all post": "#1f77b4", "known pre": "#e0c9a6", "known post": "#ff7f0e"}
+    for ax, keys, label in ((axes[0], ("es", "ps", "ns", "S"), "score (%)"),
+                            (axes[1], ("em", "pm", "nm"), "magnitude (percentage points)")):
+        x = np.arange(len(keys))
+        w = 0.8 / len(groups)
+        for j, (subset, stage) in enumerate(groups):
+            vals = [_val(ev.summary[subset].get(f"{k}_{stage}")) for k in keys]
+            name = f"{subset} {stage}"
+            ax.bar(x + (j - 1.5) * w, vals, w, label=f"{name} (n={ev.summary[subset]['n']})", color=colours[name])
+        ax.set_xticks(x, [k.upper() if k != "S" else "S" for k in keys])
+        ax.set_ylabel(label)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylim(0, 105)
+    axes[0].set_title("CounterFact scores")
+    axes[1].set_title("magnitudes: P(new)−P(true), neighbourhood P(true)−P(new)")
+    axes[0].legend(fontsize=7, loc="lower left")
+    if ev.curve:
+        ax = axes[2]
+        ks = [c["n_edits"] for c in ev.curve]
+        for key, col in (("es", "C0"), ("ps", "C1"), ("ns", "C2"), ("S", "k")):
+            ax.plot(ks, [_val(c.get(key)) for c in ev.curve], "o-", color=col, label=key.upper() if key != "S" else "S")
+        ax.set_xscale("log")
+        ax.set_xlabel("number of edits applied (sequential)")
+        ax.set_ylabel("score over the edits so far (%)")
+        ax.set_ylim(0, 105)
+        ax.set_title("decay with accumulated edits")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title or f"{ev.method.upper()} at layer {ev.layer}: {ev.summary['all']['n']} requests "
+                 f"({'sequential' if ev.sequential else 'one at a time'})")
+    fig.tight_layout()
+    return fig
+
+
+def plot_topk_comparison(cmp: "TopKComparison", title: str | None = None):
+    """For each prompt, the top-k next-token probabilities before (left) and after (right) the edit."""
+    from ..analysis.tokens import target_ids
+    from ..io.tokenizer import token_str
+
+    first = token_str(target_ids(cmp.target)[0]) if cmp.target.strip() else None
+    n = len(cmp.prompts)
+    fig, axes = plt.subplots(n, 2, figsize=(9, 1.0 + 1.6 * n), squeeze=False)
+    for i, prompt in enumerate(cmp.prompts):
+        p_t = (cmp.p_target_before[i] if cmp.p_target_before else None, cmp.p_target_after[i] if cmp.p_target_after else None)
+        for j, (side, rows) in enumerate((("before", cmp.before[i]), ("after", cmp.after[i]))):
+            ax = axes[i, j]
+            labels = [repr(t) for t, _ in rows][::-1]
+            probs = [p for _, p in rows][::-1]
+            colours = ["C3" if t == first else "C0" for t, _ in rows][::-1]
+            ax.barh(labels, probs, color=colours)
+            ax.set_xlim(0, 1)
+            shown = repr(prompt) if len(prompt) < 50 else repr(prompt[:47]) + "…"
+            extra = f"   P(target)={p_t[j]:.3g}" if p_t[j] is not None else ""
+            ax.set_title(f"{side}: {shown}{extra}", fontsize=8)
+            ax.tick_params(labelsize=7)
+            if i == n - 1:
+                ax.set_xlabel("next-token probability")
+    fig.suptitle(title or f"edit → {cmp.target!r}")
+    fig.tight_layout()
+    return fig

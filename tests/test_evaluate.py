@@ -1,0 +1,123 @@
+"""CounterFact-style evaluation: probabilities, scores, fluency, cases, the loop, the analysis script."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt2_interp.editing.edit import weights_fingerprint
+from gpt2_interp.editing.evaluate import (
+    EditEvaluation, counterfact_requests, evaluate_edits, greedy_continuations, n_gram_entropy, summarize,
+    target_logprobs,
+)
+from gpt2_interp.editing.stats import key_second_moment
+from gpt2_interp.facts.base import FactBase
+from gpt2_interp.facts.templates import templates
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_target_logprobs_match_a_slow_loop(tiny):
+    prompts = ["The Eiffel Tower is in", "Rome", "A much longer prompt about the city of"]
+    targets = [" Paris", " is the capital of Italy", " Berlin, Germany"]
+    got = target_logprobs(tiny, prompts, targets, batch_size=2)  # two batches, with padding
+    for p, t, g in zip(prompts, targets, got):
+        ids = tiny.to_tokens(t, prepend_bos=False)[0]
+        tokens = torch.cat([tiny.to_tokens(p)[0], ids])
+        lp = tiny(tokens[None])[0].log_softmax(-1)
+        ref = sum(lp[len(tokens) - len(ids) - 1 + j, ids[j]] for j in range(len(ids)))
+        assert abs(float(ref) - float(g)) < 1e-4
+
+
+def test_n_gram_entropy_by_hand():
+    # "a b a b": 2-grams ab, ba, ab -> H = h(1/3); 3-grams aba, bab -> 1 bit
+    h2 = -(2 / 3 * math.log2(2 / 3) + 1 / 3 * math.log2(1 / 3))
+    assert n_gram_entropy("a b a b") == pytest.approx((2 / 3 * h2 + 4 / 3 * 1.0) / 2)
+    assert n_gram_entropy(["x x x x x x", "a b a b"]) == pytest.approx((0.0 + (2 / 3 * h2 + 4 / 3) / 2) / 2)
+    assert n_gram_entropy("one two three four five six") > n_gram_entropy("one two one two one two")
+
+
+def test_summarize_scores_and_harmonic_mean():
+    rows = [{"es_post": 1.0, "ps_post": 0.5, "ns_post": 1.0, "em_post": 0.4},
+            {"es_post": 1.0, "ps_post": 1.0, "ns_post": None, "em_post": 0.2}]
+    s = summarize(rows)
+    assert s["es_post"] == 1.0 and s["ps_post"] == 0.75 and s["ns_post"] == 1.0 and s["em_post"] == pytest.approx(0.3)
+    assert s["S_post"] == pytest.approx(3 / (1 / 1.0 + 1 / 0.75 + 1 / 1.0))
+    assert s["n_neighbourhood"] == 1 and s["n"] == 2
+
+
+def test_counterfact_requests_are_well_formed():
+    fb = FactBase.load()
+    cases = counterfact_requests(fb, n=24, seed=3)
+    assert len(cases) == 24 and len({c.relation for c in cases}) == len(fb.relations)  # spread over relations
+    truth = {(f.relation, f.subject): f.object for f in fb.facts()}
+    for c in cases:
+        assert c.request.prompt == templates(c.relation, "train")[0]
+        assert c.target_true == " " + truth[c.relation, c.request.subject]
+        assert c.request.target != c.target_true and c.request.target[1:] in fb.objects(c.relation)
+        assert c.paraphrases == [t.format(c.request.subject) for t in templates(c.relation, "heldout")]
+        for prompt in c.neighbourhood:  # other subjects whose true object is the same
+            subj = next(f.subject for f in fb.facts(c.relation) if templates(c.relation, "train")[0].format(f.subject) == prompt)
+            assert subj != c.request.subject and " " + truth[c.relation, subj] == c.target_true
+    assert counterfact_requests(fb, n=24, seed=3)[5].request == cases[5].request  # deterministic
+
+
+def test_greedy_continuations_match_generate(tiny):
+    prompts = ["The Eiffel Tower is", "Hello"]
+    got = greedy_continuations(tiny, prompts, 6, suppress_eos=False)
+    assert got == tiny.generate(prompts, max_new_tokens=6, stop_at_eos=False)
+
+
+def test_evaluate_loop_on_tiny(tiny, tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("\n\n".join(f"The Eiffel Tower is in Paris, item {i}." for i in range(80)))
+    stats = key_second_moment(tiny, 0, corpus=str(path), n_samples=800, cache_dir=tmp_path, progress=False)
+    reqs = [
+        {"prompt": "{} is located in the city of", "subject": "Eiffel Tower", "target": " Rome",
+         "target_true": " Paris", "paraphrases": ["Eiffel Tower is in"], "neighbourhood": ["Louvre is located in the city of"]},
+        {"prompt": "The capital of {} is", "subject": "France", "target": " Berlin", "target_true": " Paris"},
+    ]
+    fp = weights_fingerprint(tiny)
+    kw = dict(layer=0, stats=stats, fluency_tokens=5, n_unrelated=8, progress=False, v_steps=3,
+              prefix_lengths=(3,), prefixes_per_length=2)
+    ev = evaluate_edits(tiny, reqs, **kw)
+    assert isinstance(ev, EditEvaluation) and ev.restored_exactly and weights_fingerprint(tiny) == fp
+    assert len(ev.rows) == 2 and ev.rows[1]["ps_post"] is None and ev.rows[0]["ns_post"] is not None
+    assert ev.summary["all"]["n"] == 2 and ev.summary["all"]["n_neighbourhood"] == 1
+    for r in ev.rows:
+        assert r["es_post"] in (0.0, 1.0) and r["kl_drift"] >= 0 and r["edit_seconds"] > 0
+        # the row's magnitude is its own probabilities' difference
+        assert r["em_post"] == pytest.approx(r["p_new_post"] - r["p_true_post"])
+    assert "ES" in ev.table()
+    json.loads(ev.to_json())
+    seq = evaluate_edits(tiny, reqs, sequential=True, checkpoints=(1,), **kw)
+    assert [c["n_edits"] for c in seq.curve] == [1, 2] and weights_fingerprint(tiny) == fp
+    seq.save_plot(tmp_path / "seq.png")
+    assert (tmp_path / "seq.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="method"):
+        evaluate_edits(tiny, reqs, method="memit", **kw)
+
+
+def test_rome_counterfact_on_the_fact_model(facts_model):
+    ev = evaluate_edits(facts_model, counterfact_requests(n=8, seed=11), progress=False, fluency_tokens=10)
+    s = ev.summary["all"]
+    assert ev.restored_exactly
+    assert s["es_pre"] < 0.2 and s["es_post"] >= 0.85  # the edits take …
+    assert s["ns_post"] >= 0.7  # … and mostly stay put
+    assert s["em_post"] > s["em_pre"] + 0.5
+
+
+def test_analysis_script_quick(facts_model, tmp_path):
+    spec = importlib.util.spec_from_file_location("rome_counterfact", ROOT / "analyses" / "rome_counterfact.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--quick", "--out-dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "rome_counterfact.json").read_text())
+    assert report["one_at_a_time"]["summary"]["all"]["n"] == 3 and len(report["rows"]) == 3
+    for name in ("rome_counterfact.png", "rome_sequential.png", "rome_sequential.json"):
+        assert (tmp_path / name).stat().st_size > 0

@@ -1,0 +1,234 @@
+"""ROME: the rank-one update's algebra, k*/v*, key statistics, bad input, and a real edit on gpt2-facts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gpt2_interp as gi
+from gpt2_interp.editing import stats as stats_mod
+from gpt2_interp.editing.edit import weights_fingerprint
+from gpt2_interp.editing.rome import (
+    DEFAULT_LAYERS, _filled, _last_subject_token, compute_edit, context_prefixes, default_layer, rank_one_update,
+)
+from gpt2_interp.editing.stats import KeyStats, key_second_moment, keys_fingerprint
+from gpt2_interp.model import HookedGPT2
+
+from .conftest import TINY
+
+REQ = {"prompt": "{} is located in the city of", "subject": "Eiffel Tower", "target": " Rome"}
+FAST = dict(prefix_lengths=(5,), prefixes_per_length=3)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "c.txt"
+    docs = [f"The Eiffel Tower is in Paris and number {i} is odd or even." for i in range(120)]
+    docs += [f"Rome has {i} fountains; Berlin has {2 * i} museums, says the guide." for i in range(120)]
+    path.write_text("\n\n".join(docs))
+    return path
+
+
+@pytest.fixture
+def stats(tiny, corpus, tmp_path):
+    """Layer-0 statistics: in a 2-layer model, only a layer-0 edit at the subject can reach the last token."""
+    return key_second_moment(tiny, 0, corpus=str(corpus), n_samples=3000, cache_dir=tmp_path, progress=False)
+
+
+# ------------------------------------------------------------------ the algebra
+def _spd(d: int, g: torch.Generator) -> torch.Tensor:
+    A = torch.randn(d, 3 * d, generator=g, dtype=torch.float64)
+    return A @ A.T / (3 * d)
+
+
+def test_rank_one_update_inserts_the_association_with_minimal_c_norm():
+    g = torch.Generator().manual_seed(0)
+    d_mlp, d_model = 32, 12
+    W, b = torch.randn(d_mlp, d_model, generator=g), torch.randn(d_model, generator=g)
+    k, v_star = torch.randn(d_mlp, generator=g), torch.randn(d_model, generator=g)
+    C = _spd(d_mlp, g)
+    u, v = rank_one_update(W, b, k, v_star, solve=lambda x: torch.linalg.solve(C, x.double()).float())
+    dW = torch.outer(u.double(), v.double())
+    # k* now maps to v*
+    torch.testing.assert_close(k.double() @ (W.double() + dW) + b.double(), v_star.double(), atol=1e-5, rtol=1e-5)
+    assert torch.linalg.matrix_rank(dW).item() == 1
+    # keys C⁻¹-orthogonal to k* are untouched
+    Cinv_k = torch.linalg.solve(C, k.double())
+    k_perp = torch.randn(d_mlp, generator=g, dtype=torch.float64)
+    k_perp -= (k_perp @ Cinv_k) / (Cinv_k @ Cinv_k) * Cinv_k  # k_perp · C⁻¹k* = 0
+    assert (k_perp @ dW).abs().max() < 1e-6 * k_perp.norm() * dW.norm()
+    # minimal in tr(ΔWᵀ C ΔW) among all updates with k @ ΔW = r: add any Z with k @ Z = 0
+    cost = lambda M: torch.trace(M.T @ C @ M)  # noqa: E731
+    for _ in range(5):
+        Z = torch.randn(d_mlp, d_model, generator=g, dtype=torch.float64)
+        Z -= torch.outer(k.double(), k.double() @ Z) / (k.double() @ k.double())
+        assert (k.double() @ Z).abs().max() < 1e-9
+        assert cost(dW + 0.1 * Z) > cost(dW)
+
+
+def test_rank_one_update_with_identity_is_the_closed_form():
+    g = torch.Generator().manual_seed(1)
+    W, b = torch.randn(20, 7, generator=g), torch.randn(7, generator=g)
+    k, v_star = torch.randn(20, generator=g), torch.randn(7, generator=g)
+    u, v = rank_one_update(W, b, k, v_star, solve=None)
+    expected = torch.outer(k, v_star - (W.T @ k + b)) / (k @ k)  # ΔW = k (v* − Wᵀk − b)ᵀ / ‖k‖²
+    torch.testing.assert_close(torch.outer(u, v), expected, atol=1e-5, rtol=1e-4)
+    # and with C = I given as statistics
+    st = KeyStats(torch.eye(20), 1, {"layer": 0})
+    u2, v2 = rank_one_update(W, b, k, v_star, solve=st.solve)
+    torch.testing.assert_close(torch.outer(u2, v2), expected, atol=1e-5, rtol=1e-4)
+
+
+def test_key_stats_solve_matches_dense_solve():
+    g = torch.Generator().manual_seed(2)
+    C = _spd(16, g).float()
+    st = KeyStats(C, 100, {"layer": 0})
+    k = torch.randn(3, 16, generator=g)
+    torch.testing.assert_close(st.solve(k), torch.linalg.solve(C.double(), k.double().T).T.float(), rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------ key statistics
+def test_key_second_moment_matches_explicit_loop(tiny, corpus, tmp_path):
+    st = key_second_moment(tiny, 1, corpus=str(corpus), n_samples=500, cache_dir=tmp_path, progress=False)
+    # reference: every document on its own (BOS + text), keys at every position, until 500 keys
+    docs = [d.strip() for d in corpus.read_text().split("\n\n")]
+    acc, n = torch.zeros(256, 256, dtype=torch.float64), 0
+    for d in docs:
+        _, cache = tiny.run_with_cache(d, names_filter="blocks.1.mlp.hook_post", stop_at_layer=2)
+        k = cache["blocks.1.mlp.hook_post"][0].double()[: 500 - n]
+        acc += k.T @ k
+        n += k.shape[0]
+        if n >= 500:
+            break
+    assert st.count == n == 500
+    torch.testing.assert_close(st.C.double(), acc / n, rtol=1e-4, atol=1e-6)
+
+
+def test_stats_cache_hit_miss_and_refusal(tiny, corpus, tmp_path):
+    kw = dict(corpus=str(corpus), cache_dir=tmp_path, progress=False)
+    a = key_second_moment(tiny, 1, n_samples=400, **kw)
+    files = list(tmp_path.glob("*.safetensors"))
+    assert len(files) == 1 and a.path == files[0]
+    assert key_second_moment(tiny, 1, n_samples=400, **kw) is a  # memory hit
+    stats_mod.clear_memory_cache()
+    b = key_second_moment(tiny, 1, n_samples=400, **kw)  # disk hit
+    assert b is not a and torch.equal(a.C, b.C) and b.key == a.key
+    key_second_moment(tiny, 1, n_samples=300, **kw)  # another key: a miss, a new file
+    key_second_moment(tiny, 0, n_samples=300, **kw)
+    assert len(list(tmp_path.glob("*.safetensors"))) == 3
+    a.check(tiny, 1)
+    other = HookedGPT2(TINY, seed=1)
+    with pytest.raises(ValueError, match="another model"):
+        a.check(other, 1)
+    with pytest.raises(ValueError, match="layer 1, not layer 0"):
+        a.check(tiny, 0)
+    with pytest.raises(ValueError, match="another model"):
+        compute_edit(other, REQ, layer=1, stats=a, **FAST)
+    assert len(list(tmp_path.glob("*.safetensors"))) == 3
+
+
+def test_stats_survive_edits_at_their_layer_but_not_upstream(tiny, corpus, tmp_path):
+    stats = key_second_moment(tiny, 1, corpus=str(corpus), n_samples=300, cache_dir=tmp_path, progress=False)
+    fp = keys_fingerprint(tiny, 1)
+    with torch.no_grad():
+        tiny.blocks[1].mlp.W_out.add_(1.0)  # downstream of layer 1's keys
+    assert keys_fingerprint(tiny, 1) == fp
+    stats.check(tiny, 1)
+    with torch.no_grad():
+        tiny.blocks[0].mlp.W_out.add_(1e-3)  # upstream
+    with pytest.raises(ValueError, match="another model"):
+        stats.check(tiny, 1)
+
+
+def test_corpus_errors(tiny, tmp_path):
+    with pytest.raises(FileNotFoundError):
+        key_second_moment(tiny, 0, corpus=str(tmp_path / "missing.txt"), cache_dir=False)
+    with pytest.raises(IndexError, match="0..1"):
+        key_second_moment(tiny, 5, corpus="facts", cache_dir=False)
+
+
+# ------------------------------------------------------------------ k*, v*, the edit
+def test_k_star_is_the_mean_key_over_context_variants(tiny, stats):
+    edit = compute_edit(tiny, REQ, layer=0, stats=stats, v_steps=0, **FAST)
+    prefixes = context_prefixes(tiny, (5,), 3, 0)
+    assert len(prefixes) >= 1
+    keys = []
+    for prefix in [""] + prefixes:  # slow reference: one forward per variant
+        text, lo, hi = _filled(REQ["prompt"], REQ["subject"], prefix)
+        _, cache = tiny.run_with_cache(text, names_filter="blocks.0.mlp.hook_post")
+        keys.append(cache["blocks.0.mlp.hook_post"][0, _last_subject_token(text, lo, hi)])
+    torch.testing.assert_close(edit.k, torch.stack(keys).mean(0), rtol=1e-5, atol=1e-6)
+    # the subject's last token is " Tower" in every variant
+    text, lo, hi = _filled(REQ["prompt"], REQ["subject"], "Tower. Eiffel Tower")
+    assert tiny.to_str_tokens(text)[_last_subject_token(text, lo, hi)] == " Tower"
+    assert text.index("Eiffel Tower", lo) == lo
+
+
+def test_edit_maps_k_star_to_v_star_and_raises_target(tiny, stats):
+    before = weights_fingerprint(tiny)
+    edit = compute_edit(tiny, REQ, layer=0, stats=stats, weight_decay=0.0, clamp_factor=100.0, v_steps=10, **FAST)
+    assert weights_fingerprint(tiny) == before  # computing does not touch the weights
+    assert all(p.grad is None for p in tiny.parameters())
+    assert all(p.requires_grad for p in tiny.parameters())  # flags restored
+    mlp = tiny.blocks[0].mlp
+    with tiny.edited(edit):
+        out = edit.k @ mlp.W_out + mlp.b_out
+    torch.testing.assert_close(out, edit.v_star, rtol=1e-4, atol=1e-5)
+    m = edit.metrics
+    # a random tiny model's logits barely move (LayerNorm + 50k-token tied unembedding), but δ must help
+    assert m["final_loss"]["nll"] < m["initial_loss"]["nll"] - 0.01
+    assert m["p_target_after"] > m["p_target_before"]
+    # the metric is the edited model's probability (computed with hooks), check with the weights
+    with tiny.edited(edit):
+        lp = tiny(tiny.to_tokens(REQ["prompt"].format(REQ["subject"])))[0, -1].log_softmax(-1)
+    assert abs(lp[tiny.to_single_token(" Rome")].exp().item() - m["p_target_after"]) < 1e-4
+
+
+def test_bad_requests(tiny, stats):
+    with pytest.raises(ValueError, match=r"\{\}"):
+        compute_edit(tiny, {"prompt": "Eiffel Tower is in", "subject": "Eiffel Tower", "target": " Rome"}, 0, stats)
+    with pytest.raises(ValueError, match="does not occur"):
+        compute_edit(tiny, {"prompt": "The Louvre is in", "subject": "Eiffel Tower", "target": " Rome"}, 0, stats)
+    with pytest.raises(ValueError, match="empty"):
+        compute_edit(tiny, REQ | {"target": ""}, 0, stats)
+    with pytest.raises(ValueError, match="empty"):
+        compute_edit(tiny, REQ | {"subject": " "}, 0, stats)
+    with pytest.raises(IndexError, match="0..1"):
+        compute_edit(tiny, REQ, layer=2, stats=stats)
+    with pytest.raises(ValueError, match="layer 0, not layer 1"):
+        compute_edit(tiny, REQ, layer=1, stats=stats)
+    with pytest.raises(ValueError, match="unknown ROME hyperparameter"):
+        compute_edit(tiny, REQ, layer=0, stats=stats, lr=3)
+    with pytest.raises(ValueError, match="'auto'"):
+        compute_edit(tiny, REQ, layer="first", stats=stats)
+
+
+def test_default_layers(tiny):
+    assert DEFAULT_LAYERS["gpt2-medium"] == 8 and DEFAULT_LAYERS["gpt2-large"] == 12 and DEFAULT_LAYERS["gpt2-xl"] == 17
+    assert default_layer(tiny) == TINY.n_layer // 3
+    assert gi.rome_edit is compute_edit
+
+
+def test_auto_layer_is_the_mlp_trace_peak(tiny, corpus, tmp_path):
+    tracing = pytest.importorskip("gpt2_interp.analysis.tracing")
+    from gpt2_interp.editing.rome import choose_layer
+
+    req = gi.editing.Request(**REQ)
+    tr = tracing.causal_trace(tiny, req.text, req.subject, kind="mlp", window=1)
+    last = tr.subject_range[1] - 1
+    assert tr.tokens[last] == " Tower"
+    assert choose_layer(tiny, req) == int(tr.indirect_effect[last].argmax())
+
+
+# ------------------------------------------------------------------ the trained model
+def test_edit_flips_a_fact_and_spares_another(facts_model):
+    m = facts_model
+    req = {"prompt": "The capital of {} is", "subject": "France", "target": " Rome"}
+    other = "The capital of Japan is"
+    assert m.to_str_tokens(m.last_logits(["The capital of France is"]).argmax(-1))[0] == " Paris"
+    top_other = int(m.last_logits([other]).argmax())
+    edit = compute_edit(m, req)
+    with m.edited(edit):
+        assert int(m.last_logits(["The capital of France is"]).argmax()) == m.to_single_token(" Rome")
+        assert int(m.last_logits([other]).argmax()) == top_other
+    assert int(m.last_logits(["The capital of France is"]).argmax()) == m.to_single_token(" Paris")
