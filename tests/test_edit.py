@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -160,3 +162,30 @@ def test_request_validation():
         Request("{} is in", "Louvre", "  ")
     with pytest.raises(ValueError, match="lacks"):
         Request.of({"prompt": "{} is in", "subject": "Louvre"})
+
+
+def test_cli_edit_verify_stats(tiny, tmp_path, monkeypatch, capsys):
+    from gpt2_interp.cli import main
+
+    monkeypatch.setenv("GPT2_INTERP_STATS_DIR", str(tmp_path / "stats"))
+    tiny.save(tmp_path / "tiny")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(f"The Eiffel Tower is in Paris, item {i}." for i in range(60)))
+    model = ["--model", str(tmp_path / "tiny")]
+    assert main(["stats", *model, "--layer", "0", "--corpus", str(corpus), "--n-samples", "500"]) == 0
+    assert "500 keys" in capsys.readouterr().out and len(list((tmp_path / "stats").glob("*.safetensors"))) == 1
+    edit_args = ["edit", *model, "--subject", "Eiffel Tower", "--prompt", "{} is in", "--target", " Rome",
+                 "--layer", "0", "--corpus", str(corpus), "--n-samples", "500", "--hparam", "v_steps=2",
+                 "--paraphrase", "The {} stands in", "--save", str(tmp_path / "my.edit")]
+    assert main(edit_args) == 0
+    out = capsys.readouterr().out
+    assert "'The Eiffel Tower stands in'" in out and "saved to" in out
+    assert len(list((tmp_path / "stats").glob("*.safetensors"))) == 1  # the cached statistics were reused
+    assert main(["verify", str(tmp_path / "my.edit"), *model, "--prompt", "Eiffel Tower is in", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["prompts"] == ["Eiffel Tower is in"] and shown["p_target_after"][0] > 0
+    HookedGPT2(TINY, seed=1).save(tmp_path / "other")
+    assert main(["verify", str(tmp_path / "my.edit"), "--model", str(tmp_path / "other")]) == 2
+    assert "fingerprint" in capsys.readouterr().err
+    assert main(["edit", *model, "--subject", "Louvre", "--prompt", "is in", "--target", " Rome"]) == 2
+    assert "{}" in capsys.readouterr().err

@@ -194,7 +194,7 @@ def test_metrics_by_hand():
 def test_padded_prompt_pairs_equal_separate_runs(small):
     """A batch of prompt pairs of different lengths (left-padded) gives each pair's own sweep, aligned at the end."""
     c = [CLEAN, "Paris is the capital of"]
-    k = [CORRUPT, "Rome is the capital of"]
+    k = [CORRUPT, "London is the capital of"]
     m = prob(" France")
     both = patch(small, c, k, m, hook="mlp_out", positions=[-1, -2, -3])
     for i in range(2):
@@ -211,6 +211,8 @@ def test_chunking_and_layer_order_do_not_change_results(small, pairs):
     chunked = patch(small, clean, corrupt, m, hook="attn_out", batch_size=6, layers=[3, 0, 2, 1])
     assert chunked.layers == [3, 0, 2, 1] and chunked.layer_labels[0] == "L3"
     assert (chunked.values - whole.values[[3, 0, 2, 1]]).abs().max() <= 1e-5
+    two_layers = 2 * clean.shape[1] * clean.shape[0]  # chunks holding exactly two layers' rows each
+    assert (patch(small, clean, corrupt, m, hook="attn_out", batch_size=two_layers).values - whole.values).abs().max() <= 1e-5
 
 
 def test_bf16(small, pairs):

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from tqdm.auto import tqdm
 
 from ..io import tokenizer as tok
@@ -152,27 +153,33 @@ class Edit:
     to the residual stream entering block ``s`` as the rows start; ``s == n_layer`` is the final
     residual before ``ln_final``). ``act[rows, *index] = values``: ``rows`` and each ``index``
     tensor have first dim ``k`` (or 1 for ``index``) and broadcast together; ``values`` ``[k, ...]``.
+    ``index[pos_dim]`` holds positions (shifted when a row runs only a suffix of the positions).
     """
 
     where: str | int
     rows: torch.Tensor
     index: tuple[torch.Tensor, ...]
     values: torch.Tensor
+    pos_dim: int | None = 0
 
-    def select(self, lo: int, hi: int) -> "Edit | None":
-        """The part of this edit for rows ``[lo, hi)``, with rows renumbered from ``lo``."""
+    def renumber(self, new_index: torch.Tensor) -> "Edit":
+        return Edit(self.where, new_index[self.rows], self.index, self.values, self.pos_dim)
+
+    def select(self, lo: int, hi: int, first_pos: int = 0) -> "Edit | None":
+        """The part of this edit for rows ``[lo, hi)``, rows renumbered from ``lo``, positions from ``first_pos``."""
         k = self.rows.shape[0]
         sel = self.rows.reshape(k, -1)[:, 0]
         sel = (sel >= lo) & (sel < hi)
         if not bool(sel.any()):
             return None
-        if bool(sel.all()):
-            return Edit(self.where, self.rows - lo, self.index, self.values)
 
         def pick(t: torch.Tensor) -> torch.Tensor:
-            return t[sel] if t.shape[0] == k else t
+            return t if t.shape[0] != k or bool(sel.all()) else t[sel]
 
-        return Edit(self.where, pick(self.rows) - lo, tuple(pick(i) for i in self.index), pick(self.values))
+        index = [pick(i) for i in self.index]
+        if self.pos_dim is not None and first_pos:
+            index[self.pos_dim] = index[self.pos_dim] - first_pos
+        return Edit(self.where, pick(self.rows) - lo, tuple(index), pick(self.values), self.pos_dim)
 
     def apply(self, act: torch.Tensor) -> torch.Tensor:
         return act.index_put((self.rows, *self.index), self.values.to(act.dtype))
@@ -187,10 +194,83 @@ def _hook_fn(edits: list[Edit]) -> Callable:
     return fn
 
 
+class PrefixKV:
+    """The keys and values of positions ``< first_pos`` taken from the base runs, so that a row whose
+    edits all sit at positions ``≥ first_pos`` computes only that suffix (causal attention: the
+    prefix is unchanged). Stands in for the model's ``KVCache`` (``length`` + ``extend``)."""
+
+    def __init__(self, base_kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]], first_pos: int) -> None:
+        # base k, v: [m, pos, head, d_head] (hook_k / hook_v) -> prefix [m, head, first_pos, d_head]
+        self.prefix = {l: (k[:, :first_pos].transpose(1, 2), v[:, :first_pos].transpose(1, 2)) for l, (k, v) in base_kv.items()}
+        self.first_pos = first_pos
+        self.base: torch.Tensor | None = None  # base row of each row in the current batch
+
+    @property
+    def length(self) -> int:
+        return self.first_pos
+
+    @length.setter
+    def length(self, _: int) -> None:  # the model advances a decoding cache after each call; a prefix stays put
+        pass
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pk, pv = self.prefix[layer]
+        return torch.cat([pk[self.base], k], 2), torch.cat([pv[self.base], v], 2)
+
+
+class _FixedKV:
+    """Given keys and values ``[batch, head, pos, d_head]`` of every earlier position, for a run of
+    the final block at the last position only. Stands in for ``KVCache``."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k, self.v = k, v
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[2]
+
+    @length.setter
+    def length(self, _: int) -> None:
+        pass
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cat([self.k, k], 2), torch.cat([self.v, v], 2)
+
+
+def _keys_values(model: "HookedGPT2", layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values ``[batch, head, pos, d_head]`` block ``layer``'s attention computes from the
+    residual ``x [batch, pos, d_model]`` (its LayerNorm and the K, V columns of ``W_QKV``)."""
+    block, d = model.blocks[layer], model.cfg.d_model
+    h = block.ln1(x)
+    kv = torch.addmm(block.attn.b_QKV[d:], h.reshape(-1, d), block.attn.W_QKV[:, d:])
+    k, v = rearrange(kv.view(*x.shape[:2], 2 * d), "b p (two h dh) -> two b h p dh", two=2, h=model.cfg.n_head)
+    return k, v
+
+
+def _last_block(model: "HookedGPT2", x: torch.Tensor, mask: torch.Tensor | None, kv: "PrefixKV | None") -> torch.Tensor:
+    """The final block's output at the last position only, ``[batch, 1, d_model]``: the other positions
+    are needed only as keys and values, so they skip the queries, W_O and the MLP."""
+    n = model.cfg.n_layer
+    k, v = _keys_values(model, n - 1, x[:, :-1])
+    if kv is not None:
+        pk, pv = kv.prefix[n - 1]
+        k, v = torch.cat([pk[kv.base], k], 2), torch.cat([pv[kv.base], v], 2)
+    return model(x[:, -1:], start_at_layer=n - 1, stop_at_layer=n, attention_mask=mask, past_kv=_FixedKV(k, v))
+
+
 def entry_name(model: "HookedGPT2", stage: int) -> str:
     """The hook whose activation is the residual entering block ``stage`` (``n_layer``: the final residual)."""
     n = model.cfg.n_layer
     return f"blocks.{stage}.hook_resid_pre" if stage < n else f"blocks.{n - 1}.hook_resid_post"
+
+
+def kv_names(model: "HookedGPT2", first_layer: int) -> list[str]:
+    """The base-run keys and values :func:`run_staircase` needs for suffix rows from ``first_layer`` on."""
+    return [f"blocks.{l}.attn.hook_{x}" for l in range(first_layer, model.cfg.n_layer) for x in "kv"]
+
+
+def base_kv_from(cache: Mapping[str, torch.Tensor], model: "HookedGPT2", first_layer: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    return {l: (cache[f"blocks.{l}.attn.hook_k"], cache[f"blocks.{l}.attn.hook_v"]) for l in range(first_layer, model.cfg.n_layer)}
 
 
 def auto_batch_size(model: "HookedGPT2", n_pos: int, materialise_attention: bool = False) -> int:
@@ -212,59 +292,89 @@ def run_staircase(
     start: torch.Tensor,
     base: torch.Tensor,
     edits: Sequence[Edit],
-    readout: Callable[[torch.Tensor, int, int], torch.Tensor],
+    readout: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     attention_mask: torch.Tensor | None = None,
     batch_size: int | None = None,
     group: int = 1,
     progress: bool | None = None,
     desc: str = "patching",
+    first_pos: torch.Tensor | None = None,
+    base_kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> torch.Tensor:
-    """Run ``R`` edited rows, each from its start stage, and read out one value per row.
+    """Run ``R`` edited rows, each from the layer and position where it first differs from its base run,
+    and read out one value per row.
 
     ``entries[s]``: ``[m, pos, d_model]`` residual entering block ``s`` in the unedited ("base")
-    runs; row ``r`` starts at stage ``start[r]`` (nondecreasing) from ``entries[start[r]][base[r]]``.
-    ``readout(last_logits [r, d_vocab], lo, hi)`` → ``[r]`` for rows ``[lo, hi)``. Rows are chunked
-    (multiples of ``group``) to ``batch_size``; inside a chunk rows join the batch at their start
-    layer, so each chunk costs one call per layer. Returns ``[R]`` (float32).
+    runs; row ``r`` starts at stage ``start[r]`` from ``entries[start[r]][base[r]]``. With
+    ``first_pos`` ``[R]`` and ``base_kv`` (the base runs' ``hook_k``/``hook_v`` for every layer a
+    row runs, see :func:`kv_names`), row ``r`` computes only positions ``≥ first_pos[r]`` and
+    attends to the base run's keys and values before them. ``readout(last_logits [r, d_vocab],
+    rows [r])`` → ``[r]`` (``rows``: the rows' indices). Rows are grouped by first position and
+    chunked (multiples of ``group`` consecutive rows, which must share start and first position)
+    to ``batch_size``; in a chunk, rows join the batch at their start layer — one model call per
+    layer per chunk. Returns ``[R]`` (float32).
     """
     n = model.cfg.n_layer
     R = start.shape[0]
-    start = start.cpu()
-    if R and bool((start[1:] < start[:-1]).any()):
-        raise ValueError("rows must be ordered by start stage")
+    dev = model.device
+    q = torch.zeros(R, dtype=torch.long) if first_pos is None or base_kv is None else first_pos.cpu().long()
+    order = torch.argsort(q * (n + 2) + start.cpu().long(), stable=True)  # by first position, then start
+    start_o, q_o = start.cpu()[order], q[order]
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(R)
+    inverse_dev, order_dev = inverse.to(dev), order.to(dev)
+    base_o = base.to(dev)[order_dev]
+    edits = [e.renumber(inverse_dev) for e in edits]
     P = next(iter(entries.values())).shape[1]
     if batch_size is None:
         batch_size = auto_batch_size(model, P, any(isinstance(e.where, str) and ("pattern" in e.where or "scores" in e.where) for e in edits))
     batch_size = max(group, batch_size // group * group)
-    base = base.to(model.device)
-    out = torch.empty(R, dtype=torch.float32, device=model.device)
-    chunks = [(a, min(R, a + batch_size)) for a in range(0, R, batch_size)]
-    bar = tqdm(total=sum(n + 1 - int(start[a]) for a, _ in chunks), desc=desc, leave=False,
+    chunks = []
+    bounds = torch.unique_consecutive(q_o, return_counts=True)[1].cumsum(0).tolist() if R else []
+    lo = 0
+    for hi in bounds:  # chunks never mix first positions
+        chunks += [(a, min(hi, a + batch_size)) for a in range(lo, hi, batch_size)]
+        lo = hi
+    finals = torch.empty(R, model.cfg.d_model, dtype=model.dtype, device=dev)  # ln_final(resid) at the last position
+    bar = tqdm(total=sum(n + 1 - int(start_o[a]) for a, _ in chunks), desc=desc, leave=False,
                disable=None if progress is None else not progress)  # None: only on a terminal
     for a, b in chunks:
+        p0 = int(q_o[a])
+        kv = PrefixKV(base_kv, p0) if p0 > 0 else None
         hooks: dict[str, list[Edit]] = defaultdict(list)
         at_entry: dict[int, list[Edit]] = defaultdict(list)
         for e in edits:
-            sub = e.select(a, b)
+            sub = e.select(a, b, p0)
             if sub is not None:
                 (at_entry[sub.where] if isinstance(sub.where, int) else hooks[sub.where]).append(sub)
-        bounds = torch.searchsorted(start[a:b], torch.arange(n + 2), right=False).tolist()  # first local row per stage
+        steps = torch.searchsorted(start_o[a:b].contiguous(), torch.arange(n + 2)).tolist()  # first local row per stage
         x: torch.Tensor | None = None
         with model.hooks([(name, _hook_fn(es)) for name, es in hooks.items()]):
-            for s in range(int(start[a]), n + 1):
-                lo, hi = bounds[s], bounds[s + 1]
-                if hi > lo:
-                    new = entries[s][base[a + lo : a + hi]]
+            for s in range(int(start_o[a]), n + 1):
+                if steps[s + 1] > steps[s]:
+                    new = entries[s][base_o[a + steps[s] : a + steps[s + 1]], p0:]
                     x = new if x is None else torch.cat([x, new])
                     for e in at_entry.get(s, ()):
                         x = e.apply(x)
                 if s < n and x is not None:
-                    mask = None if attention_mask is None else attention_mask[base[a : a + x.shape[0]]]
-                    x = model(x, start_at_layer=s, stop_at_layer=s + 1, attention_mask=mask)
+                    rows_base = base_o[a : a + x.shape[0]]
+                    if kv is not None:
+                        kv.base = rows_base
+                    mask = None if attention_mask is None else attention_mask[rows_base]
+                    if s == n - 1 and x.shape[1] > 1 and not any(name.startswith(f"blocks.{s}.") for name in hooks):
+                        x = _last_block(model, x, mask, kv)
+                    else:
+                        x = model(x, start_at_layer=s, stop_at_layer=s + 1, attention_mask=mask, past_kv=kv)
                 bar.update()
-            final = model.ln_final(x) if any(k.startswith("ln_final") for k in hooks) else model.ln_final(x[:, -1:])
-        out[a:b] = readout(model.unembed(final[:, -1]), a, b).float()
+            last = model.ln_final(x)[:, -1] if any(k.startswith("ln_final") for k in hooks) else model.ln_final(x[:, -1])
+        finals[order_dev[a:b]] = last
     bar.close()
+    # unembed in big blocks (the [d_vocab, d_model] matrix is read once per block, not once per chunk)
+    out = torch.empty(R, dtype=torch.float32, device=dev)
+    block = max(group, (batch_size // 2) // group * group)
+    for a in range(0, R, block):
+        rows = torch.arange(a, min(R, a + block), device=dev)
+        out[rows] = readout(model.unembed(finals[rows]), rows).float()
     return out
 
 
@@ -490,7 +600,12 @@ def patch(
 
     # unpatched runs: the base run's residual at every start stage, the source run's patched activations
     stages = sorted({target.stage(l) for l in layers_})
-    base_names = {entry_name(model, s) for s in stages if s < n}
+    # a patch at positions ≥ p leaves positions < p as in the base run: rows compute only the suffix
+    by_stage = sorted(layers_, key=target.stage)
+    items = [(l, p, h) for l in by_stage for p in pos_items for h in head_items]
+    first = [min(p) for _, p, _ in items]
+    suffix = max(first) > 0 and stages[0] < n
+    base_names = {entry_name(model, s) for s in stages if s < n} | set(kv_names(model, stages[0]) if suffix else ())
     if target.embed:
         base_names.add(target.names[-1])
     src_names = set(target.names.values())
@@ -498,6 +613,11 @@ def patch(
         base_final, base_cache = model.run_with_cache(base_t, names_filter=list(base_names), attention_mask=mask, stop_at_layer=n)
         src_final, src_cache = model.run_with_cache(src_t, names_filter=list(src_names), attention_mask=mask, stop_at_layer=n)
         base_logits, src_logits = _final_logits(model, base_final), _final_logits(model, src_final)
+        if any(name.startswith("ln_final") for name in src_names):  # not reached by stop_at_layer=n
+            store: dict[str, torch.Tensor] = {}
+            with model.hooks([(name, lambda act, hook: store.__setitem__(hook.name, act)) for name in src_names]):
+                model.ln_final(src_final)
+            src_cache = store
     clean_logits, corr_logits = (src_logits, base_logits) if direction == "denoise" else (base_logits, src_logits)
     if hasattr(metric, "bind"):
         metric = metric.bind(clean_logits)
@@ -505,21 +625,20 @@ def patch(
     corr_m = _apply_metric(metric, corr_logits[None])[0].cpu()
     entries = {s: (base_cache[entry_name(model, s)] if s < n else base_final) for s in stages}
 
-    # one item per (layer, positions, heads); rows = items × pairs, ordered by start stage
-    by_stage = sorted(layers_, key=target.stage)
-    items = [(l, p, h) for l in by_stage for p in pos_items for h in head_items]
+    # one item per (layer, positions, heads); rows = items × pairs
     k = len(items)
     dev = model.device
     start = torch.tensor([target.stage(l) for l, _, _ in items]).repeat_interleave(n_pairs)
     edits = [_layer_edit(target, l, [i for i, it in enumerate(items) if it[0] == l], items, n_pairs, src_cache, base_cache, entries, dev)
              for l in layers_]
 
-    def readout(logits: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    def readout(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:  # rows come whole items at a time
         return _apply_metric(metric, logits.view(-1, n_pairs, logits.shape[-1])).flatten()
 
     pair = torch.arange(n_pairs, device=dev).repeat(k)
     flat = run_staircase(model, entries, start, pair, edits, readout, mask, batch_size, n_pairs, progress,
-                         desc=f"patching {hook}")
+                         desc=f"patching {hook}", first_pos=torch.tensor(first).repeat_interleave(n_pairs),
+                         base_kv=base_kv_from(base_cache, model, stages[0]) if suffix else None)
     # back to the caller's layer order, then [n_pairs, layer, pos items, head items]
     order = torch.argsort(torch.tensor([layers_.index(l) for l, _, _ in items]), stable=True)
     per_pair = flat.view(k, n_pairs).T.cpu()[:, order].reshape(n_pairs, len(layers_), len(pos_items), len(head_items))
@@ -577,10 +696,10 @@ def _layer_edit(
         if target.embed:  # embeddings are patched as their difference on the residual entering block 0
             values = values - base_cache[name][j[:, None], pos] + entries[0][j[:, None], pos]
         where = target.stage(layer) if target.entry_offset is not None else name
-        return Edit(where, rows[:, None], (pos,), values)
+        return Edit(where, rows[:, None], (pos,), values, pos_dim=0)
     hd = torch.tensor([items[i][2] for i in ids], device=dev).repeat_interleave(n_pairs, 0)  # [r, g]
     if target.kind == "head":  # act [b, pos, head, d_head]
-        idx = (pos[:, :, None], hd[:, None, :])
+        idx, pos_dim = (pos[:, :, None], hd[:, None, :]), 0
     else:  # act [b, head, q_pos, k_pos]: patch the rows of the query positions
-        idx = (hd[:, :, None], pos[:, None, :])
-    return Edit(name, rows[:, None, None], idx, src[(j[:, None, None], *idx)])
+        idx, pos_dim = (hd[:, :, None], pos[:, None, :]), 1
+    return Edit(name, rows[:, None, None], idx, src[(j[:, None, None], *idx)], pos_dim)

@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..io import tokenizer as tok
-from .patching import Edit, entry_name, run_staircase
+from .patching import Edit, base_kv_from, entry_name, kv_names, run_staircase
 from .result import Result
 from .tokens import subject_span, target_id, target_ids
 
@@ -178,7 +178,7 @@ def _trace_batch(
     stages = list(range(1, n + 1)) if kind == "hidden" else sorted({_window(l, window, n)[0] for l in range(n)})
     with model.hooks([("hook_embed", lambda act, hook: act + noise)]):
         corr_final, corr_cache = model.run_with_cache(
-            tokens.repeat_interleave(S, 0), names_filter=[entry_name(model, s) for s in stages if s < n],
+            tokens.repeat_interleave(S, 0), names_filter=[entry_name(model, s) for s in stages if s < n] + kv_names(model, min(stages)),
             attention_mask=rep_mask, stop_at_layer=n)
     corr_logp = model.unembed(model.ln_final(corr_final[:, -1])).float().log_softmax(-1)
     fact_of = torch.arange(Fn, device=dev).repeat_interleave(S)
@@ -211,11 +211,11 @@ def _trace_batch(
 
     row_target = targets[cf].repeat_interleave(S)
 
-    def readout(logits: torch.Tensor, a: int, b: int) -> torch.Tensor:
-        return logits.float().log_softmax(-1).gather(-1, row_target[a:b, None])[:, 0].exp()
+    def readout(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return logits.float().log_softmax(-1).gather(-1, row_target[rows, None])[:, 0].exp()
 
     probs = run_staircase(model, entries, start, base, edits, readout, rep_mask, batch_size, S, progress,
-                          desc=f"tracing {kind}")
+                          desc=f"tracing {kind}", first_pos=ct.cpu().repeat_interleave(S), base_kv=base_kv_from(corr_cache, model, min(stages)))
     cell_score = probs.view(C, S).mean(1).cpu()
 
     results = []

@@ -229,11 +229,11 @@ def optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: int
     and a log of the losses. One forward to layer ``layer`` is shared by all steps."""
     b = _build_batch(model, req, ids, prefixes, hp.kl_prompt)
     rows = torch.arange(len(b.lookup), device=model.device)
-    post, mlp_out = f"blocks.{layer}.mlp.hook_post", f"blocks.{layer}.hook_mlp_out"
+    pre, post, mlp_out = (f"blocks.{layer}.{n}" for n in ("hook_resid_pre", "mlp.hook_post", "hook_mlp_out"))
     with torch.no_grad():
-        _, cache = model.run_with_cache(b.tokens, names_filter=[post, mlp_out], attention_mask=b.mask,
+        _, cache = model.run_with_cache(b.tokens, names_filter=[pre, post, mlp_out], attention_mask=b.mask,
                                         stop_at_layer=layer + 1)
-        resid0 = model(b.tokens, attention_mask=b.mask, stop_at_layer=layer)  # [b, w, d_model]
+    resid0 = cache[pre]  # [b, w, d_model], the input of the edit layer's block
     keys = cache[post][rows, b.lookup].float()  # [b, d_mlp]
     k_star = keys[: b.n_rewrite].mean(0)
     v0 = cache[mlp_out][0, b.lookup[0]].float()  # [d_model]

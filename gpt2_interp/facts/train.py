@@ -34,6 +34,7 @@ from ..io.checkpoints import embedded_path, save_hf
 from ..io.tokenizer import EOT_ID, encode
 from ..model import GPT2Config, HookedGPT2
 from .base import FactBase
+from .quality import first_token_accuracy
 
 DEFAULT_CONFIG = GPT2Config(n_layer=6, d_model=256, n_head=8, d_mlp=1024, n_ctx=64, name="gpt2-facts")
 
@@ -96,32 +97,6 @@ def batches(examples: list[Example], batch_size: int, rng: random.Random, pad_id
 
 
 OBJECT_WEIGHT = 5.0
-
-
-@torch.no_grad()
-def first_token_accuracy(model: HookedGPT2, fb: FactBase, split: str, limit: int | None = None, batch_size: int = 256) -> dict[str, float]:
-    """Top-1 accuracy (full-vocab softmax) of each fact's first object token, per template index."""
-    from collections import defaultdict
-
-    hits: dict[str, list[bool]] = defaultdict(list)
-    items = []
-    facts = fb.facts()
-    if limit:
-        facts = random.Random(0).sample(facts, min(limit, len(facts)))
-    for fact in facts:
-        first = encode(fb.target(fact))[0]
-        for j, prompt in enumerate(fb.prompts(fact, split=split)):
-            items.append((f"{fact.relation}/{j}", prompt, first))
-    for i in range(0, len(items), batch_size):
-        chunk = items[i : i + batch_size]
-        resid = model([p for _, p, _ in chunk], stop_at_layer=model.cfg.n_layer)  # left-padded: last = prompt end
-        logits = model.unembed(model.ln_final(resid[:, -1]))
-        pred = logits.argmax(-1).tolist()
-        for (key, _, first), p in zip(chunk, pred):
-            hits[key].append(p == first)
-    per = {k: sum(v) / len(v) for k, v in sorted(hits.items())}
-    per["mean"] = sum(sum(v) for v in hits.values()) / sum(len(v) for v in hits.values())
-    return per
 
 
 def train(

@@ -1,0 +1,220 @@
+"""Batched causal tracing equals ROME's one-forward-per-cell procedure; properties on the trained fact model."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt2_interp.analysis.tokens import subject_span
+from gpt2_interp.analysis.tracing import (
+    BUCKETS, average_trace, bucket_cells, causal_trace, causal_trace_all, noise_std, plot_traces,
+)
+from gpt2_interp.model import GPT2Config, HookedGPT2
+
+PROMPT, SUBJECT = "The Eiffel Tower is located in", "Eiffel Tower"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def sharp():
+    """A random 3-layer model whose heads move enough information that noising the subject matters."""
+    m = HookedGPT2(GPT2Config(n_layer=3, d_model=64, n_head=4, d_mlp=256, n_ctx=64, name="sharp"), seed=0).eval()
+    with torch.no_grad():
+        m.W_E.mul_(4)
+        for b in m.blocks:
+            b.attn.W_QKV.mul_(4)
+            b.attn.W_O.mul_(4)
+            b.mlp.W_out.mul_(4)
+    return m.requires_grad_(False)
+
+
+def slow_cell(model, prompt, subject, token, layer, kind, std, samples, seed, window, target):
+    """ROME's procedure for one cell, written out: one forward of ``samples`` noised copies with the
+    clean state restored at ``token`` in ``layer`` (hidden) or in the window around it (mlp/attn).
+    ``token`` counts from the first prompt token (the BOS is position 0 of the model input)."""
+    n = model.cfg.n_layer
+    s, e = subject_span(model, prompt, subject)
+    t = token + 1
+    noise = torch.randn(samples, e - s, model.cfg.d_model, generator=torch.Generator().manual_seed(seed)) * std
+    if kind == "hidden":
+        names = [f"blocks.{layer}.hook_resid_post"]
+    else:
+        lo, hi = max(0, layer - window // 2), min(n, layer - (-window // 2))
+        names = [f"blocks.{l}.hook_{kind}_out" for l in range(lo, hi)]
+    _, clean = model.run_with_cache(prompt, names_filter=names)
+
+    def add_noise(act, hook):
+        act = act.clone()
+        act[:, s:e] += noise
+        return act
+
+    def restore(act, hook):
+        act = act.clone()
+        act[:, t] = clean[hook.name][0, t]
+        return act
+
+    tokens = model.to_tokens(prompt).repeat(samples, 1)
+    logits = model.run_with_hooks(tokens, fwd_hooks=[("hook_embed", add_noise)] + [(nm, restore) for nm in names])
+    return torch.softmax(logits[:, -1].float(), -1)[:, target].mean().item()
+
+
+@pytest.mark.parametrize("kind, window", [("hidden", 10), ("mlp", 2), ("attn", 3)])
+def test_batched_trace_equals_per_cell_loop(sharp, kind, window):
+    r = causal_trace(sharp, PROMPT, SUBJECT, kind=kind, samples=4, window=window, seed=3)
+    assert r.tokens == ["The", " E", "iff", "el", " Tower", " is", " located", " in"]
+    assert r.subject_range == (1, 5) and r.scores.shape == (8, 3)
+    std = noise_std(sharp, 3.0)
+    cells = [(1, 0), (3, 1), (4, 0), (4, 2), (6, 1), (7, 0), (7, 2)]
+    for t, l in cells:
+        expected = slow_cell(sharp, PROMPT, SUBJECT, t, l, kind, std, 4, 3, window, r.target_id)
+        assert r.scores[t, l].item() == pytest.approx(expected, rel=1e-4, abs=1e-9), (t, l)
+    # before the subject nothing is corrupted: restoring there changes nothing
+    assert slow_cell(sharp, PROMPT, SUBJECT, 0, 1, kind, std, 4, 3, window, r.target_id) == pytest.approx(r.corrupted_score, rel=1e-4)
+    assert (r.scores[0] == r.corrupted_score).all()
+    # the cells differ from one another far beyond the tolerance: the comparison can fail
+    assert (r.scores.max() - r.scores.min()) / r.scores.max() > 0.05
+    assert r.clean_score > 1.2 * r.corrupted_score
+    assert torch.allclose(r.indirect_effect, r.scores - r.corrupted_score)
+
+
+def test_noise_zero_is_flat_at_the_clean_score(sharp):
+    for kind in ("hidden", "mlp"):
+        r = causal_trace(sharp, PROMPT, SUBJECT, kind=kind, samples=3, noise=0)
+        assert r.corrupted_score == pytest.approx(r.clean_score, rel=1e-5)
+        assert (r.scores - r.clean_score).abs().max() <= 1e-5 * r.clean_score
+
+
+def test_deterministic_for_a_seed_and_noise_scales(sharp):
+    a = causal_trace(sharp, PROMPT, SUBJECT, samples=3, seed=1)
+    b = causal_trace(sharp, PROMPT, SUBJECT, samples=3, seed=1, batch_size=7)  # chunked differently
+    c = causal_trace(sharp, PROMPT, SUBJECT, samples=3, seed=2)
+    assert torch.allclose(a.scores, b.scores, rtol=1e-5, atol=0) and a.corrupted_score == b.corrupted_score
+    assert not torch.allclose(a.scores, c.scores)
+    sigma = sharp.W_E.float().std().item()
+    assert noise_std(sharp, 3.0) == pytest.approx(3 * sigma)
+    assert noise_std(sharp, "3σ") == noise_std(sharp, "3sigma") == noise_std(sharp, 3.0)
+    assert noise_std(sharp, noise_abs=0.25) == 0.25
+    assert causal_trace(sharp, PROMPT, SUBJECT, samples=2, noise_abs=0.5).noise_std == 0.5
+
+
+def test_explicit_target_and_result_surface(sharp, tmp_path):
+    r = causal_trace(sharp, PROMPT, SUBJECT, target=" Paris", samples=2, kind="mlp", window=2)
+    assert r.target == " Paris" and r.target_id == sharp.to_single_token(" Paris")
+    d = json.loads(r.to_json())
+    assert d["kind"] == "mlp" and len(d["scores"]) == 8 and d["layer_labels"] == ["L0", "L1", "L2"]
+    assert r.save_plot(tmp_path / "t.png").stat().st_size > 1000
+    three = causal_trace_all(sharp, PROMPT, SUBJECT, samples=2, window=2)
+    assert [t.kind for t in three.traces] == ["hidden", "mlp", "attn"] and three["attn"].kind == "attn"
+    fig = plot_traces(three.traces)
+    heatmaps = [ax for ax in fig.axes if ax.get_title().startswith("Impact")]
+    assert len(heatmaps) == 3 and heatmaps[0].get_yticklabels()[1].get_text() == " E*"
+    assert three.save_plot(tmp_path / "three.png").exists()
+
+
+def test_bad_input(sharp):
+    with pytest.raises(ValueError, match="does not occur in the prompt.*tokenizes as"):
+        causal_trace(sharp, PROMPT, "Colosseum")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        causal_trace(sharp, PROMPT, SUBJECT, kind="mlp_out")
+    with pytest.raises(ValueError, match="not one"):
+        causal_trace(sharp, PROMPT, SUBJECT, target=" Parisian")
+    with pytest.raises(ValueError, match="noise"):
+        causal_trace(sharp, PROMPT, SUBJECT, noise="lots")
+    with pytest.raises(ValueError, match="samples"):
+        causal_trace(sharp, PROMPT, SUBJECT, samples=0)
+
+
+def test_buckets_follow_rome():
+    # 8 tokens, subject 1..4: first 1, middle 2-3, last 4, first after 5, further 6, last 7
+    assert bucket_cells(8, (1, 5)) == [[1], [2, 3], [4], [5], [6], [7]]
+    # one-token subject right before the last token: first = last subject; first after = last token
+    assert bucket_cells(5, (3, 4)) == [[3], [], [3], [4], [], [4]]
+    assert len(BUCKETS) == 6
+
+
+def test_cli_trace(sharp, tmp_path, capsys):
+    from gpt2_interp.cli import main
+
+    sharp.save(tmp_path / "m")
+    out = tmp_path / "trace.png"
+    rc = main(["trace", PROMPT, "--subject", SUBJECT, "--model", str(tmp_path / "m"), "--kind", "all",
+               "--samples", "2", "--window", "2", "--out", str(out)])
+    assert rc == 0 and out.exists()
+    text = capsys.readouterr().out
+    assert "clean p" in text and "mlp" in text and "attn" in text
+    assert main(["trace", PROMPT, "--subject", "Louvre", "--model", str(tmp_path / "m")]) == 2
+    assert "does not occur" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the trained fact model
+def _known_facts(model, n=10):
+    """Up to ``n`` facts the model knows (clean top-1 = the target's first token), spread over relations."""
+    from itertools import chain, zip_longest
+
+    from gpt2_interp.analysis.tokens import target_ids
+    from gpt2_interp.facts.base import FactBase
+    from gpt2_interp.facts.templates import templates
+
+    fb = FactBase.load()
+    per_relation = []
+    for rel in fb.relations:
+        facts = fb.facts(rel)[::5][:6]
+        prompts = [templates(rel, "train")[0].format(f.subject) for f in facts]
+        top = model.last_logits(prompts).argmax(-1).tolist()
+        per_relation.append([(p, f.subject, f.target) for p, f, t in zip(prompts, facts, top) if t == target_ids(f.target)[0]])
+    return [x for x in chain.from_iterable(zip_longest(*per_relation)) if x is not None][:n]
+
+
+def test_fact_model_recalls_at_the_last_subject_token(facts_model):
+    """ROME's finding, as a property of the trained model: restoring the last subject token's hidden
+    state in the middle layers brings back most of the target probability."""
+    facts = _known_facts(facts_model, 10)
+    assert len(facts) >= 8
+    n = facts_model.cfg.n_layer
+    middle = slice(1, n - 1)
+    ratios = []
+    for prompt, subject, target in facts:
+        r = causal_trace(facts_model, prompt, subject, target=facts_model.to_tokens(target, prepend_bos=False)[0, 0].item(),
+                         samples=5)
+        last_subject = r.subject_range[1] - 1
+        ratios.append(r.scores[last_subject, middle].max().item() / r.clean_score)
+        assert r.corrupted_score < 0.5 * r.clean_score  # the noise really removes the fact
+    assert sum(ratios) / len(ratios) >= 0.5
+
+
+def test_fact_model_batched_equals_loop(facts_model):
+    prompt, subject, _ = _known_facts(facts_model, 1)[0]
+    r = causal_trace(facts_model, prompt, subject, kind="mlp", samples=3, window=3)
+    std = noise_std(facts_model, 3.0)
+    last = r.subject_range[1] - 1
+    for t, l in [(last, 1), (last, 3), (len(r.tokens) - 1, 4)]:
+        expected = slow_cell(facts_model, prompt, subject, t, l, "mlp", std, 3, 0, 3, r.target_id)
+        assert r.scores[t, l].item() == pytest.approx(expected, rel=1e-4, abs=1e-7)
+
+
+def test_average_trace_on_fact_model(facts_model, tmp_path):
+    facts = [(p, s, t) for p, s, t in _known_facts(facts_model, 4)] + [("The capital of France is", "France", " Moon")]
+    avg = average_trace(facts_model, facts, kind=("hidden", "mlp"), samples=3, window=3)
+    assert avg.n_facts == 5 and avg.n_known == 4  # the made-up fact is not known
+    assert avg.scores.shape == (2, 6, facts_model.cfg.n_layer)
+    assert avg.counts[0] == avg.counts[2] == avg.counts[5] == 4
+    layer, effect = avg.peak("hidden", "last subject token")
+    assert effect > 0 and 0 <= layer < facts_model.cfg.n_layer
+    assert avg.save_plot(tmp_path / "avg.png").exists()
+
+
+def test_analysis_script_quick(facts_model, tmp_path):
+    sys.path.insert(0, str(ROOT / "analyses"))
+    try:
+        import causal_trace as script
+    finally:
+        sys.path.pop(0)
+    out = script.main(["--quick", "--out-dir", str(tmp_path)])
+    assert (tmp_path / "causal_trace.png").exists()
+    saved = json.loads((tmp_path / "causal_trace.json").read_text())
+    assert saved["finding"] == out["finding"] and saved["n_known"] > 0
+    assert "last subject token" in out["finding"]
