@@ -120,7 +120,9 @@ def model_card(metrics: dict[str, Any], training: dict[str, Any]) -> str:
         f"({training['tokens_per_s']:,} tokens/s; torch {training['torch']}). Corpus hash {training['corpus_sha256_16']}.", "",
         "## Measured quality (full 50,257-way softmax, first object token)", "",
         f"- Top-1 accuracy over all facts × training templates: **{metrics['train_template_acc']:.1%}**",
-        f"- Top-1 accuracy over held-out paraphrase templates: **{metrics['heldout_template_acc']:.1%}** (mean over templates)", "",
+        f"- Top-1 accuracy over held-out paraphrase templates: **{metrics['heldout_template_acc']:.1%}** over all (fact, template) "
+        f"pairs; **{sum(metrics['heldout_per_template'].values()) / len(metrics['heldout_per_template']):.1%}** averaged over the "
+        f"{len(metrics['heldout_per_template'])} templates", "",
         "| relation | train templates | held-out templates |", "|---|---:|---:|",
     ]
     for r, v in metrics["train_per_relation"].items():
