@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 import gpt2_interp as gi
-from gpt2_interp.analysis.tracing import KINDS, AverageTrace, average_trace
+from gpt2_interp.analysis.tracing import KINDS, AverageTrace, average_trace, embedding_std
 from gpt2_interp.facts.base import FactBase
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -60,26 +60,33 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--facts", type=int, default=120, help="facts to trace (spread over relations)")
     ap.add_argument("--samples", type=int, default=10)
-    ap.add_argument("--noise", default="3.0", help="noise std as a multiple of std(W_E)")
+    ap.add_argument("--noise", type=float, default=3.0, help="noise std as a multiple of σ (see --sigma)")
+    ap.add_argument("--sigma", choices=["subjects", "W_E"], default="subjects",
+                    help="σ: std of the fact base's subject-token embeddings (ROME's choice; default) or of all of W_E "
+                         "(most of gpt2-facts' vocabulary is untrained, which makes std(W_E) small)")
     ap.add_argument("--window", type=int, default=None, help="mlp/attn window (default: half the layers)")
-    ap.add_argument("--quick", action="store_true", help="16 facts, 4 samples (< 60 s)")
+    ap.add_argument("--quick", action="store_true", help="8 facts, 3 samples (a smoke test, < 30 s)")
     ap.add_argument("--model", default="gpt2-facts")
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
     a = ap.parse_args(argv)
     if a.quick:
-        a.facts, a.samples = 16, 4
+        a.facts, a.samples = 8, 3
     torch.manual_seed(0)
     model = gi.load(a.model)
     # ROME uses a 10-layer window on 48 layers; a 6-layer model gets a proportionate one
     window = a.window or max(1, model.cfg.n_layer // 2)
-    facts = pick_facts(FactBase.load(), a.facts)
+    fb = FactBase.load()
+    facts = pick_facts(fb, a.facts)
     t0 = time.perf_counter()
-    avg = average_trace(model, facts, kind=KINDS, noise=a.noise, samples=a.samples, window=window)
+    sigma = (embedding_std(model, [s for f in fb.facts() for s in (f.subject, " " + f.subject)]) if a.sigma == "subjects"
+             else float(model.W_E.float().std()))
+    avg = average_trace(model, facts, kind=KINDS, noise_abs=a.noise * sigma, samples=a.samples, window=window)
     seconds = time.perf_counter() - t0
     sentence = finding(avg)
     a.out_dir.mkdir(parents=True, exist_ok=True)
     avg.save_plot(a.out_dir / "causal_trace.png")
-    out = {"finding": sentence, "seconds": round(seconds, 2), "model": a.model, **avg.to_dict()}
+    out = {"finding": sentence, "seconds": round(seconds, 2), "model": a.model,
+           "noise": f"{a.noise} × σ_{a.sigma} = {a.noise * sigma:.4g}", **avg.to_dict()}
     (a.out_dir / "causal_trace.json").write_text(json.dumps(out, indent=1) + "\n")
     print(sentence)
     print(f"({avg.n_known}/{avg.n_facts} facts known; {seconds:.1f} s; figure and JSON in {a.out_dir})")

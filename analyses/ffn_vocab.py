@@ -5,8 +5,8 @@ languages, currencies, countries, US states, chemical symbols, atomic numbers). 
 neuron of every layer we take the top-10 tokens of its value vector (``neuron_vocab``,
 ln_final gain applied) and its coherence = the largest fraction of them that belong to one
 class. We report every neuron with coherence ≥ ``--min-coherence``, and for each relation
-the neurons that ``find_neurons`` ranks as promoting its class most (relative scores),
-with their coherence. Chance = the class's share of the tokens that occur in the corpus.
+the neurons that ``find_neurons`` ranks as promoting its class most (mean score over the
+class minus the mean over every corpus token), with their coherence. Chance = the class's share of the tokens that occur in the corpus.
 Writes ``ffn_vocab.md`` and ``ffn_vocab.json``.
 
     python analyses/ffn_vocab.py [--quick] [--model gpt2-facts] [--out analyses/results]
@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     search = {}
     for rel, ids in classes.items():
-        hits = find_neurons(model, sorted(ids), k=3 if args.quick else args.search, layers=layers, relative=True,
-                            n_tokens=args.k)
+        hits = find_neurons(model, sorted(ids), k=3 if args.quick else args.search, layers=layers,
+                            contrast=sorted(corpus), n_tokens=args.k)
         top = torch.stack([model.blocks[l].mlp.W_out[i] for l, i, _ in hits])
         coh = coherence(project(model, top, k=args.k).top_ids, classes)
         search[rel] = [{"layer": l, "neuron": i, "score": s, "coherence": float(coh[j, rels.index(rel)]),
@@ -120,7 +120,7 @@ def markdown(result: dict, rows_per_relation: int | None = None) -> str:
         lines.append(f"| {row['relation']} | L{row['layer']}.N{row['neuron']} | {row['coherence']:.1f} | "
                      f"{_md_tokens(row['top_tokens'])} |")
     if rows_per_relation is None:
-        lines += ["", "## Search: neurons promoting each class (find_neurons, relative score)", "",
+        lines += ["", "## Search: neurons promoting each class (find_neurons: class mean − corpus-token mean)", "",
                   "| relation | neuron | score | coherence | top tokens |", "|---|---|---|---|---|"]
         for r, hits in result["search"].items():
             for h in hits:

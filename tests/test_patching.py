@@ -53,8 +53,8 @@ def tl_small(small_hf):
 @pytest.fixture(scope="module")
 def pairs(small):
     """Two prompt pairs of equal length as tokens [2, pos] (no padding), and answer/wrong ids."""
-    clean = small.to_tokens([CLEAN, "The capital of Spain is the city of"])
-    corrupt = small.to_tokens([CORRUPT, "The capital of Japan is the city of"])
+    clean = small.to_tokens(["The capital of France is", "The capital of Spain is"])  # 6 tokens with BOS
+    corrupt = small.to_tokens(["The capital of Italy is", "The capital of Japan is"])
     assert clean.shape == corrupt.shape
     return clean, corrupt, small.to_single_token(" Paris"), small.to_single_token(" Rome")
 
@@ -107,7 +107,7 @@ def _slow_patch(model, clean, corrupt, metric, name, setter):
 
 
 @pytest.mark.parametrize("hook, name, index", [
-    ("resid_post", "blocks.1.hook_resid_post", 5),
+    ("resid_post", "blocks.1.hook_resid_post", 4),
     ("resid_post", "blocks.3.hook_resid_post", -1),  # last layer: the row starts at the final residual
     ("resid_mid", "blocks.2.hook_resid_mid", 4),
     ("blocks.1.mlp.hook_post", "blocks.1.mlp.hook_post", 4),

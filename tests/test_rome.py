@@ -164,6 +164,38 @@ def test_k_star_is_the_mean_key_over_context_variants(tiny, stats):
     assert text.index("Eiffel Tower", lo) == lo
 
 
+def test_suffix_only_optimisation_matches_full_forwards(tiny, stats):
+    """The optimiser reruns only the positions from the subject's last token on (cached prefix
+    keys/values): its target probability must equal full forwards with δ added by a hook."""
+    from gpt2_interp.editing.rome import RomeHparams, optimise_delta
+    from gpt2_interp.io import tokenizer as tok
+
+    req = gi.editing.Request("{} is located in the city of", "Eiffel Tower", " New York")  # 2 target tokens
+    ids = tok.encode(req.target)
+    prefixes = context_prefixes(tiny, (5,), 3, 0)
+    out = optimise_delta(tiny, req, ids, 0, prefixes, RomeHparams.of(v_steps=3, weight_decay=0.0, **FAST))
+    delta = out["delta"]
+    assert delta.norm() > 0
+    probs = []
+    for prefix in [""] + prefixes:
+        text, lo, hi = _filled(req.prompt, req.subject, prefix)
+        pos = _last_subject_token(text, lo, hi)
+        tokens = torch.tensor([[tok.EOT_ID] + tok.encode(text) + ids[:-1]])
+
+        def add(act, hook, pos=pos):
+            act = act.clone()
+            act[0, pos] += delta
+            return act
+
+        with torch.no_grad():
+            lp = tiny.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_mlp_out", add)])[0].log_softmax(-1)
+        n = tokens.shape[1]
+        probs.append(sum(lp[n - len(ids) + j, ids[j]] for j in range(len(ids))).exp())
+    ref = float(torch.stack(probs).mean())
+    assert abs(ref - out["log"][-1]["p_target"]) < 1e-4 * ref  # relative: the probabilities are ~1e-10
+    assert abs(out["log"][0]["p_target"] - ref) > 1e-3 * ref  # and δ did change them
+
+
 def test_edit_maps_k_star_to_v_star_and_raises_target(tiny, stats):
     before = weights_fingerprint(tiny)
     edit = compute_edit(tiny, REQ, layer=0, stats=stats, weight_decay=0.0, clamp_factor=100.0, v_steps=10, **FAST)

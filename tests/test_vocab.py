@@ -77,19 +77,23 @@ def test_find_neurons_ranks_a_planted_value_vector_first(model):
 
 def test_find_neurons_for_a_set_of_tokens(model):
     ids = [model.to_single_token(s) for s in (" Paris", " Rome", " Berlin")]
+    contrast = list(range(1000, 1300))
     with torch.no_grad():
         model.blocks[0].mlp.W_out[11] = model.W_E[ids].sum(0)
-    for relative in (False, True):
-        hits = find_neurons(model, [" Paris", " Rome", ids[2]], k=3, relative=relative)
-        assert (hits[0][0], hits[0][1]) == (0, 11)
+    for baseline in (None, "vocabulary", "contrast"):
+        hits = find_neurons(model, [" Paris", " Rome", ids[2]], k=3, relative=baseline == "vocabulary",
+                            contrast=contrast if baseline == "contrast" else None)
+        assert (hits[0][0], hits[0][1]) == (0, 11) and hits.baseline == baseline
         assert hits.tokens == [" Paris", " Rome", " Berlin"]
-        with torch.no_grad():  # score = mean over the set of v · (w ⊙ u_t), minus the vocabulary mean if relative
+        with torch.no_grad():  # score = mean over the set of v · (w ⊙ u_t), minus the baseline's mean
             v, w = model.blocks[0].mlp.W_out[11], model.ln_final.w
+            all_scores = (v * w) @ model.W_E.T
             ref = torch.stack([(v * w * model.W_E[t]).sum() for t in ids]).mean()
-            if relative:
-                ref = ref - ((v * w) @ model.W_E.T).mean()
+            ref -= {None: 0.0, "vocabulary": all_scores.mean(), "contrast": all_scores[contrast].mean()}[baseline]
         assert hits[0][2] == pytest.approx(float(ref), rel=1e-4)
-    assert "L0.N11" in hits.table()
+    assert "L0.N11" in hits.table() and "minus its contrast mean" in hits.table()
+    with pytest.raises(ValueError, match="not both"):
+        find_neurons(model, " Paris", relative=True, contrast=[1, 2])
 
 
 def test_project_of_an_embedding_ranks_its_token_first(model):
@@ -188,3 +192,19 @@ def test_ffn_vocab_analysis_quick(facts_model, tmp_path):
         cls = mod.object_classes(mod.FactBase.load())[row["relation"]]
         assert sum(int(t) in cls for t in top) / res["k"] == pytest.approx(row["coherence"])
         assert row["coherence"] >= res["min_coherence"]
+
+
+def test_fact_model_has_neurons_that_read_as_an_object_class(facts_model):
+    """Searching for neurons that promote a relation's objects (against every corpus token)
+    finds value vectors whose top-10 tokens are mostly that class, far above chance."""
+    from gpt2_interp.facts.base import FactBase
+
+    fb = FactBase.load()
+    corpus = sorted({t for s in fb.sentences("train") for t in facts_model.to_tokens(s, prepend_bos=False)[0].tolist()})
+    for rel in ("city_state", "country_language"):
+        cls = {facts_model.to_tokens(" " + o, prepend_bos=False)[0, 0].item() for o in fb.objects(rel)}
+        hits = find_neurons(facts_model, sorted(cls), k=3, contrast=corpus)
+        top = neuron_vocab(facts_model, hits[0][0], [hits[0][1]], k=10).top_ids[0].tolist()
+        coherence = sum(t in cls for t in top) / 10
+        chance = len(cls & set(corpus)) / len(corpus)
+        assert coherence >= 0.5 > 10 * chance, (rel, coherence, chance)

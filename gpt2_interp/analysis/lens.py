@@ -114,7 +114,7 @@ def _rank(logits: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.
     """``(target logit, rank)`` for ``logits [..., d_vocab]`` and ids broadcastable to ``[...]``;
     rank 1 = the top token (ties count in the target's favour)."""
     t = logits.gather(-1, ids.expand(logits.shape[:-1])[..., None])
-    return t[..., 0], (logits > t).sum(-1) + 1
+    return t[..., 0], (logits > t).sum(-1, dtype=torch.int32).long() + 1
 
 
 # ---------------------------------------------------------------------------- logit lens
@@ -194,13 +194,13 @@ def _lens_chunk(
     c = (cols - (width - w)).clamp(min=0)  # invalid cells read any column; they are masked later
     picked = resid[:, torch.arange(len(c), device=c.device)[:, None], c]  # [n_layers, b, n_pos, d_model]
     logits = decode_resid(model, picked).float()  # [n_layers, b, n_pos, d_vocab]
-    logp = logits.log_softmax(-1)
-    top_lp, top_ids = logp.topk(k, dim=-1)
-    out = {"ids": top_ids, "probs": top_lp.exp()}
+    lse = logits.logsumexp(-1)  # [n_layers, b, n_pos]
+    top, top_ids = logits.topk(k, dim=-1)
+    out = {"ids": top_ids, "probs": (top - lse[..., None]).exp()}
     if tids is not None:
         t = torch.tensor(tids, device=logits.device)[None, :, None]  # [1, b, 1]
         out["tl"], out["tr"] = _rank(logits, t)
-        out["tp"] = logp.gather(-1, t.expand(logp.shape[:-1])[..., None])[..., 0].exp()
+        out["tp"] = (out["tl"] - lse).exp()
     if keep_logits:
         out["logits"] = logits
     return out

@@ -1,12 +1,20 @@
 """Activation patching as a few big batched forward passes.
 
 TransformerLens's ``patching`` runs one full forward pass per (layer, position)
-patch. Here every patched variant becomes a row of one batch and each row starts
-at its patch layer, from the unpatched run's cached residual stream: the layers
-before the patch are computed once, not once per patch. Rows are run as a
-*staircase* — at layer ``L`` the rows whose patch sits at ``L`` join the batch —
-so a whole sweep is ``n_layer`` block calls per memory-sized chunk. Only the
-last position is unembedded (metrics are functions of the next-token logits).
+patch. Here every patched variant becomes a row of one batch, and a row computes
+only what its patch can change:
+
+* it starts at its patch layer, from the unpatched run's cached residual stream
+  (the layers before the patch are computed once, not once per patch);
+* it computes only the positions from its first patched position on — causal
+  attention leaves earlier positions as in the unpatched run, whose cached keys
+  and values the row attends to;
+* the final block runs its queries, W_O and MLP at the last position only, and
+  only the last position is unembedded (metrics see next-token logits).
+
+Rows are run as a *staircase*: at layer ``L`` the rows whose patch sits at ``L``
+join the batch, so a sweep is ``n_layer`` model calls per (first position,
+memory-sized chunk).
 
 >>> r = patch(model, "The capital of France is", "The capital of Italy is",
 ...           logit_diff(" Paris", " Rome"), hook="resid_pre", normalize=True)
@@ -18,7 +26,6 @@ The batching engine (:func:`run_staircase`) is shared with causal tracing.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -325,6 +332,10 @@ def run_staircase(
     inverse_dev, order_dev = inverse.to(dev), order.to(dev)
     base_o = base.to(dev)[order_dev]
     edits = [e.renumber(inverse_dev) for e in edits]
+    at_entry: dict[int, list[Edit]] = defaultdict(list)
+    for e in edits:
+        if isinstance(e.where, int):
+            at_entry[e.where].append(e)
     P = next(iter(entries.values())).shape[1]
     if batch_size is None:
         batch_size = auto_batch_size(model, P, any(isinstance(e.where, str) and ("pattern" in e.where or "scores" in e.where) for e in edits))
@@ -342,26 +353,29 @@ def run_staircase(
         p0 = int(q_o[a])
         kv = PrefixKV(base_kv, p0) if p0 > 0 else None
         hooks: dict[str, list[Edit]] = defaultdict(list)
-        at_entry: dict[int, list[Edit]] = defaultdict(list)
         for e in edits:
-            sub = e.select(a, b, p0)
+            sub = e.select(a, b, p0) if isinstance(e.where, str) else None
             if sub is not None:
-                (at_entry[sub.where] if isinstance(sub.where, int) else hooks[sub.where]).append(sub)
+                hooks[sub.where].append(sub)
         steps = torch.searchsorted(start_o[a:b].contiguous(), torch.arange(n + 2)).tolist()  # first local row per stage
         x: torch.Tensor | None = None
         with model.hooks([(name, _hook_fn(es)) for name, es in hooks.items()]):
             for s in range(int(start_o[a]), n + 1):
-                if steps[s + 1] > steps[s]:
-                    new = entries[s][base_o[a + steps[s] : a + steps[s + 1]], p0:]
-                    x = new if x is None else torch.cat([x, new])
+                lo, hi = a + steps[s], a + steps[s + 1]
+                if hi > lo:  # rows starting here join the batch, with their entry edits applied
+                    new = entries[s][base_o[lo:hi], p0:]
                     for e in at_entry.get(s, ()):
-                        x = e.apply(x)
+                        sub = e.select(lo, hi, p0)
+                        new = new if sub is None else sub.apply(new)
+                    if x is not None and x.shape[1] < new.shape[1]:  # after _last_block only the last position is kept
+                        new = new[:, -x.shape[1]:]
+                    x = new if x is None else torch.cat([x, new])
                 if s < n and x is not None:
                     rows_base = base_o[a : a + x.shape[0]]
                     if kv is not None:
                         kv.base = rows_base
                     mask = None if attention_mask is None else attention_mask[rows_base]
-                    if s == n - 1 and x.shape[1] > 1 and not any(name.startswith(f"blocks.{s}.") for name in hooks):
+                    if s == n - 1 and x.shape[1] > 1 and not any(nm.startswith((f"blocks.{s}.", "ln_final")) for nm in hooks):
                         x = _last_block(model, x, mask, kv)
                     else:
                         x = model(x, start_at_layer=s, stop_at_layer=s + 1, attention_mask=mask, past_kv=kv)

@@ -126,6 +126,17 @@ def noise_std(model: "HookedGPT2", noise: float | str = 3.0, noise_abs: float | 
     return float(noise) * float(model.W_E.detach().float().std())
 
 
+def embedding_std(model: "HookedGPT2", texts: Sequence[str]) -> float:
+    """Std of the token embeddings of ``texts`` (all entries): ROME's noise scale, which it measures on
+    the subjects of its dataset. Prefer it to std(W_E) when much of the vocabulary is untrained (as in
+    gpt2-facts, whose 47k unused rows keep their small initial values):
+    ``causal_trace(..., noise_abs=3 * embedding_std(model, subjects))``."""
+    ids = sorted({i for t in texts for i in tok.encode(t)})
+    if not ids:
+        raise ValueError("no tokens in the given texts")
+    return float(model.W_E.detach()[ids].float().std())
+
+
 def _draws(samples: int, n_tok: int, d: int, seed: int) -> torch.Tensor:
     """``[samples, n_tok, d]`` standard normal draws, the same for a seed whatever else is batched."""
     return torch.randn(samples, n_tok, d, generator=torch.Generator().manual_seed(seed))

@@ -186,7 +186,7 @@ class NeuronSearch(Result):
     scores: torch.Tensor
     top_tokens: list[list[str]]
     apply_ln: bool
-    relative: bool
+    baseline: str | None  # what each neuron's mean score was subtracted over: "vocabulary", "contrast" or None
 
     def __iter__(self) -> Iterator[tuple[int, int, float]]:
         return iter(zip(self.layers, self.neurons, self.scores.tolist()))
@@ -200,7 +200,7 @@ class NeuronSearch(Result):
     def table(self, k: int = 8) -> str:
         what = ", ".join(map(repr, self.tokens[:6])) + (" …" if len(self.tokens) > 6 else "")
         lines = [f"neurons promoting {what}  (score = v · {'(w ⊙ ' if self.apply_ln else '('}W_U[:, t])"
-                 f"{', minus its vocabulary mean' if self.relative else ''})"]
+                 f"{f', minus its {self.baseline} mean' if self.baseline else ''})"]
         for r, (l, i, s) in enumerate(self):
             lines.append(f"{r + 1:>3}. L{l}.N{i:<6} {s:+8.3f}   " + " ".join(map(repr, self.top_tokens[r][:k])))
         return "\n".join(lines)
@@ -242,17 +242,24 @@ def find_neurons(
     apply_ln: bool = True,
     relative: bool = False,
     n_tokens: int = 10,
+    contrast: Sequence[Token] | None = None,
 ) -> NeuronSearch:
     """The ``k`` neurons (over ``layers``, default all) whose value vectors most promote a token,
     or a set of tokens on average: ``score = v · (w ⊙ W_U[:, t])`` (``apply_ln``; raw ``W_U``
     otherwise), averaged over the tokens. ``relative`` subtracts each neuron's mean score over
-    the whole vocabulary, so a neuron that raises every logit does not rank first."""
+    the whole vocabulary, so a neuron that raises every logit does not rank first; ``contrast``
+    subtracts its mean score over those tokens instead (e.g. every token the model was trained
+    to produce: the set's real competitors)."""
     ids = _token_ids(model, token_or_tokens)
     ls = _layers(model, layers)
+    if relative and contrast is not None:
+        raise ValueError("give relative=True (contrast with the whole vocabulary) or contrast tokens, not both")
     w = model.ln_final.w if apply_ln else torch.ones_like(model.ln_final.w)
     readout = (w[:, None] * model.W_U[:, ids]).mean(-1)  # [d_model]
     if relative:
         readout = readout - w * model.W_U.mean(-1)
+    elif contrast is not None:
+        readout = readout - w * model.W_U[:, _token_ids(model, contrast)].mean(-1)
     W_out = torch.stack([model.blocks[l].mlp.W_out for l in ls])  # [n_layers, d_mlp, d_model]
     scores = (W_out @ readout).float()  # [n_layers, d_mlp]
     top = scores.flatten().topk(min(k, scores.numel()))
@@ -261,7 +268,8 @@ def find_neurons(
     ni = [int(i) % d for i in top.indices]
     V = torch.stack([model.blocks[l].mlp.W_out[i] for l, i in zip(li, ni)])
     _, tids, _, _ = _top_bottom(model, V, n_tokens, apply_ln)
-    return NeuronSearch([tok.token_str(i) for i in ids], li, ni, top.values.cpu(), _strs(tids), apply_ln, relative)
+    return NeuronSearch([tok.token_str(i) for i in ids], li, ni, top.values.cpu(), _strs(tids), apply_ln,
+                        "vocabulary" if relative else "contrast" if contrast is not None else None)
 
 
 # ---------------------------------------------------------------------------- sub-updates on a prompt

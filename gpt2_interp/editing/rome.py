@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from ..analysis.tokens import subject_span, target_ids
 from ..io import tokenizer as tok
+from ..model.modules import KVCache
 from .edit import Edit, Request, parameter_digests, weights_fingerprint
 from .stats import KeyStats, _check_layer, key_second_moment
 
@@ -130,18 +131,6 @@ def _last_subject_token(text: str, lo: int, hi: int) -> int:
     return 1 + last
 
 
-def _left_pad(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
-    """``(tokens [b, w], mask or None, pad offsets)`` for left padding."""
-    width = max(map(len, rows))
-    tokens = torch.full((len(rows), width), tok.EOT_ID, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        tokens[i, width - len(r):] = torch.tensor(r)
-        mask[i, width - len(r):] = 1
-    pads = [width - len(r) for r in rows]
-    return tokens.to(device), (mask.to(device) if any(pads) else None), pads
-
-
 def validate_request(model: "HookedGPT2", request: RequestLike) -> tuple[Request, list[int]]:
     """The request as a :class:`Request` and its target ids; bad input raises saying what to fix."""
     req = Request.of(request)
@@ -188,30 +177,54 @@ def rank_one_update(
 
 @dataclass
 class _Batch:
-    tokens: torch.Tensor             # [b, w]
-    mask: torch.Tensor | None        # [b, w]
-    lookup: torch.Tensor             # [b] subject-last positions (padded coordinates)
-    n_rewrite: int                   # rows 0..n_rewrite-1 are rewrite prompts (+ target[:-1])
-    n_target: int                    # T target tokens
-    kl_positions: torch.Tensor       # positions of the KL row from the subject's last token on
+    """All prompt variants, split at the subject's last token so that it sits in ONE column ``c``
+    for every row: ``[left pad | prefix (< subject's last token) | suffix (from it on) | right pad]``.
+    δ changes only the suffix, so each optimisation step runs the suffix alone on top of the
+    prefix's cached keys/values."""
+
+    tokens: torch.Tensor             # [b, c + s]
+    mask: torch.Tensor               # [b, c + s], 1 = real token
+    c: int                           # column of the subject's last token
+    n_rewrite: int                   # rows 0..n_rewrite-1: rewrite prompts (+ target[:-1]); last row: KL prompt
+    target_pos: torch.Tensor         # [n_rewrite, T] suffix positions predicting the target tokens
+    kl_pos: torch.Tensor             # [P] suffix positions of the KL row (subject's last token on)
 
 
 def _build_batch(model: "HookedGPT2", req: Request, ids: list[int], prefixes: list[str], kl_prompt: str) -> _Batch:
-    rows, lookups = [], []
+    rows, splits = [], []
     for prefix in [""] + prefixes:
         text, lo, hi = _filled(req.prompt, req.subject, prefix)
         rows.append([tok.EOT_ID] + tok.encode(text) + ids[:-1])
-        lookups.append(_last_subject_token(text, lo, hi))
+        splits.append(_last_subject_token(text, lo, hi))
     if kl_prompt.count("{}") != 1:
         raise ValueError(f"kl_prompt must hold '{{}}' once, got {kl_prompt!r}")
     text, lo, hi = _filled(kl_prompt, req.subject)
     rows.append([tok.EOT_ID] + tok.encode(text))
-    lookups.append(_last_subject_token(text, lo, hi))
-    model._check_length(max(map(len, rows)))
-    tokens, mask, pads = _left_pad(rows, model.device)
-    lookup = torch.tensor([p + i for p, i in zip(pads, lookups)], device=model.device)
-    kl_positions = torch.arange(int(lookup[-1]), tokens.shape[1], device=model.device)
-    return _Batch(tokens, mask, lookup, len(rows) - 1, len(ids), kl_positions)
+    splits.append(_last_subject_token(text, lo, hi))
+    c = max(splits)
+    s = max(len(r) - i for r, i in zip(rows, splits))
+    model._check_length(c + s)
+    tokens = torch.full((len(rows), c + s), tok.EOT_ID, dtype=torch.long)
+    mask = torch.zeros_like(tokens)
+    for j, (r, i) in enumerate(zip(rows, splits)):
+        tokens[j, c - i : c - i + len(r)] = torch.tensor(r)
+        mask[j, c - i : c - i + len(r)] = 1
+    T = len(ids)
+    ends = [len(r) - i for r, i in zip(rows, splits)]  # suffix lengths
+    target_pos = torch.tensor([[e - T + t for t in range(T)] for e in ends[:-1]])
+    dev = model.device
+    return _Batch(tokens.to(dev), mask.to(dev), c, len(rows) - 1, target_pos.to(dev), torch.arange(ends[-1], device=dev))
+
+
+class _PrefixKV:
+    """Duck-typed KV cache with fixed prefix keys/values per layer; ``extend`` concatenates
+    instead of writing in place, so gradients flow through the suffix's keys/values."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, length: int) -> None:
+        self.k, self.v, self.length = k, v, length  # k, v: [n_layer, batch, head, length, d_head]
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)
 
 
 def _target_logprob(model: "HookedGPT2", text: str, ids: list[int], hooks: list = ()) -> float:
@@ -226,33 +239,30 @@ def _target_logprob(model: "HookedGPT2", text: str, ids: list[int], hooks: list 
 def optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: int, prefixes: list[str],
                    hp: RomeHparams) -> dict[str, Any]:
     """Find δ (see module doc). Returns ``k_star [d_mlp]``, ``delta [d_model]``, ``v0 [d_model]``
-    and a log of the losses. One forward to layer ``layer`` is shared by all steps."""
+    and a log of the losses.
+
+    One no-grad forward over every variant gives the keys, v₀, the residual entering the edit
+    layer and the keys/values of all positions; each step then reruns only the positions from the
+    subject's last token on (δ cannot change earlier ones), from the edit layer up."""
     b = _build_batch(model, req, ids, prefixes, hp.kl_prompt)
-    rows = torch.arange(len(b.lookup), device=model.device)
+    n_layer, c = model.cfg.n_layer, b.c
     pre, post, mlp_out = (f"blocks.{layer}.{n}" for n in ("hook_resid_pre", "mlp.hook_post", "hook_mlp_out"))
+    kv = KVCache(model.cfg, b.tokens.shape[0], b.tokens.shape[1], model.device, model.dtype)
     with torch.no_grad():
         _, cache = model.run_with_cache(b.tokens, names_filter=[pre, post, mlp_out], attention_mask=b.mask,
-                                        stop_at_layer=layer + 1)
-    resid0 = cache[pre]  # [b, w, d_model], the input of the edit layer's block
-    keys = cache[post][rows, b.lookup].float()  # [b, d_mlp]
+                                        return_type=None, past_kv=kv)
+    keys = cache[post][:, c].float()  # [b, d_mlp]
     k_star = keys[: b.n_rewrite].mean(0)
-    v0 = cache[mlp_out][0, b.lookup[0]].float()  # [d_model]
-    select = torch.zeros(b.tokens.shape[:2] + (1,), device=model.device)  # [b, w, 1]
-    select[rows, b.lookup] = 1.0
+    v0 = cache[mlp_out][0, c].float()  # [d_model], the bare prompt's
+    resid0 = cache[pre][:, c:]  # [b, s, d_model], entering the edit layer
+    k_past, v_past = kv.k[:, :, :, :c], kv.v[:, :, :, :c]
     delta = torch.zeros(model.cfg.d_model, device=model.device, requires_grad=True)
     tgt = torch.tensor(ids, device=model.device)
-    T, W = b.n_target, b.tokens.shape[1]
+    n_rw, T = b.n_rewrite, len(ids)
+    rows = torch.arange(n_rw, device=model.device)[:, None].expand(n_rw, T)
 
-    def add_delta(act: torch.Tensor, hook: Any) -> torch.Tensor:
-        return act + select.to(act.dtype) * delta.to(act.dtype)
-
-    def final(resid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log-probs of the target tokens [n_rewrite, T], log-probs at the KL positions [P, V])"""
-        rw = resid[: b.n_rewrite, W - T :]
-        lp_rw = model.unembed(model.ln_final(rw)).float().log_softmax(-1)
-        lp_t = lp_rw.gather(-1, tgt.expand(b.n_rewrite, T)[..., None])[..., 0]
-        kl = model.unembed(model.ln_final(resid[b.n_rewrite, b.kl_positions])).float().log_softmax(-1)
-        return lp_t, kl
+    def add_delta(act: torch.Tensor, hook: Any) -> torch.Tensor:  # act: [b, s, d_model]; column 0 is the subject's
+        return torch.cat([act[:, :1] + delta.to(act.dtype), act[:, 1:]], 1)
 
     adam = {"t": 0, "m": torch.zeros_like(delta), "v": torch.zeros_like(delta)}
     max_norm = hp.clamp_factor * v0.norm()
@@ -260,8 +270,12 @@ def optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: int
     kl_init = None
     with _frozen(model), model.hooks([(mlp_out, add_delta)]):
         for step in range(hp.v_steps + 1):
-            resid = model(resid0, start_at_layer=layer, stop_at_layer=model.cfg.n_layer, attention_mask=b.mask)
-            lp_t, kl_lp = final(resid)
+            resid = model(resid0, start_at_layer=layer, stop_at_layer=n_layer, attention_mask=b.mask,
+                          past_kv=_PrefixKV(k_past, v_past, c))  # [b, s, d_model]
+            picked = torch.cat([resid[rows, b.target_pos].flatten(0, 1), resid[n_rw, b.kl_pos]])
+            lp = model.unembed(model.ln_final(picked)).float().log_softmax(-1)  # [n_rw·T + P, d_vocab]
+            lp_t = lp[: n_rw * T].gather(-1, tgt.repeat(n_rw)[:, None]).view(n_rw, T)
+            kl_lp = lp[n_rw * T :]
             if kl_init is None:
                 kl_init = kl_lp.detach()
             nll = -(lp_t.sum(1) / T).mean()
@@ -278,7 +292,7 @@ def optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: int
                 n = delta.norm()
                 if n > max_norm:
                     delta.mul_(max_norm / n)
-    return {"k_star": k_star, "delta": delta.detach(), "v0": v0, "log": log, "n_prompts": b.n_rewrite}
+    return {"k_star": k_star, "delta": delta.detach(), "v0": v0, "log": log, "n_prompts": n_rw}
 
 
 def _adam_step(x: torch.Tensor, g: torch.Tensor, state: dict[str, Any], lr: float,
