@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from ..io import tokenizer as tok
 from ..model.hooks import hook_name
 from .result import Result
-from .tokens import target_id
+from .tokens import prompt_position, target_id
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -336,15 +336,8 @@ def logit_attribution(
     each attention and MLP output; per head via ``hook_z @ W_O`` with ``b_O`` apart) sum
     exactly to the model's logit (difference) minus the LN bias term ``b · W_U[:, t]``.
     """
-    if not isinstance(prompt, str):
-        raise TypeError("logit_attribution takes one prompt string")
     n = model.cfg.n_layer
-    tokens, _ = model.tokenize(prompt)
-    length = tokens.shape[1]
-    if not -length <= position < length:
-        raise IndexError(f"position {position} is out of range for a prompt of {length} tokens (BOS included): "
-                         f"use {-length}..{length - 1}")
-    pos = position % length
+    tokens, pos = prompt_position(model, prompt, position, "logit_attribution")
     names = ["hook_embed", "hook_pos_embed", "ln_final.hook_scale"]
     for i in range(n):
         names += [hook_name("attn_out", i), hook_name("mlp_out", i)] + ([hook_name("z", i)] if per_head else [])

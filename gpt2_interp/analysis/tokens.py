@@ -62,5 +62,18 @@ def subject_span(model: "HookedGPT2", prompt: str, subject: str, prepend_bos: bo
     return bos + start, bos + end
 
 
+def prompt_position(model: "HookedGPT2", prompt: str, position: int, what: str) -> tuple[torch.Tensor, int]:
+    """Tokens ``[1, pos]`` of one prompt and ``position`` as a non-negative index (BOS included);
+    a non-string prompt or an out-of-range position raises, saying the valid range."""
+    if not isinstance(prompt, str):
+        raise TypeError(f"{what} takes one prompt string")
+    tokens, _ = model.tokenize(prompt)
+    length = tokens.shape[1]
+    if not -length <= position < length:
+        raise IndexError(f"position {position} is out of range for a prompt of {length} tokens (BOS included): "
+                         f"use {-length}..{length - 1}")
+    return tokens, position % length
+
+
 def str_tokens(model: "HookedGPT2", tokens: torch.Tensor | Sequence[int]) -> list[str]:
     return [tok.token_str(int(i)) for i in tokens]

@@ -26,7 +26,7 @@ from ..io import tokenizer as tok
 from ..model.hooks import hook_name
 from .lens import direct_effect, logit_direction
 from .result import Result
-from .tokens import target_id
+from .tokens import prompt_position, target_id
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -326,15 +326,8 @@ def top_subupdates(
     """On a real prompt, the ``k`` neurons (of ``layer``, or all layers) whose contribution
     ``m_i · v_i`` at ``position`` has the largest norm ``|m_i| · ‖v_i‖``, with the top tokens of
     that contribution and, given a ``target``, its direct effect on the target's logit."""
-    if not isinstance(prompt, str):
-        raise TypeError("top_subupdates takes one prompt string")
     ls = _layers(model, layer)
-    tokens, _ = model.tokenize(prompt)
-    length = tokens.shape[1]
-    if not -length <= position < length:
-        raise IndexError(f"position {position} is out of range for a prompt of {length} tokens (BOS included): "
-                         f"use {-length}..{length - 1}")
-    pos = position % length
+    tokens, pos = prompt_position(model, prompt, position, "top_subupdates")
     names = [hook_name("post", l) for l in ls] + (["ln_final.hook_scale"] if target is not None else [])
     # ln_final (and its scale hook) only runs when logits are asked for
     _, cache = model.run_with_cache(tokens, names_filter=names, return_type=None if target is None else "logits")
