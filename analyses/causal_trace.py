@@ -39,20 +39,35 @@ def pick_facts(fb: FactBase, n: int, seed: int = 0) -> list:
 
 
 def finding(avg: AverageTrace) -> str:
-    """One sentence on where the facts are recalled, from the averaged numbers."""
+    """One sentence on where the facts are recalled, computed from the averaged indirect effects."""
+    ie = {k: avg.indirect_effect[i] for i, k in enumerate(avg.kinds)}
+    row = {b: j for j, b in enumerate(avg.buckets)}
+    subj, last = row["last subject token"], row["last token"]
     n = len(avg.layer_labels)
-    mlp_layer, mlp_eff = avg.peak("mlp", "last subject token")
-    attn_layer, attn_eff = avg.peak("attn", "last token")
-    _, mlp_last = avg.peak("mlp", "last token")
-    hid_layer, hid_eff = avg.peak("hidden", "last subject token")
-    where = "early" if mlp_layer < n / 3 else "middle" if mlp_layer < 2 * n / 3 else "late"
+
+    def peak(kind: str, r: int) -> tuple[int, float]:
+        layer = int(ie[kind][r].argmax())
+        return layer, float(ie[kind][r, layer])
+
+    mlp_l, mlp_v = peak("mlp", subj)
+    attn_l, attn_v = peak("attn", last)
+    hid = ie["hidden"]
+    # the last layer where the last subject token's state still matters, the first where the last token's does
+    subj_until = max(l for l in range(n) if hid[subj, l] >= 0.5 * hid[subj].max())
+    last_from = min(l for l in range(n) if hid[last, l] >= 0.5 * hid[last].max())
+    stage = "early" if mlp_l < n / 3 else "middle" if mlp_l < 2 * n / 3 else "late"
+    mlp_last = peak("mlp", last)[1]
+    if mlp_v > mlp_last and attn_l > mlp_l and subj_until <= last_from:
+        reading = "the fact is looked up at the subject and moved to the last token by attention"
+    else:
+        reading = "this does not separate a lookup at the subject from a move to the last token as ROME found"
     return (
-        f"Over {avg.n_known} facts gpt2-facts knows (of {avg.n_facts} traced), restoring the MLP outputs around layer "
-        f"{mlp_layer} at the last subject token recovers the most (average indirect effect {mlp_eff:.3f}, an {where} layer "
-        f"of {n}; {'more' if mlp_eff > mlp_last else 'less'} than the MLPs at the last token, {mlp_last:.3f}), "
-        f"the last subject token's hidden state matters most at layer {hid_layer} ({hid_eff:.3f}), and attention at the "
-        f"last token peaks at layer {attn_layer} ({attn_eff:.3f}) — clean p = {avg.clean_score:.3f}, corrupted p = "
-        f"{min(avg.corrupted_score):.3f}–{max(avg.corrupted_score):.3f}."
+        f"Over the {avg.n_known} facts gpt2-facts knows (of {avg.n_facts} traced), restoring the {stage} MLPs (window centred "
+        f"on layer {mlp_l}) at the last subject token recovers an average indirect effect of {mlp_v:.2f} "
+        f"({'more' if mlp_v > mlp_last else 'less'} than any MLP window at the last token, {mlp_last:.2f}), "
+        f"while attention at the last token peaks later (layer {attn_l}, {attn_v:.2f}); the last subject token's hidden "
+        f"state matters up to layer {subj_until} and the last token's from layer {last_from} on (≥ half its peak): "
+        f"{reading} (clean p = {avg.clean_score:.3f}, corrupted p = {avg.corrupted_score[0]:.3f})."
     )
 
 

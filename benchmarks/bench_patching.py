@@ -14,16 +14,24 @@ Random full-size gpt2 weights (transformers ``GPT2Config()`` init), fp32, one 16
    unembedding of each run's last position. It is divided by this machine's measured fp32 matmul
    throughput on the sweep's biggest GEMM shape (``[rows·16, 768] @ [768, 3072]``). Elementwise work
    (LayerNorm, GELU, softmax, residual adds) is not counted, so the floor is optimistic.
-   The floor without prefix reuse (192 full forwards + the 2 unpatched ones) is shown too.
-3. Causal trace (hidden states, every token × layer, 10 noise samples) vs the one-forward-per-cell
-   loop of ROME (written below: noise hook + restore hook, full forward) — goal ≥ 10×. The loop
-   is timed on a spread of cells and scaled to all cells (each cell is one identical-cost forward);
-   its scores are checked against ours on those cells.
+   Also shown: the floor without prefix reuse (192 full forwards + the 2 unpatched ones), and a
+   strict floor that also counts only the positions a patch can change (p…15 for a patch at p) —
+   which ``patch`` exploits too, so it can beat the prefix-reuse floor.
+3. Causal trace (hidden states, every token × layer, 10 noise samples) vs ROME's
+   one-forward-per-cell loop (written below as ROME's ``trace_with_patch`` does it: a batch of the
+   clean prompt + 10 noised copies, the clean state copied into the noised rows by a hook, full
+   logits) — goal ≥ 10×. The loop is timed on a spread of cells and scaled to all cells (every
+   cell is one forward of identical cost); its scores are checked against ours on those cells.
+   Two prompts: the subject right at the start (nearly every cell must run: the hard case) and
+   the subject late (cells before it cost nothing). The notes give each method's matmul FLOPs:
+   the ratio is the speed-up exact computation can reach on a CPU, where a big batch is not
+   much faster per FLOP than the loop's 11-row batches.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import time
@@ -39,7 +47,10 @@ from gpt2_interp.analysis.tracing import causal_trace, noise_std
 
 CLEAN = "When Mary and John went to the store, John gave a cold drink to"  # 15 tokens + BOS
 CORRUPT = "When Mary and John went to the store, Mary gave a cold drink to"
-TRACE_PROMPT, TRACE_SUBJECT = "The Eiffel Tower is located in the heart of the French city of", "Eiffel Tower"  # 15 + BOS
+TRACES = [  # (label, prompt, subject), 15 tokens + BOS each
+    ("subject first", "The Eiffel Tower is located in the heart of the French city of", "Eiffel Tower"),
+    ("subject late", "After a long walk along the river we saw the Eiffel Tower in", "Eiffel Tower"),
+]
 
 
 def timed(fn, repeats: int = 1) -> tuple[float, object]:
@@ -59,34 +70,92 @@ def matmul_gflops(rows: int, d: int, d_mlp: int, repeats: int = 10) -> float:
     return 2 * rows * d * d_mlp / t / 1e9
 
 
-def sweep_flops(cfg, P: int, prefix_reuse: bool) -> float:
-    """Matmul FLOPs of a resid_pre sweep over every (layer, position) with last-position metrics."""
+def sweep_flops(cfg, P: int, reuse: str) -> float:
+    """Matmul FLOPs of a resid_pre sweep over every (layer, position), last-position metrics.
+
+    ``reuse``: ``"none"`` — every patch is a full forward; ``"prefix"`` — patch (L, p) runs layers
+    L…n−1 over all P tokens; ``"prefix+suffix"`` — and only tokens p…P−1 (earlier ones are unchanged
+    under causal attention)."""
     d, n = cfg.d_model, cfg.n_layer
-    per_layer = 2 * P * (4 * d * d + 2 * d * cfg.d_mlp) + 2 * P * P * d  # weights + causal attention
-    unembed = 2 * d * cfg.d_vocab
-    layer_runs = 2 * n + P * (sum(n - L for L in range(n)) if prefix_reuse else n * n)
-    return layer_runs * per_layer + (2 + n * P) * unembed
+    dense = 2 * (4 * d * d + 2 * d * cfg.d_mlp)  # per token per layer
+    total = 2 * n * (P * dense + 2 * P * P * d)  # the clean and corrupted runs
+    for L in range(n):
+        for p in range(P):
+            layers = n if reuse == "none" else n - L
+            tokens = P - p if reuse == "prefix+suffix" else P
+            total += layers * (tokens * dense + 2 * tokens * P * d)
+    return total + (2 + n * P) * 2 * d * cfg.d_vocab
 
 
-def naive_trace_cell(model, tokens, span, std_noise, target, t, layer, clean_cache, seed=0):
-    """ROME's loop body: one forward of the noised samples with one clean hidden state restored."""
+def naive_trace_cell(model, tokens, span, std_noise, target, t, layer, seed=0):
+    """ROME's ``trace_with_patch`` for one cell: one forward of [clean, noised × samples] (full logits),
+    the noised rows' hidden state after ``layer`` at token ``t`` set to the clean row's."""
     s, e = span
-    samples = tokens.shape[0]
+    samples = tokens.shape[0] - 1
     noise = std_noise * torch.randn(samples, e - s, model.cfg.d_model, generator=torch.Generator().manual_seed(seed))
     name = f"blocks.{layer}.hook_resid_post"
 
     def add_noise(act, hook):
         act = act.clone()
-        act[:, s:e] += noise
+        act[1:, s:e] += noise
         return act
 
     def restore(act, hook):
         act = act.clone()
-        act[:, t] = clean_cache[name][0, t]
+        act[1:, t] = act[0, t]
         return act
 
     logits = model.run_with_hooks(tokens, fwd_hooks=[("hook_embed", add_noise), (name, restore)])
-    return torch.softmax(logits[:, -1], -1)[:, target].mean().item()
+    return torch.softmax(logits[1:, -1], -1)[:, target].mean().item()
+
+
+def trace_flops(cfg, P: int, first: int, samples: int) -> tuple[float, float]:
+    """Matmul FLOPs of (ROME's loop, ours) for a hidden-state trace of a ``P``-token input (BOS included)
+    whose subject starts at input position ``first``. The loop: one forward of ``samples + 1`` rows
+    per cell, full logits. Ours: the clean and corrupted runs, then per cell (t ≥ first, L) and
+    sample, layers L+1… over positions t…P−1, the last block's queries/W_O/MLP at the last position
+    only (keys and values elsewhere), and last-position logits."""
+    d, n = cfg.d_model, cfg.n_layer
+    dense, kv, unembed = 2 * (4 * d * d + 2 * d * cfg.d_mlp), 2 * 2 * d * d, 2 * d * cfg.d_vocab
+    cells = (P - 1) * n
+    loop = cells * (samples + 1) * P * (n * dense + unembed)
+    ours = (samples + 1) * P * n * dense + (samples + 1) * unembed
+    for t in range(first, P):
+        for L in range(n):
+            layers = range(L + 1, n)
+            full = sum(P - t for l in layers if l < n - 1)
+            last = ((P - t - 1) * kv + dense) if n - 1 in layers else 0
+            ours += samples * (full * dense + last + unembed)
+    return loop, ours
+
+
+def trace_benchmark(model, label: str, prompt: str, subject: str, naive_cells: int, samples: int = 10):
+    """Our batched hidden-state trace vs ROME's per-cell loop (timed on ``naive_cells`` cells, scaled)."""
+    c = model.cfg
+    with torch.inference_mode():
+        causal_trace(model, prompt, subject, samples=2, progress=False)  # warm-up
+        t_ours, tr = timed(lambda: causal_trace(model, prompt, subject, samples=samples, progress=False))
+        tokens = model.to_tokens(prompt).repeat(samples + 1, 1)
+        span = subject_span(model, prompt, subject)
+        std = noise_std(model, 3.0)
+        n_tok = len(tr.tokens)
+        all_cells = [(t, l) for t in range(n_tok) for l in range(c.n_layer)]
+        step = max(1, len(all_cells) // naive_cells)
+        cells = all_cells[::step][:naive_cells]
+        t0 = time.perf_counter()
+        naive = [naive_trace_cell(model, tokens, span, std, tr.target_id, t + 1, l) for t, l in cells]
+        t_cell = (time.perf_counter() - t0) / len(cells)
+    t_naive = t_cell * len(all_cells)
+    err = max(abs(v - tr.scores[t, l].item()) / max(v, 1e-12) for v, (t, l) in zip(naive, cells))
+    row = (f"causal trace, {label}, {n_tok}×{c.n_layer}×{samples} samples: per-cell loop ÷ ours", t_naive / t_ours, "≥ 10×",
+           f"ours {t_ours:.2f} s, loop {t_naive:.1f} s ({len(all_cells)} cells × {t_cell:.3f} s, timed on {len(cells)}); "
+           f"max relative difference {err:.1e}")
+    b, e = tr.subject_range
+    loop_flops, our_flops = trace_flops(c, n_tok + 1, b + 1, samples)
+    note = (f"{label}: {prompt!r} ({n_tok} tokens + BOS), subject {subject!r} = tokens {b}–{e - 1}; the {b} tokens before "
+            f"the subject ({b * c.n_layer} cells) are not run: their score is the corrupted score exactly. Matmul work: "
+            f"loop {loop_flops / 1e12:.2f} TFLOP, ours {our_flops / 1e12:.2f} TFLOP — a {loop_flops / our_flops:.1f}× ratio")
+    return row, note
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -99,6 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
+    load0 = os.getloadavg()[0]
     import transformer_lens as tl
     import transformer_lens.patching as tlp
     import transformers
@@ -137,42 +207,26 @@ def main(argv: list[str] | None = None) -> dict:
                  f"ours {t_ours:.2f} s, TransformerLens {t_tl:.1f} s; max |difference| {err:.1e}"))
 
     gflops = matmul_gflops(P * P * c.n_layer // 2, c.d_model, c.d_mlp)
-    floor = sweep_flops(c, P, prefix_reuse=True) / (gflops * 1e9)
-    floor_full = sweep_flops(c, P, prefix_reuse=False) / (gflops * 1e9)
-    rows.append(("resid_pre sweep: ours ÷ FLOP floor", t_ours / floor, "≤ 2×",
-                 f"floor {floor:.2f} s ({sweep_flops(c, P, True) / 1e9:.0f} GFLOP at {gflops:.0f} GFLOP/s); "
-                 f"without prefix reuse {floor_full:.2f} s ({sweep_flops(c, P, False) / 1e9:.0f} GFLOP)"))
+    floors = {k: sweep_flops(c, P, k) for k in ("none", "prefix", "prefix+suffix")}
+    sec = {k: v / (gflops * 1e9) for k, v in floors.items()}
+    rows.append(("resid_pre sweep: ours ÷ FLOP floor (prefix reuse)", t_ours / sec["prefix"], "≤ 2×",
+                 f"floor {sec['prefix']:.2f} s = {floors['prefix'] / 1e9:.0f} GFLOP at {gflops:.0f} GFLOP/s; without reuse "
+                 f"{sec['none']:.2f} s ({floors['none'] / 1e9:.0f} GFLOP)"))
+    rows.append(("resid_pre sweep: ours ÷ strict FLOP floor (prefix + suffix reuse)", t_ours / sec["prefix+suffix"], "—",
+                 f"{sec['prefix+suffix']:.2f} s = {floors['prefix+suffix'] / 1e9:.0f} GFLOP"))
 
-    # causal trace: hidden, all cells, 10 samples
-    samples = 10
-    with torch.inference_mode():
-        causal_trace(ours, TRACE_PROMPT, TRACE_SUBJECT, samples=2, progress=False)  # warm-up
-        t_trace, tr = timed(lambda: causal_trace(ours, TRACE_PROMPT, TRACE_SUBJECT, samples=samples, progress=False), a.repeats)
-        tokens = ours.to_tokens(TRACE_PROMPT).repeat(samples, 1)
-        span = subject_span(ours, TRACE_PROMPT, TRACE_SUBJECT)
-        _, cache = ours.run_with_cache(TRACE_PROMPT, names_filter=lambda nm: nm.endswith("hook_resid_post"))
-        std = noise_std(ours, 3.0)
-        n_tok = len(tr.tokens)
-        all_cells = [(t, l) for t in range(n_tok) for l in range(c.n_layer)]
-        step = max(1, len(all_cells) // a.naive_cells)
-        cells = all_cells[::step][: a.naive_cells]
-        t0 = time.perf_counter()
-        naive = [naive_trace_cell(ours, tokens, span, std, tr.target_id, t + 1, l, cache) for t, l in cells]
-        t_cell = (time.perf_counter() - t0) / len(cells)
-    t_naive = t_cell * len(all_cells)
-    trace_err = max(abs(v - tr.scores[t, l].item()) / max(v, 1e-12) for v, (t, l) in zip(naive, cells))
-    rows.append((f"causal trace {n_tok}×{c.n_layer}×{samples} samples: per-cell loop ÷ ours", t_naive / t_trace, "≥ 10×",
-                 f"ours {t_trace:.2f} s, loop {t_naive:.1f} s ({len(all_cells)} cells × {t_cell:.3f} s, timed on "
-                 f"{len(cells)}); max relative difference {trace_err:.1e}"))
-    notes.append(f"trace prompt {TRACE_PROMPT!r} ({n_tok} tokens + BOS), subject {TRACE_SUBJECT!r} at tokens "
-                 f"{tr.subject_range[0]}–{tr.subject_range[1] - 1}; the {tr.subject_range[0]} cells per layer before the "
-                 "subject are not run (their score is the corrupted score exactly)")
+    # causal trace: hidden, all cells, 10 samples; the subject early (the hard case) and late
+    for label, prompt, subject in TRACES:
+        row, note = trace_benchmark(ours, label, prompt, subject, a.naive_cells)
+        rows.append(row)
+        notes.append(note)
 
     env = (f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
-           f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+           f"{os.cpu_count()} cores, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, load average {load0:.1f} "
+           f"at the start, {os.getloadavg()[0]:.1f} at the end")
     lines = ["| measurement | ratio | goal | details |", "|---|---|---|---|"]
     lines += [f"| {name} | {v:.2f}× | {goal} | {detail} |" for name, v, goal, detail in rows]
-    text = "\n".join(lines) + "\n\n" + "\n".join(f"- {x}" for x in notes + ([a.note] if a.note else [])) + f"\n\n({env}; random gpt2 weights, fp32; ours: median of {a.repeats})\n"
+    text = "\n".join(lines) + "\n\n" + "\n".join(f"- {x}" for x in notes + ([a.note] if a.note else [])) + f"\n\n({env}; random gpt2 weights, fp32; patching: median of {a.repeats}, trace: one run)\n"
     print(text)
     if a.out:
         a.out.write_text("# Causal-experiment benchmarks\n\n`python benchmarks/bench_patching.py`\n\n"

@@ -539,10 +539,18 @@ class PatchResult(Result):
 
         return plot_patch(self, **kwargs)
 
+    @property
+    def baseline(self) -> float:
+        """The value meaning "no effect": the unpatched (base) run's metric — the corrupted run when
+        denoising, the clean run when noising (0 and 1 when normalised)."""
+        if self.normalized:
+            return 0.0 if self.direction == "denoise" else 1.0
+        return self.corrupted_metric if self.direction == "denoise" else self.clean_metric
+
     def top(self, k: int = 5) -> list[tuple[tuple[int, ...], float]]:
-        """The ``k`` largest-magnitude entries as ``((layer, pos|head, ...), value)``."""
+        """The ``k`` entries that move the metric most from :attr:`baseline`, as ``((layer, pos|head, ...), value)``."""
         flat = self.values.flatten()
-        idx = flat.abs().topk(min(k, flat.numel())).indices
+        idx = (flat - self.baseline).abs().topk(min(k, flat.numel())).indices
         return [(tuple(int(i) for i in torch.unravel_index(j, self.values.shape)), float(flat[j])) for j in idx]
 
 

@@ -41,10 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", default=None, help="target token (default: the clean top-1)")
     p.add_argument("--kind", choices=["hidden", "mlp", "attn", "all"], default="hidden",
                    help="restore hidden states, MLP or attention outputs; all = ROME's three panels")
-    p.add_argument("--noise", default="3.0", help="noise std as a multiple of std(W_E), e.g. 3 or 3σ")
+    p.add_argument("--noise", default="3.0", help="noise std as a multiple of std(W_E), e.g. 3 or 3σ (gpt2-facts' "
+                   "vocabulary is mostly untrained, so std(W_E) is small there: try 7, or --noise-abs 0.17)")
     p.add_argument("--noise-abs", type=float, default=None, help="absolute noise std (overrides --noise)")
     p.add_argument("--samples", type=int, default=10)
-    p.add_argument("--window", type=int, default=10, help="layers restored together for mlp/attn")
+    p.add_argument("--window", type=int, default=None,
+                   help="layers restored together for mlp/attn (default: 10 as in ROME, at most half the model's layers)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="save the figure here")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -73,13 +75,14 @@ def patch_cmd(args: argparse.Namespace) -> int:
     if args.json:
         print(r.to_json())
         return 0
-    print(f"{r.direction} patching of {r.hook}, metric {r.metric}: clean {r.clean_metric:.4g}, corrupted {r.corrupted_metric:.4g}")
+    print(f"{r.direction} patching of {r.hook}, metric {r.metric}: clean {r.clean_metric:.4g}, corrupted {r.corrupted_metric:.4g}"
+          f"{' (values normalised: 0 = corrupted, 1 = clean)' if r.normalized else ''}; largest effects:")
     names = r.index_names
     for idx, v in r.top(8):
         parts = [r.layer_labels[idx[0]]]
         for name, i in zip(names[1:], idx[1:]):
             parts.append(repr(r.position_labels[i]) if name == "pos" else r.head_labels[i])
-        print(f"  {' '.join(parts):<28} {v:+.4f}")
+        print(f"  {' '.join(parts):<28} {v:+.4f}  ({v - r.baseline:+.4f})")
     if args.out:
         print(f"figure: {args.out}")
     return 0
@@ -89,7 +92,8 @@ def trace_cmd(args: argparse.Namespace) -> int:
     from ..analysis import tracing as tr
 
     model = load_model(args)
-    kw = dict(noise=args.noise, noise_abs=args.noise_abs, samples=args.samples, window=args.window, seed=args.seed, progress=True)
+    window = args.window or max(1, min(10, model.cfg.n_layer // 2))
+    kw = dict(noise=args.noise, noise_abs=args.noise_abs, samples=args.samples, window=window, seed=args.seed, progress=True)
     kinds = tr.KINDS if args.kind == "all" else (args.kind,)
     traces = [tr.causal_trace(model, args.prompt, args.subject, args.target, kind=k, **kw) for k in kinds]
     result = tr.TraceSet(traces) if len(traces) > 1 else traces[0]

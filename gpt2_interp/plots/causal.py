@@ -33,16 +33,20 @@ def _heatmap(fig: Figure, ax: Axes, data: np.ndarray, rows: list[str], cols: lis
 
 def plot_patch(result: "PatchResult", cmap: str = "RdBu") -> Figure:
     """Heatmap of a patching sweep: layers down, positions (or heads) across; a ``[layer, pos, head]``
-    result gets one panel per head. Diverging colours centred on 0 (normalised: 0 = corrupted, 1 = clean)."""
+    result gets one panel per head. Diverging colours centred on the unpatched run's metric
+    (``result.baseline``): white = no effect."""
     v = result.values.detach().float().cpu().numpy()
-    lim = float(np.abs(v).max()) or 1.0
+    base = result.baseline
+    spread = float(np.abs(v - base).max()) or 1.0
+    lo, hi = base - spread, base + spread
     label = f"{result.metric}{' (normalised)' if result.normalized else ''}"
-    title = f"{result.direction} patching of {result.hook}"
+    title = (f"{result.direction} patching of {result.hook} "
+             f"(white = {'corrupted' if result.direction == 'denoise' else 'clean'} run, {base:.3g})")
     if v.ndim == 2:
         cols = result.position_labels if result.index_names[1] == "pos" else result.head_labels
         fig = Figure(figsize=(max(4.0, 0.45 * len(cols) + 2), max(2.5, 0.3 * len(result.layer_labels) + 1.2)))
         ax = fig.add_subplot()
-        _heatmap(fig, ax, v, result.layer_labels, [repr(c)[1:-1] for c in cols], cmap, -lim, lim, label)
+        _heatmap(fig, ax, v, result.layer_labels, [repr(c)[1:-1] for c in cols], cmap, lo, hi, label)
         ax.set_xlabel("position (clean/corrupted token)" if result.index_names[1] == "pos" else "head")
         ax.set_ylabel("layer")
         ax.set_title(title, fontsize=10)
@@ -54,7 +58,7 @@ def plot_patch(result: "PatchResult", cmap: str = "RdBu") -> Figure:
     for i, h in enumerate(heads):
         ax = fig.add_subplot(nrows, ncols, i + 1)
         _heatmap(fig, ax, v[:, :, i], result.layer_labels, [repr(c)[1:-1] for c in result.position_labels],
-                 cmap, -lim, lim, label)
+                 cmap, lo, hi, label)
         ax.set_title(f"head {h}", fontsize=9)
         ax.set_xlabel("position")
         ax.set_ylabel("layer")
