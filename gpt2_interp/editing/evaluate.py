@@ -37,7 +37,7 @@ from ..analysis.tokens import target_ids
 from ..io import tokenizer as tok
 from ..model.modules import KVCache
 from .edit import Edit, Request, tensor_digest, undo_all, weights_fingerprint
-from .rome import RomeHparams, compute_edit, default_layer
+from .rome import compute_edit, default_layer, hparams_for
 from .stats import KeyStats, key_second_moment
 
 if TYPE_CHECKING:
@@ -329,7 +329,7 @@ def evaluate_edits(
         [CounterfactCase.of(r, i) for i, r in enumerate(requests)]
     if not cases:
         raise ValueError("no requests to evaluate")
-    hp = RomeHparams.of(**hparams)
+    hp = hparams_for(model, **hparams)
     fixed_layer = None if layer == "auto" else (default_layer(model) if layer is None else layer)
     stats_by_layer: dict[int, KeyStats] = {}
     if fixed_layer is not None:

@@ -13,7 +13,10 @@ memory and inserts the association ``k* → v*`` with the smallest change in the
   ``kl_factor`` × KL between the edited and unedited next-token distributions on
   ``"{subject} is a"`` (from the subject's last token on), plus ``weight_decay`` × ‖δ‖/‖v₀‖²;
   ``δ`` is kept in the ball ‖δ‖ ≤ ``clamp_factor`` × ‖v₀‖ (``v₀``: the original MLP output at
-  the subject's last token of the bare prompt). Only ``δ`` has a gradient.
+  the subject's last token of the bare prompt). Only ``δ`` has a gradient. With ``key_scaling``
+  (default) variant ``i`` receives ``(k_iᵀC⁻¹k*)/(k*ᵀC⁻¹k*) · δ`` — exactly what the rank-one
+  update will give its key — instead of ROME's plain ``δ``; this matters when a variant's
+  subject tokenizes differently ("France" at the start of a text vs " France" after a prefix).
 * the update ``ΔW = outer(C⁻¹k*, v* − (k* @ W_out + b_out)) / (k*ᵀ C⁻¹ k*)``, so
   ``k* @ (W_out + ΔW) + b_out = v*`` exactly, and any key ``k`` with ``kᵀC⁻¹k* = 0`` is untouched.
 
@@ -48,10 +51,11 @@ RequestLike = Union[Request, Mapping[str, Any]]
 #: Default edit layer per model. gpt2-medium/-large/-xl are ROME's published choices (8/24,
 #: 12/36, 17/48: about a third of the depth, where causal tracing peaks for MLPs at the last
 #: subject token). gpt2 (small) has no published choice: we take the same third, layer 4.
-#: gpt2-facts: the layer of largest average MLP indirect effect at the last subject token in
-#: our causal traces of the embedded model (see analyses/rome_counterfact.py). Other models:
-#: ``n_layer // 3``.
-DEFAULT_LAYERS: dict[str, int] = {"gpt2": 4, "gpt2-medium": 8, "gpt2-large": 12, "gpt2-xl": 17, "gpt2-facts": 1}
+#: gpt2-facts: 0, the layer of largest average MLP indirect effect at the last subject token in
+#: our causal traces of the embedded model (0.40 at layer 0, < 0.006 at layers 1-5, 64 facts;
+#: see analyses/rome_counterfact.py); edits at layers >= 1 do not move the answer at all.
+#: Other models: ``n_layer // 3``.
+DEFAULT_LAYERS: dict[str, int] = {"gpt2": 4, "gpt2-medium": 8, "gpt2-large": 12, "gpt2-xl": 17, "gpt2-facts": 0}
 
 
 @dataclass
@@ -68,6 +72,8 @@ class RomeHparams:
     prefixes_per_length: int = 5    # prefixes sampled per length
     prefix_seed: int = 0
     kl_prompt: str = "{} is a"
+    key_scaling: bool = True        # give variant i the δ the rank-one update will give it: (k_i·u)/(k*·u)·δ
+    bare_weight: float | None = None  # NLL weight of the bare rewrite prompt (None: uniform over variants, ROME)
     corpus: str | None = None       # key statistics corpus when stats=None (see stats.py)
     n_samples: int = 100_000        # key statistics sample size when stats=None
 
@@ -82,6 +88,18 @@ class RomeHparams:
         if hp.v_steps < 0 or hp.v_lr <= 0 or hp.clamp_factor <= 0:
             raise ValueError(f"need v_steps >= 0, v_lr > 0, clamp_factor > 0; got {hp}")
         return hp
+
+
+#: Per-model overrides of :class:`RomeHparams` (user arguments win). ROME's learning rate was set
+#: for real GPT-2, whose MLP outputs at the edit layer are small; gpt2-facts' layer-0 MLP outputs
+#: have norm ~150, so Adam's per-coordinate steps of 0.5 cannot reach a useful δ in 20 steps
+#: (measured: ES 31% at lr 0.5 vs 94% at lr 5 on 32 requests; see analyses/rome_counterfact.py).
+MODEL_HPARAMS: dict[str, dict[str, Any]] = {"gpt2-facts": {"v_lr": 5.0, "v_steps": 40}}
+
+
+def hparams_for(model: "HookedGPT2", **overrides: Any) -> RomeHparams:
+    """:class:`RomeHparams` for ``model``: ROME's defaults, then :data:`MODEL_HPARAMS`, then ``overrides``."""
+    return RomeHparams.of(**(MODEL_HPARAMS.get(model.cfg.name, {}) | overrides))
 
 
 def default_layer(model: "HookedGPT2") -> int:
@@ -237,7 +255,7 @@ def _target_logprob(model: "HookedGPT2", text: str, ids: list[int], hooks: list 
 
 
 def optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: int, prefixes: list[str],
-                   hp: RomeHparams) -> dict[str, Any]:
+                   hp: RomeHparams, solve: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, Any]:
     """Find δ (see module doc). Returns ``k_star [d_mlp]``, ``delta [d_model]``, ``v0 [d_model]``
     and a log of the losses.
 
@@ -253,6 +271,10 @@ def optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: int
                                         return_type=None, past_kv=kv)
     keys = cache[post][:, c].float()  # [b, d_mlp]
     k_star = keys[: b.n_rewrite].mean(0)
+    scale = torch.ones(len(keys), 1, device=model.device)
+    if hp.key_scaling:  # variant i will receive (k_i·u)/(k*·u) · δ from the rank-one update
+        c_inv_k = (solve(k_star) if solve is not None else k_star).float()
+        scale = ((keys @ c_inv_k) / (k_star @ c_inv_k))[:, None]
     v0 = cache[mlp_out][0, c].float()  # [d_model], the bare prompt's
     resid0 = cache[pre][:, c:]  # [b, s, d_model], entering the edit layer
     k_past, v_past = kv.k[:, :, :, :c], kv.v[:, :, :, :c]
@@ -262,8 +284,12 @@ def optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: int
     rows = torch.arange(n_rw, device=model.device)[:, None].expand(n_rw, T)
 
     def add_delta(act: torch.Tensor, hook: Any) -> torch.Tensor:  # act: [b, s, d_model]; column 0 is the subject's
-        return torch.cat([act[:, :1] + delta.to(act.dtype), act[:, 1:]], 1)
+        return torch.cat([act[:, :1] + (scale[:, :, None] * delta).to(act.dtype), act[:, 1:]], 1)
 
+    weights = torch.full((n_rw,), 1.0 / n_rw, device=model.device)  # NLL weight of each variant
+    if hp.bare_weight is not None and n_rw > 1:
+        weights.fill_((1 - hp.bare_weight) / (n_rw - 1))
+        weights[0] = hp.bare_weight
     adam = {"t": 0, "m": torch.zeros_like(delta), "v": torch.zeros_like(delta)}
     max_norm = hp.clamp_factor * v0.norm()
     log: list[dict[str, float]] = []
@@ -278,7 +304,7 @@ def optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: int
             kl_lp = lp[n_rw * T :]
             if kl_init is None:
                 kl_init = kl_lp.detach()
-            nll = -(lp_t.sum(1) / T).mean()
+            nll = -((lp_t.sum(1) / T) * weights).sum()
             kl = F.kl_div(kl_init, kl_lp, log_target=True, reduction="batchmean")  # KL(edited || unedited)
             wd = delta.norm() / v0.norm() ** 2
             loss = nll + hp.kl_factor * kl + hp.weight_decay * wd
@@ -292,7 +318,8 @@ def optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: int
                 n = delta.norm()
                 if n > max_norm:
                     delta.mul_(max_norm / n)
-    return {"k_star": k_star, "delta": delta.detach(), "v0": v0, "log": log, "n_prompts": n_rw}
+    return {"k_star": k_star, "delta": delta.detach(), "v0": v0, "log": log, "n_prompts": n_rw,
+            "key_scale": scale[:, 0].tolist()}
 
 
 def _adam_step(x: torch.Tensor, g: torch.Tensor, state: dict[str, Any], lr: float,
@@ -357,12 +384,12 @@ def compute_edit(
 
     ``layer``: an int, None (:func:`default_layer`) or ``"auto"`` (:func:`choose_layer`).
     ``stats``: key statistics for that layer (:func:`~.stats.key_second_moment`; computed and
-    cached when None). ``hparams`` override :class:`RomeHparams`. Apply with ``edit.apply(model)``
+    cached when None). ``hparams`` override :class:`RomeHparams` (see :func:`hparams_for`). Apply with ``edit.apply(model)``
     or ``with model.edited(edit):``.
     """
     t0 = time.perf_counter()
     req, ids = validate_request(model, request)
-    hp = RomeHparams.of(**hparams)
+    hp = hparams_for(model, **hparams)
     if layer is None:
         layer = default_layer(model)
     elif layer == "auto":
@@ -376,7 +403,7 @@ def compute_edit(
     stats.check(model, layer, digests)
     prefixes = context_prefixes(model, hp.prefix_lengths, hp.prefixes_per_length, hp.prefix_seed)
     p_before = _target_logprob(model, req.text, ids)
-    opt = optimise_delta(model, req, ids, layer, prefixes, hp)
+    opt = optimise_delta(model, req, ids, layer, prefixes, hp, stats.solve)
     mlp = model.blocks[layer].mlp
     k_star = opt["k_star"]
     v_star = (k_star @ mlp.W_out.detach().float() + mlp.b_out.detach().float()) + opt["delta"]
@@ -387,7 +414,7 @@ def compute_edit(
         "logp_target_before": p_before, "logp_target_after": p_after,
         "delta_norm": float(opt["delta"].norm()), "v0_norm": float(opt["v0"].norm()),
         "dW_norm": float(u.norm() * v.norm()), "steps": len(opt["log"]) - 1, "n_prompts": opt["n_prompts"],
-        "initial_loss": opt["log"][0], "final_loss": opt["log"][-1], "seconds": time.perf_counter() - t0,
+        "initial_loss": opt["log"][0], "key_scale": opt["key_scale"], "final_loss": opt["log"][-1], "seconds": time.perf_counter() - t0,
     }
     return Edit(layer=layer, u=u, v=v, request=req, base_fingerprint=weights_fingerprint(model, digests=digests),
                 k=k_star, v_star=v_star, hparams=asdict(hp) | {"layer": layer, "stats_corpus": stats.key["corpus"],
@@ -422,5 +449,5 @@ def apply_rome(model: "HookedGPT2", requests: RequestLike | Sequence[RequestLike
     return edits
 
 
-__all__ = ["Request", "RomeHparams", "DEFAULT_LAYERS", "compute_edit", "apply_rome", "rank_one_update",
+__all__ = ["Request", "RomeHparams", "DEFAULT_LAYERS", "MODEL_HPARAMS", "hparams_for", "compute_edit", "apply_rome", "rank_one_update",
            "choose_layer", "default_layer", "context_prefixes", "optimise_delta", "validate_request"]
