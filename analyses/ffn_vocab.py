@@ -44,6 +44,7 @@ def _md_tokens(tokens: list[str]) -> str:
     return " ".join(repr(t).replace("|", "\\|") for t in tokens)
 
 
+@torch.no_grad()
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="gpt2-facts")
@@ -53,7 +54,6 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--min-coherence", type=float, default=0.6)
     p.add_argument("--search", type=int, default=10, help="find_neurons hits per relation (default 10)")
     args = p.parse_args(argv)
-    torch.set_grad_enabled(False)
     t0 = time.perf_counter()
     model = gi.load(args.model)
     fb = FactBase.load()

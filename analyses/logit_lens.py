@@ -89,6 +89,7 @@ def run(model, fb: FactBase, per_relation: int | None, batch_size: int) -> dict:
     return out
 
 
+@torch.no_grad()
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="gpt2-facts")
@@ -96,7 +97,6 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", type=Path, default=HERE / "results")
     p.add_argument("--batch-size", type=int, default=128)
     args = p.parse_args(argv)
-    torch.set_grad_enabled(False)
     t0 = time.perf_counter()
     model = gi.load(args.model)
     fb = FactBase.load()

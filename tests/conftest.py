@@ -50,3 +50,11 @@ def tiny():
 def facts_model():
     """The shipped embedded fact model."""
     return gi.load("gpt2-facts")
+
+
+@pytest.fixture(autouse=True)
+def _grad_mode_is_restored():
+    """No library call may leave autograd switched off behind it (it breaks every later edit)."""
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled(), "autograd was off before the test"
+    yield
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled(), "the test left autograd switched off"
