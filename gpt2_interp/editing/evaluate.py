@@ -288,9 +288,9 @@ class EditEvaluation(Result):
                      f"{fmt(s['edit_seconds_median'], '.2f')} s median; weights restored bit-exactly: "
                      f"{self.restored_exactly}")
         if self.curve:
+            pct = lambda x: f"{100 * x:.0f}" if x is not None else "–"  # noqa: E731
             lines.append("after k edits:  " + "  ".join(
-                f"k={c['n_edits']}: ES {100 * c['es']:.0f} PS {100 * (c['ps'] or 0):.0f} NS {100 * (c['ns'] or 0):.0f}"
-                for c in self.curve))
+                f"k={c['n_edits']}: ES {pct(c['es'])} PS {pct(c['ps'])} NS {pct(c['ns'])}" for c in self.curve))
         return "\n".join(lines)
 
     def plot(self, **kwargs: Any):

@@ -40,7 +40,7 @@ def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None):
     axes[0].set_ylim(0, 105)
     axes[0].set_title("CounterFact scores")
     axes[1].set_title("magnitudes: P(new)−P(true), neighbourhood P(true)−P(new)")
-    axes[0].legend(fontsize=7, loc="lower left")
+    axes[0].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
     if ev.curve:
         ax = axes[2]
         ks = [c["n_edits"] for c in ev.curve]
