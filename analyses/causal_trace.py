@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
         a.facts, a.samples = 8, 3
     torch.manual_seed(0)
     model = gi.load(a.model)
-    # ROME uses a 10-layer window on 48 layers; a 6-layer model gets a proportionate one
+    # wider than tracing.default_window (1 layer here): a 3-layer window shows where the MLPs'
+    # effect lives as a band the eye can follow; the per-request layer choice uses the default
     window = a.window or max(1, model.cfg.n_layer // 2)
     fb = FactBase.load()
     facts = pick_facts(fb, a.facts)

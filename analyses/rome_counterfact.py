@@ -26,7 +26,8 @@ import torch
 import gpt2_interp as gi
 from gpt2_interp.analysis.result import to_jsonable
 from gpt2_interp.editing.evaluate import counterfact_requests, evaluate_edits
-from gpt2_interp.editing.rome import DEFAULT_LAYERS, default_layer, trace_window
+from gpt2_interp.analysis.tracing import average_trace
+from gpt2_interp.editing.rome import DEFAULT_LAYERS, default_layer
 from gpt2_interp.editing.stats import key_second_moment
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -34,13 +35,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def layer_choice(model, n_facts: int, seed: int = 0) -> dict:
     """Average MLP indirect effect at the last subject token, per layer, over known facts."""
-    from gpt2_interp.analysis.tracing import average_trace
     from gpt2_interp.facts.base import FactBase
 
     facts = random.Random(seed).sample(FactBase.load().facts(), n_facts)
-    avg = average_trace(model, facts, kind="mlp", window=trace_window(model.cfg.n_layer), samples=5, progress=False)
+    avg = average_trace(model, facts, kind="mlp", samples=5, progress=False)  # default_window
     effect = avg.indirect_effect[avg.kinds.index("mlp"), avg.buckets.index("last subject token")]  # [n_layer]
-    return {"n_facts": n_facts, "n_known": avg.n_known, "window": trace_window(model.cfg.n_layer),
+    return {"n_facts": n_facts, "n_known": avg.n_known, "window": avg.window,
             "mlp_indirect_effect_last_subject_token": effect.tolist(), "argmax": int(effect.argmax())}
 
 

@@ -64,7 +64,7 @@ def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", fo
     from .analysis.vocab import top_subupdates
     from .editing.edit import parameter_digests
     from .editing.evaluate import compare_topk
-    from .editing.rome import compute_edit, trace_window
+    from .editing.rome import compute_edit
     from .facts.base import FactBase
     from .model.params import parameter_table
 
@@ -121,8 +121,7 @@ def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", fo
     # ROME's noise scale (3 × the std of subject embeddings: gpt2-facts's untrained rows make std(W_E) too
     # small) and the MLP window that layer="auto" uses, so the trace's layer is the one ROME would choose
     sigma = embedding_std(model, [s for f in fb.facts() for s in (f.subject, " " + f.subject)])
-    traces = causal_trace_all(model, prompt, fact.subject, samples=samples, noise_abs=3 * sigma,
-                              window=trace_window(model.cfg.n_layer))
+    traces = causal_trace_all(model, prompt, fact.subject, samples=samples, noise_abs=3 * sigma)
     traces.save_plot(out / "causal_trace.png")
     mlp = traces["mlp"]
     last_subject = mlp.subject_range[1] - 1

@@ -216,6 +216,17 @@ def test_edit_maps_k_star_to_v_star_and_raises_target(tiny, stats):
     assert abs(lp[tiny.to_single_token(" Rome")].exp().item() - m["p_target_after"]) < 1e-4
 
 
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_edit_inside_a_no_grad_block_equals_one_outside(tiny, stats, mode):
+    """Notebooks often run everything under no_grad/inference_mode: the δ optimisation needs
+    autograd and must switch it back on for itself, giving the same edit."""
+    ref = compute_edit(tiny, REQ, layer=0, stats=stats, v_steps=3, **FAST)
+    with mode():
+        edit = compute_edit(tiny, REQ, layer=0, stats=stats, v_steps=3, **FAST)
+    assert torch.equal(edit.u, ref.u) and torch.equal(edit.v, ref.v)
+    assert torch.is_grad_enabled()
+
 def test_bad_requests(tiny, stats):
     with pytest.raises(ValueError, match=r"\{\}"):
         compute_edit(tiny, {"prompt": "Eiffel Tower is in", "subject": "Eiffel Tower", "target": " Rome"}, 0, stats)

@@ -142,6 +142,13 @@ def _draws(samples: int, n_tok: int, d: int, seed: int) -> torch.Tensor:
     return torch.randn(samples, n_tok, d, generator=torch.Generator().manual_seed(seed))
 
 
+def default_window(n_layer: int) -> int:
+    """The MLP/attention window used when ``window=None``: ROME restores 10 of gpt2-xl's 48 layers;
+    we keep that fraction of the depth (gpt2-xl 10, gpt2-medium 5, gpt2 2, 6-layer gpt2-facts 1),
+    so a small model's trace is not smeared over most of its layers."""
+    return max(1, round(10 * n_layer / 48))
+
+
 def _window(layer: int, window: int, n: int) -> range:
     return range(max(0, layer - window // 2), min(n, layer + math.ceil(window / 2)))
 
@@ -156,7 +163,7 @@ class _Case:
 
 @torch.inference_mode()
 def _trace_batch(
-    model: "HookedGPT2", cases: Sequence[_Case], kind: str, std: float, samples: int, window: int,
+    model: "HookedGPT2", cases: Sequence[_Case], kind: str, std: float, samples: int, window: int | None,
     seed: int, batch_size: int | None, progress: bool | None,
 ) -> list[TraceResult]:
     """Causal traces of several prompts in one staircase run (prompts left-padded together)."""
@@ -164,6 +171,7 @@ def _trace_batch(
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
     if samples < 1:
         raise ValueError(f"samples must be ≥ 1, got {samples}")
+    window = default_window(model.cfg.n_layer) if window is None else window
     if kind != "hidden" and window < 1:
         raise ValueError(f"window must be ≥ 1, got {window}")
     n, S, dev = model.cfg.n_layer, samples, model.device
@@ -259,7 +267,7 @@ def causal_trace(
     kind: Kind = "hidden",
     noise: float | str = 3.0,
     samples: int = 10,
-    window: int = 10,
+    window: int | None = None,
     seed: int = 0,
     noise_abs: float | None = None,
     batch_size: int | None = None,
@@ -269,7 +277,8 @@ def causal_trace(
 
     ``noise``: std of the subject-embedding noise as a multiple of std(W_E) (3.0 or ``"3σ"``);
     ``noise_abs``: an absolute std instead. ``target``: a one-token string or id (default: the
-    clean top-1). Deterministic for a ``seed``.
+    clean top-1). ``window``: layers restored together for mlp/attn (None: :func:`default_window`).
+    Deterministic for a ``seed``.
     """
     std = noise_std(model, noise, noise_abs)
     return _trace_batch(model, [_Case(prompt, subject, target)], kind, std, samples, window, seed, batch_size, progress)[0]
@@ -349,7 +358,7 @@ def average_trace(
     kind: str | Sequence[str] = "hidden",
     noise: float | str = 3.0,
     samples: int = 10,
-    window: int = 10,
+    window: int | None = None,
     seed: int = 0,
     noise_abs: float | None = None,
     split: str = "train",
@@ -402,6 +411,6 @@ def average_trace(
         scores=sums / div, indirect_effect=effect / div, counts=counts,
         n_facts=len(cases), n_known=len(known),
         clean_score=sum(clean) / len(clean), corrupted_score=[sum(v) / len(v) for v in low],
-        noise_std=std, samples=samples, window=window,
+        noise_std=std, samples=samples, window=default_window(n) if window is None else window,
         facts=[f"{cases[i][0]} →{cases[i][2]}" for i in known],
     )

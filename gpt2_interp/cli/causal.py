@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--noise-abs", type=float, default=None, help="absolute noise std (overrides --noise)")
     p.add_argument("--samples", type=int, default=10)
     p.add_argument("--window", type=int, default=None,
-                   help="layers restored together for mlp/attn (default: 10 as in ROME, at most half the model's layers)")
+                   help="layers restored together for mlp/attn (default: ROME's 10 of 48 layers, scaled to the depth)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="save the figure here")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -92,8 +92,7 @@ def trace_cmd(args: argparse.Namespace) -> int:
     from ..analysis import tracing as tr
 
     model = load_model(args)
-    window = args.window or max(1, min(10, model.cfg.n_layer // 2))
-    kw = dict(noise=args.noise, noise_abs=args.noise_abs, samples=args.samples, window=window, seed=args.seed, progress=True)
+    kw = dict(noise=args.noise, noise_abs=args.noise_abs, samples=args.samples, window=args.window, seed=args.seed, progress=True)
     kinds = tr.KINDS if args.kind == "all" else (args.kind,)
     traces = [tr.causal_trace(model, args.prompt, args.subject, args.target, kind=k, **kw) for k in kinds]
     result = tr.TraceSet(traces) if len(traces) > 1 else traces[0]

@@ -269,6 +269,12 @@ def optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: int
     One no-grad forward over every variant gives the keys, v₀, the residual entering the edit
     layer and the keys/values of all positions; each step then reruns only the positions from the
     subject's last token on (δ cannot change earlier ones), from the edit layer up."""
+    with torch.inference_mode(False), torch.enable_grad():  # works inside a caller's no_grad/inference_mode
+        return _optimise_delta(model, req, ids, layer, prefixes, hp, solve)
+
+
+def _optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: int, prefixes: list[str],
+                    hp: RomeHparams, solve: Callable[[torch.Tensor], torch.Tensor] | None) -> dict[str, Any]:
     b = _build_batch(model, req, ids, prefixes, hp.kl_prompt)
     n_layer, c = model.cfg.n_layer, b.c
     pre, post, mlp_out = (f"blocks.{layer}.{n}" for n in ("hook_resid_pre", "mlp.hook_post", "hook_mlp_out"))
@@ -344,39 +350,13 @@ def _adam_step(x: torch.Tensor, g: torch.Tensor, state: dict[str, Any], lr: floa
 # ---------------------------------------------------------------- layer choice
 def choose_layer(model: "HookedGPT2", request: RequestLike) -> int:
     """The layer whose MLP has the largest indirect effect at the subject's last token in the
-    causal trace of the request's prompt (``layer="auto"``), with a :func:`trace_window`-layer window."""
-    try:
-        from ..analysis.tracing import causal_trace
-    except ImportError as e:
-        raise ImportError("layer='auto' needs causal tracing (gpt2_interp.analysis.tracing.causal_trace), "
-                          f"which could not be imported ({e}); pass an explicit layer") from None
+    causal trace of the request's prompt (``layer="auto"``; window: ``tracing.default_window``)."""
+    from ..analysis.tracing import causal_trace
+
     req = Request.of(request)
-    result = causal_trace(model, req.text, req.subject, kind="mlp", window=trace_window(model.cfg.n_layer))
-    scores = _trace_scores(result, model.cfg.n_layer)  # [pos, layer]
-    span = getattr(result, "subject_range", None)
-    if span is not None:  # indexes the trace's own tokens
-        pos = int(span[1]) - 1
-    else:
-        n_tok = model.to_tokens(req.text).shape[1]
-        pos = subject_span(model, req.text, req.subject)[1] - 1
-        if scores.shape[0] == n_tok - 1:  # a trace without the BOS row
-            pos -= 1
-    return int(scores[pos].argmax())
-
-
-def trace_window(n_layer: int) -> int:
-    """ROME restores a window of 10 MLP layers around each traced layer in 48-layer gpt2-xl; we keep
-    that fraction of the depth (1 layer for 6-layer gpt2-facts), so a small model's trace is not flat."""
-    return max(1, round(10 * n_layer / 48))
-
-
-def _trace_scores(result: Any, n_layer: int) -> torch.Tensor:
-    for name in ("indirect_effect", "scores", "effects", "indirect_effects"):
-        s = getattr(result, name, None)
-        if isinstance(s, torch.Tensor) and s.ndim == 2 and n_layer in s.shape:
-            s = s.detach().float().cpu()
-            return s if s.shape[1] == n_layer else s.T
-    raise TypeError(f"cannot find a [token, layer] score tensor on the causal trace result {type(result).__name__}")
+    trace = causal_trace(model, req.text, req.subject, kind="mlp")
+    last = trace.subject_range[1] - 1  # indexes the trace's tokens
+    return int(trace.indirect_effect[last].argmax())  # indirect_effect: [n_tokens, n_layer]
 
 
 # ---------------------------------------------------------------- the entry point
