@@ -2,14 +2,17 @@
 
 Each area registers its subcommands in its own module (``model_cmds``, ``reading``,
 ``causal``, ``editing``, ``demo``) through ``register(subparsers)``; each
-subcommand sets ``func(args)``.
+subcommand sets ``func(args)``. Commands that produce a result object print it through
+:func:`emit` (table, or ``--json``; figure with ``--out``), declared by :func:`add_output_args`.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
+from typing import Any, Callable
 
 AREAS = ("model_cmds", "reading", "causal", "editing", "demo")
 DEFAULT_MODEL = "gpt2-facts"
@@ -26,6 +29,29 @@ def load_model(args: argparse.Namespace):
     from .. import load
 
     return load(args.model, device=args.device, dtype=args.dtype)
+
+
+def add_output_args(p: argparse.ArgumentParser, figure: bool = True) -> None:
+    """``--json`` (and ``--out`` for a figure): how :func:`emit` shows a command's result."""
+    if figure:
+        p.add_argument("--out", default=None, help="save the figure here (.png/.pdf/.svg)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+
+
+def emit(args: argparse.Namespace, result: Any, text: "str | Callable[[], str] | None" = None,
+         data: Any = None) -> int:
+    """Show a command's result: save its figure (``--out``), then print ``data`` or the result as
+    JSON (``--json``) or else ``text`` (default ``result.table()``). Returns the exit code 0."""
+    out = getattr(args, "out", None)
+    if out:
+        result.save_plot(out)
+    if getattr(args, "json", False):
+        print(json.dumps(data, indent=1) if data is not None else result.to_json())
+        return 0
+    print(text() if callable(text) else (result.table() if text is None else text))
+    if out:
+        print(f"figure saved to {out}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:

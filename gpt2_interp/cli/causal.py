@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_model_args, load_model
+from . import add_model_args, add_output_args, emit, load_model
 
 
 def _ints(text: str | None) -> list[int] | None:
@@ -28,8 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--direction", choices=["denoise", "noise"], default="denoise")
     p.add_argument("--normalize", action="store_true", help="0 = corrupted metric, 1 = clean metric")
     p.add_argument("--batch-size", type=int, default=None, help="patched runs per forward (default: by memory)")
-    p.add_argument("--out", default=None, help="save the heatmap here (png/pdf/svg)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_output_args(p)
     p.set_defaults(func=patch_cmd)
 
     p = sub.add_parser("trace", help="ROME causal trace: where a fact is recalled (tokens × layers)",
@@ -48,8 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window", type=int, default=None,
                    help="layers restored together for mlp/attn (default: ROME's 10 of 48 layers, scaled to the depth)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="save the figure here")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_output_args(p)
     p.set_defaults(func=trace_cmd)
 
 
@@ -70,22 +68,15 @@ def patch_cmd(args: argparse.Namespace) -> int:
     corrupted = args.corrupted[0] if len(args.corrupted) == 1 else args.corrupted
     r = pt.patch(model, clean, corrupted, metric, hook=args.hook, layers=_ints(args.layers), positions=_ints(args.positions),
                  direction=args.direction, normalize=args.normalize, batch_size=args.batch_size, progress=True)
-    if args.out:
-        r.save_plot(args.out)
-    if args.json:
-        print(r.to_json())
-        return 0
-    print(f"{r.direction} patching of {r.hook}, metric {r.metric}: clean {r.clean_metric:.4g}, corrupted {r.corrupted_metric:.4g}"
-          f"{' (values normalised: 0 = corrupted, 1 = clean)' if r.normalized else ''}; largest effects:")
-    names = r.index_names
+    lines = [f"{r.direction} patching of {r.hook}, metric {r.metric}: clean {r.clean_metric:.4g}, corrupted "
+             f"{r.corrupted_metric:.4g}{' (values normalised: 0 = corrupted, 1 = clean)' if r.normalized else ''}; "
+             "largest effects:"]
     for idx, v in r.top(8):
         parts = [r.layer_labels[idx[0]]]
-        for name, i in zip(names[1:], idx[1:]):
+        for name, i in zip(r.index_names[1:], idx[1:]):
             parts.append(repr(r.position_labels[i]) if name == "pos" else r.head_labels[i])
-        print(f"  {' '.join(parts):<28} {v:+.4f}  ({v - r.baseline:+.4f})")
-    if args.out:
-        print(f"figure: {args.out}")
-    return 0
+        lines.append(f"  {' '.join(parts):<28} {v:+.4f}  ({v - r.baseline:+.4f})")
+    return emit(args, r, "\n".join(lines))
 
 
 def trace_cmd(args: argparse.Namespace) -> int:
@@ -96,17 +87,11 @@ def trace_cmd(args: argparse.Namespace) -> int:
     kinds = tr.KINDS if args.kind == "all" else (args.kind,)
     traces = [tr.causal_trace(model, args.prompt, args.subject, args.target, kind=k, **kw) for k in kinds]
     result = tr.TraceSet(traces) if len(traces) > 1 else traces[0]
-    if args.out:
-        result.save_plot(args.out)
-    if args.json:
-        print(result.to_json())
-        return 0
     t0 = traces[0]
-    print(f"{args.prompt!r} → {t0.target!r}: clean p = {t0.clean_score:.4f}, corrupted p = {t0.corrupted_score:.4f} "
-          f"(noise std {t0.noise_std:.4g}, {t0.samples} samples)")
+    lines = [f"{args.prompt!r} → {t0.target!r}: clean p = {t0.clean_score:.4f}, corrupted p = {t0.corrupted_score:.4f} "
+             f"(noise std {t0.noise_std:.4g}, {t0.samples} samples)"]
     for t in traces:
         tok_, layer, score = t.peak()
-        print(f"  {t.kind:<6} peak: restoring {tok_!r} at {layer} gives p = {score:.4f} (indirect effect {score - t.corrupted_score:+.4f})")
-    if args.out:
-        print(f"figure: {args.out}")
-    return 0
+        lines.append(f"  {t.kind:<6} peak: restoring {tok_!r} at {layer} gives p = {score:.4f} "
+                     f"(indirect effect {score - t.corrupted_score:+.4f})")
+    return emit(args, result, "\n".join(lines))

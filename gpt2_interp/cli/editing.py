@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from . import add_model_args, load_model
+from . import add_model_args, add_output_args, emit, load_model
 
 
 def _layer(x: str) -> int | str:
@@ -51,8 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "{} is filled with the subject)")
     p.add_argument("--save", default=None, metavar="PATH", help="write the edit (safetensors + JSON)")
     p.add_argument("--top-k", type=int, default=5)
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--out", default=None, help="save a before/after figure")
+    add_output_args(p)
     _common(p)
     p.set_defaults(func=edit_cmd)
 
@@ -62,8 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", action="append", default=[], help="a prompt to check (repeatable; default: the "
                    "edit's rewrite prompt)")
     p.add_argument("--top-k", type=int, default=5)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--out", default=None, help="save a before/after figure")
+    add_output_args(p)
     p.set_defaults(func=verify_cmd)
 
     p = sub.add_parser("evaluate-edits", help="CounterFact-style evaluation of ROME on the embedded fact base")
@@ -71,8 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n", type=int, default=200, help="number of counterfactual requests")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sequential", action="store_true", help="let the edits accumulate (score decay curve)")
-    p.add_argument("--json", action="store_true", help="print the full result as JSON")
-    p.add_argument("--out", default=None, help="save the score figure")
+    add_output_args(p)
     _common(p)
     p.set_defaults(func=evaluate_cmd)
 
@@ -83,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-samples", type=int, default=100_000)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--cache-dir", default=None)
-    p.add_argument("--json", action="store_true")
+    add_output_args(p, figure=False)
     p.set_defaults(func=stats_cmd)
 
 
@@ -98,20 +95,12 @@ def edit_cmd(args: argparse.Namespace) -> int:
     cmp = compare_topk(model, edit, [edit.request.text] + args.paraphrase, k=args.top_k)
     if args.save:
         edit.save(args.save)
-    if args.out:
-        cmp.save_plot(args.out)
-    if args.json:
-        print(json.dumps({"edit": {"layer": edit.layer, "metrics": edit.metrics, "saved": args.save},
-                          "comparison": cmp.to_dict()}, indent=1))
-        return 0
     m = edit.metrics
-    print(f"ROME edit at layer {edit.layer} in {m['seconds']:.2f} s: P({edit.request.target!r} | "
-          f"{edit.request.text!r}) {m['p_target_before']:.4f} → {m['p_target_after']:.4f}")
-    print("top-k before | after:")
-    print(cmp.table())
-    if args.save:
-        print(f"saved to {args.save}")
-    return 0
+    text = (f"ROME edit at layer {edit.layer} in {m['seconds']:.2f} s: P({edit.request.target!r} | "
+            f"{edit.request.text!r}) {m['p_target_before']:.4f} → {m['p_target_after']:.4f}\n"
+            f"top-k before | after:\n{cmp.table()}" + (f"\nsaved to {args.save}" if args.save else ""))
+    data = {"edit": {"layer": edit.layer, "metrics": edit.metrics, "saved": args.save}, "comparison": cmp.to_dict()}
+    return emit(args, cmp, text, data)
 
 
 def verify_cmd(args: argparse.Namespace) -> int:
@@ -121,14 +110,7 @@ def verify_cmd(args: argparse.Namespace) -> int:
     model = load_model(args)
     edit = Edit.load(args.edit_file, model)
     cmp = compare_topk(model, edit, args.prompt or [edit.request.text], k=args.top_k)
-    if args.out:
-        cmp.save_plot(args.out)
-    if args.json:
-        print(cmp.to_json())
-        return 0
-    print(f"{edit!r}")
-    print(cmp.table())
-    return 0
+    return emit(args, cmp, lambda: f"{edit!r}\n{cmp.table()}")
 
 
 def evaluate_cmd(args: argparse.Namespace) -> int:
@@ -137,10 +119,7 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
     model = load_model(args)
     hp = _hparams(args.hparam) | {"corpus": args.corpus, "n_samples": args.n_samples}
     ev = evaluate_edits(model, args.n, sequential=args.sequential, layer=args.layer, seed=args.seed, **hp)
-    if args.out:
-        ev.save_plot(args.out)
-    print(ev.to_json() if args.json else ev.table())
-    return 0
+    return emit(args, ev)
 
 
 def stats_cmd(args: argparse.Namespace) -> int:
@@ -155,9 +134,5 @@ def stats_cmd(args: argparse.Namespace) -> int:
     info = {"key": st.key, "count": st.count, "path": str(st.path) if st.path else None,
             "trace": float(ev.sum()), "eig_max": float(ev[-1]), "eig_min": float(ev[0]),
             "effective_rank": float(ev.sum() ** 2 / (ev ** 2).sum())}
-    if args.json:
-        print(json.dumps(info, indent=1))
-        return 0
-    print(f"{st!r}\ncached at {info['path']}\ntrace {info['trace']:.4g}, eigenvalues {info['eig_min']:.3g} … "
-          f"{info['eig_max']:.3g}, effective rank {info['effective_rank']:.1f}")
-    return 0
+    return emit(args, st, f"{st!r}\ncached at {info['path']}\ntrace {info['trace']:.4g}, eigenvalues "
+                f"{info['eig_min']:.3g} … {info['eig_max']:.3g}, effective rank {info['effective_rank']:.1f}", info)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_model_args, load_model
+from . import add_model_args, add_output_args, emit, load_model
 
 
 def _positions(text: str) -> int | list[int] | str:
@@ -17,19 +17,6 @@ def _positions(text: str) -> int | list[int] | str:
     return vals[0] if len(vals) == 1 else vals
 
 
-def _output(args: argparse.Namespace, result, text: str) -> None:
-    print(result.to_json() if args.json else text)
-    if args.out:
-        result.save_plot(args.out)
-        if not args.json:
-            print(f"figure saved to {args.out}")
-
-
-def _common_out(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default=None, help="save the figure here (.png/.pdf/.svg)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("lens", help="logit lens: decode the residual stream after every layer")
     add_model_args(p)
@@ -38,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--positions", type=_positions, default=-1, help="'all', an int or a list like 0,-1 (default -1: last token)")
     p.add_argument("-k", "--top", type=int, default=5, help="top tokens per layer (default 5)")
     p.add_argument("--mid", action="store_true", help="also decode the mid-block residuals")
-    _common_out(p)
+    add_output_args(p)
     p.set_defaults(func=lens)
 
     p = sub.add_parser("dla", help="direct logit attribution of a target's logit (or a logit difference)")
@@ -48,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", default=None, help="attribute logit(target) − logit(baseline)")
     p.add_argument("--position", type=int, default=-1)
     p.add_argument("--no-heads", action="store_true", help="skip the per-head split")
-    _common_out(p)
+    add_output_args(p)
     p.set_defaults(func=dla)
 
     p = sub.add_parser("neurons", help="MLP value vectors in vocabulary space (by layer, or neurons promoting a token)")
@@ -63,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", type=int, nargs="+", default=None, help="with --promotes: search these layers only")
     p.add_argument("--raw", action="store_true", help="project with raw W_U (no ln_final gain)")
     p.add_argument("--relative", action="store_true", help="with --promotes: subtract each neuron's vocabulary-mean score")
-    _common_out(p)
+    add_output_args(p)
     p.set_defaults(func=neurons)
 
     p = sub.add_parser("subupdates", help="largest MLP sub-updates m_i·v_i on a prompt (LM-Debugger style)")
@@ -73,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layer", type=int, default=None, help="one layer only (default: all)")
     p.add_argument("--position", type=int, default=-1)
     p.add_argument("--top", type=int, default=20)
-    _common_out(p)
+    add_output_args(p)
     p.set_defaults(func=subupdates)
 
 
@@ -82,8 +69,7 @@ def lens(args: argparse.Namespace) -> int:
 
     model = load_model(args)
     r = logit_lens(model, args.prompt, targets=args.target, positions=args.positions, k=args.top, include_mid=args.mid)
-    _output(args, r, r.table(k=args.top))
-    return 0
+    return emit(args, r, lambda: r.table(k=args.top))
 
 
 def dla(args: argparse.Namespace) -> int:
@@ -91,8 +77,7 @@ def dla(args: argparse.Namespace) -> int:
 
     model = load_model(args)
     r = logit_attribution(model, args.prompt, args.target, args.baseline, args.position, per_head=not args.no_heads)
-    _output(args, r, r.table())
-    return 0
+    return emit(args, r)
 
 
 def neurons(args: argparse.Namespace) -> int:
@@ -102,13 +87,11 @@ def neurons(args: argparse.Namespace) -> int:
     if args.promotes:
         r = find_neurons(model, args.promotes, k=args.top, layers=args.layers, apply_ln=not args.raw,
                          relative=args.relative, n_tokens=args.k)
-        _output(args, r, r.table(k=args.k))
-        return 0
+        return emit(args, r, lambda: r.table(k=args.k))
     r = neuron_vocab(model, args.layer, args.neurons, k=args.k, apply_ln=not args.raw)
     if args.neurons is None:
         r = r.strongest(args.top)
-    _output(args, r, r.table())
-    return 0
+    return emit(args, r)
 
 
 def subupdates(args: argparse.Namespace) -> int:
@@ -116,5 +99,4 @@ def subupdates(args: argparse.Namespace) -> int:
 
     model = load_model(args)
     r = top_subupdates(model, args.prompt, position=args.position, layer=args.layer, k=args.top, target=args.target)
-    _output(args, r, r.table())
-    return 0
+    return emit(args, r)
