@@ -28,6 +28,27 @@ def hf_gpt2():
 
 
 @pytest.fixture(scope="session")
+def tl_from_hf():
+    """A function building TransformerLens 3.9's HookedTransformer (the independent reference) with
+    the weights of a transformers GPT2LMHeadModel, unfolded and uncentred, so hooks compare 1:1."""
+    tl = pytest.importorskip("transformer_lens")
+    from transformer_lens.loading_from_pretrained import convert_gpt2_weights
+
+    def build(hf_model):
+        c = hf_model.config
+        cfg = tl.HookedTransformerConfig(
+            n_layers=c.n_layer, d_model=c.n_embd, n_heads=c.n_head, d_head=c.n_embd // c.n_head,
+            d_mlp=c.n_inner or 4 * c.n_embd, n_ctx=c.n_positions, d_vocab=c.vocab_size,
+            act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard",
+        )
+        ref = tl.HookedTransformer(cfg)
+        ref.load_state_dict(convert_gpt2_weights(hf_model, cfg), strict=False)
+        return ref.eval()
+
+    return build
+
+
+@pytest.fixture(scope="session")
 def gpt2_dir(hf_gpt2, tmp_path_factory):
     """The random gpt2 saved by transformers as an HF directory (safetensors)."""
     path = tmp_path_factory.mktemp("hf_gpt2")

@@ -40,16 +40,8 @@ def test_to_transformers_and_save_round_trip(gpt2, tmp_path):
     assert (reloaded(tokens).logits - ours).abs().max().item() <= 1e-4
 
 
-def test_every_hook_matches_transformer_lens(hf_gpt2, gpt2):
-    tl = pytest.importorskip("transformer_lens")
-    from transformer_lens.loading_from_pretrained import convert_gpt2_weights
-
-    cfg = tl.HookedTransformerConfig(
-        n_layers=12, d_model=768, n_heads=12, d_head=64, d_mlp=3072, n_ctx=1024, d_vocab=50257,
-        act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard",
-    )
-    ref = tl.HookedTransformer(cfg)
-    ref.load_state_dict(convert_gpt2_weights(hf_gpt2, cfg), strict=False)
+def test_every_hook_matches_transformer_lens(hf_gpt2, gpt2, tl_from_hf):
+    ref = tl_from_hf(hf_gpt2)
     tokens = random_tokens(2, 16)
     ref_logits, ref_cache = ref.run_with_cache(tokens)
     logits, cache = gpt2.run_with_cache(tokens)

@@ -37,17 +37,8 @@ def small(small_hf):
 
 
 @pytest.fixture(scope="module")
-def tl_small(small_hf):
-    tl = pytest.importorskip("transformer_lens")
-    from transformer_lens.loading_from_pretrained import convert_gpt2_weights
-
-    cfg = tl.HookedTransformerConfig(
-        n_layers=4, d_model=128, n_heads=4, d_head=32, d_mlp=512, n_ctx=64, d_vocab=50257,
-        act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard",
-    )
-    ref = tl.HookedTransformer(cfg)
-    ref.load_state_dict(convert_gpt2_weights(small_hf, cfg), strict=False)
-    return ref.eval()
+def tl_small(small_hf, tl_from_hf):
+    return tl_from_hf(small_hf)
 
 
 @pytest.fixture(scope="module")
