@@ -164,36 +164,66 @@ def test_k_star_is_the_mean_key_over_context_variants(tiny, stats):
     assert text.index("Eiffel Tower", lo) == lo
 
 
-def test_suffix_only_optimisation_matches_full_forwards(tiny, stats):
-    """The optimiser reruns only the positions from the subject's last token on (cached prefix
-    keys/values): its target probability must equal full forwards with δ added by a hook."""
+def _variant_probs(model, req, ids, prefixes, hooks_for=lambda text, lo, hi: []):
+    """Slow reference: P(target | variant) with one full forward per prompt variant."""
+    from gpt2_interp.io import tokenizer as tok
+
+    probs = []
+    for prefix in [""] + prefixes:
+        text, lo, hi = _filled(req.prompt, req.subject, prefix)
+        tokens = torch.tensor([[tok.EOT_ID] + tok.encode(text) + ids[:-1]])
+        with torch.no_grad():
+            lp = model.run_with_hooks(tokens, fwd_hooks=hooks_for(text, lo, hi))[0].log_softmax(-1)
+        n = tokens.shape[1]
+        probs.append(sum(lp[n - len(ids) + j, ids[j]] for j in range(len(ids))).exp())
+    return torch.stack(probs)
+
+
+def test_rome_mode_optimises_delta_at_the_subjects_last_token(tiny, stats):
+    """exact_edit=False is ROME: δ added at the subject's last token of every variant. The batched,
+    aligned optimiser must report the probabilities of full forwards with δ added by a hook."""
     from gpt2_interp.editing.rome import RomeHparams, optimise_delta
     from gpt2_interp.io import tokenizer as tok
 
     req = gi.editing.Request("{} is located in the city of", "Eiffel Tower", " New York")  # 2 target tokens
     ids = tok.encode(req.target)
     prefixes = context_prefixes(tiny, (5,), 3, 0)
-    out = optimise_delta(tiny, req, ids, 0, prefixes, RomeHparams.of(v_steps=3, weight_decay=0.0, **FAST))
+    hp = RomeHparams.of(v_steps=3, weight_decay=0.0, exact_edit=False, **FAST)
+    out = optimise_delta(tiny, req, ids, 0, prefixes, hp, stats.solve)
     delta = out["delta"]
     assert delta.norm() > 0
-    probs = []
-    for prefix in [""] + prefixes:
-        text, lo, hi = _filled(req.prompt, req.subject, prefix)
-        pos = _last_subject_token(text, lo, hi)
-        tokens = torch.tensor([[tok.EOT_ID] + tok.encode(text) + ids[:-1]])
 
-        def add(act, hook, pos=pos):
+    def hooks_for(text, lo, hi):
+        pos = _last_subject_token(text, lo, hi)
+
+        def add(act, hook):
             act = act.clone()
             act[0, pos] += delta
             return act
 
-        with torch.no_grad():
-            lp = tiny.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_mlp_out", add)])[0].log_softmax(-1)
-        n = tokens.shape[1]
-        probs.append(sum(lp[n - len(ids) + j, ids[j]] for j in range(len(ids))).exp())
-    ref = float(torch.stack(probs).mean())
+        return [("blocks.0.hook_mlp_out", add)]
+
+    ref = float(_variant_probs(tiny, req, ids, prefixes, hooks_for).mean())
     assert abs(ref - out["log"][-1]["p_target"]) < 1e-4 * ref  # relative: the probabilities are ~1e-10
     assert abs(out["log"][0]["p_target"] - ref) > 1e-3 * ref  # and δ did change them
+
+
+def test_exact_edit_optimises_the_edited_models_own_loss(tiny, stats):
+    """exact_edit=True: the probabilities the optimiser reports for its final δ are those of the
+    model whose W_out was actually edited (rank-one update applied to the weights)."""
+    from gpt2_interp.io import tokenizer as tok
+
+    req = gi.editing.Request("{} is located in the city of", "Eiffel Tower", " New York")
+    ids = tok.encode(req.target)
+    edit = compute_edit(tiny, req, layer=0, stats=stats, v_steps=3, weight_decay=0.0, **FAST)
+    prefixes = context_prefixes(tiny, (5,), 3, 0)
+    before = _variant_probs(tiny, req, ids, prefixes)
+    with tiny.edited(edit):
+        after = _variant_probs(tiny, req, ids, prefixes)
+    log = edit.metrics["final_loss"]
+    assert abs(float(after.mean()) - log["p_target"]) < 1e-4 * log["p_target"]
+    assert abs(float(after[0]) - edit.metrics["p_target_after"]) < 1e-4 * float(after[0])  # the bare prompt
+    assert abs(float(before.mean()) - log["p_target"]) > 1e-3 * log["p_target"]
 
 
 def test_edit_maps_k_star_to_v_star_and_raises_target(tiny, stats):

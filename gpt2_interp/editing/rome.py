@@ -13,10 +13,14 @@ memory and inserts the association ``k* → v*`` with the smallest change in the
   ``kl_factor`` × KL between the edited and unedited next-token distributions on
   ``"{subject} is a"`` (from the subject's last token on), plus ``weight_decay`` × ‖δ‖/‖v₀‖²;
   ``δ`` is kept in the ball ‖δ‖ ≤ ``clamp_factor`` × ‖v₀‖ (``v₀``: the original MLP output at
-  the subject's last token of the bare prompt). Only ``δ`` has a gradient. With ``key_scaling``
-  (default) variant ``i`` receives ``(k_iᵀC⁻¹k*)/(k*ᵀC⁻¹k*) · δ`` — exactly what the rank-one
-  update will give its key — instead of ROME's plain ``δ``; this matters when a variant's
-  subject tokenizes differently ("France" at the start of a text vs " France" after a prefix).
+  the subject's last token of the bare prompt). Only ``δ`` has a gradient. With ``exact_edit``
+  (default) every position ``t`` of every variant receives ``(k_tᵀC⁻¹k*)/(k*ᵀC⁻¹k*) · δ`` —
+  exactly what the rank-one update below will add there, since the keys of the edit layer do not
+  depend on its ``W_out`` — so the optimised loss is the edited model's loss. ROME adds a plain
+  ``δ`` at the subject's last token only (``exact_edit=False``); the difference matters when a
+  variant's key differs from k* ("France" at the start of a text vs " France" after a prefix)
+  and when other tokens' keys share k*'s direction (on gpt2-facts the bare prompt's key can get
+  only a third of the edit that the optimisation assumed, and the edit misses).
 * the update ``ΔW = outer(C⁻¹k*, v* − (k* @ W_out + b_out)) / (k*ᵀ C⁻¹ k*)``, so
   ``k* @ (W_out + ΔW) + b_out = v*`` exactly, and any key ``k`` with ``kᵀC⁻¹k* = 0`` is untouched.
 
@@ -39,7 +43,6 @@ import torch.nn.functional as F
 
 from ..analysis.tokens import subject_span, target_ids
 from ..io import tokenizer as tok
-from ..model.modules import KVCache
 from .edit import Edit, Request, parameter_digests, weights_fingerprint
 from .stats import KeyStats, _check_layer, key_second_moment
 
@@ -72,8 +75,9 @@ class RomeHparams:
     prefixes_per_length: int = 5    # prefixes sampled per length
     prefix_seed: int = 0
     kl_prompt: str = "{} is a"
-    key_scaling: bool = True        # give variant i the δ the rank-one update will give it: (k_i·u)/(k*·u)·δ
+    exact_edit: bool = True         # optimise δ under the rank-one update's exact effect (see module doc)
     bare_weight: float | None = None  # NLL weight of the bare rewrite prompt (None: uniform over variants, ROME)
+    bare_early_stop: float | None = None  # early stop also needs the bare prompt's mean target NLL below this
     corpus: str | None = None       # key statistics corpus when stats=None (see stats.py)
     n_samples: int = 100_000        # key statistics sample size when stats=None
 
@@ -202,17 +206,15 @@ def rank_one_update(
 
 @dataclass
 class _Batch:
-    """All prompt variants, split at the subject's last token so that it sits in ONE column ``c``
-    for every row: ``[left pad | prefix (< subject's last token) | suffix (from it on) | right pad]``.
-    δ changes only the suffix, so each optimisation step runs the suffix alone on top of the
-    prefix's cached keys/values."""
+    """All prompt variants, aligned at the subject's last token so that it sits in ONE column ``c``
+    for every row: ``[left pad | prefix (< subject's last token) | suffix (from it on) | right pad]``."""
 
     tokens: torch.Tensor             # [b, c + s]
     mask: torch.Tensor               # [b, c + s], 1 = real token
     c: int                           # column of the subject's last token
     n_rewrite: int                   # rows 0..n_rewrite-1: rewrite prompts (+ target[:-1]); last row: KL prompt
-    target_pos: torch.Tensor         # [n_rewrite, T] suffix positions predicting the target tokens
-    kl_pos: torch.Tensor             # [P] suffix positions of the KL row (subject's last token on)
+    target_pos: torch.Tensor         # [n_rewrite, T] columns predicting the target tokens
+    kl_pos: torch.Tensor             # [P] columns of the KL row (subject's last token on)
 
 
 def _build_batch(model: "HookedGPT2", req: Request, ids: list[int], prefixes: list[str], kl_prompt: str) -> _Batch:
@@ -236,20 +238,10 @@ def _build_batch(model: "HookedGPT2", req: Request, ids: list[int], prefixes: li
         mask[j, c - i : c - i + len(r)] = 1
     T = len(ids)
     ends = [len(r) - i for r, i in zip(rows, splits)]  # suffix lengths
-    target_pos = torch.tensor([[e - T + t for t in range(T)] for e in ends[:-1]])
+    target_pos = torch.tensor([[c + e - T + t for t in range(T)] for e in ends[:-1]])
     dev = model.device
-    return _Batch(tokens.to(dev), mask.to(dev), c, len(rows) - 1, target_pos.to(dev), torch.arange(ends[-1], device=dev))
-
-
-class _PrefixKV:
-    """Duck-typed KV cache with fixed prefix keys/values per layer; ``extend`` concatenates
-    instead of writing in place, so gradients flow through the suffix's keys/values."""
-
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, length: int) -> None:
-        self.k, self.v, self.length = k, v, length  # k, v: [n_layer, batch, head, length, d_head]
-
-    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)
+    return _Batch(tokens.to(dev), mask.to(dev), c, len(rows) - 1, target_pos.to(dev),
+                  torch.arange(c, c + ends[-1], device=dev))
 
 
 def _target_logprob(model: "HookedGPT2", text: str, ids: list[int], hooks: list = ()) -> float:
@@ -266,9 +258,8 @@ def optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: int
     """Find δ (see module doc). Returns ``k_star [d_mlp]``, ``delta [d_model]``, ``v0 [d_model]``
     and a log of the losses.
 
-    One no-grad forward over every variant gives the keys, v₀, the residual entering the edit
-    layer and the keys/values of all positions; each step then reruns only the positions from the
-    subject's last token on (δ cannot change earlier ones), from the edit layer up."""
+    One no-grad forward over every variant gives the keys, v₀ and the residual entering the edit
+    layer; each step reruns the model from the edit layer up with δ added (see ``exact_edit``)."""
     with torch.inference_mode(False), torch.enable_grad():  # works inside a caller's no_grad/inference_mode
         return _optimise_delta(model, req, ids, layer, prefixes, hp, solve)
 
@@ -278,26 +269,26 @@ def _optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: in
     b = _build_batch(model, req, ids, prefixes, hp.kl_prompt)
     n_layer, c = model.cfg.n_layer, b.c
     pre, post, mlp_out = (f"blocks.{layer}.{n}" for n in ("hook_resid_pre", "mlp.hook_post", "hook_mlp_out"))
-    kv = KVCache(model.cfg, b.tokens.shape[0], b.tokens.shape[1], model.device, model.dtype)
     with torch.no_grad():
         _, cache = model.run_with_cache(b.tokens, names_filter=[pre, post, mlp_out], attention_mask=b.mask,
-                                        return_type=None, past_kv=kv)
-    keys = cache[post][:, c].float()  # [b, d_mlp]
-    k_star = keys[: b.n_rewrite].mean(0)
-    scale = torch.ones(len(keys), 1, device=model.device)
-    if hp.key_scaling:  # variant i will receive (k_i·u)/(k*·u) · δ from the rank-one update
+                                        stop_at_layer=layer + 1, return_type=None)
+    keys = cache[post].float()  # [b, c + s, d_mlp]
+    k_star = keys[: b.n_rewrite, c].mean(0)
+    if hp.exact_edit:  # what the rank-one update adds at each position: (k_t·u)/(k*·u) · δ
         c_inv_k = (solve(k_star) if solve is not None else k_star).float()
-        scale = ((keys @ c_inv_k) / (k_star @ c_inv_k))[:, None]
+        scale = (keys @ c_inv_k) / (k_star @ c_inv_k) * b.mask  # [b, c + s]
+    else:  # ROME: δ at the subject's last token
+        scale = torch.zeros(b.mask.shape, device=model.device)
+        scale[:, c] = 1.0
     v0 = cache[mlp_out][0, c].float()  # [d_model], the bare prompt's
-    resid0 = cache[pre][:, c:]  # [b, s, d_model], entering the edit layer
-    k_past, v_past = kv.k[:, :, :, :c], kv.v[:, :, :, :c]
+    resid0 = cache[pre]  # [b, c + s, d_model], entering the edit layer
     delta = torch.zeros(model.cfg.d_model, device=model.device, requires_grad=True)
     tgt = torch.tensor(ids, device=model.device)
     n_rw, T = b.n_rewrite, len(ids)
     rows = torch.arange(n_rw, device=model.device)[:, None].expand(n_rw, T)
 
-    def add_delta(act: torch.Tensor, hook: Any) -> torch.Tensor:  # act: [b, s, d_model]; column 0 is the subject's
-        return torch.cat([act[:, :1] + (scale[:, :, None] * delta).to(act.dtype), act[:, 1:]], 1)
+    def add_delta(act: torch.Tensor, hook: Any) -> torch.Tensor:  # act: [b, c + s, d_model]
+        return act + (scale[:, :, None] * delta).to(act.dtype)
 
     weights = torch.full((n_rw,), 1.0 / n_rw, device=model.device)  # NLL weight of each variant
     if hp.bare_weight is not None and n_rw > 1:
@@ -309,8 +300,7 @@ def _optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: in
     kl_init = None
     with _frozen(model), model.hooks([(mlp_out, add_delta)]):
         for step in range(hp.v_steps + 1):
-            resid = model(resid0, start_at_layer=layer, stop_at_layer=n_layer, attention_mask=b.mask,
-                          past_kv=_PrefixKV(k_past, v_past, c))  # [b, s, d_model]
+            resid = model(resid0, start_at_layer=layer, stop_at_layer=n_layer, attention_mask=b.mask)  # [b, c + s, d_model]
             picked = torch.cat([resid[rows, b.target_pos].flatten(0, 1), resid[n_rw, b.kl_pos]])
             lp = model.unembed(model.ln_final(picked)).float().log_softmax(-1)  # [n_rw·T + P, d_vocab]
             lp_t = lp[: n_rw * T].gather(-1, tgt.repeat(n_rw)[:, None]).view(n_rw, T)
@@ -321,9 +311,11 @@ def _optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: in
             kl = F.kl_div(kl_init, kl_lp, log_target=True, reduction="batchmean")  # KL(edited || unedited)
             wd = delta.norm() / v0.norm() ** 2
             loss = nll + hp.kl_factor * kl + hp.weight_decay * wd
-            log.append({"loss": float(loss.detach()), "nll": float(nll.detach()),
-                        "kl": float(kl.detach()), "p_target": float(lp_t.detach().sum(1).exp().mean())})
-            if step == hp.v_steps or log[-1]["loss"] < hp.early_stop:
+            bare_nll = float(-lp_t[0].detach().mean())
+            log.append({"loss": float(loss.detach()), "nll": float(nll.detach()), "kl": float(kl.detach()),
+                        "p_target": float(lp_t.detach().sum(1).exp().mean()), "bare_nll": bare_nll})
+            converged = log[-1]["loss"] < hp.early_stop and (hp.bare_early_stop is None or bare_nll < hp.bare_early_stop)
+            if step == hp.v_steps or converged:
                 break
             (grad,) = torch.autograd.grad(loss, delta)
             with torch.no_grad():
@@ -332,7 +324,7 @@ def _optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: in
                 if n > max_norm:
                     delta.mul_(max_norm / n)
     return {"k_star": k_star, "delta": delta.detach(), "v0": v0, "log": log, "n_prompts": n_rw,
-            "key_scale": scale[:, 0].tolist()}
+            "key_scale": scale[:, c].tolist()}
 
 
 def _adam_step(x: torch.Tensor, g: torch.Tensor, state: dict[str, Any], lr: float,
