@@ -6,7 +6,7 @@
    paraphrase, neighbourhood scores and magnitudes, fluency, KL drift, edit time.
 3. ``--sequential-n`` requests edited sequentially (edits accumulate): how the scores decay.
 
-Writes ``rome_counterfact.json`` + ``.png`` (and ``rome_sequential.*``) to ``--out-dir``
+Writes ``rome_counterfact.json`` + ``.png`` + ``.md`` (the tables) and ``rome_sequential.*`` to ``--out-dir``
 (default ``analyses/results/``). ``--quick`` runs a tiny version (< 60 s) for the test suite.
 
     python analyses/rome_counterfact.py --n 200
@@ -82,12 +82,16 @@ def main(argv: list[str] | None = None) -> int:
                                "hparams": ev.hparams}
     (out / "rome_counterfact.json").write_text(json.dumps(to_jsonable(report | {"rows": ev.rows}), indent=1) + "\n")
     ev.save_plot(out / "rome_counterfact.png")
+    md = [f"# ROME on {model.cfg.name}: CounterFact-style evaluation", "", f"`python analyses/rome_counterfact.py --n {args.n}`"
+          f"{' --quick' if args.quick else ''}", "", "```", ev.table(), "```", ""]
     if args.sequential_n:
         seq = evaluate_edits(model, cases[: args.sequential_n], layer=layer, stats=stats, sequential=True,
                              seed=args.seed, **({"v_steps": 5} if args.quick else {}))
         print(seq.table())
         seq.to_json(out / "rome_sequential.json")
         seq.save_plot(out / "rome_sequential.png")
+        md += ["Sequential (edits accumulate):", "", "```", seq.table(), "```", ""]
+    (out / "rome_counterfact.md").write_text("\n".join(md))
     return 0
 
 

@@ -121,3 +121,5 @@ def test_analysis_script_quick(facts_model, tmp_path):
     assert report["one_at_a_time"]["summary"]["all"]["n"] == 3 and len(report["rows"]) == 3
     for name in ("rome_counterfact.png", "rome_sequential.png", "rome_sequential.json"):
         assert (tmp_path / name).stat().st_size > 0
+    md = (tmp_path / "rome_counterfact.md").read_text()
+    assert "one at a time" in md and "sequential" in md
