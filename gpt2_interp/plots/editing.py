@@ -32,12 +32,14 @@ def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None):
         for j, (subset, stage) in enumerate(groups):
             vals = [_val(ev.summary[subset].get(f"{k}_{stage}")) for k in keys]
             name = f"{subset} {stage}"
-            ax.bar(x + (j - 1.5) * w, vals, w, label=f"{name} (n={ev.summary[subset]['n']})", color=colours[name])
+            bars = ax.bar(x + (j - 1.5) * w, vals, w, label=f"{name} (n={ev.summary[subset]['n']})", color=colours[name])
+            if stage == "post":  # the numbers people look for
+                ax.bar_label(bars, fmt="%.1f", fontsize=6, padding=1)
         ax.set_xticks(x, [k.upper() if k != "S" else "S" for k in keys])
         ax.set_ylabel(label)
         ax.axhline(0, color="k", lw=0.6)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].set_ylim(0, 105)
+    axes[0].set_ylim(0, 110)
     axes[0].set_title("CounterFact scores")
     axes[1].set_title("magnitudes: P(new)−P(true), neighbourhood P(true)−P(new)")
     axes[0].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
