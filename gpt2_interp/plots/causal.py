@@ -74,7 +74,8 @@ def _trace_axes(fig: Figure, ax: Axes, r: "TraceResult") -> None:
              r.corrupted_score, max(float(scores.max()), r.corrupted_score + 1e-6), f"p({r.target.strip()!s})")
     what = TRACE_NAMES[r.kind]
     ax.set_title(f"Impact of restoring {what} after corrupted input", fontsize=9)
-    ax.set_xlabel("single restored layer" if r.kind == "hidden" else f"center of interval of {r.window} restored {what} layers",
+    ax.set_xlabel("single restored layer" if r.kind == "hidden" else f"single restored {what} layer" if r.window == 1
+                  else f"center of interval of {r.window} restored {what} layers",
                   fontsize=8)
 
 
