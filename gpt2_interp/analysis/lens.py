@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, Union
 import torch
 import torch.nn.functional as F
 from einops import einsum
-from tqdm.auto import tqdm
 
 from ..io import tokenizer as tok
 from ..model.hooks import hook_name
+from ..progress import progress_bar
 from .result import Result
 from .tokens import prompt_position, target_id
 
@@ -237,7 +237,7 @@ def logit_lens(
     chunks = [
         _lens_chunk(model, tokens[s : s + batch_size], lengths[s : s + batch_size], cols[s : s + batch_size], names,
                     min(k, model.cfg.d_vocab), None if tids is None else tids[s : s + batch_size], return_logits)
-        for s in tqdm(starts, desc="logit lens", disable=not (progress if progress is not None else len(starts) > 4))
+        for s in progress_bar(starts, desc="logit lens", enabled=progress if progress is not None else len(starts) > 4)
     ]
     out = {key: torch.cat([c[key] for c in chunks], dim=1) for key in chunks[0]}  # [n_layers, batch, n_pos(, k)]
     for key, fill in (("ids", -1), ("probs", float("nan")), ("tp", float("nan")), ("tl", float("nan")), ("tr", -1)):

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from tqdm.auto import tqdm
 
 from ..io import tokenizer as tok
 from ..model.hooks import hook_name, layer_of, suggest
+from ..progress import progress_bar
 from .result import Result
 
 if TYPE_CHECKING:
@@ -347,8 +347,8 @@ def run_staircase(
         chunks += [(a, min(hi, a + batch_size)) for a in range(lo, hi, batch_size)]
         lo = hi
     finals = torch.empty(R, model.cfg.d_model, dtype=model.dtype, device=dev)  # ln_final(resid) at the last position
-    bar = tqdm(total=sum(n + 1 - int(start_o[a]) for a, _ in chunks), desc=desc, leave=False,
-               disable=None if progress is None else not progress)  # None: only on a terminal
+    bar = progress_bar(total=sum(n + 1 - int(start_o[a]) for a, _ in chunks), desc=desc, leave=False,
+                       enabled=progress)  # None: only on a terminal
     for a, b in chunks:
         p0 = int(q_o[a])
         kv = PrefixKV(base_kv, p0) if p0 > 0 else None

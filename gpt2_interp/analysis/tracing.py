@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Union
 
 import torch
-from tqdm.auto import tqdm
 
 from ..io import tokenizer as tok
+from ..progress import progress_bar
 from .patching import Edit, base_kv_from, entry_name, kv_names, run_staircase
 from .result import Result
 from .tokens import subject_span, target_id, target_ids
@@ -392,7 +392,7 @@ def average_trace(
     counts = [0] * len(BUCKETS)
     clean, low = [], [[] for _ in kinds]
     batches = [known[a : a + facts_per_batch] for a in range(0, len(known), facts_per_batch)]
-    for idx in tqdm(batches, desc="average trace", disable=None if progress is None else not progress):
+    for idx in progress_bar(batches, desc="average trace", enabled=progress):
         batch = [_Case(cases[i][0], cases[i][1], first[i]) for i in idx]
         for k, kd in enumerate(kinds):
             for r in _trace_batch(model, batch, kd, std, samples, window, seed, batch_size, False):

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 import torch
-from tqdm.auto import tqdm
 
 from ..io import tokenizer as tok
 from ..model.hooks import hook_name
+from ..progress import progress_bar
 from .lens import direct_effect, logit_direction
 from .result import Result
 from .tokens import prompt_position, target_id
@@ -75,7 +75,7 @@ def _top_bottom(
     CHUNK vectors per matmul."""
     k = min(k, model.cfg.d_vocab)
     outs: list[tuple[torch.Tensor, ...]] = []
-    for s in tqdm(range(0, len(vectors), CHUNK), desc="vocab projection", disable=not progress):
+    for s in progress_bar(range(0, len(vectors), CHUNK), desc="vocab projection", enabled=progress):
         scores = vocab_scores(model, vectors[s : s + CHUNK], apply_ln).float()  # [chunk, d_vocab]
         ts, ti = scores.topk(k, dim=-1)
         bs, bi = scores.topk(k, dim=-1, largest=False)

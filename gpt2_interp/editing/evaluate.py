@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tqdm.auto import tqdm
 
 from ..analysis.result import Result
 from ..analysis.tokens import target_ids
 from ..io import tokenizer as tok
 from ..model.modules import KVCache
+from ..progress import progress_bar
 from .edit import Edit, Request, tensor_digest, undo_all, weights_fingerprint
 from .rome import compute_edit, default_layer, hparams_for
 from .stats import KeyStats, key_second_moment
@@ -367,7 +367,7 @@ def evaluate_edits(
     restored = True
     marks = sorted({k for k in (checkpoints or (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)) if k <= len(cases)}
                    | {len(cases)})
-    bar = tqdm(cases, desc="editing", disable=not progress)
+    bar = progress_bar(cases, desc="editing", enabled=progress)
     for n_done, (c, row) in enumerate(zip(bar, rows), start=1):
         lay = fixed_layer
         t0 = time.perf_counter()

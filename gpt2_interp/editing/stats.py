@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tqdm.auto import tqdm
 
 from ..io import tokenizer as tok
+from ..progress import progress_bar
 from .edit import _originals, parameter_digests, tensor_digest, weights_fingerprint
 
 if TYPE_CHECKING:
@@ -318,7 +318,7 @@ def key_second_moment(
         found["k"] = act
 
     rows = _token_rows(src.texts, max_len)
-    bar = tqdm(total=n_samples, unit="tok", desc=f"key stats L{layer}", disable=not progress, leave=False)
+    bar = progress_bar(total=n_samples, unit="tok", desc=f"key stats L{layer}", enabled=progress, leave=False)
     with model.hooks([(hook, grab)]):
         while count < n_samples:
             batch = [r for _, r in zip(range(batch_size), rows)]
