@@ -11,7 +11,8 @@ import torch
 
 from gpt2_interp.analysis.tokens import subject_span, target_ids
 from gpt2_interp.analysis.tracing import (
-    BUCKETS, average_trace, bucket_cells, causal_trace, causal_trace_all, embedding_std, noise_std, plot_traces,
+    BUCKETS, average_trace, bucket_cells, causal_trace, causal_trace_all, default_window, embedding_std, noise_std,
+    plot_traces,
 )
 from gpt2_interp.model import GPT2Config, HookedGPT2
 
@@ -86,6 +87,15 @@ def test_noise_zero_is_flat_at_the_clean_score(sharp):
         r = causal_trace(sharp, PROMPT, SUBJECT, kind=kind, samples=3, noise=0)
         assert r.corrupted_score == pytest.approx(r.clean_score, rel=1e-5)
         assert (r.scores - r.clean_score).abs().max() <= 1e-5 * r.clean_score
+
+
+def test_default_window_is_romes_fraction_of_the_depth(sharp):
+    # ROME: 10 of gpt2-xl's 48 layers; the same fraction, rounded, at least 1
+    assert [default_window(n) for n in (48, 36, 24, 12, 6, 2)] == [10, 8, 5, 2, 1, 1]
+    r = causal_trace(sharp, PROMPT, SUBJECT, kind="mlp", samples=2)
+    assert r.window == default_window(sharp.cfg.n_layer)
+    explicit = causal_trace(sharp, PROMPT, SUBJECT, kind="mlp", samples=2, window=r.window)
+    assert torch.equal(r.scores, explicit.scores)
 
 
 def test_deterministic_for_a_seed_and_noise_scales(sharp):
