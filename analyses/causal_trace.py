@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
     fb = FactBase.load()
     facts = pick_facts(fb, a.facts)
     t0 = time.perf_counter()
-    sigma = (embedding_std(model, [s for f in fb.facts() for s in (f.subject, " " + f.subject)]) if a.sigma == "subjects"
+    sigma = (embedding_std(model, fb.subject_texts()) if a.sigma == "subjects"
              else float(model.W_E.float().std()))
     avg = average_trace(model, facts, kind=KINDS, noise_abs=a.noise * sigma, samples=a.samples, window=window)
     seconds = time.perf_counter() - t0

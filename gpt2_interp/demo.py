@@ -120,7 +120,7 @@ def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", fo
     _step(5, f"causal trace ({samples} noise samples × 3 kinds)", t0)
     # ROME's noise scale (3 × the std of subject embeddings: gpt2-facts's untrained rows make std(W_E) too
     # small) and the MLP window that layer="auto" uses, so the trace's layer is the one ROME would choose
-    sigma = embedding_std(model, [s for f in fb.facts() for s in (f.subject, " " + f.subject)])
+    sigma = embedding_std(model, fb.subject_texts())
     traces = causal_trace_all(model, prompt, fact.subject, samples=samples, noise_abs=3 * sigma)
     traces.save_plot(out / "causal_trace.png")
     mlp = traces["mlp"]

@@ -183,7 +183,7 @@ def _subject_noise(model):
     """ROME's noise: 3 × the std of the fact base's subject embeddings."""
     from gpt2_interp.facts.base import FactBase
 
-    return 3 * embedding_std(model, [s for f in FactBase.load().facts() for s in (f.subject, " " + f.subject)])
+    return 3 * embedding_std(model, FactBase.load().subject_texts())
 
 
 def test_fact_model_recalls_at_the_last_subject_token(facts_model):

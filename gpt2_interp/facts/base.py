@@ -91,6 +91,11 @@ class FactBase:
         """The distinct objects of a relation, sorted."""
         return sorted({f.object for f in self.facts(relation)})
 
+    def subject_texts(self) -> list[str]:
+        """Every subject as the model meets it: at the start of a text and after a space. Their token
+        embeddings set the causal-trace noise scale (``tracing.embedding_std``, ROME's choice)."""
+        return [s for f in self.facts() for s in (f.subject, " " + f.subject)]
+
     def target(self, fact: Fact) -> str:
         """The string the model must produce after a prompt: ``" " + object``."""
         return fact.target
