@@ -361,11 +361,11 @@ def run_staircase(
         x: torch.Tensor | None = None
         with model.hooks([(name, _hook_fn(es)) for name, es in hooks.items()]):
             for s in range(int(start_o[a]), n + 1):
-                lo, hi = a + steps[s], a + steps[s + 1]
-                if hi > lo:  # rows starting here join the batch, with their entry edits applied
-                    new = entries[s][base_o[lo:hi], p0:]
+                r0, r1 = a + steps[s], a + steps[s + 1]
+                if r1 > r0:  # rows starting here join the batch, with their entry edits applied
+                    new = entries[s][base_o[r0:r1], p0:]
                     for e in at_entry.get(s, ()):
-                        sub = e.select(lo, hi, p0)
+                        sub = e.select(r0, r1, p0)
                         new = new if sub is None else sub.apply(new)
                     if x is not None and x.shape[1] < new.shape[1]:  # after _last_block only the last position is kept
                         new = new[:, -x.shape[1]:]
