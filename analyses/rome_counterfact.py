@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 import gpt2_interp as gi
-from gpt2_interp.analysis.result import to_jsonable
+from gpt2_interp.core.result import to_jsonable
 from gpt2_interp.editing.evaluate import counterfact_requests, evaluate_edits
 from gpt2_interp.analysis.tracing import average_trace
 from gpt2_interp.editing.rome import DEFAULT_LAYERS, default_layer

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .analysis.result import to_jsonable
+from .core.result import to_jsonable
 
 # (relation, subject, counterfactual object): the first one the model knows is used.
 CANDIDATES = [
@@ -62,7 +62,7 @@ def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", fo
     from .analysis.lens import logit_lens
     from .analysis.tracing import causal_trace_all, embedding_std
     from .analysis.vocab import top_subupdates
-    from .editing.edit import parameter_digests
+    from .model.fingerprint import parameter_digests
     from .editing.evaluate import compare_topk
     from .editing.rome import compute_edit
     from .facts.base import FactBase

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gpt2_interp.editing import Edit, Request, applied_edits, undo_all, weights_fingerprint
-from gpt2_interp.editing.edit import load_edit, tensor_digest
+from gpt2_interp.editing.edit import load_edit, original_weights, tensor_digest
 from gpt2_interp.model import HookedGPT2
 
 from .conftest import TINY
@@ -42,7 +42,7 @@ def test_apply_changes_w_out_by_the_outer_product_and_undo_is_bit_exact(tiny):
     assert applied_edits(tiny) == [e]
     e.undo(tiny)
     assert _same(tiny, snap) and applied_edits(tiny) == []
-    assert "_edit_originals" in tiny.__dict__ and not tiny.__dict__["_edit_originals"]  # nothing kept
+    assert original_weights(tiny) == {}  # nothing kept
 
 
 def test_context_manager_undoes_even_on_error(tiny):
@@ -62,7 +62,7 @@ def test_stacked_edits_undo_lifo_and_refuse_out_of_order(tiny):
     e2 = _edit(tiny, 1, 2).apply(tiny)  # made for the model with e1 applied
     e3 = _edit(tiny, 0, 3).apply(tiny)
     assert applied_edits(tiny) == [e1, e2, e3]
-    assert len(tiny.__dict__["_edit_originals"]) == 2  # one W_out copy per edited layer, not per edit
+    assert len(original_weights(tiny)) == 2  # one W_out copy per edited layer, not per edit
     with pytest.raises(ValueError, match="out of order"):
         e1.undo(tiny)
     e3.undo(tiny)

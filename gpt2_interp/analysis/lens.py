@@ -22,8 +22,8 @@ from einops import einsum
 
 from ..io import tokenizer as tok
 from ..model.hooks import hook_name
-from ..progress import progress_bar
-from .result import Result
+from ..core.progress import progress_bar
+from ..core.result import Result
 from .tokens import prompt_position, target_id
 
 if TYPE_CHECKING:

@@ -37,8 +37,8 @@ from einops import rearrange
 
 from ..io import tokenizer as tok
 from ..model.hooks import hook_name, layer_of, suggest
-from ..progress import progress_bar
-from .result import Result
+from ..core.progress import progress_bar
+from ..core.result import Result
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
@@ -478,7 +478,7 @@ def pair_tokens(
         if c.shape != k.shape:
             raise ValueError(f"clean tokens {tuple(c.shape)} and corrupted tokens {tuple(k.shape)} differ in shape; "
                              "patching needs aligned positions")
-        return model._as_tokens(c, None)[0], model._as_tokens(k, None)[0], None
+        return model.as_tokens(c, None)[0], model.as_tokens(k, None)[0], None
     for a, b in zip(c, k):
         ta, tb = model.to_str_tokens(a), model.to_str_tokens(b)
         if len(ta) != len(tb):

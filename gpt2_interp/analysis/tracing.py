@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 import torch
 
 from ..io import tokenizer as tok
-from ..progress import progress_bar
+from ..core.progress import progress_bar
 from .patching import Edit, base_kv_from, entry_name, kv_names, run_staircase
-from .result import Result
+from ..core.result import Result
 from .tokens import subject_span, target_id, target_ids
 
 if TYPE_CHECKING:

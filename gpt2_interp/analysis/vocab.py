@@ -23,9 +23,9 @@ import torch
 
 from ..io import tokenizer as tok
 from ..model.hooks import hook_name
-from ..progress import progress_bar
+from ..core.progress import progress_bar
 from .lens import direct_effect, logit_direction
-from .result import Result
+from ..core.result import Result
 from .tokens import prompt_position, target_id
 
 if TYPE_CHECKING:

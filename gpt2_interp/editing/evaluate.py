@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..analysis.result import Result
+from ..core.result import Result
 from ..analysis.tokens import target_ids
 from ..io import tokenizer as tok
 from ..model.modules import KVCache
-from ..progress import progress_bar
-from .edit import Edit, Request, tensor_digest, undo_all, weights_fingerprint
+from ..core.progress import progress_bar
+from ..model.fingerprint import tensor_digest, weights_fingerprint
+from .edit import Edit, Request, undo_all
 from .rome import compute_edit, default_layer, hparams_for
 from .stats import KeyStats, key_second_moment
 
@@ -122,7 +123,7 @@ def target_logprobs(model: "HookedGPT2", prompts: Sequence[str], targets: Sequen
         ps, ts = prompts[s : s + batch_size], targets[s : s + batch_size]
         ids = [target_ids(t) for t in ts]
         rows = [[tok.EOT_ID] + tok.encode(p) + i for p, i in zip(ps, ids)]
-        model._check_length(max(map(len, rows)))
+        model.check_length(max(map(len, rows)))
         width, tmax = max(map(len, rows)), max(map(len, ids))
         tokens = torch.full((len(rows), width), tok.EOT_ID, dtype=torch.long)
         mask = torch.zeros_like(tokens)

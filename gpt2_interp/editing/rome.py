@@ -43,7 +43,8 @@ import torch.nn.functional as F
 
 from ..analysis.tokens import subject_span, target_ids
 from ..io import tokenizer as tok
-from .edit import Edit, Request, parameter_digests, weights_fingerprint
+from ..model.fingerprint import parameter_digests, weights_fingerprint
+from .edit import Edit, Request
 from .stats import KeyStats, _check_layer, key_second_moment
 
 if TYPE_CHECKING:
@@ -233,7 +234,7 @@ def _build_batch(model: "HookedGPT2", req: Request, ids: list[int], prefixes: li
     splits.append(_last_subject_token(text, lo, hi))
     c = max(splits)
     s = max(len(r) - i for r, i in zip(rows, splits))
-    model._check_length(c + s)
+    model.check_length(c + s)
     tokens = torch.full((len(rows), c + s), tok.EOT_ID, dtype=torch.long)
     mask = torch.zeros_like(tokens)
     for j, (r, i) in enumerate(zip(rows, splits)):

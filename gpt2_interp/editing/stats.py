@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..io import tokenizer as tok
-from ..progress import progress_bar
-from .edit import _originals, parameter_digests, tensor_digest, weights_fingerprint
+from ..core.progress import progress_bar
+from ..model.fingerprint import parameter_digests, tensor_digest, weights_fingerprint
+from .edit import original_weights
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
@@ -75,7 +76,7 @@ def keys_fingerprint(model: "HookedGPT2", layer: int, digests: dict[str, str] | 
 def base_fingerprint(model: "HookedGPT2") -> str:
     """Fingerprint of the model's weights with its applied edits (if any) taken out."""
     digests = parameter_digests(model)
-    for layer, W in _originals(model).items():
+    for layer, W in original_weights(model).items():
         digests[f"blocks.{layer}.mlp.W_out"] = tensor_digest(W)
     return weights_fingerprint(model, digests=digests)
 

@@ -51,13 +51,13 @@ def generate(
     prepend_bos: bool,
 ) -> Any:
     if isinstance(input, torch.Tensor):
-        tokens, mask = model._as_tokens(input, None)
+        tokens, mask = model.as_tokens(input, None)
     else:
         tokens, mask = model.tokenize(input, prepend_bos=prepend_bos)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     batch, prompt_len = tokens.shape
-    model._check_length(prompt_len + max_new_tokens)
+    model.check_length(prompt_len + max_new_tokens)
     gen = None
     if seed is not None:
         gen = torch.Generator(device=model.device).manual_seed(seed)

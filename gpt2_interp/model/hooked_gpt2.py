@@ -170,9 +170,11 @@ class HookedGPT2(nn.Module):
         return ids[0]
 
     # ------------------------------------------------------------------ forward
-    def _as_tokens(
+    def as_tokens(
         self, input: Input, attention_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Any model input (text, texts, token ids ``[pos]`` or ``[batch, pos]``) as
+        ``(tokens [batch, pos] on the model's device, attention_mask or None)``, range-checked."""
         if isinstance(input, torch.Tensor):
             tokens = input if input.ndim == 2 else input[None]
             if tokens.dtype not in (torch.long, torch.int, torch.int32, torch.int64):
@@ -191,7 +193,8 @@ class HookedGPT2(nn.Module):
             attention_mask = attention_mask.to(self.device)
         return tokens, attention_mask
 
-    def _check_length(self, n: int) -> None:
+    def check_length(self, n: int) -> None:
+        """Raise a ValueError naming the context size when ``n`` tokens do not fit."""
         if n > self.cfg.n_ctx:
             raise ValueError(
                 f"input is {n} tokens long but {self.cfg.name} has a context of {self.cfg.n_ctx}; "
@@ -237,9 +240,9 @@ class HookedGPT2(nn.Module):
         stop = n if stop_at_layer is None else _layer_index(stop_at_layer, n, "stop_at_layer", allow_end=True)
         past = past_kv.length if past_kv is not None else 0
         if start_at_layer is None:
-            tokens, attention_mask = self._as_tokens(input, attention_mask)
+            tokens, attention_mask = self.as_tokens(input, attention_mask)
             q_len = tokens.shape[1]
-            self._check_length(past + q_len)
+            self.check_length(past + q_len)
             if attention_mask is None:
                 pos = torch.arange(past, past + q_len, device=self.device)[None]
             else:
@@ -343,11 +346,18 @@ class HookedGPT2(nn.Module):
 
     @contextmanager
     def edited(self, *edits: Any) -> Iterator["HookedGPT2"]:
-        """Apply weight edits (e.g. ROME's, in order) for the ``with`` block; undone bit-exactly on exit."""
-        from ..editing.edit import edited
-
-        with edited(self, *edits):
+        """Apply weight edits (values with ``apply(model)``/``undo(model)``, e.g. ROME's ``Edit``), in
+        order, for the ``with`` block; undone last-in first-out on exit, also when the body raises.
+        The model knows nothing of edits beyond that protocol: their bookkeeping lives in ``editing``."""
+        done: list[Any] = []
+        try:
+            for e in edits:
+                e.apply(self)
+                done.append(e)
             yield self
+        finally:
+            for e in reversed(done):
+                e.undo(self)
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..analysis.result import Result
+from ..core.result import Result
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""The neutral ground floor: result objects, progress bars, argument checks. Imports nothing of ours."""
