@@ -63,7 +63,7 @@ def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", fo
     from .analysis.tracing import causal_trace_all, embedding_std
     from .analysis.vocab import top_subupdates
     from .model.fingerprint import parameter_digests
-    from .editing.evaluate import compare_topk
+    from .editing.compare import compare_topk
     from .editing.rome import compute_edit
     from .facts.base import FactBase
     from .model.params import parameter_table

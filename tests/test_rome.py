@@ -6,10 +6,11 @@ import pytest
 import torch
 
 import gpt2_interp as gi
+from gpt2_interp.analysis.tokens import token_span
 from gpt2_interp.editing import stats as stats_mod
 from gpt2_interp.editing.edit import weights_fingerprint
 from gpt2_interp.editing.rome import (
-    DEFAULT_LAYERS, _filled, _last_subject_token, compute_edit, context_prefixes, default_layer, rank_one_update,
+    DEFAULT_LAYERS, _filled, compute_edit, context_prefixes, default_layer, rank_one_update,
 )
 from gpt2_interp.editing.stats import KeyStats, key_second_moment, keys_fingerprint
 from gpt2_interp.model import HookedGPT2
@@ -156,11 +157,11 @@ def test_k_star_is_the_mean_key_over_context_variants(tiny, stats):
     for prefix in [""] + prefixes:  # slow reference: one forward per variant
         text, lo, hi = _filled(REQ["prompt"], REQ["subject"], prefix)
         _, cache = tiny.run_with_cache(text, names_filter="blocks.0.mlp.hook_post")
-        keys.append(cache["blocks.0.mlp.hook_post"][0, _last_subject_token(text, lo, hi)])
+        keys.append(cache["blocks.0.mlp.hook_post"][0, (token_span(tiny, text, lo, hi)[1] - 1)])
     torch.testing.assert_close(edit.k, torch.stack(keys).mean(0), rtol=1e-5, atol=1e-6)
     # the subject's last token is " Tower" in every variant
     text, lo, hi = _filled(REQ["prompt"], REQ["subject"], "Tower. Eiffel Tower")
-    assert tiny.to_str_tokens(text)[_last_subject_token(text, lo, hi)] == " Tower"
+    assert tiny.to_str_tokens(text)[(token_span(tiny, text, lo, hi)[1] - 1)] == " Tower"
     assert text.index("Eiffel Tower", lo) == lo
 
 
@@ -186,7 +187,7 @@ def test_rome_mode_optimises_delta_at_the_subjects_last_token(tiny, stats):
     from gpt2_interp.io import tokenizer as tok
 
     req = gi.editing.Request("{} is located in the city of", "Eiffel Tower", " New York")  # 2 target tokens
-    ids = tok.encode(req.target)
+    ids = tiny.tokenizer.encode(req.target)
     prefixes = context_prefixes(tiny, (5,), 3, 0)
     hp = RomeHparams.of(v_steps=3, weight_decay=0.0, exact_edit=False, **FAST)
     out = optimise_delta(tiny, req, ids, 0, prefixes, hp, stats.solve)
@@ -194,7 +195,7 @@ def test_rome_mode_optimises_delta_at_the_subjects_last_token(tiny, stats):
     assert delta.norm() > 0
 
     def hooks_for(text, lo, hi):
-        pos = _last_subject_token(text, lo, hi)
+        pos = (token_span(tiny, text, lo, hi)[1] - 1)
 
         def add(act, hook):
             act = act.clone()
@@ -214,7 +215,7 @@ def test_exact_edit_optimises_the_edited_models_own_loss(tiny, stats):
     from gpt2_interp.io import tokenizer as tok
 
     req = gi.editing.Request("{} is located in the city of", "Eiffel Tower", " New York")
-    ids = tok.encode(req.target)
+    ids = tiny.tokenizer.encode(req.target)
     edit = compute_edit(tiny, req, layer=0, stats=stats, v_steps=3, weight_decay=0.0, **FAST)
     prefixes = context_prefixes(tiny, (5,), 3, 0)
     before = _variant_probs(tiny, req, ids, prefixes)

@@ -175,7 +175,7 @@ def _known_facts(model, n=10):
         facts = fb.facts(rel)[::5][:6]
         prompts = [templates(rel, "train")[0].format(f.subject) for f in facts]
         top = model.last_logits(prompts).argmax(-1).tolist()
-        per_relation.append([(p, f.subject, f.target) for p, f, t in zip(prompts, facts, top) if t == target_ids(f.target)[0]])
+        per_relation.append([(p, f.subject, f.target) for p, f, t in zip(prompts, facts, top) if t == target_ids(model, f.target)[0]])
     return [x for x in chain.from_iterable(zip_longest(*per_relation)) if x is not None][:n]
 
 
@@ -196,7 +196,7 @@ def test_fact_model_recalls_at_the_last_subject_token(facts_model):
     std = _subject_noise(facts_model)
     recovered, clean, corrupted = [], [], []
     for prompt, subject, target in facts:
-        r = causal_trace(facts_model, prompt, subject, target=target_ids(target)[0], samples=4, noise_abs=std)
+        r = causal_trace(facts_model, prompt, subject, target=target_ids(facts_model, target)[0], samples=4, noise_abs=std)
         last_subject = r.subject_range[1] - 1
         recovered.append(r.scores[last_subject, middle].max().item())
         clean.append(r.clean_score)

@@ -1,79 +1,77 @@
-"""Token-level helpers shared by the analyses: targets, subject spans."""
+"""Token-level helpers shared by the analyses and editors: targets, subject spans, prompt positions.
+
+All of them go through ``model.tokenizer``, so they hold for any tokenizer the model carries."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import torch
-
-from ..io import tokenizer as tok
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
 
 
 def target_id(model: "HookedGPT2", target: str | int) -> int:
-    """A single-token target's id; a multi-token string raises, showing how it tokenizes."""
-    if isinstance(target, int):
-        if not 0 <= target < model.cfg.d_vocab:
-            raise ValueError(f"target id {target} is outside the vocabulary [0, {model.cfg.d_vocab})")
-        return target
+    """A single-token target's id (see ``model.to_single_token``); a multi-token string raises."""
     return model.to_single_token(target)
 
 
-def target_ids(target: str) -> list[int]:
-    """Token ids of a (possibly multi-token) target string; empty raises."""
-    if not target or not target.strip():
+def target_ids(model: "HookedGPT2", target: str) -> list[int]:
+    """Token ids of a (possibly multi-token) target string; a non-string or empty target raises."""
+    if not isinstance(target, str):
+        raise TypeError(f"target must be a string such as ' Rome', got {type(target).__name__}")
+    if not target.strip():
         raise ValueError(f"target {target!r} is empty; give the text the model should produce, e.g. ' Rome'")
-    return tok.encode(target)
+    return model.tokenizer.encode(target)
+
+
+def token_span(model: "HookedGPT2", text: str, lo: int, hi: int, prepend_bos: bool = True) -> tuple[int, int]:
+    """``(start, end)`` positions (end exclusive) in ``model.to_tokens(text, prepend_bos)`` of every
+    token that overlaps characters ``[lo, hi)`` of ``text`` (GPT-2 merges a leading space into a
+    word's first token: "The| E|iff|el| Tower")."""
+    _, spans = model.tokenizer.char_spans(text)
+    hit = [i for i, (a, b) in enumerate(spans) if a < hi and b > lo]
+    if not hit:
+        raise ValueError(f"no token of {text!r} overlaps characters {lo}..{hi}")
+    bos = 1 if prepend_bos and model.tokenizer.bos_id is not None else 0
+    return bos + hit[0], bos + hit[-1] + 1
 
 
 def subject_span(model: "HookedGPT2", prompt: str, subject: str, prepend_bos: bool = True) -> tuple[int, int]:
-    """``(start, end)`` token positions of ``subject`` in ``model.to_tokens(prompt)`` (end exclusive):
-    every token that overlaps the subject's characters (GPT-2 merges the leading space into
-    the subject's first token: "The| E|iff|el| Tower").
+    """``(start, end)`` token positions of the first occurrence of ``subject`` in
+    ``model.to_tokens(prompt)`` (end exclusive): every token that overlaps the subject's characters.
 
-    A subject that does not occur in the prompt raises a ValueError showing both tokenizations.
-    """
-    if not subject:
-        raise ValueError("subject is empty")
+    A subject that is not a non-blank string, or does not occur in the prompt, raises a clear error
+    (showing both tokenizations)."""
+    for name, value in (("prompt", prompt), ("subject", subject)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+    if not subject.strip():
+        raise ValueError(f"subject {subject!r} is empty or blank; give the entity, e.g. 'Eiffel Tower'")
     idx = prompt.find(subject)
     if idx < 0:
-        hint = ""
-        if prompt.lower().find(subject.lower()) >= 0:
-            hint = " (it occurs with different capitalisation)"
+        hint = " (it occurs with different capitalisation)" if subject.lower() in prompt.lower() else ""
+        show = model.tokenizer
         raise ValueError(
             f"subject {subject!r} does not occur in the prompt {prompt!r}{hint}; the prompt tokenizes as "
-            f"{[tok.token_str(i) for i in tok.encode(prompt)]}, the subject as "
-            f"{[tok.token_str(i) for i in tok.encode(subject)]}"
+            f"{[show.token_str(i) for i in show.encode(prompt)]}, the subject as "
+            f"{[show.token_str(i) for i in show.encode(subject)]}"
         )
-    lo = len(prompt[:idx].encode())
-    hi = lo + len(subject.encode())
-    enc = tok.gpt2_encoding()
-    start = end = None
-    offset = 0
-    for i, t in enumerate(tok.encode(prompt)):
-        n = len(enc.decode_single_token_bytes(t))
-        if offset < hi and offset + n > lo:
-            start = i if start is None else start
-            end = i + 1
-        offset += n
-    bos = 1 if prepend_bos else 0
-    return bos + start, bos + end
+    return token_span(model, prompt, idx, idx + len(subject), prepend_bos)
 
 
 def prompt_position(model: "HookedGPT2", prompt: str, position: int, what: str) -> tuple[torch.Tensor, int]:
     """Tokens ``[1, pos]`` of one prompt and ``position`` as a non-negative index (BOS included);
     a non-string prompt or an out-of-range position raises, saying the valid range."""
     if not isinstance(prompt, str):
-        raise TypeError(f"{what} takes one prompt string")
+        raise TypeError(f"{what} takes one prompt string, got {type(prompt).__name__}")
+    if isinstance(position, bool) or not hasattr(position, "__index__"):
+        raise TypeError(f"position must be an int, got {type(position).__name__}")
+    position = int(position.__index__())
     tokens, _ = model.tokenize(prompt)
     length = tokens.shape[1]
     if not -length <= position < length:
         raise IndexError(f"position {position} is out of range for a prompt of {length} tokens (BOS included): "
                          f"use {-length}..{length - 1}")
     return tokens, position % length
-
-
-def str_tokens(model: "HookedGPT2", tokens: torch.Tensor | Sequence[int]) -> list[str]:
-    return [tok.token_str(int(i)) for i in tokens]

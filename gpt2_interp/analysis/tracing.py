@@ -378,7 +378,7 @@ def average_trace(
     cases = [_fact_case(f, split, template) for f in facts]
     if not cases:
         raise ValueError("no facts to trace")
-    first = [target_ids(t)[0] for _, _, t in cases]
+    first = [target_ids(model, t)[0] for _, _, t in cases]
     known = []
     with torch.inference_mode():
         for a in range(0, len(cases), 64):

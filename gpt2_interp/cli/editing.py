@@ -85,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def edit_cmd(args: argparse.Namespace) -> int:
-    from ..editing.evaluate import compare_topk
+    from ..editing.compare import compare_topk
     from ..editing.rome import compute_edit
 
     model = load_model(args)
@@ -105,7 +105,7 @@ def edit_cmd(args: argparse.Namespace) -> int:
 
 def verify_cmd(args: argparse.Namespace) -> int:
     from ..editing.edit import Edit
-    from ..editing.evaluate import compare_topk
+    from ..editing.compare import compare_topk
 
     model = load_model(args)
     edit = Edit.load(args.edit_file, model)

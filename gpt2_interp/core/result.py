@@ -44,10 +44,7 @@ class Result:
         raise NotImplementedError
 
     def save_plot(self, path: str | Path, **kwargs: Any) -> Path:
-        """Draw ``plot()`` and save it (PNG/PDF/SVG by suffix); returns the path."""
-        import matplotlib.pyplot as plt
-
-        fig = self.plot(**kwargs)
-        fig.savefig(path, dpi=130, bbox_inches="tight")
-        plt.close(fig)
+        """Draw ``plot()`` and save it (PNG/PDF/SVG by suffix); returns the path. Figures are plain
+        ``Figure`` objects (no pyplot state), so nothing needs closing."""
+        self.plot(**kwargs).savefig(path, dpi=130, bbox_inches="tight")
         return Path(path)

@@ -34,7 +34,6 @@ import torch
 from ..core.result import Result
 from ..analysis.tokens import target_ids
 from ..io import tokenizer as tok
-from ..model.modules import KVCache
 from ..core.progress import progress_bar
 from ..model.fingerprint import tensor_digest, weights_fingerprint
 from .edit import Edit, Request, undo_all
@@ -121,20 +120,17 @@ def target_logprobs(model: "HookedGPT2", prompts: Sequence[str], targets: Sequen
     out = torch.empty(len(prompts))
     for s in range(0, len(prompts), batch_size):
         ps, ts = prompts[s : s + batch_size], targets[s : s + batch_size]
-        ids = [target_ids(t) for t in ts]
-        rows = [[tok.EOT_ID] + tok.encode(p) + i for p, i in zip(ps, ids)]
+        ids = [target_ids(model, t) for t in ts]
+        rows = [model.to_tokens(p)[0].tolist() + i for p, i in zip(ps, ids)]
         model.check_length(max(map(len, rows)))
         width, tmax = max(map(len, rows)), max(map(len, ids))
-        tokens = torch.full((len(rows), width), tok.EOT_ID, dtype=torch.long)
-        mask = torch.zeros_like(tokens)
+        tokens, mask = model.pad(rows)
         want = torch.zeros((len(rows), tmax), dtype=torch.long)
         keep = torch.zeros((len(rows), tmax))
-        for j, (r, i) in enumerate(zip(rows, ids)):
-            tokens[j, width - len(r):] = torch.tensor(r)
-            mask[j, width - len(r):] = 1
+        for j, i in enumerate(ids):
             want[j, tmax - len(i):] = torch.tensor(i)
             keep[j, tmax - len(i):] = 1
-        resid = model(tokens.to(model.device), attention_mask=mask.to(model.device), stop_at_layer=model.cfg.n_layer)
+        resid = model(tokens, attention_mask=mask, stop_at_layer=model.cfg.n_layer)
         lp = model.unembed(model.ln_final(resid[:, width - tmax - 1 : width - 1])).float().log_softmax(-1).cpu()
         out[s : s + len(rows)] = (lp.gather(-1, want[..., None])[..., 0] * keep).sum(-1)
     return out
@@ -196,26 +192,13 @@ def n_gram_entropy(texts: str | Sequence[str], ns: Sequence[int] = (2, 3),
     return sum(_ngram_entropy(t, ns, weights) for t in texts) / max(len(texts), 1)
 
 
-@torch.no_grad()
 def greedy_continuations(model: "HookedGPT2", prompts: Sequence[str], n_tokens: int = 40,
                          suppress_eos: bool = True) -> list[str]:
-    """Prompt + greedy continuation of each prompt (batched, KV cache). With ``suppress_eos`` the
-    model cannot end the text (the fact model would stop after one sentence)."""
-    tokens, mask = model.tokenize(list(prompts))
-    n_tokens = min(n_tokens, model.cfg.n_ctx - tokens.shape[1])
-    mask = torch.ones_like(tokens) if mask is None else mask
-    cache = KVCache(model.cfg, tokens.shape[0], tokens.shape[1] + n_tokens, model.device, model.dtype)
-    out, step_in = [], tokens
-    for _ in range(n_tokens):
-        logits = model(step_in, attention_mask=mask, past_kv=cache)[:, -1].float()
-        if suppress_eos:
-            logits[:, tok.EOT_ID] = -float("inf")
-        nxt = logits.argmax(-1)
-        out.append(nxt)
-        step_in = nxt[:, None]
-        mask = torch.cat([mask, torch.ones_like(step_in)], 1)
-    new = torch.stack(out, 1).tolist() if out else [[] for _ in prompts]
-    return [p + tok.decode(n) for p, n in zip(prompts, new)]
+    """Prompt + greedy continuation of each prompt (``model.generate``: batched, KV cache). With
+    ``suppress_eos`` the model cannot end the text (the fact model would stop after one sentence)."""
+    longest = model.tokenize(list(prompts))[0].shape[1]
+    return model.generate(list(prompts), max_new_tokens=min(n_tokens, model.cfg.n_ctx - longest),
+                          stop_at_eos=False, suppress_eos=suppress_eos)
 
 
 @torch.no_grad()
@@ -358,7 +341,7 @@ def evaluate_edits(
 
     rows: list[dict[str, Any]] = []
     for c, s, t1, fl in zip(cases, pre, top1.tolist(), fluency_pre):
-        known = bool(c.target_true) and t1 == target_ids(c.target_true)[0]
+        known = bool(c.target_true) and t1 == target_ids(model, c.target_true)[0]
         rows.append({"case_id": c.case_id, "relation": c.relation, "subject": c.request.subject,
                      "prompt": c.request.text, "target_new": c.request.target, "target_true": c.target_true,
                      "known": known, **{f"{k}_pre": s.get(k) for k in SCORES},
@@ -435,50 +418,6 @@ def _curve_point(model: "HookedGPT2", cases: Sequence[CounterfactCase], unrel: l
 
 
 # ---------------------------------------------------------------- before / after top-k
-@dataclass
-class TopKComparison(Result):
-    """Top-k next tokens of prompts without and with an edit."""
-
-    prompts: list[str]
-    before: list[list[tuple[str, float]]]
-    after: list[list[tuple[str, float]]]
-    target: str = ""
-    p_target_before: list[float] = field(default_factory=list)
-    p_target_after: list[float] = field(default_factory=list)
-
-    def table(self) -> str:
-        lines = []
-        for p, b, a, pb, pa in zip(self.prompts, self.before, self.after, self.p_target_before, self.p_target_after):
-            lines.append(f"{p!r}   P({self.target!r}): {pb:.3g} → {pa:.3g}")
-            for (tb, xb), (ta, xa) in zip(b, a):
-                lines.append(f"    {tb!r:>16} {xb:8.3g}   |   {ta!r:>16} {xa:8.3g}")
-        return "\n".join(lines)
-
-    def plot(self, **kwargs: Any):
-        from ..plots.editing import plot_topk_comparison
-
-        return plot_topk_comparison(self, **kwargs)
-
-
-@torch.no_grad()
-def compare_topk(model: "HookedGPT2", edit: Edit, prompts: Sequence[str], k: int = 5) -> TopKComparison:
-    """Top-k next tokens (with probabilities) of each prompt before and after ``edit``; a prompt
-    holding ``{}`` gets the edit's subject."""
-    prompts = [p.format(edit.request.subject) if "{}" in p else p for p in prompts]
-    targets = [edit.request.target] * len(prompts)
-
-    def top(probs: torch.Tensor) -> list[list[tuple[str, float]]]:
-        v, i = probs.topk(k, -1)
-        return [[(tok.token_str(int(t)), float(x)) for t, x in zip(ii, vv)] for ii, vv in zip(i, v)]
-
-    before = model.last_logits(prompts).float().softmax(-1)
-    pb = target_logprobs(model, prompts, targets).exp().tolist()
-    with model.edited(edit):
-        after = model.last_logits(prompts).float().softmax(-1)
-        pa = target_logprobs(model, prompts, targets).exp().tolist()
-    return TopKComparison(list(prompts), top(before), top(after), edit.request.target, pb, pa)
-
-
 __all__ = ["CounterfactCase", "counterfact_requests", "evaluate_edits", "EditEvaluation", "case_scores",
-           "target_logprobs", "n_gram_entropy", "greedy_continuations", "summarize", "compare_topk",
-           "TopKComparison", "unrelated_prompts"]
+           "target_logprobs", "n_gram_entropy", "greedy_continuations", "summarize",
+           "unrelated_prompts"]

@@ -41,8 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 import torch
 import torch.nn.functional as F
 
-from ..analysis.tokens import subject_span, target_ids
-from ..io import tokenizer as tok
+from ..analysis.tokens import subject_span, target_ids, token_span
 from ..model.fingerprint import parameter_digests, weights_fingerprint
 from .edit import Edit, Request
 from .stats import KeyStats, _check_layer, key_second_moment
@@ -151,24 +150,11 @@ def _filled(prompt: str, subject: str, prefix: str = "") -> tuple[str, int, int]
     return head + before + subject + after, lo, lo + len(subject)
 
 
-def _last_subject_token(text: str, lo: int, hi: int) -> int:
-    """Index (BOS = 0) of the last token overlapping characters ``[lo, hi)`` of ``text``."""
-    blo, bhi = len(text[:lo].encode()), len(text[:hi].encode())
-    enc, offset, last = tok.gpt2_encoding(), 0, None
-    for i, t in enumerate(tok.encode(text)):
-        n = len(enc.decode_single_token_bytes(t))
-        if offset < bhi and offset + n > blo:
-            last = i
-        offset += n
-    assert last is not None, (text, lo, hi)
-    return 1 + last
-
-
 def validate_request(model: "HookedGPT2", request: RequestLike) -> tuple[Request, list[int]]:
     """The request as a :class:`Request` and its target ids; bad input raises saying what to fix."""
     req = Request.of(request)
     subject_span(model, req.text, req.subject)  # raises if the subject cannot be located
-    ids = target_ids(req.target)
+    ids = target_ids(model, req.target)
     return req, ids
 
 
@@ -225,17 +211,17 @@ def _build_batch(model: "HookedGPT2", req: Request, ids: list[int], prefixes: li
     rows, splits = [], []
     for prefix in [""] + prefixes:
         text, lo, hi = _filled(req.prompt, req.subject, prefix)
-        rows.append([tok.EOT_ID] + tok.encode(text) + ids[:-1])
-        splits.append(_last_subject_token(text, lo, hi))
+        rows.append(model.to_tokens(text)[0].tolist() + ids[:-1])
+        splits.append(token_span(model, text, lo, hi)[1] - 1)
     if kl_prompt.count("{}") != 1:
         raise ValueError(f"kl_prompt must hold '{{}}' once, got {kl_prompt!r}")
     text, lo, hi = _filled(kl_prompt, req.subject)
-    rows.append([tok.EOT_ID] + tok.encode(text))
-    splits.append(_last_subject_token(text, lo, hi))
+    rows.append(model.to_tokens(text)[0].tolist())
+    splits.append(token_span(model, text, lo, hi)[1] - 1)
     c = max(splits)
     s = max(len(r) - i for r, i in zip(rows, splits))
     model.check_length(c + s)
-    tokens = torch.full((len(rows), c + s), tok.EOT_ID, dtype=torch.long)
+    tokens = torch.full((len(rows), c + s), model.tokenizer.pad_id, dtype=torch.long)
     mask = torch.zeros_like(tokens)
     for j, (r, i) in enumerate(zip(rows, splits)):
         tokens[j, c - i : c - i + len(r)] = torch.tensor(r)
@@ -250,7 +236,7 @@ def _build_batch(model: "HookedGPT2", req: Request, ids: list[int], prefixes: li
 
 def _target_logprob(model: "HookedGPT2", text: str, ids: list[int], hooks: list = ()) -> float:
     """log P(target ids | BOS + text) under the model (with ``hooks``)."""
-    tokens = torch.tensor([[tok.EOT_ID] + tok.encode(text) + ids], device=model.device)
+    tokens = torch.cat([model.to_tokens(text), torch.tensor([ids], device=model.device)], dim=1)
     with torch.no_grad(), model.hooks(hooks):
         resid = model(tokens, stop_at_layer=model.cfg.n_layer)[0, -len(ids) - 1 : -1]
         lp = model.unembed(model.ln_final(resid)).float().log_softmax(-1)

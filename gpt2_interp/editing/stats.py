@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..io import tokenizer as tok
 from ..core.progress import progress_bar
 from ..model.fingerprint import parameter_digests, tensor_digest, weights_fingerprint
 from .edit import original_weights
@@ -254,14 +253,16 @@ def _generated_texts(model: "HookedGPT2", n_texts: int, length: int, seed: int, 
         yield from (t for t in out if t.strip())
 
 
-def _token_rows(texts: Any, max_len: int) -> Iterator[list[int]]:
+def _token_rows(model: "HookedGPT2", texts: Any, max_len: int) -> Iterator[list[int]]:
     """``[BOS] + ids`` rows of at most ``max_len`` tokens (long documents are chunked)."""
+    tk = model.tokenizer
+    bos = [] if tk.bos_id is None else [tk.bos_id]
     for text in texts:
-        ids = tok.encode(text)
-        for i in range(0, max(len(ids), 1), max_len - 1):
-            chunk = ids[i : i + max_len - 1]
+        ids = tk.encode(text)
+        for i in range(0, max(len(ids), 1), max_len - len(bos)):
+            chunk = ids[i : i + max_len - len(bos)]
             if chunk:
-                yield [tok.EOT_ID] + chunk
+                yield bos + chunk
 
 
 # ---------------------------------------------------------------- the computation
@@ -318,21 +319,17 @@ def key_second_moment(
     def grab(act: torch.Tensor, hp: Any) -> None:
         found["k"] = act
 
-    rows = _token_rows(src.texts, max_len)
+    rows = _token_rows(model, src.texts, max_len)
     bar = progress_bar(total=n_samples, unit="tok", desc=f"key stats L{layer}", enabled=progress, leave=False)
     with model.hooks([(hook, grab)]):
         while count < n_samples:
             batch = [r for _, r in zip(range(batch_size), rows)]
             if not batch:
                 break
-            width = max(map(len, batch))
-            tokens = torch.full((len(batch), width), tok.EOT_ID, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for i, r in enumerate(batch):
-                tokens[i, width - len(r):] = torch.tensor(r)
-                mask[i, width - len(r):] = 1
-            model(tokens.to(model.device), attention_mask=mask.to(model.device), stop_at_layer=layer + 1)
-            k = found.pop("k")[mask.to(model.device).bool()].float()  # [n_keys, d_mlp]
+            tokens, mask = model.pad(batch)
+            model(tokens, attention_mask=mask, stop_at_layer=layer + 1)
+            k = found.pop("k")  # [batch, pos, d_mlp]
+            k = (k.flatten(0, 1) if mask is None else k[mask.bool()]).float()  # [n_keys, d_mlp]
             k = k[: n_samples - count]
             total += (k.T @ k).double()
             count += k.shape[0]

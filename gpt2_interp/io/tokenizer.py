@@ -8,6 +8,7 @@ never silently produce wrong token ids.
 from __future__ import annotations
 
 import base64
+import bisect
 import hashlib
 from functools import lru_cache
 from importlib import resources
@@ -41,6 +42,72 @@ def gpt2_encoding() -> tiktoken.Encoding:
         special_tokens={EOT: EOT_ID},
         explicit_n_vocab=50257,
     )
+
+
+class Tokenizer:
+    """What the model needs from a tokenizer: ids ⇄ text, the bytes and character spans of each
+    token (to find a subject's tokens), and the special ids. One implementation per family
+    (GPT-2's tiktoken BPE here; a ``tokenizers`` BPE for GGUF/Llama models).
+
+    ``bos_id`` is prepended by ``model.to_tokens(prepend_bos=True)`` (None: nothing is), ``pad_id``
+    fills padding (always masked out), ``eos_id`` stops generation.
+    """
+
+    name: str
+    vocab_size: int
+    bos_id: int | None
+    eos_id: int
+    pad_id: int
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: list[int]) -> str:
+        raise NotImplementedError
+
+    def token_str(self, token_id: int) -> str:
+        raise NotImplementedError
+
+    def char_spans(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """``(ids, spans)``: the tokens of ``text`` and each one's ``(start, end)`` character span
+        (a token that covers part of a multi-byte character spans all of that character)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, vocab_size={self.vocab_size}, bos={self.bos_id}, eos={self.eos_id})"
+
+
+class GPT2Tokenizer(Tokenizer):
+    """GPT-2's byte-level BPE (r50k_base, offline through tiktoken); ``<|endoftext|>`` is BOS, EOS and pad."""
+
+    name, vocab_size, bos_id, eos_id, pad_id = "gpt2", 50257, EOT_ID, EOT_ID, EOT_ID
+
+    def encode(self, text: str) -> list[int]:
+        return encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return decode(ids)
+
+    def token_str(self, token_id: int) -> str:
+        return token_str(token_id)
+
+    def char_spans(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        ids, enc = encode(text), gpt2_encoding()
+        starts = [0]  # byte offset -> character index, via each character's UTF-8 length
+        for ch in text:
+            starts.append(starts[-1] + len(ch.encode()))
+        spans, offset = [], 0
+        for t in ids:
+            n = len(enc.decode_single_token_bytes(t))
+            spans.append((bisect.bisect_right(starts, offset) - 1, bisect.bisect_left(starts, offset + n)))
+            offset += n
+        return ids, spans
+
+
+@lru_cache(maxsize=1)
+def gpt2_tokenizer() -> GPT2Tokenizer:
+    """The shared GPT-2 tokenizer (stateless, built once)."""
+    return GPT2Tokenizer()
 
 
 def encode(text: str) -> list[int]:

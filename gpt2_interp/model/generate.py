@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..io.tokenizer import EOT_ID
 from .modules import KVCache
 
 if TYPE_CHECKING:
@@ -49,6 +48,7 @@ def generate(
     seed: int | None,
     use_kv_cache: bool,
     prepend_bos: bool,
+    suppress_eos: bool = False,
 ) -> Any:
     if isinstance(input, torch.Tensor):
         tokens, mask = model.as_tokens(input, None)
@@ -64,24 +64,27 @@ def generate(
     if mask is None:
         mask = torch.ones_like(tokens)
     cache = KVCache(model.cfg, batch, prompt_len + max_new_tokens, model.device, model.dtype) if use_kv_cache else None
+    eos = model.tokenizer.eos_id
     out, finished = tokens, torch.zeros(batch, dtype=torch.bool, device=model.device)
     for step in range(max_new_tokens):
         step_input = out[:, -1:] if (cache is not None and step > 0) else out
         logits = model(step_input, attention_mask=mask, past_kv=cache)[:, -1]
+        if suppress_eos:
+            logits[:, eos] = -float("inf")
         nxt = sample_next(logits, temperature, top_k, top_p, gen)
-        nxt = torch.where(finished, torch.full_like(nxt, EOT_ID), nxt)
+        nxt = torch.where(finished, torch.full_like(nxt, eos), nxt)
         out = torch.cat([out, nxt[:, None]], dim=1)
         mask = torch.cat([mask, torch.ones_like(nxt[:, None])], dim=1)
-        finished |= nxt == EOT_ID
+        finished |= nxt == eos
         if stop_at_eos and bool(finished.all()):
             break
     if isinstance(input, torch.Tensor):
         return out
-    texts = []
+    texts, skip = [], 1 if prepend_bos and model.tokenizer.bos_id is not None else 0
     for row, m in zip(out, mask):
-        prompt = row[:prompt_len][m[:prompt_len].bool()].tolist()[1 if prepend_bos else 0 :]
+        prompt = row[:prompt_len][m[:prompt_len].bool()].tolist()[skip:]
         new = row[prompt_len:].tolist()
-        if stop_at_eos and EOT_ID in new:
-            new = new[: new.index(EOT_ID)]
+        if stop_at_eos and eos in new:
+            new = new[: new.index(eos)]
         texts.append(model.to_string(prompt + new))
     return texts[0] if isinstance(input, str) else texts

@@ -35,8 +35,10 @@ class HookedGPT2(nn.Module):
     >>> logits, cache = model.run_with_cache("Hello world", names_filter="blocks.0.hook_resid_post")
     """
 
-    def __init__(self, cfg: GPT2Config | str = "gpt2", seed: int | None = None) -> None:
+    def __init__(self, cfg: GPT2Config | str = "gpt2", seed: int | None = None,
+                 tokenizer: tok.Tokenizer | None = None) -> None:
         super().__init__()
+        self.tokenizer: tok.Tokenizer = tokenizer if tokenizer is not None else tok.gpt2_tokenizer()
         if isinstance(cfg, str):
             if cfg not in KNOWN_CONFIGS:
                 raise KeyError(f"unknown config {cfg!r}; known: {', '.join(KNOWN_CONFIGS)}")
@@ -122,18 +124,27 @@ class HookedGPT2(nn.Module):
         texts = [text] if isinstance(text, str) else list(text)
         if not texts:
             raise ValueError("no input text: pass a string or a non-empty list of strings")
+        bad = [type(t).__name__ for t in texts if not isinstance(t, str)]
+        if bad:
+            raise TypeError(f"text must be a string or a list of strings; got a list holding {bad[0]}")
+        bos = [self.tokenizer.bos_id] if prepend_bos and self.tokenizer.bos_id is not None else []
+        rows = [bos + self.tokenizer.encode(t) for t in texts]
+        if not all(rows):
+            raise ValueError("empty input: the text has no tokens and no BOS is prepended")
+        return self.pad(rows, padding_side)
+
+    def pad(self, rows: Sequence[Sequence[int]], padding_side: str = "left") -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Token rows of different lengths as ``(tokens [batch, pos], attention_mask [batch, pos] or None)``
+        on the model's device, padded with the tokenizer's pad id; the mask (1 = real token) is None
+        when no row needed padding. Left padding keeps every row's last token in the last column."""
         if padding_side not in ("left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-        rows = [([tok.EOT_ID] if prepend_bos else []) + tok.encode(t) for t in texts]
-        for t, r in zip(texts, rows):
-            if not r:
-                raise ValueError("empty input: the text has no tokens and prepend_bos=False")
         width = max(map(len, rows))
-        tokens = torch.full((len(rows), width), tok.EOT_ID, dtype=torch.long)
+        tokens = torch.full((len(rows), width), self.tokenizer.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, r in enumerate(rows):
             sl = slice(width - len(r), width) if padding_side == "left" else slice(0, len(r))
-            tokens[i, sl] = torch.tensor(r)
+            tokens[i, sl] = torch.as_tensor(list(r), dtype=torch.long)
             mask[i, sl] = 1
         padded = any(len(r) != width for r in rows)
         return tokens.to(self.device), (mask.to(self.device) if padded else None)
@@ -142,8 +153,8 @@ class HookedGPT2(nn.Module):
         """Decode ``[pos]`` to a string or ``[batch, pos]`` to a list of strings."""
         t = torch.as_tensor(tokens)
         if t.ndim == 2:
-            return [tok.decode(r.tolist()) for r in t]
-        return tok.decode(t.tolist())
+            return [self.tokenizer.decode(r.tolist()) for r in t]
+        return self.tokenizer.decode(t.tolist())
 
     def to_str_tokens(self, text_or_tokens: str | torch.Tensor | Sequence[int], prepend_bos: bool = True) -> list[str]:
         """The string of each token (BOS included when ``prepend_bos`` and given text)."""
@@ -156,17 +167,25 @@ class HookedGPT2(nn.Module):
                     raise ValueError("to_str_tokens takes one sequence; index the batch first")
                 t = t[0]
             ids = t.tolist()
-        return [tok.token_str(i) for i in ids]
+        return [self.tokenizer.token_str(i) for i in ids]
 
-    def to_single_token(self, text: str) -> int:
-        """The id of ``text`` if it is exactly one token, else a ValueError showing how it tokenizes."""
-        ids = tok.encode(text)
+    def to_single_token(self, text: str | int) -> int:
+        """The id of ``text`` if it is exactly one token (an int id is range-checked and returned);
+        otherwise a ValueError showing how it tokenizes. The one single-token rule of the package."""
+        if isinstance(text, bool) or not isinstance(text, (str, int)) and not hasattr(text, "__index__"):
+            raise TypeError(f"a single token is given as a string (e.g. ' Paris') or an int id, got {type(text).__name__}")
+        if not isinstance(text, str):
+            i = int(text.__index__())
+            if not 0 <= i < self.cfg.d_vocab:
+                raise ValueError(f"token id {i} is outside the vocabulary [0, {self.cfg.d_vocab})")
+            return i
+        ids = self.tokenizer.encode(text)
         if len(ids) != 1:
-            pieces = [tok.token_str(i) for i in ids]
-            raise ValueError(
-                f"{text!r} is {len(ids)} tokens {pieces}, not one"
-                + ("; note GPT-2 words usually start with a space, e.g. ' Paris'" if text[:1] != " " else "")
-            )
+            pieces = [self.tokenizer.token_str(i) for i in ids]
+            hint = ""
+            if text[:1] != " " and len(self.tokenizer.encode(" " + text)) == 1:
+                hint = f"; words inside a sentence usually start with a space: {' ' + text!r} is one token"
+            raise ValueError(f"{text!r} is {len(ids)} tokens {pieces}, not one{hint}")
         return ids[0]
 
     # ------------------------------------------------------------------ forward
@@ -372,15 +391,18 @@ class HookedGPT2(nn.Module):
         seed: int | None = None,
         use_kv_cache: bool = True,
         prepend_bos: bool = True,
+        suppress_eos: bool = False,
     ) -> Any:
         """Continue text. Greedy when ``temperature == 0``; else samples (``top_k``/``top_p``).
+        ``suppress_eos`` forbids the end-of-text token (the text always runs ``max_new_tokens``).
 
         Text in gives text out (a list for a list, left-padded and batched); tokens in
         gives tokens ``[batch, pos + new]`` out. Rows that reached <|endoftext|> are padded with it.
         """
         from .generate import generate
 
-        return generate(self, input, max_new_tokens, temperature, top_k, top_p, stop_at_eos, seed, use_kv_cache, prepend_bos)
+        return generate(self, input, max_new_tokens, temperature, top_k, top_p, stop_at_eos, seed, use_kv_cache,
+                        prepend_bos, suppress_eos)
 
     # ------------------------------------------------------------------ conversion
     def save(self, path: str | Path) -> Path:

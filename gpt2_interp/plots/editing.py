@@ -4,25 +4,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
+from matplotlib.figure import Figure
 
 if TYPE_CHECKING:
-    from ..editing.evaluate import EditEvaluation, TopKComparison
+    from ..editing.compare import TopKComparison
+    from ..editing.evaluate import EditEvaluation
 
 
 def _val(x: Any) -> float:
     return float("nan") if x is None else 100 * float(x)
 
 
-def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None):
+def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None) -> Figure:
     """Scores (ES/PS/NS/S) and magnitudes before/after editing, over all cases and the known
     subset; with a sequential curve, a third panel of scores against the number of edits."""
     n_panels = 3 if ev.curve else 2
-    fig, axes = plt.subplots(1, n_panels, figsize=(5.2 * n_panels, 4.2))
+    fig = Figure(figsize=(5.2 * n_panels, 4.2))
+    axes = fig.subplots(1, n_panels)
     groups = [(s, st) for s in ("all", "known") for st in ("pre", "post")]
     colours = {"all pre": "#bbbbbb", "all post": "#1f77b4", "known pre": "#e0c9a6", "known post": "#ff7f0e"}
     for ax, keys, label in ((axes[0], ("es", "ps", "ns", "S"), "score (%)"),
@@ -61,14 +60,13 @@ def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None):
     return fig
 
 
-def plot_topk_comparison(cmp: "TopKComparison", title: str | None = None):
-    """For each prompt, the top-k next-token probabilities before (left) and after (right) the edit."""
-    from ..analysis.tokens import target_ids
-    from ..io.tokenizer import token_str
-
-    first = token_str(target_ids(cmp.target)[0]) if cmp.target.strip() else None
+def plot_topk_comparison(cmp: "TopKComparison", title: str | None = None) -> Figure:
+    """For each prompt, the top-k next-token probabilities before (left) and after (right) the edit;
+    the target's first token is drawn in red."""
+    first = cmp.target_token or None
     n = len(cmp.prompts)
-    fig, axes = plt.subplots(n, 2, figsize=(9, 1.0 + 1.6 * n), squeeze=False)
+    fig = Figure(figsize=(9, 1.0 + 1.6 * n))
+    axes = fig.subplots(n, 2, squeeze=False)
     for i, prompt in enumerate(cmp.prompts):
         p_t = (cmp.p_target_before[i] if cmp.p_target_before else None, cmp.p_target_after[i] if cmp.p_target_after else None)
         for j, (side, rows) in enumerate((("before", cmp.before[i]), ("after", cmp.after[i]))):
