@@ -246,7 +246,11 @@ def test_bad_input(small):
     with pytest.raises(ValueError, match="direction"):
         patch(small, CLEAN, CORRUPT, m, direction="sideways")
     with pytest.raises(ValueError, match=r"' Parisian'.*2 tokens|2 tokens.*Paris"):
-        logit_diff(" Parisian", " Rome")
+        logit_diff(" Parisian", " Rome", model=small)  # resolved by the model's tokenizer now…
+    with pytest.raises(ValueError, match=r"' Parisian'.*2 tokens|2 tokens.*Paris"):
+        patch(small, CLEAN, CORRUPT, logit_diff(" Parisian", " Rome"))  # …or when patch binds it
+    with pytest.raises(ValueError, match="no model has resolved"):
+        logit_diff(" Paris", " Rome")(torch.zeros(1, 50257))
     with pytest.raises(ValueError, match="one value per run"):
         patch(small, CLEAN, CORRUPT, lambda logits: logits[..., 0].mean())
     with pytest.raises(ValueError, match="1 clean prompts but 2"):

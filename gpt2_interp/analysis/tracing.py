@@ -11,7 +11,7 @@ probability of the target (default: the clean top-1) at the last position,
 averaged over ``samples`` noise draws; the same draws are used for every cell.
 
 Every cell × sample is one row of a staircase batch (see
-:func:`~gpt2_interp.analysis.patching.run_staircase`): a row starts from the
+:func:`~gpt2_interp.analysis.engine.run_staircase`): a row starts from the
 corrupted run's cached residual at the first layer it changes. Cells before the
 subject are never computed — nothing there differs from the corrupted run, so
 their score *is* the corrupted score.
@@ -29,7 +29,7 @@ import torch
 
 from ..io import tokenizer as tok
 from ..core.progress import progress_bar
-from .patching import Edit, base_kv_from, entry_name, kv_names, run_staircase
+from .engine import Patch, base_kv_from, entry_name, kv_names, run_staircase
 from ..core.result import Result
 from .tokens import subject_span, target_id, target_ids
 
@@ -213,7 +213,7 @@ def _trace_batch(
     cf, ct, cl = (torch.tensor([c[j] for c in cells], device=dev, dtype=torch.long) for j in range(3))
     start = torch.tensor([start_of(c[2]) for c in cells]).repeat_interleave(S)
     base = (cf[:, None] * S + torch.arange(S, device=dev)).flatten()  # the corrupted row each row starts from
-    edits: list[Edit] = []
+    edits: list[Patch] = []
     for l in range(n):
         if kind == "hidden":  # restore resid_post l at the cell's token, as the row enters block l + 1
             sel = (cl == l).nonzero()[:, 0]
@@ -226,7 +226,7 @@ def _trace_batch(
         rows = (sel[:, None] * S + torch.arange(S, device=dev)).flatten()
         pos = ct[sel].repeat_interleave(S)
         values = clean_cache[src_names[l]][cf[sel], ct[sel]].repeat_interleave(S, 0)  # [rows, d_model]
-        edits.append(Edit(where, rows, (pos,), values))
+        edits.append(Patch(where, rows, (pos,), values))
 
     row_target = targets[cf].repeat_interleave(S)
 

@@ -1,0 +1,286 @@
+"""The batched prefix-reuse engine behind patching, causal tracing and attribution checks.
+
+Every patched variant of a run is a *row* of one batch, and a row computes only what its patch
+can change:
+
+* it starts at its patch layer, from the unpatched ("base") run's cached residual stream (the
+  layers before the patch are computed once, not once per patch);
+* it computes only the positions from its first patched position on — causal attention leaves
+  earlier positions as in the base run, whose cached keys and values the row attends to;
+* the final block runs its queries, W_O and MLP at the last position only, and only the last
+  position is unembedded (metrics see next-token logits).
+
+Rows run as a *staircase*: at layer ``L`` the rows whose patch sits at ``L`` join the batch, so a
+sweep is ``n_layer`` model calls per (first position, memory-sized chunk). A :class:`Patch`
+says what a row replaces; :func:`run_staircase` runs rows and reads one value out of each.
+
+Public surface: :class:`Patch`, :func:`run_staircase`, :func:`entry_name`, :func:`kv_names`,
+:func:`base_kv_from`, :func:`auto_batch_size`, :func:`final_logits`, :data:`CPU_MEMORY_BUDGET`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from einops import rearrange
+
+from ..core.progress import progress_bar
+
+if TYPE_CHECKING:
+    from ..model import HookedGPT2
+
+#: Activation memory one chunk of patched rows may use (bytes), CPU; on CUDA a quarter of free memory.
+CPU_MEMORY_BUDGET = 1 << 30
+
+
+@dataclass
+class Patch:
+    """Replace part of an activation for some rows of a staircase run.
+
+    ``where``: a hook name (the edit runs as a hook there) or an int stage ``s`` (the edit applies
+    to the residual stream entering block ``s`` as the rows start; ``s == n_layer`` is the final
+    residual before ``ln_final``). ``act[rows, *index] = values``: ``rows`` and each ``index``
+    tensor have first dim ``k`` (or 1 for ``index``) and broadcast together; ``values`` ``[k, ...]``.
+    ``index[pos_dim]`` holds positions (shifted when a row runs only a suffix of the positions).
+    """
+
+    where: str | int
+    rows: torch.Tensor
+    index: tuple[torch.Tensor, ...]
+    values: torch.Tensor
+    pos_dim: int | None = 0
+
+    def renumber(self, new_index: torch.Tensor) -> "Patch":
+        return Patch(self.where, new_index[self.rows], self.index, self.values, self.pos_dim)
+
+    def select(self, lo: int, hi: int, first_pos: int = 0) -> "Patch | None":
+        """The part of this edit for rows ``[lo, hi)``, rows renumbered from ``lo``, positions from ``first_pos``."""
+        k = self.rows.shape[0]
+        sel = self.rows.reshape(k, -1)[:, 0]
+        sel = (sel >= lo) & (sel < hi)
+        if not bool(sel.any()):
+            return None
+
+        def pick(t: torch.Tensor) -> torch.Tensor:
+            return t if t.shape[0] != k or bool(sel.all()) else t[sel]
+
+        index = [pick(i) for i in self.index]
+        if self.pos_dim is not None and first_pos:
+            index[self.pos_dim] = index[self.pos_dim] - first_pos
+        return Patch(self.where, pick(self.rows) - lo, tuple(index), pick(self.values), self.pos_dim)
+
+    def apply(self, act: torch.Tensor) -> torch.Tensor:
+        return act.index_put((self.rows, *self.index), self.values.to(act.dtype))
+
+
+def _hook_fn(patches: list[Patch]) -> Callable:
+    def fn(act: torch.Tensor, hook: Any) -> torch.Tensor:
+        for e in patches:
+            act = e.apply(act)
+        return act
+
+    return fn
+
+
+class PrefixKV:
+    """The keys and values of positions ``< first_pos`` taken from the base runs, so that a row whose
+    patches all sit at positions ``≥ first_pos`` computes only that suffix (causal attention: the
+    prefix is unchanged). Stands in for the model's ``KVCache`` (``length`` + ``extend``)."""
+
+    def __init__(self, base_kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]], first_pos: int) -> None:
+        # base k, v: [m, pos, head, d_head] (hook_k / hook_v) -> prefix [m, head, first_pos, d_head]
+        self.prefix = {l: (k[:, :first_pos].transpose(1, 2), v[:, :first_pos].transpose(1, 2)) for l, (k, v) in base_kv.items()}
+        self.first_pos = first_pos
+        self.base: torch.Tensor | None = None  # base row of each row in the current batch
+
+    @property
+    def length(self) -> int:
+        return self.first_pos
+
+    @length.setter
+    def length(self, _: int) -> None:  # the model advances a decoding cache after each call; a prefix stays put
+        pass
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pk, pv = self.prefix[layer]
+        return torch.cat([pk[self.base], k], 2), torch.cat([pv[self.base], v], 2)
+
+
+class _FixedKV:
+    """Given keys and values ``[batch, head, pos, d_head]`` of every earlier position, for a run of
+    the final block at the last position only. Stands in for ``KVCache``."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k, self.v = k, v
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[2]
+
+    @length.setter
+    def length(self, _: int) -> None:
+        pass
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cat([self.k, k], 2), torch.cat([self.v, v], 2)
+
+
+def _keys_values(model: "HookedGPT2", layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values ``[batch, head, pos, d_head]`` block ``layer``'s attention computes from the
+    residual ``x [batch, pos, d_model]`` (its LayerNorm and the K, V columns of ``W_QKV``)."""
+    block, d = model.blocks[layer], model.cfg.d_model
+    h = block.ln1(x)
+    kv = torch.addmm(block.attn.b_QKV[d:], h.reshape(-1, d), block.attn.W_QKV[:, d:])
+    k, v = rearrange(kv.view(*x.shape[:2], 2 * d), "b p (two h dh) -> two b h p dh", two=2, h=model.cfg.n_head)
+    return k, v
+
+
+def _last_block(model: "HookedGPT2", x: torch.Tensor, mask: torch.Tensor | None, kv: "PrefixKV | None") -> torch.Tensor:
+    """The final block's output at the last position only, ``[batch, 1, d_model]``: the other positions
+    are needed only as keys and values, so they skip the queries, W_O and the MLP."""
+    n = model.cfg.n_layer
+    k, v = _keys_values(model, n - 1, x[:, :-1])
+    if kv is not None:
+        pk, pv = kv.prefix[n - 1]
+        k, v = torch.cat([pk[kv.base], k], 2), torch.cat([pv[kv.base], v], 2)
+    return model(x[:, -1:], start_at_layer=n - 1, stop_at_layer=n, attention_mask=mask, past_kv=_FixedKV(k, v))
+
+
+def entry_name(model: "HookedGPT2", stage: int) -> str:
+    """The hook whose activation is the residual entering block ``stage`` (``n_layer``: the final residual)."""
+    n = model.cfg.n_layer
+    return f"blocks.{stage}.hook_resid_pre" if stage < n else f"blocks.{n - 1}.hook_resid_post"
+
+
+def kv_names(model: "HookedGPT2", first_layer: int) -> list[str]:
+    """The base-run keys and values :func:`run_staircase` needs for suffix rows from ``first_layer`` on."""
+    return [f"blocks.{l}.attn.hook_{x}" for l in range(first_layer, model.cfg.n_layer) for x in "kv"]
+
+
+def base_kv_from(cache: Mapping[str, torch.Tensor], model: "HookedGPT2", first_layer: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    return {l: (cache[f"blocks.{l}.attn.hook_k"], cache[f"blocks.{l}.attn.hook_v"]) for l in range(first_layer, model.cfg.n_layer)}
+
+
+def auto_batch_size(model: "HookedGPT2", n_pos: int, materialise_attention: bool = False) -> int:
+    """Rows per chunk so that a chunk's activations fit :data:`CPU_MEMORY_BUDGET` (CUDA: ¼ of free memory)."""
+    c = model.cfg
+    size = torch.finfo(model.dtype).bits // 8
+    per_row = n_pos * (8 * c.d_model + 2 * c.d_mlp) * size + c.n_head * n_pos * n_pos * size * (3 if materialise_attention else 1)
+    per_row += 3 * c.d_vocab * 4  # last-position logits and their softmax, fp32
+    budget = CPU_MEMORY_BUDGET
+    if model.device.type == "cuda":
+        budget = torch.cuda.mem_get_info(model.device)[0] // 4
+    return max(1, int(budget // per_row))
+
+
+@torch.inference_mode()
+def run_staircase(
+    model: "HookedGPT2",
+    entries: Mapping[int, torch.Tensor],
+    start: torch.Tensor,
+    base: torch.Tensor,
+    patches: Sequence[Patch],
+    readout: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    attention_mask: torch.Tensor | None = None,
+    batch_size: int | None = None,
+    group: int = 1,
+    progress: bool | None = None,
+    desc: str = "patching",
+    first_pos: torch.Tensor | None = None,
+    base_kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> torch.Tensor:
+    """Run ``R`` edited rows, each from the layer and position where it first differs from its base run,
+    and read out one value per row.
+
+    ``entries[s]``: ``[m, pos, d_model]`` residual entering block ``s`` in the unedited ("base")
+    runs; row ``r`` starts at stage ``start[r]`` from ``entries[start[r]][base[r]]``. With
+    ``first_pos`` ``[R]`` and ``base_kv`` (the base runs' ``hook_k``/``hook_v`` for every layer a
+    row runs, see :func:`kv_names`), row ``r`` computes only positions ``≥ first_pos[r]`` and
+    attends to the base run's keys and values before them. ``readout(last_logits [r, d_vocab],
+    rows [r])`` → ``[r]`` (``rows``: the rows' indices). Rows are grouped by first position and
+    chunked (multiples of ``group`` consecutive rows, which must share start and first position)
+    to ``batch_size``; in a chunk, rows join the batch at their start layer — one model call per
+    layer per chunk. Returns ``[R]`` (float32).
+    """
+    n = model.cfg.n_layer
+    R = start.shape[0]
+    dev = model.device
+    q = torch.zeros(R, dtype=torch.long) if first_pos is None or base_kv is None else first_pos.cpu().long()
+    order = torch.argsort(q * (n + 2) + start.cpu().long(), stable=True)  # by first position, then start
+    start_o, q_o = start.cpu()[order], q[order]
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(R)
+    inverse_dev, order_dev = inverse.to(dev), order.to(dev)
+    base_o = base.to(dev)[order_dev]
+    patches = [e.renumber(inverse_dev) for e in patches]
+    at_entry: dict[int, list[Patch]] = defaultdict(list)
+    for e in patches:
+        if isinstance(e.where, int):
+            at_entry[e.where].append(e)
+    P = next(iter(entries.values())).shape[1]
+    if batch_size is None:
+        batch_size = auto_batch_size(model, P, any(isinstance(e.where, str) and ("pattern" in e.where or "scores" in e.where) for e in patches))
+    batch_size = max(group, batch_size // group * group)
+    chunks = []
+    bounds = torch.unique_consecutive(q_o, return_counts=True)[1].cumsum(0).tolist() if R else []
+    lo = 0
+    for hi in bounds:  # chunks never mix first positions
+        chunks += [(a, min(hi, a + batch_size)) for a in range(lo, hi, batch_size)]
+        lo = hi
+    finals = torch.empty(R, model.cfg.d_model, dtype=model.dtype, device=dev)  # ln_final(resid) at the last position
+    bar = progress_bar(total=sum(n + 1 - int(start_o[a]) for a, _ in chunks), desc=desc, leave=False,
+                       enabled=progress)  # None: only on a terminal
+    for a, b in chunks:
+        p0 = int(q_o[a])
+        kv = PrefixKV(base_kv, p0) if p0 > 0 else None
+        hooks: dict[str, list[Patch]] = defaultdict(list)
+        for e in patches:
+            sub = e.select(a, b, p0) if isinstance(e.where, str) else None
+            if sub is not None:
+                hooks[sub.where].append(sub)
+        steps = torch.searchsorted(start_o[a:b].contiguous(), torch.arange(n + 2)).tolist()  # first local row per stage
+        x: torch.Tensor | None = None
+        with model.hooks([(name, _hook_fn(es)) for name, es in hooks.items()]):
+            for s in range(int(start_o[a]), n + 1):
+                r0, r1 = a + steps[s], a + steps[s + 1]
+                if r1 > r0:  # rows starting here join the batch, with their entry patches applied
+                    new = entries[s][base_o[r0:r1], p0:]
+                    for e in at_entry.get(s, ()):
+                        sub = e.select(r0, r1, p0)
+                        new = new if sub is None else sub.apply(new)
+                    if x is not None and x.shape[1] < new.shape[1]:  # after _last_block only the last position is kept
+                        new = new[:, -x.shape[1]:]
+                    x = new if x is None else torch.cat([x, new])
+                if s < n and x is not None:
+                    rows_base = base_o[a : a + x.shape[0]]
+                    if kv is not None:
+                        kv.base = rows_base
+                    mask = None if attention_mask is None else attention_mask[rows_base]
+                    if s == n - 1 and x.shape[1] > 1 and not any(nm.startswith((f"blocks.{s}.", "ln_final")) for nm in hooks):
+                        x = _last_block(model, x, mask, kv)
+                    else:
+                        x = model(x, start_at_layer=s, stop_at_layer=s + 1, attention_mask=mask, past_kv=kv)
+                bar.update()
+            last = model.ln_final(x)[:, -1] if any(k.startswith("ln_final") for k in hooks) else model.ln_final(x[:, -1])
+        finals[order_dev[a:b]] = last
+    bar.close()
+    # unembed in big blocks (the [d_vocab, d_model] matrix is read once per block, not once per chunk)
+    out = torch.empty(R, dtype=torch.float32, device=dev)
+    block = max(group, (batch_size // 2) // group * group)
+    for a in range(0, R, block):
+        rows = torch.arange(a, min(R, a + block), device=dev)
+        out[rows] = readout(model.unembed(finals[rows]), rows).float()
+    return out
+
+
+def final_logits(model: "HookedGPT2", resid: torch.Tensor) -> torch.Tensor:
+    """Last-position logits ``[batch, d_vocab]`` of a final residual ``[batch, pos, d_model]``."""
+    return model.unembed(model.ln_final(resid[:, -1]))
+
+
+__all__ = ["Patch", "PrefixKV", "run_staircase", "entry_name", "kv_names", "base_kv_from", "auto_batch_size",
+           "final_logits", "CPU_MEMORY_BUDGET"]

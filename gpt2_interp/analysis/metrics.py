@@ -1,0 +1,155 @@
+"""Patching metrics: functions of last-position logits ``[..., n_pairs, d_vocab] -> [..., n_pairs]``.
+
+``logit_diff``, ``prob`` and ``kl_to`` build them; any callable with that contract works too.
+Token strings are resolved by the model's tokenizer when the metric is bound (``bind_metric``,
+which ``patch``, tracing and attribution call), so metrics hold for any tokenizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from ..model import HookedGPT2
+
+Metric = Callable[[torch.Tensor], torch.Tensor]
+Ids = Union[str, int, Sequence[Union[str, int]], torch.Tensor]
+
+
+def _ids(x: Ids, model: "HookedGPT2 | None") -> torch.Tensor | Ids:
+    """One id (a 0-d tensor) or one per prompt pair (``[n_pairs]``); token strings stay strings
+    until a model (its tokenizer) resolves them."""
+    if isinstance(x, torch.Tensor):
+        return x.long()
+    if isinstance(x, (str, int)) or hasattr(x, "__index__"):
+        items, one = [x], True
+    elif isinstance(x, Sequence) and len(x) > 0:
+        items, one = list(x), False
+    else:
+        raise TypeError(f"token ids are given as a string (e.g. ' Paris'), an int, a list of them (one per pair) "
+                        f"or a tensor; got {type(x).__name__}")
+    for i in items:
+        if isinstance(i, bool) or not (isinstance(i, str) or hasattr(i, "__index__")):
+            raise TypeError(f"a token is a string (e.g. ' Paris') or an int id, got {type(i).__name__}")
+    if model is None and any(isinstance(i, str) for i in items):
+        return x  # resolved by bind(model)
+    ids = [i if model is None else model.to_single_token(i) for i in items]
+    return torch.tensor(ids[0] if one else ids)
+
+
+def _resolved(ids: torch.Tensor | Ids, name: str) -> torch.Tensor:
+    if not isinstance(ids, torch.Tensor):
+        raise ValueError(f"metric {name} holds token strings that no model has resolved yet; build it with "
+                         f"model=... (e.g. logit_diff(' Paris', ' Rome', model=model)) or use it through patch()")
+    return ids
+
+
+def _pick(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``logits[..., n, d_vocab]`` at ``ids`` (scalar or ``[n]``) → ``[..., n]``."""
+    ids = ids.to(logits.device).expand(logits.shape[:-1])
+    return logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+
+@dataclass
+class LogitDiff:
+    """``logit[answer] − logit[wrong]`` at the last position (ids: one, or one per pair)."""
+
+    answer: torch.Tensor | Ids
+    wrong: torch.Tensor | Ids
+    name: str = "logit_diff"
+
+    def bind(self, model: "HookedGPT2", clean_logits: torch.Tensor | None = None) -> "LogitDiff":
+        """This metric with its token strings resolved by ``model``'s tokenizer."""
+        return LogitDiff(_ids(self.answer, model), _ids(self.wrong, model), self.name)
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        return _pick(logits, _resolved(self.answer, self.name)) - _pick(logits, _resolved(self.wrong, self.name))
+
+
+@dataclass
+class Prob:
+    """Next-token probability of ``answer``."""
+
+    answer: torch.Tensor | Ids
+    name: str = "prob"
+
+    def bind(self, model: "HookedGPT2", clean_logits: torch.Tensor | None = None) -> "Prob":
+        """This metric with its token strings resolved by ``model``'s tokenizer."""
+        return Prob(_ids(self.answer, model), self.name)
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        return _pick(logits.float().log_softmax(-1), _resolved(self.answer, self.name)).exp()
+
+
+@dataclass
+class KLTo:
+    """``KL(reference ‖ patched)`` of next-token distributions; lower is closer. ``reference``
+    ``[n_pairs, d_vocab]`` logits, or None for "the clean run of this patch" (filled in by ``patch``)."""
+
+    reference: torch.Tensor | None = None
+    name: str = "kl_to_clean"
+
+    def bind(self, model: "HookedGPT2", clean_logits: torch.Tensor | None = None) -> "KLTo":
+        """This metric with the clean run's logits as reference, unless it has one."""
+        return self if self.reference is not None or clean_logits is None else KLTo(clean_logits, self.name)
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.reference is None:
+            raise ValueError("kl_to() has no reference logits; pass them, or use it through patch()")
+        ref = self.reference.float().to(logits.device).log_softmax(-1)
+        return F.kl_div(logits.float().log_softmax(-1), ref, log_target=True, reduction="none").sum(-1)
+
+
+def logit_diff(answer: Ids, wrong: Ids, model: "HookedGPT2 | None" = None) -> LogitDiff:
+    """Metric ``logit[answer] − logit[wrong]``; tokens as strings (one token each) or ids, one or one
+    per pair. Strings are resolved by ``model``'s tokenizer (now, or when ``patch`` binds it)."""
+    name = f"logit_diff({answer!r}, {wrong!r})" if isinstance(answer, str) else "logit_diff"
+    return LogitDiff(_ids(answer, model), _ids(wrong, model), name)
+
+
+def prob(answer: Ids, model: "HookedGPT2 | None" = None) -> Prob:
+    """Metric: next-token probability of ``answer`` (strings resolved as in :func:`logit_diff`)."""
+    return Prob(_ids(answer, model), f"prob({answer!r})" if isinstance(answer, str) else "prob")
+
+
+def kl_to(clean: torch.Tensor | None = None) -> KLTo:
+    """Metric: KL divergence from the clean next-token distribution (``clean`` logits ``[n_pairs, d_vocab]``,
+    default: the clean run of the patch it is used in)."""
+    return KLTo(clean)
+
+
+def metric_name(metric: Metric) -> str:
+    """A metric's display name (its ``name``, else its function name)."""
+    return str(getattr(metric, "name", getattr(metric, "__name__", "metric")))
+
+
+def bind_metric(metric: Metric, model: "HookedGPT2", clean_logits: torch.Tensor | None = None) -> Metric:
+    """``metric`` ready to run on ``model``'s logits: token strings resolved, KL reference filled in.
+    Plain callables are returned as they are."""
+    if not callable(metric):
+        raise TypeError(f"metric must be a callable logits [..., n_pairs, d_vocab] -> [..., n_pairs] "
+                        f"(e.g. logit_diff(' Paris', ' Rome')), got {type(metric).__name__}")
+    bind = getattr(metric, "bind", None)
+    return bind(model, clean_logits) if callable(bind) else metric
+
+
+def apply_metric(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
+    """``logits [k, n_pairs, d_vocab]`` → ``[k, n_pairs]`` float, with a clear error for a reducing metric."""
+    out = metric(logits.float())
+    out = torch.as_tensor(out, device=logits.device)
+    if out.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"metric {metric_name(metric)} returned shape {tuple(out.shape)} for logits {tuple(logits.shape)}; "
+            f"a metric maps last-position logits [..., n_pairs, d_vocab] to [..., n_pairs] (one value per run) — "
+            "do not average inside it (patch averages over pairs itself)"
+        )
+    return out.float()
+
+
+__all__ = ["Metric", "Ids", "LogitDiff", "Prob", "KLTo", "logit_diff", "prob", "kl_to", "metric_name", "bind_metric",
+           "apply_metric"]
