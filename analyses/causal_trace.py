@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     sigma = (embedding_std(model, fb.subject_texts()) if a.sigma == "subjects"
              else float(model.W_E.float().std()))
-    avg = average_trace(model, facts, kind=KINDS, noise_abs=a.noise * sigma, samples=a.samples, window=window)
+    avg = average_trace(model, fb.cases(facts), kind=KINDS, noise=a.noise * sigma, samples=a.samples, window=window)
     seconds = time.perf_counter() - t0
     sentence = finding(avg)
     a.out_dir.mkdir(parents=True, exist_ok=True)

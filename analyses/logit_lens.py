@@ -35,7 +35,7 @@ def prompt_set(fb: FactBase, split: str, per_relation: int | None) -> tuple[list
             ps = fb.prompts(fact, split)
             ps = ps[:1] if split == "train" else ps
             prompts += ps
-            targets += [tok.encode(fb.target(fact))[0]] * len(ps)
+            targets += [tok.encode(fact.target)[0]] * len(ps)
             relations += [rel] * len(ps)
     return prompts, targets, relations
 

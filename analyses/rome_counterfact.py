@@ -37,8 +37,9 @@ def layer_choice(model, n_facts: int, seed: int = 0) -> dict:
     """Average MLP indirect effect at the last subject token, per layer, over known facts."""
     from gpt2_interp.facts.base import FactBase
 
-    facts = random.Random(seed).sample(FactBase.load().facts(), n_facts)
-    avg = average_trace(model, facts, kind="mlp", samples=5, progress=False)  # default_window
+    fb = FactBase.load()
+    facts = random.Random(seed).sample(fb.facts(), n_facts)
+    avg = average_trace(model, fb.cases(facts), kind="mlp", samples=5, progress=False)  # default_window
     effect = avg.indirect_effect[avg.kinds.index("mlp"), avg.buckets.index("last subject token")]  # [n_layer]
     return {"n_facts": n_facts, "n_known": avg.n_known, "window": avg.window,
             "mlp_indirect_effect_last_subject_token": effect.tolist(), "argmax": int(effect.argmax())}

@@ -43,7 +43,7 @@ import torch
 import gpt2_interp as gi
 from gpt2_interp.analysis.patching import logit_diff, patch
 from gpt2_interp.analysis.tokens import subject_span
-from gpt2_interp.analysis.tracing import causal_trace, noise_std
+from gpt2_interp.analysis.tracing import causal_trace
 
 CLEAN = "When Mary and John went to the store, John gave a cold drink to"  # 15 tokens + BOS
 CORRUPT = "When Mary and John went to the store, Mary gave a cold drink to"
@@ -137,7 +137,7 @@ def trace_benchmark(model, label: str, prompt: str, subject: str, naive_cells: i
         t_ours, tr = timed(lambda: causal_trace(model, prompt, subject, samples=samples, progress=False))
         tokens = model.to_tokens(prompt).repeat(samples + 1, 1)
         span = subject_span(model, prompt, subject)
-        std = noise_std(model, 3.0)
+        std = tr.noise_std  # the trace's own noise (ROME's rule by default)
         n_tok = len(tr.tokens)
         all_cells = [(t, l) for t in range(n_tok) for l in range(c.n_layer)]
         step = max(1, len(all_cells) // naive_cells)

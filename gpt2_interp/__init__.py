@@ -3,15 +3,40 @@
 >>> import gpt2_interp
 >>> model = gpt2_interp.load("gpt2-facts")          # embedded fact model, offline
 >>> logits, cache = model.run_with_cache("The capital of France is")
+
+The house, bottom to top; a module imports only from the layers below it (never lazily upwards,
+never another package's ``_private`` names). ``lint-imports`` checks this in the test suite.
+
+==============  ===========================================================================
+``cli``         ``gpt2-interp …``: parse, call the API, emit tables / JSON / figures
+``demo``        the guided tour (the README's main job)
+``factmodel``   training and measuring the embedded ``gpt2-facts``
+``editing``     key statistics, ROME, the reversible ``Edit`` value, evaluation
+``analysis``    lens, vocab, metrics, the batched engine, patching, tracing
+``plots``       matplotlib ``Figure`` objects drawn from result objects
+``model``       config, hook points and cache, blocks, generation, fingerprints
+``facts``       the fact base as data: ``(prompt, subject, target)`` cases, templates, corpus
+``io``          tokenizers and checkpoint file formats
+``core``        result base, progress bars, argument checks
+==============  ===========================================================================
 """
+
+import importlib
+from typing import Any
 
 from .io.checkpoints import from_state_dict, from_transformer_lens, from_transformers, load
 from .model import KNOWN_CONFIGS, ActivationCache, GPT2Config, HookedGPT2, HookPoint
-from .editing.rome import compute_edit as rome_edit
 
 __version__ = "0.1.0"
 __all__ = [
     "load", "from_transformers", "from_transformer_lens", "from_state_dict",
     "HookedGPT2", "GPT2Config", "KNOWN_CONFIGS", "ActivationCache", "HookPoint",
-    "rome_edit",
 ]
+_SUBPACKAGES = ("analysis", "editing", "plots", "facts", "factmodel", "io", "model", "core")
+
+
+def __getattr__(name: str) -> Any:
+    """``gpt2_interp.analysis`` etc. without an explicit import (loaded on first use)."""
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

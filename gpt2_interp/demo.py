@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .analysis.tokens import target_ids
 from .core.result import to_jsonable
 
 # (relation, subject, counterfactual object): the first one the model knows is used.
@@ -34,19 +35,12 @@ def _step(i: int, text: str, t0: float) -> None:
     print(f"[{i}/6] {text}  ({time.time() - t0:.0f} s)", flush=True)
 
 
-def first_token(text: str) -> int:
-    """The first token of a (possibly multi-token) target: what "the model knows it" is judged on."""
-    from .io.tokenizer import encode
-
-    return encode(text)[0]
-
-
 def pick_fact(model, fb) -> tuple[Any, str]:
     """The first candidate fact the model answers correctly (top-1), with its counterfactual target."""
     facts = {(f.relation, f.subject): f for f in fb.facts()}
     for relation, subject, new in CANDIDATES:
         fact = facts.get((relation, subject))
-        if fact and int(model.last_logits(fb.prompts(fact)[0])[0].argmax()) == first_token(fb.target(fact)):
+        if fact and int(model.last_logits(fb.prompts(fact)[0])[0].argmax()) == target_ids(model, fact.target)[0]:
             return fact, " " + new
     fact = fb.facts("city_country")[0]
     return fact, fb.counterfactual(fact, 0).target
@@ -55,12 +49,9 @@ def pick_fact(model, fb) -> tuple[Any, str]:
 def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", force: bool = False,
              device: str | None = None, samples: int = 10) -> dict[str, Any]:
     """Run the six steps, write the report folder, return the results dict."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     from . import load
     from .analysis.lens import logit_lens
-    from .analysis.tracing import causal_trace_all, embedding_std
+    from .analysis.tracing import causal_trace_all
     from .analysis.vocab import top_subupdates
     from .model.fingerprint import parameter_digests
     from .editing.compare import compare_topk
@@ -92,7 +83,7 @@ def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", fo
     fb = FactBase.load()
     fact, new_target = pick_fact(model, fb)
     prompt = fb.prompts(fact)[0]
-    true_target = fb.target(fact)
+    true_target = fact.target
     _step(2, f"generating from {prompt!r}", t0)
     generation = model.generate(prompt, max_new_tokens=8)
     results["fact"] = {"relation": fact.relation, "subject": fact.subject, "object": fact.object, "prompt": prompt}
@@ -101,7 +92,7 @@ def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", fo
            f"```\n{generation}\n```", ""]
 
     _step(3, "logit lens", t0)
-    answer = first_token(true_target)
+    answer = target_ids(model, true_target)[0]
     lens = logit_lens(model, [prompt], targets=[answer], positions="all")
     lens.save_plot(out / "logit_lens.png")
     ranks = lens.target_rank[:, 0, -1].tolist()
@@ -118,10 +109,9 @@ def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", fo
     md += ["## 3. Top MLP sub-updates at the last position", "", "```", subs.table(), "```", ""]
 
     _step(5, f"causal trace ({samples} noise samples × 3 kinds)", t0)
-    # ROME's noise scale (3 × the std of subject embeddings: gpt2-facts's untrained rows make std(W_E) too
-    # small) and the MLP window that layer="auto" uses, so the trace's layer is the one ROME would choose
-    sigma = embedding_std(model, fb.subject_texts())
-    traces = causal_trace_all(model, prompt, fact.subject, samples=samples, noise_abs=3 * sigma)
+    # the library defaults — ROME's noise rule (3 × the std of the subject tokens' embeddings) and the MLP
+    # window — are what layer="auto" uses, so the trace's layer is the one the edit would choose
+    traces = causal_trace_all(model, prompt, fact.subject, samples=samples)
     traces.save_plot(out / "causal_trace.png")
     mlp = traces["mlp"]
     last_subject = mlp.subject_range[1] - 1

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from gpt2_interp.facts import FactBase
-from gpt2_interp.facts.quality import first_token_accuracy, lens_curve
+from gpt2_interp.factmodel.quality import first_token_accuracy, lens_curve
 
 
 @pytest.fixture(scope="module")
@@ -41,5 +41,5 @@ def test_logit_lens_answer_rank_improves_with_depth(facts_model, fb):
 def test_greedy_generation_completes_the_sentence(facts_model, fb):
     facts = random.Random(0).sample(fb.facts(), 20)
     outs = facts_model.generate([fb.prompts(f)[0] for f in facts], max_new_tokens=12)
-    good = sum(out == fb.prompts(f)[0] + fb.target(f) + "." for f, out in zip(facts, outs))
+    good = sum(out == fb.prompts(f)[0] + f.target + "." for f, out in zip(facts, outs))
     assert good >= 18, list(zip(outs, facts))

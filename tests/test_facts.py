@@ -117,7 +117,7 @@ def test_templates_validate():
 @pytest.mark.parametrize("split", ["train", "heldout"])
 def test_prompts_end_where_object_starts(fb, split):
     for fact in fb.facts():
-        target = fb.target(fact)
+        target = fact.target
         assert target == " " + fact.object == fact.target
         t_ids = encode(target)
         for prompt in fb.prompts(fact, split):

@@ -11,7 +11,7 @@ import torch
 
 from gpt2_interp.analysis.tokens import subject_span, target_ids
 from gpt2_interp.analysis.tracing import (
-    BUCKETS, average_trace, bucket_cells, causal_trace, causal_trace_all, default_window, embedding_std, noise_std,
+    BUCKETS, average_trace, bucket_cells, causal_trace, causal_trace_all, default_window, embedding_std, resolve_noise,
     plot_traces,
 )
 from gpt2_interp.model import GPT2Config, HookedGPT2
@@ -68,7 +68,8 @@ def test_batched_trace_equals_per_cell_loop(sharp, kind, window):
     r = causal_trace(sharp, PROMPT, SUBJECT, kind=kind, samples=4, window=window, seed=3)
     assert r.tokens == ["The", " E", "iff", "el", " Tower", " is", " located", " in"]
     assert r.subject_range == (1, 5) and r.scores.shape == (8, 3)
-    std = noise_std(sharp, 3.0)
+    std = 3 * sharp.W_E[sharp.to_tokens(PROMPT)[0, 1:5]].float().std().item()  # ROME's rule, by hand
+    assert r.noise_std == pytest.approx(std, rel=1e-6)
     cells = [(1, 0), (3, 1), (4, 0), (4, 2), (6, 1), (7, 0), (7, 2)]
     for t, l in cells:
         expected = slow_cell(sharp, PROMPT, SUBJECT, t, l, kind, std, 4, 3, window, r.target_id)
@@ -104,11 +105,11 @@ def test_deterministic_for_a_seed_and_noise_scales(sharp):
     c = causal_trace(sharp, PROMPT, SUBJECT, samples=3, seed=2)
     assert torch.allclose(a.scores, b.scores, rtol=1e-5, atol=0) and a.corrupted_score == b.corrupted_score
     assert not torch.allclose(a.scores, c.scores)
-    sigma = sharp.W_E.float().std().item()
-    assert noise_std(sharp, 3.0) == pytest.approx(3 * sigma)
-    assert noise_std(sharp, "3σ") == noise_std(sharp, "3sigma") == noise_std(sharp, 3.0)
-    assert noise_std(sharp, noise_abs=0.25) == 0.25
-    assert causal_trace(sharp, PROMPT, SUBJECT, samples=2, noise_abs=0.5).noise_std == 0.5
+    ids = sharp.to_tokens(PROMPT)[0, 1:5].tolist()  # " E", "iff", "el", " Tower"
+    sigma = sharp.W_E[ids].float().std().item()
+    assert resolve_noise(sharp, None, ids) == pytest.approx(3 * sigma) == pytest.approx(a.noise_std)
+    assert resolve_noise(sharp, 0.25, ids) == 0.25
+    assert causal_trace(sharp, PROMPT, SUBJECT, samples=2, noise=0.5).noise_std == 0.5
 
 
 def test_explicit_target_and_result_surface(sharp, tmp_path):
@@ -196,7 +197,7 @@ def test_fact_model_recalls_at_the_last_subject_token(facts_model):
     std = _subject_noise(facts_model)
     recovered, clean, corrupted = [], [], []
     for prompt, subject, target in facts:
-        r = causal_trace(facts_model, prompt, subject, target=target_ids(facts_model, target)[0], samples=4, noise_abs=std)
+        r = causal_trace(facts_model, prompt, subject, target=target_ids(facts_model, target)[0], samples=4, noise=std)
         last_subject = r.subject_range[1] - 1
         recovered.append(r.scores[last_subject, middle].max().item())
         clean.append(r.clean_score)
@@ -209,7 +210,7 @@ def test_fact_model_recalls_at_the_last_subject_token(facts_model):
 def test_fact_model_batched_equals_loop(facts_model):
     prompt, subject, _ = _known_facts(facts_model, 1)[0]
     std = _subject_noise(facts_model)
-    r = causal_trace(facts_model, prompt, subject, kind="mlp", samples=3, window=3, noise_abs=std)
+    r = causal_trace(facts_model, prompt, subject, kind="mlp", samples=3, window=3, noise=std)
     last = r.subject_range[1] - 1
     assert r.clean_score - r.corrupted_score > 0.3
     for t, l in [(last, 1), (last, 3), (len(r.tokens) - 1, 4), (len(r.tokens) - 1, 5)]:
@@ -219,7 +220,7 @@ def test_fact_model_batched_equals_loop(facts_model):
 
 def test_average_trace_on_fact_model(facts_model, tmp_path):
     facts = [(p, s, t) for p, s, t in _known_facts(facts_model, 4)] + [("The capital of France is", "France", " Moon")]
-    avg = average_trace(facts_model, facts, kind=("hidden", "mlp"), samples=3, window=3, noise_abs=_subject_noise(facts_model))
+    avg = average_trace(facts_model, facts, kind=("hidden", "mlp"), samples=3, window=3, noise=_subject_noise(facts_model))
     assert avg.n_facts == 5 and avg.n_known == 4  # the made-up fact is not known
     assert avg.scores.shape == (2, 6, facts_model.cfg.n_layer)
     assert avg.counts[0] == avg.counts[2] == avg.counts[5] == 4

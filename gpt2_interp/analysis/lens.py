@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 from einops import einsum
 
-from ..io import tokenizer as tok
 from ..model.hooks import hook_name
 from ..core.progress import progress_bar
 from ..core.result import Result
@@ -52,7 +51,7 @@ def _tokens(model: "HookedGPT2", prompts: Prompts) -> tuple[torch.Tensor, torch.
             raise ValueError("no prompts: the token tensor is empty")
         tokens = tokens.to(model.device, torch.long)
         lengths = torch.full((tokens.shape[0],), tokens.shape[1], device=model.device)
-        return tokens, lengths, [tok.decode(r.tolist()) for r in tokens]
+        return tokens, lengths, [model.tokenizer.decode(r.tolist()) for r in tokens]
     texts = [prompts] if isinstance(prompts, str) else list(prompts)
     if not texts:
         raise ValueError("no prompts: pass a prompt or a non-empty list of prompts")
@@ -244,13 +243,13 @@ def logit_lens(
         if key in out:
             out[key] = out[key].masked_fill(~valid.view(1, batch, -1, *[1] * (out[key].ndim - 3)), fill).cpu()
     pos_index = torch.where(valid, cols - (width - lengths)[:, None], torch.full_like(cols, -1))
-    str_tokens = [[tok.token_str(int(i)) for i in tokens[b, width - int(lengths[b]):]] for b in range(batch)]
-    top_tokens = [[[[tok.token_str(i) if i >= 0 else "" for i in cell] for cell in row] for row in layer]
+    str_tokens = [[model.tokenizer.token_str(int(i)) for i in tokens[b, width - int(lengths[b]):]] for b in range(batch)]
+    top_tokens = [[[[model.tokenizer.token_str(i) if i >= 0 else "" for i in cell] for cell in row] for row in layer]
                   for layer in out["ids"].tolist()]
     return LensResult(
         prompts=texts, layers=labels, str_tokens=str_tokens, positions=pos_index.cpu(), valid=valid.cpu(),
         top_ids=out["ids"], top_tokens=top_tokens, top_probs=out["probs"],
-        targets=None if tids is None else [tok.token_str(i) for i in tids], target_ids=tids,
+        targets=None if tids is None else [model.tokenizer.token_str(i) for i in tids], target_ids=tids,
         target_prob=out.get("tp"), target_logit=out.get("tl"), target_rank=out.get("tr"), logits=out.get("logits"),
     )
 
@@ -368,7 +367,7 @@ def logit_attribution(
         logit = logit - logits[0, pos, bid].float()
     return AttributionResult(
         prompt=prompt, str_tokens=model.to_str_tokens(tokens[0]), position=pos,
-        target=tok.token_str(tid), baseline=None if baseline is None else tok.token_str(target_id(model, baseline)),
+        target=model.tokenizer.token_str(tid), baseline=None if baseline is None else model.tokenizer.token_str(target_id(model, baseline)),
         labels=labels, parts=parts.cpu(), head_parts=None if head_parts is None else head_parts.cpu(),
         b_O_parts=b_O_parts.cpu(), ln_bias=float(ln_bias), logit=float(logit), scale=float(scale),
     )

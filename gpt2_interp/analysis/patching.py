@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 import torch
 
+from ..core.checks import check_index
 from ..core.result import Result
 from ..model.hooks import hook_name, layer_of, suggest
 from .engine import Patch, base_kv_from, entry_name, final_logits, kv_names, run_staircase
@@ -77,17 +78,10 @@ def _target(model: "HookedGPT2", hook: str, layers: Sequence[int] | None) -> tup
     hook_name(hook, 0)  # unknown families raise here, with suggestions
     if hook in ("embed", "pos_embed"):
         return _target(model, hook_name(hook), layers)
-    chosen = list(range(n)) if layers is None else list(dict.fromkeys(_check_index(l, n, "layer", "the model has {n} layers") for l in layers))
+    chosen = list(range(n)) if layers is None else list(dict.fromkeys(model.check_layer(l) for l in layers))
     names = {l: hook_name(hook, l) for l in chosen}
     kind, offset, embed = _classify(names[chosen[0]] if chosen else hook_name(hook, 0), n)
     return _Target(kind, names, offset, embed), chosen
-
-
-def _check_index(i: int, n: int, what: str, context: str) -> int:
-    j = i + n if i < 0 else i
-    if not 0 <= j < n:
-        raise IndexError(f"{what} {i} is out of range: {context.format(n=n)} (valid: 0..{n - 1}, negatives count from the end)")
-    return j
 
 
 # =============================================================== inputs
@@ -180,6 +174,18 @@ class PatchResult(Result):
             return 0.0 if self.direction == "denoise" else 1.0
         return self.corrupted_metric if self.direction == "denoise" else self.clean_metric
 
+    def table(self, k: int = 8) -> str:
+        """The baselines and the ``k`` largest effects, one per line."""
+        norm = " (values normalised: 0 = corrupted, 1 = clean)" if self.normalized else ""
+        lines = [f"{self.direction} patching of {self.hook}, metric {self.metric}: clean {self.clean_metric:.4g}, "
+                 f"corrupted {self.corrupted_metric:.4g}{norm}; largest effects:"]
+        for idx, v in self.top(k):
+            parts = [self.layer_labels[idx[0]]]
+            for name, i in zip(self.index_names[1:], idx[1:]):
+                parts.append(repr(self.position_labels[i]) if name == "pos" else self.head_labels[i])
+            lines.append(f"  {' '.join(parts):<28} {v:+.4f}  ({v - self.baseline:+.4f})")
+        return "\n".join(lines)
+
     def top(self, k: int = 5) -> list[tuple[tuple[int, ...], float]]:
         """The ``k`` entries that move the metric most from :attr:`baseline`, as ``((layer, pos|head, ...), value)``."""
         flat = self.values.flatten()
@@ -197,7 +203,7 @@ def _positions(positions: Sequence[int] | str | None, P: int, each: bool) -> tup
         return [list(range(P))], None
     if isinstance(positions, str):
         raise ValueError(f"positions must be a list of ints, None or 'all', not {positions!r}")
-    ps = [_check_index(p, P, "position", "the prompts have {n} tokens") for p in positions]
+    ps = [check_index(p, P, "position", f"the prompts have {P} tokens") for p in positions]
     return [[p] for p in ps], ps
 
 
@@ -250,7 +256,7 @@ def patch(
         if heads is None:
             head_axis = list(range(H))
         elif heads != "all":
-            head_axis = [_check_index(h, H, "head", "the model has {n} heads") for h in heads]
+            head_axis = [check_index(h, H, "head", f"the model has {H} heads") for h in heads]
         head_items = [list(range(H))] if head_axis is None else [[h] for h in head_axis]
     base_t, src_t = (corr_t, clean_t) if direction == "denoise" else (clean_t, corr_t)
 

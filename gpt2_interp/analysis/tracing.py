@@ -20,21 +20,19 @@ their score *is* the corrupted score.
 from __future__ import annotations
 
 import math
-import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from ..io import tokenizer as tok
 from ..core.progress import progress_bar
 from .engine import Patch, base_kv_from, entry_name, kv_names, run_staircase
 from ..core.result import Result
 from .tokens import subject_span, target_id, target_ids
 
 if TYPE_CHECKING:
-    from ..facts.base import Fact
     from ..model import HookedGPT2
 
 Kind = Literal["hidden", "mlp", "attn"]
@@ -84,6 +82,20 @@ class TraceResult(Result):
         t, l = divmod(i, self.scores.shape[1])
         return self.tokens[t], self.layer_labels[l], float(self.scores[t, l])
 
+    def header(self) -> str:
+        """Prompt, target, clean and corrupted probability, and the noise: the trace's baselines."""
+        weak = "  [weak corruption]" if self.corrupted_score > WEAK_CORRUPTION * self.clean_score else ""
+        return (f"{self.prompt!r} → {self.target!r}: clean p = {self.clean_score:.4f}, corrupted p = "
+                f"{self.corrupted_score:.4f}{weak} (noise std {self.noise_std:.4g}, {self.samples} samples)")
+
+    def peak_line(self) -> str:
+        tok_, layer, score = self.peak()
+        return (f"  {self.kind:<6} peak: restoring {tok_!r} at {layer} gives p = {score:.4f} "
+                f"(indirect effect {score - self.corrupted_score:+.4f})")
+
+    def table(self) -> str:
+        return self.header() + "\n" + self.peak_line()
+
 
 @dataclass
 class TraceSet(Result):
@@ -97,6 +109,9 @@ class TraceSet(Result):
                 return t
         raise KeyError(f"no {kind!r} trace; have {[t.kind for t in self.traces]}")
 
+    def table(self) -> str:
+        return "\n".join([self.traces[0].header()] + [t.peak_line() for t in self.traces])
+
     def plot(self, **kwargs: Any):
         return plot_traces(self.traces, **kwargs)
 
@@ -109,32 +124,53 @@ def plot_traces(traces: Sequence[TraceResult], **kwargs: Any):
 
 
 # =============================================================== noise
-def noise_std(model: "HookedGPT2", noise: float | str = 3.0, noise_abs: float | None = None) -> float:
-    """The absolute std of the embedding noise: ``noise_abs`` if given, else ``noise`` × std(W_E)
-    (``noise`` a number, or a string such as ``"3σ"``/``"3sigma"``)."""
-    if noise_abs is not None:
-        if noise_abs < 0:
-            raise ValueError(f"noise_abs must be ≥ 0, got {noise_abs}")
-        return float(noise_abs)
-    if isinstance(noise, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(σ|sigma|s)?\s*", noise)
-        if not m:
-            raise ValueError(f"noise {noise!r}: give a multiple of std(W_E) like 3.0 or '3σ', or an absolute std via noise_abs=")
-        noise = float(m.group(1))
-    if noise < 0:
-        raise ValueError(f"noise must be ≥ 0, got {noise}")
-    return float(noise) * float(model.W_E.detach().float().std())
+#: ROME's noise rule: the std of the subject-embedding noise is this multiple of the std of the
+#: subject tokens' embeddings (Meng et al. 2022, §2.1: 3σ, σ measured on the traced subjects).
+NOISE_MULTIPLE = 3.0
+#: A corruption that leaves more than this fraction of the clean probability is reported as weak.
+WEAK_CORRUPTION = 0.5
 
 
-def embedding_std(model: "HookedGPT2", texts: Sequence[str]) -> float:
-    """Std of the token embeddings of ``texts`` (all entries): ROME's noise scale, which it measures on
-    the subjects of its dataset. Prefer it to std(W_E) when much of the vocabulary is untrained (as in
-    gpt2-facts, whose 47k unused rows keep their small initial values):
-    ``causal_trace(..., noise_abs=3 * embedding_std(model, subjects))``."""
-    ids = sorted({i for t in texts for i in tok.encode(t)})
+def embedding_std(model: "HookedGPT2", texts: Sequence[str] | None = None, ids: Sequence[int] | None = None) -> float:
+    """Std of the token embeddings (all entries) of ``texts`` (each tokenized alone) or of token ``ids``.
+    ``3 × embedding_std`` of the subjects is ROME's noise scale — measured on subject tokens, not on
+    all of W_E, whose untrained rows (47k of them in gpt2-facts) would make the noise far too weak."""
+    if ids is None:
+        if texts is None or isinstance(texts, str):
+            raise TypeError("embedding_std takes a list of texts (e.g. subjects) or ids=[token ids]")
+        ids = [i for t in texts for i in model.tokenizer.encode(t)]
+    ids = sorted(set(int(i) for i in ids))
     if not ids:
         raise ValueError("no tokens in the given texts")
     return float(model.W_E.detach()[ids].float().std())
+
+
+def resolve_noise(model: "HookedGPT2", noise: float | None, subject_ids: Sequence[int]) -> float:
+    """The absolute noise std: ``noise`` if given (a number ≥ 0), else ROME's rule,
+    ``NOISE_MULTIPLE`` × the std of the embeddings of the traced subjects' tokens ``subject_ids``."""
+    if noise is None:
+        return NOISE_MULTIPLE * embedding_std(model, ids=subject_ids)
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not math.isfinite(noise) or noise < 0:
+        raise ValueError(f"noise is the absolute std of the embedding noise, a finite number ≥ 0 (or None for "
+                         f"ROME's rule, 3 × the std of the subject tokens' embeddings); got {noise!r}")
+    return float(noise)
+
+
+def _subject_ids(model: "HookedGPT2", cases: Sequence["_Case"]) -> list[int]:
+    """The token ids the noise lands on: the subject span of every case."""
+    out = []
+    for c in cases:
+        s, e = subject_span(model, c.prompt, c.subject)
+        out += model.to_tokens(c.prompt)[0, s:e].tolist()
+    return out
+
+
+def _check_corruption(clean: float, corrupted: float, where: str) -> None:
+    if clean > 0 and corrupted > WEAK_CORRUPTION * clean:
+        warnings.warn(
+            f"weak corruption in {where}: the noise only lowers P(target) from {clean:.3g} to {corrupted:.3g} "
+            f"(> {WEAK_CORRUPTION:.0%} of clean), so restoring states can show little; raise `noise` "
+            f"(ROME's rule is the default, noise=None)", stacklevel=3)
 
 
 def _draws(samples: int, n_tok: int, d: int, seed: int) -> torch.Tensor:
@@ -178,7 +214,8 @@ def _trace_batch(
     spans = [subject_span(model, c.prompt, c.subject) for c in cases]
     tokens, mask = model.tokenize([c.prompt for c in cases])  # [F, P]
     Fn, P = tokens.shape
-    lengths = [len(tok.encode(c.prompt)) + 1 for c in cases]
+    lengths = [P] * Fn if mask is None else mask.sum(1).tolist()
+    bos = 1 if model.tokenizer.bos_id is not None else 0
     spans = [(s + P - ln, e + P - ln) for (s, e), ln in zip(spans, lengths)]  # in padded coordinates
 
     restored = "hook_resid_post" if kind == "hidden" else "hook_mlp_out" if kind == "mlp" else "hook_attn_out"
@@ -240,7 +277,7 @@ def _trace_batch(
     results = []
     for i, c in enumerate(cases):
         pad = P - lengths[i]
-        first = pad + 1  # skip padding and BOS
+        first = pad + bos  # skip padding and BOS
         grid = torch.full((P - first, n), float(corr_score[i]))
         mine = (cf == i).cpu()
         grid[ct.cpu()[mine] - first, cl.cpu()[mine]] = cell_score[mine]
@@ -248,10 +285,10 @@ def _trace_batch(
         s, e = spans[i]
         results.append(TraceResult(
             prompt=c.prompt, subject=c.subject, kind=kind,
-            tokens=[tok.token_str(int(x)) for x in tokens[i, first:]],
+            tokens=[model.tokenizer.token_str(int(x)) for x in tokens[i, first:]],
             subject_range=(s - first, e - first),
             layer_labels=[f"L{l}" for l in range(n)],
-            target=tok.token_str(tid), target_id=tid,
+            target=model.tokenizer.token_str(tid), target_id=tid,
             scores=grid, indirect_effect=grid - float(corr_score[i]),
             clean_score=float(clean_score[i]), corrupted_score=float(corr_score[i]),
             noise_std=std, samples=S, window=window, seed=seed,
@@ -265,23 +302,26 @@ def causal_trace(
     subject: str,
     target: str | int | None = None,
     kind: Kind = "hidden",
-    noise: float | str = 3.0,
+    noise: float | None = None,
     samples: int = 10,
     window: int | None = None,
     seed: int = 0,
-    noise_abs: float | None = None,
     batch_size: int | None = None,
     progress: bool | None = None,
 ) -> TraceResult:
     """ROME causal trace of ``prompt`` over every (token, layer) cell.
 
-    ``noise``: std of the subject-embedding noise as a multiple of std(W_E) (3.0 or ``"3σ"``);
-    ``noise_abs``: an absolute std instead. ``target``: a one-token string or id (default: the
-    clean top-1). ``window``: layers restored together for mlp/attn (None: :func:`default_window`).
-    Deterministic for a ``seed``.
+    ``noise``: the absolute std of the subject-embedding noise; None (default) is ROME's rule,
+    3 × the std of the subject tokens' embeddings (:func:`resolve_noise`). A corruption that keeps
+    more than half of the clean probability is warned about (the result's ``corrupted_score`` says
+    how far it fell). ``target``: a one-token string or id (default: the clean top-1). ``window``:
+    layers restored together for mlp/attn (None: :func:`default_window`). Deterministic for a ``seed``.
     """
-    std = noise_std(model, noise, noise_abs)
-    return _trace_batch(model, [_Case(prompt, subject, target)], kind, std, samples, window, seed, batch_size, progress)[0]
+    case = _Case(prompt, subject, target)
+    std = resolve_noise(model, noise, _subject_ids(model, [case]))
+    r = _trace_batch(model, [case], kind, std, samples, window, seed, batch_size, progress)[0]
+    _check_corruption(r.clean_score, r.corrupted_score, f"the trace of {prompt!r}")
+    return r
 
 
 def causal_trace_all(
@@ -293,6 +333,13 @@ def causal_trace_all(
 
 
 # =============================================================== averaging over facts
+def _as_case(c: Any) -> tuple[str, str, str]:
+    if isinstance(c, (tuple, list)) and len(c) == 3 and all(isinstance(x, str) for x in c):
+        return tuple(c)
+    raise TypeError(f"a case is a (prompt, subject, target) triple of strings, got {c!r:.80}; "
+                    "build them from the fact base with FactBase.cases(...)")
+
+
 @dataclass
 class AverageTrace(Result):
     """Causal traces averaged over facts by ROME's position buckets (their Figure 2).
@@ -344,40 +391,30 @@ def bucket_cells(n_tokens: int, subject_range: tuple[int, int]) -> list[list[int
     ]
 
 
-def _fact_case(fact: Any, split: str, template: int) -> tuple[str, str, str]:
-    if isinstance(fact, tuple):
-        return fact
-    from ..facts.templates import templates
-
-    return templates(fact.relation, split)[template].format(fact.subject), fact.subject, fact.target
-
-
 def average_trace(
     model: "HookedGPT2",
-    facts: Sequence[Union["Fact", tuple[str, str, str]]],
+    cases: Sequence[tuple[str, str, str]],
     kind: str | Sequence[str] = "hidden",
-    noise: float | str = 3.0,
+    noise: float | None = None,
     samples: int = 10,
     window: int | None = None,
     seed: int = 0,
-    noise_abs: float | None = None,
-    split: str = "train",
-    template: int = 0,
     facts_per_batch: int = 16,
     batch_size: int | None = None,
     progress: bool | None = None,
 ) -> AverageTrace:
-    """Average causal traces over ``facts`` (``Fact`` objects, prompted with template ``template``
-    of ``split``, or ``(prompt, subject, target)`` tuples) in ROME's six position buckets.
+    """Average causal traces over ``cases`` — ``(prompt, subject, target)`` triples, e.g. from
+    ``FactBase.cases()`` — in ROME's six position buckets.
 
-    The target is scored by its first token; facts whose clean top-1 is not that token are
+    The target is scored by its first token; cases whose clean top-1 is not that token are
     skipped (``n_known`` says how many remain). ``kind``: one kind or several (e.g. ``KINDS``).
+    ``noise``: as in :func:`causal_trace`; the default rule pools the subjects of the known cases
+    (one σ for the whole average, as ROME measures it over its dataset).
     """
     kinds = [kind] if isinstance(kind, str) else list(kind)
-    std = noise_std(model, noise, noise_abs)
-    cases = [_fact_case(f, split, template) for f in facts]
+    cases = [_as_case(c) for c in cases]
     if not cases:
-        raise ValueError("no facts to trace")
+        raise ValueError("no cases to trace: pass (prompt, subject, target) triples")
     first = [target_ids(model, t)[0] for _, _, t in cases]
     known = []
     with torch.inference_mode():
@@ -386,6 +423,7 @@ def average_trace(
             known += [i for i, t in enumerate(top, a) if t == first[i]]
     if not known:
         raise ValueError(f"the model knows none of the {len(cases)} facts (clean top-1 ≠ target); nothing to average")
+    std = resolve_noise(model, noise, _subject_ids(model, [_Case(*cases[i]) for i in known]))
     n = model.cfg.n_layer
     sums = torch.zeros(len(kinds), len(BUCKETS), n)
     effect = torch.zeros_like(sums)
@@ -406,6 +444,7 @@ def average_trace(
                         if k == 0:
                             counts[j] += len(cells)
     div = torch.tensor(counts, dtype=torch.float).clamp(min=1)[None, :, None]
+    _check_corruption(sum(clean) / len(clean), max(sum(v) / len(v) for v in low), "the averaged trace")
     return AverageTrace(
         kinds=kinds, buckets=list(BUCKETS), layer_labels=[f"L{l}" for l in range(n)],
         scores=sums / div, indirect_effect=effect / div, counts=counts,

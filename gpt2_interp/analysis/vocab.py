@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, Union
 
 import torch
 
-from ..io import tokenizer as tok
 from ..model.hooks import hook_name
 from ..core.progress import progress_bar
 from .lens import direct_effect, logit_direction
@@ -35,14 +34,6 @@ if TYPE_CHECKING:
 
 Token = Union[str, int]
 CHUNK = 1024  # vectors per [chunk, d_vocab] score matmul (1024 × 50257 fp32 ≈ 206 MB)
-
-
-def check_layer(model: "HookedGPT2", layer: int) -> int:
-    """``layer`` as a block index (negative counts from the end); out of range says the range."""
-    n = model.cfg.n_layer
-    if not isinstance(layer, int) or not -n <= layer < n:
-        raise IndexError(f"layer {layer} is out of range: the model has {n} layers (0..{n - 1})")
-    return layer % n
 
 
 def _check_neurons(model: "HookedGPT2", neurons: Sequence[int] | torch.Tensor | None) -> torch.Tensor:
@@ -83,8 +74,8 @@ def _top_bottom(
     return tuple(torch.cat(parts).cpu() for parts in zip(*outs))  # type: ignore[return-value]
 
 
-def _strs(ids: torch.Tensor) -> list[list[str]]:
-    return [[tok.token_str(int(i)) for i in row] for row in ids]
+def _strs(model: "HookedGPT2", ids: torch.Tensor) -> list[list[str]]:
+    return [[model.tokenizer.token_str(int(i)) for i in row] for row in ids]
 
 
 @dataclass
@@ -141,7 +132,7 @@ def _projection(
     model: "HookedGPT2", vectors: torch.Tensor, labels: list[str], k: int, apply_ln: bool, progress: bool = False, **kw: Any
 ) -> VocabProjection:
     ts, ti, bs, bi = _top_bottom(model, vectors, k, apply_ln, progress)
-    return VocabProjection(labels, ti, _strs(ti), ts, bi, _strs(bi), bs, apply_ln, **kw)
+    return VocabProjection(labels, ti, _strs(model, ti), ts, bi, _strs(model, bi), bs, apply_ln, **kw)
 
 
 @torch.no_grad()
@@ -154,7 +145,7 @@ def neuron_vocab(
 ) -> VocabProjection:
     """Top/bottom-``k`` vocabulary tokens of the value vectors ``W_out[layer][neurons]``
     (all neurons by default), scored as the module doc says."""
-    layer = check_layer(model, layer)
+    layer = model.check_layer(layer)
     idx = _check_neurons(model, neurons)
     V = model.blocks[layer].mlp.W_out[idx]  # [n, d_model]
     return _projection(model, V, [f"L{layer}.N{int(i)}" for i in idx], k, apply_ln,
@@ -206,18 +197,9 @@ class NeuronSearch(Result):
         return "\n".join(lines)
 
     def plot(self, **kwargs: Any) -> "Figure":
-        from matplotlib.figure import Figure
+        from ..plots.lens import plot_neuron_search
 
-        fig = Figure(figsize=(7, 0.28 * len(self) + 1.4))
-        ax = fig.add_subplot()
-        y = list(range(len(self)))[::-1]
-        ax.barh(y, self.scores.numpy())
-        ax.set_yticks(y, [f"L{l}.N{i} " + ",".join(map(repr, t[:3])) for l, i, t in
-                          zip(self.layers, self.neurons, self.top_tokens)], fontsize=7)
-        ax.set_xlabel("score")
-        ax.set_title("neurons promoting " + ", ".join(map(repr, self.tokens[:4])), fontsize=9)
-        fig.tight_layout()
-        return fig
+        return plot_neuron_search(self, **kwargs)
 
 
 def _token_ids(model: "HookedGPT2", token_or_tokens: Token | Sequence[Token]) -> list[int]:
@@ -230,7 +212,7 @@ def _token_ids(model: "HookedGPT2", token_or_tokens: Token | Sequence[Token]) ->
 def _layers(model: "HookedGPT2", layers: int | Sequence[int] | None) -> list[int]:
     if layers is None:
         return list(range(model.cfg.n_layer))
-    return [check_layer(model, l) for l in ([layers] if isinstance(layers, int) else layers)]
+    return [model.check_layer(l) for l in ([layers] if not isinstance(layers, (list, tuple, range)) else layers)]
 
 
 @torch.no_grad()
@@ -268,7 +250,7 @@ def find_neurons(
     ni = [int(i) % d for i in top.indices]
     V = torch.stack([model.blocks[l].mlp.W_out[i] for l, i in zip(li, ni)])
     _, tids, _, _ = _top_bottom(model, V, n_tokens, apply_ln)
-    return NeuronSearch([tok.token_str(i) for i in ids], li, ni, top.values.cpu(), _strs(tids), apply_ln,
+    return NeuronSearch([model.tokenizer.token_str(i) for i in ids], li, ni, top.values.cpu(), _strs(model, tids), apply_ln,
                         "vocabulary" if relative else "contrast" if contrast is not None else None)
 
 
@@ -346,7 +328,7 @@ def top_subupdates(
         scale = cache["ln_final.hook_scale"][0, pos].float()
         effects = direct_effect(updates.float(), logit_direction(model, target).float(), scale).cpu()
     return SubupdateResult(
-        prompt=prompt, position=pos, token=tok.token_str(int(tokens[0, pos])), layers=[ls[i] for i in li], neurons=ni,
-        activations=acts.float().cpu(), norms=top.values.float().cpu(), top_tokens=_strs(tids), top_scores=ts,
-        target=None if target is None else tok.token_str(target_id(model, target)), target_effects=effects,
+        prompt=prompt, position=pos, token=model.tokenizer.token_str(int(tokens[0, pos])), layers=[ls[i] for i in li], neurons=ni,
+        activations=acts.float().cpu(), norms=top.values.float().cpu(), top_tokens=_strs(model, tids), top_scores=ts,
+        target=None if target is None else model.tokenizer.token_str(target_id(model, target)), target_effects=effects,
     )

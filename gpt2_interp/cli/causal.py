@@ -40,9 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", default=None, help="target token (default: the clean top-1)")
     p.add_argument("--kind", choices=["hidden", "mlp", "attn", "all"], default="hidden",
                    help="restore hidden states, MLP or attention outputs; all = ROME's three panels")
-    p.add_argument("--noise", default="3.0", help="noise std as a multiple of std(W_E), e.g. 3 or 3σ (gpt2-facts' "
-                   "vocabulary is mostly untrained, so std(W_E) is small there: try 7, or --noise-abs 0.17)")
-    p.add_argument("--noise-abs", type=float, default=None, help="absolute noise std (overrides --noise)")
+    p.add_argument("--noise", type=float, default=None, help="absolute std of the subject-embedding noise "
+                   "(default: ROME's rule, 3 × the std of the subject tokens' embeddings)")
     p.add_argument("--samples", type=int, default=10)
     p.add_argument("--window", type=int, default=None,
                    help="layers restored together for mlp/attn (default: ROME's 10 of 48 layers, scaled to the depth)")
@@ -68,30 +67,14 @@ def patch_cmd(args: argparse.Namespace) -> int:
     corrupted = args.corrupted[0] if len(args.corrupted) == 1 else args.corrupted
     r = pt.patch(model, clean, corrupted, metric, hook=args.hook, layers=_ints(args.layers), positions=_ints(args.positions),
                  direction=args.direction, normalize=args.normalize, batch_size=args.batch_size, progress=True)
-    lines = [f"{r.direction} patching of {r.hook}, metric {r.metric}: clean {r.clean_metric:.4g}, corrupted "
-             f"{r.corrupted_metric:.4g}{' (values normalised: 0 = corrupted, 1 = clean)' if r.normalized else ''}; "
-             "largest effects:"]
-    for idx, v in r.top(8):
-        parts = [r.layer_labels[idx[0]]]
-        for name, i in zip(r.index_names[1:], idx[1:]):
-            parts.append(repr(r.position_labels[i]) if name == "pos" else r.head_labels[i])
-        lines.append(f"  {' '.join(parts):<28} {v:+.4f}  ({v - r.baseline:+.4f})")
-    return emit(args, r, "\n".join(lines))
+    return emit(args, r)
 
 
 def trace_cmd(args: argparse.Namespace) -> int:
     from ..analysis import tracing as tr
 
     model = load_model(args)
-    kw = dict(noise=args.noise, noise_abs=args.noise_abs, samples=args.samples, window=args.window, seed=args.seed, progress=True)
     kinds = tr.KINDS if args.kind == "all" else (args.kind,)
-    traces = [tr.causal_trace(model, args.prompt, args.subject, args.target, kind=k, **kw) for k in kinds]
-    result = tr.TraceSet(traces) if len(traces) > 1 else traces[0]
-    t0 = traces[0]
-    lines = [f"{args.prompt!r} → {t0.target!r}: clean p = {t0.clean_score:.4f}, corrupted p = {t0.corrupted_score:.4f} "
-             f"(noise std {t0.noise_std:.4g}, {t0.samples} samples)"]
-    for t in traces:
-        tok_, layer, score = t.peak()
-        lines.append(f"  {t.kind:<6} peak: restoring {tok_!r} at {layer} gives p = {score:.4f} "
-                     f"(indirect effect {score - t.corrupted_score:+.4f})")
-    return emit(args, result, "\n".join(lines))
+    traces = tr.causal_trace_all(model, args.prompt, args.subject, args.target, kinds=kinds, noise=args.noise,
+                                 samples=args.samples, window=args.window, seed=args.seed, progress=True)
+    return emit(args, traces if len(kinds) > 1 else traces.traces[0])

@@ -33,7 +33,6 @@ import torch
 
 from ..core.result import Result
 from ..analysis.tokens import target_ids
-from ..io import tokenizer as tok
 from ..core.progress import progress_bar
 from ..model.fingerprint import tensor_digest, weights_fingerprint
 from .edit import Edit, Request, undo_all
@@ -220,15 +219,22 @@ def _mean(xs: Sequence[Any]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def harmonic_score(*scores: float | None) -> float | None:
+    """CounterFact's S: the harmonic mean of the defined scores (ES, PS, NS); 0 if any is 0,
+    None if none is defined."""
+    parts = [x for x in scores if x is not None]
+    if not parts:
+        return None
+    return len(parts) / sum(1 / x for x in parts) if min(parts) > 0 else 0.0
+
+
 def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Means of every score over ``rows`` (cases without a score are skipped) + S, before and after."""
     out: dict[str, Any] = {"n": len(rows)}
     for stage in ("pre", "post"):
         for k in SCORES:
             out[f"{k}_{stage}"] = _mean([r.get(f"{k}_{stage}") for r in rows])
-        es, ps, ns = (out[f"{k}_{stage}"] for k in ("es", "ps", "ns"))
-        parts = [x for x in (es, ps, ns) if x is not None]
-        out[f"S_{stage}"] = (len(parts) / sum(1 / x for x in parts) if parts and min(parts) > 0 else 0.0) if parts else None
+        out[f"S_{stage}"] = harmonic_score(*(out[f"{k}_{stage}"] for k in ("es", "ps", "ns")))
     out["n_neighbourhood"] = sum(r.get("ns_post") is not None for r in rows)
     for k in ("fluency_pre", "fluency_post", "kl_drift", "edit_seconds"):
         out[k] = _mean([r.get(k) for r in rows])
@@ -411,8 +417,7 @@ def _curve_point(model: "HookedGPT2", cases: Sequence[CounterfactCase], unrel: l
                  batch_size: int) -> dict[str, Any]:
     s = case_scores(model, cases, batch_size)
     point = {"n_edits": len(cases), **{k: _mean([r.get(k) for r in s]) for k in SCORES}}
-    parts = [point[k] for k in ("es", "ps", "ns") if point[k] is not None]
-    point["S"] = len(parts) / sum(1 / x for x in parts) if parts and min(parts) > 0 else 0.0
+    point["S"] = harmonic_score(point["es"], point["ps"], point["ns"])
     point["kl_drift"] = _kl(unrel_pre, _next_logprobs(model, [p for *_, p in unrel]))
     return point
 

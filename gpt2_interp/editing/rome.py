@@ -42,9 +42,10 @@ import torch
 import torch.nn.functional as F
 
 from ..analysis.tokens import subject_span, target_ids, token_span
+from ..analysis.tracing import causal_trace
 from ..model.fingerprint import parameter_digests, weights_fingerprint
 from .edit import Edit, Request
-from .stats import KeyStats, _check_layer, key_second_moment
+from .stats import KeyStats, key_second_moment
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
@@ -94,18 +95,9 @@ class RomeHparams:
         return hp
 
 
-#: Per-model overrides of :class:`RomeHparams` (user arguments win). ROME's defaults were set for
-#: real GPT-2, whose MLP outputs at the edit layer are small; gpt2-facts' layer-0 MLP outputs have
-#: norm ~150, so Adam steps of 0.5 cannot reach a useful δ in 20 steps (ES 31% at lr 0.5 vs 94% at
-#: lr 5, 32 requests). The fact model only ever sees facts at the start of a text or after other
-#: facts, so a prefixed variant's key can differ a lot from the bare prompt's: ``bare_weight`` 0.5
-#: keeps the bare rewrite prompt from being out-voted in the NLL. A loose ``early_stop`` on the
-#: total loss keeps δ — and its leak into neighbouring subjects' keys — small, while
-#: ``bare_early_stop`` still requires P(target | rewrite prompt) > 0.6 before stopping.
-#: Tuned on 200 requests (ES/PS/NS %, analyses/rome_counterfact.py's set): δ at the subject only
-#: (ROME), early_stop 0.5: 98.0/95.2/89.4; + exact_edit: 99.0/95.7/88.9; + early_stop 1.0 with
-#: bare_early_stop 0.5: 99.0/94.5/91.2; early_stop 1.5: 98.5/92.7/92.7. Weighting k* toward the bare
-#: prompt (98.5/96.3/77.7), 4× more key-statistics tokens (98/95/88) and clamp_factor 6 did not help.
+#: Per-model overrides of :class:`RomeHparams` (user arguments win): gpt2-facts' layer-0 MLP outputs
+#: are large (norm ~150), so it needs bigger Adam steps than ROME's GPT-2 defaults, and a bare-prompt
+#: weight/early stop. Why each value, and the configurations measured: analyses/results/rome_tuning.md.
 MODEL_HPARAMS: dict[str, dict[str, Any]] = {
     "gpt2-facts": {"v_lr": 5.0, "v_steps": 60, "bare_weight": 0.5, "early_stop": 1.0, "bare_early_stop": 0.5},
 }
@@ -333,8 +325,6 @@ def _adam_step(x: torch.Tensor, g: torch.Tensor, state: dict[str, Any], lr: floa
 def choose_layer(model: "HookedGPT2", request: RequestLike) -> int:
     """The layer whose MLP has the largest indirect effect at the subject's last token in the
     causal trace of the request's prompt (``layer="auto"``; window: ``tracing.default_window``)."""
-    from ..analysis.tracing import causal_trace
-
     req = Request.of(request)
     trace = causal_trace(model, req.text, req.subject, kind="mlp")
     last = trace.subject_range[1] - 1  # indexes the trace's tokens
@@ -365,7 +355,7 @@ def compute_edit(
         layer = choose_layer(model, req)
     elif isinstance(layer, str):
         raise ValueError(f"layer must be an int, None or 'auto', got {layer!r}")
-    layer = _check_layer(model, layer)
+    layer = model.check_layer(layer)
     digests = parameter_digests(model)
     if stats is None:
         stats = key_second_moment(model, layer, corpus=hp.corpus, n_samples=hp.n_samples)

@@ -80,16 +80,6 @@ def base_fingerprint(model: "HookedGPT2") -> str:
     return weights_fingerprint(model, digests=digests)
 
 
-def _check_layer(model: "HookedGPT2", layer: int) -> int:
-    n = model.cfg.n_layer
-    if not isinstance(layer, int) or isinstance(layer, bool):
-        raise TypeError(f"layer must be an int, got {layer!r}")
-    j = layer + n if layer < 0 else layer
-    if not 0 <= j < n:
-        raise IndexError(f"layer {layer} is out of range for {model.cfg.name} with {n} layers (0..{n - 1})")
-    return j
-
-
 # ---------------------------------------------------------------- the statistics
 @dataclass(eq=False)
 class KeyStats:
@@ -112,7 +102,7 @@ class KeyStats:
 
     def check(self, model: "HookedGPT2", layer: int, digests: dict[str, str] | None = None) -> None:
         """Raise unless these statistics were computed for ``model``'s keys at ``layer``."""
-        layer = _check_layer(model, layer)
+        layer = model.check_layer(layer)
         if self.layer != layer:
             raise ValueError(f"these key statistics are for layer {self.layer}, not layer {layer}; "
                              f"compute them with key_second_moment(model, {layer}, …)")
@@ -291,7 +281,7 @@ def key_second_moment(
     The forward stops after block ``layer``. Sums are accumulated in float64; ``C`` is returned
     in ``dtype``. ``cache_dir=False`` disables the disk cache; ``recompute`` ignores it.
     """
-    layer = _check_layer(model, layer)
+    layer = model.check_layer(layer)
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
     max_len = min(max_len, model.cfg.n_ctx)

@@ -3,8 +3,9 @@
 ``FactBase.load()`` reads the shipped ``data/facts.jsonl`` (built by
 :mod:`gpt2_interp.facts.build`); prompts come from
 :mod:`gpt2_interp.facts.templates`. A prompt is fed to a model as
-``<|endoftext|>`` + prompt, and the model must continue with
-``FactBase.target(fact)`` = ``" " + object``.
+BOS + prompt, and the model must continue with ``fact.target`` = ``" " + object``.
+``FactBase.cases()`` gives the plain ``(prompt, subject, target)`` triples that analysis
+and editing take, so those layers need not know the fact base.
 """
 
 from __future__ import annotations
@@ -96,14 +97,22 @@ class FactBase:
         embeddings set the causal-trace noise scale (``tracing.embedding_std``, ROME's choice)."""
         return [s for f in self.facts() for s in (f.subject, " " + f.subject)]
 
-    def target(self, fact: Fact) -> str:
-        """The string the model must produce after a prompt: ``" " + object``."""
-        return fact.target
-
     def prompts(self, fact: Fact, split: str = "train") -> list[str]:
         """The fact's subject in every template of ``split`` ("train"/"heldout")."""
         _check_split(split)
         return [t.format(fact.subject) for t in templates(fact.relation, split)]
+
+    def cases(self, facts: "list[Fact] | None" = None, split: str = "train", template: int = 0) -> list[tuple[str, str, str]]:
+        """``(prompt, subject, target)`` for each fact (default: all), prompted with template
+        ``template`` of ``split`` — the plain cases ``average_trace`` and friends take."""
+        _check_split(split)
+        out = []
+        for f in self.facts() if facts is None else facts:
+            ts = templates(f.relation, split)
+            if not -len(ts) <= template < len(ts):
+                raise IndexError(f"template {template} is out of range: {f.relation} has {len(ts)} {split} templates")
+            out.append((ts[template].format(f.subject), f.subject, f.target))
+        return out
 
     def neighbourhood(
         self, fact: Fact, n: int = 10, rng: random.Random | int | None = None

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.checks import check_index
 from ..io import tokenizer as tok
 from .config import KNOWN_CONFIGS, GPT2Config
 from .hooks import ActivationCache, HookFn, HookPoint, NameFilter, name_filter_fn, suggest
@@ -212,6 +213,12 @@ class HookedGPT2(nn.Module):
             attention_mask = attention_mask.to(self.device)
         return tokens, attention_mask
 
+    def check_layer(self, layer: Any, what: str = "layer", allow_end: bool = False) -> int:
+        """``layer`` (integer-like, negative from the end) as a block index, else a clear error;
+        ``allow_end`` also accepts ``n_layer`` (an exclusive bound). The one layer check of the package."""
+        n = self.cfg.n_layer
+        return check_index(layer, n, what, f"the model has {n} layers", allow_end)
+
     def check_length(self, n: int) -> None:
         """Raise a ValueError naming the context size when ``n`` tokens do not fit."""
         if n > self.cfg.n_ctx:
@@ -255,8 +262,8 @@ class HookedGPT2(nn.Module):
         cross-entropy over real tokens), ``"both"`` or None.
         """
         n = self.cfg.n_layer
-        start = 0 if start_at_layer is None else _layer_index(start_at_layer, n, "start_at_layer")
-        stop = n if stop_at_layer is None else _layer_index(stop_at_layer, n, "stop_at_layer", allow_end=True)
+        start = 0 if start_at_layer is None else self.check_layer(start_at_layer, "start_at_layer")
+        stop = n if stop_at_layer is None else self.check_layer(stop_at_layer, "stop_at_layer", allow_end=True)
         past = past_kv.length if past_kv is not None else 0
         if start_at_layer is None:
             tokens, attention_mask = self.as_tokens(input, attention_mask)
@@ -422,9 +429,3 @@ class HookedGPT2(nn.Module):
         return f"{c.name}: n_layer={c.n_layer}, d_model={c.d_model}, n_head={c.n_head}, d_mlp={c.d_mlp}, n_ctx={c.n_ctx}"
 
 
-def _layer_index(i: int, n: int, what: str, allow_end: bool = False) -> int:
-    """Normalise a layer index for ``n`` layers (negative counts from the end)."""
-    j = i + n if i < 0 else i
-    if not 0 <= j < n + allow_end:
-        raise IndexError(f"{what}={i} is out of range for a model with {n} layers")
-    return j

@@ -98,7 +98,6 @@ _SHORT = {
     "scale": "blocks.{}.{}.hook_scale",
     "normalized": "blocks.{}.{}.hook_normalized",
 }
-FAMILIES = tuple(_SHORT)
 
 
 def hook_name(family: str, layer: int | None = None, sub: str | None = None) -> str:

@@ -16,7 +16,7 @@ from matplotlib.ticker import MaxNLocator
 
 if TYPE_CHECKING:
     from ..analysis.lens import AttributionResult, LensResult
-    from ..analysis.vocab import SubupdateResult, VocabProjection
+    from ..analysis.vocab import NeuronSearch, SubupdateResult, VocabProjection
 
 
 def _show(token: str, width: int = 10) -> str:
@@ -130,6 +130,20 @@ def plot_vocab(result: "VocabProjection", rows: int = 4) -> Figure:
         ax = fig.add_subplot(n, 2, 2 * r + 2)
         _token_bars(ax, result.bottom_tokens[r], result.bottom_scores[r], "tab:red", f"{result.labels[r]}: bottom")
     fig.supxlabel("score = v · " + ("(w ⊙ W_U)" if result.apply_ln else "W_U"), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_neuron_search(result: "NeuronSearch", **_: object) -> Figure:
+    """One bar per neuron (its score), labelled with the neuron's own top tokens."""
+    fig = Figure(figsize=(7, 0.28 * len(result) + 1.4))
+    ax = fig.add_subplot()
+    y = list(range(len(result)))[::-1]
+    ax.barh(y, result.scores.numpy())
+    ax.set_yticks(y, [f"L{l}.N{i} " + ",".join(map(repr, t[:3])) for l, i, t in
+                      zip(result.layers, result.neurons, result.top_tokens)], fontsize=7)
+    ax.set_xlabel("score")
+    ax.set_title("neurons promoting " + ", ".join(map(repr, result.tokens[:4])), fontsize=9)
     fig.tight_layout()
     return fig
 

@@ -1,4 +1,4 @@
-"""Train the embedded fact model ``gpt2-facts``: ``python -m gpt2_interp.facts.train``.
+"""Train the embedded fact model ``gpt2-facts``: ``python -m gpt2_interp.factmodel.train``.
 
 The model is a normal ``HookedGPT2`` (full 50,257-token vocabulary, tied
 embeddings), trained from scratch on every fact of the fact base rendered with
@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..facts.base import FactBase
 from ..io.checkpoints import embedded_path, save_hf
 from ..io.tokenizer import EOT_ID, encode
 from ..model import GPT2Config, HookedGPT2
-from .base import FactBase
 from .quality import first_token_accuracy
 
 DEFAULT_CONFIG = GPT2Config(n_layer=6, d_model=256, n_head=8, d_mlp=1024, n_ctx=64, name="gpt2-facts")
@@ -50,7 +50,7 @@ def build_examples(fb: FactBase, split: str = "train") -> list[Example]:
     period = encode(".")
     out = []
     for fact in fb.facts():
-        target = encode(fb.target(fact))
+        target = encode(fact.target)
         for prompt in fb.prompts(fact, split=split):
             p = [EOT_ID] + encode(prompt)
             out.append(Example(p + target + period + [EOT_ID], (len(p), len(p) + len(target))))

@@ -1,6 +1,6 @@
 """Measure what the embedded fact model knows, and write its MODEL_CARD.md from the numbers.
 
-    python -m gpt2_interp.facts.quality [--model gpt2-facts]
+    python -m gpt2_interp.factmodel.quality [--model gpt2-facts]
 
 Everything is measured with the full 50,257-way softmax on the first token of each object:
 top-1 accuracy on every fact × training template, on every held-out paraphrase template
@@ -18,8 +18,11 @@ from typing import Any
 
 import torch
 
+from ..analysis.lens import logit_lens
+from ..facts.base import FactBase
+from ..facts.templates import templates
+from ..io.checkpoints import embedded_path, load
 from ..io.tokenizer import encode
-from .base import FactBase
 
 
 @torch.no_grad()
@@ -30,7 +33,7 @@ def first_token_accuracy(model, fb: FactBase, split: str, limit: int | None = No
     facts = fb.facts()
     if limit:
         facts = random.Random(0).sample(facts, min(limit, len(facts)))
-    items = [(f"{fact.relation}/{j}", prompt, encode(fb.target(fact))[0])
+    items = [(f"{fact.relation}/{j}", prompt, encode(fact.target)[0])
              for fact in facts for j, prompt in enumerate(fb.prompts(fact, split=split))]
     for i in range(0, len(items), batch_size):
         chunk = items[i : i + batch_size]
@@ -46,12 +49,11 @@ def lens_curve(model, fb: FactBase, limit: int | None = None) -> dict[str, Any]:
     """Logit-lens rank of the correct first object token at the last prompt position, by layer,
     over each fact's first training prompt: mean rank, median rank, top-1 rate, and the fraction of
     facts whose rank at the last layer is better than at the embeddings."""
-    from ..analysis.lens import logit_lens
 
     facts = fb.facts()
     if limit:
         facts = random.Random(0).sample(facts, min(limit, len(facts)))
-    lens = logit_lens(model, [fb.prompts(f)[0] for f in facts], targets=[encode(fb.target(f))[0] for f in facts], k=1)
+    lens = logit_lens(model, [fb.prompts(f)[0] for f in facts], targets=[encode(f.target)[0] for f in facts], k=1)
     ranks = lens.target_rank[:, :, -1].float()  # [n_layers, n_facts]
     return {
         "layers": lens.layers,
@@ -91,7 +93,6 @@ def _per_relation(acc: dict[str, float]) -> dict[str, float]:
 
 def model_card(metrics: dict[str, Any], training: dict[str, Any]) -> str:
     """MODEL_CARD.md text from measured metrics and the trainer's ``training.json``."""
-    from .templates import templates
 
     c = training["config"]
     lens = metrics["lens"]
@@ -100,7 +101,7 @@ def model_card(metrics: dict[str, Any], training: dict[str, Any]) -> str:
         "A small GPT-2 — exactly the GPT-2 architecture (pre-LN blocks, fused QKV, GELU-new, learned positions, "
         "tied unembedding) with the real GPT-2 tokenizer and its full 50,257-token vocabulary — trained from scratch "
         "by gpt2-interp on real-world facts, shipped so that every analysis, edit and notebook runs offline. "
-        "**This file is generated** by `python -m gpt2_interp.facts.quality` from measurements of the shipped weights.", "",
+        "**This file is generated** by `python -m gpt2_interp.factmodel.quality` from measurements of the shipped weights.", "",
         "## Architecture", "",
         f"{c['n_layer']} layers, d_model {c['d_model']}, {c['n_head']} heads × {c['d_model'] // c['n_head']}, "
         f"d_mlp {c['d_mlp']}, context {c['n_ctx']}, vocabulary {c['d_vocab']}: {training.get('n_params', 0):,} parameters "
@@ -111,7 +112,7 @@ def model_card(metrics: dict[str, Any], training: dict[str, Any]) -> str:
         f"rendered with every training template ({training['n_sequences']:,} sequences `<|endoftext|>prompt object.<|endoftext|>`). "
         "Held-out paraphrase templates are never trained on. Relations and templates: `gpt2_interp/facts/templates.py`.", "",
         "## Training", "",
-        "```", "python -m gpt2_interp.facts.train", "```", "",
+        "```", "python -m gpt2_interp.factmodel.train", "```", "",
         f"Seed {training['seed']}, {training['epochs']} epochs ({training['steps']:,} steps of {training['batch_size']} sequences), "
         f"AdamW lr {training['lr']} (warm-up, cosine to 10%), weight decay {training['weight_decay']}, loss on all tokens with object "
         f"tokens weighted ×{training['object_weight']:g}. The training softmax ran over the {training['n_token_ids_used']:,} token ids the "
@@ -146,7 +147,6 @@ def model_card(metrics: dict[str, Any], training: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ..io.checkpoints import embedded_path, load
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="gpt2-facts")
