@@ -32,6 +32,7 @@ def close(a, b):
     return (a - b).abs().max().item() <= 1e-4
 
 
+@pytest.mark.slow
 def test_hf_directory_safetensors_and_bin(tiny_hf, tmp_path):
     hf, path = tiny_hf
     ref = hf(TOKENS).logits

@@ -8,6 +8,8 @@ import pytest
 
 from gpt2_interp.cli import main
 
+pytestmark = pytest.mark.slow  # runs notebooks / the whole demo: minutes
+
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory, facts_model):

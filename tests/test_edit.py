@@ -164,6 +164,7 @@ def test_request_validation():
         Request.of({"prompt": "{} is in", "subject": "Louvre"})
 
 
+@pytest.mark.slow
 def test_cli_edit_verify_stats(tiny, tmp_path, monkeypatch, capsys):
     from gpt2_interp.cli import main
 

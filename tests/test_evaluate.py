@@ -74,6 +74,7 @@ def test_greedy_continuations_match_generate(tiny):
     assert got == tiny.generate(prompts, max_new_tokens=6, stop_at_eos=False)
 
 
+@pytest.mark.slow
 def test_evaluate_loop_on_tiny(tiny, tmp_path):
     path = tmp_path / "c.txt"
     path.write_text("\n\n".join(f"The Eiffel Tower is in Paris, item {i}." for i in range(80)))
@@ -104,6 +105,7 @@ def test_evaluate_loop_on_tiny(tiny, tmp_path):
         evaluate_edits(tiny, reqs, method="memit", **kw)
 
 
+@pytest.mark.slow
 def test_rome_counterfact_on_the_fact_model(facts_model):
     ev = evaluate_edits(facts_model, counterfact_requests(n=8, seed=11), progress=False, fluency_tokens=10)
     s = ev.summary["all"]
@@ -113,6 +115,7 @@ def test_rome_counterfact_on_the_fact_model(facts_model):
     assert s["em_post"] > s["em_pre"] + 0.5
 
 
+@pytest.mark.slow
 def test_analysis_script_quick(facts_model, tmp_path):
     spec = importlib.util.spec_from_file_location("rome_counterfact", ROOT / "analyses" / "rome_counterfact.py")
     mod = importlib.util.module_from_spec(spec)

@@ -21,16 +21,19 @@ def test_is_a_full_vocabulary_gpt2(facts_model):
     assert facts_model.W_U.data_ptr() == facts_model.W_E.data_ptr()  # tied
 
 
+@pytest.mark.slow
 def test_knows_training_facts(facts_model, fb):
     acc = first_token_accuracy(facts_model, fb, "train", limit=400)
     assert acc["mean"] >= 0.95, acc["mean"]
 
 
+@pytest.mark.slow
 def test_generalises_to_heldout_paraphrases(facts_model, fb):
     acc = first_token_accuracy(facts_model, fb, "heldout", limit=400)
     assert acc["mean"] >= 0.80, acc["mean"]
 
 
+@pytest.mark.slow
 def test_logit_lens_answer_rank_improves_with_depth(facts_model, fb):
     curve = lens_curve(facts_model, fb, limit=200)
     assert curve["mrr"][-1] > curve["mrr"][0]

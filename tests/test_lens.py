@@ -47,6 +47,7 @@ def test_final_lens_equals_model_logits_tiny_batched(tiny):
     assert torch.isnan(r.top_probs[:, ~v]).all() and (r.target_rank[:, ~v] == -1).all()
 
 
+@pytest.mark.slow
 def test_final_lens_equals_model_logits_gpt2(gpt2):
     prompts = PROMPTS[:2]
     r = logit_lens(gpt2, prompts, positions=[-1, 1], k=3, return_logits=True)
@@ -163,6 +164,7 @@ def test_dla_parts_sum_to_logit_and_difference_tiny(tiny):
     _check_dla_sums(tiny, PROMPTS[2], " seven", " Paris", position=3)
 
 
+@pytest.mark.slow
 def test_dla_parts_sum_to_logit_gpt2(gpt2):
     _check_dla_sums(gpt2, PROMPTS[0], " Paris")
     _check_dla_sums(gpt2, PROMPTS[0], " Paris", " London")
@@ -232,6 +234,7 @@ def test_fact_rank_improves_with_depth(facts_model):
     assert better >= 0.5, f"only {better:.2f} of known facts improve from {r.layers[mid]} to the last layer"
 
 
+@pytest.mark.slow
 def test_cli_lens_and_dla_smoke(facts_model, tmp_path, capsys):
     fig = tmp_path / "lens.png"
     assert cli.main(["lens", "The capital of France is", "--target", " Paris", "--out", str(fig)]) == 0
@@ -245,6 +248,7 @@ def test_cli_lens_and_dla_smoke(facts_model, tmp_path, capsys):
     assert "' Ou', 'ag'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_logit_lens_analysis_quick(facts_model, tmp_path):
     res = run_script("logit_lens", ["--quick", "--out", str(tmp_path)])
     assert (tmp_path / "logit_lens_quick.png").stat().st_size > 10000

@@ -29,6 +29,7 @@ def test_logits_and_loss_match_transformers(hf_gpt2, gpt2):
     assert abs(loss.item() - ref.loss.item()) <= 1e-5
 
 
+@pytest.mark.slow
 def test_to_transformers_and_save_round_trip(gpt2, tmp_path):
     transformers = pytest.importorskip("transformers")
     tokens = random_tokens(2, 12)
@@ -40,6 +41,7 @@ def test_to_transformers_and_save_round_trip(gpt2, tmp_path):
     assert (reloaded(tokens).logits - ours).abs().max().item() <= 1e-4
 
 
+@pytest.mark.slow
 def test_every_hook_matches_transformer_lens(hf_gpt2, gpt2, tl_from_hf):
     ref = tl_from_hf(hf_gpt2)
     tokens = random_tokens(2, 16)
@@ -94,6 +96,7 @@ def test_left_padded_batch_equals_individual_runs(tiny):
         assert (batched[i, -alone.shape[0]:] - alone).abs().max().item() <= 1e-5
 
 
+@pytest.mark.slow
 def test_kv_cache_generation_equals_no_cache(tiny):
     prompts = ["Hi there", "The quick brown fox jumps over the"]
     tokens = tiny.to_tokens(prompts)

@@ -56,6 +56,7 @@ def pairs(small):
     ("mlp_out", "get_act_patch_mlp_out"),
     ("z", "get_act_patch_attn_head_out_all_pos"),
 ])
+@pytest.mark.slow
 def test_equals_transformer_lens(small, tl_small, pairs, family, tl_fn):
     import transformer_lens.patching as tlp
 
@@ -72,6 +73,7 @@ def test_equals_transformer_lens(small, tl_small, pairs, family, tl_fn):
     assert (got.values - expected).abs().max().item() <= 1e-4
 
 
+@pytest.mark.slow
 def test_per_head_by_position_equals_transformer_lens(small, tl_small, pairs):
     import transformer_lens.patching as tlp
 
@@ -137,6 +139,7 @@ def test_q_and_pattern_heads_equal_a_slow_loop(small, pairs):
     assert abs(got.values.item() - _slow_patch(small, clean, corrupt, m, "blocks.1.attn.hook_pattern", pattern_setter)) <= 1e-4
 
 
+@pytest.mark.slow
 def test_everything_restores_clean_and_nothing_keeps_corrupted(small, pairs):
     clean, corrupt, a, w = pairs
     m = logit_diff(a, w)
@@ -158,6 +161,7 @@ def test_everything_restores_clean_and_nothing_keeps_corrupted(small, pairs):
     assert (heads.values - attn.values).abs().max() <= 1e-4
 
 
+@pytest.mark.slow
 def test_kl_metric_is_zero_when_everything_is_patched(small, pairs):
     clean, corrupt, *_ = pairs
     r = patch(small, clean, corrupt, kl_to(), hook="resid_pre", positions="all")
@@ -182,6 +186,7 @@ def test_metrics_by_hand():
     assert per_pair.tolist() == [[-2.0, 2.0]]
 
 
+@pytest.mark.slow
 def test_padded_prompt_pairs_equal_separate_runs(small):
     """A batch of prompt pairs of different lengths (left-padded) gives each pair's own sweep, aligned at the end."""
     c = [CLEAN, "Paris is the capital of"]
@@ -216,6 +221,7 @@ def test_bf16(small, pairs):
     assert (got.values - ref.values).abs().max() <= 0.1  # bf16 keeps ~3 significant digits
 
 
+@pytest.mark.slow
 def test_result_labels_json_and_plot(small, tmp_path):
     r = patch(small, CLEAN, CORRUPT, logit_diff(" Paris", " Rome"), hook="resid_pre")
     assert r.index_names == ("layer", "pos") and r.values.shape == (4, 9)
@@ -257,6 +263,7 @@ def test_bad_input(small):
         patch(small, CLEAN, [CORRUPT, CORRUPT], m)
 
 
+@pytest.mark.slow
 def test_cli_patch(small, tmp_path, capsys):
     from gpt2_interp.cli import main
 

@@ -209,6 +209,7 @@ def test_rome_mode_optimises_delta_at_the_subjects_last_token(tiny, stats):
     assert abs(out["log"][0]["p_target"] - ref) > 1e-3 * ref  # and δ did change them
 
 
+@pytest.mark.slow
 def test_exact_edit_optimises_the_edited_models_own_loss(tiny, stats):
     """exact_edit=True: the probabilities the optimiser reports for its final δ are those of the
     model whose W_out was actually edited (rank-one update applied to the weights)."""
@@ -227,6 +228,7 @@ def test_exact_edit_optimises_the_edited_models_own_loss(tiny, stats):
     assert abs(float(before.mean()) - log["p_target"]) > 1e-3 * log["p_target"]
 
 
+@pytest.mark.slow
 def test_edit_maps_k_star_to_v_star_and_raises_target(tiny, stats):
     before = weights_fingerprint(tiny)
     edit = compute_edit(tiny, REQ, layer=0, stats=stats, weight_decay=0.0, clamp_factor=100.0, v_steps=10, **FAST)
@@ -294,6 +296,7 @@ def test_auto_layer_is_the_mlp_trace_peak(tiny, corpus, tmp_path):
 
 
 # ------------------------------------------------------------------ the trained model
+@pytest.mark.slow
 def test_edit_flips_a_fact_and_spares_another(facts_model):
     m = facts_model
     req = {"prompt": "The capital of {} is", "subject": "France", "target": " Rome"}

@@ -68,7 +68,7 @@ def test_batched_trace_equals_per_cell_loop(sharp, kind, window):
     r = causal_trace(sharp, PROMPT, SUBJECT, kind=kind, samples=4, window=window, seed=3)
     assert r.tokens == ["The", " E", "iff", "el", " Tower", " is", " located", " in"]
     assert r.subject_range == (1, 5) and r.scores.shape == (8, 3)
-    std = 3 * sharp.W_E[sharp.to_tokens(PROMPT)[0, 1:5]].float().std().item()  # ROME's rule, by hand
+    std = 3 * sharp.W_E[sharp.to_tokens(PROMPT)[0, 2:6]].float().std().item()  # ROME's rule, by hand
     assert r.noise_std == pytest.approx(std, rel=1e-6)
     cells = [(1, 0), (3, 1), (4, 0), (4, 2), (6, 1), (7, 0), (7, 2)]
     for t, l in cells:
@@ -105,7 +105,7 @@ def test_deterministic_for_a_seed_and_noise_scales(sharp):
     c = causal_trace(sharp, PROMPT, SUBJECT, samples=3, seed=2)
     assert torch.allclose(a.scores, b.scores, rtol=1e-5, atol=0) and a.corrupted_score == b.corrupted_score
     assert not torch.allclose(a.scores, c.scores)
-    ids = sharp.to_tokens(PROMPT)[0, 1:5].tolist()  # " E", "iff", "el", " Tower"
+    ids = sharp.to_tokens(PROMPT)[0, 2:6].tolist()  # " E", "iff", "el", " Tower" (BOS at 0)
     sigma = sharp.W_E[ids].float().std().item()
     assert resolve_noise(sharp, None, ids) == pytest.approx(3 * sigma) == pytest.approx(a.noise_std)
     assert resolve_noise(sharp, 0.25, ids) == 0.25
@@ -187,6 +187,7 @@ def _subject_noise(model):
     return 3 * embedding_std(model, FactBase.load().subject_texts())
 
 
+@pytest.mark.slow
 def test_fact_model_recalls_at_the_last_subject_token(facts_model):
     """ROME's finding, as a property of the trained model: restoring the last subject token's hidden
     state in the middle layers brings back most of the target probability."""
@@ -207,6 +208,7 @@ def test_fact_model_recalls_at_the_last_subject_token(facts_model):
     assert mean([r / c for r, c in zip(recovered, clean)]) >= 0.5  # ...and the last subject token brings them back
 
 
+@pytest.mark.slow
 def test_fact_model_batched_equals_loop(facts_model):
     prompt, subject, _ = _known_facts(facts_model, 1)[0]
     std = _subject_noise(facts_model)
@@ -218,6 +220,7 @@ def test_fact_model_batched_equals_loop(facts_model):
         assert r.scores[t, l].item() == pytest.approx(expected, rel=1e-4, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_average_trace_on_fact_model(facts_model, tmp_path):
     facts = [(p, s, t) for p, s, t in _known_facts(facts_model, 4)] + [("The capital of France is", "France", " Moon")]
     avg = average_trace(facts_model, facts, kind=("hidden", "mlp"), samples=3, window=3, noise=_subject_noise(facts_model))
@@ -231,6 +234,7 @@ def test_average_trace_on_fact_model(facts_model, tmp_path):
     assert avg.save_plot(tmp_path / "avg.png").exists()
 
 
+@pytest.mark.slow
 def test_analysis_script_quick(facts_model, tmp_path):
     sys.path.insert(0, str(ROOT / "analyses"))
     try:

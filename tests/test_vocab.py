@@ -167,6 +167,7 @@ def test_bad_inputs_say_what_to_do(model):
 
 
 # ------------------------------------------------------------------ the trained fact model
+@pytest.mark.slow
 def test_cli_neurons_and_subupdates_smoke(facts_model, tmp_path, capsys):
     assert cli.main(["neurons", "--layer", "5", "--top", "4", "-k", "5"]) == 0
     out = capsys.readouterr().out
@@ -180,6 +181,7 @@ def test_cli_neurons_and_subupdates_smoke(facts_model, tmp_path, capsys):
     assert len(d["neurons"]) == 5 and d["target"] == " Paris"
 
 
+@pytest.mark.slow
 def test_ffn_vocab_analysis_quick(facts_model, tmp_path):
     spec = importlib.util.spec_from_file_location("ffn_vocab", ROOT / "analyses" / "ffn_vocab.py")
     mod = importlib.util.module_from_spec(spec)
