@@ -1,4 +1,20 @@
-"""GPT-2 hyper-parameters, and the configs of the released checkpoints."""
+"""Model hyper-parameters: GPT-2 and its descendants (Llama-style) as one config, and the configs
+of the released GPT-2 checkpoints.
+
+GPT-2 evolved into the architecture of most open models by four substitutions, each a field here
+(defaults are GPT-2's, so a GPT-2 config is unchanged):
+
+=============  =====================  ===========================================
+field          GPT-2                  Llama / SmolLM2
+=============  =====================  ===========================================
+``norm``       ``"layernorm"``        ``"rmsnorm"`` (no centring, no bias)
+``positional`` ``"learned"`` (W_pos)  ``"rotary"`` (RoPE, ``rope_theta``)
+``mlp``        ``"gelu"``             ``"swiglu"`` (W_gate, W_in = up, W_out = down)
+``n_kv_heads`` = ``n_head``           fewer (grouped-query attention)
+``bias``       True                   False
+``tied_embeddings`` True              either
+=============  =====================  ===========================================
+"""
 
 from __future__ import annotations
 
@@ -18,6 +34,13 @@ class GPT2Config:
     d_vocab: int = 50257
     layer_norm_eps: float = 1e-5
     name: str = "gpt2"
+    norm: str = "layernorm"
+    positional: str = "learned"
+    rope_theta: float = 10000.0
+    mlp: str = "gelu"
+    n_kv_heads: int | None = None
+    bias: bool = True
+    tied_embeddings: bool = True
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_head:
@@ -25,10 +48,32 @@ class GPT2Config:
         for field in ("n_layer", "d_model", "n_head", "d_mlp", "n_ctx", "d_vocab"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{field} must be positive, got {getattr(self, field)}")
+        for field, allowed in (("norm", ("layernorm", "rmsnorm")), ("positional", ("learned", "rotary")),
+                               ("mlp", ("gelu", "swiglu"))):
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"{field}={getattr(self, field)!r}; accepted: {', '.join(map(repr, allowed))}")
+        if self.n_kv_heads is not None and (self.n_kv_heads <= 0 or self.n_head % self.n_kv_heads):
+            raise ValueError(f"n_kv_heads={self.n_kv_heads} must be positive and divide n_head={self.n_head}")
+        if self.positional == "rotary" and self.d_head % 2:
+            raise ValueError(f"rotary positions need an even d_head, got {self.d_head}")
 
     @property
     def d_head(self) -> int:
         return self.d_model // self.n_head
+
+    @property
+    def n_kv(self) -> int:
+        """Key/value heads (``n_head`` unless grouped-query attention)."""
+        return self.n_kv_heads or self.n_head
+
+    @property
+    def family(self) -> str:
+        """``"gpt2"`` (GPT-2's maths), ``"llama"`` (RMSNorm, RoPE, SwiGLU, no biases) or ``"mixed"``."""
+        if (self.norm, self.positional, self.mlp, self.bias) == ("layernorm", "learned", "gelu", True):
+            return "gpt2" if self.tied_embeddings and self.n_kv == self.n_head else "mixed"
+        if (self.norm, self.positional, self.mlp, self.bias) == ("rmsnorm", "rotary", "swiglu", False):
+            return "llama"
+        return "mixed"
 
     def replace(self, **changes: Any) -> "GPT2Config":
         return replace(self, **changes)
@@ -38,7 +83,11 @@ class GPT2Config:
 
     # --- Hugging Face config.json -------------------------------------------------
     def to_hf_dict(self) -> dict[str, Any]:
-        """A ``config.json`` that ``transformers.GPT2LMHeadModel`` loads as this model."""
+        """A ``config.json`` that ``transformers`` loads as this model (GPT2LMHeadModel or LlamaForCausalLM)."""
+        if self.family == "llama":
+            return self._to_llama_dict()
+        if self.family != "gpt2":
+            raise ValueError(f"{self.name} mixes GPT-2 and Llama parts ({self}); transformers has no class for it")
         return {
             "architectures": ["GPT2LMHeadModel"],
             "model_type": "gpt2",
@@ -63,11 +112,36 @@ class GPT2Config:
             "gpt2_interp_name": self.name,
         }
 
+    def _to_llama_dict(self) -> dict[str, Any]:
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_act": "silu",
+            "num_hidden_layers": self.n_layer,
+            "hidden_size": self.d_model,
+            "num_attention_heads": self.n_head,
+            "num_key_value_heads": self.n_kv,
+            "head_dim": self.d_head,
+            "intermediate_size": self.d_mlp,
+            "max_position_embeddings": self.n_ctx,
+            "vocab_size": self.d_vocab,
+            "rms_norm_eps": self.layer_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "tie_word_embeddings": self.tied_embeddings,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "attention_dropout": 0.0,
+            "gpt2_interp_name": self.name,
+        }
+
     @classmethod
     def from_hf_dict(cls, hf: dict[str, Any], name: str | None = None) -> "GPT2Config":
-        """Read a Hugging Face GPT-2 ``config.json``; refuse variants that are not GPT-2 maths."""
+        """Read a Hugging Face GPT-2 or Llama ``config.json``; refuse variants whose maths we do not implement."""
+        if hf.get("model_type", "gpt2") == "llama":
+            return cls._from_llama_dict(hf, name)
         if hf.get("model_type", "gpt2") != "gpt2":
-            raise ValueError(f"config.json has model_type={hf.get('model_type')!r}; only 'gpt2' is supported")
+            raise ValueError(f"config.json has model_type={hf.get('model_type')!r}; supported: 'gpt2', 'llama'")
         unsupported = {
             "activation_function": ("gelu_new", hf.get("activation_function", "gelu_new")),
             "scale_attn_weights": (True, hf.get("scale_attn_weights", True)),
@@ -88,6 +162,51 @@ class GPT2Config:
             layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
             name=name or hf.get("gpt2_interp_name") or hf.get("_name_or_path") or "gpt2",
         )
+
+
+    @classmethod
+    def _from_llama_dict(cls, hf: dict[str, Any], name: str | None) -> "GPT2Config":
+        rope = dict(hf.get("rope_parameters") or {})
+        scaling = hf.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+        if rope_type != "default":
+            raise ValueError(
+                f"config.json asks for rope scaling {rope_type!r} ({scaling or rope}); gpt2-interp implements "
+                "only plain rotary positions (rope_type 'default', no rope_scaling)"
+            )
+        unsupported = {
+            "hidden_act": ("silu", hf.get("hidden_act", "silu")),
+            "attention_bias": (False, hf.get("attention_bias", False)),
+            "mlp_bias": (False, hf.get("mlp_bias", False)),
+            "pretraining_tp": (1, hf.get("pretraining_tp", 1) or 1),
+        }
+        bad = {k: got for k, (want, got) in unsupported.items() if got != want}
+        if bad:
+            raise ValueError(f"this Llama checkpoint uses {bad}; gpt2-interp implements Llama with "
+                             "hidden_act 'silu', no attention/MLP biases, pretraining_tp 1")
+        d_model, n_head = hf.get("hidden_size", 4096), hf.get("num_attention_heads", 32)
+        if hf.get("head_dim") not in (None, d_model // n_head):
+            raise ValueError(f"head_dim={hf['head_dim']} differs from hidden_size/num_attention_heads="
+                             f"{d_model // n_head}; gpt2-interp needs d_head = d_model / n_head")
+        return cls(
+            n_layer=hf.get("num_hidden_layers", 32), d_model=d_model, n_head=n_head,
+            n_kv_heads=hf.get("num_key_value_heads") or n_head, d_mlp=hf.get("intermediate_size", 11008),
+            n_ctx=hf.get("max_position_embeddings", 2048), d_vocab=hf.get("vocab_size", 32000),
+            layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+            tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            norm="rmsnorm", positional="rotary", mlp="swiglu", bias=False,
+            name=name or hf.get("gpt2_interp_name") or hf.get("_name_or_path") or "llama",
+        )
+
+
+def llama_config(**kw: Any) -> "GPT2Config":
+    """A Llama-family config (RMSNorm, RoPE, SwiGLU, no biases); ``kw`` sets the sizes."""
+    base: dict[str, Any] = dict(norm="rmsnorm", positional="rotary", mlp="swiglu", bias=False, name="llama")
+    return GPT2Config(**{**base, **kw})
+
+
+TransformerConfig = GPT2Config  # the same class: GPT-2 is the default configuration
 
 
 def _known(name: str, n_layer: int, d_model: int, n_head: int) -> GPT2Config:

@@ -1,4 +1,11 @@
-"""``HookedGPT2``: GPT-2 with a named hook point on every activation worth reading."""
+"""``HookedGPT2``: GPT-2 — and, by configuration, its Llama-style descendants — with a named hook
+point on every activation worth reading.
+
+One class serves both families (as litgpt keeps one ``Config`` for many): the config picks the
+norm, positions, MLP and attention grouping (see :mod:`.config`), the blocks read it, and every
+tool downstream sees the same parameter names (``blocks[i].attn.W_O``, ``mlp.W_in``/``W_out``)
+and TransformerLens's hook names. ``HookedTransformer`` is the same class under a family-neutral name.
+"""
 
 from __future__ import annotations
 
@@ -16,21 +23,23 @@ from ..core.checks import check_index
 from ..io import tokenizer as tok
 from .config import KNOWN_CONFIGS, GPT2Config
 from .hooks import ActivationCache, HookFn, HookPoint, NameFilter, name_filter_fn, suggest
-from .modules import Block, KVCache, LayerNorm
+from .modules import Block, KVCache, norm, rotary_cos_sin
 
 Input = Union[str, Sequence[str], torch.Tensor]
 _BLOCK_HOOK_ORDER = (
     "hook_resid_pre", "ln1.hook_scale", "ln1.hook_normalized",
-    "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z",
+    "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k",
+    "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z",
     "hook_attn_out", "hook_resid_mid", "ln2.hook_scale", "ln2.hook_normalized",
-    "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
-)
+    "mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
+)  # the forward order; hooks a config lacks (rot_q/rot_k, pre_linear, pos_embed) are skipped
 HookSpec = tuple[Union[str, Callable[[str], bool]], HookFn]
 
 
 class HookedGPT2(nn.Module):
-    """Exactly GPT-2 (pre-LN, fused QKV, GELU-new, learned positions, tied unembedding),
-    with TransformerLens hook names.
+    """Exactly GPT-2 (pre-LN, fused QKV, GELU-new, learned positions, tied unembedding) by default;
+    with a Llama-style config (:func:`.config.llama_config`) RMSNorm, rotary positions, SwiGLU,
+    grouped-query attention, no biases and an optionally untied ``unembed.W_U``. TransformerLens hook names.
 
     >>> model = HookedGPT2(GPT2Config(n_layer=2, d_model=64, n_head=4, d_mlp=256, n_ctx=32))
     >>> logits, cache = model.run_with_cache("Hello world", names_filter="blocks.0.hook_resid_post")
@@ -47,12 +56,17 @@ class HookedGPT2(nn.Module):
         self.cfg = cfg
         self.embed = nn.Module()
         self.embed.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
-        self.pos_embed = nn.Module()
-        self.pos_embed.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
         self.hook_embed = HookPoint()
-        self.hook_pos_embed = HookPoint()
+        if cfg.positional == "learned":
+            self.pos_embed = nn.Module()
+            self.pos_embed.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
+            self.hook_pos_embed = HookPoint()
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
-        self.ln_final = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.ln_final = norm(cfg)
+        if not cfg.tied_embeddings:
+            # state-dict key "unembed.W_U" as in TransformerLens (the attribute name is the unembed() method)
+            self._modules["unembed"] = nn.Module()
+            self._modules["unembed"].W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
         found: dict[str, HookPoint] = {}
         for prefix, module in self.named_modules():
             for attr, value in vars(module).items():
@@ -63,6 +77,7 @@ class HookedGPT2(nn.Module):
         for i in range(cfg.n_layer):
             order += [f"blocks.{i}.{n}" for n in _BLOCK_HOOK_ORDER]
         order += ["ln_final.hook_scale", "ln_final.hook_normalized"]
+        order = [n for n in order if n in found]
         assert sorted(order) == sorted(found), "every hook point must have a place in the forward order"
         self.hook_dict: dict[str, HookPoint] = {n: found[n] for n in order}
         self.init_weights(seed)
@@ -70,7 +85,7 @@ class HookedGPT2(nn.Module):
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
     def init_weights(self, seed: int | None = None) -> None:
-        """GPT-2's initialisation: N(0, 0.02), output projections scaled by 1/sqrt(2·n_layer)."""
+        """GPT-2's initialisation: N(0, 0.02), output projections scaled by 1/sqrt(2·n_layer); norm gains 1."""
         g = torch.Generator().manual_seed(seed) if seed is not None else None
         std, proj_std = 0.02, 0.02 / math.sqrt(2 * self.cfg.n_layer)
         for name, p in self.named_parameters():
@@ -87,12 +102,12 @@ class HookedGPT2(nn.Module):
         return self.embed.W_E
 
     @property
-    def W_pos(self) -> torch.Tensor:  # [n_ctx, d_model]
-        return self.pos_embed.W_pos
+    def W_pos(self) -> torch.Tensor | None:  # [n_ctx, d_model]; None with rotary positions
+        return self.pos_embed.W_pos if self.cfg.positional == "learned" else None
 
     @property
-    def W_U(self) -> torch.Tensor:  # [d_model, d_vocab], tied to W_E
-        return self.embed.W_E.T
+    def W_U(self) -> torch.Tensor:  # [d_model, d_vocab]: W_Eᵀ when tied
+        return self.embed.W_E.T if self.cfg.tied_embeddings else self._modules["unembed"].W_U
 
     @property
     def device(self) -> torch.device:
@@ -103,7 +118,7 @@ class HookedGPT2(nn.Module):
         return self.embed.W_E.dtype
 
     def n_params(self) -> int:
-        """Number of distinct parameters (W_U is W_E, counted once): 124,439,808 for gpt2."""
+        """Number of distinct parameters (a tied W_U is W_E, counted once): 124,439,808 for gpt2."""
         return sum(p.numel() for p in self.parameters())
 
     def hook_names(self) -> list[str]:
@@ -243,6 +258,19 @@ class HookedGPT2(nn.Module):
     def _causal(self, q_len: int, past: int) -> torch.Tensor:
         return torch.ones(q_len, past + q_len, dtype=torch.bool, device=self.device).tril(past)
 
+    def positions(self, q_len: int, past: int, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Position of each query ``[batch|1, q_len]``: counted over real tokens only when a mask is
+        given (a left-padded row starts at position 0, as it would alone)."""
+        if attention_mask is None:
+            return torch.arange(past, past + q_len, device=self.device)[None]
+        return (attention_mask.to(self.device).cumsum(-1) - 1).clamp(min=0)[:, past : past + q_len]
+
+    def rotary(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """RoPE ``(cos, sin)`` ``[batch|1, pos, 1, d_head]`` for positions ``pos``; None without rotary positions."""
+        if self.cfg.positional != "rotary":
+            return None
+        return rotary_cos_sin(pos, self.cfg.d_head, self.cfg.rope_theta, self.dtype)
+
     def forward(
         self,
         input: Input,
@@ -269,22 +297,21 @@ class HookedGPT2(nn.Module):
             tokens, attention_mask = self.as_tokens(input, attention_mask)
             q_len = tokens.shape[1]
             self.check_length(past + q_len)
-            if attention_mask is None:
-                pos = torch.arange(past, past + q_len, device=self.device)[None]
-            else:
-                pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, past : past + q_len]
-            x = self.hook_embed(self.embed.W_E[tokens]) + self.hook_pos_embed(
-                self.pos_embed.W_pos[pos].expand(tokens.shape[0], -1, -1)
-            )
+            pos = self.positions(q_len, past, attention_mask)
+            x = self.hook_embed(self.embed.W_E[tokens])
+            if self.cfg.positional == "learned":
+                x = x + self.hook_pos_embed(self.pos_embed.W_pos[pos].expand(tokens.shape[0], -1, -1))
         else:
             if input.ndim != 3 or input.shape[-1] != self.cfg.d_model:
                 raise ValueError(f"with start_at_layer, input is the residual [batch, pos, {self.cfg.d_model}]; got {tuple(input.shape)}")
             if return_type in ("loss", "both"):
                 raise ValueError("loss needs tokens; with start_at_layer use return_type='logits'")
             x, tokens, q_len = input, None, input.shape[1]
+            pos = self.positions(q_len, past, attention_mask)
         mask = self._attention_mask(q_len, past, attention_mask)
+        rope = self.rotary(pos)
         for block in self.blocks[start:stop]:
-            x = block(x, mask, past_kv)
+            x = block(x, mask, past_kv, rope)
         if past_kv is not None:
             past_kv.length += q_len
         if stop_at_layer is not None:
@@ -305,8 +332,8 @@ class HookedGPT2(nn.Module):
         return self.unembed(self.ln_final(resid[:, -1]))
 
     def unembed(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits ``[..., d_vocab]`` of normalised residuals ``[..., d_model]`` (tied W_U = W_Eᵀ)."""
-        return x @ self.embed.W_E.T
+        """Logits ``[..., d_vocab]`` of normalised residuals ``[..., d_model]`` (``x @ W_U``; tied: W_U = W_Eᵀ)."""
+        return x @ self.W_U
 
     @staticmethod
     def loss(logits: torch.Tensor, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -426,6 +453,11 @@ class HookedGPT2(nn.Module):
 
     def extra_repr(self) -> str:
         c = self.cfg
-        return f"{c.name}: n_layer={c.n_layer}, d_model={c.d_model}, n_head={c.n_head}, d_mlp={c.d_mlp}, n_ctx={c.n_ctx}"
+        s = f"{c.name}: n_layer={c.n_layer}, d_model={c.d_model}, n_head={c.n_head}, d_mlp={c.d_mlp}, n_ctx={c.n_ctx}"
+        if c.family != "gpt2":
+            s += (f", n_kv_heads={c.n_kv}, {c.norm}, {c.positional}, {c.mlp}, bias={c.bias}, "
+                  f"tied={c.tied_embeddings}")
+        return s
 
 
+HookedTransformer = HookedGPT2  # the same class, under a name that fits its Llama-style configurations

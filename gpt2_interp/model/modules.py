@@ -1,10 +1,12 @@
-"""The GPT-2 building blocks: LayerNorm, attention, MLP, block. Exactly GPT-2's maths.
+"""The transformer building blocks: GPT-2's (LayerNorm, GELU MLP, learned positions) and its
+descendants' (RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention), chosen by the config.
 
 Weights are stored so that activations multiply on the left (``x @ W``, as in
 GPT-2's Conv1D) and with TransformerLens names: ``W_E``, ``W_pos``, ``ln.w/b``,
-``attn.W_QKV`` (fused, ``[d_model, 3*d_model]``) with per-head views ``W_Q/W_K/W_V``,
-``attn.W_O`` ``[n_head, d_head, d_model]``, ``mlp.W_in`` ``[d_model, d_mlp]`` and
-``mlp.W_out`` ``[d_mlp, d_model]`` (rows are the MLP "value vectors").
+``attn.W_QKV`` (fused, ``[d_model, (n_head + 2·n_kv)·d_head]``) with per-head views ``W_Q/W_K/W_V``,
+``attn.W_O`` ``[n_head, d_head, d_model]``, ``mlp.W_in`` ``[d_model, d_mlp]`` (SwiGLU's "up"),
+``mlp.W_gate`` (SwiGLU only) and ``mlp.W_out`` ``[d_mlp, d_model]`` (rows are the MLP "value
+vectors"; SwiGLU's "down"). Without biases (``cfg.bias=False``) the ``b_*`` attributes are None.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 
 from .config import GPT2Config
@@ -43,19 +44,64 @@ class LayerNorm(nn.Module):
         return self.hook_normalized(x / scale) * self.w + self.b
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+class RMSNorm(nn.Module):
+    """``w · x / sqrt(mean(x²) + eps)`` (no centring, no bias) with LayerNorm's hooks:
+    ``hook_scale`` ``[batch, pos, 1]`` and ``hook_normalized`` ``[batch, pos, d]`` (before the gain)."""
+
+    def __init__(self, d: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.w = nn.Parameter(torch.ones(d))
+        self.hook_scale = HookPoint()
+        self.hook_normalized = HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.hook_scale.has_hooks or self.hook_normalized.has_hooks):
+            return F.rms_norm(x, x.shape[-1:], self.w, self.eps)
+        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        return self.hook_normalized(x / scale) * self.w
+
+
+def norm(cfg: GPT2Config) -> LayerNorm | RMSNorm:
+    """The config's normalisation layer over ``d_model``."""
+    return (RMSNorm if cfg.norm == "rmsnorm" else LayerNorm)(cfg.d_model, cfg.layer_norm_eps)
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """``x @ w + b`` for ``x: [..., d_in]``, ``w: [d_in, d_out]`` with one fused addmm (as GPT-2's Conv1D)."""
+    if b is None:
+        return x @ w
     return torch.addmm(b, x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[-1])
+
+
+def _bias(cfg: GPT2Config, n: int) -> nn.Parameter | None:
+    return nn.Parameter(torch.zeros(n)) if cfg.bias else None
+
+
+def rotary_cos_sin(pos: torch.Tensor, d_head: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's ``(cos, sin)`` ``[batch|1, pos, 1, d_head]`` for integer positions ``pos: [batch|1, pos]``,
+    in the half-split layout of ``transformers``' Llama: frequency ``i`` rotates the pair of dimensions
+    ``(i, i + d_head/2)`` by ``pos · theta^(-2i/d_head)``. Angles are computed in fp32."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, d_head, 2, dtype=torch.int64, device=pos.device).float() / d_head)
+    angles = pos.float()[..., None] * inv_freq  # [batch, pos, d_head/2]
+    angles = torch.cat([angles, angles], dim=-1)[:, :, None]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Apply RoPE to ``x: [batch, pos, head, d_head]``: ``x·cos + rotate_half(x)·sin``."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 class KVCache:
     """Keys and values of past positions for incremental decoding, preallocated per layer.
 
-    ``k, v: [batch, n_head, max_len, d_head]``; ``length`` positions are filled.
+    ``k, v: [batch, n_kv, max_len, d_head]`` (keys after RoPE); ``length`` positions are filled.
     """
 
     def __init__(self, cfg: GPT2Config, batch: int, max_len: int, device, dtype) -> None:
-        shape = (cfg.n_layer, batch, cfg.n_head, max_len, cfg.d_head)
+        shape = (cfg.n_layer, batch, cfg.n_kv, max_len, cfg.d_head)
         self.k = torch.empty(shape, device=device, dtype=dtype)
         self.v = torch.empty(shape, device=device, dtype=dtype)
         self.length = 0
@@ -70,7 +116,9 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    """Causal multi-head self-attention with a fused QKV projection.
+    """Causal self-attention with a fused QKV projection; grouped-query when ``n_kv < n_head``
+    (query head ``i`` reads key/value head ``i // (n_head / n_kv)``); RoPE on q and k when the
+    config is rotary (``hook_rot_q``/``hook_rot_k``).
 
     Uses ``scaled_dot_product_attention`` unless a hook asks for the scores or
     the pattern, in which case they are materialised (same result within fp error).
@@ -79,56 +127,84 @@ class Attention(nn.Module):
     def __init__(self, cfg: GPT2Config, layer: int) -> None:
         super().__init__()
         self.cfg, self.layer = cfg, layer
-        d, h, dh = cfg.d_model, cfg.n_head, cfg.d_head
-        self.W_QKV = nn.Parameter(torch.empty(d, 3 * d))
-        self.b_QKV = nn.Parameter(torch.zeros(3 * d))
+        d, h, kv, dh = cfg.d_model, cfg.n_head, cfg.n_kv, cfg.d_head
+        self.W_QKV = nn.Parameter(torch.empty(d, (h + 2 * kv) * dh))
+        self.b_QKV = _bias(cfg, (h + 2 * kv) * dh)
         self.W_O = nn.Parameter(torch.empty(h, dh, d))
-        self.b_O = nn.Parameter(torch.zeros(d))
-        for name in ("q", "k", "v", "attn_scores", "pattern", "z"):
+        self.b_O = _bias(cfg, d)
+        names = ["q", "k", "v", "attn_scores", "pattern", "z"]
+        if cfg.positional == "rotary":
+            names += ["rot_q", "rot_k"]
+        for name in names:
             setattr(self, f"hook_{name}", HookPoint())
 
     # Per-head views, TransformerLens shapes (writes through them edit W_QKV).
-    def _head_view(self, which: int) -> torch.Tensor:
+    def _split(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         c = self.cfg
-        return self.W_QKV.view(c.d_model, 3, c.n_head, c.d_head)[:, which].permute(1, 0, 2)
+        return t.split([c.n_head * c.d_head, c.n_kv * c.d_head, c.n_kv * c.d_head], dim=-1)
+
+    def _head_view(self, which: int) -> torch.Tensor:
+        w = self._split(self.W_QKV)[which]
+        return w.view(self.cfg.d_model, -1, self.cfg.d_head).permute(1, 0, 2)
 
     @property
     def W_Q(self) -> torch.Tensor:  # [n_head, d_model, d_head]
         return self._head_view(0)
 
     @property
-    def W_K(self) -> torch.Tensor:
+    def W_K(self) -> torch.Tensor:  # [n_kv, d_model, d_head]
         return self._head_view(1)
 
     @property
-    def W_V(self) -> torch.Tensor:
+    def W_V(self) -> torch.Tensor:  # [n_kv, d_model, d_head]
         return self._head_view(2)
 
-    @property
-    def b_Q(self) -> torch.Tensor:  # [n_head, d_head]
-        return self.b_QKV.view(3, self.cfg.n_head, self.cfg.d_head)[0]
+    def _bias_view(self, which: int) -> torch.Tensor | None:  # [n_head | n_kv, d_head]
+        return None if self.b_QKV is None else self._split(self.b_QKV)[which].view(-1, self.cfg.d_head)
 
     @property
-    def b_K(self) -> torch.Tensor:
-        return self.b_QKV.view(3, self.cfg.n_head, self.cfg.d_head)[1]
+    def b_Q(self) -> torch.Tensor | None:
+        return self._bias_view(0)
 
     @property
-    def b_V(self) -> torch.Tensor:
-        return self.b_QKV.view(3, self.cfg.n_head, self.cfg.d_head)[2]
+    def b_K(self) -> torch.Tensor | None:
+        return self._bias_view(1)
+
+    @property
+    def b_V(self) -> torch.Tensor | None:
+        return self._bias_view(2)
+
+    def keys_values(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (after RoPE) and values ``[batch, n_kv, pos, d_head]`` of normalised input
+        ``x: [batch, pos, d_model]``, as the forward pass would cache them (no hooks run)."""
+        c = self.cfg
+        kv = _linear(x, self.W_QKV[:, c.n_head * c.d_head:],
+                     None if self.b_QKV is None else self.b_QKV[c.n_head * c.d_head:])
+        k, v = (t.unflatten(-1, (c.n_kv, c.d_head)) for t in kv.chunk(2, dim=-1))
+        if rope is not None:
+            k = rotate(k, *rope)
+        return k.transpose(1, 2), v.transpose(1, 2)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None, kv: KVCache | None = None
+        self, x: torch.Tensor, mask: torch.Tensor | None, kv: KVCache | None = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """``x: [batch, pos, d_model]``; ``mask``: bool ``[batch|1, 1, q, k]`` (True = may attend)
-        or None for plain causal attention."""
-        qkv = _linear(x, self.W_QKV, self.b_QKV)
-        q, k, v = rearrange(qkv, "b p (three h dh) -> three b p h dh", three=3, h=self.cfg.n_head)
-        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        or None for plain causal attention; ``rope``: ``(cos, sin)`` of :func:`rotary_cos_sin`."""
+        c = self.cfg
+        q, k, v = (t.unflatten(-1, (-1, c.d_head)) for t in self._split(_linear(x, self.W_QKV, self.b_QKV)))
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)  # [batch, pos, head | kv_head, d_head]
+        if rope is not None:
+            q, k = self.hook_rot_q(rotate(q, *rope)), self.hook_rot_k(rotate(k, *rope))
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [batch, head, pos, d_head]
         if kv is not None:
             k, v = kv.extend(self.layer, k, v)
+        gqa = c.n_kv != c.n_head
         if self.hook_attn_scores.has_hooks or self.hook_pattern.has_hooks:
-            scores = q @ k.transpose(-1, -2) / math.sqrt(self.cfg.d_head)
+            if gqa:
+                k, v = (t.repeat_interleave(c.n_head // c.n_kv, dim=1) for t in (k, v))
+            scores = q @ k.transpose(-1, -2) / math.sqrt(c.d_head)
             if mask is None:
                 q_len, k_len = scores.shape[-2:]
                 mask = torch.ones(q_len, k_len, dtype=torch.bool, device=x.device).tril(k_len - q_len)
@@ -137,42 +213,59 @@ class Attention(nn.Module):
             z = pattern @ v
         else:
             causal = mask is None and q.shape[2] == k.shape[2]
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+            if gqa:
+                z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+            else:
+                z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
         z = self.hook_z(z.transpose(1, 2))  # [batch, pos, head, d_head]
-        return _linear(z.flatten(-2), self.W_O.view(-1, self.cfg.d_model), self.b_O)
+        return _linear(z.flatten(-2), self.W_O.view(-1, c.d_model), self.b_O)
 
 
 class MLP(nn.Module):
-    """``W_out · gelu_new(W_in · x + b_in) + b_out`` with ``hook_pre`` and ``hook_post`` ``[batch, pos, d_mlp]``."""
+    """GPT-2: ``W_out · gelu_new(W_in · x + b_in) + b_out``; SwiGLU: ``W_out · (silu(W_gate · x) ⊙ W_in · x)``.
+
+    Hooks ``[batch, pos, d_mlp]``: ``hook_pre`` (the activation function's input: GPT-2's
+    ``W_in·x``, SwiGLU's gate), ``hook_pre_linear`` (SwiGLU's up projection ``W_in·x``) and
+    ``hook_post`` (the input of ``W_out``: ROME's key).
+    """
 
     def __init__(self, cfg: GPT2Config) -> None:
         super().__init__()
+        self.gated = cfg.mlp == "swiglu"
+        if self.gated:
+            self.W_gate = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
+            self.hook_pre_linear = HookPoint()
         self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
-        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp))
+        self.b_in = _bias(cfg, cfg.d_mlp)
         self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
-        self.b_out = nn.Parameter(torch.zeros(cfg.d_model))
+        self.b_out = _bias(cfg, cfg.d_model)
         self.hook_pre = HookPoint()
         self.hook_post = HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pre = self.hook_pre(_linear(x, self.W_in, self.b_in))
-        post = self.hook_post(F.gelu(pre, approximate="tanh"))
+        if self.gated:
+            pre = self.hook_pre(x @ self.W_gate)
+            post = self.hook_post(F.silu(pre) * self.hook_pre_linear(_linear(x, self.W_in, self.b_in)))
+        else:
+            pre = self.hook_pre(_linear(x, self.W_in, self.b_in))
+            post = self.hook_post(F.gelu(pre, approximate="tanh"))
         return _linear(post, self.W_out, self.b_out)
 
 
 class Block(nn.Module):
-    """A pre-LN transformer block: ``x + attn(ln1(x))``, then ``+ mlp(ln2(·))``."""
+    """A pre-norm transformer block: ``x + attn(ln1(x))``, then ``+ mlp(ln2(·))``."""
 
     def __init__(self, cfg: GPT2Config, layer: int) -> None:
         super().__init__()
-        self.ln1 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.ln1 = norm(cfg)
         self.attn = Attention(cfg, layer)
-        self.ln2 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.ln2 = norm(cfg)
         self.mlp = MLP(cfg)
         for name in ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post"):
             setattr(self, f"hook_{name}", HookPoint())
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, kv: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, kv: KVCache | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         x = self.hook_resid_pre(x)
-        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.ln1(x), mask, kv)))
+        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.ln1(x), mask, kv, rope)))
         return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
