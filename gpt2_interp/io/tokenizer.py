@@ -123,3 +123,27 @@ def decode(ids: list[int]) -> str:
 def token_str(token_id: int) -> str:
     """The string of a single token (possibly a partial UTF-8 sequence, replaced)."""
     return gpt2_encoding().decode_single_token_bytes(token_id).decode("utf-8", errors="replace")
+
+
+class HFTokenizer(Tokenizer):
+    """A tokenizer backed by the ``tokenizers`` library (e.g. a byte-level BPE read from a GGUF file,
+    :func:`gpt2_interp.io.gguf.gguf_tokenizer`). Special tokens written in the text are matched whole."""
+
+    def __init__(self, backend, name: str, bos_id: int | None, eos_id: int, pad_id: int | None = None) -> None:
+        self.backend = backend  # tokenizers.Tokenizer
+        self.name, self.bos_id, self.eos_id = name, bos_id, eos_id
+        self.pad_id = eos_id if pad_id is None else pad_id
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=False)
+
+    def token_str(self, token_id: int) -> str:
+        return self.backend.decode([int(token_id)], skip_special_tokens=False)
+
+    def char_spans(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        enc = self.backend.encode(text, add_special_tokens=False)
+        return enc.ids, [tuple(o) for o in enc.offsets]
