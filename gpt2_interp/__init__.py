@@ -24,13 +24,15 @@ never another package's ``_private`` names). ``lint-imports`` checks this in the
 import importlib
 from typing import Any
 
-from .io.checkpoints import from_state_dict, from_transformer_lens, from_transformers, load
-from .model import KNOWN_CONFIGS, ActivationCache, GPT2Config, HookedGPT2, HookPoint
+from .model import KNOWN_CONFIGS, ActivationCache, GPT2Config, HookedGPT2, HookedTransformer, HookPoint, TransformerConfig
+from .model.config import llama_config
+from .model.loading import from_state_dict, from_transformer_lens, from_transformers, load, load_gguf, to_transformers
 
 __version__ = "0.1.0"
 __all__ = [
-    "load", "from_transformers", "from_transformer_lens", "from_state_dict",
-    "HookedGPT2", "GPT2Config", "KNOWN_CONFIGS", "ActivationCache", "HookPoint",
+    "load", "load_gguf", "from_transformers", "to_transformers", "from_transformer_lens", "from_state_dict",
+    "HookedGPT2", "HookedTransformer", "GPT2Config", "TransformerConfig", "llama_config", "KNOWN_CONFIGS",
+    "ActivationCache", "HookPoint",
 ]
 _SUBPACKAGES = ("analysis", "editing", "plots", "facts", "factmodel", "io", "model", "core")
 

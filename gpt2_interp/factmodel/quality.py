@@ -21,8 +21,9 @@ import torch
 from ..analysis.lens import logit_lens
 from ..facts.base import FactBase
 from ..facts.templates import templates
-from ..io.checkpoints import embedded_path, load
+from ..io.checkpoints import embedded_path
 from ..io.tokenizer import encode
+from ..model.loading import load
 
 
 @torch.no_grad()

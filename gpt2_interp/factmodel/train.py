@@ -31,9 +31,10 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..facts.base import FactBase
-from ..io.checkpoints import embedded_path, save_hf
+from ..io.checkpoints import embedded_path
 from ..io.tokenizer import EOT_ID, encode
 from ..model import GPT2Config, HookedGPT2
+from ..model.loading import save_hf
 from .quality import first_token_accuracy
 
 DEFAULT_CONFIG = GPT2Config(n_layer=6, d_model=256, n_head=8, d_mlp=1024, n_ctx=64, name="gpt2-facts")

