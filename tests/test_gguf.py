@@ -25,7 +25,7 @@ TEXTS = ["the theme in the tin", "Ġ weird ünïcödé 日本 🤖", "  two  spa
 
 def tiny_vocab() -> list[str]:
     """A byte-level BPE vocabulary: the 256 byte characters, four merges, <|endoftext|>."""
-    return [gg._bytes_to_unicode()[b] for b in range(256)] + ["".join(m) for m in MERGES] + [EOT]
+    return [gg.bytes_to_unicode()[b] for b in range(256)] + ["".join(m) for m in MERGES] + [EOT]
 
 
 @pytest.fixture(scope="module")

@@ -198,7 +198,7 @@ def gguf_tokenizer(g: GGUFFile):
         raise GGUFError(f"{g.path.name} asks for the {pre!r} pre-tokenizer; supported: {', '.join(GPT2_SPLIT_PRE)}")
     tokens: list[str] = md["tokenizer.ggml.tokens"]
     alphabet = set(pre_tokenizers.ByteLevel.alphabet())
-    byte_char = _bytes_to_unicode()
+    byte_char = bytes_to_unicode()
     spelled = [t if set(t) <= alphabet else "".join(byte_char[b] for b in t.encode()) for t in tokens]
     vocab = {t: i for i, t in enumerate(spelled)}
     merges = [tuple(m.split(" ", 1)) for m in md.get("tokenizer.ggml.merges", [])]
@@ -216,7 +216,7 @@ def gguf_tokenizer(g: GGUFFile):
     return HFTokenizer(backend, name, bos_id=bos, eos_id=int(eos), pad_id=md.get("tokenizer.ggml.padding_token_id"))
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte → printable character table (the alphabet of byte-level BPE vocabularies)."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     table, extra = {b: chr(b) for b in keep}, 0
