@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from einops import rearrange
 
 from ..core.progress import progress_bar
 
@@ -129,21 +128,20 @@ class _FixedKV:
         return torch.cat([self.k, k], 2), torch.cat([self.v, v], 2)
 
 
-def _keys_values(model: "HookedGPT2", layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The keys and values ``[batch, head, pos, d_head]`` block ``layer``'s attention computes from the
-    residual ``x [batch, pos, d_model]`` (its LayerNorm and the K, V columns of ``W_QKV``)."""
-    block, d = model.blocks[layer], model.cfg.d_model
-    h = block.ln1(x)
-    kv = torch.addmm(block.attn.b_QKV[d:], h.reshape(-1, d), block.attn.W_QKV[:, d:])
-    k, v = rearrange(kv.view(*x.shape[:2], 2 * d), "b p (two h dh) -> two b h p dh", two=2, h=model.cfg.n_head)
-    return k, v
+def _keys_values(model: "HookedGPT2", layer: int, x: torch.Tensor, start: int, mask: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys (after RoPE) and values ``[batch, kv_head, pos, d_head]`` block ``layer``'s attention
+    computes from the residual ``x [batch, pos, d_model]`` whose first column is position ``start``."""
+    block = model.blocks[layer]
+    rope = model.rotary(model.positions(x.shape[1], start, mask))
+    return block.attn.keys_values(block.ln1(x), rope)
 
 
 def _last_block(model: "HookedGPT2", x: torch.Tensor, mask: torch.Tensor | None, kv: "PrefixKV | None") -> torch.Tensor:
     """The final block's output at the last position only, ``[batch, 1, d_model]``: the other positions
     are needed only as keys and values, so they skip the queries, W_O and the MLP."""
     n = model.cfg.n_layer
-    k, v = _keys_values(model, n - 1, x[:, :-1])
+    k, v = _keys_values(model, n - 1, x[:, :-1], 0 if kv is None else kv.first_pos, mask)
     if kv is not None:
         pk, pv = kv.prefix[n - 1]
         k, v = torch.cat([pk[kv.base], k], 2), torch.cat([pv[kv.base], v], 2)
@@ -157,12 +155,15 @@ def entry_name(model: "HookedGPT2", stage: int) -> str:
 
 
 def kv_names(model: "HookedGPT2", first_layer: int) -> list[str]:
-    """The base-run keys and values :func:`run_staircase` needs for suffix rows from ``first_layer`` on."""
-    return [f"blocks.{l}.attn.hook_{x}" for l in range(first_layer, model.cfg.n_layer) for x in "kv"]
+    """The base-run keys and values :func:`run_staircase` needs for suffix rows from ``first_layer`` on
+    (keys after RoPE, ``hook_rot_k``, when the model is rotary)."""
+    k = "rot_k" if model.cfg.positional == "rotary" else "k"
+    return [f"blocks.{l}.attn.hook_{x}" for l in range(first_layer, model.cfg.n_layer) for x in (k, "v")]
 
 
 def base_kv_from(cache: Mapping[str, torch.Tensor], model: "HookedGPT2", first_layer: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    return {l: (cache[f"blocks.{l}.attn.hook_k"], cache[f"blocks.{l}.attn.hook_v"]) for l in range(first_layer, model.cfg.n_layer)}
+    k = "rot_k" if model.cfg.positional == "rotary" else "k"
+    return {l: (cache[f"blocks.{l}.attn.hook_{k}"], cache[f"blocks.{l}.attn.hook_v"]) for l in range(first_layer, model.cfg.n_layer)}
 
 
 def auto_batch_size(model: "HookedGPT2", n_pos: int, materialise_attention: bool = False) -> int:

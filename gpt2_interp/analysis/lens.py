@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
 
 import torch
-import torch.nn.functional as F
 from einops import einsum
 
 from ..model.hooks import hook_name
@@ -38,9 +37,8 @@ Target = Union[str, int]
 # ---------------------------------------------------------------------------- helpers
 def decode_resid(model: "HookedGPT2", resid: torch.Tensor) -> torch.Tensor:
     """Logit-lens logits ``[..., d_vocab]`` of residuals ``[..., d_model]``: ln_final
-    (recomputed on ``resid``, with its ``w``, ``b`` and ``eps``), then ``W_U``."""
-    ln = model.ln_final
-    return model.unembed(F.layer_norm(resid, resid.shape[-1:], ln.w, ln.b, ln.eps))
+    (recomputed on ``resid``, with its ``w``, ``b`` and ``eps``; LayerNorm or RMSNorm), then ``W_U``."""
+    return model.unembed(model.ln_final.unhooked(resid))
 
 
 def _tokens(model: "HookedGPT2", prompts: Prompts) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
@@ -314,9 +312,11 @@ def logit_direction(model: "HookedGPT2", target: Target, baseline: Target | None
     return model.ln_final.w * u
 
 
-def direct_effect(component: torch.Tensor, direction: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
-    """``(c - mean(c)) / scale · direction`` for ``component [..., d_model]`` → ``[...]``."""
-    c = component - component.mean(-1, keepdim=True)
+def direct_effect(component: torch.Tensor, direction: torch.Tensor, scale: torch.Tensor | float,
+                  centre: bool = True) -> torch.Tensor:
+    """``(c - mean(c)) / scale · direction`` for ``component [..., d_model]`` → ``[...]``; without the
+    mean when ``centre`` is False (RMSNorm: ``model.ln_final.centred``)."""
+    c = component - component.mean(-1, keepdim=True) if centre else component
     return (c @ direction) / scale
 
 
@@ -337,33 +337,38 @@ def logit_attribution(
     """
     n = model.cfg.n_layer
     tokens, pos = prompt_position(model, prompt, position, "logit_attribution")
-    names = ["hook_embed", "hook_pos_embed", "ln_final.hook_scale"]
+    learned = "hook_pos_embed" in model.hook_dict  # rotary models have no position embedding
+    names = ["hook_embed", "ln_final.hook_scale"] + (["hook_pos_embed"] if learned else [])
     for i in range(n):
         names += [hook_name("attn_out", i), hook_name("mlp_out", i)] + ([hook_name("z", i)] if per_head else [])
     logits, cache = model.run_with_cache(tokens, names_filter=names)
     direction = logit_direction(model, target, baseline).float()  # [d_model]
     scale = cache["ln_final.hook_scale"][0, pos].float()  # [1]
     at = lambda name: cache[name][0, pos].float()  # [d_model] (or [n_head, d_head] for z)
-    comps = [at("hook_embed"), at("hook_pos_embed")]
-    labels = ["embed", "pos_embed"]
+    comps, labels = [at("hook_embed")], ["embed"]
+    if learned:
+        comps, labels = comps + [at("hook_pos_embed")], labels + ["pos_embed"]
+    centre = model.ln_final.centred
     for i in range(n):
         comps += [at(hook_name("attn_out", i)), at(hook_name("mlp_out", i))]
         labels += [f"L{i}.attn", f"L{i}.mlp"]
-    parts = direct_effect(torch.stack(comps), direction, scale)  # [n_parts]
-    b_O = torch.stack([b.attn.b_O.float() for b in model.blocks])  # [n_layer, d_model]
-    b_O_parts = direct_effect(b_O, direction, scale)
+    parts = direct_effect(torch.stack(comps), direction, scale, centre)  # [n_parts]
+    zeros = torch.zeros(model.cfg.d_model, device=model.device)
+    b_O = torch.stack([zeros if b.attn.b_O is None else b.attn.b_O.float() for b in model.blocks])  # [n_layer, d_model]
+    b_O_parts = direct_effect(b_O, direction, scale, centre)
     head_parts = None
     if per_head:
         z = torch.stack([at(hook_name("z", i)) for i in range(n)])  # [n_layer, n_head, d_head]
         W_O = torch.stack([b.attn.W_O.float() for b in model.blocks])  # [n_layer, n_head, d_head, d_model]
         heads = einsum(z, W_O, "l h dh, l h dh d -> l h d")
-        head_parts = direct_effect(heads, direction, scale)  # [n_layer, n_head]
+        head_parts = direct_effect(heads, direction, scale, centre)  # [n_layer, n_head]
     tid = target_id(model, target)
-    ln_bias = model.ln_final.b.float() @ model.W_U[:, tid].float()
+    ln_b = zeros if model.ln_final.b is None else model.ln_final.b.float()  # RMSNorm: no bias term
+    ln_bias = ln_b @ model.W_U[:, tid].float()
     logit = logits[0, pos, tid].float()
     if baseline is not None:
         bid = target_id(model, baseline)
-        ln_bias = ln_bias - model.ln_final.b.float() @ model.W_U[:, bid].float()
+        ln_bias = ln_bias - ln_b @ model.W_U[:, bid].float()
         logit = logit - logits[0, pos, bid].float()
     return AttributionResult(
         prompt=prompt, str_tokens=model.to_str_tokens(tokens[0]), position=pos,

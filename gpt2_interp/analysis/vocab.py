@@ -326,7 +326,7 @@ def top_subupdates(
     effects = None
     if target is not None:
         scale = cache["ln_final.hook_scale"][0, pos].float()
-        effects = direct_effect(updates.float(), logit_direction(model, target).float(), scale).cpu()
+        effects = direct_effect(updates.float(), logit_direction(model, target).float(), scale, model.ln_final.centred).cpu()
     return SubupdateResult(
         prompt=prompt, position=pos, token=model.tokenizer.token_str(int(tokens[0, pos])), layers=[ls[i] for i in li], neurons=ni,
         activations=acts.float().cpu(), norms=top.values.float().cpu(), top_tokens=_strs(model, tids), top_scores=ts,

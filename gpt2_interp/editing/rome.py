@@ -365,8 +365,9 @@ def compute_edit(
     opt = optimise_delta(model, req, ids, layer, prefixes, hp, stats.solve)
     mlp = model.blocks[layer].mlp
     k_star = opt["k_star"]
-    v_star = (k_star @ mlp.W_out.detach().float() + mlp.b_out.detach().float()) + opt["delta"]
-    u, v = rank_one_update(mlp.W_out.detach(), mlp.b_out.detach(), k_star, v_star, stats.solve)
+    b_out = None if mlp.b_out is None else mlp.b_out.detach()
+    v_star = k_star @ mlp.W_out.detach().float() + (0.0 if b_out is None else b_out.float()) + opt["delta"]
+    u, v = rank_one_update(mlp.W_out.detach(), b_out, k_star, v_star, stats.solve)
     p_after = _target_logprob(model, req.text, ids, _delta_hooks(layer, u, v))
     metrics = {
         "p_target_before": float(torch.tensor(p_before).exp()), "p_target_after": float(torch.tensor(p_after).exp()),

@@ -211,7 +211,13 @@ def gguf_tokenizer(g: GGUFFile):
     eos = md.get("tokenizer.ggml.eos_token_id")
     if eos is None:
         raise GGUFError(f"{g.path.name}'s tokenizer names no eos token (tokenizer.ggml.eos_token_id)")
-    bos = md.get("tokenizer.ggml.bos_token_id") if md.get("tokenizer.ggml.add_bos_token", False) else None
+    # The start-of-text token that model.to_tokens prepends: the file's BOS when it asks for one; else, like
+    # GPT-2, the document separator <|endoftext|> when the vocabulary has it (SmolLM2 sets add_bos_token
+    # false, and its "BOS" <|im_start|> opens a chat turn, not a document); else none.
+    if md.get("tokenizer.ggml.add_bos_token", False):
+        bos = md.get("tokenizer.ggml.bos_token_id")
+    else:
+        bos = tokens.index("<|endoftext|>") if "<|endoftext|>" in control else None
     name = str(md.get("general.basename") or md.get("general.name") or g.path.stem)
     return HFTokenizer(backend, name, bos_id=bos, eos_id=int(eos), pad_id=md.get("tokenizer.ggml.padding_token_id"))
 

@@ -28,6 +28,8 @@ class LayerNorm(nn.Module):
     *before* the gain ``w`` and bias ``b`` are applied.
     """
 
+    centred = True  # subtracts the mean (direct logit attribution centres each component too)
+
     def __init__(self, d: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
@@ -36,9 +38,13 @@ class LayerNorm(nn.Module):
         self.hook_scale = HookPoint()
         self.hook_normalized = HookPoint()
 
+    def unhooked(self, x: torch.Tensor) -> torch.Tensor:
+        """The norm of ``x`` without running its hooks (e.g. the logit lens on any residual)."""
+        return F.layer_norm(x, x.shape[-1:], self.w, self.b, self.eps)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.hook_scale.has_hooks or self.hook_normalized.has_hooks):
-            return F.layer_norm(x, x.shape[-1:], self.w, self.b, self.eps)
+            return self.unhooked(x)
         x = x - x.mean(-1, keepdim=True)
         scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
         return self.hook_normalized(x / scale) * self.w + self.b
@@ -55,9 +61,16 @@ class RMSNorm(nn.Module):
         self.hook_scale = HookPoint()
         self.hook_normalized = HookPoint()
 
+    b = None  # no bias (LayerNorm's ``b``)
+    centred = False  # what direct logit attribution needs to know: RMSNorm does not subtract the mean
+
+    def unhooked(self, x: torch.Tensor) -> torch.Tensor:
+        """The norm of ``x`` without running its hooks (e.g. the logit lens on any residual)."""
+        return F.rms_norm(x, x.shape[-1:], self.w, self.eps)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.hook_scale.has_hooks or self.hook_normalized.has_hooks):
-            return F.rms_norm(x, x.shape[-1:], self.w, self.eps)
+            return self.unhooked(x)
         scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
         return self.hook_normalized(x / scale) * self.w
 
