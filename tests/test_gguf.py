@@ -213,7 +213,7 @@ def test_smollm2_logits_and_tokens_match_transformers_gguf_loader():
         for ids in rows:
             assert (smollm2(ids) - ref(ids).logits).abs().max().item() <= 2e-4
         smollm2.double(), ref.double()
-        for ids in rows:
+        for ids in rows[:3]:  # float64 is slow on CPU: three texts
             assert (smollm2(ids) - ref(ids).logits).abs().max().item() <= 1e-4
 
 
