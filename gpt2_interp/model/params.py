@@ -25,29 +25,42 @@ class ParameterTable(Result):
 
 
 def parameter_table(model) -> ParameterTable:
-    """Per-part counts: embeddings, one block broken down (×n_layer), final LN, tied unembedding."""
+    """Per-part counts: embeddings, one block broken down (×n_layer), final norm, the unembedding
+    (tied: counted in W_E). Parts a config lacks (biases, W_pos, W_gate) are left out."""
     c = model.cfg
     b0 = model.blocks[0]
-    block_parts = {
-        "ln1 (w, b)": [b0.ln1.w, b0.ln1.b],
-        "attn W_QKV + b_QKV": [b0.attn.W_QKV, b0.attn.b_QKV],
-        "attn W_O + b_O": [b0.attn.W_O, b0.attn.b_O],
-        "ln2 (w, b)": [b0.ln2.w, b0.ln2.b],
-        "mlp W_in + b_in": [b0.mlp.W_in, b0.mlp.b_in],
-        "mlp W_out + b_out": [b0.mlp.W_out, b0.mlp.b_out],
-    }
+
+    def part(label: str, *params) -> tuple[str, list]:
+        ps = [p for p in params if p is not None]
+        names = [n for n, p in zip(label.split("+"), params) if p is not None]
+        return " + ".join(n.strip() for n in names), ps
+
+    block_parts = dict([
+        (f"ln1 ({'w, b' if b0.ln1.b is not None else 'w'})", [p for p in (b0.ln1.w, b0.ln1.b) if p is not None]),
+        part("attn W_QKV + b_QKV", b0.attn.W_QKV, b0.attn.b_QKV),
+        part("attn W_O + b_O", b0.attn.W_O, b0.attn.b_O),
+        (f"ln2 ({'w, b' if b0.ln2.b is not None else 'w'})", [p for p in (b0.ln2.w, b0.ln2.b) if p is not None]),
+        *([part("mlp W_gate", b0.mlp.W_gate)] if c.mlp == "swiglu" else []),
+        part("mlp W_in + b_in", b0.mlp.W_in, b0.mlp.b_in),
+        part("mlp W_out + b_out", b0.mlp.W_out, b0.mlp.b_out),
+    ])
     shape = lambda ps: " + ".join("×".join(map(str, p.shape)) for p in ps)
-    rows = [("W_E (token embedding)", shape([model.W_E]), model.W_E.numel()),
-            ("W_pos (position embedding)", shape([model.W_pos]), model.W_pos.numel())]
+    rows = [("W_E (token embedding)", shape([model.W_E]), model.W_E.numel())]
+    if model.W_pos is not None:
+        rows.append(("W_pos (position embedding)", shape([model.W_pos]), model.W_pos.numel()))
     per_block = 0
     for name, ps in block_parts.items():
         n = sum(p.numel() for p in ps)
         per_block += n
         rows.append((f"block: {name}", shape(ps), n))
     rows.append((f"blocks × {c.n_layer}", f"{per_block:,} each", per_block * c.n_layer))
-    rows.append(("ln_final (w, b)", shape([model.ln_final.w, model.ln_final.b]), 2 * c.d_model))
-    rows.append(("W_U = W_Eᵀ (tied)", f"{c.d_model}×{c.d_vocab}", 0))
+    final = [p for p in (model.ln_final.w, model.ln_final.b) if p is not None]
+    rows.append((f"ln_final ({'w, b' if len(final) == 2 else 'w'})", shape(final), sum(p.numel() for p in final)))
+    if c.tied_embeddings:
+        rows.append(("W_U = W_Eᵀ (tied)", f"{c.d_model}×{c.d_vocab}", 0))
+    else:
+        rows.append(("W_U (unembedding)", shape([model.W_U]), model.W_U.numel()))
     total = model.n_params()
-    assert total == model.W_E.numel() + model.W_pos.numel() + per_block * c.n_layer + 2 * c.d_model
-    notes = [f"(untied, W_U would add {model.W_E.numel():,}: {total + model.W_E.numel():,})"]
+    assert total == sum(r[2] for r in rows) - per_block  # the block rows break down one block of the "blocks ×" row
+    notes = [f"(untied, W_U would add {model.W_E.numel():,}: {total + model.W_E.numel():,})"] if c.tied_embeddings else []
     return ParameterTable(rows, per_block, total, notes)
