@@ -35,8 +35,10 @@ def info(args: argparse.Namespace) -> int:
         print(json.dumps({"config": model.cfg.to_dict(), "parameters": table.to_dict(), "hooks": model.hook_names() if args.hooks else None}, indent=1))
         return 0
     c = model.cfg
-    print(f"{c.name}: {c.n_layer} layers, d_model {c.d_model}, {c.n_head} heads × {c.d_head}, d_mlp {c.d_mlp}, "
-          f"context {c.n_ctx}, vocabulary {c.d_vocab}; {model.device}, {model.dtype}")
+    kv = f" ({c.n_kv} key/value heads)" if c.n_kv != c.n_head else ""
+    arch = "" if c.family == "gpt2" else f"; {c.norm}, {c.positional} positions (θ {c.rope_theta:g}), {c.mlp} MLP"
+    print(f"{c.name}: {c.n_layer} layers, d_model {c.d_model}, {c.n_head} heads × {c.d_head}{kv}, d_mlp {c.d_mlp}, "
+          f"context {c.n_ctx}, vocabulary {c.d_vocab}{arch}; {model.device}, {model.dtype}")
     print(table.table())
     if args.hooks:
         print("\n".join(model.hook_names()))
