@@ -91,6 +91,7 @@ def test_batched_patching_equals_a_slow_hooked_loop_under_rope(llama, hook, name
     assert abs(expected - got.corrupted_metric) > 1e-3  # the patch matters
 
 
+@pytest.mark.slow
 def test_rome_edit_on_a_swiglu_model_writes_v_star_at_the_down_projection(llama, tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n\n".join(f"The Eiffel Tower is in Paris and {i} people visit it daily." for i in range(200)))
