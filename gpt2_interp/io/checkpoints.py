@@ -22,6 +22,8 @@ import torch
 from einops import rearrange
 from safetensors.torch import load_file, save_file
 
+from ..core.devices import resolve_device, resolve_dtype
+from ..core.finite import is_finite, nonfinite_summary
 from ..model.config import KNOWN_CONFIGS, GPT2Config
 from ..model.hooked_gpt2 import HookedGPT2
 
@@ -127,22 +129,42 @@ def detect_format(sd: Mapping[str, Any]) -> str:
     raise ValueError(f"not a GPT-2 state dict I recognise (first keys: {list(sd)[:4]})")
 
 
-def from_state_dict(sd: Mapping[str, torch.Tensor], cfg: GPT2Config | None = None) -> HookedGPT2:
-    """A ``HookedGPT2`` from a state dict in HF, TransformerLens or native naming."""
-    cfg = cfg or infer_config(sd)
-    fmt = detect_format(sd)
-    native = {"hf": _hf_to_native, "tl": _tl_to_native, "native": lambda s, c: dict(s)}[fmt](sd, cfg)
+def from_state_dict(sd: Mapping[str, torch.Tensor], cfg: GPT2Config | None = None,
+                    source: str = "the state dict") -> HookedGPT2:
+    """A ``HookedGPT2`` from a state dict in HF, TransformerLens or native naming.
+
+    Refuses non-finite weights (naming the tensor), missing or unexpected tensors and shapes
+    that do not match ``cfg``; ``source`` names the checkpoint in those errors."""
+    for name, t in sd.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{source}: entry {name!r} is a {type(t).__name__}, not a tensor")
+    try:
+        cfg = cfg or infer_config(sd)
+        fmt = detect_format(sd)
+        native = {"hf": _hf_to_native, "tl": _tl_to_native, "native": lambda s, c: dict(s)}[fmt](sd, cfg)
+    except KeyError as e:
+        raise ValueError(f"{source} lacks the tensor {e.args[0]!r} that a GPT-2 checkpoint "
+                         f"{'with this config ' if cfg else ''}needs{f' ({cfg})' if cfg else ''}") from None
+    except (RuntimeError, IndexError) as e:  # reshapes of tensors whose shapes do not fit the config
+        raise ValueError(f"{source}: tensor shapes do not match the config {cfg} ({e})") from None
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+    for k, v in native.items():  # weights only (masks such as TransformerLens' IGNORE = -inf are not weights)
+        if not is_finite(v):
+            in_file = next((n for n, t in sd.items() if t is v or (t.data_ptr() == v.data_ptr() and t.shape == v.shape)), None)
+            raise ValueError(f"{source}: tensor {in_file or k!r}{f' ({k})' if in_file and in_file != k else ''} holds "
+                             f"non-finite values ({nonfinite_summary(v)}); refusing to load a model with NaN/inf weights")
     model = HookedGPT2(cfg, seed=0)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(native))
     if missing:
-        raise ValueError(f"checkpoint lacks {missing[:5]} for config {cfg}")
+        raise ValueError(f"{source} lacks {missing[:5]} for config {cfg}")
     for k, v in native.items():
         if k not in expected:
-            raise ValueError(f"unexpected tensor {k!r} in the checkpoint")
+            raise ValueError(f"unexpected tensor {k!r} in {source}")
         if v.shape != expected[k].shape:
             raise ValueError(
-                f"checkpoint tensor {k} has shape {tuple(v.shape)} but the config "
+                f"{source}: tensor {k} has shape {tuple(v.shape)} but the config "
                 f"(n_layer={cfg.n_layer}, d_model={cfg.d_model}, n_head={cfg.n_head}, d_mlp={cfg.d_mlp}, "
                 f"n_ctx={cfg.n_ctx}, d_vocab={cfg.d_vocab}) needs {tuple(expected[k].shape)}"
             )
@@ -155,19 +177,50 @@ def load_dir(path: Path, name: str | None = None) -> HookedGPT2:
     config_path = path / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"{path} has no config.json; a GPT-2 directory needs config.json and model.safetensors")
-    cfg = GPT2Config.from_hf_dict(json.loads(config_path.read_text()), name=name)
+    cfg = read_config(config_path, name=name)
     for weights in ("model.safetensors", "pytorch_model.bin"):
         if (path / weights).exists():
-            return from_state_dict(_read_weights(path / weights), cfg)
+            return from_state_dict(_read_weights(path / weights), cfg, source=str(path / weights))
     raise FileNotFoundError(
         f"{path} has a config.json but no weights: expected model.safetensors or pytorch_model.bin"
     )
 
 
+def read_config(path: Path, name: str | None = None) -> GPT2Config:
+    """The :class:`GPT2Config` of a Hugging Face ``config.json``, with errors that name the file."""
+    try:
+        hf = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); a GPT-2 config.json holds n_layer, n_embd, n_head, …") from None
+    if not isinstance(hf, dict):
+        raise ValueError(f"{path} holds a JSON {type(hf).__name__}, not an object with n_layer, n_embd, n_head, …")
+    ints = ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "n_ctx", "vocab_size")
+    bad = {k: hf[k] for k in ints if k in hf and hf[k] is not None and (not isinstance(hf[k], int) or isinstance(hf[k], bool))}
+    if bad:
+        raise ValueError(f"{path}: {', '.join(f'{k}={v!r}' for k, v in bad.items())} must be integers")
+    try:
+        return GPT2Config.from_hf_dict(hf, name=name)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a ``.safetensors`` file (or a ``.bin``, unpickled with ``weights_only=True``),
+    with an error naming the file when it is damaged, truncated or not a checkpoint."""
     if path.suffix == ".safetensors":
-        return load_file(str(path))
-    return torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            return load_file(str(path))
+        except Exception as e:  # SafetensorError, OSError, …
+            raise ValueError(f"{path} is damaged or not a safetensors checkpoint ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else 'no details'})") from None
+    try:
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # UnpicklingError (refused globals), EOFError (truncated), zip errors, …
+        raise ValueError(f"could not read {path} as a PyTorch checkpoint (loaded with weights_only=True, so code in "
+                         f"the file is never run): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    if not isinstance(sd, Mapping):
+        raise ValueError(f"{path} holds a {type(sd).__name__}, not a state dict of tensors")
+    return dict(sd)
 
 
 def save_hf(model: HookedGPT2, path: str | Path, dtype: torch.dtype | None = None) -> Path:
@@ -228,6 +281,9 @@ def load(
 ) -> HookedGPT2:
     """Load a GPT-2: ``"gpt2-facts"`` (embedded), ``"gpt2"``/``"gpt2-medium"``/… (HF cache, then hub),
     an HF directory, or a ``.safetensors``/``.bin`` file. Returns an eval-mode ``HookedGPT2``."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"load() takes a model name or a path, got {type(name_or_path).__name__}")
+    device, dtype = resolve_device(device), resolve_dtype(dtype)  # checked before any work
     key = str(name_or_path)
     path = Path(key).expanduser()
     if key in EMBEDDED:
@@ -238,8 +294,14 @@ def load(
         sd = _read_weights(path)
         sibling = path.parent / "config.json"
         if config is None and sibling.exists():
-            config = GPT2Config.from_hf_dict(json.loads(sibling.read_text()))
-        model = from_state_dict(sd, config or infer_config(sd, name=path.stem))
+            config = read_config(sibling)
+        if config is None:
+            try:
+                config = infer_config(sd, name=path.stem)
+            except (KeyError, IndexError, ValueError) as e:
+                raise ValueError(f"{path}: cannot infer the GPT-2 config from its tensors ({e}); "
+                                 "put a config.json next to it or pass config=GPT2Config(...)") from None
+        model = from_state_dict(sd, config, source=str(path))
     elif key in HUB_REPOS:
         model = _from_hub(key)
     else:
@@ -247,9 +309,6 @@ def load(
             f"{key!r} is neither a file, a directory, nor a known model name "
             f"({', '.join(sorted(EMBEDDED | set(KNOWN_CONFIGS)))})"
         )
-    if isinstance(dtype, str):
-        dtype = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-                 "fp16": torch.float16, "float16": torch.float16}[dtype]
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
