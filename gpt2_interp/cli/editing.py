@@ -19,6 +19,10 @@ def _layer(x: str) -> int | str:
 
 
 def _hparams(items: list[str] | None) -> dict[str, Any]:
+    """``--hparam NAME=VALUE`` items as a dict (VALUE parsed as JSON, else kept as text), checked
+    against ROME's hyperparameters before any model is loaded."""
+    from ..editing.rome import RomeHparams
+
     out: dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
@@ -28,6 +32,7 @@ def _hparams(items: list[str] | None) -> dict[str, Any]:
             out[k] = json.loads(v)
         except json.JSONDecodeError:
             out[k] = v
+    RomeHparams.of(**out)  # raises a ValueError naming a bad or unknown hyperparameter
     return out
 
 
@@ -88,8 +93,8 @@ def edit_cmd(args: argparse.Namespace) -> int:
     from ..editing.compare import compare_topk
     from ..editing.rome import compute_edit
 
-    model = load_model(args)
     hp = _hparams(args.hparam) | {"corpus": args.corpus, "n_samples": args.n_samples}
+    model = load_model(args)
     request = {"prompt": args.prompt, "subject": args.subject, "target": args.target}
     edit = compute_edit(model, request, layer=args.layer, **hp)
     cmp = compare_topk(model, edit, [edit.request.text] + args.paraphrase, k=args.top_k)
@@ -116,8 +121,8 @@ def verify_cmd(args: argparse.Namespace) -> int:
 def evaluate_cmd(args: argparse.Namespace) -> int:
     from ..editing.evaluate import evaluate_edits
 
-    model = load_model(args)
     hp = _hparams(args.hparam) | {"corpus": args.corpus, "n_samples": args.n_samples}
+    model = load_model(args)
     ev = evaluate_edits(model, args.n, sequential=args.sequential, layer=args.layer, seed=args.seed, **hp)
     return emit(args, ev)
 
