@@ -216,7 +216,7 @@ def test_hooks_returning_finite_values_do_not_warn(tiny):
 
 def test_overflow_downstream_of_a_finite_hook_is_reported_as_downstream(tiny):
     with pytest.warns(NonFiniteWarning, match="downstream"):
-        tiny.run_with_hooks("The cat sat", [("blocks.0.mlp.hook_pre", lambda a, h: a * 3e37)])
+        tiny.run_with_hooks("The cat sat", [("blocks.0.mlp.hook_pre", lambda a, h: a * 1e30)])
 
 
 def test_logit_lens_refuses_to_rank_nan_logits(tiny):

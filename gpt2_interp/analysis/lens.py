@@ -194,7 +194,7 @@ def _lens_chunk(
     c = (cols - (width - w)).clamp(min=0)  # invalid cells read any column; they are masked later
     picked = resid[:, torch.arange(len(c), device=c.device)[:, None], c]  # [n_layers, b, n_pos, d_model]
     logits = decode_resid(model, picked).float()  # [n_layers, b, n_pos, d_vocab]
-    finite = torch.isfinite(logits).flatten(1).all(-1)  # [n_layers]: one reduction, one sync below
+    finite = torch.isfinite(logits.sum(-1)).flatten(1).all(-1)  # [n_layers]: NaN/inf propagate into the sum
     if not bool(finite.all()):  # ranks and top-k among NaN logits would be meaningless: refuse
         first = int((~finite).nonzero()[0])
         raise ValueError(

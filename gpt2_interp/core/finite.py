@@ -22,8 +22,16 @@ def nonfinite_summary(t: torch.Tensor) -> str:
 
 
 def is_finite(t: torch.Tensor) -> bool:
-    """True when every value of ``t`` is finite (always True for integer tensors). One reduction."""
+    """True when every value of ``t`` is finite (always True for integer tensors).
+
+    Fast path: NaN and ±inf propagate into a float32 sum, which costs one cheap reduction (a full
+    ``isfinite`` pass is ~10× slower on CPU); only when the sum is not finite (which a finite tensor
+    can reach only by overflow) is every element checked."""
     if not t.is_floating_point() and not t.is_complex():
+        return True
+    if t.numel() == 0:
+        return True
+    if bool(torch.isfinite(t.sum(dtype=torch.float32 if t.is_floating_point() else None))):
         return True
     return bool(torch.isfinite(t).all())
 
