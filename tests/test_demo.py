@@ -49,7 +49,6 @@ def test_lens_and_trace_are_consistent(report):
     assert trace["hidden"]["clean"] > trace["hidden"]["corrupted"]
 
 
-@pytest.mark.slow
 def test_rerun_refreshes_its_own_report_and_keeps_the_users_files(report, capsys):
     out, _ = report
     before = (out / "results.json").read_text()
