@@ -5,13 +5,16 @@
 5. a causal trace (hidden / MLP / attention); 6. a ROME edit of the fact to a
 counterfactual object (layer from the trace), verified on the rewrite prompt, two
 held-out paraphrases and two neighbourhood prompts, then undone with a bit-exact check.
-Writes ``report.md``, PNG figures and ``results.json``.
+Writes ``report.md``, PNG figures and ``results.json`` — and nothing else but a small manifest
+(``.gpt2-interp-demo.json``, the sha256 of each file it wrote). Re-running into the same folder
+refreshes those files; a file of the same name that the demo did not write (or that was changed
+since) is overwritten only with ``force=True``; nothing else in the folder is ever touched.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,48 @@ CANDIDATES = [
 ]
 
 
+OUTPUTS = ("report.md", "results.json", "logit_lens.png", "causal_trace.png")
+MANIFEST = ".gpt2-interp-demo.json"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _manifest(out: Path) -> dict[str, str]:
+    """``{file name: sha256}`` of the files a previous demo run wrote into ``out`` (empty if none)."""
+    try:
+        data = json.loads((out / MANIFEST).read_text())
+        return {str(k): str(v) for k, v in data.get("files", {}).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def prepare_output(out: str | Path, force: bool = False) -> Path:
+    """Check that the demo may write its files into ``out`` (created if missing) and return it.
+
+    Files the demo wrote before (recorded in the manifest, unchanged since) are refreshed freely;
+    any other existing file with one of the demo's names is overwritten only with ``force``.
+    Nothing is deleted."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file, not a folder; choose a folder for the report")
+    ours = _manifest(out) if out.is_dir() else {}
+    foreign = [n for n in OUTPUTS if (out / n).exists() and ours.get(n) != _sha256(out / n)]
+    if foreign and not force:
+        raise FileExistsError(
+            f"{out} already holds {', '.join(foreign)}, which this demo did not write (or which changed since); "
+            f"choose another --out, or pass --force to overwrite just those files (nothing else in {out} is touched)"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _write_manifest(out: Path) -> None:
+    files = {n: _sha256(out / n) for n in OUTPUTS if (out / n).exists()}
+    (out / MANIFEST).write_text(json.dumps({"written_by": "gpt2-interp demo", "files": files}, indent=1) + "\n")
+
+
 def _step(i: int, text: str, t0: float) -> None:
     print(f"[{i}/6] {text}  ({time.time() - t0:.0f} s)", flush=True)
 
@@ -47,8 +92,9 @@ def pick_fact(model, fb) -> tuple[Any, str]:
 
 
 def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", force: bool = False,
-             device: str | None = None, samples: int = 10) -> dict[str, Any]:
-    """Run the six steps, write the report folder, return the results dict."""
+             device: str | None = None, samples: int = 10, dtype: str | None = None) -> dict[str, Any]:
+    """Run the six steps, write the report files into ``out`` (see the module doc for what is
+    overwritten), return the results dict."""
     from . import load
     from .analysis.lens import logit_lens
     from .analysis.tracing import causal_trace_all
@@ -59,18 +105,15 @@ def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", fo
     from .facts.base import FactBase
     from .model.params import parameter_table
 
-    out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        if not force:
-            raise FileExistsError(f"{out} exists and is not empty; choose another --out or pass --force to overwrite it")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    out = prepare_output(out, force)
     t0 = time.time()
     results: dict[str, Any] = {}
     md: list[str] = []
 
     _step(1, f"loading {model_name}", t0)
-    model = load(model_name, device=device)
+    model = load(model_name, device=device, dtype=dtype)
     table = parameter_table(model)
     c = model.cfg
     results["model"] = {"name": c.name, "config": c.to_dict(), "n_params": table.total}
@@ -164,6 +207,7 @@ def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", fo
     results["seconds"] = round(time.time() - t0, 1)
     (out / "results.json").write_text(json.dumps(to_jsonable(results), indent=1) + "\n")
     (out / "report.md").write_text("\n".join(md) + f"\n_{results['seconds']} s on {model.device}._\n")
+    _write_manifest(out)
     print(f"\nWrote {out}/report.md, results.json, logit_lens.png, causal_trace.png in {results['seconds']} s")
     for r in rows:
         print(f"  {r['role']:<10} {r['prompt']!r}: {r['top1_before']!r} → {r['top1_after']!r}")

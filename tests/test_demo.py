@@ -14,6 +14,9 @@ pytestmark = pytest.mark.slow  # runs notebooks / the whole demo: minutes
 @pytest.fixture(scope="module")
 def report(tmp_path_factory, facts_model):
     out = tmp_path_factory.mktemp("demo") / "report"
+    (out / "mine").mkdir(parents=True)  # the user's own files in the report folder: never touched
+    (out / "notes.txt").write_text("my notes")
+    (out / "mine" / "data.csv").write_text("1,2")
     assert main(["demo", "--out", str(out), "--samples", "4"]) == 0
     return out, json.loads((out / "results.json").read_text())
 
@@ -46,7 +49,43 @@ def test_lens_and_trace_are_consistent(report):
     assert trace["hidden"]["clean"] > trace["hidden"]["corrupted"]
 
 
-def test_refuses_to_overwrite_without_force(report, capsys):
+def test_rerun_refreshes_its_own_report_and_keeps_the_users_files(report, capsys):
     out, _ = report
-    assert main(["demo", "--out", str(out)]) == 2
-    assert "--force" in capsys.readouterr().err
+    before = (out / "results.json").read_text()
+    assert main(["demo", "--out", str(out), "--samples", "4"]) == 0  # the README command, twice: just works
+    assert json.loads((out / "results.json").read_text())["edit"]["checks"] == json.loads(before)["edit"]["checks"]
+    assert (out / "notes.txt").read_text() == "my notes" and (out / "mine" / "data.csv").read_text() == "1,2"
+
+
+def test_refuses_to_overwrite_files_it_did_not_write_and_force_overwrites_only_those(tmp_path, capsys):
+    from gpt2_interp.demo import OUTPUTS, prepare_output
+
+    (tmp_path / "report.md").write_text("the user's own report")
+    (tmp_path / "keep.txt").write_text("keep")
+    assert main(["demo", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--force" in err and "report.md" in err and len(err.splitlines()) == 1
+    assert (tmp_path / "report.md").read_text() == "the user's own report"
+    # --force (here without running the model): allowed, and nothing is deleted
+    assert prepare_output(tmp_path, force=True) == tmp_path
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt", "report.md"]
+    assert "report.md" in OUTPUTS and "keep.txt" not in OUTPUTS
+
+
+def test_out_dot_with_force_never_deletes_the_working_directory(tmp_path, monkeypatch):
+    from gpt2_interp.demo import prepare_output
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "src.py").write_text("x = 1")
+    prepare_output(".", force=True)
+    assert (tmp_path / "src.py").read_text() == "x = 1"
+
+
+def test_a_changed_report_file_counts_as_the_users(report, capsys):
+    out, _ = report
+    from gpt2_interp.demo import prepare_output
+
+    prepare_output(out)  # unchanged since the demo wrote it: refreshable
+    (out / "report.md").write_text((out / "report.md").read_text() + "\nmy annotation\n")
+    with pytest.raises(FileExistsError, match="report.md"):
+        prepare_output(out)

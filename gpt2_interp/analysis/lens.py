@@ -20,6 +20,7 @@ import torch
 from einops import einsum
 
 from ..model.hooks import hook_name
+from ..core.finite import nonfinite_summary
 from ..core.progress import progress_bar
 from ..core.result import Result
 from .tokens import prompt_position, target_id
@@ -191,6 +192,14 @@ def _lens_chunk(
     c = (cols - (width - w)).clamp(min=0)  # invalid cells read any column; they are masked later
     picked = resid[:, torch.arange(len(c), device=c.device)[:, None], c]  # [n_layers, b, n_pos, d_model]
     logits = decode_resid(model, picked).float()  # [n_layers, b, n_pos, d_vocab]
+    finite = torch.isfinite(logits.sum(-1)).flatten(1).all(-1)  # [n_layers]: NaN/inf propagate into the sum
+    if not bool(finite.all()):  # ranks and top-k among NaN logits would be meaningless: refuse
+        first = int((~finite).nonzero()[0])
+        raise ValueError(
+            f"logit lens: the residual stream at {names[first]} (and {int((~finite).sum()) - 1} later boundaries) "
+            f"decodes to non-finite logits ({nonfinite_summary(logits[first])}), so ranks and probabilities are "
+            "undefined; check the model's weights and any active hooks (a NonFiniteWarning names the hook)"
+        )
     lse = logits.logsumexp(-1)  # [n_layers, b, n_pos]
     top, top_ids = logits.topk(k, dim=-1)
     out = {"ids": top_ids, "probs": (top - lse[..., None]).exp()}

@@ -13,6 +13,7 @@ metrics live in :mod:`gpt2_interp.analysis.metrics`.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Union
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 import torch
 
 from ..core.checks import check_index
+from ..core.finite import NonFiniteWarning, is_finite, nonfinite_summary, require_finite
 from ..core.result import Result
 from ..model.hooks import hook_name, layer_of, suggest
 from .engine import Patch, base_kv_from, entry_name, final_logits, kv_names, run_staircase
@@ -284,6 +286,9 @@ def patch(
     metric = bind_metric(metric, model, clean_logits)
     clean_m = apply_metric(metric, clean_logits[None])[0].cpu()
     corr_m = apply_metric(metric, corr_logits[None])[0].cpu()
+    for run, m in (("clean", clean_m), ("corrupted", corr_m)):
+        require_finite(m, f"metric {metric_name(metric)} on the {run} run",
+                       "a patching sweep would be meaningless; check the metric (and any hooks that are active)")
     entries = {s: (base_cache[entry_name(model, s)] if s < n else base_final) for s in stages}
 
     # one item per (layer, positions, heads); rows = items × pairs
@@ -309,6 +314,11 @@ def patch(
         index_names, per_pair = ("layer", "head"), per_pair[:, :, 0]
     else:
         index_names = ("layer", "pos", "head")
+    if not is_finite(per_pair):
+        bad = (~torch.isfinite(per_pair)).nonzero()[0].tolist()
+        warnings.warn(f"patching {hook}: metric {metric_name(metric)} is not finite for some patched runs "
+                      f"({nonfinite_summary(per_pair)}; first at pair {bad[0]}, index {tuple(bad[1:])} of "
+                      f"{index_names}); those cells are NaN/inf in the result", NonFiniteWarning, stacklevel=2)
     mean = per_pair.mean(0)
     if normalize:
         gap, pair_gap = float(clean_m.mean() - corr_m.mean()), clean_m - corr_m

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from ..core.finite import require_finite
 from ..core.progress import progress_bar
 from .engine import Patch, base_kv_from, entry_name, kv_names, run_staircase
 from ..core.result import Result
@@ -239,6 +240,8 @@ def _trace_batch(
     corr_logp = model.unembed(model.ln_final(corr_final[:, -1])).float().log_softmax(-1)
     fact_of = torch.arange(Fn, device=dev).repeat_interleave(S)
     corr_score = corr_logp.gather(-1, targets[fact_of][:, None])[:, 0].exp().view(Fn, S).mean(1)
+    require_finite(clean_score, "causal trace: P(target) on the clean run", "check the model's weights and active hooks")
+    require_finite(corr_score, "causal trace: P(target) on the corrupted runs", "check the noise level and active hooks")
     entries = {s: corr_cache[entry_name(model, s)] if s < n else corr_final for s in stages}
 
     # cells (fact, token ≥ subject start, layer), ordered by start stage; rows = cells × samples

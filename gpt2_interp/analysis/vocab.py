@@ -122,7 +122,8 @@ class VocabProjection(Result):
                 f"{t!r}({float(s):.2f})" for t, s in zip(self.bottom_tokens[r][:k], self.bottom_scores[r][:k])))
         return "\n".join(lines)
 
-    def plot(self, rows: int = 4, **kwargs: Any) -> "Figure":
+    def plot(self, rows: int | None = None, **kwargs: Any) -> "Figure":
+        """Top/bottom token bars of the first ``rows`` vectors (default: all, at most 64)."""
         from ..plots.lens import plot_vocab
 
         return plot_vocab(self, rows=rows, **kwargs)

@@ -11,18 +11,73 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
+import warnings
 from typing import Any, Callable
 
 AREAS = ("model_cmds", "reading", "causal", "editing", "demo")
 DEFAULT_MODEL = "gpt2-facts"
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is ONE line on stderr (exit 2), naming the command and pointing to --help."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def count(minimum: int = 1) -> Callable[[str], int]:
+    """An argparse type: an integer ≥ ``minimum`` (counts such as --top, -n, --samples)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+    parse.__name__ = "count"
+    return parse
+
+
+def number(minimum: float | None = None, maximum: float | None = None, open_min: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite float within [minimum, maximum] (``open_min``: > minimum)."""
+    def parse(text: str) -> float:
+        import math
+
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        low_ok = minimum is None or (value > minimum if open_min else value >= minimum)
+        if not math.isfinite(value) or not low_ok or (maximum is not None and value > maximum):
+            lo = "" if minimum is None else f"{'>' if open_min else '>='} {minimum:g}"
+            hi = "" if maximum is None else f"<= {maximum:g}"
+            raise argparse.ArgumentTypeError(f"expected a finite number {' and '.join(x for x in (lo, hi) if x)}, got {text}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+def device_arg(text: str) -> str:
+    """An argparse type: a device this machine has (checked before the model is loaded)."""
+    from ..core.devices import resolve_device
+
+    try:
+        resolve_device(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """``--model``, ``--device``, ``--dtype``: every command that runs a model takes these."""
+    from ..core.devices import DTYPES
+
     p.add_argument("--model", default=DEFAULT_MODEL, help="model name or path (default: the embedded gpt2-facts)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps … (default: cpu)")
-    p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"], help="weights dtype (default fp32)")
+    p.add_argument("--device", default=None, type=device_arg, help="cpu, cuda, cuda:1, mps … (default: cpu)")
+    p.add_argument("--dtype", default=None, choices=list(DTYPES), help="weights dtype (default fp32)")
 
 
 def load_model(args: argparse.Namespace):
@@ -41,12 +96,13 @@ def add_output_args(p: argparse.ArgumentParser, figure: bool = True) -> None:
 def emit(args: argparse.Namespace, result: Any, text: "str | Callable[[], str] | None" = None,
          data: Any = None) -> int:
     """Show a command's result: save its figure (``--out``), then print ``data`` or the result as
-    JSON (``--json``) or else ``text`` (default ``result.table()``). Returns the exit code 0."""
+    JSON (``--json``: compact, one line per top-level field, so big results stay greppable and
+    streamable) or else ``text`` (default ``result.table()``). Returns the exit code 0."""
     out = getattr(args, "out", None)
     if out:
         result.save_plot(out)
     if getattr(args, "json", False):
-        print(json.dumps(data, indent=1) if data is not None else result.to_json())
+        print(json_lines(data if data is not None else result.to_dict()))
         return 0
     print(text() if callable(text) else (result.table() if text is None else text))
     if out:
@@ -54,8 +110,19 @@ def emit(args: argparse.Namespace, result: Any, text: "str | Callable[[], str] |
     return 0
 
 
+def json_lines(data: Any) -> str:
+    """Compact JSON: a dict prints one top-level key per line (each value on one line, no indentation);
+    still one valid JSON document."""
+    if not isinstance(data, dict) or not data:
+        return json.dumps(data, separators=(",", ":"))
+    rows = [f"{json.dumps(str(k))}:{json.dumps(v, separators=(',', ':'))}" for k, v in data.items()]
+    return "{" + ",\n".join(rows) + "}"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpt2-interp", description="Take GPT-2 apart and put it back together.")
+    parser = Parser(prog="gpt2-interp", description="Take GPT-2 apart and put it back together.",
+                    epilog="Errors print one line; add --debug (anywhere) for the Python traceback.")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for area in AREAS:
         try:
@@ -68,18 +135,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    print(f"gpt2-interp: warning: {str(message).splitlines()[0] if str(message) else category.__name__}",
+          file=sys.stderr)
+
+
+def error_message(e: BaseException) -> str:
+    """One line for an exception: its message (KeyError's without quotes), with the type for
+    errors that are not plainly about the input."""
+    msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    msg = " ".join(str(msg).split()) or type(e).__name__
+    if not isinstance(e, (ValueError, KeyError, FileNotFoundError, IndexError, TypeError, FileExistsError)):
+        msg = f"{type(e).__name__}: {msg}"
+    return msg
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the CLI. Every error is one line on stderr and a non-zero exit (2: bad input, 1: other
+    failures, 130: interrupted); ``--debug`` (anywhere on the line) or GPT2_INTERP_DEBUG=1 re-raises
+    to show the traceback."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("GPT2_INTERP_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 1
-    try:
-        return args.func(args) or 0
-    except (ValueError, KeyError, FileNotFoundError, IndexError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"gpt2-interp {args.command}: error: {msg}", file=sys.stderr)
-        return 2
+    with warnings.catch_warnings():
+        if not debug:
+            warnings.showwarning = _one_line_warning
+        try:
+            return args.func(args) or 0
+        except KeyboardInterrupt:
+            if debug:
+                raise
+            print(f"gpt2-interp {args.command}: interrupted", file=sys.stderr)
+            return 130
+        except Exception as e:
+            if debug:
+                raise
+            print(f"gpt2-interp {args.command}: error: {error_message(e)} (--debug shows the traceback)",
+                  file=sys.stderr)
+            return 2 if isinstance(e, (ValueError, KeyError, FileNotFoundError, IndexError, TypeError,
+                                       FileExistsError)) else 1
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_model_args, add_output_args, emit, load_model
+from . import add_model_args, add_output_args, count, emit, load_model, number
 
 
 def _ints(text: str | None) -> list[int] | None:
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--positions", default=None, help="comma-separated positions (default all, one by one)")
     p.add_argument("--direction", choices=["denoise", "noise"], default="denoise")
     p.add_argument("--normalize", action="store_true", help="0 = corrupted metric, 1 = clean metric")
-    p.add_argument("--batch-size", type=int, default=None, help="patched runs per forward (default: by memory)")
+    p.add_argument("--batch-size", type=count(1), default=None, help="patched runs per forward (default: by memory)")
     add_output_args(p)
     p.set_defaults(func=patch_cmd)
 
@@ -40,10 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", default=None, help="target token (default: the clean top-1)")
     p.add_argument("--kind", choices=["hidden", "mlp", "attn", "all"], default="hidden",
                    help="restore hidden states, MLP or attention outputs; all = ROME's three panels")
-    p.add_argument("--noise", type=float, default=None, help="absolute std of the subject-embedding noise "
+    p.add_argument("--noise", type=number(0.0, open_min=True), default=None, help="absolute std of the subject-embedding noise "
                    "(default: ROME's rule, 3 × the std of the subject tokens' embeddings)")
-    p.add_argument("--samples", type=int, default=10)
-    p.add_argument("--window", type=int, default=None,
+    p.add_argument("--samples", type=count(1), default=10)
+    p.add_argument("--window", type=count(1), default=None,
                    help="layers restored together for mlp/attn (default: ROME's 10 of 48 layers, scaled to the depth)")
     p.add_argument("--seed", type=int, default=0)
     add_output_args(p)

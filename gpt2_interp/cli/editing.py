@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from . import add_model_args, add_output_args, emit, load_model
+from . import add_model_args, add_output_args, count, emit, load_model
 
 
 def _layer(x: str) -> int | str:
@@ -19,6 +19,10 @@ def _layer(x: str) -> int | str:
 
 
 def _hparams(items: list[str] | None) -> dict[str, Any]:
+    """``--hparam NAME=VALUE`` items as a dict (VALUE parsed as JSON, else kept as text), checked
+    against ROME's hyperparameters before any model is loaded."""
+    from ..editing.rome import RomeHparams
+
     out: dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
@@ -28,6 +32,7 @@ def _hparams(items: list[str] | None) -> dict[str, Any]:
             out[k] = json.loads(v)
         except json.JSONDecodeError:
             out[k] = v
+    RomeHparams.of(**out)  # raises a ValueError naming a bad or unknown hyperparameter
     return out
 
 
@@ -36,7 +41,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    "default: the model's DEFAULT_LAYERS entry")
     p.add_argument("--corpus", default=None, help="key-statistics corpus: 'facts', 'generated', a text file/folder "
                    "or a Hugging Face dataset name (default: facts for gpt2-facts, generated otherwise)")
-    p.add_argument("--n-samples", type=int, default=100_000, help="tokens for the key statistics")
+    p.add_argument("--n-samples", type=count(1), default=100_000, help="tokens for the key statistics")
     p.add_argument("--hparam", action="append", metavar="NAME=VALUE",
                    help="override a ROME hyperparameter (v_steps, v_lr, kl_factor, weight_decay, clamp_factor, …)")
 
@@ -50,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--paraphrase", action="append", default=[], help="another prompt to show (repeatable; "
                    "{} is filled with the subject)")
     p.add_argument("--save", default=None, metavar="PATH", help="write the edit (safetensors + JSON)")
-    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--top-k", type=count(1), default=5)
     add_output_args(p)
     _common(p)
     p.set_defaults(func=edit_cmd)
@@ -60,13 +65,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("edit_file", help="an edit written by `gpt2-interp edit --save`")
     p.add_argument("--prompt", action="append", default=[], help="a prompt to check (repeatable; default: the "
                    "edit's rewrite prompt)")
-    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--top-k", type=count(1), default=5)
     add_output_args(p)
     p.set_defaults(func=verify_cmd)
 
     p = sub.add_parser("evaluate-edits", help="CounterFact-style evaluation of ROME on the embedded fact base")
     add_model_args(p)
-    p.add_argument("--n", type=int, default=200, help="number of counterfactual requests")
+    p.add_argument("--n", type=count(1), default=200, help="number of counterfactual requests")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sequential", action="store_true", help="let the edits accumulate (score decay curve)")
     add_output_args(p)
@@ -77,8 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("--layer", type=int, required=True)
     p.add_argument("--corpus", default=None, help="'facts', 'generated', a text file/folder or a dataset name")
-    p.add_argument("--n-samples", type=int, default=100_000)
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--n-samples", type=count(1), default=100_000)
+    p.add_argument("--batch-size", type=count(1), default=64)
     p.add_argument("--cache-dir", default=None)
     add_output_args(p, figure=False)
     p.set_defaults(func=stats_cmd)
@@ -88,8 +93,8 @@ def edit_cmd(args: argparse.Namespace) -> int:
     from ..editing.compare import compare_topk
     from ..editing.rome import compute_edit
 
-    model = load_model(args)
     hp = _hparams(args.hparam) | {"corpus": args.corpus, "n_samples": args.n_samples}
+    model = load_model(args)
     request = {"prompt": args.prompt, "subject": args.subject, "target": args.target}
     edit = compute_edit(model, request, layer=args.layer, **hp)
     cmp = compare_topk(model, edit, [edit.request.text] + args.paraphrase, k=args.top_k)
@@ -116,8 +121,8 @@ def verify_cmd(args: argparse.Namespace) -> int:
 def evaluate_cmd(args: argparse.Namespace) -> int:
     from ..editing.evaluate import evaluate_edits
 
-    model = load_model(args)
     hp = _hparams(args.hparam) | {"corpus": args.corpus, "n_samples": args.n_samples}
+    model = load_model(args)
     ev = evaluate_edits(model, args.n, sequential=args.sequential, layer=args.layer, seed=args.seed, **hp)
     return emit(args, ev)
 

@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from . import add_model_args, load_model
+from . import add_model_args, count, json_lines, load_model, number
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="the model's config, parameter table and hook names")
     add_model_args(p)
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--json", action="store_true", help="print JSON (config, parameters and every hook name)")
     p.add_argument("--hooks", action="store_true", help="also list every hook name")
     p.set_defaults(func=info)
 
     p = sub.add_parser("generate", help="continue a prompt (greedy by default)")
     add_model_args(p)
     p.add_argument("prompt", nargs="+", help="one or more prompts (batched)")
-    p.add_argument("-n", "--max-new-tokens", type=int, default=20)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("-n", "--max-new-tokens", type=count(1), default=20)
+    p.add_argument("--temperature", type=number(0.0), default=0.0, help="0: greedy")
+    p.add_argument("--top-k", type=count(1), default=None)
+    p.add_argument("--top-p", type=number(0.0, 1.0, open_min=True), default=None)
     p.add_argument("--seed", type=int, default=None)
     p.set_defaults(func=generate)
 
@@ -32,7 +31,7 @@ def info(args: argparse.Namespace) -> int:
     model = load_model(args)
     table = parameter_table(model)
     if args.json:
-        print(json.dumps({"config": model.cfg.to_dict(), "parameters": table.to_dict(), "hooks": model.hook_names() if args.hooks else None}, indent=1))
+        print(json_lines({"config": model.cfg.to_dict(), "parameters": table.to_dict(), "hooks": model.hook_names()}))
         return 0
     c = model.cfg
     kv = f" ({c.n_kv} key/value heads)" if c.n_kv != c.n_head else ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_model_args, add_output_args, emit, load_model
+from . import add_model_args, add_output_args, count, emit, load_model
 
 
 def _positions(text: str) -> int | list[int] | str:
@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("prompt", nargs="+", help="one or more prompts (batched)")
     p.add_argument("--target", default=None, help="a single-token target, e.g. ' Paris' (mind the leading space)")
     p.add_argument("--positions", type=_positions, default=-1, help="'all', an int or a list like 0,-1 (default -1: last token)")
-    p.add_argument("-k", "--top", type=int, default=5, help="top tokens per layer (default 5)")
+    p.add_argument("-k", "--top", type=count(1), default=5, help="top tokens per layer (default 5)")
     p.add_argument("--mid", action="store_true", help="also decode the mid-block residuals")
     add_output_args(p)
     p.set_defaults(func=lens)
@@ -43,10 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--layer", type=int, help="show neurons of this layer")
     g.add_argument("--promotes", nargs="+", help="find the neurons whose value vectors promote these tokens")
-    p.add_argument("--neurons", type=int, nargs="+", default=None, help="with --layer: these neurons")
-    p.add_argument("--top", type=int, default=20, help="how many neurons (default 20); with --layer, those with the "
+    p.add_argument("--neurons", type=count(0), nargs="+", default=None, help="with --layer: these neurons")
+    p.add_argument("--top", type=count(1), default=20, help="how many neurons (default 20); with --layer, those with the "
                    "largest top score")
-    p.add_argument("-k", type=int, default=10, help="tokens per neuron (default 10)")
+    p.add_argument("-k", type=count(1), default=10, help="tokens per neuron (default 10)")
     p.add_argument("--layers", type=int, nargs="+", default=None, help="with --promotes: search these layers only")
     p.add_argument("--raw", action="store_true", help="project with raw W_U (no ln_final gain)")
     p.add_argument("--relative", action="store_true", help="with --promotes: subtract each neuron's vocabulary-mean score")
@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", default=None, help="also report each sub-update's direct effect on this token's logit")
     p.add_argument("--layer", type=int, default=None, help="one layer only (default: all)")
     p.add_argument("--position", type=int, default=-1)
-    p.add_argument("--top", type=int, default=20)
+    p.add_argument("--top", type=count(1), default=20)
     add_output_args(p)
     p.set_defaults(func=subupdates)
 

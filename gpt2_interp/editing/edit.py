@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
+from ..core.finite import require_finite
+from ..io.integrity import load_checked, save_checked
 from ..model.fingerprint import parameter_digests, tensor_digest, weights_fingerprint
 
 if TYPE_CHECKING:
@@ -297,48 +299,47 @@ def edited(model: "HookedGPT2", *edits: Edit, verify: bool = True) -> Iterator["
 
 # ---------------------------------------------------------------- save / load
 def save_edit(edit: Edit, path: str | Path) -> Path:
-    """One safetensors file: tensors ``u, v[, k, v_star]`` + a JSON header (no pickle)."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
+    """One safetensors file: tensors ``u, v[, k, v_star]`` + a JSON header (no pickle), with a sha256
+    digest over every tensor and the header (see :mod:`gpt2_interp.io.integrity`), checked at load."""
     tensors = {"u": edit.u, "v": edit.v}
     if edit.k is not None:
         tensors["k"] = edit.k
     if edit.v_star is not None:
         tensors["v_star"] = edit.v_star
-    tensors = {k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}
     meta = {
         "layer": edit.layer, "request": asdict(edit.request), "base_fingerprint": edit.base_fingerprint,
         "hparams": edit.hparams, "metrics": edit.metrics, "model_name": edit.model_name,
         "shape": list(edit.shape), "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path), metadata={"format": FORMAT, "edit": json.dumps(meta, default=_json_default)})
-    return path
+    return save_checked(path, tensors, {"format": FORMAT, "edit": json.dumps(meta, default=_json_default)})
 
 
 def load_edit(path: str | Path, model: "HookedGPT2 | None" = None) -> Edit:
-    """Read an edit written by :func:`save_edit`; with ``model``, also check it fits that model."""
-    from safetensors import safe_open
+    """Read an edit written by :func:`save_edit`; with ``model``, also check it fits that model.
 
+    Refuses (``IntegrityError``, a ``ValueError``, naming the file) a file whose tensors or header
+    changed after it was saved, a truncated file, and non-finite tensors; a file from before
+    digests existed loads with an ``UnverifiedFileWarning``."""
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no edit file at {path}")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            header = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # safetensors raises its own error types
-        raise ValueError(f"{path} is not an edit file (safetensors could not read it: {e})") from None
+    tensors, header, _ = load_checked(path, kind="edit")
     if header.get("format") != FORMAT:
-        raise ValueError(f"{path} is a safetensors file but not a gpt2-interp edit (format {header.get('format')!r})")
-    meta = json.loads(header["edit"])
-    edit = Edit(
-        layer=int(meta["layer"]), u=tensors["u"], v=tensors["v"], request=Request(**meta["request"]),
-        base_fingerprint=meta["base_fingerprint"], k=tensors.get("k"), v_star=tensors.get("v_star"),
-        hparams=meta.get("hparams", {}), metrics=meta.get("metrics", {}), model_name=meta.get("model_name", ""),
-        shape=tuple(meta.get("shape", (0, 0))),
-    )
+        raise ValueError(f"{path} is a safetensors file but not a gpt2-interp edit (format {header.get('format')!r}, "
+                         f"expected {FORMAT!r})")
+    try:
+        meta = json.loads(header["edit"])
+        for name in ("u", "v"):
+            if name not in tensors:
+                raise KeyError(name)
+        edit = Edit(
+            layer=int(meta["layer"]), u=tensors["u"], v=tensors["v"], request=Request(**meta["request"]),
+            base_fingerprint=meta["base_fingerprint"], k=tensors.get("k"), v_star=tensors.get("v_star"),
+            hparams=meta.get("hparams", {}), metrics=meta.get("metrics", {}), model_name=meta.get("model_name", ""),
+            shape=tuple(meta.get("shape", (0, 0))),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path} is not a valid edit file: its header or tensors are incomplete ({type(e).__name__}: {e})") from None
+    for name, t in tensors.items():
+        require_finite(t, f"tensor {name!r} of the edit file {path}", "the edit was computed from non-finite values")
     if model is not None:
         edit.check(model)
         edit.u, edit.v = edit.u.to(model.device), edit.v.to(model.device)

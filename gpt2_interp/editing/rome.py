@@ -32,6 +32,8 @@ places, so the inserted association is exactly ``k* → v*``.
 
 from __future__ import annotations
 
+import math
+
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -88,6 +90,11 @@ class RomeHparams:
         bad = sorted(set(kwargs) - names)
         if bad:
             raise ValueError(f"unknown ROME hyperparameter(s) {bad}; valid: {sorted(names)}")
+        for name, value in kwargs.items():
+            default = getattr(cls, name)
+            if not _same_kind(value, default):
+                raise ValueError(f"ROME hyperparameter {name} must be {_kind(default)} (default {default!r}), "
+                                 f"got {value!r} ({type(value).__name__})")
         hp = cls(**kwargs)
         hp.prefix_lengths = tuple(int(x) for x in hp.prefix_lengths)
         if hp.v_steps < 0 or hp.v_lr <= 0 or hp.clamp_factor <= 0:
@@ -101,6 +108,35 @@ class RomeHparams:
 MODEL_HPARAMS: dict[str, dict[str, Any]] = {
     "gpt2-facts": {"v_lr": 5.0, "v_steps": 60, "bare_weight": 0.5, "early_stop": 1.0, "bare_early_stop": 0.5},
 }
+
+
+def _kind(default: Any) -> str:
+    if isinstance(default, bool):
+        return "true or false"
+    if isinstance(default, int):
+        return "an integer"
+    if isinstance(default, float):
+        return "a number"
+    if isinstance(default, tuple):
+        return "a list of integers"
+    return "a string" if isinstance(default, str) else "a number, a string or null (None)"
+
+
+def _same_kind(value: Any, default: Any) -> bool:
+    """Whether ``value`` may replace the hyperparameter whose default is ``default``."""
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if isinstance(default, int):
+        return isinstance(value, int)
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    if isinstance(default, tuple):
+        return isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+    if isinstance(default, str):
+        return isinstance(value, str)
+    return value is None or isinstance(value, str) or (isinstance(value, (int, float)) and math.isfinite(value))
 
 
 def hparams_for(model: "HookedGPT2", **overrides: Any) -> RomeHparams:

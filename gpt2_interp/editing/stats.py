@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..core.finite import require_finite
 from ..core.progress import progress_bar
+from ..io.integrity import load_checked, save_checked
 from ..model.fingerprint import parameter_digests, tensor_digest, weights_fingerprint
 from .edit import original_weights
 
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from ..model import HookedGPT2
 
 ENV_DIR = "GPT2_INTERP_STATS_DIR"
+STATS_FORMAT = "gpt2-interp-keystats/1"
 HF_ALIASES = {
     "wikitext-103": ("wikitext", "wikitext-103-raw-v1"),
     "wikitext-2": ("wikitext", "wikitext-2-raw-v1"),
@@ -140,24 +143,39 @@ class KeyStats:
         return out.to(device=k.device, dtype=torch.float32)
 
     def save(self, path: str | Path) -> Path:
-        from safetensors.torch import save_file
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        save_file({"C": self.C.detach().cpu().contiguous()}, str(tmp),
-                  metadata={"count": str(self.count), "key": json.dumps(self.key)})
-        tmp.replace(path)
-        return path
+        """Write ``C`` + its key as one safetensors file with a sha256 digest over both (checked at load)."""
+        return save_checked(path, {"C": self.C}, {"format": STATS_FORMAT, "count": str(self.count),
+                                                 "key": json.dumps(self.key)})
 
     @staticmethod
-    def load(path: str | Path) -> "KeyStats":
-        from safetensors import safe_open
+    def load(path: str | Path, allow_unverified: bool = True) -> "KeyStats":
+        """Read statistics written by :meth:`save`. Refuses (``IntegrityError``, naming the file) a
+        file modified or truncated after it was saved and a non-finite ``C``; a file from before
+        digests existed loads with an ``UnverifiedFileWarning`` (or is refused, ``allow_unverified=False``)."""
+        path = Path(path)
+        tensors, meta, _ = load_checked(path, kind="key-statistics", allow_unverified=allow_unverified)
+        fmt = meta.get("format", STATS_FORMAT)  # files from before digests carry no format field
+        if fmt != STATS_FORMAT:
+            raise ValueError(f"{path} is not a key-statistics file (format {fmt!r}, expected {STATS_FORMAT!r})")
+        try:
+            C, count, key = tensors["C"], int(meta["count"]), json.loads(meta["key"])
+            int(key["layer"]), key["fingerprint"], key["model_name"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path} is not a valid key-statistics file ({type(e).__name__}: {e})") from None
+        if C.ndim != 2 or C.shape[0] != C.shape[1] or count < 1:
+            raise ValueError(f"{path} is not a valid key-statistics file: C has shape {tuple(C.shape)}, count {count}")
+        require_finite(C, f"the key second moment C in {path}", "delete the file and compute the statistics again")
+        return KeyStats(C, count, key, path)
 
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata()
-            C = f.get_tensor("C")
-        return KeyStats(C, int(meta["count"]), json.loads(meta["key"]), Path(path))
+
+def _read_cache(path: Path) -> "KeyStats | None":
+    """Cached statistics at ``path``, or None (with a warning) when the cache file is damaged or unverified,
+    so that they are computed again and the file rewritten."""
+    try:
+        return KeyStats.load(path, allow_unverified=False)
+    except ValueError as e:  # IntegrityError included
+        warnings.warn(f"ignoring the key-statistics cache file: {e}; computing the statistics again", stacklevel=3)
+        return None
 
 
 # ---------------------------------------------------------------- corpora
@@ -297,8 +315,8 @@ def key_second_moment(
         if mem_key in _MEMORY:
             return _MEMORY[mem_key]
         if path is not None and path.exists():
-            stats = KeyStats.load(path)
-            if stats.key == key:
+            stats = _read_cache(path)
+            if stats is not None and stats.key == key:
                 _MEMORY[mem_key] = stats
                 return stats
     hook = f"blocks.{layer}.mlp.hook_post"
@@ -330,6 +348,8 @@ def key_second_moment(
     if count < n_samples:
         warnings.warn(f"corpus {src.id} has only {count} tokens (< n_samples={n_samples}); using them all",
                       stacklevel=2)
+    require_finite(total, f"the key second moment at {hook} (over {count} keys of corpus {src.id})",
+                   "the model produces NaN/inf activations there; check its weights and any active hooks")
     stats = KeyStats((total / count).to(dtype).cpu(), count, key, path)
     if path is not None:
         stats.save(path)

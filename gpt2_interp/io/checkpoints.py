@@ -34,11 +34,39 @@ def detect_format(sd: Mapping[str, Any]) -> str:
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a ``.safetensors`` or PyTorch ``.bin`` file."""
+    """The tensors of a ``.safetensors`` file (or a ``.bin``, unpickled with ``weights_only=True``),
+    with an error naming the file when it is damaged, truncated or not a checkpoint."""
     path = Path(path)
     if path.suffix == ".safetensors":
-        return load_file(str(path))
-    return torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            return load_file(str(path))
+        except Exception as e:  # SafetensorError, OSError, …
+            raise ValueError(f"{path} is damaged or not a safetensors checkpoint ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else 'no details'})") from None
+    try:
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # UnpicklingError (refused globals), EOFError (truncated), zip errors, …
+        raise ValueError(f"could not read {path} as a PyTorch checkpoint (loaded with weights_only=True, so code in "
+                         f"the file is never run): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    if not isinstance(sd, Mapping):
+        raise ValueError(f"{path} holds a {type(sd).__name__}, not a state dict of tensors")
+    return dict(sd)
+
+
+def read_config_json(path: Path) -> dict[str, Any]:
+    """A Hugging Face ``config.json`` as a dict, with errors that name the file."""
+    try:
+        hf = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); a config.json holds n_layer, n_embd, n_head, …") from None
+    if not isinstance(hf, dict):
+        raise ValueError(f"{path} holds a JSON {type(hf).__name__}, not an object with n_layer, n_embd, n_head, …")
+    ints = ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "n_ctx", "vocab_size",
+            "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size")
+    bad = {k: hf[k] for k in ints if k in hf and hf[k] is not None and (not isinstance(hf[k], int) or isinstance(hf[k], bool))}
+    if bad:
+        raise ValueError(f"{path}: {', '.join(f'{k}={v!r}' for k, v in bad.items())} must be integers")
+    return hf
 
 
 def read_hf_dir(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -47,7 +75,7 @@ def read_hf_dir(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     config_path = path / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"{path} has no config.json; a model directory needs config.json and model.safetensors")
-    hf = json.loads(config_path.read_text())
+    hf = read_config_json(config_path)
     for weights in WEIGHT_FILES:
         if (path / weights).exists():
             return hf, read_weights(path / weights)

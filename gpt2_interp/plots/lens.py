@@ -41,8 +41,9 @@ def plot_lens(result: "LensResult", prompt: int = 0, position: int = -1, max_lay
         values = result.top_probs[:, b, cols, 0].numpy()
         cbar_label = "p(top-1 token)"
     n_l, n_c = values.shape
-    fig = Figure(figsize=(min(3 + 1.0 * n_c, 22) + 4.5, 1.2 + 0.38 * n_l))
-    gs = fig.add_gridspec(1, 2, width_ratios=[max(n_c, 1.5), 3.2], wspace=0.35)
+    # constrained layout reserves room for the colour bar's label and the curve's axis labels (no overlap)
+    fig = Figure(figsize=(min(3 + 1.0 * n_c, 22) + 5.0, 1.4 + 0.38 * n_l), layout="constrained")
+    gs = fig.add_gridspec(1, 2, width_ratios=[max(n_c, 1.5), 3.2])
     ax = fig.add_subplot(gs[0])
     vmin, vmax = (None, 0.0) if has_t else (0.0, 1.0)
     im = ax.imshow(values, aspect="auto", origin="lower", cmap="viridis" if has_t else "Blues", vmin=vmin, vmax=vmax)
@@ -120,16 +121,21 @@ def _token_bars(ax, tokens: Sequence[str], scores: torch.Tensor, colour: str, ti
     ax.set_title(title, fontsize=8)
 
 
-def plot_vocab(result: "VocabProjection", rows: int = 4) -> Figure:
-    """For the first ``rows`` vectors: bars of their top and bottom tokens' scores."""
-    n = min(rows, len(result.labels))
-    fig = Figure(figsize=(7, 2.2 * n + 0.6))
+def plot_vocab(result: "VocabProjection", rows: int | None = None, max_rows: int = 64) -> Figure:
+    """For the first ``rows`` vectors (default: all, at most ``max_rows``): bars of their top and
+    bottom tokens' scores."""
+    n = min(len(result.labels) if rows is None else rows, len(result.labels), max_rows)
+    if n < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    k = max(len(result.top_tokens[0]) if result.top_tokens else 1, 1)
+    fig = Figure(figsize=(7, (0.55 + 0.13 * k) * n + 0.6))
     for r in range(n):
         ax = fig.add_subplot(n, 2, 2 * r + 1)
         _token_bars(ax, result.top_tokens[r], result.top_scores[r], "tab:green", f"{result.labels[r]}: top")
         ax = fig.add_subplot(n, 2, 2 * r + 2)
         _token_bars(ax, result.bottom_tokens[r], result.bottom_scores[r], "tab:red", f"{result.labels[r]}: bottom")
-    fig.supxlabel("score = v · " + ("(w ⊙ W_U)" if result.apply_ln else "W_U"), fontsize=8)
+    shown = f" (first {n} of {len(result.labels)})" if n < len(result.labels) else ""
+    fig.supxlabel("score = v · " + ("(w ⊙ W_U)" if result.apply_ln else "W_U") + shown, fontsize=8)
     fig.tight_layout()
     return fig
 
