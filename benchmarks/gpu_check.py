@@ -269,7 +269,7 @@ def fill(
     note, flat = None, 0
     for b in sizes:
         last_call = tried[-1]["s_per_call"] * 2.2 if tried else 1.0
-        if not budget.fits(3 * last_call + 5):
+        if not budget.fits(3 * last_call + 2):
             note = f"stopped before size {b}: time budget"
             break
         try:
@@ -325,12 +325,18 @@ def throughput(name: str, master: HookedGPT2, dtype_name: str, dev: torch.device
     def tokens(b: int) -> torch.Tensor:
         return torch.randint(0, model.cfg.d_vocab, (b, T), generator=gen).to(dev)
 
-    def item(key: str, fn: Callable[[], Any]) -> None:
+    n_items = 5
+    done = [0]
+
+    def item(key: str, fn: Callable[[Budget], Any]) -> None:
+        """Run one measurement with an equal share of the time this job has left."""
+        left = n_items - done[0]
+        done[0] += 1
         if not mine.fits(8):
             res[key] = {"skipped": "time budget"}
             return
         try:
-            res[key] = fn()
+            res[key] = fn(Budget(mine.left() / left))
         except Skipped as e:
             res[key] = {"skipped": str(e)}
         except Exception as e:  # noqa: BLE001
@@ -349,10 +355,10 @@ def throughput(name: str, master: HookedGPT2, dtype_name: str, dev: torch.device
         x = tokens(b)
         return (lambda: inf()(model.run_with_cache)(x)), b * T
 
-    item("forward", lambda: fill(fwd, batch_sizes(quick, 8, 1024), dev, mine, quick) | {"unit": "tokens"})
-    item("run_with_cache", lambda: fill(cache, batch_sizes(quick, 8, 512), dev, mine, quick) | {"unit": "tokens"})
+    item("forward", lambda b: fill(fwd, batch_sizes(quick, 8, 4096), dev, b, quick) | {"unit": "tokens"})
+    item("run_with_cache", lambda b: fill(cache, batch_sizes(quick, 8, 2048), dev, b, quick) | {"unit": "tokens"})
 
-    def peer() -> dict[str, Any]:
+    def peer(_: Budget) -> dict[str, Any]:
         import transformers  # noqa: F401  (to_transformers needs it)
 
         best = res["forward"]["best"]["size"] if "best" in res.get("forward", {}) else 8
@@ -384,15 +390,15 @@ def throughput(name: str, master: HookedGPT2, dtype_name: str, dev: torch.device
         prompt, subject = TRACE_CASE
         start = model.to_str_tokens(prompt).index(" France")
         runs = (P - start) * model.cfg.n_layer * samples
-        return (lambda: causal_trace(model, prompt, subject, samples=samples, noise_abs=0.1, progress=False)), runs
+        return (lambda: causal_trace(model, prompt, subject, samples=samples, progress=False)), runs
 
     def runs_result(r: dict[str, Any]) -> dict[str, Any]:
         for t in r["tried"]:
             t["tokens_per_s"] = t["units_per_s"] * P
         return r | {"unit": "patched runs", "prompt_tokens": P, "note": "tokens/s = patched runs/s × prompt tokens"}
 
-    item("patch_sweep_resid_pre", lambda: runs_result(fill(sweep, batch_sizes(quick, 16, 4096), dev, mine, quick)))
-    item("causal_trace_hidden", lambda: runs_result(fill(trace, batch_sizes(quick, 32, 16384), dev, mine, quick)))
+    item("patch_sweep_resid_pre", lambda b: runs_result(fill(sweep, batch_sizes(quick, 16, 65536), dev, b, quick)))
+    item("causal_trace_hidden", lambda b: runs_result(fill(trace, batch_sizes(quick, 32, 262144), dev, b, quick)))
     del model
     free_memory(dev)
     return res
@@ -518,6 +524,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     ap.add_argument("--budget", type=float, default=None, help="seconds (default 360; 60 with --quick)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one call each: a smoke test in seconds")
+    ap.add_argument("--note", default=None, help="a line for the environment table (e.g. which code ran)")
     ap.add_argument("--dtypes", default="bf16,fp16", help="comma-separated: bf16, fp16, fp32")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "RESULTS_gpu.md",
                     help="markdown results; the JSON goes beside it (.json)")
@@ -532,7 +539,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if bad:
         ap.error(f"--dtypes {bad}: choose from {list(DTYPES)}")
     results: dict[str, Any] = {"budget_seconds": budget.seconds, "quick": a.quick}
-    section(results, "environment", lambda: environment(dev))
+    section(results, "environment", lambda: environment(dev) | ({"note": a.note} if a.note else {}))
     print(f"device: {results['environment'].get('device_name', dev)}", flush=True)
 
     def write() -> None:
