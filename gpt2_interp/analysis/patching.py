@@ -296,7 +296,7 @@ def patch(
     def readout(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:  # rows come whole items at a time
         return apply_metric(metric, logits.view(-1, n_pairs, logits.shape[-1])).flatten()
 
-    pair = torch.arange(n_pairs, device=dev).repeat(k)
+    pair = torch.arange(n_pairs).repeat(k)
     flat = run_staircase(model, entries, start, pair, edits, readout, mask, batch_size, n_pairs, progress,
                          desc=f"patching {hook}", first_pos=torch.tensor(first).repeat_interleave(n_pairs),
                          base_kv=base_kv_from(base_cache, model, stages[0]) if suffix else None)
@@ -347,9 +347,11 @@ def _layer_edit(
 ) -> Patch:
     """The edit for every row of ``layer``'s items: copy the source run's activation at the item's
     positions (and heads) into its rows."""
-    rows = (torch.tensor(ids, device=dev)[:, None] * n_pairs + torch.arange(n_pairs, device=dev)).flatten()  # [r]
-    j = rows % n_pairs  # the pair of each row
-    pos = torch.tensor([items[i][1] for i in ids], device=dev).repeat_interleave(n_pairs, 0)  # [r, m]
+    # index tensors are built on the CPU and sent with non_blocking (no host sync); rows stay on the
+    # CPU, where run_staircase chooses each chunk's rows
+    rows = (torch.tensor(ids)[:, None] * n_pairs + torch.arange(n_pairs)).flatten()  # [r]
+    j = (rows % n_pairs).to(dev, non_blocking=True)  # the pair of each row
+    pos = torch.tensor([items[i][1] for i in ids]).repeat_interleave(n_pairs, 0).to(dev, non_blocking=True)  # [r, m]
     name = target.names[layer]
     src = src_cache[name]
     if target.kind == "pos":  # act [b, pos, ...]
@@ -358,7 +360,7 @@ def _layer_edit(
             values = values - base_cache[name][j[:, None], pos] + entries[0][j[:, None], pos]
         where = target.stage(layer) if target.entry_offset is not None else name
         return Patch(where, rows[:, None], (pos,), values, pos_dim=0)
-    hd = torch.tensor([items[i][2] for i in ids], device=dev).repeat_interleave(n_pairs, 0)  # [r, g]
+    hd = torch.tensor([items[i][2] for i in ids]).repeat_interleave(n_pairs, 0).to(dev, non_blocking=True)  # [r, g]
     if target.kind == "head":  # act [b, pos, head, d_head]
         idx, pos_dim = (pos[:, :, None], hd[:, None, :]), 0
     else:  # act [b, head, q_pos, k_pos]: patch the rows of the query positions
