@@ -179,3 +179,24 @@ def test_a_failing_rank_stops_the_job_with_its_error_instead_of_hanging():
     with pytest.raises(Exception, match="rank 1 fails on purpose"):
         mp.spawn(_failing_worker, args=(_free_port(),), nprocs=WORLD, join=True)
     assert time.perf_counter() - t0 < 60
+
+
+@pytest.mark.slow
+def test_torchrun_cli_stats_on_two_ranks_writes_the_single_process_statistics_and_prints_once(tmp_path):
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    args = ["-m", "gpt2_interp", "stats", "--layer", "0", "--n-samples", "1500"]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *args,
+                          "--cache-dir", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=600)
+    assert two.returncode == 0, two.stderr[-2000:]
+    one = subprocess.run([sys.executable, *args, "--cache-dir", str(tmp_path / "one")], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert two.stdout.count("KeyStats(") == 1  # rank 0 alone prints
+    (f2,), (f1,) = list((tmp_path / "two").glob("*.safetensors")), list((tmp_path / "one").glob("*.safetensors"))
+    assert f2.name == f1.name  # the same cache key
+    torch.testing.assert_close(load_file(str(f2))["C"], load_file(str(f1))["C"], rtol=1e-6, atol=1e-7)
