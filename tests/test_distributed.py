@@ -1,4 +1,5 @@
-"""Two CPU processes (gloo) give the single-process results: key statistics, averaged traces, edit evaluation.
+"""Two CPU processes (gloo) give the single-process results: key statistics, averaged traces, patching over
+prompt pairs, edit evaluation.
 
 One 2-rank job (``torch.multiprocessing.spawn``) runs every sharded function on a tiny random model;
 rank 0 saves what it got and the test process compares it with the same calls made without a
@@ -47,6 +48,7 @@ def requests():
 
 def run_all(model: HookedGPT2, corpus: Path, cache: Path):
     """Every sharded function, called the same way with and without a process group."""
+    from gpt2_interp.analysis.patching import logit_diff, patch
     from gpt2_interp.analysis.tracing import average_trace
     from gpt2_interp.editing.evaluate import evaluate_edits
     from gpt2_interp.editing.stats import clear_memory_cache, key_second_moment
@@ -59,8 +61,14 @@ def run_all(model: HookedGPT2, corpus: Path, cache: Path):
     # its key statistics come from the same small corpus (computed by the ranks together)
     ev = evaluate_edits(model, requests(), layer=0, fluency_tokens=3, n_unrelated=3, progress=False,
                         corpus=str(corpus), n_samples=300, **FAST_ROME)
+    # 5 pairs of two lengths (left-padded together), per-pair answers, normalised: 3 pairs on rank 0, 2 on rank 1
+    clean = ["The capital of France is", "A cat sat on the", "Water is made of", "The river runs past", "Paris is a town in"]
+    corrupt = ["The capital of Italy is", "A dog sat on the", "Fire is made of", "The road runs past", "London is a town in"]
+    pt = patch(model, clean, corrupt, logit_diff([" Paris", " mat", " hydrogen", " old", " France"],
+                                                 [" Rome", " floor", " oxygen", " new", " Italy"]),
+               hook="resid_pre", normalize=True, progress=False)
     return {"C": stats.C, "count": stats.count, "key": stats.key, "avg": avg.to_dict(), "rows": ev.rows,
-            "summary": ev.summary, "restored": ev.restored_exactly}
+            "summary": ev.summary, "restored": ev.restored_exactly, "patch": pt.to_dict()}
 
 
 def _free_port() -> int:
@@ -163,6 +171,14 @@ def test_evaluate_edits_on_two_ranks_gives_the_single_process_rows_in_order(resu
     _close(got["rows"], ref["rows"])
     _close(got["summary"], ref["summary"])
     assert got["restored"] and got1["rows"] == got["rows"]
+
+
+@pytest.mark.slow
+def test_patching_over_a_prompt_set_on_two_ranks_equals_one_process(results):
+    got, got1, ref, _ = results
+    assert len(ref["patch"]["pair_values"]) == 5
+    _close(got["patch"], ref["patch"])
+    _close(got1["patch"], ref["patch"])
 
 
 def test_shards_cover_every_item_once_and_gather_restores_order():

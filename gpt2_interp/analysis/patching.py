@@ -13,6 +13,7 @@ metrics live in :mod:`gpt2_interp.analysis.metrics`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Union
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 import torch
 
 from ..core.checks import check_index
+from ..core import distributed
 from ..core.result import Result
 from ..model.hooks import hook_name, layer_of, suggest
 from .engine import Patch, base_kv_from, entry_name, final_logits, kv_names, run_staircase
@@ -220,6 +222,7 @@ def patch(
     normalize: bool = False,
     batch_size: int | None = None,
     progress: bool | None = None,
+    group: Any = None,
 ) -> PatchResult:
     """Activation patching sweep, batched.
 
@@ -237,12 +240,28 @@ def patch(
     (default every position; ``"all"``: all positions patched together, one column). Per-head
     families give ``[layer, head]`` patching each head at every position, or
     ``[layer, pos, head]`` when ``positions`` is a list; ``heads`` picks heads (``"all"``: together).
+
+    Distributed (an initialised process group, or ``group``), with at least one pair per rank and
+    one of our metrics: each rank patches its share of the pairs and every rank returns the
+    single-process result (pair values gathered in order). Other metrics run every pair on every rank.
     """
     if direction not in ("denoise", "noise"):
         raise ValueError(f"direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not {direction!r}")
     n = model.cfg.n_layer
     metric = bind_metric(metric, model)  # token strings resolved (and checked) before any work
     clean_t, corr_t, mask = pair_tokens(model, clean, corrupted)
+    all_t = clean_t, corr_t, mask  # every pair, for the position labels
+    n_all = clean_t.shape[0]
+    # distributed: each rank patches its share of the pairs (tokenised together first, so positions
+    # line up); the per-pair values are gathered in pair order before averaging and normalising
+    sharded = distributed.is_distributed(group) and n_all >= distributed.world_size(group)
+    if sharded:
+        mine = list(distributed.shard_indices(n_all, group))
+        local_metric = _metric_rows(metric, mine, n_all)
+        sharded = local_metric is not None
+    if sharded:
+        metric = local_metric
+        clean_t, corr_t, mask = clean_t[mine], corr_t[mine], None if mask is None else mask[mine]
     n_pairs, P = clean_t.shape
     target, layers_ = _target(model, hook, layers)
     pos_items, pos_axis = _positions(positions, P, each=target.kind == "pos")
@@ -303,6 +322,10 @@ def patch(
     # back to the caller's layer order, then [n_pairs, layer, pos items, head items]
     order = torch.argsort(torch.tensor([layers_.index(l) for l, _, _ in items]), stable=True)
     per_pair = flat.view(k, n_pairs).T.cpu()[:, order].reshape(n_pairs, len(layers_), len(pos_items), len(head_items))
+    if sharded:
+        per_pair = torch.stack(distributed.gather_in_order(list(per_pair), n_all, group))
+        clean_m = torch.stack(distributed.gather_in_order(list(clean_m), n_all, group))
+        corr_m = torch.stack(distributed.gather_in_order(list(corr_m), n_all, group))
     if target.kind == "pos":
         index_names, per_pair = ("layer", "pos"), per_pair[..., 0]
     elif pos_axis is None:
@@ -318,7 +341,7 @@ def patch(
         mean = (mean - corr_m.mean()) / gap
         bcast = (-1,) + (1,) * mean.ndim
         per_pair = (per_pair - corr_m.view(bcast)) / pair_gap.view(bcast)
-    all_labels = _position_labels(model, clean_t, corr_t, mask)
+    all_labels = _position_labels(model, *all_t)
     return PatchResult(
         values=mean,
         pair_values=per_pair,
@@ -338,6 +361,18 @@ def patch(
         clean_pair_metric=clean_m,
         corrupted_pair_metric=corr_m,
     )
+
+
+def _metric_rows(metric: Metric, rows: list[int], n_pairs: int) -> Metric | None:
+    """``metric`` restricted to pairs ``rows``: a dataclass metric (ours) with its per-pair tensor
+    fields (first dim ``n_pairs``) indexed; None for other callables, which may depend on the pairs
+    in ways we cannot see (the caller then runs every pair itself)."""
+    if not dataclasses.is_dataclass(metric):
+        return None
+    changes = {f.name: getattr(metric, f.name)[rows] for f in dataclasses.fields(metric)
+               if isinstance(getattr(metric, f.name), torch.Tensor) and getattr(metric, f.name).ndim >= 1
+               and getattr(metric, f.name).shape[0] == n_pairs}
+    return dataclasses.replace(metric, **changes)
 
 
 def _layer_edit(
