@@ -20,6 +20,7 @@ Public surface: :class:`Patch`, :func:`run_staircase`, :func:`entry_name`, :func
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -56,16 +57,25 @@ class Patch:
     def renumber(self, new_index: torch.Tensor) -> "Patch":
         return Patch(self.where, new_index[self.rows], self.index, self.values, self.pos_dim)
 
-    def select(self, lo: int, hi: int, first_pos: int = 0) -> "Patch | None":
-        """The part of this edit for rows ``[lo, hi)``, rows renumbered from ``lo``, positions from ``first_pos``."""
+    def select(self, lo: int, hi: int, first_pos: int = 0, keys: torch.Tensor | None = None) -> "Patch | None":
+        """The part of this edit for rows ``[lo, hi)``, rows renumbered from ``lo``, positions from ``first_pos``.
+
+        ``keys``: ``rows[:, 0]`` on the CPU. The rows are chosen there and only their indices go to
+        the device, so a staircase run reads nothing back from the device per chunk."""
         k = self.rows.shape[0]
-        sel = self.rows.reshape(k, -1)[:, 0]
-        sel = (sel >= lo) & (sel < hi)
-        if not bool(sel.any()):
+        if keys is None:
+            keys = self.rows.reshape(k, -1)[:, 0].cpu()
+        idx = ((keys >= lo) & (keys < hi)).nonzero()[:, 0]  # on the CPU
+        if idx.numel() == 0:
             return None
+        on_device: dict[torch.device, torch.Tensor] = {}
 
         def pick(t: torch.Tensor) -> torch.Tensor:
-            return t if t.shape[0] != k or bool(sel.all()) else t[sel]
+            if t.shape[0] != k or idx.numel() == k:
+                return t
+            if t.device not in on_device:
+                on_device[t.device] = idx.to(t.device, non_blocking=True)
+            return t.index_select(0, on_device[t.device])
 
         index = [pick(i) for i in self.index]
         if self.pos_dim is not None and first_pos:
@@ -210,14 +220,26 @@ def run_staircase(
     n = model.cfg.n_layer
     R = start.shape[0]
     dev = model.device
+    # Host syncs: everything that decides which rows run where (order, chunks, stages, patch rows) is
+    # worked out on the CPU here, once; inside the chunk loop nothing is read back from the device.
+    # Pass ``start``, ``first_pos`` and the patches' ``rows`` as CPU tensors to make the call sync-free.
     q = torch.zeros(R, dtype=torch.long) if first_pos is None or base_kv is None else first_pos.cpu().long()
     order = torch.argsort(q * (n + 2) + start.cpu().long(), stable=True)  # by first position, then start
-    start_o, q_o = start.cpu()[order], q[order]
+    start_o, q_o = start.cpu()[order].tolist(), q[order].tolist()
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(R)
-    inverse_dev, order_dev = inverse.to(dev), order.to(dev)
-    base_o = base.to(dev)[order_dev]
-    patches = [e.renumber(inverse_dev) for e in patches]
+    order_dev = order.to(dev, non_blocking=True)
+    base_o = base.to(dev, non_blocking=True)[order_dev]
+    if attention_mask is not None and bool(attention_mask.all()):  # no padding: plain causal attention
+        attention_mask = None
+    keys: dict[int, torch.Tensor] = {}  # id(patch) -> its rows[:, 0], renumbered, on the CPU
+    renumbered = []
+    for e in patches:
+        rows = inverse[e.rows.cpu()]
+        e = Patch(e.where, rows.to(dev, non_blocking=True), e.index, e.values, e.pos_dim)
+        keys[id(e)] = rows.reshape(rows.shape[0], -1)[:, 0]
+        renumbered.append(e)
+    patches = renumbered
     at_entry: dict[int, list[Patch]] = defaultdict(list)
     for e in patches:
         if isinstance(e.where, int):
@@ -227,31 +249,30 @@ def run_staircase(
         batch_size = auto_batch_size(model, P, any(isinstance(e.where, str) and ("pattern" in e.where or "scores" in e.where) for e in patches))
     batch_size = max(group, batch_size // group * group)
     chunks = []
-    bounds = torch.unique_consecutive(q_o, return_counts=True)[1].cumsum(0).tolist() if R else []
     lo = 0
-    for hi in bounds:  # chunks never mix first positions
+    for hi in [i for i in range(1, R + 1) if i == R or q_o[i] != q_o[i - 1]]:  # chunks never mix first positions
         chunks += [(a, min(hi, a + batch_size)) for a in range(lo, hi, batch_size)]
         lo = hi
     finals = torch.empty(R, model.cfg.d_model, dtype=model.dtype, device=dev)  # ln_final(resid) at the last position
-    bar = progress_bar(total=sum(n + 1 - int(start_o[a]) for a, _ in chunks), desc=desc, leave=False,
+    bar = progress_bar(total=sum(n + 1 - start_o[a] for a, _ in chunks), desc=desc, leave=False,
                        enabled=progress)  # None: only on a terminal
     for a, b in chunks:
-        p0 = int(q_o[a])
+        p0 = q_o[a]
         kv = PrefixKV(base_kv, p0) if p0 > 0 else None
         hooks: dict[str, list[Patch]] = defaultdict(list)
         for e in patches:
-            sub = e.select(a, b, p0) if isinstance(e.where, str) else None
+            sub = e.select(a, b, p0, keys[id(e)]) if isinstance(e.where, str) else None
             if sub is not None:
                 hooks[sub.where].append(sub)
-        steps = torch.searchsorted(start_o[a:b].contiguous(), torch.arange(n + 2)).tolist()  # first local row per stage
+        steps = [bisect_left(start_o, s, a, b) - a for s in range(n + 2)]  # first local row per stage
         x: torch.Tensor | None = None
         with model.hooks([(name, _hook_fn(es)) for name, es in hooks.items()]):
-            for s in range(int(start_o[a]), n + 1):
+            for s in range(start_o[a], n + 1):
                 r0, r1 = a + steps[s], a + steps[s + 1]
                 if r1 > r0:  # rows starting here join the batch, with their entry patches applied
                     new = entries[s][base_o[r0:r1], p0:]
                     for e in at_entry.get(s, ()):
-                        sub = e.select(r0, r1, p0)
+                        sub = e.select(r0, r1, p0, keys[id(e)])
                         new = new if sub is None else sub.apply(new)
                     if x is not None and x.shape[1] < new.shape[1]:  # after _last_block only the last position is kept
                         new = new[:, -x.shape[1]:]

@@ -13,6 +13,7 @@ metrics live in :mod:`gpt2_interp.analysis.metrics`.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import torch
 
 from ..core.checks import check_index
 from ..core.finite import NonFiniteWarning, is_finite, nonfinite_summary, require_finite
+from ..core import distributed
 from ..core.result import Result
 from ..model.hooks import hook_name, layer_of, suggest
 from .engine import Patch, base_kv_from, entry_name, final_logits, kv_names, run_staircase
@@ -222,6 +224,7 @@ def patch(
     normalize: bool = False,
     batch_size: int | None = None,
     progress: bool | None = None,
+    group: Any = None,
 ) -> PatchResult:
     """Activation patching sweep, batched.
 
@@ -239,12 +242,28 @@ def patch(
     (default every position; ``"all"``: all positions patched together, one column). Per-head
     families give ``[layer, head]`` patching each head at every position, or
     ``[layer, pos, head]`` when ``positions`` is a list; ``heads`` picks heads (``"all"``: together).
+
+    Distributed (an initialised process group, or ``group``), with at least one pair per rank and
+    one of our metrics: each rank patches its share of the pairs and every rank returns the
+    single-process result (pair values gathered in order). Other metrics run every pair on every rank.
     """
     if direction not in ("denoise", "noise"):
         raise ValueError(f"direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not {direction!r}")
     n = model.cfg.n_layer
     metric = bind_metric(metric, model)  # token strings resolved (and checked) before any work
     clean_t, corr_t, mask = pair_tokens(model, clean, corrupted)
+    all_t = clean_t, corr_t, mask  # every pair, for the position labels
+    n_all = clean_t.shape[0]
+    # distributed: each rank patches its share of the pairs (tokenised together first, so positions
+    # line up); the per-pair values are gathered in pair order before averaging and normalising
+    sharded = distributed.is_distributed(group) and n_all >= distributed.world_size(group)
+    if sharded:
+        mine = list(distributed.shard_indices(n_all, group))
+        local_metric = _metric_rows(metric, mine, n_all)
+        sharded = local_metric is not None
+    if sharded:
+        metric = local_metric
+        clean_t, corr_t, mask = clean_t[mine], corr_t[mine], None if mask is None else mask[mine]
     n_pairs, P = clean_t.shape
     target, layers_ = _target(model, hook, layers)
     pos_items, pos_axis = _positions(positions, P, each=target.kind == "pos")
@@ -301,13 +320,17 @@ def patch(
     def readout(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:  # rows come whole items at a time
         return apply_metric(metric, logits.view(-1, n_pairs, logits.shape[-1])).flatten()
 
-    pair = torch.arange(n_pairs, device=dev).repeat(k)
+    pair = torch.arange(n_pairs).repeat(k)
     flat = run_staircase(model, entries, start, pair, edits, readout, mask, batch_size, n_pairs, progress,
                          desc=f"patching {hook}", first_pos=torch.tensor(first).repeat_interleave(n_pairs),
                          base_kv=base_kv_from(base_cache, model, stages[0]) if suffix else None)
     # back to the caller's layer order, then [n_pairs, layer, pos items, head items]
     order = torch.argsort(torch.tensor([layers_.index(l) for l, _, _ in items]), stable=True)
     per_pair = flat.view(k, n_pairs).T.cpu()[:, order].reshape(n_pairs, len(layers_), len(pos_items), len(head_items))
+    if sharded:
+        per_pair = torch.stack(distributed.gather_in_order(list(per_pair), n_all, group))
+        clean_m = torch.stack(distributed.gather_in_order(list(clean_m), n_all, group))
+        corr_m = torch.stack(distributed.gather_in_order(list(corr_m), n_all, group))
     if target.kind == "pos":
         index_names, per_pair = ("layer", "pos"), per_pair[..., 0]
     elif pos_axis is None:
@@ -328,7 +351,7 @@ def patch(
         mean = (mean - corr_m.mean()) / gap
         bcast = (-1,) + (1,) * mean.ndim
         per_pair = (per_pair - corr_m.view(bcast)) / pair_gap.view(bcast)
-    all_labels = _position_labels(model, clean_t, corr_t, mask)
+    all_labels = _position_labels(model, *all_t)
     return PatchResult(
         values=mean,
         pair_values=per_pair,
@@ -350,6 +373,18 @@ def patch(
     )
 
 
+def _metric_rows(metric: Metric, rows: list[int], n_pairs: int) -> Metric | None:
+    """``metric`` restricted to pairs ``rows``: a dataclass metric (ours) with its per-pair tensor
+    fields (first dim ``n_pairs``) indexed; None for other callables, which may depend on the pairs
+    in ways we cannot see (the caller then runs every pair itself)."""
+    if not dataclasses.is_dataclass(metric):
+        return None
+    changes = {f.name: getattr(metric, f.name)[rows] for f in dataclasses.fields(metric)
+               if isinstance(getattr(metric, f.name), torch.Tensor) and getattr(metric, f.name).ndim >= 1
+               and getattr(metric, f.name).shape[0] == n_pairs}
+    return dataclasses.replace(metric, **changes)
+
+
 def _layer_edit(
     target: _Target, layer: int, ids: list[int], items: list, n_pairs: int,
     src_cache: Mapping[str, torch.Tensor], base_cache: Mapping[str, torch.Tensor],
@@ -357,9 +392,11 @@ def _layer_edit(
 ) -> Patch:
     """The edit for every row of ``layer``'s items: copy the source run's activation at the item's
     positions (and heads) into its rows."""
-    rows = (torch.tensor(ids, device=dev)[:, None] * n_pairs + torch.arange(n_pairs, device=dev)).flatten()  # [r]
-    j = rows % n_pairs  # the pair of each row
-    pos = torch.tensor([items[i][1] for i in ids], device=dev).repeat_interleave(n_pairs, 0)  # [r, m]
+    # index tensors are built on the CPU and sent with non_blocking (no host sync); rows stay on the
+    # CPU, where run_staircase chooses each chunk's rows
+    rows = (torch.tensor(ids)[:, None] * n_pairs + torch.arange(n_pairs)).flatten()  # [r]
+    j = (rows % n_pairs).to(dev, non_blocking=True)  # the pair of each row
+    pos = torch.tensor([items[i][1] for i in ids]).repeat_interleave(n_pairs, 0).to(dev, non_blocking=True)  # [r, m]
     name = target.names[layer]
     src = src_cache[name]
     if target.kind == "pos":  # act [b, pos, ...]
@@ -368,7 +405,7 @@ def _layer_edit(
             values = values - base_cache[name][j[:, None], pos] + entries[0][j[:, None], pos]
         where = target.stage(layer) if target.entry_offset is not None else name
         return Patch(where, rows[:, None], (pos,), values, pos_dim=0)
-    hd = torch.tensor([items[i][2] for i in ids], device=dev).repeat_interleave(n_pairs, 0)  # [r, g]
+    hd = torch.tensor([items[i][2] for i in ids]).repeat_interleave(n_pairs, 0).to(dev, non_blocking=True)  # [r, g]
     if target.kind == "head":  # act [b, pos, head, d_head]
         idx, pos_dim = (pos[:, :, None], hd[:, None, :]), 0
     else:  # act [b, head, q_pos, k_pos]: patch the rows of the query positions

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from ..core.finite import require_finite
+from ..core import distributed
 from ..core.progress import progress_bar
 from .engine import Patch, base_kv_from, entry_name, kv_names, run_staircase
 from ..core.result import Result
@@ -405,6 +406,7 @@ def average_trace(
     facts_per_batch: int = 16,
     batch_size: int | None = None,
     progress: bool | None = None,
+    group: Any = None,
 ) -> AverageTrace:
     """Average causal traces over ``cases`` — ``(prompt, subject, target)`` triples, e.g. from
     ``FactBase.cases()`` — in ROME's six position buckets.
@@ -413,6 +415,10 @@ def average_trace(
     skipped (``n_known`` says how many remain). ``kind``: one kind or several (e.g. ``KINDS``).
     ``noise``: as in :func:`causal_trace`; the default rule pools the subjects of the known cases
     (one σ for the whole average, as ROME measures it over its dataset).
+
+    Distributed (an initialised process group, or ``group``): every rank finds the known facts,
+    then traces its share of the fact batches; the bucket sums are all-reduced, so every rank
+    returns the single-process result (up to float summation order).
     """
     kinds = [kind] if isinstance(kind, str) else list(kind)
     cases = [_as_case(c) for c in cases]
@@ -433,7 +439,8 @@ def average_trace(
     counts = [0] * len(BUCKETS)
     clean, low = [], [[] for _ in kinds]
     batches = [known[a : a + facts_per_batch] for a in range(0, len(known), facts_per_batch)]
-    for idx in progress_bar(batches, desc="average trace", enabled=progress):
+    # distributed: each rank traces its share of the batches; sums and counts are all-reduced below
+    for idx in progress_bar(distributed.shard(batches, group), desc="average trace", enabled=progress and distributed.is_main(group)):
         batch = [_Case(cases[i][0], cases[i][1], first[i]) for i in idx]
         for k, kd in enumerate(kinds):
             for r in _trace_batch(model, batch, kd, std, samples, window, seed, batch_size, False):
@@ -446,13 +453,19 @@ def average_trace(
                         effect[k, j] += r.indirect_effect[cells].sum(0)
                         if k == 0:
                             counts[j] += len(cells)
+    clean_score, corrupted = sum(clean) / len(known), [sum(v) / len(known) for v in low]
+    if distributed.is_distributed(group):
+        sums, effect = distributed.all_reduce_sum(sums, group), distributed.all_reduce_sum(effect, group)
+        counts = [int(c) for c in distributed.all_reduce_sum(torch.tensor(counts), group).tolist()]
+        means = distributed.all_reduce_sum(torch.tensor([sum(clean)] + [sum(v) for v in low], dtype=torch.float64), group) / len(known)
+        clean_score, corrupted = float(means[0]), means[1:].tolist()
     div = torch.tensor(counts, dtype=torch.float).clamp(min=1)[None, :, None]
-    _check_corruption(sum(clean) / len(clean), max(sum(v) / len(v) for v in low), "the averaged trace")
+    _check_corruption(clean_score, max(corrupted), "the averaged trace")
     return AverageTrace(
         kinds=kinds, buckets=list(BUCKETS), layer_labels=[f"L{l}" for l in range(n)],
         scores=sums / div, indirect_effect=effect / div, counts=counts,
         n_facts=len(cases), n_known=len(known),
-        clean_score=sum(clean) / len(clean), corrupted_score=[sum(v) / len(v) for v in low],
+        clean_score=clean_score, corrupted_score=corrupted,
         noise_std=std, samples=samples, window=default_window(n) if window is None else window,
         facts=[f"{cases[i][0]} →{cases[i][2]}" for i in known],
     )

@@ -9,7 +9,9 @@ subcommand sets ``func(args)``. Commands that produce a result object print it t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import json
 import os
 import sys
@@ -162,23 +164,38 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 1
+    from ..core import distributed
+
+    # under torchrun: one process group for the run, each rank on its own GPU (or the CPU with gloo);
+    # rank 0 alone prints and writes, the others stay quiet (their errors still reach stderr)
+    launched = distributed.init_from_env()
+    if launched and getattr(args, "device", "unset") is None:
+        args.device = str(distributed.local_device())
+    quiet = launched and not distributed.is_main()
+    where = f" (rank {distributed.rank()})" if launched else ""
     with warnings.catch_warnings():
         if not debug:
             warnings.showwarning = _one_line_warning
         try:
-            return args.func(args) or 0
+            with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+                if quiet and hasattr(args, "out"):
+                    args.out = None
+                return args.func(args) or 0
         except KeyboardInterrupt:
             if debug:
                 raise
-            print(f"gpt2-interp {args.command}: interrupted", file=sys.stderr)
+            print(f"gpt2-interp {args.command}{where}: interrupted", file=sys.stderr)
             return 130
         except Exception as e:
             if debug:
                 raise
-            print(f"gpt2-interp {args.command}: error: {error_message(e)} (--debug shows the traceback)",
+            print(f"gpt2-interp {args.command}{where}: error: {error_message(e)} (--debug shows the traceback)",
                   file=sys.stderr)
             return 2 if isinstance(e, (ValueError, KeyError, FileNotFoundError, IndexError, TypeError,
                                        FileExistsError)) else 1
+        finally:
+            if launched:
+                distributed.shutdown()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ Scores are reported over all cases and over the cases whose fact the unedited mo
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 import re
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..core import distributed
 from ..core.result import Result
 from ..analysis.tokens import target_ids
 from ..core.progress import progress_bar
@@ -290,7 +292,43 @@ class EditEvaluation(Result):
 
 
 # ---------------------------------------------------------------- the loop
-def evaluate_edits(
+def evaluate_edits(model: "HookedGPT2", requests: Sequence[Any] | int, *args: Any, group: Any = None,
+                   **kwargs: Any) -> EditEvaluation:
+    """Edit each request with ROME and score it: :func:`evaluate_edits_local`'s arguments.
+
+    Distributed (an initialised process group, or ``group``): the ranks compute the key statistics
+    together, then each edits and scores its share of the requests on its own copy of the model;
+    every rank returns all rows in request order (those of one process, up to float rounding of
+    differently batched prompts) and the summaries over them. ``sequential=True`` is not sharded
+    (each rank runs it whole)."""
+    if not distributed.is_distributed(group):
+        return evaluate_edits_local(model, requests, *args, **kwargs)
+    a = inspect.signature(evaluate_edits_local).bind(model, requests, *args, **kwargs)
+    a.apply_defaults()
+    opts = dict(a.arguments)
+    hparams = opts.pop("hparams")
+    if opts["sequential"]:
+        return evaluate_edits_local(model, requests, *args, **kwargs)
+    t0 = time.perf_counter()
+    cases = counterfact_requests(n=requests, seed=opts["seed"]) if isinstance(requests, int) else \
+        [CounterfactCase.of(r, i) for i, r in enumerate(requests)]
+    hp = hparams_for(model, **hparams)
+    layer = opts["layer"]
+    fixed_layer = None if layer == "auto" else (default_layer(model) if layer is None else layer)
+    if opts["stats"] is None and fixed_layer is not None:  # together: every rank takes part
+        opts["stats"] = key_second_moment(model, fixed_layer, corpus=hp.corpus, n_samples=hp.n_samples,
+                                          progress=opts["progress"], group=group)
+    mine = distributed.shard(cases, group)
+    opts.update(model=model, requests=mine, progress=opts["progress"] and distributed.is_main(group))
+    local = evaluate_edits_local(**opts, **hparams) if mine else None
+    rows = distributed.gather_in_order(local.rows if local else [], len(cases), group)
+    restored = bool(distributed.all_reduce_number(int(local.restored_exactly if local else True), group, "min"))
+    known = [r for r in rows if r["known"]]
+    return EditEvaluation(opts["method"], False, fixed_layer, rows, {"all": summarize(rows), "known": summarize(known)},
+                          None, dict(vars(hp)), time.perf_counter() - t0, restored)
+
+
+def evaluate_edits_local(
     model: "HookedGPT2",
     requests: Sequence[Any] | int,
     method: str = "rome",
@@ -423,6 +461,6 @@ def _curve_point(model: "HookedGPT2", cases: Sequence[CounterfactCase], unrel: l
 
 
 # ---------------------------------------------------------------- before / after top-k
-__all__ = ["CounterfactCase", "counterfact_requests", "evaluate_edits", "EditEvaluation", "case_scores",
+__all__ = ["CounterfactCase", "counterfact_requests", "evaluate_edits", "evaluate_edits_local", "EditEvaluation", "case_scores",
            "target_logprobs", "n_gram_entropy", "greedy_continuations", "summarize",
            "unrelated_prompts"]

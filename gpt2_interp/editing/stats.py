@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.finite import require_finite
+from ..core import distributed
 from ..core.progress import progress_bar
 from ..io.integrity import load_checked, save_checked
 from ..model.fingerprint import parameter_digests, tensor_digest, weights_fingerprint
@@ -292,12 +293,17 @@ def key_second_moment(
     seed: int = 0,
     progress: bool = True,
     recompute: bool = False,
+    group: Any = None,
 ) -> KeyStats:
     """``C = E[k kᵀ]`` of the MLP keys ``blocks.{layer}.mlp.hook_post`` over ``n_samples`` token
     positions of ``corpus`` (every real position, BOS included), cached on disk.
 
     The forward stops after block ``layer``. Sums are accumulated in float64; ``C`` is returned
     in ``dtype``. ``cache_dir=False`` disables the disk cache; ``recompute`` ignores it.
+
+    Distributed (an initialised process group, or ``group``): the ranks share the corpus batches
+    and all-reduce the sums and counts, so every rank gets the single-process ``C`` (same cache key;
+    equal up to float64 summation order); rank 0 writes the cache file.
     """
     layer = model.check_layer(layer)
     if n_samples < 1:
@@ -312,13 +318,14 @@ def key_second_moment(
     path = None if cache_dir is False else Path(cache_dir or default_cache_dir()) / _cache_name(key)
     mem_key = json.dumps(key, sort_keys=True)
     if not recompute:
-        if mem_key in _MEMORY:
-            return _MEMORY[mem_key]
-        if path is not None and path.exists():
-            stats = _read_cache(path)
-            if stats is not None and stats.key == key:
-                _MEMORY[mem_key] = stats
-                return stats
+        cached = _MEMORY.get(mem_key)
+        if cached is None and path is not None and path.exists():
+            cached = _read_cache(path)
+            cached = cached if cached is not None and cached.key == key else None
+        # distributed: return a cached result only if every rank has it (else all compute together)
+        if distributed.all_reduce_number(int(cached is not None), group, "min"):
+            _MEMORY[mem_key] = cached
+            return cached
     hook = f"blocks.{layer}.mlp.hook_post"
     total = torch.zeros(model.cfg.d_mlp, model.cfg.d_mlp, dtype=torch.float64, device=model.device)
     count = 0
@@ -328,7 +335,10 @@ def key_second_moment(
         found["k"] = act
 
     rows = _token_rows(model, src.texts, max_len)
-    bar = progress_bar(total=n_samples, unit="tok", desc=f"key stats L{layer}", enabled=progress, leave=False)
+    if distributed.is_distributed(group):
+        rows = _rank_rows(rows, n_samples, batch_size, group)
+    bar = progress_bar(total=n_samples, unit="tok", desc=f"key stats L{layer}", enabled=progress and distributed.is_main(group),
+                       leave=False)
     with model.hooks([(hook, grab)]):
         while count < n_samples:
             batch = [r for _, r in zip(range(batch_size), rows)]
@@ -343,6 +353,7 @@ def key_second_moment(
             count += k.shape[0]
             bar.update(k.shape[0])
     bar.close()
+    total, count = distributed.all_reduce_sum(total, group), distributed.all_reduce_number(count, group)
     if count == 0:
         raise ValueError(f"corpus {src.id} yielded no tokens")
     if count < n_samples:
@@ -351,10 +362,25 @@ def key_second_moment(
     require_finite(total, f"the key second moment at {hook} (over {count} keys of corpus {src.id})",
                    "the model produces NaN/inf activations there; check its weights and any active hooks")
     stats = KeyStats((total / count).to(dtype).cpu(), count, key, path)
-    if path is not None:
+    if path is not None and distributed.is_main(group):
         stats.save(path)
     _MEMORY[mem_key] = stats
     return stats
+
+
+def _rank_rows(rows: Iterator[list[int]], n_samples: int, batch_size: int, group: Any) -> Iterator[list[int]]:
+    """This rank's share of exactly the keys one process would use: the rows holding the first
+    ``n_samples`` tokens (the last one cut short — causal attention leaves its earlier keys as they
+    were), grouped in batches of ``batch_size`` dealt round-robin over the ranks."""
+    r, W = distributed.rank(group), distributed.world_size(group)
+    count = 0
+    for i, row in enumerate(rows):
+        if count >= n_samples:
+            return
+        row = row[: n_samples - count]
+        count += len(row)
+        if (i // batch_size) % W == r:
+            yield row
 
 
 def clear_memory_cache() -> None:

@@ -34,6 +34,8 @@ def sample_next(
         drop = cum - sorted_logits.softmax(-1) >= top_p  # keep the smallest prefix reaching top_p
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
     probs = logits.softmax(-1)
+    if gen is not None and gen.device != probs.device:  # a seeded draw is made where its generator lives
+        return torch.multinomial(probs.cpu(), 1, generator=gen)[:, 0].to(probs.device)
     return torch.multinomial(probs, 1, generator=gen)[:, 0]
 
 
@@ -60,7 +62,10 @@ def generate(
     model.check_length(prompt_len + max_new_tokens)
     gen = None
     if seed is not None:
-        gen = torch.Generator(device=model.device).manual_seed(seed)
+        # a CPU generator whatever the model's device: a seed then samples the same text on CPU and GPU
+        # (a CUDA generator's stream differs), so seeded results such as ROME's context prefixes match
+        gen = torch.Generator().manual_seed(seed)
+    padded = mask is not None  # unpadded prompts run with plain causal attention (no mask to build)
     if mask is None:
         mask = torch.ones_like(tokens)
     cache = KVCache(model.cfg, batch, prompt_len + max_new_tokens, model.device, model.dtype) if use_kv_cache else None
@@ -68,7 +73,7 @@ def generate(
     out, finished = tokens, torch.zeros(batch, dtype=torch.bool, device=model.device)
     for step in range(max_new_tokens):
         step_input = out[:, -1:] if (cache is not None and step > 0) else out
-        logits = model(step_input, attention_mask=mask, past_kv=cache)[:, -1]
+        logits = model(step_input, attention_mask=mask if padded else None, past_kv=cache)[:, -1]
         if suppress_eos:
             logits[:, eos] = -float("inf")
         nxt = sample_next(logits, temperature, top_k, top_p, gen)

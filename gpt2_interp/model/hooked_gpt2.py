@@ -164,7 +164,7 @@ class HookedGPT2(nn.Module):
             tokens[i, sl] = torch.as_tensor(list(r), dtype=torch.long)
             mask[i, sl] = 1
         padded = any(len(r) != width for r in rows)
-        return tokens.to(self.device), (mask.to(self.device) if padded else None)
+        return tokens.to(self.device, non_blocking=True), (mask.to(self.device, non_blocking=True) if padded else None)
 
     def to_string(self, tokens: torch.Tensor | Sequence[int]) -> str | list[str]:
         """Decode ``[pos]`` to a string or ``[batch, pos]`` to a list of strings."""
@@ -215,16 +215,17 @@ class HookedGPT2(nn.Module):
             tokens = input if input.ndim == 2 else input[None]
             if tokens.dtype not in (torch.long, torch.int, torch.int32, torch.int64):
                 raise TypeError(f"tokens must be integer ids, got {tokens.dtype}")
-            tokens = tokens.to(self.device, torch.long)
+            if tokens.numel() == 0:
+                raise ValueError("empty input: no tokens to run")
+            # range-checked where the ids are (free on the CPU; one read-back for ids already on a GPU)
+            lo, hi = torch.stack(torch.aminmax(tokens)).tolist()
+            if lo < 0 or hi >= self.cfg.d_vocab:
+                raise ValueError(f"token id {hi if hi >= self.cfg.d_vocab else lo} is outside the vocabulary [0, {self.cfg.d_vocab})")
+            tokens = tokens.to(self.device, torch.long, non_blocking=True)
         else:
             if attention_mask is not None:
                 raise ValueError("attention_mask is computed for text input; pass tokens to give your own")
-            tokens, attention_mask = self.tokenize(input)
-        if tokens.numel() == 0:
-            raise ValueError("empty input: no tokens to run")
-        lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi >= self.cfg.d_vocab:
-            raise ValueError(f"token id {hi if hi >= self.cfg.d_vocab else lo} is outside the vocabulary [0, {self.cfg.d_vocab})")
+            tokens, attention_mask = self.tokenize(input)  # ids from the tokenizer are in range
         if attention_mask is not None:
             attention_mask = attention_mask.to(self.device)
         return tokens, attention_mask
@@ -247,7 +248,9 @@ class HookedGPT2(nn.Module):
         self, q_len: int, past: int, attention_mask: torch.Tensor | None
     ) -> torch.Tensor | None:
         """Bool ``[batch|1, 1, q, k]`` (True = may attend), or None for plain causal attention."""
-        if attention_mask is None or bool(attention_mask.all()):
+        # a given mask is used as it is: testing it for "no padding" would read it back from the device
+        # on every call (a host sync); tokenize() gives None when nothing is padded
+        if attention_mask is None:
             return None if past == 0 or q_len == 1 else self._causal(q_len, past)[None, None]
         keys = attention_mask[:, None, None, : past + q_len].bool()
         causal = self._causal(q_len, past)
