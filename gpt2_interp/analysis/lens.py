@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any, Union
 import torch
 from einops import einsum
 
-from ..model.hooks import hook_name
+from ..core.checks import check_count
 from ..core.finite import nonfinite_summary
 from ..core.progress import progress_bar
 from ..core.result import Result
+from ..model.hooks import hook_name
 from .tokens import prompt_position, target_id
 
 if TYPE_CHECKING:
@@ -234,6 +235,7 @@ def logit_lens(
     logits ``[n_layers, batch, n_pos, d_vocab]`` (large). One forward pass per batch,
     caching only the residual stream.
     """
+    k = check_count(k, "k")
     tokens, lengths, texts = _tokens(model, prompts)
     batch, width = tokens.shape
     cols, valid = _columns(positions, lengths, width)

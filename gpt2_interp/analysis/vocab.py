@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any, Union
 
 import torch
 
-from ..model.hooks import hook_name
+from ..core.checks import check_count
 from ..core.progress import progress_bar
-from .lens import direct_effect, logit_direction
 from ..core.result import Result
+from ..model.hooks import hook_name
+from .lens import direct_effect, logit_direction
 from .tokens import prompt_position, target_id
 
 if TYPE_CHECKING:
@@ -146,6 +147,7 @@ def neuron_vocab(
 ) -> VocabProjection:
     """Top/bottom-``k`` vocabulary tokens of the value vectors ``W_out[layer][neurons]``
     (all neurons by default), scored as the module doc says."""
+    k = check_count(k, "k")
     layer = model.check_layer(layer)
     idx = _check_neurons(model, neurons)
     V = model.blocks[layer].mlp.W_out[idx]  # [n, d_model]
@@ -158,6 +160,7 @@ def project(model: "HookedGPT2", vector: torch.Tensor, k: int = 10, apply_ln: bo
             labels: Sequence[str] | None = None) -> VocabProjection:
     """Top/bottom-``k`` tokens of any direction(s) ``[d_model]`` or ``[n, d_model]`` (a residual,
     a ``W_in`` column, an edit's ``v*``), by the same code path as :func:`neuron_vocab`."""
+    k = check_count(k, "k")
     v = torch.as_tensor(vector).to(model.device, model.dtype)
     v = v[None] if v.ndim == 1 else v
     if v.ndim != 2 or v.shape[-1] != model.cfg.d_model:
@@ -233,6 +236,7 @@ def find_neurons(
     the whole vocabulary, so a neuron that raises every logit does not rank first; ``contrast``
     subtracts its mean score over those tokens instead (e.g. every token the model was trained
     to produce: the set's real competitors)."""
+    k = check_count(k, "k")
     ids = _token_ids(model, token_or_tokens)
     ls = _layers(model, layers)
     if relative and contrast is not None:
@@ -309,6 +313,7 @@ def top_subupdates(
     """On a real prompt, the ``k`` neurons (of ``layer``, or all layers) whose contribution
     ``m_i · v_i`` at ``position`` has the largest norm ``|m_i| · ‖v_i‖``, with the top tokens of
     that contribution and, given a ``target``, its direct effect on the target's logit."""
+    k = check_count(k, "k")
     ls = _layers(model, layer)
     tokens, pos = prompt_position(model, prompt, position, "top_subupdates")
     names = [hook_name("post", l) for l in ls] + (["ln_final.hook_scale"] if target is not None else [])

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..analysis.tokens import target_ids
+from ..core.checks import check_count
 from ..core.result import Result
 from .edit import Edit
 from .evaluate import target_logprobs
@@ -49,6 +50,7 @@ class TopKComparison(Result):
 def compare_topk(model: "HookedGPT2", edit: Edit, prompts: Sequence[str], k: int = 5) -> TopKComparison:
     """Top-k next tokens (with probabilities) of each prompt before and after ``edit``; a prompt
     holding ``{}`` gets the edit's subject."""
+    k = check_count(k, "k")
     prompts = [p.format(edit.request.subject) if "{}" in p else p for p in prompts]
     targets = [edit.request.target] * len(prompts)
 
