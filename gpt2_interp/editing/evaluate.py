@@ -263,13 +263,13 @@ def related_prompts(model: "HookedGPT2", cases: Sequence[CounterfactCase], fb: "
         if subj not in by_subject:
             out.append([])
             continue
-        rows = [RelatedPrompt(templates(f.relation, "train")[0].format(f.subject), fb.target(f), "subject",
+        rows = [RelatedPrompt(templates(f.relation, "train")[0].format(f.subject), f.target, "subject",
                               f.subject, f.relation)
                 for f in by_subject[subj] if f.relation != rel and (f.relation, f.subject) not in edited]
         shared = [f for f in by_last.get(last_token(subj, rel), [])
                   if f.subject != subj and (f.relation, f.subject) not in edited]
         shared = sorted(shared, key=lambda f: (f.relation != rel, rng.random()))[:n_max]
-        rows += [RelatedPrompt(templates(f.relation, "train")[0].format(f.subject), fb.target(f), "shared",
+        rows += [RelatedPrompt(templates(f.relation, "train")[0].format(f.subject), f.target, "shared",
                                f.subject, f.relation)
                  for f in shared]
         out.append(rows)
