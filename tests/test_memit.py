@@ -301,6 +301,9 @@ def test_cli_edit_many_requests_memit_and_alphaedit(tiny, tmp_path, monkeypatch,
     assert out["method"] == "memit" and out["n_edits"] == 1 and out["layers"] == [0, 1] and len(out["rows"]) == 3
     loaded = Edit.load(tmp_path / "m.edit", HookedGPT2(TINY, seed=0))
     assert len(loaded.requests) == 3 and loaded.layers == [0, 1]
+    assert main(["verify", str(tmp_path / "m.edit"), "--model", str(tmp_path / "tiny"), "--request", "1", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["prompts"] == ["The capital of France is"] and shown["target"] == " Berlin"
     assert main(["edit", *common, "--requests", str(reqs), "--layer", "0", "--method", "alphaedit", "--sequential",
                  "--batch-size", "2", "--save", str(tmp_path / "a.edit")]) == 0
     text = capsys.readouterr().out
@@ -308,3 +311,23 @@ def test_cli_edit_many_requests_memit_and_alphaedit(tiny, tmp_path, monkeypatch,
     assert (tmp_path / "a.000.edit").exists() and (tmp_path / "a.001.edit").exists()
     assert main(["edit", *common, "--requests", str(reqs), "--batch-size", "2"]) == 2
     assert "--sequential" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_mass_editing_script_quick(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("mass_editing", root / "analyses" / "mass_editing.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--quick", "--out-dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "mass_editing.json").read_text())
+    assert report["batch_memit_edit"]["undo_bit_exact"] and report["batch_memit_edit"]["reload_reproduces"]
+    assert set(report["evaluations"]) == {"memit_batch", "alphaedit_batch", "alphaedit_sequential",
+                                          "memit_sequential", "rome_sequential"}
+    assert report["weights_restored_at_end"]
+    assert (tmp_path / "mass_editing_decay.png").stat().st_size > 0
+    assert "| memit_batch |" in (tmp_path / "mass_editing.md").read_text()

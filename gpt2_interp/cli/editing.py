@@ -83,6 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="load a saved edit and show before/after on prompts")
     add_model_args(p)
     p.add_argument("edit_file", help="an edit written by `gpt2-interp edit --save`")
+    p.add_argument("--request", type=int, default=0, help="which of a MEMIT edit's requests to show (default 0)")
     p.add_argument("--prompt", action="append", default=[], help="a prompt to check (repeatable; default: the "
                    "edit's rewrite prompt)")
     p.add_argument("--top-k", type=int, default=5)
@@ -230,7 +231,10 @@ def verify_cmd(args: argparse.Namespace) -> int:
 
     model = load_model(args)
     edit = Edit.load(args.edit_file, model)
-    cmp = compare_topk(model, edit, args.prompt or [edit.request.text], k=args.top_k)
+    if not 0 <= args.request < len(edit.requests):
+        raise ValueError(f"--request {args.request} is out of range: the edit holds {len(edit.requests)} requests")
+    req = edit.requests[args.request]
+    cmp = compare_topk(model, edit, args.prompt or [req.text], k=args.top_k, request=req)
     return emit(args, cmp, lambda: f"{edit!r}\n{cmp.table()}")
 
 
