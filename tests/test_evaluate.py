@@ -68,6 +68,34 @@ def test_counterfact_requests_are_well_formed():
     assert counterfact_requests(fb, n=24, seed=3)[5].request == cases[5].request  # deterministic
 
 
+def test_related_prompts_are_the_subjects_other_facts_and_shared_last_token_subjects(facts_model):
+    from gpt2_interp.analysis.tokens import subject_span
+    from gpt2_interp.editing.evaluate import related_prompts
+
+    fb = FactBase.load()
+    cases = counterfact_requests(fb, n=24, seed=2)
+    edited = {(c.relation, c.request.subject) for c in cases}
+    truth = {(f.relation, f.subject): " " + f.object for f in fb.facts()}
+
+    def last(text, subject):
+        return facts_model.to_str_tokens(text)[subject_span(facts_model, text, subject)[1] - 1]
+
+    rel = related_prompts(facts_model, cases, fb)
+    n_subject = 0
+    for c, ps in zip(cases, rel):
+        others = {r for r in fb.relations if r != c.relation and (r, c.request.subject) in truth
+                  and (r, c.request.subject) not in edited}
+        assert {p.relation for p in ps if p.kind == "subject"} == others
+        n_subject += len(others)
+        for p in ps:
+            assert p.target_true == truth[p.relation, p.subject] and (p.relation, p.subject) not in edited
+            assert p.prompt == templates(p.relation, "train")[0].format(p.subject)
+            if p.kind == "shared":
+                assert p.subject != c.request.subject
+                assert last(p.prompt, p.subject) == last(c.request.text, c.request.subject)
+    assert n_subject > 0 and any(p.kind == "shared" for ps in rel for p in ps)
+
+
 def test_greedy_continuations_match_generate(tiny):
     prompts = ["The Eiffel Tower is", "Hello"]
     got = greedy_continuations(tiny, prompts, 6, suppress_eos=False)
@@ -98,11 +126,37 @@ def test_evaluate_loop_on_tiny(tiny, tmp_path):
     assert "ES" in ev.table()
     json.loads(ev.to_json())
     seq = evaluate_edits(tiny, reqs, sequential=True, checkpoints=(1,), **kw)
-    assert [c["n_edits"] for c in seq.curve] == [1, 2] and weights_fingerprint(tiny) == fp
+    assert [c.n_edits for c in seq.curve] == [1, 2] and weights_fingerprint(tiny) == fp
+    assert [d.n_edits for d in seq.steps] == [1, 2] and all(d.kl_max >= d.kl_mean >= 0 for d in seq.steps)
     seq.save_plot(tmp_path / "seq.png")
     assert (tmp_path / "seq.png").stat().st_size > 0
     with pytest.raises(ValueError, match="method"):
-        evaluate_edits(tiny, reqs, method="memit", **kw)
+        evaluate_edits(tiny, reqs, method="ft", **kw)
+    with pytest.raises(ValueError, match="one request at a time"):
+        evaluate_edits(tiny, reqs, method="rome", batch_size=2, **kw)
+
+
+def test_memit_and_alphaedit_evaluation_loops_on_tiny(tiny, tmp_path):
+    """Batched (one edit for both requests) and sequential (batches of 1) MEMIT/AlphaEdit runs: rows,
+    the decay curve after every batch, the drift after every step, weights restored bit-exactly."""
+    path = tmp_path / "c.txt"
+    path.write_text("\n\n".join(f"The Eiffel Tower is in Paris, item {i}." for i in range(80)))
+    stats = key_second_moment(tiny, [0], corpus=str(path), n_samples=800, cache_dir=tmp_path, progress=False)
+    reqs = [
+        {"prompt": "{} is located in the city of", "subject": "Eiffel Tower", "target": " Rome", "target_true": " Paris"},
+        {"prompt": "The capital of {} is", "subject": "France", "target": " Berlin", "target_true": " Paris"},
+    ]
+    fp = weights_fingerprint(tiny)
+    kw = dict(layer=[0], stats=stats, fluency_tokens=4, n_unrelated=6, progress=False, v_steps=2,
+              prefix_lengths=(3,), prefixes_per_length=1)
+    batch = evaluate_edits(tiny, reqs, method="memit", **kw)
+    assert batch.restored_exactly and weights_fingerprint(tiny) == fp and batch.curve is None
+    assert len({r["edit_seconds"] for r in batch.rows}) == 1  # one edit for both
+    assert all(r["es_post"] in (0.0, 1.0) for r in batch.rows) and "one batch" in batch.table()
+    seq = evaluate_edits(tiny, reqs, method="alphaedit", sequential=True, batch_size=1, **kw)
+    assert weights_fingerprint(tiny) == fp and [c.n_edits for c in seq.curve] == [1, 2]
+    assert [d.step for d in seq.steps] == [1, 2] and "drift per step" in seq.table()
+    json.loads(seq.to_json())
 
 
 @pytest.mark.slow

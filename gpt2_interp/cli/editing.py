@@ -1,11 +1,14 @@
-"""``edit``, ``verify``, ``evaluate-edits`` and ``stats``: ROME fact editing from the command line."""
+"""``edit``, ``verify``, ``evaluate-edits`` and ``stats``: fact editing (ROME, MEMIT, AlphaEdit) from the
+command line."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from typing import Any
 
+from ..core.result import Result
 from . import add_model_args, add_output_args, count, emit, load_model
 
 
@@ -36,9 +39,28 @@ def _hparams(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def _layers(x: str) -> int | str | list[int]:
+    if "," in x:
+        try:
+            return [int(v) for v in x.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--layer takes an int, a list like 3,4,5 or 'auto', not {x!r}") from None
+    return _layer(x)
+
+
+def _method_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--method", choices=("rome", "memit", "alphaedit"), default=None,
+                   help="editor: rome (one request per edit), memit (a batch per edit), alphaedit (memit projected "
+                   "on the null space of the key statistics); default rome for one request, memit for --requests")
+    p.add_argument("--sequential", action="store_true", help="edits accumulate (batches of --batch-size for "
+                   "memit/alphaedit)")
+    p.add_argument("--batch-size", type=int, default=None, help="requests per memit/alphaedit edit "
+                   "(default: all in one)")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--layer", type=_layer, default=None, help="edit layer: an int, or 'auto' (causal trace); "
-                   "default: the model's DEFAULT_LAYERS entry")
+    p.add_argument("--layer", type=_layers, default=None, help="edit layer(s): an int, a list 3,4,5 (memit) or "
+                   "'auto' (causal trace); default: the model's DEFAULT_LAYERS / MEMIT MODEL_HPARAMS entry")
     p.add_argument("--corpus", default=None, help="key-statistics corpus: 'facts', 'generated', a text file/folder "
                    "or a Hugging Face dataset name (default: facts for gpt2-facts, generated otherwise)")
     p.add_argument("--n-samples", type=count(1), default=100_000, help="tokens for the key statistics")
@@ -47,11 +69,14 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("edit", help="rewrite a fact with ROME; show before/after; optionally save the edit")
+    p = sub.add_parser("edit", help="rewrite facts (ROME, MEMIT, AlphaEdit); show before/after; optionally save")
     add_model_args(p)
-    p.add_argument("--subject", required=True, help="the entity, e.g. 'Eiffel Tower'")
-    p.add_argument("--prompt", required=True, help="the prompt with {} for the subject, e.g. '{} is located in'")
-    p.add_argument("--target", required=True, help="the new continuation, e.g. ' Rome' (mind the leading space)")
+    p.add_argument("--subject", help="the entity, e.g. 'Eiffel Tower'")
+    p.add_argument("--prompt", help="the prompt with {} for the subject, e.g. '{} is located in'")
+    p.add_argument("--target", help="the new continuation, e.g. ' Rome' (mind the leading space)")
+    p.add_argument("--requests", metavar="FILE.jsonl", help="many requests, one JSON object a line with prompt, "
+                   "subject, target (or ROME's target_new); instead of --subject/--prompt/--target")
+    _method_args(p)
     p.add_argument("--paraphrase", action="append", default=[], help="another prompt to show (repeatable; "
                    "{} is filled with the subject)")
     p.add_argument("--save", default=None, metavar="PATH", help="write the edit (safetensors + JSON)")
@@ -63,6 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="load a saved edit and show before/after on prompts")
     add_model_args(p)
     p.add_argument("edit_file", help="an edit written by `gpt2-interp edit --save`")
+    p.add_argument("--request", type=int, default=0, help="which of a MEMIT edit's requests to show (default 0)")
     p.add_argument("--prompt", action="append", default=[], help="a prompt to check (repeatable; default: the "
                    "edit's rewrite prompt)")
     p.add_argument("--top-k", type=count(1), default=5)
@@ -73,7 +99,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("--n", type=count(1), default=200, help="number of counterfactual requests")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sequential", action="store_true", help="let the edits accumulate (score decay curve)")
+    _method_args(p)
     add_output_args(p)
     _common(p)
     p.set_defaults(func=evaluate_cmd)
@@ -89,13 +115,40 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=stats_cmd)
 
 
+def _read_requests(path: str) -> list[dict[str, Any]]:
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path} line {n} is not JSON ({e}); give one request object per line") from None
+    if not out:
+        raise ValueError(f"{path} holds no requests")
+    return out
+
+
 def edit_cmd(args: argparse.Namespace) -> int:
     from ..editing.compare import compare_topk
+
+    single = (args.subject, args.prompt, args.target)
+    if args.requests and any(x is not None for x in single):
+        raise ValueError("give either --requests FILE or --subject/--prompt/--target, not both")
+    if not args.requests and any(x is None for x in single):
+        raise ValueError("give --subject, --prompt and --target (or --requests FILE.jsonl for many)")
+    if args.batch_size is not None and not args.sequential:
+        raise ValueError("--batch-size splits the requests into sequential edits: add --sequential")
+    model = load_model(args)
+    hp = _hparams(args.hparam) | {"corpus": args.corpus, "n_samples": args.n_samples}
+    if args.requests:
+        return _edit_many(args, model, _read_requests(args.requests), hp)
+    method = args.method or "rome"
+    request = {"prompt": args.prompt, "subject": args.subject, "target": args.target}
+    if method != "rome":
+        return _edit_many(args, model, [request], hp)
     from ..editing.rome import compute_edit
 
-    hp = _hparams(args.hparam) | {"corpus": args.corpus, "n_samples": args.n_samples}
-    model = load_model(args)
-    request = {"prompt": args.prompt, "subject": args.subject, "target": args.target}
     edit = compute_edit(model, request, layer=args.layer, **hp)
     cmp = compare_topk(model, edit, [edit.request.text] + args.paraphrase, k=args.top_k)
     if args.save:
@@ -108,13 +161,85 @@ def edit_cmd(args: argparse.Namespace) -> int:
     return emit(args, cmp, text, data)
 
 
+def _edit_many(args: argparse.Namespace, model: Any, requests: list[dict[str, Any]], hp: dict[str, Any]) -> int:
+    """Several requests: ROME one after another, or MEMIT/AlphaEdit in one batch or sequential batches."""
+    import time
+    from pathlib import Path
+
+    from ..editing.edit import Request, undo_all
+    from ..editing.evaluate import target_logprobs
+    from ..editing.memit import MemitHparams, NullSpace, apply_memit, default_layers
+    from ..editing.rome import apply_rome
+    from ..editing.stats import key_second_moment
+
+    method = args.method or "memit"
+    reqs = [Request.of(r) for r in requests]
+    t0 = time.perf_counter()
+    before = target_logprobs(model, [r.text for r in reqs], [r.target for r in reqs]).exp()
+    if method == "rome":
+        edits = apply_rome(model, reqs, layer=args.layer, **hp)
+    else:
+        corpus, n_samples = hp.pop("corpus"), hp.pop("n_samples")
+        mhp = MemitHparams.of(model, **hp, corpus=corpus, n_samples=n_samples)
+        layers = args.layer if args.layer is not None else (list(mhp.layers) if mhp.layers else default_layers(model))
+        layers = [layers] if isinstance(layers, int) else layers
+        stats = None if layers == "auto" else key_second_moment(model, layers, corpus=corpus, n_samples=n_samples)
+        ns = NullSpace.from_stats(stats, mhp.nullspace_threshold) if method == "alphaedit" and stats else None
+        if method == "alphaedit" and ns is None:
+            raise ValueError("alphaedit needs explicit layers (not 'auto') to build its null space")
+        edits = apply_memit(model, reqs, batch_size=args.batch_size if args.sequential else None, layers=layers,
+                            stats=stats, hparams=mhp, preserve=ns)
+    after = target_logprobs(model, [r.text for r in reqs], [r.target for r in reqs]).exp()
+    seconds = time.perf_counter() - t0
+    saved = []
+    if args.save:
+        path = Path(args.save)
+        for i, e in enumerate(edits):
+            p = path if len(edits) == 1 else path.with_name(f"{path.stem}.{i:03d}{path.suffix or '.edit'}")
+            saved.append(str(e.save(p)))
+    undo_all(model)
+    rows = [{"prompt": r.text, "target": r.target, "p_before": float(b), "p_after": float(a)}
+            for r, b, a in zip(reqs, before.tolist(), after.tolist())]
+    res = _EditRun(method, len(reqs), len(edits), edits[0].layers if edits else [], seconds, rows, saved)
+    return emit(args, res)
+
+
+@dataclass
+class _EditRun(Result):
+    """What ``edit --requests`` did: probabilities of the targets before and after, files written."""
+
+    method: str
+    n_requests: int
+    n_edits: int
+    layers: list[int]
+    seconds: float
+    rows: list[dict[str, Any]]
+    saved: list[str]
+
+    def table(self) -> str:
+        took = sum(r["p_after"] > 0.5 for r in self.rows)
+        lines = [f"{self.method}: {self.n_requests} requests in {self.n_edits} edit(s) at layers {self.layers}, "
+                 f"{self.seconds:.1f} s; P(target) > 0.5 for {took}/{self.n_requests} after editing"]
+        for r in self.rows[:20]:
+            lines.append(f"  {r['prompt']!r} → {r['target']!r}: {r['p_before']:.3g} → {r['p_after']:.3g}")
+        if len(self.rows) > 20:
+            lines.append(f"  … {len(self.rows) - 20} more (--json for all)")
+        if self.saved:
+            lines.append("saved to " + (", ".join(self.saved) if len(self.saved) <= 3 else
+                                        f"{self.saved[0]} … {self.saved[-1]} ({len(self.saved)} files; apply in order)"))
+        return "\n".join(lines)
+
+
 def verify_cmd(args: argparse.Namespace) -> int:
     from ..editing.edit import Edit
     from ..editing.compare import compare_topk
 
     model = load_model(args)
     edit = Edit.load(args.edit_file, model)
-    cmp = compare_topk(model, edit, args.prompt or [edit.request.text], k=args.top_k)
+    if not 0 <= args.request < len(edit.requests):
+        raise ValueError(f"--request {args.request} is out of range: the edit holds {len(edit.requests)} requests")
+    req = edit.requests[args.request]
+    cmp = compare_topk(model, edit, args.prompt or [req.text], k=args.top_k, request=req)
     return emit(args, cmp, lambda: f"{edit!r}\n{cmp.table()}")
 
 
@@ -123,7 +248,8 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
 
     hp = _hparams(args.hparam) | {"corpus": args.corpus, "n_samples": args.n_samples}
     model = load_model(args)
-    ev = evaluate_edits(model, args.n, sequential=args.sequential, layer=args.layer, seed=args.seed, **hp)
+    ev = evaluate_edits(model, args.n, method=args.method or "rome", sequential=args.sequential,
+                        batch_size=args.batch_size, layer=args.layer, seed=args.seed, **hp)
     return emit(args, ev)
 
 

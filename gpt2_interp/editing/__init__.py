@@ -1,18 +1,23 @@
-"""Weight editing: key statistics (``stats``), ROME (``rome``), the reversible ``Edit`` value
-(``edit``) and CounterFact-style evaluation (``evaluate``).
+"""Weight editing: key statistics (``stats``), ROME (``rome``), MEMIT and AlphaEdit (``memit``), the
+reversible ``Edit`` value (``edit``) and CounterFact-style evaluation (``evaluate``).
 
 >>> edit = compute_edit(model, {"prompt": "The capital of {} is", "subject": "France", "target": " Rome"})
 >>> with model.edited(edit):
 ...     model.generate("The capital of France is")
+>>> many = compute_edits(model, requests)                   # MEMIT: one Edit for a batch
+>>> ns = NullSpace.from_stats(key_second_moment(model, [0]))
+>>> first = compute_edits(model, batch1, preserve=ns)       # AlphaEdit: sequential batches
 """
 
 from .edit import Edit, Request, applied_edits, edited, load_edit, undo_all, weights_fingerprint
 from .rome import DEFAULT_LAYERS, RomeHparams, apply_rome, compute_edit, rank_one_update
+from .memit import MemitHparams, NullSpace, apply_memit, compute_edits
 from .stats import KeyStats, key_second_moment
 
 __all__ = [
     "Edit", "Request", "applied_edits", "edited", "load_edit", "undo_all", "weights_fingerprint",
     "DEFAULT_LAYERS", "RomeHparams", "apply_rome", "compute_edit", "rank_one_update",
+    "MemitHparams", "NullSpace", "apply_memit", "compute_edits",
     "KeyStats", "key_second_moment", "evaluate_edits", "counterfact_requests",
 ]
 

@@ -11,7 +11,7 @@ import torch
 from ..analysis.tokens import target_ids
 from ..core.checks import check_count
 from ..core.result import Result
-from .edit import Edit
+from .edit import Edit, Request
 from .evaluate import target_logprobs
 
 if TYPE_CHECKING:
@@ -47,12 +47,15 @@ class TopKComparison(Result):
 
 
 @torch.no_grad()
-def compare_topk(model: "HookedGPT2", edit: Edit, prompts: Sequence[str], k: int = 5) -> TopKComparison:
+def compare_topk(model: "HookedGPT2", edit: Edit, prompts: Sequence[str], k: int = 5,
+                 request: Request | None = None) -> TopKComparison:
     """Top-k next tokens (with probabilities) of each prompt before and after ``edit``; a prompt
-    holding ``{}`` gets the edit's subject."""
+    holding ``{}`` gets the subject of ``request`` (default: the edit's only request; one of
+    ``edit.requests`` for a MEMIT edit), whose target's probability is shown."""
     k = check_count(k, "k")
-    prompts = [p.format(edit.request.subject) if "{}" in p else p for p in prompts]
-    targets = [edit.request.target] * len(prompts)
+    req = request if request is not None else edit.request
+    prompts = [p.format(req.subject) if "{}" in p else p for p in prompts]
+    targets = [req.target] * len(prompts)
 
     def top(probs: torch.Tensor) -> list[list[tuple[str, float]]]:
         v, i = probs.topk(k, -1)
@@ -63,8 +66,8 @@ def compare_topk(model: "HookedGPT2", edit: Edit, prompts: Sequence[str], k: int
     with model.edited(edit):
         after = model.last_logits(prompts).float().softmax(-1)
         pa = target_logprobs(model, prompts, targets).exp().tolist()
-    first = model.tokenizer.token_str(target_ids(model, edit.request.target)[0])
-    return TopKComparison(list(prompts), top(before), top(after), edit.request.target, first, pb, pa)
+    first = model.tokenizer.token_str(target_ids(model, req.target)[0])
+    return TopKComparison(list(prompts), top(before), top(after), req.target, first, pb, pa)
 
 
 __all__ = ["TopKComparison", "compare_topk"]

@@ -1,19 +1,26 @@
-"""A weight edit as a value: a rank-one change of one layer's ``W_out`` that can be applied,
+"""A weight edit as a value: a change of one or several layers' ``W_out`` that can be applied,
 undone bit-exactly, stacked, saved and loaded, and that refuses a model it was not made for.
 
-``ΔW = outer(u, v)`` with ``u: [d_mlp]``, ``v: [d_model]``, added to
-``blocks[layer].mlp.W_out: [d_mlp, d_model]`` (our layout is ``out = k @ W_out + b_out``,
-so a key ``k`` gains ``(k · u) v``).
+Per edited layer ``l``, ``ΔW_l = U_l @ V_l`` with ``U_l: [d_mlp, r]``, ``V_l: [r, d_model]``
+(low rank) or ``ΔW_l`` stored densely ``[d_mlp, d_model]``, added to
+``blocks[l].mlp.W_out: [d_mlp, d_model]`` (our layout is ``out = k @ W_out + b_out``, so a key
+``k`` gains ``k @ ΔW_l``). A ROME edit is the rank-one, one-layer case ``ΔW = outer(u, v)``
+(``u: [d_mlp]``, ``v: [d_model]``; ``edit.layer``, ``edit.u``, ``edit.v``); a MEMIT edit covers
+several layers and requests (``edit.layers``, ``edit.requests``).
 
 Bookkeeping is owned by this module (a weak map from model to its edit state, so the model class
-knows nothing of edits): the state lists the applied edits in order and keeps, per edited layer, ONE copy of the layer's ``W_out`` as it was before the
-first edit there. Undo restores that copy and replays the remaining edits of the layer in
-order; since ``W.add_(outer(u, v))`` is a deterministic elementwise op, the result is
-bit-identical to the state before the undone edit (checked against a digest recorded at
-apply time). Memory: one ``W_out`` per edited layer, however many edits are stacked
-(gpt2-xl: 6400 × 1600 × 4 B = 41 MB per layer).
-"""
+knows nothing of edits): the state lists the applied edits in order and keeps, per edited layer, ONE
+copy of the layer's ``W_out`` as it was before the first edit there. Undo restores that copy and
+replays the remaining edits of the layer in order; each edit adds the same ``ΔW`` tensor every time
+(rank one: ``outer(u, v)``, elementwise; higher rank: ``U @ V`` materialised once and kept), and
+``W.add_`` is deterministic, so the result is bit-identical to the state before the undone edit
+(checked against digests recorded at apply time). Memory: one ``W_out`` per edited layer, however
+many edits are stacked (gpt2-xl: 6400 × 1600 × 4 B = 41 MB per layer), plus one ``ΔW`` per layer of
+each applied edit of rank > 1.
 
+Files are safetensors (no pickle) with a JSON header and a sha256 over header and tensors, checked at
+load: a truncated or altered file is refused.
+"""
 from __future__ import annotations
 
 import json
@@ -34,7 +41,8 @@ from ..model.fingerprint import parameter_digests, tensor_digest, weights_finger
 if TYPE_CHECKING:
     from ..model import HookedGPT2
 
-FORMAT = "gpt2-interp-edit/1"
+FORMAT = "gpt2-interp-edit/2"
+FORMATS_READ = ("gpt2-interp-edit/1", FORMAT)
 
 
 # ---------------------------------------------------------------- the request
@@ -95,48 +103,163 @@ class Request:
 
 
 # ---------------------------------------------------------------- the edit
-@dataclass(eq=False)
-class Edit:
-    """A rank-one edit of ``blocks[layer].mlp.W_out``: ``ΔW = outer(u, v)``.
+Factor = tuple[torch.Tensor, "torch.Tensor | None"]  # (U [d_mlp, r], V [r, d_model]) or (ΔW [d_mlp, d_model], None)
 
-    ``u: [d_mlp]`` (unit norm, ∝ C⁻¹k*), ``v: [d_model]``; ``k: [d_mlp]`` is the key k* and
-    ``v_star: [d_model]`` the MLP output the edited layer now gives for it. ``base_fingerprint``
-    identifies the exact weights the edit was computed on (earlier edits included).
+
+class Edit:
+    """A change of ``blocks[l].mlp.W_out`` for each layer ``l`` in ``edit.layers``.
+
+    Two ways to build one:
+
+    * ROME, rank one, one layer: ``Edit(layer, u, v, request, base_fingerprint, k=…, v_star=…)``
+      with ``ΔW = outer(u, v)``, ``u: [d_mlp]`` (unit norm, ∝ C⁻¹k*), ``v: [d_model]``; ``k`` is the
+      key k* and ``v_star`` the MLP output the edited layer now gives for it;
+    * several layers / requests (MEMIT): ``Edit(factors={l: (U, V)}, requests=[…],
+      base_fingerprint=…, keys={l: K})`` with ``ΔW_l = U @ V`` (``U: [d_mlp, r]``,
+      ``V: [r, d_model]``) or ``(ΔW_l, None)`` dense; ``keys[l]: [n, d_mlp]`` are the edited keys.
+
+    ``base_fingerprint`` identifies the exact weights the edit was computed on (earlier edits included).
     """
 
-    layer: int
-    u: torch.Tensor
-    v: torch.Tensor
-    request: Request
-    base_fingerprint: str
-    k: torch.Tensor | None = None
-    v_star: torch.Tensor | None = None
-    hparams: dict[str, Any] = field(default_factory=dict)
-    metrics: dict[str, Any] = field(default_factory=dict)
-    model_name: str = ""
-    shape: tuple[int, int] = (0, 0)  # (d_mlp, d_model) of the model it was made for
+    def __init__(
+        self,
+        layer: int | None = None,
+        u: torch.Tensor | None = None,
+        v: torch.Tensor | None = None,
+        request: Request | None = None,
+        base_fingerprint: str = "",
+        k: torch.Tensor | None = None,
+        v_star: torch.Tensor | None = None,
+        hparams: dict[str, Any] | None = None,
+        metrics: dict[str, Any] | None = None,
+        model_name: str = "",
+        shape: tuple[int, int] = (0, 0),
+        *,
+        factors: Mapping[int, Factor] | None = None,
+        requests: Iterable[Request] | None = None,
+        keys: Mapping[int, torch.Tensor] | None = None,
+        method: str | None = None,
+    ) -> None:
+        if factors is None:
+            if layer is None or u is None or v is None:
+                raise ValueError("an Edit needs either (layer, u, v) for a rank-one edit or factors={layer: (U, V)}")
+            if u.ndim != 1 or v.ndim != 1:
+                raise ValueError(f"u and v must be vectors, got shapes {tuple(u.shape)} and {tuple(v.shape)}")
+            factors = {int(layer): (u[:, None], v[None, :])}
+        elif layer is not None or u is not None or v is not None:
+            raise ValueError("give either (layer, u, v) or factors=, not both")
+        if not factors:
+            raise ValueError("an Edit needs at least one layer in factors")
+        self.factors: dict[int, Factor] = {}
+        for lay, (U, V) in factors.items():
+            if U.ndim != 2 or (V is not None and (V.ndim != 2 or V.shape[0] != U.shape[1])):
+                raise ValueError(f"layer {lay}: factors must be U [d_mlp, r] and V [r, d_model] (or V None for a "
+                                 f"dense ΔW), got {tuple(U.shape)} and {None if V is None else tuple(V.shape)}")
+            self.factors[int(lay)] = (U, V)
+        reqs = [request] if request is not None else list(requests or [])
+        self.requests: list[Request] = [Request.of(r) for r in reqs]
+        self.base_fingerprint = base_fingerprint
+        self.k, self.v_star = k, v_star
+        self.keys: dict[int, torch.Tensor] = dict(keys or {})
+        self.hparams: dict[str, Any] = dict(hparams or {})
+        self.metrics: dict[str, Any] = dict(metrics or {})
+        self.model_name = model_name
+        self.method = method or ("rome" if self.is_rank_one else "memit")
+        if tuple(shape) == (0, 0):
+            U, V = next(iter(self.factors.values()))
+            shape = (U.shape[0], U.shape[1] if V is None else V.shape[1])
+        self.shape = tuple(int(x) for x in shape)
+        self._dense: dict[int, torch.Tensor] = {}  # layer -> materialised ΔW (rank > 1 only)
 
-    def __post_init__(self) -> None:
-        if self.u.ndim != 1 or self.v.ndim != 1:
-            raise ValueError(f"u and v must be vectors, got shapes {tuple(self.u.shape)} and {tuple(self.v.shape)}")
-        if self.shape == (0, 0):
-            self.shape = (self.u.shape[0], self.v.shape[0])
+    # ------------------------------------------------------------ views
+    @property
+    def layers(self) -> list[int]:
+        """The edited layers, ascending."""
+        return sorted(self.factors)
+
+    @property
+    def is_rank_one(self) -> bool:
+        return len(self.factors) == 1 and all(V is not None and U.shape[1] == 1 for U, V in self.factors.values())
+
+    @property
+    def layer(self) -> int:
+        """The edited layer of a one-layer edit."""
+        if len(self.factors) != 1:
+            raise ValueError(f"this edit changes layers {self.layers}; use edit.layers")
+        return next(iter(self.factors))
+
+    @layer.setter
+    def layer(self, value: int) -> None:
+        (f,) = self.factors.values() if len(self.factors) == 1 else (None,)
+        if f is None:
+            raise ValueError(f"this edit changes layers {self.layers}; set factors instead")
+        self.factors = {int(value): f}
+        self._dense.clear()
+
+    def _rank_one(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_rank_one:
+            raise ValueError(f"u and v exist for rank-one one-layer edits; this one has layers {self.layers} "
+                             f"of rank {[self.rank(l) for l in self.layers]}: use edit.factors or edit.delta(layer)")
+        U, V = next(iter(self.factors.values()))
+        return U[:, 0], V[0]  # type: ignore[index]
+
+    @property
+    def u(self) -> torch.Tensor:
+        return self._rank_one()[0]
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self._rank_one()[1]
+
+    @property
+    def request(self) -> Request:
+        """The request of a one-request edit."""
+        if len(self.requests) != 1:
+            raise ValueError(f"this edit holds {len(self.requests)} requests; use edit.requests")
+        return self.requests[0]
+
+    def rank(self, layer: int) -> int:
+        U, V = self.factors[layer]
+        return int(U.shape[1]) if V is not None else int(min(U.shape))
+
+    def __len__(self) -> int:
+        return len(self.requests)
 
     def __repr__(self) -> str:
-        r = self.request
-        return (f"Edit(layer={self.layer}, {r.text!r} → {r.target!r}, model={self.model_name!r}, "
-                f"‖ΔW‖={float(self.u.norm() * self.v.norm()):.4g})")
+        if len(self.requests) == 1 and len(self.factors) == 1:
+            r = self.request
+            return (f"Edit(layer={self.layer}, {r.text!r} → {r.target!r}, model={self.model_name!r}, "
+                    f"‖ΔW‖={float(self.delta(self.layer).norm()):.4g})")
+        norms = ", ".join(f"{l}: {float(self.delta(l).norm()):.3g}" for l in self.layers)
+        return (f"Edit({self.method}, {len(self.requests)} requests, layers {self.layers}, "
+                f"model={self.model_name!r}, ‖ΔW‖ per layer {{{norms}}})")
 
-    def delta(self, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> torch.Tensor:
-        """``ΔW = outer(u, v)``: ``[d_mlp, d_model]``."""
-        d = torch.outer(self.u.float(), self.v.float())
-        return d.to(device=device or self.u.device, dtype=dtype or torch.float32)
+    def delta(self, layer: int | None = None, dtype: torch.dtype | None = None,
+              device: torch.device | str | None = None) -> torch.Tensor:
+        """``ΔW`` of ``layer`` (the only layer when None): ``[d_mlp, d_model]``.
+
+        Rank one: ``outer(u, v)`` (elementwise, recomputed bit-identically). Higher rank: ``U @ V``
+        in float64, materialised once and kept, so that every replay adds the very same tensor."""
+        layer = self.layer if layer is None else layer
+        if layer not in self.factors:
+            raise KeyError(f"this edit does not change layer {layer}; its layers: {self.layers}")
+        U, V = self.factors[layer]
+        if V is None:
+            d = U.float()
+        elif U.shape[1] == 1:
+            d = torch.outer(U[:, 0].float(), V[0].float())
+        else:
+            if layer not in self._dense:
+                self._dense[layer] = (U.double() @ V.double()).float()
+            d = self._dense[layer]
+        return d.to(device=device or U.device, dtype=dtype or torch.float32)
 
     # ------------------------------------------------------------ apply / undo
     def _check_shape(self, model: "HookedGPT2") -> None:
         n = model.cfg.n_layer
-        if not 0 <= self.layer < n:
-            raise IndexError(f"edit layer {self.layer} is out of range for a model with {n} layers (0..{n - 1})")
+        for lay in self.layers:
+            if not 0 <= lay < n:
+                raise IndexError(f"edit layer {lay} is out of range for a model with {n} layers (0..{n - 1})")
         want = (model.cfg.d_mlp, model.cfg.d_model)
         if tuple(self.shape) != want:
             raise ValueError(f"edit is for W_out of shape {tuple(self.shape)} ({self.model_name}), "
@@ -155,7 +278,7 @@ class Edit:
             )
 
     def apply(self, model: "HookedGPT2", verify: bool = True) -> "Edit":
-        """Add ``ΔW`` to the model's ``W_out`` in place and push the edit on the model's stack.
+        """Add each layer's ``ΔW`` to the model's ``W_out`` in place and push the edit on the model's stack.
 
         ``verify`` checks the base weights first (one hash of the weights); pass False only when
         you just computed the edit on this very model."""
@@ -163,26 +286,31 @@ class Edit:
             self.check(model)
         else:
             self._check_shape(model)
-        W = model.blocks[self.layer].mlp.W_out
         stack, originals = _stack(model), _originals(model)
-        if self.layer not in originals:
-            originals[self.layer] = W.detach().clone()
-        with torch.no_grad():
-            W.add_(self.delta(W.dtype, W.device))
-        stack.append(_Applied(self, tensor_digest(W)))
+        digests = {}
+        for lay in self.layers:
+            W = model.blocks[lay].mlp.W_out
+            if lay not in originals:
+                originals[lay] = W.detach().clone()
+            with torch.no_grad():
+                W.add_(self.delta(lay, W.dtype, W.device))
+            digests[lay] = tensor_digest(W)
+        stack.append(_Applied(self, digests))
         return self
 
     def undo(self, model: "HookedGPT2", out_of_order: bool = False) -> None:
-        """Remove this edit, restoring ``W_out`` bit-exactly to the state without it.
+        """Remove this edit, restoring each ``W_out`` it changed bit-exactly to the state without it.
 
         Edits are undone last-in first-out. ``out_of_order=True`` removes an edit that has others
-        applied after it: the layer is rebuilt from its original weights by replaying the other
+        applied after it: each layer is rebuilt from its original weights by replaying the other
         edits in order, which is bit-identical to never having applied this one — but note the
         later edits were *computed* on a model that contained it."""
         stack = _stack(model)
         idx = [i for i, a in enumerate(stack) if a.edit is self]
         if not idx:
-            raise ValueError(f"{self!r} is not applied to this model; applied: {applied_edits(model)}")
+            shown = applied_edits(model)
+            raise ValueError(f"{self!r} is not applied to this model; applied: "
+                             f"{shown if len(shown) <= 5 else f'{len(shown)} edits'}")
         i = idx[-1]
         later = stack[i + 1 :]
         if later and not out_of_order:
@@ -191,19 +319,21 @@ class Edit:
                 f"(undo them first, last-in first-out, or use undo_all(model); pass out_of_order=True "
                 "to remove it anyway and replay the later edits)"
             )
-        W = model.blocks[self.layer].mlp.W_out
-        same = [a for a in stack if a.edit.layer == self.layer]
-        if tensor_digest(W) != same[-1].digest:
-            raise RuntimeError(
-                f"W_out of layer {self.layer} was changed outside the edit API since the last edit there was "
-                "applied; it cannot be restored bit-exactly. Reload the model."
-            )
+        for lay in self.layers:
+            W = model.blocks[lay].mlp.W_out
+            last = [a for a in stack if lay in a.digests][-1]
+            if tensor_digest(W) != last.digests[lay]:
+                raise RuntimeError(
+                    f"W_out of layer {lay} was changed outside the edit API since the last edit there was "
+                    "applied; it cannot be restored bit-exactly. Reload the model."
+                )
         del stack[i]
-        _rebuild(model, self.layer, check_digests=not later)
+        for lay in self.layers:
+            _rebuild(model, lay, check_digests=not later)
 
     # ------------------------------------------------------------ files
     def save(self, path: str | Path) -> Path:
-        """Write the edit as one safetensors file (tensors + a JSON header; no pickle)."""
+        """Write the edit as one safetensors file (tensors + a JSON header + a digest; no pickle)."""
         return save_edit(self, path)
 
     @staticmethod
@@ -215,7 +345,7 @@ class Edit:
 @dataclass
 class _Applied:
     edit: Edit
-    digest: str  # digest of W_out[layer] right after this edit was applied
+    digests: dict[int, str]  # layer -> digest of its W_out right after this edit was applied
 
 
 @dataclass
@@ -252,13 +382,13 @@ def _rebuild(model: "HookedGPT2", layer: int, check_digests: bool) -> None:
     W = model.blocks[layer].mlp.W_out
     originals = _originals(model)
     W.copy_(originals[layer])
-    entries = [a for a in _stack(model) if a.edit.layer == layer]
+    entries = [a for a in _stack(model) if layer in a.digests]
     for a in entries:
-        W.add_(a.edit.delta(W.dtype, W.device))
+        W.add_(a.edit.delta(layer, W.dtype, W.device))
         d = tensor_digest(W)
-        if check_digests and d != a.digest:  # pragma: no cover - would mean a non-deterministic add
+        if check_digests and d != a.digests[layer]:  # pragma: no cover - would mean a non-deterministic add
             raise RuntimeError(f"replaying the edits of layer {layer} did not reproduce the recorded weights")
-        a.digest = d
+        a.digests[layer] = d
     if not entries:
         del originals[layer]
 
@@ -275,9 +405,9 @@ def undo_all(model: "HookedGPT2") -> int:
     stack, originals = _stack(model), _originals(model)
     n = len(stack)
     for layer in list(originals):
-        last = [a for a in stack if a.edit.layer == layer][-1]
+        last = [a for a in stack if layer in a.digests][-1]
         W = model.blocks[layer].mlp.W_out
-        if tensor_digest(W) != last.digest:
+        if tensor_digest(W) != last.digests[layer]:
             raise RuntimeError(f"W_out of layer {layer} was changed outside the edit API; reload the model")
         W.copy_(originals.pop(layer))
     stack.clear()
@@ -299,50 +429,63 @@ def edited(model: "HookedGPT2", *edits: Edit, verify: bool = True) -> Iterator["
 
 # ---------------------------------------------------------------- save / load
 def save_edit(edit: Edit, path: str | Path) -> Path:
-    """One safetensors file: tensors ``u, v[, k, v_star]`` + a JSON header (no pickle), with a sha256
-    digest over every tensor and the header (see :mod:`gpt2_interp.io.integrity`), checked at load."""
-    tensors = {"u": edit.u, "v": edit.v}
+    """One safetensors file: per layer ``L{l}.U`` (and ``L{l}.V`` unless dense), ``L{l}.keys``,
+    ``k``/``v_star`` when present, and a JSON header (no pickle), with a sha256 digest over every
+    tensor and the header (:mod:`gpt2_interp.io.integrity`), checked at load."""
+    tensors: dict[str, torch.Tensor] = {}
+    for lay, (U, V) in edit.factors.items():
+        tensors[f"L{lay}.U"] = U
+        if V is not None:
+            tensors[f"L{lay}.V"] = V
+    for lay, K in edit.keys.items():
+        tensors[f"L{lay}.keys"] = K
     if edit.k is not None:
         tensors["k"] = edit.k
     if edit.v_star is not None:
         tensors["v_star"] = edit.v_star
     meta = {
-        "layer": edit.layer, "request": asdict(edit.request), "base_fingerprint": edit.base_fingerprint,
-        "hparams": edit.hparams, "metrics": edit.metrics, "model_name": edit.model_name,
-        "shape": list(edit.shape), "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "layers": edit.layers, "requests": [asdict(r) for r in edit.requests], "method": edit.method,
+        "base_fingerprint": edit.base_fingerprint, "hparams": edit.hparams, "metrics": edit.metrics,
+        "model_name": edit.model_name, "shape": list(edit.shape),
+        "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     return save_checked(path, tensors, {"format": FORMAT, "edit": json.dumps(meta, default=_json_default)})
 
 
 def load_edit(path: str | Path, model: "HookedGPT2 | None" = None) -> Edit:
-    """Read an edit written by :func:`save_edit`; with ``model``, also check it fits that model.
+    """Read an edit written by :func:`save_edit` (or a rank-one ``/1`` file of earlier versions);
+    with ``model``, also check it fits that model.
 
     Refuses (``IntegrityError``, a ``ValueError``, naming the file) a file whose tensors or header
     changed after it was saved, a truncated file, and non-finite tensors; a file from before
     digests existed loads with an ``UnverifiedFileWarning``."""
     path = Path(path)
     tensors, header, _ = load_checked(path, kind="edit")
-    if header.get("format") != FORMAT:
-        raise ValueError(f"{path} is a safetensors file but not a gpt2-interp edit (format {header.get('format')!r}, "
-                         f"expected {FORMAT!r})")
+    fmt = header.get("format")
+    if fmt not in FORMATS_READ:
+        raise ValueError(f"{path} is a safetensors file but not a gpt2-interp edit (format {fmt!r}; "
+                         f"this version reads {FORMATS_READ})")
     try:
         meta = json.loads(header["edit"])
-        for name in ("u", "v"):
-            if name not in tensors:
-                raise KeyError(name)
-        edit = Edit(
-            layer=int(meta["layer"]), u=tensors["u"], v=tensors["v"], request=Request(**meta["request"]),
-            base_fingerprint=meta["base_fingerprint"], k=tensors.get("k"), v_star=tensors.get("v_star"),
-            hparams=meta.get("hparams", {}), metrics=meta.get("metrics", {}), model_name=meta.get("model_name", ""),
-            shape=tuple(meta.get("shape", (0, 0))),
-        )
+        common = dict(base_fingerprint=meta["base_fingerprint"], k=tensors.get("k"), v_star=tensors.get("v_star"),
+                      hparams=meta.get("hparams", {}), metrics=meta.get("metrics", {}),
+                      model_name=meta.get("model_name", ""), shape=tuple(meta.get("shape", (0, 0))))
+        if fmt == "gpt2-interp-edit/1":  # rank-one files written before multi-layer edits
+            edit = Edit(int(meta["layer"]), tensors["u"], tensors["v"], Request(**meta["request"]), **common)
+        else:
+            factors = {int(l): (tensors[f"L{l}.U"], tensors.get(f"L{l}.V")) for l in meta["layers"]}
+            keys = {int(l): tensors[f"L{l}.keys"] for l in meta["layers"] if f"L{l}.keys" in tensors}
+            edit = Edit(factors=factors, requests=[Request(**r) for r in meta["requests"]], keys=keys,
+                        method=meta.get("method"), **common)
     except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{path} is not a valid edit file: its header or tensors are incomplete ({type(e).__name__}: {e})") from None
+        raise ValueError(f"{path} is not a valid edit file: its header or tensors are incomplete "
+                         f"({type(e).__name__}: {e})") from None
     for name, t in tensors.items():
         require_finite(t, f"tensor {name!r} of the edit file {path}", "the edit was computed from non-finite values")
     if model is not None:
         edit.check(model)
-        edit.u, edit.v = edit.u.to(model.device), edit.v.to(model.device)
+        edit.factors = {l: (U.to(model.device), None if V is None else V.to(model.device))
+                        for l, (U, V) in edit.factors.items()}
     return edit
 
 

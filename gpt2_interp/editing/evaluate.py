@@ -12,6 +12,14 @@ For each case — a request to rewrite ``subject``'s object from ``target_true``
 * **KL drift**: mean KL(unedited ‖ edited) of the next-token distribution on a fixed set of
   prompts about other relations (specificity beyond the neighbourhood).
 
+Beyond CounterFact (facts from the embedded fact base only):
+
+* **subject specificity** (SS): the edited subject's facts of the *other* relations keep their
+  answer (top-1 next token = the true object's first token), over those the unedited model knows;
+* **shared-token neighbours** (STN): facts of subjects whose last token equals the edited
+  subject's (the position the edit writes to) keep their answer;
+* **drift per step** (sequential): mean and max KL on the unrelated prompts after every edit or batch.
+
 P of a multi-token target is the product of its token probabilities (sum of log-probs), batched.
 Scores are reported over all cases and over the cases whose fact the unedited model knows
 (its top-1 next token on the rewrite prompt is the first token of ``target_true``).
@@ -38,6 +46,7 @@ from ..analysis.tokens import target_ids
 from ..core.progress import progress_bar
 from ..model.fingerprint import tensor_digest, weights_fingerprint
 from .edit import Edit, Request, undo_all
+from .memit import MemitHparams, NullSpace, choose_layers, compute_edits, default_layers
 from .rome import compute_edit, default_layer, hparams_for
 from .stats import KeyStats, key_second_moment
 
@@ -212,8 +221,77 @@ def _kl(pre: torch.Tensor, post: torch.Tensor) -> float:
     return float((pre.exp() * (pre - post)).sum(-1).mean())
 
 
+# ---------------------------------------------------------------- beyond CounterFact
+@dataclass
+class RelatedPrompt:
+    """A fact the edit should leave alone: ``kind`` "subject" (another relation of the edited
+    subject) or "shared" (a subject whose last token is the edited subject's)."""
+
+    prompt: str
+    target_true: str
+    kind: str
+    subject: str = ""
+    relation: str = ""
+
+
+def related_prompts(model: "HookedGPT2", cases: Sequence[CounterfactCase], fb: "FactBase | None" = None,
+                    n_max: int = 10, seed: int = 0) -> list[list[RelatedPrompt]]:
+    """Per case: the edited subject's facts of the other relations, and up to ``n_max`` facts of
+    subjects that share the edited subject's last token in its rewrite prompt (the position the
+    edit writes to), facts of the edited relation first. Facts that any case edits are left out.
+    Cases whose subject/relation are not in the fact base get none."""
+    from ..analysis.tokens import subject_span
+    from ..facts.base import FactBase
+    from ..facts.templates import templates
+
+    fb = fb or FactBase.load()
+    rng = random.Random(seed)
+    edited = {(c.relation, c.request.subject) for c in cases}
+    by_subject: dict[str, list[Any]] = {}
+    for f in fb.facts():
+        by_subject.setdefault(f.subject, []).append(f)
+
+    def last_token(subject: str, relation: str) -> str:
+        text = templates(relation, "train")[0].format(subject)
+        _, end = subject_span(model, text, subject)
+        return model.to_str_tokens(text)[end - 1]
+
+    by_last: dict[str, list[Any]] = {}
+    for f in fb.facts():
+        by_last.setdefault(last_token(f.subject, f.relation), []).append(f)
+    out = []
+    for c in cases:
+        rel, subj = c.relation, c.request.subject
+        if subj not in by_subject:
+            out.append([])
+            continue
+        rows = [RelatedPrompt(templates(f.relation, "train")[0].format(f.subject), f.target, "subject",
+                              f.subject, f.relation)
+                for f in by_subject[subj] if f.relation != rel and (f.relation, f.subject) not in edited]
+        shared = [f for f in by_last.get(last_token(subj, rel), [])
+                  if f.subject != subj and (f.relation, f.subject) not in edited]
+        shared = sorted(shared, key=lambda f: (f.relation != rel, rng.random()))[:n_max]
+        rows += [RelatedPrompt(templates(f.relation, "train")[0].format(f.subject), f.target, "shared",
+                               f.subject, f.relation)
+                 for f in shared]
+        out.append(rows)
+    return out
+
+
+@torch.no_grad()
+def _top1_hits(model: "HookedGPT2", prompts: Sequence[RelatedPrompt], batch_size: int) -> list[bool]:
+    """Whether the model's top-1 next token is the first token of each prompt's true target."""
+    if not prompts:
+        return []
+    want = torch.tensor([target_ids(model, p.target_true)[0] for p in prompts])
+    top = torch.cat([model.last_logits([p.prompt for p in prompts[s : s + batch_size]]).argmax(-1).cpu()
+                     for s in range(0, len(prompts), batch_size)])
+    return (top == want).tolist()
+
+
 # ---------------------------------------------------------------- the result
 SCORES = ("es", "em", "ps", "pm", "ns", "nm")
+RELATED = ("ss", "stn")  # subject specificity, shared-token neighbours (post only; pre is 1 by construction)
 
 
 def _mean(xs: Sequence[Any]) -> float | None:
@@ -231,13 +309,18 @@ def harmonic_score(*scores: float | None) -> float | None:
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Means of every score over ``rows`` (cases without a score are skipped) + S, before and after."""
+    """Means of every score over ``rows`` (cases without a score are skipped) + S, before and after;
+    subject specificity ``ss_post`` and shared-token neighbours ``stn_post`` over the related facts."""
     out: dict[str, Any] = {"n": len(rows)}
     for stage in ("pre", "post"):
         for k in SCORES:
             out[f"{k}_{stage}"] = _mean([r.get(f"{k}_{stage}") for r in rows])
-        out[f"S_{stage}"] = harmonic_score(*(out[f"{k}_{stage}"] for k in ("es", "ps", "ns")))
+        out[f"S_{stage}"] = harmonic_score(*[out[f"{k}_{stage}"] for k in ("es", "ps", "ns")])
     out["n_neighbourhood"] = sum(r.get("ns_post") is not None for r in rows)
+    for k in RELATED:  # pooled over facts, not cases
+        hits = sum(r.get(f"{k}_hits", 0) for r in rows)
+        n = sum(r.get(f"{k}_n", 0) for r in rows)
+        out[f"{k}_post"], out[f"n_{k}"] = (hits / n if n else None), n
     for k in ("fluency_pre", "fluency_post", "kl_drift", "edit_seconds"):
         out[k] = _mean([r.get(k) for r in rows])
     times = [r["edit_seconds"] for r in rows if r.get("edit_seconds") is not None]
@@ -246,23 +329,61 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 @dataclass
+class CurvePoint:
+    """Scores of the edits made so far, after ``n_edits`` of them (sequential editing)."""
+
+    n_edits: int
+    es: float | None = None
+    em: float | None = None
+    ps: float | None = None
+    pm: float | None = None
+    ns: float | None = None
+    nm: float | None = None
+    S: float | None = None
+    ss: float | None = None     # subject specificity of the edits so far
+    stn: float | None = None    # shared-token neighbours of the edits so far
+    kl_drift: float = 0.0       # mean KL(unedited ‖ edited) on unrelated prompts
+    kl_max: float = 0.0         # max over those prompts
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+
+@dataclass
+class StepDrift:
+    """KL(unedited ‖ edited) of the next-token distribution on fixed unrelated prompts after one
+    editing step (one ROME edit or one MEMIT batch), mean and max over the prompts."""
+
+    step: int
+    n_edits: int
+    kl_mean: float
+    kl_max: float
+    seconds: float = 0.0
+
+
+@dataclass
 class EditEvaluation(Result):
-    """Per-case rows, summaries over all cases and the known subset, and (sequential) the decay curve."""
+    """Per-case rows, summaries over all cases and the known subset, and (sequential) the decay
+    curve and the drift after every step."""
 
     method: str
     sequential: bool
-    layer: int | None
+    layer: int | list[int] | None
     rows: list[dict[str, Any]]
     summary: dict[str, dict[str, Any]]  # {"all": …, "known": …}
-    curve: list[dict[str, Any]] | None = None  # sequential: scores after k edits
+    curve: list[CurvePoint] | None = None  # sequential: scores after k edits
     hparams: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     restored_exactly: bool = True
+    batch_size: int | None = None
+    steps: list[StepDrift] | None = None
 
     def table(self) -> str:
         """The summary as a text table (scores in %)."""
-        lines = [f"{self.method} on {self.summary['all']['n']} requests "
-                 f"({'sequential' if self.sequential else 'one at a time'}), layer {self.layer}; "
+        how = ("sequential" if self.sequential else "one at a time") if self.batch_size in (None, 1) and \
+            self.method == "rome" else (f"batches of {self.batch_size}" if self.batch_size else "one batch") + \
+            (", sequential" if self.sequential else "")
+        lines = [f"{self.method} on {self.summary['all']['n']} requests ({how}), layer {self.layer}; "
                  f"the unedited model knows {self.summary['known']['n']} of the facts"]
         head = f"{'subset':8} {'stage':5} " + " ".join(f"{k:>7}" for k in ("ES", "EM", "PS", "PM", "NS", "NM", "S"))
         lines += [head, "-" * len(head)]
@@ -274,6 +395,9 @@ class EditEvaluation(Result):
                     f"{100 * v:7.1f}" if v is not None else f"{'–':>7}" for v in vals))
         s = self.summary["all"]
         fmt = lambda x, f: format(x, f) if x is not None else "–"  # noqa: E731
+        pc = lambda x: f"{100 * x:.1f}%" if x is not None else "–"  # noqa: E731
+        lines.append(f"subject specificity {pc(s.get('ss_post'))} of {s.get('n_ss', 0)} other facts of the edited "
+                     f"subjects; shared-token neighbours {pc(s.get('stn_post'))} of {s.get('n_stn', 0)} facts")
         lines.append(f"fluency (n-gram entropy) {fmt(s['fluency_pre'], '.3f')} → {fmt(s['fluency_post'], '.3f')}; "
                      f"KL drift on unrelated prompts {fmt(s['kl_drift'], '.2e')}; neighbourhood cases "
                      f"{s['n_neighbourhood']}; edit time {fmt(s['edit_seconds'], '.2f')} s mean, "
@@ -282,7 +406,11 @@ class EditEvaluation(Result):
         if self.curve:
             pct = lambda x: f"{100 * x:.0f}" if x is not None else "–"  # noqa: E731
             lines.append("after k edits:  " + "  ".join(
-                f"k={c['n_edits']}: ES {pct(c['es'])} PS {pct(c['ps'])} NS {pct(c['ns'])}" for c in self.curve))
+                f"k={c.n_edits}: ES {pct(c.es)} PS {pct(c.ps)} NS {pct(c.ns)}" for c in self.curve))
+        if self.steps:
+            worst = max(self.steps, key=lambda d: d.kl_max)
+            lines.append(f"drift per step: mean KL {fmt(_mean([d.kl_mean for d in self.steps]), '.2e')}, largest "
+                         f"single-prompt KL {worst.kl_max:.3g} (step {worst.step}, after {worst.n_edits} edits)")
         return "\n".join(lines)
 
     def plot(self, **kwargs: Any):
@@ -292,22 +420,25 @@ class EditEvaluation(Result):
 
 
 # ---------------------------------------------------------------- the loop
+METHODS = ("rome", "memit", "alphaedit")
+
+
 def evaluate_edits(model: "HookedGPT2", requests: Sequence[Any] | int, *args: Any, group: Any = None,
                    **kwargs: Any) -> EditEvaluation:
-    """Edit each request with ROME and score it: :func:`evaluate_edits_local`'s arguments.
+    """Edit the requests and score them: :func:`evaluate_edits_local`'s arguments.
 
     Distributed (an initialised process group, or ``group``): the ranks compute the key statistics
     together, then each edits and scores its share of the requests on its own copy of the model;
     every rank returns all rows in request order (those of one process, up to float rounding of
-    differently batched prompts) and the summaries over them. ``sequential=True`` is not sharded
-    (each rank runs it whole)."""
+    differently batched prompts) and the summaries over them. ``sequential=True`` and MEMIT/AlphaEdit
+    batch edits are not sharded (each rank runs them whole)."""
     if not distributed.is_distributed(group):
         return evaluate_edits_local(model, requests, *args, **kwargs)
     a = inspect.signature(evaluate_edits_local).bind(model, requests, *args, **kwargs)
     a.apply_defaults()
     opts = dict(a.arguments)
     hparams = opts.pop("hparams")
-    if opts["sequential"]:
+    if opts["sequential"] or opts["method"] != "rome":  # one evolving model / one batch edit: not sharded
         return evaluate_edits_local(model, requests, *args, **kwargs)
     t0 = time.perf_counter()
     cases = counterfact_requests(n=requests, seed=opts["seed"]) if isinstance(requests, int) else \
@@ -333,55 +464,108 @@ def evaluate_edits_local(
     requests: Sequence[Any] | int,
     method: str = "rome",
     sequential: bool = False,
-    layer: int | str | None = None,
-    stats: KeyStats | None = None,
+    layer: int | Sequence[int] | str | None = None,
+    stats: "KeyStats | Mapping[int, KeyStats] | None" = None,
     fluency_tokens: int = 40,
     n_unrelated: int = 30,
     checkpoints: Sequence[int] | None = None,
-    batch_size: int = 64,
+    batch_size: int | None = None,
     progress: bool = True,
     seed: int = 0,
+    score_batch_size: int = 64,
+    preserve: Any = None,
+    related: bool = True,
     **hparams: Any,
 ) -> EditEvaluation:
-    """Edit each request with ROME and score it (see module doc).
+    """Edit the requests and score them (see module doc).
 
     ``requests``: CounterFact cases (:func:`counterfact_requests`), Requests/dicts, or an int n
-    (that many cases from the embedded fact base). One at a time (default), each edit is undone
-    bit-exactly before the next (checked). ``sequential=True`` lets the edits accumulate and
-    records the scores of the edits so far after ``checkpoints`` edits; all are undone at the end.
+    (that many cases from the embedded fact base). ``method``: "rome" (one request per edit),
+    "memit" or "alphaedit" (``batch_size`` requests per edit, all at once when None; AlphaEdit
+    preserves the key statistics' span — ``preserve`` may give a :class:`~.memit.NullSpace` or other
+    statistics — and remembers earlier batches' keys). ``layer``: ROME's layer, or MEMIT's layers.
+
+    Not sequential: each edit (one request, or one batch) is made on the unedited model, scored and
+    undone bit-exactly (checked). ``sequential=True``: edits accumulate; the scores of the edits so
+    far are recorded after ``checkpoints`` edits (ROME) or after every batch (MEMIT/AlphaEdit), and
+    the drift on unrelated prompts after every step; all are undone at the end (checked).
+    ``hparams`` go to the editor (ROME's or MEMIT's hyperparameters).
     """
-    if method != "rome":
-        raise ValueError(f"method must be 'rome' (the only editor so far), got {method!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method == "rome" and batch_size not in (None, 1):
+        raise ValueError(f"ROME edits one request at a time; batch_size={batch_size} needs method='memit' or "
+                         "'alphaedit'")
     t_start = time.perf_counter()
     cases = counterfact_requests(n=requests, seed=seed) if isinstance(requests, int) else \
         [CounterfactCase.of(r, i) for i, r in enumerate(requests)]
     if not cases:
         raise ValueError("no requests to evaluate")
-    hp = hparams_for(model, **hparams)
-    fixed_layer = None if layer == "auto" else (default_layer(model) if layer is None else layer)
-    stats_by_layer: dict[int, KeyStats] = {}
-    if fixed_layer is not None:
-        stats_by_layer[fixed_layer] = stats or key_second_moment(model, fixed_layer, corpus=hp.corpus,
-                                                                 n_samples=hp.n_samples, progress=progress)
+    sb = score_batch_size
+    # ---- the editor
+    if method == "rome":
+        hp: Any = hparams_for(model, **hparams)
+        fixed = None if layer == "auto" else (default_layer(model) if layer is None else layer)
+        shown_layer: Any = fixed
+        rome_stats = stats if isinstance(stats, KeyStats) else (stats or {}).get(fixed) if fixed is not None else None
+        if fixed is not None and rome_stats is None:
+            rome_stats = key_second_moment(model, fixed, corpus=hp.corpus, n_samples=hp.n_samples, progress=progress)
+
+        def make(reqs: list[Request]) -> Edit:
+            return compute_edit(model, reqs[0], layer=layer if fixed is None else fixed, stats=rome_stats, **hparams)
+
+        units = [[i] for i in range(len(cases))]
+        hp_dict = dict(vars(hp))
+    else:
+        mhp = MemitHparams.of(model, **hparams)
+        if layer == "auto":
+            layers = choose_layers(model, [c.request for c in cases])
+        elif layer is None:
+            layers = list(mhp.layers) if mhp.layers is not None else default_layers(model)
+        else:
+            layers = [layer] if isinstance(layer, int) else list(layer)
+        shown_layer = layers
+        if stats is None:
+            mstats = key_second_moment(model, layers, corpus=mhp.rome.corpus, n_samples=mhp.rome.n_samples,
+                                       progress=progress)
+        else:
+            mstats = {stats.layer: stats} if isinstance(stats, KeyStats) else dict(stats)
+        ns = None
+        if method == "alphaedit":
+            ns = preserve if isinstance(preserve, NullSpace) else NullSpace.from_stats(
+                {l: mstats[l] for l in layers} if preserve in (None, True) else preserve, mhp.nullspace_threshold)
+
+        def make(reqs: list[Request]) -> Edit:  # independent batches do not remember each other's keys
+            return compute_edits(model, reqs, layers=layers, stats=mstats, hparams=mhp, preserve=ns,
+                                 remember=sequential, progress=progress)
+
+        size = batch_size or len(cases)
+        units = [list(range(s, min(s + size, len(cases)))) for s in range(0, len(cases), size)]
+        hp_dict = mhp.to_dict()
     base_fp = weights_fingerprint(model)
 
     # ---- the unedited model, batched
-    pre = case_scores(model, cases, batch_size)
-    top1 = torch.cat([model.last_logits([c.request.text for c in cases[s : s + batch_size]]).argmax(-1).cpu()
-                      for s in range(0, len(cases), batch_size)])
+    pre = case_scores(model, cases, sb)
+    top1 = torch.cat([model.last_logits([c.request.text for c in cases[s : s + sb]]).argmax(-1).cpu()
+                      for s in range(0, len(cases), sb)])
     gen_prompts = [[c.request.text] + c.paraphrases[:2] for c in cases]
     flat = [p for g in gen_prompts for p in g]
-    texts_pre = [t for s in range(0, len(flat), batch_size)
-                 for t in greedy_continuations(model, flat[s : s + batch_size], fluency_tokens)]
+    texts_pre = [t for s in range(0, len(flat), sb) for t in greedy_continuations(model, flat[s : s + sb], fluency_tokens)]
     fluency_pre, i = [], 0
     for g in gen_prompts:
         fluency_pre.append(n_gram_entropy(texts_pre[i : i + len(g)]))
         i += len(g)
     unrel = unrelated_prompts(n_unrelated)
     unrel_pre = _next_logprobs(model, [p for *_, p in unrel])
+    rel: list[list[RelatedPrompt]] = [[] for _ in cases]
+    if related and all(c.relation for c in cases):
+        rel = related_prompts(model, cases, seed=seed)
+        flat_rel = [p for ps in rel for p in ps]
+        known_rel = iter(_top1_hits(model, flat_rel, sb))
+        rel = [[p for p in ps if next(known_rel)] for ps in rel]  # only facts the unedited model knows
 
     def unrelated_for(c: CounterfactCase) -> list[int]:
-        return [j for j, (rel, subj, _) in enumerate(unrel) if rel != c.relation and subj != c.request.subject]
+        return [j for j, (r, subj, _) in enumerate(unrel) if r != c.relation and subj != c.request.subject]
 
     rows: list[dict[str, Any]] = []
     for c, s, t1, fl in zip(cases, pre, top1.tolist(), fluency_pre):
@@ -391,76 +575,99 @@ def evaluate_edits_local(
                      "known": known, **{f"{k}_pre": s.get(k) for k in SCORES},
                      "p_new_pre": s.get("p_new"), "p_true_pre": s.get("p_true"), "fluency_pre": fl})
 
-    curve: list[dict[str, Any]] = []
+    curve: list[CurvePoint] = []
+    steps: list[StepDrift] = []
     restored = True
     marks = sorted({k for k in (checkpoints or (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)) if k <= len(cases)}
                    | {len(cases)})
-    bar = progress_bar(cases, desc="editing", enabled=progress)
-    for n_done, (c, row) in enumerate(zip(bar, rows), start=1):
-        lay = fixed_layer
+    bar = progress_bar(total=len(cases), desc=f"editing ({method})", enabled=progress)
+    n_done = 0
+    for step, unit in enumerate(units, start=1):
         t0 = time.perf_counter()
-        edit = compute_edit(model, c.request, layer=layer if lay is None else lay,
-                            stats=stats_by_layer.get(lay) if lay is not None else None, **hparams)
-        row["edit_seconds"] = time.perf_counter() - t0
-        row["layer"] = edit.layer
-        W = model.blocks[edit.layer].mlp.W_out
-        before = tensor_digest(W) if not sequential else None
+        edit = make([cases[i].request for i in unit])
+        secs = time.perf_counter() - t0
+        for i in unit:
+            rows[i]["edit_seconds"] = secs / len(unit)
+            rows[i]["layer"] = edit.layers[0] if len(edit.layers) == 1 else edit.layers
+        before = None if sequential else {l: tensor_digest(model.blocks[l].mlp.W_out) for l in edit.layers}
         edit.apply(model, verify=False)
+        n_done += len(unit)
+        bar.update(len(unit))
         if sequential:
-            if n_done in marks:
-                curve.append(_curve_point(model, cases[:n_done], unrel, unrel_pre, batch_size))
+            post_u = _next_logprobs(model, [p for *_, p in unrel])
+            kl_rows = (unrel_pre.exp() * (unrel_pre - post_u)).sum(-1)
+            steps.append(StepDrift(step, n_done, float(kl_rows.mean()), float(kl_rows.max()), secs))
+            if (method == "rome" and n_done in marks) or (method != "rome") or n_done == len(cases):
+                curve.append(_curve_point(model, cases[:n_done], rel[:n_done], unrel_pre, unrel, sb))
             continue
         try:
-            _score_after(model, c, row, unrelated_for(c), unrel, unrel_pre, fluency_tokens, batch_size)
+            _score_after(model, [cases[i] for i in unit], [rows[i] for i in unit], [rel[i] for i in unit],
+                         unrelated_for, unrel, unrel_pre, fluency_tokens, sb)
         finally:
             edit.undo(model)
-        ok = tensor_digest(W) == before
+        ok = all(tensor_digest(model.blocks[l].mlp.W_out) == d for l, d in before.items())
         restored &= ok
         if not ok:  # pragma: no cover - undo is exact by construction
-            raise RuntimeError(f"undoing the edit of case {c.case_id} did not restore W_out bit-exactly")
+            raise RuntimeError(f"undoing the edit of cases {unit[:5]} did not restore W_out bit-exactly")
+    bar.close()
     if sequential:
-        post = case_scores(model, cases, batch_size)
-        for c, row, s in zip(cases, rows, post):
-            row.update({f"{k}_post": s.get(k) for k in SCORES})
-            row.update(p_new_post=s.get("p_new"), p_true_post=s.get("p_true"))
-        for c, row in zip(cases, rows):
-            _fluency_drift(model, c, row, unrelated_for(c), unrel, unrel_pre, fluency_tokens)
+        _score_after(model, cases, rows, rel, unrelated_for, unrel, unrel_pre, fluency_tokens, sb)
         undo_all(model)
         restored = weights_fingerprint(model) == base_fp
         if not restored:  # pragma: no cover
             raise RuntimeError("undoing the sequential edits did not restore the weights bit-exactly")
     known = [r for r in rows if r["known"]]
-    return EditEvaluation(method, sequential, fixed_layer, rows, {"all": summarize(rows), "known": summarize(known)},
-                          curve or None, {k: v for k, v in vars(hp).items()}, time.perf_counter() - t_start, restored)
+    return EditEvaluation(method, sequential, shown_layer, rows, {"all": summarize(rows), "known": summarize(known)},
+                          curve or None, hp_dict, time.perf_counter() - t_start, restored,
+                          batch_size if method != "rome" else 1, steps or None)
 
 
-def _score_after(model: "HookedGPT2", c: CounterfactCase, row: dict[str, Any], unrel_idx: list[int],
-                 unrel: list, unrel_pre: torch.Tensor, fluency_tokens: int, batch_size: int) -> None:
-    s = case_scores(model, [c], batch_size)[0]
-    row.update({f"{k}_post": s.get(k) for k in SCORES})
-    row.update(p_new_post=s.get("p_new"), p_true_post=s.get("p_true"))
-    _fluency_drift(model, c, row, unrel_idx, unrel, unrel_pre, fluency_tokens)
+def _score_after(model: "HookedGPT2", cases: Sequence[CounterfactCase], rows: Sequence[dict[str, Any]],
+                 rel: Sequence[list[RelatedPrompt]], unrelated_for: Any, unrel: list, unrel_pre: torch.Tensor,
+                 fluency_tokens: int, batch_size: int) -> None:
+    """Post-edit scores, related-fact hits, fluency and drift of ``cases`` on the model as it is."""
+    scores = case_scores(model, cases, batch_size)
+    for row, s in zip(rows, scores):
+        row.update({f"{k}_post": s.get(k) for k in SCORES})
+        row.update(p_new_post=s.get("p_new"), p_true_post=s.get("p_true"))
+    hits = iter(_top1_hits(model, [p for ps in rel for p in ps], batch_size))
+    for row, ps in zip(rows, rel):
+        h = [(p.kind, next(hits)) for p in ps]
+        for key, kind in (("ss", "subject"), ("stn", "shared")):
+            mine = [x for k, x in h if k == kind]
+            row[f"{key}_hits"], row[f"{key}_n"] = sum(mine), len(mine)
+            row[f"{key}_post"] = sum(mine) / len(mine) if mine else None
+    gen = [[c.request.text] + c.paraphrases[:2] for c in cases]
+    flat = [p for g in gen for p in g]
+    texts = [t for s in range(0, len(flat), batch_size)
+             for t in greedy_continuations(model, flat[s : s + batch_size], fluency_tokens)]
+    post_u = _next_logprobs(model, [p for *_, p in unrel])
+    i = 0
+    for c, row, g in zip(cases, rows, gen):
+        row["fluency_post"] = n_gram_entropy(texts[i : i + len(g)])
+        i += len(g)
+        idx = unrelated_for(c)
+        if idx:
+            row["kl_drift"] = _kl(unrel_pre[idx], post_u[idx])
 
 
-def _fluency_drift(model: "HookedGPT2", c: CounterfactCase, row: dict[str, Any], unrel_idx: list[int],
-                   unrel: list, unrel_pre: torch.Tensor, fluency_tokens: int) -> None:
-    row["fluency_post"] = n_gram_entropy(greedy_continuations(model, [c.request.text] + c.paraphrases[:2],
-                                                              fluency_tokens))
-    if unrel_idx:
-        post = _next_logprobs(model, [unrel[j][2] for j in unrel_idx])
-        row["kl_drift"] = _kl(unrel_pre[unrel_idx], post)
-
-
-def _curve_point(model: "HookedGPT2", cases: Sequence[CounterfactCase], unrel: list, unrel_pre: torch.Tensor,
-                 batch_size: int) -> dict[str, Any]:
+def _curve_point(model: "HookedGPT2", cases: Sequence[CounterfactCase], rel: Sequence[list[RelatedPrompt]],
+                 unrel_pre: torch.Tensor, unrel: list, batch_size: int) -> CurvePoint:
     s = case_scores(model, cases, batch_size)
-    point = {"n_edits": len(cases), **{k: _mean([r.get(k) for r in s]) for k in SCORES}}
-    point["S"] = harmonic_score(point["es"], point["ps"], point["ns"])
-    point["kl_drift"] = _kl(unrel_pre, _next_logprobs(model, [p for *_, p in unrel]))
-    return point
+    vals = {k: _mean([r.get(k) for r in s]) for k in SCORES}
+    flat = [p for ps in rel for p in ps]
+    hits = _top1_hits(model, flat, batch_size)
+    rel_scores = {}
+    for key, kind in (("ss", "subject"), ("stn", "shared")):
+        mine = [h for p, h in zip(flat, hits) if p.kind == kind]
+        rel_scores[key] = sum(mine) / len(mine) if mine else None
+    post = _next_logprobs(model, [p for *_, p in unrel])
+    kl_rows = (unrel_pre.exp() * (unrel_pre - post)).sum(-1)
+    return CurvePoint(len(cases), **vals, S=harmonic_score(*[vals["es"], vals["ps"], vals["ns"]]), **rel_scores,
+                      kl_drift=float(kl_rows.mean()), kl_max=float(kl_rows.max()))
 
 
-# ---------------------------------------------------------------- before / after top-k
 __all__ = ["CounterfactCase", "counterfact_requests", "evaluate_edits", "evaluate_edits_local", "EditEvaluation", "case_scores",
+           "CurvePoint", "StepDrift", "RelatedPrompt", "related_prompts", "METHODS",
            "target_logprobs", "n_gram_entropy", "greedy_continuations", "summarize",
            "unrelated_prompts"]

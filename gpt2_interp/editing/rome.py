@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from ..analysis.tokens import subject_span, target_ids, token_span
+from ..core.progress import progress_bar
 from ..analysis.tracing import causal_trace
 from ..model.fingerprint import parameter_digests, weights_fingerprint
 from .edit import Edit, Request
@@ -262,6 +263,44 @@ def _build_batch(model: "HookedGPT2", req: Request, ids: list[int], prefixes: li
                   torch.arange(c, c + ends[-1], device=dev))
 
 
+@torch.no_grad()
+def subject_states(model: "HookedGPT2", requests: Sequence[Request], layers: Sequence[int], prefixes: Sequence[str],
+                   resid_layer: int | None = None, batch_size: int = 256) -> tuple[dict[int, torch.Tensor], torch.Tensor | None]:
+    """At the subject's last token, averaged over each request's prompt variants (the bare rewrite
+    prompt and ``"{prefix}. {prompt}"`` for each prefix — ROME's k*): the MLP keys
+    ``{layer: [n, d_mlp]}`` of ``layers`` and, with ``resid_layer``, the residual stream after that
+    block ``[n, d_model]`` (``blocks.{resid_layer}.hook_resid_post``)."""
+    rows, pos = [], []
+    for req in requests:
+        for prefix in [""] + list(prefixes):
+            text, lo, hi = _filled(req.prompt, req.subject, prefix)
+            rows.append(model.to_tokens(text)[0].tolist())
+            pos.append(token_span(model, text, lo, hi)[1] - 1)
+    names = [f"blocks.{l}.mlp.hook_post" for l in layers]
+    if resid_layer is not None:
+        names.append(f"blocks.{resid_layer}.hook_resid_post")
+    top = max(list(layers) + ([resid_layer] if resid_layer is not None else []))
+    sums: dict[str, torch.Tensor] = {}
+    for s in range(0, len(rows), batch_size):
+        chunk, p = rows[s : s + batch_size], torch.tensor(pos[s : s + batch_size], device=model.device)
+        width = max(map(len, chunk))
+        model.check_length(width)
+        tokens = torch.full((len(chunk), width), model.tokenizer.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(tokens)
+        for j, r in enumerate(chunk):  # right padding: positions and causal keys are unchanged
+            tokens[j, : len(r)] = torch.tensor(r)
+            mask[j, : len(r)] = 1
+        _, cache = model.run_with_cache(tokens.to(model.device), names_filter=names, stop_at_layer=top + 1,
+                                        attention_mask=mask.to(model.device), return_type=None)
+        for name in names:
+            got = cache[name][torch.arange(len(chunk), device=model.device), p].float()
+            sums[name] = got if name not in sums else torch.cat([sums[name], got])
+    v = 1 + len(prefixes)
+    mean = {name: x.view(len(requests), v, -1).mean(1) for name, x in sums.items()}
+    keys = {l: mean[f"blocks.{l}.mlp.hook_post"] for l in layers}
+    return keys, (mean[f"blocks.{resid_layer}.hook_resid_post"] if resid_layer is not None else None)
+
+
 def _target_logprob(model: "HookedGPT2", text: str, ids: list[int], hooks: list = ()) -> float:
     """log P(target ids | BOS + text) under the model (with ``hooks``)."""
     tokens = torch.cat([model.to_tokens(text), torch.tensor([ids], device=model.device)], dim=1)
@@ -273,76 +312,156 @@ def _target_logprob(model: "HookedGPT2", text: str, ids: list[int], hooks: list 
 
 def optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: int, prefixes: list[str],
                    hp: RomeHparams, solve: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, Any]:
-    """Find δ (see module doc). Returns ``k_star [d_mlp]``, ``delta [d_model]``, ``v0 [d_model]``
-    and a log of the losses.
+    """Find δ for one request (see module doc). Returns ``k_star [d_mlp]``, ``delta [d_model]``,
+    ``v0 [d_model]`` and a log of the losses. See :func:`optimise_deltas`."""
+    return optimise_deltas(model, [(req, ids)], layer, prefixes, hp, solve)[0]
+
+
+def optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[int]]], layer: int,
+                    prefixes: list[str], hp: RomeHparams,
+                    solve: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                    chunk: int | None = None, progress: bool = False) -> list[dict[str, Any]]:
+    """One δ per ``(request, target ids)``, optimised together: every request's prompt variants sit
+    in one batch (its δ reaches only its own rows), the loss is the sum of the requests' losses, so
+    each δ follows exactly the trajectory it would follow alone (Adam is elementwise); a request that
+    meets the early-stop rule is frozen and its rows leave the batch. ``chunk`` requests at a time
+    (default: all on an accelerator, 32 on CPU). Used by ROME (one request) and MEMIT (δ at the top
+    edit layer: adding δ to that layer's MLP output is adding it to the residual stream after it).
 
     One no-grad forward over every variant gives the keys, v₀ and the residual entering the edit
     layer; each step reruns the model from the edit layer up with δ added (see ``exact_edit``)."""
+    chunk = chunk or (len(items) if model.device.type != "cpu" else 32)
+    out: list[dict[str, Any]] = []
+    bar = progress_bar(total=len(items), desc=f"δ at layer {layer}", enabled=progress and len(items) > 1)
     with torch.inference_mode(False), torch.enable_grad():  # works inside a caller's no_grad/inference_mode
-        return _optimise_delta(model, req, ids, layer, prefixes, hp, solve)
+        for s in range(0, len(items), chunk):
+            out += _optimise_deltas(model, items[s : s + chunk], layer, prefixes, hp, solve)
+            bar.update(len(items[s : s + chunk]))
+    bar.close()
+    return out
 
 
-def _optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: int, prefixes: list[str],
-                    hp: RomeHparams, solve: Callable[[torch.Tensor], torch.Tensor] | None) -> dict[str, Any]:
-    b = _build_batch(model, req, ids, prefixes, hp.kl_prompt)
-    n_layer, c = model.cfg.n_layer, b.c
-    pre, post, mlp_out = (f"blocks.{layer}.{n}" for n in ("hook_resid_pre", "mlp.hook_post", "hook_mlp_out"))
+def _optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[int]]], layer: int,
+                     prefixes: list[str], hp: RomeHparams,
+                     solve: Callable[[torch.Tensor], torch.Tensor] | None) -> list[dict[str, Any]]:
+    dev, n_layer, n = model.device, model.cfg.n_layer, len(items)
+    bs = [_build_batch(model, req, ids, prefixes, hp.kl_prompt) for req, ids in items]
+    # ---- one batch: request i's rows, shifted right by sh[i] so its subject column is c
+    c = max(b.c for b in bs)
+    width = max(c + b.tokens.shape[1] - b.c for b in bs)
+    tokens = torch.full((sum(b.tokens.shape[0] for b in bs), width), model.tokenizer.pad_id, dtype=torch.long,
+                        device=dev)
+    mask = torch.zeros_like(tokens)
+    row_req, r0 = [], []  # request of each row; first row of each request
+    nll_rows, nll_cols, nll_ids, nll_req, nll_w = [], [], [], [], []  # one entry per (variant, target token)
+    kl_rows, kl_cols, kl_req = [], [], []
+    for i, (b, (req, ids)) in enumerate(zip(bs, items)):
+        sh, r = c - b.c, len(row_req)
+        tokens[r : r + b.tokens.shape[0], sh : sh + b.tokens.shape[1]] = b.tokens
+        mask[r : r + b.tokens.shape[0], sh : sh + b.tokens.shape[1]] = b.mask
+        r0.append(r)
+        row_req += [i] * b.tokens.shape[0]
+        n_rw, T = b.n_rewrite, len(ids)
+        w = torch.full((n_rw,), 1.0 / n_rw)  # NLL weight of each variant
+        if hp.bare_weight is not None and n_rw > 1:
+            w.fill_((1 - hp.bare_weight) / (n_rw - 1))
+            w[0] = hp.bare_weight
+        for j in range(n_rw):
+            nll_rows += [r + j] * T
+            nll_cols += (b.target_pos[j] + sh).tolist()
+            nll_ids += ids
+            nll_req += [i] * T
+            nll_w += [float(w[j]) / T] * T
+        kl_rows += [r + n_rw] * len(b.kl_pos)
+        kl_cols += (b.kl_pos + sh).tolist()
+        kl_req += [i] * len(b.kl_pos)
+    L = lambda x, dt=torch.long: torch.tensor(x, dtype=dt, device=dev)  # noqa: E731
+    row_req_t = L(row_req)
+    nll_rows_t, nll_cols_t, nll_ids_t, nll_req_t = L(nll_rows), L(nll_cols), L(nll_ids), L(nll_req)
+    nll_w_t = L(nll_w, torch.float32)
+    kl_rows_t, kl_cols_t, kl_req_t = L(kl_rows), L(kl_cols), L(kl_req)
+    kl_count = torch.bincount(kl_req_t, minlength=n).float()
+    rw_rows = [r + j for r, b in zip(r0, bs) for j in range(b.n_rewrite)]
+    rw_rows_t, rw_req_t, r0_t = L(rw_rows), row_req_t[L(rw_rows)], L(r0)
+    n_rw_t = L([b.n_rewrite for b in bs], torch.float32)
+    n_tok_t = L([len(ids) for _, ids in items], torch.float32)
+
+    pre, post, mlp_out = (f"blocks.{layer}.{x}" for x in ("hook_resid_pre", "mlp.hook_post", "hook_mlp_out"))
     with torch.no_grad():
-        _, cache = model.run_with_cache(b.tokens, names_filter=[pre, post, mlp_out], attention_mask=b.mask,
+        _, cache = model.run_with_cache(tokens, names_filter=[pre, post, mlp_out], attention_mask=mask,
                                         stop_at_layer=layer + 1, return_type=None)
-    keys = cache[post].float()  # [b, c + s, d_mlp]
-    k_star = keys[: b.n_rewrite, c].mean(0)
+    keys = cache[post].float()  # [rows, width, d_mlp]
+    k_star = torch.stack([keys[r : r + b.n_rewrite, c].mean(0) for r, b in zip(r0, bs)])  # [n, d_mlp]
     if hp.exact_edit:  # what the rank-one update adds at each position: (k_t·u)/(k*·u) · δ
-        c_inv_k = (solve(k_star) if solve is not None else k_star).float()
-        scale = (keys @ c_inv_k) / (k_star @ c_inv_k) * b.mask  # [b, c + s]
+        c_inv_k = (solve(k_star) if solve is not None else k_star).float()  # [n, d_mlp]
+        num = torch.einsum("bpk,bk->bp", keys, c_inv_k[row_req_t])
+        scale = num / (k_star * c_inv_k).sum(-1)[row_req_t][:, None] * mask  # [rows, width]
     else:  # ROME: δ at the subject's last token
-        scale = torch.zeros(b.mask.shape, device=model.device)
+        scale = torch.zeros(mask.shape, device=dev)
         scale[:, c] = 1.0
-    v0 = cache[mlp_out][0, c].float()  # [d_model], the bare prompt's
-    resid0 = cache[pre]  # [b, c + s, d_model], entering the edit layer
-    delta = torch.zeros(model.cfg.d_model, device=model.device, requires_grad=True)
-    tgt = torch.tensor(ids, device=model.device)
-    n_rw, T = b.n_rewrite, len(ids)
-    rows = torch.arange(n_rw, device=model.device)[:, None].expand(n_rw, T)
-
-    def add_delta(act: torch.Tensor, hook: Any) -> torch.Tensor:  # act: [b, c + s, d_model]
-        return act + (scale[:, :, None] * delta).to(act.dtype)
-
-    weights = torch.full((n_rw,), 1.0 / n_rw, device=model.device)  # NLL weight of each variant
-    if hp.bare_weight is not None and n_rw > 1:
-        weights.fill_((1 - hp.bare_weight) / (n_rw - 1))
-        weights[0] = hp.bare_weight
+    del keys
+    v0 = cache[mlp_out][torch.tensor(r0, device=dev), c].float()  # [n, d_model], the bare prompts'
+    resid0 = cache[pre]  # [rows, width, d_model], entering the edit layer
+    delta = torch.zeros(n, model.cfg.d_model, device=dev, requires_grad=True)
+    v0_norm = v0.norm(dim=-1)
+    max_norm = hp.clamp_factor * v0_norm
     adam = {"t": 0, "m": torch.zeros_like(delta), "v": torch.zeros_like(delta)}
-    max_norm = hp.clamp_factor * v0.norm()
-    log: list[dict[str, float]] = []
+    active = torch.ones(n, dtype=torch.bool, device=dev)
+    logs: list[list[dict[str, float]]] = [[] for _ in range(n)]
     kl_init = None
+    cur: dict[str, torch.Tensor] = {}
+
+    def add_delta(act: torch.Tensor, hook: Any) -> torch.Tensor:  # act: [rows, width, d_model]
+        return act + (cur["scale"][:, :, None] * delta[cur["row_req"]][:, None, :]).to(act.dtype)
+
     with _frozen(model), model.hooks([(mlp_out, add_delta)]):
         for step in range(hp.v_steps + 1):
-            resid = model(resid0, start_at_layer=layer, stop_at_layer=n_layer, attention_mask=b.mask)  # [b, c + s, d_model]
-            picked = torch.cat([resid[rows, b.target_pos].flatten(0, 1), resid[n_rw, b.kl_pos]])
-            lp = model.unembed(model.ln_final(picked)).float().log_softmax(-1)  # [n_rw·T + P, d_vocab]
-            lp_t = lp[: n_rw * T].gather(-1, tgt.repeat(n_rw)[:, None]).view(n_rw, T)
-            kl_lp = lp[n_rw * T :]
-            if kl_init is None:
+            rows = active[row_req_t].nonzero()[:, 0]  # the active requests' rows
+            new_row = torch.full((len(row_req),), -1, dtype=torch.long, device=dev)
+            new_row[rows] = torch.arange(len(rows), device=dev)
+            cur["scale"], cur["row_req"] = scale[rows], row_req_t[rows]
+            resid = model(resid0[rows], start_at_layer=layer, stop_at_layer=n_layer, attention_mask=mask[rows])
+            e_nll = active[nll_req_t].nonzero()[:, 0]
+            e_kl = active[kl_req_t].nonzero()[:, 0]
+            picked = torch.cat([resid[new_row[nll_rows_t[e_nll]], nll_cols_t[e_nll]],
+                                resid[new_row[kl_rows_t[e_kl]], kl_cols_t[e_kl]]])
+            lp = model.unembed(model.ln_final(picked)).float().log_softmax(-1)
+            lp_t = lp[: len(e_nll)].gather(-1, nll_ids_t[e_nll, None])[:, 0]  # [entries]
+            kl_lp = lp[len(e_nll) :]
+            if kl_init is None:  # step 0: every request is active
                 kl_init = kl_lp.detach()
-            nll = -((lp_t.sum(1) / T) * weights).sum()
-            kl = F.kl_div(kl_init, kl_lp, log_target=True, reduction="batchmean")  # KL(edited || unedited)
-            wd = delta.norm() / v0.norm() ** 2
-            loss = nll + hp.kl_factor * kl + hp.weight_decay * wd
-            bare_nll = float(-lp_t[0].detach().mean())
-            log.append({"loss": float(loss.detach()), "nll": float(nll.detach()), "kl": float(kl.detach()),
-                        "p_target": float(lp_t.detach().sum(1).exp().mean()), "bare_nll": bare_nll})
-            converged = log[-1]["loss"] < hp.early_stop and (hp.bare_early_stop is None or bare_nll < hp.bare_early_stop)
-            if step == hp.v_steps or converged:
+            kl_ref = kl_init[e_kl]
+            nll = torch.zeros(n, device=dev).index_add(0, nll_req_t[e_nll], -lp_t * nll_w_t[e_nll])
+            kl_pos = (kl_lp.exp() * (kl_lp - kl_ref)).sum(-1)  # KL(edited || unedited) per position
+            kl = torch.zeros(n, device=dev).index_add(0, kl_req_t[e_kl], kl_pos) / kl_count.clamp(min=1)
+            wd = delta.norm(dim=-1) / v0_norm ** 2
+            loss = nll + hp.kl_factor * kl + hp.weight_decay * wd  # [n]
+            with torch.no_grad():  # log P(target | variant) per row, for the log and the early stop
+                per_row = torch.zeros(len(row_req), device=dev).index_add(0, nll_rows_t[e_nll], lp_t.detach())
+                p_tgt = torch.zeros(n, device=dev).index_add(0, rw_req_t, per_row[rw_rows_t].exp()) / n_rw_t
+                bare_nll = -per_row[r0_t] / n_tok_t
+                stat = torch.stack([loss.detach(), nll.detach(), kl.detach(), p_tgt, bare_nll], 1).tolist()
+            done = torch.zeros(n, dtype=torch.bool, device=dev)
+            for i in active.nonzero()[:, 0].tolist():
+                logs[i].append(dict(zip(("loss", "nll", "kl", "p_target", "bare_nll"), stat[i])))
+                last = logs[i][-1]
+                if step == hp.v_steps or (last["loss"] < hp.early_stop and
+                                          (hp.bare_early_stop is None or last["bare_nll"] < hp.bare_early_stop)):
+                    done[i] = True
+            if bool(done.all()) or step == hp.v_steps:
                 break
-            (grad,) = torch.autograd.grad(loss, delta)
+            (grad,) = torch.autograd.grad(loss[active].sum(), delta)
             with torch.no_grad():
+                keep = delta.detach().clone()
                 _adam_step(delta, grad, adam, hp.v_lr)
-                n = delta.norm()
-                if n > max_norm:
-                    delta.mul_(max_norm / n)
-    return {"k_star": k_star, "delta": delta.detach(), "v0": v0, "log": log, "n_prompts": n_rw,
-            "key_scale": scale[:, c].tolist()}
+                nrm = delta.norm(dim=-1)
+                over = nrm > max_norm
+                delta[over] *= (max_norm[over] / nrm[over])[:, None]
+                delta[done | ~active] = keep[done | ~active]  # frozen requests do not move
+            active &= ~done
+    return [{"k_star": k_star[i], "delta": delta[i].detach(), "v0": v0[i], "log": logs[i],
+             "n_prompts": bs[i].n_rewrite, "key_scale": scale[r0[i] : r0[i] + bs[i].tokens.shape[0], c].tolist()}
+            for i in range(n)]
 
 
 def _adam_step(x: torch.Tensor, g: torch.Tensor, state: dict[str, Any], lr: float,
@@ -446,4 +565,5 @@ def apply_rome(model: "HookedGPT2", requests: RequestLike | Sequence[RequestLike
 
 
 __all__ = ["Request", "RomeHparams", "DEFAULT_LAYERS", "MODEL_HPARAMS", "hparams_for", "compute_edit", "apply_rome", "rank_one_update",
-           "choose_layer", "default_layer", "context_prefixes", "optimise_delta", "validate_request"]
+           "choose_layer", "default_layer", "context_prefixes", "optimise_delta", "optimise_deltas", "validate_request",
+           "subject_states"]

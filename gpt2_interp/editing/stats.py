@@ -27,7 +27,7 @@ import hashlib
 import json
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,12 +76,17 @@ def keys_fingerprint(model: "HookedGPT2", layer: int, digests: dict[str, str] | 
     return weights_fingerprint(model, upstream_parameters(model, layer), digests)
 
 
-def base_fingerprint(model: "HookedGPT2") -> str:
-    """Fingerprint of the model's weights with its applied edits (if any) taken out."""
-    digests = parameter_digests(model)
+def unedited_digests(model: "HookedGPT2", digests: dict[str, str] | None = None) -> dict[str, str]:
+    """:func:`parameter_digests` of the model with its applied edits (if any) taken out."""
+    digests = dict(digests) if digests is not None else parameter_digests(model)
     for layer, W in original_weights(model).items():
         digests[f"blocks.{layer}.mlp.W_out"] = tensor_digest(W)
-    return weights_fingerprint(model, digests=digests)
+    return digests
+
+
+def base_fingerprint(model: "HookedGPT2") -> str:
+    """Fingerprint of the model's weights with its applied edits (if any) taken out."""
+    return weights_fingerprint(model, digests=unedited_digests(model))
 
 
 # ---------------------------------------------------------------- the statistics
@@ -104,8 +109,12 @@ class KeyStats:
         return (f"KeyStats({k['model_name']} layer {k['layer']}, corpus {k['corpus']}, "
                 f"{self.count} keys, d_mlp {self.C.shape[0]})")
 
-    def check(self, model: "HookedGPT2", layer: int, digests: dict[str, str] | None = None) -> None:
-        """Raise unless these statistics were computed for ``model``'s keys at ``layer``."""
+    def check(self, model: "HookedGPT2", layer: int, digests: dict[str, str] | None = None,
+              allow_unedited: bool = True) -> None:
+        """Raise unless these statistics were computed for ``model``'s keys at ``layer`` — or, with
+        ``allow_unedited``, for the same model with its applied edits taken out (sequential MEMIT
+        keeps the unedited model's statistics for upper layers after editing lower ones, as MEMIT
+        and AlphaEdit do; ROME edits at the statistics' own layer never change them)."""
         layer = model.check_layer(layer)
         if self.layer != layer:
             raise ValueError(f"these key statistics are for layer {self.layer}, not layer {layer}; "
@@ -114,6 +123,8 @@ class KeyStats:
             raise ValueError(f"these key statistics have d_mlp {self.C.shape[0]} "
                              f"({self.key['model_name']}), the model has {model.cfg.d_mlp}")
         fp = keys_fingerprint(model, layer, digests)
+        if fp != self.key["fingerprint"] and allow_unedited and original_weights(model):
+            fp = keys_fingerprint(model, layer, unedited_digests(model, digests))
         if fp != self.key["fingerprint"]:
             raise ValueError(
                 f"these key statistics were computed for another model ({self.key['model_name']}, weights "
@@ -283,7 +294,7 @@ def _cache_name(key: dict[str, Any]) -> str:
 @torch.no_grad()
 def key_second_moment(
     model: "HookedGPT2",
-    layer: int,
+    layer: int | Sequence[int],
     corpus: str | os.PathLike | None = None,
     n_samples: int = 100_000,
     batch_size: int = 64,
@@ -294,78 +305,108 @@ def key_second_moment(
     progress: bool = True,
     recompute: bool = False,
     group: Any = None,
-) -> KeyStats:
+) -> "KeyStats | dict[int, KeyStats]":
     """``C = E[k kᵀ]`` of the MLP keys ``blocks.{layer}.mlp.hook_post`` over ``n_samples`` token
     positions of ``corpus`` (every real position, BOS included), cached on disk.
 
-    The forward stops after block ``layer``. Sums are accumulated in float64; ``C`` is returned
-    in ``dtype``. ``cache_dir=False`` disables the disk cache; ``recompute`` ignores it.
+    ``layer``: one layer (returns :class:`KeyStats`) or several (returns ``{layer: KeyStats}``); the
+    layers not already cached are computed in ONE pass over the corpus (one forward per batch,
+    stopping after the highest of them). Each layer has its own cache file, so single- and
+    multi-layer calls share the cache. Sums are accumulated in float64; ``C`` is returned in
+    ``dtype``. ``cache_dir=False`` disables the disk cache; ``recompute`` ignores it. A cache file
+    that fails its integrity check is recomputed (with a warning).
 
     Distributed (an initialised process group, or ``group``): the ranks share the corpus batches
     and all-reduce the sums and counts, so every rank gets the single-process ``C`` (same cache key;
-    equal up to float64 summation order); rank 0 writes the cache file.
+    equal up to float64 summation order); rank 0 writes the cache files.
     """
-    layer = model.check_layer(layer)
+    single = not isinstance(layer, Sequence)
+    layers = sorted({model.check_layer(lay) for lay in ([layer] if single else layer)})  # type: ignore[list-item]
+    if not layers:
+        raise ValueError("give at least one layer")
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
     max_len = min(max_len, model.cfg.n_ctx)
     src = resolve_corpus(model, corpus, seed, n_samples, max_len)
-    key = {
-        "fingerprint": keys_fingerprint(model, layer), "layer": layer, "corpus": src.id,
-        "n_samples": int(n_samples), "dtype": str(dtype).replace("torch.", ""), "max_len": max_len,
-        "model_name": model.cfg.name, "hook": f"blocks.{layer}.mlp.hook_post",
-    }
-    path = None if cache_dir is False else Path(cache_dir or default_cache_dir()) / _cache_name(key)
-    mem_key = json.dumps(key, sort_keys=True)
-    if not recompute:
-        cached = _MEMORY.get(mem_key)
-        if cached is None and path is not None and path.exists():
-            cached = _read_cache(path)
-            cached = cached if cached is not None and cached.key == key else None
-        # distributed: return a cached result only if every rank has it (else all compute together)
+    digests = parameter_digests(model)
+    out: dict[int, KeyStats] = {}
+    todo: dict[int, tuple[dict[str, Any], Path | None]] = {}
+    for lay in layers:
+        key = {
+            "fingerprint": keys_fingerprint(model, lay, digests), "layer": lay, "corpus": src.id,
+            "n_samples": int(n_samples), "dtype": str(dtype).replace("torch.", ""), "max_len": max_len,
+            "model_name": model.cfg.name, "hook": f"blocks.{lay}.mlp.hook_post",
+        }
+        path = None if cache_dir is False else Path(cache_dir or default_cache_dir()) / _cache_name(key)
+        cached = None
+        if not recompute:
+            cached = _MEMORY.get(json.dumps(key, sort_keys=True))
+            if cached is None and path is not None and path.exists():
+                cached = _read_cache(path)
+                cached = cached if cached is not None and cached.key == key else None
+        # distributed: use a cached result only if every rank has it (else all compute together)
         if distributed.all_reduce_number(int(cached is not None), group, "min"):
-            _MEMORY[mem_key] = cached
-            return cached
-    hook = f"blocks.{layer}.mlp.hook_post"
-    total = torch.zeros(model.cfg.d_mlp, model.cfg.d_mlp, dtype=torch.float64, device=model.device)
-    count = 0
-    found: dict[str, torch.Tensor] = {}
+            _MEMORY[json.dumps(key, sort_keys=True)] = out[lay] = cached
+        else:
+            todo[lay] = (key, path)
+    if todo:
+        sums = _accumulate(model, sorted(todo), src, n_samples, batch_size, max_len, progress, group)
+        for lay, (C, count) in sums.items():
+            key, path = todo[lay]
+            out[lay] = KeyStats(C.to(dtype), count, key, path)
+            if path is not None and distributed.is_main(group):
+                out[lay].save(path)
+            _MEMORY[json.dumps(key, sort_keys=True)] = out[lay]
+    return out[layers[0]] if single else {lay: out[lay] for lay in layers}
 
-    def grab(act: torch.Tensor, hp: Any) -> None:
-        found["k"] = act
+
+def _accumulate(model: "HookedGPT2", layers: list[int], src: Corpus, n_samples: int, batch_size: int,
+                max_len: int, progress: bool, group: Any = None) -> dict[int, tuple[torch.Tensor, int]]:
+    """``{layer: (C [d_mlp, d_mlp] float64 on CPU, count)}``: one pass, every layer's keys from the same
+    forward; under a process group each rank takes its share of the batches and the sums are all-reduced."""
+    d = model.cfg.d_mlp
+    totals = {lay: torch.zeros(d, d, dtype=torch.float64, device=model.device) for lay in layers}
+    count = 0
+    found: dict[int, torch.Tensor] = {}
+
+    def grabber(lay: int):
+        def grab(act: torch.Tensor, hp: Any) -> None:
+            found[lay] = act
+        return grab
 
     rows = _token_rows(model, src.texts, max_len)
     if distributed.is_distributed(group):
         rows = _rank_rows(rows, n_samples, batch_size, group)
-    bar = progress_bar(total=n_samples, unit="tok", desc=f"key stats L{layer}", enabled=progress and distributed.is_main(group),
+    desc = f"key stats L{layers[0]}" if len(layers) == 1 else f"key stats L{','.join(map(str, layers))}"
+    bar = progress_bar(total=n_samples, unit="tok", desc=desc, enabled=progress and distributed.is_main(group),
                        leave=False)
-    with model.hooks([(hook, grab)]):
+    with model.hooks([(f"blocks.{lay}.mlp.hook_post", grabber(lay)) for lay in layers]):
         while count < n_samples:
             batch = [r for _, r in zip(range(batch_size), rows)]
             if not batch:
                 break
             tokens, mask = model.pad(batch)
-            model(tokens, attention_mask=mask, stop_at_layer=layer + 1)
-            k = found.pop("k")  # [batch, pos, d_mlp]
-            k = (k.flatten(0, 1) if mask is None else k[mask.bool()]).float()  # [n_keys, d_mlp]
-            k = k[: n_samples - count]
-            total += (k.T @ k).double()
-            count += k.shape[0]
-            bar.update(k.shape[0])
+            model(tokens, attention_mask=mask, stop_at_layer=layers[-1] + 1)
+            n = 0
+            for lay in layers:
+                k = found.pop(lay)  # [batch, pos, d_mlp]
+                k = (k.flatten(0, 1) if mask is None else k[mask.bool()]).float()[: n_samples - count]
+                totals[lay] += (k.T @ k).double()
+                n = k.shape[0]
+            count += n
+            bar.update(n)
     bar.close()
-    total, count = distributed.all_reduce_sum(total, group), distributed.all_reduce_number(count, group)
+    totals = {lay: distributed.all_reduce_sum(t, group) for lay, t in totals.items()}
+    count = distributed.all_reduce_number(count, group)
     if count == 0:
         raise ValueError(f"corpus {src.id} yielded no tokens")
     if count < n_samples:
         warnings.warn(f"corpus {src.id} has only {count} tokens (< n_samples={n_samples}); using them all",
-                      stacklevel=2)
-    require_finite(total, f"the key second moment at {hook} (over {count} keys of corpus {src.id})",
-                   "the model produces NaN/inf activations there; check its weights and any active hooks")
-    stats = KeyStats((total / count).to(dtype).cpu(), count, key, path)
-    if path is not None and distributed.is_main(group):
-        stats.save(path)
-    _MEMORY[mem_key] = stats
-    return stats
+                      stacklevel=3)
+    for lay, t in totals.items():
+        require_finite(t, f"the key second moment at blocks.{lay}.mlp.hook_post (over {count} keys of corpus {src.id})",
+                       "the model produces NaN/inf activations there; check its weights and any active hooks")
+    return {lay: ((t / count).cpu(), count) for lay, t in totals.items()}
 
 
 def _rank_rows(rows: Iterator[list[int]], n_samples: int, batch_size: int, group: Any) -> Iterator[list[int]]:
@@ -388,5 +429,5 @@ def clear_memory_cache() -> None:
     _MEMORY.clear()
 
 
-__all__ = ["KeyStats", "key_second_moment", "keys_fingerprint", "upstream_parameters", "resolve_corpus",
+__all__ = ["KeyStats", "key_second_moment", "unedited_digests", "keys_fingerprint", "upstream_parameters", "resolve_corpus",
            "default_cache_dir", "clear_memory_cache", "parameter_digests"]

@@ -5,6 +5,7 @@ Figures are built as ``matplotlib.figure.Figure`` objects (no pyplot state, any 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,7 +48,7 @@ def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None) -> Figu
     axes[0].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
     if ev.curve:
         ax = axes[2]
-        ks = [c["n_edits"] for c in ev.curve]
+        ks = [c.n_edits for c in ev.curve]
         for key, col in (("es", "C0"), ("ps", "C1"), ("ns", "C2"), ("S", "k")):
             ax.plot(ks, [_val(c.get(key)) for c in ev.curve], "o-", color=col, label=key.upper() if key != "S" else "S")
         ax.set_xscale("log")
@@ -57,8 +58,8 @@ def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None) -> Figu
         ax.set_title("decay with accumulated edits")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    fig.suptitle(title or f"{ev.method.upper()} at layer {ev.layer}: {ev.summary['all']['n']} requests "
-                 f"({'sequential' if ev.sequential else 'one at a time'})")
+    how = "sequential" if ev.sequential else ("one at a time" if ev.method == "rome" else "one batch")
+    fig.suptitle(title or f"{ev.method.upper()} at layer {ev.layer}: {ev.summary['all']['n']} requests ({how})")
     s = ev.summary["all"]
     fmt = lambda x, f: format(x, f) if x is not None else "–"  # noqa: E731
     fig.text(0.5, 0.005, f"fluency (n-gram entropy) {fmt(s.get('fluency_pre'), '.3f')} → {fmt(s.get('fluency_post'), '.3f')}"
@@ -67,6 +68,34 @@ def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None) -> Figu
              f"{fmt(s.get('edit_seconds_median'), '.2f')} s median · weights restored bit-exactly: {ev.restored_exactly}",
              ha="center", va="bottom", fontsize=7.5)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return fig
+
+
+def plot_decay(n_edits: Mapping[str, Sequence[int]], scores: Mapping[str, Mapping[str, Sequence[float | None]]],
+               reference: Mapping[str, float] | None = None, title: str | None = None):
+    """Scores against the number of edits applied, one panel per score, one line per method.
+
+    ``n_edits[method]``: x values; ``scores[metric][method]``: values in [0, 1] (None: undefined);
+    ``reference[metric]``: a horizontal line (e.g. the unedited model's NS)."""
+    from matplotlib.figure import Figure
+
+    metrics = list(scores)
+    fig = Figure(figsize=(4.2 * len(metrics), 3.8))
+    axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+    for ax, metric in zip(axes, metrics):
+        for j, (method, ys) in enumerate(scores[metric].items()):
+            ax.plot(list(n_edits[method]), [_val(y) for y in ys], "o-", ms=3, color=f"C{j}", label=method)
+        if reference and metric in reference:
+            ax.axhline(_val(reference[metric]), color="k", ls="--", lw=0.8, label="unedited")
+        ax.set_xlabel("edits applied")
+        ax.set_ylabel(f"{metric} (%)")
+        ax.set_ylim(0, 105)
+        ax.set_title(metric)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
     return fig
 
 

@@ -1,0 +1,324 @@
+"""Mass editing on the embedded fact model: ROME, MEMIT and AlphaEdit on the same requests.
+
+1. Requests: ``--n`` CounterFact-style requests whose fact the unedited model knows (its top-1 next
+   token on the rewrite prompt is the true object's first token).
+2. Key statistics for the edit layers in one pass (time without and with the cache).
+3. Tuning on ``--tune-n`` OTHER requests (none shares a subject and relation with the evaluation set):
+   MEMIT's λ (``mom2_weight``) and AlphaEdit's null-space threshold τ, one batch each; the chosen value
+   maximises ES + PS among those whose NS stays within 5 points of the unedited model (else the best NS).
+4. One batch of all ``--n`` requests, MEMIT and AlphaEdit: ES/PS/NS, subject specificity (SS),
+   shared-token neighbours (STN), fluency, drift, time; the MEMIT edit is also undone (bit-exact
+   check), saved, reloaded into a fresh model and re-scored (identical scores check).
+5. Sequential editing in batches of ``--batch-size`` (AlphaEdit, MEMIT) and one request at a time
+   (ROME, as many as the time budget ``--rome-seconds`` allows): the decay curve after every batch
+   and the drift after every step.
+
+Writes ``mass_editing.json`` (after every part), ``mass_editing.md`` (tables) and
+``mass_editing_decay.png`` to ``--out-dir`` (default ``analyses/results/``). ``--quick``: a tiny run
+for the test suite.
+
+    python analyses/mass_editing.py --n 1000 --batch-size 100 --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+import gpt2_interp as gi
+from gpt2_interp.core.result import to_jsonable
+from gpt2_interp.editing.edit import Edit, edited, undo_all
+from gpt2_interp.editing.evaluate import case_scores, counterfact_requests, evaluate_edits
+from gpt2_interp.editing.memit import MemitHparams, NullSpace, compute_edits, default_layers
+from gpt2_interp.editing.stats import key_second_moment
+from gpt2_interp.model.fingerprint import weights_fingerprint
+from gpt2_interp.plots.editing import plot_decay
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def known_cases(model, n: int, seed: int, exclude: set = frozenset(), batch: int = 256):
+    """``n`` cases the unedited model knows, none of whose (relation, subject) is in ``exclude``."""
+    pool = [c for c in counterfact_requests(n=2175, seed=seed) if (c.relation, c.request.subject) not in exclude]
+    out = []
+    for s in range(0, len(pool), batch):
+        chunk = pool[s : s + batch]
+        top = model.last_logits([c.request.text for c in chunk]).argmax(-1).tolist()
+        out += [c for c, t in zip(chunk, top) if t == int(model.to_tokens(c.target_true, prepend_bos=False)[0, 0])]
+        if len(out) >= n:
+            break
+    return out[:n]
+
+
+def _scores(model, cases, sb: int) -> dict:
+    rows = case_scores(model, cases, sb)
+    mean = lambda k: (lambda xs: sum(xs) / len(xs) if xs else None)([r[k] for r in rows if r.get(k) is not None])  # noqa: E731
+    return {"es": mean("es"), "ps": mean("ps"), "ns": mean("ns")}
+
+
+def _choose(results: list[dict], key: str, ns_pre: float) -> dict:
+    ok = [r for r in results if r["ns"] is not None and r["ns"] >= ns_pre - 0.05]
+    if ok:
+        return max(ok, key=lambda r: (r["es"] or 0) + (r["ps"] or 0))
+    return max(results, key=lambda r: r["ns"] or 0)
+
+
+@torch.no_grad()
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="gpt2-facts")
+    p.add_argument("--device", default=None)
+    p.add_argument("--n", type=int, default=1000, help="requests (facts the unedited model knows)")
+    p.add_argument("--batch-size", type=int, default=100, help="requests per sequential batch")
+    p.add_argument("--tune-n", type=int, default=200, help="tuning requests (0: use the defaults)")
+    p.add_argument("--lambdas", default="3,10,30,100,300,1000")
+    p.add_argument("--thresholds", default="1e-4,1e-3,1e-2")
+    p.add_argument("--rome-seconds", type=float, default=240.0, help="time budget of the ROME sequential run")
+    p.add_argument("--deadline", type=float, default=None, help="seconds for the whole script: the ROME run "
+                   "gets at most what is left minus a minute")
+    p.add_argument("--n-samples", type=int, default=100_000, help="tokens for the key statistics")
+    p.add_argument("--fluency-tokens", type=int, default=40)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out-dir", type=Path, default=RESULTS)
+    p.add_argument("--quick", action="store_true", help="a tiny run for tests")
+    p.add_argument("--render", type=Path, default=None, metavar="JSON",
+                   help="only write the table and figure from an earlier run's mass_editing.json")
+    args = p.parse_args(argv)
+    if args.render:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        render(json.loads(args.render.read_text()), args.out_dir)
+        return 0
+    if args.quick:
+        args.n, args.batch_size, args.tune_n, args.n_samples, args.fluency_tokens = 4, 2, 4, 3000, 8
+        args.lambdas, args.thresholds, args.rome_seconds = "100", "1e-3", 1.0
+    out = args.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    t_all = time.perf_counter()
+    model = gi.load(args.model, device=args.device) if args.device else gi.load(args.model)
+    sb = 512 if model.device.type != "cpu" else 64
+    quick_hp = dict(v_steps=3, prefixes_per_length=1, prefix_lengths=(3,)) if args.quick else {}
+    report: dict = {"model": args.model, "device": str(model.device), "n": args.n, "batch_size": args.batch_size,
+                    "torch_threads": torch.get_num_threads(), "errors": {}}
+
+    def save() -> None:
+        report["seconds_total"] = time.perf_counter() - t_all
+        (out / "mass_editing.json").write_text(json.dumps(to_jsonable(report), indent=1) + "\n")
+
+    def part(name: str, fn) -> None:
+        t = time.perf_counter()
+        try:
+            fn()
+        except Exception as e:  # keep what the other parts measured
+            report["errors"][name] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+            undo_all(model)
+        report.setdefault("part_seconds", {})[name] = time.perf_counter() - t
+        print(f"[{name}] {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
+        save()
+
+    base_fp = weights_fingerprint(model)
+    cases = known_cases(model, args.n, args.seed)
+    report["n_known_cases"] = len(cases)
+    layers = default_layers(model)
+    report["layers"] = layers
+    stats: dict = {}
+
+    def stats_part() -> None:
+        t = time.perf_counter()
+        fresh = key_second_moment(model, layers, n_samples=args.n_samples, cache_dir=False, recompute=True,
+                                  progress=False)
+        t_fresh = time.perf_counter() - t
+        stats.update(key_second_moment(model, layers, n_samples=args.n_samples, progress=False))
+        t = time.perf_counter()
+        key_second_moment(model, layers, n_samples=args.n_samples, progress=False)
+        report["stats"] = {"layers": layers, "count": fresh[layers[0]].count, "seconds_computed": t_fresh,
+                           "seconds_cached": time.perf_counter() - t, "corpus": fresh[layers[0]].key["corpus"]}
+        t = time.perf_counter()
+        ns = NullSpace.from_stats({l: stats[l] for l in layers}, MemitHparams.of(model).nullspace_threshold)
+        report["stats"]["projection_seconds"] = time.perf_counter() - t
+        report["stats"]["null_dim"] = ns.null_dim
+        ev = torch.linalg.eigvalsh(stats[layers[0]].C.double())
+        report["stats"]["eig_fraction_below"] = {str(t): float((ev <= t * ev[-1]).float().mean())
+                                                 for t in (1e-5, 1e-4, 1e-3, 1e-2)}
+
+    part("stats", stats_part)
+    chosen = {"mom2_weight": MemitHparams.of(model).mom2_weight,
+              "nullspace_threshold": MemitHparams.of(model).nullspace_threshold}
+
+    def tune_part() -> None:
+        exclude = {(c.relation, c.request.subject) for c in cases}
+        tune = known_cases(model, args.tune_n, args.seed + 1, exclude)
+        ns_pre = _scores(model, tune, sb)["ns"] or 1.0
+        lam_rows, tau_rows = [], []
+        for lam in [float(x) for x in args.lambdas.split(",")]:
+            t = time.perf_counter()
+            e = compute_edits(model, [c.request for c in tune], stats=stats,
+                              hparams={"mom2_weight": lam, **quick_hp})
+            with edited(model, e, verify=False):
+                lam_rows.append({"mom2_weight": lam, **_scores(model, tune, sb), "seconds": time.perf_counter() - t})
+            print(lam_rows[-1], file=sys.stderr, flush=True)
+        for tau in [float(x) for x in args.thresholds.split(",")]:
+            t = time.perf_counter()
+            e = compute_edits(model, [c.request for c in tune], stats=stats, preserve=True,
+                              hparams={"nullspace_threshold": tau, **quick_hp})
+            with edited(model, e, verify=False):
+                tau_rows.append({"nullspace_threshold": tau, **_scores(model, tune, sb), "null_dim": e.metrics["null_dim"],
+                                 "seconds": time.perf_counter() - t})
+            print(tau_rows[-1], file=sys.stderr, flush=True)
+        chosen["mom2_weight"] = _choose(lam_rows, "mom2_weight", ns_pre)["mom2_weight"]
+        chosen["nullspace_threshold"] = _choose(tau_rows, "nullspace_threshold", ns_pre)["nullspace_threshold"]
+        report["tuning"] = {"n": len(tune), "ns_unedited": ns_pre, "mom2_weight": lam_rows,
+                            "nullspace_threshold": tau_rows, "chosen": dict(chosen)}
+
+    if args.tune_n:
+        part("tuning", tune_part)
+    report["chosen"] = chosen
+    hp = {**chosen, **quick_hp}
+    common = dict(stats=stats, fluency_tokens=args.fluency_tokens, progress=False, score_batch_size=sb, **hp)
+
+    def batch_part() -> None:
+        reqs = [c.request for c in cases]
+        t = time.perf_counter()
+        edit = compute_edits(model, reqs, stats=stats, hparams=hp)
+        t_edit = time.perf_counter() - t
+        edit.apply(model)
+        scores_a = _scores(model, cases, sb)
+        edit.undo(model)
+        bit_exact = weights_fingerprint(model) == base_fp
+        path = out / "mass_editing_batch.edit"
+        edit.save(path)
+        fresh = gi.load(args.model, device=args.device) if args.device else gi.load(args.model)
+        loaded = Edit.load(path, fresh)
+        with fresh.edited(loaded):
+            scores_b = _scores(fresh, cases, sb)
+        report["batch_memit_edit"] = {"seconds": t_edit, "metrics": edit.metrics, "scores": scores_a,
+                                      "undo_bit_exact": bit_exact, "reloaded_scores": scores_b,
+                                      "reload_reproduces": scores_a == scores_b,
+                                      "file_mb": path.stat().st_size / 2**20}
+        path.unlink()  # a generated file: not committed
+
+    part("batch_memit_edit", batch_part)
+    evals: dict = {}
+
+    def run(name: str, **kw) -> None:
+        def fn() -> None:
+            if kw.get("method") != "rome":
+                ev = evaluate_edits(model, cases, **common, **kw)
+            else:  # ROME's own hyperparameters (MODEL_HPARAMS), its layer's statistics
+                rome_kw = {k: v for k, v in common.items() if k not in ("stats", *chosen)}
+                ev = evaluate_edits(model, cases[: kw.pop("n_rome")], **rome_kw, **kw)
+            evals[name] = ev
+            report.setdefault("evaluations", {})[name] = {
+                "method": ev.method, "sequential": ev.sequential, "batch_size": ev.batch_size, "layer": ev.layer,
+                "summary": ev.summary, "curve": ev.curve, "steps": ev.steps, "seconds": ev.seconds,
+                "restored_exactly": ev.restored_exactly}
+            print(ev.table(), file=sys.stderr, flush=True)
+        part(name, fn)
+
+    run("memit_batch", method="memit")
+    run("alphaedit_batch", method="alphaedit")
+    run("alphaedit_sequential", method="alphaedit", sequential=True, batch_size=args.batch_size)
+    run("memit_sequential", method="memit", sequential=True, batch_size=args.batch_size)
+    # ROME: as many sequential edits as the time budget allows (one edit's time measured first)
+    t = time.perf_counter()
+    probe = evaluate_edits(model, cases[:2], method="rome", fluency_tokens=2, progress=False, related=False,
+                           score_batch_size=sb, **quick_hp)
+    per_edit = max(probe.summary["all"]["edit_seconds"] or 1.0, 1e-3)
+    budget = args.rome_seconds
+    if args.deadline:
+        budget = min(budget, args.deadline - (time.perf_counter() - t_all) - 60)
+    report["rome_budget_seconds"] = budget
+    n_rome = max(2, min(len(cases), int(budget / (per_edit * 1.6))))
+    n_rome = n_rome - n_rome % args.batch_size if n_rome >= args.batch_size else n_rome
+    report["rome_probe_seconds"] = time.perf_counter() - t
+    marks = sorted({*range(args.batch_size, n_rome + 1, args.batch_size), 1, 10, n_rome})
+    run("rome_sequential", method="rome", sequential=True, checkpoints=marks, n_rome=n_rome)
+    report["weights_restored_at_end"] = weights_fingerprint(model) == base_fp
+    save()
+
+    render(json.loads(json.dumps(to_jsonable(report))), out)
+    save()
+    return 0 if not report["errors"] else 1
+
+
+def render(report: dict, out: Path) -> None:
+    """``mass_editing.md`` and ``mass_editing_decay.png`` from the JSON report (``--render``: from a
+    report written by an earlier run, e.g. on a GPU machine)."""
+    evals = report.get("evaluations", {})
+    seq = {k: evals[k] for k in ("rome_sequential", "memit_sequential", "alphaedit_sequential")
+           if k in evals and evals[k].get("curve")}
+    if seq:
+        names = {k: k.replace("_sequential", "") for k in seq}
+        metrics = {"ES": "es", "PS": "ps", "NS": "ns", "subject specificity": "ss"}
+        fig = plot_decay({names[k]: [c["n_edits"] for c in ev["curve"]] for k, ev in seq.items()},
+                         {m: {names[k]: [c[a] for c in ev["curve"]] for k, ev in seq.items()} for m, a in metrics.items()},
+                         reference={"NS": next(iter(seq.values()))["summary"]["all"]["ns_pre"]},
+                         title=f"{report['model']}: sequential editing, batches of {report['batch_size']}"
+                               + (" (ROME: one at a time)" if "rome_sequential" in seq else ""))
+        fig.savefig(out / "mass_editing_decay.png", dpi=120)
+    (out / "mass_editing.md").write_text(_markdown(report))
+
+
+def _markdown(report: dict) -> str:
+    pc = lambda x: f"{100 * x:.1f}" if x is not None else "–"  # noqa: E731
+    lines = [f"# Mass editing on {report['model']} ({report['device']})", "",
+             f"{report['n_known_cases']} requests the unedited model knows; edit layers {report['layers']}; "
+             f"chosen λ = {report['chosen']['mom2_weight']}, τ = {report['chosen']['nullspace_threshold']}.", ""]
+    if "stats" in report:
+        s = report["stats"]
+        lines += [f"Key statistics: {s['count']} tokens, {s['seconds_computed']:.1f} s computed, "
+                  f"{s['seconds_cached']:.2f} s from the cache; projection {s['projection_seconds']:.2f} s "
+                  f"(null-space dims {s['null_dim']}; fraction of eigenvalues below τ·λ_max: "
+                  f"{s.get('eig_fraction_below')}).", ""]
+    if "tuning" in report:
+        t = report["tuning"]
+        lines += [f"Tuning on {t['n']} other requests, one batch (NS unedited {pc(t['ns_unedited'])}):", "",
+                  "| setting | ES | PS | NS |", "|---|---|---|---|"]
+        lines += [f"| MEMIT λ = {r['mom2_weight']:g} | {pc(r['es'])} | {pc(r['ps'])} | {pc(r['ns'])} |"
+                  for r in t["mom2_weight"]]
+        lines += [f"| AlphaEdit τ = {r['nullspace_threshold']:g} | {pc(r['es'])} | {pc(r['ps'])} | {pc(r['ns'])} |"
+                  for r in t["nullspace_threshold"]]
+        lines.append("")
+    evals = report.get("evaluations", {})
+    lines += ["| run | edits | ES | PS | NS (unedited) | SS | STN | fluency pre → post | mean KL | time (s) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, ev in evals.items():
+        s = ev["summary"]["all"]
+        fl = f"{s['fluency_pre']:.3f} → {s['fluency_post']:.3f}" if s.get("fluency_post") is not None else "–"
+        kl = f"{s['kl_drift']:.3g}" if s.get("kl_drift") is not None else "–"
+        lines.append(f"| {name} | {s['n']} | {pc(s['es_post'])} | {pc(s['ps_post'])} | {pc(s['ns_post'])} "
+                     f"({pc(s['ns_pre'])}) | {pc(s.get('ss_post'))} | {pc(s.get('stn_post'))} | {fl} | {kl} | "
+                     f"{ev['seconds']:.0f} |")
+    lines.append("")
+    for name, ev in evals.items():
+        if ev.get("curve"):
+            lines += [f"**{name}** after k edits (ES/PS/NS/SS/STN %, mean/max KL on unrelated prompts):", "",
+                      "| k | ES | PS | NS | SS | STN | mean KL | max KL |", "|---|---|---|---|---|---|---|---|"]
+            lines += [f"| {c['n_edits']} | {pc(c['es'])} | {pc(c['ps'])} | {pc(c['ns'])} | {pc(c['ss'])} | "
+                      f"{pc(c['stn'])} | {c['kl_drift']:.3g} | {c['kl_max']:.3g} |" for c in ev["curve"]]
+            lines.append("")
+    if "batch_memit_edit" in report:
+        b = report["batch_memit_edit"]
+        fit = next(iter(b["metrics"]["fit"].values()))
+        lines += [f"One MEMIT edit of all requests: computed in {b['seconds']:.1f} s (δ optimisation "
+                  f"{b['metrics']['delta_seconds']:.1f} s); least-squares residual {100 * fit['fit_error']:.0f}% of the "
+                  f"targets; undo bit-exact: {b['undo_bit_exact']}; saved ({b['file_mb']:.1f} MB), reloaded into a "
+                  f"fresh model: scores {'identical' if b['reload_reproduces'] else 'DIFFERENT'} "
+                  f"({b['scores']} vs {b['reloaded_scores']}).", ""]
+    missing = [k for k in ("memit_batch", "alphaedit_batch", "alphaedit_sequential", "memit_sequential",
+                           "rome_sequential") if k not in evals]
+    if missing:
+        lines += [f"Not measured in this run (time limit or error): {', '.join(missing)}.", ""]
+    if report.get("errors"):
+        lines += ["Errors: " + json.dumps(report["errors"]), ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,405 @@
+"""Mass editing: MEMIT (Meng et al. 2023) and AlphaEdit's null-space projection (Fang et al. 2025).
+
+Our MLP computes ``out = k @ W_out + b_out`` (``k: [d_mlp]``, ``W_out: [d_mlp, d_model]``). For a
+batch of ``n`` requests and edit layers ``L_1 < … < L_m`` (top layer ``L_m``):
+
+1. **Targets** (MEMIT's ``compute_z``): per request, ROME's δ optimisation
+   (:func:`.rome.optimise_deltas`, all requests in one batch) finds ``δ_i: [d_model]`` such that
+   adding ``δ_i`` to the residual stream after block ``L_m`` at the subject's last token makes
+   the model say the target (adding to ``blocks.{L_m}.hook_mlp_out`` is adding to that residual).
+   The target residual is ``z_i = h_i + δ_i`` with ``h_i`` the unedited residual there (averaged,
+   like the keys, over the prompt variants).
+2. **Spread** over the layers, lowest first: at layer ``L_j`` the keys ``K: [n, d_mlp]`` (ROME's
+   k*, computed on the model with the updates of ``L_1 … L_{j-1}`` applied) must carry the remaining
+   residual ``R = (z − h_now) / (m − j + 1)`` (``h_now``: the residual after block ``L_m`` with the
+   lower updates applied), so each layer takes an equal share of what is left.
+3. **Least squares** per layer. MEMIT: ``ΔW = argmin ‖K ΔW − R‖² + λ·tr(ΔWᵀ C ΔW)``
+   ``= (λC + KᵀK)⁻¹ Kᵀ R`` with ``C = E[k kᵀ]`` over a corpus (:mod:`.stats`) and ``λ = mom2_weight``
+   (MEMIT's ``mom2_update_weight``). With one request, ``(λC + kkᵀ)⁻¹k = C⁻¹k / (λ + kᵀC⁻¹k)``
+   (Sherman–Morrison), so ``ΔW = C⁻¹k δᵀ / (λ + kᵀC⁻¹k)``: ROME's update
+   ``C⁻¹k δᵀ / (kᵀC⁻¹k)`` scaled by ``kᵀC⁻¹k / (λ + kᵀC⁻¹k)`` — the documented difference; the two
+   agree as ``λ → 0``.
+   AlphaEdit (``preserve=``): ``ΔW = P X`` with ``P`` the projection on the (approximate) null
+   space of the preserved keys, so ``k₀ @ ΔW ≈ 0`` for every preserved key ``k₀``;
+   ``X = argmin ‖K P X − R‖² + ‖K_p P X‖² + α‖P X‖²`` where ``K_p`` are the keys of the edits made
+   earlier with the same :class:`NullSpace` (sequential editing does not overwrite them); the
+   normal equations ``(P(KᵀK + K_pᵀK_p)P + αI) X = P Kᵀ R`` have their solution in ``P``'s range.
+   ``α = alpha · tr(C)/d_mlp`` (scale-free). AlphaEdit writes the system unsymmetrised; ours is its
+   symmetric least-squares form.
+
+**Null space.** ``P = Σ_{λ_i ≤ τ·λ_max} u_i u_iᵀ`` over the eigenpairs ``(λ_i, u_i)`` of the
+preserved keys' second moment ``C₀``: the directions in which preserved keys have (almost) no
+energy. ``τ = nullspace_threshold`` is relative to the largest eigenvalue (AlphaEdit uses an
+absolute 2e-2 on its models' unnormalised statistics; a relative threshold carries over between
+models). For any preserved key, ``‖k₀ P‖² ≤ τ·λ_max·‖·‖``-small on average:
+``E‖k₀P‖² = tr(P C₀) = Σ_{kept} λ_i``, reported as ``NullSpace.leak`` (fraction of ``tr C₀``).
+
+The result is ONE :class:`~.edit.Edit` covering the layers (low-rank ``ΔW_l = U V`` with
+``U: [d_mlp, n]``, ``V = R: [n, d_model]`` when ``n < d_model``, dense otherwise) with the edited
+keys kept per layer (``edit.keys``) and the target residuals ``z: [n, d_model]`` (``edit.v_star``):
+apply / undo (bit-exact) / save / load / fingerprint refusal as for ROME.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..model.fingerprint import parameter_digests, weights_fingerprint
+from .edit import Edit, Request
+from .rome import (
+    MODEL_HPARAMS as ROME_MODEL_HPARAMS, RequestLike, RomeHparams, context_prefixes, default_layer, optimise_deltas,
+    subject_states, validate_request,
+)
+from .stats import KeyStats, key_second_moment, keys_fingerprint, unedited_digests
+
+if TYPE_CHECKING:
+    from ..model import HookedGPT2
+
+
+# ---------------------------------------------------------------- hyperparameters
+@dataclass
+class MemitHparams:
+    """MEMIT/AlphaEdit settings; ``rome`` holds the δ optimisation's (:class:`.rome.RomeHparams`)."""
+
+    layers: tuple[int, ...] | None = None   # edit layers (None: the model's default, see default_layers)
+    mom2_weight: float = 1000.0             # λ in (λC + KᵀK)⁻¹KᵀR (MEMIT's mom2_update_weight)
+    nullspace_threshold: float = 1e-3       # τ: P keeps eigen-directions of C₀ with λ ≤ τ·λ_max
+    alpha: float = 1e-2                     # AlphaEdit's ridge, × tr(C)/d_mlp
+    chunk: int | None = None                # requests per δ-optimisation batch (None: 32 on CPU, all on GPU)
+    rome: RomeHparams = field(default_factory=RomeHparams)
+
+    @classmethod
+    def of(cls, model: "HookedGPT2", **overrides: Any) -> "MemitHparams":
+        """Defaults, then :data:`MODEL_HPARAMS` for the model, then ``overrides``; keys of
+        :class:`RomeHparams` (``v_steps``, ``v_lr``, …) go to the δ optimisation."""
+        own = {f.name for f in fields(cls)} - {"rome"}
+        rome_names = {f.name for f in fields(RomeHparams)}
+        merged = MODEL_HPARAMS.get(model.cfg.name, {}) | overrides
+        bad = sorted(set(merged) - own - rome_names)
+        if bad:
+            raise ValueError(f"unknown MEMIT hyperparameter(s) {bad}; valid: {sorted(own)} and the ROME δ settings "
+                             f"{sorted(rome_names)}")
+        rome_kw = ROME_MODEL_HPARAMS.get(model.cfg.name, {}) | {k: v for k, v in merged.items() if k in rome_names}
+        hp = cls(**{k: v for k, v in merged.items() if k in own}, rome=RomeHparams.of(**rome_kw))
+        if hp.layers is not None:
+            hp.layers = tuple(int(x) for x in hp.layers)
+        if hp.mom2_weight < 0 or hp.alpha <= 0 or not 0 < hp.nullspace_threshold < 1:
+            raise ValueError(f"need mom2_weight >= 0, alpha > 0 and 0 < nullspace_threshold < 1; got {hp}")
+        return hp
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+#: Per-model MEMIT settings (user arguments win; δ settings default to ROME's MODEL_HPARAMS).
+#: gpt2-facts: one edit layer, 0 — the only layer whose MLP at the subject's last token carries the
+#: fact (causal trace: indirect effect 0.40 at layer 0, < 0.006 above). λ = 1000: on 200 tuning
+#: requests in one batch (analyses/mass_editing.py, results/mass_editing.md) λ = 10/30/100/300/1000
+#: gave ES 55/61/74/79/66, NS 70/72/74/79/90 (unedited 100); none kept NS within 5 points, and 1000
+#: had the best NS.
+MODEL_HPARAMS: dict[str, dict[str, Any]] = {
+    "gpt2-facts": {"layers": (0,), "mom2_weight": 1000.0},
+}
+
+
+def default_layers(model: "HookedGPT2") -> list[int]:
+    """MEMIT's window: ``round(5/48 · n_layer)`` layers ending at ROME's layer (gpt2-xl: 13–17, as
+    published), or :data:`MODEL_HPARAMS`' ``layers``."""
+    given = MODEL_HPARAMS.get(model.cfg.name, {}).get("layers")
+    if given is not None:
+        return list(given)
+    top = default_layer(model)
+    width = max(1, round(5 * model.cfg.n_layer / 48))
+    return list(range(max(0, top - width + 1), top + 1))
+
+
+def choose_layers(model: "HookedGPT2", requests: Sequence[RequestLike], n_trace: int = 8,
+                  share: float = 0.5, max_width: int | None = None) -> list[int]:
+    """``layers="auto"``: average the causal-trace MLP indirect effect at the subject's last token
+    over up to ``n_trace`` requests; the window is the contiguous run of layers around the peak whose
+    effect is at least ``share`` × the peak's, at most ``max_width`` layers
+    (default ``max(1, round(5/48 · n_layer))``, MEMIT's 5 of 48), keeping the highest-effect ones."""
+    from ..analysis.tracing import causal_trace
+
+    reqs = [Request.of(r) for r in requests][:n_trace]
+    effect = torch.zeros(model.cfg.n_layer)
+    for req in reqs:
+        tr = causal_trace(model, req.text, req.subject, kind="mlp", progress=False)
+        effect += torch.as_tensor(tr.indirect_effect[tr.subject_range[1] - 1]).float().cpu()
+    effect /= max(len(reqs), 1)
+    peak = int(effect.argmax())
+    width = max_width or max(1, round(5 * model.cfg.n_layer / 48))
+    lo = hi = peak
+    while hi - lo + 1 < width:
+        cand = [(float(effect[l]), l) for l in (lo - 1, hi + 1) if 0 <= l < model.cfg.n_layer
+                and effect[l] >= share * effect[peak]]
+        if not cand:
+            break
+        _, l = max(cand)
+        lo, hi = min(lo, l), max(hi, l)
+    return list(range(lo, hi + 1))
+
+
+# ---------------------------------------------------------------- the null space
+@dataclass(eq=False)
+class NullSpace:
+    """AlphaEdit's projections ``P_l: [d_mlp, d_mlp]`` per layer plus the keys of the edits made so
+    far (``KpKp_l = K_pᵀK_p``), for sequential editing.
+
+    ``compute_edits(…, preserve=ns)`` uses it and then remembers the batch's keys (so the next
+    batch's update is fitted not to disturb them); ``remember=False`` there leaves it unchanged."""
+
+    P: dict[int, torch.Tensor]
+    threshold: float
+    fingerprints: dict[int, str]  # keys fingerprint of each layer's preserved statistics
+    null_dim: dict[int, int]
+    leak: dict[int, float]        # E‖k₀P‖² / E‖k₀‖² of the preserved keys
+    KpKp: dict[int, torch.Tensor] = field(default_factory=dict)
+    n_remembered: int = 0
+
+    @classmethod
+    def from_stats(cls, stats: Mapping[int, KeyStats] | KeyStats, threshold: float = 1e-3) -> "NullSpace":
+        """``P`` from the eigen-decomposition of each layer's preserved second moment ``C₀``."""
+        if isinstance(stats, KeyStats):
+            stats = {stats.layer: stats}
+        P, dims, leak, fps = {}, {}, {}, {}
+        for lay, st in stats.items():
+            C0 = st.C.double()
+            evals, evecs = torch.linalg.eigh(C0)  # ascending
+            keep = evals <= threshold * evals[-1]
+            U = evecs[:, keep]
+            P[lay] = U @ U.T
+            dims[lay] = int(keep.sum())
+            leak[lay] = float(evals[keep].clamp(min=0).sum() / evals.clamp(min=0).sum())
+            fps[lay] = st.key.get("fingerprint", "")
+        return cls(P, threshold, fps, dims, leak)
+
+    def check(self, model: "HookedGPT2", layers: Sequence[int], digests: dict[str, str] | None = None) -> None:
+        missing = [l for l in layers if l not in self.P]
+        if missing:
+            raise ValueError(f"the null space has projections for layers {sorted(self.P)}, not {missing}; "
+                             "build it from statistics of every edit layer")
+        base = unedited_digests(model, digests)
+        for l in layers:
+            if self.fingerprints.get(l) and self.fingerprints[l] not in (keys_fingerprint(model, l, digests),
+                                                                         keys_fingerprint(model, l, base)):
+                raise ValueError(f"the null space of layer {l} was computed from statistics of another model "
+                                 "(its keys fingerprint differs); rebuild it with NullSpace.from_stats for this model")
+
+    def remember(self, keys: Mapping[int, torch.Tensor]) -> None:
+        """Accumulate ``K_pᵀK_p`` of edited keys ``{layer: [n, d_mlp]}``."""
+        n = 0
+        for lay, K in keys.items():
+            K = K.double().cpu()
+            self.KpKp[lay] = self.KpKp.get(lay, torch.zeros(K.shape[1], K.shape[1], dtype=torch.float64)) + K.T @ K
+            n = K.shape[0]
+        self.n_remembered += n
+
+    def __repr__(self) -> str:
+        dims = ", ".join(f"L{l}: {d}" for l, d in self.null_dim.items())
+        return f"NullSpace(τ={self.threshold:g}, null dims {{{dims}}}, {self.n_remembered} keys remembered)"
+
+
+# ---------------------------------------------------------------- the maths
+def least_squares_update(K: torch.Tensor, R: torch.Tensor, C: torch.Tensor, mom2_weight: float) -> torch.Tensor:
+    """MEMIT's per-layer update ``A = (λC + KᵀK)⁻¹ Kᵀ`` so that ``ΔW = A @ R``.
+
+    ``K: [n, d_mlp]`` keys, ``R: [n, d_model]`` residuals, ``C: [d_mlp, d_mlp]``; returns
+    ``A: [d_mlp, n]`` (float64). Minimises ``‖K ΔW − R‖² + λ tr(ΔWᵀ C ΔW)``."""
+    K64 = K.double().cpu()
+    M = mom2_weight * C.double().cpu() + K64.T @ K64
+    return torch.linalg.solve(M, K64.T)
+
+
+def projected_update(K: torch.Tensor, P: torch.Tensor, KpKp: torch.Tensor | None, ridge: float) -> torch.Tensor:
+    """AlphaEdit's update in ``P``'s range: ``A = (P(KᵀK + K_pᵀK_p)P + αI)⁻¹ P Kᵀ``, ``ΔW = A @ R``.
+
+    ``K: [n, d_mlp]``, ``P: [d_mlp, d_mlp]``, ``KpKp: [d_mlp, d_mlp]`` or None; returns ``A: [d_mlp, n]``."""
+    K64, P64 = K.double().cpu(), P.double().cpu()
+    G = K64.T @ K64 + (KpKp.double().cpu() if KpKp is not None else 0.0)
+    M = P64 @ G @ P64 + ridge * torch.eye(P64.shape[0], dtype=torch.float64)
+    return P64 @ torch.linalg.solve(M, P64 @ K64.T)  # = the solution (it lies in range(P)); P again kills round-off
+
+
+# ---------------------------------------------------------------- input checks
+def validate_requests(model: "HookedGPT2", requests: Sequence[RequestLike]) -> tuple[list[Request], list[list[int]]]:
+    """Requests and their target ids; an empty batch or one subject+prompt with two targets raises.
+    Exact duplicates are kept once."""
+    if isinstance(requests, (Request, Mapping)):
+        requests = [requests]
+    if not requests:
+        raise ValueError("the request list is empty; give at least one {'prompt', 'subject', 'target'}")
+    out, ids, seen = [], [], {}
+    for r in requests:
+        req, i = validate_request(model, r)
+        key = (req.subject, req.prompt)
+        if key in seen:
+            if seen[key].target != req.target:
+                raise ValueError(
+                    f"conflicting requests in one batch: {req.prompt.format(req.subject)!r} → {seen[key].target!r} "
+                    f"and → {req.target!r}. One batch writes one answer per subject and prompt; drop one, or edit "
+                    "them in separate, sequential batches")
+            continue
+        seen[key] = req
+        out.append(req)
+        ids.append(i)
+    return out, ids
+
+
+def _resolve_stats(model: "HookedGPT2", layers: list[int], stats: Any, hp: MemitHparams,
+                   digests: dict[str, str], progress: bool) -> dict[int, KeyStats]:
+    if stats is None:
+        got = key_second_moment(model, layers, corpus=hp.rome.corpus, n_samples=hp.rome.n_samples, progress=progress)
+    elif isinstance(stats, KeyStats):
+        got = {stats.layer: stats}
+    elif isinstance(stats, Mapping):
+        got = {int(k): v for k, v in stats.items()}
+    else:
+        raise TypeError(f"stats must be None, a KeyStats or {{layer: KeyStats}}, got {type(stats).__name__}")
+    missing = [l for l in layers if l not in got]
+    if missing:
+        raise ValueError(f"no key statistics for edit layer(s) {missing} (given: {sorted(got)}); compute them with "
+                         f"key_second_moment(model, {layers})")
+    for l in layers:
+        got[l].check(model, l, digests)
+    return got
+
+
+def _resolve_layers(model: "HookedGPT2", layers: Any, hp: MemitHparams, reqs: list[Request]) -> list[int]:
+    if layers is None:
+        layers = list(hp.layers) if hp.layers is not None else default_layers(model)
+    elif isinstance(layers, str):
+        if layers != "auto":
+            raise ValueError(f"layers must be None, a list of ints or 'auto', got {layers!r}")
+        layers = choose_layers(model, reqs)
+    elif isinstance(layers, int):
+        layers = [layers]
+    out = sorted({model.check_layer(l) for l in layers})
+    if not out:
+        raise ValueError("layers is empty; give at least one edit layer")
+    return out
+
+
+# ---------------------------------------------------------------- the entry point
+def compute_edits(
+    model: "HookedGPT2",
+    requests: Sequence[RequestLike],
+    layers: int | Sequence[int] | str | None = None,
+    stats: KeyStats | Mapping[int, KeyStats] | None = None,
+    hparams: MemitHparams | Mapping[str, Any] | None = None,
+    preserve: "NullSpace | KeyStats | Mapping[int, KeyStats] | bool | None" = None,
+    remember: bool = True,
+    progress: bool = False,
+) -> Edit:
+    """Compute (not apply) ONE edit writing every request into ``model`` (module doc: the maths).
+
+    ``layers``: None (:func:`default_layers`), ints, or ``"auto"`` (:func:`choose_layers`).
+    ``stats``: key statistics per layer (computed in one pass and cached when None).
+    ``hparams``: :class:`MemitHparams` or a dict of overrides. ``preserve``: AlphaEdit — a
+    :class:`NullSpace` (reused across sequential batches; it remembers this batch's keys unless
+    ``remember=False``), statistics of the keys to preserve, or True for ``stats`` themselves.
+    Apply with ``edit.apply(model)``; undo with ``edit.undo(model)``.
+    """
+    t0 = time.perf_counter()
+    hp = hparams if isinstance(hparams, MemitHparams) else MemitHparams.of(model, **dict(hparams or {}))
+    reqs, ids = validate_requests(model, requests)
+    layers_ = _resolve_layers(model, layers, hp, reqs)
+    top = layers_[-1]
+    digests = parameter_digests(model)
+    base_fp = weights_fingerprint(model, digests=digests)
+    st = _resolve_stats(model, layers_, stats, hp, digests, progress)
+    ns: NullSpace | None
+    if preserve is None or preserve is False:
+        ns = None
+    elif isinstance(preserve, NullSpace):
+        ns = preserve
+    elif preserve is True:
+        ns = NullSpace.from_stats({l: st[l] for l in layers_}, hp.nullspace_threshold)
+    else:
+        ns = NullSpace.from_stats(preserve, hp.nullspace_threshold)
+    if ns is not None:
+        ns.check(model, layers_, digests)
+    prefixes = context_prefixes(model, hp.rome.prefix_lengths, hp.rome.prefixes_per_length, hp.rome.prefix_seed)
+
+    # 1. target residuals at the top layer
+    t1 = time.perf_counter()
+    opt = optimise_deltas(model, list(zip(reqs, ids)), top, prefixes, hp.rome, st[top].solve, chunk=hp.chunk,
+                          progress=progress)
+    delta = torch.stack([o["delta"] for o in opt]).double().cpu()  # [n, d_model]
+    t_delta = time.perf_counter() - t1
+    _, h0 = subject_states(model, reqs, [], prefixes, resid_layer=top)
+    z = h0.double().cpu() + delta  # [n, d_model]
+
+    # 2-3. spread over the layers, lowest first, applying each update before the next layer's keys
+    factors: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    keys_used: dict[int, torch.Tensor] = {}
+    fit: dict[int, dict[str, float]] = {}
+    saved = {l: model.blocks[l].mlp.W_out.detach().clone() for l in layers_}
+    n, d_model = len(reqs), model.cfg.d_model
+    try:
+        for j, lay in enumerate(layers_):
+            K_all, h_now = subject_states(model, reqs, [lay], prefixes, resid_layer=top)
+            K = K_all[lay].double().cpu()  # [n, d_mlp]
+            R = (z - h_now.double().cpu()) / (len(layers_) - j)  # [n, d_model]
+            if ns is None:
+                A = least_squares_update(K, R, st[lay].C, hp.mom2_weight)
+            else:
+                ridge = hp.alpha * float(st[lay].C.double().diagonal().mean())
+                A = projected_update(K, ns.P[lay], ns.KpKp.get(lay), ridge)
+            dW = A @ R  # [d_mlp, d_model]
+            fit[lay] = {"target_norm": float(R.norm(dim=-1).mean()),
+                        "fit_error": float((K @ dW - R).norm(dim=-1).mean() / R.norm(dim=-1).mean().clamp(min=1e-12)),
+                        "dW_norm": float(dW.norm())}
+            if n < min(d_model, A.shape[0]):
+                factors[lay] = (A.float(), R.float())
+            else:
+                factors[lay] = (dW.float(), None)
+            keys_used[lay] = K.float()
+            with torch.no_grad():
+                W = model.blocks[lay].mlp.W_out
+                W.add_(dW.to(W.device, W.dtype))
+    finally:
+        with torch.no_grad():
+            for l, W0 in saved.items():
+                model.blocks[l].mlp.W_out.copy_(W0)
+    if ns is not None and remember:
+        ns.remember(keys_used)
+    method = "alphaedit" if ns is not None else "memit"
+    metrics = {
+        "n_requests": n, "layers": layers_, "seconds": time.perf_counter() - t0, "delta_seconds": t_delta,
+        "delta_norm_mean": float(delta.norm(dim=-1).mean()),
+        "steps_mean": sum(len(o["log"]) - 1 for o in opt) / n,
+        "p_target_optimised_mean": sum(o["log"][-1]["p_target"] for o in opt) / n,
+        "fit": fit,
+    }
+    if ns is not None:
+        metrics["null_dim"] = {l: ns.null_dim[l] for l in layers_}
+        metrics["null_leak"] = {l: ns.leak[l] for l in layers_}
+    hdict = hp.to_dict() | {"layers": layers_, "stats_corpus": st[top].key.get("corpus"), "stats_count": st[top].count}
+    return Edit(factors=factors, requests=reqs, keys=keys_used, v_star=z.float(), base_fingerprint=base_fp, hparams=hdict,
+                metrics=metrics, model_name=model.cfg.name, shape=(model.cfg.d_mlp, model.cfg.d_model), method=method)
+
+
+def apply_memit(model: "HookedGPT2", requests: Sequence[RequestLike], batch_size: int | None = None,
+                **kwargs: Any) -> list[Edit]:
+    """Compute and apply edits for ``requests`` in batches of ``batch_size`` (all at once when None),
+    each batch on the model edited by the previous ones. ``kwargs`` go to :func:`compute_edits`
+    (a ``preserve=NullSpace`` accumulates the earlier batches' keys). Undo with ``undo_all(model)``."""
+    reqs = list(requests)
+    if not reqs:
+        raise ValueError("the request list is empty")
+    size = batch_size or len(reqs)
+    edits = []
+    for s in range(0, len(reqs), size):
+        e = compute_edits(model, reqs[s : s + size], **kwargs)
+        edits.append(e.apply(model, verify=False))
+    return edits
+
+
+__all__ = ["MemitHparams", "MODEL_HPARAMS", "NullSpace", "compute_edits", "apply_memit", "choose_layers",
+           "default_layers", "least_squares_update", "projected_update", "validate_requests"]

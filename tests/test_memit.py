@@ -1,0 +1,333 @@
+"""MEMIT and AlphaEdit: the least-squares algebra, equality with ROME in the one-request case, the
+null-space projection, multi-layer Edit bookkeeping, batched δ optimisation, multi-layer key
+statistics, bad input, and a batch of real edits on gpt2-facts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpt2_interp.analysis.tokens import target_ids
+from gpt2_interp.editing import Request, applied_edits, undo_all, weights_fingerprint
+from gpt2_interp.editing.edit import Edit, load_edit
+from gpt2_interp.editing.memit import (
+    NullSpace, compute_edits, least_squares_update, projected_update, validate_requests,
+)
+from gpt2_interp.editing.rome import (
+    RomeHparams, compute_edit, context_prefixes, optimise_delta, optimise_deltas, subject_states,
+)
+from gpt2_interp.editing.stats import KeyStats, key_second_moment
+from gpt2_interp.model import HookedGPT2
+
+from .conftest import TINY
+
+FAST = dict(prefix_lengths=(5,), prefixes_per_length=2, v_steps=3)
+REQS = [
+    {"prompt": "{} is located in the city of", "subject": "Eiffel Tower", "target": " Rome"},
+    {"prompt": "The capital of {} is", "subject": "France", "target": " Berlin"},
+    {"prompt": "{} speaks the language", "subject": "Brazil", "target": " German"},
+]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "c.txt"
+    docs = [f"The Eiffel Tower is in Paris and number {i} is odd or even." for i in range(80)]
+    docs += [f"Rome has {i} fountains; Berlin has {2 * i} museums, says the guide." for i in range(80)]
+    path.write_text("\n\n".join(docs))
+    return path
+
+
+@pytest.fixture
+def stats(tiny, corpus, tmp_path):
+    return key_second_moment(tiny, [0, 1], corpus=str(corpus), n_samples=2000, cache_dir=tmp_path, progress=False)
+
+
+def _snapshot(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _same(model, snap):
+    return all(torch.equal(p, snap[n]) for n, p in model.named_parameters())
+
+
+def _spd(d, g, rank=None):
+    A = torch.randn(d, rank or 3 * d, generator=g, dtype=torch.float64)
+    return A @ A.T / A.shape[1]
+
+
+# ------------------------------------------------------------------ the algebra
+def test_least_squares_update_fits_every_key_and_is_the_ridge_optimum():
+    g = torch.Generator().manual_seed(0)
+    d_mlp, d_model, n = 40, 12, 7
+    K, R, C = torch.randn(n, d_mlp, generator=g), torch.randn(n, d_model, generator=g), _spd(d_mlp, g)
+    dW = least_squares_update(K, R, C, 1e-6) @ R.double()
+    torch.testing.assert_close(K.double() @ dW, R.double(), atol=1e-4, rtol=1e-4)  # k_i ΔW = r_i
+    lam = 3.0
+    dW = least_squares_update(K, R, C, lam) @ R.double()
+    cost = lambda M: ((K.double() @ M - R.double()) ** 2).sum() + lam * torch.trace(M.T @ C @ M)  # noqa: E731
+    for _ in range(5):  # the normal equations' solution is the minimum
+        assert cost(dW + 1e-3 * torch.randn(d_mlp, d_model, generator=g, dtype=torch.float64)) > cost(dW)
+
+
+def test_one_request_memit_update_is_romes_scaled_by_q_over_lambda_plus_q():
+    """Sherman–Morrison: (λC + kkᵀ)⁻¹k rᵀ = C⁻¹k rᵀ / (λ + kᵀC⁻¹k), ROME's ΔW times q/(λ+q)."""
+    g = torch.Generator().manual_seed(1)
+    d_mlp, d_model = 30, 9
+    C = _spd(d_mlp, g)
+    k, r = torch.randn(1, d_mlp, generator=g), torch.randn(1, d_model, generator=g)
+    q = float(k.double() @ torch.linalg.solve(C, k.double().T))
+    rome = torch.outer(torch.linalg.solve(C, k.double()[0]), r.double()[0]) / q
+    for lam in (0.5, 10.0):
+        memit = least_squares_update(k, r, C, lam) @ r.double()
+        torch.testing.assert_close(memit, rome * q / (lam + q), atol=1e-10, rtol=1e-8)
+
+
+def test_projected_update_does_not_touch_preserved_keys():
+    g = torch.Generator().manual_seed(2)
+    d_mlp, d_model = 32, 8
+    K0 = torch.randn(20, d_mlp, generator=g)  # preserved keys span 20 of 32 directions
+    ns = NullSpace.from_stats(KeyStats((K0.T @ K0 / 20), 20, {"layer": 0}), threshold=1e-6)
+    assert ns.null_dim[0] == 12 and ns.leak[0] < 1e-6  # C is float32: its zero eigenvalues are ~1e-7
+    K, R = torch.randn(5, d_mlp, generator=g), torch.randn(5, d_model, generator=g)
+    dW = projected_update(K, ns.P[0], None, 1e-8) @ R.double()
+    assert (K0.double() @ dW).abs().max() < 1e-5 * (K.double() @ dW).abs().max()  # k₀ ΔW = 0
+    torch.testing.assert_close(K.double() @ dW, R.double(), atol=1e-5, rtol=1e-5)  # 5 keys fit in 12 free dims
+
+
+# ------------------------------------------------------------------ on a model
+def test_single_request_single_layer_memit_equals_rome_algebra(tiny, stats):
+    """Same key k* (mean over the same prompt variants), same δ (the same optimiser), so
+    ΔW_MEMIT = ΔW_ROME · q/(λ + q) with q = k*ᵀC⁻¹k*."""
+    lam = 2.0
+    rome = compute_edit(tiny, REQS[0], layer=0, stats=stats[0], **FAST)
+    memit = compute_edits(tiny, [REQS[0]], layers=[0], stats=stats, hparams={"mom2_weight": lam, **FAST})
+    torch.testing.assert_close(memit.keys[0][0], rome.k, rtol=1e-5, atol=1e-5)
+    q = float(rome.k.double() @ torch.linalg.solve(stats[0].C.double(), rome.k.double()))
+    torch.testing.assert_close(memit.delta(0).double(), rome.delta().double() * q / (lam + q), rtol=1e-3, atol=1e-6)
+    assert memit.method == "memit" and memit.layers == [0] and memit.requests == [Request(**REQS[0])]
+
+
+def test_batched_edit_maps_each_key_to_its_target_residual(tiny, stats):
+    """With λ → 0 every request's mean key is carried to its target residual z_i at the top layer,
+    also across two layers (the top layer fits what the lower one left, with keys recomputed)."""
+    prefixes = context_prefixes(tiny, (5,), 2, 0)
+    reqs = [Request(**r) for r in REQS]
+    for layers in ([0], [0, 1]):
+        edit = compute_edits(tiny, REQS, layers=layers, stats=stats, hparams={"mom2_weight": 1e-6, **FAST})
+        assert edit.layers == layers and len(edit) == 3 and edit.v_star.shape == (3, TINY.d_model)
+        _, before = subject_states(tiny, reqs, [], prefixes, resid_layer=layers[-1])
+        assert (before - edit.v_star).norm(dim=-1).min() > 1e-3  # there is something to do
+        with tiny.edited(edit):
+            _, after = subject_states(tiny, reqs, [], prefixes, resid_layer=layers[-1])
+        torch.testing.assert_close(after, edit.v_star, atol=2e-3, rtol=1e-3)
+
+
+def test_projected_edit_leaves_preserved_keys_outputs_unchanged(tiny, corpus, tmp_path, stats):
+    """AlphaEdit: the preserved keys (statistics over 100 tokens: rank ≤ 100 of d_mlp 256) get the
+    same MLP output after the edit; the second sequential batch is fitted not to move the first
+    batch's keys, unlike the same batch without that memory."""
+    small = key_second_moment(tiny, 0, corpus=str(corpus), n_samples=100, cache_dir=tmp_path, progress=False)
+    ns = NullSpace.from_stats({0: small}, threshold=1e-6)
+    assert ns.null_dim[0] >= TINY.d_mlp - 100
+    first = compute_edits(tiny, REQS[:2], layers=[0], stats=stats, preserve=ns, hparams=FAST)
+    assert first.method == "alphaedit" and ns.n_remembered == 2
+    _, cache = tiny.run_with_cache(corpus.read_text().split("\n\n")[0], names_filter="blocks.0.mlp.hook_post")
+    K0 = cache["blocks.0.mlp.hook_post"][0]  # preserved keys (the corpus' first tokens)
+    effect = (first.keys[0] @ first.delta(0)).abs().max()  # what the edit does to its own keys
+    assert (K0 @ first.delta(0)).abs().max() < 1e-3 * effect  # float32 statistics: not exactly 0
+    plain = compute_edits(tiny, REQS[:2], layers=[0], stats=stats, hparams=FAST)  # MEMIT moves them
+    assert (K0 @ plain.delta(0)).abs().max() > 1e-2 * (first.keys[0] @ plain.delta(0)).abs().max()
+    with tiny.edited(first):
+        second = compute_edits(tiny, REQS[2:], layers=[0], stats=stats, preserve=ns, hparams=FAST)
+        forgetful = compute_edits(tiny, REQS[2:], layers=[0], stats=stats, hparams=FAST, remember=False,
+                                  preserve=NullSpace.from_stats({0: small}, threshold=1e-6))
+    moved = lambda e: float((first.keys[0] @ e.delta(0)).norm())  # noqa: E731
+    assert moved(second) < 0.5 * moved(forgetful)
+
+
+def test_multi_layer_edit_undo_stack_save_load(tiny, stats, tmp_path):
+    snap = _snapshot(tiny)
+    rome = compute_edit(tiny, REQS[0], layer=1, stats=stats[1], **FAST).apply(tiny)
+    memit = compute_edits(tiny, REQS[1:], layers=[0, 1], stats=stats, hparams=FAST)
+    assert [memit.rank(l) for l in memit.layers] == [2, 2]
+    memit.apply(tiny)
+    assert applied_edits(tiny) == [rome, memit]
+    with pytest.raises(ValueError, match="out of order"):
+        rome.undo(tiny)
+    path = memit.save(tmp_path / "m.edit")
+    want = tiny("The capital of France is")
+    memit.undo(tiny)
+    rome.undo(tiny)
+    assert _same(tiny, snap)
+    loaded = Edit.load(path)
+    assert loaded.layers == [0, 1] and loaded.requests == memit.requests and loaded.method == "memit"
+    assert torch.equal(loaded.keys[1], memit.keys[1]) and torch.equal(loaded.delta(0), memit.delta(0))
+    with pytest.raises(ValueError, match="fingerprint"):  # computed on the model with the ROME edit
+        loaded.apply(tiny)
+    with tiny.edited(rome, loaded):
+        assert torch.equal(tiny("The capital of France is"), want)
+    assert _same(tiny, snap)
+    with pytest.raises(ValueError, match="use edit.layers"):
+        loaded.layer
+    with pytest.raises(ValueError, match="rank-one"):
+        loaded.u
+    raw = bytearray(path.read_bytes())
+    raw[-5] ^= 1  # flip one bit of the last tensor
+    (tmp_path / "bad.edit").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="sha256"):
+        load_edit(tmp_path / "bad.edit")
+
+
+def test_sequential_memit_edits_undo_all_bit_exact(tiny, stats):
+    snap = _snapshot(tiny)
+    fp = weights_fingerprint(tiny)
+    for r in REQS:
+        compute_edits(tiny, [r], layers=[0, 1], stats=stats, hparams=FAST).apply(tiny)
+    assert weights_fingerprint(tiny) != fp
+    assert undo_all(tiny) == 3 and _same(tiny, snap)
+
+
+def test_batched_delta_optimisation_equals_one_request_at_a_time(tiny, stats):
+    hp = RomeHparams.of(**FAST | {"v_steps": 4}, early_stop=5.0)  # a loose stop: requests freeze at different steps
+    prefixes = context_prefixes(tiny, (5,), 2, 0)
+    items = [(Request(**r), target_ids(tiny, r["target"])) for r in REQS]
+    together = optimise_deltas(tiny, items, 0, prefixes, hp, stats[0].solve)
+    for (req, ids), got in zip(items, together):
+        alone = optimise_delta(tiny, req, ids, 0, prefixes, hp, stats[0].solve)
+        assert len(alone["log"]) == len(got["log"])
+        torch.testing.assert_close(got["delta"], alone["delta"], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got["k_star"], alone["k_star"], rtol=1e-5, atol=1e-6)
+        assert got["log"][-1]["loss"] == pytest.approx(alone["log"][-1]["loss"], rel=1e-4)
+
+
+# ------------------------------------------------------------------ statistics for several layers
+def test_multi_layer_stats_one_forward_per_batch_equal_single_layer_stats(tiny, corpus, tmp_path):
+    calls = []
+    tiny.blocks[0].hook_resid_pre.add_hook(lambda act, hook: calls.append(act.shape[0]))
+    both = key_second_moment(tiny, [1, 0], corpus=str(corpus), n_samples=700, batch_size=16, cache_dir=tmp_path / "a",
+                             progress=False)
+    tiny.reset_hooks()
+    assert sorted(both) == [0, 1] and sum(calls) * 0 == 0
+    n_docs = len(calls)
+    assert n_docs == -(-sum(calls) // 16)  # one forward per batch of 16 rows, for both layers
+    for lay in (0, 1):
+        one = key_second_moment(tiny, lay, corpus=str(corpus), n_samples=700, batch_size=16, cache_dir=tmp_path / "b",
+                                progress=False)
+        assert one.count == both[lay].count == 700
+        torch.testing.assert_close(one.C, both[lay].C, rtol=1e-6, atol=1e-7)
+    # the cache files are per layer: a single-layer call finds the multi-layer call's file
+    from gpt2_interp.editing import stats as stats_mod
+
+    stats_mod.clear_memory_cache()
+    again = key_second_moment(tiny, 1, corpus=str(corpus), n_samples=700, batch_size=16, cache_dir=tmp_path / "a",
+                              progress=False)
+    assert again.path is not None and again.path.parent == tmp_path / "a" and torch.equal(again.C, both[1].C)
+
+
+def test_stats_file_digest_is_checked(tiny, corpus, tmp_path):
+    from gpt2_interp.editing import stats as stats_mod
+
+    st = key_second_moment(tiny, 0, corpus=str(corpus), n_samples=300, cache_dir=tmp_path, progress=False)
+    raw = bytearray(st.path.read_bytes())
+    raw[-3] ^= 1
+    st.path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="sha256"):
+        KeyStats.load(st.path)
+    stats_mod.clear_memory_cache()
+    with pytest.warns(UserWarning, match="recomputing"):
+        again = key_second_moment(tiny, 0, corpus=str(corpus), n_samples=300, cache_dir=tmp_path, progress=False)
+    assert torch.equal(again.C, st.C)
+    KeyStats.load(again.path)  # rewritten, valid
+
+
+# ------------------------------------------------------------------ bad input
+def test_bad_input_is_refused_with_a_clear_error(tiny, stats):
+    with pytest.raises(ValueError, match="conflicting requests"):
+        compute_edits(tiny, [REQS[0], REQS[0] | {"target": " Paris"}], layers=[0], stats=stats, hparams=FAST)
+    assert len(validate_requests(tiny, [REQS[0], dict(REQS[0])])[0]) == 1  # an exact duplicate is kept once
+    with pytest.raises(ValueError, match="empty"):
+        compute_edits(tiny, [], layers=[0], stats=stats)
+    with pytest.raises(IndexError, match="0..1"):
+        compute_edits(tiny, REQS, layers=[0, 5], stats=stats)
+    with pytest.raises(ValueError, match="another model"):
+        compute_edits(HookedGPT2(TINY, seed=1), REQS, layers=[0], stats=stats, hparams=FAST)
+    with pytest.raises(ValueError, match="no key statistics"):
+        compute_edits(tiny, REQS, layers=[0], stats={1: stats[1]})
+    with pytest.raises(ValueError, match="unknown MEMIT hyperparameter"):
+        compute_edits(tiny, REQS, layers=[0], stats=stats, hparams={"lr": 1})
+    with pytest.raises(ValueError, match="'auto'"):
+        compute_edits(tiny, REQS, layers="top", stats=stats)
+    other_ns = NullSpace.from_stats({0: key_second_moment(HookedGPT2(TINY, seed=1), 0, corpus="facts", n_samples=200,
+                                                           cache_dir=False, progress=False)})
+    with pytest.raises(ValueError, match="another model"):
+        compute_edits(tiny, REQS, layers=[0], stats=stats, preserve=other_ns, hparams=FAST)
+
+
+# ------------------------------------------------------------------ the trained model
+@pytest.mark.slow
+def test_memit_batch_flips_facts_on_the_fact_model(facts_model):
+    from gpt2_interp.editing.evaluate import case_scores, counterfact_requests
+
+    m = facts_model
+    cases = counterfact_requests(n=16, seed=5)
+    fp = weights_fingerprint(m)
+    edit = compute_edits(m, [c.request for c in cases])
+    with m.edited(edit):
+        post = case_scores(m, cases)
+    assert weights_fingerprint(m) == fp
+    es = sum(r["es"] for r in post) / len(post)
+    ns = [r["ns"] for r in post if r.get("ns") is not None]
+    assert es >= 0.9 and sum(ns) / len(ns) >= 0.7
+
+
+# ------------------------------------------------------------------ the command line
+def test_cli_edit_many_requests_memit_and_alphaedit(tiny, tmp_path, monkeypatch, capsys):
+    import json
+
+    from gpt2_interp.cli import main
+
+    monkeypatch.setenv("GPT2_INTERP_STATS_DIR", str(tmp_path / "stats"))
+    tiny.save(tmp_path / "tiny")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(f"The Louvre is in Paris, room {i}." for i in range(60)))  # own stats key
+    reqs = tmp_path / "r.jsonl"
+    reqs.write_text("\n".join(json.dumps(r) for r in REQS) + "\n")
+    common = ["--model", str(tmp_path / "tiny"), "--corpus", str(corpus), "--n-samples", "500",
+              "--hparam", "v_steps=2", "--hparam", "prefixes_per_length=1", "--hparam", "prefix_lengths=[3]"]
+    assert main(["edit", *common, "--requests", str(reqs), "--layer", "0,1", "--save", str(tmp_path / "m.edit"),
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["method"] == "memit" and out["n_edits"] == 1 and out["layers"] == [0, 1] and len(out["rows"]) == 3
+    loaded = Edit.load(tmp_path / "m.edit", HookedGPT2(TINY, seed=0))
+    assert len(loaded.requests) == 3 and loaded.layers == [0, 1]
+    assert main(["verify", str(tmp_path / "m.edit"), "--model", str(tmp_path / "tiny"), "--request", "1", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["prompts"] == ["The capital of France is"] and shown["target"] == " Berlin"
+    assert main(["edit", *common, "--requests", str(reqs), "--layer", "0", "--method", "alphaedit", "--sequential",
+                 "--batch-size", "2", "--save", str(tmp_path / "a.edit")]) == 0
+    text = capsys.readouterr().out
+    assert "alphaedit: 3 requests in 2 edit(s)" in text
+    assert (tmp_path / "a.000.edit").exists() and (tmp_path / "a.001.edit").exists()
+    assert main(["edit", *common, "--requests", str(reqs), "--batch-size", "2"]) == 2
+    assert "--sequential" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_mass_editing_script_quick(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("mass_editing", root / "analyses" / "mass_editing.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--quick", "--out-dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "mass_editing.json").read_text())
+    assert report["batch_memit_edit"]["undo_bit_exact"] and report["batch_memit_edit"]["reload_reproduces"]
+    assert set(report["evaluations"]) == {"memit_batch", "alphaedit_batch", "alphaedit_sequential",
+                                          "memit_sequential", "rome_sequential"}
+    assert report["weights_restored_at_end"]
+    assert (tmp_path / "mass_editing_decay.png").stat().st_size > 0
+    assert "| memit_batch |" in (tmp_path / "mass_editing.md").read_text()
