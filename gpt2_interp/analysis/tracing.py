@@ -224,8 +224,10 @@ def _trace_batch(
     src_names = [f"blocks.{l}.{restored}" for l in range(n)]
     clean_final, clean_cache = model.run_with_cache(tokens, names_filter=src_names, attention_mask=mask, stop_at_layer=n)
     clean_logp = model.unembed(model.ln_final(clean_final[:, -1])).float().log_softmax(-1)  # [F, d_vocab]
-    targets = torch.tensor([int(clean_logp[i].argmax()) if c.target is None else target_id(model, c.target)
-                            for i, c in enumerate(cases)], device=dev)
+    # no host syncs here (the GPU check counts them): index tensors are built on the CPU and sent
+    # non_blocking; the results come back in one transfer at the end
+    given = torch.tensor([-1 if c.target is None else target_id(model, c.target) for c in cases]).to(dev, non_blocking=True)
+    targets = torch.where(given >= 0, given, clean_logp.argmax(-1))  # default: the clean top-1
     clean_score = clean_logp.gather(-1, targets[:, None])[:, 0].exp()
 
     # corrupted runs: S noisy copies of each prompt, [F*S, P]
@@ -251,22 +253,24 @@ def _trace_batch(
 
     cells = [(i, t, l) for l in sorted(range(n), key=start_of) for i, (s, _) in enumerate(spans) for t in range(s, P)]
     C = len(cells)
-    cf, ct, cl = (torch.tensor([c[j] for c in cells], device=dev, dtype=torch.long) for j in range(3))
+    cf_c, ct_c, cl_c = (torch.tensor([c[j] for c in cells], dtype=torch.long) for j in range(3))  # on the CPU
+    cf, ct = cf_c.to(dev, non_blocking=True), ct_c.to(dev, non_blocking=True)
     start = torch.tensor([start_of(c[2]) for c in cells]).repeat_interleave(S)
-    base = (cf[:, None] * S + torch.arange(S, device=dev)).flatten()  # the corrupted row each row starts from
+    base = (cf_c[:, None] * S + torch.arange(S)).flatten()  # the corrupted row each row starts from
     edits: list[Patch] = []
     for l in range(n):
         if kind == "hidden":  # restore resid_post l at the cell's token, as the row enters block l + 1
-            sel = (cl == l).nonzero()[:, 0]
+            sel = (cl_c == l).nonzero()[:, 0]
             where: str | int = l + 1
         else:  # restore the output at layer l for every cell whose window covers l
-            sel = torch.tensor([c for c in range(C) if l in _window(cells[c][2], window, n)], device=dev, dtype=torch.long)
+            sel = torch.tensor([c for c in range(C) if l in _window(cells[c][2], window, n)], dtype=torch.long)
             where = src_names[l]
         if sel.numel() == 0:
             continue
-        rows = (sel[:, None] * S + torch.arange(S, device=dev)).flatten()
-        pos = ct[sel].repeat_interleave(S)
-        values = clean_cache[src_names[l]][cf[sel], ct[sel]].repeat_interleave(S, 0)  # [rows, d_model]
+        rows = (sel[:, None] * S + torch.arange(S)).flatten()
+        sel_d = sel.to(dev, non_blocking=True)
+        pos = ct_c[sel].repeat_interleave(S).to(dev, non_blocking=True)
+        values = clean_cache[src_names[l]][cf[sel_d], ct[sel_d]].repeat_interleave(S, 0)  # [rows, d_model]
         edits.append(Patch(where, rows, (pos,), values))
 
     row_target = targets[cf].repeat_interleave(S)
@@ -275,26 +279,28 @@ def _trace_batch(
         return logits.float().log_softmax(-1).gather(-1, row_target[rows, None])[:, 0].exp()
 
     probs = run_staircase(model, entries, start, base, edits, readout, rep_mask, batch_size, S, progress,
-                          desc=f"tracing {kind}", first_pos=ct.cpu().repeat_interleave(S), base_kv=base_kv_from(corr_cache, model, min(stages)))
+                          desc=f"tracing {kind}", first_pos=ct_c.repeat_interleave(S), base_kv=base_kv_from(corr_cache, model, min(stages)))
     cell_score = probs.view(C, S).mean(1).cpu()
+    corr_score, clean_score, target_f = torch.stack([corr_score, clean_score, targets.float()]).tolist()
+    tokens_c = tokens.cpu()
 
     results = []
     for i, c in enumerate(cases):
         pad = P - lengths[i]
         first = pad + bos  # skip padding and BOS
-        grid = torch.full((P - first, n), float(corr_score[i]))
-        mine = (cf == i).cpu()
-        grid[ct.cpu()[mine] - first, cl.cpu()[mine]] = cell_score[mine]
-        tid = int(targets[i])
+        grid = torch.full((P - first, n), corr_score[i])
+        mine = cf_c == i
+        grid[ct_c[mine] - first, cl_c[mine]] = cell_score[mine]
+        tid = int(target_f[i])
         s, e = spans[i]
         results.append(TraceResult(
             prompt=c.prompt, subject=c.subject, kind=kind,
-            tokens=[model.tokenizer.token_str(int(x)) for x in tokens[i, first:]],
+            tokens=[model.tokenizer.token_str(x) for x in tokens_c[i, first:].tolist()],
             subject_range=(s - first, e - first),
             layer_labels=[f"L{l}" for l in range(n)],
             target=model.tokenizer.token_str(tid), target_id=tid,
-            scores=grid, indirect_effect=grid - float(corr_score[i]),
-            clean_score=float(clean_score[i]), corrupted_score=float(corr_score[i]),
+            scores=grid, indirect_effect=grid - corr_score[i],
+            clean_score=clean_score[i], corrupted_score=corr_score[i],
             noise_std=std, samples=S, window=window, seed=seed,
         ))
     return results
