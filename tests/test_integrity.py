@@ -54,7 +54,7 @@ def test_edit_file_round_trips_and_carries_a_digest_of_tensors_and_header(tiny, 
         meta = dict(f.metadata())
         ts = {k: f.get_tensor(k) for k in f.keys()}
     stored = meta.pop("sha256")
-    assert stored == content_digest(ts, meta) and set(ts) == {"u", "v", "k"}
+    assert stored == content_digest(ts, meta) and set(ts) == {"L1.U", "L1.V", "k"}  # layer 1's factors, the key
     loaded = Edit.load(path, tiny)
     assert torch.equal(loaded.u, e.u) and loaded.layer == 1
 
@@ -114,7 +114,7 @@ def test_edit_with_nan_tensor_is_refused_even_with_a_valid_digest(tiny, tmp_path
     e = _edit(tiny)
     e.v[3] = float("nan")
     path = e.save(tmp_path / "nan.edit")
-    with pytest.raises(ValueError, match="tensor 'v'.*not finite"):
+    with pytest.raises(ValueError, match="tensor 'L1.V'.*not finite"):  # v is layer 1's V factor
         Edit.load(path)
 
 

@@ -235,7 +235,7 @@ def test_stats_file_digest_is_checked(tiny, corpus, tmp_path):
     with pytest.raises(ValueError, match="sha256"):
         KeyStats.load(st.path)
     stats_mod.clear_memory_cache()
-    with pytest.warns(UserWarning, match="recomputing"):
+    with pytest.warns(UserWarning, match="computing the statistics again"):
         again = key_second_moment(tiny, 0, corpus=str(corpus), n_samples=300, cache_dir=tmp_path, progress=False)
     assert torch.equal(again.C, st.C)
     KeyStats.load(again.path)  # rewritten, valid
