@@ -431,3 +431,19 @@ def test_tl_patching_call_shape_matches_transformer_lens(pair, fn):
     assert got.shape == want.shape
     MAX_DELTA[fn] = (got.cpu() - want.cpu()).abs().max().item()
     assert MAX_DELTA[fn] <= ATOL
+
+
+def test_decomposition_sums_to_the_logits_on_a_llama_config():
+    """The same cache methods on RMSNorm, RoPE, SwiGLU, grouped-query attention and no biases:
+    every head, neuron and embedding through the real (uncentred) ln_final sums to the logits."""
+    from gpt2_interp.model import HookedGPT2, llama_config
+
+    cfg = llama_config(n_layer=2, d_model=64, n_head=4, n_kv_heads=2, d_mlp=96, n_ctx=64, d_vocab=50257,
+                       tied_embeddings=False)
+    model = HookedGPT2(cfg, seed=0).eval()
+    with torch.no_grad():
+        model.ln_final.w.add_(torch.randn_like(model.ln_final.w) * 0.2)
+    logits, cache = model.run_with_cache(TEXT)
+    full = cache.get_full_resid_decomposition(apply_ln=True)
+    assert ((full @ model.W_U).sum(0) + cache.ln_bias_logits() - logits).abs().max().item() <= ATOL
+    assert (cache.stack_head_results(incl_remainder=True).sum(0) - cache["resid_post", -1]).abs().max() <= ATOL
