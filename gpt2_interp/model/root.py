@@ -115,6 +115,8 @@ class HookedRootModule(nn.Module):
         """``forward`` with the given hooks active for this call only. Backward hooks need the
         ``backward()`` inside the call's lifetime: pass ``reset_hooks_end=False``, call
         ``backward()``, then ``reset_hooks()`` (or use ``with model.hooks(bwd_hooks=...)``)."""
+        if len(model_args) == 2 and not fwd_hooks and _is_hook_list(model_args[1]):
+            model_args, fwd_hooks = model_args[:1], model_args[1]  # our earlier positional form (input, fwd_hooks)
         if bwd_hooks and reset_hooks_end:
             warnings.warn(
                 "run_with_hooks with bwd_hooks removes them when it returns, before you can call backward(); "
@@ -135,6 +137,11 @@ class HookedRootModule(nn.Module):
         tensor) keeps only those positions (an int keeps a position dimension of 1, as in TransformerLens).
         ``incl_bwd`` runs ``output.backward()`` (a scalar output, e.g. ``return_type="loss"``) and also
         records gradients as ``name + "_grad"``."""
+        if len(model_args) == 2 and names_filter is None and (
+            callable(model_args[1]) or isinstance(model_args[1], (list, tuple, set))
+            or (isinstance(model_args[1], str) and model_args[1] in self.hook_dict)
+        ):
+            model_args, names_filter = model_args[:1], model_args[1]  # our earlier positional form (input, names_filter)
         keep = name_filter_fn(names_filter, self.hook_names())
         store: dict[str, torch.Tensor] = {}
         pos = None if pos_slice is None else getattr(pos_slice, "slice", pos_slice)
@@ -164,3 +171,9 @@ class HookedRootModule(nn.Module):
                 out.backward()
         cache = ActivationCache(store, self, has_batch_dim=True)
         return out, cache.remove_batch_dim() if remove_batch_dim else cache
+
+
+def _is_hook_list(x: Any) -> bool:
+    """A list of ``(name or predicate, fn)`` pairs (never a valid second argument of ``forward``)."""
+    return isinstance(x, (list, tuple)) and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and callable(p[1]) for p in x) and len(x) > 0
