@@ -75,8 +75,8 @@ def test_batched_lens_equals_one_prompt_at_a_time(tiny):
 def test_every_boundary_is_ln_final_then_unembed_of_the_cached_residual(tiny):
     r = logit_lens(tiny, PROMPTS[0], positions="all", include_mid=True, return_logits=True)
     _, cache = tiny.run_with_cache(PROMPTS[0])
-    resid, labels = cache.accumulated_resid(incl_mid=True)  # [n, 1, pos, d]
-    assert labels == r.layers
+    resid, labels = cache.accumulated_resid(incl_mid=True, return_labels=True)  # [n, 1, pos, d]
+    assert len(labels) == len(r.layers) and labels[0] == "0_pre" and labels[-1] == "final_post"
     ref = tiny.unembed(tiny.ln_final(resid))[:, 0]
     assert (r.logits[:, 0] - ref).abs().max().item() <= 1e-5
 

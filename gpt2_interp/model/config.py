@@ -75,6 +75,23 @@ class GPT2Config:
             return "llama"
         return "mixed"
 
+    # TransformerLens's names for the same numbers (read-only)
+    @property
+    def n_layers(self) -> int:
+        return self.n_layer
+
+    @property
+    def n_heads(self) -> int:
+        return self.n_head
+
+    @property
+    def d_vocab_out(self) -> int:
+        return self.d_vocab
+
+    @property
+    def model_name(self) -> str:
+        return self.name
+
     def replace(self, **changes: Any) -> "GPT2Config":
         return replace(self, **changes)
 

@@ -10,7 +10,7 @@ and TransformerLens's hook names. ``HookedTransformer`` is the same class under 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -22,9 +22,10 @@ from torch import nn
 from ..core.checks import check_index
 from ..io import tokenizer as tok
 from .config import KNOWN_CONFIGS, GPT2Config
-from .hooks import (ActivationCache, HookFn, HookPoint, NameFilter, name_filter_fn, suggest, warn_if_nonfinite,
-                    watch_replacements)
+from .hooks import HookPoint, warn_if_nonfinite, warn_port, watch_replacements
+from .root import HookedRootModule
 from .modules import Block, KVCache, norm, rotary_cos_sin
+from .tl_aliases import TransformerLensAliases
 
 Input = Union[str, Sequence[str], torch.Tensor]
 _BLOCK_HOOK_ORDER = (
@@ -34,10 +35,9 @@ _BLOCK_HOOK_ORDER = (
     "hook_attn_out", "hook_resid_mid", "ln2.hook_scale", "ln2.hook_normalized",
     "mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
 )  # the forward order; hooks a config lacks (rot_q/rot_k, pre_linear, pos_embed) are skipped
-HookSpec = tuple[Union[str, Callable[[str], bool]], HookFn]
 
 
-class HookedGPT2(nn.Module):
+class HookedGPT2(HookedRootModule, TransformerLensAliases):
     """Exactly GPT-2 (pre-LN, fused QKV, GELU-new, learned positions, tied unembedding) by default;
     with a Llama-style config (:func:`.config.llama_config`) RMSNorm, rotary positions, SwiGLU,
     grouped-query attention, no biases and an optionally untied ``unembed.W_U``. TransformerLens hook names.
@@ -122,16 +122,20 @@ class HookedGPT2(nn.Module):
         """Number of distinct parameters (a tied W_U is W_E, counted once): 124,439,808 for gpt2."""
         return sum(p.numel() for p in self.parameters())
 
-    def hook_names(self) -> list[str]:
-        """Every hook point's name, in forward order."""
-        return list(self.hook_dict)
-
     # ------------------------------------------------------------------ tokens
     def to_tokens(
-        self, text: str | Sequence[str], prepend_bos: bool = True, padding_side: str = "left"
+        self, text: str | Sequence[str], prepend_bos: bool = True, padding_side: str | None = None,
+        move_to_device: bool = True, truncate: bool = True,
     ) -> torch.Tensor:
-        """Token ids ``[batch, pos]`` (a string gives batch 1); a list is padded with <|endoftext|>."""
-        return self.tokenize(text, prepend_bos, padding_side)[0]
+        """Token ids ``[batch, pos]`` (a string gives batch 1); a list is padded with <|endoftext|>
+        on the LEFT unless ``padding_side="right"`` (TransformerLens pads right; see docs/porting.md):
+        every row's last token is then in the last column."""
+        tokens, mask = self.tokenize(text, prepend_bos, padding_side or "left")
+        if padding_side is None and mask is not None:
+            warn_port("to_tokens(list) pads on the LEFT (TransformerLens pads right): `tokens[:, -1]` and "
+                      "`logits[:, -1]` are every row's last token. Pass padding_side='left' to silence this, or "
+                      "padding_side='right' for TransformerLens's layout.")
+        return tokens
 
     def tokenize(
         self, text: str | Sequence[str], prepend_bos: bool = True, padding_side: str = "left"
@@ -169,6 +173,8 @@ class HookedGPT2(nn.Module):
     def to_string(self, tokens: torch.Tensor | Sequence[int]) -> str | list[str]:
         """Decode ``[pos]`` to a string or ``[batch, pos]`` to a list of strings."""
         t = torch.as_tensor(tokens)
+        if t.ndim == 0:  # one id
+            t = t[None]
         if t.ndim == 2:
             return [self.tokenizer.decode(r.tolist()) for r in t]
         return self.tokenizer.decode(t.tolist())
@@ -207,7 +213,7 @@ class HookedGPT2(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def as_tokens(
-        self, input: Input, attention_mask: torch.Tensor | None
+        self, input: Input, attention_mask: torch.Tensor | None, prepend_bos: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Any model input (text, texts, token ids ``[pos]`` or ``[batch, pos]``) as
         ``(tokens [batch, pos] on the model's device, attention_mask or None)``, range-checked."""
@@ -225,7 +231,7 @@ class HookedGPT2(nn.Module):
         else:
             if attention_mask is not None:
                 raise ValueError("attention_mask is computed for text input; pass tokens to give your own")
-            tokens, attention_mask = self.tokenize(input)  # ids from the tokenizer are in range
+            tokens, attention_mask = self.tokenize(input, prepend_bos)  # ids from the tokenizer are in range
         if attention_mask is not None:
             attention_mask = attention_mask.to(self.device)
         return tokens, attention_mask
@@ -283,6 +289,8 @@ class HookedGPT2(nn.Module):
         start_at_layer: int | None = None,
         stop_at_layer: int | None = None,
         past_kv: KVCache | None = None,
+        prepend_bos: bool = True,
+        loss_per_token: bool = False,
     ) -> Any:
         """Run the model.
 
@@ -291,10 +299,13 @@ class HookedGPT2(nn.Module):
         ``[batch, pos, d_model]`` entering that block. ``stop_at_layer`` returns the
         residual stream entering that block instead of logits. ``return_type``:
         ``"logits"`` ``[batch, pos, d_vocab]``, ``"loss"`` (mean next-token
-        cross-entropy over real tokens), ``"both"`` or None.
+        cross-entropy over real tokens; ``[batch, pos - 1]`` with ``loss_per_token``), ``"both"`` or
+        None (no unembedding; ``ln_final``'s hooks still fire, as in TransformerLens).
+        ``prepend_bos`` applies to text input.
         """
         with watch_replacements() as replaced:
-            out = self._forward(input, return_type, attention_mask, start_at_layer, stop_at_layer, past_kv)
+            out = self._forward(input, return_type, attention_mask, start_at_layer, stop_at_layer, past_kv,
+                                prepend_bos, loss_per_token)
             if replaced:  # hooks replaced activations: one finiteness check of the output (see hooks.py)
                 warn_if_nonfinite(replaced, out[0] if isinstance(out, tuple) else out,
                                   "residual stream" if stop_at_layer is not None else "model's output")
@@ -308,13 +319,15 @@ class HookedGPT2(nn.Module):
         start_at_layer: int | None,
         stop_at_layer: int | None,
         past_kv: KVCache | None,
+        prepend_bos: bool = True,
+        loss_per_token: bool = False,
     ) -> Any:
         n = self.cfg.n_layer
         start = 0 if start_at_layer is None else self.check_layer(start_at_layer, "start_at_layer")
         stop = n if stop_at_layer is None else self.check_layer(stop_at_layer, "stop_at_layer", allow_end=True)
         past = past_kv.length if past_kv is not None else 0
         if start_at_layer is None:
-            tokens, attention_mask = self.as_tokens(input, attention_mask)
+            tokens, attention_mask = self.as_tokens(input, attention_mask, prepend_bos)
             q_len = tokens.shape[1]
             self.check_length(past + q_len)
             pos = self.positions(q_len, past, attention_mask)
@@ -337,11 +350,13 @@ class HookedGPT2(nn.Module):
         if stop_at_layer is not None:
             return x
         if return_type is None:
+            if self.ln_final.hook_scale.has_hooks or self.ln_final.hook_normalized.has_hooks:
+                self.ln_final(x)
             return None
         logits = self.unembed(self.ln_final(x))
         if return_type == "logits":
             return logits
-        loss = self.loss(logits, tokens, attention_mask)
+        loss = self.loss(logits, tokens, attention_mask, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
 
     def last_logits(self, input: Input, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
@@ -356,66 +371,18 @@ class HookedGPT2(nn.Module):
         return x @ self.W_U
 
     @staticmethod
-    def loss(logits: torch.Tensor, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Mean next-token cross-entropy (fp32), over positions whose target is a real token."""
+    def loss(logits: torch.Tensor, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
+             per_token: bool = False) -> torch.Tensor:
+        """Mean next-token cross-entropy (fp32), over positions whose target is a real token;
+        ``per_token``: ``[batch, pos - 1]`` unreduced (0 where the target is padding)."""
         lp = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
+        if per_token:
+            lp = lp.view(tokens.shape[0], -1)
+            return lp if attention_mask is None else lp * attention_mask[:, 1:].to(lp.dtype)
         if attention_mask is None:
             return lp.mean()
         keep = attention_mask[:, 1:].flatten().to(lp.dtype)
         return (lp * keep).sum() / keep.sum()
-
-    # ------------------------------------------------------------------ hooks
-    def _resolve(self, name: str | Callable[[str], bool]) -> list[HookPoint]:
-        if callable(name):
-            return [hp for n, hp in self.hook_dict.items() if name(n)]
-        if name not in self.hook_dict:
-            raise KeyError(f"unknown hook name {name!r}.{suggest(name, self.hook_names())} See model.hook_names().")
-        return [self.hook_dict[name]]
-
-    @contextmanager
-    def hooks(self, fwd_hooks: Sequence[HookSpec] = ()) -> Iterator["HookedGPT2"]:
-        """Add ``(name or predicate, fn)`` hooks for the ``with`` block; all are removed on exit,
-        also when the body raises."""
-        removers = []
-        try:
-            for name, fn in fwd_hooks:
-                for hp in self._resolve(name):
-                    removers.append(hp.add_hook(fn))
-            yield self
-        finally:
-            for remove in reversed(removers):
-                remove()
-
-    def reset_hooks(self) -> None:
-        """Remove every hook from every hook point."""
-        for hp in self.hook_dict.values():
-            hp.remove_hooks()
-
-    def run_with_hooks(self, input: Input, fwd_hooks: Sequence[HookSpec] = (), **kwargs: Any) -> Any:
-        """``forward`` with the given hooks active for this call only."""
-        with self.hooks(fwd_hooks):
-            return self(input, **kwargs)
-
-    def run_with_cache(
-        self,
-        input: Input,
-        names_filter: NameFilter = None,
-        device: torch.device | str | None = None,
-        fwd_hooks: Sequence[HookSpec] = (),
-        **kwargs: Any,
-    ) -> tuple[Any, ActivationCache]:
-        """``(forward output, ActivationCache)`` recording the activations the filter selects
-        (all by default). Activations are detached; ``device`` moves them as recorded."""
-        keep = name_filter_fn(names_filter, self.hook_names())
-        store: dict[str, torch.Tensor] = {}
-
-        def save(act: torch.Tensor, hook: HookPoint) -> None:
-            store[hook.name] = act.detach() if device is None else act.detach().to(device)
-
-        hooks = list(fwd_hooks) + [(n, save) for n in self.hook_dict if keep(n)]
-        with self.hooks(hooks):
-            out = self(input, **kwargs)
-        return out, ActivationCache(store, self)
 
     @contextmanager
     def edited(self, *edits: Any) -> Iterator["HookedGPT2"]:
@@ -446,8 +413,15 @@ class HookedGPT2(nn.Module):
         use_kv_cache: bool = True,
         prepend_bos: bool = True,
         suppress_eos: bool = False,
+        do_sample: bool | None = None,
+        use_past_kv_cache: bool | None = None,
+        verbose: bool = False,
+        return_type: Literal["input", "str", "tokens"] = "input",
     ) -> Any:
-        """Continue text. Greedy when ``temperature == 0``; else samples (``top_k``/``top_p``).
+        """Continue text. Greedy when ``temperature == 0`` (the default; TransformerLens samples at
+        temperature 1 for 10 tokens); else samples (``top_k``/``top_p``). TransformerLens's keywords:
+        ``do_sample`` (True samples at ``temperature`` or 1.0, False is greedy), ``use_past_kv_cache``
+        (= ``use_kv_cache``), ``verbose`` (ignored: no progress bar), ``return_type`` "str"/"tokens".
         ``suppress_eos`` forbids the end-of-text token (the text always runs ``max_new_tokens``).
 
         Text in gives text out (a list for a list, left-padded and batched); tokens in
@@ -455,8 +429,19 @@ class HookedGPT2(nn.Module):
         """
         from .generate import generate
 
-        return generate(self, input, max_new_tokens, temperature, top_k, top_p, stop_at_eos, seed, use_kv_cache,
-                        prepend_bos, suppress_eos)
+        if do_sample is not None:
+            temperature = (temperature or 1.0) if do_sample else 0.0
+        if use_past_kv_cache is not None:
+            use_kv_cache = use_past_kv_cache
+        if return_type not in ("input", "str", "tokens"):
+            raise ValueError(f"return_type must be 'input', 'str' or 'tokens', got {return_type!r}")
+        if return_type == "tokens" and not isinstance(input, torch.Tensor):
+            input = self.to_tokens(input, prepend_bos=prepend_bos, padding_side="left")
+        out = generate(self, input, max_new_tokens, temperature, top_k, top_p, stop_at_eos, seed, use_kv_cache,
+                       prepend_bos, suppress_eos)
+        if return_type == "str" and isinstance(out, torch.Tensor):
+            out = self.to_string(out[0] if out.shape[0] == 1 else out)
+        return out
 
     # ------------------------------------------------------------------ conversion
     def save(self, path: str | Path) -> Path:

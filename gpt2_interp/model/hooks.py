@@ -11,11 +11,12 @@ import contextvars
 import difflib
 import re
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 import torch
+from torch import nn
 
 from ..core.finite import NonFiniteWarning, is_finite
 
@@ -23,39 +24,95 @@ HookFn = Callable[[torch.Tensor, "HookPoint"], Union[torch.Tensor, None]]
 NameFilter = Union[None, str, Callable[[str], bool], "list[str]", "tuple[str, ...]", "set[str]"]
 
 
-class HookPoint:
-    """An activation point with a name. Calling it runs its hooks in order."""
+class _Hook:
+    """One registered hook function and its bookkeeping (direction, permanence, context level)."""
 
-    __slots__ = ("name", "_hooks")
+    __slots__ = ("fn", "dir", "is_permanent", "level", "active")
+
+    def __init__(self, fn: HookFn, dir: str, is_permanent: bool, level: int | None) -> None:
+        self.fn, self.dir, self.is_permanent, self.level, self.active = fn, dir, is_permanent, level, True
+
+    def __call__(self, x: torch.Tensor, hook: "HookPoint") -> Any:
+        return self.fn(x, hook)
+
+    def __repr__(self) -> str:
+        return f"<{self.dir} hook {getattr(self.fn, '__name__', self.fn)!r}{' permanent' if self.is_permanent else ''}>"
+
+
+class HookPoint:
+    """An activation point with a name. Calling it runs its forward hooks in order.
+
+    Forward hooks ``fn(activation, hook)`` may return a tensor of the same shape to
+    replace the activation. Backward hooks ``fn(grad, hook)`` see the gradient of the
+    loss with respect to this activation during ``backward()`` (and may return a
+    replacement gradient). ``fwd_hooks``/``bwd_hooks`` list what is registered.
+    """
+
+    __slots__ = ("name", "fwd_hooks", "bwd_hooks")
 
     def __init__(self, name: str = "") -> None:
         self.name = name
-        self._hooks: list[HookFn] = []
+        self.fwd_hooks: list[_Hook] = []
+        self.bwd_hooks: list[_Hook] = []
 
     @property
     def has_hooks(self) -> bool:
-        return bool(self._hooks)
+        return bool(self.fwd_hooks or self.bwd_hooks)
 
-    def add_hook(self, fn: HookFn) -> Callable[[], None]:
-        """Add a forward hook; returns a function that removes exactly this hook."""
-        self._hooks.append(fn)
+    def layer(self) -> int:
+        """The block index of this hook point (``blocks.3.attn.hook_q`` → 3)."""
+        i = layer_of(self.name)
+        if i is None:
+            raise ValueError(f"hook point {self.name!r} is not inside a block, so it has no layer")
+        return i
+
+    def add_hook(
+        self, fn: HookFn, dir: Literal["fwd", "bwd"] = "fwd", is_permanent: bool = False,
+        level: int | None = None, prepend: bool = False,
+    ) -> Callable[[], None]:
+        """Add a hook (``dir`` "fwd" or "bwd"; ``prepend`` runs it before the others; permanent hooks
+        survive ``reset_hooks()``). Returns a function that removes exactly this hook."""
+        if dir not in ("fwd", "bwd"):
+            raise ValueError(f"dir must be 'fwd' or 'bwd', got {dir!r}")
+        if not callable(fn):
+            raise TypeError(f"a hook is a function fn(activation, hook); got {type(fn).__name__}")
+        h = _Hook(fn, dir, is_permanent, level)
+        hooks = self.fwd_hooks if dir == "fwd" else self.bwd_hooks
+        hooks.insert(0, h) if prepend else hooks.append(h)
 
         def remove() -> None:
-            for i, h in enumerate(self._hooks):
-                if h is fn:
-                    del self._hooks[i]
+            h.active = False
+            for i, other in enumerate(hooks):
+                if other is h:
+                    del hooks[i]
                     return
 
         return remove
 
-    def remove_hooks(self) -> None:
-        self._hooks.clear()
+    def remove_hooks(
+        self, dir: Literal["fwd", "bwd", "both"] = "both", including_permanent: bool = True, level: int | None = None
+    ) -> None:
+        """Remove hooks in direction ``dir`` (permanent ones only with ``including_permanent``;
+        only those added at context ``level`` when given)."""
+        if dir not in ("fwd", "bwd", "both"):
+            raise ValueError(f"dir must be 'fwd', 'bwd' or 'both', got {dir!r}")
+        for d, hooks in (("fwd", self.fwd_hooks), ("bwd", self.bwd_hooks)):
+            if dir not in (d, "both"):
+                continue
+            keep = []
+            for h in hooks:
+                if (h.is_permanent and not including_permanent) or (level is not None and h.level != level):
+                    keep.append(h)
+                else:
+                    h.active = False
+            hooks[:] = keep
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        for fn in self._hooks:
-            out = fn(x, self)
+        for h in list(self.fwd_hooks):
+            out = h(x, self)
             if out is None:
                 continue
+            fn = h.fn
             if not isinstance(out, torch.Tensor):
                 raise TypeError(
                     f"hook {getattr(fn, '__name__', fn)!r} on {self.name} returned {type(out).__name__}; "
@@ -71,10 +128,34 @@ class HookPoint:
             if watch is not None:  # a forward pass is watching replacements (see watch_replacements)
                 # NaN/inf propagate into the sum: one cheap reduction, a 0-d tensor, no device sync here
                 watch.append((self.name, getattr(fn, "__name__", repr(fn)), x.sum(dtype=torch.float32)))
+        if self.bwd_hooks and x.requires_grad:
+            x = x.view_as(x)  # the gradient of this activation only, whatever else shares the tensor
+            x.register_hook(self._backward(list(self.bwd_hooks)))
         return x
 
+    def _backward(self, hooks: list[_Hook]) -> Callable[[torch.Tensor], torch.Tensor | None]:
+        def run(grad: torch.Tensor) -> torch.Tensor:
+            for h in hooks:
+                if not h.active:  # removed since the forward pass: a hook never outlives its context
+                    continue
+                out = h(grad, self)
+                if isinstance(out, torch.Tensor):
+                    grad = out
+            return grad
+
+        return run
+
     def __repr__(self) -> str:
-        return f"HookPoint({self.name!r}, hooks={len(self._hooks)})"
+        return f"HookPoint({self.name!r}, fwd={len(self.fwd_hooks)}, bwd={len(self.bwd_hooks)})"
+
+
+class PortingWarning(UserWarning):
+    """A result that would differ from TransformerLens's for the same line of code (see docs/porting.md)."""
+
+
+def warn_port(message: str) -> None:
+    """Warn (once per call site) where a TransformerLens idiom would silently give another result."""
+    warnings.warn(message, PortingWarning, stacklevel=3)
 
 
 # (hook name, hook fn name, 0-d float32 sum) for every activation a hook replaced in the current forward
@@ -153,15 +234,31 @@ _SHORT = {
 }
 
 
+_SUBLAYERS = {"attn": "attn", "a": "attn", "mlp": "mlp", "m": "mlp", "block": None, "b": None,
+              "ln1": "ln1", "ln2": "ln2", "ln_final": "ln_final"}
+
+
 def hook_name(family: str, layer: int | None = None, sub: str | None = None) -> str:
-    """Full hook name of a short family name and layer: ``hook_name("resid_pre", 3)``."""
+    """Full hook name of a short family name and layer: ``hook_name("resid_pre", 3)``.
+
+    TransformerLens's ``utils.get_act_name`` spellings are accepted too: ``hook_name("k6")``,
+    ``hook_name("pattern", 3, "attn")`` (a sublayer that the family already implies is ignored),
+    ``hook_name("scale", 3, "ln2")``. A negative ``layer`` is kept as given (the cache and the
+    model count it from the end).
+    """
+    if layer is None and family not in _SHORT and re.fullmatch(r"[a-z_]+\d+[a-z0-9]*", family):
+        m = re.fullmatch(r"([a-z_]+?)(\d+)([a-z0-9]*)", family)  # TL's "k6", "scale4ln1"
+        if m and m.group(1) in _SHORT:
+            return hook_name(m.group(1), int(m.group(2)), m.group(3) or None)
     if family not in _SHORT:
         if "hook_" in family or family.startswith("blocks."):
             return family
         raise KeyError(f"unknown hook family {family!r}.{suggest(family, list(_SHORT))} Known: {', '.join(_SHORT)}")
+    if sub is not None and sub not in _SUBLAYERS:
+        raise KeyError(f"unknown sublayer {sub!r} for {family!r}; known: {', '.join(_SUBLAYERS)}")
     template = _SHORT[family]
     if family in ("scale", "normalized"):
-        if layer is None:
+        if layer is None or sub == "ln_final":
             return f"ln_final.hook_{family}"
         return template.format(layer, sub or "ln1")
     if "{}" in template:
@@ -169,6 +266,9 @@ def hook_name(family: str, layer: int | None = None, sub: str | None = None) -> 
             raise KeyError(f"hook family {family!r} needs a layer, e.g. ({family!r}, 0)")
         return template.format(layer)
     return template
+
+
+get_act_name = hook_name  # TransformerLens's name for it
 
 
 def layer_of(name: str) -> int | None:
@@ -191,63 +291,23 @@ def name_filter_fn(names_filter: NameFilter, known: list[str]) -> Callable[[str]
     return wanted.__contains__
 
 
-class ActivationCache(Mapping[str, torch.Tensor]):
-    """Activations by hook name, as recorded by ``run_with_cache``.
+def slice_positions(act: torch.Tensor, name: str, pos: Any) -> torch.Tensor:
+    """Keep positions ``pos`` of an activation ``[batch, pos, ...]`` (query positions of
+    ``[batch, head, q, k]`` scores/patterns; ``[batch, pos, head, d_head]`` for q/k/v/z)."""
+    dim = -2 if name.endswith(("hook_attn_scores", "hook_pattern")) else 1
+    if isinstance(pos, list):
+        pos = torch.as_tensor(pos)
+    elif isinstance(pos, tuple):
+        pos = slice(*pos)
+    index: list[Any] = [slice(None)] * act.ndim
+    index[dim] = pos
+    return act[tuple(index)]
 
-    Index by full name (``cache["blocks.3.hook_resid_pre"]``) or TransformerLens
-    style (``cache["resid_pre", 3]``, ``cache["scale", 3, "ln2"]``).
-    """
 
-    def __init__(self, store: dict[str, torch.Tensor], model: Any = None) -> None:
-        self._store = store
-        self.model = model
+def __getattr__(name: str) -> Any:
+    """``ActivationCache`` lives in :mod:`.cache` (which imports this module); kept importable from here."""
+    if name == "ActivationCache":
+        from .cache import ActivationCache
 
-    def _key(self, key: str | tuple) -> str:
-        if isinstance(key, tuple):
-            return hook_name(key[0], *(key[1:]))
-        return key
-
-    def __getitem__(self, key: str | tuple) -> torch.Tensor:
-        name = self._key(key)
-        try:
-            return self._store[name]
-        except KeyError:
-            hint = suggest(name, list(self._store))
-            raise KeyError(
-                f"{name!r} is not in this cache ({len(self._store)} names cached).{hint} "
-                "If it is a valid hook name, include it in run_with_cache's names_filter."
-            ) from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._store)
-
-    def __len__(self) -> int:
-        return len(self._store)
-
-    def __repr__(self) -> str:
-        return f"ActivationCache({len(self._store)} names: {', '.join(list(self._store)[:4])}{', ...' if len(self) > 4 else ''})"
-
-    def to(self, device: torch.device | str) -> "ActivationCache":
-        return ActivationCache({k: v.to(device) for k, v in self._store.items()}, self.model)
-
-    def stack(self, family: str) -> torch.Tensor:
-        """Stack a per-layer family over layers: ``[n_layer, *shape]``."""
-        n = self.model.cfg.n_layer
-        return torch.stack([self[family, i] for i in range(n)])
-
-    def accumulated_resid(self, incl_mid: bool = False) -> tuple[torch.Tensor, list[str]]:
-        """Residual stream at every layer boundary: ``[n_boundaries, batch, pos, d_model]`` and labels.
-
-        Boundaries: ``embed`` (resid_pre 0), then after each block (``L{i}``); with
-        ``incl_mid`` also the mid-block residuals (``L{i}_mid``). The last entry is
-        the final residual stream, before ln_final.
-        """
-        n = self.model.cfg.n_layer
-        resids, labels = [self["resid_pre", 0]], ["embed"]
-        for i in range(n):
-            if incl_mid:
-                resids.append(self["resid_mid", i])
-                labels.append(f"L{i}_mid")
-            resids.append(self["resid_post", i])
-            labels.append(f"L{i}")
-        return torch.stack(resids), labels
+        return ActivationCache
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

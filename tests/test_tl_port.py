@@ -1,0 +1,449 @@
+"""TransformerLens idioms, run unchanged against our model and against TransformerLens 3.9 built from
+the same weights: each idiom below is ONE function ``idiom(model, utils)`` called with
+``(HookedTransformer, transformer_lens.utils)`` and with ``(HookedGPT2, gpt2_interp.utils)``, so
+"ports by changing the import" is what is measured, and the returned values must agree within 1e-4.
+
+``IDIOMS`` is the list of everyday idioms counted in docs/porting.md; ``DELIBERATE`` are the lines
+whose result differs on purpose (documented and warned about); the last tests check our own
+exactness claims that TransformerLens does not make.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import gpt2_interp as gi
+from gpt2_interp import utils as our_utils
+from gpt2_interp.model import HookedRootModule, HookPoint, PortingWarning
+
+TEXT = "The quick brown fox jumps over the lazy dog"
+ATOL = 1e-4
+MAX_DELTA: dict[str, float] = {}  # idiom -> max |Δ| against TransformerLens (printed by the summary test)
+
+
+def _hf_gpt2_tokenizer():
+    """transformers' GPT2TokenizerFast built offline from our shipped BPE ranks (for TransformerLens)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from gpt2_interp.io.tokenizer import gpt2_encoding
+
+    enc = gpt2_encoding()
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    byte_char = {b: chr(c) for b, c in zip(bs, cs)}
+    ranks = enc._mergeable_ranks
+    uni = lambda t: "".join(byte_char[b] for b in t)  # noqa: E731
+    vocab = {uni(t): r for t, r in ranks.items()}
+    vocab["<|endoftext|>"] = 50256
+    merges = []
+    for t, r in ranks.items():
+        if len(t) < 2:
+            continue
+        for i in range(1, len(t)):
+            a, b = t[:i], t[i:]
+            if a in ranks and b in ranks and ranks[a] < r and ranks[b] < r:
+                merges.append((r, ranks[a], ranks[b], uni(a), uni(b)))
+    merges.sort()
+    tk = Tokenizer(models.BPE(vocab, [(m[3], m[4]) for m in merges]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>", unk_token="<|endoftext|>")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_max_deltas():
+    """Prints the max |Δ| against TransformerLens per idiom when the module ends (pytest -s)."""
+    yield
+    print("\nmax |Δ| vs TransformerLens:", {k: f"{v:.1e}" for k, v in MAX_DELTA.items()})
+
+
+@pytest.fixture(scope="module")
+def pair(tl_from_hf, tmp_path_factory):
+    """(ours, TransformerLens, TL utils): a random 2-layer GPT-2 (vocab 50257, d_model 64) in both."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(1)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=64)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("bias") or ".ln_" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from transformer_lens import utils as tl_utils
+    ref = tl_from_hf(hf)
+    path = tmp_path_factory.mktemp("gpt2_tokenizer")  # TL reloads the tokenizer by its path
+    _hf_gpt2_tokenizer().save_pretrained(path)
+    from transformers import AutoTokenizer
+
+    ref.set_tokenizer(AutoTokenizer.from_pretrained(path))
+    return gi.from_transformers(hf).eval(), ref, tl_utils
+
+
+def _flat(x):
+    """Every tensor/number in a nested result, as a flat list of float tensors (strings compared apart)."""
+    if isinstance(x, torch.Tensor):
+        return [x.detach().float()]
+    if isinstance(x, (int, float, bool)):
+        return [torch.tensor(float(x))]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _flat(v)]
+    if isinstance(x, dict):
+        return [t for k in sorted(x) for t in _flat(x[k])]
+    if isinstance(x, str):
+        return []
+    raise TypeError(type(x))
+
+
+def _strings(x):
+    if isinstance(x, str):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [s for v in x for s in _strings(v)]
+    if isinstance(x, dict):
+        return [s for k in sorted(x) for s in _strings(x[k])]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------------- idioms
+def cfg_names(model, utils):
+    c = model.cfg
+    return [c.n_layers, c.n_heads, c.d_head, c.d_model, c.d_mlp, c.d_vocab, c.n_ctx]
+
+
+def tokens_and_strings(model, utils):
+    tokens = model.to_tokens(TEXT)
+    return [tokens, model.to_str_tokens(TEXT), model.to_string(tokens[0, 1:]), model.to_string(int(tokens[0, 2])),
+            model.to_single_token(" fox"), model.to_tokens(TEXT, prepend_bos=False)]
+
+
+def logits_and_loss(model, utils):
+    tokens = model.to_tokens(TEXT)
+    return [model(tokens), model(tokens, return_type="loss"), model(TEXT, return_type="loss", loss_per_token=True),
+            model(TEXT, prepend_bos=False)]
+
+
+def cache_shorthands(model, utils):
+    _, cache = model.run_with_cache(TEXT)
+    return [cache["resid_post", -1], cache["embed"], cache["pos_embed"], cache[utils.get_act_name("k", 1)],
+            cache["pattern", 1, "attn"], cache["scale", 1, "ln2"], cache["z", 0], cache["q", 0],
+            cache["blocks.0.hook_mlp_out"], cache[utils.get_act_name("resid_pre", 1)], utils.get_act_name("scale", 1, "ln1")]
+
+
+def cache_filter_and_keys(model, utils):
+    _, cache = model.run_with_cache(TEXT, names_filter=lambda n: n.endswith("resid_post"))
+    return [sorted(cache.keys()), [cache[k] for k in sorted(cache.keys())]]
+
+
+def ablate_head_hook(model, utils):
+    def ablate(z, hook):
+        z[:, :, 1] = 0.0
+        return z
+
+    return model.run_with_hooks(TEXT, fwd_hooks=[(utils.get_act_name("z", 0), ablate)], return_type="loss")
+
+
+def hook_layer_and_filter(model, utils):
+    seen = []
+
+    def record(act, hook):
+        seen.append(hook.layer())
+
+    model.run_with_hooks(TEXT, fwd_hooks=[(lambda n: n.endswith("hook_attn_out"), record)])
+    return seen
+
+
+def hooks_context(model, utils):
+    def double(act, hook):
+        return act * 2
+
+    with model.hooks(fwd_hooks=[("blocks.1.hook_mlp_out", double)]):
+        hooked = model(TEXT)
+    return [hooked, model(TEXT)]
+
+
+def add_and_reset_hooks(model, utils):
+    def zero(act, hook):
+        return torch.zeros_like(act)
+
+    model.add_hook(lambda n: n.endswith("hook_attn_out"), zero)
+    n_fwd = len(model.hook_dict["blocks.0.hook_attn_out"].fwd_hooks)
+    ablated = model(TEXT)
+    model.reset_hooks()
+    return [n_fwd, ablated, len(model.hook_dict["blocks.0.hook_attn_out"].fwd_hooks), model(TEXT)]
+
+
+def permanent_and_prepend(model, utils):
+    order = []
+    model.add_hook("blocks.0.hook_resid_pre", lambda a, hook: order.append("perm"), is_permanent=True)
+    model.add_hook("blocks.0.hook_resid_pre", lambda a, hook: order.append("first"), prepend=True)
+    model(TEXT)
+    model.reset_hooks()
+    kept = len(model.hook_dict["blocks.0.hook_resid_pre"].fwd_hooks)
+    model.reset_hooks(including_permanent=True)
+    return [len(order), order == ["first", "perm"], kept, len(model.hook_dict["blocks.0.hook_resid_pre"].fwd_hooks)]
+
+
+def backward_hooks(model, utils):
+    grads = {}
+
+    def save_grad(grad, hook):
+        grads[hook.name] = grad.detach().clone()
+
+    with model.hooks(bwd_hooks=[(utils.get_act_name("resid_mid", 1), save_grad), ("hook_embed", save_grad)]):
+        model(TEXT, return_type="loss").backward()
+    model.zero_grad()
+    return grads
+
+
+def add_hook_bwd(model, utils):
+    grads = []
+    model.add_hook(utils.get_act_name("resid_post", 0), lambda g, hook: grads.append(g.detach().clone()), dir="bwd")
+    model(TEXT, return_type="loss").backward()
+    model.reset_hooks()
+    model.zero_grad()
+    return grads
+
+
+def accumulated_resid(model, utils):
+    _, cache = model.run_with_cache(TEXT)
+    return [cache.accumulated_resid(layer=-1, incl_mid=True, pos_slice=-1, return_labels=True),
+            cache.accumulated_resid(layer=1, return_labels=True), cache.accumulated_resid()]
+
+
+def decompose_resid(model, utils):
+    _, cache = model.run_with_cache(TEXT)
+    return [cache.decompose_resid(return_labels=True), cache.decompose_resid(layer=1, mode="attn", pos_slice=-1)]
+
+
+def stack_head_results(model, utils):
+    _, cache = model.run_with_cache(TEXT)
+    return [cache.stack_head_results(layer=-1, return_labels=True), cache.stack_head_results(layer=1, pos_slice=-1)]
+
+
+def stack_neuron_results(model, utils):
+    _, cache = model.run_with_cache(TEXT)
+    return cache.stack_neuron_results(layer=-1, pos_slice=-1, return_labels=True)
+
+
+def full_decomposition_sums_to_resid(model, utils):
+    _, cache = model.run_with_cache(TEXT)
+    full = cache.get_full_resid_decomposition(expand_neurons=True)
+    return [full.shape[0], full.sum(0), cache["resid_post", -1]]
+
+
+def pos_slice_and_batch_dim(model, utils):
+    _, sliced = model.run_with_cache(TEXT, pos_slice=-1, names_filter=lambda n: "resid" in n)
+    _, single = model.run_with_cache(TEXT, remove_batch_dim=True)
+    return [sliced["resid_post", 1], single["resid_post", 0], single["pattern", 0]]
+
+
+def stacked_weights(model, utils):
+    return [model.W_Q, model.W_K, model.W_V, model.W_O, model.b_Q, model.b_K, model.b_V, model.b_O,
+            model.W_in, model.W_out, model.b_in, model.b_out, model.W_U, model.b_U, model.W_E, model.W_pos]
+
+
+def factored_circuits(model, utils):
+    return [model.OV.AB, model.QK.AB, model.OV[1, 2].AB, model.OV.shape[-1]]
+
+
+def token_directions_and_positions(model, utils):
+    return [model.tokens_to_residual_directions(" fox"), model.tokens_to_residual_directions(torch.tensor([5, 7])),
+            model.get_token_position(" the", TEXT), model.get_token_position(" the", TEXT, mode="last")]
+
+
+def logit_attrs_unscaled(model, utils):
+    """TL's logit_attrs applies ln_final's scale (ours also its gain): compare the part both share,
+    a stack that the norm maps to itself up to the gain, via tokens_to_residual_directions."""
+    _, cache = model.run_with_cache(TEXT)
+    stack = cache.decompose_resid(layer=-1, pos_slice=-1)
+    direction = model.tokens_to_residual_directions(" dog") - model.tokens_to_residual_directions(" cat")
+    return stack @ direction
+
+
+def greedy_generate_tokens(model, utils):
+    tokens = model.to_tokens("The quick brown")
+    return model.generate(tokens, max_new_tokens=5, do_sample=False, use_past_kv_cache=True, verbose=False,
+                          stop_at_eos=False)
+
+
+def own_hooked_module(model, utils):
+    mod = model.__class__.__mro__  # the base class comes from the library under test
+    base = next(c for c in mod if c.__name__ == "HookedRootModule")
+    hp_cls = type(model.hook_dict["hook_embed"])
+
+    class Tiny(base):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+            self.hook_mid = hp_cls()
+            self.setup()
+
+        def forward(self, x):
+            return self.hook_mid(self.lin(x)).relu()
+
+    torch.manual_seed(0)
+    m = Tiny()
+    x = torch.randn(2, 3)
+    out, cache = m.run_with_cache(x)
+    ablated = m.run_with_hooks(x, fwd_hooks=[("hook_mid", lambda a, hook: a * 0)])
+    return [out, cache["hook_mid"], ablated]
+
+
+IDIOMS = [
+    cfg_names, tokens_and_strings, logits_and_loss, cache_shorthands, cache_filter_and_keys, ablate_head_hook,
+    hook_layer_and_filter, hooks_context, add_and_reset_hooks, permanent_and_prepend, backward_hooks,
+    add_hook_bwd, accumulated_resid, decompose_resid, stack_head_results, stack_neuron_results,
+    full_decomposition_sums_to_resid, pos_slice_and_batch_dim, stacked_weights, factored_circuits,
+    token_directions_and_positions, logit_attrs_unscaled, greedy_generate_tokens, own_hooked_module,
+]
+
+
+@pytest.mark.parametrize("idiom", IDIOMS, ids=lambda f: f.__name__)
+def test_idiom_ports_unchanged_and_matches_transformer_lens(pair, idiom):
+    ours, ref, tl_utils = pair
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TL's deprecation notices and its hook_result recomputation
+        want = idiom(ref, tl_utils)
+    got = idiom(ours, our_utils)
+    assert _strings(got) == _strings(want)
+    a, b = _flat(got), _flat(want)
+    assert len(a) == len(b)
+    delta = 0.0
+    for x, y in zip(a, b):
+        assert x.shape == y.shape, (x.shape, y.shape)
+        delta = max(delta, (x - y).abs().max().item() if x.numel() else 0.0)
+    MAX_DELTA[idiom.__name__] = delta
+    assert delta <= ATOL
+
+
+# ---------------------------------------------------------------------------------------------------- exactness
+def test_apply_ln_decomposition_sums_to_the_models_logits(pair):
+    """Our apply_ln is the real ln_final linearised at the recorded scale (gain included), so the
+    components' logits plus the one bias term equal the model's logits; TransformerLens's, on the same
+    unfolded weights, leaves out the gain."""
+    ours, ref, _ = pair
+    logits, cache = ours.run_with_cache(TEXT)
+    full = cache.get_full_resid_decomposition()
+    total = (cache.apply_ln_to_stack(full) @ ours.W_U).sum(0) + cache.ln_bias_logits()
+    assert (total - logits).abs().max().item() <= ATOL
+    # the same line on TransformerLens (unfolded) is off
+    _, tl_cache = ref.run_with_cache(TEXT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tl_full = tl_cache.get_full_resid_decomposition()
+        tl_total = (tl_cache.apply_ln_to_stack(tl_full) @ ref.W_U).sum(0) + ref.b_U
+    assert (tl_total - logits).abs().max().item() > 1e-2
+
+
+def test_logit_attrs_are_transformer_lens_times_the_final_gain_and_sum_to_the_logit_difference(pair):
+    ours, ref, _ = pair
+    dog, cat = ours.to_single_token(" dog"), ours.to_single_token(" cat")
+    logits, cache = ours.run_with_cache(TEXT)
+    stack = cache.get_full_resid_decomposition(pos_slice=-1)
+    attrs = cache.logit_attrs(stack, tokens=dog, incorrect_tokens=cat, pos_slice=-1)
+    bias = cache.ln_bias_logits()
+    assert (attrs.sum(0) + bias[dog] - bias[cat] - (logits[:, -1, dog] - logits[:, -1, cat])).abs().max() <= ATOL
+    _, tl_cache = ref.run_with_cache(TEXT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tl_stack = tl_cache.decompose_resid(layer=-1, pos_slice=-1)
+        tl_scaled = tl_cache.apply_ln_to_stack(tl_stack, layer=-1, pos_slice=-1)
+    direction = ref.W_U[:, dog] - ref.W_U[:, cat]
+    want = (tl_scaled * ref.ln_final.w) @ direction
+    got = cache.logit_attrs(cache.decompose_resid(layer=-1, pos_slice=-1), tokens=dog, incorrect_tokens=cat, pos_slice=-1)
+    assert (got - want).abs().max() <= ATOL
+
+
+def test_head_results_plus_remainder_sum_to_the_residual(pair):
+    ours, _, _ = pair
+    _, cache = ours.run_with_cache(TEXT)
+    heads = cache.stack_head_results(incl_remainder=True)
+    assert (heads.sum(0) - cache["resid_post", -1]).abs().max().item() <= ATOL
+    assert not any("hook_result" in k for k in cache)  # nothing per-head was materialised
+
+
+def test_backward_hooks_never_outlive_their_context(pair):
+    ours, _, _ = pair
+    fired = []
+    with ours.hooks(bwd_hooks=[("hook_embed", lambda g, hook: fired.append(1))]):
+        loss = ours(TEXT, return_type="loss")
+    loss.backward()  # the context has closed: the hook must not fire
+    ours.zero_grad()
+    assert fired == []
+    with pytest.raises(RuntimeError):
+        with ours.hooks(fwd_hooks=[("hook_embed", lambda a, hook: None)],
+                        bwd_hooks=[("hook_embed", lambda g, hook: None)]):
+            raise RuntimeError("body fails")
+    assert all(not hp.fwd_hooks and not hp.bwd_hooks for hp in ours.hook_dict.values())
+
+
+def test_left_padding_is_loud_and_right_padding_matches_transformer_lens(pair):
+    ours, ref, _ = pair
+    texts = ["Hello", "The quick brown fox"]
+    with pytest.warns(PortingWarning, match="LEFT"):
+        left = ours.to_tokens(texts)
+    assert left[0, -1] == ours.to_single_token("Hello")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PortingWarning)
+        right = ours.to_tokens(texts, padding_side="right")
+    assert torch.equal(right, ref.to_tokens(texts))
+
+
+def test_return_type_none_fires_ln_final_hooks_like_transformer_lens(pair):
+    ours, ref, _ = pair
+    for model in (ours, ref):
+        _, cache = model.run_with_cache(TEXT, return_type=None, names_filter="ln_final.hook_scale")
+        assert "ln_final.hook_scale" in cache
+
+
+@pytest.mark.slow  # TransformerLens's unbatched sweeps
+@pytest.mark.parametrize("fn", ["get_act_patch_resid_pre", "get_act_patch_attn_out", "get_act_patch_attn_head_out_all_pos"])
+def test_tl_patching_call_shape_matches_transformer_lens(pair, fn):
+    ours, ref, _ = pair
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from transformer_lens import patching as tl_patching
+    from gpt2_interp.analysis import tl_patching as our_patching
+
+    clean, corrupted = ours.to_tokens(["The capital of France is", "The capital of Italy is"], padding_side="right")
+    dog, cat = ours.to_single_token(" Paris"), ours.to_single_token(" Rome")
+
+    def metric(logits):  # a TL metric on full logits [batch, pos, d_vocab]
+        return (logits[:, -1, dog] - logits[:, -1, cat]).mean()
+
+    results = []
+    for model, lib in ((ref, tl_patching), (ours, our_patching)):
+        _, clean_cache = model.run_with_cache(clean[None])
+        results.append(getattr(lib, fn)(model, corrupted[None], clean_cache, metric))
+    want, got = results
+    assert got.shape == want.shape
+    MAX_DELTA[fn] = (got.cpu() - want.cpu()).abs().max().item()
+    assert MAX_DELTA[fn] <= ATOL
+
+
+def test_decomposition_sums_to_the_logits_on_a_llama_config():
+    """The same cache methods on RMSNorm, RoPE, SwiGLU, grouped-query attention and no biases:
+    every head, neuron and embedding through the real (uncentred) ln_final sums to the logits."""
+    from gpt2_interp.model import HookedGPT2, llama_config
+
+    cfg = llama_config(n_layer=2, d_model=64, n_head=4, n_kv_heads=2, d_mlp=96, n_ctx=64, d_vocab=50257,
+                       tied_embeddings=False)
+    model = HookedGPT2(cfg, seed=0).eval()
+    with torch.no_grad():
+        model.ln_final.w.add_(torch.randn_like(model.ln_final.w) * 0.2)
+    logits, cache = model.run_with_cache(TEXT)
+    full = cache.get_full_resid_decomposition(apply_ln=True)
+    assert ((full @ model.W_U).sum(0) + cache.ln_bias_logits() - logits).abs().max().item() <= ATOL
+    assert (cache.stack_head_results(incl_remainder=True).sum(0) - cache["resid_post", -1]).abs().max() <= ATOL
