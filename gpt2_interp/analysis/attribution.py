@@ -70,16 +70,28 @@ def _bind(metric: Metric, clean_logits: torch.Tensor) -> Metric:
     return bind(clean_logits) if callable(bind) else metric
 
 
-def _metric(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
-    """``logits [n_pairs, d_vocab]`` → ``[n_pairs]`` (float), differentiable."""
-    out = metric(logits.float()[None])
+def _metric(metric: Metric, logits: torch.Tensor, rows: tuple[int, int] | None = None) -> torch.Tensor:
+    """``logits [b, d_vocab]`` → ``[b]`` (float), differentiable. ``rows = (first, n_pairs)`` when the
+    ``b`` pairs are a chunk of ``n_pairs``: the metric (which may hold one answer per pair) sees them
+    at their place among zero logits for the other pairs, whose values are dropped."""
+    full = _place(logits, rows)
+    out = metric(full.float()[None])
     out = torch.as_tensor(out, device=logits.device)
-    if out.shape != (1, logits.shape[0]):
+    if out.shape != (1, full.shape[0]):
         raise ValueError(
-            f"metric {metric_name(metric)} returned shape {tuple(out.shape)} for logits {(1, *logits.shape)}; a metric "
+            f"metric {metric_name(metric)} returned shape {tuple(out.shape)} for logits {(1, *full.shape)}; a metric "
             "maps last-position logits [..., n_pairs, d_vocab] to [..., n_pairs] (one value per run) — do not average inside it"
         )
-    return out[0].float()
+    out = out[0].float()
+    return out if rows is None else out[rows[0] : rows[0] + logits.shape[0]]
+
+
+def _place(x: torch.Tensor, rows: tuple[int, int] | None) -> torch.Tensor:
+    """Chunk rows ``x [b, ...]`` at rows ``first…first+b`` of ``n_pairs`` rows of zeros."""
+    if rows is None or (rows[0] == 0 and rows[1] == x.shape[0]):
+        return x
+    first, n = rows
+    return torch.cat([x.new_zeros(first, *x.shape[1:]), x, x.new_zeros(n - first - x.shape[0], *x.shape[1:])])
 
 
 # =============================================================== what is attributed
@@ -323,7 +335,7 @@ def attribute(
     for a, b in chunks:
         m = None if mask is None else mask[a:b]
         e, d, bm, sm = _attribute_chunk(model, fam, layers_, base_t[a:b].clone(), src_t[a:b].clone(), m, metric,
-                                        direction, method, ig_steps, graddrop, together)
+                                        direction, method, ig_steps, graddrop, together, (a, n_pairs))
         effs.append(e)
         drops.append(d)
         base_ms.append(bm)
@@ -392,7 +404,7 @@ def _position_labels(model: "HookedGPT2", clean: torch.Tensor, corrupted: torch.
 
 def _attribute_chunk(model: "HookedGPT2", fam: _Family, layers_: list[int], base_t: torch.Tensor, src_t: torch.Tensor,
                      mask: torch.Tensor | None, metric: Metric, direction: str, method: str, ig_steps: int,
-                     graddrop: bool, together: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+                     graddrop: bool, together: bool, rows: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """Per-pair effects ``[b, layer, pos|1, (head)]``, GradDrop magnitudes (or None) and the base and
     source metrics ``[b]`` of one chunk of pairs."""
     n = model.cfg.n_layer
@@ -403,23 +415,24 @@ def _attribute_chunk(model: "HookedGPT2", fam: _Family, layers_: list[int], base
     b = base_t.shape[0]
     ig = method == "ig"
     # unpatched runs without autograd: the source run (and for IG the base run and both embeddings)
-    rows = torch.cat([src_t, base_t]) if ig else src_t
+    tokens = torch.cat([src_t, base_t]) if ig else src_t
     rmask = None if mask is None else (torch.cat([mask, mask]) if ig else mask)
     with torch.inference_mode():
-        resid, cache = model.run_with_cache(rows, names_filter=list(dict.fromkeys(names + qk_names + (["hook_embed"] if ig else []))),
+        resid, cache = model.run_with_cache(tokens, names_filter=list(dict.fromkeys(names + qk_names + (["hook_embed"] if ig else []))),
                                             attention_mask=rmask, stop_at_layer=n)
         logits = model.unembed(model.ln_final(resid[:, -1]))
-    cache = {k: v.clone() for k, v in cache.items()}  # plain tensors, usable by autograd below
-    logits = logits.clone()
-    src = {k: v[:b] for k, v in cache.items()}
-    src_logits = logits[:b]
-
-    with torch.inference_mode(False), torch.enable_grad():
+    with torch.inference_mode(False), torch.enable_grad():  # also inside a caller's no_grad / inference_mode
+        # normal tensors (not inference tensors) that autograd may use
+        cache = {k: v.clone() for k, v in cache.items()}
+        logits, base_t = logits.clone(), base_t.clone()
+        mask = None if mask is None else mask.clone()
+        src = {k: v[:b] for k, v in cache.items()}
+        src_logits = logits[:b]
         if ig:
             base = {k: v[b:] for k, v in cache.items()}
             base_logits = logits[b:]
-            bound = _bind(metric, src_logits if direction == "denoise" else base_logits)
-            base_m = _metric(bound, base_logits).detach().cpu()
+            bound = _bind(metric, _place(src_logits if direction == "denoise" else base_logits, rows))
+            base_m = _metric(bound, base_logits, rows).detach().cpu()
             e0, e1 = base["hook_embed"], src["hook_embed"]
             grads = {nm: torch.zeros_like(base[nm], dtype=torch.float32) for nm in names}
             for i in range(ig_steps):  # midpoint rule on α ∈ (0, 1)
@@ -427,11 +440,11 @@ def _attribute_chunk(model: "HookedGPT2", fam: _Family, layers_: list[int], base
                 store: dict[str, torch.Tensor] = {}
                 hooks = [("hook_embed", lambda act, hook, path=path: path)] + [(nm, _capture(store)) for nm in names]
                 with model.hooks(hooks):
-                    m = _metric(bound, _last_logits(model, base_t, mask))
+                    m = _metric(bound, _last_logits(model, base_t, mask), rows)
                 for nm, g in zip(names, torch.autograd.grad(m.sum(), [store[nm] for nm in names])):
                     grads[nm] += g.float() / ig_steps
             eff = [_cell_effects(fam, src[nm] - base[nm], grads[nm]) for nm in names]
-            return _stack(fam, eff, together), None, base_m, _metric(bound, src_logits).detach().cpu()
+            return _stack(fam, eff, together), None, base_m, _metric(bound, src_logits, rows).detach().cpu()
 
         # AtP / AtP*: the base run with autograd, activations captured where the gradient is wanted
         store = {}
@@ -444,9 +457,9 @@ def _attribute_chunk(model: "HookedGPT2", fam: _Family, layers_: list[int], base
             hooks += [(f"blocks.{l}.hook_{x}", _gate(keeps[l])) for l in range(n) for x in ("attn_out", "mlp_out")]
         with model.hooks(hooks):
             base_logits = _last_logits(model, base_t, mask)
-        bound = _bind(metric, src_logits if direction == "denoise" else base_logits.detach())
-        m = _metric(bound, base_logits)
-        base_m, src_m = m.detach().cpu(), _metric(bound, src_logits).detach().cpu()
+        bound = _bind(metric, _place(src_logits if direction == "denoise" else base_logits.detach(), rows))
+        m = _metric(bound, base_logits, rows)
+        base_m, src_m = m.detach().cpu(), _metric(bound, src_logits, rows).detach().cpu()
         acts = [store[x] for x in inputs]
 
         def estimate(grads: Sequence[torch.Tensor | None]) -> torch.Tensor:
