@@ -232,13 +232,14 @@ def test_no_hooks_or_grads_are_left_after_a_call_or_an_exception(small, pairs, m
 
 def test_works_inside_no_grad_and_inference_mode(small, pairs):
     clean, corrupt, m = pairs
-    ref = attribute(small, clean, corrupt, m, hook="q", method="atp*")
+    ref = attribute(small, clean, corrupt, m, hook="q", layers=[2, 3], method="atp*")
     with torch.no_grad():
-        got = attribute(small, clean, corrupt, m, hook="q", method="atp*")
+        got = attribute(small, clean, corrupt, m, hook="q", layers=[2, 3], method="atp*")
     assert torch.equal(got.values, ref.values) and torch.equal(got.score, ref.score)
+    ref = attribute(small, clean, corrupt, m, hook="mlp_out", layers=[0], method="ig", ig_steps=2)
     with torch.inference_mode():
-        got = attribute(small, clean, corrupt, m, hook="resid_pre", method="ig", ig_steps=2)
-    assert torch.allclose(got.values, attribute(small, clean, corrupt, m, hook="resid_pre", method="ig", ig_steps=2).values)
+        got = attribute(small, clean, corrupt, m, hook="mlp_out", layers=[0], method="ig", ig_steps=2)
+    assert torch.allclose(got.values, ref.values)
 
 
 def test_batched_pairs_equal_separate_runs_and_chunking(small, pairs):

@@ -51,8 +51,10 @@ from einops import einsum, rearrange, reduce
 
 from ..core.progress import progress_bar
 from ..core.result import Result
+from ..facts.base import Fact, FactBase
+from ..facts.templates import templates
 from ..model.hooks import hook_name, layer_of, suggest
-from .patching import Metric, PatchResult, Prompts, metric_name, pair_tokens, patch
+from .patching import LogitDiff, Metric, PatchResult, Prompts, logit_diff, metric_name, pair_tokens, patch
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
@@ -709,5 +711,57 @@ def _exact_cells(result: AttributionResult, cells: list[tuple[int, ...]], batch_
     return [got[c] for c in cells]
 
 
+# =============================================================== prompt pairs from the fact base
+@dataclass
+class FactPairs:
+    """Prompt pairs for patching: a fact's prompt (clean) and the same template with another subject
+    of the same relation (corrupted), of equal token length; ``answers`` / ``wrongs``: the first
+    token of each side's object (they differ)."""
+
+    clean: list[str]
+    corrupted: list[str]
+    answers: list[int]
+    wrongs: list[int]
+    facts: list[tuple[Fact, Fact]]
+
+    def __len__(self) -> int:
+        return len(self.clean)
+
+    def metric(self) -> LogitDiff:
+        """``logit[clean answer] − logit[corrupted answer]``, one pair of tokens per prompt pair."""
+        m = logit_diff(self.answers, self.wrongs)
+        m.name = "logit_diff(answer, corrupted answer)"
+        return m
+
+    def subset(self, keep: Sequence[int]) -> "FactPairs":
+        return FactPairs(*([getattr(self, f)[i] for i in keep] for f in ("clean", "corrupted", "answers", "wrongs", "facts")))
+
+
+def fact_pairs(model: "HookedGPT2", facts: FactBase, n: int, seed: int = 0, template: int = 0) -> FactPairs:
+    """Up to ``n`` clean/corrupted pairs from ``facts``, spread over the relations (random, fixed
+    ``seed``): the relation's training template ``template`` with the fact's subject, and with another
+    subject of the same relation whose object starts with another token and whose prompt has the same
+    number of tokens (so that positions align)."""
+    rng = random.Random(seed)
+    tok = model.tokenizer
+    first = lambda f: tok.encode(f.target)[0]  # noqa: E731
+    per: dict[str, list[Fact]] = {r: rng.sample(facts.facts(r), len(facts.facts(r))) for r in facts.relations}
+    out: list[tuple[str, str, int, int, tuple[Fact, Fact]]] = []
+    while len(out) < n and any(per.values()):
+        for r in facts.relations:
+            if not per[r] or len(out) >= n:
+                continue
+            f = per[r].pop()
+            t = templates(r, "train")[template]
+            prompt = t.format(f.subject)
+            length = len(tok.encode(prompt))
+            others = [g for g in facts.facts(r) if g.subject != f.subject and first(g) != first(f)]
+            rng.shuffle(others)
+            g = next((g for g in others if len(tok.encode(t.format(g.subject))) == length), None)
+            if g is not None:
+                out.append((prompt, t.format(g.subject), first(f), first(g), (f, g)))
+    return FactPairs(*(list(x) for x in zip(*out))) if out else FactPairs([], [], [], [], [])
+
+
 __all__ = ["attribute", "AttributionResult", "verify", "Verification", "agreement", "Agreement", "spearman",
-           "top_cells", "recall", "cell_label", "METHODS", "FAMILIES"]
+           "top_cells", "recall", "cell_label", "fact_pairs", "FactPairs", "METHODS", "FAMILIES"]
