@@ -2,7 +2,7 @@
 
     python analyses/attribution.py [--pairs 60] [--quick] [--out-dir analyses/results]
 
-Prompt pairs from the fact base (``attribution.fact_pairs``: a fact's first training prompt, and
+Prompt pairs from the fact base (``facts.pairs.subject_swaps``: a fact's first training prompt, and
 the same prompt with another subject of the same relation, equal token length), kept where the
 model knows both (clean prefers its object, corrupted its own). For each hook — attention heads
 (``z``, each head at every position: ``[layer, head]``), heads by position (``z`` ``[layer, pos,
@@ -32,9 +32,11 @@ import numpy as np
 import torch
 
 import gpt2_interp as gi
-from gpt2_interp.analysis.attribution import agreement, attribute, fact_pairs, recall, spearman, top_cells
+from gpt2_interp.analysis.attribution import agreement, attribute, recall, spearman, top_cells
+from gpt2_interp.analysis.metrics import logit_diff
 from gpt2_interp.analysis.patching import pair_tokens, patch
 from gpt2_interp.facts.base import FactBase
+from gpt2_interp.facts.pairs import subject_swaps
 from gpt2_interp.plots.attribution import plot_agreement_grid
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -52,7 +54,7 @@ GOALS = {"heads (z)": 0.9, "mlp_out": 0.9, "residual (resid_pre)": 0.8}
 def known_pairs(model, fp):
     """The pairs where the clean run prefers its object and the corrupted run its own."""
     c, k, mask = pair_tokens(model, fp.clean, fp.corrupted)
-    m = fp.metric()
+    m = logit_diff(fp.answers, fp.wrongs)
     lc = m(model.last_logits(c, attention_mask=mask)[None])[0]
     lk = m(model.last_logits(k, attention_mask=mask)[None])[0]
     return fp.subset([i for i in range(len(fp)) if lc[i] > 0 > lk[i]])
@@ -75,8 +77,9 @@ def main(argv: list[str] | None = None) -> dict:
     if a.quick:
         a.pairs = 8
     model = gi.load(a.model).eval()
-    fp = known_pairs(model, fact_pairs(model, FactBase.load(), a.pairs, seed=0))
-    metric = fp.metric()
+    fp = known_pairs(model, subject_swaps(FactBase.load(), model.tokenizer, a.pairs, seed=0))
+    metric = logit_diff(fp.answers, fp.wrongs)
+    metric.name = "logit_diff(clean object, corrupted object)"
     P = pair_tokens(model, fp.clean, fp.corrupted)[0].shape[1]
     rows, panels, times = [], [], {}
     for label, hook, pos in HOOKS:

@@ -3,7 +3,7 @@
     python benchmarks/bench_attribution.py [--pairs 50] [--deep-pairs 100] [--out benchmarks/RESULTS_attribution.md]
 
 1. Cost of the estimate against one forward pass of the pair batch, on gpt2-facts over ``--pairs``
-   prompt pairs from the fact base (``attribution.fact_pairs``): the denominator is one forward of
+   prompt pairs from the fact base (``facts.pairs.subject_swaps``): the denominator is one forward of
    the corrupted prompts (``--pairs`` rows, last-position logits, no autograd). Goals: AtP (hook
    ``z``: a source pass, a base pass with autograd, one backward) ≤ 3.5×; IG with 5 steps ≤ 12×.
    AtP* on ``k`` (QK fix, GradDrop: one backward per layer) is shown too.
@@ -30,9 +30,11 @@ from pathlib import Path
 import torch
 
 import gpt2_interp as gi
-from gpt2_interp.analysis.attribution import agreement, attribute, fact_pairs
-from gpt2_interp.analysis.patching import logit_diff, pair_tokens, patch
+from gpt2_interp.analysis.attribution import agreement, attribute
+from gpt2_interp.analysis.metrics import logit_diff
+from gpt2_interp.analysis.patching import pair_tokens, patch
 from gpt2_interp.facts.base import FactBase
+from gpt2_interp.facts.pairs import subject_swaps
 from gpt2_interp.model import GPT2Config, HookedGPT2
 
 
@@ -65,9 +67,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ---- 1. cost on gpt2-facts
     model = gi.load("gpt2-facts").eval()
-    fp = fact_pairs(model, FactBase.load(), a.pairs)
+    fp = subject_swaps(FactBase.load(), model.tokenizer, a.pairs)
     clean, corr, mask = pair_tokens(model, fp.clean, fp.corrupted)
-    metric = fp.metric()
+    metric = logit_diff(fp.answers, fp.wrongs)
 
     def forward():
         with torch.inference_mode():

@@ -15,7 +15,8 @@ import torch
 
 import gpt2_interp as gi
 from gpt2_interp.analysis.attribution import agreement, attribute, spearman, verify
-from gpt2_interp.analysis.patching import kl_to, logit_diff, pair_tokens, patch
+from gpt2_interp.analysis.metrics import bind_metric, kl_to, logit_diff
+from gpt2_interp.analysis.patching import pair_tokens, patch
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +181,7 @@ def test_graddrop_scores_equal_a_slow_loop_that_detaches_each_layer(small, pairs
     ct, kt, mask = pair_tokens(small, clean, corrupt)
     n = small.cfg.n_layer
     _, src = small.run_with_cache(ct, attention_mask=mask, names_filter=lambda x: x.endswith("hook_mlp_out"))
-    bound = m.bind(small.last_logits(ct, attention_mask=mask)) if hasattr(m, "bind") else m
+    bound = bind_metric(m, small, small.last_logits(ct, attention_mask=mask))
     total = torch.zeros(len(clean), n, ct.shape[1])
     for drop in range(n):
         acts = {}
@@ -218,12 +219,14 @@ def test_no_hooks_or_grads_are_left_after_a_call_or_an_exception(small, pairs, m
     attribute(small, clean, corrupt, m, hook="k", method=method)
     assert no_state_left(small)
 
+    bound = bind_metric(m, small)
+
     def failing(logits):  # fails inside the gradient pass (and inside the hooked run for IG)
         if torch.is_grad_enabled() and logits.requires_grad:
             raise RuntimeError("metric failed")
-        return m(logits)
+        return bound(logits)
 
-    failing.bind = lambda clean_logits: failing  # behave like a bindable metric
+    failing.bind = lambda model, clean_logits=None: failing  # behave like a bindable metric
     with pytest.raises(RuntimeError, match="metric failed"):
         attribute(small, clean, corrupt, failing, hook="z", method=method)
     assert no_state_left(small)
@@ -322,4 +325,19 @@ def test_cli_attribute(small, tmp_path, capsys):
     rc = main(["attribute", "--model", str(tmp_path / "m"), "--clean", "The capital of France is",
                "--corrupted", "The capital of Italy is", "--answer", " Paris", "--method", "ig", "--ig-steps", "2"])
     text = capsys.readouterr().out
-    assert rc == 0 and "ig" in text and "largest" in text
+    assert rc == 0 and "ig (2 steps) estimate" in text and "largest" in text
+
+
+def test_subject_swaps_pair_same_length_prompts_of_one_relation_with_different_answers(facts_model):
+    from gpt2_interp.facts.base import FactBase
+    from gpt2_interp.facts.pairs import subject_swaps
+
+    fb = FactBase.load()
+    pairs = subject_swaps(fb, facts_model.tokenizer, 24, seed=1)
+    assert len(pairs) == 24 and len({f.relation for f, _ in pairs.facts}) == len(fb.relations)
+    tok = facts_model.tokenizer
+    for c, k, a, w, (f, g) in zip(pairs.clean, pairs.corrupted, pairs.answers, pairs.wrongs, pairs.facts):
+        assert f.relation == g.relation and f.subject in c and g.subject in k and f.subject != g.subject
+        assert len(tok.encode(c)) == len(tok.encode(k)) and a != w
+        assert a == tok.encode(f.target)[0] and w == tok.encode(g.target)[0]
+    assert subject_swaps(fb, tok, 24, seed=1).clean == pairs.clean  # deterministic

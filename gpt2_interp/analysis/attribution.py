@@ -49,12 +49,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from einops import einsum, rearrange, reduce
 
+from ..core.checks import check_count, check_index
 from ..core.progress import progress_bar
 from ..core.result import Result
-from ..facts.base import Fact, FactBase
-from ..facts.templates import templates
 from ..model.hooks import hook_name, layer_of, suggest
-from .patching import LogitDiff, Metric, PatchResult, Prompts, logit_diff, metric_name, pair_tokens, patch
+from .metrics import Metric, apply_metric, bind_metric, metric_name
+from .patching import PatchResult, Prompts, pair_tokens, patch
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
@@ -66,25 +66,11 @@ FAMILIES = _POS_FAMILIES + _HEAD_FAMILIES + ("pattern",)
 
 
 # =============================================================== metric plumbing
-def _bind(metric: Metric, clean_logits: torch.Tensor) -> Metric:
-    """The metric ready for this run (a KL metric gets the clean logits as its reference)."""
-    bind = getattr(metric, "bind", None)
-    return bind(clean_logits) if callable(bind) else metric
-
-
 def _metric(metric: Metric, logits: torch.Tensor, rows: tuple[int, int] | None = None) -> torch.Tensor:
     """``logits [b, d_vocab]`` → ``[b]`` (float), differentiable. ``rows = (first, n_pairs)`` when the
     ``b`` pairs are a chunk of ``n_pairs``: the metric (which may hold one answer per pair) sees them
     at their place among zero logits for the other pairs, whose values are dropped."""
-    full = _place(logits, rows)
-    out = metric(full.float()[None])
-    out = torch.as_tensor(out, device=logits.device)
-    if out.shape != (1, full.shape[0]):
-        raise ValueError(
-            f"metric {metric_name(metric)} returned shape {tuple(out.shape)} for logits {(1, *full.shape)}; a metric "
-            "maps last-position logits [..., n_pairs, d_vocab] to [..., n_pairs] (one value per run) — do not average inside it"
-        )
-    out = out[0].float()
+    out = apply_metric(metric, _place(logits, rows)[None])[0]
     return out if rows is None else out[rows[0] : rows[0] + logits.shape[0]]
 
 
@@ -123,16 +109,9 @@ def _family(model: "HookedGPT2", hook: str, layers: Sequence[int] | None) -> tup
             family = "pattern"
         if family not in FAMILIES:
             raise KeyError(f"attribution covers the hook families {', '.join(FAMILIES)}, not {hook!r}.{suggest(hook, list(FAMILIES))}")
-        chosen = list(range(n)) if layers is None else list(dict.fromkeys(_index(l, n, "layer", f"the model has {n} layers") for l in layers))
+        chosen = list(range(n)) if layers is None else list(dict.fromkeys(check_index(l, n, "layer", f"the model has {n} layers") for l in layers))
     kind = "pos" if family in _POS_FAMILIES else "head" if family in _HEAD_FAMILIES else "pattern"
     return _Family(kind, family, {l: hook_name(family, l) for l in chosen}), chosen
-
-
-def _index(i: int, n: int, what: str, context: str) -> int:
-    j = i + n if i < 0 else i
-    if not 0 <= j < n:
-        raise IndexError(f"{what} {i} is out of range: {context} (valid: 0..{n - 1}, negatives count from the end)")
-    return j
 
 
 def _rot_name(model: "HookedGPT2", layer: int, x: str) -> str:
@@ -235,20 +214,20 @@ def _select(fam: _Family, per: torch.Tensor, positions: Any, heads: Any, P: int,
             return per.sum(2, keepdim=True), ("layer", "pos"), None, None
         if positions is None:
             return per, ("layer", "pos"), list(range(P)), None
-        ps = [_index(p, P, "position", f"the prompts have {P} tokens") for p in positions]
+        ps = [check_index(p, P, "position", f"the prompts have {P} tokens") for p in positions]
         return per[:, :, ps], ("layer", "pos"), ps, None
     if heads is None:
         hs: list[int] | None = list(range(H))
     elif heads == "all":
         hs = None
     else:
-        hs = [_index(h, H, "head", f"the model has {H} heads") for h in heads]
+        hs = [check_index(h, H, "head", f"the model has {H} heads") for h in heads]
     per = per.sum(-1, keepdim=True) if hs is None else per[..., hs]
     if positions is None or positions == "all":
         return per.sum(2), ("layer", "head"), None, hs
     if isinstance(positions, str):
         raise ValueError(f"positions must be a list of ints, None or 'all', not {positions!r}")
-    ps = [_index(p, P, "position", f"the prompts have {P} tokens") for p in positions]
+    ps = [check_index(p, P, "position", f"the prompts have {P} tokens") for p in positions]
     return per[:, :, ps], ("layer", "pos", "head"), ps, hs
 
 
@@ -269,6 +248,12 @@ class AttributionResult(PatchResult):
     graddrop: bool = False
     score: torch.Tensor | None = field(default=None, repr=False)
     _spec: dict | None = field(default=None, repr=False, compare=False)
+
+    def table(self, k: int = 8) -> str:
+        """Like ``PatchResult.table``, the ``k`` highest-ranked cells, marked as an estimate."""
+        steps = f" ({self.ig_steps} steps)" if self.method == "ig" else ""
+        rank = "; ranked by GradDrop" if self.graddrop else ""
+        return f"{self.method}{steps} estimate{rank} — " + super().table(k)
 
     def top(self, k: int = 5) -> list[tuple[tuple[int, ...], float]]:
         """The ``k`` cells ranked highest by :attr:`score`, as ``((layer, pos|head, ...), value)``."""
@@ -314,8 +299,8 @@ def attribute(
         raise ValueError(f"method must be one of {', '.join(repr(m) for m in METHODS)}, not {method!r}")
     if direction not in ("denoise", "noise"):
         raise ValueError(f"direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not {direction!r}")
-    if method == "ig" and (not isinstance(ig_steps, int) or ig_steps < 1):
-        raise ValueError(f"ig_steps must be a positive int (points on the path), not {ig_steps!r}")
+    if method == "ig":
+        ig_steps = check_count(ig_steps, "ig_steps (points on the interpolation path)")
     if graddrop and method != "atp*":
         raise ValueError("graddrop is part of method='atp*'")
     graddrop = method == "atp*" if graddrop is None else bool(graddrop)
@@ -433,7 +418,7 @@ def _attribute_chunk(model: "HookedGPT2", fam: _Family, layers_: list[int], base
         if ig:
             base = {k: v[b:] for k, v in cache.items()}
             base_logits = logits[b:]
-            bound = _bind(metric, _place(src_logits if direction == "denoise" else base_logits, rows))
+            bound = bind_metric(metric, model, _place(src_logits if direction == "denoise" else base_logits, rows))
             base_m = _metric(bound, base_logits, rows).detach().cpu()
             e0, e1 = base["hook_embed"], src["hook_embed"]
             grads = {nm: torch.zeros_like(base[nm], dtype=torch.float32) for nm in names}
@@ -459,7 +444,7 @@ def _attribute_chunk(model: "HookedGPT2", fam: _Family, layers_: list[int], base
             hooks += [(f"blocks.{l}.hook_{x}", _gate(keeps[l])) for l in range(n) for x in ("attn_out", "mlp_out")]
         with model.hooks(hooks):
             base_logits = _last_logits(model, base_t, mask)
-        bound = _bind(metric, _place(src_logits if direction == "denoise" else base_logits.detach(), rows))
+        bound = bind_metric(metric, model, _place(src_logits if direction == "denoise" else base_logits.detach(), rows))
         m = _metric(bound, base_logits, rows)
         base_m, src_m = m.detach().cpu(), _metric(bound, src_logits, rows).detach().cpu()
         acts = [store[x] for x in inputs]
@@ -652,8 +637,7 @@ def verify(result: AttributionResult, k: int = 20, candidates: int | None = None
     spec = result._spec
     if spec is None:
         raise ValueError("this result carries no run to verify (was it loaded from JSON?); call attribute() again")
-    if k < 1:
-        raise ValueError(f"k must be ≥ 1, got {k}")
+    k = check_count(k, "k")
     cand = 2 * k if candidates is None else max(k, candidates)
     score = (result.values - result.baseline).abs() if result.score is None else result.score
     top = top_cells(score, cand)
@@ -711,57 +695,5 @@ def _exact_cells(result: AttributionResult, cells: list[tuple[int, ...]], batch_
     return [got[c] for c in cells]
 
 
-# =============================================================== prompt pairs from the fact base
-@dataclass
-class FactPairs:
-    """Prompt pairs for patching: a fact's prompt (clean) and the same template with another subject
-    of the same relation (corrupted), of equal token length; ``answers`` / ``wrongs``: the first
-    token of each side's object (they differ)."""
-
-    clean: list[str]
-    corrupted: list[str]
-    answers: list[int]
-    wrongs: list[int]
-    facts: list[tuple[Fact, Fact]]
-
-    def __len__(self) -> int:
-        return len(self.clean)
-
-    def metric(self) -> LogitDiff:
-        """``logit[clean answer] − logit[corrupted answer]``, one pair of tokens per prompt pair."""
-        m = logit_diff(self.answers, self.wrongs)
-        m.name = "logit_diff(answer, corrupted answer)"
-        return m
-
-    def subset(self, keep: Sequence[int]) -> "FactPairs":
-        return FactPairs(*([getattr(self, f)[i] for i in keep] for f in ("clean", "corrupted", "answers", "wrongs", "facts")))
-
-
-def fact_pairs(model: "HookedGPT2", facts: FactBase, n: int, seed: int = 0, template: int = 0) -> FactPairs:
-    """Up to ``n`` clean/corrupted pairs from ``facts``, spread over the relations (random, fixed
-    ``seed``): the relation's training template ``template`` with the fact's subject, and with another
-    subject of the same relation whose object starts with another token and whose prompt has the same
-    number of tokens (so that positions align)."""
-    rng = random.Random(seed)
-    tok = model.tokenizer
-    first = lambda f: tok.encode(f.target)[0]  # noqa: E731
-    per: dict[str, list[Fact]] = {r: rng.sample(facts.facts(r), len(facts.facts(r))) for r in facts.relations}
-    out: list[tuple[str, str, int, int, tuple[Fact, Fact]]] = []
-    while len(out) < n and any(per.values()):
-        for r in facts.relations:
-            if not per[r] or len(out) >= n:
-                continue
-            f = per[r].pop()
-            t = templates(r, "train")[template]
-            prompt = t.format(f.subject)
-            length = len(tok.encode(prompt))
-            others = [g for g in facts.facts(r) if g.subject != f.subject and first(g) != first(f)]
-            rng.shuffle(others)
-            g = next((g for g in others if len(tok.encode(t.format(g.subject))) == length), None)
-            if g is not None:
-                out.append((prompt, t.format(g.subject), first(f), first(g), (f, g)))
-    return FactPairs(*(list(x) for x in zip(*out))) if out else FactPairs([], [], [], [], [])
-
-
 __all__ = ["attribute", "AttributionResult", "verify", "Verification", "agreement", "Agreement", "spearman",
-           "top_cells", "recall", "cell_label", "fact_pairs", "FactPairs", "METHODS", "FAMILIES"]
+           "top_cells", "recall", "cell_label", "METHODS", "FAMILIES"]
