@@ -341,3 +341,18 @@ def test_subject_swaps_pair_same_length_prompts_of_one_relation_with_different_a
         assert len(tok.encode(c)) == len(tok.encode(k)) and a != w
         assert a == tok.encode(f.target)[0] and w == tok.encode(g.target)[0]
     assert subject_swaps(fb, tok, 24, seed=1).clean == pairs.clean  # deterministic
+
+
+@pytest.mark.slow
+def test_analysis_script_quick(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "analyses" / "attribution.py"
+    spec = importlib.util.spec_from_file_location("attribution_analysis", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.main(["--quick", "--out-dir", str(tmp_path)])
+    assert out["pairs"] >= 4 and {r["method"] for r in out["rows"]} == {"atp", "atp*", "ig"}
+    assert all(-1 <= r["spearman"] <= 1 and 0 <= r["recall"] <= 1 for r in out["rows"])
+    assert (tmp_path / "attribution.png").stat().st_size > 1000 and (tmp_path / "attribution.md").exists()
