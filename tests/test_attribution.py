@@ -82,7 +82,8 @@ def test_atp_equals_exact_patching_where_the_metric_is_linear_in_the_patched_act
     does not depend on v). AtP is exact there — for every position and head, every pair, padding
     included; one layer earlier it is not."""
     clean, corrupt, m = pairs
-    for model, hook in ((lin, "mlp_out"), (lin, "resid_post"), (lin_attn, "z"), (lin_attn, "v"), (lin_attn, "attn_out")):
+    for model, hook in ((lin, "mlp_out"), (lin, "mlp_post"), (lin, "resid_post"), (lin_attn, "z"), (lin_attn, "v"),
+                        (lin_attn, "attn_out")):
         for positions in (None, [-1, -3]) if hook in ("z", "v") else (None,):
             exact = patch(model, clean, corrupt, m, hook=hook, layers=[3], positions=positions)
             est = attribute(model, clean, corrupt, m, hook=hook, layers=[3], positions=positions, method="atp")
@@ -254,6 +255,16 @@ def test_batched_pairs_equal_separate_runs_and_chunking(small, pairs):
     for i, (a, w) in enumerate([(" Paris", " Rome"), (" Madrid", " Tokyo"), (" France", " England")]):
         alone = attribute(small, clean[i], corrupt[i], logit_diff(a, w), hook="z", positions=[-1, -2], method="atp")
         assert (both.pair_values[i] - alone.pair_values[0]).abs().max() <= 1e-3
+
+
+def test_embeddings_and_full_hook_names_have_patch_axes(small, pairs):
+    clean, corrupt, m = pairs
+    for hook in ("embed", "blocks.1.mlp.hook_pre"):
+        exact = patch(small, clean, corrupt, m, hook=hook)
+        est = attribute(small, clean, corrupt, m, hook=hook, method="ig", ig_steps=2)
+        assert est.values.shape == exact.values.shape and est.layer_labels == exact.layer_labels
+    with pytest.raises(ValueError, match="final LayerNorm"):
+        attribute(small, clean, corrupt, m, hook="ln_final.hook_scale")
 
 
 def test_pattern_and_kl_metric(small, pairs):

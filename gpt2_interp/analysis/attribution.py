@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from ..model import HookedGPT2
 
 METHODS = ("atp", "atp*", "ig")
-_POS_FAMILIES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+_POS_FAMILIES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "mlp_pre", "mlp_post", "pre", "post")
 _HEAD_FAMILIES = ("z", "q", "k", "v")
 FAMILIES = _POS_FAMILIES + _HEAD_FAMILIES + ("pattern",)
 
@@ -100,15 +100,21 @@ def _family(model: "HookedGPT2", hook: str, layers: Sequence[int] | None) -> tup
             raise ValueError(f"hook {hook!r} is one hook point; to sweep layers pass a family name such as 'resid_pre'")
         lay = layer_of(hook)
         family = next((f for f in FAMILIES if lay is not None and hook == hook_name(f, lay)), None)
-        if family is None:
-            raise ValueError(f"attribution covers the families {', '.join(FAMILIES)} (or one of their hook names); "
-                             f"{hook!r} is not one of them")
+        if family is None:  # any other per-position activation [batch, pos, ...]: embeddings, MLP neurons
+            if hook.startswith("ln_final") or hook.endswith("hook_attn_scores"):
+                raise ValueError(f"attribution does not take {hook!r} (the final LayerNorm runs on the last position "
+                                 "only; scores hold −inf): use a residual hook, or 'pattern' for attention")
+            lay = -1 if lay is None else lay
+            return _Family("pos", hook, {lay: hook}), [lay]
         chosen = [lay]
     else:
         if family == "attn":
             family = "pattern"
+        if family in ("embed", "pos_embed"):
+            return _family(model, hook_name(family), None)
         if family not in FAMILIES:
-            raise KeyError(f"attribution covers the hook families {', '.join(FAMILIES)}, not {hook!r}.{suggest(hook, list(FAMILIES))}")
+            raise KeyError(f"attribution covers the hook families {', '.join(FAMILIES)}, embed, pos_embed and full hook "
+                           f"names of per-position activations, not {hook!r}.{suggest(hook, list(FAMILIES))}")
         chosen = list(range(n)) if layers is None else list(dict.fromkeys(check_index(l, n, "layer", f"the model has {n} layers") for l in layers))
     kind = "pos" if family in _POS_FAMILIES else "head" if family in _HEAD_FAMILIES else "pattern"
     return _Family(kind, family, {l: hook_name(family, l) for l in chosen}), chosen
@@ -157,8 +163,8 @@ def _last_logits(model: "HookedGPT2", tokens: torch.Tensor, mask: torch.Tensor |
 # =============================================================== per-cell estimates
 def _cell_effects(fam: _Family, delta: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     """First-order effect per cell: ``[b, pos]`` (pos kinds) or ``[b, pos, head]`` (per-head kinds)."""
-    if fam.kind == "pos":  # [b, pos, d]
-        return einsum(delta.float(), grad.float(), "b p d, b p d -> b p")
+    if fam.kind == "pos":  # [b, pos, ...]
+        return (delta.float() * grad.float()).flatten(2).sum(-1)
     if fam.kind == "head":  # [b, pos, head, d_head]
         return einsum(delta.float(), grad.float(), "b p h d, b p h d -> b p h")
     return einsum(delta.float(), grad.float(), "b h q k, b h q k -> b q h")  # pattern rows = query positions
@@ -356,7 +362,7 @@ def attribute(
         pair_values=per_pair,
         index_names=index_names,
         layers=layers_,
-        layer_labels=[f"L{l}" if l < n else "ln_final" for l in layers_],
+        layer_labels=["embed" if l < 0 else f"L{l}" for l in layers_],
         positions=pos_axis,
         position_labels=None if "pos" not in index_names else ["all"] if pos_axis is None else [labels[p] for p in pos_axis],
         heads=head_axis,
