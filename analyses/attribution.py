@@ -1,12 +1,12 @@
 """How faithful is attribution patching on gpt2-facts? AtP, AtP* and IG against exact patching.
 
-    python analyses/attribution.py [--pairs 60] [--quick] [--out-dir analyses/results]
+    python analyses/attribution.py [--pairs 50] [--head-positions] [--quick] [--out-dir analyses/results]
 
 Prompt pairs from the fact base (``facts.pairs.subject_swaps``: a fact's first training prompt, and
 the same prompt with another subject of the same relation, equal token length), kept where the
 model knows both (clean prefers its object, corrupted its own). For each hook — attention heads
 (``z``, each head at every position: ``[layer, head]``), heads by position (``z`` ``[layer, pos,
-head]``), ``mlp_out`` and the residual stream (``resid_pre``) by position — the exact patching
+head]``, with ``--head-positions``), ``mlp_out`` and the residual stream (``resid_pre``) by position — the exact patching
 sweep (``patching.patch``, denoising, metric: logit difference between the two objects) is
 compared with each estimate (``atp``, ``atp*``, ``ig`` with 5 steps) over every cell:
 
@@ -67,9 +67,11 @@ def pair_effects(r) -> torch.Tensor:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", type=int, default=60, help="prompt pairs to draw (those the model knows are kept)")
+    ap.add_argument("--pairs", type=int, default=50, help="prompt pairs to draw (those the model knows are kept)")
     ap.add_argument("--ig-steps", type=int, default=5)
     ap.add_argument("--k", type=int, default=20)
+    ap.add_argument("--head-positions", action="store_true",
+                    help="also heads × position (z per position: many cells, exact patching is the slow part)")
     ap.add_argument("--quick", action="store_true", help="8 pairs (a smoke test)")
     ap.add_argument("--model", default="gpt2-facts")
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
@@ -82,7 +84,8 @@ def main(argv: list[str] | None = None) -> dict:
     metric.name = "logit_diff(clean object, corrupted object)"
     P = pair_tokens(model, fp.clean, fp.corrupted)[0].shape[1]
     rows, panels, times = [], [], {}
-    for label, hook, pos in HOOKS:
+    hooks = [h for h in HOOKS if a.head_positions or h[2] != "each"]
+    for label, hook, pos in hooks:
         positions = list(range(P)) if pos == "each" else None
         t0 = time.perf_counter()
         exact = patch(model, fp.clean, fp.corrupted, metric, hook=hook, positions=positions)
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
             row_panels.append((agr.estimate.numpy(), agr.exact.numpy(), f"ρ = {agr.spearman:.3f}, top-{a.k} recall {agr.recall:.0%}"))
         panels.append(row_panels)
     n = len(fp)
-    fig = plot_agreement_grid(panels, [h[0] for h in HOOKS], METHODS,
+    fig = plot_agreement_grid(panels, [h[0] for h in hooks], METHODS,
                               title=f"Attribution estimates vs exact patching on {a.model}, {n} fact prompt pairs "
                                     f"(effect on logit difference, mean over pairs; IG: {a.ig_steps} steps)")
     a.out_dir.mkdir(parents=True, exist_ok=True)
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
         table.append(f"| {r['hook']} | {r['method']} | {r['cells']} | {r['spearman']:.3f} | {r['spearman_pairs']:.3f} | "
                      f"{r['spearman_abs']:.3f} | {r['recall']:.0%} | {r['recall_verified']:.0%} | {goal} | "
                      f"{r['seconds']:.1f} (exact {r['exact_seconds']:.1f}) |")
-    md = (f"# Attribution patching vs exact patching on {a.model}\n\n`python analyses/attribution.py --pairs {a.pairs}`: "
+    md = (f"# Attribution patching vs exact patching on {a.model}\n\n`python analyses/attribution.py --pairs {a.pairs}{' --head-positions' if a.head_positions else ''}`: "
           f"{n} prompt pairs the model knows (of {a.pairs} drawn), {P} positions (left-padded), denoising, metric "
           f"logit[clean object] − logit[corrupted object]; IG with {a.ig_steps} steps; AtP* ranks by GradDrop.\n\n"
           + "\n".join(table) + "\n")

@@ -668,20 +668,32 @@ def verify(result: AttributionResult, k: int = 20, candidates: int | None = None
 
 def _exact_cells(result: AttributionResult, cells: list[tuple[int, ...]], batch_size: int | None,
                  progress: bool | None) -> list[float]:
-    """Exact patched metric of each cell, by one ``patch`` call per layer over that layer's cells."""
+    """Exact patched metric of each cell, by ``patch`` calls over groups of cells: one per layer
+    (its positions × heads grid), or for ``[layer, pos, head]`` cells one per (layer, position) when
+    that patches fewer rows than the layer's grid (each call also pays two unpatched runs)."""
     spec = result._spec
-    by_layer: dict[int, list[tuple[int, ...]]] = {}
+    names = result.index_names
+    groups: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
     for c in cells:
-        by_layer.setdefault(c[0], []).append(c)
+        groups.setdefault(c[:1], []).append(c)
+    if names == ("layer", "pos", "head"):
+        regrouped: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        for key, cs in groups.items():
+            ps, hs = {c[1] for c in cs}, {c[2] for c in cs}
+            if len(cs) + 2 * len(ps) < len(ps) * len(hs) + 2:
+                for c in cs:
+                    regrouped.setdefault(c[:2], []).append(c)
+            else:
+                regrouped[key] = cs
+        groups = regrouped
     got: dict[tuple[int, ...], float] = {}
     family = spec["hook"]
     full = "hook_" in family or family.startswith("blocks.")
-    for li, cs in by_layer.items():
+    for key, cs in groups.items():
         kw: dict[str, Any] = dict(hook=family, direction=spec["direction"], normalize=spec["normalize"],
                                   batch_size=batch_size, progress=progress)
-        if not full:
-            kw["layers"] = [result.layers[li]]
-        names = result.index_names
+        if not full and result.layers[key[0]] >= 0:
+            kw["layers"] = [result.layers[key[0]]]
         if names == ("layer", "pos"):
             kw["positions"] = "all" if result.positions is None else sorted({result.positions[c[1]] for c in cs})
         elif names == ("layer", "head"):
