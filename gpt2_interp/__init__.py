@@ -12,10 +12,10 @@ never another package's ``_private`` names). ``lint-imports`` checks this in the
 ``demo``        the guided tour (the README's main job)
 ``factmodel``   training and measuring the embedded ``gpt2-facts``
 ``editing``     key statistics, ROME, the reversible ``Edit`` value, evaluation
-``analysis``    lens, vocab, metrics, the batched engine, patching, tracing
+``analysis``    lens, vocab, metrics, the batched engine, patching, tracing, attribution
 ``plots``       matplotlib ``Figure`` objects drawn from result objects
 ``model``       config, hook points and cache, blocks, generation, fingerprints
-``facts``       the fact base as data: ``(prompt, subject, target)`` cases, templates, corpus
+``facts``       the fact base as data: ``(prompt, subject, target)`` cases, prompt pairs, templates, corpus
 ``io``          tokenizers and checkpoint file formats
 ``core``        result base, progress bars, argument checks
 ==============  ===========================================================================

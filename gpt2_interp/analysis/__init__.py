@@ -6,6 +6,8 @@
 - ``engine``: the batched prefix-reuse engine (``Patch``, ``run_staircase``) behind patching and tracing
 - ``patching``: activation patching sweeps (``patch``)
 - ``tracing``: ROME causal tracing (``causal_trace``, ``average_trace``)
+- ``attribution``: gradient estimates of a patching sweep (AtP, AtP*, integrated gradients) and
+  their exact verification (``attribute``, ``verify``, ``agreement``)
 - ``tokens``: targets, subject spans and prompt positions through the model's tokenizer
 
 Submodules are imported on use (``from gpt2_interp.analysis.lens import logit_lens``), so importing

@@ -1,0 +1,76 @@
+"""Figures of attribution estimates against exact patching: scatter plots of effects.
+
+Built from plain arrays (``Figure`` objects, no pyplot state); the analysis results call these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+
+def _scatter(ax: Axes, estimate: np.ndarray, exact: np.ndarray, highlight: Sequence[bool] | None = None,
+             labels: Sequence[str] | None = None, n_labels: int = 5) -> None:
+    est, ex = np.asarray(estimate, dtype=float), np.asarray(exact, dtype=float)
+    lim = float(max(np.abs(est).max(initial=0), np.abs(ex).max(initial=0))) * 1.08 or 1.0
+    ax.axhline(0, color="0.85", lw=0.8)
+    ax.axvline(0, color="0.85", lw=0.8)
+    ax.plot([-lim, lim], [-lim, lim], color="0.6", lw=0.8, ls="--", label="estimate = exact")
+    if highlight is None:
+        ax.scatter(ex, est, s=9, alpha=0.6, color="tab:blue", lw=0)
+    else:
+        h = np.asarray(highlight, dtype=bool)
+        ax.scatter(ex[h], est[h], s=14, alpha=0.8, color="tab:red", lw=0, label="estimate's top cells")
+        ax.scatter(ex[~h], est[~h], s=14, alpha=0.8, color="tab:gray", lw=0, label="random controls")
+    if labels is not None:
+        for i in np.argsort(-np.abs(ex))[:n_labels]:
+            ax.annotate(labels[i], (ex[i], est[i]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlim(-lim, lim)
+    ax.set_ylim(-lim, lim)
+    ax.set_aspect("equal")
+    ax.set_xlabel("exact patching effect", fontsize=8)
+    ax.set_ylabel("estimated effect", fontsize=8)
+    ax.tick_params(labelsize=7)
+
+
+def plot_estimate_vs_exact(estimate: np.ndarray, exact: np.ndarray, title: str = "") -> Figure:
+    """One scatter of every cell's estimated effect against its exact patching effect."""
+    fig = Figure(figsize=(4.2, 4.2))
+    ax = fig.add_subplot()
+    _scatter(ax, estimate, exact)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_verification(estimate: np.ndarray, exact: np.ndarray, top: Sequence[bool], labels: Sequence[str],
+                      title: str = "") -> Figure:
+    """Verified cells: the estimate's top cells (red) and random controls (grey), the largest exact
+    effects labelled."""
+    fig = Figure(figsize=(5.0, 5.0))
+    ax = fig.add_subplot()
+    _scatter(ax, estimate, exact, top, labels)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_agreement_grid(panels: Sequence[Sequence[tuple[np.ndarray, np.ndarray, str]]], row_labels: Sequence[str],
+                        col_labels: Sequence[str], title: str = "") -> Figure:
+    """A grid of estimate-vs-exact scatters: ``panels[row][col] = (estimate, exact, caption)`` (rows:
+    hook families, columns: methods)."""
+    rows, cols = len(panels), max(len(r) for r in panels)
+    fig = Figure(figsize=(3.0 * cols, 3.0 * rows))
+    for i, row in enumerate(panels):
+        for j, (est, ex, caption) in enumerate(row):
+            ax = fig.add_subplot(rows, cols, i * cols + j + 1)
+            _scatter(ax, est, ex)
+            ax.set_title(f"{row_labels[i]} · {col_labels[j]}\n{caption}", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
