@@ -68,12 +68,8 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             # state-dict key "unembed.W_U" as in TransformerLens (the attribute name is the unembed() method)
             self._modules["unembed"] = nn.Module()
             self._modules["unembed"].W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
-        found: dict[str, HookPoint] = {}
-        for prefix, module in self.named_modules():
-            for attr, value in vars(module).items():
-                if isinstance(value, HookPoint):
-                    value.name = f"{prefix}.{attr}" if prefix else attr
-                    found[value.name] = value
+        self.setup()  # names every HookPoint (HookedRootModule); then put them in forward order
+        found = self.hook_dict
         order = ["hook_embed", "hook_pos_embed"]
         for i in range(cfg.n_layer):
             order += [f"blocks.{i}.{n}" for n in _BLOCK_HOOK_ORDER]
