@@ -1,0 +1,88 @@
+"""Figures for linear probes: score, control score and selectivity by layer.
+
+Figures are built as ``matplotlib.figure.Figure`` objects (no pyplot state, any backend).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from ..analysis.probes import ProbeResult
+
+
+def plot_probe(result: "ProbeResult", title: str | None = None) -> Figure:
+    """One panel: the task score and the control score by layer (95% fold intervals as bands), the
+    chance level, and the selectivity (task − control) as bars on the same axis."""
+    x = np.arange(len(result.layers))
+    fig = Figure(figsize=(max(5.0, 0.6 * len(x) + 2.5), 3.6))
+    ax = fig.add_subplot()
+    mean, ci = result.mean.numpy(), result.ci.numpy()
+    ax.plot(x, mean, "o-", color="C0", label=f"{result.task or 'task'} {result.metric}")
+    ax.fill_between(x, mean - ci, mean + ci, color="C0", alpha=0.2)
+    if result.control_scores is not None:
+        cm = result.control_mean.numpy()
+        cc = _halfwidth(result.control_scores.numpy())
+        ax.plot(x, cm, "s--", color="C1", label=f"control ({result.control})")
+        ax.fill_between(x, cm - cc, cm + cc, color="C1", alpha=0.2)
+        ax.bar(x, result.selectivity.numpy(), width=0.5, color="C2", alpha=0.35, label="selectivity")
+    ax.axhline(result.chance, color="grey", lw=0.8, ls=":", label=f"chance {result.chance:.2f}")
+    ax.set_xticks(x, result.layers)
+    ax.set_xlabel(f"layer ({result.hook} at {result.position})")
+    ax.set_ylabel(result.metric)
+    ax.set_ylim(min(0.0, float(np.nanmin(mean - ci)) - 0.05), 1.02)
+    ax.set_title(title or f"linear probe: {result.task or 'task'} ({result.n_prompts} prompts, "
+                 f"{result.n_groups} groups, {result.n_folds} folds)", fontsize=9)
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def plot_probe_summary(
+    layers: Sequence[str], selectivity: dict[str, Sequence[float]], trace: dict[str, Sequence[float]] | None = None,
+    trace_layers: Sequence[str] | None = None, title: str = "",
+) -> Figure:
+    """Selectivity by layer for several tasks (lines), beside causal-trace indirect effects by
+    layer (``trace``: name → values over ``trace_layers``) when given."""
+    n = 2 if trace else 1
+    fig = Figure(figsize=(5.2 * n, 3.6))
+    ax = fig.add_subplot(1, n, 1)
+    x = np.arange(len(layers))
+    for i, (name, vals) in enumerate(selectivity.items()):
+        ax.plot(x, vals, "o-", color=f"C{i}", label=name)
+    ax.set_xticks(x, layers)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("selectivity (task − control)")
+    ax.set_title("where each attribute is linearly decodable", fontsize=9)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    if trace:
+        ax2 = fig.add_subplot(1, n, 2)
+        xt = np.arange(len(trace_layers or next(iter(trace.values()))))
+        for i, (name, vals) in enumerate(trace.items()):
+            ax2.plot(xt, vals, "o-", color=f"C{i + 5}", label=name)
+        ax2.set_xticks(xt, trace_layers or [str(i) for i in xt])
+        ax2.set_xlabel("layer (centre of the restored window)")
+        ax2.set_ylabel("average indirect effect")
+        ax2.set_title("causal trace at the last subject token", fontsize=9)
+        ax2.legend(fontsize=7)
+        ax2.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _halfwidth(scores: np.ndarray) -> np.ndarray:
+    """95% t-interval half-width over folds (last axis)."""
+    from scipy.stats import t
+
+    k = scores.shape[-1]
+    if k < 2:
+        return np.zeros(scores.shape[:-1])
+    return scores.std(-1, ddof=1) / np.sqrt(k) * t.ppf(0.975, k - 1)
