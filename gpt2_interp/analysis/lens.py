@@ -139,6 +139,7 @@ class LensResult(Result):
     target_logit: torch.Tensor | None = None
     target_rank: torch.Tensor | None = None
     logits: torch.Tensor | None = field(default=None, repr=False)
+    lens: str = "logit lens"  # or "tuned lens"
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
@@ -158,6 +159,8 @@ class LensResult(Result):
                 if not self.valid[b, j]:
                     continue
                 head = f"prompt {self.prompts[b]!r} · position {int(self.positions[b, j])} ({self.input_token(b, j)!r})"
+                if self.lens == "tuned lens":
+                    head = "tuned lens · " + head
                 if self.targets is not None:
                     head += f" · target {self.targets[b]!r}"
                 lines += [head]
@@ -181,7 +184,7 @@ class LensResult(Result):
 
 def _lens_chunk(
     model: "HookedGPT2", tokens: torch.Tensor, lengths: torch.Tensor, cols: torch.Tensor, names: list[str], k: int,
-    tids: list[int] | None, keep_logits: bool,
+    tids: list[int] | None, keep_logits: bool, lens: Any = None,
 ) -> dict[str, torch.Tensor]:
     """One forward pass over a chunk of left-padded prompts ``tokens [b, width]``, caching only
     ``names``; decodes the residuals at ``cols [b, n_pos]``. Tensors are ``[n_layers, b, n_pos(, k)]``."""
@@ -192,6 +195,8 @@ def _lens_chunk(
     resid = torch.stack([cache[n] for n in names])  # [n_layers, b, w, d_model]
     c = (cols - (width - w)).clamp(min=0)  # invalid cells read any column; they are masked later
     picked = resid[:, torch.arange(len(c), device=c.device)[:, None], c]  # [n_layers, b, n_pos, d_model]
+    if lens is not None:  # a tuned lens: each boundary's translator first
+        picked = torch.stack([lens.translate(picked[i], i) for i in range(len(picked))])
     logits = decode_resid(model, picked).float()  # [n_layers, b, n_pos, d_vocab]
     finite = torch.isfinite(logits.sum(-1)).flatten(1).all(-1)  # [n_layers]: NaN/inf propagate into the sum
     if not bool(finite.all()):  # ranks and top-k among NaN logits would be meaningless: refuse
@@ -224,6 +229,7 @@ def logit_lens(
     batch_size: int = 64,
     return_logits: bool = False,
     progress: bool | None = None,
+    lens: Any = None,
 ) -> LensResult:
     """The logit lens at every layer boundary (embeddings, after each block; ``include_mid``
     adds the mid-block residuals) for each prompt at ``positions``.
@@ -233,9 +239,15 @@ def logit_lens(
     tokens, BOS = 0; -1 = its last token) or ``"all"``. ``targets``: one single-token target
     (string or id) for all prompts, or one per prompt. ``return_logits`` keeps the full lens
     logits ``[n_layers, batch, n_pos, d_vocab]`` (large). One forward pass per batch,
-    caching only the residual stream.
+    caching only the residual stream. ``lens``: a trained
+    :class:`~gpt2_interp.analysis.tuned_lens.TunedLens` decodes each boundary through its
+    translator first (the tuned lens; it must have been trained for this model's weights).
     """
     k = check_count(k, "k")
+    if lens is not None:
+        if include_mid:
+            raise ValueError("a tuned lens has translators for the layer boundaries only; use include_mid=False")
+        lens.check(model)
     tokens, lengths, texts = _tokens(model, prompts)
     batch, width = tokens.shape
     cols, valid = _columns(positions, lengths, width)
@@ -244,8 +256,8 @@ def logit_lens(
     starts = range(0, batch, batch_size)
     chunks = [
         _lens_chunk(model, tokens[s : s + batch_size], lengths[s : s + batch_size], cols[s : s + batch_size], names,
-                    min(k, model.cfg.d_vocab), None if tids is None else tids[s : s + batch_size], return_logits)
-        for s in progress_bar(starts, desc="logit lens", enabled=progress if progress is not None else len(starts) > 4)
+                    min(k, model.cfg.d_vocab), None if tids is None else tids[s : s + batch_size], return_logits, lens)
+        for s in progress_bar(starts, desc="tuned lens" if lens is not None else "logit lens", enabled=progress if progress is not None else len(starts) > 4)
     ]
     out = {key: torch.cat([c[key] for c in chunks], dim=1) for key in chunks[0]}  # [n_layers, batch, n_pos(, k)]
     for key, fill in (("ids", -1), ("probs", float("nan")), ("tp", float("nan")), ("tl", float("nan")), ("tr", -1)):
@@ -260,6 +272,7 @@ def logit_lens(
         top_ids=out["ids"], top_tokens=top_tokens, top_probs=out["probs"],
         targets=None if tids is None else [model.tokenizer.token_str(i) for i in tids], target_ids=tids,
         target_prob=out.get("tp"), target_logit=out.get("tl"), target_rank=out.get("tr"), logits=out.get("logits"),
+        lens="logit lens" if lens is None else "tuned lens",
     )
 
 

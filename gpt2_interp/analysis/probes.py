@@ -161,7 +161,7 @@ class ProbeResult(Result):
     regression), the control task's on the same folds, and the probes fitted on all data.
 
     ``layers`` label the probed hook points ``hooks``; ``chance`` is the score of predicting the
-    training folds' majority class (0 for R²)."""
+    training folds' majority class (0 for R²); ``fold[i]`` is the fold in which prompt ``i`` is tested."""
 
     task: str
     kind: str
@@ -178,6 +178,7 @@ class ProbeResult(Result):
     n_prompts: int
     n_groups: int
     n_folds: int
+    fold: list[int] = field(default_factory=list, repr=False)
     estimators: list[Any] = field(default_factory=list, repr=False)
 
     # ------------------------------------------------------------------ summaries
@@ -215,6 +216,7 @@ class ProbeResult(Result):
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         d.pop("estimators")
+        d.pop("fold")
         d.update(mean=self.mean, ci=self.ci, control_mean=self.control_mean, selectivity=self.selectivity,
                  selectivity_ci=self.selectivity_ci)
         from ..core.result import to_jsonable
@@ -415,12 +417,16 @@ def probe_features(
     else:
         chance = 0.0
     layer_labels = list(layers) if layers is not None else [f"L{i}" for i in range(len(feats))]
+    fold = np.zeros(n, dtype=int)
+    for k, (_, te) in enumerate(folds):
+        fold[te] = k
     return ProbeResult(
         task=task, kind=kind, metric="accuracy" if kind == "classification" else "R²", hook=hook, position=position,
         layers=layer_labels, hooks=list(hooks) if hooks is not None else layer_labels,
         scores=torch.tensor(np.stack(scores), dtype=torch.float32), control=control,
         control_scores=None if y_ctrl is None else torch.tensor(np.stack(ctrl), dtype=torch.float32),
-        chance=chance, classes=classes, n_prompts=n, n_groups=len(np.unique(g)), n_folds=len(folds), estimators=fitted,
+        chance=chance, classes=classes, n_prompts=n, n_groups=len(np.unique(g)), n_folds=len(folds), fold=fold.tolist(),
+        estimators=fitted,
     )
 
 

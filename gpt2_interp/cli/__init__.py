@@ -1,6 +1,6 @@
 """``gpt2-interp``: a thin command line over the API (parse, call, print/save).
 
-Each area registers its subcommands in its own module (``model_cmds``, ``reading``,
+Each area registers its subcommands in its own module (``model_cmds``, ``reading``, ``probing``,
 ``causal``, ``editing``, ``demo``) through ``register(subparsers)``; each
 subcommand sets ``func(args)``. Commands that produce a result object print it through
 :func:`emit` (table, or ``--json``; figure with ``--out``), declared by :func:`add_output_args`.
@@ -18,7 +18,7 @@ import sys
 import warnings
 from typing import Any, Callable
 
-AREAS = ("model_cmds", "reading", "causal", "editing", "demo")
+AREAS = ("model_cmds", "reading", "probing", "causal", "editing", "demo")
 DEFAULT_MODEL = "gpt2-facts"
 
 

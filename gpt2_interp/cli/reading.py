@@ -25,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--positions", type=_positions, default=-1, help="'all', an int or a list like 0,-1 (default -1: last token)")
     p.add_argument("-k", "--top", type=count(1), default=5, help="top tokens per layer (default 5)")
     p.add_argument("--mid", action="store_true", help="also decode the mid-block residuals")
+    p.add_argument("--tuned", default=None, metavar="PATH",
+                   help="decode with a tuned lens trained for this model (a file saved by TunedLens.save)")
     add_output_args(p)
     p.set_defaults(func=lens)
 
@@ -68,7 +70,13 @@ def lens(args: argparse.Namespace) -> int:
     from ..analysis.lens import logit_lens
 
     model = load_model(args)
-    r = logit_lens(model, args.prompt, targets=args.target, positions=args.positions, k=args.top, include_mid=args.mid)
+    tuned = None
+    if args.tuned:
+        from ..analysis.tuned_lens import TunedLens
+
+        tuned = TunedLens.load(args.tuned, model)
+    r = logit_lens(model, args.prompt, targets=args.target, positions=args.positions, k=args.top, include_mid=args.mid,
+                   lens=tuned)
     return emit(args, r, lambda: r.table(k=args.top))
 
 

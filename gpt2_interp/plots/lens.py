@@ -57,8 +57,9 @@ def plot_lens(result: "LensResult", prompt: int = 0, position: int = -1, max_lay
     ax.set_xticks(range(n_c), [f"{_show(result.input_token(b, j), 12)}\n{int(result.positions[b, j])}" for j in cols],
                   fontsize=7)
     ax.set_xlabel("input token (position)")
-    ax.set_ylabel("layer boundary (decoded with ln_final + W_U)")
-    ax.set_title(f"logit lens: {result.prompts[b]!r}"[:80], fontsize=9)
+    ax.set_ylabel("layer boundary (decoded with ln_final + W_U)" if result.lens == "logit lens"
+                  else "layer boundary (translator, ln_final + W_U)")
+    ax.set_title(f"{result.lens}: {result.prompts[b]!r}"[:80], fontsize=9)
     fig.colorbar(im, ax=ax, label=cbar_label, fraction=0.05, pad=0.02)
 
     j = cols[position] if cols else 0

@@ -1,0 +1,328 @@
+"""The tuned lens (Belrose et al. 2023): one learned affine translator per layer boundary.
+
+The logit lens decodes a residual ``h_ℓ`` as if it were the last one, ``ln_final(h_ℓ) W_U``.
+Early layers use another basis, so it reads them badly. The tuned lens decodes
+``ln_final(T_ℓ(h_ℓ)) W_U`` with ``T_ℓ(h) = h + h A_ℓ + b_ℓ`` — identity-initialised
+(``A = 0, b = 0``: before training it *is* the logit lens) — trained to minimise
+
+    KL(p_final ‖ p_ℓ) = Σ_v p_final(v) (log p_final(v) − log p_ℓ(v))
+
+averaged over the token positions of a corpus (BOS excluded). The model is frozen; each
+translator is independent, so each layer's loss is backpropagated on its own (the full-vocabulary
+lens logits of one layer at a time are in memory). At the last boundary ``h = h_final``: the
+identity already gives KL = 0 with zero gradient, so that translator stays the identity.
+
+A :class:`TunedLens` is a value: tensors ``weight [n_boundaries, d_model, d_model]`` and
+``bias [n_boundaries, d_model]`` with the base model's ``weights_fingerprint``; saved as one
+safetensors file whose JSON header holds the metadata and a sha256 of the tensors + header,
+checked at load; a model whose weights differ is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+import torch
+import torch.nn.functional as F
+
+from ..core.progress import progress_bar
+from ..model.fingerprint import tensor_digest, weights_fingerprint
+from ..model.hooks import hook_name
+from .lens import decode_resid
+
+if TYPE_CHECKING:
+    from ..model import HookedGPT2
+
+FORMAT = "gpt2-interp/tuned-lens/1"
+Corpus = Union[str, Path, Sequence[str]]
+
+
+def boundary_names(model: "HookedGPT2") -> tuple[list[str], list[str]]:
+    """``(hook names, labels)`` of the layer boundaries: ``embed`` (resid_pre 0), then ``L{i}`` (resid_post i)."""
+    n = model.cfg.n_layer
+    return ([hook_name("resid_pre", 0)] + [hook_name("resid_post", i) for i in range(n)],
+            ["embed"] + [f"L{i}" for i in range(n)])
+
+
+@dataclass
+class TunedLens:
+    """Affine translators ``T_ℓ(h) = h + h @ weight[ℓ] + bias[ℓ]`` for the ``labels`` boundaries
+    (``embed``, ``L0``, …), made for the model whose weights have ``base_fingerprint``."""
+
+    labels: list[str]
+    weight: torch.Tensor  # [n_boundaries, d_model, d_model]
+    bias: torch.Tensor  # [n_boundaries, d_model]
+    base_fingerprint: str
+    model_name: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def identity(cls, model: "HookedGPT2") -> "TunedLens":
+        """Every translator the identity: decodes exactly as the logit lens does."""
+        _, labels = boundary_names(model)
+        d = model.cfg.d_model
+        return cls(labels=labels, weight=torch.zeros(len(labels), d, d), bias=torch.zeros(len(labels), d),
+                   base_fingerprint=weights_fingerprint(model), model_name=model.cfg.name)
+
+    def index(self, layer: int | str) -> int:
+        """Boundary index of a label (``"embed"``, ``"L3"``) or an index into :attr:`labels`."""
+        if isinstance(layer, str):
+            if layer not in self.labels:
+                raise KeyError(f"the tuned lens has no boundary {layer!r}; it has {', '.join(self.labels)}")
+            return self.labels.index(layer)
+        if not -len(self.labels) <= layer < len(self.labels):
+            raise IndexError(f"boundary index {layer} is out of range for {len(self.labels)} boundaries")
+        return layer % len(self.labels)
+
+    def translate(self, resid: torch.Tensor, layer: int | str) -> torch.Tensor:
+        """``resid [..., d_model]`` at boundary ``layer`` mapped to the final layer's basis."""
+        i = self.index(layer)
+        w, b = self.weight[i].to(resid), self.bias[i].to(resid)
+        return resid + resid @ w + b
+
+    def decode(self, model: "HookedGPT2", resid: torch.Tensor, layer: int | str) -> torch.Tensor:
+        """Tuned-lens logits ``[..., d_vocab]`` of ``resid [..., d_model]`` at boundary ``layer``."""
+        return decode_resid(model, self.translate(resid, layer))
+
+    def check(self, model: "HookedGPT2") -> None:
+        """Raise a ValueError unless ``model`` has the weights this lens was trained for."""
+        d = model.cfg.d_model
+        if tuple(self.weight.shape[1:]) != (d, d) or len(self.labels) != model.cfg.n_layer + 1:
+            raise ValueError(
+                f"this tuned lens is for a model with {len(self.labels) - 1} layers and d_model "
+                f"{self.weight.shape[-1]} ({self.model_name!r}), not {model.cfg.name!r} ({model.cfg.n_layer} layers, "
+                f"d_model {d}); train one for it: train_tuned_lens(model, …)"
+            )
+        fp = weights_fingerprint(model)
+        if fp != self.base_fingerprint:
+            raise ValueError(
+                f"this tuned lens was trained on {self.model_name!r} with weights {self.base_fingerprint[:12]}…, "
+                f"but the model's weights are {fp[:12]}… ({model.cfg.name!r}); a lens only reads the model it was "
+                "trained for: train one for this model with train_tuned_lens(model, …)"
+            )
+
+    # ------------------------------------------------------------------ save / load
+    def save(self, path: str | Path) -> Path:
+        """One safetensors file: ``weight``, ``bias`` + a JSON header (metadata, base fingerprint, and a
+        sha256 over the tensors and the header, checked by :meth:`load`)."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        tensors = {"weight": self.weight.detach().float().cpu().contiguous(),
+                   "bias": self.bias.detach().float().cpu().contiguous()}
+        header = {"labels": self.labels, "base_fingerprint": self.base_fingerprint, "model_name": self.model_name,
+                  "meta": self.meta, "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        text = json.dumps(header, sort_keys=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(path), metadata={"format": FORMAT, "lens": text, "sha256": _digest(tensors, text)})
+        return path
+
+    @staticmethod
+    def load(path: str | Path, model: "HookedGPT2 | None" = None) -> "TunedLens":
+        """Read a lens written by :meth:`save`, verifying its digest; with ``model``, also check it
+        was trained for that model's weights (a different model is refused)."""
+        from safetensors import safe_open
+
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"no tuned lens at {path}; train one with train_tuned_lens(model, …).save(path)")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as e:  # safetensors raises its own error types
+            raise ValueError(f"{path} is not a tuned lens (safetensors could not read it: {e})") from None
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{path} is a safetensors file but not a gpt2-interp tuned lens (format {meta.get('format')!r})")
+        if set(tensors) != {"weight", "bias"} or meta.get("sha256") != _digest(tensors, meta.get("lens", "")):
+            raise ValueError(f"{path} is corrupted: its tensors or header do not match the sha256 recorded when it "
+                             "was saved; retrain or re-copy the file")
+        h = json.loads(meta["lens"])
+        lens = TunedLens(labels=h["labels"], weight=tensors["weight"], bias=tensors["bias"],
+                         base_fingerprint=h["base_fingerprint"], model_name=h.get("model_name", ""), meta=h.get("meta", {}))
+        if model is not None:
+            lens.check(model)
+        return lens
+
+
+def _digest(tensors: dict[str, torch.Tensor], header: str) -> str:
+    h = hashlib.sha256(header.encode())
+    for k in sorted(tensors):
+        h.update(f"{k}={tensor_digest(tensors[k])};".encode())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------- corpus
+def corpus_texts(model: "HookedGPT2", corpus: Corpus = "generated", n_texts: int = 256, seed: int = 0) -> list[str]:
+    """Texts to train or evaluate a lens on: a list of texts as given; a path to a text file or a
+    folder of ``*.txt`` (documents split at blank lines); or ``"generated"``: ``n_texts`` samples of
+    the model itself from BOS (temperature 1, ``seed``; a different seed gives held-out text)."""
+    if not isinstance(corpus, (str, Path)):
+        texts = [t for t in corpus if t and t.strip()]
+        if not texts:
+            raise ValueError("the corpus holds no text: give non-empty texts, a text file, or corpus='generated'")
+        return texts
+    if str(corpus) == "generated":
+        out: list[str] = []
+        length = model.cfg.n_ctx - 1
+        for s in range(0, n_texts, 64):
+            n = min(64, n_texts - s)
+            out += model.generate([""] * n, max_new_tokens=length, temperature=1.0, seed=seed + s, stop_at_eos=False)
+        return [t for t in out if t.strip()]
+    path = Path(corpus).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"corpus {corpus} is neither 'generated' nor an existing text file or folder")
+    files = sorted(p for p in path.rglob("*.txt") if p.is_file()) if path.is_dir() else [path]
+    docs = [d.strip() for f in files for d in f.read_text(encoding="utf-8", errors="replace").split("\n\n") if d.strip()]
+    if not docs:
+        raise ValueError(f"corpus {path} holds no text")
+    return docs
+
+
+def token_rows(model: "HookedGPT2", texts: Iterable[str], seq_len: int) -> torch.Tensor:
+    """Texts tokenized with BOS, cut into rows of ``seq_len`` tokens (each row starts with BOS;
+    short rows are right-padded with token 0 and marked by the mask). Returns ``(tokens, mask)``
+    ``[n_rows, seq_len]`` each."""
+    rows: list[list[int]] = []
+    for text in texts:
+        ids = model.to_tokens(text)[0].tolist()
+        bos, body = ids[0], ids[1:]
+        for i in range(0, len(body), seq_len - 1):
+            chunk = body[i : i + seq_len - 1]
+            if chunk:
+                rows.append([bos] + chunk)
+    if not rows:
+        raise ValueError("the corpus yielded no tokens")
+    tokens = torch.zeros(len(rows), seq_len, dtype=torch.long)
+    mask = torch.zeros(len(rows), seq_len, dtype=torch.bool)
+    for r, ids in enumerate(rows):
+        tokens[r, : len(ids)] = torch.tensor(ids)
+        mask[r, : len(ids)] = True
+    return tokens, mask
+
+
+def _kl(final_logp: torch.Tensor, lens_logits: torch.Tensor) -> torch.Tensor:
+    """KL(final ‖ lens) per row of ``[N, d_vocab]`` log-probs / logits (nats)."""
+    logq = lens_logits.float().log_softmax(-1)
+    return (final_logp.exp() * (final_logp - logq)).sum(-1)
+
+
+def _batch_states(model: "HookedGPT2", tokens: torch.Tensor, mask: torch.Tensor, names: list[str]
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(residuals [n_boundaries, N, d_model], final log-probs [N, d_vocab])`` at the real, non-BOS
+    positions of a right-padded batch (causal attention: padding after a token never reaches it)."""
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens.to(model.device), names_filter=names)
+        keep = mask.clone()
+        keep[:, 0] = False
+        keep = keep.to(model.device)
+        resid = torch.stack([cache[n][keep] for n in names]).float()
+        final = logits[keep].float().log_softmax(-1)
+    return resid, final
+
+
+# ---------------------------------------------------------------------------- training
+def train_tuned_lens(
+    model: "HookedGPT2",
+    corpus: Corpus = "generated",
+    steps: int = 150,
+    batch_tokens: int = 512,
+    lr: float = 3e-3,
+    n_texts: int = 256,
+    seq_len: int | None = None,
+    seed: int = 0,
+    progress: bool | None = None,
+) -> TunedLens:
+    """Train a tuned lens for ``model`` (frozen) on ``corpus`` (see :func:`corpus_texts`).
+
+    ``steps`` Adam steps (learning rate ``lr``, linear warm-up over the first 10%, cosine decay),
+    each on about ``batch_tokens`` token positions (whole rows of ``seq_len`` tokens, default the
+    context size), summing KL(final ‖ lens) over every boundary. Returns the :class:`TunedLens`
+    with the training losses per boundary in ``meta``.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    seq_len = min(seq_len or model.cfg.n_ctx, model.cfg.n_ctx)
+    texts = corpus_texts(model, corpus, n_texts, seed)
+    tokens, mask = token_rows(model, texts, seq_len)
+    names, labels = boundary_names(model)
+    n_b, d = len(names), model.cfg.d_model
+    lens = TunedLens.identity(model)
+    weight = torch.zeros(n_b, d, d, device=model.device, requires_grad=True)
+    bias = torch.zeros(n_b, d, device=model.device, requires_grad=True)
+    opt = torch.optim.Adam([weight, bias], lr=lr)
+    warm = max(1, steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    rows_per_step = max(1, batch_tokens // seq_len)
+    gen = torch.Generator().manual_seed(seed)
+    history: list[list[float]] = []
+    frozen = [p.requires_grad for p in model.parameters()]
+    t0 = time.perf_counter()
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        bar = progress_bar(range(steps), desc="tuned lens", enabled=progress)
+        for _ in bar:
+            idx = torch.randint(len(tokens), (rows_per_step,), generator=gen)
+            resid, final = _batch_states(model, tokens[idx], mask[idx], names)
+            opt.zero_grad(set_to_none=True)
+            losses = []
+            for i in range(n_b):  # independent translators: one layer's vocabulary-sized logits at a time
+                h = resid[i]
+                loss = _kl(final, decode_resid(model, h + h @ weight[i] + bias[i])).mean()
+                loss.backward()
+                losses.append(float(loss))
+            opt.step()
+            sched.step()
+            history.append(losses)
+            bar.set_postfix(kl=f"{sum(losses) / n_b:.3f}")
+    finally:
+        for p, g in zip(model.parameters(), frozen):
+            p.requires_grad_(g)
+    lens.weight, lens.bias = weight.detach().cpu(), bias.detach().cpu()
+    lens.meta = {
+        "steps": steps, "lr": lr, "batch_tokens": rows_per_step * seq_len, "seq_len": seq_len, "seed": seed,
+        "corpus": corpus if isinstance(corpus, str) else f"{len(texts)} texts",
+        "n_rows": len(tokens), "seconds": round(time.perf_counter() - t0, 1),
+        "final_kl_nats": [round(sum(h[i] for h in history[-10:]) / len(history[-10:]), 5) for i in range(n_b)],
+    }
+    return lens
+
+
+# ---------------------------------------------------------------------------- evaluation
+@torch.no_grad()
+def lens_divergence(
+    model: "HookedGPT2", texts: Corpus, lens: TunedLens | None = None, seq_len: int | None = None,
+    batch_rows: int = 16, n_texts: int = 64, seed: int = 1,
+) -> dict[str, Any]:
+    """Per boundary, over every real non-BOS position of ``texts``: mean KL(final ‖ lens) in bits,
+    and top-1 agreement with the model's own prediction, for ``lens`` (the logit lens when None)."""
+    if lens is not None:
+        lens.check(model)
+    seq_len = min(seq_len or model.cfg.n_ctx, model.cfg.n_ctx)
+    tokens, mask = token_rows(model, corpus_texts(model, texts, n_texts, seed), seq_len)
+    names, labels = boundary_names(model)
+    kl = torch.zeros(len(names), dtype=torch.float64)
+    agree = torch.zeros(len(names), dtype=torch.float64)
+    count = 0
+    for s in range(0, len(tokens), batch_rows):
+        resid, final = _batch_states(model, tokens[s : s + batch_rows], mask[s : s + batch_rows], names)
+        top = final.argmax(-1)
+        for i in range(len(names)):
+            logits = decode_resid(model, resid[i] if lens is None else lens.translate(resid[i], i))
+            kl[i] += _kl(final, logits).sum().double()
+            agree[i] += (logits.argmax(-1) == top).sum().double()
+        count += final.shape[0]
+    return {"labels": labels, "kl_bits": (kl / count / math.log(2)).tolist(), "top1_agreement": (agree / count).tolist(),
+            "n_tokens": count}
+
+
+__all__ = ["TunedLens", "train_tuned_lens", "lens_divergence", "corpus_texts", "token_rows", "boundary_names"]
