@@ -9,8 +9,9 @@ Early layers use another basis, so it reads them badly. The tuned lens decodes
 
 averaged over the token positions of a corpus (BOS excluded). The model is frozen; each
 translator is independent, so each layer's loss is backpropagated on its own (the full-vocabulary
-lens logits of one layer at a time are in memory). At the last boundary ``h = h_final``: the
-identity already gives KL = 0 with zero gradient, so that translator stays the identity.
+lens logits of one layer at a time are in memory). The last boundary *is* the output
+(``h = h_final``, KL = 0 under the identity): its translator is kept the identity and not
+trained — its gradient is float round-off, which Adam would scale up to full-size steps.
 
 A :class:`TunedLens` is a value: tensors ``weight [n_boundaries, d_model, d_model]`` and
 ``bias [n_boundaries, d_model]`` with the base model's ``weights_fingerprint``; saved as one
@@ -232,9 +233,9 @@ def _batch_states(model: "HookedGPT2", tokens: torch.Tensor, mask: torch.Tensor,
 def train_tuned_lens(
     model: "HookedGPT2",
     corpus: Corpus = "generated",
-    steps: int = 150,
-    batch_tokens: int = 512,
-    lr: float = 3e-3,
+    steps: int = 100,
+    batch_tokens: int = 256,
+    lr: float = 5e-3,
     n_texts: int = 256,
     seq_len: int | None = None,
     seed: int = 0,
@@ -275,15 +276,15 @@ def train_tuned_lens(
             resid, final = _batch_states(model, tokens[idx], mask[idx], names)
             opt.zero_grad(set_to_none=True)
             losses = []
-            for i in range(n_b):  # independent translators: one layer's vocabulary-sized logits at a time
+            for i in range(n_b - 1):  # independent translators: one layer's vocabulary-sized logits at a time
                 h = resid[i]
                 loss = _kl(final, decode_resid(model, h + h @ weight[i] + bias[i])).mean()
                 loss.backward()
-                losses.append(float(loss))
+                losses.append(float(loss.detach()))
             opt.step()
             sched.step()
             history.append(losses)
-            bar.set_postfix(kl=f"{sum(losses) / n_b:.3f}")
+            bar.set_postfix(kl=f"{sum(losses) / len(losses):.3f}")
     finally:
         for p, g in zip(model.parameters(), frozen):
             p.requires_grad_(g)
@@ -292,7 +293,7 @@ def train_tuned_lens(
         "steps": steps, "lr": lr, "batch_tokens": rows_per_step * seq_len, "seq_len": seq_len, "seed": seed,
         "corpus": corpus if isinstance(corpus, str) else f"{len(texts)} texts",
         "n_rows": len(tokens), "seconds": round(time.perf_counter() - t0, 1),
-        "final_kl_nats": [round(sum(h[i] for h in history[-10:]) / len(history[-10:]), 5) for i in range(n_b)],
+        "final_kl_nats": [round(sum(h[i] for h in history[-10:]) / len(history[-10:]), 5) for i in range(n_b - 1)] + [0.0],
     }
     return lens
 
