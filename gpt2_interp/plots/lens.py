@@ -179,3 +179,31 @@ def plot_subupdates(result: "SubupdateResult") -> Figure:
         ax2.set_xlabel(f"direct effect on logit({result.target!r})")
     fig.tight_layout()
     return fig
+
+
+def plot_lens_divergence(
+    labels: Sequence[str], kl_bits: dict[str, Sequence[float]], top1: dict[str, Sequence[float]], title: str = ""
+) -> Figure:
+    """Two panels by layer boundary: KL(final ‖ lens) in bits (log scale) and top-1 agreement with the
+    model's final prediction, one line per lens (e.g. ``{"logit lens": …, "tuned lens": …}``)."""
+    fig = Figure(figsize=(10, 3.6))
+    x = np.arange(len(labels))
+    ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for i, (name, vals) in enumerate(kl_bits.items()):
+        v = np.asarray(vals, dtype=float)
+        ax1.plot(x, np.where(v > 0, v, np.nan), "o-", color=f"C{i}", label=name)
+    ax1.set_yscale("log")
+    ax1.set_ylabel("KL(final ‖ lens), bits")
+    for i, (name, vals) in enumerate(top1.items()):
+        ax2.plot(x, vals, "o-", color=f"C{i}", label=name)
+    ax2.set_ylabel("top-1 agreement with the final prediction")
+    ax2.set_ylim(-0.02, 1.02)
+    for ax in (ax1, ax2):
+        ax.set_xticks(x, labels)
+        ax.set_xlabel("layer boundary")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
