@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--train-texts", type=int, default=128, help="generated training texts")
     ap.add_argument("--heldout-texts", type=int, default=32, help="generated held-out texts (another seed)")
+    ap.add_argument("--paraphrases", type=int, default=128, help="held-out paraphrase sentences (gpt2-facts)")
     ap.add_argument("--save", type=Path, default=None, help="also save the trained lens here")
     ap.add_argument("--quick", action="store_true", help="a few steps on a few texts (for the test suite)")
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     held = {"generated (seed 10000)": corpus_texts(model, "generated", args.heldout_texts, seed=10_000)}
     if args.model == "gpt2-facts":
         sentences = FactBase.load().sentences("heldout")
-        held["held-out paraphrases"] = random.Random(0).sample(sentences, 8 if args.quick else 256)
+        held["held-out paraphrases"] = random.Random(0).sample(sentences, 8 if args.quick else args.paraphrases)
     evals = {}
     for name, texts in held.items():
         evals[name] = {"logit lens": lens_divergence(model, texts, None), "tuned lens": lens_divergence(model, texts, lens)}

@@ -197,6 +197,10 @@ class ProbeResult(Result):
         return None if self.control_scores is None else self.control_scores.mean(1)
 
     @property
+    def control_ci(self) -> torch.Tensor | None:
+        return None if self.control_scores is None else _ci(self.control_scores)
+
+    @property
     def selectivity(self) -> torch.Tensor | None:
         """Task score − control score per layer ``[n_layers]`` (Hewitt & Liang)."""
         return None if self.control_scores is None else self.mean - self.control_mean
@@ -233,7 +237,7 @@ class ProbeResult(Result):
         for i, name in enumerate(self.layers):
             row = f"  {name:<8}{float(self.mean[i]):>9.3f} ± {float(self.ci[i]):.3f}"
             if self.control_scores is not None:
-                row += (f"{float(self.control_mean[i]):>19.3f} ± {float(_ci(self.control_scores)[i]):.3f}"
+                row += (f"{float(self.control_mean[i]):>19.3f} ± {float(self.control_ci[i]):.3f}"
                         f"{float(self.selectivity[i]):>13.3f} ± {float(self.selectivity_ci[i]):.3f}")
             lines.append(row)
         return "\n".join(lines)
@@ -280,12 +284,12 @@ class ProbeResult(Result):
 
 def _ci(scores: torch.Tensor) -> torch.Tensor:
     """95% t-interval half-width over the last dimension (folds)."""
-    from scipy.stats import t
+    from scipy.special import stdtrit  # Student t quantile (scipy.stats is a far heavier import)
 
     k = scores.shape[-1]
     if k < 2:
         return torch.zeros(scores.shape[:-1])
-    return scores.std(-1, unbiased=True) / math.sqrt(k) * float(t.ppf(0.975, k - 1))
+    return scores.std(-1, unbiased=True) / math.sqrt(k) * float(stdtrit(k - 1, 0.975))
 
 
 # ---------------------------------------------------------------------------- probing

@@ -188,17 +188,18 @@ def corpus_texts(model: "HookedGPT2", corpus: Corpus = "generated", n_texts: int
 
 
 def token_rows(model: "HookedGPT2", texts: Iterable[str], seq_len: int) -> torch.Tensor:
-    """Texts tokenized with BOS, cut into rows of ``seq_len`` tokens (each row starts with BOS;
+    """Texts tokenized, cut into rows of ``seq_len`` tokens (each row starts with the BOS, if the tokenizer has one;
     short rows are right-padded with token 0 and marked by the mask). Returns ``(tokens, mask)``
     ``[n_rows, seq_len]`` each."""
+    bos = [model.tokenizer.bos_id] if model.tokenizer.bos_id is not None else []
     rows: list[list[int]] = []
     for text in texts:
-        ids = model.to_tokens(text)[0].tolist()
-        bos, body = ids[0], ids[1:]
-        for i in range(0, len(body), seq_len - 1):
-            chunk = body[i : i + seq_len - 1]
+        body = model.tokenizer.encode(text)
+        step = seq_len - len(bos)
+        for i in range(0, len(body), step):
+            chunk = body[i : i + step]
             if chunk:
-                rows.append([bos] + chunk)
+                rows.append(bos + chunk)
     if not rows:
         raise ValueError("the corpus yielded no tokens")
     tokens = torch.zeros(len(rows), seq_len, dtype=torch.long)
@@ -222,7 +223,8 @@ def _batch_states(model: "HookedGPT2", tokens: torch.Tensor, mask: torch.Tensor,
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens.to(model.device), names_filter=names)
         keep = mask.clone()
-        keep[:, 0] = False
+        if model.tokenizer.bos_id is not None:
+            keep[:, 0] = False
         keep = keep.to(model.device)
         resid = torch.stack([cache[n][keep] for n in names]).float()
         final = logits[keep].float().log_softmax(-1)

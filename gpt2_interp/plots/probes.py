@@ -26,7 +26,7 @@ def plot_probe(result: "ProbeResult", title: str | None = None) -> Figure:
     ax.fill_between(x, mean - ci, mean + ci, color="C0", alpha=0.2)
     if result.control_scores is not None:
         cm = result.control_mean.numpy()
-        cc = _halfwidth(result.control_scores.numpy())
+        cc = result.control_ci.numpy()
         ax.plot(x, cm, "s--", color="C1", label=f"control ({result.control})")
         ax.fill_between(x, cm - cc, cm + cc, color="C1", alpha=0.2)
         ax.bar(x, result.selectivity.numpy(), width=0.5, color="C2", alpha=0.35, label="selectivity")
@@ -77,12 +77,3 @@ def plot_probe_summary(
     fig.tight_layout()
     return fig
 
-
-def _halfwidth(scores: np.ndarray) -> np.ndarray:
-    """95% t-interval half-width over folds (last axis)."""
-    from scipy.stats import t
-
-    k = scores.shape[-1]
-    if k < 2:
-        return np.zeros(scores.shape[:-1])
-    return scores.std(-1, ddof=1) / np.sqrt(k) * t.ppf(0.975, k - 1)
