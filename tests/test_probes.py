@@ -192,3 +192,14 @@ def test_probes_analysis_quick(facts_model, tmp_path):
     assert set(saved["tasks"]) >= {"continent", "period"} and saved["finding"] == out["finding"]
     assert (tmp_path / "probes_quick.png").stat().st_size > 10000
     assert len(saved["tasks"]["continent"]["selectivity"]) == facts_model.cfg.n_layer + 1
+
+
+@pytest.mark.slow
+def test_cli_probe_prints_the_layer_table(facts_model, capsys):
+    from gpt2_interp.cli import main
+
+    assert main(["probe", "--task", "period", "--per-subject", "1", "--folds", "3", "--hook", "resid_post"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("probe 'period'") and "selectivity" in out and "L5" in out
+    assert main(["probe", "--task", "period", "--hook", "resid_psot"]) == 2
+    assert "unknown hook 'resid_psot'" in capsys.readouterr().err

@@ -125,3 +125,20 @@ def test_cli_lens_with_tuned_reads_through_the_saved_lens(facts_model, tmp_path,
     other = TunedLens.identity(HookedGPT2(TINY, seed=0)).save(tmp_path / "tiny.safetensors")
     assert main(["lens", "The capital of France is", "--tuned", str(other)]) == 2
     assert "train one for it" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_tuned_lens_analysis_quick(facts_model, tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "analyses" / "tuned_lens.py"
+    spec = importlib.util.spec_from_file_location("tuned_lens_analysis", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.main(["--quick", "--out-dir", str(tmp_path)])
+    saved = json.loads((tmp_path / "tuned_lens_quick.json").read_text())
+    assert saved["labels"] == ["embed"] + [f"L{i}" for i in range(facts_model.cfg.n_layer)]
+    assert saved["finding"] == out["finding"] and (tmp_path / "tuned_lens_quick.png").stat().st_size > 10000
+    logit = saved["heldout"]["generated (seed 10000)"]["logit lens"]["kl_bits"]
+    assert logit[-1] < 1e-3  # the last boundary of the logit lens is the model's own output
