@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from ..core.progress import progress_bar
-from ..core.result import Result
+from ..core.result import Result, to_jsonable
 from ..model.hooks import hook_name
 from .tokens import subject_span
 
@@ -223,8 +223,6 @@ class ProbeResult(Result):
         d.pop("fold")
         d.update(mean=self.mean, ci=self.ci, control_mean=self.control_mean, selectivity=self.selectivity,
                  selectivity_ci=self.selectivity_ci)
-        from ..core.result import to_jsonable
-
         return to_jsonable(d)
 
     def table(self) -> str:
@@ -403,6 +401,7 @@ def probe_features(
     y_ctrl = None if control is None else control_labels(y, g, control, seed)
     est = _pipeline(kind, C, seed)
     scores, ctrl, fitted = [], [], []
+    from sklearn.base import clone
     from threadpoolctl import threadpool_limits
 
     # one BLAS thread: these fits are small, and a multi-threaded BLAS spinning against torch's threads
@@ -413,8 +412,6 @@ def probe_features(
             scores.append(_score(est, X, y, folds, kind))
             if y_ctrl is not None:
                 ctrl.append(_score(est, X, y_ctrl, folds, kind))
-            from sklearn.base import clone
-
             fitted.append(clone(est).fit(X, y))
     if kind == "classification":
         chance = float(np.mean([np.mean(y[te] == _majority(y[tr])) for tr, te in folds]))
