@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--batch-tokens", type=int, default=256)
     ap.add_argument("--lr", type=float, default=5e-3)
+    ap.add_argument("--corpus", choices=["generated", "facts"], default="generated",
+                    help="train on the model's own generations, or (gpt2-facts) on its training sentences")
     ap.add_argument("--train-texts", type=int, default=128, help="generated training texts")
     ap.add_argument("--heldout-texts", type=int, default=32, help="generated held-out texts (another seed)")
     ap.add_argument("--paraphrases", type=int, default=128, help="held-out paraphrase sentences (gpt2-facts)")
@@ -48,7 +50,10 @@ def main(argv: list[str] | None = None) -> dict:
     model = gi.load(args.model)
 
     t0 = time.perf_counter()
-    train = corpus_texts(model, "generated", args.train_texts, seed=0)
+    if args.corpus == "facts":
+        train = corpus_texts(model, FactBase.load().sentences("train"))
+    else:
+        train = corpus_texts(model, "generated", args.train_texts, seed=0)
     gen_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     lens = train_tuned_lens(model, train, steps=args.steps, batch_tokens=args.batch_tokens, lr=args.lr, progress=None)
@@ -85,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict:
     stem = "tuned_lens_quick" if args.quick else "tuned_lens"
     fig.savefig(args.out_dir / f"{stem}.png", dpi=130, bbox_inches="tight")
     out = {"model": args.model, "labels": labels, "train": {**lens.meta, "generation_seconds": round(gen_s, 1),
-           "train_seconds": round(train_s, 1), "texts": len(train)},
+           "train_seconds": round(train_s, 1), "texts": len(train), "corpus": args.corpus},
            "heldout": evals, "kl_ratio": ratio, "goal_kl_half": goal_kl, "goal_top1_better": goal_top1,
            "finding": finding}
     (args.out_dir / f"{stem}.json").write_text(json.dumps(out, indent=1) + "\n")

@@ -108,12 +108,12 @@ def test_a_lens_from_another_model_is_refused(random_lens, tmp_path):
         lens.check(bigger)
 
 
-def test_token_rows_start_with_bos_and_cover_every_token(tiny):
+def test_token_rows_pack_texts_into_rows_that_start_with_bos(tiny):
     tokens, mask = token_rows(tiny, TEXTS[:2], seq_len=8)
-    ids = [tiny.to_tokens(t)[0].tolist() for t in TEXTS[:2]]
-    assert (tokens[:, 0] == ids[0][0]).all()
+    ids = [tiny.to_tokens(t)[0].tolist() for t in TEXTS[:2]]  # each [BOS, ...]
+    assert (tokens[:, 0] == ids[0][0]).all() and mask[:-1].all()  # only the last row is padded
     body = [i for row, m in zip(tokens.tolist(), mask.tolist()) for i, k in zip(row[1:], m[1:]) if k]
-    assert body == ids[0][1:] + ids[1][1:]
+    assert body == ids[0][1:] + ids[1]  # the second text keeps its BOS as a separator
 
 
 @pytest.mark.slow

@@ -162,7 +162,7 @@ def _digest(tensors: dict[str, torch.Tensor], header: str) -> str:
 
 # ---------------------------------------------------------------------------- corpus
 def corpus_texts(model: "HookedGPT2", corpus: Corpus = "generated", n_texts: int = 256, seed: int = 0) -> list[str]:
-    """Texts to train or evaluate a lens on: a list of texts as given; a path to a text file or a
+    """Texts to train or evaluate a lens on: a list of texts as given (e.g. the fact base's sentences); a path to a text file or a
     folder of ``*.txt`` (documents split at blank lines); or ``"generated"``: ``n_texts`` samples of
     the model itself from BOS (temperature 1, ``seed``; a different seed gives held-out text)."""
     if not isinstance(corpus, (str, Path)):
@@ -187,19 +187,18 @@ def corpus_texts(model: "HookedGPT2", corpus: Corpus = "generated", n_texts: int
     return docs
 
 
-def token_rows(model: "HookedGPT2", texts: Iterable[str], seq_len: int) -> torch.Tensor:
-    """Texts tokenized, cut into rows of ``seq_len`` tokens (each row starts with the BOS, if the tokenizer has one;
-    short rows are right-padded with token 0 and marked by the mask). Returns ``(tokens, mask)``
-    ``[n_rows, seq_len]`` each."""
+def token_rows(model: "HookedGPT2", texts: Iterable[str], seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Texts tokenized and packed: each text preceded by the tokenizer's BOS (if it has one), all
+    concatenated and cut into rows of ``seq_len`` tokens, each row starting with BOS (short texts
+    share rows, so no position is wasted on padding; the last row is right-padded, see the mask).
+    Returns ``(tokens, mask)``, ``[n_rows, seq_len]`` each."""
     bos = [model.tokenizer.bos_id] if model.tokenizer.bos_id is not None else []
-    rows: list[list[int]] = []
+    stream: list[int] = []
     for text in texts:
-        body = model.tokenizer.encode(text)
-        step = seq_len - len(bos)
-        for i in range(0, len(body), step):
-            chunk = body[i : i + step]
-            if chunk:
-                rows.append(bos + chunk)
+        stream += bos + model.tokenizer.encode(text)
+    stream = stream[len(bos):]  # every row gets its own BOS below
+    step = seq_len - len(bos)
+    rows = [bos + stream[i : i + step] for i in range(0, len(stream), step)]
     if not rows:
         raise ValueError("the corpus yielded no tokens")
     tokens = torch.zeros(len(rows), seq_len, dtype=torch.long)
