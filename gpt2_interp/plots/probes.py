@@ -69,7 +69,7 @@ def plot_probe_summary(
         ax2.set_xticks(xt, trace_layers or [str(i) for i in xt])
         ax2.set_xlabel("layer (centre of the restored window)")
         ax2.set_ylabel("average indirect effect")
-        ax2.set_title("causal trace at the last subject token", fontsize=9)
+        ax2.set_title("averaged causal trace (indirect effects)", fontsize=9)
         ax2.legend(fontsize=7)
         ax2.grid(alpha=0.3)
     if title:
