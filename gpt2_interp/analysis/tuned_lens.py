@@ -15,13 +15,12 @@ trained — its gradient is float round-off, which Adam would scale up to full-s
 
 A :class:`TunedLens` is a value: tensors ``weight [n_boundaries, d_model, d_model]`` and
 ``bias [n_boundaries, d_model]`` with the base model's ``weights_fingerprint``; saved as one
-safetensors file whose JSON header holds the metadata and a sha256 of the tensors + header,
-checked at load; a model whose weights differ is refused.
+integrity-checked safetensors file (``io.integrity``: a sha256 of the tensors + header, checked at
+load) whose JSON header holds the metadata; a model whose weights differ is refused.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -34,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from ..core.progress import progress_bar
-from ..model.fingerprint import tensor_digest, weights_fingerprint
+from ..io.integrity import load_checked, save_checked
+from ..model.fingerprint import weights_fingerprint
 from ..model.hooks import hook_name
 from .lens import decode_resid
 
@@ -111,53 +111,28 @@ class TunedLens:
 
     # ------------------------------------------------------------------ save / load
     def save(self, path: str | Path) -> Path:
-        """One safetensors file: ``weight``, ``bias`` + a JSON header (metadata, base fingerprint, and a
-        sha256 over the tensors and the header, checked by :meth:`load`)."""
-        from safetensors.torch import save_file
-
+        """One integrity-checked safetensors file (``io.integrity.save_checked``): ``weight``, ``bias`` and
+        a JSON header (metadata, base fingerprint), with a sha256 over the tensors and the header."""
         path = Path(path)
-        tensors = {"weight": self.weight.detach().float().cpu().contiguous(),
-                   "bias": self.bias.detach().float().cpu().contiguous()}
+        tensors = {"weight": self.weight.detach().float(), "bias": self.bias.detach().float()}
         header = {"labels": self.labels, "base_fingerprint": self.base_fingerprint, "model_name": self.model_name,
                   "meta": self.meta, "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        text = json.dumps(header, sort_keys=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(path), metadata={"format": FORMAT, "lens": text, "sha256": _digest(tensors, text)})
-        return path
+        return save_checked(path, tensors, {"format": FORMAT, "lens": json.dumps(header, sort_keys=True)})
 
     @staticmethod
     def load(path: str | Path, model: "HookedGPT2 | None" = None) -> "TunedLens":
-        """Read a lens written by :meth:`save`, verifying its digest; with ``model``, also check it
-        was trained for that model's weights (a different model is refused)."""
-        from safetensors import safe_open
-
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"no tuned lens at {path}; train one with train_tuned_lens(model, …).save(path)")
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = f.metadata() or {}
-                tensors = {k: f.get_tensor(k) for k in f.keys()}
-        except Exception as e:  # safetensors raises its own error types
-            raise ValueError(f"{path} is not a tuned lens (safetensors could not read it: {e})") from None
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"{path} is a safetensors file but not a gpt2-interp tuned lens (format {meta.get('format')!r})")
-        if set(tensors) != {"weight", "bias"} or meta.get("sha256") != _digest(tensors, meta.get("lens", "")):
-            raise ValueError(f"{path} is corrupted: its tensors or header do not match the sha256 recorded when it "
-                             "was saved; retrain or re-copy the file")
+        """Read a lens written by :meth:`save`, verifying its digest (a damaged or modified file raises
+        ``IntegrityError``); with ``model``, also check it was trained for that model's weights."""
+        tensors, meta, _ = load_checked(path, kind="tuned lens", allow_unverified=False)
+        if meta.get("format") != FORMAT or set(tensors) != {"weight", "bias"}:
+            raise ValueError(f"{path} is a safetensors file but not a gpt2-interp tuned lens (format "
+                             f"{meta.get('format')!r}); train one with train_tuned_lens(model, …).save(path)")
         h = json.loads(meta["lens"])
         lens = TunedLens(labels=h["labels"], weight=tensors["weight"], bias=tensors["bias"],
                          base_fingerprint=h["base_fingerprint"], model_name=h.get("model_name", ""), meta=h.get("meta", {}))
         if model is not None:
             lens.check(model)
         return lens
-
-
-def _digest(tensors: dict[str, torch.Tensor], header: str) -> str:
-    h = hashlib.sha256(header.encode())
-    for k in sorted(tensors):
-        h.update(f"{k}={tensor_digest(tensors[k])};".encode())
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------- corpus
