@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
         labels, {"logit lens": kl_l, "tuned lens": kl_t}, {"logit lens": ag_l, "tuned lens": ag_t},
         title=f"{args.model}: logit vs tuned lens on held-out generations",
     )
-    stem = "tuned_lens_quick" if args.quick else "tuned_lens"
+    stem = "tuned_lens" + ("_facts" if args.corpus == "facts" else "") + ("_quick" if args.quick else "")
     fig.savefig(args.out_dir / f"{stem}.png", dpi=130, bbox_inches="tight")
     out = {"model": args.model, "labels": labels, "train": {**lens.meta, "generation_seconds": round(gen_s, 1),
            "train_seconds": round(train_s, 1), "texts": len(train), "corpus": args.corpus},
