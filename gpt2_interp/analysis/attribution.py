@@ -54,7 +54,7 @@ from ..core.progress import progress_bar
 from ..core.result import Result
 from ..model.hooks import hook_name, layer_of, suggest
 from .metrics import Metric, apply_metric, bind_metric, metric_name
-from .patching import PatchResult, Prompts, pair_tokens, patch
+from .patching import PatchResult, Prompts, pair_tokens, patch, position_labels
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
@@ -353,7 +353,7 @@ def attribute(
         bcast = (-1,) + (1,) * mean.ndim
         per_pair = (per_pair - corr_m.view(bcast)) / pair_gap.view(bcast)
         score = score / abs(gap)
-    labels = _position_labels(model, clean_t, corr_t, mask)
+    labels = position_labels(model, clean_t, corr_t, mask)
     n = model.cfg.n_layer
     spec = dict(model=model, clean=clean, corrupted=corrupted, metric=metric, hook=hook,
                 layers=layers, positions=positions, heads=heads, direction=direction, normalize=normalize)
@@ -381,18 +381,6 @@ def attribute(
         score=score,
         _spec=spec,
     )
-
-
-def _position_labels(model: "HookedGPT2", clean: torch.Tensor, corrupted: torch.Tensor, mask: torch.Tensor | None) -> list[str]:
-    """Pair 0's tokens, ``"clean/corrupted"`` where they differ, ``""`` for padding (as ``patch`` labels them)."""
-    labels = []
-    for i, (a, b) in enumerate(zip(clean[0].tolist(), corrupted[0].tolist())):
-        if mask is not None and not mask[0, i]:
-            labels.append("")
-        else:
-            sa, sb = model.tokenizer.token_str(a), model.tokenizer.token_str(b)
-            labels.append(sa if a == b else f"{sa}/{sb}")
-    return labels
 
 
 def _attribute_chunk(model: "HookedGPT2", fam: _Family, layers_: list[int], base_t: torch.Tensor, src_t: torch.Tensor,

@@ -122,8 +122,9 @@ def pair_tokens(
     return tokens[: len(c)], tokens[len(c) :], None if mask is None else mask[: len(c)]
 
 
-def _position_labels(model: "HookedGPT2", clean: torch.Tensor, corrupted: torch.Tensor, mask: torch.Tensor | None) -> list[str]:
-    """Pair 0's tokens, ``"clean/corrupted"`` where they differ, ``""`` for padding."""
+def position_labels(model: "HookedGPT2", clean: torch.Tensor, corrupted: torch.Tensor, mask: torch.Tensor | None) -> list[str]:
+    """Position labels of a patching result: pair 0's tokens, ``"clean/corrupted"`` where they differ,
+    ``""`` for padding."""
     labels = []
     for i, (a, b) in enumerate(zip(clean[0].tolist(), corrupted[0].tolist())):
         if mask is not None and not mask[0, i]:
@@ -351,7 +352,7 @@ def patch(
         mean = (mean - corr_m.mean()) / gap
         bcast = (-1,) + (1,) * mean.ndim
         per_pair = (per_pair - corr_m.view(bcast)) / pair_gap.view(bcast)
-    all_labels = _position_labels(model, *all_t)
+    all_labels = position_labels(model, *all_t)
     return PatchResult(
         values=mean,
         pair_values=per_pair,
@@ -413,6 +414,6 @@ def _layer_edit(
     return Patch(name, rows[:, None, None], idx, src[(j[:, None, None], *idx)], pos_dim)
 
 
-__all__ = ["patch", "PatchResult", "pair_tokens", "Prompts",
+__all__ = ["patch", "PatchResult", "pair_tokens", "position_labels", "Prompts",
            # the metrics, re-exported: patching code usually wants them in one import
            "Metric", "logit_diff", "prob", "kl_to", "metric_name"]
