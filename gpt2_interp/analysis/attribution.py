@@ -54,7 +54,7 @@ from ..core.progress import progress_bar
 from ..core.result import Result
 from ..model.hooks import hook_name, layer_of, suggest
 from .metrics import Metric, apply_metric, bind_metric, metric_name
-from .patching import PatchResult, Prompts, pair_tokens, patch, position_labels
+from .patching import PatchResult, Prompts, normalize_effects, pair_tokens, patch, position_labels, result_fields
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
@@ -345,36 +345,14 @@ def attribute(
     mean = per_pair.mean(0)
     score = (mean - mean.new_tensor(float(base_m.mean()))).abs() if drop is None else drop.mean(0)
     if normalize:
-        gap, pair_gap = float(clean_m.mean() - corr_m.mean()), clean_m - corr_m
-        if gap == 0 or bool((pair_gap == 0).any()):
-            raise ValueError(f"clean and corrupted runs give the same metric ({float(clean_m.mean()):.4g}); "
-                             "normalisation is undefined — check the prompts and the metric")
-        mean = (mean - corr_m.mean()) / gap
-        bcast = (-1,) + (1,) * mean.ndim
-        per_pair = (per_pair - corr_m.view(bcast)) / pair_gap.view(bcast)
+        mean, per_pair, gap = normalize_effects(mean, per_pair, clean_m, corr_m)
         score = score / abs(gap)
     labels = position_labels(model, clean_t, corr_t, mask)
-    n = model.cfg.n_layer
     spec = dict(model=model, clean=clean, corrupted=corrupted, metric=metric, hook=hook,
                 layers=layers, positions=positions, heads=heads, direction=direction, normalize=normalize)
     return AttributionResult(
-        values=mean,
-        pair_values=per_pair,
-        index_names=index_names,
-        layers=layers_,
-        layer_labels=["embed" if l < 0 else f"L{l}" for l in layers_],
-        positions=pos_axis,
-        position_labels=None if "pos" not in index_names else ["all"] if pos_axis is None else [labels[p] for p in pos_axis],
-        heads=head_axis,
-        head_labels=None if fam.kind == "pos" else ["all"] if head_axis is None else [f"H{h}" for h in head_axis],
-        hook=hook,
-        direction=direction,
-        metric=metric_name(metric),
-        normalized=normalize,
-        clean_metric=float(clean_m.mean()),
-        corrupted_metric=float(corr_m.mean()),
-        clean_pair_metric=clean_m,
-        corrupted_pair_metric=corr_m,
+        **result_fields(model, mean, per_pair, index_names, layers_, pos_axis, head_axis, labels, hook, direction,
+                        metric, normalize, clean_m, corr_m),
         method=method,
         ig_steps=ig_steps if method == "ig" else None,
         graddrop=graddrop,

@@ -345,24 +345,42 @@ def patch(
                       f"{index_names}); those cells are NaN/inf in the result", NonFiniteWarning, stacklevel=2)
     mean = per_pair.mean(0)
     if normalize:
-        gap, pair_gap = float(clean_m.mean() - corr_m.mean()), clean_m - corr_m
-        if gap == 0 or bool((pair_gap == 0).any()):
-            raise ValueError(f"clean and corrupted runs give the same metric ({float(clean_m.mean()):.4g}); "
-                             "normalisation is undefined — check the prompts and the metric")
-        mean = (mean - corr_m.mean()) / gap
-        bcast = (-1,) + (1,) * mean.ndim
-        per_pair = (per_pair - corr_m.view(bcast)) / pair_gap.view(bcast)
-    all_labels = position_labels(model, *all_t)
-    return PatchResult(
+        mean, per_pair, _ = normalize_effects(mean, per_pair, clean_m, corr_m)
+    return PatchResult(**result_fields(model, mean, per_pair, index_names, layers_, pos_axis, head_axis,
+                                       position_labels(model, *all_t), hook, direction, metric, normalize,
+                                       clean_m, corr_m))
+
+
+def normalize_effects(mean: torch.Tensor, per_pair: torch.Tensor, clean_m: torch.Tensor,
+                      corr_m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Effects rescaled so 0 = the corrupted run's metric and 1 = the clean run's: ``mean`` by the
+    pair-averaged metrics, ``per_pair`` ``[n_pairs, ...]`` by each pair's own; also returns the
+    averaged gap. Raises when the clean and corrupted metrics coincide (undefined)."""
+    gap, pair_gap = float(clean_m.mean() - corr_m.mean()), clean_m - corr_m
+    if gap == 0 or bool((pair_gap == 0).any()):
+        raise ValueError(f"clean and corrupted runs give the same metric ({float(clean_m.mean()):.4g}); "
+                         "normalisation is undefined — check the prompts and the metric")
+    bcast = (-1,) + (1,) * mean.ndim
+    return (mean - corr_m.mean()) / gap, (per_pair - corr_m.view(bcast)) / pair_gap.view(bcast), gap
+
+
+def result_fields(model: "HookedGPT2", mean: torch.Tensor, per_pair: torch.Tensor, index_names: tuple[str, ...],
+                  layers: list[int], pos_axis: list[int] | None, head_axis: list[int] | None, labels: list[str],
+                  hook: str, direction: str, metric: Metric, normalize: bool, clean_m: torch.Tensor,
+                  corr_m: torch.Tensor) -> dict[str, Any]:
+    """The fields of a :class:`PatchResult` (shared by patching and attribution estimates): values,
+    their axes and labels (``labels``: every position's label), the metric and its baselines."""
+    n = model.cfg.n_layer
+    return dict(
         values=mean,
         pair_values=per_pair,
         index_names=index_names,
-        layers=layers_,
-        layer_labels=[("embed" if l < 0 else "ln_final" if l >= n else f"L{l}") for l in layers_],
+        layers=layers,
+        layer_labels=[("embed" if l < 0 else "ln_final" if l >= n else f"L{l}") for l in layers],
         positions=pos_axis,
-        position_labels=None if "pos" not in index_names else ["all"] if pos_axis is None else [all_labels[p] for p in pos_axis],
+        position_labels=None if "pos" not in index_names else ["all"] if pos_axis is None else [labels[p] for p in pos_axis],
         heads=head_axis,
-        head_labels=None if target.kind == "pos" else ["all"] if head_axis is None else [f"H{h}" for h in head_axis],
+        head_labels=None if "head" not in index_names else ["all"] if head_axis is None else [f"H{h}" for h in head_axis],
         hook=hook,
         direction=direction,
         metric=metric_name(metric),
@@ -414,6 +432,6 @@ def _layer_edit(
     return Patch(name, rows[:, None, None], idx, src[(j[:, None, None], *idx)], pos_dim)
 
 
-__all__ = ["patch", "PatchResult", "pair_tokens", "position_labels", "Prompts",
+__all__ = ["patch", "PatchResult", "pair_tokens", "position_labels", "normalize_effects", "result_fields", "Prompts",
            # the metrics, re-exported: patching code usually wants them in one import
            "Metric", "logit_diff", "prob", "kl_to", "metric_name"]
