@@ -58,7 +58,7 @@ def known_cases(model, n: int, seed: int, exclude: set = frozenset(), batch: int
 
 def _scores(model, cases, sb: int) -> dict:
     rows = case_scores(model, cases, sb)
-    mean = lambda k: (lambda xs: sum(xs) / len(xs) if xs else None)([r[k] for r in rows if r.get(k) is not None])  # noqa: E731
+    mean = lambda k: (lambda xs: sum(xs) / len(xs) if xs else None)([getattr(r, k) for r in rows if getattr(r, k) is not None])  # noqa: E731
     return {"es": mean("es"), "ps": mean("ps"), "ns": mean("ns")}
 
 
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     probe = evaluate_edits(model, cases[:2], method="rome", fluency_tokens=2, progress=False, related=False,
                            score_batch_size=sb, **quick_hp)
-    per_edit = max(probe.summary["all"]["edit_seconds"] or 1.0, 1e-3)
+    per_edit = max(probe.summary["all"].edit_seconds or 1.0, 1e-3)
     budget = args.rome_seconds
     if args.deadline:
         budget = min(budget, args.deadline - (time.perf_counter() - t_all) - 60)

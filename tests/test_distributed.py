@@ -8,6 +8,7 @@ process group. Plus the helpers' contract (shards, order) and a failing rank sto
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -130,6 +131,9 @@ def _results(tmp, corpus, out):
 
 def _close(a, b, path=""):
     """Nested results equal: tensors/floats to 1e-5 relative, everything else exactly; timings skipped."""
+    if dataclasses.is_dataclass(a):
+        assert type(a) is type(b), path
+        a, b = dataclasses.asdict(a), dataclasses.asdict(b)
     if isinstance(a, dict):
         assert a.keys() == b.keys(), path
         for k in a:
@@ -167,7 +171,7 @@ def test_average_trace_on_two_ranks_equals_one_process(results):
 @pytest.mark.slow
 def test_evaluate_edits_on_two_ranks_gives_the_single_process_rows_in_order(results):
     got, got1, ref, _ = results
-    assert [r["case_id"] for r in got["rows"]] == [r["case_id"] for r in ref["rows"]]
+    assert [r.case_id for r in got["rows"]] == [r.case_id for r in ref["rows"]]
     _close(got["rows"], ref["rows"])
     _close(got["summary"], ref["summary"])
     assert got["restored"] and got1["rows"] == got["rows"]

@@ -278,8 +278,8 @@ def test_memit_batch_flips_facts_on_the_fact_model(facts_model):
     with m.edited(edit):
         post = case_scores(m, cases)
     assert weights_fingerprint(m) == fp
-    es = sum(r["es"] for r in post) / len(post)
-    ns = [r["ns"] for r in post if r.get("ns") is not None]
+    es = sum(r.es for r in post) / len(post)
+    ns = [r.ns for r in post if r.ns is not None]
     assert es >= 0.9 and sum(ns) / len(ns) >= 0.7
 
 

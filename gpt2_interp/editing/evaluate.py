@@ -158,7 +158,23 @@ def _case_pairs(case: CounterfactCase) -> list[tuple[str, str, str]]:
     return rows
 
 
-def case_scores(model: "HookedGPT2", cases: Sequence[CounterfactCase], batch_size: int = 64) -> list[dict[str, Any]]:
+@dataclass
+class CaseScores:
+    """One case's scores on the model as it is: P(new) and P(true) on the rewrite prompt, and the
+    efficacy / paraphrase / neighbourhood score (``es``/``ps``/``ns``) and magnitude (``em``/``pm``/``nm``)
+    — None where the case has no such prompts (or no true object)."""
+
+    p_new: float
+    p_true: float | None = None
+    es: float | None = None
+    em: float | None = None
+    ps: float | None = None
+    pm: float | None = None
+    ns: float | None = None
+    nm: float | None = None
+
+
+def case_scores(model: "HookedGPT2", cases: Sequence[CounterfactCase], batch_size: int = 64) -> list[CaseScores]:
     """Efficacy/paraphrase/neighbourhood scores and magnitudes of each case on the model as it is."""
     pairs = [(i, *row) for i, c in enumerate(cases) for row in _case_pairs(c)]
     lp = target_logprobs(model, [p for _, _, p, _ in pairs], [t for *_, t in pairs], batch_size)
@@ -167,19 +183,15 @@ def case_scores(model: "HookedGPT2", cases: Sequence[CounterfactCase], batch_siz
         per[i].setdefault(part, []).append(x)
     out = []
     for c, d in zip(cases, per):
-        row: dict[str, Any] = {"p_new": math.exp(d["rewrite"][0])}
-        if not c.target_true:
-            out.append(row)
-            continue
-        for part, key, sign in (("rewrite", "e", 1), ("paraphrase", "p", 1), ("neighbourhood", "n", -1)):
-            vals = d.get(part, [])
-            new, true = vals[0::2], vals[1::2]
-            if not new:
-                row[f"{key}s"] = row[f"{key}m"] = None
-                continue
-            row[f"{key}s"] = sum((a > b) if sign > 0 else (b > a) for a, b in zip(new, true)) / len(new)
-            row[f"{key}m"] = sum(sign * (math.exp(a) - math.exp(b)) for a, b in zip(new, true)) / len(new)
-        row["p_true"] = math.exp(d["rewrite"][1])
+        row = CaseScores(p_new=math.exp(d["rewrite"][0]))
+        if c.target_true:
+            row.p_true = math.exp(d["rewrite"][1])
+            for part, key, sign in (("rewrite", "e", 1), ("paraphrase", "p", 1), ("neighbourhood", "n", -1)):
+                vals = d.get(part, [])
+                new, true = vals[0::2], vals[1::2]
+                if new:
+                    setattr(row, f"{key}s", sum((a > b) if sign > 0 else (b > a) for a, b in zip(new, true)) / len(new))
+                    setattr(row, f"{key}m", sum(sign * (math.exp(a) - math.exp(b)) for a, b in zip(new, true)) / len(new))
         out.append(row)
     return out
 
@@ -308,23 +320,109 @@ def harmonic_score(*scores: float | None) -> float | None:
     return len(parts) / sum(1 / x for x in parts) if min(parts) > 0 else 0.0
 
 
-def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+@dataclass
+class CaseRow:
+    """One evaluated case: what was asked, whether the unedited model knew it, its scores before
+    (``*_pre``) and after (``*_post``) the edit (see :class:`CaseScores` for ``es``…``nm``), the
+    related facts kept (subject specificity ``ss_*``, shared-token neighbours ``stn_*``: hits of
+    n), fluency, drift on unrelated prompts, and the edit's time and layer(s)."""
+
+    case_id: int
+    relation: str
+    subject: str
+    prompt: str
+    target_new: str
+    target_true: str
+    known: bool
+    es_pre: float | None = None
+    em_pre: float | None = None
+    ps_pre: float | None = None
+    pm_pre: float | None = None
+    ns_pre: float | None = None
+    nm_pre: float | None = None
+    p_new_pre: float | None = None
+    p_true_pre: float | None = None
+    fluency_pre: float | None = None
+    es_post: float | None = None
+    em_post: float | None = None
+    ps_post: float | None = None
+    pm_post: float | None = None
+    ns_post: float | None = None
+    nm_post: float | None = None
+    p_new_post: float | None = None
+    p_true_post: float | None = None
+    fluency_post: float | None = None
+    ss_hits: int = 0
+    ss_n: int = 0
+    ss_post: float | None = None
+    stn_hits: int = 0
+    stn_n: int = 0
+    stn_post: float | None = None
+    kl_drift: float | None = None
+    edit_seconds: float | None = None
+    layer: int | list[int] | None = None
+
+    def set_scores(self, stage: str, s: CaseScores) -> None:
+        """Record ``s`` as the scores before (``stage="pre"``) or after (``"post"``) the edit."""
+        for k in (*SCORES, "p_new", "p_true"):
+            setattr(self, f"{k}_{stage}", getattr(s, k))
+
+
+@dataclass
+class Summary:
+    """Means over a set of :class:`CaseRow` (cases without a score skipped) and CounterFact's S,
+    before and after; subject specificity ``ss_post`` and shared-token neighbours ``stn_post``
+    pooled over the related facts (``n_ss``/``n_stn`` of them)."""
+
+    n: int
+    es_pre: float | None = None
+    em_pre: float | None = None
+    ps_pre: float | None = None
+    pm_pre: float | None = None
+    ns_pre: float | None = None
+    nm_pre: float | None = None
+    S_pre: float | None = None
+    es_post: float | None = None
+    em_post: float | None = None
+    ps_post: float | None = None
+    pm_post: float | None = None
+    ns_post: float | None = None
+    nm_post: float | None = None
+    S_post: float | None = None
+    n_neighbourhood: int = 0
+    ss_post: float | None = None
+    n_ss: int = 0
+    stn_post: float | None = None
+    n_stn: int = 0
+    fluency_pre: float | None = None
+    fluency_post: float | None = None
+    kl_drift: float | None = None
+    edit_seconds: float | None = None
+    edit_seconds_median: float | None = None
+
+    def score(self, key: str, stage: str) -> float | None:
+        """``score("es", "post")`` is ``es_post``: scores and S by name, for tables and plots."""
+        return getattr(self, f"{key}_{stage}")
+
+
+def summarize(rows: Sequence[CaseRow]) -> Summary:
     """Means of every score over ``rows`` (cases without a score are skipped) + S, before and after;
     subject specificity ``ss_post`` and shared-token neighbours ``stn_post`` over the related facts."""
-    out: dict[str, Any] = {"n": len(rows)}
+    out = Summary(len(rows))
     for stage in ("pre", "post"):
         for k in SCORES:
-            out[f"{k}_{stage}"] = _mean([r.get(f"{k}_{stage}") for r in rows])
-        out[f"S_{stage}"] = harmonic_score(*[out[f"{k}_{stage}"] for k in ("es", "ps", "ns")])
-    out["n_neighbourhood"] = sum(r.get("ns_post") is not None for r in rows)
+            setattr(out, f"{k}_{stage}", _mean([getattr(r, f"{k}_{stage}") for r in rows]))
+        setattr(out, f"S_{stage}", harmonic_score(*[out.score(k, stage) for k in ("es", "ps", "ns")]))
+    out.n_neighbourhood = sum(r.ns_post is not None for r in rows)
     for k in RELATED:  # pooled over facts, not cases
-        hits = sum(r.get(f"{k}_hits", 0) for r in rows)
-        n = sum(r.get(f"{k}_n", 0) for r in rows)
-        out[f"{k}_post"], out[f"n_{k}"] = (hits / n if n else None), n
+        hits = sum(getattr(r, f"{k}_hits") for r in rows)
+        n = sum(getattr(r, f"{k}_n") for r in rows)
+        setattr(out, f"{k}_post", hits / n if n else None)
+        setattr(out, f"n_{k}", n)
     for k in ("fluency_pre", "fluency_post", "kl_drift", "edit_seconds"):
-        out[k] = _mean([r.get(k) for r in rows])
-    times = [r["edit_seconds"] for r in rows if r.get("edit_seconds") is not None]
-    out["edit_seconds_median"] = statistics.median(times) if times else None
+        setattr(out, k, _mean([getattr(r, k) for r in rows]))
+    times = [r.edit_seconds for r in rows if r.edit_seconds is not None]
+    out.edit_seconds_median = statistics.median(times) if times else None
     return out
 
 
@@ -344,9 +442,6 @@ class CurvePoint:
     stn: float | None = None    # shared-token neighbours of the edits so far
     kl_drift: float = 0.0       # mean KL(unedited ‖ edited) on unrelated prompts
     kl_max: float = 0.0         # max over those prompts
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key, default)
 
 
 @dataclass
@@ -369,8 +464,8 @@ class EditEvaluation(Result):
     method: str
     sequential: bool
     layer: int | list[int] | None
-    rows: list[dict[str, Any]]
-    summary: dict[str, dict[str, Any]]  # {"all": …, "known": …}
+    rows: list[CaseRow]
+    summary: dict[str, Summary]  # {"all": …, "known": …}
     curve: list[CurvePoint] | None = None  # sequential: scores after k edits
     hparams: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
@@ -383,25 +478,25 @@ class EditEvaluation(Result):
         how = ("sequential" if self.sequential else "one at a time") if self.batch_size in (None, 1) and \
             self.method == "rome" else (f"batches of {self.batch_size}" if self.batch_size else "one batch") + \
             (", sequential" if self.sequential else "")
-        lines = [f"{self.method} on {self.summary['all']['n']} requests ({how}), layer {self.layer}; "
-                 f"the unedited model knows {self.summary['known']['n']} of the facts"]
+        lines = [f"{self.method} on {self.summary['all'].n} requests ({how}), layer {self.layer}; "
+                 f"the unedited model knows {self.summary['known'].n} of the facts"]
         head = f"{'subset':8} {'stage':5} " + " ".join(f"{k:>7}" for k in ("ES", "EM", "PS", "PM", "NS", "NM", "S"))
         lines += [head, "-" * len(head)]
         for subset in ("all", "known"):
             s = self.summary[subset]
             for stage in ("pre", "post"):
-                vals = [s.get(f"{k}_{stage}") for k in (*SCORES, "S")]
+                vals = [s.score(k, stage) for k in (*SCORES, "S")]
                 lines.append(f"{subset:8} {stage:5} " + " ".join(
                     f"{100 * v:7.1f}" if v is not None else f"{'–':>7}" for v in vals))
         s = self.summary["all"]
         fmt = lambda x, f: format(x, f) if x is not None else "–"  # noqa: E731
         pc = lambda x: f"{100 * x:.1f}%" if x is not None else "–"  # noqa: E731
-        lines.append(f"subject specificity {pc(s.get('ss_post'))} of {s.get('n_ss', 0)} other facts of the edited "
-                     f"subjects; shared-token neighbours {pc(s.get('stn_post'))} of {s.get('n_stn', 0)} facts")
-        lines.append(f"fluency (n-gram entropy) {fmt(s['fluency_pre'], '.3f')} → {fmt(s['fluency_post'], '.3f')}; "
-                     f"KL drift on unrelated prompts {fmt(s['kl_drift'], '.2e')}; neighbourhood cases "
-                     f"{s['n_neighbourhood']}; edit time {fmt(s['edit_seconds'], '.2f')} s mean, "
-                     f"{fmt(s['edit_seconds_median'], '.2f')} s median; weights restored bit-exactly: "
+        lines.append(f"subject specificity {pc(s.ss_post)} of {s.n_ss} other facts of the edited "
+                     f"subjects; shared-token neighbours {pc(s.stn_post)} of {s.n_stn} facts")
+        lines.append(f"fluency (n-gram entropy) {fmt(s.fluency_pre, '.3f')} → {fmt(s.fluency_post, '.3f')}; "
+                     f"KL drift on unrelated prompts {fmt(s.kl_drift, '.2e')}; neighbourhood cases "
+                     f"{s.n_neighbourhood}; edit time {fmt(s.edit_seconds, '.2f')} s mean, "
+                     f"{fmt(s.edit_seconds_median, '.2f')} s median; weights restored bit-exactly: "
                      f"{self.restored_exactly}")
         if self.curve:
             pct = lambda x: f"{100 * x:.0f}" if x is not None else "–"  # noqa: E731
@@ -454,7 +549,7 @@ def evaluate_edits(model: "HookedGPT2", requests: Sequence[Any] | int, *args: An
     local = evaluate_edits_local(**opts, **hparams) if mine else None
     rows = distributed.gather_in_order(local.rows if local else [], len(cases), group)
     restored = bool(distributed.all_reduce_number(int(local.restored_exactly if local else True), group, "min"))
-    known = [r for r in rows if r["known"]]
+    known = [r for r in rows if r.known]
     return EditEvaluation(opts["method"], False, fixed_layer, rows, {"all": summarize(rows), "known": summarize(known)},
                           None, dict(vars(hp)), time.perf_counter() - t0, restored)
 
@@ -567,13 +662,12 @@ def evaluate_edits_local(
     def unrelated_for(c: CounterfactCase) -> list[int]:
         return [j for j, (r, subj, _) in enumerate(unrel) if r != c.relation and subj != c.request.subject]
 
-    rows: list[dict[str, Any]] = []
+    rows: list[CaseRow] = []
     for c, s, t1, fl in zip(cases, pre, top1.tolist(), fluency_pre):
         known = bool(c.target_true) and t1 == target_ids(model, c.target_true)[0]
-        rows.append({"case_id": c.case_id, "relation": c.relation, "subject": c.request.subject,
-                     "prompt": c.request.text, "target_new": c.request.target, "target_true": c.target_true,
-                     "known": known, **{f"{k}_pre": s.get(k) for k in SCORES},
-                     "p_new_pre": s.get("p_new"), "p_true_pre": s.get("p_true"), "fluency_pre": fl})
+        rows.append(CaseRow(c.case_id, c.relation, c.request.subject, c.request.text, c.request.target, c.target_true,
+                            known, fluency_pre=fl))
+        rows[-1].set_scores("pre", s)
 
     curve: list[CurvePoint] = []
     steps: list[StepDrift] = []
@@ -587,8 +681,8 @@ def evaluate_edits_local(
         edit = make([cases[i].request for i in unit])
         secs = time.perf_counter() - t0
         for i in unit:
-            rows[i]["edit_seconds"] = secs / len(unit)
-            rows[i]["layer"] = edit.layers[0] if len(edit.layers) == 1 else edit.layers
+            rows[i].edit_seconds = secs / len(unit)
+            rows[i].layer = edit.layers[0] if len(edit.layers) == 1 else edit.layers
         before = None if sequential else {l: tensor_digest(model.blocks[l].mlp.W_out) for l in edit.layers}
         edit.apply(model, verify=False)
         n_done += len(unit)
@@ -616,27 +710,27 @@ def evaluate_edits_local(
         restored = weights_fingerprint(model) == base_fp
         if not restored:  # pragma: no cover
             raise RuntimeError("undoing the sequential edits did not restore the weights bit-exactly")
-    known = [r for r in rows if r["known"]]
+    known = [r for r in rows if r.known]
     return EditEvaluation(method, sequential, shown_layer, rows, {"all": summarize(rows), "known": summarize(known)},
                           curve or None, hp_dict, time.perf_counter() - t_start, restored,
                           batch_size if method != "rome" else 1, steps or None)
 
 
-def _score_after(model: "HookedGPT2", cases: Sequence[CounterfactCase], rows: Sequence[dict[str, Any]],
+def _score_after(model: "HookedGPT2", cases: Sequence[CounterfactCase], rows: Sequence[CaseRow],
                  rel: Sequence[list[RelatedPrompt]], unrelated_for: Any, unrel: list, unrel_pre: torch.Tensor,
                  fluency_tokens: int, batch_size: int) -> None:
     """Post-edit scores, related-fact hits, fluency and drift of ``cases`` on the model as it is."""
     scores = case_scores(model, cases, batch_size)
     for row, s in zip(rows, scores):
-        row.update({f"{k}_post": s.get(k) for k in SCORES})
-        row.update(p_new_post=s.get("p_new"), p_true_post=s.get("p_true"))
+        row.set_scores("post", s)
     hits = iter(_top1_hits(model, [p for ps in rel for p in ps], batch_size))
     for row, ps in zip(rows, rel):
         h = [(p.kind, next(hits)) for p in ps]
         for key, kind in (("ss", "subject"), ("stn", "shared")):
             mine = [x for k, x in h if k == kind]
-            row[f"{key}_hits"], row[f"{key}_n"] = sum(mine), len(mine)
-            row[f"{key}_post"] = sum(mine) / len(mine) if mine else None
+            setattr(row, f"{key}_hits", sum(mine))
+            setattr(row, f"{key}_n", len(mine))
+            setattr(row, f"{key}_post", sum(mine) / len(mine) if mine else None)
     gen = [[c.request.text] + c.paraphrases[:2] for c in cases]
     flat = [p for g in gen for p in g]
     texts = [t for s in range(0, len(flat), batch_size)
@@ -644,17 +738,17 @@ def _score_after(model: "HookedGPT2", cases: Sequence[CounterfactCase], rows: Se
     post_u = _next_logprobs(model, [p for *_, p in unrel])
     i = 0
     for c, row, g in zip(cases, rows, gen):
-        row["fluency_post"] = n_gram_entropy(texts[i : i + len(g)])
+        row.fluency_post = n_gram_entropy(texts[i : i + len(g)])
         i += len(g)
         idx = unrelated_for(c)
         if idx:
-            row["kl_drift"] = _kl(unrel_pre[idx], post_u[idx])
+            row.kl_drift = _kl(unrel_pre[idx], post_u[idx])
 
 
 def _curve_point(model: "HookedGPT2", cases: Sequence[CounterfactCase], rel: Sequence[list[RelatedPrompt]],
                  unrel_pre: torch.Tensor, unrel: list, batch_size: int) -> CurvePoint:
     s = case_scores(model, cases, batch_size)
-    vals = {k: _mean([r.get(k) for r in s]) for k in SCORES}
+    vals = {k: _mean([getattr(r, k) for r in s]) for k in SCORES}
     flat = [p for ps in rel for p in ps]
     hits = _top1_hits(model, flat, batch_size)
     rel_scores = {}
@@ -667,7 +761,7 @@ def _curve_point(model: "HookedGPT2", cases: Sequence[CounterfactCase], rel: Seq
                       kl_drift=float(kl_rows.mean()), kl_max=float(kl_rows.max()))
 
 
-__all__ = ["CounterfactCase", "counterfact_requests", "evaluate_edits", "evaluate_edits_local", "EditEvaluation", "case_scores",
+__all__ = ["CounterfactCase", "CaseScores", "CaseRow", "Summary", "counterfact_requests", "evaluate_edits", "evaluate_edits_local", "EditEvaluation", "case_scores",
            "CurvePoint", "StepDrift", "RelatedPrompt", "related_prompts", "METHODS",
            "target_logprobs", "n_gram_entropy", "greedy_continuations", "summarize",
            "unrelated_prompts"]

@@ -33,9 +33,9 @@ def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None) -> Figu
         x = np.arange(len(keys))
         w = 0.8 / len(groups)
         for j, (subset, stage) in enumerate(groups):
-            vals = [_val(ev.summary[subset].get(f"{k}_{stage}")) for k in keys]
+            vals = [_val(ev.summary[subset].score(k, stage)) for k in keys]
             name = f"{subset} {stage}"
-            bars = ax.bar(x + (j - 1.5) * w, vals, w, label=f"{name} (n={ev.summary[subset]['n']})", color=colours[name])
+            bars = ax.bar(x + (j - 1.5) * w, vals, w, label=f"{name} (n={ev.summary[subset].n})", color=colours[name])
             if stage == "post":  # the numbers people look for
                 ax.bar_label(bars, fmt="%.1f", fontsize=6, padding=1)
         ax.set_xticks(x, [k.upper() if k != "S" else "S" for k in keys])
@@ -50,7 +50,7 @@ def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None) -> Figu
         ax = axes[2]
         ks = [c.n_edits for c in ev.curve]
         for key, col in (("es", "C0"), ("ps", "C1"), ("ns", "C2"), ("S", "k")):
-            ax.plot(ks, [_val(c.get(key)) for c in ev.curve], "o-", color=col, label=key.upper() if key != "S" else "S")
+            ax.plot(ks, [_val(getattr(c, key)) for c in ev.curve], "o-", color=col, label=key.upper() if key != "S" else "S")
         ax.set_xscale("log")
         ax.set_xlabel("number of edits applied (sequential)")
         ax.set_ylabel("score over the edits so far (%)")
@@ -59,13 +59,13 @@ def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None) -> Figu
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     how = "sequential" if ev.sequential else ("one at a time" if ev.method == "rome" else "one batch")
-    fig.suptitle(title or f"{ev.method.upper()} at layer {ev.layer}: {ev.summary['all']['n']} requests ({how})")
+    fig.suptitle(title or f"{ev.method.upper()} at layer {ev.layer}: {ev.summary['all'].n} requests ({how})")
     s = ev.summary["all"]
     fmt = lambda x, f: format(x, f) if x is not None else "–"  # noqa: E731
-    fig.text(0.5, 0.005, f"fluency (n-gram entropy) {fmt(s.get('fluency_pre'), '.3f')} → {fmt(s.get('fluency_post'), '.3f')}"
-             f" · KL drift on unrelated prompts {fmt(s.get('kl_drift'), '.2e')} · neighbourhood cases "
-             f"{s.get('n_neighbourhood', '–')} · edit time {fmt(s.get('edit_seconds'), '.2f')} s mean, "
-             f"{fmt(s.get('edit_seconds_median'), '.2f')} s median · weights restored bit-exactly: {ev.restored_exactly}",
+    fig.text(0.5, 0.005, f"fluency (n-gram entropy) {fmt(s.fluency_pre, '.3f')} → {fmt(s.fluency_post, '.3f')}"
+             f" · KL drift on unrelated prompts {fmt(s.kl_drift, '.2e')} · neighbourhood cases "
+             f"{s.n_neighbourhood} · edit time {fmt(s.edit_seconds, '.2f')} s mean, "
+             f"{fmt(s.edit_seconds_median, '.2f')} s median · weights restored bit-exactly: {ev.restored_exactly}",
              ha="center", va="bottom", fontsize=7.5)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig
