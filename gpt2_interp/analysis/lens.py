@@ -24,7 +24,7 @@ from ..core.finite import nonfinite_summary
 from ..core.progress import progress_bar
 from ..core.result import Result
 from ..model.hooks import hook_name
-from .tokens import prompt_position, target_id
+from .tokens import prompt_position
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -91,8 +91,8 @@ def _target_list(model: "HookedGPT2", targets: Target | Sequence[Target] | None,
     if targets is None:
         return None
     if isinstance(targets, (str, int)):
-        return [target_id(model, targets)] * batch
-    ids = [target_id(model, t) for t in targets]
+        return [model.to_single_token(targets)] * batch
+    ids = [model.to_single_token(t) for t in targets]
     if len(ids) != batch:
         raise ValueError(f"got {len(ids)} targets for {batch} prompts; give one target, or one per prompt")
     return ids
@@ -330,9 +330,9 @@ class AttributionResult(Result):
 
 def logit_direction(model: "HookedGPT2", target: Target, baseline: Target | None = None) -> torch.Tensor:
     """``w ⊙ (W_U[:, t] - W_U[:, b])`` ``[d_model]``: what a centred, scaled residual is dotted with."""
-    u = model.W_U[:, target_id(model, target)]
+    u = model.W_U[:, model.to_single_token(target)]
     if baseline is not None:
-        u = u - model.W_U[:, target_id(model, baseline)]
+        u = u - model.W_U[:, model.to_single_token(baseline)]
     return model.ln_final.w * u
 
 
@@ -386,17 +386,17 @@ def logit_attribution(
         W_O = torch.stack([b.attn.W_O.float() for b in model.blocks])  # [n_layer, n_head, d_head, d_model]
         heads = einsum(z, W_O, "l h dh, l h dh d -> l h d")
         head_parts = direct_effect(heads, direction, scale, centre)  # [n_layer, n_head]
-    tid = target_id(model, target)
+    tid = model.to_single_token(target)
     ln_b = zeros if model.ln_final.b is None else model.ln_final.b.float()  # RMSNorm: no bias term
     ln_bias = ln_b @ model.W_U[:, tid].float()
     logit = logits[0, pos, tid].float()
     if baseline is not None:
-        bid = target_id(model, baseline)
+        bid = model.to_single_token(baseline)
         ln_bias = ln_bias - ln_b @ model.W_U[:, bid].float()
         logit = logit - logits[0, pos, bid].float()
     return AttributionResult(
         prompt=prompt, str_tokens=model.to_str_tokens(tokens[0]), position=pos,
-        target=model.tokenizer.token_str(tid), baseline=None if baseline is None else model.tokenizer.token_str(target_id(model, baseline)),
+        target=model.tokenizer.token_str(tid), baseline=None if baseline is None else model.tokenizer.token_str(model.to_single_token(baseline)),
         labels=labels, parts=parts.cpu(), head_parts=None if head_parts is None else head_parts.cpu(),
         b_O_parts=b_O_parts.cpu(), ln_bias=float(ln_bias), logit=float(logit), scale=float(scale),
     )

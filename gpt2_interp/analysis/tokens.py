@@ -12,11 +12,6 @@ if TYPE_CHECKING:
     from ..model import HookedGPT2
 
 
-def target_id(model: "HookedGPT2", target: str | int) -> int:
-    """A single-token target's id (see ``model.to_single_token``); a multi-token string raises."""
-    return model.to_single_token(target)
-
-
 def target_ids(model: "HookedGPT2", target: str) -> list[int]:
     """Token ids of a (possibly multi-token) target string; a non-string or empty target raises."""
     if not isinstance(target, str):

@@ -32,7 +32,7 @@ from ..core import distributed
 from ..core.progress import progress_bar
 from .engine import Patch, base_kv_from, entry_name, kv_names, run_staircase
 from ..core.result import Result
-from .tokens import subject_span, target_id, target_ids
+from .tokens import subject_span, target_ids
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
@@ -226,7 +226,7 @@ def _trace_batch(
     clean_logp = model.unembed(model.ln_final(clean_final[:, -1])).float().log_softmax(-1)  # [F, d_vocab]
     # no host syncs here (the GPU check counts them): index tensors are built on the CPU and sent
     # non_blocking; the results come back in one transfer at the end
-    given = torch.tensor([-1 if c.target is None else target_id(model, c.target) for c in cases]).to(dev, non_blocking=True)
+    given = torch.tensor([-1 if c.target is None else model.to_single_token(c.target) for c in cases]).to(dev, non_blocking=True)
     targets = torch.where(given >= 0, given, clean_logp.argmax(-1))  # default: the clean top-1
     clean_score = clean_logp.gather(-1, targets[:, None])[:, 0].exp()
 

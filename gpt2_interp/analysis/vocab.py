@@ -26,7 +26,7 @@ from ..core.progress import progress_bar
 from ..core.result import Result
 from ..model.hooks import hook_name
 from .lens import direct_effect, logit_direction
-from .tokens import prompt_position, target_id
+from .tokens import prompt_position
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -210,7 +210,7 @@ def _token_ids(model: "HookedGPT2", token_or_tokens: Token | Sequence[Token]) ->
     items = [token_or_tokens] if isinstance(token_or_tokens, (str, int)) else list(token_or_tokens)
     if not items:
         raise ValueError("no tokens given: pass a token such as ' Paris' or a list of tokens")
-    return [target_id(model, t) for t in items]
+    return [model.to_single_token(t) for t in items]
 
 
 def _layers(model: "HookedGPT2", layers: int | Sequence[int] | None) -> list[int]:
@@ -336,5 +336,5 @@ def top_subupdates(
     return SubupdateResult(
         prompt=prompt, position=pos, token=model.tokenizer.token_str(int(tokens[0, pos])), layers=[ls[i] for i in li], neurons=ni,
         activations=acts.float().cpu(), norms=top.values.float().cpu(), top_tokens=_strs(model, tids), top_scores=ts,
-        target=None if target is None else model.tokenizer.token_str(target_id(model, target)), target_effects=effects,
+        target=None if target is None else model.tokenizer.token_str(model.to_single_token(target)), target_effects=effects,
     )
