@@ -258,7 +258,7 @@ def render(report: dict, out: Path) -> None:
         metrics = {"ES": "es", "PS": "ps", "NS": "ns", "subject specificity": "ss"}
         fig = plot_decay({names[k]: [c["n_edits"] for c in ev["curve"]] for k, ev in seq.items()},
                          {m: {names[k]: [c[a] for c in ev["curve"]] for k, ev in seq.items()} for m, a in metrics.items()},
-                         reference={"NS": next(iter(seq.values()))["summary"]["all"]["ns_pre"]},
+                         reference={"NS": next(iter(seq.values()))["summary"]["all"]["pre"]["ns"]},
                          title=f"{report['model']}: sequential editing, batches of {report['batch_size']}"
                                + (" (ROME: one at a time)" if "rome_sequential" in seq else ""))
         fig.savefig(out / "mass_editing_decay.png", dpi=120)
@@ -292,8 +292,8 @@ def _markdown(report: dict) -> str:
         s = ev["summary"]["all"]
         fl = f"{s['fluency_pre']:.3f} → {s['fluency_post']:.3f}" if s.get("fluency_post") is not None else "–"
         kl = f"{s['kl_drift']:.3g}" if s.get("kl_drift") is not None else "–"
-        lines.append(f"| {name} | {s['n']} | {pc(s['es_post'])} | {pc(s['ps_post'])} | {pc(s['ns_post'])} "
-                     f"({pc(s['ns_pre'])}) | {pc(s.get('ss_post'))} | {pc(s.get('stn_post'))} | {fl} | {kl} | "
+        lines.append(f"| {name} | {s['n']} | {pc(s['post']['es'])} | {pc(s['post']['ps'])} | {pc(s['post']['ns'])} "
+                     f"({pc(s['pre']['ns'])}) | {pc(s.get('ss'))} | {pc(s.get('stn'))} | {fl} | {kl} | "
                      f"{ev['seconds']:.0f} |")
     lines.append("")
     for name, ev in evals.items():

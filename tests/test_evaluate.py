@@ -12,7 +12,7 @@ import torch
 
 from gpt2_interp.editing.edit import weights_fingerprint
 from gpt2_interp.editing.evaluate import (
-    CaseRow, EditEvaluation, counterfact_requests, evaluate_edits, greedy_continuations, n_gram_entropy, summarize,
+    CaseRow, CaseScores, EditEvaluation, counterfact_requests, evaluate_edits, greedy_continuations, n_gram_entropy, summarize,
     target_logprobs,
 )
 from gpt2_interp.editing.stats import key_second_moment
@@ -45,14 +45,15 @@ def test_n_gram_entropy_by_hand():
 
 def test_summarize_scores_and_harmonic_mean():
     base = dict(relation="capital", subject="s", prompt="p", target_new=" a", target_true=" b", known=True)
-    rows = [CaseRow(0, **base, es_post=1.0, ps_post=0.5, ns_post=1.0, em_post=0.4, ss_hits=2, ss_n=3),
-            CaseRow(1, **base, es_post=1.0, ps_post=1.0, ns_post=None, em_post=0.2, ss_hits=1, ss_n=1)]
+    rows = [CaseRow(0, **base, post=CaseScores(es=1.0, ps=0.5, ns=1.0, em=0.4), ss_hits=2, ss_n=3),
+            CaseRow(1, **base, post=CaseScores(es=1.0, ps=1.0, ns=None, em=0.2), ss_hits=1, ss_n=1)]
     s = summarize(rows)
-    assert s.es_post == 1.0 and s.ps_post == 0.75 and s.ns_post == 1.0 and s.em_post == pytest.approx(0.3)
-    assert s.S_post == pytest.approx(3 / (1 / 1.0 + 1 / 0.75 + 1 / 1.0)) and s.score("S", "post") == s.S_post
+    assert s.post.es == 1.0 and s.post.ps == 0.75 and s.post.ns == 1.0 and s.post.em == pytest.approx(0.3)
+    assert s.post.S == pytest.approx(3 / (1 / 1.0 + 1 / 0.75 + 1 / 1.0))
     assert s.n_neighbourhood == 1 and s.n == 2
-    assert s.ss_post == pytest.approx(3 / 4) and s.n_ss == 4  # pooled over facts: 3 of 4, not the mean of 2/3 and 1
-    assert s.es_pre is None and s.S_pre is None
+    assert rows[0].ss == pytest.approx(2 / 3) and rows[1].ss == 1.0
+    assert s.ss == pytest.approx(3 / 4) and s.n_ss == 4  # pooled over facts: 3 of 4, not the mean of 2/3 and 1
+    assert s.pre.es is None and s.pre.S is None and s.stn is None
 
 
 def test_counterfact_requests_are_well_formed():
@@ -120,12 +121,12 @@ def test_evaluate_loop_on_tiny(tiny, tmp_path):
               prefix_lengths=(3,), prefixes_per_length=2)
     ev = evaluate_edits(tiny, reqs, **kw)
     assert isinstance(ev, EditEvaluation) and ev.restored_exactly and weights_fingerprint(tiny) == fp
-    assert len(ev.rows) == 2 and ev.rows[1].ps_post is None and ev.rows[0].ns_post is not None
+    assert len(ev.rows) == 2 and ev.rows[1].post.ps is None and ev.rows[0].post.ns is not None
     assert ev.summary["all"].n == 2 and ev.summary["all"].n_neighbourhood == 1
     for r in ev.rows:
-        assert r.es_post in (0.0, 1.0) and r.kl_drift >= 0 and r.edit_seconds > 0
+        assert r.post.es in (0.0, 1.0) and r.kl_drift >= 0 and r.edit_seconds > 0
         # the row's magnitude is its own probabilities' difference
-        assert r.em_post == pytest.approx(r.p_new_post - r.p_true_post)
+        assert r.post.em == pytest.approx(r.post.p_new - r.post.p_true)
     assert "ES" in ev.table()
     json.loads(ev.to_json())
     seq = evaluate_edits(tiny, reqs, sequential=True, checkpoints=(1,), **kw)
@@ -155,7 +156,7 @@ def test_memit_and_alphaedit_evaluation_loops_on_tiny(tiny, tmp_path):
     batch = evaluate_edits(tiny, reqs, method="memit", **kw)
     assert batch.restored_exactly and weights_fingerprint(tiny) == fp and batch.curve is None
     assert len({r.edit_seconds for r in batch.rows}) == 1  # one edit for both
-    assert all(r.es_post in (0.0, 1.0) for r in batch.rows) and "one batch" in batch.table()
+    assert all(r.post.es in (0.0, 1.0) for r in batch.rows) and "one batch" in batch.table()
     seq = evaluate_edits(tiny, reqs, method="alphaedit", sequential=True, batch_size=1, **kw)
     assert weights_fingerprint(tiny) == fp and [c.n_edits for c in seq.curve] == [1, 2]
     assert [d.step for d in seq.steps] == [1, 2] and "drift per step" in seq.table()
@@ -167,9 +168,9 @@ def test_rome_counterfact_on_the_fact_model(facts_model):
     ev = evaluate_edits(facts_model, counterfact_requests(n=8, seed=11), progress=False, fluency_tokens=10)
     s = ev.summary["all"]
     assert ev.restored_exactly
-    assert s.es_pre < 0.2 and s.es_post >= 0.85  # the edits take …
-    assert s.ns_post >= 0.7  # … and mostly stay put
-    assert s.em_post > s.em_pre + 0.5
+    assert s.pre.es < 0.2 and s.post.es >= 0.85  # the edits take …
+    assert s.post.ns >= 0.7  # … and mostly stay put
+    assert s.post.em > s.pre.em + 0.5
 
 
 @pytest.mark.slow

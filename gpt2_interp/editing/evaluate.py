@@ -158,20 +158,28 @@ def _case_pairs(case: CounterfactCase) -> list[tuple[str, str, str]]:
     return rows
 
 
-@dataclass
-class CaseScores:
-    """One case's scores on the model as it is: P(new) and P(true) on the rewrite prompt, and the
-    efficacy / paraphrase / neighbourhood score (``es``/``ps``/``ns``) and magnitude (``em``/``pm``/``nm``)
-    — None where the case has no such prompts (or no true object)."""
+SCORES = ("es", "em", "ps", "pm", "ns", "nm")
 
-    p_new: float
-    p_true: float | None = None
+
+@dataclass
+class Scores:
+    """CounterFact's efficacy / paraphrase / neighbourhood scores (``es``/``ps``/``ns``) and
+    magnitudes (``em``/``pm``/``nm``); None where there are no such prompts."""
+
     es: float | None = None
     em: float | None = None
     ps: float | None = None
     pm: float | None = None
     ns: float | None = None
     nm: float | None = None
+
+
+@dataclass
+class CaseScores(Scores):
+    """One case's :class:`Scores` on the model as it is, and P(new) / P(true) on its rewrite prompt."""
+
+    p_new: float | None = None
+    p_true: float | None = None
 
 
 def case_scores(model: "HookedGPT2", cases: Sequence[CounterfactCase], batch_size: int = 64) -> list[CaseScores]:
@@ -302,10 +310,6 @@ def _top1_hits(model: "HookedGPT2", prompts: Sequence[RelatedPrompt], batch_size
 
 
 # ---------------------------------------------------------------- the result
-SCORES = ("es", "em", "ps", "pm", "ns", "nm")
-RELATED = ("ss", "stn")  # subject specificity, shared-token neighbours (post only; pre is 1 by construction)
-
-
 def _mean(xs: Sequence[Any]) -> float | None:
     xs = [x for x in xs if x is not None]
     return sum(xs) / len(xs) if xs else None
@@ -322,10 +326,10 @@ def harmonic_score(*scores: float | None) -> float | None:
 
 @dataclass
 class CaseRow:
-    """One evaluated case: what was asked, whether the unedited model knew it, its scores before
-    (``*_pre``) and after (``*_post``) the edit (see :class:`CaseScores` for ``es``…``nm``), the
-    related facts kept (subject specificity ``ss_*``, shared-token neighbours ``stn_*``: hits of
-    n), fluency, drift on unrelated prompts, and the edit's time and layer(s)."""
+    """One evaluated case: what was asked, whether the unedited model knew it, its scores before and
+    after the edit, the other facts it kept (subject specificity ``ss`` over ``ss_n`` facts of the
+    edited subject's other relations; shared-token neighbours ``stn`` over ``stn_n`` facts of subjects
+    ending in the same token), fluency, drift on unrelated prompts, and the edit's time and layer(s)."""
 
     case_id: int
     relation: str
@@ -334,65 +338,56 @@ class CaseRow:
     target_new: str
     target_true: str
     known: bool
-    es_pre: float | None = None
-    em_pre: float | None = None
-    ps_pre: float | None = None
-    pm_pre: float | None = None
-    ns_pre: float | None = None
-    nm_pre: float | None = None
-    p_new_pre: float | None = None
-    p_true_pre: float | None = None
+    pre: CaseScores = field(default_factory=CaseScores)
+    post: CaseScores | None = None
     fluency_pre: float | None = None
-    es_post: float | None = None
-    em_post: float | None = None
-    ps_post: float | None = None
-    pm_post: float | None = None
-    ns_post: float | None = None
-    nm_post: float | None = None
-    p_new_post: float | None = None
-    p_true_post: float | None = None
     fluency_post: float | None = None
     ss_hits: int = 0
     ss_n: int = 0
-    ss_post: float | None = None
     stn_hits: int = 0
     stn_n: int = 0
-    stn_post: float | None = None
     kl_drift: float | None = None
     edit_seconds: float | None = None
     layer: int | list[int] | None = None
 
-    def set_scores(self, stage: str, s: CaseScores) -> None:
-        """Record ``s`` as the scores before (``stage="pre"``) or after (``"post"``) the edit."""
-        for k in (*SCORES, "p_new", "p_true"):
-            setattr(self, f"{k}_{stage}", getattr(s, k))
+    @property
+    def ss(self) -> float | None:
+        return self.ss_hits / self.ss_n if self.ss_n else None
+
+    @property
+    def stn(self) -> float | None:
+        return self.stn_hits / self.stn_n if self.stn_n else None
+
+
+@dataclass
+class MeanScores(Scores):
+    """Means of :class:`Scores` over cases (those without a score skipped) and CounterFact's ``S``
+    (their harmonic mean)."""
+
+    S: float | None = None
+
+    @classmethod
+    def over(cls, scores: Sequence[Scores | None]) -> "MeanScores":
+        got = [s for s in scores if s is not None]
+        out = cls(**{k: _mean([getattr(s, k) for s in got]) for k in SCORES})
+        out.S = harmonic_score(out.es, out.ps, out.ns)
+        return out
 
 
 @dataclass
 class Summary:
-    """Means over a set of :class:`CaseRow` (cases without a score skipped) and CounterFact's S,
-    before and after; subject specificity ``ss_post`` and shared-token neighbours ``stn_post``
-    pooled over the related facts (``n_ss``/``n_stn`` of them)."""
+    """A set of :class:`CaseRow` summarised: mean scores before and after the edits; subject
+    specificity ``ss`` and shared-token neighbours ``stn`` pooled over the related facts (``n_ss``,
+    ``n_stn`` of them; after the edits — before, they are 1 by construction); mean fluency, drift and
+    edit time."""
 
     n: int
-    es_pre: float | None = None
-    em_pre: float | None = None
-    ps_pre: float | None = None
-    pm_pre: float | None = None
-    ns_pre: float | None = None
-    nm_pre: float | None = None
-    S_pre: float | None = None
-    es_post: float | None = None
-    em_post: float | None = None
-    ps_post: float | None = None
-    pm_post: float | None = None
-    ns_post: float | None = None
-    nm_post: float | None = None
-    S_post: float | None = None
+    pre: MeanScores
+    post: MeanScores
     n_neighbourhood: int = 0
-    ss_post: float | None = None
+    ss: float | None = None
     n_ss: int = 0
-    stn_post: float | None = None
+    stn: float | None = None
     n_stn: int = 0
     fluency_pre: float | None = None
     fluency_post: float | None = None
@@ -400,46 +395,30 @@ class Summary:
     edit_seconds: float | None = None
     edit_seconds_median: float | None = None
 
-    def score(self, key: str, stage: str) -> float | None:
-        """``score("es", "post")`` is ``es_post``: scores and S by name, for tables and plots."""
-        return getattr(self, f"{key}_{stage}")
-
 
 def summarize(rows: Sequence[CaseRow]) -> Summary:
     """Means of every score over ``rows`` (cases without a score are skipped) + S, before and after;
-    subject specificity ``ss_post`` and shared-token neighbours ``stn_post`` over the related facts."""
-    out = Summary(len(rows))
-    for stage in ("pre", "post"):
-        for k in SCORES:
-            setattr(out, f"{k}_{stage}", _mean([getattr(r, f"{k}_{stage}") for r in rows]))
-        setattr(out, f"S_{stage}", harmonic_score(*[out.score(k, stage) for k in ("es", "ps", "ns")]))
-    out.n_neighbourhood = sum(r.ns_post is not None for r in rows)
-    for k in RELATED:  # pooled over facts, not cases
-        hits = sum(getattr(r, f"{k}_hits") for r in rows)
-        n = sum(getattr(r, f"{k}_n") for r in rows)
-        setattr(out, f"{k}_post", hits / n if n else None)
-        setattr(out, f"n_{k}", n)
-    for k in ("fluency_pre", "fluency_post", "kl_drift", "edit_seconds"):
-        setattr(out, k, _mean([getattr(r, k) for r in rows]))
+    subject specificity and shared-token neighbours pooled over the related facts."""
+    n_ss, n_stn = sum(r.ss_n for r in rows), sum(r.stn_n for r in rows)
     times = [r.edit_seconds for r in rows if r.edit_seconds is not None]
-    out.edit_seconds_median = statistics.median(times) if times else None
-    return out
+    return Summary(
+        len(rows), MeanScores.over([r.pre for r in rows]), MeanScores.over([r.post for r in rows]),
+        n_neighbourhood=sum(r.post is not None and r.post.ns is not None for r in rows),
+        ss=sum(r.ss_hits for r in rows) / n_ss if n_ss else None, n_ss=n_ss,
+        stn=sum(r.stn_hits for r in rows) / n_stn if n_stn else None, n_stn=n_stn,
+        fluency_pre=_mean([r.fluency_pre for r in rows]), fluency_post=_mean([r.fluency_post for r in rows]),
+        kl_drift=_mean([r.kl_drift for r in rows]), edit_seconds=_mean(times),
+        edit_seconds_median=statistics.median(times) if times else None)
 
 
 @dataclass
-class CurvePoint:
-    """Scores of the edits made so far, after ``n_edits`` of them (sequential editing)."""
+class CurvePoint(MeanScores):
+    """Scores of the edits made so far, after ``n_edits`` of them (sequential editing), their subject
+    specificity ``ss`` and shared-token neighbours ``stn``, and the drift on unrelated prompts."""
 
-    n_edits: int
-    es: float | None = None
-    em: float | None = None
-    ps: float | None = None
-    pm: float | None = None
-    ns: float | None = None
-    nm: float | None = None
-    S: float | None = None
-    ss: float | None = None     # subject specificity of the edits so far
-    stn: float | None = None    # shared-token neighbours of the edits so far
+    n_edits: int = 0
+    ss: float | None = None
+    stn: float | None = None
     kl_drift: float = 0.0       # mean KL(unedited ‖ edited) on unrelated prompts
     kl_max: float = 0.0         # max over those prompts
 
@@ -485,14 +464,14 @@ class EditEvaluation(Result):
         for subset in ("all", "known"):
             s = self.summary[subset]
             for stage in ("pre", "post"):
-                vals = [s.score(k, stage) for k in (*SCORES, "S")]
+                vals = [getattr(getattr(s, stage), k) for k in (*SCORES, "S")]
                 lines.append(f"{subset:8} {stage:5} " + " ".join(
                     f"{100 * v:7.1f}" if v is not None else f"{'–':>7}" for v in vals))
         s = self.summary["all"]
         fmt = lambda x, f: format(x, f) if x is not None else "–"  # noqa: E731
         pc = lambda x: f"{100 * x:.1f}%" if x is not None else "–"  # noqa: E731
-        lines.append(f"subject specificity {pc(s.ss_post)} of {s.n_ss} other facts of the edited "
-                     f"subjects; shared-token neighbours {pc(s.stn_post)} of {s.n_stn} facts")
+        lines.append(f"subject specificity {pc(s.ss)} of {s.n_ss} other facts of the edited "
+                     f"subjects; shared-token neighbours {pc(s.stn)} of {s.n_stn} facts")
         lines.append(f"fluency (n-gram entropy) {fmt(s.fluency_pre, '.3f')} → {fmt(s.fluency_post, '.3f')}; "
                      f"KL drift on unrelated prompts {fmt(s.kl_drift, '.2e')}; neighbourhood cases "
                      f"{s.n_neighbourhood}; edit time {fmt(s.edit_seconds, '.2f')} s mean, "
@@ -666,8 +645,7 @@ def evaluate_edits_local(
     for c, s, t1, fl in zip(cases, pre, top1.tolist(), fluency_pre):
         known = bool(c.target_true) and t1 == target_ids(model, c.target_true)[0]
         rows.append(CaseRow(c.case_id, c.relation, c.request.subject, c.request.text, c.request.target, c.target_true,
-                            known, fluency_pre=fl))
-        rows[-1].set_scores("pre", s)
+                            known, pre=s, fluency_pre=fl))
 
     curve: list[CurvePoint] = []
     steps: list[StepDrift] = []
@@ -722,7 +700,7 @@ def _score_after(model: "HookedGPT2", cases: Sequence[CounterfactCase], rows: Se
     """Post-edit scores, related-fact hits, fluency and drift of ``cases`` on the model as it is."""
     scores = case_scores(model, cases, batch_size)
     for row, s in zip(rows, scores):
-        row.set_scores("post", s)
+        row.post = s
     hits = iter(_top1_hits(model, [p for ps in rel for p in ps], batch_size))
     for row, ps in zip(rows, rel):
         h = [(p.kind, next(hits)) for p in ps]
@@ -730,7 +708,6 @@ def _score_after(model: "HookedGPT2", cases: Sequence[CounterfactCase], rows: Se
             mine = [x for k, x in h if k == kind]
             setattr(row, f"{key}_hits", sum(mine))
             setattr(row, f"{key}_n", len(mine))
-            setattr(row, f"{key}_post", sum(mine) / len(mine) if mine else None)
     gen = [[c.request.text] + c.paraphrases[:2] for c in cases]
     flat = [p for g in gen for p in g]
     texts = [t for s in range(0, len(flat), batch_size)
@@ -748,7 +725,6 @@ def _score_after(model: "HookedGPT2", cases: Sequence[CounterfactCase], rows: Se
 def _curve_point(model: "HookedGPT2", cases: Sequence[CounterfactCase], rel: Sequence[list[RelatedPrompt]],
                  unrel_pre: torch.Tensor, unrel: list, batch_size: int) -> CurvePoint:
     s = case_scores(model, cases, batch_size)
-    vals = {k: _mean([getattr(r, k) for r in s]) for k in SCORES}
     flat = [p for ps in rel for p in ps]
     hits = _top1_hits(model, flat, batch_size)
     rel_scores = {}
@@ -757,11 +733,11 @@ def _curve_point(model: "HookedGPT2", cases: Sequence[CounterfactCase], rel: Seq
         rel_scores[key] = sum(mine) / len(mine) if mine else None
     post = _next_logprobs(model, [p for *_, p in unrel])
     kl_rows = (unrel_pre.exp() * (unrel_pre - post)).sum(-1)
-    return CurvePoint(len(cases), **vals, S=harmonic_score(*[vals["es"], vals["ps"], vals["ns"]]), **rel_scores,
-                      kl_drift=float(kl_rows.mean()), kl_max=float(kl_rows.max()))
+    return CurvePoint(**vars(MeanScores.over(s)), n_edits=len(cases), **rel_scores, kl_drift=float(kl_rows.mean()),
+                      kl_max=float(kl_rows.max()))
 
 
-__all__ = ["CounterfactCase", "CaseScores", "CaseRow", "Summary", "counterfact_requests", "evaluate_edits", "evaluate_edits_local", "EditEvaluation", "case_scores",
+__all__ = ["CounterfactCase", "Scores", "CaseScores", "MeanScores", "CaseRow", "Summary", "counterfact_requests", "evaluate_edits", "evaluate_edits_local", "EditEvaluation", "case_scores",
            "CurvePoint", "StepDrift", "RelatedPrompt", "related_prompts", "METHODS",
            "target_logprobs", "n_gram_entropy", "greedy_continuations", "summarize",
            "unrelated_prompts"]

@@ -11,6 +11,8 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from .figure import finish
+
 
 def _scatter(ax: Axes, estimate: np.ndarray, exact: np.ndarray, highlight: Sequence[bool] | None = None,
              labels: Sequence[str] | None = None, n_labels: int = 5) -> None:
@@ -70,7 +72,4 @@ def plot_agreement_grid(panels: Sequence[Sequence[tuple[np.ndarray, np.ndarray, 
             ax = fig.add_subplot(rows, cols, i * cols + j + 1)
             _scatter(ax, est, ex)
             ax.set_title(f"{row_labels[i]} · {col_labels[j]}\n{caption}", fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return finish(fig, title)

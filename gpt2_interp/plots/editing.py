@@ -33,7 +33,7 @@ def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None) -> Figu
         x = np.arange(len(keys))
         w = 0.8 / len(groups)
         for j, (subset, stage) in enumerate(groups):
-            vals = [_val(ev.summary[subset].score(k, stage)) for k in keys]
+            vals = [_val(getattr(getattr(ev.summary[subset], stage), k)) for k in keys]
             name = f"{subset} {stage}"
             bars = ax.bar(x + (j - 1.5) * w, vals, w, label=f"{name} (n={ev.summary[subset].n})", color=colours[name])
             if stage == "post":  # the numbers people look for

@@ -14,6 +14,8 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from .figure import finish, style_line_axes
+
 if TYPE_CHECKING:
     from ..analysis.lens import AttributionResult, LensResult
     from ..analysis.vocab import NeuronSearch, SubupdateResult, VocabProjection
@@ -201,9 +203,5 @@ def plot_lens_divergence(
     for ax in (ax1, ax2):
         ax.set_xticks(x, labels)
         ax.set_xlabel("layer boundary")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    style_line_axes((ax1, ax2))
+    return finish(fig, title)

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from matplotlib.figure import Figure
 
+from .figure import finish, style_line_axes
+
 if TYPE_CHECKING:
     from ..analysis.probes import ProbeResult
 
@@ -59,8 +61,7 @@ def plot_probe_summary(
     ax.set_ylabel("selectivity (task − control)")
     ax.set_title("where each attribute is linearly decodable", fontsize=9)
     ax.axhline(0, color="grey", lw=0.8)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
+    style_line_axes([ax], 7)
     if trace:
         ax2 = fig.add_subplot(1, n, 2)
         xt = np.arange(len(trace_layers or next(iter(trace.values()))))
@@ -70,10 +71,6 @@ def plot_probe_summary(
         ax2.set_xlabel("layer (centre of the restored window)")
         ax2.set_ylabel("average indirect effect")
         ax2.set_title("averaged causal trace (indirect effects)", fontsize=9)
-        ax2.legend(fontsize=7)
-        ax2.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+        style_line_axes([ax2], 7)
+    return finish(fig, title)
 
