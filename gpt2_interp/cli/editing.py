@@ -95,7 +95,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_output_args(p)
     p.set_defaults(func=verify_cmd)
 
-    p = sub.add_parser("evaluate-edits", help="CounterFact-style evaluation of ROME on the embedded fact base")
+    p = sub.add_parser("evaluate-edits", help="CounterFact-style evaluation of edits (ROME, MEMIT, AlphaEdit) on the embedded fact base")
     add_model_args(p)
     p.add_argument("--n", type=count(1), default=200, help="number of counterfactual requests")
     p.add_argument("--seed", type=int, default=0)
