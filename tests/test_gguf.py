@@ -222,9 +222,9 @@ def test_smollm2_logits_and_tokens_match_transformers_gguf_loader():
 def test_smollm2_knows_a_fact_and_batches_like_single_prompts(smollm2):
     prompts = ["The capital of France is", "The Eiffel Tower is located in the city of"]
     assert smollm2.to_single_token(" Paris") in smollm2.last_logits(prompts[0]).topk(1).indices[0].tolist()
-    batch = smollm2.generate(prompts, max_new_tokens=6)
-    single = [smollm2.generate(p, max_new_tokens=6) for p in prompts]
+    batch = smollm2.generate(prompts, max_new_tokens=6, do_sample=False)
+    single = [smollm2.generate(p, max_new_tokens=6, do_sample=False) for p in prompts]
     assert batch == single
     toks = smollm2.to_tokens(prompts[1])
-    cached = smollm2.generate(toks, max_new_tokens=6, use_kv_cache=True, stop_at_eos=False)
-    assert torch.equal(cached, smollm2.generate(toks, max_new_tokens=6, use_kv_cache=False, stop_at_eos=False))
+    cached = smollm2.generate(toks, max_new_tokens=6, use_kv_cache=True, stop_at_eos=False, do_sample=False)
+    assert torch.equal(cached, smollm2.generate(toks, max_new_tokens=6, use_kv_cache=False, stop_at_eos=False, do_sample=False))
