@@ -122,12 +122,12 @@ def test_gguf_tokenizer_ids_equal_transformers_gguf_tokenizer(hf_gpt2, tmp_path)
     ours = gi.load(tmp_path / "tok.gguf").tokenizer
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="tok.gguf")
     for text in TEXTS:
-        ids = ours.encode(text)
+        ids = ours.encode_ids(text)
         assert ids == theirs.encode(text, add_special_tokens=False), text
         assert ours.decode(ids) == text
     vocab = tiny_vocab()  # the merges apply in rank order, and the special token is matched whole
-    assert ours.encode(" the") == [vocab.index("Ġthe")] and ours.encode("the") == [vocab.index("t"), vocab.index("he")]
-    assert ours.encode(EOT) == [260] and ours.eos_id == 260
+    assert ours.encode_ids(" the") == [vocab.index("Ġthe")] and ours.encode_ids("the") == [vocab.index("t"), vocab.index("he")]
+    assert ours.encode_ids(EOT) == [260] and ours.eos_id == 260
     ids, spans = ours.char_spans(" the tin")
     assert ids == [vocab.index(t) for t in ("Ġthe", "Ġt", "in")] and spans == [(0, 4), (4, 6), (6, 8)]
 
@@ -206,7 +206,7 @@ def test_smollm2_logits_and_tokens_match_transformers_gguf_loader():
     assert smollm2.cfg.n_layer == 30 and smollm2.cfg.n_kv == 3 and smollm2.cfg.rope_theta == 100000.0
     rows = []
     for text in VARIED:
-        ids = smollm2.tokenizer.encode(text)
+        ids = smollm2.tokenizer.encode_ids(text)
         assert ids == tok.encode(text, add_special_tokens=False), text
         rows.append(torch.tensor([ids]))
     with torch.no_grad():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import bisect
 import hashlib
+import warnings
 from collections.abc import Sequence
 from functools import lru_cache
 from importlib import resources
@@ -17,6 +18,8 @@ from typing import Any
 
 import tiktoken
 import torch
+
+from ..core.porting import PortingWarning
 
 BPE_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 EOT_ID = 50256  # <|endoftext|>: GPT-2's BOS, EOS and pad token
@@ -62,11 +65,6 @@ class Encoding(dict):
         return Encoding({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.items()})
 
 
-# Hugging Face's clean_up_tokenization (only with clean_up_tokenization_spaces=True; off by default, as there)
-_CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
-             (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
-
-
 class Tokenizer:
     """What the model needs from a tokenizer: ids ⇄ text, the bytes and character spans of each
     token (to find a subject's tokens), and the special ids. One implementation per family
@@ -78,11 +76,17 @@ class Tokenizer:
 
     It is also the tokenizer object TransformerLens users reach for as ``model.tokenizer`` (Hugging
     Face's interface): ``tokenizer(text_or_texts, padding=True, return_tensors="pt")``, ``encode``
-    (no BOS: GPT-2's ``encode`` adds no special tokens in Hugging Face either; text spelling a
-    special token, e.g. ``<|endoftext|>``, becomes that token), ``decode``, ``batch_decode``,
+    (text spelling a special token, e.g. ``<|endoftext|>``, becomes that token), ``decode``, ``batch_decode``,
     ``convert_ids_to_tokens`` (the vocabulary's spelling, e.g. ``"Ġfox"``), ``bos_token_id``,
     ``eos_token_id``, ``pad_token_id``, ``padding_side`` (``"right"`` as in Hugging Face until set),
     ``vocab_size`` and ``len()``.
+
+    BOS: ``encode``/``tokenizer(...)`` add none (Hugging Face's GPT-2 tokenizer; TransformerLens
+    under transformers 4) unless ``add_bos_token = True`` (TransformerLens 3.9 reloads its tokenizer
+    with ``add_bos_token=True``, so under transformers ≥ 5 its ``encode`` and call prepend BOS). While
+    ``add_bos_token`` was never set, a call that would differ gets a ``PortingWarning``; setting it
+    (either way) or passing ``add_special_tokens=False`` is the explicit choice. ``encode_ids`` (the
+    package's own calls) never adds BOS and never warns; ``model.to_tokens`` is where BOS is added.
     """
 
     name: str
@@ -117,16 +121,17 @@ class Tokenizer:
     # ------------------------------------------------------------------ ids ⇄ text (ours and Hugging Face's)
     def encode(self, text: str, add_special_tokens: bool = True, return_tensors: str | None = None,
                **kwargs: Any) -> Any:
-        """Token ids of ``text`` (a list; ``[1, n]`` with ``return_tensors="pt"``). No BOS is added
-        (as Hugging Face's GPT-2 tokenizer; ``model.to_tokens`` prepends it)."""
+        """Token ids of ``text`` (a list; ``[1, n]`` with ``return_tensors="pt"``); BOS first only
+        with ``add_bos_token`` (see the class docstring)."""
         if not isinstance(text, str):
             raise TypeError(f"encode takes one string, got {type(text).__name__}; call the tokenizer for a batch")
-        ids = self.encode_ids(text)
+        ids = self._bos(add_special_tokens, "encode") + self.encode_ids(text)
         return _tensor(ids, return_tensors) if return_tensors else ids
 
     def decode(self, token_ids: Any, skip_special_tokens: bool = False,
                clean_up_tokenization_spaces: bool = False, **kwargs: Any) -> str:
-        """The text of token ids (an int, a list or a 0-d/1-d tensor)."""
+        """The text of token ids (an int, a list or a 0-d/1-d tensor), exactly as their bytes spell it
+        (``clean_up_tokenization_spaces`` is ignored, as transformers ignores it for BPE tokenizers)."""
         ids = _ids(token_ids)
         ids = [ids] if isinstance(ids, int) else ids
         if ids and isinstance(ids[0], list):
@@ -134,11 +139,7 @@ class Tokenizer:
         if skip_special_tokens:
             special = self.special_ids
             ids = [i for i in ids if i not in special]
-        text = self.decode_ids(ids)
-        if clean_up_tokenization_spaces:
-            for a, b in _CLEAN_UP:
-                text = text.replace(a, b)
-        return text
+        return self.decode_ids(ids)
 
     def batch_decode(self, sequences: Any, **kwargs: Any) -> list[str]:
         """:meth:`decode` of each row of ``[batch, pos]`` ids (a tensor or a list of lists)."""
@@ -155,7 +156,8 @@ class Tokenizer:
         texts = [text] if single else list(text)
         if not all(isinstance(t, str) for t in texts):
             raise TypeError("the tokenizer takes a string or a list of strings")
-        rows = [self.encode_ids(t) for t in texts]
+        bos = self._bos(add_special_tokens, "tokenizer(...)")
+        rows = [bos + self.encode_ids(t) for t in texts]
         if truncation and max_length is not None:
             rows = [r[:max_length] for r in rows]
         masks = [[1] * len(r) for r in rows]
@@ -197,6 +199,29 @@ class Tokenizer:
         if isinstance(tokens, str):
             return self.token_to_id(tokens)
         return [self.token_to_id(t) for t in tokens]
+
+    def _bos(self, add_special_tokens: bool, what: str) -> list[int]:
+        """``[bos_id]`` when this call adds BOS; warns where TransformerLens 3.9 would add it and we do not."""
+        if not add_special_tokens or self.bos_id is None:
+            return []
+        chosen = self.__dict__.get("_add_bos_token")
+        if chosen is None:
+            warnings.warn(
+                f"tokenizer {what} adds no BOS (Hugging Face's GPT-2 tokenizer), but TransformerLens 3.9 reloads "
+                "model.tokenizer with add_bos_token=True, so under transformers >= 5 its encode/call prepend "
+                f"{self.id_to_token(self.bos_id)!r}. Set tokenizer.add_bos_token = False (ours) or True "
+                "(TransformerLens 3.9's) to silence this; model.to_tokens adds BOS either way.",
+                PortingWarning, stacklevel=3)
+        return [self.bos_id] if chosen else []
+
+    @property
+    def add_bos_token(self) -> bool:
+        """Whether ``encode``/``tokenizer(...)`` prepend BOS (False until set; see the class docstring)."""
+        return bool(self.__dict__.get("_add_bos_token"))
+
+    @add_bos_token.setter
+    def add_bos_token(self, value: bool) -> None:
+        self.__dict__["_add_bos_token"] = bool(value)
 
     # ------------------------------------------------------------------ Hugging Face's names
     @property

@@ -202,11 +202,11 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             if not 0 <= i < self.cfg.d_vocab:
                 raise ValueError(f"token id {i} is outside the vocabulary [0, {self.cfg.d_vocab})")
             return i
-        ids = self.tokenizer.encode(text)
+        ids = self.tokenizer.encode_ids(text)
         if len(ids) != 1:
             pieces = [self.tokenizer.token_str(i) for i in ids]
             hint = ""
-            if text[:1] != " " and len(self.tokenizer.encode(" " + text)) == 1:
+            if text[:1] != " " and len(self.tokenizer.encode_ids(" " + text)) == 1:
                 hint = f"; words inside a sentence usually start with a space: {' ' + text!r} is one token"
             raise ValueError(f"{text!r} is {len(ids)} tokens {pieces}, not one{hint}")
         return ids[0]

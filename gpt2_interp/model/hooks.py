@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..core.finite import NonFiniteWarning, is_finite
+from ..core.porting import PortingWarning
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], Union[torch.Tensor, None]]
 NameFilter = Union[None, str, Callable[[str], bool], "list[str]", "tuple[str, ...]", "set[str]"]
@@ -147,10 +148,6 @@ class HookPoint:
 
     def __repr__(self) -> str:
         return f"HookPoint({self.name!r}, fwd={len(self.fwd_hooks)}, bwd={len(self.bwd_hooks)})"
-
-
-class PortingWarning(UserWarning):
-    """A result that would differ from TransformerLens's for the same line of code (see docs/porting.md)."""
 
 
 def warn_port(message: str) -> None:
