@@ -218,6 +218,7 @@ _SHORT = {
     "k": "blocks.{}.attn.hook_k",
     "v": "blocks.{}.attn.hook_v",
     "z": "blocks.{}.attn.hook_z",
+    "result": "blocks.{}.attn.hook_result",
     "attn_scores": "blocks.{}.attn.hook_attn_scores",
     "scores": "blocks.{}.attn.hook_attn_scores",
     "pattern": "blocks.{}.attn.hook_pattern",
