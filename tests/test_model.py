@@ -45,10 +45,14 @@ def test_to_transformers_and_save_round_trip(gpt2, tmp_path):
 def test_every_hook_matches_transformer_lens(hf_gpt2, gpt2, tl_from_hf):
     ref = tl_from_hf(hf_gpt2)
     tokens = random_tokens(2, 16)
-    ref_logits, ref_cache = ref.run_with_cache(tokens)
-    logits, cache = gpt2.run_with_cache(tokens)
+    ref.set_use_attn_result(True), gpt2.set_use_attn_result(True)  # every hook, the opt-in hook_result too
+    try:
+        ref_logits, ref_cache = ref.run_with_cache(tokens)
+        logits, cache = gpt2.run_with_cache(tokens)
+    finally:
+        gpt2.set_use_attn_result(False)
     shared = [n for n in cache if n in ref_cache]
-    assert len(shared) == len(gpt2.hook_names()) == 12 * 17 + 4
+    assert len(shared) == len(gpt2.hook_names()) == 12 * 18 + 4
     worst = max((cache[n] - ref_cache[n]).abs().max().item() for n in shared)
     assert worst <= 1e-4
     assert (logits - ref_logits).abs().max().item() <= 1e-4
