@@ -10,6 +10,7 @@ other positions raises (use :func:`.patching.patch` with a metric of your own th
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -115,6 +116,28 @@ def get_act_patch_attn_head_pattern_by_pos(model: Any, corrupted_tokens: torch.T
     """``[layer, head, dest_pos]`` (TransformerLens's axis order): each head's attention pattern row of one
     destination position patched clean → corrupted."""
     return _by_pos("pattern")(model, corrupted_tokens, clean_cache, patching_metric).transpose(1, 2)
+
+
+def get_act_patch_attn_head_pattern_dest_src_pos(model: Any, corrupted_tokens: torch.Tensor, clean_cache: Any,
+                                                 patching_metric: TLMetric) -> torch.Tensor:
+    """``[layer, head, dest_pos, src_pos]``: one attention-pattern entry patched clean → corrupted at a time.
+    One entry per run (as TransformerLens: ``layers·heads·pos²`` forward passes), with the metric on full
+    logits; entries above the diagonal are 0 in both runs, so they give the corrupted metric."""
+    tokens = corrupted_tokens if corrupted_tokens.ndim == 2 else corrupted_tokens[None]
+    L, H, P = model.cfg.n_layer, model.cfg.n_head, tokens.shape[-1]
+    out = torch.zeros(L, H, P, P)
+    with torch.no_grad():
+        for layer in range(L):
+            clean = clean_cache["pattern", layer]
+            for head, dest, src in itertools.product(range(H), range(P), range(P)):
+                def put(pattern: torch.Tensor, hook: Any) -> torch.Tensor:
+                    pattern = pattern.clone()
+                    pattern[:, head, dest, src] = clean[:, head, dest, src].to(pattern.dtype)
+                    return pattern
+
+                logits = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", put)])
+                out[layer, head, dest, src] = float(patching_metric(logits))
+    return out
 
 
 def _pad_heads(t: torch.Tensor, n: int) -> torch.Tensor:
