@@ -130,6 +130,19 @@ def test_gguf_tokenizer_ids_equal_transformers_gguf_tokenizer(hf_gpt2, tmp_path)
     assert ours.encode_ids(EOT) == [260] and ours.eos_id == 260
     ids, spans = ours.char_spans(" the tin")
     assert ids == [vocab.index(t) for t in ("Ġthe", "Ġt", "in")] and spans == [(0, 4), (4, 6), (6, 8)]
+    # the Hugging Face interface of model.tokenizer, on the same file
+    theirs.pad_token = theirs.eos_token  # as TransformerLens sets it
+    ours.add_bos_token = False
+    assert (ours.eos_token_id, ours.pad_token_id, ours.eos_token, len(ours)) == (
+        theirs.eos_token_id, theirs.pad_token_id, theirs.eos_token, len(theirs))
+    for side in ("right", "left"):
+        ours.padding_side = theirs.padding_side = side
+        a = ours(TEXTS, padding=True, return_tensors="pt")
+        b = theirs(TEXTS, padding=True, return_tensors="pt", add_special_tokens=False)
+        assert torch.equal(a.input_ids, b["input_ids"]) and torch.equal(a.attention_mask, b["attention_mask"])
+        assert ours.batch_decode(a.input_ids, skip_special_tokens=True) == theirs.batch_decode(b["input_ids"], skip_special_tokens=True)
+    ids = ours.encode(TEXTS[0])
+    assert ours.convert_ids_to_tokens(ids) == theirs.convert_ids_to_tokens(ids) and ours.decode(ids) == theirs.decode(ids)
 
 
 def _never_read(monkeypatch):
