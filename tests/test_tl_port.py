@@ -627,6 +627,8 @@ def test_from_pretrained_loads_through_load_and_says_it_never_folds(pair):
     assert (from_hf(tokens).float() - hf(tokens).logits).abs().max().item() <= ATOL
     with pytest.raises(ValueError, match="not supported"):
         gi.HookedTransformer.from_pretrained_no_processing("gpt2-facts", n_devices=2)
+    left = gi.HookedTransformer.from_pretrained_no_processing("gpt2-facts", default_padding_side="left")
+    assert left.tokenizer.padding_side == "left" and ref.tokenizer.padding_side == "right"
 
 
 # ---------------------------------------------------------------------------------------------------- Llama / GQA

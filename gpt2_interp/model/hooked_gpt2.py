@@ -133,8 +133,9 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         tokens, mask = self.tokenize(text, prepend_bos, padding_side or "left")
         if padding_side is None and mask is not None:
             warn_port("to_tokens(list) pads on the LEFT (TransformerLens pads right): `tokens[:, -1]` and "
-                      "`logits[:, -1]` are every row's last token. Pass padding_side='left' to silence this, or "
-                      "padding_side='right' for TransformerLens's layout.")
+                      "`logits[:, -1]` are every row's last token. Pass padding_side='left' (or set "
+                      "model.tokenizer.padding_side) to silence this, or padding_side='right' for "
+                      "TransformerLens's layout.")
         return tokens
 
     def tokenize(

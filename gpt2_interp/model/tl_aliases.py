@@ -71,15 +71,20 @@ class TransformerLensAliases:
                       "silence this.")
         harmless = {"n_devices": 1, "move_to_device": True, "default_prepend_bos": True, "first_n_layers": None,
                     "checkpoint_index": None, "checkpoint_value": None, "checkpoint_label": None, "n_ctx": None,
-                    "tokenizer": None, "default_padding_side": None}
+                    "tokenizer": None}
+        padding_side = kwargs.pop("default_padding_side", None)
         for k, v in kwargs.items():
             if k not in harmless:
                 raise TypeError(f"from_pretrained() got an unexpected keyword {k!r}")
             if v is not None and v != harmless[k]:
                 raise ValueError(f"from_pretrained({k}={v!r}) is not supported by gpt2-interp (see docs/porting.md)")
         if hf_model is not None:
-            return from_transformers(hf_model).to(device=resolve_device(device), dtype=resolve_dtype(dtype)).eval()
-        return load(model_name, device=device, dtype=dtype)
+            model = from_transformers(hf_model).to(device=resolve_device(device), dtype=resolve_dtype(dtype)).eval()
+        else:
+            model = load(model_name, device=device, dtype=dtype)
+        if padding_side is not None:  # TL's default_padding_side: the tokenizer's (to_tokens honours it)
+            model.tokenizer.padding_side = padding_side
+        return model
 
     @classmethod
     def from_pretrained_no_processing(cls, model_name: str, **kwargs: Any) -> Any:
