@@ -128,7 +128,7 @@ def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", fo
     prompt = fb.prompts(fact)[0]
     true_target = fact.target
     _step(2, f"generating from {prompt!r}", t0)
-    generation = model.generate(prompt, max_new_tokens=8)
+    generation = model.generate(prompt, max_new_tokens=8, do_sample=False)
     results["fact"] = {"relation": fact.relation, "subject": fact.subject, "object": fact.object, "prompt": prompt}
     results["generation"] = generation
     md += ["## 1. Greedy generation", "", f"Fact: *{fact.subject}* —{fact.relation}→ *{fact.object}*", "",
@@ -185,7 +185,7 @@ def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", fo
     checks = [("rewrite", prompt)] + [("paraphrase", p) for p in paraphrases] + [("neighbour", p) for p in neighbours]
     cmp = compare_topk(model, edit, [p for _, p in checks], k=3)
     edit.apply(model)
-    generation_after = model.generate(prompt, max_new_tokens=8)
+    generation_after = model.generate(prompt, max_new_tokens=8, do_sample=False)
     edit.undo(model)
     restored = parameter_digests(model) == before and torch.equal(model.blocks[trace_layer].mlp.W_out, w_before)
     rows = []

@@ -349,8 +349,8 @@ def test_subject_swaps_pair_same_length_prompts_of_one_relation_with_different_a
     tok = facts_model.tokenizer
     for c, k, a, w, (f, g) in zip(pairs.clean, pairs.corrupted, pairs.answers, pairs.wrongs, pairs.facts):
         assert f.relation == g.relation and f.subject in c and g.subject in k and f.subject != g.subject
-        assert len(tok.encode(c)) == len(tok.encode(k)) and a != w
-        assert a == tok.encode(f.target)[0] and w == tok.encode(g.target)[0]
+        assert len(tok.encode_ids(c)) == len(tok.encode_ids(k)) and a != w
+        assert a == tok.encode_ids(f.target)[0] and w == tok.encode_ids(g.target)[0]
     assert subject_swaps(fb, tok, 24, seed=1).clean == pairs.clean  # deterministic
 
 

@@ -128,7 +128,8 @@ def test_info_json_lists_hooks_and_is_line_oriented(capsys):
     code, out, _ = run(capsys, "info", "--json")
     assert code == 0
     data = json.loads(out)
-    assert "blocks.0.hook_resid_pre" in data["hooks"] and len(data["hooks"]) == 6 * 17 + 4
+    # 18 per block: the 17 that fire in every forward pass and the opt-in attn.hook_result
+    assert "blocks.0.hook_resid_pre" in data["hooks"] and len(data["hooks"]) == 6 * 18 + 4
     assert len(out.strip().splitlines()) == len(data)  # one line per top-level field
 
 

@@ -122,14 +122,27 @@ def test_gguf_tokenizer_ids_equal_transformers_gguf_tokenizer(hf_gpt2, tmp_path)
     ours = gi.load(tmp_path / "tok.gguf").tokenizer
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="tok.gguf")
     for text in TEXTS:
-        ids = ours.encode(text)
+        ids = ours.encode_ids(text)
         assert ids == theirs.encode(text, add_special_tokens=False), text
         assert ours.decode(ids) == text
     vocab = tiny_vocab()  # the merges apply in rank order, and the special token is matched whole
-    assert ours.encode(" the") == [vocab.index("Ġthe")] and ours.encode("the") == [vocab.index("t"), vocab.index("he")]
-    assert ours.encode(EOT) == [260] and ours.eos_id == 260
+    assert ours.encode_ids(" the") == [vocab.index("Ġthe")] and ours.encode_ids("the") == [vocab.index("t"), vocab.index("he")]
+    assert ours.encode_ids(EOT) == [260] and ours.eos_id == 260
     ids, spans = ours.char_spans(" the tin")
     assert ids == [vocab.index(t) for t in ("Ġthe", "Ġt", "in")] and spans == [(0, 4), (4, 6), (6, 8)]
+    # the Hugging Face interface of model.tokenizer, on the same file
+    theirs.pad_token = theirs.eos_token  # as TransformerLens sets it
+    ours.add_bos_token = False
+    assert (ours.eos_token_id, ours.pad_token_id, ours.eos_token, len(ours)) == (
+        theirs.eos_token_id, theirs.pad_token_id, theirs.eos_token, len(theirs))
+    for side in ("right", "left"):
+        ours.padding_side = theirs.padding_side = side
+        a = ours(TEXTS, padding=True, return_tensors="pt")
+        b = theirs(TEXTS, padding=True, return_tensors="pt", add_special_tokens=False)
+        assert torch.equal(a.input_ids, b["input_ids"]) and torch.equal(a.attention_mask, b["attention_mask"])
+        assert ours.batch_decode(a.input_ids, skip_special_tokens=True) == theirs.batch_decode(b["input_ids"], skip_special_tokens=True)
+    ids = ours.encode(TEXTS[0])
+    assert ours.convert_ids_to_tokens(ids) == theirs.convert_ids_to_tokens(ids) and ours.decode(ids) == theirs.decode(ids)
 
 
 def _never_read(monkeypatch):
@@ -206,7 +219,7 @@ def test_smollm2_logits_and_tokens_match_transformers_gguf_loader():
     assert smollm2.cfg.n_layer == 30 and smollm2.cfg.n_kv == 3 and smollm2.cfg.rope_theta == 100000.0
     rows = []
     for text in VARIED:
-        ids = smollm2.tokenizer.encode(text)
+        ids = smollm2.tokenizer.encode_ids(text)
         assert ids == tok.encode(text, add_special_tokens=False), text
         rows.append(torch.tensor([ids]))
     with torch.no_grad():
@@ -222,9 +235,9 @@ def test_smollm2_logits_and_tokens_match_transformers_gguf_loader():
 def test_smollm2_knows_a_fact_and_batches_like_single_prompts(smollm2):
     prompts = ["The capital of France is", "The Eiffel Tower is located in the city of"]
     assert smollm2.to_single_token(" Paris") in smollm2.last_logits(prompts[0]).topk(1).indices[0].tolist()
-    batch = smollm2.generate(prompts, max_new_tokens=6)
-    single = [smollm2.generate(p, max_new_tokens=6) for p in prompts]
+    batch = smollm2.generate(prompts, max_new_tokens=6, do_sample=False)
+    single = [smollm2.generate(p, max_new_tokens=6, do_sample=False) for p in prompts]
     assert batch == single
     toks = smollm2.to_tokens(prompts[1])
-    cached = smollm2.generate(toks, max_new_tokens=6, use_kv_cache=True, stop_at_eos=False)
-    assert torch.equal(cached, smollm2.generate(toks, max_new_tokens=6, use_kv_cache=False, stop_at_eos=False))
+    cached = smollm2.generate(toks, max_new_tokens=6, use_kv_cache=True, stop_at_eos=False, do_sample=False)
+    assert torch.equal(cached, smollm2.generate(toks, max_new_tokens=6, use_kv_cache=False, stop_at_eos=False, do_sample=False))

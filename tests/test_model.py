@@ -45,10 +45,14 @@ def test_to_transformers_and_save_round_trip(gpt2, tmp_path):
 def test_every_hook_matches_transformer_lens(hf_gpt2, gpt2, tl_from_hf):
     ref = tl_from_hf(hf_gpt2)
     tokens = random_tokens(2, 16)
-    ref_logits, ref_cache = ref.run_with_cache(tokens)
-    logits, cache = gpt2.run_with_cache(tokens)
+    ref.set_use_attn_result(True), gpt2.set_use_attn_result(True)  # every hook, the opt-in hook_result too
+    try:
+        ref_logits, ref_cache = ref.run_with_cache(tokens)
+        logits, cache = gpt2.run_with_cache(tokens)
+    finally:
+        gpt2.set_use_attn_result(False)
     shared = [n for n in cache if n in ref_cache]
-    assert len(shared) == len(gpt2.hook_names()) == 12 * 17 + 4
+    assert len(shared) == len(gpt2.hook_names()) == 12 * 18 + 4
     worst = max((cache[n] - ref_cache[n]).abs().max().item() for n in shared)
     assert worst <= 1e-4
     assert (logits - ref_logits).abs().max().item() <= 1e-4
@@ -100,12 +104,12 @@ def test_left_padded_batch_equals_individual_runs(tiny):
 def test_kv_cache_generation_equals_no_cache(tiny):
     prompts = ["Hi there", "The quick brown fox jumps over the"]
     tokens = tiny.to_tokens(prompts)
-    with_cache = tiny.generate(tokens, max_new_tokens=12, use_kv_cache=True, stop_at_eos=False)
-    without = tiny.generate(tokens, max_new_tokens=12, use_kv_cache=False, stop_at_eos=False)
+    with_cache = tiny.generate(tokens, max_new_tokens=12, use_kv_cache=True, stop_at_eos=False, do_sample=False)
+    without = tiny.generate(tokens, max_new_tokens=12, use_kv_cache=False, stop_at_eos=False, do_sample=False)
     assert torch.equal(with_cache, without)
     # batched generation equals one prompt at a time
     for i, p in enumerate(prompts):
-        assert tiny.generate(p, 12, stop_at_eos=False) == tiny.generate(prompts, 12, stop_at_eos=False)[i]
+        assert tiny.generate(p, 12, stop_at_eos=False, do_sample=False) == tiny.generate(prompts, 12, stop_at_eos=False, do_sample=False)[i]
 
 
 def test_sampling_is_seeded(tiny):
@@ -156,7 +160,7 @@ def test_half_precision_runs_close_to_fp32(tiny, dtype):
     out = low(tokens)
     assert out.dtype == dtype
     assert (out.float() - ref).abs().max().item() < 0.1
-    assert low.generate(tokens, 4).shape == (2, 14)
+    assert low.generate(tokens, 4, do_sample=False).shape == (2, 14)
 
 
 # ---------------------------------------------------------------- errors that say what to do
@@ -171,7 +175,7 @@ def test_too_long_input_names_both_lengths(tiny):
     with pytest.raises(ValueError, match=r"70 tokens.*context of 64"):
         tiny(torch.zeros(1, 70, dtype=torch.long))
     with pytest.raises(ValueError, match="context of 64"):
-        tiny.generate("Hello", max_new_tokens=100)
+        tiny.generate("Hello", max_new_tokens=100, do_sample=False)
 
 
 def test_bad_inputs(tiny):

@@ -187,7 +187,7 @@ def test_rome_mode_optimises_delta_at_the_subjects_last_token(tiny, stats):
     from gpt2_interp.io import tokenizer as tok
 
     req = gi.editing.Request("{} is located in the city of", "Eiffel Tower", " New York")  # 2 target tokens
-    ids = tiny.tokenizer.encode(req.target)
+    ids = tiny.tokenizer.encode_ids(req.target)
     prefixes = context_prefixes(tiny, (5,), 3, 0)
     hp = RomeHparams.of(v_steps=3, weight_decay=0.0, exact_edit=False, **FAST)
     out = optimise_delta(tiny, req, ids, 0, prefixes, hp, stats.solve)
@@ -216,7 +216,7 @@ def test_exact_edit_optimises_the_edited_models_own_loss(tiny, stats):
     from gpt2_interp.io import tokenizer as tok
 
     req = gi.editing.Request("{} is located in the city of", "Eiffel Tower", " New York")
-    ids = tiny.tokenizer.encode(req.target)
+    ids = tiny.tokenizer.encode_ids(req.target)
     edit = compute_edit(tiny, req, layer=0, stats=stats, v_steps=3, weight_decay=0.0, **FAST)
     prefixes = context_prefixes(tiny, (5,), 3, 0)
     before = _variant_probs(tiny, req, ids, prefixes)

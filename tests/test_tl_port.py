@@ -61,6 +61,21 @@ def _hf_gpt2_tokenizer():
                                    pad_token="<|endoftext|>", unk_token="<|endoftext|>")
 
 
+def _gpt2_tokenizer_fast():
+    """transformers' GPT2TokenizerFast (the class Hugging Face and TransformerLens use for gpt2), from the same BPE."""
+    import json
+
+    from transformers import GPT2TokenizerFast
+
+    backend = json.loads(_hf_gpt2_tokenizer().backend_tokenizer.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in backend["merges"]]
+    return GPT2TokenizerFast(vocab=backend["vocab"], merges=merges, pad_token="<|endoftext|>")  # pad: as TL sets it
+
+
+VARIED = ["The quick brown fox", "  leading spaces", "naïve café — “quotes” 😀 日本語", "<|endoftext|>Hello<|endoftext|>",
+          "a\n\nb\tc", "It's don't we'll 123 4567.89", "Hello , world . Isn't ?", "x"]
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _print_max_deltas():
     """Prints the max |Δ| against TransformerLens per idiom when the module ends (pytest -s)."""
@@ -301,12 +316,48 @@ def own_hooked_module(model, utils):
     return [out, cache["hook_mid"], ablated]
 
 
+def cfg_device_and_dtype(model, utils):
+    x = torch.zeros(2, 3, device=model.cfg.device)
+    return [str(model.cfg.device), str(x.device), str(model.cfg.dtype), x]
+
+
+def tokenizer_object(model, utils):
+    tok = model.tokenizer
+    tokens = model.to_tokens(["Hello world", TEXT], padding_side="right")
+    return [tok.decode(tokens[1]), tok.batch_decode(tokens), tok.decode(tokens[1, 1:], skip_special_tokens=True),
+            tok.batch_decode(tokens, skip_special_tokens=True), tok.convert_ids_to_tokens(tokens[1].tolist()),
+            tok.convert_ids_to_tokens(int(tokens[1, 3])), tok.decode(int(tokens[1, 2])), tok.bos_token_id,
+            tok.eos_token_id, tok.pad_token_id, tok.bos_token, tok.eos_token, tok.padding_side, tok.vocab_size, len(tok)]
+
+
+def attn_result_opt_in(model, utils):
+    def ablate(result, hook):
+        result[:, :, 2] = 0.0
+        return result
+
+    model.set_use_attn_result(True)
+    _, cache = model.run_with_cache(TEXT)
+    loss = model.run_with_hooks(TEXT, fwd_hooks=[(utils.get_act_name("result", 0), ablate)], return_type="loss")
+    heads = cache.stack_head_results(layer=-1, return_labels=True)
+    model.set_use_attn_result(False)
+    _, off = model.run_with_cache(TEXT)
+    return [cache["result", 1], cache[utils.get_act_name("result", 0)], heads, loss, "blocks.0.attn.hook_result" in off]
+
+
+def attn_result_via_cfg(model, utils):
+    model.cfg.use_attn_result = True
+    logits, cache = model.run_with_cache(TEXT, names_filter=lambda n: n.endswith("hook_result"))
+    model.cfg.use_attn_result = False
+    return [sorted(cache.keys()), [cache[k] for k in sorted(cache.keys())], logits]
+
+
 IDIOMS = [
     cfg_names, tokens_and_strings, logits_and_loss, cache_shorthands, cache_filter_and_keys, ablate_head_hook,
     hook_layer_and_filter, hooks_context, add_and_reset_hooks, permanent_and_prepend, backward_hooks,
     add_hook_bwd, accumulated_resid, decompose_resid, stack_head_results, stack_neuron_results,
     full_decomposition_sums_to_resid, pos_slice_and_batch_dim, stacked_weights, factored_circuits,
     token_directions_and_positions, logit_attrs_unscaled, greedy_generate_tokens, own_hooked_module,
+    cfg_device_and_dtype, tokenizer_object, attn_result_opt_in, attn_result_via_cfg,
 ]
 
 
@@ -409,7 +460,8 @@ def test_return_type_none_fires_ln_final_hooks_like_transformer_lens(pair):
 
 
 @pytest.mark.slow  # TransformerLens's unbatched sweeps
-@pytest.mark.parametrize("fn", ["get_act_patch_resid_pre", "get_act_patch_attn_out", "get_act_patch_attn_head_out_all_pos"])
+@pytest.mark.parametrize("fn", sorted(n for n in dir(__import__("gpt2_interp.analysis.tl_patching", fromlist=["x"]))
+                                  if n.startswith("get_act_patch_")))
 def test_tl_patching_call_shape_matches_transformer_lens(pair, fn):
     ours, ref, _ = pair
     with warnings.catch_warnings():
@@ -447,3 +499,173 @@ def test_decomposition_sums_to_the_logits_on_a_llama_config():
     full = cache.get_full_resid_decomposition(apply_ln=True)
     assert ((full @ model.W_U).sum(0) + cache.ln_bias_logits() - logits).abs().max().item() <= ATOL
     assert (cache.stack_head_results(incl_remainder=True).sum(0) - cache["resid_post", -1]).abs().max() <= ATOL
+
+
+# ---------------------------------------------------------------------------------------------------- surface
+def test_cfg_device_and_dtype_follow_the_model_and_the_config_stays_a_shared_value(pair):
+    import copy
+
+    ours, _, _ = pair
+    shared = ours.cfg.config
+    assert ours.cfg == shared and hash(ours.cfg) == hash(shared) and ours.cfg.to_dict() == shared.to_dict()
+    moved = copy.deepcopy(ours).to("meta")  # a device move without a GPU: the copy's cfg follows the copy
+    assert moved.cfg.device.type == "meta" and ours.cfg.device.type == "cpu"
+    assert copy.deepcopy(ours).double().cfg.dtype == torch.float64 and ours.cfg.dtype == torch.float32
+    twin = gi.HookedGPT2(ours.cfg)  # a config read off one model builds another, with its own view
+    assert twin.cfg == ours.cfg and twin.cfg.use_attn_result is False
+    with pytest.raises(AttributeError, match="model.to"):
+        ours.cfg.device = "cuda"
+    with pytest.raises(AttributeError, match="no such switch"):
+        ours.cfg.use_hook_mlp_in = True  # a TransformerLens flag we lack must not be a silent no-op
+    with pytest.raises(Exception, match="frozen"):
+        ours.cfg.n_layer = 3
+
+
+def test_hook_result_is_materialised_only_when_asked(pair):
+    ours, _, _ = pair
+    fired = []
+    with ours.hooks(fwd_hooks=[("blocks.0.attn.hook_result", lambda a, hook: fired.append(a.shape))]):
+        plain = ours(TEXT)
+    assert fired == []  # off: the per-head result is never computed (as in TransformerLens)
+    ours.set_use_attn_result(True)
+    try:
+        with ours.hooks(fwd_hooks=[("blocks.0.attn.hook_result", lambda a, hook: fired.append(a.shape))]):
+            on = ours(TEXT)
+    finally:
+        ours.set_use_attn_result(False)
+    assert fired == [(1, 10, 4, 64)] and (on - plain).abs().max().item() <= ATOL
+
+
+def _bos_free_equal(ours_tok, ref_tok, texts):
+    """Every Hugging Face call of ours equals ``ref_tok``'s on ``texts`` (ids, masks, strings)."""
+    for t in texts:
+        ids = ours_tok.encode(t)
+        assert ids == ref_tok.encode(t), t
+        assert dict(ours_tok(t)) == dict(ref_tok(t)), t
+        assert ours_tok.decode(ids) == ref_tok.decode(ids), t
+        assert ours_tok.decode(ids, skip_special_tokens=True) == ref_tok.decode(ids, skip_special_tokens=True), t
+        assert ours_tok.convert_ids_to_tokens(ids) == ref_tok.convert_ids_to_tokens(ids), t
+        assert ours_tok.convert_tokens_to_ids(ours_tok.convert_ids_to_tokens(ids)) == ids
+    for side in ("right", "left"):
+        ours_tok.padding_side = ref_tok.padding_side = side
+        a = ours_tok(texts, padding=True, return_tensors="pt")
+        b = ref_tok(texts, padding=True, return_tensors="pt")
+        assert torch.equal(a.input_ids, b["input_ids"]) and torch.equal(a["attention_mask"], b["attention_mask"])
+        assert ours_tok.batch_decode(a.input_ids) == ref_tok.batch_decode(b["input_ids"])
+    assert ours_tok.encode(texts[0], return_tensors="pt").tolist() == ref_tok.encode(texts[0], return_tensors="pt").tolist()
+
+
+def test_tokenizer_equals_hugging_face_gpt2_and_bos_is_a_stated_choice(pair):
+    """Without BOS ours equals transformers' GPT2TokenizerFast on varied text; TransformerLens 3.9
+    reloads its tokenizer with add_bos_token=True (under transformers 5 its encode and call prepend BOS):
+    until a choice is stated ours warns, and add_bos_token=True equals TransformerLens's tokenizer."""
+    from gpt2_interp.io.tokenizer import GPT2Tokenizer
+
+    ours, ref, _ = pair
+    tok = GPT2Tokenizer()
+    with pytest.warns(PortingWarning, match="add_bos_token"):
+        assert tok.encode(TEXT) == ours.to_tokens(TEXT)[0, 1:].tolist()
+    with pytest.warns(PortingWarning, match="add_bos_token"):
+        tok([TEXT])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PortingWarning)
+        assert tok.encode(TEXT, add_special_tokens=False) == ours.to_tokens(TEXT, prepend_bos=False)[0].tolist()
+        tok.add_bos_token = False
+        _bos_free_equal(tok, _gpt2_tokenizer_fast(), VARIED)
+        tok.add_bos_token = True
+        tl_tok = ref.tokenizer
+        _bos_free_equal(tok, tl_tok, VARIED)
+        assert tok.encode(TEXT) == ours.to_tokens(TEXT)[0].tolist()  # TransformerLens's: BOS first
+    assert ours.tokenizer is not GPT2Tokenizer() and ours.tokenizer.padding_side == "right"
+
+
+def test_a_padding_side_set_on_the_tokenizer_is_honoured_by_to_tokens_as_in_transformer_lens(pair):
+    ours, ref, _ = pair
+    texts = ["Hello", "The quick brown fox"]
+    try:
+        for side in ("left", "right"):
+            ours.tokenizer.padding_side = ref.tokenizer.padding_side = side
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", PortingWarning)
+                assert torch.equal(ours.to_tokens(texts), ref.to_tokens(texts))
+    finally:
+        ours.tokenizer.__dict__.pop("_padding_side", None)
+        ref.tokenizer.padding_side = "right"
+
+
+def test_generate_without_a_sampling_choice_warns_and_with_one_is_quiet(pair):
+    ours, _, _ = pair
+    with pytest.warns(PortingWarning, match="GREEDY"):
+        greedy = ours.generate("The quick", max_new_tokens=3, stop_at_eos=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PortingWarning)
+        assert ours.generate("The quick", max_new_tokens=3, stop_at_eos=False, do_sample=False) == greedy
+        ours.generate("The quick", max_new_tokens=3, do_sample=True, seed=0)
+        ours.generate("The quick", max_new_tokens=3, temperature=0.7, seed=0)
+
+
+def test_from_pretrained_loads_through_load_and_says_it_never_folds(pair):
+    import transformers
+
+    ours, _, _ = pair
+    with pytest.warns(PortingWarning, match="never folds"):
+        model = gi.HookedTransformer.from_pretrained("gpt2-facts")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PortingWarning)
+        quiet = gi.HookedTransformer.from_pretrained_no_processing("gpt2-facts", dtype="float32")
+        again = gi.HookedTransformer.from_pretrained("gpt2-facts", fold_ln=False, center_writing_weights=False,
+                                                     center_unembed=False, fold_value_biases=False)
+    ref = gi.load("gpt2-facts")
+    tokens = ref.to_tokens("The capital of France is")
+    for m in (model, quiet, again):
+        assert torch.equal(m(tokens), ref(tokens))
+    torch.manual_seed(1)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=16)).eval()
+    with pytest.warns(PortingWarning):
+        from_hf = gi.HookedTransformer.from_pretrained("gpt2", hf_model=hf, dtype=torch.float64)
+    assert from_hf.cfg.dtype == torch.float64
+    assert (from_hf(tokens).float() - hf(tokens).logits).abs().max().item() <= ATOL
+    with pytest.raises(ValueError, match="not supported"):
+        gi.HookedTransformer.from_pretrained_no_processing("gpt2-facts", n_devices=2)
+    left = gi.HookedTransformer.from_pretrained_no_processing("gpt2-facts", default_padding_side="left")
+    assert left.tokenizer.padding_side == "left" and ref.tokenizer.padding_side == "right"
+
+
+# ---------------------------------------------------------------------------------------------------- Llama / GQA
+@pytest.fixture(scope="module")
+def llama_pair():
+    """(ours, TransformerLens) on one random Llama-style model: RMSNorm, RoPE, SwiGLU, GQA (4 heads, 2 kv), no biases."""
+    transformers = pytest.importorskip("transformers")
+    tl = pytest.importorskip("transformer_lens")
+    from transformer_lens.pretrained.weight_conversions.llama import convert_llama_weights
+
+    torch.manual_seed(0)
+    c = transformers.LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                 rope_theta=500.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
+    hf = transformers.LlamaForCausalLM(c).eval()
+    cfg = tl.HookedTransformerConfig(
+        n_layers=2, d_model=64, n_heads=4, d_head=16, n_key_value_heads=2, d_mlp=96, n_ctx=128, d_vocab=320,
+        act_fn="silu", gated_mlp=True, normalization_type="RMS", eps=1e-5, positional_embedding_type="rotary",
+        rotary_dim=16, rotary_base=500.0, rotary_adjacent_pairs=False, final_rms=True, default_prepend_bos=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ref = tl.HookedTransformer(cfg)
+    ref.load_state_dict(convert_llama_weights(hf, cfg), strict=False)
+    return gi.from_transformers(hf).eval(), ref.eval()
+
+
+def stacked_weights_rotary(model, utils):
+    """:func:`stacked_weights` on a rotary model (no W_pos)."""
+    return [model.W_Q, model.W_K, model.W_V, model.W_O, model.b_Q, model.b_K, model.b_V, model.b_O,
+            model.W_in, model.W_out, model.b_in, model.b_out, model.W_U, model.b_U, model.W_E]
+
+
+@pytest.mark.parametrize("idiom", [stacked_weights_rotary, factored_circuits], ids=lambda f: f.__name__)
+def test_stacked_weights_and_zero_biases_on_a_grouped_query_llama_match_transformer_lens(llama_pair, idiom):
+    """No biases: TransformerLens's zeros of the same shapes; grouped-query W_K/W_V/b_K/b_V repeated per query head."""
+    ours, ref = llama_pair
+    got, want = _flat(idiom(ours, our_utils)), _flat(idiom(ref, None))
+    assert [g.shape for g in got] == [w.shape for w in want]
+    MAX_DELTA[f"llama_{idiom.__name__}"] = max((g - w).abs().max().item() for g, w in zip(got, want))
+    assert MAX_DELTA[f"llama_{idiom.__name__}"] <= ATOL

@@ -51,7 +51,7 @@ def _tokens(model: "HookedGPT2", prompts: Prompts) -> tuple[torch.Tensor, torch.
             raise ValueError("no prompts: the token tensor is empty")
         tokens = tokens.to(model.device, torch.long)
         lengths = torch.full((tokens.shape[0],), tokens.shape[1], device=model.device)
-        return tokens, lengths, [model.tokenizer.decode(r.tolist()) for r in tokens]
+        return tokens, lengths, [model.tokenizer.decode_ids(r.tolist()) for r in tokens]
     texts = [prompts] if isinstance(prompts, str) else list(prompts)
     if not texts:
         raise ValueError("no prompts: pass a prompt or a non-empty list of prompts")

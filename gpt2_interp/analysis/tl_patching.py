@@ -10,6 +10,7 @@ other positions raises (use :func:`.patching.patch` with a metric of your own th
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -59,27 +60,121 @@ def _act_patch(model: "HookedGPT2", corrupted_tokens: torch.Tensor, clean_cache:
                  progress=False).values
 
 
-def get_act_patch_resid_pre(model: Any, corrupted_tokens: torch.Tensor, clean_cache: Any, patching_metric: TLMetric) -> torch.Tensor:
-    """``[layer, pos]``: ``resid_pre`` of each layer and position patched clean → corrupted."""
-    return _act_patch(model, corrupted_tokens, clean_cache, patching_metric, "resid_pre", None, None)
+def _named(fn: Callable[..., torch.Tensor], name: str) -> Callable[..., torch.Tensor]:
+    fn.__name__ = fn.__qualname__ = name
+    return fn
 
 
-def get_act_patch_resid_mid(model: Any, corrupted_tokens: torch.Tensor, clean_cache: Any, patching_metric: TLMetric) -> torch.Tensor:
-    return _act_patch(model, corrupted_tokens, clean_cache, patching_metric, "resid_mid", None, None)
+def _heads(model: "HookedGPT2", hook: str) -> list[int]:
+    """The heads TransformerLens sweeps: key/value heads for k and v (grouped-query attention), else query heads."""
+    return list(range(model.cfg.n_kv if hook in ("k", "v") else model.cfg.n_head))
 
 
-def get_act_patch_attn_out(model: Any, corrupted_tokens: torch.Tensor, clean_cache: Any, patching_metric: TLMetric) -> torch.Tensor:
-    return _act_patch(model, corrupted_tokens, clean_cache, patching_metric, "attn_out", None, None)
+def _all_pos(hook: str) -> Callable[..., torch.Tensor]:
+    def get(model: Any, corrupted_tokens: torch.Tensor, clean_cache: Any, patching_metric: TLMetric) -> torch.Tensor:
+        return _act_patch(model, corrupted_tokens, clean_cache, patching_metric, hook, None, _heads(model, hook))
+
+    get.__doc__ = (f"``[layer, head]``: each head's ``{hook}`` patched clean → corrupted at every position "
+                   "(TransformerLens's call and result; key/value heads for k and v).")
+    return get
 
 
-def get_act_patch_mlp_out(model: Any, corrupted_tokens: torch.Tensor, clean_cache: Any, patching_metric: TLMetric) -> torch.Tensor:
-    return _act_patch(model, corrupted_tokens, clean_cache, patching_metric, "mlp_out", None, None)
+def _by_pos(hook: str) -> Callable[..., torch.Tensor]:
+    def get(model: Any, corrupted_tokens: torch.Tensor, clean_cache: Any, patching_metric: TLMetric) -> torch.Tensor:
+        P = corrupted_tokens.shape[-1]
+        return _act_patch(model, corrupted_tokens, clean_cache, patching_metric, hook, list(range(P)), _heads(model, hook))
+
+    get.__doc__ = f"``[layer, pos, head]``: each head's ``{hook}`` patched clean → corrupted at one position at a time."
+    return get
 
 
-def get_act_patch_attn_head_out_all_pos(model: Any, corrupted_tokens: torch.Tensor, clean_cache: Any, patching_metric: TLMetric) -> torch.Tensor:
-    """``[layer, head]``: each head's ``z`` patched at every position."""
-    return _act_patch(model, corrupted_tokens, clean_cache, patching_metric, "z", None, None)
+def _per_pos(hook: str) -> Callable[..., torch.Tensor]:
+    def get(model: Any, corrupted_tokens: torch.Tensor, clean_cache: Any, patching_metric: TLMetric) -> torch.Tensor:
+        return _act_patch(model, corrupted_tokens, clean_cache, patching_metric, hook, None, None)
+
+    get.__doc__ = f"``[layer, pos]``: ``{hook}`` of each layer and position patched clean → corrupted."
+    return get
 
 
-__all__ = ["get_act_patch_resid_pre", "get_act_patch_resid_mid", "get_act_patch_attn_out", "get_act_patch_mlp_out",
-           "get_act_patch_attn_head_out_all_pos", "tokens_of"]
+get_act_patch_resid_pre = _named(_per_pos("resid_pre"), "get_act_patch_resid_pre")
+get_act_patch_resid_mid = _named(_per_pos("resid_mid"), "get_act_patch_resid_mid")
+get_act_patch_attn_out = _named(_per_pos("attn_out"), "get_act_patch_attn_out")
+get_act_patch_mlp_out = _named(_per_pos("mlp_out"), "get_act_patch_mlp_out")
+get_act_patch_attn_head_out_all_pos = _named(_all_pos("z"), "get_act_patch_attn_head_out_all_pos")
+get_act_patch_attn_head_q_all_pos = _named(_all_pos("q"), "get_act_patch_attn_head_q_all_pos")
+get_act_patch_attn_head_k_all_pos = _named(_all_pos("k"), "get_act_patch_attn_head_k_all_pos")
+get_act_patch_attn_head_v_all_pos = _named(_all_pos("v"), "get_act_patch_attn_head_v_all_pos")
+get_act_patch_attn_head_pattern_all_pos = _named(_all_pos("pattern"), "get_act_patch_attn_head_pattern_all_pos")
+get_act_patch_attn_head_out_by_pos = _named(_by_pos("z"), "get_act_patch_attn_head_out_by_pos")
+get_act_patch_attn_head_q_by_pos = _named(_by_pos("q"), "get_act_patch_attn_head_q_by_pos")
+get_act_patch_attn_head_k_by_pos = _named(_by_pos("k"), "get_act_patch_attn_head_k_by_pos")
+get_act_patch_attn_head_v_by_pos = _named(_by_pos("v"), "get_act_patch_attn_head_v_by_pos")
+
+
+def get_act_patch_attn_head_pattern_by_pos(model: Any, corrupted_tokens: torch.Tensor, clean_cache: Any,
+                                           patching_metric: TLMetric) -> torch.Tensor:
+    """``[layer, head, dest_pos]`` (TransformerLens's axis order): each head's attention pattern row of one
+    destination position patched clean → corrupted."""
+    return _by_pos("pattern")(model, corrupted_tokens, clean_cache, patching_metric).transpose(1, 2)
+
+
+def get_act_patch_attn_head_pattern_dest_src_pos(model: Any, corrupted_tokens: torch.Tensor, clean_cache: Any,
+                                                 patching_metric: TLMetric) -> torch.Tensor:
+    """``[layer, head, dest_pos, src_pos]``: one attention-pattern entry patched clean → corrupted at a time.
+    One entry per run (as TransformerLens: ``layers·heads·pos²`` forward passes), with the metric on full
+    logits; entries above the diagonal are 0 in both runs, so they give the corrupted metric."""
+    tokens = corrupted_tokens if corrupted_tokens.ndim == 2 else corrupted_tokens[None]
+    L, H, P = model.cfg.n_layer, model.cfg.n_head, tokens.shape[-1]
+    out = torch.zeros(L, H, P, P)
+    with torch.no_grad():
+        for layer in range(L):
+            clean = clean_cache["pattern", layer]
+            for head, dest, src in itertools.product(range(H), range(P), range(P)):
+                def put(pattern: torch.Tensor, hook: Any) -> torch.Tensor:
+                    pattern = pattern.clone()
+                    pattern[:, head, dest, src] = clean[:, head, dest, src].to(pattern.dtype)
+                    return pattern
+
+                logits = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", put)])
+                out[layer, head, dest, src] = float(patching_metric(logits))
+    return out
+
+
+def _pad_heads(t: torch.Tensor, n: int) -> torch.Tensor:
+    """Zero-pad the last (head) axis to ``n`` (key/value heads beside query heads, as TransformerLens)."""
+    return torch.nn.functional.pad(t, (0, n - t.shape[-1]))
+
+
+def get_act_patch_attn_head_all_pos_every(model: Any, corrupted_tokens: torch.Tensor, clean_cache: Any,
+                                          metric: TLMetric) -> torch.Tensor:
+    """``[5, layer, head]``: head output (z), q, k, v and pattern, each patched at every position."""
+    out = [get_act_patch_attn_head_out_all_pos(model, corrupted_tokens, clean_cache, metric),
+           get_act_patch_attn_head_q_all_pos(model, corrupted_tokens, clean_cache, metric)]
+    H = out[-1].shape[-1]
+    out += [_pad_heads(get_act_patch_attn_head_k_all_pos(model, corrupted_tokens, clean_cache, metric), H),
+            _pad_heads(get_act_patch_attn_head_v_all_pos(model, corrupted_tokens, clean_cache, metric), H),
+            get_act_patch_attn_head_pattern_all_pos(model, corrupted_tokens, clean_cache, metric)]
+    return torch.stack(out)
+
+
+def get_act_patch_attn_head_by_pos_every(model: Any, corrupted_tokens: torch.Tensor, clean_cache: Any,
+                                         metric: TLMetric) -> torch.Tensor:
+    """``[5, layer, pos, head]``: head output (z), q, k, v and pattern, each patched at one position at a time."""
+    out = [get_act_patch_attn_head_out_by_pos(model, corrupted_tokens, clean_cache, metric),
+           get_act_patch_attn_head_q_by_pos(model, corrupted_tokens, clean_cache, metric)]
+    H = out[-1].shape[-1]
+    out += [_pad_heads(get_act_patch_attn_head_k_by_pos(model, corrupted_tokens, clean_cache, metric), H),
+            _pad_heads(get_act_patch_attn_head_v_by_pos(model, corrupted_tokens, clean_cache, metric), H),
+            get_act_patch_attn_head_pattern_by_pos(model, corrupted_tokens, clean_cache, metric).transpose(1, 2)]
+    return torch.stack(out)
+
+
+def get_act_patch_block_every(model: Any, corrupted_tokens: torch.Tensor, clean_cache: Any,
+                              metric: TLMetric) -> torch.Tensor:
+    """``[3, layer, pos]``: the residual stream entering each block, each attention output and each MLP output."""
+    return torch.stack([get_act_patch_resid_pre(model, corrupted_tokens, clean_cache, metric),
+                        get_act_patch_attn_out(model, corrupted_tokens, clean_cache, metric),
+                        get_act_patch_mlp_out(model, corrupted_tokens, clean_cache, metric)])
+
+
+__all__ = [name for name in dir() if name.startswith("get_act_patch_")] + ["tokens_of"]

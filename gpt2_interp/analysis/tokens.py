@@ -18,7 +18,7 @@ def target_ids(model: "HookedGPT2", target: str) -> list[int]:
         raise TypeError(f"target must be a string such as ' Rome', got {type(target).__name__}")
     if not target.strip():
         raise ValueError(f"target {target!r} is empty; give the text the model should produce, e.g. ' Rome'")
-    return model.tokenizer.encode(target)
+    return model.tokenizer.encode_ids(target)
 
 
 def token_span(model: "HookedGPT2", text: str, lo: int, hi: int, prepend_bos: bool = True) -> tuple[int, int]:

@@ -140,7 +140,7 @@ def embedding_std(model: "HookedGPT2", texts: Sequence[str] | None = None, ids: 
     if ids is None:
         if texts is None or isinstance(texts, str):
             raise TypeError("embedding_std takes a list of texts (e.g. subjects) or ids=[token ids]")
-        ids = [i for t in texts for i in model.tokenizer.encode(t)]
+        ids = [i for t in texts for i in model.tokenizer.encode_ids(t)]
     ids = sorted(set(int(i) for i in ids))
     if not ids:
         raise ValueError("no tokens in the given texts")

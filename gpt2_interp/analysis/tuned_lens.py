@@ -170,7 +170,7 @@ def token_rows(model: "HookedGPT2", texts: Iterable[str], seq_len: int) -> tuple
     bos = [model.tokenizer.bos_id] if model.tokenizer.bos_id is not None else []
     stream: list[int] = []
     for text in texts:
-        stream += bos + model.tokenizer.encode(text)
+        stream += bos + model.tokenizer.encode_ids(text)
     stream = stream[len(bos):]  # every row gets its own BOS below
     step = seq_len - len(bos)
     rows = [bos + stream[i : i + step] for i in range(0, len(stream), step)]

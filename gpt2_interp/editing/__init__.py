@@ -3,7 +3,7 @@ reversible ``Edit`` value (``edit``) and CounterFact-style evaluation (``evaluat
 
 >>> edit = compute_edit(model, {"prompt": "The capital of {} is", "subject": "France", "target": " Rome"})
 >>> with model.edited(edit):
-...     model.generate("The capital of France is")
+...     model.generate("The capital of France is", do_sample=False)
 >>> many = compute_edits(model, requests)                   # MEMIT: one Edit for a batch
 >>> ns = NullSpace.from_stats(key_second_moment(model, [0]))
 >>> first = compute_edits(model, batch1, preserve=ns)       # AlphaEdit: sequential batches

@@ -228,7 +228,7 @@ def greedy_continuations(model: "HookedGPT2", prompts: Sequence[str], n_tokens: 
     ``suppress_eos`` the model cannot end the text (the fact model would stop after one sentence)."""
     longest = model.tokenize(list(prompts))[0].shape[1]
     return model.generate(list(prompts), max_new_tokens=min(n_tokens, model.cfg.n_ctx - longest),
-                          stop_at_eos=False, suppress_eos=suppress_eos)
+                          stop_at_eos=False, suppress_eos=suppress_eos, do_sample=False)
 
 
 @torch.no_grad()

@@ -278,7 +278,7 @@ def _token_rows(model: "HookedGPT2", texts: Any, max_len: int) -> Iterator[list[
     tk = model.tokenizer
     bos = [] if tk.bos_id is None else [tk.bos_id]
     for text in texts:
-        ids = tk.encode(text)
+        ids = tk.encode_ids(text)
         for i in range(0, max(len(ids), 1), max_len - len(bos)):
             chunk = ids[i : i + max_len - len(bos)]
             if chunk:

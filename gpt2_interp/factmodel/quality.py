@@ -80,7 +80,7 @@ def measure(model, fb: FactBase | None = None, limit: int | None = None) -> dict
         "train_per_relation": _per_relation(train),
         "heldout_per_relation": _per_relation(held),
         "lens": lens_curve(model, fb, limit),
-        "generations": model.generate(examples, max_new_tokens=10),
+        "generations": model.generate(examples, max_new_tokens=10, do_sample=False),
     }
 
 

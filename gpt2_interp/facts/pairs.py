@@ -41,11 +41,12 @@ def subject_swaps(facts: FactBase, tokenizer: Any, n: int, seed: int = 0, templa
     """Up to ``n`` pairs spread over the relations (facts drawn at random, fixed ``seed``): training
     template ``template`` of the fact's relation with its subject, and with another subject of the
     relation whose object starts with a different token and whose prompt has as many tokens.
-    ``tokenizer``: anything with ``encode(text) -> list[int]`` (``model.tokenizer``)."""
+    ``tokenizer``: ``model.tokenizer``, or anything with ``encode(text, add_special_tokens=False) -> list[int]``."""
     rng = random.Random(seed)
+    encode = getattr(tokenizer, "encode_ids", None) or (lambda text: tokenizer.encode(text, add_special_tokens=False))
 
     def first(f: Fact) -> int:
-        return tokenizer.encode(f.target)[0]
+        return encode(f.target)[0]
 
     pools = {r: rng.sample(facts.facts(r), len(facts.facts(r))) for r in facts.relations}
     out: list[tuple[str, str, int, int, tuple[Fact, Fact]]] = []
@@ -56,10 +57,10 @@ def subject_swaps(facts: FactBase, tokenizer: Any, n: int, seed: int = 0, templa
             f = pools[r].pop()
             t = templates(r, "train")[template]
             prompt = t.format(f.subject)
-            length = len(tokenizer.encode(prompt))
+            length = len(encode(prompt))
             others = [g for g in facts.facts(r) if g.subject != f.subject and first(g) != first(f)]
             rng.shuffle(others)
-            g = next((g for g in others if len(tokenizer.encode(t.format(g.subject))) == length), None)
+            g = next((g for g in others if len(encode(t.format(g.subject))) == length), None)
             if g is not None:
                 out.append((prompt, t.format(g.subject), first(f), first(g), (f, g)))
     if not out:

@@ -18,8 +18,8 @@ field          GPT-2                  Llama / SmolLM2
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import FrozenInstanceError, asdict, dataclass, fields, replace
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,9 @@ class GPT2Config:
     n_kv_heads: int | None = None
     bias: bool = True
     tied_embeddings: bool = True
+
+    # per model, not part of the value: TransformerLens's opt-in ``hook_result`` (see ModelConfig)
+    use_attn_result: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_head:
@@ -222,6 +225,77 @@ def llama_config(**kw: Any) -> "GPT2Config":
     """A Llama-family config (RMSNorm, RoPE, SwiGLU, no biases); ``kw`` sets the sizes."""
     base: dict[str, Any] = dict(norm="rmsnorm", positional="rotary", mlp="swiglu", bias=False, name="llama")
     return GPT2Config(**{**base, **kw})
+
+
+class ModelConfig(GPT2Config):
+    """One model's view of its config: every field of the (frozen, shareable) :class:`GPT2Config`,
+    equal to it, plus what TransformerLens keeps on ``model.cfg`` that belongs to one model:
+
+    - ``device`` and ``dtype``, read from the model's embedding, so they are right after ``model.to(...)``
+      (read-only: move the model instead);
+    - ``use_attn_result``, the one switch that may be set: ``model.cfg.use_attn_result = True`` (or
+      ``model.set_use_attn_result(True)``) makes every attention layer compute and hook its per-head
+      results ``blocks.{l}.attn.hook_result`` ``[batch, pos, head, d_model]``.
+
+    Anything else set on it raises (a TransformerLens flag we do not have must not be a silent no-op).
+    ``config`` is the plain :class:`GPT2Config`; ``replace`` returns one.
+    """
+
+    @classmethod
+    def of(cls, cfg: GPT2Config, embed: Any) -> "ModelConfig":
+        """A view of ``cfg``'s fields for the model whose token embedding module is ``embed``
+        (holding ``W_E``; a submodule, so the view makes no reference cycle with the model)."""
+        view = cls(**{f.name: getattr(cfg, f.name) for f in fields(GPT2Config)})
+        object.__setattr__(view, "_embed", embed)
+        object.__setattr__(view, "use_attn_result", bool(cfg.use_attn_result))
+        return view
+
+    @property
+    def config(self) -> GPT2Config:
+        """The plain config value (no model attached)."""
+        return GPT2Config(**{f.name: getattr(self, f.name) for f in fields(GPT2Config)})
+
+    @property
+    def device(self) -> Any:
+        """The model's device (where its weights are now)."""
+        return self._embedding().device
+
+    @property
+    def dtype(self) -> Any:
+        """The model's dtype (of its weights now)."""
+        return self._embedding().dtype
+
+    def _embedding(self) -> Any:
+        embed = self.__dict__.get("_embed")
+        if embed is None:
+            raise AttributeError("this config is not attached to a model; device and dtype are the model's")
+        return embed.W_E
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "use_attn_result":
+            object.__setattr__(self, name, bool(value))
+        elif name in ("device", "dtype"):
+            raise AttributeError(f"cfg.{name} follows the model's weights; use model.to(...) to change it")
+        elif name in {f.name for f in fields(GPT2Config)}:
+            raise FrozenInstanceError(f"cannot assign to field {name!r}: a config is a frozen value; build a "
+                                      f"model from cfg.replace({name}=...)")
+        else:
+            raise AttributeError(f"cfg.{name}: gpt2-interp's config has no such switch (the one settable "
+                                 "TransformerLens switch is use_attn_result); see docs/porting.md")
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, GPT2Config):
+            return all(getattr(self, f.name) == getattr(other, f.name) for f in fields(GPT2Config))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.config)
+
+    def __repr__(self) -> str:
+        return repr(self.config)
+
+    def replace(self, **changes: Any) -> GPT2Config:
+        return replace(self.config, **changes)
 
 
 TransformerConfig = GPT2Config  # the same class: GPT-2 is the default configuration

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..core.checks import check_index
 from ..io import tokenizer as tok
-from .config import KNOWN_CONFIGS, GPT2Config
+from .config import KNOWN_CONFIGS, GPT2Config, ModelConfig
 from .hooks import HookPoint, warn_if_nonfinite, warn_port, watch_replacements
 from .root import HookedRootModule
 from .modules import Block, KVCache, norm, rotary_cos_sin
@@ -31,7 +31,7 @@ Input = Union[str, Sequence[str], torch.Tensor]
 _BLOCK_HOOK_ORDER = (
     "hook_resid_pre", "ln1.hook_scale", "ln1.hook_normalized",
     "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k",
-    "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z",
+    "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z", "attn.hook_result",
     "hook_attn_out", "hook_resid_mid", "ln2.hook_scale", "ln2.hook_normalized",
     "mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
 )  # the forward order; hooks a config lacks (rot_q/rot_k, pre_linear, pos_embed) are skipped
@@ -49,14 +49,16 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
     def __init__(self, cfg: GPT2Config | str = "gpt2", seed: int | None = None,
                  tokenizer: tok.Tokenizer | None = None) -> None:
         super().__init__()
-        self.tokenizer: tok.Tokenizer = tokenizer if tokenizer is not None else tok.gpt2_tokenizer()
+        # Hugging Face's interface too (model.tokenizer(texts, padding=True), .decode, …); its own per model
+        self.tokenizer: tok.Tokenizer = tokenizer if tokenizer is not None else tok.GPT2Tokenizer()
         if isinstance(cfg, str):
             if cfg not in KNOWN_CONFIGS:
                 raise KeyError(f"unknown config {cfg!r}; known: {', '.join(KNOWN_CONFIGS)}")
             cfg = KNOWN_CONFIGS[cfg]
-        self.cfg = cfg
         self.embed = nn.Module()
         self.embed.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
+        # the model's own view of the shared config: TL's cfg.device / cfg.use_attn_result (config.ModelConfig)
+        self.cfg = cfg = ModelConfig.of(cfg, self.embed)
         self.hook_embed = HookPoint()
         if cfg.positional == "learned":
             self.pos_embed = nn.Module()
@@ -125,12 +127,15 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
     ) -> torch.Tensor:
         """Token ids ``[batch, pos]`` (a string gives batch 1); a list is padded with <|endoftext|>
         on the LEFT unless ``padding_side="right"`` (TransformerLens pads right; see docs/porting.md):
-        every row's last token is then in the last column."""
+        every row's last token is then in the last column. A ``model.tokenizer.padding_side`` that was
+        set is honoured, as in TransformerLens."""
+        padding_side = padding_side or self.tokenizer.chosen_padding_side
         tokens, mask = self.tokenize(text, prepend_bos, padding_side or "left")
         if padding_side is None and mask is not None:
             warn_port("to_tokens(list) pads on the LEFT (TransformerLens pads right): `tokens[:, -1]` and "
-                      "`logits[:, -1]` are every row's last token. Pass padding_side='left' to silence this, or "
-                      "padding_side='right' for TransformerLens's layout.")
+                      "`logits[:, -1]` are every row's last token. Pass padding_side='left' (or set "
+                      "model.tokenizer.padding_side) to silence this, or padding_side='right' for "
+                      "TransformerLens's layout.")
         return tokens
 
     def tokenize(
@@ -145,7 +150,7 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         if bad:
             raise TypeError(f"text must be a string or a list of strings; got a list holding {bad[0]}")
         bos = [self.tokenizer.bos_id] if prepend_bos and self.tokenizer.bos_id is not None else []
-        rows = [bos + self.tokenizer.encode(t) for t in texts]
+        rows = [bos + self.tokenizer.encode_ids(t) for t in texts]
         if not all(rows):
             raise ValueError("empty input: the text has no tokens and no BOS is prepended")
         return self.pad(rows, padding_side)
@@ -172,8 +177,8 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         if t.ndim == 0:  # one id
             t = t[None]
         if t.ndim == 2:
-            return [self.tokenizer.decode(r.tolist()) for r in t]
-        return self.tokenizer.decode(t.tolist())
+            return [self.tokenizer.decode_ids(r.tolist()) for r in t]
+        return self.tokenizer.decode_ids(t.tolist())
 
     def to_str_tokens(self, text_or_tokens: str | torch.Tensor | Sequence[int], prepend_bos: bool = True) -> list[str]:
         """The string of each token (BOS included when ``prepend_bos`` and given text)."""
@@ -198,11 +203,11 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             if not 0 <= i < self.cfg.d_vocab:
                 raise ValueError(f"token id {i} is outside the vocabulary [0, {self.cfg.d_vocab})")
             return i
-        ids = self.tokenizer.encode(text)
+        ids = self.tokenizer.encode_ids(text)
         if len(ids) != 1:
             pieces = [self.tokenizer.token_str(i) for i in ids]
             hint = ""
-            if text[:1] != " " and len(self.tokenizer.encode(" " + text)) == 1:
+            if text[:1] != " " and len(self.tokenizer.encode_ids(" " + text)) == 1:
                 hint = f"; words inside a sentence usually start with a space: {' ' + text!r} is one token"
             raise ValueError(f"{text!r} is {len(ids)} tokens {pieces}, not one{hint}")
         return ids[0]
@@ -401,7 +406,7 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         self,
         input: Input,
         max_new_tokens: int = 20,
-        temperature: float = 0.0,
+        temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
         stop_at_eos: bool = True,
@@ -414,8 +419,10 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         verbose: bool = False,
         return_type: Literal["input", "str", "tokens"] = "input",
     ) -> Any:
-        """Continue text. Greedy when ``temperature == 0`` (the default; TransformerLens samples at
-        temperature 1 for 10 tokens); else samples (``top_k``/``top_p``). TransformerLens's keywords:
+        """Continue text. Greedy when ``temperature == 0`` (the default); else samples
+        (``top_k``/``top_p``). TransformerLens samples at temperature 1 for 10 tokens by default, so a
+        call that states neither ``do_sample`` nor ``temperature`` gets a :class:`PortingWarning`
+        (``do_sample=False`` keeps ours quietly; ``do_sample=True`` samples as TransformerLens). Its keywords:
         ``do_sample`` (True samples at ``temperature`` or 1.0, False is greedy), ``use_past_kv_cache``
         (= ``use_kv_cache``), ``verbose`` (ignored: no progress bar), ``return_type`` "str"/"tokens".
         ``suppress_eos`` forbids the end-of-text token (the text always runs ``max_new_tokens``).
@@ -425,8 +432,13 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         """
         from .generate import generate
 
+        if do_sample is None and temperature is None:
+            warn_port("generate() without do_sample/temperature is GREEDY for max_new_tokens=20 by default; "
+                      "TransformerLens samples at temperature 1 for 10 tokens. Pass do_sample=False to keep greedy "
+                      "decoding (silences this), or do_sample=True for TransformerLens's sampling.")
         if do_sample is not None:
             temperature = (temperature or 1.0) if do_sample else 0.0
+        temperature = temperature or 0.0
         if use_past_kv_cache is not None:
             use_kv_cache = use_past_kv_cache
         if return_type not in ("input", "str", "tokens"):

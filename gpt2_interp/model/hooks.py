@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..core.finite import NonFiniteWarning, is_finite
+from ..core.porting import PortingWarning
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], Union[torch.Tensor, None]]
 NameFilter = Union[None, str, Callable[[str], bool], "list[str]", "tuple[str, ...]", "set[str]"]
@@ -149,10 +150,6 @@ class HookPoint:
         return f"HookPoint({self.name!r}, fwd={len(self.fwd_hooks)}, bwd={len(self.bwd_hooks)})"
 
 
-class PortingWarning(UserWarning):
-    """A result that would differ from TransformerLens's for the same line of code (see docs/porting.md)."""
-
-
 def warn_port(message: str) -> None:
     """Warn (once per call site) where a TransformerLens idiom would silently give another result."""
     warnings.warn(message, PortingWarning, stacklevel=3)
@@ -221,6 +218,7 @@ _SHORT = {
     "k": "blocks.{}.attn.hook_k",
     "v": "blocks.{}.attn.hook_v",
     "z": "blocks.{}.attn.hook_z",
+    "result": "blocks.{}.attn.hook_result",
     "attn_scores": "blocks.{}.attn.hook_attn_scores",
     "scores": "blocks.{}.attn.hook_attn_scores",
     "pattern": "blocks.{}.attn.hook_pattern",

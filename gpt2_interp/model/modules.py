@@ -15,6 +15,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from einops import einsum
 from torch import nn
 
 from .config import GPT2Config
@@ -134,7 +135,9 @@ class Attention(nn.Module):
     config is rotary (``hook_rot_q``/``hook_rot_k``).
 
     Uses ``scaled_dot_product_attention`` unless a hook asks for the scores or
-    the pattern, in which case they are materialised (same result within fp error).
+    the pattern, in which case they are materialised (same result within fp error). The per-head
+    results ``hook_result`` ``[batch, pos, head, d_model]`` are computed only when the model's
+    ``cfg.use_attn_result`` is on (as in TransformerLens); otherwise ``hook_result`` never fires.
     """
 
     def __init__(self, cfg: GPT2Config, layer: int) -> None:
@@ -145,7 +148,7 @@ class Attention(nn.Module):
         self.b_QKV = _bias(cfg, (h + 2 * kv) * dh)
         self.W_O = nn.Parameter(torch.empty(h, dh, d))
         self.b_O = _bias(cfg, d)
-        names = ["q", "k", "v", "attn_scores", "pattern", "z"]
+        names = ["q", "k", "v", "attn_scores", "pattern", "z", "result"]  # result: only with cfg.use_attn_result
         if cfg.positional == "rotary":
             names += ["rot_q", "rot_k"]
         for name in names:
@@ -231,6 +234,10 @@ class Attention(nn.Module):
             else:
                 z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
         z = self.hook_z(z.transpose(1, 2))  # [batch, pos, head, d_head]
+        if c.use_attn_result:  # TransformerLens's opt-in per-head results (model.set_use_attn_result(True))
+            result = self.hook_result(einsum(z, self.W_O, "b p h dh, h dh d -> b p h d"))
+            out = result.sum(-2)
+            return out if self.b_O is None else out + self.b_O
         return _linear(z.flatten(-2), self.W_O.view(-1, c.d_model), self.b_O)
 
 

@@ -3,7 +3,8 @@
 Stacked weights have TransformerLens's shapes: ``W_Q/W_K/W_V`` ``[layer, head, d_model, d_head]``,
 ``W_O`` ``[layer, head, d_head, d_model]``, ``b_Q/b_K/b_V`` ``[layer, head, d_head]``, ``b_O``
 ``[layer, d_model]``, ``W_in`` ``[layer, d_model, d_mlp]``, ``W_out`` ``[layer, d_mlp, d_model]``.
-They are copies (``torch.stack``): edit weights through ``model.blocks[i]``.
+They are copies (``torch.stack``): edit weights through ``model.blocks[i]``. As in TransformerLens,
+a config without biases gives zero biases, and grouped-query key/value weights are repeated per query head.
 """
 
 from __future__ import annotations
@@ -12,17 +13,91 @@ from typing import Any
 
 import torch
 
+from ..core.devices import resolve_device, resolve_dtype
 from .factored import FactoredMatrix
+from .hooks import warn_port
 
 
 def _stack(model: Any, get: Any) -> torch.Tensor:
     return torch.stack([get(b) for b in model.blocks])
 
 
+def _kv_heads(model: Any, t: torch.Tensor) -> torch.Tensor:
+    """Key/value heads repeated to one per query head (grouped-query attention), as TransformerLens."""
+    groups = model.cfg.n_head // model.cfg.n_kv
+    return t if groups == 1 else t.repeat_interleave(groups, dim=1)
+
+
+def _bias(model: Any, get: Any, shape: tuple[int, ...]) -> torch.Tensor:
+    """A stacked bias; zeros of TransformerLens's shape ``[layer, *shape]`` when the config has no biases."""
+    if model.cfg.bias:
+        return _stack(model, get)
+    W_E = model.W_E
+    return W_E.new_zeros((model.cfg.n_layer, *shape))
+
+
+_PROCESSING = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases",
+               "refactor_factored_attn_matrices")
+
+
 class TransformerLensAliases:
-    """Mixed into the model: ``model.W_Q``, ``model.OV``, ``b_U``, ``get_token_position``, …"""
+    """Mixed into the model: ``model.W_Q``, ``model.OV``, ``b_U``, ``get_token_position``,
+    ``set_use_attn_result``, ``from_pretrained``, …"""
 
     blocks: Any
+    cfg: Any
+
+    @classmethod
+    def from_pretrained(cls, model_name: str, fold_ln: bool = True, center_writing_weights: bool = True,
+                        center_unembed: bool = True, refactor_factored_attn_matrices: bool = False,
+                        fold_value_biases: bool = True, device: Any = None, dtype: Any = None,
+                        hf_model: Any = None, **kwargs: Any) -> Any:
+        """TransformerLens's loader, over :func:`gpt2_interp.load` (``hf_model``: over
+        ``from_transformers``). Weights are never folded or centred: with TransformerLens's default
+        processing flags a :class:`PortingWarning` says so (logits are equal either way; weights and
+        residual-stream activations equal TL's ``from_pretrained_no_processing``). Pass the flags as
+        False, or call :meth:`from_pretrained_no_processing` / ``gpt2_interp.load``, to silence it.
+        Other TransformerLens keywords are accepted at values that change nothing, else refused."""
+        from .loading import from_transformers, load
+
+        asked = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
+                     refactor_factored_attn_matrices=refactor_factored_attn_matrices,
+                     fold_value_biases=fold_value_biases)
+        on = [k for k in _PROCESSING if asked[k]]
+        if on:
+            warn_port(f"from_pretrained: gpt2-interp never folds or centres weights ({', '.join(on)} ignored); "
+                      "logits equal TransformerLens's, but weights and residual-stream activations equal its "
+                      "from_pretrained_no_processing. Use from_pretrained_no_processing or gpt2_interp.load to "
+                      "silence this.")
+        harmless = {"n_devices": 1, "move_to_device": True, "default_prepend_bos": True, "first_n_layers": None,
+                    "checkpoint_index": None, "checkpoint_value": None, "checkpoint_label": None, "n_ctx": None,
+                    "tokenizer": None}
+        padding_side = kwargs.pop("default_padding_side", None)
+        for k, v in kwargs.items():
+            if k not in harmless:
+                raise TypeError(f"from_pretrained() got an unexpected keyword {k!r}")
+            if v is not None and v != harmless[k]:
+                raise ValueError(f"from_pretrained({k}={v!r}) is not supported by gpt2-interp (see docs/porting.md)")
+        if hf_model is not None:
+            model = from_transformers(hf_model).to(device=resolve_device(device), dtype=resolve_dtype(dtype)).eval()
+        else:
+            model = load(model_name, device=device, dtype=dtype)
+        if padding_side is not None:  # TL's default_padding_side: the tokenizer's (to_tokens honours it)
+            model.tokenizer.padding_side = padding_side
+        return model
+
+    @classmethod
+    def from_pretrained_no_processing(cls, model_name: str, **kwargs: Any) -> Any:
+        """:meth:`from_pretrained` without weight processing (what gpt2-interp always does; no warning)."""
+        for k in _PROCESSING:
+            kwargs.setdefault(k, False)
+        return cls.from_pretrained(model_name, **kwargs)
+
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """Compute and hook each head's result ``blocks.{l}.attn.hook_result`` ``[batch, pos, head, d_model]``
+        in every forward pass (off by default: it costs a ``[batch, pos, head, d_model]`` tensor per
+        layer; :meth:`ActivationCache.stack_head_results` needs only ``hook_z``)."""
+        self.cfg.use_attn_result = use_attn_result
 
     @property
     def W_Q(self) -> torch.Tensor:
@@ -30,11 +105,14 @@ class TransformerLensAliases:
 
     @property
     def W_K(self) -> torch.Tensor:
-        return _stack(self, lambda b: b.attn.W_K)
+        """``[layer, head, d_model, d_head]``; with grouped-query attention each key head repeated for
+        the query heads that read it, as in TransformerLens (``blocks[l].attn.W_K`` has ``n_kv`` heads)."""
+        return _kv_heads(self, _stack(self, lambda b: b.attn.W_K))
 
     @property
     def W_V(self) -> torch.Tensor:
-        return _stack(self, lambda b: b.attn.W_V)
+        """``[layer, head, d_model, d_head]`` (value heads repeated per query head, as :attr:`W_K`)."""
+        return _kv_heads(self, _stack(self, lambda b: b.attn.W_V))
 
     @property
     def W_O(self) -> torch.Tensor:
@@ -42,19 +120,20 @@ class TransformerLensAliases:
 
     @property
     def b_Q(self) -> torch.Tensor:
-        return _stack(self, lambda b: b.attn.b_Q)
+        """``[layer, head, d_head]`` (zeros without biases, as TransformerLens)."""
+        return _bias(self, lambda b: b.attn.b_Q, (self.cfg.n_head, self.cfg.d_head))
 
     @property
     def b_K(self) -> torch.Tensor:
-        return _stack(self, lambda b: b.attn.b_K)
+        return _kv_heads(self, _bias(self, lambda b: b.attn.b_K, (self.cfg.n_kv, self.cfg.d_head)))
 
     @property
     def b_V(self) -> torch.Tensor:
-        return _stack(self, lambda b: b.attn.b_V)
+        return _kv_heads(self, _bias(self, lambda b: b.attn.b_V, (self.cfg.n_kv, self.cfg.d_head)))
 
     @property
     def b_O(self) -> torch.Tensor:
-        return _stack(self, lambda b: b.attn.b_O)
+        return _bias(self, lambda b: b.attn.b_O, (self.cfg.d_model,))
 
     @property
     def W_in(self) -> torch.Tensor:
@@ -66,11 +145,11 @@ class TransformerLensAliases:
 
     @property
     def b_in(self) -> torch.Tensor:
-        return _stack(self, lambda b: b.mlp.b_in)
+        return _bias(self, lambda b: b.mlp.b_in, (self.cfg.d_mlp,))
 
     @property
     def b_out(self) -> torch.Tensor:
-        return _stack(self, lambda b: b.mlp.b_out)
+        return _bias(self, lambda b: b.mlp.b_out, (self.cfg.d_model,))
 
     @property
     def b_U(self) -> torch.Tensor:
