@@ -593,15 +593,21 @@ def test_a_padding_side_set_on_the_tokenizer_is_honoured_by_to_tokens_as_in_tran
         ref.tokenizer.padding_side = "right"
 
 
-def test_generate_without_a_sampling_choice_warns_and_with_one_is_quiet(pair):
-    ours, _, _ = pair
-    with pytest.warns(PortingWarning, match="GREEDY"):
-        greedy = ours.generate("The quick", max_new_tokens=3, stop_at_eos=False)
+def test_generate_defaults_are_transformer_lens_sampling_and_greedy_is_asked_for(pair):
+    """TL's generate samples at temperature 1 for 10 tokens by default; ours does the same (quietly),
+    and do_sample=False / temperature=0 are greedy — equal to TL's greedy tokens."""
+    ours, ref, _ = pair
     with warnings.catch_warnings():
         warnings.simplefilter("error", PortingWarning)
-        assert ours.generate("The quick", max_new_tokens=3, stop_at_eos=False, do_sample=False) == greedy
-        ours.generate("The quick", max_new_tokens=3, do_sample=True, seed=0)
-        ours.generate("The quick", max_new_tokens=3, temperature=0.7, seed=0)
+        tokens = ours.to_tokens("The quick")
+        sampled = [ours.generate(tokens, stop_at_eos=False, seed=s) for s in range(4)]
+        assert all(t.shape == (1, tokens.shape[1] + 10) for t in sampled)  # TL's 10 new tokens
+        assert len({tuple(t[0].tolist()) for t in sampled}) > 1  # it samples
+        assert torch.equal(ours.generate(tokens, stop_at_eos=False, seed=7), ours.generate(tokens, stop_at_eos=False, seed=7))
+        greedy = ours.generate(tokens, max_new_tokens=5, stop_at_eos=False, do_sample=False)
+        assert torch.equal(ours.generate(tokens, max_new_tokens=5, stop_at_eos=False, temperature=0), greedy)
+    want = ref.generate(tokens, max_new_tokens=5, stop_at_eos=False, do_sample=False, verbose=False)
+    assert torch.equal(greedy, want)
 
 
 def test_from_pretrained_loads_through_load_and_says_it_never_folds(pair):

@@ -405,8 +405,8 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
     def generate(
         self,
         input: Input,
-        max_new_tokens: int = 20,
-        temperature: float | None = None,
+        max_new_tokens: int = 10,
+        temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
         stop_at_eos: bool = True,
@@ -414,17 +414,16 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         use_kv_cache: bool = True,
         prepend_bos: bool = True,
         suppress_eos: bool = False,
-        do_sample: bool | None = None,
+        do_sample: bool = True,
         use_past_kv_cache: bool | None = None,
         verbose: bool = False,
         return_type: Literal["input", "str", "tokens"] = "input",
     ) -> Any:
-        """Continue text. Greedy when ``temperature == 0`` (the default); else samples
-        (``top_k``/``top_p``). TransformerLens samples at temperature 1 for 10 tokens by default, so a
-        call that states neither ``do_sample`` nor ``temperature`` gets a :class:`PortingWarning`
-        (``do_sample=False`` keeps ours quietly; ``do_sample=True`` samples as TransformerLens). Its keywords:
-        ``do_sample`` (True samples at ``temperature`` or 1.0, False is greedy), ``use_past_kv_cache``
-        (= ``use_kv_cache``), ``verbose`` (ignored: no progress bar), ``return_type`` "str"/"tokens".
+        """Continue text. TransformerLens's defaults: samples at ``temperature`` 1.0 for 10 tokens
+        (``top_k``/``top_p`` optional; ``seed`` makes it reproducible on any device). **Greedy** with
+        ``do_sample=False`` or ``temperature=0``. TransformerLens's keywords: ``do_sample``,
+        ``use_past_kv_cache`` (= ``use_kv_cache``), ``verbose`` (ignored: no progress bar),
+        ``return_type`` "str"/"tokens".
         ``suppress_eos`` forbids the end-of-text token (the text always runs ``max_new_tokens``).
 
         Text in gives text out (a list for a list, left-padded and batched); tokens in
@@ -432,13 +431,8 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         """
         from .generate import generate
 
-        if do_sample is None and temperature is None:
-            warn_port("generate() without do_sample/temperature is GREEDY for max_new_tokens=20 by default; "
-                      "TransformerLens samples at temperature 1 for 10 tokens. Pass do_sample=False to keep greedy "
-                      "decoding (silences this), or do_sample=True for TransformerLens's sampling.")
-        if do_sample is not None:
-            temperature = (temperature or 1.0) if do_sample else 0.0
-        temperature = temperature or 0.0
+        if not do_sample:
+            temperature = 0.0
         if use_past_kv_cache is not None:
             use_kv_cache = use_past_kv_cache
         if return_type not in ("input", "str", "tokens"):
