@@ -141,3 +141,38 @@ def test_neurons_figure_draws_every_requested_neuron(capsys, tmp_path, facts_mod
     assert code == 0 and (tmp_path / "n.png").exists()
     fig = neuron_vocab(facts_model, 2, k=3).strongest(20).plot()
     assert len(fig.axes) == 2 * 20  # top and bottom bars for each of the 20 neurons
+
+
+@pytest.mark.parametrize("command, content, needles", [
+    ("trace", None, ["--dataset", "no such file"]),
+    ("trace", '{"prompt": "The capital of France is", "subject": "France"}\n', ["line 1", "'target'"]),
+    ("trace", '{"prompt": "The capital of France is", "subject": "Spain", "target": " Paris"}\n', ["'Spain'", "not in its prompt"]),
+    ("trace", "not json\n", ["line 1", "not JSON"]),
+    ("trace", "[1, 2]\n", ["line 1", "list"]),
+    ("trace", "\n# only a comment\n", ["holds no objects"]),
+    ("patch", '{"clean": "a b", "corrupted": "c d", "answer": 7}\n', ["line 1", "'answer'", "non-empty strings"]),
+    ("patch", '{"clean": "The capital of France is", "corrupted": "The capital of Italy is", "answer": " Paris", "wrong": " Rome"}\n'
+              '{"clean": "The capital of Spain is", "corrupted": "The capital of Japan is", "answer": " Madrid"}\n',
+     ["1 of 2 pairs", "\"wrong\"", "every line"]),
+    ("patch", '{"clean": "The capital of France is", "corrupted": "The capital of the United Kingdom is", "answer": " Paris"}\n',
+     ["same number of tokens"]),
+])
+def test_bad_dataset_files_are_one_line(capsys, tmp_path, command, content, needles):
+    path = tmp_path / "data.jsonl"
+    if content is not None:
+        path.write_text(content)
+    code, out, err = run(capsys, command, "--dataset", str(path))
+    assert_one_line_error(code, err, *needles)
+    assert out == ""
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["trace", "--dataset", "facts:0"], ["facts:N", "positive integer"]),
+    (["trace", "--dataset", "facts:2", "--subject", "Munich"], ["--dataset", "drop --subject"]),
+    (["trace", "Munich is a city in"], ["--subject", "--dataset"]),
+    (["patch", "--dataset", "facts:2", "--answer", " Paris"], ["drop --answer"]),
+    (["patch", "--clean", "The capital of France is"], ["--corrupted", "--dataset"]),
+])
+def test_dataset_argument_mistakes_are_one_line(capsys, argv, needles):
+    code, _, err = run(capsys, *argv)
+    assert_one_line_error(code, err, *needles)

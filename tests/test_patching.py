@@ -277,3 +277,30 @@ def test_cli_patch(small, tmp_path, capsys):
     rc = main(["patch", "--model", str(tmp_path / "m"), "--clean", CLEAN, "--corrupted", "A different length prompt",
                "--answer", " Paris"])
     assert rc == 2 and "same number of tokens" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_patch_over_a_dataset_is_patch_over_its_pairs(tmp_path, capsys):
+    """``patch --dataset FILE`` and ``--dataset facts:N`` give :func:`patch` over the same pairs (per-pair answers)."""
+    from gpt2_interp.cli import main
+    from gpt2_interp.facts.base import FactBase
+    from gpt2_interp.facts.pairs import subject_swaps
+
+    model = gi.load("gpt2-facts")
+    rows = [("The capital of France is", "The capital of Italy is", " Paris", " Rome"),
+            ("The capital of Spain is", "The capital of Japan is", " Madrid", " Tokyo")]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(dict(zip(("clean", "corrupted", "answer"), r[:3]))) + "\n" for r in rows))
+    want = patch(model, [r[0] for r in rows], [r[1] for r in rows], prob([r[2] for r in rows]), normalize=True)
+    assert main(["patch", "--dataset", str(data), "--normalize", "--json"]) == 0  # no "wrong": probability
+    got = json.loads(capsys.readouterr().out)
+    assert got["metric"] == "prob"
+    torch.testing.assert_close(torch.tensor(got["values"]), want.values.float(), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(torch.tensor(got["pair_values"]), want.pair_values.float(), atol=1e-5, rtol=1e-4)
+    pairs = subject_swaps(FactBase.load(), model.tokenizer, n=3, seed=1)
+    want = patch(model, pairs.clean, pairs.corrupted, logit_diff(pairs.answers, pairs.wrongs), hook="mlp_out")
+    out = tmp_path / "fig.png"
+    assert main(["patch", "--dataset", "facts:3", "--seed", "1", "--hook", "mlp_out", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("3 prompt pairs from facts:3") and out.stat().st_size > 10000
+    assert f"clean {want.clean_metric:.4g}" in text

@@ -246,3 +246,24 @@ def test_analysis_script_quick(facts_model, tmp_path):
     saved = json.loads((tmp_path / "causal_trace.json").read_text())
     assert saved["finding"] == out["finding"] and saved["n_known"] > 0
     assert "last subject token" in out["finding"]
+
+
+@pytest.mark.slow
+def test_cli_trace_over_a_dataset_prints_the_average_trace_and_draws_it(facts_model, tmp_path, capsys):
+    """``trace --dataset FILE`` is :func:`average_trace` over the file's cases (same numbers), with its figure."""
+    cases = _known_facts(facts_model, 4)
+    data = tmp_path / "cases.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, "subject": s, "target": t}) + "\n" for p, s, t in cases))
+    from gpt2_interp.cli import main
+
+    want = average_trace(facts_model, cases, kind=["hidden", "mlp"], samples=2, seed=3).to_dict()
+    assert main(["trace", "--dataset", str(data), "--kind", "mlp", "--samples", "2", "--seed", "3", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["n_known"] == len(cases) and got["kinds"] == ["mlp"]
+    torch.testing.assert_close(torch.tensor(got["scores"]), torch.tensor(want["scores"][1:]), atol=1e-6, rtol=1e-5)
+    assert got["corrupted_score"] == pytest.approx(want["corrupted_score"][1:], abs=1e-6)
+    out = tmp_path / "avg.png"
+    assert main(["trace", "--dataset", str(data), "--samples", "2", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"average causal trace over {len(cases)} known of {len(cases)} facts")
+    assert "last subject token" in text and out.stat().st_size > 10000

@@ -384,6 +384,19 @@ class AverageTrace(Result):
         layer = int(row.argmax())
         return layer, float(row[layer])
 
+    def table(self) -> str:
+        """The baselines, then per kind the peak average indirect effect in each position bucket."""
+        lines = [f"average causal trace over {self.n_known} known of {self.n_facts} facts: clean p = {self.clean_score:.4f}, "
+                 f"corrupted p = " + ", ".join(f"{k} {c:.4f}" for k, c in zip(self.kinds, self.corrupted_score))
+                 + f" (noise std {self.noise_std:.4g}, {self.samples} samples)"]
+        for kind in self.kinds:
+            lines.append(f"  {kind} — peak average indirect effect by bucket:")
+            for b, bucket in enumerate(self.buckets):
+                if self.counts[b]:
+                    layer, value = self.peak(kind, bucket)
+                    lines.append(f"    {bucket:<24} {self.layer_labels[layer]:>4} {value:+.4f}")
+        return "\n".join(lines)
+
     def plot(self, **kwargs: Any):
         from ..plots.causal import plot_average_trace
 

@@ -12,12 +12,22 @@ def _ints(text: str | None) -> list[int] | None:
     return None if text is None else [int(x) for x in text.split(",") if x.strip()]
 
 
-def _add_patch_args(p: argparse.ArgumentParser) -> None:
-    """The arguments ``patch`` and ``attribute`` share: prompts, metric, hook, cells, direction."""
-    p.add_argument("--clean", required=True, nargs="+", help="clean prompt(s)")
-    p.add_argument("--corrupted", required=True, nargs="+", help="corrupted prompt(s), same token count as each clean one")
-    p.add_argument("--answer", required=True, help="the clean answer token, e.g. ' Paris'")
+DATASET_HELP = ("a JSON Lines file (one object per line{fields}) or facts / facts:N (the fact base: all, or N drawn "
+                "with --seed); under torchrun the ranks share the work and rank 0 prints the single-process result")
+
+
+def _add_patch_args(p: argparse.ArgumentParser, dataset: bool = False) -> None:
+    """The arguments ``patch`` and ``attribute`` share: prompts, metric, hook, cells, direction
+    (``dataset``: the prompts may come from ``--dataset`` instead)."""
+    p.add_argument("--clean", required=not dataset, nargs="+", help="clean prompt(s)")
+    p.add_argument("--corrupted", required=not dataset, nargs="+", help="corrupted prompt(s), same token count as each clean one")
+    p.add_argument("--answer", required=not dataset, help="the clean answer token, e.g. ' Paris'")
     p.add_argument("--wrong", default=None, help="the corrupted answer token, e.g. ' Rome' (metric: logit difference)")
+    if dataset:
+        p.add_argument("--dataset", default=None, metavar="FILE|facts[:N]", help="prompt pairs instead of --clean/--corrupted: " + DATASET_HELP.format(
+            fields=': {"clean": …, "corrupted": …, "answer": …, "wrong": …}, wrong optional but on every line or none; '
+                   'facts: subject swaps'))
+        p.add_argument("--seed", type=int, default=0, help="which facts facts:N draws")
     p.add_argument("--metric", choices=["auto", "logit_diff", "prob", "kl"], default="auto",
                    help="auto: logit_diff with --wrong, else prob")
     p.add_argument("--hook", default="resid_pre", help="family (resid_pre, attn_out, mlp_out, z, pattern, …) or full hook name")
@@ -30,9 +40,10 @@ def _add_patch_args(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("patch", help="activation patching sweep: which (layer, position/head) restores the answer",
                        description="Patch clean activations into the corrupted run (denoise) or the reverse (noise), "
-                                   "one component at a time, batched.")
+                                   "one component at a time, batched; with --dataset, averaged over many prompt pairs "
+                                   "(torchrun --nproc-per-node N -m gpt2_interp patch --dataset … shards the pairs).")
     add_model_args(p)
-    _add_patch_args(p)
+    _add_patch_args(p, dataset=True)
     p.add_argument("--batch-size", type=count(1), default=None, help="patched runs per forward (default: by memory)")
     add_output_args(p)
     p.set_defaults(func=patch_cmd)
@@ -54,11 +65,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("trace", help="ROME causal trace: where a fact is recalled (tokens × layers)",
                        description="Noise the subject's embeddings, restore one clean state per (token, layer), "
-                                   "score the target's probability.")
+                                   "score the target's probability. With --dataset: the trace averaged over many facts "
+                                   "in ROME's six position buckets (torchrun --nproc-per-node N -m gpt2_interp trace "
+                                   "--dataset … shards the facts).")
     add_model_args(p)
-    p.add_argument("prompt")
-    p.add_argument("--subject", required=True, help="the subject as it appears in the prompt")
+    p.add_argument("prompt", nargs="?", default=None, help="the prompt (or give --dataset)")
+    p.add_argument("--subject", default=None, help="the subject as it appears in the prompt (required with a prompt)")
     p.add_argument("--target", default=None, help="target token (default: the clean top-1)")
+    p.add_argument("--dataset", default=None, metavar="FILE|facts[:N]", help="average over many facts: " + DATASET_HELP.format(
+        fields=': {"prompt": …, "subject": …, "target": …}; only facts the model knows (clean top-1 = the '
+               'target\'s first token) are averaged; facts: each fact\'s first training template'))
+    p.add_argument("--facts-per-batch", type=count(1), default=16, help="facts traced together with --dataset")
     p.add_argument("--kind", choices=["hidden", "mlp", "attn", "all"], default="hidden",
                    help="restore hidden states, MLP or attention outputs; all = ROME's three panels")
     p.add_argument("--noise", type=number(0.0, open_min=True), default=None, help="absolute std of the subject-embedding noise "
@@ -66,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=count(1), default=10)
     p.add_argument("--window", type=count(1), default=None,
                    help="layers restored together for mlp/attn (default: ROME's 10 of 48 layers, scaled to the depth)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="noise draws (and which facts facts:N draws)")
     add_output_args(p)
     p.set_defaults(func=trace_cmd)
 
@@ -91,14 +108,40 @@ def _prompts(args: argparse.Namespace) -> tuple:
             args.corrupted[0] if len(args.corrupted) == 1 else args.corrupted)
 
 
-def patch_cmd(args: argparse.Namespace) -> int:
+def _dataset_metric(args: argparse.Namespace, answers: list, wrongs: list | None):
     from ..analysis import patching as pt
 
+    kind = args.metric if args.metric != "auto" else ("logit_diff" if wrongs is not None else "prob")
+    if kind == "logit_diff":
+        if wrongs is None:
+            raise ValueError(f"--metric logit_diff needs a \"wrong\" answer on every line of {args.dataset}")
+        return pt.logit_diff(answers, wrongs)
+    return pt.prob(answers) if kind == "prob" else pt.kl_to()
+
+
+def patch_cmd(args: argparse.Namespace) -> int:
+    from ..analysis import patching as pt
+    from ..core import distributed
+
+    if args.dataset is not None:
+        given = [f"--{a}" for a in ("clean", "corrupted", "answer", "wrong") if getattr(args, a) is not None]
+        if given:
+            raise ValueError(f"--dataset gives the prompt pairs and answers; drop {', '.join(given)}")
+    elif args.clean is None or args.corrupted is None or args.answer is None:
+        raise ValueError("give --clean, --corrupted and --answer, or --dataset FILE|facts[:N]")
     model = load_model(args)
-    clean, corrupted = _prompts(args)
-    r = pt.patch(model, clean, corrupted, _metric(args), hook=args.hook, layers=_ints(args.layers),
+    if args.dataset is not None:
+        from .datasets import patch_pairs
+
+        pairs = patch_pairs(args.dataset, model.tokenizer, seed=args.seed)
+        clean, corrupted, metric = pairs.clean, pairs.corrupted, _dataset_metric(args, pairs.answer, pairs.wrong)
+    else:
+        (clean, corrupted), metric = _prompts(args), _metric(args)
+    r = pt.patch(model, clean, corrupted, metric, hook=args.hook, layers=_ints(args.layers),
                  positions=_ints(args.positions), direction=args.direction, normalize=args.normalize,
-                 batch_size=args.batch_size, progress=True)
+                 batch_size=args.batch_size, progress=distributed.is_main())
+    if args.dataset is not None and not args.json:
+        return emit(args, r, lambda: f"{len(clean)} prompt pairs from {args.dataset}\n" + r.table())
     return emit(args, r)
 
 
@@ -119,9 +162,24 @@ def attribute_cmd(args: argparse.Namespace) -> int:
 
 def trace_cmd(args: argparse.Namespace) -> int:
     from ..analysis import tracing as tr
+    from ..core import distributed
 
-    model = load_model(args)
     kinds = tr.KINDS if args.kind == "all" else (args.kind,)
+    if args.dataset is not None:
+        given = [g for g, v in (("a prompt", args.prompt), ("--subject", args.subject), ("--target", args.target)) if v is not None]
+        if given:
+            raise ValueError(f"--dataset gives the prompts, subjects and targets; drop {', '.join(given)}")
+        from .datasets import trace_cases
+
+        cases = trace_cases(args.dataset, seed=args.seed)  # checked before the model loads
+        model = load_model(args)
+        avg = tr.average_trace(model, cases, kind=list(kinds), noise=args.noise, samples=args.samples,
+                               window=args.window, seed=args.seed, facts_per_batch=args.facts_per_batch,
+                               progress=distributed.is_main())
+        return emit(args, avg)
+    if args.prompt is None or args.subject is None:
+        raise ValueError("give a prompt and --subject, or --dataset FILE|facts[:N]")
+    model = load_model(args)
     traces = tr.causal_trace_all(model, args.prompt, args.subject, args.target, kinds=kinds, noise=args.noise,
                                  samples=args.samples, window=args.window, seed=args.seed, progress=True)
     return emit(args, traces if len(kinds) > 1 else traces.traces[0])
