@@ -1,5 +1,5 @@
 """Two CPU processes (gloo) give the single-process results: key statistics, averaged traces, patching over
-prompt pairs, edit evaluation.
+prompt pairs, edit evaluation, tuned-lens training (DDP); and the CLI's data loops under torchrun.
 
 One 2-rank job (``torch.multiprocessing.spawn``) runs every sharded function on a tiny random model;
 rank 0 saves what it got and the test process compares it with the same calls made without a
@@ -28,6 +28,7 @@ WORLD = 2
 CORPUS = "\n\n".join(f"Document {i}: the river runs past {i * 7} old houses and a mill near the bridge." for i in range(40))
 PROMPTS = ["The capital of France is", "A cat sat on the", "Water is made of", "The river runs past",
            "Paris is a city in", "The old mill near"]
+LENS_TEXTS = [f"Text {i}: the river runs past {i * 7} old houses, a mill and the bridge near town." for i in range(12)]
 FAST_ROME = {"v_steps": 2, "prefix_lengths": (2,), "prefixes_per_length": 1}
 
 
@@ -51,6 +52,7 @@ def run_all(model: HookedGPT2, corpus: Path, cache: Path):
     """Every sharded function, called the same way with and without a process group."""
     from gpt2_interp.analysis.patching import logit_diff, patch
     from gpt2_interp.analysis.tracing import average_trace
+    from gpt2_interp.analysis.tuned_lens import lens_divergence, train_tuned_lens
     from gpt2_interp.editing.evaluate import evaluate_edits
     from gpt2_interp.editing.stats import clear_memory_cache, key_second_moment
 
@@ -68,8 +70,13 @@ def run_all(model: HookedGPT2, corpus: Path, cache: Path):
     pt = patch(model, clean, corrupt, logit_diff([" Paris", " mat", " hydrogen", " old", " France"],
                                                  [" Rome", " floor", " oxygen", " new", " Italy"]),
                hook="resid_pre", normalize=True, progress=False)
+    # tuned lens: least-squares start on the corpus (rows sharded), then 3 DDP steps of 4 rows (2 per rank)
+    lens = train_tuned_lens(model, LENS_TEXTS, steps=3, batch_tokens=64, lr=1e-2, seq_len=16, progress=False)
+    div = lens_divergence(model, LENS_TEXTS[:3], lens, seq_len=16)
     return {"C": stats.C, "count": stats.count, "key": stats.key, "avg": avg.to_dict(), "rows": ev.rows,
-            "summary": ev.summary, "restored": ev.restored_exactly, "patch": pt.to_dict()}
+            "summary": ev.summary, "restored": ev.restored_exactly, "patch": pt.to_dict(),
+            "lens_weight": lens.weight, "lens_bias": lens.bias, "lens_div": div,
+            "lens_meta": {k: v for k, v in lens.meta.items() if k != "world_size"}}
 
 
 def _free_port() -> int:
@@ -185,6 +192,20 @@ def test_patching_over_a_prompt_set_on_two_ranks_equals_one_process(results):
     _close(got1["patch"], ref["patch"])
 
 
+@pytest.mark.slow
+def test_tuned_lens_trained_with_ddp_on_two_ranks_equals_one_process(results):
+    got, got1, ref, _ = results
+    assert ref["lens_meta"]["steps"] == 3 and ref["lens_weight"][0].abs().max() > 1e-3  # it did train
+    torch.testing.assert_close(got["lens_weight"], ref["lens_weight"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got["lens_bias"], ref["lens_bias"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got1["lens_weight"], got["lens_weight"], rtol=0, atol=0)  # DDP keeps the ranks identical
+    # the same losses (all-reduced over the ranks; rounded to 5 decimals), batch size, token counts
+    assert got["lens_meta"]["final_kl_nats"] == pytest.approx(ref["lens_meta"]["final_kl_nats"], abs=2e-5)
+    _close({k: v for k, v in got["lens_meta"].items() if k != "final_kl_nats"},
+           {k: v for k, v in ref["lens_meta"].items() if k != "final_kl_nats"})
+    _close(got["lens_div"], ref["lens_div"])
+
+
 def test_shards_cover_every_item_once_and_gather_restores_order():
     n, W = 11, 3
     shards = [list(range(r, n, W)) for r in range(W)]
@@ -220,3 +241,56 @@ def test_torchrun_cli_stats_on_two_ranks_writes_the_single_process_statistics_an
     (f2,), (f1,) = list((tmp_path / "two").glob("*.safetensors")), list((tmp_path / "one").glob("*.safetensors"))
     assert f2.name == f1.name  # the same cache key
     torch.testing.assert_close(load_file(str(f2))["C"], load_file(str(f1))["C"], rtol=1e-6, atol=1e-7)
+
+
+def _cli(args: list[str], nproc: int = 1) -> "subprocess.CompletedProcess[str]":
+    import subprocess
+    import sys
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)] if nproc > 1 else [sys.executable]
+    out = subprocess.run([*launch, "-m", "gpt2_interp", *args], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
+@pytest.mark.slow
+def test_torchrun_cli_trace_and_patch_over_a_dataset_print_the_single_process_result_once(tmp_path):
+    import json
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("\n".join(json.dumps(p) for p in [
+        {"clean": "The capital of France is", "corrupted": "The capital of Italy is", "answer": " Paris", "wrong": " Rome"},
+        {"clean": "The capital of Spain is", "corrupted": "The capital of Japan is", "answer": " Madrid", "wrong": " Tokyo"},
+        {"clean": "The capital of Germany is", "corrupted": "The capital of Egypt is", "answer": " Berlin", "wrong": " Cairo"},
+    ]) + "\n")
+    runs = {
+        "trace": ["trace", "--dataset", "facts:6", "--samples", "2", "--kind", "all", "--facts-per-batch", "2", "--json"],
+        "patch": ["patch", "--dataset", str(pairs), "--normalize", "--json"],
+    }
+    for name, args in runs.items():
+        two, one = _cli(args, nproc=2), _cli(args)
+        got, want = json.loads(two.stdout), json.loads(one.stdout)  # rank 0 alone prints: one JSON document
+        _close(got, want, name)
+    assert len(want["pair_values"]) == 3
+
+
+@pytest.mark.slow
+def test_torchrun_cli_tuned_lens_writes_the_single_process_lens(tmp_path):
+    from gpt2_interp.analysis.tuned_lens import TunedLens
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS)
+    args = ["tuned-lens", "--corpus", str(corpus), "--steps", "2", "--batch-tokens", "256", "--seq-len", "64"]
+    two = _cli([*args, "--save", str(tmp_path / "two.safetensors")], nproc=2)
+    _cli([*args, "--save", str(tmp_path / "one.safetensors")])
+    assert two.stdout.count("saved to") == 1
+    a, b = TunedLens.load(tmp_path / "two.safetensors"), TunedLens.load(tmp_path / "one.safetensors")
+    assert a.meta["world_size"] == 2 and b.meta["world_size"] == 1
+    # equal up to summation order — except that Adam divides each element's step by its gradient's size, so an
+    # element whose gradient is at round-off level (its sign set by the summation order) may move by ±lr on one
+    # run and not the other: a handful of the 460k elements, each by at most lr per step
+    for x, y in ((a.weight, b.weight), (a.bias, b.bias)):
+        diff = (x - y).abs()
+        assert float(diff.max()) <= 2 * 2 * a.meta["lr"]
+        assert float((diff > 1e-5).float().mean()) < 1e-4

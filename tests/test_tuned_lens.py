@@ -142,3 +142,36 @@ def test_tuned_lens_analysis_quick(facts_model, tmp_path):
     assert saved["finding"] == out["finding"] and (tmp_path / "tuned_lens_quick.png").stat().st_size > 10000
     logit = saved["heldout"]["generated (seed 10000)"]["logit lens"]["kl_bits"]
     assert logit[-1] < 1e-3  # the last boundary of the logit lens is the model's own output
+
+
+def test_least_squares_start_is_the_ridge_least_squares_fit_of_the_final_residual(tiny):
+    """The start equals numpy's lstsq of h_final − h_ℓ on [h_ℓ, 1] over the real non-BOS positions (with the
+    ridge rows appended: this tiny corpus repeats its tokens, so hᵀh alone is singular), lowers the KL below
+    the logit lens's, and ``steps=0`` returns exactly that start."""
+    import numpy as np
+
+    from gpt2_interp.analysis.tuned_lens import boundary_names, least_squares_translators
+
+    tokens, mask = token_rows(tiny, TEXTS, seq_len=16)
+    ridge = 1e-3
+    weight, bias, n = least_squares_translators(tiny, tokens, mask, ridge=ridge)
+    names, _ = boundary_names(tiny)
+    _, cache = tiny.run_with_cache(tokens, names_filter=names)
+    keep = mask.clone()
+    keep[:, 0] = False
+    assert n == int(keep.sum())
+    y = cache[names[-1]][keep].double().numpy()
+    d = y.shape[1]
+    for i in (0, 1):
+        h = cache[names[i]][keep].double().numpy()
+        lam = ridge * (h * h).sum(0).mean()
+        x = np.concatenate([np.concatenate([h, np.ones((len(h), 1))], 1), np.sqrt(lam) * np.eye(d, d + 1)])
+        beta = np.linalg.lstsq(x, np.concatenate([y - h, np.zeros((d, d))]), rcond=None)[0]
+        np.testing.assert_allclose(weight[i].numpy(), beta[:-1], atol=1e-4, rtol=1e-3)
+        np.testing.assert_allclose(bias[i].numpy(), beta[-1], atol=1e-4, rtol=1e-3)
+    assert not weight[-1].any() and not bias[-1].any()
+    lens = train_tuned_lens(tiny, TEXTS, steps=0, seq_len=16, progress=False)
+    start, _, _ = least_squares_translators(tiny, tokens, mask)
+    assert torch.equal(lens.weight, start) and lens.meta["steps"] == 0
+    before, after = lens_divergence(tiny, TEXTS, None, seq_len=16), lens_divergence(tiny, TEXTS, lens, seq_len=16)
+    assert all(a < b for a, b in zip(after["kl_bits"][:-1], before["kl_bits"][:-1]))

@@ -21,6 +21,7 @@ load) whose JSON header holds the metadata; a model whose weights differ is refu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Union
 import torch
 import torch.nn.functional as F
 
+from ..core import distributed
 from ..core.progress import progress_bar
 from ..io.integrity import load_checked, save_checked
 from ..model.fingerprint import weights_fingerprint
@@ -136,22 +138,28 @@ class TunedLens:
 
 
 # ---------------------------------------------------------------------------- corpus
-def corpus_texts(model: "HookedGPT2", corpus: Corpus = "generated", n_texts: int = 256, seed: int = 0) -> list[str]:
+def corpus_texts(model: "HookedGPT2", corpus: Corpus = "generated", n_texts: int = 256, seed: int = 0,
+                 length: int | None = None, group: Any = None) -> list[str]:
     """Texts to train or evaluate a lens on: a list of texts as given (e.g. the fact base's sentences); a path to a text file or a
     folder of ``*.txt`` (documents split at blank lines); or ``"generated"``: ``n_texts`` samples of
-    the model itself from BOS (temperature 1, ``seed``; a different seed gives held-out text)."""
+    the model itself from BOS (temperature 1, ``length`` new tokens, default :func:`default_seq_len` − 1;
+    ``seed``: a different seed gives held-out text). Distributed (a process group, or ``group``), the
+    ranks generate their share of the samples and every rank gets them all, in the single-process order."""
     if not isinstance(corpus, (str, Path)):
         texts = [t for t in corpus if t and t.strip()]
         if not texts:
             raise ValueError("the corpus holds no text: give non-empty texts, a text file, or corpus='generated'")
         return texts
     if str(corpus) == "generated":
-        out: list[str] = []
-        length = model.cfg.n_ctx - 1
-        for s in range(0, n_texts, 64):
+        length = length or default_seq_len(model) - 1
+        starts = list(range(0, n_texts, 64))
+
+        def chunk(s: int) -> list[str]:
             n = min(64, n_texts - s)
-            out += model.generate([""] * n, max_new_tokens=length, temperature=1.0, seed=seed + s, stop_at_eos=False)
-        return [t for t in out if t.strip()]
+            return model.generate([""] * n, max_new_tokens=length, temperature=1.0, seed=seed + s, stop_at_eos=False)
+
+        chunks = distributed.gather_in_order([chunk(s) for s in distributed.shard(starts, group)], len(starts), group)
+        return [t for c in chunks for t in c if t.strip()]
     path = Path(corpus).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"corpus {corpus} is neither 'generated' nor an existing text file or folder")
@@ -160,6 +168,12 @@ def corpus_texts(model: "HookedGPT2", corpus: Corpus = "generated", n_texts: int
     if not docs:
         raise ValueError(f"corpus {path} holds no text")
     return docs
+
+
+def default_seq_len(model: "HookedGPT2") -> int:
+    """Row length for training and evaluating a lens: the context size, at most 128 tokens (the
+    translators do not depend on the position; short rows keep CPU runs cheap)."""
+    return min(model.cfg.n_ctx, 128)
 
 
 def token_rows(model: "HookedGPT2", texts: Iterable[str], seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,86 +204,182 @@ def _kl(final_logp: torch.Tensor, lens_logits: torch.Tensor) -> torch.Tensor:
     return (final_logp.exp() * (final_logp - logq)).sum(-1)
 
 
+def _keep(model: "HookedGPT2", mask: torch.Tensor) -> torch.Tensor:
+    """The positions a lens is trained and measured on: real tokens, BOS excluded."""
+    keep = mask.clone()
+    if model.tokenizer.bos_id is not None:
+        keep[:, 0] = False
+    return keep
+
+
 def _batch_states(model: "HookedGPT2", tokens: torch.Tensor, mask: torch.Tensor, names: list[str]
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(residuals [n_boundaries, N, d_model], final log-probs [N, d_vocab])`` at the real, non-BOS
     positions of a right-padded batch (causal attention: padding after a token never reaches it)."""
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens.to(model.device), names_filter=names)
-        keep = mask.clone()
-        if model.tokenizer.bos_id is not None:
-            keep[:, 0] = False
-        keep = keep.to(model.device)
+        keep = _keep(model, mask).to(model.device)
         resid = torch.stack([cache[n][keep] for n in names]).float()
         final = logits[keep].float().log_softmax(-1)
     return resid, final
 
 
 # ---------------------------------------------------------------------------- training
+class _Translators(torch.nn.Module):
+    """The trainable translators as one module (so that DistributedDataParallel can wrap them)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight)
+        self.bias = torch.nn.Parameter(bias)
+
+    def forward(self, h: torch.Tensor, i: int) -> torch.Tensor:
+        return h + h @ self.weight[i] + self.bias[i]
+
+
+@torch.no_grad()
+def least_squares_translators(
+    model: "HookedGPT2", tokens: torch.Tensor, mask: torch.Tensor, ridge: float = 1e-4, batch_rows: int = 16,
+    progress: bool | None = None, group: Any = None,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The affine translators that best predict the final residual in least squares:
+    ``argmin_{A,b} Σ ‖h_ℓ + h_ℓ A + b − h_final‖²`` over the real non-BOS positions of ``tokens``
+    (``[n_rows, seq_len]`` with ``mask``), per boundary, with a small ridge ``ridge × mean(diag hᵀh)``
+    on ``A`` (towards the identity translator). One forward pass per row, no vocabulary-sized work:
+    the cheap start :func:`train_tuned_lens` refines with the KL objective. Returns ``(weight
+    [n_boundaries, d, d], bias [n_boundaries, d], n_tokens)``; the last boundary's map is the identity.
+    Distributed, each rank reads its share of the rows and the normal equations are all-reduced."""
+    names, _ = boundary_names(model)
+    n_b, d = len(names), model.cfg.d_model
+    xtx = torch.zeros(n_b - 1, d + 1, d + 1, dtype=torch.float64, device=model.device)
+    xty = torch.zeros(n_b - 1, d + 1, d, dtype=torch.float64, device=model.device)
+    rows = list(distributed.shard_indices(len(tokens), group))
+    n_tok = 0
+    chunks = range(0, len(rows), batch_rows)
+    for s in progress_bar(chunks, desc="tuned lens: least squares", enabled=progress and distributed.is_main(group)):
+        idx = rows[s : s + batch_rows]
+        _, cache = model.run_with_cache(tokens[idx].to(model.device), names_filter=names)
+        keep = _keep(model, mask[idx]).to(model.device)
+        y = cache[names[-1]][keep].double()
+        ones = torch.ones(len(y), 1, dtype=torch.float64, device=model.device)
+        n_tok += len(y)
+        for i in range(n_b - 1):
+            h = cache[names[i]][keep].double()
+            x = torch.cat([h, ones], 1)
+            xtx[i] += x.T @ x
+            xty[i] += x.T @ (y - h)
+    xtx, xty = distributed.all_reduce_sum(xtx, group), distributed.all_reduce_sum(xty, group)
+    n_tok = int(distributed.all_reduce_number(n_tok, group))
+    if n_tok == 0:
+        raise ValueError("the corpus has no token positions after BOS; give longer texts")
+    weight = torch.zeros(n_b, d, d)
+    bias = torch.zeros(n_b, d)
+    for i in range(n_b - 1):
+        reg = torch.zeros(d + 1, dtype=torch.float64, device=model.device)
+        reg[:d] = ridge * xtx[i].diagonal()[:d].mean().clamp(min=1e-12)
+        beta = torch.linalg.solve(xtx[i] + torch.diag(reg), xty[i])
+        weight[i], bias[i] = beta[:d].float().cpu(), beta[d].float().cpu()
+    return weight, bias, n_tok
+
+
 def train_tuned_lens(
     model: "HookedGPT2",
     corpus: Corpus = "generated",
     steps: int = 100,
-    batch_tokens: int = 256,
-    lr: float = 5e-3,
+    batch_tokens: int = 512,
+    lr: float = 1e-3,
+    init: str = "least-squares",
     n_texts: int = 256,
     seq_len: int | None = None,
     seed: int = 0,
     progress: bool | None = None,
+    group: Any = None,
 ) -> TunedLens:
     """Train a tuned lens for ``model`` (frozen) on ``corpus`` (see :func:`corpus_texts`).
 
-    ``steps`` Adam steps (learning rate ``lr``, linear warm-up over the first 10%, cosine decay),
-    each on about ``batch_tokens`` token positions (whole rows of ``seq_len`` tokens, default the
-    context size), summing KL(final ‖ lens) over every boundary. Returns the :class:`TunedLens`
-    with the training losses per boundary in ``meta``.
+    ``init="least-squares"`` (default) starts every translator at :func:`least_squares_translators`
+    on the whole corpus (one forward pass, cheap); ``"identity"`` starts at the logit lens. Then
+    ``steps`` Adam steps (learning rate ``lr``, linear decay to 0) on KL(final ‖ lens), summed over
+    the boundaries, each step on ``batch_tokens`` token positions (whole rows of ``seq_len`` tokens,
+    default :func:`default_seq_len`, drawn at random with ``seed``). ``steps=0`` keeps the start.
+    Returns the :class:`TunedLens` with the training losses per boundary in ``meta``.
+
+    Distributed (an initialised process group, or ``group``; e.g. under ``torchrun``): every rank
+    draws the same global batch and takes its share of the rows; the translators are wrapped in
+    ``DistributedDataParallel``, which all-reduces the gradients once per step, so every rank ends
+    with the single-process translators (up to float summation order). The least-squares start and a
+    generated corpus are sharded too.
     """
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    seq_len = min(seq_len or model.cfg.n_ctx, model.cfg.n_ctx)
-    texts = corpus_texts(model, corpus, n_texts, seed)
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    if init not in ("least-squares", "identity"):
+        raise ValueError(f"init must be 'least-squares' or 'identity', not {init!r}")
+    seq_len = min(seq_len or default_seq_len(model), model.cfg.n_ctx)
+    W = distributed.world_size(group)
+    rows_per_step = max(1, batch_tokens // seq_len)
+    if steps and rows_per_step < W:
+        raise ValueError(f"batch_tokens={batch_tokens} gives {rows_per_step} rows of {seq_len} tokens per step, fewer than "
+                         f"the {W} ranks; raise batch_tokens to at least {W * seq_len}")
+    t0 = time.perf_counter()
+    texts = corpus_texts(model, corpus, n_texts, seed, length=seq_len - 1, group=group)
     tokens, mask = token_rows(model, texts, seq_len)
     names, labels = boundary_names(model)
     n_b, d = len(names), model.cfg.d_model
     lens = TunedLens.identity(model)
-    weight = torch.zeros(n_b, d, d, device=model.device, requires_grad=True)
-    bias = torch.zeros(n_b, d, device=model.device, requires_grad=True)
-    opt = torch.optim.Adam([weight, bias], lr=lr)
-    warm = max(1, steps // 10)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
-    rows_per_step = max(1, batch_tokens // seq_len)
+    if init == "least-squares":
+        weight, bias, n_lsq = least_squares_translators(model, tokens, mask, progress=progress, group=group)
+    else:
+        weight, bias, n_lsq = torch.zeros(n_b, d, d), torch.zeros(n_b, d), 0
+    # the last boundary is the output: its translator stays the identity and is not trained
+    net = _Translators(weight[:-1].clone().to(model.device), bias[:-1].clone().to(model.device))
+    ddp = None
+    if distributed.is_distributed(group):
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            net, device_ids=[model.device] if model.device.type == "cuda" else None, process_group=group)
+    step_fn = ddp if ddp is not None else net
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1.0 - s / max(steps, 1)))
     gen = torch.Generator().manual_seed(seed)
     history: list[list[float]] = []
     frozen = [p.requires_grad for p in model.parameters()]
-    t0 = time.perf_counter()
+    r = distributed.rank(group)
     try:
         for p in model.parameters():
             p.requires_grad_(False)
-        bar = progress_bar(range(steps), desc="tuned lens", enabled=progress)
+        bar = progress_bar(range(steps), desc="tuned lens", enabled=progress and distributed.is_main(group))
         for _ in bar:
-            idx = torch.randint(len(tokens), (rows_per_step,), generator=gen)
-            resid, final = _batch_states(model, tokens[idx], mask[idx], names)
+            idx = torch.randint(len(tokens), (rows_per_step,), generator=gen)  # the global batch, the same on every rank
+            n_global = int(_keep(model, mask[idx]).sum())
+            mine = idx[r::W]
+            resid, final = _batch_states(model, tokens[mine], mask[mine], names)
             opt.zero_grad(set_to_none=True)
-            losses = []
+            # DDP averages gradients over the ranks: scale the local KL sum so that the average is the
+            # gradient of the global batch's mean KL
+            scale = W / max(n_global, 1)
+            losses = torch.zeros(n_b - 1, dtype=torch.float64)
             for i in range(n_b - 1):  # independent translators: one layer's vocabulary-sized logits at a time
-                h = resid[i]
-                loss = _kl(final, decode_resid(model, h + h @ weight[i] + bias[i])).mean()
-                loss.backward()
-                losses.append(float(loss.detach()))
+                sync = ddp is None or i == n_b - 2  # one all-reduce per step, after the last backward
+                with contextlib.nullcontext() if sync else ddp.no_sync():
+                    kl = _kl(final, decode_resid(model, step_fn(resid[i], i))).sum()
+                    (kl * scale).backward()
+                losses[i] = float(kl.detach()) / max(n_global, 1)
             opt.step()
             sched.step()
-            history.append(losses)
-            bar.set_postfix(kl=f"{sum(losses) / len(losses):.3f}")
+            losses = distributed.all_reduce_sum(losses, group)
+            history.append(losses.tolist())
+            bar.set_postfix(kl=f"{float(losses.mean()):.3f}")
     finally:
         for p, g in zip(model.parameters(), frozen):
             p.requires_grad_(g)
-    lens.weight, lens.bias = weight.detach().cpu(), bias.detach().cpu()
+    lens.weight = torch.cat([net.weight.detach().cpu(), torch.zeros(1, d, d)])
+    lens.bias = torch.cat([net.bias.detach().cpu(), torch.zeros(1, d)])
+    last = history[-10:]
     lens.meta = {
-        "steps": steps, "lr": lr, "batch_tokens": rows_per_step * seq_len, "seq_len": seq_len, "seed": seed,
+        "steps": steps, "lr": lr, "init": init, "least_squares_tokens": n_lsq, "optimizer": "adam, linear decay",
+        "batch_tokens": rows_per_step * seq_len, "seq_len": seq_len, "seed": seed, "world_size": W,
         "corpus": corpus if isinstance(corpus, str) else f"{len(texts)} texts",
         "n_rows": len(tokens), "seconds": round(time.perf_counter() - t0, 1),
-        "final_kl_nats": [round(sum(h[i] for h in history[-10:]) / len(history[-10:]), 5) for i in range(n_b - 1)] + [0.0],
+        "final_kl_nats": ([round(sum(h[i] for h in last) / len(last), 5) for i in range(n_b - 1)] if last else []) + [0.0],
     }
     return lens
 
@@ -278,28 +388,34 @@ def train_tuned_lens(
 @torch.no_grad()
 def lens_divergence(
     model: "HookedGPT2", texts: Corpus, lens: TunedLens | None = None, seq_len: int | None = None,
-    batch_rows: int = 16, n_texts: int = 64, seed: int = 1,
+    batch_rows: int = 16, n_texts: int = 64, seed: int = 1, group: Any = None,
 ) -> dict[str, Any]:
     """Per boundary, over every real non-BOS position of ``texts``: mean KL(final ‖ lens) in bits,
-    and top-1 agreement with the model's own prediction, for ``lens`` (the logit lens when None)."""
+    and top-1 agreement with the model's own prediction, for ``lens`` (the logit lens when None).
+    Distributed, the ranks measure their share of the rows and every rank returns the totals."""
     if lens is not None:
         lens.check(model)
-    seq_len = min(seq_len or model.cfg.n_ctx, model.cfg.n_ctx)
-    tokens, mask = token_rows(model, corpus_texts(model, texts, n_texts, seed), seq_len)
+    seq_len = min(seq_len or default_seq_len(model), model.cfg.n_ctx)
+    tokens, mask = token_rows(model, corpus_texts(model, texts, n_texts, seed, length=seq_len - 1, group=group), seq_len)
     names, labels = boundary_names(model)
     kl = torch.zeros(len(names), dtype=torch.float64)
     agree = torch.zeros(len(names), dtype=torch.float64)
     count = 0
-    for s in range(0, len(tokens), batch_rows):
-        resid, final = _batch_states(model, tokens[s : s + batch_rows], mask[s : s + batch_rows], names)
+    mine = list(distributed.shard_indices(len(tokens), group))
+    for s in range(0, len(mine), batch_rows):
+        idx = mine[s : s + batch_rows]
+        resid, final = _batch_states(model, tokens[idx], mask[idx], names)
         top = final.argmax(-1)
         for i in range(len(names)):
             logits = decode_resid(model, resid[i] if lens is None else lens.translate(resid[i], i))
-            kl[i] += _kl(final, logits).sum().double()
-            agree[i] += (logits.argmax(-1) == top).sum().double()
+            kl[i] += _kl(final, logits).sum().double().cpu()
+            agree[i] += (logits.argmax(-1) == top).sum().double().cpu()
         count += final.shape[0]
+    kl, agree = distributed.all_reduce_sum(kl, group), distributed.all_reduce_sum(agree, group)
+    count = int(distributed.all_reduce_number(count, group))
     return {"labels": labels, "kl_bits": (kl / count / math.log(2)).tolist(), "top1_agreement": (agree / count).tolist(),
             "n_tokens": count}
 
 
-__all__ = ["TunedLens", "train_tuned_lens", "lens_divergence", "corpus_texts", "token_rows", "boundary_names"]
+__all__ = ["TunedLens", "train_tuned_lens", "least_squares_translators", "lens_divergence", "corpus_texts", "token_rows",
+           "boundary_names", "default_seq_len"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_model_args, add_output_args, emit, load_model
+from . import add_model_args, add_output_args, count, emit, load_model, number
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,13 +27,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_output_args(p)
     p.set_defaults(func=probe)
 
-    p = sub.add_parser("tuned-lens", help="train a tuned lens (an affine translator per layer) and save it")
+    p = sub.add_parser("tuned-lens", help="train a tuned lens (an affine translator per layer) and save it",
+                       description="Train a tuned lens: least-squares start, then Adam on KL(final ‖ lens). Under "
+                                   "torchrun --nproc-per-node N -m gpt2_interp tuned-lens … the ranks share every batch "
+                                   "(DistributedDataParallel) and rank 0 writes the single-process lens.")
     add_model_args(p)
     p.add_argument("--save", required=True, metavar="PATH", help="where to write the lens (.safetensors)")
     p.add_argument("--corpus", default="generated", help="'generated' (the model's own samples) or a text file/folder")
-    p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--batch-tokens", type=int, default=512)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--texts", type=count(1), default=256, help="generated texts to train on (--corpus generated)")
+    p.add_argument("--steps", type=count(0), default=None, help="KL steps after the start (default: train_tuned_lens's)")
+    p.add_argument("--batch-tokens", type=count(1), default=None, help="token positions per step")
+    p.add_argument("--lr", type=number(0.0, open_min=True), default=None, help="Adam learning rate (linear decay to 0)")
+    p.add_argument("--init", choices=["least-squares", "identity"], default="least-squares",
+                   help="start from the least-squares translators (default) or from the logit lens")
+    p.add_argument("--seq-len", type=count(2), default=None, help="tokens per row (default: min(context, 128))")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=tuned_lens)
 
@@ -51,11 +58,16 @@ def probe(args: argparse.Namespace) -> int:
 
 def tuned_lens(args: argparse.Namespace) -> int:
     from ..analysis.tuned_lens import train_tuned_lens
+    from ..core import distributed
 
     model = load_model(args)
-    lens = train_tuned_lens(model, corpus=args.corpus, steps=args.steps, batch_tokens=args.batch_tokens, lr=args.lr,
-                            seed=args.seed)
+    given = {k: v for k, v in (("steps", args.steps), ("batch_tokens", args.batch_tokens), ("lr", args.lr)) if v is not None}
+    lens = train_tuned_lens(model, corpus=args.corpus, n_texts=args.texts, init=args.init, seq_len=args.seq_len,
+                            seed=args.seed, **given)
+    if not distributed.is_main():
+        return 0  # every rank holds the same lens; rank 0 writes it
     path = lens.save(args.save)
     kl = ", ".join(f"{lab} {v:.3f}" for lab, v in zip(lens.labels, lens.meta["final_kl_nats"]))
-    print(f"tuned lens for {model.cfg.name} saved to {path} ({lens.meta['seconds']} s); training KL (nats): {kl}")
+    print(f"tuned lens for {model.cfg.name} saved to {path} ({lens.meta['seconds']} s)"
+          + (f"; training KL over the last steps (nats): {kl}" if lens.meta["steps"] else "; least-squares start only (--steps 0)"))
     return 0
