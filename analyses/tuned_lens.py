@@ -36,14 +36,14 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="gpt2-facts")
-    ap.add_argument("--steps", type=int, default=100, help="KL steps after the least-squares start")
+    ap.add_argument("--steps", type=int, default=40, help="KL steps after the least-squares start")
     ap.add_argument("--batch-tokens", type=int, default=512)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--init", choices=["least-squares", "identity"], default="least-squares")
     ap.add_argument("--seq-len", type=int, default=None, help="tokens per row (default: min(context, 128))")
     ap.add_argument("--corpus", choices=["generated", "facts"], default="generated",
                     help="train on the model's own generations, or (gpt2-facts) on its training sentences")
-    ap.add_argument("--train-texts", type=int, default=512, help="generated training texts")
+    ap.add_argument("--train-texts", type=int, default=256, help="generated training texts")
     ap.add_argument("--heldout-texts", type=int, default=64, help="generated held-out texts (another seed)")
     ap.add_argument("--paraphrases", type=int, default=128, help="held-out paraphrase sentences (gpt2-facts)")
     ap.add_argument("--compare-start", action="store_true", help="also measure the least-squares start alone")
