@@ -33,6 +33,13 @@ from gpt2_interp.plots.lens import plot_lens_divergence
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def draw(model: str, labels: list[str], evals: dict):
+    """The figure: KL and top-1 agreement by boundary, one line per lens, on held-out generations."""
+    return plot_lens_divergence(labels, {k: v["kl_bits"] for k, v in evals.items()},
+                                {k: v["top1_agreement"] for k, v in evals.items()},
+                                title=f"{model}: logit vs tuned lens on held-out generations")
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="gpt2-facts")
@@ -51,7 +58,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--save", type=Path, default=None, help="also save the trained lens here")
     ap.add_argument("--quick", action="store_true", help="a few steps on a few texts (for the test suite)")
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
+    ap.add_argument("--render", type=Path, default=None, metavar="JSON",
+                    help="only redraw the figure of a saved result (no model run)")
     args = ap.parse_args(argv)
+    if args.render:
+        saved = json.loads(args.render.read_text())
+        draw(saved["model"], saved["labels"], saved["heldout"]["generated (seed 10000)"]).savefig(
+            args.render.with_suffix(".png"), dpi=130, bbox_inches="tight")
+        return saved
     if args.quick:
         args.steps, args.train_texts, args.heldout_texts, args.batch_tokens = 3, 8, 4, 256
     if args.threads:
@@ -105,10 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"{args.steps} KL steps of {lens.meta['batch_tokens']} token positions)."
     )
     print(finding)
-    fig = plot_lens_divergence(
-        labels, {k: v["kl_bits"] for k, v in main_eval.items()}, {k: v["top1_agreement"] for k, v in main_eval.items()},
-        title=f"{args.model}: logit vs tuned lens on held-out generations",
-    )
+    fig = draw(args.model, labels, main_eval)
     stem = ("tuned_lens" + ("" if args.model == "gpt2-facts" else f"_{args.model}") + ("_facts" if args.corpus == "facts" else "")
             + ("_quick" if args.quick else ""))
     fig.savefig(args.out_dir / f"{stem}.png", dpi=130, bbox_inches="tight")

@@ -186,22 +186,24 @@ def plot_subupdates(result: "SubupdateResult") -> Figure:
 def plot_lens_divergence(
     labels: Sequence[str], kl_bits: dict[str, Sequence[float]], top1: dict[str, Sequence[float]], title: str = ""
 ) -> Figure:
-    """Two panels by layer boundary: KL(final ‖ lens) in bits (log scale) and top-1 agreement with the
-    model's final prediction, one line per lens (e.g. ``{"logit lens": …, "tuned lens": …}``)."""
+    """Two panels by layer boundary: KL(final ‖ lens) in bits (log scale; values below 1e-6 bits, the
+    last boundary's round-off, are left out) and top-1 agreement with the model's final prediction, one
+    line per lens (e.g. ``{"logit lens": …, "tuned lens": …}``). Deep models get every k-th tick label."""
     fig = Figure(figsize=(10, 3.6))
     x = np.arange(len(labels))
     ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     for i, (name, vals) in enumerate(kl_bits.items()):
         v = np.asarray(vals, dtype=float)
-        ax1.plot(x, np.where(v > 0, v, np.nan), "o-", color=f"C{i}", label=name)
+        ax1.plot(x, np.where(v > 1e-6, v, np.nan), "o-", color=f"C{i}", label=name)
     ax1.set_yscale("log")
     ax1.set_ylabel("KL(final ‖ lens), bits")
     for i, (name, vals) in enumerate(top1.items()):
         ax2.plot(x, vals, "o-", color=f"C{i}", label=name)
     ax2.set_ylabel("top-1 agreement with the final prediction")
     ax2.set_ylim(-0.02, 1.02)
+    step = max(1, -(-len(labels) // 12))
     for ax in (ax1, ax2):
-        ax.set_xticks(x, labels)
+        ax.set_xticks(x[::step], list(labels)[::step])
         ax.set_xlabel("layer boundary")
     style_line_axes((ax1, ax2))
     return finish(fig, title)
