@@ -50,8 +50,8 @@ def subject_span(model: "HookedGPT2", prompt: str, subject: str, prepend_bos: bo
         show = model.tokenizer
         raise ValueError(
             f"subject {subject!r} does not occur in the prompt {prompt!r}{hint}; the prompt tokenizes as "
-            f"{[show.token_str(i) for i in show.encode(prompt)]}, the subject as "
-            f"{[show.token_str(i) for i in show.encode(subject)]}"
+            f"{[show.token_str(i) for i in show.encode_ids(prompt)]}, the subject as "
+            f"{[show.token_str(i) for i in show.encode_ids(subject)]}"
         )
     return token_span(model, prompt, idx, idx + len(subject), prepend_bos)
 
