@@ -53,7 +53,7 @@ from ..core.checks import check_count, check_index
 from ..core.progress import progress_bar
 from ..core.result import Result
 from ..model.hooks import hook_name, layer_of, suggest
-from .metrics import Metric, apply_metric, bind_metric, metric_name
+from .metrics import LogitDiff, Metric, apply_metric, bind_metric, metric_name
 from .patching import PatchResult, Prompts, normalize_effects, pair_tokens, patch, position_labels, result_fields
 
 if TYPE_CHECKING:
@@ -141,9 +141,11 @@ class _Gate(torch.autograd.Function):
 
 
 def _capture(store: dict[str, torch.Tensor]):
-    def fn(act: torch.Tensor, hook: Any) -> torch.Tensor:
-        if not act.requires_grad:  # the first captured point starts the graph (nothing upstream is needed)
-            act = act.detach().requires_grad_(True)
+    def fn(act: torch.Tensor, hook: Any) -> torch.Tensor | None:
+        if act.requires_grad:  # already in the graph: record it, leave it
+            store[hook.name] = act
+            return None
+        act = act.detach().requires_grad_(True)  # the first captured point starts the graph (nothing upstream is needed)
         store[hook.name] = act
         return act
 
@@ -154,10 +156,61 @@ def _gate(keep: list):
     return lambda act, hook: _Gate.apply(act, keep)
 
 
-def _last_logits(model: "HookedGPT2", tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Logits at the last position ``[batch, d_vocab]`` (the metric needs nothing else)."""
-    resid = model(tokens, attention_mask=mask, stop_at_layer=model.cfg.n_layer)
-    return model.unembed(model.ln_final(resid[:, -1]))
+class _Readout:
+    """The metric of one chunk of ``b`` pairs (rows ``first…first+b`` of ``n_pairs``), read from the
+    residual stream at the last position — the only logits any metric uses.
+
+    For a logit difference only the columns of its tokens are unembedded (``[b, k]`` logits, ``k`` ≤
+    ``2b`` distinct tokens, instead of ``[b, d_vocab]``): the same values without the full unembedding,
+    in the forward and in the backward pass, where it is a sizeable share of a small model's cost
+    (gpt2-facts: ~18% of a forward pass). Any other metric reads the full last-position logits."""
+
+    def __init__(self, model: "HookedGPT2", metric: Metric, rows: tuple[int, int], b: int) -> None:
+        self.model, self.metric, self.rows = model, metric, rows
+        self.cols: torch.Tensor | None = None
+        self.bound: Metric | None = None
+        pre = bind_metric(metric, model)
+        ids = _chunk_ids(pre, rows, b) if isinstance(pre, LogitDiff) else None
+        if ids is not None:
+            with torch.inference_mode(False):  # normal tensors: autograd saves these indices
+                cols, inv = torch.unique(torch.cat(ids), return_inverse=True)
+            self.cols = cols.to(model.device)
+            self.bound = LogitDiff(inv[:b], inv[b:], pre.name)
+
+    def logits(self, resid: torch.Tensor) -> torch.Tensor:
+        """``resid [b, pos, d_model]`` (after the last block) → last-position logits ``[b, d_vocab | k]``."""
+        x = self.model.ln_final(resid[:, -1])
+        return self.model.unembed(x) if self.cols is None else x @ self.model.W_U[:, self.cols]
+
+    def bind(self, reference: torch.Tensor) -> None:
+        """Bind the metric; ``reference``: the clean run's logits of the chunk (a KL metric's reference)."""
+        if self.cols is None:
+            self.bound = bind_metric(self.metric, self.model, _place(reference, self.rows))
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` from :meth:`logits` → the metric ``[b]`` (float, differentiable)."""
+        if self.bound is None:
+            raise RuntimeError("bind() the readout before reading the metric")
+        return _metric(self.bound, logits, None if self.cols is not None else self.rows)
+
+
+def _chunk_ids(m: LogitDiff, rows: tuple[int, int], b: int) -> list[torch.Tensor] | None:
+    """A bound logit difference's answer and wrong ids for the chunk's ``b`` rows, ``[b]`` each, or
+    None where they are not one id or one per pair (the metric itself then reports the mismatch)."""
+    first, n = rows
+    out = []
+    for x in (m.answer, m.wrong):
+        if not isinstance(x, torch.Tensor):
+            return None
+        x = x.long().cpu()
+        if x.ndim == 0:
+            x = x.expand(b)
+        elif tuple(x.shape) == (n,):
+            x = x[first : first + b]
+        else:
+            return None
+        out.append(x)
+    return out
 
 
 # =============================================================== per-cell estimates
@@ -165,9 +218,9 @@ def _cell_effects(fam: _Family, delta: torch.Tensor, grad: torch.Tensor) -> torc
     """First-order effect per cell: ``[b, pos]`` (pos kinds) or ``[b, pos, head]`` (per-head kinds)."""
     if fam.kind == "pos":  # [b, pos, ...]
         return (delta.float() * grad.float()).flatten(2).sum(-1)
-    if fam.kind == "head":  # [b, pos, head, d_head]
-        return einsum(delta.float(), grad.float(), "b p h d, b p h d -> b p h")
-    return einsum(delta.float(), grad.float(), "b h q k, b h q k -> b q h")  # pattern rows = query positions
+    if fam.kind == "head":  # [b, pos, head, d_head]  (a product and a sum: einsum would make it a slow bmm)
+        return (delta.float() * grad.float()).sum(-1)
+    return rearrange((delta.float() * grad.float()).sum(-1), "b h q -> b q h")  # pattern [b, h, q, k]: rows = query positions
 
 
 def _qk_fixed(family: str, q: torch.Tensor, k: torch.Tensor, q_src: torch.Tensor, k_src: torch.Tensor,
@@ -373,13 +426,14 @@ def _attribute_chunk(model: "HookedGPT2", fam: _Family, layers_: list[int], base
     qk_names = [x for l in layers_ for x in (_rot_name(model, l, "q"), _rot_name(model, l, "k"), f"blocks.{l}.attn.hook_attn_scores")] if qk else []
     b = base_t.shape[0]
     ig = method == "ig"
+    readout = _Readout(model, metric, rows, b)
     # unpatched runs without autograd: the source run (and for IG the base run and both embeddings)
     tokens = torch.cat([src_t, base_t]) if ig else src_t
     rmask = None if mask is None else (torch.cat([mask, mask]) if ig else mask)
     with torch.inference_mode():
         resid, cache = model.run_with_cache(tokens, names_filter=list(dict.fromkeys(names + qk_names + (["hook_embed"] if ig else []))),
                                             attention_mask=rmask, stop_at_layer=n)
-        logits = model.unembed(model.ln_final(resid[:, -1]))
+        logits = readout.logits(resid)
     with torch.inference_mode(False), torch.enable_grad():  # also inside a caller's no_grad / inference_mode
         # normal tensors (not inference tensors) that autograd may use
         cache = {k: v.clone() for k, v in cache.items()}
@@ -390,8 +444,8 @@ def _attribute_chunk(model: "HookedGPT2", fam: _Family, layers_: list[int], base
         if ig:
             base = {k: v[b:] for k, v in cache.items()}
             base_logits = logits[b:]
-            bound = bind_metric(metric, model, _place(src_logits if direction == "denoise" else base_logits, rows))
-            base_m = _metric(bound, base_logits, rows).detach().cpu()
+            readout.bind(src_logits if direction == "denoise" else base_logits)
+            base_m = readout(base_logits).detach().cpu()
             e0, e1 = base["hook_embed"], src["hook_embed"]
             grads = {nm: torch.zeros_like(base[nm], dtype=torch.float32) for nm in names}
             for i in range(ig_steps):  # midpoint rule on α ∈ (0, 1)
@@ -399,11 +453,11 @@ def _attribute_chunk(model: "HookedGPT2", fam: _Family, layers_: list[int], base
                 store: dict[str, torch.Tensor] = {}
                 hooks = [("hook_embed", lambda act, hook, path=path: path)] + [(nm, _capture(store)) for nm in names]
                 with model.hooks(hooks):
-                    m = _metric(bound, _last_logits(model, base_t, mask), rows)
+                    m = readout(readout.logits(model(base_t, attention_mask=mask, stop_at_layer=n)))
                 for nm, g in zip(names, torch.autograd.grad(m.sum(), [store[nm] for nm in names])):
                     grads[nm] += g.float() / ig_steps
             eff = [_cell_effects(fam, src[nm] - base[nm], grads[nm]) for nm in names]
-            return _stack(fam, eff, together), None, base_m, _metric(bound, src_logits, rows).detach().cpu()
+            return _stack(fam, eff, together), None, base_m, readout(src_logits).detach().cpu()
 
         # AtP / AtP*: the base run with autograd, activations captured where the gradient is wanted
         store = {}
@@ -415,10 +469,10 @@ def _attribute_chunk(model: "HookedGPT2", fam: _Family, layers_: list[int], base
         if graddrop:  # after the captures: a dropped layer's own nodes get no gradient (hence 1/(L−1))
             hooks += [(f"blocks.{l}.hook_{x}", _gate(keeps[l])) for l in range(n) for x in ("attn_out", "mlp_out")]
         with model.hooks(hooks):
-            base_logits = _last_logits(model, base_t, mask)
-        bound = bind_metric(metric, model, _place(src_logits if direction == "denoise" else base_logits.detach(), rows))
-        m = _metric(bound, base_logits, rows)
-        base_m, src_m = m.detach().cpu(), _metric(bound, src_logits, rows).detach().cpu()
+            base_logits = readout.logits(model(base_t, attention_mask=mask, stop_at_layer=n))
+        readout.bind(src_logits if direction == "denoise" else base_logits.detach())
+        m = readout(base_logits)
+        base_m, src_m = m.detach().cpu(), readout(src_logits).detach().cpu()
         acts = [store[x] for x in inputs]
 
         def estimate(grads: Sequence[torch.Tensor | None]) -> torch.Tensor:
@@ -613,8 +667,9 @@ def verify(result: AttributionResult, k: int = 20, candidates: int | None = None
     cand = 2 * k if candidates is None else max(k, candidates)
     score = (result.values - result.baseline).abs() if result.score is None else result.score
     top = top_cells(score, cand)
+    chosen = set(top)
     rest = [c for c in (tuple(int(i) for i in torch.unravel_index(torch.tensor(j), score.shape)) for j in range(score.numel()))
-            if c not in set(top)]
+            if c not in chosen]
     ctrl = random.Random(seed).sample(rest, min(controls, len(rest)))
     cells = top + ctrl
     exact = _exact_cells(result, cells, batch_size, progress)
