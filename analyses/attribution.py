@@ -1,6 +1,7 @@
 """How faithful is attribution patching on gpt2-facts? AtP, AtP* and IG against exact patching.
 
     python analyses/attribution.py [--pairs 50] [--head-positions] [--quick] [--out-dir analyses/results]
+    python analyses/attribution.py --model smollm2-135m --pairs 70 --keep 50   # → attribution_smollm2-135m.*
 
 Prompt pairs from the fact base (``facts.pairs.subject_swaps``: a fact's first training prompt, and
 the same prompt with another subject of the same relation, equal token length), kept where the
@@ -14,11 +15,13 @@ compared with each estimate (``atp``, ``atp*``, ``ig`` with 5 steps) over every 
   per-pair effects (every pair × cell);
 * top-20 recall: the share of the exact top-20 cells (largest |effect|) among the estimate's top-20
   (for ``atp*`` ranked by its GradDrop score);
-* after verification: ``verify(k=20)`` patches the estimate's top-40 cells and 20 random controls
-  exactly and keeps the 20 largest; the share of the exact top-20 among them.
+* after verification: ``verify(k=20)`` takes the estimate's top-40 cells and 20 random controls
+  exactly and keeps the 20 largest; the share of the exact top-20 among them. The exact values of
+  those cells are looked up in the full sweep (``verify(..., exact=sweep)``): the numbers ``verify``
+  would patch again, without paying for them twice.
 
 Writes ``attribution.png`` (estimate vs exact, one panel per hook and method), ``attribution.json``
-and ``attribution.md``.
+and ``attribution.md``; for another ``--model`` the names end in ``_<model>``.
 """
 
 from __future__ import annotations
@@ -68,10 +71,14 @@ def pair_effects(r) -> torch.Tensor:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=50, help="prompt pairs to draw (those the model knows are kept)")
+    ap.add_argument("--keep", type=int, default=None, help="keep at most this many of the known pairs (the first drawn)")
     ap.add_argument("--ig-steps", type=int, default=5)
     ap.add_argument("--k", type=int, default=20)
     ap.add_argument("--head-positions", action="store_true",
                     help="also heads × position (z per position: many cells, exact patching is the slow part)")
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of atp,atp*,ig")
+    ap.add_argument("--head-positions-only", action="store_true",
+                    help="only heads × position (written to <stem>_head_positions.*)")
     ap.add_argument("--quick", action="store_true", help="8 pairs (a smoke test)")
     ap.add_argument("--model", default="gpt2-facts")
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
@@ -80,60 +87,91 @@ def main(argv: list[str] | None = None) -> dict:
         a.pairs = 8
     model = gi.load(a.model).eval()
     fp = known_pairs(model, subject_swaps(FactBase.load(), model.tokenizer, a.pairs, seed=0))
+    if a.keep is not None:
+        fp = fp.subset(range(min(a.keep, len(fp))))
+    stem = "attribution" if a.model == "gpt2-facts" else f"attribution_{a.model}"
+    print(f"{a.model}: {len(fp)} known pairs of {a.pairs} drawn", flush=True)
     metric = logit_diff(fp.answers, fp.wrongs)
     metric.name = "logit_diff(clean object, corrupted object)"
     P = pair_tokens(model, fp.clean, fp.corrupted)[0].shape[1]
-    rows, panels, times = [], [], {}
-    hooks = [h for h in HOOKS if a.head_positions or h[2] != "each"]
-    for label, hook, pos in hooks:
+    rows, times = [], {}
+    hooks = [h for h in HOOKS if (a.head_positions or h[2] != "each") and (not a.head_positions_only or h[2] == "each")]
+    if a.head_positions_only:
+        a.head_positions, stem = True, f"{stem}_head_positions"
+    methods = [m for m in METHODS if m in a.methods.split(",")]
+    # every hook's exact sweep with AtP and IG first, AtP* (GradDrop: one backward pass per layer) after them:
+    # the cheap estimates are in the results (written after every row) before the costly one runs
+    order = [(h, m) for h in hooks for m in methods if m != "atp*"] + [(h, "atp*") for h in hooks if "atp*" in methods]
+    exacts: dict[str, object] = {}
+    panels: dict[tuple[str, str], tuple] = {}
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    for (label, hook, pos), method in order:
         positions = list(range(P)) if pos == "each" else None
-        t0 = time.perf_counter()
-        exact = patch(model, fp.clean, fp.corrupted, metric, hook=hook, positions=positions)
-        times[f"exact {label}"] = time.perf_counter() - t0
-        ex_pair = pair_effects(exact)
-        row_panels = []
-        for method in METHODS:
+        if label not in exacts:
+            print(f"exact patching {label} …", flush=True)
             t0 = time.perf_counter()
-            est = attribute(model, fp.clean, fp.corrupted, metric, hook=hook, positions=positions, method=method,
-                            ig_steps=a.ig_steps)
-            times[f"{method} {label}"] = time.perf_counter() - t0
-            agr = agreement(est, exact, k=a.k)
-            v = est.verify(k=a.k)
-            truth = top_cells((exact.values - exact.baseline).abs(), a.k)
-            rows.append({
-                "hook": label, "method": method, "cells": agr.n_cells,
-                "spearman": agr.spearman, "spearman_abs": agr.spearman_abs,
-                "spearman_pairs": spearman(pair_effects(est), ex_pair),
-                "recall": agr.recall, "recall_verified": recall(v.verified_top, truth),
-                "verified_cells": len(v.cells), "controls_above_kth": v.controls_above,
-                "seconds": times[f"{method} {label}"], "exact_seconds": times[f"exact {label}"],
-                "goal": GOALS.get(label),
-            })
-            row_panels.append((agr.estimate.numpy(), agr.exact.numpy(), f"ρ = {agr.spearman:.3f}, top-{a.k} recall {agr.recall:.0%}"))
-        panels.append(row_panels)
+            exacts[label] = patch(model, fp.clean, fp.corrupted, metric, hook=hook, positions=positions)
+            times[f"exact {label}"] = time.perf_counter() - t0
+        exact = exacts[label]
+        t0 = time.perf_counter()
+        est = attribute(model, fp.clean, fp.corrupted, metric, hook=hook, positions=positions, method=method,
+                        ig_steps=a.ig_steps)
+        times[f"{method} {label}"] = time.perf_counter() - t0
+        agr = agreement(est, exact, k=a.k)
+        v = est.verify(k=a.k, exact=exact)
+        truth = top_cells((exact.values - exact.baseline).abs(), a.k)
+        rows.append({
+            "hook": label, "method": method, "cells": agr.n_cells,
+            "spearman": agr.spearman, "spearman_abs": agr.spearman_abs,
+            "spearman_pairs": spearman(pair_effects(est), pair_effects(exact)),
+            "recall": agr.recall, "recall_verified": recall(v.verified_top, truth),
+            "verified_cells": len(v.cells), "controls_above_kth": v.controls_above,
+            "seconds": times[f"{method} {label}"], "exact_seconds": times[f"exact {label}"],
+            "goal": GOALS.get(label),
+        })
+        print(f"{label} {method}: ρ {agr.spearman:.3f}, top-{a.k} recall {agr.recall:.0%} "
+              f"({times[f'{method} {label}']:.1f} s; exact {times[f'exact {label}']:.1f} s)", flush=True)
+        panels[label, method] = (agr.estimate.numpy(), agr.exact.numpy(), f"ρ = {agr.spearman:.3f}, top-{a.k} recall {agr.recall:.0%}")
+        out = write(a, stem, fp, P, hooks, methods, rows, panels, done=len(rows) == len(order))
+    return out
+
+
+def write(a, stem: str, fp, P: int, hooks, methods: list[str], rows: list[dict], panels: dict, done: bool) -> dict:
+    """Table, JSON and figure of the rows measured so far (rewritten after each row; ``done`` when all are in)."""
     n = len(fp)
-    fig = plot_agreement_grid(panels, [h[0] for h in hooks], METHODS,
+    cols = [m for m in methods if any((h[0], m) in panels for h in hooks)]
+    grid = [[panels.get((h[0], m), (np.zeros(0), np.zeros(0), "not run")) for m in cols] for h in hooks]
+    fig = plot_agreement_grid(grid, [h[0] for h in hooks], cols,
                               title=f"Attribution estimates vs exact patching on {a.model}, {n} fact prompt pairs "
                                     f"(effect on logit difference, mean over pairs; IG: {a.ig_steps} steps)")
-    a.out_dir.mkdir(parents=True, exist_ok=True)
-    fig.savefig(a.out_dir / "attribution.png", dpi=110, bbox_inches="tight")
+    fig.savefig(a.out_dir / f"{stem}.png", dpi=110, bbox_inches="tight")
     table = ["| hook | method | cells | Spearman ρ (mean effect) | ρ (per pair × cell) | ρ of |effect| vs score | "
              f"top-{a.k} recall | top-{a.k} recall after verifying {2 * a.k} + {a.k} controls | goal (ρ) | time (s) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        goal = "—" if r["goal"] is None else f"≥ {r['goal']}"
-        table.append(f"| {r['hook']} | {r['method']} | {r['cells']} | {r['spearman']:.3f} | {r['spearman_pairs']:.3f} | "
-                     f"{r['spearman_abs']:.3f} | {r['recall']:.0%} | {r['recall_verified']:.0%} | {goal} | "
-                     f"{r['seconds']:.1f} (exact {r['exact_seconds']:.1f}) |")
-    md = (f"# Attribution patching vs exact patching on {a.model}\n\n`python analyses/attribution.py --pairs {a.pairs}{' --head-positions' if a.head_positions else ''}`: "
-          f"{n} prompt pairs the model knows (of {a.pairs} drawn), {P} positions (left-padded), denoising, metric "
-          f"logit[clean object] − logit[corrupted object]; IG with {a.ig_steps} steps; AtP* ranks by GradDrop.\n\n"
+    for h in hooks:
+        for r in rows:
+            if r["hook"] != h[0]:
+                continue
+            goal = "—" if r["goal"] is None else f"≥ {r['goal']}"
+            table.append(f"| {r['hook']} | {r['method']} | {r['cells']} | {r['spearman']:.3f} | {r['spearman_pairs']:.3f} | "
+                         f"{r['spearman_abs']:.3f} | {r['recall']:.0%} | {r['recall_verified']:.0%} | {goal} | "
+                         f"{r['seconds']:.1f} (exact {r['exact_seconds']:.1f}) |")
+    cmd = (f"python analyses/attribution.py{'' if a.model == 'gpt2-facts' else ' --model ' + a.model} --pairs {a.pairs}"
+           f"{'' if a.keep is None else f' --keep {a.keep}'}{' --head-positions' if a.head_positions else ''}"
+           f"{' --head-positions-only' if a.head_positions_only else ''}"
+           f"{'' if a.methods == ','.join(METHODS) else ' --methods ' + a.methods}")
+    md = (f"# Attribution patching vs exact patching on {a.model}\n\n`{cmd}`: "
+          f"{n} prompt pairs the model knows (the first {n} known of {a.pairs} drawn), {P} positions (left-padded), denoising, metric "
+          f"logit[clean object] − logit[corrupted object]; IG with {a.ig_steps} steps; AtP* ranks by GradDrop. "
+          f"Times are wall seconds on our shared 2-core CPU, {torch.get_num_threads()} thread(s).\n\n"
+          + ("" if done else "**Partial: the run had not finished when this was written.**\n\n")
           + "\n".join(table) + "\n")
-    (a.out_dir / "attribution.md").write_text(md)
-    out = {"model": a.model, "pairs": n, "drawn": a.pairs, "positions": P, "ig_steps": a.ig_steps, "k": a.k, "rows": rows,
-           "prompt_pairs": [[c, k] for c, k in zip(fp.clean, fp.corrupted)]}
-    (a.out_dir / "attribution.json").write_text(json.dumps(out, indent=1, default=float) + "\n")
-    print(md)
+    (a.out_dir / f"{stem}.md").write_text(md)
+    out = {"model": a.model, "pairs": n, "drawn": a.pairs, "positions": P, "ig_steps": a.ig_steps, "k": a.k,
+           "complete": done, "rows": rows, "prompt_pairs": [[c, k] for c, k in zip(fp.clean, fp.corrupted)]}
+    (a.out_dir / f"{stem}.json").write_text(json.dumps(out, indent=1, default=float) + "\n")
+    if done:
+        print(md)
     return out
 
 

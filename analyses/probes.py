@@ -2,6 +2,7 @@
 where causal tracing locates the fact?
 
     python analyses/probes.py [--quick] [--out-dir analyses/results]
+    python analyses/probes.py --model smollm2-135m      # → probes_smollm2-135m.*, beside causal_trace_smollm2-135m.json
 
 For each probing task of the fact base (country → continent, city → country, element → period, …;
 prompts in several templates of the subject's relations, folds split by subject), a logistic-regression
@@ -13,13 +14,15 @@ is set beside the averaged causal trace at the last subject token (``results/cau
 written by ``analyses/causal_trace.py``). Also times the 2,000-prompt probe against a plain forward
 pass over the same prompts (the peer, same run).
 
-Writes ``probes.json``, ``probes.md`` and ``probes.png``.
+Writes ``probes.json``, ``probes.md`` and ``probes.png`` (for another ``--model``: ``probes_<model>.*``,
+set beside that model's trace, ``causal_trace_<model>.json``, if it has been written).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -64,35 +67,48 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--model", default="gpt2-facts")
     ap.add_argument("--quick", action="store_true", help="two tasks, 2 templates per subject (for the test suite)")
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
+    ap.add_argument("--per-subject", type=int, default=None,
+                    help="at most this many templates per subject in every task (fewer prompts: a deep model's budget)")
+    ap.add_argument("--stride", type=int, default=1,
+                    help="probe L0 and every stride-th block output (with the last) instead of every boundary")
+    ap.add_argument("--no-forward-timing", action="store_true", help="skip timing the plain forward pass (the speed peer)")
     ap.add_argument("--render", action="store_true", help="redo finding, table and figure from the saved JSON")
     args = ap.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = "probes_quick" if args.quick else "probes"
+    suffix = "" if args.model == "gpt2-facts" else f"_{args.model}"
+    stem = ("probes_quick" if args.quick else "probes") + suffix
     if args.render:
         return render(json.loads((args.out_dir / f"{stem}.json").read_text()), args.out_dir, stem)
     torch.manual_seed(0)
+    load0 = os.getloadavg()[0]
     model = gi.load(args.model)
-    tasks = {"continent": 2, "period": 2} if args.quick else TASKS
+    tasks = {"continent": 2, "period": 2} if args.quick else dict(TASKS)
+    if args.per_subject:
+        tasks = {t: min(per, args.per_subject) for t, per in tasks.items()}
+    n = model.cfg.n_layer
+    layers = "all" if args.stride <= 1 else sorted({0, n - 1} | set(range(args.stride - 1, n, args.stride)))
 
     # speed: the probe of ~2,000 prompts × every boundary against a forward pass over the same prompts
     ds = probing_set("continent", per_subject=tasks["continent"])
-    fwd = forward_seconds(model, ds.prompts)
+    fwd = None if args.no_forward_timing else forward_seconds(model, ds.prompts)
     t = time.perf_counter()
-    main_result = probe(model, ds, hook="resid", control="by-type", progress=False)
+    main_result = probe(model, ds, hook="resid", layers=layers, control="by-type", progress=False)
     probe_s = time.perf_counter() - t
     timing = {"prompts": len(ds), "boundaries": len(main_result.layers), "probe_seconds": round(probe_s, 1),
-              "forward_seconds": round(fwd, 2), "ratio_to_forward": round(probe_s / fwd, 1)}
+              "forward_seconds": None if fwd is None else round(fwd, 2),
+              "ratio_to_forward": None if fwd is None else round(probe_s / fwd, 1),
+              "threads": torch.get_num_threads(), "load_average": round(load0, 1)}
     print(f"continent probe: {len(ds)} prompts × {len(main_result.layers)} boundaries in {probe_s:.1f} s "
-          f"(a plain forward pass over them: {fwd:.2f} s)")
+          + ("" if fwd is None else f"(a plain forward pass over them: {fwd:.2f} s)"), flush=True)
 
     results = {}
     for task, per in tasks.items():
         r = main_result if task == "continent" else probe(model, probing_set(task, per_subject=per), hook="resid",
-                                                           control="by-type", progress=False)
+                                                           layers=layers, control="by-type", progress=False)
         results[task] = r
-        print(r.table(), "\n")
+        print(r.table(), "\n", flush=True)
     ds_last = probing_set("continent", per_subject=tasks["continent"], which="own")
-    at_last = probe(model, ds_last, hook="resid", position="last", control="by-type", progress=False)
+    at_last = probe(model, ds_last, hook="resid", layers=layers, position="last", control="by-type", progress=False)
     print(at_last.table(), "\n")
 
     layers = main_result.layers
@@ -103,11 +119,13 @@ def main(argv: list[str] | None = None) -> dict:
             "chance": r.chance, "score": r.mean.tolist(), "ci": r.ci.tolist(), "control": r.control_mean.tolist(),
             "selectivity": r.selectivity.tolist(), "selectivity_ci": r.selectivity_ci.tolist(),
         }
-    trace = trace_curves(args.out_dir / "causal_trace.json") or trace_curves(RESULTS / "causal_trace.json")
+    # this model's own trace only (another model's layers say nothing about this one)
+    trace_name = f"causal_trace{suffix}.json"
+    trace = trace_curves(args.out_dir / trace_name) or trace_curves(RESULTS / trace_name)
     out = {"model": args.model, "layers": layers, "hook": "resid (embed = resid_pre 0, L{i} = resid_post i)",
            "position": "last subject token", "control": "by-type", "folds": main_result.n_folds,
            "timing": timing, "tasks": summary, "causal_trace": trace}
-    return render(out, args.out_dir, "probes_quick" if args.quick else "probes")
+    return render(out, args.out_dir, stem)
 
 
 def decodable_from(t: dict, layers: list[str]) -> str | None:
@@ -122,6 +140,16 @@ def decodable_from(t: dict, layers: list[str]) -> str | None:
         return None
     best = max(t["selectivity"][i] for i in range(n) if ok[i])
     return layers[min(i for i in range(n) if ok[i] and t["selectivity"][i] >= 0.9 * best)]
+
+
+def timing_line(timing: dict) -> str:
+    """The timing sentence of the report."""
+    peer = ("the forward pass was not timed in this run" if timing.get("forward_seconds") is None else
+            f"a plain forward pass over the same prompts took {timing['forward_seconds']} s in the same run")
+    where = (f"{timing['threads']} thread(s), load average {timing['load_average']} at the start on our shared 2-core CPU"
+             if "load_average" in timing else "a 2-core CPU shared with other jobs, load average ≈ 20")
+    return (f"Timing: {timing['prompts']} prompts × {timing['boundaries']} boundaries probed in "
+            f"{timing['probe_seconds']} s; {peer} ({where}).")
 
 
 def render(out: dict, out_dir: Path, stem: str) -> dict:
@@ -172,9 +200,7 @@ def render(out: dict, out_dir: Path, stem: str) -> dict:
           "(Hewitt & Liang). Generated by `analyses/probes.py`.", "",
           "| task | prompts / subjects | " + " | ".join(layers) + " | decodable from |",
           "|---|---|" + "---|" * len(layers) + "---|", *rows, "", finding, "",
-          f"Timing: {timing['prompts']} prompts × {timing['boundaries']} boundaries probed in "
-          f"{timing['probe_seconds']} s; a plain forward pass over the same prompts took {timing['forward_seconds']} s "
-          "in the same run, on a 2-core CPU shared with other jobs (load average ≈ 20).", ""]
+          timing_line(timing), ""]
     (out_dir / f"{stem}.md").write_text("\n".join(md))
     return out
 

@@ -292,6 +292,11 @@ def test_result_has_patch_axes_labels_json_plot_and_verify_matches_exact(small, 
         assert float(e) == pytest.approx(float(exact.values[c] - exact.baseline), abs=1e-4)
     truth = sorted(v.cells, key=lambda c: -abs(float(exact.values[c] - exact.baseline)))[:3]
     assert set(v.verified_top) == set(truth)
+    looked_up = est.verify(k=3, candidates=5, controls=4, exact=exact)  # the same cells, read from the sweep
+    assert looked_up.cells == v.cells and looked_up.verified_top == v.verified_top
+    assert torch.allclose(looked_up.exact, v.exact, atol=1e-4) and looked_up.recall == v.recall
+    with pytest.raises(ValueError, match="same arguments"):
+        est.verify(k=3, exact=patch(small, clean, corrupt, m, hook="z"))
     assert v.save_plot(tmp_path / "v.png").stat().st_size > 1000 and "Spearman" in v.table()
     a = agreement(est, exact, k=5)
     assert -1 <= a.spearman <= 1 and 0 <= a.recall <= 1 and a.save_plot(tmp_path / "g.png").exists()

@@ -322,9 +322,11 @@ class AttributionResult(PatchResult):
         return [(tuple(int(i) for i in torch.unravel_index(j, self.values.shape)), float(flat[j])) for j in idx]
 
     def verify(self, k: int = 20, candidates: int | None = None, controls: int = 20, seed: int = 0,
-               batch_size: int | None = None, progress: bool | None = None) -> "Verification":
+               batch_size: int | None = None, progress: bool | None = None,
+               exact: PatchResult | None = None) -> "Verification":
         """Exact batched patching of this estimate's top cells and a random control sample; see :func:`verify`."""
-        return verify(self, k=k, candidates=candidates, controls=controls, seed=seed, batch_size=batch_size, progress=progress)
+        return verify(self, k=k, candidates=candidates, controls=controls, seed=seed, batch_size=batch_size,
+                      progress=progress, exact=exact)
 
 
 # =============================================================== attribute()
@@ -654,14 +656,20 @@ def cell_label(result: PatchResult, cell: tuple[int, ...]) -> str:
 
 
 def verify(result: AttributionResult, k: int = 20, candidates: int | None = None, controls: int = 20, seed: int = 0,
-           batch_size: int | None = None, progress: bool | None = None) -> Verification:
+           batch_size: int | None = None, progress: bool | None = None, exact: PatchResult | None = None) -> Verification:
     """Run exact batched patching (:func:`~.patching.patch`) on the estimate's top ``candidates``
     cells (default ``2k``) and ``controls`` random other cells, and compare.
 
     Cells are patched one layer at a time (``patch`` restricted to that layer and the positions and
-    heads of its cells), on the same prompt pairs, metric, direction and normalisation."""
+    heads of its cells), on the same prompt pairs, metric, direction and normalisation. ``exact``:
+    a full exact sweep of the same cells (``patch`` with the same arguments) when one is at hand —
+    the cells are then looked up in it instead of patched again (the same values, no extra runs)."""
     spec = result._spec
-    if spec is None:
+    if exact is not None:
+        if exact.values.shape != result.values.shape or exact.index_names != result.index_names:
+            raise ValueError(f"exact covers {exact.index_names} {tuple(exact.values.shape)}, the estimate "
+                             f"{result.index_names} {tuple(result.values.shape)}: pass patch() run with the same arguments")
+    elif spec is None:
         raise ValueError("this result carries no run to verify (was it loaded from JSON?); call attribute() again")
     k = check_count(k, "k")
     cand = 2 * k if candidates is None else max(k, candidates)
@@ -672,9 +680,11 @@ def verify(result: AttributionResult, k: int = 20, candidates: int | None = None
             if c not in chosen]
     ctrl = random.Random(seed).sample(rest, min(controls, len(rest)))
     cells = top + ctrl
-    exact = _exact_cells(result, cells, batch_size, progress)
+    if exact is None:
+        ex = torch.tensor(_exact_cells(result, cells, batch_size, progress)) - result.baseline
+    else:
+        ex = torch.stack([exact.values[c] for c in cells]).float() - exact.baseline
     est = torch.stack([result.values[c] for c in cells]) - result.baseline
-    ex = torch.tensor(exact) - result.baseline
     by_exact = ex.abs().argsort(descending=True)[:k].tolist()
     verified_top = [cells[i] for i in by_exact]
     kth = float(ex.abs()[by_exact[-1]]) if by_exact else float("inf")
