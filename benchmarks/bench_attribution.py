@@ -4,8 +4,10 @@
 
 1. Cost of the estimate against one forward pass of the pair batch, on gpt2-facts over ``--pairs``
    prompt pairs from the fact base (``facts.pairs.subject_swaps``): the denominator is one forward of
-   the corrupted prompts (``--pairs`` rows, last-position logits, no autograd). Goals: AtP (hook
-   ``z``: a source pass, a base pass with autograd, one backward) ≤ 3.5×; IG with 5 steps ≤ 12×.
+   the corrupted prompts (``--pairs`` rows, last-position logits over the whole vocabulary, no
+   autograd). Goals: AtP (hook ``z``: a source pass, a base pass with autograd, one backward pass
+   for the activations' gradients only; the logit-difference metric reads just its tokens' columns
+   of the unembedding) ≤ 3.5×; IG with 5 steps ≤ 12×.
    AtP* on ``k`` (QK fix, GradDrop: one backward per layer) is shown too.
 2. A full head × position map (hook ``z``, every layer, position and head) of a deep random model
    (30 layers, d_model 576, 9 heads, d_mlp 1536: SmolLM2-135M's depth and width in GPT-2 form) over
