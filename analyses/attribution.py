@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--head-positions", action="store_true",
                     help="also heads × position (z per position: many cells, exact patching is the slow part)")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of atp,atp*,ig")
+    ap.add_argument("--hooks", default=None,
+                    help="only these rows, comma-separated from z, z-pos, mlp_out, resid_pre (written to <stem>_<hooks>.*)")
     ap.add_argument("--head-positions-only", action="store_true",
                     help="only heads × position (written to <stem>_head_positions.*)")
     ap.add_argument("--quick", action="store_true", help="8 pairs (a smoke test)")
@@ -95,9 +97,13 @@ def main(argv: list[str] | None = None) -> dict:
     metric.name = "logit_diff(clean object, corrupted object)"
     P = pair_tokens(model, fp.clean, fp.corrupted)[0].shape[1]
     rows, times = [], {}
-    hooks = [h for h in HOOKS if (a.head_positions or h[2] != "each") and (not a.head_positions_only or h[2] == "each")]
     if a.head_positions_only:
         a.head_positions, stem = True, f"{stem}_head_positions"
+    hooks = [h for h in HOOKS if (a.head_positions or h[2] != "each") and (not a.head_positions_only or h[2] == "each")]
+    if a.hooks:  # a subset of the rows, in a file of its own (e.g. to run a deep model's hooks side by side)
+        keys = a.hooks.split(",")
+        hooks = [h for h in HOOKS if (h[1] + ("-pos" if h[2] == "each" else "")) in keys]
+        stem = f"{stem}_{'_'.join(keys)}"
     methods = [m for m in METHODS if m in a.methods.split(",")]
     # every hook's exact sweep with AtP and IG first, AtP* (GradDrop: one backward pass per layer) after them:
     # the cheap estimates are in the results (written after every row) before the costly one runs
@@ -157,8 +163,8 @@ def write(a, stem: str, fp, P: int, hooks, methods: list[str], rows: list[dict],
                          f"{r['spearman_abs']:.3f} | {r['recall']:.0%} | {r['recall_verified']:.0%} | {goal} | "
                          f"{r['seconds']:.1f} (exact {r['exact_seconds']:.1f}) |")
     cmd = (f"python analyses/attribution.py{'' if a.model == 'gpt2-facts' else ' --model ' + a.model} --pairs {a.pairs}"
-           f"{'' if a.keep is None else f' --keep {a.keep}'}{' --head-positions' if a.head_positions else ''}"
-           f"{' --head-positions-only' if a.head_positions_only else ''}"
+           f"{'' if a.keep is None else f' --keep {a.keep}'}{' --head-positions' if a.head_positions and not a.head_positions_only else ''}"
+           f"{' --head-positions-only' if a.head_positions_only else ''}{' --hooks ' + a.hooks if a.hooks else ''}"
            f"{'' if a.methods == ','.join(METHODS) else ' --methods ' + a.methods}")
     md = (f"# Attribution patching vs exact patching on {a.model}\n\n`{cmd}`: "
           f"{n} prompt pairs the model knows (the first {n} known of {a.pairs} drawn), {P} positions (left-padded), denoising, metric "
