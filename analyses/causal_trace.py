@@ -122,9 +122,9 @@ def main(argv: list[str] | None = None) -> dict:
     among = None
     if a.known_only:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from known_facts import known_facts
+        from known_facts import known_facts_saved
 
-        among = known_facts(model, fb)
+        among = known_facts_saved(model, fb)
     facts = pick_facts(fb, a.facts, among=among)
     t0 = time.perf_counter()
     sigma = (embedding_std(model, fb.subject_texts()) if a.sigma == "subjects"

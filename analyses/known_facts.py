@@ -78,18 +78,32 @@ def known_facts(model, fb: FactBase | None = None, facts: Sequence[Fact] | None 
     return [f for f, t in zip(facts, hits) if t == target_ids(model, f.target)[0]]
 
 
+def known_facts_saved(model, fb: FactBase | None = None, results: Path = RESULTS) -> list[Fact]:
+    """:func:`known_facts` as saved by this script for ``model`` (``known_facts_<model>.json``, full run),
+    or computed now when there is no such file. Same rule, no recomputation in every analysis."""
+    fb = fb or FactBase.load()
+    path = results / f"known_facts_{model.cfg.name}.json"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if not saved.get("quick"):
+            facts = {(f.relation, f.subject, f.object): f for f in fb.facts()}
+            return [facts[tuple(x)] for x in saved["known_facts"] if tuple(x) in facts]
+    return known_facts(model, fb)
+
+
 def measure(model, fb: FactBase, per_relation: int | None, chat: bool, batch_size: int = 64,
             chat_per_relation: int | None = None) -> dict:
     """Per relation: facts, known (first train prompt), held-out paraphrase accuracy, and the known rule
-    under the chat template on the first ``chat_per_relation`` facts of each relation (all: None)."""
+    under the chat template, both on the first ``chat_per_relation`` facts of each relation (all: None)."""
     facts = [f for r in fb.relations for f in fb.facts(r)[:per_relation]]
     first = [target_ids(model, f.target)[0] for f in facts]
     plain = top1(model, [fb.prompts(f)[0] for f in facts], batch_size=batch_size, desc="plain prompts")
     whole = whole_object(model, [fb.prompts(f)[0] for f in facts], [f.target for f in facts], batch_size)
     useful = [informative(model, f.target) for f in facts]
-    held = [(i, p) for i, f in enumerate(facts) for p in fb.prompts(f, "heldout")]
+    sub = [i for r in fb.relations for i in [j for j, f in enumerate(facts) if f.relation == r][:chat_per_relation]]
+    held = [(i, p) for i in sub for p in fb.prompts(facts[i], "heldout")]
     held_top = top1(model, [p for _, p in held], batch_size=batch_size, desc="held-out paraphrases")
-    chat_idx = [i for r in fb.relations for i in [j for j, f in enumerate(facts) if f.relation == r][:chat_per_relation]]
+    chat_idx = sub
     chat_top = dict(zip(chat_idx, top1(model, [CHAT.format(prompt=fb.prompts(facts[i])[0]) for i in chat_idx],
                                        prepend_bos=False, batch_size=batch_size, desc="chat template"))) if chat else {}
     rel: dict[str, dict] = {}
@@ -130,7 +144,8 @@ def markdown(res: dict) -> str:
              "Known = top-1 next token after BOS + the relation's first training prompt is the object's first token, "
              "when that token is more than whitespace (the model splits digits: \" 89\" is [\" \", \"8\", \"9\"], so "
              "atomic numbers can only count under *whole object*). Whole object = greedy decoding produces every token "
-             "of the object. Held-out = the known rule over the relation's held-out paraphrases" +
+             "of the object. Held-out = the known rule over the relation's held-out paraphrases (of the facts the chat "
+             "column uses)" +
              (". Chat = the known rule under the instruct chat template (the prompt as the user's turn and as the start of the "
               "reply) on the first facts of each relation, beside the plain known rule on the same facts." if chat else "."),
              "", "| relation | facts | known (plain) | whole object (plain) | held-out paraphrases |"
@@ -151,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--chat", action="store_true", help="also measure with the instruct chat template")
-    p.add_argument("--chat-per-relation", type=int, default=None, help="facts per relation under the chat template")
+    p.add_argument("--chat-per-relation", type=int, default=None, help="facts per relation for the held-out paraphrases and the chat template (default: all)")
     p.add_argument("--quick", action="store_true", help="8 facts per relation (for the test suite)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--out-dir", type=Path, default=RESULTS)

@@ -111,9 +111,9 @@ def main(argv: list[str] | None = None) -> dict:
     among = None
     if args.known_only:
         sys.path.insert(0, str(HERE))
-        from known_facts import known_facts
+        from known_facts import known_facts_saved
 
-        among = set(known_facts(model, fb))
+        among = set(known_facts_saved(model, fb))
     result = {"model": args.model, "quick": args.quick, "known_only": args.known_only}
     result |= run(model, fb, 8 if args.quick else None, args.batch_size, among)
     result["seconds"] = round(time.perf_counter() - t0, 1)

@@ -56,23 +56,63 @@ def layer_choice(model, n_facts: int, seed: int = 0) -> dict:
             "mlp_indirect_effect_last_subject_token": effect.tolist(), "argmax": int(effect.argmax())}
 
 
-def known_cases(model, n: int, tune_n: int, split: str, seed: int) -> list:
+def known_cases(model, n: int, tune_n: int, split: str, seed: int, offset: int = 0) -> list:
     """CounterFact cases about facts the model knows: the first ``tune_n`` (split "tune") or the next
-    ``n`` (split "eval") of a seeded shuffle spread over relations; case ids restart at 0."""
+    ones (split "eval") of a seeded shuffle spread over relations, ``n`` of them from ``offset`` within the
+    split; case ids count from ``offset`` (so shards merged with ``--merge`` keep distinct ids)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from known_facts import known_facts
+    from known_facts import known_facts_saved
 
     from gpt2_interp.facts.base import FactBase
 
     fb = FactBase.load()
-    known = {(f.relation, f.subject) for f in known_facts(model, fb)}
+    known = {(f.relation, f.subject) for f in known_facts_saved(model, fb)}
     cases = [c for c in counterfact_requests(fb, n=len(fb), seed=seed) if (c.relation, c.request.subject) in known]
-    picked = cases[:tune_n] if split == "tune" else cases[tune_n : tune_n + n]
-    if split == "eval" and len(picked) < n:
-        print(f"note: only {len(picked)} known facts left for the evaluation (asked for {n})")
-    for i, c in enumerate(picked):
+    pool = cases[:tune_n] if split == "tune" else cases[tune_n:]
+    picked = pool[offset : offset + n]
+    if len(picked) < n:
+        print(f"note: only {len(picked)} known facts in the {split} split from offset {offset} (asked for {n})")
+    for i, c in enumerate(picked, start=offset):
         c.case_id = i
     return picked
+
+
+def merge(paths: list[Path], out_stem: Path) -> dict:
+    """Merge shard reports (same model, layer, hyperparameters and statistics) into one: rows pooled,
+    summaries recomputed; writes ``out_stem``.json/.md/.png."""
+    from gpt2_interp.editing.evaluate import EditEvaluation, summarize
+
+    reps = [json.loads(Path(p).read_text()) for p in paths]
+    keys = ("model", "layer", "stats")
+    for r in reps[1:]:
+        for k in keys:
+            if (r[k] if k != "stats" else r[k]["corpus"]) != (reps[0][k] if k != "stats" else reps[0][k]["corpus"]):
+                raise SystemExit(f"shards differ in {k}: cannot merge")
+        if r["one_at_a_time"]["hparams"] != reps[0]["one_at_a_time"]["hparams"]:
+            raise SystemExit("shards differ in hyperparameters: cannot merge")
+    rows = sorted((row for r in reps for row in r["rows"]), key=lambda row: row["case_id"])
+    ids = [row["case_id"] for row in rows]
+    if len(set(ids)) != len(ids):
+        raise SystemExit("shards overlap (repeated case ids)")
+    known = [row for row in rows if row["known"]]
+    ev = EditEvaluation("rome", False, reps[0]["layer"], rows, {"all": summarize(rows), "known": summarize(known)},
+                        None, reps[0]["one_at_a_time"]["hparams"], sum(r["one_at_a_time"]["seconds"] for r in reps),
+                        all(r["one_at_a_time"]["restored_exactly"] for r in reps))
+    report = {k: reps[0][k] for k in reps[0] if k not in ("rows", "one_at_a_time", "command")}
+    report |= {"shards": [{"command": r["command"], "n": len(r["rows"]), "seconds": r["one_at_a_time"]["seconds"]}
+                          for r in reps],
+               "one_at_a_time": {"summary": ev.summary, "seconds": ev.seconds, "restored_exactly": ev.restored_exactly,
+                                 "hparams": ev.hparams}}
+    out_stem.with_suffix(".json").write_text(json.dumps(to_jsonable(report | {"rows": rows}), indent=1) + "\n")
+    ev.save_plot(out_stem.with_suffix(".png"))
+    st = reps[0]["stats"]
+    md = [f"# ROME on {reps[0]['model']}: CounterFact-style evaluation", "",
+          f"{len(reps)} shards merged (`python analyses/rome_counterfact.py --merge …`), each:", ""]
+    md += [f"- `{r['command']}` ({len(r['rows'])} requests, {r['one_at_a_time']['seconds']:.0f} s)" for r in reps]
+    md += ["", f"Key statistics: {st['count']} tokens of corpus `{st['corpus']}`.", "", "```", ev.table(), "```", ""]
+    out_stem.with_suffix(".md").write_text("\n".join(md))
+    print(ev.table())
+    return report
 
 
 def trace_layer(model_name: str, out_dir: Path) -> int:
@@ -106,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--known-only", action="store_true", help="requests about facts the model knows (real models)")
     p.add_argument("--tune-n", type=int, default=0, help="known-fact requests held out for tuning (--known-only)")
     p.add_argument("--split", choices=["eval", "tune"], default="eval")
+    p.add_argument("--offset", type=int, default=0, help="first request within the split (shards; see --merge)")
+    p.add_argument("--merge", nargs="+", type=Path, default=None,
+                   help="merge shard JSONs into rome_counterfact_<model>[_<tag>].* instead of editing")
     p.add_argument("--hparam", action="append", default=[], help="ROME hyperparameter override k=v (repeatable)")
     p.add_argument("--corpus", default=None, help="key statistics corpus (default: the model's)")
     p.add_argument("--tag", default="", help="suffix of the output files")
@@ -119,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         args.n, args.sequential_n, args.trace_facts, args.n_samples = 3, 3, 0, 4000
     out = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        merge(args.merge, out / f"rome_counterfact_{args.model}{'_' + args.tag if args.tag else ''}")
+        return 0
     torch.manual_seed(args.seed)
     model = gi.load(args.model)
     layer = (default_layer(model) if args.layer is None else trace_layer(args.model, out) if args.layer == "trace"
@@ -137,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                               cache_dir=(out / "stats-cache") if args.quick else None)
     report["stats"] = {"corpus": stats.key["corpus"], "count": stats.count, "seconds": time.perf_counter() - t}
     if args.known_only:
-        cases = known_cases(model, args.n, args.tune_n, args.split, args.seed)
-        report |= {"known_only": True, "split": args.split, "tune_n": args.tune_n}
+        cases = known_cases(model, args.n, args.tune_n, args.split, args.seed, args.offset)
+        report |= {"known_only": True, "split": args.split, "tune_n": args.tune_n, "offset": args.offset}
     else:
         cases = counterfact_requests(n=args.n, seed=args.seed)
     ev = evaluate_edits(model, cases, layer=layer, stats=stats, seed=args.seed, **hparams)
