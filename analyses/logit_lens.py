@@ -73,6 +73,9 @@ def plot(result: dict, path: Path) -> None:
             ax.grid(alpha=0.3)
     for ax in axes[-1]:
         ax.set_xlabel("layer boundary (logit lens: ln_final + W_U)")
+        if len(layers) > 12:  # a deep model: label every third boundary and the last
+            ticks = list(range(0, len(layers), 3)) + ([len(layers) - 1] if (len(layers) - 1) % 3 else [])
+            ax.set_xticks(ticks, [layers[i] for i in ticks])
     axes[0, 1].legend(fontsize=7, loc="upper left")
     fig.suptitle(f"Logit lens on {result['model']}: rank of the correct object's first token at the last prompt token")
     fig.tight_layout()
