@@ -67,7 +67,7 @@ def test_rome_shards_merge_to_the_unsharded_run(tmp_path, facts_model):
     assert len(shards) == 2
     assert rc.main(["--merge", *map(str, shards), "--out-dir", str(tmp_path / "merged"), "--model", "gpt2-facts"]) == 0
     merged = json.loads((tmp_path / "merged" / "rome_counterfact_gpt2-facts.json").read_text())
-    one = json.loads((tmp_path / "one" / "rome_counterfact_gpt2-facts_one.json").read_text())
+    one = json.loads((tmp_path / "one" / "rome_counterfact_one.json").read_text())  # gpt2-facts: no model suffix
     assert [r["case_id"] for r in merged["rows"]] == [r["case_id"] for r in one["rows"]] == [0, 1, 2, 3]
     assert [r["subject"] for r in merged["rows"]] == [r["subject"] for r in one["rows"]]
     # the tuning split (first 2 known facts) is disjoint from the evaluation
