@@ -4,8 +4,13 @@
 
 1. forward (no hooks) vs transformers' LlamaForCausalLM (sdpa), batch 8 × 64 by default — goal ≤ 1.1×
 2. run_with_cache (every hook name) vs plain forward — goal ≤ 1.5×
-SmolLM2-135M's shape (30 layers, d_model 576, 9 heads / 3 KV heads, d_mlp 1536, vocab 49,152, tied) with
-random weights built offline, so it runs without the GGUF; fp32; medians of interleaved timings.
+3. resid_pre patching sweep (every layer × position of one prompt pair) vs TransformerLens 3.9's
+   ``get_act_patch_resid_pre`` on the same weights — goal ≥ 10× faster. TransformerLens gets a
+   Llama config it can build (RMSNorm, rotary half-split, SwiGLU, GQA) and the weights through its own
+   ``convert_llama_weights``; the two sweeps' values are compared.
+1–2 use SmolLM2-135M's shape (30 layers, d_model 576, 9 heads / 3 KV heads, d_mlp 1536, vocab 49,152, tied)
+with random weights built offline, so it runs without the GGUF; 3 uses the same shape by default
+(``--sweep-layers``/``--sweep-pos`` shrink it for a smoke test); fp32; medians of interleaved timings.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import argparse
 import platform
 import statistics
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -34,21 +40,95 @@ def interleaved(fns: dict, repeats: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def llama_config(layers: int, d_model: int = 576, heads: int = 9, kv_heads: int = 3, d_mlp: int = 1536,
+                 vocab: int = 49152):
+    """A transformers LlamaConfig (SmolLM2-135M's shape by default)."""
+    import transformers
+
+    return transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=d_model, intermediate_size=d_mlp, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=8192, rope_theta=100000.0,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, attn_implementation="sdpa")
+
+
+def transformer_lens_twin(hf):
+    """TransformerLens's HookedTransformer holding ``hf``'s (a LlamaForCausalLM) weights."""
+    import transformer_lens as tl
+    from transformer_lens.pretrained.weight_conversions.llama import convert_llama_weights
+
+    c = hf.config
+    d_head = c.hidden_size // c.num_attention_heads
+    rope = getattr(c, "rope_parameters", None) or {}  # transformers ≥ 5 keeps θ there
+    rope_theta = float(rope.get("rope_theta") or getattr(c, "rope_theta", 10000.0))
+    cfg = tl.HookedTransformerConfig(
+        n_layers=c.num_hidden_layers, d_model=c.hidden_size, n_heads=c.num_attention_heads, d_head=d_head,
+        n_key_value_heads=c.num_key_value_heads, d_mlp=c.intermediate_size, n_ctx=c.max_position_embeddings,
+        d_vocab=c.vocab_size, act_fn="silu", gated_mlp=True, normalization_type="RMS", eps=c.rms_norm_eps,
+        positional_embedding_type="rotary", rotary_dim=d_head, rotary_base=rope_theta, rotary_adjacent_pairs=False,
+        final_rms=True, default_prepend_bos=False)
+    with warnings.catch_warnings():  # TL 3.9 points to TransformerBridge; the classic class is what we compare with
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ref = tl.HookedTransformer(cfg)
+    ref.load_state_dict(convert_llama_weights(hf, cfg), strict=False)
+    return ref.eval()
+
+
+def sweep_benchmark(layers: int, pos: int, repeats: int, **shape) -> tuple[str, float, str, str]:
+    """Our resid_pre patching sweep vs TransformerLens's on the same random Llama weights."""
+    import transformer_lens.patching as tlp
+    from gpt2_interp.analysis.patching import logit_diff, patch
+
+    torch.manual_seed(1)
+    import transformers
+
+    hf = transformers.LlamaForCausalLM(llama_config(layers, **shape)).eval()
+    ours = gi.from_transformers(hf).eval()
+    ref = transformer_lens_twin(hf)
+    del hf
+    vocab = ours.cfg.d_vocab
+    g = torch.Generator().manual_seed(2)
+    clean = torch.randint(0, vocab, (1, pos), generator=g)
+    corrupt = clean.clone()
+    corrupt[0, pos // 3] = (clean[0, pos // 3] + 1) % vocab  # one token differs
+    answer, wrong = 11, 12
+    metric = logit_diff(answer, wrong)
+
+    def tl_metric(logits):
+        return (logits[:, -1, answer] - logits[:, -1, wrong]).mean()
+
+    with torch.inference_mode():
+        patch(ours, clean, corrupt, metric, progress=False)  # warm-up
+        t = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            r = patch(ours, clean, corrupt, metric, hook="resid_pre", progress=False)
+            t.append(time.perf_counter() - t0)
+        t_ours = statistics.median(t)
+        _, clean_cache = ref.run_with_cache(clean)
+        t0 = time.perf_counter()
+        expected = tlp.get_act_patch_resid_pre(ref, corrupt, clean_cache, tl_metric)
+        t_tl = time.perf_counter() - t0
+    err = (r.values - expected).abs().max().item()
+    return (f"resid_pre sweep {layers}×{pos}: TransformerLens ÷ ours", t_tl / t_ours, "≥ 10",
+            f"ours {t_ours:.2f} s, TransformerLens {t_tl:.1f} s; max |difference| {err:.1e}")
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--pos", type=int, default=64)
+    ap.add_argument("--sweep-layers", type=int, default=30, help="layers of the patching-sweep model (0: skip)")
+    ap.add_argument("--sweep-pos", type=int, default=16, help="prompt length of the patching sweep")
+    ap.add_argument("--layers", type=int, default=30, help="layers of the forward-benchmark model")
+    ap.add_argument("--small", action="store_true", help="a tiny shape (d_model 64, vocab 512) for a smoke test")
     ap.add_argument("--out", type=Path, default=None, help="write a markdown table here")
     a = ap.parse_args(argv)
     import transformers
 
+    dims = dict(d_model=64, heads=4, kv_heads=2, d_mlp=160, vocab=512) if a.small else {}
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-        num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
-        tie_word_embeddings=True, attn_implementation="sdpa",
-    )
+    cfg = llama_config(a.layers, **dims)
     hf = transformers.LlamaForCausalLM(cfg).eval()
     ours = gi.from_transformers(hf).eval()
     tokens = torch.randint(0, cfg.vocab_size, (a.batch, a.pos), generator=torch.Generator().manual_seed(0))
@@ -60,13 +140,18 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append((f"forward {shape}, ours ÷ transformers", t["ours"] / t["hf"], "≤ 1.1", f"ours {t['ours']*1e3:.0f} ms, transformers {t['hf']*1e3:.0f} ms"))
         t = interleaved({"cache": lambda: ours.run_with_cache(tokens), "plain": lambda: ours(tokens)}, a.repeats)
         rows.append((f"run_with_cache (all {n_hooks} names) ÷ forward", t["cache"] / t["plain"], "≤ 1.5", f"cache {t['cache']*1e3:.0f} ms, plain {t['plain']*1e3:.0f} ms"))
+    del hf, ours
+    if a.sweep_layers:
+        rows.append(sweep_benchmark(a.sweep_layers, a.sweep_pos, max(1, a.repeats // 3), **dims))
     env = f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}"
     lines = ["| measurement | ratio | goal | times |", "|---|---|---|---|"]
     lines += [f"| {name} | {r:.2f}× | {goal} | {detail} |" for name, r, goal, detail in rows]
-    text = "\n".join(lines) + f"\n\n({env}; SmolLM2-135M shape, random weights, fp32, median of {a.repeats})\n"
+    what = "tiny Llama shape (--small)" if a.small else "SmolLM2-135M shape"
+    text = "\n".join(lines) + f"\n\n({env}; {what}, random weights, fp32, median of {a.repeats}; TransformerLens's sweep runs once)\n"
     print(text)
     if a.out:
-        cmd = f"python benchmarks/bench_llama.py --batch {a.batch} --pos {a.pos} --repeats {a.repeats} --out {a.out}"
+        cmd = (f"python benchmarks/bench_llama.py --batch {a.batch} --pos {a.pos} --repeats {a.repeats} --layers {a.layers} "
+               f"--sweep-layers {a.sweep_layers} --sweep-pos {a.sweep_pos}{' --small' * a.small} --out {a.out}")
         a.out.write_text(f"# Llama-family benchmarks\n\n`{cmd}`\n\n" + text)
     return {name: r for name, r, _, _ in rows}
 

