@@ -112,7 +112,7 @@ def test_demo_on_smollm2_tells_the_story_with_its_own_tokenizer(tmp_path):
     assert "1536" in text and "W_U tied to W_E" in text
     model = gi.load("smollm2-135m")
     fact = r["fact"]
-    answer = model.tokenizer.encode(" " + fact["object"])[0]
+    answer = model.tokenizer.encode_ids(" " + fact["object"])[0]
     assert r["logit_lens"]["target_rank"][-1] == 1  # the demo picked a fact the model knows (its own tokens)
     assert int(model.last_logits(fact["prompt"])[0].argmax()) == answer
     assert model.tokenizer.bos_id == 0 and r["generation"].startswith(fact["prompt"])

@@ -44,7 +44,7 @@ def test_known_facts_agree_with_greedy_generation_on_smollm2():
     whole = kf.whole_object(model, [fb.prompts(f)[0] for f in facts], [f.target for f in facts])
     for f, w in zip(facts, whole):
         prompt = fb.prompts(f)[0]
-        ids = model.tokenizer.encode(f.target)
+        ids = model.tokenizer.encode_ids(f.target)
         gen = model.generate(prompt, max_new_tokens=len(ids))  # greedy, the independent reference
         assert w == gen.startswith(prompt + f.target), (f, gen)
         first = model.generate(prompt, max_new_tokens=1)[len(prompt):]
