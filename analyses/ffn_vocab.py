@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 
 def object_classes(fb: FactBase) -> dict[str, set[int]]:
     """Relation → first token ids of its objects (with the leading space the model produces)."""
-    return {rel: {tok.encode_ids(" " + o)[0] for o in fb.objects(rel)} for rel in fb.relations}
+    return {rel: {tok.encode(" " + o)[0] for o in fb.objects(rel)} for rel in fb.relations}
 
 
 def coherence(top_ids: torch.Tensor, classes: dict[str, set[int]]) -> torch.Tensor:
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
     fb = FactBase.load()
     classes = object_classes(fb)
     rels = list(classes)
-    corpus = {t for s in fb.sentences("train") for t in tok.encode_ids(s)}
+    corpus = {t for s in fb.sentences("train") for t in tok.encode(s)}
     chance = {r: len(c & corpus) / len(corpus) for r, c in classes.items()}
     n = model.cfg.n_layer
     layers = list(range(n - 2, n)) if args.quick else list(range(n))

@@ -80,7 +80,7 @@ def known_cases(model, n: int, tune_n: int, split: str, seed: int, offset: int =
 def merge(paths: list[Path], out_stem: Path) -> dict:
     """Merge shard reports (same model, layer, hyperparameters and statistics) into one: rows pooled,
     summaries recomputed; writes ``out_stem``.json/.md/.png."""
-    from gpt2_interp.editing.evaluate import EditEvaluation, summarize
+    from gpt2_interp.editing.evaluate import CaseRow, EditEvaluation, summarize
 
     reps = [json.loads(Path(p).read_text()) for p in paths]
     keys = ("model", "layer", "stats")
@@ -90,11 +90,11 @@ def merge(paths: list[Path], out_stem: Path) -> dict:
                 raise SystemExit(f"shards differ in {k}: cannot merge")
         if r["one_at_a_time"]["hparams"] != reps[0]["one_at_a_time"]["hparams"]:
             raise SystemExit("shards differ in hyperparameters: cannot merge")
-    rows = sorted((row for r in reps for row in r["rows"]), key=lambda row: row["case_id"])
-    ids = [row["case_id"] for row in rows]
+    rows = sorted((CaseRow.from_dict(row) for r in reps for row in r["rows"]), key=lambda row: row.case_id)
+    ids = [row.case_id for row in rows]
     if len(set(ids)) != len(ids):
         raise SystemExit("shards overlap (repeated case ids)")
-    known = [row for row in rows if row["known"]]
+    known = [row for row in rows if row.known]
     ev = EditEvaluation("rome", False, reps[0]["layer"], rows, {"all": summarize(rows), "known": summarize(known)},
                         None, reps[0]["one_at_a_time"]["hparams"], sum(r["one_at_a_time"]["seconds"] for r in reps),
                         all(r["one_at_a_time"]["restored_exactly"] for r in reps))

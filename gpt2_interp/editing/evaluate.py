@@ -350,6 +350,15 @@ class CaseRow:
     edit_seconds: float | None = None
     layer: int | list[int] | None = None
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "CaseRow":
+        """A row back from its JSON form (``to_dict()`` / a saved report's ``rows``)."""
+        d = dict(d)
+        for stage in ("pre", "post"):
+            if d.get(stage) is not None:
+                d[stage] = CaseScores(**d[stage])
+        return cls(**d)
+
     @property
     def ss(self) -> float | None:
         return self.ss_hits / self.ss_n if self.ss_n else None
