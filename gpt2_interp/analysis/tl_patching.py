@@ -145,28 +145,31 @@ def _pad_heads(t: torch.Tensor, n: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, n - t.shape[-1]))
 
 
+def _heads_every(model: Any, corrupted_tokens: torch.Tensor, clean_cache: Any, metric: TLMetric,
+                 z: Callable, q: Callable, k: Callable, v: Callable, pattern: torch.Tensor) -> torch.Tensor:
+    """Stack head output (z), q, k, v and ``pattern`` (already computed), k/v zero-padded to the query heads."""
+    out = [fn(model, corrupted_tokens, clean_cache, metric) for fn in (z, q)]
+    H = out[-1].shape[-1]
+    out += [_pad_heads(fn(model, corrupted_tokens, clean_cache, metric), H) for fn in (k, v)]
+    return torch.stack(out + [pattern])
+
+
 def get_act_patch_attn_head_all_pos_every(model: Any, corrupted_tokens: torch.Tensor, clean_cache: Any,
                                           metric: TLMetric) -> torch.Tensor:
     """``[5, layer, head]``: head output (z), q, k, v and pattern, each patched at every position."""
-    out = [get_act_patch_attn_head_out_all_pos(model, corrupted_tokens, clean_cache, metric),
-           get_act_patch_attn_head_q_all_pos(model, corrupted_tokens, clean_cache, metric)]
-    H = out[-1].shape[-1]
-    out += [_pad_heads(get_act_patch_attn_head_k_all_pos(model, corrupted_tokens, clean_cache, metric), H),
-            _pad_heads(get_act_patch_attn_head_v_all_pos(model, corrupted_tokens, clean_cache, metric), H),
-            get_act_patch_attn_head_pattern_all_pos(model, corrupted_tokens, clean_cache, metric)]
-    return torch.stack(out)
+    return _heads_every(model, corrupted_tokens, clean_cache, metric, get_act_patch_attn_head_out_all_pos,
+                        get_act_patch_attn_head_q_all_pos, get_act_patch_attn_head_k_all_pos,
+                        get_act_patch_attn_head_v_all_pos,
+                        get_act_patch_attn_head_pattern_all_pos(model, corrupted_tokens, clean_cache, metric))
 
 
 def get_act_patch_attn_head_by_pos_every(model: Any, corrupted_tokens: torch.Tensor, clean_cache: Any,
                                          metric: TLMetric) -> torch.Tensor:
     """``[5, layer, pos, head]``: head output (z), q, k, v and pattern, each patched at one position at a time."""
-    out = [get_act_patch_attn_head_out_by_pos(model, corrupted_tokens, clean_cache, metric),
-           get_act_patch_attn_head_q_by_pos(model, corrupted_tokens, clean_cache, metric)]
-    H = out[-1].shape[-1]
-    out += [_pad_heads(get_act_patch_attn_head_k_by_pos(model, corrupted_tokens, clean_cache, metric), H),
-            _pad_heads(get_act_patch_attn_head_v_by_pos(model, corrupted_tokens, clean_cache, metric), H),
-            get_act_patch_attn_head_pattern_by_pos(model, corrupted_tokens, clean_cache, metric).transpose(1, 2)]
-    return torch.stack(out)
+    pattern = get_act_patch_attn_head_pattern_by_pos(model, corrupted_tokens, clean_cache, metric).transpose(1, 2)
+    return _heads_every(model, corrupted_tokens, clean_cache, metric, get_act_patch_attn_head_out_by_pos,
+                        get_act_patch_attn_head_q_by_pos, get_act_patch_attn_head_k_by_pos,
+                        get_act_patch_attn_head_v_by_pos, pattern)
 
 
 def get_act_patch_block_every(model: Any, corrupted_tokens: torch.Tensor, clean_cache: Any,
