@@ -22,10 +22,10 @@ TRACE_NAMES = {"hidden": "state", "mlp": "MLP", "attn": "Attn"}
 
 
 def _heatmap(fig: Figure, ax: Axes, data: np.ndarray, rows: list[str], cols: list[str], cmap: str,
-             vmin: float | None, vmax: float | None, label: str) -> Any:
+             vmin: float | None, vmax: float | None, label: str, max_ticks: int = 24) -> Any:
     im = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
-    step = max(1, len(cols) // 24)
+    step = max(1, -(-len(cols) // max_ticks))
     ax.set_xticks(range(0, len(cols), step), [cols[i] for i in range(0, len(cols), step)], fontsize=8,
                   rotation=90 if max(map(len, cols), default=0) > 3 else 0)
     cbar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
@@ -122,7 +122,7 @@ def plot_average_trace(result: "AverageTrace", **_: Any) -> Figure:
         data = result.indirect_effect[i].detach().float().cpu().numpy()
         rows = [f"{b} ({c})" for b, c in zip(result.buckets, result.counts)]
         _heatmap(fig, ax, data, rows, result.layer_labels, TRACE_CMAPS.get(kind, "viridis"),
-                 min(0.0, float(data.min())), max(float(data.max()), 1e-6), "average indirect effect")
+                 min(0.0, float(data.min())), max(float(data.max()), 1e-6), "average indirect effect", max_ticks=12)
         ax.set_title(f"restoring {TRACE_NAMES.get(kind, kind)}", fontsize=9)
         ax.set_xlabel("layer" if kind == "hidden" else f"center of {result.window}-layer window", fontsize=8)
     fig.suptitle(f"Causal trace averaged over {result.n_known} known facts (of {result.n_facts}); "
