@@ -22,11 +22,22 @@ compared with each estimate (``atp``, ``atp*``, ``ig`` with 5 steps) over every 
 
 Writes ``attribution.png`` (estimate vs exact, one panel per hook and method), ``attribution.json``
 and ``attribution.md``; for another ``--model`` the names end in ``_<model>``.
+
+**Exact sweeps are cached on disk** (``--cache-dir``, default ``~/.cache/gpt2-interp/attribution/``;
+``--no-cache`` to recompute): the exact patching of every cell is by far the slowest part (on
+SmolLM2-135M 20–28 min per hook family, one thread), and it does not depend on the estimates. Each
+sweep is stored under a key of the model's weight fingerprint (sha256 of its weights, so an edited
+or retrained model misses), the prompt pairs and answer ids, the hook, the positions, the direction
+and a format version; re-running the estimates (another method, IG steps, after a change to
+``attribution.py``) reuses it. The table's "exact" time is then the time of the run that computed it
+(stored with the sweep), marked "cached".
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -37,9 +48,10 @@ import torch
 import gpt2_interp as gi
 from gpt2_interp.analysis.attribution import agreement, attribute, recall, spearman, top_cells
 from gpt2_interp.analysis.metrics import logit_diff
-from gpt2_interp.analysis.patching import pair_tokens, patch
+from gpt2_interp.analysis.patching import PatchResult, pair_tokens, patch
 from gpt2_interp.facts.base import FactBase
 from gpt2_interp.facts.pairs import subject_swaps
+from gpt2_interp.model.fingerprint import weights_fingerprint
 from gpt2_interp.plots.attribution import plot_agreement_grid
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -68,6 +80,41 @@ def pair_effects(r) -> torch.Tensor:
     return r.pair_values - base
 
 
+CACHE_DIR = Path.home() / ".cache" / "gpt2-interp" / "attribution"
+CACHE_VERSION = 1  # bump when patch()'s values or PatchResult's fields change meaning
+
+
+def cache_key(model, fp, hook: str, positions, direction: str = "denoise") -> str:
+    """sha256 naming one exact sweep: model weights, pairs, answers, hook, positions, direction."""
+    spec = {"v": CACHE_VERSION, "weights": weights_fingerprint(model), "model": model.cfg.name,
+            "clean": list(fp.clean), "corrupted": list(fp.corrupted), "answers": [int(x) for x in fp.answers],
+            "wrongs": [int(x) for x in fp.wrongs], "hook": hook, "positions": positions, "direction": direction}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def cached_patch(model, fp, metric, hook: str, positions, cache_dir: Path | None) -> tuple[PatchResult, float, bool]:
+    """``patch(model, fp.clean, fp.corrupted, metric, hook=hook, positions=positions)``, from the disk
+    cache when this sweep was computed before. Returns the result, the seconds the sweep took when it
+    was computed, and whether it came from the cache."""
+    path = None if cache_dir is None else cache_dir / f"{cache_key(model, fp, hook, positions)}.pt"
+    if path is not None and path.exists():
+        try:
+            d = torch.load(path, weights_only=True)
+            return PatchResult(**d["fields"]), float(d["seconds"]), True
+        except Exception as e:  # a damaged or outdated file: recompute and overwrite
+            print(f"ignoring the cached sweep {path} ({type(e).__name__}: {e})", flush=True)
+    t0 = time.perf_counter()
+    r = patch(model, fp.clean, fp.corrupted, metric, hook=hook, positions=positions)
+    seconds = time.perf_counter() - t0
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fields = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+        tmp = path.with_suffix(".tmp")
+        torch.save({"fields": fields, "seconds": seconds}, tmp)
+        tmp.replace(path)
+    return r, seconds, False
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=50, help="prompt pairs to draw (those the model knows are kept)")
@@ -84,6 +131,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--quick", action="store_true", help="8 pairs (a smoke test)")
     ap.add_argument("--model", default="gpt2-facts")
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
+    ap.add_argument("--cache-dir", type=Path, default=CACHE_DIR, help="where exact sweeps are cached")
+    ap.add_argument("--no-cache", action="store_true", help="recompute the exact sweeps (and do not store them)")
+    ap.add_argument("--exact-pairs", type=int, default=None,
+                    help="patch exactly only the first K pairs: agreement is measured on them, the estimate is timed "
+                         "on all pairs and the exact time extrapolated ×pairs/K (rows are independent)")
     a = ap.parse_args(argv)
     if a.quick:
         a.pairs = 8
@@ -109,30 +161,43 @@ def main(argv: list[str] | None = None) -> dict:
     # the cheap estimates are in the results (written after every row) before the costly one runs
     order = [(h, m) for h in hooks for m in methods if m != "atp*"] + [(h, "atp*") for h in hooks if "atp*" in methods]
     exacts: dict[str, object] = {}
+    cached: dict[str, bool] = {}
     panels: dict[tuple[str, str], tuple] = {}
     a.out_dir.mkdir(parents=True, exist_ok=True)
+    sub = fp if a.exact_pairs is None or a.exact_pairs >= len(fp) else fp.subset(range(a.exact_pairs))
+    sub_metric = metric if sub is fp else logit_diff(sub.answers, sub.wrongs)
+    sub_metric.name = metric.name
+    P_sub = pair_tokens(model, sub.clean, sub.corrupted)[0].shape[1]  # the subset's padded length may be shorter
     for (label, hook, pos), method in order:
         positions = list(range(P)) if pos == "each" else None
         if label not in exacts:
-            print(f"exact patching {label} …", flush=True)
-            t0 = time.perf_counter()
-            exacts[label] = patch(model, fp.clean, fp.corrupted, metric, hook=hook, positions=positions)
-            times[f"exact {label}"] = time.perf_counter() - t0
+            print(f"exact patching {label}{'' if sub is fp else f' on {len(sub)} of the pairs'} …", flush=True)
+            exacts[label], times[f"exact {label}"], hit = cached_patch(
+                model, sub, sub_metric, hook, None if pos is None else list(range(P_sub)), None if a.no_cache else a.cache_dir)
+            times[f"exact {label}"] *= len(fp) / len(sub)  # extrapolated to all pairs when a subset
+            cached[label] = hit
+            if hit:
+                print(f"  from the cache ({times[f'exact {label}']:.0f} s when computed)", flush=True)
         exact = exacts[label]
         t0 = time.perf_counter()
         est = attribute(model, fp.clean, fp.corrupted, metric, hook=hook, positions=positions, method=method,
                         ig_steps=a.ig_steps)
         times[f"{method} {label}"] = time.perf_counter() - t0
+        n_cells = est.values.numel()
+        if sub is not fp:  # agreement on the exactly patched pairs
+            est = attribute(model, sub.clean, sub.corrupted, sub_metric, hook=hook, method=method, ig_steps=a.ig_steps,
+                            positions=None if pos is None else list(range(P_sub)))
         agr = agreement(est, exact, k=a.k)
         v = est.verify(k=a.k, exact=exact)
         truth = top_cells((exact.values - exact.baseline).abs(), a.k)
         rows.append({
-            "hook": label, "method": method, "cells": agr.n_cells,
+            "hook": label, "method": method, "cells": n_cells, "cells_compared": agr.n_cells,
             "spearman": agr.spearman, "spearman_abs": agr.spearman_abs,
             "spearman_pairs": spearman(pair_effects(est), pair_effects(exact)),
             "recall": agr.recall, "recall_verified": recall(v.verified_top, truth),
             "verified_cells": len(v.cells), "controls_above_kth": v.controls_above,
             "seconds": times[f"{method} {label}"], "exact_seconds": times[f"exact {label}"],
+            "exact_cached": cached[label], "exact_pairs": len(sub),
             "goal": GOALS.get(label),
         })
         print(f"{label} {method}: ρ {agr.spearman:.3f}, top-{a.k} recall {agr.recall:.0%} "
@@ -159,17 +224,24 @@ def write(a, stem: str, fp, P: int, hooks, methods: list[str], rows: list[dict],
             if r["hook"] != h[0]:
                 continue
             goal = "—" if r["goal"] is None else f"≥ {r['goal']}"
+            k_ex = r.get("exact_pairs", n)
+            exact_note = (", cached" if r.get("exact_cached") else "") + ("" if k_ex == n else f", extrapolated from {k_ex} pairs")
             table.append(f"| {r['hook']} | {r['method']} | {r['cells']} | {r['spearman']:.3f} | {r['spearman_pairs']:.3f} | "
                          f"{r['spearman_abs']:.3f} | {r['recall']:.0%} | {r['recall_verified']:.0%} | {goal} | "
-                         f"{r['seconds']:.1f} (exact {r['exact_seconds']:.1f}) |")
+                         f"{r['seconds']:.1f} (exact {r['exact_seconds']:.1f}{exact_note}) |")
     cmd = (f"python analyses/attribution.py{'' if a.model == 'gpt2-facts' else ' --model ' + a.model} --pairs {a.pairs}"
            f"{'' if a.keep is None else f' --keep {a.keep}'}{' --head-positions' if a.head_positions and not a.head_positions_only else ''}"
            f"{' --head-positions-only' if a.head_positions_only else ''}{' --hooks ' + a.hooks if a.hooks else ''}"
-           f"{'' if a.methods == ','.join(METHODS) else ' --methods ' + a.methods}")
+           f"{'' if a.methods == ','.join(METHODS) else ' --methods ' + a.methods}"
+           f"{'' if a.exact_pairs is None else f' --exact-pairs {a.exact_pairs}'}")
     md = (f"# Attribution patching vs exact patching on {a.model}\n\n`{cmd}`: "
           f"{n} prompt pairs the model knows (the first {n} known of {a.pairs} drawn), {P} positions (left-padded), denoising, metric "
           f"logit[clean object] − logit[corrupted object]; IG with {a.ig_steps} steps; AtP* ranks by GradDrop. "
           f"Times are wall seconds on our shared 2-core CPU, {torch.get_num_threads()} thread(s).\n\n"
+          + ("" if a.exact_pairs is None or a.exact_pairs >= n else
+             f"Exact patching ran on the first {a.exact_pairs} pairs only: the agreement columns compare the estimate on "
+             f"those pairs; the estimate's time is for all {n} pairs, the exact time is extrapolated from the "
+             f"{a.exact_pairs} (×{n / a.exact_pairs:g}; patching's rows are independent, its cost ∝ pairs).\n\n")
           + ("" if done else "**Partial: the run had not finished when this was written.**\n\n")
           + "\n".join(table) + "\n")
     (a.out_dir / f"{stem}.md").write_text(md)
