@@ -121,14 +121,15 @@ def test_atp_star_qk_fix_equals_exact_patching_when_the_effect_is_only_through_t
     assert (plain.pair_values - exact.pair_values).abs().max() > 10 * tol  # the softmax is far from linear here
 
 
-def additive_model():
+def additive_model(vocab: int = 50257):
     """A 2-layer model whose logit difference is a sum over positions p of f_p(resid_pre_0[p]) with
     nonlinear f_p: layer 0 attention off (positions do not mix), layer 0 MLP nonlinear per position,
     layer 1 attention uniform (zero queries) so it sums positions linearly, layer 1 MLP off,
     ln_final linear."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(2)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=32)).eval()
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=32,
+                                                              vocab_size=vocab)).eval()
     with torch.no_grad():
         hf.transformer.wte.weight.mul_(8)
         hf.transformer.h[0].mlp.c_fc.weight.mul_(6)
@@ -170,6 +171,78 @@ def test_ig_converges_to_exact_patching_on_a_metric_additive_over_the_patched_ce
     assert atp_err > 0.05 * scale  # the per-position functions are far from linear
     assert err[1] > err[4] > err[16] and err[4] < atp_err
     assert err[48] <= 2e-3 * scale
+
+
+def test_ig_converges_per_pair_and_per_cell_not_only_on_average():
+    """IG's per-pair estimates (``pair_values``), not just their mean over pairs, converge to exact
+    patching, pair by pair and cell by cell. The pairs differ in how many positions are corrupted
+    (1, 2, 4, 6), so their effects differ in size and place: an estimate whose pairs were permuted
+    (e.g. pairs and interpolation steps mixed up in a batched pass) has the same mean over pairs but
+    fails here — checked on the estimate itself, rolled by one pair."""
+    model = additive_model(vocab=1000)
+    torch.manual_seed(5)
+    clean = torch.randint(0, 1000, (4, 8))
+    corrupt = clean.clone()
+    for i, k in enumerate((1, 2, 4, 6)):
+        pos = torch.randperm(8)[:k]
+        corrupt[i, pos] = (clean[i, pos] + torch.randint(1, 999, (k,))) % 1000
+    m = logit_diff([11, 12, 13, 14], [21, 22, 23, 24])
+    exact = pair_effects(patch(model, clean, corrupt, m, hook="resid_pre", layers=[0]))
+    totals = exact.abs().sum(-1).flatten()
+    assert totals.max() > 2 * totals.min() and (exact != 0).sum() >= 10  # pairs of different effect sizes
+    scale = float(exact.abs().max())
+    est = pair_effects(attribute(model, clean, corrupt, m, hook="resid_pre", layers=[0], method="ig", ig_steps=32))
+    assert (est - exact).abs().max() <= 5e-3 * scale
+    assert (est.roll(1, 0) - exact).abs().max() > 0.2 * scale  # a permutation of pairs would fail
+    assert (est.mean(0) - est.roll(1, 0).mean(0)).abs().max() <= 1e-5 * scale  # ... though its mean is the same
+    few = pair_effects(attribute(model, clean, corrupt, m, hook="resid_pre", layers=[0], method="ig", ig_steps=3))
+    chunked = pair_effects(attribute(model, clean, corrupt, m, hook="resid_pre", layers=[0], method="ig", ig_steps=3,
+                                     batch_size=3))
+    assert (chunked - few).abs().max() <= 1e-4 * scale
+
+
+def reference_input_ig(model, clean, corrupt, answers, wrongs, names, steps):
+    """Integrated gradients on the input-embedding path, written out with autograd for one pair at a
+    time: ``(a′ − a) · mean_α ∂M/∂a`` at the midpoints α = (i + ½)/steps, per cell of each named hook."""
+    ct, kt, mask = pair_tokens(model, clean, corrupt)
+    out = []
+    for i in range(ct.shape[0]):
+        c, k = ct[i : i + 1], kt[i : i + 1]
+        am = None if mask is None else mask[i : i + 1]
+        with torch.no_grad():
+            _, cc = model.run_with_cache(c, attention_mask=am, names_filter=names + ["hook_embed"])
+            _, kc = model.run_with_cache(k, attention_mask=am, names_filter=names + ["hook_embed"])
+        grads = {x: 0.0 for x in names}
+        for s in range(steps):
+            alpha = (s + 0.5) / steps
+            emb = (kc["hook_embed"] + alpha * (cc["hook_embed"] - kc["hook_embed"])).requires_grad_(True)
+            acts = {}
+
+            def grab(act, hook):
+                acts[hook.name] = act
+
+            with model.hooks([("hook_embed", lambda act, hook: emb)] + [(x, grab) for x in names]):
+                logits = model.last_logits(k, attention_mask=am)[0]
+            metric = logits[answers[i]] - logits[wrongs[i]]
+            for x, g in zip(names, torch.autograd.grad(metric, [acts[x] for x in names])):
+                grads[x] = grads[x] + g / steps
+        out.append(torch.stack([((cc[x] - kc[x]) * grads[x])[0].flatten(1).sum(-1) for x in names]))
+    return torch.stack(out)  # [pair, layer, pos]
+
+
+def test_ig_per_pair_equals_a_reference_written_pair_by_pair(small, pairs):
+    """On a model where IG is not exact (nonlinear, attention mixing positions), the batched IG of
+    ``attribute`` equals integrated gradients computed for each pair alone by a plain autograd loop,
+    pair by pair and cell by cell (no pair sees another's path, answers or scale)."""
+    clean, corrupt, _ = pairs
+    answers = [small.tokenizer.encode_ids(x)[0] for x in (" Paris", " Madrid", " France")]
+    wrongs = [small.tokenizer.encode_ids(x)[0] for x in (" Rome", " Tokyo", " England")]
+    m = logit_diff(answers, wrongs)
+    names = [f"blocks.{l}.hook_mlp_out" for l in range(small.cfg.n_layer)]
+    ref = reference_input_ig(small, clean, corrupt, answers, wrongs, names, steps=3)
+    est = pair_effects(attribute(small, clean, corrupt, m, hook="mlp_out", method="ig", ig_steps=3))
+    assert ref.abs().max() > 0.1
+    assert (est - ref).abs().max() <= 1e-4 * (1 + float(ref.abs().max()))
 
 
 def test_graddrop_scores_equal_a_slow_loop_that_detaches_each_layer(small, pairs):
