@@ -61,7 +61,12 @@ HOOKS = [  # (label, hook, positions)
     ("mlp_out", "mlp_out", None),
     ("residual (resid_pre)", "resid_pre", None),
 ]
-METHODS = ["atp", "atp*", "ig"]
+METHODS = ["atp", "atp*", "ig", "ig-act"]
+DEFAULT_METHODS = "atp,atp*,ig"
+ATTRIBUTE_ARGS = {  # row name → attribute() arguments
+    "atp": dict(method="atp"), "atp*": dict(method="atp*"), "ig": dict(method="ig"),
+    "ig-act": dict(method="ig", ig_path="activations"),  # IG on each layer's own activations (m passes per layer)
+}
 GOALS = {"heads (z)": 0.9, "mlp_out": 0.9, "residual (resid_pre)": 0.8}
 
 
@@ -123,7 +128,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--k", type=int, default=20)
     ap.add_argument("--head-positions", action="store_true",
                     help="also heads × position (z per position: many cells, exact patching is the slow part)")
-    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of atp,atp*,ig")
+    ap.add_argument("--methods", default=DEFAULT_METHODS,
+                    help="comma-separated subset of atp,atp*,ig,ig-act (ig-act: IG on each layer's activation path)")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the rows of the existing results (same pairs) that this run does not redo")
     ap.add_argument("--hooks", default=None,
                     help="only these rows, comma-separated from z, z-pos, mlp_out, resid_pre (written to <stem>_<hooks>.*)")
     ap.add_argument("--head-positions-only", action="store_true",
@@ -163,6 +171,21 @@ def main(argv: list[str] | None = None) -> dict:
     exacts: dict[str, object] = {}
     cached: dict[str, bool] = {}
     panels: dict[tuple[str, str], tuple] = {}
+    kept: list[dict] = []
+    old_file = a.out_dir / f"{stem}.json"
+    if a.merge and old_file.exists():
+        old = json.loads(old_file.read_text())
+        if old.get("prompt_pairs") != [[c, k] for c, k in zip(fp.clean, fp.corrupted)]:
+            raise SystemExit(f"--merge: {old_file} holds other prompt pairs; run without --merge to replace it")
+        redo = {(h[0], m) for h, m in order}
+        kept = [r for r in old["rows"] if (r["hook"], r["method"]) not in redo]
+        for r in kept:
+            if "estimate_mean" in r:
+                panels[r["hook"], r["method"]] = (np.array(r["estimate_mean"]), np.array(r["exact_mean"]),
+                                                  f"ρ = {r['spearman']:.3f}, top-{a.k} recall {r['recall']:.0%}")
+        methods = [m for m in METHODS if m in methods or any(r["method"] == m for r in kept)]
+        print(f"--merge: keeping {len(kept)} rows of {old_file.name}", flush=True)
+    rows = list(kept)
     a.out_dir.mkdir(parents=True, exist_ok=True)
     sub = fp if a.exact_pairs is None or a.exact_pairs >= len(fp) else fp.subset(range(a.exact_pairs))
     sub_metric = metric if sub is fp else logit_diff(sub.answers, sub.wrongs)
@@ -180,13 +203,13 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"  from the cache ({times[f'exact {label}']:.0f} s when computed)", flush=True)
         exact = exacts[label]
         t0 = time.perf_counter()
-        est = attribute(model, fp.clean, fp.corrupted, metric, hook=hook, positions=positions, method=method,
-                        ig_steps=a.ig_steps)
+        est = attribute(model, fp.clean, fp.corrupted, metric, hook=hook, positions=positions, ig_steps=a.ig_steps,
+                        **ATTRIBUTE_ARGS[method])
         times[f"{method} {label}"] = time.perf_counter() - t0
         n_cells = est.values.numel()
         if sub is not fp:  # agreement on the exactly patched pairs
-            est = attribute(model, sub.clean, sub.corrupted, sub_metric, hook=hook, method=method, ig_steps=a.ig_steps,
-                            positions=None if pos is None else list(range(P_sub)))
+            est = attribute(model, sub.clean, sub.corrupted, sub_metric, hook=hook, ig_steps=a.ig_steps,
+                            positions=None if pos is None else list(range(P_sub)), **ATTRIBUTE_ARGS[method])
         agr = agreement(est, exact, k=a.k)
         v = est.verify(k=a.k, exact=exact)
         truth = top_cells((exact.values - exact.baseline).abs(), a.k)
@@ -199,11 +222,12 @@ def main(argv: list[str] | None = None) -> dict:
             "seconds": times[f"{method} {label}"], "exact_seconds": times[f"exact {label}"],
             "exact_cached": cached[label], "exact_pairs": len(sub),
             "goal": GOALS.get(label),
+            "estimate_mean": [round(float(x), 5) for x in agr.estimate], "exact_mean": [round(float(x), 5) for x in agr.exact],
         })
         print(f"{label} {method}: ρ {agr.spearman:.3f}, top-{a.k} recall {agr.recall:.0%} "
               f"({times[f'{method} {label}']:.1f} s; exact {times[f'exact {label}']:.1f} s)", flush=True)
         panels[label, method] = (agr.estimate.numpy(), agr.exact.numpy(), f"ρ = {agr.spearman:.3f}, top-{a.k} recall {agr.recall:.0%}")
-        out = write(a, stem, fp, P, hooks, methods, rows, panels, done=len(rows) == len(order))
+        out = write(a, stem, fp, P, hooks, methods, rows, panels, done=len(rows) == len(order) + len(kept))
     return out
 
 
@@ -220,9 +244,7 @@ def write(a, stem: str, fp, P: int, hooks, methods: list[str], rows: list[dict],
              f"top-{a.k} recall | top-{a.k} recall after verifying {2 * a.k} + {a.k} controls | goal (ρ) | time (s) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for h in hooks:
-        for r in rows:
-            if r["hook"] != h[0]:
-                continue
+        for r in sorted((r for r in rows if r["hook"] == h[0]), key=lambda r: METHODS.index(r["method"])):
             goal = "—" if r["goal"] is None else f"≥ {r['goal']}"
             k_ex = r.get("exact_pairs", n)
             exact_note = (", cached" if r.get("exact_cached") else "") + ("" if k_ex == n else f", extrapolated from {k_ex} pairs")
@@ -232,11 +254,15 @@ def write(a, stem: str, fp, P: int, hooks, methods: list[str], rows: list[dict],
     cmd = (f"python analyses/attribution.py{'' if a.model == 'gpt2-facts' else ' --model ' + a.model} --pairs {a.pairs}"
            f"{'' if a.keep is None else f' --keep {a.keep}'}{' --head-positions' if a.head_positions and not a.head_positions_only else ''}"
            f"{' --head-positions-only' if a.head_positions_only else ''}{' --hooks ' + a.hooks if a.hooks else ''}"
-           f"{'' if a.methods == ','.join(METHODS) else ' --methods ' + a.methods}"
+           f"{'' if a.methods == DEFAULT_METHODS else ' --methods ' + a.methods}{' --merge' if a.merge else ''}"
            f"{'' if a.exact_pairs is None else f' --exact-pairs {a.exact_pairs}'}")
     md = (f"# Attribution patching vs exact patching on {a.model}\n\n`{cmd}`: "
           f"{n} prompt pairs the model knows (the first {n} known of {a.pairs} drawn), {P} positions (left-padded), denoising, metric "
-          f"logit[clean object] − logit[corrupted object]; IG with {a.ig_steps} steps; AtP* ranks by GradDrop. "
+          f"logit[clean object] − logit[corrupted object]; IG with {a.ig_steps} steps (ig: on the input-embedding path, EAP-IG; "
+          f"ig-act: on each layer's own activations, everything upstream at the corrupted run); AtP* ranks by GradDrop. "
+          + ("With `--merge`, the rows of methods not named in `--methods` are kept from the previous run on the same pairs. "
+             if a.merge else "")
+          + 
           f"Times are wall seconds on our shared 2-core CPU, {torch.get_num_threads()} thread(s).\n\n"
           + ("" if a.exact_pairs is None or a.exact_pairs >= n else
              f"Exact patching ran on the first {a.exact_pairs} pairs only: the agreement columns compare the estimate on "
