@@ -481,14 +481,22 @@ def _attribute_chunk(model: "HookedGPT2", fam: _Family, layers_: list[int], base
                 return _stack(fam, eff, together), None, base_m, readout(src_logits).detach().cpu()
             e0, e1 = base["hook_embed"], src["hook_embed"]
             grads = {nm: torch.zeros_like(base[nm], dtype=torch.float32) for nm in names}
-            for i in range(ig_steps):  # midpoint rule on α ∈ (0, 1)
-                path = e0 + (i + 0.5) / ig_steps * (e1 - e0)
+            P = base_t.shape[1]
+            per_pass = max(1, min(ig_steps, int(_IG_BUDGET // max(1, b * P * model.cfg.d_model * n))))
+            alphas = (torch.arange(ig_steps, dtype=torch.float32, device=e0.device) + 0.5) / ig_steps  # midpoints
+            for first in range(0, ig_steps, per_pass):  # steps folded into the batch axis: (s b) rows per pass
+                al = alphas[first : first + per_pass]
+                k = al.numel()
+                path = rearrange(e0[None] + al.view(-1, 1, 1, 1).to(e0.dtype) * (e1 - e0)[None], "s b p d -> (s b) p d")
                 store: dict[str, torch.Tensor] = {}
                 hooks = [("hook_embed", lambda act, hook, path=path: path)] + [(nm, _capture(store)) for nm in names]
+                rows_mask = None if mask is None else repeat(mask, "b p -> (s b) p", s=k)
                 with model.hooks(hooks):
-                    m = readout(readout.logits(model(base_t, attention_mask=mask, stop_at_layer=n)))
-                for nm, g in zip(names, torch.autograd.grad(m.sum(), [store[nm] for nm in names])):
-                    grads[nm] += g.float() / ig_steps
+                    resid = model(repeat(base_t, "b p -> (s b) p", s=k), attention_mask=rows_mask, stop_at_layer=n)
+                logits = rearrange(readout.logits(resid), "(s b) v -> s b v", s=k)
+                total = sum(readout(logits[i]).sum() for i in range(k))
+                for nm, g in zip(names, torch.autograd.grad(total, [store[nm] for nm in names])):
+                    grads[nm] += reduce(rearrange(g.float(), "(s b) ... -> s b ...", s=k), "s b ... -> b ...", "sum") / ig_steps
             eff = [_cell_effects(fam, src[nm] - base[nm], grads[nm]) for nm in names]
             return _stack(fam, eff, together), None, base_m, readout(src_logits).detach().cpu()
 
