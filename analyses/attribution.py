@@ -179,10 +179,10 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"--merge: {old_file} holds other prompt pairs; run without --merge to replace it")
         redo = {(h[0], m) for h, m in order}
         kept = [r for r in old["rows"] if (r["hook"], r["method"]) not in redo]
-        for r in kept:
-            if "estimate_mean" in r:
-                panels[r["hook"], r["method"]] = (np.array(r["estimate_mean"]), np.array(r["exact_mean"]),
-                                                  f"ρ = {r['spearman']:.3f}, top-{a.k} recall {r['recall']:.0%}")
+        for r in kept:  # rows written before the mean effects were stored: an empty panel that says so
+            est_mean, ex_mean = (np.array(r.get("estimate_mean", [])), np.array(r.get("exact_mean", [])))
+            panels[r["hook"], r["method"]] = (est_mean, ex_mean, f"ρ = {r['spearman']:.3f}, top-{a.k} recall {r['recall']:.0%}"
+                                              + ("" if est_mean.size else " (kept row: see the table)"))
         methods = [m for m in METHODS if m in methods or any(r["method"] == m for r in kept)]
         print(f"--merge: keeping {len(kept)} rows of {old_file.name}", flush=True)
     rows = list(kept)
