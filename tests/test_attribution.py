@@ -419,6 +419,10 @@ def test_bad_input(small, pairs):
         attribute(small, clean, corrupt, m, layers=[4])
     with pytest.raises(ValueError, match="graddrop is part of"):
         attribute(small, clean, corrupt, m, graddrop=True)
+    with pytest.raises(ValueError, match="ig_path must be"):
+        attribute(small, clean, corrupt, m, method="ig", ig_path="edges")
+    with pytest.raises(ValueError, match="ig_path is for method='ig'"):
+        attribute(small, clean, corrupt, m, method="atp", ig_path="activations")
 
 
 def test_cli_attribute(small, tmp_path, capsys):
@@ -435,7 +439,12 @@ def test_cli_attribute(small, tmp_path, capsys):
     rc = main(["attribute", "--model", str(tmp_path / "m"), "--clean", "The capital of France is",
                "--corrupted", "The capital of Italy is", "--answer", " Paris", "--method", "ig", "--ig-steps", "2"])
     text = capsys.readouterr().out
-    assert rc == 0 and "ig (2 steps) estimate" in text and "largest" in text
+    assert rc == 0 and "ig (2 steps, input path) estimate" in text and "largest" in text
+    rc = main(["attribute", "--model", str(tmp_path / "m"), "--clean", "The capital of France is", "--corrupted",
+               "The capital of Italy is", "--answer", " Paris", "--method", "ig", "--ig-steps", "2", "--ig-path", "activations",
+               "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["method"] == "ig" and d["ig_path"] == "activations"
 
 
 def test_subject_swaps_pair_same_length_prompts_of_one_relation_with_different_answers(facts_model):

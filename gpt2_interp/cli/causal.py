@@ -56,6 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--method", choices=["atp", "atp*", "ig"], default="atp*",
                    help="atp: one gradient; atp*: QK fix for q/k and GradDrop ranking; ig: integrated gradients")
     p.add_argument("--ig-steps", type=count(1), default=5, help="points on the interpolation path for --method ig")
+    p.add_argument("--ig-path", choices=["input", "activations"], default="input",
+                   help="--method ig: interpolate the input embeddings (EAP-IG) or each layer's own activations "
+                        "(closer to patching one layer's cells; ~ig-steps × layers passes)")
     p.add_argument("--heads", default=None, help="comma-separated heads for per-head hooks (default all)")
     p.add_argument("--verify", type=count(0), default=0, metavar="K",
                    help="patch the estimate's top 2K cells and K random controls exactly; print the verified top K")
@@ -151,6 +154,7 @@ def attribute_cmd(args: argparse.Namespace) -> int:
     model = load_model(args)
     clean, corrupted = _prompts(args)
     r = at.attribute(model, clean, corrupted, _metric(args), hook=args.hook, method=args.method, ig_steps=args.ig_steps,
+                     ig_path=args.ig_path if args.method == "ig" else "input",
                      layers=_ints(args.layers), positions=_ints(args.positions), heads=_ints(args.heads),
                      direction=args.direction, normalize=args.normalize, batch_size=args.batch_size, progress=True)
     if not args.verify:
