@@ -1,7 +1,9 @@
 """How faithful is attribution patching on gpt2-facts? AtP, AtP* and IG against exact patching.
 
     python analyses/attribution.py [--pairs 50] [--head-positions] [--quick] [--out-dir analyses/results]
-    python analyses/attribution.py --model smollm2-135m --pairs 70 --keep 50   # → attribution_smollm2-135m.*
+    python analyses/attribution.py --model smollm2-135m --pairs 80 --keep 50 --hooks z   # → attribution_smollm2-135m_z.*
+    python analyses/attribution.py --hooks mlp_out --methods ig-act --merge   # add rows to an existing table
+    python analyses/attribution.py --model smollm2-135m --pairs 180 --keep 100 --head-positions-only --exact-pairs 3
 
 Prompt pairs from the fact base (``facts.pairs.subject_swaps``: a fact's first training prompt, and
 the same prompt with another subject of the same relation, equal token length), kept where the
@@ -9,7 +11,8 @@ model knows both (clean prefers its object, corrupted its own). For each hook �
 (``z``, each head at every position: ``[layer, head]``), heads by position (``z`` ``[layer, pos,
 head]``, with ``--head-positions``), ``mlp_out`` and the residual stream (``resid_pre``) by position — the exact patching
 sweep (``patching.patch``, denoising, metric: logit difference between the two objects) is
-compared with each estimate (``atp``, ``atp*``, ``ig`` with 5 steps) over every cell:
+compared with each estimate (``atp``, ``atp*``, ``ig`` with 5 steps on the input-embedding path, and on request
+``ig-act``: IG on each layer's own activations, ``attribute(..., ig_path="activations")``) over every cell:
 
 * Spearman ρ of the effects (patched − corrupted metric, averaged over pairs), and of the
   per-pair effects (every pair × cell);
