@@ -3,8 +3,10 @@
 1. Requests: ``--n`` CounterFact-style requests whose fact the unedited model knows (its top-1 next
    token on the rewrite prompt is the true object's first token).
 2. Key statistics for the edit layers in one pass (time without and with the cache).
-3. Tuning on ``--tune-n`` OTHER requests (none shares a subject and relation with the evaluation set):
-   MEMIT's λ (``mom2_weight``) and AlphaEdit's null-space threshold τ, one batch each; the chosen value
+3. Tuning on ``--tune-n`` OTHER requests (none shares a subject and relation with the evaluation set),
+   in one batch: MEMIT's λ (``mom2_weight``), AlphaEdit's null-space threshold τ × ridge α
+   (``--alphas``). The batch's targets come from ONE δ optimisation (they do not depend on λ, τ, α; nor
+   do the keys with one edit layer), and each setting re-solves the update exactly; the chosen value
    maximises ES + PS among those whose NS stays within 5 points of the unedited model (else the best NS).
 4. One batch of all ``--n`` requests, MEMIT and AlphaEdit: ES/PS/NS, subject specificity (SS),
    shared-token neighbours (STN), fluency, drift, time; the MEMIT edit is also undone (bit-exact
@@ -12,6 +14,10 @@
 5. Sequential editing in batches of ``--batch-size`` (AlphaEdit, MEMIT) and one request at a time
    (ROME, as many as the time budget ``--rome-seconds`` allows): the decay curve after every batch
    and the drift after every step.
+
+``--only PARTS`` reruns some parts (e.g. ``rome_sequential`` on a CPU, or the AlphaEdit rows after
+retuning) and merges them into the existing ``mass_editing.json``; ``--rome-seconds`` stops the ROME
+run at a time limit and scores the edits made so far.
 
 Writes ``mass_editing.json`` (after every part), ``mass_editing.md`` (tables) and
 ``mass_editing_decay.png`` to ``--out-dir`` (default ``analyses/results/``). ``--quick``: a tiny run
@@ -33,14 +39,18 @@ import torch
 
 import gpt2_interp as gi
 from gpt2_interp.core.result import to_jsonable
-from gpt2_interp.editing.edit import Edit, edited, undo_all
+from gpt2_interp.editing.edit import Edit, undo_all
 from gpt2_interp.editing.evaluate import case_scores, counterfact_requests, evaluate_edits
-from gpt2_interp.editing.memit import MemitHparams, NullSpace, compute_edits, default_layers
+from gpt2_interp.editing.memit import (
+    MemitHparams, NullSpace, compute_edits, default_layers, least_squares_update, projected_update,
+)
 from gpt2_interp.editing.stats import key_second_moment
 from gpt2_interp.model.fingerprint import weights_fingerprint
 from gpt2_interp.plots.editing import plot_decay
 
 RESULTS = Path(__file__).resolve().parent / "results"
+PARTS = ("stats", "tuning", "batch_memit_edit", "memit_batch", "alphaedit_batch", "alphaedit_sequential",
+         "memit_sequential", "rome_sequential")
 
 
 def known_cases(model, n: int, seed: int, exclude: set = frozenset(), batch: int = 256):
@@ -79,9 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tune-n", type=int, default=200, help="tuning requests (0: use the defaults)")
     p.add_argument("--lambdas", default="3,10,30,100,300,1000")
     p.add_argument("--thresholds", default="1e-4,1e-3,1e-2")
-    p.add_argument("--rome-seconds", type=float, default=240.0, help="time budget of the ROME sequential run")
+    p.add_argument("--rome-seconds", type=float, default=240.0,
+                   help="time limit of the ROME sequential run: it stops after the edit that passes it and is "
+                        "scored on the edits made so far")
+    p.add_argument("--rome-n", type=int, default=None, help="requests for the ROME sequential run (default --n)")
     p.add_argument("--deadline", type=float, default=None, help="seconds for the whole script: the ROME run "
                    "gets at most what is left minus a minute")
+    p.add_argument("--only", default=None, metavar="PARTS",
+                   help=f"comma-separated parts to (re)run, merged into the existing --out-dir/mass_editing.json "
+                        f"(the other parts and the chosen λ/τ are kept from it): {', '.join(PARTS)}")
+    p.add_argument("--alphas", default=None,
+                   help="AlphaEdit ridge values (× tr(C)/d_mlp) tuned with the thresholds (default: the model's)")
     p.add_argument("--n-samples", type=int, default=100_000, help="tokens for the key statistics")
     p.add_argument("--fluency-tokens", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
@@ -99,18 +117,33 @@ def main(argv: list[str] | None = None) -> int:
         args.lambdas, args.thresholds, args.rome_seconds = "100", "1e-3", 1.0
     out = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
+    only = set(PARTS) if args.only is None else {x.strip() for x in args.only.split(",") if x.strip()}
+    if only - set(PARTS):
+        p.error(f"unknown part(s) {sorted(only - set(PARTS))}; choose from {', '.join(PARTS)}")
     t_all = time.perf_counter()
     model = gi.load(args.model, device=args.device) if args.device else gi.load(args.model)
     sb = 512 if model.device.type != "cpu" else 64
     quick_hp = dict(v_steps=3, prefixes_per_length=1, prefix_lengths=(3,)) if args.quick else {}
     report: dict = {"model": args.model, "device": str(model.device), "n": args.n, "batch_size": args.batch_size,
                     "torch_threads": torch.get_num_threads(), "errors": {}}
+    if args.only is not None:  # merge into the earlier run: same requests, same chosen settings
+        report = json.loads((out / "mass_editing.json").read_text())
+        if (report["model"], report["n"], report["batch_size"]) != (args.model, args.n, args.batch_size):
+            p.error(f"the existing report is for {report['model']}, n={report['n']}, batch size "
+                    f"{report['batch_size']}; rerun --only with the same --model/--n/--batch-size")
+        report.setdefault("errors", {})
+        for name in only:
+            report["errors"].pop(name, None)
+        report.setdefault("part_devices", {}).update(
+            {name: f"{model.device}, {torch.get_num_threads()} thread(s)" for name in only})
 
     def save() -> None:
         report["seconds_total"] = time.perf_counter() - t_all
         (out / "mass_editing.json").write_text(json.dumps(to_jsonable(report), indent=1) + "\n")
 
     def part(name: str, fn) -> None:
+        if name not in only:
+            return
         t = time.perf_counter()
         try:
             fn()
@@ -148,33 +181,67 @@ def main(argv: list[str] | None = None) -> int:
                                                  for t in (1e-5, 1e-4, 1e-3, 1e-2)}
 
     part("stats", stats_part)
-    chosen = {"mom2_weight": MemitHparams.of(model).mom2_weight,
-              "nullspace_threshold": MemitHparams.of(model).nullspace_threshold}
+    if not stats:
+        stats.update(key_second_moment(model, layers, n_samples=args.n_samples, progress=False))
+    defaults = MemitHparams.of(model)
+    chosen = {"mom2_weight": defaults.mom2_weight, "nullspace_threshold": defaults.nullspace_threshold,
+              "alpha": defaults.alpha}
+    if args.only is not None:
+        chosen.update(report.get("chosen", {}))
 
     def tune_part() -> None:
         exclude = {(c.relation, c.request.subject) for c in cases}
         tune = known_cases(model, args.tune_n, args.seed + 1, exclude)
         ns_pre = _scores(model, tune, sb)["ns"] or 1.0
+        lambdas = [float(x) for x in args.lambdas.split(",") if x.strip()]
+        taus = [float(x) for x in args.thresholds.split(",") if x.strip()]
+        alphas = [float(x) for x in args.alphas.split(",")] if args.alphas else [chosen["alpha"]]
+        # one δ optimisation for the tuning batch: the targets do not depend on λ, τ or α, and with one
+        # edit layer the keys do not either, so each setting only re-solves the update (exactly)
+        t = time.perf_counter()
+        base = compute_edits(model, [c.request for c in tune], stats=stats, hparams=quick_hp)
+        lay = layers[0]
+        K, (_, V) = base.keys[lay].double(), base.factors[lay]
+        if len(layers) != 1 or V is None:
+            raise RuntimeError("tuning re-solves one edit layer's update with the batch's targets kept as a factor "
+                               f"(layers {layers}, --tune-n {args.tune_n} < d_model {model.cfg.d_model})")
+        R = V.double()
+        C = stats[lay].C.double()
+        report["tuning_targets_seconds"] = time.perf_counter() - t
+
+        def score(dW: torch.Tensor) -> dict:
+            W = model.blocks[lay].mlp.W_out
+            W0 = W.detach().clone()
+            W.add_(dW.to(W.dtype))
+            try:
+                return {**_scores(model, tune, sb), "fit_error": float((K @ dW - R).norm(dim=-1).mean() / R.norm(dim=-1).mean()),
+                        "dW_norm": float(dW.norm())}
+            finally:
+                W.copy_(W0)
+
         lam_rows, tau_rows = [], []
-        for lam in [float(x) for x in args.lambdas.split(",")]:
-            t = time.perf_counter()
-            e = compute_edits(model, [c.request for c in tune], stats=stats,
-                              hparams={"mom2_weight": lam, **quick_hp})
-            with edited(model, e, verify=False):
-                lam_rows.append({"mom2_weight": lam, **_scores(model, tune, sb), "seconds": time.perf_counter() - t})
+        for lam in lambdas:
+            lam_rows.append({"mom2_weight": lam, **score(least_squares_update(K, R, C, lam) @ R)})
             print(lam_rows[-1], file=sys.stderr, flush=True)
-        for tau in [float(x) for x in args.thresholds.split(",")]:
-            t = time.perf_counter()
-            e = compute_edits(model, [c.request for c in tune], stats=stats, preserve=True,
-                              hparams={"nullspace_threshold": tau, **quick_hp})
-            with edited(model, e, verify=False):
-                tau_rows.append({"nullspace_threshold": tau, **_scores(model, tune, sb), "null_dim": e.metrics["null_dim"],
-                                 "seconds": time.perf_counter() - t})
-            print(tau_rows[-1], file=sys.stderr, flush=True)
-        chosen["mom2_weight"] = _choose(lam_rows, "mom2_weight", ns_pre)["mom2_weight"]
-        chosen["nullspace_threshold"] = _choose(tau_rows, "nullspace_threshold", ns_pre)["nullspace_threshold"]
-        report["tuning"] = {"n": len(tune), "ns_unedited": ns_pre, "mom2_weight": lam_rows,
-                            "nullspace_threshold": tau_rows, "chosen": dict(chosen)}
+        for tau in taus:
+            ns = NullSpace.from_stats({lay: stats[lay]}, tau)
+            P = ns.P[lay]
+            key_null = float(((K @ P) ** 2).sum(-1).mean() / (K ** 2).sum(-1).mean())  # edit keys' energy in the null space
+            for alpha in alphas:
+                ridge = alpha * float(C.diagonal().mean())
+                tau_rows.append({"nullspace_threshold": tau, "alpha": alpha, "null_dim": ns.null_dim[lay],
+                                 "key_energy_in_null_space": key_null,
+                                 **score(projected_update(K, P, None, ridge) @ R)})
+                print(tau_rows[-1], file=sys.stderr, flush=True)
+        if lam_rows:
+            chosen["mom2_weight"] = _choose(lam_rows, "mom2_weight", ns_pre)["mom2_weight"]
+        if tau_rows:
+            best = _choose(tau_rows, "nullspace_threshold", ns_pre)
+            chosen["nullspace_threshold"], chosen["alpha"] = best["nullspace_threshold"], best["alpha"]
+        old = report.get("tuning", {})
+        report["tuning"] = {"n": len(tune), "ns_unedited": ns_pre, "method": "one δ optimisation, update re-solved",
+                            "mom2_weight": lam_rows or old.get("mom2_weight", []),
+                            "nullspace_threshold": tau_rows or old.get("nullspace_threshold", []), "chosen": dict(chosen)}
 
     if args.tune_n:
         part("tuning", tune_part)
@@ -225,20 +292,16 @@ def main(argv: list[str] | None = None) -> int:
     run("alphaedit_batch", method="alphaedit")
     run("alphaedit_sequential", method="alphaedit", sequential=True, batch_size=args.batch_size)
     run("memit_sequential", method="memit", sequential=True, batch_size=args.batch_size)
-    # ROME: as many sequential edits as the time budget allows (one edit's time measured first)
-    t = time.perf_counter()
-    probe = evaluate_edits(model, cases[:2], method="rome", fluency_tokens=2, progress=False, related=False,
-                           score_batch_size=sb, **quick_hp)
-    per_edit = max(probe.summary["all"].edit_seconds or 1.0, 1e-3)
+    # ROME: one request at a time, edits accumulating, until --rome-n requests or the time limit
     budget = args.rome_seconds
     if args.deadline:
         budget = min(budget, args.deadline - (time.perf_counter() - t_all) - 60)
-    report["rome_budget_seconds"] = budget
-    n_rome = max(2, min(len(cases), int(budget / (per_edit * 1.6))))
-    n_rome = n_rome - n_rome % args.batch_size if n_rome >= args.batch_size else n_rome
-    report["rome_probe_seconds"] = time.perf_counter() - t
+    n_rome = min(len(cases), args.rome_n or len(cases))
     marks = sorted({*range(args.batch_size, n_rome + 1, args.batch_size), 1, 10, n_rome})
-    run("rome_sequential", method="rome", sequential=True, checkpoints=marks, n_rome=n_rome)
+    if "rome_sequential" in only:
+        report["rome_time_limit_seconds"] = budget
+        report["rome_requested"] = n_rome
+    run("rome_sequential", method="rome", sequential=True, checkpoints=marks, n_rome=n_rome, time_limit=budget)
     report["weights_restored_at_end"] = weights_fingerprint(model) == base_fp
     save()
 
@@ -269,7 +332,8 @@ def _markdown(report: dict) -> str:
     pc = lambda x: f"{100 * x:.1f}" if x is not None else "–"  # noqa: E731
     lines = [f"# Mass editing on {report['model']} ({report['device']})", "",
              f"{report['n_known_cases']} requests the unedited model knows; edit layers {report['layers']}; "
-             f"chosen λ = {report['chosen']['mom2_weight']}, τ = {report['chosen']['nullspace_threshold']}.", ""]
+             f"chosen λ = {report['chosen']['mom2_weight']}, τ = {report['chosen']['nullspace_threshold']}"
+             + (f", α = {report['chosen']['alpha']:g}" if "alpha" in report["chosen"] else "") + ".", ""]
     if "stats" in report:
         s = report["stats"]
         lines += [f"Key statistics: {s['count']} tokens, {s['seconds_computed']:.1f} s computed, "
@@ -278,12 +342,17 @@ def _markdown(report: dict) -> str:
                   f"{s.get('eig_fraction_below')}).", ""]
     if "tuning" in report:
         t = report["tuning"]
-        lines += [f"Tuning on {t['n']} other requests, one batch (NS unedited {pc(t['ns_unedited'])}):", "",
-                  "| setting | ES | PS | NS |", "|---|---|---|---|"]
-        lines += [f"| MEMIT λ = {r['mom2_weight']:g} | {pc(r['es'])} | {pc(r['ps'])} | {pc(r['ns'])} |"
-                  for r in t["mom2_weight"]]
-        lines += [f"| AlphaEdit τ = {r['nullspace_threshold']:g} | {pc(r['es'])} | {pc(r['ps'])} | {pc(r['ns'])} |"
-                  for r in t["nullspace_threshold"]]
+        how = " (one δ optimisation; each setting re-solves the update)" if t.get("method") else ""
+        lines += [f"Tuning on {t['n']} other requests, one batch{how} (NS unedited {pc(t['ns_unedited'])}); "
+                  "fit = mean ‖KΔW − R‖/‖R‖, null = the edit keys' energy in the null space:", "",
+                  "| setting | ES | PS | NS | fit | ‖ΔW‖ | null dim | null |", "|---|---|---|---|---|---|---|---|"]
+        f3 = lambda r, k: f"{r[k]:.3g}" if r.get(k) is not None else "–"  # noqa: E731
+        lines += [f"| MEMIT λ = {r['mom2_weight']:g} | {pc(r['es'])} | {pc(r['ps'])} | {pc(r['ns'])} | "
+                  f"{f3(r, 'fit_error')} | {f3(r, 'dW_norm')} | – | – |" for r in t["mom2_weight"]]
+        lines += [f"| AlphaEdit τ = {r['nullspace_threshold']:g}" + (f", α = {r['alpha']:g}" if "alpha" in r else "")
+                  + f" | {pc(r['es'])} | {pc(r['ps'])} | {pc(r['ns'])} | {f3(r, 'fit_error')} | {f3(r, 'dW_norm')} | "
+                  f"{r['null_dim'] if not isinstance(r.get('null_dim'), dict) else next(iter(r['null_dim'].values()))} | "
+                  f"{f3(r, 'key_energy_in_null_space')} |" for r in t["nullspace_threshold"]]
         lines.append("")
     evals = report.get("evaluations", {})
     lines += ["| run | edits | ES | PS | NS (unedited) | SS | STN | fluency pre → post | mean KL | time (s) |",
@@ -296,6 +365,15 @@ def _markdown(report: dict) -> str:
                      f"({pc(s['pre']['ns'])}) | {pc(s.get('ss'))} | {pc(s.get('stn'))} | {fl} | {kl} | "
                      f"{ev['seconds']:.0f} |")
     lines.append("")
+    rome = evals.get("rome_sequential")
+    if rome and report.get("rome_requested") and rome["summary"]["all"]["n"] < report["rome_requested"]:
+        s = rome["summary"]["all"]
+        lines += [f"rome_sequential stopped at its time limit ({report['rome_time_limit_seconds']:.0f} s): "
+                  f"{s['n']} of {report['rome_requested']} requests edited (one at a time, "
+                  f"{s['edit_seconds']:.2f} s per edit on average); its rows and curve cover those.", ""]
+    if report.get("part_devices"):
+        lines += ["Parts (re)run separately (`--only`) and merged: " + "; ".join(
+            f"{k} on {v}" for k, v in report["part_devices"].items()) + "; the others on " + report["device"] + ".", ""]
     for name, ev in evals.items():
         if ev.get("curve"):
             lines += [f"**{name}** after k edits (ES/PS/NS/SS/STN %, mean/max KL on unrelated prompts):", "",

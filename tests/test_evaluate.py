@@ -161,6 +161,13 @@ def test_memit_and_alphaedit_evaluation_loops_on_tiny(tiny, tmp_path):
     assert weights_fingerprint(tiny) == fp and [c.n_edits for c in seq.curve] == [1, 2]
     assert [d.step for d in seq.steps] == [1, 2] and "drift per step" in seq.table()
     json.loads(seq.to_json())
+    # a time limit already passed: the first batch is made, then the run stops and is scored on it alone
+    cut = evaluate_edits(tiny, reqs, method="memit", sequential=True, batch_size=1, time_limit=0.0, **kw)
+    assert cut.summary["all"].n == 1 and len(cut.rows) == 1 and cut.rows[0].subject == "Eiffel Tower"
+    assert [c.n_edits for c in cut.curve] == [1] and [d.n_edits for d in cut.steps] == [1]
+    assert cut.rows[0].post is not None and weights_fingerprint(tiny) == fp
+    with pytest.raises(ValueError, match="sequential"):
+        evaluate_edits(tiny, reqs, method="memit", time_limit=1.0, **kw)
 
 
 @pytest.mark.slow

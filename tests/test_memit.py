@@ -333,3 +333,34 @@ def test_mass_editing_script_quick(tmp_path):
     assert report["weights_restored_at_end"]
     assert (tmp_path / "mass_editing_decay.png").stat().st_size > 0
     assert "| memit_batch |" in (tmp_path / "mass_editing.md").read_text()
+    # --only reruns one part and merges it: here ROME with a time limit already passed (one edit made)
+    before = report["evaluations"]
+    assert mod.main(["--quick", "--only", "rome_sequential", "--rome-seconds", "0", "--out-dir", str(tmp_path)]) == 0
+    merged = json.loads((tmp_path / "mass_editing.json").read_text())
+    assert {k: v for k, v in merged["evaluations"].items() if k != "rome_sequential"} == \
+        {k: v for k, v in before.items() if k != "rome_sequential"}
+    assert merged["evaluations"]["rome_sequential"]["summary"]["all"]["n"] == 1
+    assert "stopped at its time limit" in (tmp_path / "mass_editing.md").read_text()
+    merged["n"] = 999  # a report for other settings is not merged into
+    (tmp_path / "mass_editing.json").write_text(json.dumps(merged))
+    with pytest.raises(SystemExit):
+        mod.main(["--quick", "--only", "rome_sequential", "--out-dir", str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_mass_editing_stats_script_quick(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("mass_editing_stats", root / "analyses" / "mass_editing_stats.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--quick", "--out-dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "mass_editing_stats.json").read_text())
+    runs = report["runs"]
+    assert [r["n_samples"] for r in runs] == [500, 2000] and all(r["count"] == r["n_samples"] for r in runs)
+    # the largest size is its own reference; a smaller one differs from it
+    assert runs[-1]["C_rel_distance"] == 0 and runs[-1]["update_rel_distance"] == 0 and runs[0]["C_rel_distance"] > 0
+    assert (tmp_path / "mass_editing_stats.png").stat().st_size > 0

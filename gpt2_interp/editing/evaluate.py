@@ -558,6 +558,7 @@ def evaluate_edits_local(
     score_batch_size: int = 64,
     preserve: Any = None,
     related: bool = True,
+    time_limit: float | None = None,
     **hparams: Any,
 ) -> EditEvaluation:
     """Edit the requests and score them (see module doc).
@@ -572,10 +573,15 @@ def evaluate_edits_local(
     undone bit-exactly (checked). ``sequential=True``: edits accumulate; the scores of the edits so
     far are recorded after ``checkpoints`` edits (ROME) or after every batch (MEMIT/AlphaEdit), and
     the drift on unrelated prompts after every step; all are undone at the end (checked).
+    ``time_limit`` (seconds, sequential only): stop editing after the first step that ends past it;
+    the evaluation then covers the requests edited so far (``summary["all"].n`` of them, the curve
+    ending at that count).
     ``hparams`` go to the editor (ROME's or MEMIT's hyperparameters).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if time_limit is not None and not sequential:
+        raise ValueError("time_limit applies to sequential editing (sequential=True)")
     if method == "rome" and batch_size not in (None, 1):
         raise ValueError(f"ROME edits one request at a time; batch_size={batch_size} needs method='memit' or "
                          "'alphaedit'")
@@ -678,8 +684,12 @@ def evaluate_edits_local(
             post_u = _next_logprobs(model, [p for *_, p in unrel])
             kl_rows = (unrel_pre.exp() * (unrel_pre - post_u)).sum(-1)
             steps.append(StepDrift(step, n_done, float(kl_rows.mean()), float(kl_rows.max()), secs))
-            if (method == "rome" and n_done in marks) or (method != "rome") or n_done == len(cases):
+            out_of_time = time_limit is not None and time.perf_counter() - t_start > time_limit
+            if (method == "rome" and n_done in marks) or (method != "rome") or n_done == len(cases) or out_of_time:
                 curve.append(_curve_point(model, cases[:n_done], rel[:n_done], unrel_pre, unrel, sb))
+            if out_of_time and n_done < len(cases):
+                cases, rows, rel = cases[:n_done], rows[:n_done], rel[:n_done]
+                break
             continue
         try:
             _score_after(model, [cases[i] for i in unit], [rows[i] for i in unit], [rel[i] for i in unit],

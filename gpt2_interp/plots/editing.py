@@ -72,11 +72,13 @@ def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None) -> Figu
 
 
 def plot_decay(n_edits: Mapping[str, Sequence[int]], scores: Mapping[str, Mapping[str, Sequence[float | None]]],
-               reference: Mapping[str, float] | None = None, title: str | None = None):
+               reference: Mapping[str, float] | None = None, title: str | None = None,
+               xlabel: str = "edits applied", log_x: bool = False):
     """Scores against the number of edits applied, one panel per score, one line per method.
 
     ``n_edits[method]``: x values; ``scores[metric][method]``: values in [0, 1] (None: undefined);
-    ``reference[metric]``: a horizontal line (e.g. the unedited model's NS)."""
+    ``reference[metric]``: a horizontal line (e.g. the unedited model's NS). ``xlabel``/``log_x``:
+    another x quantity (e.g. statistics tokens, on a log axis)."""
     from matplotlib.figure import Figure
 
     metrics = list(scores)
@@ -87,7 +89,9 @@ def plot_decay(n_edits: Mapping[str, Sequence[int]], scores: Mapping[str, Mappin
             ax.plot(list(n_edits[method]), [_val(y) for y in ys], "o-", ms=3, color=f"C{j}", label=method)
         if reference and metric in reference:
             ax.axhline(_val(reference[metric]), color="k", ls="--", lw=0.8, label="unedited")
-        ax.set_xlabel("edits applied")
+        ax.set_xlabel(xlabel)
+        if log_x:
+            ax.set_xscale("log")
         ax.set_ylabel(f"{metric} (%)")
         ax.set_ylim(0, 105)
         ax.set_title(metric)
