@@ -95,6 +95,30 @@ def test_projected_update_does_not_touch_preserved_keys():
     torch.testing.assert_close(K.double() @ dW, R.double(), atol=1e-5, rtol=1e-5)  # 5 keys fit in 12 free dims
 
 
+def test_projected_update_is_alphaedits_closed_form_and_the_constrained_optimum():
+    """AlphaEdit (Fang et al. 2025, eq. for Δ_AlphaEdit) writes the update unsymmetrised,
+    ``X = (P(KᵀK + K_pᵀK_p) + αI)⁻¹ P Kᵀ R`` (our row-key layout); ours solves the symmetric
+    ``(P G P + αI)`` system. Both must give the same X, X must lie in range(P), and X must minimise
+    ``‖K X − R‖² + ‖K_p X‖² + α‖X‖²`` over range(P) (projected gradient zero)."""
+    g = torch.Generator().manual_seed(5)
+    d_mlp, d_model, alpha = 24, 6, 0.3
+    K0 = torch.randn(14, d_mlp, generator=g, dtype=torch.float64)
+    ev, U = torch.linalg.eigh(K0.T @ K0)
+    P = U[:, ev < 1e-8 * ev[-1]] @ U[:, ev < 1e-8 * ev[-1]].T  # 10-dim null space of the preserved keys
+    K, R = torch.randn(4, d_mlp, generator=g, dtype=torch.float64), torch.randn(4, d_model, generator=g, dtype=torch.float64)
+    Kp = torch.randn(3, d_mlp, generator=g, dtype=torch.float64)  # keys of earlier edits
+    X = projected_update(K, P, Kp.T @ Kp, alpha) @ R
+    G = K.T @ K + Kp.T @ Kp
+    paper = torch.linalg.solve(P @ G + alpha * torch.eye(d_mlp, dtype=torch.float64), P @ K.T @ R)
+    torch.testing.assert_close(X, paper, atol=1e-10, rtol=1e-9)
+    torch.testing.assert_close(P @ X, X, atol=1e-10, rtol=1e-9)  # in range(P): preserved keys untouched
+    assert (K0 @ X).abs().max() < 1e-8
+    grad = K.T @ (K @ X - R) + Kp.T @ (Kp @ X) + alpha * X
+    assert (P @ grad).abs().max() < 1e-9  # stationary within range(P)
+    # a larger ridge shrinks the update (AlphaEdit's L2 term)
+    assert (projected_update(K, P, Kp.T @ Kp, 100 * alpha) @ R).norm() < X.norm()
+
+
 # ------------------------------------------------------------------ on a model
 def test_single_request_single_layer_memit_equals_rome_algebra(tiny, stats):
     """Same key k* (mean over the same prompt variants), same δ (the same optimiser), so
