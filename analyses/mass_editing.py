@@ -318,6 +318,9 @@ def render(report: dict, out: Path) -> None:
            if k in evals and evals[k].get("curve")}
     if seq:
         names = {k: k.replace("_sequential", "") for k in seq}
+        if "rome_sequential" in seq and seq["rome_sequential"]["summary"]["all"]["n"] < report.get("rome_requested", 0):
+            names["rome_sequential"] = (f"rome ({seq['rome_sequential']['summary']['all']['n']} of "
+                                        f"{report['rome_requested']}: time limit)")
         metrics = {"ES": "es", "PS": "ps", "NS": "ns", "subject specificity": "ss"}
         fig = plot_decay({names[k]: [c["n_edits"] for c in ev["curve"]] for k, ev in seq.items()},
                          {m: {names[k]: [c[a] for c in ev["curve"]] for k, ev in seq.items()} for m, a in metrics.items()},
