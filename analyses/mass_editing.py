@@ -7,7 +7,8 @@
    in one batch: MEMIT's λ (``mom2_weight``), AlphaEdit's null-space threshold τ × ridge α
    (``--alphas``). The batch's targets come from ONE δ optimisation (they do not depend on λ, τ, α; nor
    do the keys with one edit layer), and each setting re-solves the update exactly; the chosen value
-   maximises ES + PS among those whose NS stays within 5 points of the unedited model (else the best NS).
+   maximises ES + PS among those whose NS stays within 5 points of the unedited model (else the best S,
+   the harmonic mean of ES, PS and NS).
 4. One batch of all ``--n`` requests, MEMIT and AlphaEdit: ES/PS/NS, subject specificity (SS),
    shared-token neighbours (STN), fluency, drift, time; the MEMIT edit is also undone (bit-exact
    check), saved, reloaded into a fresh model and re-scored (identical scores check).
@@ -40,7 +41,7 @@ import torch
 import gpt2_interp as gi
 from gpt2_interp.core.result import to_jsonable
 from gpt2_interp.editing.edit import Edit, undo_all
-from gpt2_interp.editing.evaluate import case_scores, counterfact_requests, evaluate_edits
+from gpt2_interp.editing.evaluate import case_scores, counterfact_requests, evaluate_edits, harmonic_score
 from gpt2_interp.editing.memit import (
     MemitHparams, NullSpace, compute_edits, default_layers, least_squares_update, projected_update,
 )
@@ -73,10 +74,13 @@ def _scores(model, cases, sb: int) -> dict:
 
 
 def _choose(results: list[dict], key: str, ns_pre: float) -> dict:
+    """The best ES + PS among settings whose NS is within 5 points of the unedited model's; when none
+    is, the best CounterFact S (harmonic mean of ES, PS, NS) — the best NS alone would pick a setting
+    that edits nothing (a huge ridge keeps NS at 100 with ES 0)."""
     ok = [r for r in results if r["ns"] is not None and r["ns"] >= ns_pre - 0.05]
     if ok:
         return max(ok, key=lambda r: (r["es"] or 0) + (r["ps"] or 0))
-    return max(results, key=lambda r: r["ns"] or 0)
+    return max(results, key=lambda r: harmonic_score(r["es"], r["ps"], r["ns"]) or 0)
 
 
 @torch.no_grad()
