@@ -361,6 +361,12 @@ def _markdown(report: dict) -> str:
                   f"{r['null_dim'] if not isinstance(r.get('null_dim'), dict) else next(iter(r['null_dim'].values()))} | "
                   f"{f3(r, 'key_energy_in_null_space')} |" for r in t["nullspace_threshold"]]
         lines.append("")
+        if t.get("source"):
+            lines += [t["source"], ""]
+        differ = {k: v for k, v in t.get("chosen", {}).items() if report["chosen"].get(k) != v}
+        if differ:
+            lines += [f"This tuning chose {differ}; the runs below used {report['chosen']} (they were not rerun "
+                      "with the new choice).", ""]
     evals = report.get("evaluations", {})
     lines += ["| run | edits | ES | PS | NS (unedited) | SS | STN | fluency pre → post | mean KL | time (s) |",
               "|---|---|---|---|---|---|---|---|---|---|"]
