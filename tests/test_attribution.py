@@ -471,7 +471,7 @@ def test_analysis_script_quick(tmp_path):
     spec = importlib.util.spec_from_file_location("attribution_analysis", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    out = mod.main(["--quick", "--out-dir", str(tmp_path)])
+    out = mod.main(["--quick", "--out-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache")])  # not the user's cache
     assert out["pairs"] >= 4 and {r["method"] for r in out["rows"]} == {"atp", "atp*", "ig"}
     assert all(-1 <= r["spearman"] <= 1 and 0 <= r["recall"] <= 1 for r in out["rows"])
     assert (tmp_path / "attribution.png").stat().st_size > 1000 and (tmp_path / "attribution.md").exists()
