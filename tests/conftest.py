@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
 import pytest
 import torch
 
@@ -11,6 +16,20 @@ from gpt2_interp.model import GPT2Config, HookedGPT2
 torch.set_num_threads(2)
 
 TINY = GPT2Config(n_layer=2, d_model=64, n_head=4, d_mlp=256, n_ctx=64, name="tiny")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def script(name: str, folder: str = "analyses") -> ModuleType:
+    """``{folder}/{name}.py`` of the repository, imported as a module (its ``main(argv)`` is what tests run);
+    the folder is on ``sys.path`` while it loads, since the analyses import each other as siblings."""
+    sys.path.insert(0, str(ROOT / folder))
+    try:
+        spec = importlib.util.spec_from_file_location(name, ROOT / folder / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.pop(0)
+    return mod
 
 
 @pytest.fixture(scope="session")

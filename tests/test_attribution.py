@@ -464,14 +464,9 @@ def test_subject_swaps_pair_same_length_prompts_of_one_relation_with_different_a
 
 @pytest.mark.slow
 def test_analysis_script_quick(tmp_path):
-    import importlib.util
-    from pathlib import Path
+    from .conftest import script
 
-    path = Path(__file__).resolve().parents[1] / "analyses" / "attribution.py"
-    spec = importlib.util.spec_from_file_location("attribution_analysis", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    out = mod.main(["--quick", "--out-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache")])  # not the user's cache
+    out = script("attribution").main(["--quick", "--out-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache")])  # not the user's cache
     assert out["pairs"] >= 4 and {r["method"] for r in out["rows"]} == {"atp", "atp*", "ig"}
     assert all(-1 <= r["spearman"] <= 1 and 0 <= r["recall"] <= 1 for r in out["rows"])
     assert (tmp_path / "attribution.png").stat().st_size > 1000 and (tmp_path / "attribution.md").exists()

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +17,7 @@ from gpt2_interp.editing.stats import key_second_moment
 from gpt2_interp.facts.base import FactBase
 from gpt2_interp.facts.templates import templates
 
-ROOT = Path(__file__).resolve().parents[1]
+from .conftest import script
 
 
 def test_target_logprobs_match_a_slow_loop(tiny):
@@ -182,9 +180,7 @@ def test_rome_counterfact_on_the_fact_model(facts_model):
 
 @pytest.mark.slow
 def test_analysis_script_quick(facts_model, tmp_path):
-    spec = importlib.util.spec_from_file_location("rome_counterfact", ROOT / "analyses" / "rome_counterfact.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = script("rome_counterfact")
     assert mod.main(["--quick", "--out-dir", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "rome_counterfact.json").read_text())
     assert report["one_at_a_time"]["summary"]["all"]["n"] == 3 and len(report["rows"]) == 3

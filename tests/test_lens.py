@@ -3,10 +3,8 @@ explicit recomputation, and a known property of the trained fact model."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,15 +13,13 @@ import gpt2_interp.cli as cli
 from gpt2_interp.analysis.lens import logit_attribution, logit_lens
 from gpt2_interp.model import GPT2Config, HookedGPT2
 
+from .conftest import script
+
 PROMPTS = ["The capital of France is", "Hi", "One two three four five six"]
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_script(name: str, argv: list[str]):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "analyses" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main(argv)
+    return script(name).main(argv)
 
 
 # ------------------------------------------------------------------ logit lens == model

@@ -19,7 +19,7 @@ from gpt2_interp.editing.rome import (
 from gpt2_interp.editing.stats import KeyStats, key_second_moment
 from gpt2_interp.model import HookedGPT2
 
-from .conftest import TINY
+from .conftest import TINY, script
 
 FAST = dict(prefix_lengths=(5,), prefixes_per_length=2, v_steps=3)
 REQS = [
@@ -341,14 +341,9 @@ def test_cli_edit_many_requests_memit_and_alphaedit(tiny, tmp_path, monkeypatch,
 
 @pytest.mark.slow
 def test_mass_editing_script_quick(tmp_path):
-    import importlib.util
     import json
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("mass_editing", root / "analyses" / "mass_editing.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = script("mass_editing")
     assert mod.main(["--quick", "--out-dir", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "mass_editing.json").read_text())
     assert report["batch_memit_edit"]["undo_bit_exact"] and report["batch_memit_edit"]["reload_reproduces"]
@@ -373,14 +368,9 @@ def test_mass_editing_script_quick(tmp_path):
 
 @pytest.mark.slow
 def test_mass_editing_stats_script_quick(tmp_path):
-    import importlib.util
     import json
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("mass_editing_stats", root / "analyses" / "mass_editing_stats.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = script("mass_editing_stats")
     assert mod.main(["--quick", "--out-dir", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "mass_editing_stats.json").read_text())
     runs = report["runs"]

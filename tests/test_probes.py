@@ -179,15 +179,11 @@ def test_continent_is_decodable_from_the_subject_in_gpt2_facts(facts_model):
 
 @pytest.mark.slow
 def test_probes_analysis_quick(facts_model, tmp_path):
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "analyses" / "probes.py"
-    spec = importlib.util.spec_from_file_location("probes_analysis", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    out = mod.main(["--quick", "--out-dir", str(tmp_path)])
+    from .conftest import script
+
+    out = script("probes").main(["--quick", "--out-dir", str(tmp_path)])
     saved = json.loads((tmp_path / "probes_quick.json").read_text())
     assert set(saved["tasks"]) >= {"continent", "period"} and saved["finding"] == out["finding"]
     assert (tmp_path / "probes_quick.png").stat().st_size > 10000

