@@ -235,9 +235,12 @@ def resolve_corpus(model: "HookedGPT2", corpus: str | os.PathLike | None = None,
     if spec == "brown":
         from ..io.corpora import BROWN_SHA512, brown_texts
 
-        docs = brown_texts()
-        order = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()  # mix the genres
-        return Corpus(f"brown:{BROWN_SHA512[:12]}:s{seed}", [docs[i] for i in order])
+        def shuffled() -> Iterator[str]:  # read (~1 s) only when keys are computed, not on a cache hit
+            docs = brown_texts()
+            order = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()  # mix genres
+            yield from (docs[i] for i in order)
+
+        return Corpus(f"brown:{BROWN_SHA512[:12]}:s{seed}", shuffled())
     if spec == "generated":
         n_texts = max(1, -(-n_samples // max_len))
         fp = base_fingerprint(model)[:12]
