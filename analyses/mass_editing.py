@@ -93,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tune-n", type=int, default=200, help="tuning requests (0: use the defaults)")
     p.add_argument("--lambdas", default="3,10,30,100,300,1000")
     p.add_argument("--thresholds", default="1e-4,1e-3,1e-2")
-    p.add_argument("--rome-seconds", type=float, default=240.0,
+    p.add_argument("--rome-seconds", type=float, default=None,
                    help="time limit of the ROME sequential run: it stops after the edit that passes it and is "
-                        "scored on the edits made so far")
+                        "scored on the edits made so far (default 240; 1 with --quick)")
     p.add_argument("--rome-n", type=int, default=None, help="requests for the ROME sequential run (default --n)")
     p.add_argument("--deadline", type=float, default=None, help="seconds for the whole script: the ROME run "
                    "gets at most what is left minus a minute")
@@ -118,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.n, args.batch_size, args.tune_n, args.n_samples, args.fluency_tokens = 4, 2, 4, 3000, 8
-        args.lambdas, args.thresholds, args.rome_seconds = "100", "1e-3", 1.0
+        args.lambdas, args.thresholds = "100", "1e-3"
+    if args.rome_seconds is None:  # an explicit --rome-seconds wins, also under --quick
+        args.rome_seconds = 1.0 if args.quick else 240.0
     out = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
     only = set(PARTS) if args.only is None else {x.strip() for x in args.only.split(",") if x.strip()}
