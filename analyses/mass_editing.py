@@ -21,10 +21,13 @@ retuning) and merges them into the existing ``mass_editing.json``; ``--rome-seco
 run at a time limit and scores the edits made so far.
 
 Writes ``mass_editing.json`` (after every part), ``mass_editing.md`` (tables) and
-``mass_editing_decay.png`` to ``--out-dir`` (default ``analyses/results/``). ``--quick``: a tiny run
-for the test suite.
+``mass_editing_decay.png`` to ``--out-dir`` (default ``analyses/results/``; for another model than
+gpt2-facts the names carry it: ``mass_editing_smollm2-135m.json``, …). ``--quick``: a tiny run for the
+test suite.
 
     python analyses/mass_editing.py --n 1000 --batch-size 100 --device cuda
+    python analyses/mass_editing.py --model smollm2-135m --n 120 --tune-n 80 --batch-size 40 \
+        --lambdas 10,100,1000,10000 --thresholds 1e-3,1e-2 --alphas 0.01,1,10,100 --rome-seconds 3600
 """
 
 from __future__ import annotations
@@ -65,6 +68,11 @@ def known_cases(model, n: int, seed: int, exclude: set = frozenset(), batch: int
         if len(out) >= n:
             break
     return out[:n]
+
+
+def stem(model_name: str) -> str:
+    """File-name stem of a model's results: ``mass_editing`` (gpt2-facts) or ``mass_editing_<model>``."""
+    return "mass_editing" if model_name == "gpt2-facts" else f"mass_editing_{model_name}"
 
 
 def _scores(model, cases, sb: int) -> dict:
@@ -133,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"model": args.model, "device": str(model.device), "n": args.n, "batch_size": args.batch_size,
                     "torch_threads": torch.get_num_threads(), "errors": {}}
     if args.only is not None:  # merge into the earlier run: same requests, same chosen settings
-        report = json.loads((out / "mass_editing.json").read_text())
+        report = json.loads((out / f"{stem(args.model)}.json").read_text())
         if (report["model"], report["n"], report["batch_size"]) != (args.model, args.n, args.batch_size):
             p.error(f"the existing report is for {report['model']}, n={report['n']}, batch size "
                     f"{report['batch_size']}; rerun --only with the same --model/--n/--batch-size")
@@ -145,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         report["seconds_total"] = time.perf_counter() - t_all
-        (out / "mass_editing.json").write_text(json.dumps(to_jsonable(report), indent=1) + "\n")
+        (out / f"{stem(args.model)}.json").write_text(json.dumps(to_jsonable(report), indent=1) + "\n")
 
     def part(name: str, fn) -> None:
         if name not in only:
@@ -202,42 +210,37 @@ def main(argv: list[str] | None = None) -> int:
         lambdas = [float(x) for x in args.lambdas.split(",") if x.strip()]
         taus = [float(x) for x in args.thresholds.split(",") if x.strip()]
         alphas = [float(x) for x in args.alphas.split(",")] if args.alphas else [chosen["alpha"]]
-        # one δ optimisation for the tuning batch: the targets do not depend on λ, τ or α, and with one
-        # edit layer the keys do not either, so each setting only re-solves the update (exactly)
+        # one δ optimisation for the tuning batch: the target residuals do not depend on λ, τ or α, so
+        # each setting re-solves the update from them (compute_edits(targets=…)), exactly
+        reqs = [c.request for c in tune]
         t = time.perf_counter()
-        base = compute_edits(model, [c.request for c in tune], stats=stats, hparams=quick_hp)
-        lay = layers[0]
-        K, (_, V) = base.keys[lay].double(), base.factors[lay]
-        if len(layers) != 1 or V is None:
-            raise RuntimeError("tuning re-solves one edit layer's update with the batch's targets kept as a factor "
-                               f"(layers {layers}, --tune-n {args.tune_n} < d_model {model.cfg.d_model})")
-        R = V.double()
-        C = stats[lay].C.double()
+        z = compute_edits(model, reqs, stats=stats, hparams=quick_hp).v_star
         report["tuning_targets_seconds"] = time.perf_counter() - t
 
-        def score(dW: torch.Tensor) -> dict:
-            W = model.blocks[lay].mlp.W_out
-            W0 = W.detach().clone()
-            W.add_(dW.to(W.dtype))
-            try:
-                return {**_scores(model, tune, sb), "fit_error": float((K @ dW - R).norm(dim=-1).mean() / R.norm(dim=-1).mean()),
-                        "dW_norm": float(dW.norm())}
-            finally:
-                W.copy_(W0)
+        def score(setting: dict, preserve=None) -> dict:
+            e = compute_edits(model, reqs, stats=stats, hparams={**quick_hp, **setting}, preserve=preserve,
+                              remember=False, targets=z)
+            with model.edited(e):
+                got = _scores(model, tune, sb)
+            fit = e.metrics["fit"]
+            return {**got, "fit_error": sum(f["fit_error"] for f in fit.values()) / len(fit),
+                    "dW_norm": sum(f["dW_norm"] ** 2 for f in fit.values()) ** 0.5, "keys": e.keys}
 
         lam_rows, tau_rows = [], []
         for lam in lambdas:
-            lam_rows.append({"mom2_weight": lam, **score(least_squares_update(K, R, C, lam) @ R)})
+            row = score({"mom2_weight": lam})
+            row.pop("keys")
+            lam_rows.append({"mom2_weight": lam, **row})
             print(lam_rows[-1], file=sys.stderr, flush=True)
         for tau in taus:
-            ns = NullSpace.from_stats({lay: stats[lay]}, tau)
-            P = ns.P[lay]
-            key_null = float(((K @ P) ** 2).sum(-1).mean() / (K ** 2).sum(-1).mean())  # edit keys' energy in the null space
+            ns = NullSpace.from_stats({l: stats[l] for l in layers}, tau)
             for alpha in alphas:
-                ridge = alpha * float(C.diagonal().mean())
-                tau_rows.append({"nullspace_threshold": tau, "alpha": alpha, "null_dim": ns.null_dim[lay],
-                                 "key_energy_in_null_space": key_null,
-                                 **score(projected_update(K, P, None, ridge) @ R)})
+                row = score({"nullspace_threshold": tau, "alpha": alpha}, preserve=ns)
+                keys = row.pop("keys")  # the edit keys' energy in the null space, averaged over the layers
+                key_null = sum(float(((K.double() @ ns.P[l]) ** 2).sum(-1).mean() / (K.double() ** 2).sum(-1).mean())
+                               for l, K in keys.items()) / len(keys)
+                tau_rows.append({"nullspace_threshold": tau, "alpha": alpha, "null_dim": ns.null_dim,
+                                 "key_energy_in_null_space": key_null, **row})
                 print(tau_rows[-1], file=sys.stderr, flush=True)
         if lam_rows:
             chosen["mom2_weight"] = _choose(lam_rows, "mom2_weight", ns_pre)["mom2_weight"]
@@ -260,11 +263,12 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         edit = compute_edits(model, reqs, stats=stats, hparams=hp)
         t_edit = time.perf_counter() - t
+        batch_targets["z"] = edit.v_star
         edit.apply(model)
         scores_a = _scores(model, cases, sb)
         edit.undo(model)
         bit_exact = weights_fingerprint(model) == base_fp
-        path = out / "mass_editing_batch.edit"
+        path = out / f"{stem(args.model)}_batch.edit"
         edit.save(path)
         fresh = gi.load(args.model, device=args.device) if args.device else gi.load(args.model)
         loaded = Edit.load(path, fresh)
@@ -276,13 +280,20 @@ def main(argv: list[str] | None = None) -> int:
                                       "file_mb": path.stat().st_size / 2**20}
         path.unlink()  # a generated file: not committed
 
+    batch_targets: dict = {}  # the one batch's target residuals: MEMIT's and AlphaEdit's batch edits share them
     part("batch_memit_edit", batch_part)
     evals: dict = {}
+
+    def shared_targets() -> torch.Tensor:
+        if "z" not in batch_targets:
+            batch_targets["z"] = compute_edits(model, [c.request for c in cases], stats=stats, hparams=hp).v_star
+        return batch_targets["z"]
 
     def run(name: str, **kw) -> None:
         def fn() -> None:
             if kw.get("method") != "rome":
-                ev = evaluate_edits(model, cases, **common, **kw)
+                shared = {} if kw.get("sequential") else {"targets": shared_targets()}
+                ev = evaluate_edits(model, cases, **common, **shared, **kw)
             else:  # ROME's own hyperparameters (MODEL_HPARAMS), its layer's statistics
                 rome_kw = {k: v for k, v in common.items() if k not in ("stats", *chosen)}
                 ev = evaluate_edits(model, cases[: kw.pop("n_rome")], **rome_kw, **kw)
@@ -333,8 +344,8 @@ def render(report: dict, out: Path) -> None:
                          reference={"NS": next(iter(seq.values()))["summary"]["all"]["pre"]["ns"]},
                          title=f"{report['model']}: sequential editing, batches of {report['batch_size']}"
                                + (" (ROME: one at a time)" if "rome_sequential" in seq else ""))
-        fig.savefig(out / "mass_editing_decay.png", dpi=120)
-    (out / "mass_editing.md").write_text(_markdown(report))
+        fig.savefig(out / f"{stem(report['model'])}_decay.png", dpi=120)
+    (out / f"{stem(report['model'])}.md").write_text(_markdown(report))
 
 
 def _markdown(report: dict) -> str:

@@ -147,6 +147,21 @@ def test_batched_edit_maps_each_key_to_its_target_residual(tiny, stats):
         torch.testing.assert_close(after, edit.v_star, atol=2e-3, rtol=1e-3)
 
 
+def test_given_targets_re_solve_the_same_batch_as_a_fresh_delta_optimisation(tiny, stats):
+    """The target residuals do not depend on λ/τ/α: re-solving from an earlier edit's ``v_star``
+    gives the update that a full recomputation (δ optimised again) gives, on two layers."""
+    first = compute_edits(tiny, REQS, layers=[0, 1], stats=stats, hparams={"mom2_weight": 2.0, **FAST})
+    fresh = compute_edits(tiny, REQS, layers=[0, 1], stats=stats, hparams={"mom2_weight": 7.0, **FAST})
+    reused = compute_edits(tiny, REQS, layers=[0, 1], stats=stats, hparams={"mom2_weight": 7.0, **FAST},
+                           targets=first.v_star)
+    assert reused.metrics["targets_given"] and reused.metrics["steps_mean"] is None
+    assert (fresh.delta(0) - first.delta(0)).abs().max() > 1e-6  # λ matters
+    for lay in (0, 1):
+        torch.testing.assert_close(reused.delta(lay), fresh.delta(lay), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="targets must be"):
+        compute_edits(tiny, REQS, layers=[0], stats=stats, hparams=FAST, targets=first.v_star[:2])
+
+
 def test_projected_edit_leaves_preserved_keys_outputs_unchanged(tiny, corpus, tmp_path, stats):
     """AlphaEdit: the preserved keys (statistics over 100 tokens: rank ≤ 100 of d_mlp 256) get the
     same MLP output after the edit; the second sequential batch is fitted not to move the first

@@ -559,6 +559,7 @@ def evaluate_edits_local(
     preserve: Any = None,
     related: bool = True,
     time_limit: float | None = None,
+    targets: "torch.Tensor | None" = None,
     **hparams: Any,
 ) -> EditEvaluation:
     """Edit the requests and score them (see module doc).
@@ -576,6 +577,9 @@ def evaluate_edits_local(
     ``time_limit`` (seconds, sequential only): stop editing after the first step that ends past it;
     the evaluation then covers the requests edited so far (``summary["all"].n`` of them, the curve
     ending at that count).
+    ``targets`` (MEMIT/AlphaEdit, one batch of all requests, not sequential): the target residuals
+    ``v_star`` of an earlier edit of the same requests (:func:`~.memit.compute_edits`), so MEMIT and
+    AlphaEdit on one batch share one δ optimisation.
     ``hparams`` go to the editor (ROME's or MEMIT's hyperparameters).
     """
     if method not in METHODS:
@@ -590,6 +594,9 @@ def evaluate_edits_local(
         [CounterfactCase.of(r, i) for i, r in enumerate(requests)]
     if not cases:
         raise ValueError("no requests to evaluate")
+    if targets is not None and (method == "rome" or sequential or batch_size not in (None, len(cases))):
+        raise ValueError("targets are the target residuals of one MEMIT/AlphaEdit batch of all the requests "
+                         "(method='memit' or 'alphaedit', not sequential, batch_size=None)")
     sb = score_batch_size
     # ---- the editor
     if method == "rome":
@@ -626,7 +633,7 @@ def evaluate_edits_local(
 
         def make(reqs: list[Request]) -> Edit:  # independent batches do not remember each other's keys
             return compute_edits(model, reqs, layers=layers, stats=mstats, hparams=mhp, preserve=ns,
-                                 remember=sequential, progress=progress)
+                                 remember=sequential, progress=progress, targets=targets)
 
         size = batch_size or len(cases)
         units = [list(range(s, min(s + size, len(cases)))) for s in range(0, len(cases), size)]
