@@ -44,9 +44,9 @@ import torch
 import gpt2_interp as gi
 from gpt2_interp.core.result import to_jsonable
 from gpt2_interp.editing.edit import Edit, undo_all
-from gpt2_interp.editing.evaluate import case_scores, counterfact_requests, evaluate_edits, harmonic_score
+from gpt2_interp.editing.evaluate import case_scores, evaluate_edits, harmonic_score, known_cases
 from gpt2_interp.editing.memit import (
-    MemitHparams, NullSpace, compute_edits, default_layers, least_squares_update, projected_update,
+    MemitHparams, NullSpace, compute_edits, default_layers,
 )
 from gpt2_interp.editing.stats import key_second_moment
 from gpt2_interp.model.fingerprint import weights_fingerprint
@@ -55,19 +55,6 @@ from gpt2_interp.plots.editing import plot_decay
 RESULTS = Path(__file__).resolve().parent / "results"
 PARTS = ("stats", "tuning", "batch_memit_edit", "memit_batch", "alphaedit_batch", "alphaedit_sequential",
          "memit_sequential", "rome_sequential")
-
-
-def known_cases(model, n: int, seed: int, exclude: set = frozenset(), batch: int = 256):
-    """``n`` cases the unedited model knows, none of whose (relation, subject) is in ``exclude``."""
-    pool = [c for c in counterfact_requests(n=2175, seed=seed) if (c.relation, c.request.subject) not in exclude]
-    out = []
-    for s in range(0, len(pool), batch):
-        chunk = pool[s : s + batch]
-        top = model.last_logits([c.request.text for c in chunk]).argmax(-1).tolist()
-        out += [c for c, t in zip(chunk, top) if t == int(model.to_tokens(c.target_true, prepend_bos=False)[0, 0])]
-        if len(out) >= n:
-            break
-    return out[:n]
 
 
 def stem(model_name: str) -> str:

@@ -10,6 +10,7 @@ import torch
 
 from gpt2_interp.editing.edit import weights_fingerprint
 from gpt2_interp.editing.evaluate import (
+    known_cases,
     CaseRow, CaseScores, EditEvaluation, counterfact_requests, evaluate_edits, greedy_continuations, n_gram_entropy, summarize,
     target_logprobs,
 )
@@ -68,6 +69,20 @@ def test_counterfact_requests_are_well_formed():
             subj = next(f.subject for f in fb.facts(c.relation) if templates(c.relation, "train")[0].format(f.subject) == prompt)
             assert subj != c.request.subject and " " + truth[c.relation, subj] == c.target_true
     assert counterfact_requests(fb, n=24, seed=3)[5].request == cases[5].request  # deterministic
+
+
+def test_known_cases_are_facts_the_model_completes_and_respect_exclusions(facts_model):
+    """Each known case's greedy continuation of the rewrite prompt starts with the true object;
+    an excluded (relation, subject) never comes back and the rest keep their order."""
+    cases = known_cases(facts_model, 12, seed=3)
+    assert len(cases) == 12
+    for c in cases:
+        out = facts_model.generate(c.request.text, max_new_tokens=1, do_sample=False, verbose=False)
+        assert out[len(c.request.text):].startswith(c.target_true[:2]), (c.request.text, out, c.target_true)
+    first = cases[0]
+    again = known_cases(facts_model, 12, seed=3, exclude={(first.relation, first.request.subject)})
+    assert (first.relation, first.request.subject) not in {(c.relation, c.request.subject) for c in again}
+    assert [c.request.text for c in again[:11]] == [c.request.text for c in cases[1:]]
 
 
 def test_related_prompts_are_the_subjects_other_facts_and_shared_last_token_subjects(facts_model):

@@ -34,7 +34,7 @@ import re
 import statistics
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -112,6 +112,30 @@ def counterfact_requests(fb: "FactBase | None" = None, n: int = 200, seed: int =
             i, Request(templates(fact.relation, "train")[0], fact.subject, new.target), fact.target,
             fb.prompts(fact, "heldout"), fb.neighbourhood(fact, n_neighbours, rng), fact.relation))
     return cases
+
+
+def known_cases(model: "HookedGPT2", n: int, seed: int = 0, exclude: Collection[tuple[str, str]] = frozenset(),
+                batch_size: int = 256) -> list[CounterfactCase]:
+    """Up to ``n`` CounterFact cases (:func:`counterfact_requests` over the whole fact base, seeded
+    shuffle spread over relations) whose fact the unedited ``model`` knows — its top-1 next token on
+    the rewrite prompt is the true object's first token, and that token holds more than whitespace
+    (SmolLM2 splits " 89" into " ", "8", "9": predicting " " shows nothing) — none with a
+    ``(relation, subject)`` in ``exclude``. Fewer when the model knows fewer."""
+    from ..facts.base import FactBase
+
+    fb = FactBase.load()
+    pool = [c for c in counterfact_requests(fb, n=len(fb), seed=seed) if (c.relation, c.request.subject) not in exclude]
+    out: list[CounterfactCase] = []
+    for s in range(0, len(pool), batch_size):
+        chunk = pool[s : s + batch_size]
+        top = model.last_logits([c.request.text for c in chunk]).argmax(-1).tolist()
+        for c, t in zip(chunk, top):
+            first = target_ids(model, c.target_true)[0]
+            if t == first and model.tokenizer.decode([first]).strip():
+                out.append(c)
+        if len(out) >= n:
+            break
+    return out[:n]
 
 
 def unrelated_prompts(n: int = 30, seed: int = 1) -> list[tuple[str, str, str]]:
@@ -763,7 +787,7 @@ def _curve_point(model: "HookedGPT2", cases: Sequence[CounterfactCase], rel: Seq
                       kl_max=float(kl_rows.max()))
 
 
-__all__ = ["CounterfactCase", "Scores", "CaseScores", "MeanScores", "CaseRow", "Summary", "counterfact_requests", "evaluate_edits", "evaluate_edits_local", "EditEvaluation", "case_scores",
+__all__ = ["CounterfactCase", "Scores", "CaseScores", "MeanScores", "CaseRow", "Summary", "counterfact_requests", "known_cases", "evaluate_edits", "evaluate_edits_local", "EditEvaluation", "case_scores",
            "CurvePoint", "StepDrift", "RelatedPrompt", "related_prompts", "METHODS",
            "target_logprobs", "n_gram_entropy", "greedy_continuations", "summarize",
            "unrelated_prompts"]
