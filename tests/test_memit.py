@@ -393,3 +393,13 @@ def test_mass_editing_stats_script_quick(tmp_path):
     # the largest size is its own reference; a smaller one differs from it
     assert runs[-1]["C_rel_distance"] == 0 and runs[-1]["update_rel_distance"] == 0 and runs[0]["C_rel_distance"] > 0
     assert (tmp_path / "mass_editing_stats.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_mass_editing_benchmark_runs(tmp_path):
+    """The benchmark's smallest run: a handful of edits, its table written (speed is its job, not ours)."""
+    out = tmp_path / "r.md"
+    assert script("bench_mass_editing", "benchmarks").main(
+        ["--n", "3", "--n-samples", "2000", "--cache-dir", str(tmp_path), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "3 edits in one batch" in text and "statistics + projection" in text
