@@ -229,6 +229,42 @@ def test_exact_edit_optimises_the_edited_models_own_loss(tiny, stats):
 
 
 @pytest.mark.slow
+def test_keep_prompts_kl_the_optimiser_reports_is_the_edited_models(tiny, stats):
+    """A request's ``keep`` prompts enter the δ loss as the KL of their next token; the value the
+    optimiser reports for its final δ is the KL of the model whose W_out was actually edited."""
+    keep = ("People who visit {} see", "The {} is very")
+    req = gi.editing.Request(REQ["prompt"], REQ["subject"], " Rome", keep=keep)
+    edit = compute_edit(tiny, req, layer=0, stats=stats, v_steps=5, v_lr=5.0, clamp_factor=100.0, weight_decay=0.0,
+                        **FAST)
+    texts = [k.format(req.subject) for k in keep]
+    before = tiny.last_logits(texts).float().log_softmax(-1)
+    with tiny.edited(edit):
+        after = tiny.last_logits(texts).float().log_softmax(-1)
+    kl = float((after.exp() * (after - before)).sum(-1).mean())
+    assert kl > 1e-3, kl  # the edit does reach the keep prompts (fp32 KLs below ~1e-5 are round-off)
+    assert abs(kl - edit.metrics["final_loss"]["keep_kl"]) < 1e-3 * kl
+
+
+@pytest.mark.slow
+def test_keep_prompts_protect_the_subjects_other_facts(facts_model):
+    """gpt2-facts: writing Norway's capital as Madrid also moves its currency to the euro (the
+    issue's example); with the other relations' second training templates as keep prompts, the
+    first templates (not optimised) keep more of Norway's other facts."""
+    from gpt2_interp.facts.templates import templates
+
+    rels = ("country_language", "country_currency", "country_continent")
+    probe = [templates(r, "train")[0].format("Norway") for r in rels]
+    truth = facts_model.last_logits(probe).argmax(-1)
+    kept = []
+    for keep in ((), tuple(templates(r, "train")[1] for r in rels)):
+        req = gi.editing.Request(templates("country_capital", "train")[0], "Norway", " Madrid", keep=keep)
+        with facts_model.edited(compute_edit(facts_model, req, layer=0)):
+            assert facts_model.to_string(facts_model.last_logits([req.text]).argmax(-1)) == " Madrid"
+            kept.append(int((facts_model.last_logits(probe).argmax(-1) == truth).sum()))
+    assert kept[1] > kept[0], kept
+
+
+@pytest.mark.slow
 def test_edit_maps_k_star_to_v_star_and_raises_target(tiny, stats):
     before = weights_fingerprint(tiny)
     edit = compute_edit(tiny, REQ, layer=0, stats=stats, weight_decay=0.0, clamp_factor=100.0, v_steps=10, **FAST)

@@ -36,7 +36,7 @@ import torch
 
 from ..core.finite import require_finite
 from ..io.integrity import load_checked, save_checked
-from ..model.fingerprint import parameter_digests, tensor_digest, weights_fingerprint
+from ..model.fingerprint import tensor_digest, weights_fingerprint
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
@@ -50,17 +50,30 @@ FORMATS_READ = ("gpt2-interp-edit/1", FORMAT)
 class Request:
     """What to write: ``prompt`` holds ``{}`` where ``subject`` goes, ``target`` is the new continuation.
 
+    ``keep`` (optional): prompts about the same subject (``{}`` where it goes) whose next-token
+    prediction the edit must leave as it is — the subject's OTHER attributes. The δ optimisation then
+    also minimises the KL of those predictions (``RomeHparams.keep_factor``), so that writing one
+    relation does not rewrite the rest of what the model says about the subject.
+
     >>> Request("{} is located in the city of", "Eiffel Tower", " Rome")
+    >>> Request("The capital of {} is", "Norway", " Madrid", keep=("The official language of {} is",))
     """
 
     prompt: str
     subject: str
     target: str
+    keep: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("prompt", "subject", "target"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"request {name} must be a string, got {type(getattr(self, name)).__name__}")
+        if isinstance(self.keep, str) or not all(isinstance(k, str) for k in self.keep):
+            raise TypeError(f"request keep must be a list of prompt strings, got {self.keep!r}")
+        object.__setattr__(self, "keep", tuple(self.keep))
+        bad = [k for k in self.keep if k.count("{}") != 1]
+        if bad:
+            raise ValueError(f"request keep prompts must contain '{{}}' exactly once, where the subject goes; got {bad}")
         if not self.subject.strip():
             raise ValueError("request subject is empty; give the entity to edit, e.g. 'Eiffel Tower'")
         if self.prompt.count("{}") != 1:
@@ -99,7 +112,7 @@ class Request:
         missing = [k for k, v in (("prompt", x.get("prompt")), ("subject", x.get("subject")), ("target", target)) if v is None]
         if missing:
             raise ValueError(f"request dict lacks {missing}; give prompt ('{{}} …'), subject and target")
-        return cls(str(x["prompt"]), str(x["subject"]), str(target))
+        return cls(str(x["prompt"]), str(x["subject"]), str(target), tuple(x.get("keep") or ()))
 
 
 # ---------------------------------------------------------------- the edit

@@ -41,7 +41,6 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, Callable, Union
 
 import torch
-import torch.nn.functional as F
 
 from ..analysis.tokens import subject_span, target_ids, token_span
 from ..core.progress import progress_bar
@@ -82,6 +81,7 @@ class RomeHparams:
     prefixes_per_length: int = 5    # prefixes sampled per length
     prefix_seed: int = 0
     kl_prompt: str = "{} is a"
+    keep_factor: float = 1.0        # weight of the KL on a request's ``keep`` prompts (their next token)
     exact_edit: bool = True         # optimise δ under the rank-one update's exact effect (see module doc)
     bare_weight: float | None = None  # NLL weight of the bare rewrite prompt (None: uniform over variants, ROME)
     bare_early_stop: float | None = None  # early stop also needs the bare prompt's mean target NLL below this
@@ -239,9 +239,10 @@ class _Batch:
     tokens: torch.Tensor             # [b, c + s]
     mask: torch.Tensor               # [b, c + s], 1 = real token
     c: int                           # column of the subject's last token
-    n_rewrite: int                   # rows 0..n_rewrite-1: rewrite prompts (+ target[:-1]); last row: KL prompt
+    n_rewrite: int                   # rows 0..n_rewrite-1: rewrite prompts (+ target[:-1]); then the KL prompt
     target_pos: torch.Tensor         # [n_rewrite, T] columns predicting the target tokens
     kl_pos: torch.Tensor             # [P] columns of the KL row (subject's last token on)
+    keep_cols: torch.Tensor          # [K] column of each keep row's last token (rows n_rewrite+1 …)
 
 
 def _build_batch(model: "HookedGPT2", req: Request, ids: list[int], prefixes: list[str], kl_prompt: str) -> _Batch:
@@ -252,9 +253,10 @@ def _build_batch(model: "HookedGPT2", req: Request, ids: list[int], prefixes: li
         splits.append(token_span(model, text, lo, hi)[1] - 1)
     if kl_prompt.count("{}") != 1:
         raise ValueError(f"kl_prompt must hold '{{}}' once, got {kl_prompt!r}")
-    text, lo, hi = _filled(kl_prompt, req.subject)
-    rows.append(model.to_tokens(text)[0].tolist())
-    splits.append(token_span(model, text, lo, hi)[1] - 1)
+    for prompt in (kl_prompt, *req.keep):  # the essence KL row, then the keep rows
+        text, lo, hi = _filled(prompt, req.subject)
+        rows.append(model.to_tokens(text)[0].tolist())
+        splits.append(token_span(model, text, lo, hi)[1] - 1)
     c = max(splits)
     s = max(len(r) - i for r, i in zip(rows, splits))
     model.check_length(c + s)
@@ -263,12 +265,13 @@ def _build_batch(model: "HookedGPT2", req: Request, ids: list[int], prefixes: li
     for j, (r, i) in enumerate(zip(rows, splits)):
         tokens[j, c - i : c - i + len(r)] = torch.tensor(r)
         mask[j, c - i : c - i + len(r)] = 1
-    T = len(ids)
+    T, n_rw = len(ids), len(rows) - 1 - len(req.keep)
     ends = [len(r) - i for r, i in zip(rows, splits)]  # suffix lengths
-    target_pos = torch.tensor([[c + e - T + t for t in range(T)] for e in ends[:-1]])
+    target_pos = torch.tensor([[c + e - T + t for t in range(T)] for e in ends[:n_rw]])
     dev = model.device
-    return _Batch(tokens.to(dev), mask.to(dev), c, len(rows) - 1, target_pos.to(dev),
-                  torch.arange(c, c + ends[-1], device=dev))
+    return _Batch(tokens.to(dev), mask.to(dev), c, n_rw, target_pos.to(dev),
+                  torch.arange(c, c + ends[n_rw], device=dev), torch.tensor([c + e - 1 for e in ends[n_rw + 1 :]],
+                                                                             dtype=torch.long, device=dev))
 
 
 @torch.no_grad()
@@ -363,6 +366,7 @@ def _optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[in
     row_req, r0 = [], []  # request of each row; first row of each request
     nll_rows, nll_cols, nll_ids, nll_req, nll_w = [], [], [], [], []  # one entry per (variant, target token)
     kl_rows, kl_cols, kl_req = [], [], []
+    keep_rows, keep_cols, keep_req = [], [], []  # one entry per keep prompt: its last token
     for i, (b, (req, ids)) in enumerate(zip(bs, items)):
         sh, r = c - b.c, len(row_req)
         tokens[r : r + b.tokens.shape[0], sh : sh + b.tokens.shape[1]] = b.tokens
@@ -383,12 +387,17 @@ def _optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[in
         kl_rows += [r + n_rw] * len(b.kl_pos)
         kl_cols += (b.kl_pos + sh).tolist()
         kl_req += [i] * len(b.kl_pos)
+        keep_rows += [r + n_rw + 1 + j for j in range(len(b.keep_cols))]
+        keep_cols += (b.keep_cols + sh).tolist()
+        keep_req += [i] * len(b.keep_cols)
     L = lambda x, dt=torch.long: torch.tensor(x, dtype=dt, device=dev)  # noqa: E731
     row_req_t = L(row_req)
     nll_rows_t, nll_cols_t, nll_ids_t, nll_req_t = L(nll_rows), L(nll_cols), L(nll_ids), L(nll_req)
     nll_w_t = L(nll_w, torch.float32)
     kl_rows_t, kl_cols_t, kl_req_t = L(kl_rows), L(kl_cols), L(kl_req)
     kl_count = torch.bincount(kl_req_t, minlength=n).float()
+    keep_rows_t, keep_cols_t, keep_req_t = L(keep_rows), L(keep_cols), L(keep_req)
+    keep_count = torch.bincount(keep_req_t, minlength=n).float()
     rw_rows = [r + j for r, b in zip(r0, bs) for j in range(b.n_rewrite)]
     rw_rows_t, rw_req_t, r0_t = L(rw_rows), row_req_t[L(rw_rows)], L(r0)
     n_rw_t = L([b.n_rewrite for b in bs], torch.float32)
@@ -416,7 +425,7 @@ def _optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[in
     adam = {"t": 0, "m": torch.zeros_like(delta), "v": torch.zeros_like(delta)}
     active = torch.ones(n, dtype=torch.bool, device=dev)
     logs: list[list[dict[str, float]]] = [[] for _ in range(n)]
-    kl_init = None
+    kl_init = keep_init = None
     cur: dict[str, torch.Tensor] = {}
 
     def add_delta(act: torch.Tensor, hook: Any) -> torch.Tensor:  # act: [rows, width, d_model]
@@ -431,27 +440,31 @@ def _optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[in
             resid = model(resid0[rows], start_at_layer=layer, stop_at_layer=n_layer, attention_mask=mask[rows])
             e_nll = active[nll_req_t].nonzero()[:, 0]
             e_kl = active[kl_req_t].nonzero()[:, 0]
+            e_keep = active[keep_req_t].nonzero()[:, 0]
             picked = torch.cat([resid[new_row[nll_rows_t[e_nll]], nll_cols_t[e_nll]],
-                                resid[new_row[kl_rows_t[e_kl]], kl_cols_t[e_kl]]])
+                                resid[new_row[kl_rows_t[e_kl]], kl_cols_t[e_kl]],
+                                resid[new_row[keep_rows_t[e_keep]], keep_cols_t[e_keep]]])
             lp = model.unembed(model.ln_final(picked)).float().log_softmax(-1)
             lp_t = lp[: len(e_nll)].gather(-1, nll_ids_t[e_nll, None])[:, 0]  # [entries]
-            kl_lp = lp[len(e_nll) :]
+            kl_lp = lp[len(e_nll) : len(e_nll) + len(e_kl)]
+            keep_lp = lp[len(e_nll) + len(e_kl) :]
             if kl_init is None:  # step 0: every request is active
-                kl_init = kl_lp.detach()
-            kl_ref = kl_init[e_kl]
+                kl_init, keep_init = kl_lp.detach(), keep_lp.detach()
             nll = torch.zeros(n, device=dev).index_add(0, nll_req_t[e_nll], -lp_t * nll_w_t[e_nll])
-            kl_pos = (kl_lp.exp() * (kl_lp - kl_ref)).sum(-1)  # KL(edited || unedited) per position
+            kl_pos = (kl_lp.exp() * (kl_lp - kl_init[e_kl])).sum(-1)  # KL(edited || unedited) per position
             kl = torch.zeros(n, device=dev).index_add(0, kl_req_t[e_kl], kl_pos) / kl_count.clamp(min=1)
+            keep_pos = (keep_lp.exp() * (keep_lp - keep_init[e_keep])).sum(-1)
+            keep = torch.zeros(n, device=dev).index_add(0, keep_req_t[e_keep], keep_pos) / keep_count.clamp(min=1)
             wd = delta.norm(dim=-1) / v0_norm ** 2
-            loss = nll + hp.kl_factor * kl + hp.weight_decay * wd  # [n]
+            loss = nll + hp.kl_factor * kl + hp.keep_factor * keep + hp.weight_decay * wd  # [n]
             with torch.no_grad():  # log P(target | variant) per row, for the log and the early stop
                 per_row = torch.zeros(len(row_req), device=dev).index_add(0, nll_rows_t[e_nll], lp_t.detach())
                 p_tgt = torch.zeros(n, device=dev).index_add(0, rw_req_t, per_row[rw_rows_t].exp()) / n_rw_t
                 bare_nll = -per_row[r0_t] / n_tok_t
-                stat = torch.stack([loss.detach(), nll.detach(), kl.detach(), p_tgt, bare_nll], 1).tolist()
+                stat = torch.stack([loss.detach(), nll.detach(), kl.detach(), p_tgt, bare_nll, keep.detach()], 1).tolist()
             done = torch.zeros(n, dtype=torch.bool, device=dev)
             for i in active.nonzero()[:, 0].tolist():
-                logs[i].append(dict(zip(("loss", "nll", "kl", "p_target", "bare_nll"), stat[i])))
+                logs[i].append(dict(zip(("loss", "nll", "kl", "p_target", "bare_nll", "keep_kl"), stat[i])))
                 last = logs[i][-1]
                 if step == hp.v_steps or (last["loss"] < hp.early_stop and
                                           (hp.bare_early_stop is None or last["bare_nll"] < hp.bare_early_stop)):
