@@ -10,7 +10,7 @@ import torch
 
 from gpt2_interp.editing.edit import weights_fingerprint
 from gpt2_interp.editing.evaluate import (
-    known_cases,
+    keep_other_relations, known_cases,
     CaseRow, CaseScores, EditEvaluation, counterfact_requests, evaluate_edits, greedy_continuations, n_gram_entropy, summarize,
     target_logprobs,
 )
@@ -83,6 +83,29 @@ def test_known_cases_are_facts_the_model_completes_and_respect_exclusions(facts_
     again = known_cases(facts_model, 12, seed=3, exclude={(first.relation, first.request.subject)})
     assert (first.relation, first.request.subject) not in {(c.relation, c.request.subject) for c in again}
     assert [c.request.text for c in again[:11]] == [c.request.text for c in cases[1:]]
+
+
+def test_keep_other_relations_lists_the_subjects_other_relations_second_prompts():
+    fb = FactBase.load()
+    cases = counterfact_requests(fb, n=40, seed=5)
+    kept = keep_other_relations(cases, fb=fb)
+    for c, k in zip(cases, kept):
+        assert c.request.keep == () and k.request.subject == c.request.subject and k.request.target == c.request.target
+        others = {f.relation for f in fb.facts() if f.subject == c.request.subject} - {c.relation}
+        assert sorted(k.request.keep) == sorted(templates(r, "train")[1] for r in others)
+        assert templates(c.relation, "train")[1] not in k.request.keep or any(
+            templates(r, "train")[1] == templates(c.relation, "train")[1] for r in others)
+    assert sum(len(k.request.keep) for k in kept) > 20
+
+
+@pytest.mark.slow
+def test_subject_specificity_script_quick(tmp_path):
+    assert script("subject_specificity").main(["--quick", "--out-dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "subject_specificity.json").read_text())
+    assert [(r["method"], r["keep_factor"]) for r in report["runs"]] == [
+        ("rome", None), ("rome", 1.0), ("memit", None), ("memit", 1.0)]
+    assert all(r["summary"]["n_ss"] > 0 for r in report["runs"])
+    assert (tmp_path / "subject_specificity.png").stat().st_size > 0
 
 
 def test_related_prompts_are_the_subjects_other_facts_and_shared_last_token_subjects(facts_model):

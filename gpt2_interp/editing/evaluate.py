@@ -114,6 +114,28 @@ def counterfact_requests(fb: "FactBase | None" = None, n: int = 200, seed: int =
     return cases
 
 
+def keep_other_relations(cases: Sequence[CounterfactCase], template: int = 1,
+                         fb: "FactBase | None" = None) -> list[CounterfactCase]:
+    """Copies of ``cases`` whose requests keep the subject's other facts (:attr:`Request.keep`): the
+    fact base's ``template``-th training prompt of every other relation the subject has. Subject
+    specificity is scored on the 0th (:func:`related_prompts`), so with the default the scored
+    prompts are not the ones optimised."""
+    from dataclasses import replace
+
+    from ..facts.base import FactBase
+    from ..facts.templates import templates
+
+    fb = fb or FactBase.load()
+    rels: dict[str, list[str]] = {}
+    for f in fb.facts():
+        rels.setdefault(f.subject, []).append(f.relation)
+    out = []
+    for c in cases:
+        keep = tuple(templates(r, "train")[template] for r in rels.get(c.request.subject, []) if r != c.relation)
+        out.append(replace(c, request=replace(c.request, keep=keep)))
+    return out
+
+
 def known_cases(model: "HookedGPT2", n: int, seed: int = 0, exclude: Collection[tuple[str, str]] = frozenset(),
                 batch_size: int = 256) -> list[CounterfactCase]:
     """Up to ``n`` CounterFact cases (:func:`counterfact_requests` over the whole fact base, seeded
@@ -787,7 +809,7 @@ def _curve_point(model: "HookedGPT2", cases: Sequence[CounterfactCase], rel: Seq
                       kl_max=float(kl_rows.max()))
 
 
-__all__ = ["CounterfactCase", "Scores", "CaseScores", "MeanScores", "CaseRow", "Summary", "counterfact_requests", "known_cases", "evaluate_edits", "evaluate_edits_local", "EditEvaluation", "case_scores",
+__all__ = ["CounterfactCase", "Scores", "CaseScores", "MeanScores", "CaseRow", "Summary", "counterfact_requests", "known_cases", "keep_other_relations", "evaluate_edits", "evaluate_edits_local", "EditEvaluation", "case_scores",
            "CurvePoint", "StepDrift", "RelatedPrompt", "related_prompts", "METHODS",
            "target_logprobs", "n_gram_entropy", "greedy_continuations", "summarize",
            "unrelated_prompts"]
