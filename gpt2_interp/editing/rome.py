@@ -21,6 +21,12 @@ memory and inserts the association ``k* → v*`` with the smallest change in the
   variant's key differs from k* ("France" at the start of a text vs " France" after a prefix)
   and when other tokens' keys share k*'s direction (on gpt2-facts the bare prompt's key can get
   only a third of the edit that the optimisation assumed, and the edit misses).
+* ``keep`` (ours, optional; :attr:`Request.keep`): prompts about the same subject whose next-token
+  distribution must not move — the subject's other attributes. Their KL (edited ‖ unedited, at
+  their last token, averaged over the prompts) enters the loss × ``keep_factor``. The edit writes
+  to the subject's representation, which every relation reads; without it, writing Norway's
+  capital also rewrites its language and currency on gpt2-facts
+  (``analyses/subject_specificity.py`` measures the trade-off).
 * the update ``ΔW = outer(C⁻¹k*, v* − (k* @ W_out + b_out)) / (k*ᵀ C⁻¹ k*)``, so
   ``k* @ (W_out + ΔW) + b_out = v*`` exactly, and any key ``k`` with ``kᵀC⁻¹k* = 0`` is untouched.
 
@@ -33,7 +39,6 @@ places, so the inserted association is exactly ``k* → v*``.
 from __future__ import annotations
 
 import math
-
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
