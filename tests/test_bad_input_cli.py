@@ -47,6 +47,9 @@ def assert_one_line_error(code, err, *needles):
     (["evaluate-edits", "--n", "-3"], ["--n", ">= 1"]),
     (["lens", "x", "--positions", "a,b"], ["positions"]),
     (["nonsense-command"], ["invalid choice"]),
+    (["edit", "--subject", "Munich", "--prompt", "{} is a city in", "--target", " Italy", "--keep", "Munich is big"],
+     ["keep", "{}"]),
+    (["edit", "--requests", "r.jsonl", "--keep", "{} is big"], ["--keep", "'keep' list"]),
 ])
 def test_argument_errors_are_one_line(capsys, argv, needles):
     if argv[:3] == ["info", "--device", "cuda:99"] and torch.cuda.device_count() > 99:  # pragma: no cover

@@ -188,5 +188,9 @@ def test_cli_edit_verify_stats(tiny, tmp_path, monkeypatch, capsys):
     HookedGPT2(TINY, seed=1).save(tmp_path / "other")
     assert main(["verify", str(tmp_path / "my.edit"), "--model", str(tmp_path / "other")]) == 2
     assert "fingerprint" in capsys.readouterr().err
+    for keep in ([], ["--keep", "People who visit {} see"]):  # keep prompts enter the δ loss
+        assert main([*edit_args[:-2], *keep, "--json"]) == 0
+        keep_kl = json.loads(capsys.readouterr().out)["edit"]["metrics"]["final_loss"]["keep_kl"]
+        assert (keep_kl > 0) == bool(keep)
     assert main(["edit", *model, "--subject", "Louvre", "--prompt", "is in", "--target", " Rome"]) == 2
     assert "{}" in capsys.readouterr().err

@@ -75,7 +75,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", help="the prompt with {} for the subject, e.g. '{} is located in'")
     p.add_argument("--target", help="the new continuation, e.g. ' Rome' (mind the leading space)")
     p.add_argument("--requests", metavar="FILE.jsonl", help="many requests, one JSON object a line with prompt, "
-                   "subject, target (or ROME's target_new); instead of --subject/--prompt/--target")
+                   "subject, target (or ROME's target_new) and optionally keep (a list of prompts); instead of "
+                   "--subject/--prompt/--target")
+    p.add_argument("--keep", action="append", default=[], metavar="PROMPT",
+                   help="a prompt about the same subject ({} where it goes) whose next token the edit must keep, "
+                        "e.g. 'The official language of {} is' (repeatable; see Request.keep)")
     _method_args(p)
     p.add_argument("--paraphrase", action="append", default=[], help="another prompt to show (repeatable; "
                    "{} is filled with the subject)")
@@ -99,6 +103,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("--n", type=count(1), default=200, help="number of counterfactual requests")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep-related", action="store_true", help="each request keeps the subject's other facts "
+                   "(their second training prompt; subject specificity is scored on the first)")
     _method_args(p)
     add_output_args(p)
     _common(p)
@@ -133,6 +139,9 @@ def edit_cmd(args: argparse.Namespace) -> int:
     from ..editing.compare import compare_topk
 
     single = (args.subject, args.prompt, args.target)
+    if args.requests and args.keep:
+        raise ValueError("--keep goes with --subject/--prompt/--target; in a --requests file give each line a "
+                         "'keep' list")
     if args.requests and any(x is not None for x in single):
         raise ValueError("give either --requests FILE or --subject/--prompt/--target, not both")
     if not args.requests and any(x is None for x in single):
@@ -144,7 +153,7 @@ def edit_cmd(args: argparse.Namespace) -> int:
     if args.requests:
         return _edit_many(args, model, _read_requests(args.requests), hp)
     method = args.method or "rome"
-    request = {"prompt": args.prompt, "subject": args.subject, "target": args.target}
+    request = {"prompt": args.prompt, "subject": args.subject, "target": args.target, "keep": args.keep}
     if method != "rome":
         return _edit_many(args, model, [request], hp)
     from ..editing.rome import compute_edit
@@ -244,11 +253,14 @@ def verify_cmd(args: argparse.Namespace) -> int:
 
 
 def evaluate_cmd(args: argparse.Namespace) -> int:
-    from ..editing.evaluate import evaluate_edits
+    from ..editing.evaluate import counterfact_requests, evaluate_edits, keep_other_relations
 
     hp = _hparams(args.hparam) | {"corpus": args.corpus, "n_samples": args.n_samples}
     model = load_model(args)
-    ev = evaluate_edits(model, args.n, method=args.method or "rome", sequential=args.sequential,
+    cases = counterfact_requests(n=args.n, seed=args.seed)
+    if args.keep_related:
+        cases = keep_other_relations(cases)
+    ev = evaluate_edits(model, cases, method=args.method or "rome", sequential=args.sequential,
                         batch_size=args.batch_size, layer=args.layer, seed=args.seed, **hp)
     return emit(args, ev)
 
