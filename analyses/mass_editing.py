@@ -280,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         def fn() -> None:
             if kw.get("method") != "rome":
                 shared = {} if kw.get("sequential") else {"targets": shared_targets()}
+                if shared:
+                    report["batch_targets_shared"] = True
                 ev = evaluate_edits(model, cases, **common, **shared, **kw)
             else:  # ROME's own hyperparameters (MODEL_HPARAMS), its layer's statistics
                 rome_kw = {k: v for k, v in common.items() if k not in ("stats", *chosen)}
@@ -378,6 +380,10 @@ def _markdown(report: dict) -> str:
                      f"({pc(s['pre']['ns'])}) | {pc(s.get('ss'))} | {pc(s.get('stn'))} | {fl} | {kl} | "
                      f"{ev['seconds']:.0f} |")
     lines.append("")
+    if report.get("batch_targets_shared") and "batch_memit_edit" in report:
+        lines += ["The two batch rows share one δ optimisation of the batch (their times are the solve and the scoring; "
+                  f"the δ optimisation took {report['batch_memit_edit']['metrics']['delta_seconds']:.0f} s, see the "
+                  "last line).", ""]
     rome = evals.get("rome_sequential")
     if rome and report.get("rome_requested") and rome["summary"]["all"]["n"] < report["rome_requested"]:
         s = rome["summary"]["all"]
