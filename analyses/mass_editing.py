@@ -68,6 +68,24 @@ def _scores(model, cases, sb: int) -> dict:
     return {"es": mean("es"), "ps": mean("ps"), "ns": mean("ns")}
 
 
+def edit_settings(model, hp: dict) -> dict:
+    """What a MEMIT/AlphaEdit row depends on besides the requests: edit layers, the δ optimisation's
+    context variants (the bare prompt + generated prefixes) and λ/τ/α — recorded per part so that a
+    table merged from runs under different settings says which row used which."""
+    h = MemitHparams.of(model, **hp)
+    return {"layers": list(h.layers) if h.layers is not None else default_layers(model),
+            "prefix_lengths": list(h.rome.prefix_lengths), "prefixes_per_length": h.rome.prefixes_per_length,
+            "mom2_weight": h.mom2_weight, "nullspace_threshold": h.nullspace_threshold, "alpha": h.alpha}
+
+
+def _describe(s: dict) -> str:
+    """``layers [0, 1], 6 context variants (prefixes 5 × [10]), λ = 1000, τ = 0.001, α = 100``."""
+    n_ctx = 1 + s["prefixes_per_length"] * len(s["prefix_lengths"])
+    return (f"layers {s['layers']}, {n_ctx} context variants (bare + {s['prefixes_per_length']} prefixes of each of "
+            f"{s['prefix_lengths']} tokens), λ = {s['mom2_weight']:g}, τ = {s['nullspace_threshold']:g}, "
+            f"α = {s['alpha']:g}")
+
+
 def _choose(results: list[dict], key: str, ns_pre: float) -> dict:
     """The best ES + PS among settings whose NS is within 5 points of the unedited model's; when none
     is, the best CounterFact S (harmonic mean of ES, PS, NS) — the best NS alone would pick a setting
@@ -243,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
         part("tuning", tune_part)
     report["chosen"] = chosen
     hp = {**chosen, **quick_hp}
+    report["settings"] = edit_settings(model, hp)
+    for name in {"tuning", "batch_memit_edit", "memit_batch", "alphaedit_batch", "alphaedit_sequential",
+                 "memit_sequential"} & only:
+        report.setdefault("part_settings", {})[name] = report["settings"]
     common = dict(stats=stats, fluency_tokens=args.fluency_tokens, progress=False, score_batch_size=sb, **hp)
 
     def batch_part() -> None:
@@ -323,7 +345,8 @@ def render(report: dict, out: Path) -> None:
     seq = {k: evals[k] for k in ("rome_sequential", "memit_sequential", "alphaedit_sequential")
            if k in evals and evals[k].get("curve")}
     if seq:
-        names = {k: k.replace("_sequential", "") for k in seq}
+        older = _older(report)
+        names = {k: k.replace("_sequential", "") + (" (earlier settings)" if k in older else "") for k in seq}
         if "rome_sequential" in seq and seq["rome_sequential"]["summary"]["all"]["n"] < report.get("rome_requested", 0):
             names["rome_sequential"] = (f"rome ({seq['rome_sequential']['summary']['all']['n']} of "
                                         f"{report['rome_requested']}: time limit)")
@@ -335,6 +358,16 @@ def render(report: dict, out: Path) -> None:
                                + (" (ROME: one at a time)" if "rome_sequential" in seq else ""))
         fig.savefig(out / f"{stem(report['model'])}_decay.png", dpi=120)
     (out / f"{stem(report['model'])}.md").write_text(_markdown(report))
+
+
+def _older(report: dict) -> dict:
+    """The MEMIT/AlphaEdit evaluations run under other settings than the report's current ones:
+    ``{name: their settings or None (not recorded)}``."""
+    now, ps = report.get("settings"), report.get("part_settings", {})
+    if now is None:
+        return {}
+    return {name: ps.get(name) for name in report.get("evaluations", {})
+            if name != "rome_sequential" and ps.get(name) != now}
 
 
 def _markdown(report: dict) -> str:
@@ -369,14 +402,23 @@ def _markdown(report: dict) -> str:
         if differ:
             lines += [f"This tuning chose {differ}; the runs below used {report['chosen']} (they were not rerun "
                       "with the new choice).", ""]
+    now, ps = report.get("settings"), report.get("part_settings", {})
+    same = lambda a, b: a and b and all(a[k] == b[k] for k in ("layers", "prefix_lengths", "prefixes_per_length"))  # noqa: E731
+    if "tuning" in report and now and not same(ps.get("tuning"), now):
+        lines += ["The tuning above used other edit layers or context variants than the runs below: "
+                  + (_describe(ps["tuning"]) if ps.get("tuning") else "settings not recorded") + ".", ""]
     evals = report.get("evaluations", {})
+    older = _older(report)
+    if now:
+        lines += [f"MEMIT/AlphaEdit settings of this table: {_describe(now)}"
+                  + (" — except the rows marked †." if older else "."), ""]
     lines += ["| run | edits | ES | PS | NS (unedited) | SS | STN | fluency pre → post | mean KL | time (s) |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for name, ev in evals.items():
         s = ev["summary"]["all"]
         fl = f"{s['fluency_pre']:.3f} → {s['fluency_post']:.3f}" if s.get("fluency_post") is not None else "–"
         kl = f"{s['kl_drift']:.3g}" if s.get("kl_drift") is not None else "–"
-        lines.append(f"| {name} | {s['n']} | {pc(s['post']['es'])} | {pc(s['post']['ps'])} | {pc(s['post']['ns'])} "
+        lines.append(f"| {name}{' †' if name in older else ''} | {s['n']} | {pc(s['post']['es'])} | {pc(s['post']['ps'])} | {pc(s['post']['ns'])} "
                      f"({pc(s['pre']['ns'])}) | {pc(s.get('ss'))} | {pc(s.get('stn'))} | {fl} | {kl} | "
                      f"{ev['seconds']:.0f} |")
     lines.append("")
@@ -384,6 +426,9 @@ def _markdown(report: dict) -> str:
         lines += ["The two batch rows share one δ optimisation of the batch (their times are the solve and the scoring; "
                   f"the δ optimisation took {report['batch_memit_edit']['metrics']['delta_seconds']:.0f} s, see the "
                   "last line).", ""]
+    for name, st in older.items():
+        lines += [f"† {name}: " + (f"run with earlier settings ({_describe(st)}), not rerun with this table's"
+                                   if st else "settings not recorded (a run before they were)") + ".", ""]
     rome = evals.get("rome_sequential")
     if rome and report.get("rome_requested") and rome["summary"]["all"]["n"] < report["rome_requested"]:
         s = rome["summary"]["all"]
@@ -403,6 +448,9 @@ def _markdown(report: dict) -> str:
     if "batch_memit_edit" in report:
         b = report["batch_memit_edit"]
         fit = next(iter(b["metrics"]["fit"].values()))
+        if now and ps.get("batch_memit_edit") != now:
+            lines += ["The edit below was computed with earlier settings: " + (_describe(ps["batch_memit_edit"])
+                      if ps.get("batch_memit_edit") else "not recorded") + ".", ""]
         lines += [f"One MEMIT edit of all requests: computed in {b['seconds']:.1f} s (δ optimisation "
                   f"{b['metrics']['delta_seconds']:.1f} s); least-squares residual {100 * fit['fit_error']:.0f}% of the "
                   f"targets; undo bit-exact: {b['undo_bit_exact']}; saved ({b['file_mb']:.1f} MB), reloaded into a "
