@@ -125,11 +125,31 @@ def test_single_request_single_layer_memit_equals_rome_algebra(tiny, stats):
     ΔW_MEMIT = ΔW_ROME · q/(λ + q) with q = k*ᵀC⁻¹k*."""
     lam = 2.0
     rome = compute_edit(tiny, REQS[0], layer=0, stats=stats[0], **FAST)
-    memit = compute_edits(tiny, [REQS[0]], layers=[0], stats=stats, hparams={"mom2_weight": lam, **FAST})
+    # δ scaled like ROME's (by the MLP output v₀, not MEMIT's residual): the same optimisation
+    memit = compute_edits(tiny, [REQS[0]], layers=[0], stats=stats,
+                          hparams={"mom2_weight": lam, "delta_norm": "mlp_out", **FAST})
     torch.testing.assert_close(memit.keys[0][0], rome.k, rtol=1e-5, atol=1e-5)
     q = float(rome.k.double() @ torch.linalg.solve(stats[0].C.double(), rome.k.double()))
     torch.testing.assert_close(memit.delta(0).double(), rome.delta().double() * q / (lam + q), rtol=1e-3, atol=1e-6)
     assert memit.method == "memit" and memit.layers == [0] and memit.requests == [Request(**REQS[0])]
+
+
+def test_delta_clamp_scales_with_the_mlp_output_for_rome_and_the_residual_for_memit(tiny, stats):
+    """A tiny clamp binds at once: ‖δ‖ = clamp_factor·‖ref‖ with ref the MLP output (ROME's v₀) or the
+    residual after the block (MEMIT's compute_z) at the subject's last token of the bare prompt,
+    read here from an independent forward pass."""
+    req = Request(**REQS[1])
+    text = req.prompt.format(req.subject)
+    pos = tiny.to_tokens(text).shape[1] - 1 - len(tiny.to_tokens(text.split(req.subject, 1)[1], prepend_bos=False)[0])
+    _, cache = tiny.run_with_cache(text, names_filter=["blocks.1.hook_mlp_out", "blocks.1.hook_resid_post"])
+    mlp, resid = (float(cache[f"blocks.1.hook_{x}"][0, pos].norm()) for x in ("mlp_out", "resid_post"))
+    assert resid > 1.5 * mlp  # the two references differ on this model
+    hp = {**FAST, "v_steps": 2, "clamp_factor": 1e-3, "early_stop": 0.0}
+    for ref, want in (("mlp_out", mlp), ("resid", resid)):
+        e = compute_edits(tiny, [req], layers=[1], stats=stats, hparams={**hp, "delta_norm": ref})
+        assert float(e.metrics["delta_norm_mean"]) == pytest.approx(1e-3 * want, rel=1e-4)
+    with pytest.raises(ValueError, match="delta_norm"):
+        compute_edits(tiny, [req], layers=[1], stats=stats, hparams={**hp, "delta_norm": "block"})
 
 
 def test_batched_edit_maps_each_key_to_its_target_residual(tiny, stats):

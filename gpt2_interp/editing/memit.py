@@ -71,6 +71,8 @@ class MemitHparams:
     nullspace_threshold: float = 1e-3       # τ: P keeps eigen-directions of C₀ with λ ≤ τ·λ_max
     alpha: float = 1e-2                     # AlphaEdit's ridge, × tr(C)/d_mlp
     chunk: int | None = None                # requests per δ-optimisation batch (None: 32 on CPU, all on GPU)
+    delta_norm: str = "resid"               # δ's clamp/weight-decay scale: the residual after the top layer
+                                            # (MEMIT's compute_z) or "mlp_out" (ROME's v₀); see optimise_deltas
     rome: RomeHparams = field(default_factory=RomeHparams)
 
     @classmethod
@@ -89,6 +91,8 @@ class MemitHparams:
         hp = cls(**{k: v for k, v in merged.items() if k in own}, rome=RomeHparams.of(**rome_kw))
         if hp.layers is not None:
             hp.layers = tuple(int(x) for x in hp.layers)
+        if hp.delta_norm not in ("resid", "mlp_out"):
+            raise ValueError(f"delta_norm must be 'resid' (MEMIT) or 'mlp_out' (ROME), got {hp.delta_norm!r}")
         if hp.mom2_weight < 0 or hp.alpha <= 0 or not 0 < hp.nullspace_threshold < 1:
             raise ValueError(f"need mom2_weight >= 0, alpha > 0 and 0 < nullspace_threshold < 1; got {hp}")
         return hp
@@ -111,6 +115,9 @@ DELTA_DEFAULTS: dict[str, Any] = {"prefix_lengths": (10,), "prefixes_per_length"
 #: the recorded results reproduce.
 MODEL_HPARAMS: dict[str, dict[str, Any]] = {
     "gpt2-facts": {"layers": (0,), "mom2_weight": 1000.0, "prefix_lengths": (5, 10)},
+    # δ scaled by the MLP output (ROME's v₀), as before delta_norm existed: the SmolLM2 mass-editing
+    # results in progress used it; switch to MEMIT's "resid" when they are rerun
+    "smollm2-135m": {"delta_norm": "mlp_out"},
 }
 
 
@@ -343,7 +350,7 @@ def compute_edits(
     _, h0 = subject_states(model, reqs, [], prefixes, resid_layer=top)
     if targets is None:
         opt = optimise_deltas(model, list(zip(reqs, ids)), top, prefixes, hp.rome, st[top].solve, chunk=hp.chunk,
-                              progress=progress)
+                              progress=progress, norm_reference=hp.delta_norm)
         delta = torch.stack([o["delta"] for o in opt]).double().cpu()  # [n, d_model]
     else:
         if tuple(targets.shape) != (len(reqs), model.cfg.d_model):

@@ -336,7 +336,8 @@ def optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: int
 def optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[int]]], layer: int,
                     prefixes: list[str], hp: RomeHparams,
                     solve: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                    chunk: int | None = None, progress: bool = False) -> list[dict[str, Any]]:
+                    chunk: int | None = None, progress: bool = False,
+                    norm_reference: str = "mlp_out") -> list[dict[str, Any]]:
     """One δ per ``(request, target ids)``, optimised together: every request's prompt variants sit
     in one batch (its δ reaches only its own rows), the loss is the sum of the requests' losses, so
     each δ follows exactly the trajectory it would follow alone (Adam is elementwise); a request that
@@ -345,13 +346,22 @@ def optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[int
     edit layer: adding δ to that layer's MLP output is adding it to the residual stream after it).
 
     One no-grad forward over every variant gives the keys, v₀ and the residual entering the edit
-    layer; each step reruns the model from the edit layer up with δ added (see ``exact_edit``)."""
+    layer; each step reruns the model from the edit layer up with δ added (see ``exact_edit``).
+
+    ``norm_reference``: the vector whose norm scales δ's clamp (``clamp_factor``·‖ref‖) and weight
+    decay (‖δ‖/‖ref‖²), at the subject's last token of the bare prompt: ``"mlp_out"`` (ROME's v₀, the
+    edited MLP's output) or ``"resid"`` (MEMIT's ``compute_z``: the residual stream after the block,
+    which δ is added to). They differ where the MLP's output is small next to the residual: on
+    gpt2-facts layer 1's ‖v₀‖ is 1–3 against a residual of ~200, and δ clamped to 4‖v₀‖ cannot move
+    the prediction (p(target) 0.02 after 60 steps on 200 requests)."""
+    if norm_reference not in ("mlp_out", "resid"):
+        raise ValueError(f"norm_reference must be 'mlp_out' (ROME) or 'resid' (MEMIT), got {norm_reference!r}")
     chunk = chunk or (len(items) if model.device.type != "cpu" else 32)
     out: list[dict[str, Any]] = []
     bar = progress_bar(total=len(items), desc=f"δ at layer {layer}", enabled=progress and len(items) > 1)
     with torch.inference_mode(False), torch.enable_grad():  # works inside a caller's no_grad/inference_mode
         for s in range(0, len(items), chunk):
-            out += _optimise_deltas(model, items[s : s + chunk], layer, prefixes, hp, solve)
+            out += _optimise_deltas(model, items[s : s + chunk], layer, prefixes, hp, solve, norm_reference)
             bar.update(len(items[s : s + chunk]))
     bar.close()
     return out
@@ -359,7 +369,8 @@ def optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[int
 
 def _optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[int]]], layer: int,
                      prefixes: list[str], hp: RomeHparams,
-                     solve: Callable[[torch.Tensor], torch.Tensor] | None) -> list[dict[str, Any]]:
+                     solve: Callable[[torch.Tensor], torch.Tensor] | None,
+                     norm_reference: str = "mlp_out") -> list[dict[str, Any]]:
     dev, n_layer, n = model.device, model.cfg.n_layer, len(items)
     bs = [_build_batch(model, req, ids, prefixes, hp.kl_prompt) for req, ids in items]
     # ---- one batch: request i's rows, shifted right by sh[i] so its subject column is c
@@ -408,9 +419,10 @@ def _optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[in
     n_rw_t = L([b.n_rewrite for b in bs], torch.float32)
     n_tok_t = L([len(ids) for _, ids in items], torch.float32)
 
-    pre, post, mlp_out = (f"blocks.{layer}.{x}" for x in ("hook_resid_pre", "mlp.hook_post", "hook_mlp_out"))
+    pre, post, mlp_out, resid = (f"blocks.{layer}.{x}" for x in ("hook_resid_pre", "mlp.hook_post", "hook_mlp_out",
+                                                                 "hook_resid_post"))
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=[pre, post, mlp_out], attention_mask=mask,
+        _, cache = model.run_with_cache(tokens, names_filter=[pre, post, mlp_out, resid], attention_mask=mask,
                                         stop_at_layer=layer + 1, return_type=None)
     keys = cache[post].float()  # [rows, width, d_mlp]
     k_star = torch.stack([keys[r : r + b.n_rewrite, c].mean(0) for r, b in zip(r0, bs)])  # [n, d_mlp]
@@ -425,7 +437,8 @@ def _optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[in
     v0 = cache[mlp_out][torch.tensor(r0, device=dev), c].float()  # [n, d_model], the bare prompts'
     resid0 = cache[pre]  # [rows, width, d_model], entering the edit layer
     delta = torch.zeros(n, model.cfg.d_model, device=dev, requires_grad=True)
-    v0_norm = v0.norm(dim=-1)
+    ref = v0 if norm_reference == "mlp_out" else cache[resid][torch.tensor(r0, device=dev), c].float()
+    v0_norm = ref.norm(dim=-1)  # [n]: the clamp's and the weight decay's scale
     max_norm = hp.clamp_factor * v0_norm
     adam = {"t": 0, "m": torch.zeros_like(delta), "v": torch.zeros_like(delta)}
     active = torch.ones(n, dtype=torch.bool, device=dev)
