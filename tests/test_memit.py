@@ -423,3 +423,17 @@ def test_mass_editing_benchmark_runs(tmp_path):
         ["--n", "3", "--n-samples", "2000", "--cache-dir", str(tmp_path), "--out", str(out)]) == 0
     text = out.read_text()
     assert "3 edits in one batch" in text and "statistics + projection" in text
+
+
+@pytest.mark.slow
+def test_mass_editing_window_script_quick(tmp_path):
+    import json
+
+    mod = script("mass_editing_window")
+    assert mod.main(["--quick", "--tops", "0,1", "--sub", "2", "--out-dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "mass_editing_window.json").read_text())
+    assert {(t["top"], t["ctx"]) for t in report["targets"]} == {(0, "memit"), (1, "memit")}
+    # every window ending at each top layer, whole batch and sub-batches
+    assert sorted((tuple(r["window"]), r["sub"]) for r in report["rows"]) == \
+        [((0,), None), ((0,), 2), ((0, 1), None), ((0, 1), 2), ((1,), None), ((1,), 2)]
+    assert "| [0, 1] | 6 | 100 |" in (tmp_path / "mass_editing_window.md").read_text()
