@@ -35,7 +35,7 @@ import torch
 
 import gpt2_interp as gi
 from gpt2_interp.core.result import to_jsonable
-from gpt2_interp.editing.memit import MemitHparams, compute_edits
+from gpt2_interp.editing.memit import compute_edits
 from gpt2_interp.editing.stats import key_second_moment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=1000, help="evaluation requests of mass_editing.py (excluded)")
     p.add_argument("--tune-n", type=int, default=200)
     p.add_argument("--sub", type=int, default=0, help="also score sub-batches of this many requests")
+    p.add_argument("--delta-norm", default="resid", choices=("resid", "mlp_out"), help="δ's clamp scale")
     p.add_argument("--n-samples", type=int, default=100_000, help="tokens for the key statistics")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", type=Path, default=RESULTS)
@@ -72,12 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     tops = [int(x) for x in args.tops.split(",")]
     stats = key_second_moment(model, list(range(max(tops) + 1)), n_samples=args.n_samples, progress=False)
     lambdas = [float(x) for x in args.lambdas.split(",") if x.strip()]
-    hp = {**CTX[args.ctx], **(dict(v_steps=3) if args.quick else {})}
+    # δ scaled by the residual after the top layer (MEMIT's compute_z): ROME's v₀ scale (the MLP output)
+    # clamps δ to a few units above layer 0 on this model (memit.MemitHparams.delta_norm)
+    hp = {**CTX[args.ctx], "delta_norm": args.delta_norm, **(dict(v_steps=3) if args.quick else {})}
     out = args.out_dir / "mass_editing_window.json"
     report = json.loads(out.read_text()) if out.exists() and not args.quick else {"model": args.model, "rows": [],
                                                                                    "targets": []}
     report.update(n_tune=len(tune), ns_unedited=ns_pre, threads=torch.get_num_threads(),
-                  delta_norm=MemitHparams.of(model).delta_norm)
+                  delta_norm=args.delta_norm)
 
     def score(window: list[int], lam: float, z: torch.Tensor, idx: list[int] | None = None) -> dict:
         rq, cs, zz = (reqs, tune, z) if idx is None else ([reqs[i] for i in idx], [tune[i] for i in idx], z[idx])
