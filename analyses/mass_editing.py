@@ -75,14 +75,16 @@ def edit_settings(model, hp: dict) -> dict:
     h = MemitHparams.of(model, **hp)
     return {"layers": list(h.layers) if h.layers is not None else default_layers(model),
             "prefix_lengths": list(h.rome.prefix_lengths), "prefixes_per_length": h.rome.prefixes_per_length,
-            "mom2_weight": h.mom2_weight, "nullspace_threshold": h.nullspace_threshold, "alpha": h.alpha}
+            "delta_norm": h.delta_norm, "mom2_weight": h.mom2_weight, "nullspace_threshold": h.nullspace_threshold,
+            "alpha": h.alpha}
 
 
 def _describe(s: dict) -> str:
-    """``layers [0, 1], 6 context variants (prefixes 5 × [10]), λ = 1000, τ = 0.001, α = 100``."""
+    """``layers [0, 1], 6 context variants (bare + 5 prefixes of each of [10] tokens), δ scaled by resid,
+    λ = 1000, τ = 0.001, α = 100``."""
     n_ctx = 1 + s["prefixes_per_length"] * len(s["prefix_lengths"])
     return (f"layers {s['layers']}, {n_ctx} context variants (bare + {s['prefixes_per_length']} prefixes of each of "
-            f"{s['prefix_lengths']} tokens), λ = {s['mom2_weight']:g}, τ = {s['nullspace_threshold']:g}, "
+            f"{s['prefix_lengths']} tokens), δ scaled by {s.get('delta_norm', 'mlp_out')}, λ = {s['mom2_weight']:g}, τ = {s['nullspace_threshold']:g}, "
             f"α = {s['alpha']:g}")
 
 
@@ -403,7 +405,7 @@ def _markdown(report: dict) -> str:
             lines += [f"This tuning chose {differ}; the runs below used {report['chosen']} (they were not rerun "
                       "with the new choice).", ""]
     now, ps = report.get("settings"), report.get("part_settings", {})
-    same = lambda a, b: a and b and all(a[k] == b[k] for k in ("layers", "prefix_lengths", "prefixes_per_length"))  # noqa: E731
+    same = lambda a, b: a and b and all(a.get(k) == b.get(k) for k in ("layers", "prefix_lengths", "prefixes_per_length", "delta_norm"))  # noqa: E731
     if "tuning" in report and now and not same(ps.get("tuning"), now):
         lines += ["The tuning above used other edit layers or context variants than the runs below: "
                   + (_describe(ps["tuning"]) if ps.get("tuning") else "settings not recorded") + ".", ""]
