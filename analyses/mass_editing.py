@@ -405,7 +405,8 @@ def _markdown(report: dict) -> str:
             lines += [f"This tuning chose {differ}; the runs below used {report['chosen']} (they were not rerun "
                       "with the new choice).", ""]
     now, ps = report.get("settings"), report.get("part_settings", {})
-    same = lambda a, b: a and b and all(a.get(k) == b.get(k) for k in ("layers", "prefix_lengths", "prefixes_per_length", "delta_norm"))  # noqa: E731
+    targets_of = ("layers", "prefix_lengths", "prefixes_per_length", "delta_norm")  # what the tuning depended on
+    same = lambda a, b: a and b and all(a.get(k) == b.get(k) for k in targets_of)  # noqa: E731
     if "tuning" in report and now and not same(ps.get("tuning"), now):
         lines += ["The tuning above used other edit layers or context variants than the runs below: "
                   + (_describe(ps["tuning"]) if ps.get("tuning") else "settings not recorded") + ".", ""]
