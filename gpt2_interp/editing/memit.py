@@ -112,7 +112,14 @@ DELTA_DEFAULTS: dict[str, Any] = {"prefix_lengths": (10,), "prefixes_per_length"
 #: requests in one batch (analyses/mass_editing.py, results/mass_editing.md) λ = 10/30/100/300/1000
 #: gave ES 55/61/74/79/66, NS 70/72/74/79/90 (unedited 100); none kept NS within 5 points, and 1000
 #: had the best NS. Those runs used ROME's 10 context prefixes (lengths 5 and 10), kept here so that
-#: the recorded results reproduce.
+#: the recorded results reproduce — and measured no worse to keep: on the same 200 requests, layer 0,
+#: MEMIT's 6 variants (bare + 5 prefixes of 10 tokens) gave ES/PS/NS 68/63/74 (λ 100), 73/68/81 (300),
+#: 55/64/92 (1000), 16/26/98 (3000) against ROME's 11 variants' 74/73/74, 79/80/79, 66/77/90 at
+#: λ 100/300/1000: half the δ time (0.81 s a request on one loaded thread vs ~1.6) for 6–14 points
+#: of ES/PS (analyses/mass_editing_window.py --tops 0 --ctx memit --delta-norm mlp_out, run from a
+#: /tmp copy in session 6; 11-variant rows: results/mass_editing.md's tuning).
+#: Windows above layer 0 (0–1, 0–2) were not measured yet (no CPU left in session 6); they need
+#: delta_norm="resid".
 #: Both models keep δ scaled by the MLP output (ROME's v₀, ``delta_norm="mlp_out"``), as their recorded
 #: results were computed before ``delta_norm`` existed; switch to MEMIT's "resid" when they are rerun
 #: (on gpt2-facts layer 0 the two norms differ by ~3%; any window above layer 0 needs "resid").
