@@ -53,6 +53,8 @@ from gpt2_interp.model.fingerprint import weights_fingerprint
 from gpt2_interp.plots.editing import plot_decay
 
 RESULTS = Path(__file__).resolve().parent / "results"
+MEMIT_PARTS = ("tuning", "batch_memit_edit", "memit_batch", "alphaedit_batch", "alphaedit_sequential",
+               "memit_sequential")
 PARTS = ("stats", "tuning", "batch_memit_edit", "memit_batch", "alphaedit_batch", "alphaedit_sequential",
          "memit_sequential", "rome_sequential")
 
@@ -84,8 +86,8 @@ def _describe(s: dict) -> str:
     λ = 1000, τ = 0.001, α = 100``."""
     n_ctx = 1 + s["prefixes_per_length"] * len(s["prefix_lengths"])
     return (f"layers {s['layers']}, {n_ctx} context variants (bare + {s['prefixes_per_length']} prefixes of each of "
-            f"{s['prefix_lengths']} tokens), δ scaled by {s.get('delta_norm', 'mlp_out')}, λ = {s['mom2_weight']:g}, τ = {s['nullspace_threshold']:g}, "
-            f"α = {s['alpha']:g}")
+            f"{s['prefix_lengths']} tokens), δ scaled by {s.get('delta_norm', 'mlp_out')}, λ = {s['mom2_weight']:g}, "
+            f"τ = {s['nullspace_threshold']:g}, α = {s['alpha']:g}")
 
 
 def _choose(results: list[dict], key: str, ns_pre: float) -> dict:
@@ -168,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         try:
             fn()
+            if name in MEMIT_PARTS:  # the settings it ran with (a failed part keeps its earlier row and settings)
+                report.setdefault("part_settings", {})[name] = edit_settings(model, {**chosen, **quick_hp})
         except Exception as e:  # keep what the other parts measured
             report["errors"][name] = f"{type(e).__name__}: {e}"
             traceback.print_exc()
@@ -264,9 +268,6 @@ def main(argv: list[str] | None = None) -> int:
     report["chosen"] = chosen
     hp = {**chosen, **quick_hp}
     report["settings"] = edit_settings(model, hp)
-    for name in {"tuning", "batch_memit_edit", "memit_batch", "alphaedit_batch", "alphaedit_sequential",
-                 "memit_sequential"} & only:
-        report.setdefault("part_settings", {})[name] = report["settings"]
     common = dict(stats=stats, fluency_tokens=args.fluency_tokens, progress=False, score_batch_size=sb, **hp)
 
     def batch_part() -> None:
@@ -421,7 +422,8 @@ def _markdown(report: dict) -> str:
         s = ev["summary"]["all"]
         fl = f"{s['fluency_pre']:.3f} → {s['fluency_post']:.3f}" if s.get("fluency_post") is not None else "–"
         kl = f"{s['kl_drift']:.3g}" if s.get("kl_drift") is not None else "–"
-        lines.append(f"| {name}{' †' if name in older else ''} | {s['n']} | {pc(s['post']['es'])} | {pc(s['post']['ps'])} | {pc(s['post']['ns'])} "
+        mark = " †" if name in older else ""
+        lines.append(f"| {name}{mark} | {s['n']} | {pc(s['post']['es'])} | {pc(s['post']['ps'])} | {pc(s['post']['ns'])} "
                      f"({pc(s['pre']['ns'])}) | {pc(s.get('ss'))} | {pc(s.get('stn'))} | {fl} | {kl} | "
                      f"{ev['seconds']:.0f} |")
     lines.append("")

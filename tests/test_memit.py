@@ -386,7 +386,8 @@ def test_mass_editing_script_quick(tmp_path):
                                           "memit_sequential", "rome_sequential"}
     assert report["weights_restored_at_end"]
     assert (tmp_path / "mass_editing_decay.png").stat().st_size > 0
-    assert "| memit_batch |" in (tmp_path / "mass_editing.md").read_text()
+    assert "| memit_batch |" in (tmp_path / "mass_editing.md").read_text()  # one run: no row marked as older
+    assert report["part_settings"]["memit_batch"] == report["settings"] and report["settings"]["layers"] == [0]
     # --only reruns one part and merges it: here ROME with a time limit already passed (one edit made)
     before = report["evaluations"]
     assert mod.main(["--quick", "--only", "rome_sequential", "--rome-seconds", "0", "--out-dir", str(tmp_path)]) == 0
@@ -395,6 +396,10 @@ def test_mass_editing_script_quick(tmp_path):
         {k: v for k, v in before.items() if k != "rome_sequential"}
     assert merged["evaluations"]["rome_sequential"]["summary"]["all"]["n"] == 1
     assert "stopped at its time limit" in (tmp_path / "mass_editing.md").read_text()
+    # a row whose recorded settings differ from the report's is marked, in the table and the figure's legend
+    merged["part_settings"]["memit_sequential"] = {**merged["settings"], "layers": [0, 1]}
+    mod.render(merged, tmp_path)
+    assert "| memit_sequential † |" in (tmp_path / "mass_editing.md").read_text()
     merged["n"] = 999  # a report for other settings is not merged into
     (tmp_path / "mass_editing.json").write_text(json.dumps(merged))
     with pytest.raises(SystemExit):
