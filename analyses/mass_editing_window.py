@@ -35,11 +35,12 @@ import torch
 
 import gpt2_interp as gi
 from gpt2_interp.core.result import to_jsonable
+from gpt2_interp.editing.evaluate import known_cases
 from gpt2_interp.editing.memit import compute_edits
 from gpt2_interp.editing.stats import key_second_moment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mass_editing import _scores, known_cases  # noqa: E402
+from mass_editing import _scores  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CTX = {"memit": {"prefix_lengths": (10,), "prefixes_per_length": 5},
