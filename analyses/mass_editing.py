@@ -211,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     defaults = MemitHparams.of(model)
     chosen = {"mom2_weight": defaults.mom2_weight, "nullspace_threshold": defaults.nullspace_threshold,
               "alpha": defaults.alpha}
-    if args.only is not None:
-        chosen.update(report.get("chosen", {}))
+    if args.only is not None:  # the tuning's choice (earlier rows may have run with older settings: marked †)
+        chosen.update(report.get("tuning", {}).get("chosen") or report.get("chosen", {}))
 
     def tune_part() -> None:
         exclude = {(c.relation, c.request.subject) for c in cases}
@@ -370,7 +370,16 @@ def _older(report: dict) -> dict:
     if now is None:
         return {}
     return {name: ps.get(name) for name in report.get("evaluations", {})
-            if name != "rome_sequential" and ps.get(name) != now}
+            if name != "rome_sequential" and _relevant(name, ps.get(name)) != _relevant(name, now)}
+
+
+def _relevant(name: str, settings: dict | None) -> dict | None:
+    """The settings an evaluation depends on: a MEMIT row not on τ and α (no projection), an
+    AlphaEdit row not on λ (its update has no ``C`` term: ``projected_update``)."""
+    if settings is None:
+        return None
+    drop = {"memit": ("nullspace_threshold", "alpha"), "alphaedit": ("mom2_weight",)}.get(name.split("_")[0], ())
+    return {k: v for k, v in settings.items() if k not in drop}
 
 
 def _markdown(report: dict) -> str:

@@ -400,6 +400,18 @@ def test_mass_editing_script_quick(tmp_path):
     merged["part_settings"]["memit_sequential"] = {**merged["settings"], "layers": [0, 1]}
     mod.render(merged, tmp_path)
     assert "| memit_sequential † |" in (tmp_path / "mass_editing.md").read_text()
+    # --only without the tuning part runs with the TUNING's choice and records it per part; MEMIT rows
+    # do not depend on AlphaEdit's α, so only the AlphaEdit row not rerun is marked
+    merged["part_settings"]["memit_sequential"] = dict(merged["settings"])
+    merged["tuning"]["chosen"]["alpha"] = 7 * merged["chosen"]["alpha"]
+    (tmp_path / "mass_editing.json").write_text(json.dumps(merged))
+    assert mod.main(["--quick", "--only", "alphaedit_batch", "--out-dir", str(tmp_path)]) == 0
+    again = json.loads((tmp_path / "mass_editing.json").read_text())
+    assert again["part_settings"]["alphaedit_batch"]["alpha"] == again["chosen"]["alpha"] == \
+        merged["tuning"]["chosen"]["alpha"]
+    table = (tmp_path / "mass_editing.md").read_text()
+    assert "| alphaedit_sequential † |" in table and "| alphaedit_batch |" in table
+    assert "| memit_batch |" in table and "| memit_sequential |" in table
     merged["n"] = 999  # a report for other settings is not merged into
     (tmp_path / "mass_editing.json").write_text(json.dumps(merged))
     with pytest.raises(SystemExit):
