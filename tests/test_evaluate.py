@@ -96,6 +96,12 @@ def test_keep_other_relations_lists_the_subjects_other_relations_second_prompts(
         assert templates(c.relation, "train")[1] not in k.request.keep or any(
             templates(r, "train")[1] == templates(c.relation, "train")[1] for r in others)
     assert sum(len(k.request.keep) for k in kept) > 20
+    several = keep_other_relations(cases, template=(1, 3), fb=fb)  # several prompts of each other relation
+    for c, k in zip(cases, several):
+        others = {f.relation for f in fb.facts() if f.subject == c.request.subject} - {c.relation}
+        assert sorted(k.request.keep) == sorted(templates(r, "train")[i] for r in others for i in (1, 3))
+    with pytest.raises(ValueError, match="training prompts"):
+        keep_other_relations(cases, template=(1, 99), fb=fb)
 
 
 @pytest.mark.slow
@@ -106,6 +112,17 @@ def test_subject_specificity_script_quick(tmp_path):
         ("rome", None), ("rome", 1.0), ("memit", None), ("memit", 1.0)]
     assert all(r["summary"]["n_ss"] > 0 for r in report["runs"])
     assert (tmp_path / "subject_specificity.png").stat().st_size > 0
+    # more keep prompts, appended to the same report; the scored prompt (index 0) cannot be kept
+    mod = script("subject_specificity")
+    assert mod.main(["--quick", "--methods", "rome", "--no-published", "--keep-templates", "1,2", "--append",
+                     "--out-dir", str(tmp_path)]) == 0
+    again = json.loads((tmp_path / "subject_specificity.json").read_text())
+    assert again["runs"][:4] == report["runs"] and len(again["runs"]) == 5
+    assert again["runs"][4]["keep_templates"] == [1, 2] and again["runs"][4]["keep_factor"] == 1.0
+    assert again["runs"][4]["keep_prompts_mean"] == pytest.approx(2 * again["runs"][1]["keep_prompts_mean"], abs=1e-4)
+    assert "| [1, 2] (" in (tmp_path / "subject_specificity.md").read_text()
+    with pytest.raises(SystemExit):
+        mod.main(["--quick", "--keep-templates", "0,1", "--out-dir", str(tmp_path)])
 
 
 def test_related_prompts_are_the_subjects_other_facts_and_shared_last_token_subjects(facts_model):

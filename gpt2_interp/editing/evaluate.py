@@ -114,24 +114,31 @@ def counterfact_requests(fb: "FactBase | None" = None, n: int = 200, seed: int =
     return cases
 
 
-def keep_other_relations(cases: Sequence[CounterfactCase], template: int = 1,
+def keep_other_relations(cases: Sequence[CounterfactCase], template: int | Sequence[int] = 1,
                          fb: "FactBase | None" = None) -> list[CounterfactCase]:
     """Copies of ``cases`` whose requests keep the subject's other facts (:attr:`Request.keep`): the
-    fact base's ``template``-th training prompt of every other relation the subject has. Subject
-    specificity is scored on the 0th (:func:`related_prompts`), so with the default the scored
-    prompts are not the ones optimised."""
+    fact base's ``template``-th training prompt (or each of several: ``template=(1, 2, 3)``) of every
+    other relation the subject has. Subject specificity is scored on the 0th
+    (:func:`related_prompts`), so with the default the scored prompts are not the ones optimised."""
     from dataclasses import replace
 
     from ..facts.base import FactBase
     from ..facts.templates import templates
 
+    idx = [template] if isinstance(template, int) else list(template)
+    if not idx:
+        raise ValueError("template: give at least one training-prompt index")
     fb = fb or FactBase.load()
     rels: dict[str, list[str]] = {}
     for f in fb.facts():
         rels.setdefault(f.subject, []).append(f.relation)
     out = []
     for c in cases:
-        keep = tuple(templates(r, "train")[template] for r in rels.get(c.request.subject, []) if r != c.relation)
+        others = [r for r in rels.get(c.request.subject, []) if r != c.relation]
+        for r in others:
+            if max(idx) >= len(templates(r, "train")) or min(idx) < -len(templates(r, "train")):
+                raise ValueError(f"template {idx}: relation {r!r} has {len(templates(r, 'train'))} training prompts")
+        keep = tuple(templates(r, "train")[i] for r in others for i in idx)
         out.append(replace(c, request=replace(c.request, keep=keep)))
     return out
 
