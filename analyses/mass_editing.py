@@ -46,7 +46,7 @@ from gpt2_interp.core.result import to_jsonable
 from gpt2_interp.editing.edit import Edit, undo_all
 from gpt2_interp.editing.evaluate import case_scores, evaluate_edits, harmonic_score, known_cases
 from gpt2_interp.editing.memit import (
-    MemitHparams, NullSpace, compute_edits, default_layers,
+    NULLSPACE_RULES, MemitHparams, NullSpace, compute_edits, default_layers,
 )
 from gpt2_interp.editing.stats import key_second_moment
 from gpt2_interp.model.fingerprint import weights_fingerprint
@@ -78,7 +78,7 @@ def edit_settings(model, hp: dict) -> dict:
     return {"layers": list(h.layers) if h.layers is not None else default_layers(model),
             "prefix_lengths": list(h.rome.prefix_lengths), "prefixes_per_length": h.rome.prefixes_per_length,
             "delta_norm": h.delta_norm, "mom2_weight": h.mom2_weight, "nullspace_threshold": h.nullspace_threshold,
-            "alpha": h.alpha}
+            "nullspace_rule": h.nullspace_rule, "alpha": h.alpha}
 
 
 def _describe(s: dict) -> str:
@@ -87,7 +87,12 @@ def _describe(s: dict) -> str:
     n_ctx = 1 + s["prefixes_per_length"] * len(s["prefix_lengths"])
     return (f"layers {s['layers']}, {n_ctx} context variants (bare + {s['prefixes_per_length']} prefixes of each of "
             f"{s['prefix_lengths']} tokens), δ scaled by {s.get('delta_norm', 'mlp_out')}, λ = {s['mom2_weight']:g}, "
-            f"τ = {s['nullspace_threshold']:g}, α = {s['alpha']:g}")
+            f"τ = {s['nullspace_threshold']:g}{_rule(s)}, α = {s['alpha']:g}")
+
+
+def _rule(s: dict) -> str:
+    """`` (energy)`` for a null space by the energy rule, nothing for the (default) relative one."""
+    return f" ({s['nullspace_rule']})" if s.get("nullspace_rule", "relative") != "relative" else ""
 
 
 def _choose(results: list[dict], key: str, ns_pre: float) -> dict:
@@ -110,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tune-n", type=int, default=200, help="tuning requests (0: use the defaults)")
     p.add_argument("--lambdas", default="3,10,30,100,300,1000")
     p.add_argument("--thresholds", default="1e-4,1e-3,1e-2")
+    p.add_argument("--null-rules", default="relative",
+                   help="AlphaEdit null-space rules tuned with the thresholds: relative (λ ≤ τ·λ_max) and/or energy "
+                        "(the smallest directions holding ≤ τ of tr C₀); tuning rows of other rules/thresholds "
+                        "from an earlier run are kept")
     p.add_argument("--rome-seconds", type=float, default=None,
                    help="time limit of the ROME sequential run: it stops after the edit that passes it and is "
                         "scored on the edits made so far (default 240; 1 with --quick)")
@@ -143,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     only = set(PARTS) if args.only is None else {x.strip() for x in args.only.split(",") if x.strip()}
     if only - set(PARTS):
         p.error(f"unknown part(s) {sorted(only - set(PARTS))}; choose from {', '.join(PARTS)}")
+    bad_rules = {x.strip() for x in args.null_rules.split(",") if x.strip()} - set(NULLSPACE_RULES)
+    if bad_rules:
+        p.error(f"unknown --null-rules {sorted(bad_rules)}; choose from {', '.join(NULLSPACE_RULES)}")
     t_all = time.perf_counter()
     model = gi.load(args.model, device=args.device) if args.device else gi.load(args.model)
     sb = 512 if model.device.type != "cpu" else 64
@@ -198,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         report["stats"] = {"layers": layers, "count": fresh[layers[0]].count, "seconds_computed": t_fresh,
                            "seconds_cached": time.perf_counter() - t, "corpus": fresh[layers[0]].key["corpus"]}
         t = time.perf_counter()
-        ns = NullSpace.from_stats({l: stats[l] for l in layers}, MemitHparams.of(model).nullspace_threshold)
+        ns = NullSpace.from_stats({l: stats[l] for l in layers}, MemitHparams.of(model).nullspace_threshold,
+                                  MemitHparams.of(model).nullspace_rule)
         report["stats"]["projection_seconds"] = time.perf_counter() - t
         report["stats"]["null_dim"] = ns.null_dim
         ev = torch.linalg.eigvalsh(stats[layers[0]].C.double())
@@ -210,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         stats.update(key_second_moment(model, layers, n_samples=args.n_samples, progress=False))
     defaults = MemitHparams.of(model)
     chosen = {"mom2_weight": defaults.mom2_weight, "nullspace_threshold": defaults.nullspace_threshold,
-              "alpha": defaults.alpha}
+              "nullspace_rule": defaults.nullspace_rule, "alpha": defaults.alpha}
     if args.only is not None:  # the tuning's choice (earlier rows may have run with older settings: marked †)
         chosen.update(report.get("tuning", {}).get("chosen") or report.get("chosen", {}))
 
@@ -220,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         ns_pre = _scores(model, tune, sb)["ns"] or 1.0
         lambdas = [float(x) for x in args.lambdas.split(",") if x.strip()]
         taus = [float(x) for x in args.thresholds.split(",") if x.strip()]
+        rules = [x.strip() for x in args.null_rules.split(",") if x.strip()]
         alphas = [float(x) for x in args.alphas.split(",")] if args.alphas else [chosen["alpha"]]
         # one δ optimisation for the tuning batch: the target residuals do not depend on λ, τ or α, so
         # each setting re-solves the update from them (compute_edits(targets=…)), exactly
@@ -243,22 +257,29 @@ def main(argv: list[str] | None = None) -> int:
             row.pop("keys")
             lam_rows.append({"mom2_weight": lam, **row})
             print(lam_rows[-1], file=sys.stderr, flush=True)
-        for tau in taus:
-            ns = NullSpace.from_stats({l: stats[l] for l in layers}, tau)
-            for alpha in alphas:
-                row = score({"nullspace_threshold": tau, "alpha": alpha}, preserve=ns)
-                keys = row.pop("keys")  # the edit keys' energy in the null space, averaged over the layers
-                key_null = sum(float(((K.double() @ ns.P[l]) ** 2).sum(-1).mean() / (K.double() ** 2).sum(-1).mean())
-                               for l, K in keys.items()) / len(keys)
-                tau_rows.append({"nullspace_threshold": tau, "alpha": alpha, "null_dim": ns.null_dim,
-                                 "key_energy_in_null_space": key_null, **row})
-                print(tau_rows[-1], file=sys.stderr, flush=True)
+        for rule in rules:
+            for tau in taus:
+                ns = NullSpace.from_stats({l: stats[l] for l in layers}, tau, rule)
+                for alpha in alphas:
+                    row = score({"nullspace_threshold": tau, "nullspace_rule": rule, "alpha": alpha}, preserve=ns)
+                    keys = row.pop("keys")  # the edit keys' energy in the null space, averaged over the layers
+                    key_null = sum(float(((K.double() @ ns.P[l]) ** 2).sum(-1).mean() / (K.double() ** 2).sum(-1).mean())
+                                   for l, K in keys.items()) / len(keys)
+                    tau_rows.append({"nullspace_threshold": tau, "nullspace_rule": rule, "alpha": alpha,
+                                     "null_dim": ns.null_dim, "leak": ns.leak, "key_energy_in_null_space": key_null,
+                                     **row})
+                    print(tau_rows[-1], file=sys.stderr, flush=True)
+        old = report.get("tuning", {})
+        if tau_rows:  # keep an earlier run's rows of other rules/thresholds/ridges (same requests and targets)
+            ident = lambda r: (r.get("nullspace_rule", "relative"), r["nullspace_threshold"], r.get("alpha"))  # noqa: E731
+            new = {ident(r) for r in tau_rows}
+            tau_rows = [r for r in old.get("nullspace_threshold", []) if ident(r) not in new] + tau_rows
         if lam_rows:
             chosen["mom2_weight"] = _choose(lam_rows, "mom2_weight", ns_pre)["mom2_weight"]
         if tau_rows:
             best = _choose(tau_rows, "nullspace_threshold", ns_pre)
             chosen["nullspace_threshold"], chosen["alpha"] = best["nullspace_threshold"], best["alpha"]
-        old = report.get("tuning", {})
+            chosen["nullspace_rule"] = best.get("nullspace_rule", "relative")
         report["tuning"] = {"n": len(tune), "ns_unedited": ns_pre, "method": "one δ optimisation, update re-solved",
                             "mom2_weight": lam_rows or old.get("mom2_weight", []),
                             "nullspace_threshold": tau_rows or old.get("nullspace_threshold", []), "chosen": dict(chosen)}
@@ -378,15 +399,16 @@ def _relevant(name: str, settings: dict | None) -> dict | None:
     AlphaEdit row not on λ (its update has no ``C`` term: ``projected_update``)."""
     if settings is None:
         return None
-    drop = {"memit": ("nullspace_threshold", "alpha"), "alphaedit": ("mom2_weight",)}.get(name.split("_")[0], ())
-    return {k: v for k, v in settings.items() if k not in drop}
+    drop = {"memit": ("nullspace_threshold", "nullspace_rule", "alpha"),
+            "alphaedit": ("mom2_weight",)}.get(name.split("_")[0], ())
+    return {k: v for k, v in {"nullspace_rule": "relative", **settings}.items() if k not in drop}
 
 
 def _markdown(report: dict) -> str:
     pc = lambda x: f"{100 * x:.1f}" if x is not None else "–"  # noqa: E731
     lines = [f"# Mass editing on {report['model']} ({report['device']})", "",
              f"{report['n_known_cases']} requests the unedited model knows; edit layers {report['layers']}; "
-             f"chosen λ = {report['chosen']['mom2_weight']}, τ = {report['chosen']['nullspace_threshold']}"
+             f"chosen λ = {report['chosen']['mom2_weight']}, τ = {report['chosen']['nullspace_threshold']}{_rule(report['chosen'])}"
              + (f", α = {report['chosen']['alpha']:g}" if "alpha" in report["chosen"] else "") + ".", ""]
     if "stats" in report:
         s = report["stats"]
@@ -403,9 +425,9 @@ def _markdown(report: dict) -> str:
         f3 = lambda r, k: f"{r[k]:.3g}" if r.get(k) is not None else "–"  # noqa: E731
         lines += [f"| MEMIT λ = {r['mom2_weight']:g} | {pc(r['es'])} | {pc(r['ps'])} | {pc(r['ns'])} | "
                   f"{f3(r, 'fit_error')} | {f3(r, 'dW_norm')} | – | – |" for r in t["mom2_weight"]]
-        lines += [f"| AlphaEdit τ = {r['nullspace_threshold']:g}" + (f", α = {r['alpha']:g}" if "alpha" in r else "")
+        lines += [f"| AlphaEdit τ = {r['nullspace_threshold']:g}{_rule(r)}" + (f", α = {r['alpha']:g}" if "alpha" in r else "")
                   + f" | {pc(r['es'])} | {pc(r['ps'])} | {pc(r['ns'])} | {f3(r, 'fit_error')} | {f3(r, 'dW_norm')} | "
-                  f"{r['null_dim'] if not isinstance(r.get('null_dim'), dict) else next(iter(r['null_dim'].values()))} | "
+                  f"{r['null_dim'] if not isinstance(r.get('null_dim'), dict) else '/'.join(map(str, r['null_dim'].values()))} | "
                   f"{f3(r, 'key_energy_in_null_space')} |" for r in t["nullspace_threshold"]]
         lines.append("")
         if t.get("source"):

@@ -11,7 +11,7 @@ from gpt2_interp.analysis.tokens import target_ids
 from gpt2_interp.editing import Request, applied_edits, undo_all, weights_fingerprint
 from gpt2_interp.editing.edit import Edit, load_edit
 from gpt2_interp.editing.memit import (
-    NullSpace, compute_edits, least_squares_update, projected_update, validate_requests,
+    MemitHparams, NullSpace, compute_edits, least_squares_update, projected_update, validate_requests,
 )
 from gpt2_interp.editing.rome import (
     RomeHparams, compute_edit, context_prefixes, optimise_delta, optimise_deltas, subject_states,
@@ -93,6 +93,28 @@ def test_projected_update_does_not_touch_preserved_keys():
     dW = projected_update(K, ns.P[0], None, 1e-8) @ R.double()
     assert (K0.double() @ dW).abs().max() < 1e-5 * (K.double() @ dW).abs().max()  # k₀ ΔW = 0
     torch.testing.assert_close(K.double() @ dW, R.double(), atol=1e-5, rtol=1e-5)  # 5 keys fit in 12 free dims
+
+
+def test_energy_nullspace_rule_keeps_the_smallest_directions_within_the_energy_share():
+    """``rule="energy"``: the null space is the largest set of smallest eigen-directions whose
+    eigenvalues sum to ≤ τ·tr C₀ — hand-computed on known spectra; a relative τ on the same two
+    layers (one spectrum flat, one steep) gives very different dims, the energy rule the same leak bound."""
+    g = torch.Generator().manual_seed(11)
+    U, _ = torch.linalg.qr(torch.randn(8, 8, generator=g, dtype=torch.float64))
+    flat = torch.tensor([1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 10.0], dtype=torch.float64)  # sum 20
+    steep = torch.tensor([1e-6, 1e-5, 1e-4, 1e-3, 0.5, 1.0, 300.0, 1000.0], dtype=torch.float64)  # sum ≈ 1301.5
+    stats = {l: KeyStats((U * ev) @ U.T, 100, {"layer": l}) for l, ev in ((0, flat), (1, steep))}
+    ns = NullSpace.from_stats(stats, threshold=0.1, rule="energy")
+    # flat: 1+1 = 2 ≤ 0.1·20 = 2 < 1+1+1 → 2 dims; steep: 1e-6 … 1e-3, 0.5, 1.0 sum 1.5011 ≤ 130.15 < + 300 → 6 dims
+    assert ns.null_dim == {0: 2, 1: 6} and ns.rule == "energy"
+    assert ns.leak[0] == pytest.approx(2 / 20) and ns.leak[1] == pytest.approx(1.501111 / steep.sum().item())
+    torch.testing.assert_close(ns.P[1], U[:, :6] @ U[:, :6].T)  # the projection on the six smallest directions
+    rel = NullSpace.from_stats(stats, threshold=0.1)  # λ ≤ 0.1·λ_max: flat 4 dims (leak 20% > τ), steep 6
+    assert rel.null_dim == {0: 4, 1: 6} and rel.leak[0] == pytest.approx(4 / 20) and "relative" in repr(rel)
+    with pytest.raises(ValueError, match="rule"):
+        NullSpace.from_stats(stats, threshold=0.1, rule="absolute")
+    with pytest.raises(ValueError, match="nullspace_rule"):
+        MemitHparams.of(HookedGPT2(TINY), nullspace_rule="absolute")
 
 
 def test_projected_update_is_alphaedits_closed_form_and_the_constrained_optimum():
@@ -412,6 +434,16 @@ def test_mass_editing_script_quick(tmp_path):
     table = (tmp_path / "mass_editing.md").read_text()
     assert "| alphaedit_sequential † |" in table and "| alphaedit_batch |" in table
     assert "| memit_batch |" in table and "| memit_sequential |" in table
+    # retuning AlphaEdit with the energy rule adds its rows to the earlier (relative) ones
+    assert mod.main(["--quick", "--only", "tuning", "--null-rules", "energy", "--out-dir", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "mass_editing.json").read_text())["tuning"]["nullspace_threshold"]
+    assert sorted(r.get("nullspace_rule", "relative") for r in rows) == ["energy", "relative"]
+    energy = next(r for r in rows if r["nullspace_rule"] == "energy")
+    assert all(v <= energy["nullspace_threshold"] for v in energy["leak"].values())
+    assert "(energy)" in (tmp_path / "mass_editing.md").read_text()
+    with pytest.raises(SystemExit):
+        mod.main(["--quick", "--only", "tuning", "--null-rules", "absolute", "--out-dir", str(tmp_path)])
+    merged = json.loads((tmp_path / "mass_editing.json").read_text())
     merged["n"] = 999  # a report for other settings is not merged into
     (tmp_path / "mass_editing.json").write_text(json.dumps(merged))
     with pytest.raises(SystemExit):

@@ -193,7 +193,7 @@ def _edit_many(args: argparse.Namespace, model: Any, requests: list[dict[str, An
         layers = args.layer if args.layer is not None else (list(mhp.layers) if mhp.layers else default_layers(model))
         layers = [layers] if isinstance(layers, int) else layers
         stats = None if layers == "auto" else key_second_moment(model, layers, corpus=corpus, n_samples=n_samples)
-        ns = NullSpace.from_stats(stats, mhp.nullspace_threshold) if method == "alphaedit" and stats else None
+        ns = NullSpace.from_stats(stats, mhp.nullspace_threshold, mhp.nullspace_rule) if method == "alphaedit" and stats else None
         if method == "alphaedit" and ns is None:
             raise ValueError("alphaedit needs explicit layers (not 'auto') to build its null space")
         edits = apply_memit(model, reqs, batch_size=args.batch_size if args.sequential else None, layers=layers,

@@ -682,7 +682,8 @@ def evaluate_edits_local(
         ns = None
         if method == "alphaedit":
             ns = preserve if isinstance(preserve, NullSpace) else NullSpace.from_stats(
-                {l: mstats[l] for l in layers} if preserve in (None, True) else preserve, mhp.nullspace_threshold)
+                {l: mstats[l] for l in layers} if preserve in (None, True) else preserve, mhp.nullspace_threshold,
+                mhp.nullspace_rule)
 
         def make(reqs: list[Request]) -> Edit:  # independent batches do not remember each other's keys
             return compute_edits(model, reqs, layers=layers, stats=mstats, hparams=mhp, preserve=ns,

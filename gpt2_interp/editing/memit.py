@@ -35,6 +35,10 @@ energy. ``τ = nullspace_threshold`` is relative to the largest eigenvalue (Alph
 absolute 2e-2 on its models' unnormalised statistics; a relative threshold carries over between
 models). For any preserved key, ``‖k₀ P‖² ≤ τ·λ_max·‖·‖``-small on average:
 ``E‖k₀P‖² = tr(P C₀) = Σ_{kept} λ_i``, reported as ``NullSpace.leak`` (fraction of ``tr C₀``).
+``nullspace_rule="energy"`` reads τ as that leak instead: ``P`` spans the smallest eigen-directions
+whose eigenvalues sum to at most ``τ·tr C₀``. A threshold relative to ``λ_max`` gives very different
+null spaces on layers with different spectra (SmolLM2 layers 1/2/3 at τ = 10⁻³: 64 / 1,532 / 0 of
+1,536 directions); the energy rule lets every layer leak the same share of its preserved keys' energy.
 
 The result is ONE :class:`~.edit.Edit` covering the layers (low-rank ``ΔW_l = U V`` with
 ``U: [d_mlp, n]``, ``V = R: [n, d_model]`` when ``n < d_model``, dense otherwise) with the edited
@@ -71,6 +75,8 @@ class MemitHparams:
     layers: tuple[int, ...] | None = None   # edit layers (None: the model's default, see default_layers)
     mom2_weight: float = 1000.0             # λ in (λC + KᵀK)⁻¹KᵀR (MEMIT's mom2_update_weight)
     nullspace_threshold: float = 1e-3       # τ: P keeps eigen-directions of C₀ with λ ≤ τ·λ_max
+    nullspace_rule: str = "relative"        # "relative" (as above) or "energy": the smallest directions
+                                            # holding ≤ τ of tr C₀ (see NullSpace.from_stats)
     alpha: float = 1e-2                     # AlphaEdit's ridge, × tr(C)/d_mlp
     chunk: int | None = None                # requests per δ-optimisation batch (None: 32 on CPU, all on GPU)
     delta_norm: str = "resid"               # δ's clamp/weight-decay scale: the residual after the top layer
@@ -95,6 +101,8 @@ class MemitHparams:
             hp.layers = tuple(int(x) for x in hp.layers)
         if hp.delta_norm not in ("resid", "mlp_out"):
             raise ValueError(f"delta_norm must be 'resid' (MEMIT) or 'mlp_out' (ROME), got {hp.delta_norm!r}")
+        if hp.nullspace_rule not in NULLSPACE_RULES:
+            raise ValueError(f"nullspace_rule must be one of {NULLSPACE_RULES}, got {hp.nullspace_rule!r}")
         if hp.mom2_weight < 0 or hp.alpha <= 0 or not 0 < hp.nullspace_threshold < 1:
             raise ValueError(f"need mom2_weight >= 0, alpha > 0 and 0 < nullspace_threshold < 1; got {hp}")
         return hp
@@ -106,6 +114,8 @@ class MemitHparams:
 #: MEMIT's own δ settings where they differ from ROME's: the target vectors are optimised over the
 #: bare prompt and 5 generated context prefixes of 10 tokens (MEMIT's context templates), not ROME's
 #: 10 prefixes of 5 and 10 tokens — half the rows, so about half the δ-optimisation time.
+NULLSPACE_RULES = ("relative", "energy")
+
 DELTA_DEFAULTS: dict[str, Any] = {"prefix_lengths": (10,), "prefixes_per_length": 5}
 
 #: Per-model MEMIT settings (user arguments win; δ settings default to ROME's MODEL_HPARAMS).
@@ -185,23 +195,36 @@ class NullSpace:
     leak: dict[int, float]        # E‖k₀P‖² / E‖k₀‖² of the preserved keys
     KpKp: dict[int, torch.Tensor] = field(default_factory=dict)
     n_remembered: int = 0
+    rule: str = "relative"
 
     @classmethod
-    def from_stats(cls, stats: Mapping[int, KeyStats] | KeyStats, threshold: float = 1e-3) -> "NullSpace":
-        """``P`` from the eigen-decomposition of each layer's preserved second moment ``C₀``."""
+    def from_stats(cls, stats: Mapping[int, KeyStats] | KeyStats, threshold: float = 1e-3,
+                   rule: str = "relative") -> "NullSpace":
+        """``P`` from the eigen-decomposition of each layer's preserved second moment ``C₀``:
+        ``rule="relative"`` keeps the eigen-directions with ``λ ≤ threshold·λ_max``; ``rule="energy"``
+        the smallest ones whose eigenvalues sum to ``≤ threshold·tr C₀`` (so ``leak ≤ threshold`` on
+        every layer)."""
+        if rule not in NULLSPACE_RULES:
+            raise ValueError(f"rule must be one of {NULLSPACE_RULES}, got {rule!r}")
+        if not 0 < threshold < 1:
+            raise ValueError(f"threshold must be in (0, 1), got {threshold}")
         if isinstance(stats, KeyStats):
             stats = {stats.layer: stats}
         P, dims, leak, fps = {}, {}, {}, {}
         for lay, st in stats.items():
             C0 = st.C.double()
             evals, evecs = torch.linalg.eigh(C0)  # ascending
-            keep = evals <= threshold * evals[-1]
+            if rule == "relative":
+                keep = evals <= threshold * evals[-1]
+            else:
+                pos = evals.clamp(min=0)
+                keep = pos.cumsum(0) <= threshold * pos.sum()
             U = evecs[:, keep]
             P[lay] = U @ U.T
             dims[lay] = int(keep.sum())
             leak[lay] = float(evals[keep].clamp(min=0).sum() / evals.clamp(min=0).sum())
             fps[lay] = st.key.get("fingerprint", "")
-        return cls(P, threshold, fps, dims, leak)
+        return cls(P, threshold, fps, dims, leak, rule=rule)
 
     def check(self, model: "HookedGPT2", layers: Sequence[int], digests: dict[str, str] | None = None) -> None:
         missing = [l for l in layers if l not in self.P]
@@ -226,7 +249,7 @@ class NullSpace:
 
     def __repr__(self) -> str:
         dims = ", ".join(f"L{l}: {d}" for l, d in self.null_dim.items())
-        return f"NullSpace(τ={self.threshold:g}, null dims {{{dims}}}, {self.n_remembered} keys remembered)"
+        return f"NullSpace(τ={self.threshold:g} ({self.rule}), null dims {{{dims}}}, {self.n_remembered} keys remembered)"
 
 
 # ---------------------------------------------------------------- the maths
@@ -348,9 +371,9 @@ def compute_edits(
     elif isinstance(preserve, NullSpace):
         ns = preserve
     elif preserve is True:
-        ns = NullSpace.from_stats({l: st[l] for l in layers_}, hp.nullspace_threshold)
+        ns = NullSpace.from_stats({l: st[l] for l in layers_}, hp.nullspace_threshold, hp.nullspace_rule)
     else:
-        ns = NullSpace.from_stats(preserve, hp.nullspace_threshold)
+        ns = NullSpace.from_stats(preserve, hp.nullspace_threshold, hp.nullspace_rule)
     if ns is not None:
         ns.check(model, layers_, digests)
     prefixes = context_prefixes(model, hp.rome.prefix_lengths, hp.rome.prefixes_per_length, hp.rome.prefix_seed)
