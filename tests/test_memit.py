@@ -486,3 +486,27 @@ def test_mass_editing_window_script_quick(tmp_path):
     assert sorted(((tuple(r["window"]), r["sub"]) for r in report["rows"]), key=lambda x: (x[0], x[1] or 0)) == \
         [((0,), None), ((0,), 2), ((0, 1), None), ((0, 1), 2), ((1,), None), ((1,), 2)]
     assert "| [0, 1] | 6 | 100 |" in (tmp_path / "mass_editing_window.md").read_text()
+
+
+def test_nullspace_rules_script_counts_dims_leak_and_key_energy(tmp_path):
+    """``analyses/nullspace_rules.py`` on gpt2-facts: the relative rule's dimension is the count of
+    eigenvalues ≤ τ·λ_max of the statistics (recomputed here); the energy rule's is the largest number
+    of smallest eigenvalues summing to ≤ τ·tr C₀."""
+    import json
+
+    import gpt2_interp as gi
+
+    mod = script("nullspace_rules")
+    assert mod.main(["--model", "gpt2-facts", "--n", "12", "--n-samples", "3000", "--thresholds", "1e-3,1e-1",
+                     "--out-dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "nullspace_rules_gpt2-facts.json").read_text())
+    ev = torch.linalg.eigvalsh(key_second_moment(gi.load("gpt2-facts"), 0, n_samples=3000).C.double()).clamp(min=0)
+    assert report["layers"] == [0] and len(report["rows"]) == 4
+    for r in report["rows"]:
+        if r["rule"] == "relative":
+            assert r["null_dim"] == int((ev <= r["tau"] * ev[-1]).sum())
+        else:
+            cum = ev.cumsum(0) / ev.sum()
+            assert r["leak"] <= r["tau"] + 1e-9 and cum[r["null_dim"]] > r["tau"]
+        assert 0 <= r["edit_key_energy"] <= 1
+    assert (tmp_path / "nullspace_rules_gpt2-facts.png").stat().st_size > 0
