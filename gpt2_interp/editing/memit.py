@@ -130,8 +130,9 @@ DELTA_DEFAULTS: dict[str, Any] = {"prefix_lengths": (10,), "prefixes_per_length"
 #: λ 100/300/1000: half the δ time (0.81 s a request on one loaded thread vs ~1.6) for 6–14 points
 #: of ES/PS (analyses/mass_editing_window.py --tops 0 --ctx memit --delta-norm mlp_out, run from a
 #: /tmp copy in session 6; 11-variant rows: results/mass_editing.md's tuning).
-#: Windows above layer 0 (0–1, 0–2) were not measured yet (no CPU left in session 6); they need
-#: delta_norm="resid".
+#: Windows above layer 0 need delta_norm="resid"; with it, (0, 1) and (1) were no better than layer 0 on
+#: the same 200 requests (ES/PS/NS 54.5/53.0/86.4 at λ = 300 vs 72.5/68.3/81.3; results/mass_editing_window.md);
+#: tops above 1 were not measured.
 #: Both models keep δ scaled by the MLP output (ROME's v₀, ``delta_norm="mlp_out"``), as their recorded
 #: results were computed before ``delta_norm`` existed; switch to MEMIT's "resid" when they are rerun
 #: (on gpt2-facts layer 0 the two norms differ by ~3%; any window above layer 0 needs "resid").
