@@ -210,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         report["stats"] = {"layers": layers, "count": fresh[layers[0]].count, "seconds_computed": t_fresh,
                            "seconds_cached": time.perf_counter() - t, "corpus": fresh[layers[0]].key["corpus"]}
         t = time.perf_counter()
-        ns = NullSpace.from_stats({l: stats[l] for l in layers}, MemitHparams.of(model).nullspace_threshold,
-                                  MemitHparams.of(model).nullspace_rule)
+        own = MemitHparams.of(model)
+        ns = NullSpace.from_stats({l: stats[l] for l in layers}, own.nullspace_threshold, own.nullspace_rule)
         report["stats"]["projection_seconds"] = time.perf_counter() - t
         report["stats"]["null_dim"] = ns.null_dim
         ev = torch.linalg.eigvalsh(stats[layers[0]].C.double())

@@ -111,11 +111,12 @@ class MemitHparams:
         return asdict(self)
 
 
+#: How AlphaEdit's null space reads its threshold τ (NullSpace.from_stats).
+NULLSPACE_RULES = ("relative", "energy")
+
 #: MEMIT's own δ settings where they differ from ROME's: the target vectors are optimised over the
 #: bare prompt and 5 generated context prefixes of 10 tokens (MEMIT's context templates), not ROME's
 #: 10 prefixes of 5 and 10 tokens — half the rows, so about half the δ-optimisation time.
-NULLSPACE_RULES = ("relative", "energy")
-
 DELTA_DEFAULTS: dict[str, Any] = {"prefix_lengths": (10,), "prefixes_per_length": 5}
 
 #: Per-model MEMIT settings (user arguments win; δ settings default to ROME's MODEL_HPARAMS).
