@@ -18,7 +18,7 @@ import sys
 import warnings
 from typing import Any, Callable
 
-AREAS = ("model_cmds", "reading", "probing", "causal", "editing", "demo")
+AREAS = ("model_cmds", "reading", "probing", "causal", "editing", "demo", "experiments")
 DEFAULT_MODEL = "gpt2-facts"
 
 

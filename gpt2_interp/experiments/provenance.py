@@ -1,0 +1,128 @@
+"""Provenance: what produced a result — code, command, settings, weights, software, machine.
+
+Every result the runner writes has a ``provenance.json`` beside it:
+
+* ``code``: the package version, the git commit of the source tree and whether it had uncommitted
+  changes (``dirty``, with the changed paths), or ``null`` outside a git checkout;
+* ``command``: the command that reproduces the run (``gpt2-interp run …``) and the argv it came from;
+* ``config``: the resolved settings, and ``differs_from_defaults`` (``{field: {used, default}}``);
+* ``settings``: values the experiment resolved itself (e.g. an editor's per-model hyperparameters);
+* ``model``: its name, class, parameter count and sha256 weights fingerprint;
+* ``software``: Python, torch, numpy, transformers (when imported) and the platform;
+* ``machine``: device, torch threads, CPU count, the 1/5/15-minute load at the start and the end;
+* ``time``: start (UTC, ISO 8601) and wall seconds.
+
+A result that was not produced by the runner carries a record made by :func:`carried_over` that says
+exactly what is known about how it was made and lists what is not known.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from ..model import HookedGPT2
+
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _git(*args: str) -> str | None:
+    """git's output (trailing newline removed), None when git fails or is missing."""
+    try:
+        out = subprocess.run(["git", "-C", str(SOURCE_ROOT), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.rstrip("\n") if out.returncode == 0 else None
+
+
+def code_state() -> dict[str, Any]:
+    """``{"version", "commit", "dirty", "changed"}`` of the package's source tree (git), commit
+    ``None`` when the package is not a git checkout (an installed wheel)."""
+    from .. import __version__
+
+    inside = _git("rev-parse", "--is-inside-work-tree") == "true" and (SOURCE_ROOT / "gpt2_interp").is_dir()
+    if not inside:
+        return {"version": __version__, "commit": None, "dirty": None, "changed": []}
+    status = _git("status", "--porcelain", "--untracked-files=all", "--", "gpt2_interp", "pyproject.toml") or ""
+    changed = [line[3:] for line in status.splitlines() if line.strip() and "__pycache__" not in line]
+    return {"version": __version__, "commit": _git("rev-parse", "HEAD"), "dirty": bool(changed), "changed": changed}
+
+
+def software() -> dict[str, Any]:
+    """Versions of what computes the numbers."""
+    import numpy
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__,
+           "platform": platform.platform()}
+    for name in ("transformers", "transformer_lens", "sklearn", "scipy"):
+        mod = sys.modules.get(name)
+        if mod is not None:
+            out[name] = getattr(mod, "__version__", "?")
+    return out
+
+
+def load_average() -> list[float] | None:
+    """The 1/5/15-minute load average (None where the OS has none)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def machine(device: str) -> dict[str, Any]:
+    """Device, threads, CPU count and the load now."""
+    out: dict[str, Any] = {"device": device, "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+                           "load_at_start": load_average()}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return out
+
+
+def model_identity(model: "HookedGPT2") -> dict[str, Any]:
+    """Name, class, parameter count and the weights' sha256 fingerprint."""
+    from ..model.fingerprint import weights_fingerprint
+
+    return {"name": model.cfg.name, "class": type(model).__name__, "n_params": model.n_params(),
+            "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+            "weights_fingerprint": weights_fingerprint(model)}
+
+
+def now_utc() -> str:
+    """The time now, UTC, ISO 8601 to the second."""
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def command_line(experiment: str, model: str, settings: Mapping[str, Any], quick: bool, tag: str | None,
+                 out: str | None) -> str:
+    """The ``gpt2-interp run`` command that reproduces a run with these settings."""
+    parts = ["gpt2-interp", "run", experiment, "--model", model]
+    if quick:
+        parts.append("--quick")
+    for k, v in settings.items():
+        text = ",".join(map(str, v)) if isinstance(v, (list, tuple)) else ("none" if v is None else str(v))
+        parts += ["--set", f"{k}={text}"]
+    if tag:
+        parts += ["--tag", tag]
+    if out:
+        parts += ["--out", out]
+    return shlex.join(parts)
+
+
+def carried_over(result_files: Sequence[str | Path], *, known: Mapping[str, Any], unknown: Sequence[str],
+                 reproduce: str | None = None, note: str = "") -> dict[str, Any]:
+    """The provenance record of a result that the runner did not produce: ``known`` holds what can be
+    established (e.g. the command recorded in the file, the commit that last wrote it), ``unknown``
+    names what cannot (e.g. ``"weights_fingerprint"``, ``"machine load"``), ``reproduce`` the runner
+    command that would regenerate it. Such a record is never equivalent to a fresh run."""
+    return {"carried_over": True, "files": [str(p) for p in result_files], "known": dict(known),
+            "unknown": list(unknown), "reproduce": reproduce, "note": note, "recorded_at": now_utc()}

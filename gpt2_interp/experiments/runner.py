@@ -1,0 +1,266 @@
+"""The one runner: every experiment is run, written and recorded the same way.
+
+``run_experiment(name, model, ...)`` resolves the config (defaults ← ``--quick`` ← settings), seeds
+every generator, sets the threads, loads the model, calls the experiment's ``run`` with a
+:class:`RunContext` (progress, resumable partial results, the earlier result to merge with) and
+returns an :class:`ExperimentResult` with its provenance; with ``out`` it writes the result in the
+fixed layout::
+
+    <out>/<experiment>/<model>[/<tag>]/
+        result.json        the data, the resolved config and the experiment's name
+        provenance.json    what produced it (see :mod:`.provenance`)
+        <table>.md         each table the experiment renders
+        <figure>.png       each figure it renders
+        .cache/            partial results a rerun with the same config and weights resumes from (not committed)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import pkgutil
+import random
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+import torch
+
+from ..core import progress as _progress
+from ..core.result import Result, to_jsonable
+from . import provenance as prov
+from .base import REGISTRY, Experiment, ExperimentConfig
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from ..model import HookedGPT2
+
+FRAMEWORK_MODULES = {"base", "provenance", "runner"}
+T = TypeVar("T")
+
+
+def load_all() -> dict[str, Experiment]:
+    """Import every experiment module of this package (each registers itself); returns the registry."""
+    pkg = sys.modules[__package__]
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name not in FRAMEWORK_MODULES and not info.name.startswith("_"):
+            importlib.import_module(f"{__package__}.{info.name}")
+    return REGISTRY
+
+
+def get(name: str) -> Experiment:
+    """The registered experiment ``name`` (the error lists the names and the closest one)."""
+    import difflib
+
+    experiments = load_all()
+    if name not in experiments:
+        close = difflib.get_close_matches(name, list(experiments), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"no experiment {name!r}{hint} (experiments: {', '.join(sorted(experiments))})")
+    return experiments[name]
+
+
+def result_dir(out: str | Path, experiment: str, model: str, tag: str | None = None) -> Path:
+    """``<out>/<experiment>/<model>[/<tag>]``: where a run's files live."""
+    d = Path(out) / experiment / Path(model).name.replace(".gguf", "")
+    return d / tag if tag else d
+
+
+@dataclass
+class RunContext:
+    """What the runner hands an experiment besides the model and the config.
+
+    ``progress``: whether to show progress bars (pass it to the library's ``progress=``).
+    ``previous``: the data of an earlier result in the same place, for experiments that merge parts
+    (reading it marks the new provenance as merged with the earlier one).
+    ``record(key, value)``: add resolved settings (e.g. per-model hyperparameters) to the provenance.
+    ``cached(key, compute)``: a partial result kept on disk under the run's folder, keyed by the config,
+    the weights and ``key``, so an interrupted or repeated run resumes instead of recomputing.
+    """
+
+    out_dir: Path | None = None
+    progress: bool = True
+    settings: dict[str, Any] = field(default_factory=dict)
+    cache_key: str = ""
+    _previous: tuple[dict, dict] | None = None
+    _used_previous: bool = False
+
+    @property
+    def previous(self) -> dict | None:
+        """The earlier result's data in this run's folder (None if there is none)."""
+        if self._previous is None:
+            return None
+        self._used_previous = True
+        return self._previous[0]
+
+    def record(self, key: str, value: Any) -> None:
+        """Record a resolved setting in the provenance under ``settings[key]``."""
+        self.settings[key] = to_jsonable(value)
+
+    def cached(self, key: str, compute: Callable[[], T]) -> T:
+        """``compute()``, or its saved value from an earlier run with the same config and weights
+        (``torch.save`` format; tensors, dicts and lists)."""
+        if self.out_dir is None:
+            return compute()
+        path = self.out_dir / ".cache" / f"{key}-{self.cache_key[:16]}.pt"
+        if path.exists():
+            return torch.load(path, weights_only=False)
+        value = compute()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(value, tmp)
+        tmp.replace(path)
+        return value
+
+
+@dataclass
+class ExperimentResult(Result):
+    """An experiment's data with the config and provenance that produced it; ``tables()``,
+    ``figures()``, ``table()``/``plot()`` render it, ``save(dir)`` writes the layout above."""
+
+    experiment: str
+    model: str
+    config: dict[str, Any]
+    data: dict[str, Any]
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def tables(self) -> dict[str, str]:
+        """``{name: markdown}``."""
+        return get(self.experiment).render_tables(self.data)
+
+    def figures(self) -> "dict[str, Figure]":
+        """``{name: matplotlib Figure}``."""
+        return get(self.experiment).render_figures(self.data)
+
+    def table(self) -> str:
+        """Every table, each under its name."""
+        return "\n\n".join(f"## {k}\n\n{v}" for k, v in self.tables().items()) or "(no tables)"
+
+    def plot(self, **kwargs: Any) -> "Figure":
+        """The first figure."""
+        figs = self.figures()
+        if not figs:
+            raise ValueError(f"experiment {self.experiment!r} draws no figure")
+        return next(iter(figs.values()))
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``result.json``, ``provenance.json``, the tables and the figures into ``directory``."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        body = {"experiment": self.experiment, "model": self.model, "config": self.config, "data": to_jsonable(self.data)}
+        (d / "result.json").write_text(json.dumps(body, indent=1) + "\n")
+        (d / "provenance.json").write_text(json.dumps(self.provenance, indent=1) + "\n")
+        render(self, d)
+        return d
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "ExperimentResult":
+        """Read a result folder written by :meth:`save`."""
+        d = Path(directory)
+        if not (d / "result.json").exists():
+            raise FileNotFoundError(f"{d} holds no result.json (a folder written by the experiment runner)")
+        body = json.loads((d / "result.json").read_text())
+        provenance = json.loads((d / "provenance.json").read_text()) if (d / "provenance.json").exists() else {}
+        return cls(body["experiment"], body["model"], body.get("config", {}), body["data"], provenance)
+
+
+def render(result: ExperimentResult, directory: str | Path) -> list[Path]:
+    """Write the result's tables (``.md``) and figures (``.png``) into ``directory``; returns the paths."""
+    d = Path(directory)
+    paths = []
+    for name, text in result.tables().items():
+        paths.append(d / f"{name}.md")
+        paths[-1].write_text(text.rstrip() + "\n")
+    for name, fig in result.figures().items():
+        paths.append(d / f"{name}.png")
+        fig.savefig(paths[-1], dpi=130, bbox_inches="tight")
+    return paths
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch, numpy and ``random``."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_config(exp: Experiment, quick: bool, settings: Mapping[str, Any]) -> ExperimentConfig:
+    """Defaults, then ``QUICK`` when ``quick``, then ``settings`` (strings are parsed by field type)."""
+    base = dict(exp.config.QUICK) if quick else {}
+    return exp.config.from_settings({**base, **settings})
+
+
+def _load_model(model: "str | HookedGPT2", device: str | None, dtype: str | None) -> "HookedGPT2":
+    if not isinstance(model, str):
+        return model
+    from .. import load
+
+    return load(model, device=device, dtype=dtype)
+
+
+def _previous(directory: Path | None, experiment: str) -> tuple[dict, dict] | None:
+    if directory is None or not (directory / "result.json").exists():
+        return None
+    old = ExperimentResult.load(directory)
+    return (old.data, old.provenance) if old.experiment == experiment else None
+
+
+def run_experiment(name: str, model: "str | HookedGPT2" = "gpt2-facts", *, quick: bool = False,
+                   settings: Mapping[str, Any] | None = None, out: str | Path | None = None, tag: str | None = None,
+                   threads: int | None = None, device: str | None = None, dtype: str | None = None,
+                   progress: bool = True, argv: list[str] | None = None) -> ExperimentResult:
+    """Run experiment ``name`` on ``model`` (a name/path, or a loaded model) and return its result with
+    provenance; with ``out``, also write it to ``<out>/<name>/<model>[/<tag>]`` (``tag`` defaults to
+    ``"quick"`` for quick runs). ``settings``: ``{field: value}`` over the config's defaults."""
+    exp = get(name)
+    settings = dict(settings or {})
+    config = resolve_config(exp, quick, settings)
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    model_name = model if isinstance(model, str) else model.cfg.name
+    given_tag, tag = tag, (tag if tag is not None else ("quick" if quick else None))
+    directory = result_dir(out, name, model_name, tag) if out is not None else None
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)  # refuse an unwritable place before the work
+    started, t0 = prov.now_utc(), time.perf_counter()
+    load_start = prov.load_average()
+    m = _load_model(model, device, dtype)
+    identity = prov.model_identity(m)
+    config_json = to_jsonable(dataclasses.asdict(config))
+    cache_key = hashlib.sha256(json.dumps([name, config_json, identity["weights_fingerprint"]],
+                                          sort_keys=True).encode()).hexdigest()
+    ctx = RunContext(out_dir=directory, progress=progress, cache_key=cache_key,
+                     _previous=_previous(directory, name))
+    seed_everything(config.seed)
+    with _progress.enabled(progress):
+        data = exp.run(m, config, ctx)
+    record = {
+        "experiment": name,
+        "command": prov.command_line(name, model_name, {k: v for k, v in settings.items()}, quick, given_tag,
+                                     None if out is None else str(out)),
+        "argv": argv if argv is not None else list(sys.argv),
+        "config": config_json,
+        "differs_from_defaults": to_jsonable(config.differences()),
+        "settings": ctx.settings,
+        "model": identity,
+        "code": prov.code_state(),
+        "software": prov.software(),
+        "machine": {**prov.machine(str(next(m.parameters()).device)), "load_at_start": load_start,
+                    "load_at_end": prov.load_average()},
+        "time": {"started": started, "wall_seconds": round(time.perf_counter() - t0, 2)},
+    }
+    if ctx._used_previous and ctx._previous is not None:
+        record["merged_with"] = ctx._previous[1]
+    result = ExperimentResult(name, model_name, config_json, to_jsonable(data), record)  # as saved
+    if directory is not None:
+        result.save(directory)
+    return result
