@@ -13,13 +13,7 @@ import gpt2_interp.cli as cli
 from gpt2_interp.analysis.lens import logit_attribution, logit_lens
 from gpt2_interp.model import GPT2Config, HookedGPT2
 
-from .conftest import script
-
 PROMPTS = ["The capital of France is", "Hi", "One two three four five six"]
-
-
-def run_script(name: str, argv: list[str]):
-    return script(name).main(argv)
 
 
 # ------------------------------------------------------------------ logit lens == model
@@ -242,15 +236,3 @@ def test_cli_lens_and_dla_smoke(facts_model, tmp_path, capsys):
     assert "= sum" in capsys.readouterr().out
     assert cli.main(["dla", "The capital of France is", "--target", " Ouagadougou"]) == 2
     assert "' Ou', 'ag'" in capsys.readouterr().err
-
-
-@pytest.mark.slow
-def test_logit_lens_analysis_quick(facts_model, tmp_path):
-    res = run_script("logit_lens", ["--quick", "--out", str(tmp_path)])
-    assert (tmp_path / "logit_lens_quick.png").stat().st_size > 10000
-    saved = json.loads((tmp_path / "logit_lens_quick.json").read_text())
-    assert saved["layers"] == res["layers"] and len(saved["layers"]) == facts_model.cfg.n_layer + 1
-    for split in ("train", "heldout"):
-        s = saved["splits"][split]
-        assert len(s["per_relation"]) == 8 and len(s["all"]["top1"]) == len(saved["layers"])
-        assert s["all"]["mrr"][-1] > s["all"]["mrr"][0]
