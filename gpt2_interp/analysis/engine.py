@@ -223,23 +223,10 @@ def run_staircase(
     # Host syncs: everything that decides which rows run where (order, chunks, stages, patch rows) is
     # worked out on the CPU here, once; inside the chunk loop nothing is read back from the device.
     # Pass ``start``, ``first_pos`` and the patches' ``rows`` as CPU tensors to make the call sync-free.
-    q = torch.zeros(R, dtype=torch.long) if first_pos is None or base_kv is None else first_pos.cpu().long()
-    order = torch.argsort(q * (n + 2) + start.cpu().long(), stable=True)  # by first position, then start
-    start_o, q_o = start.cpu()[order].tolist(), q[order].tolist()
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(R)
-    order_dev = order.to(dev, non_blocking=True)
-    base_o = base.to(dev, non_blocking=True)[order_dev]
+    plan = _Plan.of(model, start, base, first_pos if base_kv is not None else None)
     if attention_mask is not None and bool(attention_mask.all()):  # no padding: plain causal attention
         attention_mask = None
-    keys: dict[int, torch.Tensor] = {}  # id(patch) -> its rows[:, 0], renumbered, on the CPU
-    renumbered = []
-    for e in patches:
-        rows = inverse[e.rows.cpu()]
-        e = Patch(e.where, rows.to(dev, non_blocking=True), e.index, e.values, e.pos_dim)
-        keys[id(e)] = rows.reshape(rows.shape[0], -1)[:, 0]
-        renumbered.append(e)
-    patches = renumbered
+    patches, keys = _renumber(patches, plan.inverse, dev)
     at_entry: dict[int, list[Patch]] = defaultdict(list)
     for e in patches:
         if isinstance(e.where, int):
@@ -248,51 +235,108 @@ def run_staircase(
     if batch_size is None:
         batch_size = auto_batch_size(model, P, any(isinstance(e.where, str) and ("pattern" in e.where or "scores" in e.where) for e in patches))
     batch_size = max(group, batch_size // group * group)
-    chunks = []
-    lo = 0
-    for hi in [i for i in range(1, R + 1) if i == R or q_o[i] != q_o[i - 1]]:  # chunks never mix first positions
-        chunks += [(a, min(hi, a + batch_size)) for a in range(lo, hi, batch_size)]
-        lo = hi
+    chunks = plan.chunks(batch_size)
     finals = torch.empty(R, model.cfg.d_model, dtype=model.dtype, device=dev)  # ln_final(resid) at the last position
-    bar = progress_bar(total=sum(n + 1 - start_o[a] for a, _ in chunks), desc=desc, leave=False,
+    bar = progress_bar(total=sum(n + 1 - plan.start[a] for a, _ in chunks), desc=desc, leave=False,
                        enabled=progress)  # None: only on a terminal
     for a, b in chunks:
-        p0 = q_o[a]
-        kv = PrefixKV(base_kv, p0) if p0 > 0 else None
-        hooks: dict[str, list[Patch]] = defaultdict(list)
-        for e in patches:
-            sub = e.select(a, b, p0, keys[id(e)]) if isinstance(e.where, str) else None
-            if sub is not None:
-                hooks[sub.where].append(sub)
-        steps = [bisect_left(start_o, s, a, b) - a for s in range(n + 2)]  # first local row per stage
-        x: torch.Tensor | None = None
-        with model.hooks([(name, _hook_fn(es)) for name, es in hooks.items()]):
-            for s in range(start_o[a], n + 1):
-                r0, r1 = a + steps[s], a + steps[s + 1]
-                if r1 > r0:  # rows starting here join the batch, with their entry patches applied
-                    new = entries[s][base_o[r0:r1], p0:]
-                    for e in at_entry.get(s, ()):
-                        sub = e.select(r0, r1, p0, keys[id(e)])
-                        new = new if sub is None else sub.apply(new)
-                    if x is not None and x.shape[1] < new.shape[1]:  # after _last_block only the last position is kept
-                        new = new[:, -x.shape[1]:]
-                    x = new if x is None else torch.cat([x, new])
-                if s < n and x is not None:
-                    rows_base = base_o[a : a + x.shape[0]]
-                    if kv is not None:
-                        kv.base = rows_base
-                    mask = None if attention_mask is None else attention_mask[rows_base]
-                    if s == n - 1 and x.shape[1] > 1 and not any(nm.startswith((f"blocks.{s}.", "ln_final")) for nm in hooks):
-                        x = _last_block(model, x, mask, kv)
-                    else:
-                        x = model(x, start_at_layer=s, stop_at_layer=s + 1, attention_mask=mask, past_kv=kv)
-                bar.update()
-            last = model.ln_final(x)[:, -1] if any(k.startswith("ln_final") for k in hooks) else model.ln_final(x[:, -1])
-        finals[order_dev[a:b]] = last
+        finals[plan.order_dev[a:b]] = _run_chunk(model, plan, a, b, entries, patches, keys, at_entry, attention_mask,
+                                                 base_kv, bar)
     bar.close()
-    # unembed in big blocks (the [d_vocab, d_model] matrix is read once per block, not once per chunk)
+    return _read_out(model, finals, readout, max(group, (batch_size // 2) // group * group))
+
+
+@dataclass
+class _Plan:
+    """Where each row runs, worked out once on the CPU: rows sorted by first position, then start stage."""
+
+    order: torch.Tensor  # [R] row order (CPU)
+    inverse: torch.Tensor  # [R] position of each original row in that order
+    order_dev: torch.Tensor  # the order on the model's device
+    base: torch.Tensor  # [R] the sorted rows' base runs, on the device
+    start: list[int]  # sorted rows' start stages
+    first: list[int]  # sorted rows' first computed positions
+
+    @classmethod
+    def of(cls, model: "HookedGPT2", start: torch.Tensor, base: torch.Tensor, first_pos: torch.Tensor | None) -> "_Plan":
+        n, R, dev = model.cfg.n_layer, start.shape[0], model.device
+        q = torch.zeros(R, dtype=torch.long) if first_pos is None else first_pos.cpu().long()
+        order = torch.argsort(q * (n + 2) + start.cpu().long(), stable=True)  # by first position, then start
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(R)
+        order_dev = order.to(dev, non_blocking=True)
+        return cls(order, inverse, order_dev, base.to(dev, non_blocking=True)[order_dev], start.cpu()[order].tolist(),
+                   q[order].tolist())
+
+    def chunks(self, batch_size: int) -> list[tuple[int, int]]:
+        """``(a, b)`` row ranges of at most ``batch_size`` rows that never mix first positions."""
+        q, R = self.first, len(self.first)
+        out, lo = [], 0
+        for hi in [i for i in range(1, R + 1) if i == R or q[i] != q[i - 1]]:
+            out += [(a, min(hi, a + batch_size)) for a in range(lo, hi, batch_size)]
+            lo = hi
+        return out
+
+
+def _renumber(patches: Sequence[Patch], inverse: torch.Tensor, dev: torch.device) -> tuple[list[Patch], dict[int, torch.Tensor]]:
+    """The patches with their rows renumbered into the plan's order, and ``{id(patch): rows[:, 0]}`` on the CPU."""
+    keys: dict[int, torch.Tensor] = {}
+    renumbered = []
+    for e in patches:
+        rows = inverse[e.rows.cpu()]
+        e = Patch(e.where, rows.to(dev, non_blocking=True), e.index, e.values, e.pos_dim)
+        keys[id(e)] = rows.reshape(rows.shape[0], -1)[:, 0]
+        renumbered.append(e)
+    return renumbered, keys
+
+
+def _run_chunk(model: "HookedGPT2", plan: _Plan, a: int, b: int, entries: Mapping[int, torch.Tensor],
+               patches: Sequence[Patch], keys: dict[int, torch.Tensor], at_entry: Mapping[int, list[Patch]],
+               attention_mask: torch.Tensor | None, base_kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None,
+               bar: Any) -> torch.Tensor:
+    """Rows ``a:b`` of the plan, each joining the batch at its start stage; returns ``ln_final`` of the
+    last position, ``[b - a, d_model]``."""
+    n = model.cfg.n_layer
+    p0 = plan.first[a]
+    kv = PrefixKV(base_kv, p0) if p0 > 0 and base_kv is not None else None
+    hooks: dict[str, list[Patch]] = defaultdict(list)
+    for e in patches:
+        sub = e.select(a, b, p0, keys[id(e)]) if isinstance(e.where, str) else None
+        if sub is not None:
+            hooks[sub.where].append(sub)
+    steps = [bisect_left(plan.start, s, a, b) - a for s in range(n + 2)]  # first local row per stage
+    x: torch.Tensor | None = None
+    with model.hooks([(name, _hook_fn(es)) for name, es in hooks.items()]):
+        for s in range(plan.start[a], n + 1):
+            r0, r1 = a + steps[s], a + steps[s + 1]
+            if r1 > r0:  # rows starting here join the batch, with their entry patches applied
+                new = entries[s][plan.base[r0:r1], p0:]
+                for e in at_entry.get(s, ()):
+                    sub = e.select(r0, r1, p0, keys[id(e)])
+                    new = new if sub is None else sub.apply(new)
+                if x is not None and x.shape[1] < new.shape[1]:  # after _last_block only the last position is kept
+                    new = new[:, -x.shape[1]:]
+                x = new if x is None else torch.cat([x, new])
+            if s < n and x is not None:
+                rows_base = plan.base[a : a + x.shape[0]]
+                if kv is not None:
+                    kv.base = rows_base
+                mask = None if attention_mask is None else attention_mask[rows_base]
+                if s == n - 1 and x.shape[1] > 1 and not any(nm.startswith((f"blocks.{s}.", "ln_final")) for nm in hooks):
+                    x = _last_block(model, x, mask, kv)
+                else:
+                    x = model(x, start_at_layer=s, stop_at_layer=s + 1, attention_mask=mask, past_kv=kv)
+            bar.update()
+        assert x is not None
+        return model.ln_final(x)[:, -1] if any(k.startswith("ln_final") for k in hooks) else model.ln_final(x[:, -1])
+
+
+def _read_out(model: "HookedGPT2", finals: torch.Tensor, readout: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+              block: int) -> torch.Tensor:
+    """Unembed in big blocks (the ``[d_vocab, d_model]`` matrix is read once per block, not once per
+    chunk) and read out one float per row: ``[R]``."""
+    R, dev = finals.shape[0], finals.device
     out = torch.empty(R, dtype=torch.float32, device=dev)
-    block = max(group, (batch_size // 2) // group * group)
     for a in range(0, R, block):
         rows = torch.arange(a, min(R, a + block), device=dev)
         out[rows] = readout(model.unembed(finals[rows]), rows).float()

@@ -199,12 +199,8 @@ class _Case:
     target: str | int | None
 
 
-@torch.inference_mode()
-def _trace_batch(
-    model: "HookedGPT2", cases: Sequence[_Case], kind: str, std: float, samples: int, window: int | None,
-    seed: int, batch_size: int | None, progress: bool | None,
-) -> list[TraceResult]:
-    """Causal traces of several prompts in one staircase run (prompts left-padded together)."""
+def _check_trace_args(model: "HookedGPT2", kind: str, samples: int, window: int | None) -> int:
+    """Validate the trace settings; returns the window (the default when ``None``)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
     if samples < 1:
@@ -212,16 +208,28 @@ def _trace_batch(
     window = default_window(model.cfg.n_layer) if window is None else window
     if kind != "hidden" and window < 1:
         raise ValueError(f"window must be ≥ 1, got {window}")
-    n, S, dev = model.cfg.n_layer, samples, model.device
-    spans = [subject_span(model, c.prompt, c.subject) for c in cases]
-    tokens, mask = model.tokenize([c.prompt for c in cases])  # [F, P]
-    Fn, P = tokens.shape
-    lengths = [P] * Fn if mask is None else mask.sum(1).tolist()
-    bos = 1 if model.tokenizer.bos_id is not None else 0
-    spans = [(s + P - ln, e + P - ln) for (s, e), ln in zip(spans, lengths)]  # in padded coordinates
+    return window
 
-    restored = "hook_resid_post" if kind == "hidden" else "hook_mlp_out" if kind == "mlp" else "hook_attn_out"
-    src_names = [f"blocks.{l}.{restored}" for l in range(n)]
+
+@dataclass
+class _Runs:
+    """The clean and corrupted runs a batched trace starts from."""
+
+    targets: torch.Tensor  # [F] target token per prompt
+    clean_score: torch.Tensor  # [F] P(target), clean
+    clean_cache: Any  # the restored hook family, clean
+    corr_score: torch.Tensor  # [F] P(target), corrupted, mean over samples
+    entries: dict[int, torch.Tensor]  # stage -> corrupted residual entering it, [F*S, P, d_model]
+    base_kv: dict[int, tuple[torch.Tensor, torch.Tensor]]  # corrupted keys/values for prefix reuse
+    rep_mask: torch.Tensor | None  # [F*S, P]
+
+
+def _runs(model: "HookedGPT2", cases: Sequence[_Case], tokens: torch.Tensor, mask: torch.Tensor | None,
+          spans: list[tuple[int, int]], src_names: list[str], stages: list[int], std: float, S: int, seed: int) -> _Runs:
+    """The clean run (caching the restored family) and ``S`` noisy copies of each prompt (caching the
+    residual entering each stage and the keys/values the staircase reuses)."""
+    n, dev = model.cfg.n_layer, model.device
+    Fn, P = tokens.shape
     clean_final, clean_cache = model.run_with_cache(tokens, names_filter=src_names, attention_mask=mask, stop_at_layer=n)
     clean_logp = model.unembed(model.ln_final(clean_final[:, -1])).float().log_softmax(-1)  # [F, d_vocab]
     # no host syncs here (the GPU check counts them): index tensors are built on the CPU and sent
@@ -229,13 +237,10 @@ def _trace_batch(
     given = torch.tensor([-1 if c.target is None else model.to_single_token(c.target) for c in cases]).to(dev, non_blocking=True)
     targets = torch.where(given >= 0, given, clean_logp.argmax(-1))  # default: the clean top-1
     clean_score = clean_logp.gather(-1, targets[:, None])[:, 0].exp()
-
-    # corrupted runs: S noisy copies of each prompt, [F*S, P]
     noise = torch.zeros(Fn * S, P, model.cfg.d_model, dtype=model.dtype, device=dev)
     for i, (s, e) in enumerate(spans):
         noise[i * S : (i + 1) * S, s:e] = (std * _draws(S, e - s, model.cfg.d_model, seed)).to(dev, model.dtype)
     rep_mask = None if mask is None else mask.repeat_interleave(S, 0)
-    stages = list(range(1, n + 1)) if kind == "hidden" else sorted({_window(l, window, n)[0] for l in range(n)})
     with model.hooks([("hook_embed", lambda act, hook: act + noise)]):
         corr_final, corr_cache = model.run_with_cache(
             tokens.repeat_interleave(S, 0), names_filter=[entry_name(model, s) for s in stages if s < n] + kv_names(model, min(stages)),
@@ -246,23 +251,23 @@ def _trace_batch(
     require_finite(clean_score, "causal trace: P(target) on the clean run", "check the model's weights and active hooks")
     require_finite(corr_score, "causal trace: P(target) on the corrupted runs", "check the noise level and active hooks")
     entries = {s: corr_cache[entry_name(model, s)] if s < n else corr_final for s in stages}
+    return _Runs(targets, clean_score, clean_cache, corr_score, entries, base_kv_from(corr_cache, model, min(stages)), rep_mask)
 
-    # cells (fact, token ≥ subject start, layer), ordered by start stage; rows = cells × samples
-    def start_of(l: int) -> int:
-        return l + 1 if kind == "hidden" else _window(l, window, n)[0]
 
-    cells = [(i, t, l) for l in sorted(range(n), key=start_of) for i, (s, _) in enumerate(spans) for t in range(s, P)]
-    C = len(cells)
+def _restorations(model: "HookedGPT2", kind: str, cells: list[tuple[int, int, int]], window: int, S: int,
+                  src_names: list[str], clean_cache: Any) -> list[Patch]:
+    """One patch per layer restoring the clean value at each cell's token (``S`` rows a cell): the
+    hidden state as the row enters block ``l + 1``, or the output of layer ``l`` for every cell whose
+    window covers ``l``."""
+    n, dev, C = model.cfg.n_layer, model.device, len(cells)
     cf_c, ct_c, cl_c = (torch.tensor([c[j] for c in cells], dtype=torch.long) for j in range(3))  # on the CPU
     cf, ct = cf_c.to(dev, non_blocking=True), ct_c.to(dev, non_blocking=True)
-    start = torch.tensor([start_of(c[2]) for c in cells]).repeat_interleave(S)
-    base = (cf_c[:, None] * S + torch.arange(S)).flatten()  # the corrupted row each row starts from
     edits: list[Patch] = []
     for l in range(n):
-        if kind == "hidden":  # restore resid_post l at the cell's token, as the row enters block l + 1
+        if kind == "hidden":
             sel = (cl_c == l).nonzero()[:, 0]
             where: str | int = l + 1
-        else:  # restore the output at layer l for every cell whose window covers l
+        else:
             sel = torch.tensor([c for c in range(C) if l in _window(cells[c][2], window, n)], dtype=torch.long)
             where = src_names[l]
         if sel.numel() == 0:
@@ -272,22 +277,61 @@ def _trace_batch(
         pos = ct_c[sel].repeat_interleave(S).to(dev, non_blocking=True)
         values = clean_cache[src_names[l]][cf[sel_d], ct[sel_d]].repeat_interleave(S, 0)  # [rows, d_model]
         edits.append(Patch(where, rows, (pos,), values))
+    return edits
 
-    row_target = targets[cf].repeat_interleave(S)
+
+@torch.inference_mode()
+def _trace_batch(
+    model: "HookedGPT2", cases: Sequence[_Case], kind: str, std: float, samples: int, window: int | None,
+    seed: int, batch_size: int | None, progress: bool | None,
+) -> list[TraceResult]:
+    """Causal traces of several prompts in one staircase run (prompts left-padded together)."""
+    window = _check_trace_args(model, kind, samples, window)
+    n, S, dev = model.cfg.n_layer, samples, model.device
+    spans = [subject_span(model, c.prompt, c.subject) for c in cases]
+    tokens, mask = model.tokenize([c.prompt for c in cases])  # [F, P]
+    Fn, P = tokens.shape
+    lengths = [P] * Fn if mask is None else mask.sum(1).tolist()
+    spans = [(s + P - ln, e + P - ln) for (s, e), ln in zip(spans, lengths)]  # in padded coordinates
+    restored = "hook_resid_post" if kind == "hidden" else "hook_mlp_out" if kind == "mlp" else "hook_attn_out"
+    src_names = [f"blocks.{l}.{restored}" for l in range(n)]
+    stages = list(range(1, n + 1)) if kind == "hidden" else sorted({_window(l, window, n)[0] for l in range(n)})
+    runs = _runs(model, cases, tokens, mask, spans, src_names, stages, std, S, seed)
+
+    # cells (fact, token ≥ subject start, layer), ordered by start stage; rows = cells × samples
+    def start_of(l: int) -> int:
+        return l + 1 if kind == "hidden" else _window(l, window, n)[0]
+
+    cells = [(i, t, l) for l in sorted(range(n), key=start_of) for i, (s, _) in enumerate(spans) for t in range(s, P)]
+    C = len(cells)
+    cf_c, ct_c = (torch.tensor([c[j] for c in cells], dtype=torch.long) for j in range(2))
+    start = torch.tensor([start_of(c[2]) for c in cells]).repeat_interleave(S)
+    base = (cf_c[:, None] * S + torch.arange(S)).flatten()  # the corrupted row each row starts from
+    edits = _restorations(model, kind, cells, window, S, src_names, runs.clean_cache)
+    row_target = runs.targets[cf_c.to(dev, non_blocking=True)].repeat_interleave(S)
 
     def readout(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         return logits.float().log_softmax(-1).gather(-1, row_target[rows, None])[:, 0].exp()
 
-    probs = run_staircase(model, entries, start, base, edits, readout, rep_mask, batch_size, S, progress,
-                          desc=f"tracing {kind}", first_pos=ct_c.repeat_interleave(S), base_kv=base_kv_from(corr_cache, model, min(stages)))
+    probs = run_staircase(model, runs.entries, start, base, edits, readout, runs.rep_mask, batch_size, S, progress,
+                          desc=f"tracing {kind}", first_pos=ct_c.repeat_interleave(S), base_kv=runs.base_kv)
     cell_score = probs.view(C, S).mean(1).cpu()
-    corr_score, clean_score, target_f = torch.stack([corr_score, clean_score, targets.float()]).tolist()
-    tokens_c = tokens.cpu()
+    return _results(model, cases, kind, tokens, lengths, spans, cells, cell_score, runs, std, S, window, seed)
 
+
+def _results(model: "HookedGPT2", cases: Sequence[_Case], kind: str, tokens: torch.Tensor, lengths: list[int],
+             spans: list[tuple[int, int]], cells: list[tuple[int, int, int]], cell_score: torch.Tensor, runs: _Runs,
+             std: float, S: int, window: int, seed: int) -> list[TraceResult]:
+    """One :class:`TraceResult` per prompt: the cells' scores on a ``[tokens after BOS, layers]`` grid
+    (cells before the subject keep the corrupted score)."""
+    n, P = model.cfg.n_layer, tokens.shape[1]
+    bos = 1 if model.tokenizer.bos_id is not None else 0
+    cf_c, ct_c, cl_c = (torch.tensor([c[j] for c in cells], dtype=torch.long) for j in range(3))
+    corr_score, clean_score, target_f = torch.stack([runs.corr_score, runs.clean_score, runs.targets.float()]).tolist()
+    tokens_c = tokens.cpu()
     results = []
     for i, c in enumerate(cases):
-        pad = P - lengths[i]
-        first = pad + bos  # skip padding and BOS
+        first = P - lengths[i] + bos  # skip padding and BOS
         grid = torch.full((P - first, n), corr_score[i])
         mine = cf_c == i
         grid[ct_c[mine] - first, cl_c[mine]] = cell_score[mine]
