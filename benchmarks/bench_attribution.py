@@ -21,6 +21,7 @@ Each ratio is a ratio of medians measured in the same run, interleaved.
 
 from __future__ import annotations
 
+import sys
 import argparse
 import os
 import platform
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from gpt2_interp.experiments.provenance import standalone, write_beside
 import gpt2_interp as gi
 from gpt2_interp.analysis.attribution import agreement, attribute
 from gpt2_interp.analysis.metrics import logit_diff
@@ -133,6 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
     if a.out:
         a.out.write_text("# Attribution-patching benchmarks\n\n`python benchmarks/bench_attribution.py`\n\n"
                          + (__doc__.split("\n\n", 2)[2].strip() + "\n\n") + text)
+        write_beside(a.out, standalone(sys.argv))  # provenance.json beside the results
     return {name: v for name, v, _, _ in rows}
 
 

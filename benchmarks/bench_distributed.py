@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from gpt2_interp.experiments.provenance import standalone, write_beside
 import gpt2_interp as gi  # noqa: E402
 from gpt2_interp.core import distributed  # noqa: E402
 from gpt2_interp.editing.rome import default_layer  # noqa: E402
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(text)
     if a.out:
         a.out.write_text("# Distributed key statistics\n\n" + text)
+        write_beside(a.out, standalone(sys.argv))  # provenance.json beside the results
     return {"speedup": speedup, "efficiency": speedup / 2, "t1": t1, "t2": t2, "allreduce_s": ar, "rel_diff": diff}
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from gpt2_interp.experiments.provenance import standalone, write_beside
 import gpt2_interp as gi
 from gpt2_interp.editing.rome import compute_edit, default_layer, hparams_for
 from gpt2_interp.editing.stats import key_second_moment
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| slowest edit | {max(times):.2f} s | |", "",
     ]
     a.out.write_text("\n".join(lines))
+    write_beside(a.out, standalone(sys.argv))  # provenance.json beside the results
     print("\n".join(lines))
     return 0
 

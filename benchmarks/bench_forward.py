@@ -10,6 +10,7 @@ Random full-size gpt2 weights (built offline); fp32; timings are medians, interl
 
 from __future__ import annotations
 
+import sys
 import argparse
 import platform
 import statistics
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from gpt2_interp.experiments.provenance import standalone, write_beside
 import gpt2_interp as gi
 
 
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(text)
     if a.out:
         a.out.write_text("# Forward benchmarks\n\n`python benchmarks/bench_forward.py`\n\n" + text)
+        write_beside(a.out, standalone(sys.argv))  # provenance.json beside the results
     return {name: r for name, r, _, _ in rows}
 
 

@@ -15,6 +15,7 @@ with random weights built offline, so it runs without the GGUF; 3 uses the same 
 
 from __future__ import annotations
 
+import sys
 import argparse
 import platform
 import statistics
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from gpt2_interp.experiments.provenance import standalone, write_beside
 import gpt2_interp as gi
 
 
@@ -153,6 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
         cmd = (f"python benchmarks/bench_llama.py --batch {a.batch} --pos {a.pos} --repeats {a.repeats} --layers {a.layers} "
                f"--sweep-layers {a.sweep_layers} --sweep-pos {a.sweep_pos}{' --small' * a.small} --out {a.out}")
         a.out.write_text(f"# Llama-family benchmarks\n\n`{cmd}`\n\n" + text)
+        write_beside(a.out, standalone(sys.argv))  # provenance.json beside the results
     return {name: r for name, r, _, _ in rows}
 
 

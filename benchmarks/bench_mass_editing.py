@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from gpt2_interp.experiments.provenance import standalone, write_beside
 import gpt2_interp as gi
 from gpt2_interp.editing.evaluate import known_cases
 from gpt2_interp.editing.memit import MemitHparams, NullSpace, compute_edits, default_layers
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| AlphaEdit update of the same batch from those targets | {alpha_s:.1f} s | |", "",
     ]
     a.out.write_text("\n".join(lines))
+    write_beside(a.out, standalone(sys.argv))  # provenance.json beside the results
     print("\n".join(lines))
     return 0
 

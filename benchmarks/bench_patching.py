@@ -30,6 +30,7 @@ Random full-size gpt2 weights (transformers ``GPT2Config()`` init), fp32, one 16
 
 from __future__ import annotations
 
+import sys
 import argparse
 import os
 import platform
@@ -40,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from gpt2_interp.experiments.provenance import standalone, write_beside
 import gpt2_interp as gi
 from gpt2_interp.analysis.patching import logit_diff, patch
 from gpt2_interp.analysis.tokens import subject_span
@@ -231,6 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
     if a.out:
         a.out.write_text("# Causal-experiment benchmarks\n\n`python benchmarks/bench_patching.py`\n\n"
                          + (__doc__.split("\n\n", 2)[2].strip() + "\n\n") + text)
+        write_beside(a.out, standalone(sys.argv))  # provenance.json beside the results
     return {name: v for name, v, _, _ in rows}
 
 

@@ -126,3 +126,20 @@ def carried_over(result_files: Sequence[str | Path], *, known: Mapping[str, Any]
     command that would regenerate it. Such a record is never equivalent to a fresh run."""
     return {"carried_over": True, "files": [str(p) for p in result_files], "known": dict(known),
             "unknown": list(unknown), "reproduce": reproduce, "note": note, "recorded_at": now_utc()}
+
+
+def standalone(argv: Sequence[str], models: Sequence["HookedGPT2"] = (), device: str = "cpu") -> dict[str, Any]:
+    """The provenance record of a run outside the experiment runner (a benchmark): the command, the
+    code, software and machine now, and the identity of each model it measured."""
+    return {"command": shlex.join(["python", *argv]), "code": code_state(), "software": software(),
+            "machine": {**machine(device), "load_at_end": load_average()},
+            "models": [model_identity(m) for m in models], "written_at": now_utc()}
+
+
+def write_beside(path: str | Path, record: Mapping[str, Any]) -> Path:
+    """Write ``record`` as ``<path without suffix>.provenance.json`` (e.g. ``RESULTS_forward.provenance.json``)."""
+    import json
+
+    out = Path(path).with_suffix(".provenance.json")
+    out.write_text(json.dumps(dict(record), indent=1) + "\n")
+    return out
