@@ -60,7 +60,7 @@ def _method_args(p: argparse.ArgumentParser) -> None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer", type=_layers, default=None, help="edit layer(s): an int, a list 3,4,5 (memit) or "
-                   "'auto' (causal trace); default: the model's DEFAULT_LAYERS / MEMIT MODEL_HPARAMS entry")
+                   "'auto' (causal trace); default: the model's settings file (gpt2_interp/editing/hparams/)")
     p.add_argument("--corpus", default=None, help="key-statistics corpus: 'facts', 'generated', a text file/folder "
                    "or a Hugging Face dataset name (default: facts for gpt2-facts, generated otherwise)")
     p.add_argument("--n-samples", type=count(1), default=100_000, help="tokens for the key statistics")

@@ -37,8 +37,8 @@ models). For any preserved key, ``‖k₀ P‖² ≤ τ·λ_max·‖·‖``-smal
 ``E‖k₀P‖² = tr(P C₀) = Σ_{kept} λ_i``, reported as ``NullSpace.leak`` (fraction of ``tr C₀``).
 ``nullspace_rule="energy"`` reads τ as that leak instead: ``P`` spans the smallest eigen-directions
 whose eigenvalues sum to at most ``τ·tr C₀``. A threshold relative to ``λ_max`` gives very different
-null spaces on layers with different spectra (SmolLM2 layers 1/2/3 at τ = 10⁻³: 64 / 1,532 / 0 of
-1,536 directions); the energy rule lets every layer leak the same share of its preserved keys' energy.
+null spaces on layers with different spectra (see analyses/results/nullspace_rules/smollm2-135m); the
+energy rule lets every layer leak the same share of its preserved keys' energy.
 
 The result is ONE :class:`~.edit.Edit` covering the layers (low-rank ``ΔW_l = U V`` with
 ``U: [d_mlp, n]``, ``V = R: [n, d_model]`` when ``n < d_model``, dense otherwise) with the edited
@@ -56,7 +56,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..model.fingerprint import parameter_digests, weights_fingerprint
+from ..core.checks import check_choice, check_count, check_number
 from .edit import Edit, Request
+from .hparams import load_hparams, model_hparams, models_with_hparams
 from .rome import (
     MODEL_HPARAMS as ROME_MODEL_HPARAMS, RequestLike, RomeHparams, context_prefixes, default_layer, optimise_deltas,
     subject_states, validate_request,
@@ -68,9 +70,20 @@ if TYPE_CHECKING:
 
 
 # ---------------------------------------------------------------- hyperparameters
+#: How AlphaEdit's null space reads its threshold τ (NullSpace.from_stats).
+NULLSPACE_RULES = ("relative", "energy")
+
+#: δ's clamp/weight-decay scale (:func:`.rome.optimise_deltas`' ``norm_reference``).
+DELTA_NORMS = ("resid", "mlp_out")
+
+
 @dataclass
 class MemitHparams:
-    """MEMIT/AlphaEdit settings; ``rome`` holds the δ optimisation's (:class:`.rome.RomeHparams`)."""
+    """MEMIT/AlphaEdit settings; ``rome`` holds the δ optimisation's (:class:`.rome.RomeHparams`).
+
+    Per model: ``hparams/memit/`` and ``hparams/alphaedit/`` (:meth:`of`). Every value is checked when
+    the object is made (:meth:`__post_init__`): a wrong kind, a non-finite number or a value out of
+    range raises naming the field."""
 
     layers: tuple[int, ...] | None = None   # edit layers (None: the model's default, see default_layers)
     mom2_weight: float = 1000.0             # λ in (λC + KᵀK)⁻¹KᵀR (MEMIT's mom2_update_weight)
@@ -83,70 +96,62 @@ class MemitHparams:
                                             # (MEMIT's compute_z) or "mlp_out" (ROME's v₀); see optimise_deltas
     rome: RomeHparams = field(default_factory=RomeHparams)
 
+    def __post_init__(self) -> None:
+        what = "MEMIT hyperparameter {}".format
+        if self.layers is not None:
+            if isinstance(self.layers, (str, bytes)) or not isinstance(self.layers, (list, tuple)) or not self.layers:
+                raise ValueError(f"{what('layers')} must be a non-empty list of layer indices or None, "
+                                 f"got {self.layers!r}")
+            self.layers = tuple(check_count(x, f"{what('layers')} entry", 0) for x in self.layers)
+        self.mom2_weight = check_number(self.mom2_weight, what("mom2_weight"), 0)
+        self.nullspace_threshold = check_number(self.nullspace_threshold, what("nullspace_threshold"), 0, 1,
+                                                low_open=True, high_open=True)
+        self.alpha = check_number(self.alpha, what("alpha"), 0, low_open=True)
+        self.nullspace_rule = check_choice(self.nullspace_rule, what("nullspace_rule"), NULLSPACE_RULES)
+        self.delta_norm = check_choice(self.delta_norm, what("delta_norm"), DELTA_NORMS)
+        if self.chunk is not None:
+            self.chunk = check_count(self.chunk, what("chunk"), 1)
+        if not isinstance(self.rome, RomeHparams):
+            raise TypeError(f"{what('rome')} must be a RomeHparams, got {type(self.rome).__name__}")
+
     @classmethod
     def of(cls, model: "HookedGPT2", **overrides: Any) -> "MemitHparams":
-        """Defaults, then :data:`MODEL_HPARAMS` for the model, then ``overrides``; keys of
-        :class:`RomeHparams` (``v_steps``, ``v_lr``, …) go to the δ optimisation."""
+        """Defaults (``hparams/{memit,alphaedit}/default.json``), then the model's own files
+        (:data:`MODEL_HPARAMS`, AlphaEdit's), then ``overrides``; keys of :class:`RomeHparams`
+        (``v_steps``, ``v_lr``, …) go to the δ optimisation, which starts from ROME's settings for the
+        model with :data:`DELTA_DEFAULTS` (MEMIT's context templates) over them."""
+        name = model.cfg.name
         own = {f.name for f in fields(cls)} - {"rome"}
-        rome_names = {f.name for f in fields(RomeHparams)}
-        merged = MODEL_HPARAMS.get(model.cfg.name, {}) | overrides
-        bad = sorted(set(merged) - own - rome_names)
+        rome_names = {f.name for f in fields(RomeHparams)} - {"layer"}  # the edit layers are MEMIT's `layers`
+        bad = sorted(set(overrides) - own - rome_names)
         if bad:
             raise ValueError(f"unknown MEMIT hyperparameter(s) {bad}; valid: {sorted(own)} and the ROME δ settings "
                              f"{sorted(rome_names)}")
-        rome_kw = (DELTA_DEFAULTS | ROME_MODEL_HPARAMS.get(model.cfg.name, {})
-                   | {k: v for k, v in merged.items() if k in rome_names})
-        hp = cls(**{k: v for k, v in merged.items() if k in own}, rome=RomeHparams.of(**rome_kw))
-        if hp.layers is not None:
-            hp.layers = tuple(int(x) for x in hp.layers)
-        if hp.delta_norm not in ("resid", "mlp_out"):
-            raise ValueError(f"delta_norm must be 'resid' (MEMIT) or 'mlp_out' (ROME), got {hp.delta_norm!r}")
-        if hp.nullspace_rule not in NULLSPACE_RULES:
-            raise ValueError(f"nullspace_rule must be one of {NULLSPACE_RULES}, got {hp.nullspace_rule!r}")
-        if hp.mom2_weight < 0 or hp.alpha <= 0 or not 0 < hp.nullspace_threshold < 1:
-            raise ValueError(f"need mom2_weight >= 0, alpha > 0 and 0 < nullspace_threshold < 1; got {hp}")
-        return hp
+        memit = load_hparams("memit", name) | load_hparams("alphaedit", name) | overrides
+        rome_kw = (DELTA_DEFAULTS | ROME_MODEL_HPARAMS.get(name, {}) | model_hparams("memit", name)
+                   | overrides)
+        return cls(**{k: v for k, v in memit.items() if k in own},
+                   rome=RomeHparams.of(**{k: v for k, v in rome_kw.items() if k in rome_names}))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-#: How AlphaEdit's null space reads its threshold τ (NullSpace.from_stats).
-NULLSPACE_RULES = ("relative", "energy")
+#: MEMIT's own δ settings where they differ from ROME's (``hparams/memit/default.json``): the bare
+#: prompt and 5 generated context prefixes of 10 tokens (MEMIT's context templates).
+DELTA_DEFAULTS: dict[str, Any] = {k: v for k, v in load_hparams("memit", "default").items()
+                                  if k in {f.name for f in fields(RomeHparams)}}
 
-#: MEMIT's own δ settings where they differ from ROME's: the target vectors are optimised over the
-#: bare prompt and 5 generated context prefixes of 10 tokens (MEMIT's context templates), not ROME's
-#: 10 prefixes of 5 and 10 tokens — half the rows, so about half the δ-optimisation time.
-DELTA_DEFAULTS: dict[str, Any] = {"prefix_lengths": (10,), "prefixes_per_length": 5}
-
-#: Per-model MEMIT settings (user arguments win; δ settings default to ROME's MODEL_HPARAMS).
-#: gpt2-facts: one edit layer, 0 — the only layer whose MLP at the subject's last token carries the
-#: fact (causal trace: indirect effect 0.40 at layer 0, < 0.006 above). λ = 1000: on 200 tuning
-#: requests in one batch (analyses/mass_editing.py, results/mass_editing.md) λ = 10/30/100/300/1000
-#: gave ES 55/61/74/79/66, NS 70/72/74/79/90 (unedited 100); none kept NS within 5 points, and 1000
-#: had the best NS. Those runs used ROME's 10 context prefixes (lengths 5 and 10), kept here so that
-#: the recorded results reproduce — and measured no worse to keep: on the same 200 requests, layer 0,
-#: MEMIT's 6 variants (bare + 5 prefixes of 10 tokens) gave ES/PS/NS 68/63/74 (λ 100), 73/68/81 (300),
-#: 55/64/92 (1000), 16/26/98 (3000) against ROME's 11 variants' 74/73/74, 79/80/79, 66/77/90 at
-#: λ 100/300/1000: half the δ time (0.81 s a request on one loaded thread vs ~1.6) for 6–14 points
-#: of ES/PS (analyses/mass_editing_window.py --tops 0 --ctx memit --delta-norm mlp_out, run from a
-#: /tmp copy in session 6; 11-variant rows: results/mass_editing.md's tuning).
-#: Windows above layer 0 need delta_norm="resid"; with it, (0, 1) and (1) were no better than layer 0 on
-#: the same 200 requests (ES/PS/NS 54.5/53.0/86.4 at λ = 300 vs 72.5/68.3/81.3; results/mass_editing_window.md);
-#: tops above 1 were not measured.
-#: Both models keep δ scaled by the MLP output (ROME's v₀, ``delta_norm="mlp_out"``), as their recorded
-#: results were computed before ``delta_norm`` existed; switch to MEMIT's "resid" when they are rerun
-#: (on gpt2-facts layer 0 the two norms differ by ~3%; any window above layer 0 needs "resid").
-MODEL_HPARAMS: dict[str, dict[str, Any]] = {
-    "gpt2-facts": {"layers": (0,), "mom2_weight": 1000.0, "prefix_lengths": (5, 10), "delta_norm": "mlp_out"},
-    "smollm2-135m": {"delta_norm": "mlp_out"},
-}
+#: Per-model MEMIT settings (``hparams/memit/<model>.json``; user arguments win; δ settings default to
+#: ROME's for the model). Each file names the run behind every value.
+MODEL_HPARAMS: dict[str, dict[str, Any]] = {name: model_hparams("memit", name) for name in models_with_hparams("memit")
+                                            if model_hparams("memit", name)}
 
 
 def default_layers(model: "HookedGPT2") -> list[int]:
     """MEMIT's window: ``round(5/48 · n_layer)`` layers ending at ROME's layer (gpt2-xl: 13–17, as
     published), or :data:`MODEL_HPARAMS`' ``layers``."""
-    given = MODEL_HPARAMS.get(model.cfg.name, {}).get("layers")
+    given = load_hparams("memit", model.cfg.name).get("layers")
     if given is not None:
         return list(given)
     top = default_layer(model)
