@@ -49,19 +49,20 @@ apply / undo (bit-exact) / save / load / fingerprint refusal as for ROME.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..model.fingerprint import parameter_digests, weights_fingerprint
 from ..core.checks import check_choice, check_count, check_number
-from .edit import Edit, Request
+from .edit import Edit, EditWarning, Request, TargetResiduals, weak_requests
 from .hparams import load_hparams, model_hparams, models_with_hparams
 from .rome import (
     MODEL_HPARAMS as ROME_MODEL_HPARAMS, RequestLike, RomeHparams, context_prefixes, default_layer, optimise_deltas,
-    subject_states, validate_request,
+    subject_states, target_logprobs, validate_request,
 )
 from .stats import KeyStats, key_second_moment, keys_fingerprint, unedited_digests
 
@@ -282,26 +283,34 @@ def projected_update(K: torch.Tensor, P: torch.Tensor, KpKp: torch.Tensor | None
 
 # ---------------------------------------------------------------- input checks
 def validate_requests(model: "HookedGPT2", requests: Sequence[RequestLike]) -> tuple[list[Request], list[list[int]]]:
-    """Requests and their target ids; an empty batch or one subject+prompt with two targets raises.
-    Exact duplicates are kept once."""
+    """Requests and their target ids; an empty batch, or one subject+prompt asked for two targets,
+    raises naming the requests' indices. An exact duplicate is kept once, with an :class:`EditWarning`."""
     if isinstance(requests, (Request, Mapping)):
         requests = [requests]
+    if isinstance(requests, (str, bytes)) or not isinstance(requests, Sequence):
+        raise TypeError(f"requests must be a list of requests, got {type(requests).__name__}")
     if not requests:
         raise ValueError("the request list is empty; give at least one {'prompt', 'subject', 'target'}")
     out, ids, seen = [], [], {}
-    for r in requests:
-        req, i = validate_request(model, r)
+    for i, r in enumerate(requests):
+        req, t = validate_request(model, r, i)
         key = (req.subject, req.prompt)
         if key in seen:
-            if seen[key].target != req.target:
+            j, first = seen[key]
+            if first.target != req.target:
                 raise ValueError(
-                    f"conflicting requests in one batch: {req.prompt.format(req.subject)!r} → {seen[key].target!r} "
-                    f"and → {req.target!r}. One batch writes one answer per subject and prompt; drop one, or edit "
+                    f"conflicting requests {j} and {i} in one batch: {req.text!r} → {first.target!r} and → "
+                    f"{req.target!r}. One batch writes one answer per subject and prompt; drop one, or edit "
                     "them in separate, sequential batches")
+            if first != req:
+                raise ValueError(f"requests {j} and {i} ask the same ({req.text!r} → {req.target!r}) with different "
+                                 "keep prompts; merge their keep lists into one request")
+            warnings.warn(f"requests {j} and {i} are the same ({req.text!r} → {req.target!r}); it is edited once",
+                          EditWarning, stacklevel=3)
             continue
-        seen[key] = req
+        seen[key] = (i, req)
         out.append(req)
-        ids.append(i)
+        ids.append(t)
     return out, ids
 
 
@@ -349,7 +358,7 @@ def compute_edits(
     preserve: "NullSpace | KeyStats | Mapping[int, KeyStats] | bool | None" = None,
     remember: bool = True,
     progress: bool = False,
-    targets: torch.Tensor | None = None,
+    targets: "TargetResiduals | Edit | None" = None,
 ) -> Edit:
     """Compute (not apply) ONE edit writing every request into ``model`` (module doc: the maths).
 
@@ -358,60 +367,137 @@ def compute_edits(
     ``hparams``: :class:`MemitHparams` or a dict of overrides. ``preserve``: AlphaEdit — a
     :class:`NullSpace` (reused across sequential batches; it remembers this batch's keys unless
     ``remember=False``), statistics of the keys to preserve, or True for ``stats`` themselves.
-    ``targets``: the target residuals ``z: [n, d_model]`` of an earlier edit of the same requests
-    at the same top layer on the same unedited model (its ``edit.v_star``); the δ optimisation, which
-    does not depend on λ, τ, α or the lower layers, is then skipped — re-solving one batch under other
-    settings costs a few forward passes instead of a δ optimisation.
+    ``targets``: the target residuals of an earlier edit of the same requests at the same top layer on
+    the same model (``edit.targets``, or the edit itself); they carry the weights fingerprint and the
+    requests they were computed for, and are refused for another model, other requests or another top
+    layer. The δ optimisation, which does not depend on λ, τ, α or the lower layers, is then skipped —
+    re-solving one batch under other settings costs a few forward passes instead of a δ optimisation.
+    ``edit.metrics`` records P(target | rewrite prompt) per request before and after the edit and the
+    indices of weak edits (:func:`.edit.is_weak`, also an :class:`.edit.EditWarning`).
     Apply with ``edit.apply(model)``; undo with ``edit.undo(model)``.
     """
     t0 = time.perf_counter()
-    hp = hparams if isinstance(hparams, MemitHparams) else MemitHparams.of(model, **dict(hparams or {}))
+    hp = MemitHparams.of(model, **dict(hparams or {})) if not isinstance(hparams, MemitHparams) else \
+        replace(hparams, rome=replace(hparams.rome))  # re-checks every field, also after the object was changed
     reqs, ids = validate_requests(model, requests)
     layers_ = _resolve_layers(model, layers, hp, reqs)
     top = layers_[-1]
     digests = parameter_digests(model)
     base_fp = weights_fingerprint(model, digests=digests)
+    given = _given_targets(targets, base_fp, reqs, top, model.cfg.d_model)
     st = _resolve_stats(model, layers_, stats, hp, digests, progress)
-    ns: NullSpace | None
-    if preserve is None or preserve is False:
-        ns = None
-    elif isinstance(preserve, NullSpace):
-        ns = preserve
-    elif preserve is True:
-        ns = NullSpace.from_stats({l: st[l] for l in layers_}, hp.nullspace_threshold, hp.nullspace_rule)
-    else:
-        ns = NullSpace.from_stats(preserve, hp.nullspace_threshold, hp.nullspace_rule)
-    if ns is not None:
-        ns.check(model, layers_, digests)
+    ns = _resolve_preserve(model, preserve, st, layers_, hp, digests)
     prefixes = context_prefixes(model, hp.rome.prefix_lengths, hp.rome.prefixes_per_length, hp.rome.prefix_seed)
+    p_before = [float(x) for x in torch.tensor(target_logprobs(model, [r.text for r in reqs], ids)).exp()]
 
     # 1. target residuals at the top layer
     t1 = time.perf_counter()
     _, h0 = subject_states(model, reqs, [], prefixes, resid_layer=top)
-    if targets is None:
+    if given is None:
         opt = optimise_deltas(model, list(zip(reqs, ids)), top, prefixes, hp.rome, st[top].solve, chunk=hp.chunk,
                               progress=progress, norm_reference=hp.delta_norm)
         delta = torch.stack([o["delta"] for o in opt]).double().cpu()  # [n, d_model]
     else:
-        if tuple(targets.shape) != (len(reqs), model.cfg.d_model):
-            raise ValueError(f"targets must be [n_requests, d_model] = [{len(reqs)}, {model.cfg.d_model}] (the "
-                             f"v_star of an earlier edit of the same requests), got {list(targets.shape)}")
         opt = []
-        delta = targets.double().cpu() - h0.double().cpu()
+        delta = given.z.double().cpu() - h0.double().cpu()
     t_delta = time.perf_counter() - t1
     z = h0.double().cpu() + delta  # [n, d_model]
 
-    # 2-3. spread over the layers, lowest first, applying each update before the next layer's keys
+    # 2-3. spread over the layers, lowest first
+    factors, keys_used, fit, p_after = _solve_layers(model, reqs, ids, z, layers_, prefixes, st, hp, ns)
+    if ns is not None and remember:
+        ns.remember(keys_used)
+    n = len(reqs)
+    metrics = {
+        "n_requests": n, "layers": layers_, "seconds": time.perf_counter() - t0, "delta_seconds": t_delta,
+        "delta_norm_mean": float(delta.norm(dim=-1).mean()),
+        "steps_mean": sum(len(o["log"]) - 1 for o in opt) / n if opt else None,
+        "p_target_optimised_mean": sum(o["log"][-1]["p_target"] for o in opt) / n if opt else None,
+        "targets_given": given is not None,
+        "fit": fit, "p_target_before": p_before, "p_target_after": p_after,
+    }
+    if ns is not None:
+        metrics["null_dim"] = {l: ns.null_dim[l] for l in layers_}
+        metrics["null_leak"] = {l: ns.leak[l] for l in layers_}
+        _warn_empty_null_space(ns, layers_)
+    metrics["weak"] = weak_requests(reqs, p_before, p_after)
+    hdict = hp.to_dict() | {"layers": layers_, "stats_corpus": st[top].key.get("corpus"), "stats_count": st[top].count}
+    return Edit(factors=factors, requests=reqs, keys=keys_used, v_star=z.float(), base_fingerprint=base_fp, hparams=hdict,
+                metrics=metrics, model_name=model.cfg.name, shape=(model.cfg.d_mlp, model.cfg.d_model),
+                method="alphaedit" if ns is not None else "memit")
+
+
+def _given_targets(targets: Any, fingerprint: str, reqs: list[Request], top: int,
+                   d_model: int) -> TargetResiduals | None:
+    """``compute_edits``' ``targets`` as checked :class:`TargetResiduals` (None when not given)."""
+    if targets is None:
+        return None
+    if isinstance(targets, Edit):
+        targets = targets.targets
+    if not isinstance(targets, TargetResiduals):
+        raise TypeError(f"targets must be an earlier edit's target residuals (edit.targets) or the edit itself, "
+                        f"which record the model and requests they were computed for; got {type(targets).__name__}")
+    targets.check(fingerprint, reqs, top, d_model)
+    return targets
+
+
+def _resolve_preserve(model: "HookedGPT2", preserve: Any, st: dict[int, KeyStats], layers: list[int],
+                      hp: MemitHparams, digests: dict[str, str]) -> "NullSpace | None":
+    """``compute_edits``' ``preserve`` as a :class:`NullSpace` checked against the model (None: MEMIT)."""
+    if preserve is None or preserve is False:
+        return None
+    if isinstance(preserve, NullSpace):
+        ns = preserve
+    elif preserve is True:
+        ns = NullSpace.from_stats({l: st[l] for l in layers}, hp.nullspace_threshold, hp.nullspace_rule)
+    else:
+        given = {preserve.layer: preserve} if isinstance(preserve, KeyStats) else dict(preserve)
+        for lay, s in given.items():
+            if not isinstance(s, KeyStats):
+                raise TypeError(f"preserve must hold KeyStats per layer, got {type(s).__name__} for layer {lay}")
+            s.check(model, int(lay), digests)
+        ns = NullSpace.from_stats(given, hp.nullspace_threshold, hp.nullspace_rule)
+    unverified = [l for l in layers if l in ns.P and not ns.fingerprints.get(l)]
+    if unverified:
+        raise ValueError(f"the null space of layer(s) {unverified} was built from statistics that record no keys "
+                         "fingerprint, so it cannot be checked against this model; build it with "
+                         "NullSpace.from_stats(key_second_moment(model, layers))")
+    wrong = [l for l in layers if l in ns.P and ns.P[l].shape[0] != model.cfg.d_mlp]
+    if wrong:
+        raise ValueError(f"the null space of layer(s) {wrong} is {ns.P[wrong[0]].shape[0]}-dimensional, this model's "
+                         f"keys have d_mlp {model.cfg.d_mlp}")
+    ns.check(model, layers, digests)
+    return ns
+
+
+def _warn_empty_null_space(ns: "NullSpace", layers: list[int]) -> None:
+    """An :class:`EditWarning` for each edit layer whose null space is empty: its update is exactly zero."""
+    empty = [l for l in layers if ns.null_dim.get(l) == 0]
+    if empty:
+        warnings.warn(f"AlphaEdit's null space has dimension 0 at layer(s) {empty} (τ = {ns.threshold:g}, "
+                      f"rule {ns.rule!r}): the update there is zero, so "
+                      f"{'the edit does nothing' if len(empty) == len(layers) else 'those layers are not edited'}. "
+                      f"Raise nullspace_threshold (e.g. τ = {min(ns.threshold * 10, 0.5):g}) or use "
+                      "nullspace_rule='energy'", EditWarning, stacklevel=3)
+
+
+def _solve_layers(model: "HookedGPT2", reqs: list[Request], ids: list[list[int]], z: torch.Tensor, layers: list[int],
+                  prefixes: list[str], st: dict[int, KeyStats], hp: MemitHparams, ns: "NullSpace | None",
+                  ) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor | None]], dict[int, torch.Tensor],
+                             dict[int, dict[str, float]], list[float]]:
+    """Steps 2-3 of the module doc: each layer's update, lowest first, applied before the next layer's
+    keys are read, then P(target) with every update applied; the weights are restored on return.
+    Returns ``(factors, keys, fit, p_target_after)``."""
     factors: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
     keys_used: dict[int, torch.Tensor] = {}
     fit: dict[int, dict[str, float]] = {}
-    saved = {l: model.blocks[l].mlp.W_out.detach().clone() for l in layers_}
-    n, d_model = len(reqs), model.cfg.d_model
+    saved = {l: model.blocks[l].mlp.W_out.detach().clone() for l in layers}
+    n, d_model, top = len(reqs), model.cfg.d_model, layers[-1]
     try:
-        for j, lay in enumerate(layers_):
+        for j, lay in enumerate(layers):
             K_all, h_now = subject_states(model, reqs, [lay], prefixes, resid_layer=top)
             K = K_all[lay].double().cpu()  # [n, d_mlp]
-            R = (z - h_now.double().cpu()) / (len(layers_) - j)  # [n, d_model]
+            R = (z - h_now.double().cpu()) / (len(layers) - j)  # [n, d_model]
             if ns is None:
                 A = least_squares_update(K, R, st[lay].C, hp.mom2_weight)
             else:
@@ -421,35 +507,17 @@ def compute_edits(
             fit[lay] = {"target_norm": float(R.norm(dim=-1).mean()),
                         "fit_error": float((K @ dW - R).norm(dim=-1).mean() / R.norm(dim=-1).mean().clamp(min=1e-12)),
                         "dW_norm": float(dW.norm())}
-            if n < min(d_model, A.shape[0]):
-                factors[lay] = (A.float(), R.float())
-            else:
-                factors[lay] = (dW.float(), None)
+            factors[lay] = (A.float(), R.float()) if n < min(d_model, A.shape[0]) else (dW.float(), None)
             keys_used[lay] = K.float()
             with torch.no_grad():
                 W = model.blocks[lay].mlp.W_out
                 W.add_(dW.to(W.device, W.dtype))
+        p_after = [float(x) for x in torch.tensor(target_logprobs(model, [r.text for r in reqs], ids)).exp()]
     finally:
         with torch.no_grad():
             for l, W0 in saved.items():
                 model.blocks[l].mlp.W_out.copy_(W0)
-    if ns is not None and remember:
-        ns.remember(keys_used)
-    method = "alphaedit" if ns is not None else "memit"
-    metrics = {
-        "n_requests": n, "layers": layers_, "seconds": time.perf_counter() - t0, "delta_seconds": t_delta,
-        "delta_norm_mean": float(delta.norm(dim=-1).mean()),
-        "steps_mean": sum(len(o["log"]) - 1 for o in opt) / n if opt else None,
-        "p_target_optimised_mean": sum(o["log"][-1]["p_target"] for o in opt) / n if opt else None,
-        "targets_given": targets is not None,
-        "fit": fit,
-    }
-    if ns is not None:
-        metrics["null_dim"] = {l: ns.null_dim[l] for l in layers_}
-        metrics["null_leak"] = {l: ns.leak[l] for l in layers_}
-    hdict = hp.to_dict() | {"layers": layers_, "stats_corpus": st[top].key.get("corpus"), "stats_count": st[top].count}
-    return Edit(factors=factors, requests=reqs, keys=keys_used, v_star=z.float(), base_fingerprint=base_fp, hparams=hdict,
-                metrics=metrics, model_name=model.cfg.name, shape=(model.cfg.d_mlp, model.cfg.d_model), method=method)
+    return factors, keys_used, fit, p_after
 
 
 def apply_memit(model: "HookedGPT2", requests: Sequence[RequestLike], batch_size: int | None = None,
@@ -460,7 +528,7 @@ def apply_memit(model: "HookedGPT2", requests: Sequence[RequestLike], batch_size
     reqs = list(requests)
     if not reqs:
         raise ValueError("the request list is empty")
-    size = batch_size or len(reqs)
+    size = len(reqs) if batch_size is None else check_count(batch_size, "batch_size")
     edits = []
     for s in range(0, len(reqs), size):
         e = compute_edits(model, reqs[s : s + size], **kwargs)
@@ -468,5 +536,5 @@ def apply_memit(model: "HookedGPT2", requests: Sequence[RequestLike], batch_size
     return edits
 
 
-__all__ = ["MemitHparams", "MODEL_HPARAMS", "NullSpace", "compute_edits", "apply_memit", "choose_layers",
-           "default_layers", "least_squares_update", "projected_update", "validate_requests"]
+__all__ = ["MemitHparams", "MODEL_HPARAMS", "NullSpace", "TargetResiduals", "compute_edits", "apply_memit",
+           "choose_layers", "default_layers", "least_squares_update", "projected_update", "validate_requests"]

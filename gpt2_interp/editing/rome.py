@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
@@ -51,7 +52,7 @@ from ..core.checks import check_number
 from ..core.progress import progress_bar
 from ..analysis.tracing import causal_trace
 from ..model.fingerprint import parameter_digests, weights_fingerprint
-from .edit import Edit, Request
+from .edit import Edit, EditWarning, Request, weak_requests
 from .hparams import load_hparams, model_hparams, models_with_hparams
 from .stats import KeyStats, key_second_moment
 
@@ -181,12 +182,34 @@ def _filled(prompt: str, subject: str, prefix: str = "") -> tuple[str, int, int]
     return head + before + subject + after, lo, lo + len(subject)
 
 
-def validate_request(model: "HookedGPT2", request: RequestLike) -> tuple[Request, list[int]]:
-    """The request as a :class:`Request` and its target ids; bad input raises saying what to fix."""
-    req = Request.of(request)
-    subject_span(model, req.text, req.subject)  # raises if the subject cannot be located
+def validate_request(model: "HookedGPT2", request: RequestLike, index: int | None = None) -> tuple[Request, list[int]]:
+    """The request as a :class:`Request` and its target ids; bad input raises saying what to fix (and
+    ``index``, the request's position in a list). A target whose first token is unlikely to follow the
+    prompt (no space on either side of the join) gets an :class:`EditWarning`."""
+    req = Request.of(request, index)
+    where = "request" if index is None else f"request {index}"
+    try:
+        subject_span(model, req.text, req.subject)  # raises if the subject cannot be located
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{where}: {e}") from None
     ids = target_ids(model, req.target)
+    _warn_unspaced_target(model, req, ids, where)
     return req, ids
+
+
+def _warn_unspaced_target(model: "HookedGPT2", req: Request, ids: list[int], where: str) -> None:
+    """Warn when neither the prompt's end nor the target's start is a space and the target tokenizes
+    differently with a leading space: the edit would teach a word glued to the prompt's last word."""
+    if req.text[-1:].isspace() or req.target[:1].isspace():
+        return
+    spaced = model.tokenizer.encode_ids(" " + req.target)
+    if not spaced or spaced[0] == ids[0]:
+        return
+    tok = model.tokenizer.token_str
+    warnings.warn(f"{where}: the target {req.target!r} has no leading space and the prompt {req.text!r} ends "
+                  f"without one, so its first token {tok(ids[0])!r} (id {ids[0]}) must continue the prompt's last "
+                  f"word, which is unlikely; with a space it is {tok(spaced[0])!r} (id {spaced[0]}). Give target "
+                  f"{' ' + req.target!r} unless the word really continues the prompt", EditWarning, stacklevel=3)
 
 
 @contextmanager
@@ -304,6 +327,25 @@ def subject_states(model: "HookedGPT2", requests: Sequence[Request], layers: Seq
     mean = {name: x.view(len(requests), v, -1).mean(1) for name, x in sums.items()}
     keys = {l: mean[f"blocks.{l}.mlp.hook_post"] for l in layers}
     return keys, (mean[f"blocks.{resid_layer}.hook_resid_post"] if resid_layer is not None else None)
+
+
+@torch.no_grad()
+def target_logprobs(model: "HookedGPT2", texts: Sequence[str], ids: Sequence[list[int]],
+                    batch_size: int = 64) -> list[float]:
+    """log P(target ids | BOS + text) for each ``(text, target ids)`` under the model as it is, batched
+    (right padding: positions and causal attention of the real tokens are unchanged)."""
+    out: list[float] = []
+    rows = [model.to_tokens(t)[0].tolist() + i[:-1] for t, i in zip(texts, ids)]
+    for s in range(0, len(rows), batch_size):
+        chunk, tgt = rows[s : s + batch_size], ids[s : s + batch_size]
+        tokens, mask = model.pad(chunk, padding_side="right")
+        model.check_length(tokens.shape[1])
+        resid = model(tokens, attention_mask=mask, stop_at_layer=model.cfg.n_layer)
+        for j, (r, i) in enumerate(zip(chunk, tgt)):
+            pos = torch.arange(len(r) - len(i), len(r), device=resid.device)
+            lp = model.unembed(model.ln_final(resid[j, pos])).float().log_softmax(-1)
+            out.append(float(lp[torch.arange(len(i)), torch.tensor(i, device=lp.device)].sum()))
+    return out
 
 
 def _target_logprob(model: "HookedGPT2", text: str, ids: list[int], hooks: list = ()) -> float:
@@ -542,6 +584,9 @@ def compute_edit(
     digests = parameter_digests(model)
     if stats is None:
         stats = key_second_moment(model, layer, corpus=hp.corpus, n_samples=hp.n_samples)
+    elif not isinstance(stats, KeyStats):
+        raise TypeError(f"stats must be the KeyStats of layer {layer} (key_second_moment(model, {layer})) or None, "
+                        f"got {type(stats).__name__}")
     stats.check(model, layer, digests)
     prefixes = context_prefixes(model, hp.prefix_lengths, hp.prefixes_per_length, hp.prefix_seed)
     p_before = _target_logprob(model, req.text, ids)
@@ -559,6 +604,7 @@ def compute_edit(
         "dW_norm": float(u.norm() * v.norm()), "steps": len(opt["log"]) - 1, "n_prompts": opt["n_prompts"],
         "initial_loss": opt["log"][0], "key_scale": opt["key_scale"], "final_loss": opt["log"][-1], "seconds": time.perf_counter() - t0,
     }
+    metrics["weak"] = bool(weak_requests([req], [metrics["p_target_before"]], [metrics["p_target_after"]]))
     return Edit(layer=layer, u=u, v=v, request=req, base_fingerprint=weights_fingerprint(model, digests=digests),
                 k=k_star, v_star=v_star, hparams=asdict(hp) | {"layer": layer, "stats_corpus": stats.key["corpus"],
                                                                "stats_count": stats.count},
@@ -585,6 +631,7 @@ def apply_rome(model: "HookedGPT2", requests: RequestLike | Sequence[RequestLike
     by the previous ones). Undo with ``gpt2_interp.editing.undo_all(model)``."""
     if isinstance(requests, (Request, Mapping)):
         requests = [requests]
+    requests = [Request.of(r, i) for i, r in enumerate(requests)]
     edits = []
     for r in requests:
         e = compute_edit(model, r, layer=layer, stats=stats, **hparams)
@@ -593,5 +640,5 @@ def apply_rome(model: "HookedGPT2", requests: RequestLike | Sequence[RequestLike
 
 
 __all__ = ["Request", "RomeHparams", "DEFAULT_LAYERS", "MODEL_HPARAMS", "hparams_for", "compute_edit", "apply_rome", "rank_one_update",
-           "choose_layer", "default_layer", "context_prefixes", "optimise_delta", "optimise_deltas", "validate_request",
+           "choose_layer", "default_layer", "context_prefixes", "optimise_delta", "optimise_deltas", "validate_request", "target_logprobs",
            "subject_states"]
