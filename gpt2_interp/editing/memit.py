@@ -329,6 +329,9 @@ def _resolve_stats(model: "HookedGPT2", layers: list[int], stats: Any, hp: Memit
         raise ValueError(f"no key statistics for edit layer(s) {missing} (given: {sorted(got)}); compute them with "
                          f"key_second_moment(model, {layers})")
     for l in layers:
+        if not isinstance(got[l], KeyStats):
+            raise TypeError(f"stats for layer {l} must be a KeyStats (key_second_moment(model, {layers})), "
+                            f"got {type(got[l]).__name__}")
         got[l].check(model, l, digests)
     return got
 
