@@ -265,3 +265,23 @@ def test_cli_refuses_an_empty_requests_file_naming_it(capsys, tmp_path):
     path.write_text(json.dumps(REQS[0]) + "\n[1, 2]\n")
     code, err = _run(capsys, "edit", "--requests", str(path))
     assert code not in (0, None) and f"{path} line 2" in err and "not a request object" in err
+
+
+def test_cli_edit_flags_weak_edits_and_states_the_rule(tiny, tmp_path, monkeypatch, capsys):
+    """v_steps=0: no edit moves its target; the table says so per request and states the threshold."""
+    monkeypatch.setenv("GPT2_INTERP_STATS_DIR", str(tmp_path / "stats"))
+    tiny.save(tmp_path / "tiny")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(f"The Louvre is in Paris, room {i}." for i in range(60)))
+    reqs = tmp_path / "r.jsonl"
+    reqs.write_text("\n".join(json.dumps(r) for r in REQS) + "\n")
+    common = ["--model", str(tmp_path / "tiny"), "--corpus", str(corpus), "--n-samples", "500", "--layer", "0",
+              "--hparam", "v_steps=0", "--hparam", "prefixes_per_length=1", "--hparam", "prefix_lengths=[3]"]
+    assert main(["edit", *common, "--requests", str(reqs)]) == 0
+    out, err = capsys.readouterr()
+    assert "3 weak (P(target) after < 0.5 and up by < 0.1)" in out and out.count("[weak]") == 3
+    assert "warning: 3 of 3 edits barely moved the target" in err
+    assert main(["edit", *common, "--subject", "France", "--prompt", "The capital of {} is", "--target",
+                 " Berlin"]) == 0
+    out, err = capsys.readouterr()
+    assert "(weak: P(target) after < 0.5 and up by < 0.1)" in out and "barely moved" in err
