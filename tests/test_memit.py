@@ -9,7 +9,7 @@ import torch
 
 from gpt2_interp.analysis.tokens import target_ids
 from gpt2_interp.editing import Request, applied_edits, undo_all, weights_fingerprint
-from gpt2_interp.editing.edit import Edit, load_edit
+from gpt2_interp.editing.edit import Edit, EditWarning, load_edit
 from gpt2_interp.editing.memit import (
     MemitHparams, NullSpace, compute_edits, least_squares_update, projected_update, validate_requests,
 )
@@ -195,13 +195,13 @@ def test_given_targets_re_solve_the_same_batch_as_a_fresh_delta_optimisation(tin
     first = compute_edits(tiny, REQS, layers=[0, 1], stats=stats, hparams={"mom2_weight": 2.0, **FAST})
     fresh = compute_edits(tiny, REQS, layers=[0, 1], stats=stats, hparams={"mom2_weight": 7.0, **FAST})
     reused = compute_edits(tiny, REQS, layers=[0, 1], stats=stats, hparams={"mom2_weight": 7.0, **FAST},
-                           targets=first.v_star)
+                           targets=first.targets)
     assert reused.metrics["targets_given"] and reused.metrics["steps_mean"] is None
     assert (fresh.delta(0) - first.delta(0)).abs().max() > 1e-6  # λ matters
     for lay in (0, 1):
         torch.testing.assert_close(reused.delta(lay), fresh.delta(lay), rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match="targets must be"):
-        compute_edits(tiny, REQS, layers=[0], stats=stats, hparams=FAST, targets=first.v_star[:2])
+    with pytest.raises(ValueError, match="computed for 2 requests, this batch has 3"):
+        compute_edits(tiny, REQS, layers=[0, 1], stats=stats, hparams=FAST, targets=first.targets[:2])
 
 
 def test_projected_edit_leaves_preserved_keys_outputs_unchanged(tiny, corpus, tmp_path, stats):
@@ -326,7 +326,8 @@ def test_stats_file_digest_is_checked(tiny, corpus, tmp_path):
 def test_bad_input_is_refused_with_a_clear_error(tiny, stats):
     with pytest.raises(ValueError, match="conflicting requests"):
         compute_edits(tiny, [REQS[0], REQS[0] | {"target": " Paris"}], layers=[0], stats=stats, hparams=FAST)
-    assert len(validate_requests(tiny, [REQS[0], dict(REQS[0])])[0]) == 1  # an exact duplicate is kept once
+    with pytest.warns(EditWarning, match="requests 0 and 1 are the same"):
+        assert len(validate_requests(tiny, [REQS[0], dict(REQS[0])])[0]) == 1  # an exact duplicate is kept once
     with pytest.raises(ValueError, match="empty"):
         compute_edits(tiny, [], layers=[0], stats=stats)
     with pytest.raises(IndexError, match="0..1"):

@@ -12,6 +12,13 @@ from ..core.result import Result
 from . import add_model_args, add_output_args, count, emit, load_model
 
 
+def _weak_note() -> str:
+    """What a weak edit is (:func:`gpt2_interp.editing.edit.is_weak`), for the tables."""
+    from ..editing.edit import WEAK_EDIT_GAIN, WEAK_EDIT_P_AFTER
+
+    return f"P(target) after < {WEAK_EDIT_P_AFTER:g} and up by < {WEAK_EDIT_GAIN:g}"
+
+
 def _layer(x: str) -> int | str:
     if x == "auto":
         return x
@@ -35,6 +42,8 @@ def _hparams(items: list[str] | None) -> dict[str, Any]:
             out[k] = json.loads(v)
         except json.JSONDecodeError:
             out[k] = v
+    if "layer" in out:
+        raise ValueError("the edit layer is not a --hparam: give it with --layer")
     RomeHparams.of(**out)  # raises a ValueError naming a bad or unknown hyperparameter
     return out
 
@@ -54,13 +63,13 @@ def _method_args(p: argparse.ArgumentParser) -> None:
                    "on the null space of the key statistics); default rome for one request, memit for --requests")
     p.add_argument("--sequential", action="store_true", help="edits accumulate (batches of --batch-size for "
                    "memit/alphaedit)")
-    p.add_argument("--batch-size", type=int, default=None, help="requests per memit/alphaedit edit "
+    p.add_argument("--batch-size", type=count(1), default=None, help="requests per memit/alphaedit edit "
                    "(default: all in one)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer", type=_layers, default=None, help="edit layer(s): an int, a list 3,4,5 (memit) or "
-                   "'auto' (causal trace); default: the model's DEFAULT_LAYERS / MEMIT MODEL_HPARAMS entry")
+                   "'auto' (causal trace); default: the model's settings file (gpt2_interp/editing/hparams/)")
     p.add_argument("--corpus", default=None, help="key-statistics corpus: 'facts', 'generated', a text file/folder "
                    "or a Hugging Face dataset name (default: facts for gpt2-facts, generated otherwise)")
     p.add_argument("--n-samples", type=count(1), default=100_000, help="tokens for the key statistics")
@@ -122,16 +131,23 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _read_requests(path: str) -> list[dict[str, Any]]:
+    """The request objects of a JSONL file, one a line; a line that is not a JSON object, or a file
+    without any, raises naming the file (and the line)."""
     out = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    out.append(json.loads(line))
+                    obj = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path} line {n} is not JSON ({e}); give one request object per line") from None
+                if not isinstance(obj, dict):
+                    raise ValueError(f"{path} line {n} is a JSON {type(obj).__name__}, not a request object "
+                                     "{\"prompt\": …, \"subject\": …, \"target\": …}")
+                out.append(obj)
     if not out:
-        raise ValueError(f"{path} holds no requests")
+        raise ValueError(f"{path} has no requests (it is empty or holds only blank lines); give one JSON object a "
+                         "line with prompt, subject and target")
     return out
 
 
@@ -148,10 +164,11 @@ def edit_cmd(args: argparse.Namespace) -> int:
         raise ValueError("give --subject, --prompt and --target (or --requests FILE.jsonl for many)")
     if args.batch_size is not None and not args.sequential:
         raise ValueError("--batch-size splits the requests into sequential edits: add --sequential")
-    model = load_model(args)
     hp = _hparams(args.hparam) | {"corpus": args.corpus, "n_samples": args.n_samples}
-    if args.requests:
-        return _edit_many(args, model, _read_requests(args.requests), hp)
+    requests = _read_requests(args.requests) if args.requests else None
+    model = load_model(args)
+    if requests is not None:
+        return _edit_many(args, model, requests, hp)
     method = args.method or "rome"
     request = {"prompt": args.prompt, "subject": args.subject, "target": args.target, "keep": args.keep}
     if method != "rome":
@@ -163,8 +180,9 @@ def edit_cmd(args: argparse.Namespace) -> int:
     if args.save:
         edit.save(args.save)
     m = edit.metrics
+    weak = f" (weak: {_weak_note()})" if m.get("weak") else ""
     text = (f"ROME edit at layer {edit.layer} in {m['seconds']:.2f} s: P({edit.request.target!r} | "
-            f"{edit.request.text!r}) {m['p_target_before']:.4f} → {m['p_target_after']:.4f}\n"
+            f"{edit.request.text!r}) {m['p_target_before']:.4f} → {m['p_target_after']:.4f}{weak}\n"
             f"top-k before | after:\n{cmp.table()}" + (f"\nsaved to {args.save}" if args.save else ""))
     data = {"edit": {"layer": edit.layer, "metrics": edit.metrics, "saved": args.save}, "comparison": cmp.to_dict()}
     return emit(args, cmp, text, data)
@@ -175,14 +193,14 @@ def _edit_many(args: argparse.Namespace, model: Any, requests: list[dict[str, An
     import time
     from pathlib import Path
 
-    from ..editing.edit import Request, undo_all
+    from ..editing.edit import Request, is_weak, undo_all
     from ..editing.evaluate import target_logprobs
     from ..editing.memit import MemitHparams, NullSpace, apply_memit, default_layers
     from ..editing.rome import apply_rome
     from ..editing.stats import key_second_moment
 
     method = args.method or "memit"
-    reqs = [Request.of(r) for r in requests]
+    reqs = [Request.of(r, i) for i, r in enumerate(requests)]
     t0 = time.perf_counter()
     before = target_logprobs(model, [r.text for r in reqs], [r.target for r in reqs]).exp()
     if method == "rome":
@@ -207,7 +225,7 @@ def _edit_many(args: argparse.Namespace, model: Any, requests: list[dict[str, An
             p = path if len(edits) == 1 else path.with_name(f"{path.stem}.{i:03d}{path.suffix or '.edit'}")
             saved.append(str(e.save(p)))
     undo_all(model)
-    rows = [{"prompt": r.text, "target": r.target, "p_before": float(b), "p_after": float(a)}
+    rows = [{"prompt": r.text, "target": r.target, "p_before": float(b), "p_after": float(a), "weak": is_weak(b, a)}
             for r, b, a in zip(reqs, before.tolist(), after.tolist())]
     res = _EditRun(method, len(reqs), len(edits), edits[0].layers if edits else [], seconds, rows, saved)
     return emit(args, res)
@@ -227,10 +245,13 @@ class _EditRun(Result):
 
     def table(self) -> str:
         took = sum(r["p_after"] > 0.5 for r in self.rows)
+        weak = sum(bool(r.get("weak")) for r in self.rows)
         lines = [f"{self.method}: {self.n_requests} requests in {self.n_edits} edit(s) at layers {self.layers}, "
-                 f"{self.seconds:.1f} s; P(target) > 0.5 for {took}/{self.n_requests} after editing"]
+                 f"{self.seconds:.1f} s; P(target) > 0.5 for {took}/{self.n_requests} after editing"
+                 + (f"; {weak} weak ({_weak_note()})" if weak else "")]
         for r in self.rows[:20]:
-            lines.append(f"  {r['prompt']!r} → {r['target']!r}: {r['p_before']:.3g} → {r['p_after']:.3g}")
+            flag = "  [weak]" if r.get("weak") else ""
+            lines.append(f"  {r['prompt']!r} → {r['target']!r}: {r['p_before']:.3g} → {r['p_after']:.3g}{flag}")
         if len(self.rows) > 20:
             lines.append(f"  … {len(self.rows) - 20} more (--json for all)")
         if self.saved:

@@ -44,3 +44,33 @@ def check_str(x: Any, what: str, example: str, allow_blank: bool = False) -> str
     if not allow_blank and not x.strip():
         raise ValueError(f"{what} is empty or blank; give e.g. {example!r}")
     return x
+
+
+def check_number(x: Any, what: str, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, high_open: bool = False) -> float:
+    """``x`` as a finite float within ``[low, high]`` (``low_open``/``high_open``: the bound itself is
+    excluded), else an error naming ``what``: NaN and ±inf are refused (a comparison with NaN is
+    always false, so a range check alone lets it through), as are bools and non-numbers."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) and not hasattr(x, "__float__"):
+        raise TypeError(f"{what} must be a number, got {type(x).__name__} {x!r:.40}")
+    value = float(x)
+    if value != value or abs(value) == float("inf"):  # NaN or ±inf
+        raise ValueError(f"{what} must be a finite number, got {value}")
+    too_low = low is not None and (value <= low if low_open else value < low)
+    too_high = high is not None and (value >= high if high_open else value > high)
+    if too_low or too_high:
+        if low is not None and high is not None:
+            rng = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        elif low is not None:
+            rng = f"{'>' if low_open else '≥'} {low:g}"
+        else:
+            rng = f"{'<' if high_open else '≤'} {high:g}"
+        raise ValueError(f"{what} must be {rng}, got {value:g}")
+    return value
+
+
+def check_choice(x: Any, what: str, choices: tuple[str, ...]) -> str:
+    """``x`` if it is one of ``choices``, else a ValueError naming ``what`` and listing them."""
+    if not isinstance(x, str) or x not in choices:
+        raise ValueError(f"{what} must be one of {', '.join(map(repr, choices))}, got {x!r}")
+    return x

@@ -9,13 +9,17 @@ reversible ``Edit`` value (``edit``) and CounterFact-style evaluation (``evaluat
 >>> first = compute_edits(model, batch1, preserve=ns)       # AlphaEdit: sequential batches
 """
 
-from .edit import Edit, Request, applied_edits, edited, load_edit, undo_all, weights_fingerprint
+from .edit import (
+    Edit, EditWarning, Request, TargetResiduals, applied_edits, edited, load_edit, undo_all, weights_fingerprint,
+)
+from .hparams import load_hparams
 from .rome import DEFAULT_LAYERS, RomeHparams, apply_rome, compute_edit, rank_one_update
 from .memit import MemitHparams, NullSpace, apply_memit, compute_edits
 from .stats import KeyStats, key_second_moment
 
 __all__ = [
-    "Edit", "Request", "applied_edits", "edited", "load_edit", "undo_all", "weights_fingerprint",
+    "Edit", "EditWarning", "Request", "TargetResiduals", "applied_edits", "edited", "load_edit", "undo_all",
+    "weights_fingerprint", "load_hparams",
     "DEFAULT_LAYERS", "RomeHparams", "apply_rome", "compute_edit", "rank_one_update",
     "MemitHparams", "NullSpace", "apply_memit", "compute_edits",
     "KeyStats", "key_second_moment", "evaluate_edits", "counterfact_requests",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -66,10 +67,14 @@ class Request:
 
     def __post_init__(self) -> None:
         for name in ("prompt", "subject", "target"):
-            if not isinstance(getattr(self, name), str):
-                raise TypeError(f"request {name} must be a string, got {type(getattr(self, name)).__name__}")
-        if isinstance(self.keep, str) or not all(isinstance(k, str) for k in self.keep):
-            raise TypeError(f"request keep must be a list of prompt strings, got {self.keep!r}")
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise TypeError(f"request {name} must be a string, got {type(value).__name__} {value!r:.40}")
+        if isinstance(self.keep, (str, bytes)):
+            raise TypeError(f"request keep must be a list of prompt templates, got a str ({self.keep!r:.60}); "
+                            "wrap it in a list")
+        if not isinstance(self.keep, (list, tuple)) or not all(isinstance(k, str) for k in self.keep):
+            raise TypeError(f"request keep must be a list of prompt templates (strings), got {self.keep!r:.60}")
         object.__setattr__(self, "keep", tuple(self.keep))
         bad = [k for k in self.keep if k.count("{}") != 1]
         if bad:
@@ -89,6 +94,9 @@ class Request:
             )
         if not self.target.strip():
             raise ValueError(f"request target {self.target!r} is empty; give the new continuation, e.g. ' Rome'")
+        if self.prompt in self.keep:
+            raise ValueError(f"request keep holds the rewrite prompt itself ({self.prompt!r}): the edit cannot both "
+                             "change and keep its next token; drop it from keep")
 
     @property
     def text(self) -> str:
@@ -96,23 +104,67 @@ class Request:
         return self.prompt.format(self.subject)
 
     @classmethod
-    def of(cls, x: "Request | Mapping[str, Any]") -> "Request":
+    def of(cls, x: "Request | Mapping[str, Any]", index: int | None = None) -> "Request":
         """A Request from a Request or a dict with ``prompt``, ``subject``, ``target`` (or ROME's
-        ``target_new`` as ``{"str": ...}`` or a string); other keys are ignored."""
+        ``target_new`` as ``{"str": ...}`` or a string) and optionally ``keep``; other keys are ignored.
+        Values are not coerced: a non-string field raises. ``index``: the request's position in a list,
+        named in the error."""
+        try:
+            return cls._from(x)
+        except (TypeError, ValueError) as e:
+            if index is None:
+                raise
+            raise type(e)(f"request {index}: {e}") from None
+
+    @classmethod
+    def _from(cls, x: "Request | Mapping[str, Any]") -> "Request":
         if isinstance(x, Request):
             return x
         if not isinstance(x, Mapping):
-            raise TypeError(f"a request is a Request or a dict, got {type(x).__name__}")
+            raise TypeError(f"a request is a Request or a dict, got {type(x).__name__} {x!r:.40}")
         target = x.get("target")
         if target is None and x.get("target_new") is not None:
             target = x["target_new"]
-            target = str(target.get("str") if isinstance(target, Mapping) else target)
-            if target and not target.startswith(" "):
+            target = target.get("str") if isinstance(target, Mapping) else target
+            if isinstance(target, str) and target and not target.startswith(" "):
                 target = " " + target  # ROME's CounterFact stores objects without the leading space
         missing = [k for k, v in (("prompt", x.get("prompt")), ("subject", x.get("subject")), ("target", target)) if v is None]
         if missing:
             raise ValueError(f"request dict lacks {missing}; give prompt ('{{}} …'), subject and target")
-        return cls(str(x["prompt"]), str(x["subject"]), str(target), tuple(x.get("keep") or ()))
+        keep = x.get("keep")
+        return cls(x["prompt"], x["subject"], target, () if keep is None else keep)
+
+
+#: An edit of a request is reported as weak (``edit.metrics["weak"]``, an :class:`EditWarning`) when
+#: P(target | rewrite prompt) after the edit is below ``WEAK_EDIT_P_AFTER`` and rose by less than
+#: ``WEAK_EDIT_GAIN``: the edit hardly moved the model toward the target.
+WEAK_EDIT_GAIN = 0.1
+WEAK_EDIT_P_AFTER = 0.5
+
+
+class EditWarning(UserWarning):
+    """An edit that may not do what was asked: a duplicate request, an update that is (near) zero, a
+    target that barely moved, a target spelling unlikely to follow its prompt."""
+
+
+def is_weak(p_before: float, p_after: float) -> bool:
+    """Whether an edit moving P(target) from ``p_before`` to ``p_after`` is weak (see :data:`WEAK_EDIT_GAIN`)."""
+    return p_after < WEAK_EDIT_P_AFTER and p_after - p_before < WEAK_EDIT_GAIN
+
+
+def weak_requests(requests: "Iterable[Request]", p_before: "Iterable[float]", p_after: "Iterable[float]",
+                  stacklevel: int = 3) -> list[int]:
+    """Indices of the weak edits (:func:`is_weak`), with one :class:`EditWarning` naming them."""
+    reqs, before, after = list(requests), list(p_before), list(p_after)
+    weak = [i for i, (b, a) in enumerate(zip(before, after)) if is_weak(b, a)]
+    if weak:
+        shown = "; ".join(f"request {i} ({reqs[i].text!r} → {reqs[i].target!r}): {before[i]:.3g} → {after[i]:.3g}"
+                          for i in weak[:5])
+        more = f" and {len(weak) - 5} more" if len(weak) > 5 else ""
+        warnings.warn(f"{len(weak)} of {len(reqs)} edits barely moved the target (P(target) after < "
+                      f"{WEAK_EDIT_P_AFTER:g} and up by < {WEAK_EDIT_GAIN:g}): {shown}{more}. Try more δ steps "
+                      "(v_steps), another layer, or a larger clamp_factor", EditWarning, stacklevel=stacklevel)
+    return weak
 
 
 # ---------------------------------------------------------------- the edit
@@ -299,6 +351,7 @@ class Edit:
             self.check(model)
         else:
             self._check_shape(model)
+        self.require_finite("apply")
         stack, originals = _stack(model), _originals(model)
         digests = {}
         for lay in self.layers:
@@ -344,6 +397,26 @@ class Edit:
         for lay in self.layers:
             _rebuild(model, lay, check_digests=not later)
 
+    def require_finite(self, action: str = "use") -> None:
+        """Raise, naming the layer and tensor, unless every factor (and key, k*, v*) is finite: a NaN or
+        inf factor would write NaN into ``W_out``."""
+        named: list[tuple[str, torch.Tensor]] = []
+        for lay, (U, V) in self.factors.items():
+            named += [(f"factor U of layer {lay}", U)] + ([] if V is None else [(f"factor V of layer {lay}", V)])
+        named += [(f"edited keys of layer {lay}", K) for lay, K in self.keys.items()]
+        named += [(name, t) for name, t in (("k*", self.k), ("v*", self.v_star)) if t is not None]
+        for name, t in named:
+            require_finite(t, f"cannot {action} this edit: its {name}",
+                           "it was computed from non-finite values (check the hyperparameters and key statistics)")
+
+    @property
+    def targets(self) -> "TargetResiduals":
+        """The target residuals of a MEMIT/AlphaEdit edit (``v_star``) with what they were computed for,
+        to re-solve the same batch under other settings: ``compute_edits(…, targets=edit.targets)``."""
+        if self.method not in ("memit", "alphaedit") or self.v_star is None or self.v_star.ndim != 2:
+            raise ValueError(f"target residuals come from a MEMIT/AlphaEdit edit; this one is {self.method!r}")
+        return TargetResiduals(self.v_star, self.layers[-1], self.base_fingerprint, tuple(self.requests))
+
     # ------------------------------------------------------------ files
     def save(self, path: str | Path) -> Path:
         """Write the edit as one safetensors file (tensors + a JSON header + a digest; no pickle)."""
@@ -353,6 +426,47 @@ class Edit:
     def load(path: str | Path, model: "HookedGPT2 | None" = None) -> "Edit":
         """Read an edit file; with ``model``, refuse it unless the model has the edit's base weights."""
         return load_edit(path, model)
+
+
+@dataclass(frozen=True)
+class TargetResiduals:
+    """MEMIT's target residuals ``z: [n, d_model]`` after the top edit ``layer``, with the weights
+    ``fingerprint`` of the model and the ``requests`` they were computed for: handed back to
+    ``compute_edits(targets=…)`` they are refused for another model or other requests.
+    ``targets[idx]`` selects requests (an int list, a slice or an index tensor)."""
+
+    z: torch.Tensor
+    layer: int
+    fingerprint: str
+    requests: tuple[Request, ...]
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __getitem__(self, idx: Any) -> "TargetResiduals":
+        rows = list(range(len(self.requests)))[idx] if isinstance(idx, slice) else \
+            [int(i) for i in (idx.tolist() if isinstance(idx, torch.Tensor) else idx)]
+        return TargetResiduals(self.z[rows], self.layer, self.fingerprint, tuple(self.requests[i] for i in rows))
+
+    def check(self, fingerprint: str, requests: list[Request], layer: int, d_model: int) -> None:
+        """Raise, saying which, unless these targets fit a batch of ``requests`` with top layer ``layer``
+        on a model with weights ``fingerprint`` and width ``d_model``."""
+        if tuple(self.z.shape) != (len(self.requests), d_model):
+            raise ValueError(f"targets must be [n_requests, d_model] = [{len(self.requests)}, {d_model}], "
+                             f"got {list(self.z.shape)}")
+        if self.fingerprint != fingerprint:
+            raise ValueError(f"the targets were computed on a model with weights {self.fingerprint[:12]}, this model "
+                             f"has {fingerprint[:12]}: compute them on this model (with the same earlier edits)")
+        if self.layer != layer:
+            raise ValueError(f"the targets are residuals after layer {self.layer}, this edit's top layer is {layer}")
+        if len(self.requests) != len(requests):
+            raise ValueError(f"the targets were computed for {len(self.requests)} requests, this batch has "
+                             f"{len(requests)}")
+        for i, (a, b) in enumerate(zip(self.requests, requests)):
+            if a != b:
+                raise ValueError(f"the targets were computed for other requests: request {i} is {a.text!r} → "
+                                 f"{a.target!r} there and {b.text!r} → {b.target!r} here")
+        require_finite(self.z, "the target residuals")
 
 
 @dataclass
@@ -444,7 +558,9 @@ def edited(model: "HookedGPT2", *edits: Edit, verify: bool = True) -> Iterator["
 def save_edit(edit: Edit, path: str | Path) -> Path:
     """One safetensors file: per layer ``L{l}.U`` (and ``L{l}.V`` unless dense), ``L{l}.keys``,
     ``k``/``v_star`` when present, and a JSON header (no pickle), with a sha256 digest over every
-    tensor and the header (:mod:`gpt2_interp.io.integrity`), checked at load."""
+    tensor and the header (:mod:`gpt2_interp.io.integrity`), checked at load. A non-finite tensor is
+    refused (it could not be loaded)."""
+    edit.require_finite("save")
     tensors: dict[str, torch.Tensor] = {}
     for lay, (U, V) in edit.factors.items():
         tensors[f"L{lay}.U"] = U

@@ -37,8 +37,8 @@ models). For any preserved key, ``‖k₀ P‖² ≤ τ·λ_max·‖·‖``-smal
 ``E‖k₀P‖² = tr(P C₀) = Σ_{kept} λ_i``, reported as ``NullSpace.leak`` (fraction of ``tr C₀``).
 ``nullspace_rule="energy"`` reads τ as that leak instead: ``P`` spans the smallest eigen-directions
 whose eigenvalues sum to at most ``τ·tr C₀``. A threshold relative to ``λ_max`` gives very different
-null spaces on layers with different spectra (SmolLM2 layers 1/2/3 at τ = 10⁻³: 64 / 1,532 / 0 of
-1,536 directions); the energy rule lets every layer leak the same share of its preserved keys' energy.
+null spaces on layers with different spectra (see analyses/results/nullspace_rules/smollm2-135m); the
+energy rule lets every layer leak the same share of its preserved keys' energy.
 
 The result is ONE :class:`~.edit.Edit` covering the layers (low-rank ``ΔW_l = U V`` with
 ``U: [d_mlp, n]``, ``V = R: [n, d_model]`` when ``n < d_model``, dense otherwise) with the edited
@@ -49,17 +49,20 @@ apply / undo (bit-exact) / save / load / fingerprint refusal as for ROME.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..model.fingerprint import parameter_digests, weights_fingerprint
-from .edit import Edit, Request
+from ..core.checks import check_choice, check_count, check_number
+from .edit import Edit, EditWarning, Request, TargetResiduals, weak_requests
+from .hparams import load_hparams, model_hparams, models_with_hparams
 from .rome import (
     MODEL_HPARAMS as ROME_MODEL_HPARAMS, RequestLike, RomeHparams, context_prefixes, default_layer, optimise_deltas,
-    subject_states, validate_request,
+    subject_states, target_logprobs, validate_request,
 )
 from .stats import KeyStats, key_second_moment, keys_fingerprint, unedited_digests
 
@@ -68,9 +71,20 @@ if TYPE_CHECKING:
 
 
 # ---------------------------------------------------------------- hyperparameters
+#: How AlphaEdit's null space reads its threshold τ (NullSpace.from_stats).
+NULLSPACE_RULES = ("relative", "energy")
+
+#: δ's clamp/weight-decay scale (:func:`.rome.optimise_deltas`' ``norm_reference``).
+DELTA_NORMS = ("resid", "mlp_out")
+
+
 @dataclass
 class MemitHparams:
-    """MEMIT/AlphaEdit settings; ``rome`` holds the δ optimisation's (:class:`.rome.RomeHparams`)."""
+    """MEMIT/AlphaEdit settings; ``rome`` holds the δ optimisation's (:class:`.rome.RomeHparams`).
+
+    Per model: ``hparams/memit/`` and ``hparams/alphaedit/`` (:meth:`of`). Every value is checked when
+    the object is made (:meth:`__post_init__`): a wrong kind, a non-finite number or a value out of
+    range raises naming the field."""
 
     layers: tuple[int, ...] | None = None   # edit layers (None: the model's default, see default_layers)
     mom2_weight: float = 1000.0             # λ in (λC + KᵀK)⁻¹KᵀR (MEMIT's mom2_update_weight)
@@ -83,70 +97,62 @@ class MemitHparams:
                                             # (MEMIT's compute_z) or "mlp_out" (ROME's v₀); see optimise_deltas
     rome: RomeHparams = field(default_factory=RomeHparams)
 
+    def __post_init__(self) -> None:
+        what = "MEMIT hyperparameter {}".format
+        if self.layers is not None:
+            if isinstance(self.layers, (str, bytes)) or not isinstance(self.layers, (list, tuple)) or not self.layers:
+                raise ValueError(f"{what('layers')} must be a non-empty list of layer indices or None, "
+                                 f"got {self.layers!r}")
+            self.layers = tuple(check_count(x, f"{what('layers')} entry", 0) for x in self.layers)
+        self.mom2_weight = check_number(self.mom2_weight, what("mom2_weight"), 0)
+        self.nullspace_threshold = check_number(self.nullspace_threshold, what("nullspace_threshold"), 0, 1,
+                                                low_open=True, high_open=True)
+        self.alpha = check_number(self.alpha, what("alpha"), 0, low_open=True)
+        self.nullspace_rule = check_choice(self.nullspace_rule, what("nullspace_rule"), NULLSPACE_RULES)
+        self.delta_norm = check_choice(self.delta_norm, what("delta_norm"), DELTA_NORMS)
+        if self.chunk is not None:
+            self.chunk = check_count(self.chunk, what("chunk"), 1)
+        if not isinstance(self.rome, RomeHparams):
+            raise TypeError(f"{what('rome')} must be a RomeHparams, got {type(self.rome).__name__}")
+
     @classmethod
     def of(cls, model: "HookedGPT2", **overrides: Any) -> "MemitHparams":
-        """Defaults, then :data:`MODEL_HPARAMS` for the model, then ``overrides``; keys of
-        :class:`RomeHparams` (``v_steps``, ``v_lr``, …) go to the δ optimisation."""
+        """Defaults (``hparams/{memit,alphaedit}/default.json``), then the model's own files
+        (:data:`MODEL_HPARAMS`, AlphaEdit's), then ``overrides``; keys of :class:`RomeHparams`
+        (``v_steps``, ``v_lr``, …) go to the δ optimisation, which starts from ROME's settings for the
+        model with :data:`DELTA_DEFAULTS` (MEMIT's context templates) over them."""
+        name = model.cfg.name
         own = {f.name for f in fields(cls)} - {"rome"}
-        rome_names = {f.name for f in fields(RomeHparams)}
-        merged = MODEL_HPARAMS.get(model.cfg.name, {}) | overrides
-        bad = sorted(set(merged) - own - rome_names)
+        rome_names = {f.name for f in fields(RomeHparams)} - {"layer"}  # the edit layers are MEMIT's `layers`
+        bad = sorted(set(overrides) - own - rome_names)
         if bad:
             raise ValueError(f"unknown MEMIT hyperparameter(s) {bad}; valid: {sorted(own)} and the ROME δ settings "
                              f"{sorted(rome_names)}")
-        rome_kw = (DELTA_DEFAULTS | ROME_MODEL_HPARAMS.get(model.cfg.name, {})
-                   | {k: v for k, v in merged.items() if k in rome_names})
-        hp = cls(**{k: v for k, v in merged.items() if k in own}, rome=RomeHparams.of(**rome_kw))
-        if hp.layers is not None:
-            hp.layers = tuple(int(x) for x in hp.layers)
-        if hp.delta_norm not in ("resid", "mlp_out"):
-            raise ValueError(f"delta_norm must be 'resid' (MEMIT) or 'mlp_out' (ROME), got {hp.delta_norm!r}")
-        if hp.nullspace_rule not in NULLSPACE_RULES:
-            raise ValueError(f"nullspace_rule must be one of {NULLSPACE_RULES}, got {hp.nullspace_rule!r}")
-        if hp.mom2_weight < 0 or hp.alpha <= 0 or not 0 < hp.nullspace_threshold < 1:
-            raise ValueError(f"need mom2_weight >= 0, alpha > 0 and 0 < nullspace_threshold < 1; got {hp}")
-        return hp
+        memit = load_hparams("memit", name) | load_hparams("alphaedit", name) | overrides
+        rome_kw = (DELTA_DEFAULTS | ROME_MODEL_HPARAMS.get(name, {}) | model_hparams("memit", name)
+                   | overrides)
+        return cls(**{k: v for k, v in memit.items() if k in own},
+                   rome=RomeHparams.of(**{k: v for k, v in rome_kw.items() if k in rome_names}))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-#: How AlphaEdit's null space reads its threshold τ (NullSpace.from_stats).
-NULLSPACE_RULES = ("relative", "energy")
+#: MEMIT's own δ settings where they differ from ROME's (``hparams/memit/default.json``): the bare
+#: prompt and 5 generated context prefixes of 10 tokens (MEMIT's context templates).
+DELTA_DEFAULTS: dict[str, Any] = {k: v for k, v in load_hparams("memit", "default").items()
+                                  if k in {f.name for f in fields(RomeHparams)}}
 
-#: MEMIT's own δ settings where they differ from ROME's: the target vectors are optimised over the
-#: bare prompt and 5 generated context prefixes of 10 tokens (MEMIT's context templates), not ROME's
-#: 10 prefixes of 5 and 10 tokens — half the rows, so about half the δ-optimisation time.
-DELTA_DEFAULTS: dict[str, Any] = {"prefix_lengths": (10,), "prefixes_per_length": 5}
-
-#: Per-model MEMIT settings (user arguments win; δ settings default to ROME's MODEL_HPARAMS).
-#: gpt2-facts: one edit layer, 0 — the only layer whose MLP at the subject's last token carries the
-#: fact (causal trace: indirect effect 0.40 at layer 0, < 0.006 above). λ = 1000: on 200 tuning
-#: requests in one batch (analyses/mass_editing.py, results/mass_editing.md) λ = 10/30/100/300/1000
-#: gave ES 55/61/74/79/66, NS 70/72/74/79/90 (unedited 100); none kept NS within 5 points, and 1000
-#: had the best NS. Those runs used ROME's 10 context prefixes (lengths 5 and 10), kept here so that
-#: the recorded results reproduce — and measured no worse to keep: on the same 200 requests, layer 0,
-#: MEMIT's 6 variants (bare + 5 prefixes of 10 tokens) gave ES/PS/NS 68/63/74 (λ 100), 73/68/81 (300),
-#: 55/64/92 (1000), 16/26/98 (3000) against ROME's 11 variants' 74/73/74, 79/80/79, 66/77/90 at
-#: λ 100/300/1000: half the δ time (0.81 s a request on one loaded thread vs ~1.6) for 6–14 points
-#: of ES/PS (analyses/mass_editing_window.py --tops 0 --ctx memit --delta-norm mlp_out, run from a
-#: /tmp copy in session 6; 11-variant rows: results/mass_editing.md's tuning).
-#: Windows above layer 0 need delta_norm="resid"; with it, (0, 1) and (1) were no better than layer 0 on
-#: the same 200 requests (ES/PS/NS 54.5/53.0/86.4 at λ = 300 vs 72.5/68.3/81.3; results/mass_editing_window.md);
-#: tops above 1 were not measured.
-#: Both models keep δ scaled by the MLP output (ROME's v₀, ``delta_norm="mlp_out"``), as their recorded
-#: results were computed before ``delta_norm`` existed; switch to MEMIT's "resid" when they are rerun
-#: (on gpt2-facts layer 0 the two norms differ by ~3%; any window above layer 0 needs "resid").
-MODEL_HPARAMS: dict[str, dict[str, Any]] = {
-    "gpt2-facts": {"layers": (0,), "mom2_weight": 1000.0, "prefix_lengths": (5, 10), "delta_norm": "mlp_out"},
-    "smollm2-135m": {"delta_norm": "mlp_out"},
-}
+#: Per-model MEMIT settings (``hparams/memit/<model>.json``; user arguments win; δ settings default to
+#: ROME's for the model). Each file names the run behind every value.
+MODEL_HPARAMS: dict[str, dict[str, Any]] = {name: model_hparams("memit", name) for name in models_with_hparams("memit")
+                                            if model_hparams("memit", name)}
 
 
 def default_layers(model: "HookedGPT2") -> list[int]:
     """MEMIT's window: ``round(5/48 · n_layer)`` layers ending at ROME's layer (gpt2-xl: 13–17, as
     published), or :data:`MODEL_HPARAMS`' ``layers``."""
-    given = MODEL_HPARAMS.get(model.cfg.name, {}).get("layers")
+    given = load_hparams("memit", model.cfg.name).get("layers")
     if given is not None:
         return list(given)
     top = default_layer(model)
@@ -277,26 +283,34 @@ def projected_update(K: torch.Tensor, P: torch.Tensor, KpKp: torch.Tensor | None
 
 # ---------------------------------------------------------------- input checks
 def validate_requests(model: "HookedGPT2", requests: Sequence[RequestLike]) -> tuple[list[Request], list[list[int]]]:
-    """Requests and their target ids; an empty batch or one subject+prompt with two targets raises.
-    Exact duplicates are kept once."""
+    """Requests and their target ids; an empty batch, or one subject+prompt asked for two targets,
+    raises naming the requests' indices. An exact duplicate is kept once, with an :class:`EditWarning`."""
     if isinstance(requests, (Request, Mapping)):
         requests = [requests]
+    if isinstance(requests, (str, bytes)) or not isinstance(requests, Sequence):
+        raise TypeError(f"requests must be a list of requests, got {type(requests).__name__}")
     if not requests:
         raise ValueError("the request list is empty; give at least one {'prompt', 'subject', 'target'}")
     out, ids, seen = [], [], {}
-    for r in requests:
-        req, i = validate_request(model, r)
+    for i, r in enumerate(requests):
+        req, t = validate_request(model, r, i)
         key = (req.subject, req.prompt)
         if key in seen:
-            if seen[key].target != req.target:
+            j, first = seen[key]
+            if first.target != req.target:
                 raise ValueError(
-                    f"conflicting requests in one batch: {req.prompt.format(req.subject)!r} → {seen[key].target!r} "
-                    f"and → {req.target!r}. One batch writes one answer per subject and prompt; drop one, or edit "
+                    f"conflicting requests {j} and {i} in one batch: {req.text!r} → {first.target!r} and → "
+                    f"{req.target!r}. One batch writes one answer per subject and prompt; drop one, or edit "
                     "them in separate, sequential batches")
+            if first != req:
+                raise ValueError(f"requests {j} and {i} ask the same ({req.text!r} → {req.target!r}) with different "
+                                 "keep prompts; merge their keep lists into one request")
+            warnings.warn(f"requests {j} and {i} are the same ({req.text!r} → {req.target!r}); it is edited once",
+                          EditWarning, stacklevel=3)
             continue
-        seen[key] = req
+        seen[key] = (i, req)
         out.append(req)
-        ids.append(i)
+        ids.append(t)
     return out, ids
 
 
@@ -315,6 +329,9 @@ def _resolve_stats(model: "HookedGPT2", layers: list[int], stats: Any, hp: Memit
         raise ValueError(f"no key statistics for edit layer(s) {missing} (given: {sorted(got)}); compute them with "
                          f"key_second_moment(model, {layers})")
     for l in layers:
+        if not isinstance(got[l], KeyStats):
+            raise TypeError(f"stats for layer {l} must be a KeyStats (key_second_moment(model, {layers})), "
+                            f"got {type(got[l]).__name__}")
         got[l].check(model, l, digests)
     return got
 
@@ -344,7 +361,7 @@ def compute_edits(
     preserve: "NullSpace | KeyStats | Mapping[int, KeyStats] | bool | None" = None,
     remember: bool = True,
     progress: bool = False,
-    targets: torch.Tensor | None = None,
+    targets: "TargetResiduals | Edit | None" = None,
 ) -> Edit:
     """Compute (not apply) ONE edit writing every request into ``model`` (module doc: the maths).
 
@@ -353,60 +370,137 @@ def compute_edits(
     ``hparams``: :class:`MemitHparams` or a dict of overrides. ``preserve``: AlphaEdit — a
     :class:`NullSpace` (reused across sequential batches; it remembers this batch's keys unless
     ``remember=False``), statistics of the keys to preserve, or True for ``stats`` themselves.
-    ``targets``: the target residuals ``z: [n, d_model]`` of an earlier edit of the same requests
-    at the same top layer on the same unedited model (its ``edit.v_star``); the δ optimisation, which
-    does not depend on λ, τ, α or the lower layers, is then skipped — re-solving one batch under other
-    settings costs a few forward passes instead of a δ optimisation.
+    ``targets``: the target residuals of an earlier edit of the same requests at the same top layer on
+    the same model (``edit.targets``, or the edit itself); they carry the weights fingerprint and the
+    requests they were computed for, and are refused for another model, other requests or another top
+    layer. The δ optimisation, which does not depend on λ, τ, α or the lower layers, is then skipped —
+    re-solving one batch under other settings costs a few forward passes instead of a δ optimisation.
+    ``edit.metrics`` records P(target | rewrite prompt) per request before and after the edit and the
+    indices of weak edits (:func:`.edit.is_weak`, also an :class:`.edit.EditWarning`).
     Apply with ``edit.apply(model)``; undo with ``edit.undo(model)``.
     """
     t0 = time.perf_counter()
-    hp = hparams if isinstance(hparams, MemitHparams) else MemitHparams.of(model, **dict(hparams or {}))
+    hp = MemitHparams.of(model, **dict(hparams or {})) if not isinstance(hparams, MemitHparams) else \
+        replace(hparams, rome=replace(hparams.rome))  # re-checks every field, also after the object was changed
     reqs, ids = validate_requests(model, requests)
     layers_ = _resolve_layers(model, layers, hp, reqs)
     top = layers_[-1]
     digests = parameter_digests(model)
     base_fp = weights_fingerprint(model, digests=digests)
+    given = _given_targets(targets, base_fp, reqs, top, model.cfg.d_model)
     st = _resolve_stats(model, layers_, stats, hp, digests, progress)
-    ns: NullSpace | None
-    if preserve is None or preserve is False:
-        ns = None
-    elif isinstance(preserve, NullSpace):
-        ns = preserve
-    elif preserve is True:
-        ns = NullSpace.from_stats({l: st[l] for l in layers_}, hp.nullspace_threshold, hp.nullspace_rule)
-    else:
-        ns = NullSpace.from_stats(preserve, hp.nullspace_threshold, hp.nullspace_rule)
-    if ns is not None:
-        ns.check(model, layers_, digests)
+    ns = _resolve_preserve(model, preserve, st, layers_, hp, digests)
     prefixes = context_prefixes(model, hp.rome.prefix_lengths, hp.rome.prefixes_per_length, hp.rome.prefix_seed)
+    p_before = [float(x) for x in torch.tensor(target_logprobs(model, [r.text for r in reqs], ids)).exp()]
 
     # 1. target residuals at the top layer
     t1 = time.perf_counter()
     _, h0 = subject_states(model, reqs, [], prefixes, resid_layer=top)
-    if targets is None:
+    if given is None:
         opt = optimise_deltas(model, list(zip(reqs, ids)), top, prefixes, hp.rome, st[top].solve, chunk=hp.chunk,
                               progress=progress, norm_reference=hp.delta_norm)
         delta = torch.stack([o["delta"] for o in opt]).double().cpu()  # [n, d_model]
     else:
-        if tuple(targets.shape) != (len(reqs), model.cfg.d_model):
-            raise ValueError(f"targets must be [n_requests, d_model] = [{len(reqs)}, {model.cfg.d_model}] (the "
-                             f"v_star of an earlier edit of the same requests), got {list(targets.shape)}")
         opt = []
-        delta = targets.double().cpu() - h0.double().cpu()
+        delta = given.z.double().cpu() - h0.double().cpu()
     t_delta = time.perf_counter() - t1
     z = h0.double().cpu() + delta  # [n, d_model]
 
-    # 2-3. spread over the layers, lowest first, applying each update before the next layer's keys
+    # 2-3. spread over the layers, lowest first
+    factors, keys_used, fit, p_after = _solve_layers(model, reqs, ids, z, layers_, prefixes, st, hp, ns)
+    if ns is not None and remember:
+        ns.remember(keys_used)
+    n = len(reqs)
+    metrics = {
+        "n_requests": n, "layers": layers_, "seconds": time.perf_counter() - t0, "delta_seconds": t_delta,
+        "delta_norm_mean": float(delta.norm(dim=-1).mean()),
+        "steps_mean": sum(len(o["log"]) - 1 for o in opt) / n if opt else None,
+        "p_target_optimised_mean": sum(o["log"][-1]["p_target"] for o in opt) / n if opt else None,
+        "targets_given": given is not None,
+        "fit": fit, "p_target_before": p_before, "p_target_after": p_after,
+    }
+    if ns is not None:
+        metrics["null_dim"] = {l: ns.null_dim[l] for l in layers_}
+        metrics["null_leak"] = {l: ns.leak[l] for l in layers_}
+        _warn_empty_null_space(ns, layers_)
+    metrics["weak"] = weak_requests(reqs, p_before, p_after)
+    hdict = hp.to_dict() | {"layers": layers_, "stats_corpus": st[top].key.get("corpus"), "stats_count": st[top].count}
+    return Edit(factors=factors, requests=reqs, keys=keys_used, v_star=z.float(), base_fingerprint=base_fp, hparams=hdict,
+                metrics=metrics, model_name=model.cfg.name, shape=(model.cfg.d_mlp, model.cfg.d_model),
+                method="alphaedit" if ns is not None else "memit")
+
+
+def _given_targets(targets: Any, fingerprint: str, reqs: list[Request], top: int,
+                   d_model: int) -> TargetResiduals | None:
+    """``compute_edits``' ``targets`` as checked :class:`TargetResiduals` (None when not given)."""
+    if targets is None:
+        return None
+    if isinstance(targets, Edit):
+        targets = targets.targets
+    if not isinstance(targets, TargetResiduals):
+        raise TypeError(f"targets must be an earlier edit's target residuals (edit.targets) or the edit itself, "
+                        f"which record the model and requests they were computed for; got {type(targets).__name__}")
+    targets.check(fingerprint, reqs, top, d_model)
+    return targets
+
+
+def _resolve_preserve(model: "HookedGPT2", preserve: Any, st: dict[int, KeyStats], layers: list[int],
+                      hp: MemitHparams, digests: dict[str, str]) -> "NullSpace | None":
+    """``compute_edits``' ``preserve`` as a :class:`NullSpace` checked against the model (None: MEMIT)."""
+    if preserve is None or preserve is False:
+        return None
+    if isinstance(preserve, NullSpace):
+        ns = preserve
+    elif preserve is True:
+        ns = NullSpace.from_stats({l: st[l] for l in layers}, hp.nullspace_threshold, hp.nullspace_rule)
+    else:
+        given = {preserve.layer: preserve} if isinstance(preserve, KeyStats) else dict(preserve)
+        for lay, s in given.items():
+            if not isinstance(s, KeyStats):
+                raise TypeError(f"preserve must hold KeyStats per layer, got {type(s).__name__} for layer {lay}")
+            s.check(model, int(lay), digests)
+        ns = NullSpace.from_stats(given, hp.nullspace_threshold, hp.nullspace_rule)
+    unverified = [l for l in layers if l in ns.P and not ns.fingerprints.get(l)]
+    if unverified:
+        raise ValueError(f"the null space of layer(s) {unverified} was built from statistics that record no keys "
+                         "fingerprint, so it cannot be checked against this model; build it with "
+                         "NullSpace.from_stats(key_second_moment(model, layers))")
+    wrong = [l for l in layers if l in ns.P and ns.P[l].shape[0] != model.cfg.d_mlp]
+    if wrong:
+        raise ValueError(f"the null space of layer(s) {wrong} is {ns.P[wrong[0]].shape[0]}-dimensional, this model's "
+                         f"keys have d_mlp {model.cfg.d_mlp}")
+    ns.check(model, layers, digests)
+    return ns
+
+
+def _warn_empty_null_space(ns: "NullSpace", layers: list[int]) -> None:
+    """An :class:`EditWarning` for each edit layer whose null space is empty: its update is exactly zero."""
+    empty = [l for l in layers if ns.null_dim.get(l) == 0]
+    if empty:
+        warnings.warn(f"AlphaEdit's null space has dimension 0 at layer(s) {empty} (τ = {ns.threshold:g}, "
+                      f"rule {ns.rule!r}): the update there is zero, so "
+                      f"{'the edit does nothing' if len(empty) == len(layers) else 'those layers are not edited'}. "
+                      f"Raise nullspace_threshold (e.g. τ = {min(ns.threshold * 10, 0.5):g}) or use "
+                      "nullspace_rule='energy'", EditWarning, stacklevel=3)
+
+
+def _solve_layers(model: "HookedGPT2", reqs: list[Request], ids: list[list[int]], z: torch.Tensor, layers: list[int],
+                  prefixes: list[str], st: dict[int, KeyStats], hp: MemitHparams, ns: "NullSpace | None",
+                  ) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor | None]], dict[int, torch.Tensor],
+                             dict[int, dict[str, float]], list[float]]:
+    """Steps 2-3 of the module doc: each layer's update, lowest first, applied before the next layer's
+    keys are read, then P(target) with every update applied; the weights are restored on return.
+    Returns ``(factors, keys, fit, p_target_after)``."""
     factors: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
     keys_used: dict[int, torch.Tensor] = {}
     fit: dict[int, dict[str, float]] = {}
-    saved = {l: model.blocks[l].mlp.W_out.detach().clone() for l in layers_}
-    n, d_model = len(reqs), model.cfg.d_model
+    saved = {l: model.blocks[l].mlp.W_out.detach().clone() for l in layers}
+    n, d_model, top = len(reqs), model.cfg.d_model, layers[-1]
     try:
-        for j, lay in enumerate(layers_):
+        for j, lay in enumerate(layers):
             K_all, h_now = subject_states(model, reqs, [lay], prefixes, resid_layer=top)
             K = K_all[lay].double().cpu()  # [n, d_mlp]
-            R = (z - h_now.double().cpu()) / (len(layers_) - j)  # [n, d_model]
+            R = (z - h_now.double().cpu()) / (len(layers) - j)  # [n, d_model]
             if ns is None:
                 A = least_squares_update(K, R, st[lay].C, hp.mom2_weight)
             else:
@@ -416,35 +510,17 @@ def compute_edits(
             fit[lay] = {"target_norm": float(R.norm(dim=-1).mean()),
                         "fit_error": float((K @ dW - R).norm(dim=-1).mean() / R.norm(dim=-1).mean().clamp(min=1e-12)),
                         "dW_norm": float(dW.norm())}
-            if n < min(d_model, A.shape[0]):
-                factors[lay] = (A.float(), R.float())
-            else:
-                factors[lay] = (dW.float(), None)
+            factors[lay] = (A.float(), R.float()) if n < min(d_model, A.shape[0]) else (dW.float(), None)
             keys_used[lay] = K.float()
             with torch.no_grad():
                 W = model.blocks[lay].mlp.W_out
                 W.add_(dW.to(W.device, W.dtype))
+        p_after = [float(x) for x in torch.tensor(target_logprobs(model, [r.text for r in reqs], ids)).exp()]
     finally:
         with torch.no_grad():
             for l, W0 in saved.items():
                 model.blocks[l].mlp.W_out.copy_(W0)
-    if ns is not None and remember:
-        ns.remember(keys_used)
-    method = "alphaedit" if ns is not None else "memit"
-    metrics = {
-        "n_requests": n, "layers": layers_, "seconds": time.perf_counter() - t0, "delta_seconds": t_delta,
-        "delta_norm_mean": float(delta.norm(dim=-1).mean()),
-        "steps_mean": sum(len(o["log"]) - 1 for o in opt) / n if opt else None,
-        "p_target_optimised_mean": sum(o["log"][-1]["p_target"] for o in opt) / n if opt else None,
-        "targets_given": targets is not None,
-        "fit": fit,
-    }
-    if ns is not None:
-        metrics["null_dim"] = {l: ns.null_dim[l] for l in layers_}
-        metrics["null_leak"] = {l: ns.leak[l] for l in layers_}
-    hdict = hp.to_dict() | {"layers": layers_, "stats_corpus": st[top].key.get("corpus"), "stats_count": st[top].count}
-    return Edit(factors=factors, requests=reqs, keys=keys_used, v_star=z.float(), base_fingerprint=base_fp, hparams=hdict,
-                metrics=metrics, model_name=model.cfg.name, shape=(model.cfg.d_mlp, model.cfg.d_model), method=method)
+    return factors, keys_used, fit, p_after
 
 
 def apply_memit(model: "HookedGPT2", requests: Sequence[RequestLike], batch_size: int | None = None,
@@ -455,7 +531,7 @@ def apply_memit(model: "HookedGPT2", requests: Sequence[RequestLike], batch_size
     reqs = list(requests)
     if not reqs:
         raise ValueError("the request list is empty")
-    size = batch_size or len(reqs)
+    size = len(reqs) if batch_size is None else check_count(batch_size, "batch_size")
     edits = []
     for s in range(0, len(reqs), size):
         e = compute_edits(model, reqs[s : s + size], **kwargs)
@@ -463,5 +539,5 @@ def apply_memit(model: "HookedGPT2", requests: Sequence[RequestLike], batch_size
     return edits
 
 
-__all__ = ["MemitHparams", "MODEL_HPARAMS", "NullSpace", "compute_edits", "apply_memit", "choose_layers",
-           "default_layers", "least_squares_update", "projected_update", "validate_requests"]
+__all__ = ["MemitHparams", "MODEL_HPARAMS", "NullSpace", "TargetResiduals", "compute_edits", "apply_memit",
+           "choose_layers", "default_layers", "least_squares_update", "projected_update", "validate_requests"]

@@ -19,14 +19,13 @@ memory and inserts the association ``k* → v*`` with the smallest change in the
   depend on its ``W_out`` — so the optimised loss is the edited model's loss. ROME adds a plain
   ``δ`` at the subject's last token only (``exact_edit=False``); the difference matters when a
   variant's key differs from k* ("France" at the start of a text vs " France" after a prefix)
-  and when other tokens' keys share k*'s direction (on gpt2-facts the bare prompt's key can get
-  only a third of the edit that the optimisation assumed, and the edit misses).
+  and when other tokens' keys share k*'s direction: then a variant's key gets only part of the edit
+  that the optimisation assumed (see analyses/results/rome_counterfact/gpt2-facts).
 * ``keep`` (ours, optional; :attr:`Request.keep`): prompts about the same subject whose next-token
   distribution must not move — the subject's other attributes. Their KL (edited ‖ unedited, at
   their last token, averaged over the prompts) enters the loss × ``keep_factor``. The edit writes
-  to the subject's representation, which every relation reads; without it, writing Norway's
-  capital also rewrites its language and currency on gpt2-facts
-  (``analyses/subject_specificity.py`` measures the trade-off).
+  to the subject's representation, which every relation reads, so without it writing one relation
+  can rewrite the subject's others (see analyses/results/subject_specificity/<model>).
 * the update ``ΔW = outer(C⁻¹k*, v* − (k* @ W_out + b_out)) / (k*ᵀ C⁻¹ k*)``, so
   ``k* @ (W_out + ΔW) + b_out = v*`` exactly, and any key ``k`` with ``kᵀC⁻¹k* = 0`` is untouched.
 
@@ -38,8 +37,9 @@ places, so the inserted association is exactly ``k* → v*``.
 
 from __future__ import annotations
 
-import math
+import os
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
@@ -48,10 +48,12 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 import torch
 
 from ..analysis.tokens import subject_span, target_ids, token_span
+from ..core.checks import check_number
 from ..core.progress import progress_bar
 from ..analysis.tracing import causal_trace
 from ..model.fingerprint import parameter_digests, weights_fingerprint
-from .edit import Edit, Request
+from .edit import Edit, EditWarning, Request, weak_requests
+from .hparams import load_hparams, model_hparams, models_with_hparams
 from .stats import KeyStats, key_second_moment
 
 if TYPE_CHECKING:
@@ -59,23 +61,19 @@ if TYPE_CHECKING:
 
 RequestLike = Union[Request, Mapping[str, Any]]
 
-#: Default edit layer per model. gpt2-medium/-large/-xl are ROME's published choices (8/24,
-#: 12/36, 17/48: about a third of the depth, where causal tracing peaks for MLPs at the last
-#: subject token). gpt2 (small) has no published choice: we take the same third, layer 4.
-#: gpt2-facts: 0, the layer of largest average MLP indirect effect at the last subject token in
-#: our causal traces of the embedded model (0.40 at layer 0, < 0.006 at layers 1-5, 64 facts;
-#: see analyses/rome_counterfact.py); edits at layers >= 1 do not move the answer at all.
-#: Other models: ``n_layer // 3``.
-#: smollm2-135m: 3, the window centre (window 6 of 30 layers) of largest average MLP indirect effect at the
-#: last subject token over 120 known facts (0.28; analyses/results/causal_trace_smollm2-135m.json).
-DEFAULT_LAYERS: dict[str, int] = {"gpt2": 4, "gpt2-medium": 8, "gpt2-large": 12, "gpt2-xl": 17, "gpt2-facts": 0,
-                                  "smollm2-135m": 3}
+#: Default edit layer per model (``hparams/rome/<model>.json``' ``layer``); other models: ``n_layer // 3``.
+DEFAULT_LAYERS: dict[str, int] = {name: int(model_hparams("rome", name)["layer"]) for name in models_with_hparams("rome")
+                                  if "layer" in model_hparams("rome", name)}
 
 
 @dataclass
 class RomeHparams:
-    """ROME's hyperparameters (defaults: ROME's gpt2-medium/-xl settings)."""
+    """ROME's hyperparameters (defaults: ROME's gpt2-medium/-xl settings; per model: ``hparams/rome/``).
 
+    Every value is checked when the object is made (:meth:`__post_init__`): a wrong kind, a non-finite
+    number or a value out of range raises naming the field."""
+
+    layer: int | None = None        # edit layer when none is given (None: n_layer // 3; see default_layer)
     v_steps: int = 20               # Adam steps on δ
     v_lr: float = 0.5               # Adam learning rate
     kl_factor: float = 0.0625       # weight of the essence KL on "{subject} is a"
@@ -93,73 +91,65 @@ class RomeHparams:
     corpus: str | None = None       # key statistics corpus when stats=None (see stats.py)
     n_samples: int = 100_000        # key statistics sample size when stats=None
 
+    def __post_init__(self) -> None:
+        what = "ROME hyperparameter {}".format
+        for name, minimum in (("v_steps", 0), ("prefixes_per_length", 0), ("n_samples", 1), ("prefix_seed", None)):
+            setattr(self, name, _integer(getattr(self, name), what(name), minimum))
+        if self.layer is not None:
+            self.layer = _integer(self.layer, what("layer"), 0)
+        for name, low, low_open in (("v_lr", 0, True), ("clamp_factor", 0, True), ("kl_factor", 0, False),
+                                    ("weight_decay", 0, False), ("early_stop", 0, False), ("keep_factor", 0, False)):
+            setattr(self, name, check_number(getattr(self, name), what(name), low, low_open=low_open))
+        if self.bare_weight is not None:
+            self.bare_weight = check_number(self.bare_weight, what("bare_weight"), 0, 1)
+        if self.bare_early_stop is not None:
+            self.bare_early_stop = check_number(self.bare_early_stop, what("bare_early_stop"), 0)
+        if isinstance(self.prefix_lengths, (str, bytes)) or not isinstance(self.prefix_lengths, (list, tuple)):
+            raise ValueError(f"{what('prefix_lengths')} must be a list of integers, got {self.prefix_lengths!r}")
+        self.prefix_lengths = tuple(_integer(x, f"{what('prefix_lengths')} entry", 1) for x in self.prefix_lengths)
+        if not isinstance(self.exact_edit, bool):
+            raise ValueError(f"{what('exact_edit')} must be true or false, got {self.exact_edit!r}")
+        if not isinstance(self.kl_prompt, str) or self.kl_prompt.count("{}") != 1:
+            raise ValueError(f"{what('kl_prompt')} must be a string holding '{{}}' once, got {self.kl_prompt!r}")
+        if self.corpus is not None and not isinstance(self.corpus, (str, os.PathLike)):
+            raise ValueError(f"{what('corpus')} must be a corpus name or path, got {self.corpus!r}")
+
     @classmethod
     def of(cls, **kwargs: Any) -> "RomeHparams":
+        """The hyperparameters with ``kwargs`` replacing the defaults; an unknown name raises listing the valid ones."""
         names = {f.name for f in fields(cls)}
         bad = sorted(set(kwargs) - names)
         if bad:
             raise ValueError(f"unknown ROME hyperparameter(s) {bad}; valid: {sorted(names)}")
-        for name, value in kwargs.items():
-            default = getattr(cls, name)
-            if not _same_kind(value, default):
-                raise ValueError(f"ROME hyperparameter {name} must be {_kind(default)} (default {default!r}), "
-                                 f"got {value!r} ({type(value).__name__})")
-        hp = cls(**kwargs)
-        hp.prefix_lengths = tuple(int(x) for x in hp.prefix_lengths)
-        if hp.v_steps < 0 or hp.v_lr <= 0 or hp.clamp_factor <= 0:
-            raise ValueError(f"need v_steps >= 0, v_lr > 0, clamp_factor > 0; got {hp}")
-        return hp
+        return cls(**kwargs)
 
 
-#: Per-model overrides of :class:`RomeHparams` (user arguments win): gpt2-facts' layer-0 MLP outputs
-#: are large (norm ~150), so it needs bigger Adam steps than ROME's GPT-2 defaults, and a bare-prompt
-#: weight/early stop. Why each value, and the configurations measured: analyses/results/rome_tuning.md.
-#: smollm2-135m: ROME's defaults except the early stop. Its MLP outputs are small (‖v₀‖ ≈ 30), so the
-#: weight-decay term alone (0.5·‖δ‖/‖v₀‖² ≈ 0.06 once δ has grown) exceeds ROME's 0.05 threshold and every
-#: edit ran all 20 steps with the target already at p ≈ 0.99 after ~12; at 0.1 the loss stops once the
-#: rewrite prompts' NLL is ≈ 0.02–0.05 (measured on three requests: 10, 8 and 20 steps instead of 20, 20, 20).
+#: Per-model overrides of :class:`RomeHparams` other than the layer (``hparams/rome/<model>.json``;
+#: user arguments win). Each file names the run behind every value.
 MODEL_HPARAMS: dict[str, dict[str, Any]] = {
-    "gpt2-facts": {"v_lr": 5.0, "v_steps": 60, "bare_weight": 0.5, "early_stop": 1.0, "bare_early_stop": 0.5},
-    "smollm2-135m": {"early_stop": 0.1},
+    name: {k: v for k, v in model_hparams("rome", name).items() if k != "layer"}
+    for name in models_with_hparams("rome") if set(model_hparams("rome", name)) - {"layer"}
 }
 
 
-def _kind(default: Any) -> str:
-    if isinstance(default, bool):
-        return "true or false"
-    if isinstance(default, int):
-        return "an integer"
-    if isinstance(default, float):
-        return "a number"
-    if isinstance(default, tuple):
-        return "a list of integers"
-    return "a string" if isinstance(default, str) else "a number, a string or null (None)"
-
-
-def _same_kind(value: Any, default: Any) -> bool:
-    """Whether ``value`` may replace the hyperparameter whose default is ``default``."""
-    if isinstance(default, bool):
-        return isinstance(value, bool)
-    if isinstance(value, bool):
-        return False
-    if isinstance(default, int):
-        return isinstance(value, int)
-    if isinstance(default, float):
-        return isinstance(value, (int, float)) and math.isfinite(value)
-    if isinstance(default, tuple):
-        return isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
-    if isinstance(default, str):
-        return isinstance(value, str)
-    return value is None or isinstance(value, str) or (isinstance(value, (int, float)) and math.isfinite(value))
+def _integer(value: Any, what: str, minimum: int | None) -> int:
+    """``value`` as an int (not a bool) ≥ ``minimum``, else a ValueError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be an integer{'' if minimum is None else f' ≥ {minimum}'}, "
+                         f"got {value!r} ({type(value).__name__})")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{what} must be an integer ≥ {minimum}, got {value}")
+    return value
 
 
 def hparams_for(model: "HookedGPT2", **overrides: Any) -> RomeHparams:
-    """:class:`RomeHparams` for ``model``: ROME's defaults, then :data:`MODEL_HPARAMS`, then ``overrides``."""
-    return RomeHparams.of(**(MODEL_HPARAMS.get(model.cfg.name, {}) | overrides))
+    """:class:`RomeHparams` for ``model``: ``hparams/rome/default.json``, then the model's own file, then
+    ``overrides``."""
+    return RomeHparams.of(**(load_hparams("rome", model.cfg.name) | overrides))
 
 
 def default_layer(model: "HookedGPT2") -> int:
-    """The edit layer used when ``layer=None``: :data:`DEFAULT_LAYERS` or ``n_layer // 3``."""
+    """The edit layer used when ``layer=None``: the model's ``hparams/rome`` ``layer`` or ``n_layer // 3``."""
     layer = DEFAULT_LAYERS.get(model.cfg.name)
     return layer if layer is not None and layer < model.cfg.n_layer else model.cfg.n_layer // 3
 
@@ -192,12 +182,34 @@ def _filled(prompt: str, subject: str, prefix: str = "") -> tuple[str, int, int]
     return head + before + subject + after, lo, lo + len(subject)
 
 
-def validate_request(model: "HookedGPT2", request: RequestLike) -> tuple[Request, list[int]]:
-    """The request as a :class:`Request` and its target ids; bad input raises saying what to fix."""
-    req = Request.of(request)
-    subject_span(model, req.text, req.subject)  # raises if the subject cannot be located
+def validate_request(model: "HookedGPT2", request: RequestLike, index: int | None = None) -> tuple[Request, list[int]]:
+    """The request as a :class:`Request` and its target ids; bad input raises saying what to fix (and
+    ``index``, the request's position in a list). A target whose first token is unlikely to follow the
+    prompt (no space on either side of the join) gets an :class:`EditWarning`."""
+    req = Request.of(request, index)
+    where = "request" if index is None else f"request {index}"
+    try:
+        subject_span(model, req.text, req.subject)  # raises if the subject cannot be located
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{where}: {e}") from None
     ids = target_ids(model, req.target)
+    _warn_unspaced_target(model, req, ids, where)
     return req, ids
+
+
+def _warn_unspaced_target(model: "HookedGPT2", req: Request, ids: list[int], where: str) -> None:
+    """Warn when neither the prompt's end nor the target's start is a space and the target tokenizes
+    differently with a leading space: the edit would teach a word glued to the prompt's last word."""
+    if req.text[-1:].isspace() or req.target[:1].isspace():
+        return
+    spaced = model.tokenizer.encode_ids(" " + req.target)
+    if not spaced or spaced[0] == ids[0]:
+        return
+    tok = model.tokenizer.token_str
+    warnings.warn(f"{where}: the target {req.target!r} has no leading space and the prompt {req.text!r} ends "
+                  f"without one, so its first token {tok(ids[0])!r} (id {ids[0]}) must continue the prompt's last "
+                  f"word, which is unlikely; with a space it is {tok(spaced[0])!r} (id {spaced[0]}). Give target "
+                  f"{' ' + req.target!r} unless the word really continues the prompt", EditWarning, stacklevel=3)
 
 
 @contextmanager
@@ -317,6 +329,25 @@ def subject_states(model: "HookedGPT2", requests: Sequence[Request], layers: Seq
     return keys, (mean[f"blocks.{resid_layer}.hook_resid_post"] if resid_layer is not None else None)
 
 
+@torch.no_grad()
+def target_logprobs(model: "HookedGPT2", texts: Sequence[str], ids: Sequence[list[int]],
+                    batch_size: int = 64) -> list[float]:
+    """log P(target ids | BOS + text) for each ``(text, target ids)`` under the model as it is, batched
+    (right padding: positions and causal attention of the real tokens are unchanged)."""
+    out: list[float] = []
+    rows = [model.to_tokens(t)[0].tolist() + i[:-1] for t, i in zip(texts, ids)]
+    for s in range(0, len(rows), batch_size):
+        chunk, tgt = rows[s : s + batch_size], ids[s : s + batch_size]
+        tokens, mask = model.pad(chunk, padding_side="right")
+        model.check_length(tokens.shape[1])
+        resid = model(tokens, attention_mask=mask, stop_at_layer=model.cfg.n_layer)
+        for j, (r, i) in enumerate(zip(chunk, tgt)):
+            pos = torch.arange(len(r) - len(i), len(r), device=resid.device)
+            lp = model.unembed(model.ln_final(resid[j, pos])).float().log_softmax(-1)
+            out.append(float(lp[torch.arange(len(i)), torch.tensor(i, device=lp.device)].sum()))
+    return out
+
+
 def _target_logprob(model: "HookedGPT2", text: str, ids: list[int], hooks: list = ()) -> float:
     """log P(target ids | BOS + text) under the model (with ``hooks``)."""
     tokens = torch.cat([model.to_tokens(text), torch.tensor([ids], device=model.device)], dim=1)
@@ -351,9 +382,9 @@ def optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[int
     ``norm_reference``: the vector whose norm scales δ's clamp (``clamp_factor``·‖ref‖) and weight
     decay (‖δ‖/‖ref‖²), at the subject's last token of the bare prompt: ``"mlp_out"`` (ROME's v₀, the
     edited MLP's output) or ``"resid"`` (MEMIT's ``compute_z``: the residual stream after the block,
-    which δ is added to). They differ where the MLP's output is small next to the residual: on
-    gpt2-facts layer 1's ‖v₀‖ is 1–3 against a residual of ~200, and δ clamped to 4‖v₀‖ cannot move
-    the prediction (p(target) 0.02 after 60 steps on 200 requests)."""
+    which δ is added to). They differ where the MLP's output is small next to the residual: then δ
+    clamped to a multiple of ‖v₀‖ cannot move the prediction (see
+    analyses/results/mass_editing_window/gpt2-facts)."""
     if norm_reference not in ("mlp_out", "resid"):
         raise ValueError(f"norm_reference must be 'mlp_out' (ROME) or 'resid' (MEMIT), got {norm_reference!r}")
     chunk = chunk or (len(items) if model.device.type != "cpu" else 32)
@@ -553,6 +584,9 @@ def compute_edit(
     digests = parameter_digests(model)
     if stats is None:
         stats = key_second_moment(model, layer, corpus=hp.corpus, n_samples=hp.n_samples)
+    elif not isinstance(stats, KeyStats):
+        raise TypeError(f"stats must be the KeyStats of layer {layer} (key_second_moment(model, {layer})) or None, "
+                        f"got {type(stats).__name__}")
     stats.check(model, layer, digests)
     prefixes = context_prefixes(model, hp.prefix_lengths, hp.prefixes_per_length, hp.prefix_seed)
     p_before = _target_logprob(model, req.text, ids)
@@ -570,6 +604,7 @@ def compute_edit(
         "dW_norm": float(u.norm() * v.norm()), "steps": len(opt["log"]) - 1, "n_prompts": opt["n_prompts"],
         "initial_loss": opt["log"][0], "key_scale": opt["key_scale"], "final_loss": opt["log"][-1], "seconds": time.perf_counter() - t0,
     }
+    metrics["weak"] = bool(weak_requests([req], [metrics["p_target_before"]], [metrics["p_target_after"]]))
     return Edit(layer=layer, u=u, v=v, request=req, base_fingerprint=weights_fingerprint(model, digests=digests),
                 k=k_star, v_star=v_star, hparams=asdict(hp) | {"layer": layer, "stats_corpus": stats.key["corpus"],
                                                                "stats_count": stats.count},
@@ -596,6 +631,7 @@ def apply_rome(model: "HookedGPT2", requests: RequestLike | Sequence[RequestLike
     by the previous ones). Undo with ``gpt2_interp.editing.undo_all(model)``."""
     if isinstance(requests, (Request, Mapping)):
         requests = [requests]
+    requests = [Request.of(r, i) for i, r in enumerate(requests)]
     edits = []
     for r in requests:
         e = compute_edit(model, r, layer=layer, stats=stats, **hparams)
@@ -604,5 +640,5 @@ def apply_rome(model: "HookedGPT2", requests: RequestLike | Sequence[RequestLike
 
 
 __all__ = ["Request", "RomeHparams", "DEFAULT_LAYERS", "MODEL_HPARAMS", "hparams_for", "compute_edit", "apply_rome", "rank_one_update",
-           "choose_layer", "default_layer", "context_prefixes", "optimise_delta", "optimise_deltas", "validate_request",
+           "choose_layer", "default_layer", "context_prefixes", "optimise_delta", "optimise_deltas", "validate_request", "target_logprobs",
            "subject_states"]

@@ -1,0 +1,104 @@
+"""Per-method, per-model editing settings as data: ``hparams/<method>/<model>.json``.
+
+Each file holds ``"settings"`` (names of :class:`~..rome.RomeHparams` / :class:`~..memit.MemitHparams`
+fields and their values) and ``"justified_by"``: a list of groups ``{"settings": [names], "run":
+"analyses/results/<experiment>/<model>" | "source": "<publication>", "why": "<one line>"}`` naming
+the experiment run (or the publication) behind every setting. ``<method>/default.json`` holds the
+settings of a model without a file of its own; a model's file lists only what differs for it.
+
+>>> load_hparams("rome", "gpt2-facts")["layer"]
+0
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+METHODS = ("rome", "memit", "alphaedit")
+EXPERIMENTS = ("rome_counterfact", "mass_editing", "mass_editing_window", "mass_editing_stats", "nullspace_rules",
+               "subject_specificity", "causal_trace")
+#: The documented form of a ``"run"`` entry: the results folder of one experiment on one model.
+RUN_PATTERN = re.compile(r"analyses/results/(?P<experiment>[a-z_]+)/(?P<model>[A-Za-z0-9._-]+)")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _check_method(method: str) -> str:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    return method
+
+
+def _tuples(settings: dict[str, Any]) -> dict[str, Any]:
+    """JSON lists as tuples (the dataclasses' sequence fields are tuples)."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()}
+
+
+def _check_file(data: Any, where: str) -> None:
+    """Raise naming ``where`` unless ``data`` has the documented shape (see the module doc)."""
+    if not isinstance(data, dict) or not isinstance(data.get("settings"), dict) \
+            or not isinstance(data.get("justified_by"), list):
+        raise ValueError(f"{where} must be a JSON object with 'settings' (an object) and 'justified_by' (a list)")
+    covered: list[str] = []
+    for i, group in enumerate(data["justified_by"]):
+        if not isinstance(group, dict) or not isinstance(group.get("settings"), list) \
+                or not isinstance(group.get("why"), str) or ("run" in group) == ("source" in group):
+            raise ValueError(f"{where}: justified_by[{i}] must hold 'settings' (a list of names), 'why' (text) and "
+                             f"exactly one of 'run' (analyses/results/<experiment>/<model>) or 'source', got {group!r}")
+        if "run" in group:
+            m = RUN_PATTERN.fullmatch(str(group["run"]))
+            if m is None or m["experiment"] not in EXPERIMENTS:
+                raise ValueError(f"{where}: justified_by[{i}] run {group['run']!r} is not of the form "
+                                 f"analyses/results/<experiment>/<model> with an experiment in {EXPERIMENTS}")
+        covered += group["settings"]
+    if sorted(covered) != sorted(data["settings"]):
+        raise ValueError(f"{where}: justified_by must name every setting exactly once; settings "
+                         f"{sorted(data['settings'])}, named {sorted(covered)}")
+
+
+@lru_cache(maxsize=None)
+def _read(method: str, name: str) -> dict[str, Any] | None:
+    """The parsed file ``<method>/<name>.json`` (checked), or None when there is none."""
+    if not _NAME.fullmatch(name):
+        return None
+    path = resources.files(__package__).joinpath(method, f"{name}.json")
+    if not path.is_file():
+        return None
+    where = f"gpt2_interp/editing/hparams/{method}/{name}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where} is not valid JSON ({e})") from None
+    _check_file(data, where)
+    return data
+
+
+def hparams_file(method: str, model_name: str) -> dict[str, Any] | None:
+    """The whole file of ``model_name`` (``"default"`` for the default file) as parsed JSON, or None."""
+    data = _read(_check_method(method), model_name)
+    return None if data is None else json.loads(json.dumps(data))
+
+
+def model_hparams(method: str, model_name: str) -> dict[str, Any]:
+    """The settings that differ for ``model_name`` (its own file; empty when it has none)."""
+    data = _read(_check_method(method), model_name)
+    return {} if data is None or model_name == "default" else _tuples(data["settings"])
+
+
+def load_hparams(method: str, model_name: str) -> dict[str, Any]:
+    """The settings of ``method`` for ``model_name``: ``default.json`` updated by the model's own file."""
+    default = _read(_check_method(method), "default")
+    return _tuples(default["settings"] if default else {}) | model_hparams(method, model_name)
+
+
+def models_with_hparams(method: str) -> list[str]:
+    """The model names that have a file of their own for ``method``."""
+    folder = resources.files(__package__).joinpath(_check_method(method))
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json") and p.name != "default.json")
+
+
+__all__ = ["METHODS", "EXPERIMENTS", "RUN_PATTERN", "load_hparams", "model_hparams", "hparams_file",
+           "models_with_hparams"]
