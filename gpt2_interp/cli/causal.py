@@ -111,10 +111,14 @@ def _prompts(args: argparse.Namespace) -> tuple:
             args.corrupted[0] if len(args.corrupted) == 1 else args.corrupted)
 
 
+def _dataset_kind(args: argparse.Namespace, wrongs: list | None) -> str:
+    return args.metric if args.metric != "auto" else ("logit_diff" if wrongs is not None else "prob")
+
+
 def _dataset_metric(args: argparse.Namespace, answers: list, wrongs: list | None):
     from ..analysis import patching as pt
 
-    kind = args.metric if args.metric != "auto" else ("logit_diff" if wrongs is not None else "prob")
+    kind = _dataset_kind(args, wrongs)
     if kind == "logit_diff":
         if wrongs is None:
             raise ValueError(f"--metric logit_diff needs a \"wrong\" answer on every line of {args.dataset}")
@@ -134,15 +138,21 @@ def patch_cmd(args: argparse.Namespace) -> int:
         raise ValueError("give --clean, --corrupted and --answer, or --dataset FILE|facts[:N]")
     model = load_model(args)
     if args.dataset is not None:
-        from .datasets import patch_pairs
+        from .datasets import check_degenerate, degenerate_pairs, patch_pairs
 
         pairs = patch_pairs(args.dataset, model.tokenizer, seed=args.seed)
         clean, corrupted, metric = pairs.clean, pairs.corrupted, _dataset_metric(args, pairs.answer, pairs.wrong)
+        known = degenerate_pairs(pairs, _dataset_kind(args, pairs.wrong) == "logit_diff")
+        check_degenerate(pairs, args.dataset, known)  # refused when every pair is, else a warning
     else:
         (clean, corrupted), metric = _prompts(args), _metric(args)
     r = pt.patch(model, clean, corrupted, metric, hook=args.hook, layers=_ints(args.layers),
                  positions=_ints(args.positions), direction=args.direction, normalize=args.normalize,
                  batch_size=args.batch_size, progress=distributed.is_main())
+    if args.dataset is not None:
+        same = (r.clean_pair_metric == r.corrupted_pair_metric).nonzero().flatten().tolist()
+        measured = {i: "the clean and corrupted runs give the same metric" for i in same if i not in known}
+        check_degenerate(pairs, args.dataset, {**known, **measured} if len(same) == len(pairs) else measured)
     if args.dataset is not None and not args.json:
         return emit(args, r, lambda: f"{len(clean)} prompt pairs from {args.dataset}\n" + r.table())
     return emit(args, r)
