@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 import torch
 
-from ..core.checks import check_count, check_indices
+from ..core.checks import as_selection, check_count, check_indices
 from ..core.finite import NonFiniteWarning, is_finite, nonfinite_summary
 from ..core import distributed
 from ..core.result import Result
@@ -255,6 +255,7 @@ def patch(
         metric = local_metric
         clean_t, corr_t, mask = clean_t[mine], corr_t[mine], None if mask is None else mask[mine]
     n_pairs, P = clean_t.shape
+    positions, heads = as_selection(positions, "positions"), as_selection(heads, "heads")
     target, layers_ = _target(model, hook, layers)
     pos_items, pos_axis = _positions(positions, P, each=target.kind == "pos")
     head_items: list[list[int]] = [[]]

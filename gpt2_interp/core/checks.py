@@ -64,3 +64,11 @@ def check_indices(items: Any, n: int, what: str, argument: str, context: str) ->
         except (TypeError, IndexError) as e:
             raise type(e)(f"{e} (in {argument}={given!r:.60})") from None
     return out
+
+
+def as_selection(x: Any, argument: str) -> Any:
+    """A selection argument such as ``positions``/``heads``: None and strings (``"all"``, checked by
+    the caller) as given, anything else as a list (:func:`as_index_list`; a bare number is refused)."""
+    if x is None or isinstance(x, str):
+        return x
+    return as_index_list(x, argument, "a list of ints, None or 'all'")

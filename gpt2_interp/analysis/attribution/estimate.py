@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from ...core.checks import as_index_list, check_count
+from ...core.checks import as_selection, check_count
 from ...core.finite import NonFiniteWarning, is_finite, nonfinite_summary
 from ...core.progress import progress_bar
 from ..metrics import Metric, metric_name
@@ -62,7 +62,7 @@ def attribute(
     clean_t, corr_t, mask = pair_tokens(model, clean, corrupted)
     n_pairs = clean_t.shape[0]
     bs = n_pairs if batch_size is None else check_count(batch_size, "batch_size")
-    positions, heads = _as_cells(positions, "positions"), _as_cells(heads, "heads")
+    positions, heads = as_selection(positions, "positions"), as_selection(heads, "heads")
     together = fam.kind != "pos" and (positions is None or positions == "all")  # heads patched at every position
     sweep = Sweep(model, fam, layers_, method, direction, ig_steps, ig_path, graddrop, together)
     base_t, src_t = (corr_t, clean_t) if direction == "denoise" else (clean_t, corr_t)
@@ -95,13 +95,6 @@ def _check_options(method: str, direction: str, ig_steps: Any, ig_path: str, gra
     if graddrop and method != "atp*":
         raise ValueError("graddrop is part of method='atp*'")
     return ig_steps, method == "atp*" if graddrop is None else bool(graddrop)
-
-
-def _as_cells(x: Any, argument: str) -> Any:
-    """``positions`` / ``heads`` as given (None, a string, checked later) or as a list (a bare number is refused)."""
-    if x is None or isinstance(x, str):
-        return x
-    return as_index_list(x, argument, "a list of ints, None or 'all'")
 
 
 def _estimate_chunk(sweep: Sweep, chunk: Chunk) -> ChunkEstimate:
