@@ -5,16 +5,17 @@ checked against hand-computed values (a plain autograd loop, hand-picked logits,
 
 from __future__ import annotations
 
-import warnings
+import json
 
 import numpy as np
 import pytest
 import torch
 
-from gpt2_interp.analysis.attribution import agreement, attribute, top_cells
+from gpt2_interp.analysis.attribution import agreement, attribute, spearman, top_cells
 from gpt2_interp.analysis.metrics import logit_diff
 from gpt2_interp.analysis.patching import patch
 from gpt2_interp.cli import main
+from gpt2_interp.core.finite import NonFiniteWarning
 
 CLEAN, CORRUPTED = "The capital of France is", "The capital of Italy is"
 ESTIMATORS = [dict(method="atp"), dict(method="atp*"), dict(method="ig", ig_steps=2),
@@ -74,6 +75,25 @@ def test_atp_of_a_custom_metric_equals_a_hand_written_gradient_product(tiny):
     expected = m.item() + ((cache[name][0] - cache[name][1]) * grad[0]).sum(-1)  # [pos]
     est = attribute(tiny, CLEAN, CORRUPTED, metric, hook="resid_pre", layers=[1], method="atp")
     torch.testing.assert_close(est.values[0], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_metric_whose_gradient_is_not_finite_gives_a_warning_naming_it(tiny):
+    def sqrt_metric(logits):  # 0 everywhere (finite), but d√x/dx at 0 is inf: the gradient is NaN
+        return (logits[..., 0] * 0).sqrt()
+
+    with pytest.warns(NonFiniteWarning, match=r"gradient of metric sqrt_metric holds NaN/inf"):
+        est = attribute(tiny, CLEAN, CORRUPTED, sqrt_metric, hook="resid_pre", layers=[1])
+    assert torch.isnan(est.values).all()
+
+
+def test_spearman_gives_ties_their_average_rank():
+    # x ranks 1, 2.5, 2.5, 4 and y ranks 1, 3, 2, 4: Pearson of the ranks by hand = 4.5 / √(4.5 · 5)
+    x, y = torch.tensor([1.0, 2.0, 2.0, 3.0]), torch.tensor([10.0, 30.0, 20.0, 40.0])
+    assert spearman(x, y) == pytest.approx(4.5 / (4.5 * 5) ** 0.5, abs=1e-12)
+    assert spearman(x, -y) == pytest.approx(-4.5 / (4.5 * 5) ** 0.5, abs=1e-12)
+    assert np.isnan(spearman(torch.ones(4), y)) and np.isnan(spearman(x[:1], y[:1]))
+    with pytest.raises(ValueError, match="one size"):
+        spearman(x, y[:3])
 
 
 # ------------------------------------------------------------------ counts
@@ -175,6 +195,13 @@ def test_integer_like_indices_give_the_same_sweep_as_ints(tiny):
     assert est.values.shape == ref.values.shape and est.positions == [2, 4] and est.heads == [0, 3]
 
 
+@pytest.mark.parametrize("command", ["patch", "attribute"])
+def test_cli_layers_that_are_not_integers_are_one_line_error_naming_the_option(capsys, command):
+    code = main([command, "--clean", CLEAN, "--corrupted", CORRUPTED, "--answer", " Paris", "--layers", "0,1.5"])
+    err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+    assert code != 0 and len(err) == 1 and "--layers" in err[0] and "'0,1.5'" in err[0]
+
+
 @pytest.mark.parametrize("fn", [patch, attribute], ids=["patch", "attribute"])
 def test_patch_and_attribute_name_hooks_by_one_rule(tiny, fn):
     metric = logit_diff(" Paris", " Rome")
@@ -211,11 +238,9 @@ def test_patch_dataset_with_a_few_degenerate_lines_warns_naming_them_and_patches
     warning = [l for l in err.splitlines() if "warning" in l]
     assert len(warning) == 1 and path in warning[0] and "2 of 4 pairs" in warning[0]
     assert "answer equals wrong on line 2" in warning[0] and "clean equals corrupted on line 4" in warning[0]
-    # the good pairs keep their values: the degenerate ones add exact zeros to the sum over four pairs
+    # the good pairs keep the values they have when patched alone
     ref = patch(facts_model, [g[0] for g in good], [g[1] for g in good],
                 logit_diff([g[2] for g in good], [g[3] for g in good]), layers=[0])
-    import json
-
     got = json.loads(out)
     pair_values = torch.tensor(got["pair_values"])
     torch.testing.assert_close(pair_values[[0, 2]], ref.pair_values, rtol=1e-4, atol=1e-4)

@@ -8,8 +8,14 @@ import argparse
 from . import add_model_args, add_output_args, count, emit, load_model, number
 
 
-def _ints(text: str | None) -> list[int] | None:
-    return None if text is None else [int(x) for x in text.split(",") if x.strip()]
+def _ints(text: str | None, option: str) -> list[int] | None:
+    """A comma-separated list of integers (``--layers 0,3,-1``), else an error naming ``option``."""
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{option} takes comma-separated integers such as 0,3,-1, got {text!r}") from None
 
 
 DATASET_HELP = ("a JSON Lines file (one object per line{fields}) or facts / facts:N (the fact base: all, or N drawn "
@@ -146,8 +152,8 @@ def patch_cmd(args: argparse.Namespace) -> int:
         check_degenerate(pairs, args.dataset, known)  # refused when every pair is, else a warning
     else:
         (clean, corrupted), metric = _prompts(args), _metric(args)
-    r = pt.patch(model, clean, corrupted, metric, hook=args.hook, layers=_ints(args.layers),
-                 positions=_ints(args.positions), direction=args.direction, normalize=args.normalize,
+    r = pt.patch(model, clean, corrupted, metric, hook=args.hook, layers=_ints(args.layers, "--layers"),
+                 positions=_ints(args.positions, "--positions"), direction=args.direction, normalize=args.normalize,
                  batch_size=args.batch_size, progress=distributed.is_main())
     if args.dataset is not None:
         same = (r.clean_pair_metric == r.corrupted_pair_metric).nonzero().flatten().tolist()
@@ -165,7 +171,8 @@ def attribute_cmd(args: argparse.Namespace) -> int:
     clean, corrupted = _prompts(args)
     r = at.attribute(model, clean, corrupted, _metric(args), hook=args.hook, method=args.method, ig_steps=args.ig_steps,
                      ig_path=args.ig_path if args.method == "ig" else "input",
-                     layers=_ints(args.layers), positions=_ints(args.positions), heads=_ints(args.heads),
+                     layers=_ints(args.layers, "--layers"), positions=_ints(args.positions, "--positions"),
+                     heads=_ints(args.heads, "--heads"),
                      direction=args.direction, normalize=args.normalize, batch_size=args.batch_size, progress=True)
     if not args.verify:
         return emit(args, r)
