@@ -158,6 +158,11 @@ def test_logit_diff_refuses_the_same_answer_and_wrong_for_every_pair(tiny):
         patch(tiny, CLEAN, CORRUPTED, logit_diff(" Paris", " Paris"))
     with pytest.raises(ValueError, match=r"same token"):
         attribute(tiny, CLEAN, CORRUPTED, logit_diff(" Paris", " Paris"))
+    # one equal pair among others is fine, also when attribution runs the pairs one chunk at a time;
+    # that pair's logit difference is 0 on every run, so its estimate is exactly 0
+    est = attribute(tiny, [CLEAN, CLEAN], [CORRUPTED, CORRUPTED], logit_diff([" Paris", " Paris"], [" Paris", " Rome"]),
+                    layers=[0], batch_size=1)
+    assert torch.equal(est.pair_values[0], torch.zeros_like(est.pair_values[0])) and est.pair_values[1].abs().sum() > 0
 
 
 def test_a_valid_logit_diff_is_the_difference_of_the_two_logits(tiny):

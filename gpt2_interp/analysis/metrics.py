@@ -86,14 +86,8 @@ class LogitDiff:
 
     def bind(self, model: "HookedGPT2", clean_logits: torch.Tensor | None = None) -> "LogitDiff":
         """This metric with its token strings resolved by ``model``'s tokenizer."""
-        bound = LogitDiff(_ids(self.answer, model, f"{self.name} answer"), _ids(self.wrong, model, f"{self.name} wrong"),
-                          self.name)
-        if _same_everywhere(bound.answer, bound.wrong):
-            ids = bound.answer.flatten().unique().tolist()
-            raise ValueError(f"{self.name}: answer and wrong are the same token (id {', '.join(map(str, ids))}"
-                             f"{' ' + repr(model.tokenizer.token_str(ids[0])) if len(ids) == 1 else ''}) for every pair, "
-                             "so the logit difference is 0 for every run; give the corrupted prompt's answer as wrong")
-        return bound
+        return LogitDiff(_ids(self.answer, model, f"{self.name} answer"), _ids(self.wrong, model, f"{self.name} wrong"),
+                         self.name)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         return _pick(logits, _resolved(self.answer, self.name)) - _pick(logits, _resolved(self.wrong, self.name))
@@ -137,8 +131,8 @@ def logit_diff(answer: Ids, wrong: Ids, model: "HookedGPT2 | None" = None) -> Lo
     """Metric ``logit[answer] − logit[wrong]``; tokens as strings (one token each) or ids, one or one
     per pair. Strings are resolved by ``model``'s tokenizer (now, or when ``patch`` binds it)."""
     name = f"logit_diff({answer!r}, {wrong!r})" if isinstance(answer, str) else "logit_diff"
-    metric = LogitDiff(_ids(answer, model, "logit_diff answer"), _ids(wrong, model, "logit_diff wrong"), name)
-    return metric.bind(model) if model is not None else metric
+    return refuse_degenerate(LogitDiff(_ids(answer, model, "logit_diff answer"), _ids(wrong, model, "logit_diff wrong"), name),
+                             model)
 
 
 def prob(answer: Ids, model: "HookedGPT2 | None" = None) -> Prob:
@@ -180,6 +174,21 @@ def apply_metric(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
     return out.float()
 
 
+def refuse_degenerate(metric: Metric, model: "HookedGPT2 | None" = None) -> Metric:
+    """``metric``, unless it is 0 on every run whatever the model: a logit difference whose answer
+    and wrong are the same token for every pair (a ValueError naming the metric and the token,
+    through ``model``'s tokenizer when given). Checked on the whole set of pairs (``patch`` and
+    ``attribute`` check before they shard or chunk it), since some equal pairs among others are fine."""
+    if not isinstance(metric, LogitDiff) or not all(isinstance(x, torch.Tensor) for x in (metric.answer, metric.wrong)):
+        return metric
+    if _same_everywhere(metric.answer, metric.wrong):
+        ids = metric.answer.flatten().unique().tolist()
+        token = f" {model.tokenizer.token_str(ids[0])!r}" if model is not None and len(ids) == 1 else ""
+        raise ValueError(f"{metric.name}: answer and wrong are the same token (id {', '.join(map(str, ids))}{token}) for "
+                         "every pair, so the logit difference is 0 for every run; give the corrupted prompt's answer as wrong")
+    return metric
+
+
 def require_finite_metric(metric: Metric, values: dict[str, torch.Tensor]) -> None:
     """Refuse a metric that is NaN or inf on an unpatched run: ``values`` maps the run (``"clean"``,
     ``"corrupted"``) to the metric there ``[n_pairs]``; the error names the metric, the run and the
@@ -190,4 +199,4 @@ def require_finite_metric(metric: Metric, values: dict[str, torch.Tensor]) -> No
 
 
 __all__ = ["Metric", "Ids", "LogitDiff", "Prob", "KLTo", "logit_diff", "prob", "kl_to", "metric_name", "bind_metric",
-           "apply_metric", "require_finite_metric"]
+           "apply_metric", "refuse_degenerate", "require_finite_metric"]

@@ -28,7 +28,8 @@ from ..core.result import Result
 from ..model.hooks import hook_name
 from .engine import Patch, base_kv_from, entry_name, final_logits, kv_names, run_staircase
 from .hook_targets import resolve_hook
-from .metrics import Metric, apply_metric, bind_metric, kl_to, logit_diff, metric_name, prob, require_finite_metric
+from .metrics import (Metric, apply_metric, bind_metric, kl_to, logit_diff, metric_name, prob, refuse_degenerate,
+                      require_finite_metric)
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
@@ -240,7 +241,7 @@ def patch(
     if direction not in ("denoise", "noise"):
         raise ValueError(f"direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not {direction!r}")
     n = model.cfg.n_layer
-    metric = bind_metric(metric, model)  # token strings resolved (and checked) before any work
+    metric = refuse_degenerate(bind_metric(metric, model), model)  # token strings resolved (and checked) before any work
     clean_t, corr_t, mask = pair_tokens(model, clean, corrupted)
     all_t = clean_t, corr_t, mask  # every pair, for the position labels
     n_all = clean_t.shape[0]

@@ -13,7 +13,7 @@ import torch
 from ...core.checks import as_selection, check_count
 from ...core.finite import NonFiniteWarning, is_finite, nonfinite_summary
 from ...core.progress import progress_bar
-from ..metrics import Metric, metric_name
+from ..metrics import Metric, bind_metric, metric_name, refuse_degenerate
 from ..patching import Prompts, normalize_effects, pair_tokens, position_labels, result_fields
 from .atp import estimate_atp, qk_names
 from .cells import resolve_family, select
@@ -58,6 +58,7 @@ def attribute(
     clean and corrupted runs and differentiable in the logits (else a ValueError naming it).
     """
     ig_steps, graddrop = _check_options(method, direction, ig_steps, ig_path, graddrop)
+    refuse_degenerate(bind_metric(metric, model), model)  # token strings checked on every pair, before any work
     fam, layers_ = resolve_family(model, hook, layers)
     clean_t, corr_t, mask = pair_tokens(model, clean, corrupted)
     n_pairs = clean_t.shape[0]
