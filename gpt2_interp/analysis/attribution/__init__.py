@@ -50,7 +50,9 @@ hook, ``.grad`` or ``retain_grad`` state is left on the model, also when a call 
 inside a caller's ``torch.no_grad()``. The metric must be finite on the clean and corrupted runs (as
 for ``patch``) and differentiable in the logits; either failure is a ValueError naming the metric.
 
-The package, one job per module (the public names are re-exported here):
+A package rather than sibling modules of ``analysis``: its parts serve attribution alone and share
+its types (``Sweep``, ``Chunk``, ``Family``), and the public import path stays
+``gpt2_interp.analysis.attribution``. One job per module (the public names are re-exported here):
 
 - ``estimate``: :func:`attribute` — checks the options, runs the chunks of pairs, assembles the result
 - ``cells``: which hooks and cells a ``hook=`` argument names (on :mod:`..hook_targets`, patching's rule),
