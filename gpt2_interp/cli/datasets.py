@@ -12,6 +12,10 @@ fact's first training template.
 with the same token count; ``wrong`` optional, but on every line or on none: with it the metric
 is the logit difference, without it the answer's probability); ``facts`` gives subject swaps
 (the same template with another subject of the relation, as many tokens, another answer).
+Degenerate pairs — clean equal to corrupted, answer equal to wrong under a logit difference, or
+clean and corrupted runs that give the same metric — are refused when every pair is one (the
+sweep would be all zeros) and otherwise named, with their lines, in a warning
+(:func:`degenerate_pairs`, :func:`check_degenerate`).
 """
 
 from __future__ import annotations
@@ -131,7 +135,6 @@ def patch_pairs(spec: str, tokenizer: Any, seed: int = 0) -> PairSet:
                          "differs from pair 1); give it on every line (logit difference) or on none (probability)")
     return PairSet([r["clean"] for r in rows], [r["corrupted"] for r in rows], [r["answer"] for r in rows],
                    [r["wrong"] for r in rows] if with_wrong else None, [n for n, _ in numbered])
-    return pairs
 
 
 def degenerate_pairs(pairs: PairSet, answers_matter: bool) -> dict[int, str]:
