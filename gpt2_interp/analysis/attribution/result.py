@@ -4,6 +4,7 @@ are estimates, with the score its cells are ranked by and the run it came from (
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 import torch
 
 from ...core.checks import check_count
