@@ -278,7 +278,7 @@ def logit_lens(
 
 # ---------------------------------------------------------------------------- direct logit attribution
 @dataclass
-class AttributionResult(Result):
+class DLAResult(Result):
     """A logit (or logit difference) split into the direct contributions of each component.
 
     ``parts`` ``[n_parts]`` with ``labels`` (``embed``, ``pos_embed``, ``L{i}.attn``, ``L{i}.mlp``)
@@ -352,7 +352,7 @@ def logit_attribution(
     baseline: Target | None = None,
     position: int = -1,
     per_head: bool = True,
-) -> AttributionResult:
+) -> DLAResult:
     """Direct logit attribution of ``target``'s logit (minus ``baseline``'s) at ``position``.
 
     Uses ln_final's scale of the actual run, so the parts (token and position embeddings,
@@ -394,7 +394,7 @@ def logit_attribution(
         bid = model.to_single_token(baseline)
         ln_bias = ln_bias - ln_b @ model.W_U[:, bid].float()
         logit = logit - logits[0, pos, bid].float()
-    return AttributionResult(
+    return DLAResult(
         prompt=prompt, str_tokens=model.to_str_tokens(tokens[0]), position=pos,
         target=model.tokenizer.token_str(tid), baseline=None if baseline is None else model.tokenizer.token_str(model.to_single_token(baseline)),
         labels=labels, parts=parts.cpu(), head_parts=None if head_parts is None else head_parts.cpu(),

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Union
 import torch
 import torch.nn.functional as F
 
+from ..core.finite import require_finite
+
 if TYPE_CHECKING:
     from ..model import HookedGPT2
 
@@ -21,9 +23,9 @@ Metric = Callable[[torch.Tensor], torch.Tensor]
 Ids = Union[str, int, Sequence[Union[str, int]], torch.Tensor]
 
 
-def _ids(x: Ids, model: "HookedGPT2 | None") -> torch.Tensor | Ids:
+def _ids(x: Ids, model: "HookedGPT2 | None", what: str = "token") -> torch.Tensor | Ids:
     """One id (a 0-d tensor) or one per prompt pair (``[n_pairs]``); token strings stay strings
-    until a model (its tokenizer) resolves them."""
+    until a model (its tokenizer) resolves them. ``what`` names the argument in errors (``"logit_diff answer"``)."""
     if isinstance(x, torch.Tensor):
         return x.long()
     if isinstance(x, (str, int)) or hasattr(x, "__index__"):
@@ -31,15 +33,24 @@ def _ids(x: Ids, model: "HookedGPT2 | None") -> torch.Tensor | Ids:
     elif isinstance(x, Sequence) and len(x) > 0:
         items, one = list(x), False
     else:
-        raise TypeError(f"token ids are given as a string (e.g. ' Paris'), an int, a list of them (one per pair) "
+        raise TypeError(f"{what}: token ids are given as a string (e.g. ' Paris'), an int, a list of them (one per pair) "
                         f"or a tensor; got {type(x).__name__}")
     for i in items:
         if isinstance(i, bool) or not (isinstance(i, str) or hasattr(i, "__index__")):
-            raise TypeError(f"a token is a string (e.g. ' Paris') or an int id, got {type(i).__name__}")
+            raise TypeError(f"{what}: a token is a string (e.g. ' Paris') or an int id, got {type(i).__name__}")
     if model is None and any(isinstance(i, str) for i in items):
         return x  # resolved by bind(model)
-    ids = [i if model is None else model.to_single_token(i) for i in items]
+    ids = [i if model is None else _one_token(model, i, what if one else f"{what}[{j}]") for j, i in enumerate(items)]
     return torch.tensor(ids[0] if one else ids)
+
+
+def _one_token(model: "HookedGPT2", token: str | int, what: str) -> int:
+    """``model.to_single_token(token)``, its error prefixed by the argument ``what`` (a metric reads
+    one next-token logit: a text of several tokens is refused, not cut to its first)."""
+    try:
+        return model.to_single_token(token)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{what}: {e}; a metric scores one next token") from None
 
 
 def _resolved(ids: torch.Tensor | Ids, name: str) -> torch.Tensor:
@@ -47,6 +58,16 @@ def _resolved(ids: torch.Tensor | Ids, name: str) -> torch.Tensor:
         raise ValueError(f"metric {name} holds token strings that no model has resolved yet; build it with "
                          f"model=... (e.g. logit_diff(' Paris', ' Rome', model=model)) or use it through patch()")
     return ids
+
+
+def _same_everywhere(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two id tensors (one id, or one per pair) hold the same id for every pair (False when
+    their shapes do not broadcast: the metric reports that when it runs)."""
+    try:
+        torch.broadcast_shapes(a.shape, b.shape)
+    except RuntimeError:
+        return False
+    return bool((a.cpu() == b.cpu()).all())
 
 
 def _pick(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -65,7 +86,8 @@ class LogitDiff:
 
     def bind(self, model: "HookedGPT2", clean_logits: torch.Tensor | None = None) -> "LogitDiff":
         """This metric with its token strings resolved by ``model``'s tokenizer."""
-        return LogitDiff(_ids(self.answer, model), _ids(self.wrong, model), self.name)
+        return LogitDiff(_ids(self.answer, model, f"{self.name} answer"), _ids(self.wrong, model, f"{self.name} wrong"),
+                         self.name)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         return _pick(logits, _resolved(self.answer, self.name)) - _pick(logits, _resolved(self.wrong, self.name))
@@ -80,7 +102,7 @@ class Prob:
 
     def bind(self, model: "HookedGPT2", clean_logits: torch.Tensor | None = None) -> "Prob":
         """This metric with its token strings resolved by ``model``'s tokenizer."""
-        return Prob(_ids(self.answer, model), self.name)
+        return Prob(_ids(self.answer, model, f"{self.name} answer"), self.name)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         return _pick(logits.float().log_softmax(-1), _resolved(self.answer, self.name)).exp()
@@ -109,12 +131,13 @@ def logit_diff(answer: Ids, wrong: Ids, model: "HookedGPT2 | None" = None) -> Lo
     """Metric ``logit[answer] − logit[wrong]``; tokens as strings (one token each) or ids, one or one
     per pair. Strings are resolved by ``model``'s tokenizer (now, or when ``patch`` binds it)."""
     name = f"logit_diff({answer!r}, {wrong!r})" if isinstance(answer, str) else "logit_diff"
-    return LogitDiff(_ids(answer, model), _ids(wrong, model), name)
+    return refuse_degenerate(LogitDiff(_ids(answer, model, "logit_diff answer"), _ids(wrong, model, "logit_diff wrong"), name),
+                             model)
 
 
 def prob(answer: Ids, model: "HookedGPT2 | None" = None) -> Prob:
     """Metric: next-token probability of ``answer`` (strings resolved as in :func:`logit_diff`)."""
-    return Prob(_ids(answer, model), f"prob({answer!r})" if isinstance(answer, str) else "prob")
+    return Prob(_ids(answer, model, "prob answer"), f"prob({answer!r})" if isinstance(answer, str) else "prob")
 
 
 def kl_to(clean: torch.Tensor | None = None) -> KLTo:
@@ -151,5 +174,29 @@ def apply_metric(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
     return out.float()
 
 
+def refuse_degenerate(metric: Metric, model: "HookedGPT2 | None" = None) -> Metric:
+    """``metric``, unless it is 0 on every run whatever the model: a logit difference whose answer
+    and wrong are the same token for every pair (a ValueError naming the metric and the token,
+    through ``model``'s tokenizer when given). Checked on the whole set of pairs (``patch`` and
+    ``attribute`` check before they shard or chunk it), since some equal pairs among others are fine."""
+    if not isinstance(metric, LogitDiff) or not all(isinstance(x, torch.Tensor) for x in (metric.answer, metric.wrong)):
+        return metric
+    if _same_everywhere(metric.answer, metric.wrong):
+        ids = metric.answer.flatten().unique().tolist()
+        token = f" {model.tokenizer.token_str(ids[0])!r}" if model is not None and len(ids) == 1 else ""
+        raise ValueError(f"{metric.name}: answer and wrong are the same token (id {', '.join(map(str, ids))}{token}) for "
+                         "every pair, so the logit difference is 0 for every run; give the corrupted prompt's answer as wrong")
+    return metric
+
+
+def require_finite_metric(metric: Metric, values: dict[str, torch.Tensor]) -> None:
+    """Refuse a metric that is NaN or inf on an unpatched run: ``values`` maps the run (``"clean"``,
+    ``"corrupted"``) to the metric there ``[n_pairs]``; the error names the metric, the run and the
+    non-finite values. Patching and every attribution estimate check their metric with it."""
+    for run, m in values.items():
+        require_finite(m, f"metric {metric_name(metric)} on the {run} run",
+                       "a patching sweep (or its estimate) would be meaningless; check the metric (and any hooks that are active)")
+
+
 __all__ = ["Metric", "Ids", "LogitDiff", "Prob", "KLTo", "logit_diff", "prob", "kl_to", "metric_name", "bind_metric",
-           "apply_metric"]
+           "apply_metric", "refuse_degenerate", "require_finite_metric"]

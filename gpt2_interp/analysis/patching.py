@@ -21,13 +21,15 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 import torch
 
-from ..core.checks import check_index
-from ..core.finite import NonFiniteWarning, is_finite, nonfinite_summary, require_finite
+from ..core.checks import as_selection, check_count, check_indices
+from ..core.finite import NonFiniteWarning, is_finite, nonfinite_summary
 from ..core import distributed
 from ..core.result import Result
-from ..model.hooks import hook_name, layer_of, suggest
+from ..model.hooks import hook_name
 from .engine import Patch, base_kv_from, entry_name, final_logits, kv_names, run_staircase
-from .metrics import Metric, apply_metric, bind_metric, kl_to, logit_diff, metric_name, prob
+from .hook_targets import resolve_hook
+from .metrics import (Metric, apply_metric, bind_metric, kl_to, logit_diff, metric_name, prob, refuse_degenerate,
+                      require_finite_metric)
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
@@ -68,23 +70,9 @@ def _classify(name: str, n: int) -> tuple[str, int | None, bool]:
 
 
 def _target(model: "HookedGPT2", hook: str, layers: Sequence[int] | None) -> tuple[_Target, list[int]]:
-    n = model.cfg.n_layer
-    full = "hook_" in hook or hook.startswith("blocks.")
-    if full:
-        if hook not in model.hook_dict:
-            raise KeyError(f"unknown hook name {hook!r}.{suggest(hook, model.hook_names())} See model.hook_names().")
-        if layers is not None:
-            raise ValueError(f"hook {hook!r} is one hook point; to sweep layers pass a family name such as 'resid_pre'")
-        lay = layer_of(hook)
-        lay = -1 if hook in ("hook_embed", "hook_pos_embed") else (n if lay is None else lay)
-        kind, offset, embed = _classify(hook, n)
-        return _Target(kind, {lay: hook}, offset, embed), [lay]
-    hook_name(hook, 0)  # unknown families raise here, with suggestions
-    if hook in ("embed", "pos_embed"):
-        return _target(model, hook_name(hook), layers)
-    chosen = list(range(n)) if layers is None else list(dict.fromkeys(model.check_layer(l) for l in layers))
-    names = {l: hook_name(hook, l) for l in chosen}
-    kind, offset, embed = _classify(names[chosen[0]] if chosen else hook_name(hook, 0), n)
+    _, names = resolve_hook(model, hook, layers)
+    chosen = list(names)
+    kind, offset, embed = _classify(names[chosen[0]] if chosen else hook_name(hook, 0), model.cfg.n_layer)
     return _Target(kind, names, offset, embed), chosen
 
 
@@ -181,6 +169,7 @@ class PatchResult(Result):
 
     def table(self, k: int = 8) -> str:
         """The baselines and the ``k`` largest effects, one per line."""
+        k = check_count(k, "k", minimum=0)
         norm = " (values normalised: 0 = corrupted, 1 = clean)" if self.normalized else ""
         lines = [f"{self.direction} patching of {self.hook}, metric {self.metric}: clean {self.clean_metric:.4g}, "
                  f"corrupted {self.corrupted_metric:.4g}{norm}; largest effects:"]
@@ -193,6 +182,7 @@ class PatchResult(Result):
 
     def top(self, k: int = 5) -> list[tuple[tuple[int, ...], float]]:
         """The ``k`` entries that move the metric most from :attr:`baseline`, as ``((layer, pos|head, ...), value)``."""
+        k = check_count(k, "k", minimum=0)
         flat = self.values.flatten()
         idx = (flat - self.baseline).abs().topk(min(k, flat.numel())).indices
         return [(tuple(int(i) for i in torch.unravel_index(j, self.values.shape)), float(flat[j])) for j in idx]
@@ -208,7 +198,7 @@ def _positions(positions: Sequence[int] | str | None, P: int, each: bool) -> tup
         return [list(range(P))], None
     if isinstance(positions, str):
         raise ValueError(f"positions must be a list of ints, None or 'all', not {positions!r}")
-    ps = [check_index(p, P, "position", f"the prompts have {P} tokens") for p in positions]
+    ps = check_indices(positions, P, "position", "positions", f"the prompts have {P} tokens")
     return [[p] for p in ps], ps
 
 
@@ -251,7 +241,7 @@ def patch(
     if direction not in ("denoise", "noise"):
         raise ValueError(f"direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not {direction!r}")
     n = model.cfg.n_layer
-    metric = bind_metric(metric, model)  # token strings resolved (and checked) before any work
+    metric = refuse_degenerate(bind_metric(metric, model), model)  # token strings resolved (and checked) before any work
     clean_t, corr_t, mask = pair_tokens(model, clean, corrupted)
     all_t = clean_t, corr_t, mask  # every pair, for the position labels
     n_all = clean_t.shape[0]
@@ -266,6 +256,7 @@ def patch(
         metric = local_metric
         clean_t, corr_t, mask = clean_t[mine], corr_t[mine], None if mask is None else mask[mine]
     n_pairs, P = clean_t.shape
+    positions, heads = as_selection(positions, "positions"), as_selection(heads, "heads")
     target, layers_ = _target(model, hook, layers)
     pos_items, pos_axis = _positions(positions, P, each=target.kind == "pos")
     head_items: list[list[int]] = [[]]
@@ -278,7 +269,7 @@ def patch(
         if heads is None:
             head_axis = list(range(H))
         elif heads != "all":
-            head_axis = [check_index(h, H, "head", f"the model has {H} heads") for h in heads]
+            head_axis = check_indices(heads, H, "head", "heads", f"the model has {H} heads")
         head_items = [list(range(H))] if head_axis is None else [[h] for h in head_axis]
     base_t, src_t = (corr_t, clean_t) if direction == "denoise" else (clean_t, corr_t)
 
@@ -306,9 +297,7 @@ def patch(
     metric = bind_metric(metric, model, clean_logits)
     clean_m = apply_metric(metric, clean_logits[None])[0].cpu()
     corr_m = apply_metric(metric, corr_logits[None])[0].cpu()
-    for run, m in (("clean", clean_m), ("corrupted", corr_m)):
-        require_finite(m, f"metric {metric_name(metric)} on the {run} run",
-                       "a patching sweep would be meaningless; check the metric (and any hooks that are active)")
+    require_finite_metric(metric, {"clean": clean_m, "corrupted": corr_m})
     entries = {s: (base_cache[entry_name(model, s)] if s < n else base_final) for s in stages}
 
     # one item per (layer, positions, heads); rows = items × pairs

@@ -8,8 +8,14 @@ import argparse
 from . import add_model_args, add_output_args, count, emit, load_model, number
 
 
-def _ints(text: str | None) -> list[int] | None:
-    return None if text is None else [int(x) for x in text.split(",") if x.strip()]
+def _ints(text: str | None, option: str) -> list[int] | None:
+    """A comma-separated list of integers (``--layers 0,3,-1``), else an error naming ``option``."""
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{option} takes comma-separated integers such as 0,3,-1, got {text!r}") from None
 
 
 DATASET_HELP = ("a JSON Lines file (one object per line{fields}) or facts / facts:N (the fact base: all, or N drawn "
@@ -111,10 +117,14 @@ def _prompts(args: argparse.Namespace) -> tuple:
             args.corrupted[0] if len(args.corrupted) == 1 else args.corrupted)
 
 
+def _dataset_kind(args: argparse.Namespace, wrongs: list | None) -> str:
+    return args.metric if args.metric != "auto" else ("logit_diff" if wrongs is not None else "prob")
+
+
 def _dataset_metric(args: argparse.Namespace, answers: list, wrongs: list | None):
     from ..analysis import patching as pt
 
-    kind = args.metric if args.metric != "auto" else ("logit_diff" if wrongs is not None else "prob")
+    kind = _dataset_kind(args, wrongs)
     if kind == "logit_diff":
         if wrongs is None:
             raise ValueError(f"--metric logit_diff needs a \"wrong\" answer on every line of {args.dataset}")
@@ -134,15 +144,21 @@ def patch_cmd(args: argparse.Namespace) -> int:
         raise ValueError("give --clean, --corrupted and --answer, or --dataset FILE|facts[:N]")
     model = load_model(args)
     if args.dataset is not None:
-        from .datasets import patch_pairs
+        from .datasets import check_degenerate, degenerate_pairs, patch_pairs
 
         pairs = patch_pairs(args.dataset, model.tokenizer, seed=args.seed)
         clean, corrupted, metric = pairs.clean, pairs.corrupted, _dataset_metric(args, pairs.answer, pairs.wrong)
+        known = degenerate_pairs(pairs, _dataset_kind(args, pairs.wrong) == "logit_diff")
+        check_degenerate(pairs, args.dataset, known)  # refused when every pair is, else a warning
     else:
         (clean, corrupted), metric = _prompts(args), _metric(args)
-    r = pt.patch(model, clean, corrupted, metric, hook=args.hook, layers=_ints(args.layers),
-                 positions=_ints(args.positions), direction=args.direction, normalize=args.normalize,
+    r = pt.patch(model, clean, corrupted, metric, hook=args.hook, layers=_ints(args.layers, "--layers"),
+                 positions=_ints(args.positions, "--positions"), direction=args.direction, normalize=args.normalize,
                  batch_size=args.batch_size, progress=distributed.is_main())
+    if args.dataset is not None:
+        same = (r.clean_pair_metric == r.corrupted_pair_metric).nonzero().flatten().tolist()
+        measured = {i: "the clean and corrupted runs give the same metric" for i in same if i not in known}
+        check_degenerate(pairs, args.dataset, {**known, **measured} if len(same) == len(pairs) else measured)
     if args.dataset is not None and not args.json:
         return emit(args, r, lambda: f"{len(clean)} prompt pairs from {args.dataset}\n" + r.table())
     return emit(args, r)
@@ -155,7 +171,8 @@ def attribute_cmd(args: argparse.Namespace) -> int:
     clean, corrupted = _prompts(args)
     r = at.attribute(model, clean, corrupted, _metric(args), hook=args.hook, method=args.method, ig_steps=args.ig_steps,
                      ig_path=args.ig_path if args.method == "ig" else "input",
-                     layers=_ints(args.layers), positions=_ints(args.positions), heads=_ints(args.heads),
+                     layers=_ints(args.layers, "--layers"), positions=_ints(args.positions, "--positions"),
+                     heads=_ints(args.heads, "--heads"),
                      direction=args.direction, normalize=args.normalize, batch_size=args.batch_size, progress=True)
     if not args.verify:
         return emit(args, r)

@@ -74,3 +74,31 @@ def check_choice(x: Any, what: str, choices: tuple[str, ...]) -> str:
     if not isinstance(x, str) or x not in choices:
         raise ValueError(f"{what} must be one of {', '.join(map(repr, choices))}, got {x!r}")
     return x
+
+
+def as_index_list(items: Any, argument: str, accepted: str = "a list of ints") -> list[Any]:
+    """``items`` (a list, tuple, range, array or 1-d tensor of indices) as a list, else a TypeError
+    naming ``argument``: a bare int, float or string is not a list of indices."""
+    if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__") or getattr(items, "ndim", 1) == 0:
+        raise TypeError(f"{argument} must be {accepted}, got {type(items).__name__} {items!r:.40}")
+    return list(items)
+
+
+def check_indices(items: Any, n: int, what: str, argument: str, context: str) -> list[int]:
+    """Each index of the argument ``argument`` (see :func:`as_index_list`) checked by :func:`check_index`
+    (``what``: one index, e.g. ``"layer"`` for ``layers``); errors keep its wording and add the argument."""
+    given, out = as_index_list(items, argument), []
+    for i in given:
+        try:
+            out.append(check_index(i, n, what, context))
+        except (TypeError, IndexError) as e:
+            raise type(e)(f"{e} (in {argument}={given!r:.60})") from None
+    return out
+
+
+def as_selection(x: Any, argument: str) -> Any:
+    """A selection argument such as ``positions``/``heads``: None and strings (``"all"``, checked by
+    the caller) as given, anything else as a list (:func:`as_index_list`; a bare number is refused)."""
+    if x is None or isinstance(x, str):
+        return x
+    return as_index_list(x, argument, "a list of ints, None or 'all'")

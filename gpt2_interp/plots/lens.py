@@ -17,7 +17,7 @@ from matplotlib.ticker import MaxNLocator
 from .figure import finish, style_line_axes
 
 if TYPE_CHECKING:
-    from ..analysis.lens import AttributionResult, LensResult
+    from ..analysis.lens import DLAResult, LensResult
     from ..analysis.vocab import NeuronSearch, SubupdateResult, VocabProjection
 
 
@@ -87,7 +87,7 @@ def plot_lens(result: "LensResult", prompt: int = 0, position: int = -1, max_lay
     return fig
 
 
-def plot_attribution(result: "AttributionResult") -> Figure:
+def plot_attribution(result: "DLAResult") -> Figure:
     """Bars of the direct contributions (embeddings, attention, MLP per layer; LN bias apart),
     and a layer × head heatmap when per-head parts exist."""
     heads = result.head_parts is not None
