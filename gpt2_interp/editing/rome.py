@@ -67,7 +67,7 @@ RequestLike = Union[Request, Mapping[str, Any]]
 #: see analyses/rome_counterfact.py); edits at layers >= 1 do not move the answer at all.
 #: Other models: ``n_layer // 3``.
 #: smollm2-135m: 3, the window centre (window 6 of 30 layers) of largest average MLP indirect effect at the
-#: last subject token over 120 known facts (0.28; analyses/results/causal_trace_smollm2-135m.json).
+#: last subject token over 120 known facts (0.28; analyses/results/causal_trace/smollm2-135m/result.json).
 DEFAULT_LAYERS: dict[str, int] = {"gpt2": 4, "gpt2-medium": 8, "gpt2-large": 12, "gpt2-xl": 17, "gpt2-facts": 0,
                                   "smollm2-135m": 3}
 
