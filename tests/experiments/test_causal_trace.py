@@ -11,7 +11,7 @@ from gpt2_interp.analysis.tokens import target_ids
 from gpt2_interp.experiments import ExperimentResult, render, run_experiment
 from gpt2_interp.facts.base import FactBase
 
-pytestmark = pytest.mark.slow  # 8 facts × 3 kinds × 3 noise samples: ~20 s
+pytestmark = pytest.mark.slow  # 8 facts × 3 kinds × 3 noise samples
 
 
 def test_quick_trace_clean_score_is_the_models_probability(facts_model, tmp_path):

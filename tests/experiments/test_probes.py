@@ -9,7 +9,7 @@ import pytest
 from gpt2_interp.experiments import run_experiment
 from gpt2_interp.facts.probing import probing_set
 
-pytestmark = pytest.mark.slow  # two tasks and the last-token probe, 5 folds × 7 boundaries: ~30 s
+pytestmark = pytest.mark.slow  # two tasks and the last-token probe, 5 folds × 7 boundaries
 
 
 def _trace(path, n_layer: int) -> dict:

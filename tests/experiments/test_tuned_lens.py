@@ -6,7 +6,7 @@ import pytest
 
 from gpt2_interp.experiments import run_experiment
 
-pytestmark = pytest.mark.slow  # generates texts and trains a few steps: ~30 s
+pytestmark = pytest.mark.slow  # generates texts and trains a few steps
 
 
 def test_quick_tuned_lens_reads_the_last_boundary_as_the_model_does(facts_model, tmp_path):
