@@ -28,7 +28,7 @@ from gpt2_interp.editing.rome import compute_edit, default_layer, hparams_for
 from gpt2_interp.editing.stats import key_second_moment
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUESTS = [  # facts SmolLM2-135M knows (analyses/results/known_facts_smollm2-135m.json), new targets
+REQUESTS = [  # facts SmolLM2-135M knows (analyses/results/known_facts/smollm2-135m/known_facts.json), new targets
     ("The capital of {} is", "France", " Rome"), ("The capital of {} is", "Japan", " Berlin"),
     ("{} is located in the continent of", "Brazil", " Asia"), ("The official language of {} is", "Germany", " Spanish"),
     ("The capital of {} is", "Egypt", " Madrid"), ("{} is located in the country of", "Toronto", " Italy"),

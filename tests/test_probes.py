@@ -178,19 +178,6 @@ def test_continent_is_decodable_from_the_subject_in_gpt2_facts(facts_model):
 
 
 @pytest.mark.slow
-def test_probes_analysis_quick(facts_model, tmp_path):
-    import json
-
-    from .conftest import script
-
-    out = script("probes").main(["--quick", "--out-dir", str(tmp_path)])
-    saved = json.loads((tmp_path / "probes_quick.json").read_text())
-    assert set(saved["tasks"]) >= {"continent", "period"} and saved["finding"] == out["finding"]
-    assert (tmp_path / "probes_quick.png").stat().st_size > 10000
-    assert len(saved["tasks"]["continent"]["selectivity"]) == facts_model.cfg.n_layer + 1
-
-
-@pytest.mark.slow
 def test_cli_probe_prints_the_layer_table(facts_model, capsys):
     from gpt2_interp.cli import main
 

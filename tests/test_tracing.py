@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +15,6 @@ from gpt2_interp.analysis.tracing import (
 from gpt2_interp.model import GPT2Config, HookedGPT2
 
 PROMPT, SUBJECT = "The Eiffel Tower is located in", "Eiffel Tower"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -232,20 +229,6 @@ def test_average_trace_on_fact_model(facts_model, tmp_path):
     # the last token's state right before the output carries the answer: restoring it recovers the clean score
     assert avg.scores[0, 5, -1].item() == pytest.approx(avg.clean_score, rel=1e-3)
     assert avg.save_plot(tmp_path / "avg.png").exists()
-
-
-@pytest.mark.slow
-def test_analysis_script_quick(facts_model, tmp_path):
-    sys.path.insert(0, str(ROOT / "analyses"))
-    try:
-        import causal_trace as script
-    finally:
-        sys.path.pop(0)
-    out = script.main(["--quick", "--out-dir", str(tmp_path)])
-    assert (tmp_path / "causal_trace.png").exists()
-    saved = json.loads((tmp_path / "causal_trace.json").read_text())
-    assert saved["finding"] == out["finding"] and saved["n_known"] > 0
-    assert "last subject token" in out["finding"]
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from gpt2_interp.analysis.tuned_lens import TunedLens, lens_divergence, token_ro
 from gpt2_interp.cli import main
 from gpt2_interp.model import HookedGPT2
 
-from .conftest import TINY, script
+from .conftest import TINY
 
 TEXTS = [
     "The capital of France is Paris. The capital of Italy is Rome.",
@@ -125,16 +125,6 @@ def test_cli_lens_with_tuned_reads_through_the_saved_lens(facts_model, tmp_path,
     other = TunedLens.identity(HookedGPT2(TINY, seed=0)).save(tmp_path / "tiny.safetensors")
     assert main(["lens", "The capital of France is", "--tuned", str(other)]) == 2
     assert "train one for it" in capsys.readouterr().err
-
-
-@pytest.mark.slow
-def test_tuned_lens_analysis_quick(facts_model, tmp_path):
-    out = script("tuned_lens").main(["--quick", "--out-dir", str(tmp_path)])
-    saved = json.loads((tmp_path / "tuned_lens_quick.json").read_text())
-    assert saved["labels"] == ["embed"] + [f"L{i}" for i in range(facts_model.cfg.n_layer)]
-    assert saved["finding"] == out["finding"] and (tmp_path / "tuned_lens_quick.png").stat().st_size > 10000
-    logit = saved["heldout"]["generated (seed 10000)"]["logit lens"]["kl_bits"]
-    assert logit[-1] < 1e-3  # the last boundary of the logit lens is the model's own output
 
 
 def test_least_squares_start_is_the_ridge_least_squares_fit_of_the_final_residual(tiny):

@@ -13,7 +13,6 @@ import gpt2_interp.cli as cli
 from gpt2_interp.analysis.lens import logit_attribution
 from gpt2_interp.analysis.vocab import find_neurons, neuron_vocab, project, top_subupdates
 
-from .conftest import script
 
 PROMPT = "The capital of France is"
 
@@ -178,19 +177,6 @@ def test_cli_neurons_and_subupdates_smoke(facts_model, tmp_path, capsys):
     assert cli.main(["subupdates", PROMPT, "--target", " Paris", "--top", "5", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert len(d["neurons"]) == 5 and d["target"] == " Paris"
-
-
-@pytest.mark.slow
-def test_ffn_vocab_analysis_quick(facts_model, tmp_path):
-    mod = script("ffn_vocab")
-    res = mod.main(["--quick", "--out", str(tmp_path)])
-    md = (tmp_path / "ffn_vocab_quick.md").read_text()
-    assert "| relation |" in md and json.loads((tmp_path / "ffn_vocab_quick.json").read_text())["layers"] == [4, 5]
-    for row in res["concept_neurons"]:  # recheck each reported coherence from scratch
-        top = neuron_vocab(facts_model, row["layer"], [row["neuron"]], k=res["k"]).top_ids[0]
-        cls = mod.object_classes(mod.FactBase.load())[row["relation"]]
-        assert sum(int(t) in cls for t in top) / res["k"] == pytest.approx(row["coherence"])
-        assert row["coherence"] >= res["min_coherence"]
 
 
 def test_fact_model_has_neurons_that_read_as_an_object_class(facts_model):

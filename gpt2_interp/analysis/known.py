@@ -81,3 +81,53 @@ def known_facts(model: "HookedGPT2", fb: FactBase | None = None, facts: Sequence
 
 
 __all__ = ["informative", "top1_tokens", "knows", "known_facts"]
+
+
+@torch.no_grad()
+def whole_object(model: "HookedGPT2", prompts: Sequence[str], targets: Sequence[str],
+                 batch_size: int = 64) -> list[bool]:
+    """Per ``(prompt, target)``: whether greedy decoding after BOS + prompt produces every token of the
+    target — teacher-forced: each target token is the top-1 after the prompt and the target tokens
+    before it (one forward pass per batch instead of one per token). A stricter reading than
+    :func:`knows`, which compares the first token only. ``[n]`` bools."""
+    if isinstance(prompts, str) or isinstance(targets, str):
+        raise TypeError("prompts and targets must be sequences of strings (one target per prompt), not a single string")
+    prompts, targets = list(prompts), list(targets)
+    if len(prompts) != len(targets):
+        raise ValueError(f"prompts and targets must have the same length, got {len(prompts)} prompts and "
+                         f"{len(targets)} targets")
+    batch_size = check_count(batch_size, "batch_size")
+    out: list[bool] = []
+    for s in range(0, len(prompts), batch_size):
+        ids = [target_ids(model, t) for t in targets[s : s + batch_size]]
+        rows = [model.to_tokens(p)[0].tolist() + i for p, i in zip(prompts[s : s + batch_size], ids)]
+        tokens, mask = model.pad(rows)  # left-padded: every row ends in the last column
+        pred = model(tokens, attention_mask=mask).argmax(-1)  # [batch, pos]
+        w = tokens.shape[1]
+        out += [pred[j, w - len(i) - 1 : w - 1].tolist() == i for j, i in enumerate(ids)]
+    return out
+
+
+@torch.no_grad()
+def knows_without_bos(model: "HookedGPT2", texts: Sequence[str], targets: Sequence[str],
+                      batch_size: int = 64) -> list[bool]:
+    """:func:`knows` for texts that bring their own start (e.g. a chat template, which begins with its
+    own special token): the same rule on the top-1 after each text as given, no BOS prepended."""
+    if isinstance(texts, str) or isinstance(targets, str):
+        raise TypeError("texts and targets must be sequences of strings (one target per text), not a single string")
+    texts, targets = list(texts), list(targets)
+    if len(texts) != len(targets):
+        raise ValueError(f"texts and targets must have the same length, got {len(texts)} texts and "
+                         f"{len(targets)} targets")
+    batch_size = check_count(batch_size, "batch_size")
+    useful = [i for i, t in enumerate(targets) if informative(model, t)]
+    out = [False] * len(texts)
+    for s in range(0, len(useful), batch_size):
+        idx = useful[s : s + batch_size]
+        tokens, mask = model.tokenize([texts[i] for i in idx], prepend_bos=False)
+        for i, t in zip(idx, model.last_logits(tokens, attention_mask=mask).argmax(-1).tolist()):
+            out[i] = t == target_ids(model, targets[i])[0]
+    return out
+
+
+__all__ += ["whole_object", "knows_without_bos"]
