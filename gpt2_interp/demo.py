@@ -99,14 +99,7 @@ def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", fo
     the model's ROME hyperparameters; a real model's come from its own generations, which take a while
     the first time — they are cached)."""
     from . import load
-    from .analysis.lens import logit_lens
-    from .analysis.tracing import causal_trace_all
-    from .analysis.vocab import top_subupdates
-    from .model.fingerprint import parameter_digests
-    from .editing.compare import compare_topk
-    from .editing.rome import compute_edit
     from .facts.base import FactBase
-    from .model.params import parameter_table
 
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
@@ -115,108 +108,140 @@ def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", fo
     out = prepare_output(out, force)
     t0 = time.time()
     results: dict[str, Any] = {}
-    md: list[str] = []
 
     _step(1, f"loading {model_name}", t0)
     model = load(model_name, device=device, dtype=dtype)
-    table = parameter_table(model)
-    c = model.cfg
-    results["model"] = {"name": c.name, "config": c.to_dict(), "n_params": table.total}
-    md += [f"# gpt2-interp demo on `{c.name}`", "",
-           f"{c.n_layer} layers, d_model {c.d_model}, {c.n_head} heads, d_mlp {c.d_mlp}, context {c.n_ctx}, "
-           f"vocabulary {c.d_vocab}: **{table.total:,} parameters** "
-           f"({'W_U tied to W_E' if c.tied_embeddings else 'untied W_U'}).", "",
-           "| part | shape | parameters |", "|---|---|---:|"]
-    md += [f"| {p} | {s} | {n:,} |" for p, s, n in table.rows] + [f"| **total** | | **{table.total:,}** |", ""]
-
+    results["model"], md = _model_section(model)
     fb = FactBase.load()
     fact, new_target = pick_fact(model, fb)
     prompt = fb.prompts(fact)[0]
-    true_target = fact.target
     _step(2, f"generating from {prompt!r}", t0)
-    generation = model.generate(prompt, max_new_tokens=8, do_sample=False)
     results["fact"] = {"relation": fact.relation, "subject": fact.subject, "object": fact.object, "prompt": prompt}
-    results["generation"] = generation
-    md += ["## 1. Greedy generation", "", f"Fact: *{fact.subject}* —{fact.relation}→ *{fact.object}*", "",
-           f"```\n{generation}\n```", ""]
-
+    results["generation"], part = _generation_section(model, fact, prompt)
+    md += part
     _step(3, "logit lens", t0)
-    answer = target_ids(model, true_target)[0]
-    lens = logit_lens(model, [prompt], targets=[answer], positions="all")
-    lens.save_plot(out / "logit_lens.png")
-    ranks = lens.target_rank[:, 0, -1].tolist()
-    first_top1 = next((lens.layers[i] for i, r in enumerate(ranks) if r == 1), None)
-    results["logit_lens"] = {"layers": lens.layers, "target_rank": ranks,
-                             "target_prob": lens.target_prob[:, 0, -1].tolist(), "first_top1_layer": first_top1}
-    md += ["## 2. Logit lens", "", f"Rank of the answer {true_target!r} at the last position, by layer: "
-           + ", ".join(f"{l} {int(r)}" for l, r in zip(lens.layers, ranks))
-           + f". It first becomes the top token at **{first_top1}**.", "", "![logit lens](logit_lens.png)", ""]
-
+    results["logit_lens"], part = _lens_section(model, prompt, fact.target, out)
+    md += part
     _step(4, "MLP sub-updates", t0)
-    subs = top_subupdates(model, prompt, k=8, target=answer)
-    results["subupdates"] = subs.to_dict()
-    md += ["## 3. Top MLP sub-updates at the last position", "", "```", subs.table(), "```", ""]
-
+    results["subupdates"], part = _subupdates_section(model, prompt, fact.target)
+    md += part
     _step(5, f"causal trace ({samples} noise samples × 3 kinds)", t0)
-    # the library defaults — ROME's noise rule (3 × the std of the subject tokens' embeddings) and the MLP
-    # window — are what layer="auto" uses, so the trace's layer is the one the edit would choose
-    traces = causal_trace_all(model, prompt, fact.subject, samples=samples)
-    traces.save_plot(out / "causal_trace.png")
-    mlp = traces["mlp"]
-    last_subject = mlp.subject_range[1] - 1
-    ie = mlp.indirect_effect[last_subject]
-    trace_layer = int(ie.argmax())
-    results["causal_trace"] = {
-        kind: {"clean": traces[kind].clean_score, "corrupted": traces[kind].corrupted_score,
-               "peak": traces[kind].peak()} for kind in ("hidden", "mlp", "attn")}
-    results["causal_trace"]["mlp_indirect_effect_last_subject_token"] = ie.tolist()
-    results["causal_trace"]["edit_layer"] = trace_layer
-    md += ["## 4. Causal trace", "",
-           f"Noise on the subject's embeddings drops P({mlp.target!r}) from {mlp.clean_score:.3f} to "
-           f"{mlp.corrupted_score:.3f}. Restoring the MLP output at the last subject token "
-           f"({mlp.tokens[last_subject]!r}) recovers most at **layer {trace_layer}** "
-           f"(indirect effect {float(ie[trace_layer]):+.3f}), so the edit goes there.", "",
-           "![causal trace](causal_trace.png)", ""]
-
-    _step(6, f"ROME edit {fact.subject}: {true_target!r} → {new_target!r} at layer {trace_layer}", t0)
-    template = fb.prompts(fact)[0].replace(fact.subject, "{}", 1)
-    request = {"prompt": template, "subject": fact.subject, "target": new_target}
-    before = parameter_digests(model)
-    w_before = model.blocks[trace_layer].mlp.W_out.detach().clone()
-    t_edit = time.time()
-    edit = compute_edit(model, request, layer=trace_layer,
-                        **({} if stats_tokens is None else {"n_samples": stats_tokens}))
-    edit_seconds = time.time() - t_edit
-    paraphrases = fb.prompts(fact, "heldout")[:2]
-    neighbours = fb.neighbourhood(fact, 2)
-    checks = [("rewrite", prompt)] + [("paraphrase", p) for p in paraphrases] + [("neighbour", p) for p in neighbours]
-    cmp = compare_topk(model, edit, [p for _, p in checks], k=3)
-    edit.apply(model)
-    generation_after = model.generate(prompt, max_new_tokens=8, do_sample=False)
-    edit.undo(model)
-    restored = parameter_digests(model) == before and torch.equal(model.blocks[trace_layer].mlp.W_out, w_before)
-    rows = []
-    for (role, p), b, a in zip(checks, cmp.before, cmp.after):
-        rows.append({"role": role, "prompt": p, "top1_before": b[0][0], "p_top1_before": b[0][1],
-                     "top1_after": a[0][0], "p_top1_after": a[0][1]})
-    results["edit"] = {"request": request, "true_target": true_target, "layer": trace_layer,
-                       "seconds": round(edit_seconds, 2), "checks": rows, "generation_after": generation_after,
-                       "weights_restored_bit_exact": restored}
-    md += ["## 5. ROME edit, verified, then undone", "",
-           f"Request: `{template}` with subject *{fact.subject}* → {new_target!r} (was {true_target!r}); "
-           f"computed in {edit_seconds:.1f} s.", "",
-           "| role | prompt | top-1 before | top-1 after |", "|---|---|---|---|"]
-    md += [f"| {r['role']} | {r['prompt']} | {r['top1_before']!r} ({r['p_top1_before']:.2f}) | "
-           f"{r['top1_after']!r} ({r['p_top1_after']:.2f}) |" for r in rows]
-    md += ["", f"After the edit: `{generation_after}`", "",
-           f"Undo restored every weight bit for bit: **{restored}**.", ""]
+    results["causal_trace"], part = _trace_section(model, prompt, fact.subject, samples, out)
+    md += part
+    layer = results["causal_trace"]["edit_layer"]
+    _step(6, f"ROME edit {fact.subject}: {fact.target!r} → {new_target!r} at layer {layer}", t0)
+    results["edit"], part = _edit_section(model, fb, fact, new_target, layer, stats_tokens)
+    md += part
 
     results["seconds"] = round(time.time() - t0, 1)
     (out / "results.json").write_text(json.dumps(to_jsonable(results), indent=1) + "\n")
     (out / "report.md").write_text("\n".join(md) + f"\n_{results['seconds']} s on {model.device}._\n")
     _write_manifest(out)
     print(f"\nWrote {out}/report.md, results.json, logit_lens.png, causal_trace.png in {results['seconds']} s")
-    for r in rows:
+    for r in results["edit"]["checks"]:
         print(f"  {r['role']:<10} {r['prompt']!r}: {r['top1_before']!r} → {r['top1_after']!r}")
-    print(f"  undo bit-exact: {restored}")
+    print(f"  undo bit-exact: {results['edit']['weights_restored_bit_exact']}")
     return results
+
+
+Section = tuple[Any, list[str]]  # (the step's results, its markdown lines)
+
+
+def _model_section(model: Any) -> Section:
+    from .model.params import parameter_table
+
+    table = parameter_table(model)
+    c = model.cfg
+    md = [f"# gpt2-interp demo on `{c.name}`", "",
+          f"{c.n_layer} layers, d_model {c.d_model}, {c.n_head} heads, d_mlp {c.d_mlp}, context {c.n_ctx}, "
+          f"vocabulary {c.d_vocab}: **{table.total:,} parameters** "
+          f"({'W_U tied to W_E' if c.tied_embeddings else 'untied W_U'}).", "",
+          "| part | shape | parameters |", "|---|---|---:|"]
+    md += [f"| {p} | {s} | {n:,} |" for p, s, n in table.rows] + [f"| **total** | | **{table.total:,}** |", ""]
+    return {"name": c.name, "config": c.to_dict(), "n_params": table.total}, md
+
+
+def _generation_section(model: Any, fact: Any, prompt: str) -> Section:
+    generation = model.generate(prompt, max_new_tokens=8, do_sample=False)
+    return generation, ["## 1. Greedy generation", "", f"Fact: *{fact.subject}* —{fact.relation}→ *{fact.object}*", "",
+                        f"```\n{generation}\n```", ""]
+
+
+def _lens_section(model: Any, prompt: str, true_target: str, out: Path) -> Section:
+    from .analysis.lens import logit_lens
+
+    answer = target_ids(model, true_target)[0]
+    lens = logit_lens(model, [prompt], targets=[answer], positions="all")
+    lens.save_plot(out / "logit_lens.png")
+    ranks = lens.target_rank[:, 0, -1].tolist()
+    first_top1 = next((lens.layers[i] for i, r in enumerate(ranks) if r == 1), None)
+    res = {"layers": lens.layers, "target_rank": ranks, "target_prob": lens.target_prob[:, 0, -1].tolist(),
+           "first_top1_layer": first_top1}
+    return res, ["## 2. Logit lens", "", f"Rank of the answer {true_target!r} at the last position, by layer: "
+                 + ", ".join(f"{l} {int(r)}" for l, r in zip(lens.layers, ranks))
+                 + f". It first becomes the top token at **{first_top1}**.", "", "![logit lens](logit_lens.png)", ""]
+
+
+def _subupdates_section(model: Any, prompt: str, true_target: str) -> Section:
+    from .analysis.vocab import top_subupdates
+
+    subs = top_subupdates(model, prompt, k=8, target=target_ids(model, true_target)[0])
+    return subs.to_dict(), ["## 3. Top MLP sub-updates at the last position", "", "```", subs.table(), "```", ""]
+
+
+def _trace_section(model: Any, prompt: str, subject: str, samples: int, out: Path) -> Section:
+    from .analysis.tracing import causal_trace_all
+
+    # the library defaults — ROME's noise rule (3 × the std of the subject tokens' embeddings) and the MLP
+    # window — are what layer="auto" uses, so the trace's layer is the one the edit would choose
+    traces = causal_trace_all(model, prompt, subject, samples=samples)
+    traces.save_plot(out / "causal_trace.png")
+    mlp = traces["mlp"]
+    last_subject = mlp.subject_range[1] - 1
+    ie = mlp.indirect_effect[last_subject]
+    trace_layer = int(ie.argmax())
+    res: dict[str, Any] = {
+        kind: {"clean": traces[kind].clean_score, "corrupted": traces[kind].corrupted_score,
+               "peak": traces[kind].peak()} for kind in ("hidden", "mlp", "attn")}
+    res["mlp_indirect_effect_last_subject_token"] = ie.tolist()
+    res["edit_layer"] = trace_layer
+    return res, ["## 4. Causal trace", "",
+                 f"Noise on the subject's embeddings drops P({mlp.target!r}) from {mlp.clean_score:.3f} to "
+                 f"{mlp.corrupted_score:.3f}. Restoring the MLP output at the last subject token "
+                 f"({mlp.tokens[last_subject]!r}) recovers most at **layer {trace_layer}** "
+                 f"(indirect effect {float(ie[trace_layer]):+.3f}), so the edit goes there.", "",
+                 "![causal trace](causal_trace.png)", ""]
+
+
+def _edit_section(model: Any, fb: Any, fact: Any, new_target: str, layer: int, stats_tokens: int | None) -> Section:
+    from .editing.compare import compare_topk
+    from .editing.rome import compute_edit
+    from .model.fingerprint import parameter_digests
+
+    prompt, true_target = fb.prompts(fact)[0], fact.target
+    template = prompt.replace(fact.subject, "{}", 1)
+    request = {"prompt": template, "subject": fact.subject, "target": new_target}
+    before = parameter_digests(model)
+    w_before = model.blocks[layer].mlp.W_out.detach().clone()
+    t_edit = time.time()
+    edit = compute_edit(model, request, layer=layer, **({} if stats_tokens is None else {"n_samples": stats_tokens}))
+    edit_seconds = time.time() - t_edit
+    checks = ([("rewrite", prompt)] + [("paraphrase", p) for p in fb.prompts(fact, "heldout")[:2]]
+              + [("neighbour", p) for p in fb.neighbourhood(fact, 2)])
+    cmp = compare_topk(model, edit, [p for _, p in checks], k=3)
+    edit.apply(model)
+    generation_after = model.generate(prompt, max_new_tokens=8, do_sample=False)
+    edit.undo(model)
+    restored = parameter_digests(model) == before and torch.equal(model.blocks[layer].mlp.W_out, w_before)
+    rows = [{"role": role, "prompt": p, "top1_before": b[0][0], "p_top1_before": b[0][1],
+             "top1_after": a[0][0], "p_top1_after": a[0][1]} for (role, p), b, a in zip(checks, cmp.before, cmp.after)]
+    res = {"request": request, "true_target": true_target, "layer": layer, "seconds": round(edit_seconds, 2),
+           "checks": rows, "generation_after": generation_after, "weights_restored_bit_exact": restored}
+    md = ["## 5. ROME edit, verified, then undone", "",
+          f"Request: `{template}` with subject *{fact.subject}* → {new_target!r} (was {true_target!r}); "
+          f"computed in {edit_seconds:.1f} s.", "",
+          "| role | prompt | top-1 before | top-1 after |", "|---|---|---|---|"]
+    md += [f"| {r['role']} | {r['prompt']} | {r['top1_before']!r} ({r['p_top1_before']:.2f}) | "
+           f"{r['top1_after']!r} ({r['p_top1_after']:.2f}) |" for r in rows]
+    md += ["", f"After the edit: `{generation_after}`", "", f"Undo restored every weight bit for bit: **{restored}**.", ""]
+    return res, md
