@@ -18,8 +18,12 @@ field          GPT-2                  Llama / SmolLM2
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import FrozenInstanceError, asdict, dataclass, fields, replace
 from typing import Any, ClassVar
+
+from ..core.checks import check_count
 
 
 @dataclass(frozen=True)
@@ -46,19 +50,39 @@ class GPT2Config:
     use_attn_result: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
-        for field in ("n_layer", "d_model", "n_head", "d_mlp", "n_ctx", "d_vocab"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"{field} must be positive, got {getattr(self, field)}")
+        self._check_sizes()
+        self._check_numbers()
         for field, allowed in (("norm", ("layernorm", "rmsnorm")), ("positional", ("learned", "rotary")),
                                ("mlp", ("gelu", "swiglu"))):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"{field}={getattr(self, field)!r}; accepted: {', '.join(map(repr, allowed))}")
-        if self.n_kv_heads is not None and (self.n_kv_heads <= 0 or self.n_head % self.n_kv_heads):
-            raise ValueError(f"n_kv_heads={self.n_kv_heads} must be positive and divide n_head={self.n_head}")
+        for field in ("bias", "tied_embeddings"):
+            if not isinstance(getattr(self, field), bool):
+                raise TypeError(f"{field} must be True or False, got {getattr(self, field)!r}")
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a string, got {type(self.name).__name__} {self.name!r:.40}")
         if self.positional == "rotary" and self.d_head % 2:
             raise ValueError(f"rotary positions need an even d_head, got {self.d_head}")
+
+    def _check_sizes(self) -> None:
+        """Sizes are positive ints; n_head divides d_model and n_kv_heads divides n_head."""
+        for field in ("n_layer", "d_model", "n_head", "d_mlp", "n_ctx", "d_vocab"):
+            object.__setattr__(self, field, check_count(getattr(self, field), field))
+        if self.n_kv_heads is not None:
+            object.__setattr__(self, "n_kv_heads", check_count(self.n_kv_heads, "n_kv_heads"))
+            if self.n_head % self.n_kv_heads:
+                raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_head={self.n_head}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
+
+    def _check_numbers(self) -> None:
+        """The norm epsilon and the rotary base are finite positive numbers."""
+        for field in ("layer_norm_eps", "rope_theta"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise TypeError(f"{field} must be a number, got {type(v).__name__} {v!r:.40}")
+            if not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{field} must be a finite number > 0, got {v!r}")
 
     @property
     def d_head(self) -> int:

@@ -1,0 +1,103 @@
+"""Loading trusts a file only when all of it is accounted for: every tensor it holds is used and every
+tensor the config needs is there, and the refusal names the tensor and the file. Valid files load
+unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gpt2_interp as gi
+from gpt2_interp.io import checkpoints as ckpt
+from gpt2_interp.io.gguf import GGUFError
+from gpt2_interp.model import GPT2Config, HookedGPT2
+from gpt2_interp.model.config import llama_config
+
+from .test_gguf import hf_gpt2, write_gpt2_gguf  # noqa: F401  (the fixture: a 2-layer transformers GPT-2)
+
+TINY = GPT2Config(n_layer=2, d_model=32, n_head=4, d_mlp=64, n_ctx=16, d_vocab=50, name="tiny")
+
+
+def test_gguf_with_fewer_blocks_in_its_metadata_than_in_the_file_is_refused(hf_gpt2, tmp_path):
+    path = write_gpt2_gguf(tmp_path / "short.gguf", hf_gpt2, meta={"block_count": 1})
+    with pytest.raises(GGUFError, match=r"short\.gguf.*does not use: blk\.1\..*block_count"):
+        gi.load(path)
+
+
+def test_gguf_missing_a_tensor_names_the_tensor_and_the_file(hf_gpt2, tmp_path):
+    path = write_gpt2_gguf(tmp_path / "long.gguf", hf_gpt2, meta={"block_count": 3})
+    with pytest.raises(GGUFError, match=r"long\.gguf.*lacks the tensors blk\.2\.attn_norm\.weight"):
+        gi.load(path)
+
+
+def test_valid_gguf_still_loads_to_transformers_logits(hf_gpt2, tmp_path):
+    tokens = torch.arange(12).reshape(2, 6)
+    model = gi.load(write_gpt2_gguf(tmp_path / "ok.gguf", hf_gpt2))
+    with torch.no_grad():
+        assert (model(tokens) - hf_gpt2(tokens).logits).abs().max() <= 1e-5
+
+
+def _tl_state_dict(model: HookedGPT2) -> dict[str, torch.Tensor]:
+    """The model's weights under TransformerLens' names (W_Q/W_K/W_V per head, zero b_U, masks)."""
+    c, sd = model.cfg, model.state_dict()
+    out = {k: v for k, v in sd.items() if ".attn.W_QKV" not in k and ".attn.b_QKV" not in k}
+    for i in range(c.n_layer):
+        b = f"blocks.{i}.attn."
+        for x, w in zip("QKV", sd[b + "W_QKV"].split(c.d_model, dim=1)):
+            out[b + f"W_{x}"] = w.reshape(c.d_model, c.n_head, c.d_head).permute(1, 0, 2)
+        for x, w in zip("QKV", sd[b + "b_QKV"].split(c.d_model)):
+            out[b + f"b_{x}"] = w.reshape(c.n_head, c.d_head)
+        out[b + "IGNORE"] = torch.tensor(-torch.inf)
+        out[b + "mask"] = torch.ones(c.n_ctx, c.n_ctx, dtype=torch.bool).tril()
+    out["unembed.W_U"], out["unembed.b_U"] = sd["embed.W_E"].T, torch.zeros(c.d_vocab)
+    return out
+
+
+def test_transformer_lens_state_dict_round_trips():
+    model = HookedGPT2(TINY, seed=1)
+    back = gi.from_transformer_lens(_tl_state_dict(model), TINY)
+    tokens = torch.arange(8)[None]
+    assert torch.equal(back(tokens), model(tokens))
+
+
+def test_transformer_lens_state_dict_with_an_extra_block_is_refused():
+    big = _tl_state_dict(HookedGPT2(TINY.replace(n_layer=3), seed=1))
+    with pytest.raises(ValueError, match=r"unexpected tensors \['blocks\.2\."):
+        gi.from_transformer_lens(big, TINY)
+
+
+def test_transformer_lens_nonzero_bias_the_config_has_no_room_for_is_refused():
+    sd = _tl_state_dict(HookedGPT2(TINY, seed=1))
+    sd["unembed.b_U"] = torch.ones(TINY.d_vocab)
+    with pytest.raises(ValueError, match=r"unembed\.b_U"):
+        gi.from_transformer_lens(sd, TINY)
+
+
+def test_state_dict_file_missing_a_tensor_names_tensor_and_file(tmp_path):
+    model = HookedGPT2(TINY, seed=1)
+    sd = gi.model.loading.native_to_hf(model)
+    sd.pop("transformer.h.1.mlp.c_fc.bias")
+    path = tmp_path / "cut.safetensors"
+    from safetensors.torch import save_file
+
+    save_file(sd, str(path))
+    with pytest.raises(ValueError, match=r"cut\.safetensors lacks the tensor 'h\.1\.mlp\.c_fc\.bias'"):
+        gi.load(path, config=TINY)
+
+
+def test_state_dict_file_with_more_layers_than_its_config_is_refused(tmp_path):
+    sd = gi.model.loading.native_to_hf(HookedGPT2(TINY.replace(n_layer=3), seed=1))
+    path = tmp_path / "deep.safetensors"
+    from safetensors.torch import save_file
+
+    save_file(sd, str(path))
+    with pytest.raises(ValueError, match=r"deep\.safetensors.*unexpected tensors.*h\.2\."):
+        gi.load(path, config=TINY)
+
+
+def test_llama_hf_directory_with_an_extra_layer_is_refused(tmp_path):
+    cfg = llama_config(n_layer=1, d_model=32, n_head=4, n_kv_heads=2, d_mlp=64, n_ctx=16, d_vocab=50)
+    sd = gi.model.loading.native_to_hf(HookedGPT2(cfg.replace(n_layer=2), seed=0))
+    ckpt.write_hf_dir(tmp_path, cfg.to_hf_dict(), sd)
+    with pytest.raises(ValueError, match=rf"{tmp_path.name}.*unexpected tensors.*layers\.1\."):
+        gi.load(tmp_path)
