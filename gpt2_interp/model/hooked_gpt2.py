@@ -22,7 +22,7 @@ from torch import nn
 from ..core.checks import check_index
 from ..io import tokenizer as tok
 from .config import KNOWN_CONFIGS, GPT2Config, ModelConfig
-from .hooks import HookPoint, warn_if_nonfinite, warn_port, watch_replacements
+from .hooks import HookPoint, note_input, warn_if_nonfinite, warn_port, watch_replacements
 from .root import HookedRootModule
 from .modules import Block, KVCache, norm, rotary_cos_sin
 from .tl_aliases import TransformerLensAliases
@@ -341,6 +341,7 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             if return_type in ("loss", "both"):
                 raise ValueError("loss needs tokens; with start_at_layer use return_type='logits'")
             x, tokens, q_len = input, None, input.shape[1]
+            note_input(f"blocks.{start}.hook_resid_pre", "the residual stream given as input with start_at_layer", x)
             pos = self.positions(q_len, past, attention_mask)
         mask = self._attention_mask(q_len, past, attention_mask)
         rope = self.rotary(pos)
