@@ -24,7 +24,9 @@ Default (``corpus=None``): ``"facts"`` for gpt2-facts; for other models ``"brown
 else ``"generated"`` with a warning (:func:`default_text_corpus`).
 
 Results are cached on disk (``~/.cache/gpt2-interp/stats/``, or ``$GPT2_INTERP_STATS_DIR``)
-keyed by (upstream weight fingerprint, layer, corpus id, n_samples, dtype), and in memory.
+keyed by (upstream weight fingerprint, layer, corpus id, n_samples, dtype), and in memory. A corpus
+id is a digest of the content read (the Brown files, a text file or folder, the fact texts, a
+dataset's first rows; generated text: the weights and seed), never only its name.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ HF_ALIASES = {
     "wikipedia": ("wikimedia/wikipedia", "20231101.en"),
 }
 _MEMORY: dict[str, "KeyStats"] = {}
+HF_DIGEST_ROWS = 256  # a Hugging Face dataset's corpus id digests its first rows
 
 
 def default_cache_dir() -> Path:
@@ -233,14 +236,7 @@ def resolve_corpus(model: "HookedGPT2", corpus: str | os.PathLike | None = None,
         texts = training_texts(FactBase.load())
         return Corpus(f"facts:{corpus_id(texts)}", texts)
     if spec == "brown":
-        from ..io.corpora import BROWN_SHA512, brown_texts
-
-        def shuffled() -> Iterator[str]:  # read (~1 s) only when keys are computed, not on a cache hit
-            docs = brown_texts()
-            order = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()  # mix genres
-            yield from (docs[i] for i in order)
-
-        return Corpus(f"brown:{BROWN_SHA512[:12]}:s{seed}", shuffled())
+        return _brown_corpus(seed)
     if spec == "generated":
         n_texts = max(1, -(-n_samples // max_len))
         fp = base_fingerprint(model)[:12]
@@ -254,6 +250,27 @@ def resolve_corpus(model: "HookedGPT2", corpus: str | os.PathLike | None = None,
     return _hf_corpus(spec)
 
 
+def _brown_corpus(seed: int) -> Corpus:
+    """The Brown Corpus, identified by the digest of the files read (so statistics of a folder whose
+    files were replaced are never filed under the published corpus); a folder that is not the
+    published corpus is used with a warning."""
+    from ..io.corpora import BROWN_FILES_SHA256, brown_dir, brown_documents, read_brown
+
+    files, digest = read_brown()  # the bytes are read once here; untagging (~1 s) waits for a cache miss
+    if digest != BROWN_FILES_SHA256:
+        warnings.warn(f"the Brown Corpus folder {brown_dir()} does not hold the published corpus (its files' sha256 "
+                      f"{digest[:12]}… is not {BROWN_FILES_SHA256[:12]}…); its statistics are keyed by what it holds. "
+                      "Delete the folder and run gpt2_interp.io.corpora.fetch_brown() to get the published files",
+                      stacklevel=4)
+
+    def shuffled() -> Iterator[str]:
+        docs = brown_documents(files)
+        order = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()  # mix genres
+        yield from (docs[i] for i in order)
+
+    return Corpus(f"brown:{digest[:16]}:s{seed}", shuffled())
+
+
 def _file_corpus(path: Path) -> Corpus:
     files = sorted(p for p in path.rglob("*.txt") if p.is_file()) if path.is_dir() else [path]
     if not files:
@@ -261,8 +278,9 @@ def _file_corpus(path: Path) -> Corpus:
     h = hashlib.sha256()
     contents = []
     for f in files:
-        text = f.read_text(encoding="utf-8", errors="replace")
-        h.update(f.name.encode() + b"\0" + text.encode() + b"\0")
+        raw = f.read_bytes()  # the digest is of exactly the bytes used
+        text = raw.decode("utf-8", errors="replace")
+        h.update(str(f.relative_to(path) if path.is_dir() else f.name).encode() + b"\0" + hashlib.sha256(raw).digest())
         contents.append(text)
     docs = [d.strip() for text in contents for d in text.split("\n\n") if d.strip()]
     if not docs:
@@ -290,8 +308,13 @@ def _hf_corpus(spec: str) -> Corpus:
             "(samples from the model) or a local text file."
         ) from None
     field_name = "text" if "text" in first else next(k for k, v in first.items() if isinstance(v, str))
+    # identified by what it holds: a digest of its first documents (a dataset changed under the same name
+    # gets another id, so its statistics are never taken for the old ones)
+    h = hashlib.sha256()
+    for _, row in zip(range(HF_DIGEST_ROWS), ds):
+        h.update(hashlib.sha256(str(row[field_name]).encode()).digest())
     texts = (row[field_name] for row in ds if row[field_name].strip())
-    return Corpus(f"hf:{name}:{config}", texts)
+    return Corpus(f"hf:{name}:{config}:{h.hexdigest()[:16]}", texts)
 
 
 def _generated_texts(model: "HookedGPT2", n_texts: int, length: int, seed: int, batch: int = 32) -> Iterator[str]:
