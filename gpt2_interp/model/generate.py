@@ -55,7 +55,7 @@ def generate(
     if isinstance(input, torch.Tensor):
         tokens, mask = model.as_tokens(input, None)
     else:
-        tokens, mask = model.tokenize(input, prepend_bos=prepend_bos)
+        tokens, mask = model.tokenize(input, prepend_bos=prepend_bos, what="input")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     batch, prompt_len = tokens.shape
