@@ -281,10 +281,11 @@ def dir_tokenizer(path: Path, hf: Mapping[str, Any]) -> tok.Tokenizer | None:
     """The ``tokenizer.json`` of an HF directory as an HFTokenizer (special ids from the config), or None."""
     if not (path / "tokenizer.json").exists():
         return None
-    from tokenizers import Tokenizer
-
-    backend = Tokenizer.from_file(str(path / "tokenizer.json"))
-    extra = json.loads((path / "tokenizer_config.json").read_text()) if (path / "tokenizer_config.json").exists() else {}
+    backend = tok.read_tokenizer_json(path / "tokenizer.json")
+    extra_path = path / "tokenizer_config.json"
+    extra = tok.read_json_file(extra_path, "the tokenizer's config") if extra_path.exists() else {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"{extra_path} must hold a JSON object, got {type(extra).__name__}")
 
     def tid(name: str) -> int | None:
         t = extra.get(name)
@@ -307,7 +308,15 @@ def load_dir(path: Path, name: str | None = None) -> HookedGPT2:
     except (ValueError, TypeError) as e:
         raise ValueError(f"{path / 'config.json'}: {e}") from None
     tokenizer = dir_tokenizer(path, hf) if cfg.family != "gpt2" else None
+    check_vocab(tokenizer, cfg, path / "tokenizer.json")
     return from_state_dict(sd, cfg, tokenizer, source=str(path))
+
+
+def check_vocab(tokenizer: tok.Tokenizer | None, cfg: GPT2Config, source: str | Path) -> None:
+    """Refuse a tokenizer whose ids reach past the model's vocabulary (they would index no embedding)."""
+    if tokenizer is not None and tokenizer.vocab_size > cfg.d_vocab:
+        raise ValueError(f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
+                         f"(d_vocab) is {cfg.d_vocab}; ids ≥ {cfg.d_vocab} would have no embedding")
 
 
 def save_hf(model: HookedGPT2, path: str | Path, dtype: torch.dtype | None = None) -> Path:
@@ -461,6 +470,7 @@ def load_gguf(path: str | Path, name: str | None = None) -> HookedGPT2:
     cfg = gguf_config(g, name)
     g.check_types()
     tokenizer = gguf_tokenizer(g)
+    check_vocab(tokenizer, cfg, g.path)
     if cfg.family == "gpt2" and "output.weight" in g.tensors:
         cfg = cfg.replace(tied_embeddings=False)
     sd = _gguf_state_dict(g, cfg)
@@ -532,6 +542,12 @@ def load(
 # ---------------------------------------------------------------- other libraries
 def from_transformers(hf_model: Any, tokenizer: tok.Tokenizer | None = None) -> HookedGPT2:
     """A model with the weights of a ``transformers`` GPT2LMHeadModel/GPT2Model or LlamaForCausalLM/LlamaModel."""
+    if not (hasattr(hf_model, "state_dict") and hasattr(getattr(hf_model, "config", None), "to_dict")):
+        raise TypeError(
+            f"hf_model must be a transformers model object already loaded in memory (GPT2LMHeadModel, GPT2Model, "
+            f"LlamaForCausalLM or LlamaModel), got {type(hf_model).__name__} {hf_model!r:.40}; to load a model by "
+            "name or path, pass it as model_name (gpt2_interp.load('gpt2'))"
+        )
     hf_cfg = hf_model.config.to_dict()
     cfg = GPT2Config.from_hf_dict(hf_cfg)
     sd = {k: v.detach().cpu() for k, v in hf_model.state_dict().items()}
