@@ -101,3 +101,67 @@ def test_llama_hf_directory_with_an_extra_layer_is_refused(tmp_path):
     ckpt.write_hf_dir(tmp_path, cfg.to_hf_dict(), sd)
     with pytest.raises(ValueError, match=rf"{tmp_path.name}.*unexpected tensors.*layers\.1\."):
         gi.load(tmp_path)
+
+
+# ---------------------------------------------------------------- tokenizer files and other loaders' arguments
+def _llama_dir(path, d_vocab: int = 50):
+    cfg = llama_config(n_layer=1, d_model=32, n_head=4, n_kv_heads=2, d_mlp=64, n_ctx=16, d_vocab=d_vocab)
+    gi.model.loading.save_hf(HookedGPT2(cfg, seed=0), path)
+    return path
+
+
+def _tokenizer_json(n_tokens: int) -> str:
+    from tokenizers import Tokenizer, models
+
+    vocab = {f"t{i}": i for i in range(n_tokens - 1)} | {"</s>": n_tokens - 1}
+    return Tokenizer(models.WordLevel(vocab, unk_token="</s>")).to_str()
+
+
+def test_truncated_tokenizer_json_names_the_file(tmp_path):
+    path = _llama_dir(tmp_path)
+    (path / "tokenizer.json").write_text(_tokenizer_json(50)[:200])
+    (path / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    with pytest.raises(ValueError, match=r"tokenizer\.json is not a tokenizer file the tokenizers library can read"):
+        gi.load(path)
+
+
+def test_tokenizer_config_that_is_not_json_names_the_file(tmp_path):
+    path = _llama_dir(tmp_path)
+    (path / "tokenizer.json").write_text(_tokenizer_json(50))
+    (path / "tokenizer_config.json").write_text('{"eos_token": ')
+    with pytest.raises(ValueError, match=r"tokenizer_config\.json \(the tokenizer's config\) is not valid JSON"):
+        gi.load(path)
+
+
+def test_tokenizer_with_more_tokens_than_the_vocabulary_is_refused(tmp_path):
+    path = _llama_dir(tmp_path)
+    (path / "tokenizer.json").write_text(_tokenizer_json(60))
+    (path / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    with pytest.raises(ValueError, match=r"tokenizer\.json: the tokenizer has 60 tokens but the model's vocabulary \(d_vocab\) is 50"):
+        gi.load(path)
+    (path / "tokenizer.json").write_text(_tokenizer_json(50))
+    assert gi.load(path).tokenizer.vocab_size == 50
+
+
+def test_from_pretrained_with_a_name_as_hf_model_says_what_hf_model_must_be():
+    with pytest.raises(TypeError, match=r"hf_model must be a transformers model object .* got str 'gpt2'"):
+        HookedGPT2.from_pretrained("gpt2", hf_model="gpt2")
+
+
+# ---------------------------------------------------------------- prompts at the public boundary
+@pytest.mark.parametrize("call", ["forward", "generate", "run_with_cache", "logit_lens", "to_tokens"])
+def test_non_string_prompts_name_the_argument_and_the_element(call):
+    from gpt2_interp.analysis.lens import logit_lens
+
+    model = HookedGPT2(GPT2Config(n_layer=1, d_model=32, n_head=4, d_mlp=64, n_ctx=16), seed=0)
+    run = {"forward": lambda x: model(x), "generate": lambda x: model.generate(x, max_new_tokens=1),
+           "run_with_cache": lambda x: model.run_with_cache(x), "logit_lens": lambda x: logit_lens(model, x),
+           "to_tokens": lambda x: model.to_tokens(x)}[call]
+    what = {"logit_lens": "prompts", "to_tokens": "text"}.get(call, "input")
+    with pytest.raises(TypeError, match=rf"{what}\[1\] must be a string, got int 5"):
+        run(["a cat", 5])
+    with pytest.raises(TypeError, match=rf"{what} must be a string or a list of strings, got int 7"):
+        run(7)
+    with pytest.raises(ValueError, match=rf"no prompts: {what} is empty"):
+        run([])
+    run(["a cat", "a dog sat"])  # valid prompts still run
