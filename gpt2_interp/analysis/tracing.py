@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from ..core.checks import check_count
 from ..core.finite import require_finite
 from ..core import distributed
 from ..core.progress import progress_bar
@@ -207,11 +208,8 @@ def _trace_batch(
     """Causal traces of several prompts in one staircase run (prompts left-padded together)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
-    if samples < 1:
-        raise ValueError(f"samples must be ≥ 1, got {samples}")
-    window = default_window(model.cfg.n_layer) if window is None else window
-    if kind != "hidden" and window < 1:
-        raise ValueError(f"window must be ≥ 1, got {window}")
+    samples = check_count(samples, "samples")
+    window = default_window(model.cfg.n_layer) if window is None else check_count(window, "window")
     n, S, dev = model.cfg.n_layer, samples, model.device
     spans = [subject_span(model, c.prompt, c.subject) for c in cases]
     tokens, mask = model.tokenize([c.prompt for c in cases])  # [F, P]

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.finite import require_finite
+from ..core.checks import check_count
 from ..core import distributed
 from ..core.progress import progress_bar
 from ..io.integrity import load_checked, save_checked
@@ -377,8 +378,9 @@ def key_second_moment(
     layers = sorted({model.check_layer(lay) for lay in ([layer] if single else layer)})  # type: ignore[list-item]
     if not layers:
         raise ValueError("give at least one layer")
-    if n_samples < 1:
-        raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+    n_samples = check_count(n_samples, "n_samples")
+    batch_size = check_count(batch_size, "batch_size")
+    max_len = check_count(max_len, "max_len", minimum=2)
     max_len = min(max_len, model.cfg.n_ctx)
     src = resolve_corpus(model, corpus, seed, n_samples, max_len)
     digests = parameter_digests(model)
