@@ -162,6 +162,6 @@ def test_non_string_prompts_name_the_argument_and_the_element(call):
         run(["a cat", 5])
     with pytest.raises(TypeError, match=rf"{what} must be a string or a list of strings, got int 7"):
         run(7)
-    with pytest.raises(ValueError, match=rf"no prompts: {what} is empty"):
+    with pytest.raises(ValueError, match=rf"no {what}: {what} is empty"):
         run([])
     run(["a cat", "a dog sat"])  # valid prompts still run

@@ -55,7 +55,7 @@ def check_prompts(prompts: Any, what: str = "prompts") -> list[str]:
         raise TypeError(f"{what} must be a string or a list of strings, got {type(prompts).__name__} {prompts!r:.40}")
     items = list(prompts)
     if not items:
-        raise ValueError(f"no prompts: {what} is empty; give a prompt or a non-empty list of prompts")
+        raise ValueError(f"no {what}: {what} is empty; give a prompt or a non-empty list of prompts")
     for i, p in enumerate(items):
         if not isinstance(p, str):
             raise TypeError(f"{what}[{i}] must be a string, got {type(p).__name__} {p!r:.40}")

@@ -48,6 +48,7 @@ from ..core import distributed
 from ..core.progress import progress_bar
 from ..io.integrity import load_checked, save_checked
 from ..model.fingerprint import parameter_digests, tensor_digest, weights_fingerprint
+from ..model.hooks import reads_only
 from .edit import original_weights
 
 if TYPE_CHECKING:
@@ -425,6 +426,7 @@ def _accumulate(model: "HookedGPT2", layers: list[int], src: Corpus, n_samples: 
     found: dict[int, torch.Tensor] = {}
 
     def grabber(lay: int):
+        @reads_only
         def grab(act: torch.Tensor, hp: Any) -> None:
             found[lay] = act
         return grab
