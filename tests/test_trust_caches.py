@@ -70,3 +70,17 @@ def test_file_corpus_id_follows_content_not_names(tmp_path, tiny):
 @pytest.mark.skipif(not corpora.brown_available(), reason="the Brown Corpus is not on disk")
 def test_the_published_brown_corpus_matches_its_manifest_digest():
     assert corpora.read_brown()[1] == corpora.BROWN_FILES_SHA256
+
+
+def test_statistics_file_with_tensors_it_should_not_hold_is_refused(tmp_path, tiny):
+    from gpt2_interp.editing.stats import KeyStats
+    from gpt2_interp.io.integrity import load_checked, save_checked
+
+    stats = key_second_moment(tiny, 0, corpus="generated", n_samples=64, cache_dir=False, progress=False)
+    good = stats.save(tmp_path / "good.safetensors")
+    assert torch.equal(KeyStats.load(good).C, stats.C)
+    tensors, meta, _ = load_checked(good, kind="key-statistics")
+    meta = {k: v for k, v in meta.items() if k in ("format", "count", "key")}
+    bad = save_checked(tmp_path / "extra.safetensors", {**tensors, "D": torch.zeros(2)}, meta)
+    with pytest.raises(ValueError, match=r"extra\.safetensors is not a valid key-statistics file: it holds the tensors \['C', 'D'\]"):
+        KeyStats.load(bad)

@@ -180,6 +180,9 @@ class KeyStats:
         fmt = meta.get("format", STATS_FORMAT)  # files from before digests carry no format field
         if fmt != STATS_FORMAT:
             raise ValueError(f"{path} is not a key-statistics file (format {fmt!r}, expected {STATS_FORMAT!r})")
+        if set(tensors) != {"C"}:
+            raise ValueError(f"{path} is not a valid key-statistics file: it holds the tensors {sorted(tensors)}, "
+                             "a key-statistics file holds exactly one, 'C'")
         try:
             C, count, key = tensors["C"], int(meta["count"]), json.loads(meta["key"])
             int(key["layer"]), key["fingerprint"], key["model_name"]
