@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from .analysis.tokens import target_ids
+from .core.checks import check_count
 from .core.result import to_jsonable
 
 # (relation, subject, counterfactual object): the first one the model knows is used.
@@ -101,10 +102,8 @@ def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", fo
     from . import load
     from .facts.base import FactBase
 
-    if samples < 1:
-        raise ValueError(f"samples must be >= 1, got {samples}")
-    if stats_tokens is not None and stats_tokens < 1:
-        raise ValueError(f"stats_tokens must be >= 1, got {stats_tokens}")
+    samples = check_count(samples, "samples")
+    stats_tokens = None if stats_tokens is None else check_count(stats_tokens, "stats_tokens")
     out = prepare_output(out, force)
     t0 = time.time()
     results: dict[str, Any] = {}

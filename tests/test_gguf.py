@@ -41,16 +41,16 @@ def hf_gpt2():
 
 
 def write_gpt2_gguf(path: Path, hf, qtype: str = "F32", arch: str = "gpt2", tokenizer: bool = True,
-                    raw: dict[str, tuple[np.ndarray, str]] | None = None) -> Path:
-    """llama.cpp's GPT-2 layout: [out, in] weights (GPT-2's Conv1D transposed), 1-D tensors in F32."""
+                    raw: dict[str, tuple[np.ndarray, str]] | None = None, meta: dict | None = None) -> Path:
+    """llama.cpp's GPT-2 layout: [out, in] weights (GPT-2's Conv1D transposed), 1-D tensors in F32.
+    ``meta`` replaces ``{arch}.*`` metadata values (ints as int32, floats as float32)."""
     c, sd = hf.config, {k.removeprefix("transformer."): v.detach().numpy() for k, v in hf.state_dict().items()}
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(c.n_layer)
-    w.add_context_length(c.n_positions)
-    w.add_embedding_length(c.n_embd)
-    w.add_feed_forward_length(4 * c.n_embd)
-    w.add_head_count(c.n_head)
-    w.add_layer_norm_eps(c.layer_norm_epsilon)
+    values = {"block_count": c.n_layer, "context_length": c.n_positions, "embedding_length": c.n_embd,
+              "feed_forward_length": 4 * c.n_embd, "attention.head_count": c.n_head,
+              "attention.layer_norm_epsilon": float(c.layer_norm_epsilon), **(meta or {})}
+    for key, v in values.items():
+        (w.add_float32 if isinstance(v, float) else w.add_int32)(f"{arch}.{key}", v)
     if tokenizer:
         vocab = tiny_vocab()
         w.add_tokenizer_model("gpt2")

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.progress import progress_bar
+from ..model.hooks import model_computed_inputs
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
@@ -306,7 +307,7 @@ def _run_chunk(model: "HookedGPT2", plan: _Plan, a: int, b: int, entries: Mappin
             hooks[sub.where].append(sub)
     steps = [bisect_left(plan.start, s, a, b) - a for s in range(n + 2)]  # first local row per stage
     x: torch.Tensor | None = None
-    with model.hooks([(name, _hook_fn(es)) for name, es in hooks.items()]):
+    with model.hooks([(name, _hook_fn(es)) for name, es in hooks.items()]), model_computed_inputs():
         for s in range(plan.start[a], n + 1):
             r0, r1 = a + steps[s], a + steps[s + 1]
             if r1 > r0:  # rows starting here join the batch, with their entry patches applied

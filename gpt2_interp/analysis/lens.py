@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Union
 import torch
 from einops import einsum
 
-from ..core.checks import check_count
+from ..core.checks import check_count, check_prompts
 from ..core.finite import nonfinite_summary
 from ..core.progress import progress_bar
 from ..core.result import Result
@@ -52,9 +52,7 @@ def _tokens(model: "HookedGPT2", prompts: Prompts) -> tuple[torch.Tensor, torch.
         tokens = tokens.to(model.device, torch.long)
         lengths = torch.full((tokens.shape[0],), tokens.shape[1], device=model.device)
         return tokens, lengths, [model.tokenizer.decode_ids(r.tolist()) for r in tokens]
-    texts = [prompts] if isinstance(prompts, str) else list(prompts)
-    if not texts:
-        raise ValueError("no prompts: pass a prompt or a non-empty list of prompts")
+    texts = check_prompts(prompts, "prompts")
     tokens, mask = model.tokenize(texts)
     lengths = mask.sum(-1) if mask is not None else torch.full((len(texts),), tokens.shape[1], device=tokens.device)
     return tokens, lengths, texts

@@ -34,8 +34,10 @@ from typing import TYPE_CHECKING, Any, Union
 import numpy as np
 import torch
 
+from ..core.checks import check_count, check_prompts
 from ..core.progress import progress_bar
 from ..core.result import Result, to_jsonable
+from ..model.fingerprint import weights_fingerprint
 from ..model.hooks import hook_name
 from .tokens import subject_span
 
@@ -126,7 +128,8 @@ def collect_activations(
     """
     if position not in POSITIONS:
         raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
-    prompts = list(prompts)
+    batch_size = check_count(batch_size, "batch_size")
+    prompts = check_prompts(prompts, "prompts")
     subjects = None if subjects is None else list(subjects)
     if subjects is not None and len(subjects) != len(prompts):
         raise ValueError(f"got {len(subjects)} subjects for {len(prompts)} prompts; give one subject per prompt")
@@ -180,6 +183,32 @@ class ProbeResult(Result):
     n_folds: int
     fold: list[int] = field(default_factory=list, repr=False)
     estimators: list[Any] = field(default_factory=list, repr=False)
+    model_name: str = ""  # the model the activations came from ("" for precomputed features)
+    fingerprint: str = ""  # its weights_fingerprint: the probes read only that model's activations
+
+    def check(self, model: "HookedGPT2") -> None:
+        """Raise a ValueError unless ``model`` has the weights these probes were fitted on (probes
+        from precomputed features, which carry no fingerprint, are not checked)."""
+        if not self.fingerprint:
+            return
+        fp = weights_fingerprint(model)
+        if fp != self.fingerprint:
+            raise ValueError(
+                f"these probes were fitted on activations of {self.model_name!r} (weights {self.fingerprint[:12]}…), "
+                f"but this model is {model.cfg.name!r} (weights {fp[:12]}…); a probe only reads the model it was "
+                "fitted on: run probe(model, …) for this model"
+            )
+
+    def predict(self, model: "HookedGPT2", prompts: Sequence[str], layer: int | str,
+                subjects: Sequence[str] | None = None, batch_size: int = 64) -> list:
+        """The fitted probe at ``layer`` applied to ``prompts`` on ``model`` (which must be the model it
+        was fitted on): a class name per prompt, or a value (regression)."""
+        self.check(model)
+        prompts = check_prompts(prompts, "prompts")
+        i = self._layer_index(layer)
+        acts = collect_activations(model, prompts, [self.hooks[i]], subjects, self.position or "last", batch_size)
+        out = self.estimators[i].predict(acts[self.hooks[i]].numpy().astype(np.float64))
+        return [str(v) for v in out] if self.kind == "classification" else [float(v) for v in out]
 
     # ------------------------------------------------------------------ summaries
     @property
@@ -256,13 +285,17 @@ class ProbeResult(Result):
             return self.layers.index(f"L{layer}")
         raise KeyError(f"no probed layer {layer!r}; probed: {', '.join(self.layers)} (pass a block index or a label)")
 
-    def direction(self, layer: int | str, cls: str | int | None = None, normalize: bool = True) -> torch.Tensor:
+    def direction(self, layer: int | str, cls: str | int | None = None, normalize: bool = True,
+                  model: "HookedGPT2 | None" = None) -> torch.Tensor:
         """The probe's weight vector ``[d]`` in the hook's own activation space (the scaler's
         division folded in: ``w_raw = w / σ``), unit-norm by default: adding ``α·direction`` to
         the activation raises the probe's logit for ``cls`` (regression: the predicted value).
 
         ``layer``: a block index or a label of :attr:`layers`. ``cls``: a class name or index;
-        needed with more than two classes (for two, the positive class's vector)."""
+        needed with more than two classes (for two, the positive class's vector). ``model``: the
+        model the direction will be used on, checked to be the one the probe was fitted on."""
+        if model is not None:
+            self.check(model)
         est = self.estimators[self._layer_index(layer)]
         scaler, model = est.named_steps["scale"], est.named_steps["probe"]
         coef = np.atleast_2d(model.coef_)  # [n_classes or 1, d]
@@ -342,9 +375,15 @@ def check_labels(
 ) -> tuple[np.ndarray, np.ndarray, str, list[str]]:
     """Validate a probing task before any work: ``(labels, groups, kind, classes)`` as arrays; raises a
     ValueError naming the fix for labels of the wrong length, a single class, too few groups."""
-    y = np.asarray(list(labels))
-    if len(y) != n:
-        raise ValueError(f"got {len(y)} labels for {n} prompts; give exactly one label per prompt")
+    n_folds = check_count(n_folds, "n_folds", minimum=2)
+    labels = list(labels)
+    if len(labels) != n:
+        raise ValueError(f"got {len(labels)} labels for {n} prompts; give exactly one label per prompt")
+    missing = next((i for i, v in enumerate(labels) if v is None or (isinstance(v, float) and math.isnan(v))), None)
+    if missing is not None:
+        raise ValueError(f"labels[{missing}] is missing ({labels[missing]!r}); every prompt needs a label "
+                         "(drop the prompts without one)")
+    y = np.asarray(labels)
     if kind is None:
         kind = "regression" if y.dtype.kind == "f" else "classification"
     if kind not in ("classification", "regression"):
@@ -360,6 +399,9 @@ def check_labels(
                              "give labels with two or more values")
     else:
         y = y.astype(np.float64)
+    if groups is not None and any(v is None for v in groups):
+        raise ValueError(f"groups[{next(i for i, v in enumerate(groups) if v is None)}] is missing (None); "
+                         "give a group (e.g. the subject) for every prompt")
     g = np.asarray(list(groups)) if groups is not None else np.arange(n)
     if len(g) != n:
         raise ValueError(f"got {len(g)} groups for {n} prompts; give one group (e.g. the subject) per prompt")
@@ -471,7 +513,7 @@ def probe(
         kind = kind or ds.kind
     if labels is None:
         raise ValueError("labels is missing: give one label per prompt, or pass a ProbingSet as prompts")
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    prompts = check_prompts(prompts, "prompts")
     if len(labels) != len(prompts):
         raise ValueError(f"got {len(labels)} labels for {len(prompts)} prompts; give exactly one label per prompt")
     if subjects is not None and len(subjects) != len(prompts):
@@ -482,10 +524,12 @@ def probe(
     position = position or ("last-subject" if subjects is not None else "last")
     names, layer_labels = probe_hooks(model, hook, layers)
     acts = collect_activations(model, prompts, names, subjects, position, batch_size, progress)
-    return probe_features(
+    result = probe_features(
         [acts[n] for n in names], labels, groups, layer_labels, kind, control, n_folds, C, seed,
         task=task, hook=hook, hooks=names, position=position, progress=progress,
     )
+    result.model_name, result.fingerprint = model.cfg.name, weights_fingerprint(model)
+    return result
 
 
 __all__ = ["ProbeResult", "probe", "probe_features", "check_labels", "collect_activations", "control_labels", "probe_hooks"]

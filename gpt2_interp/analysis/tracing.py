@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from ..core.checks import check_count
 from ..core.finite import require_finite
 from ..core import distributed
 from ..core.progress import progress_bar
@@ -203,12 +204,8 @@ def _check_trace_args(model: "HookedGPT2", kind: str, samples: int, window: int 
     """Validate the trace settings; returns the window (the default when ``None``)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
-    if samples < 1:
-        raise ValueError(f"samples must be ≥ 1, got {samples}")
-    window = default_window(model.cfg.n_layer) if window is None else window
-    if kind != "hidden" and window < 1:
-        raise ValueError(f"window must be ≥ 1, got {window}")
-    return window
+    samples = check_count(samples, "samples")
+    return default_window(model.cfg.n_layer) if window is None else check_count(window, "window")
 
 
 @dataclass

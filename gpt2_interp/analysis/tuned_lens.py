@@ -43,6 +43,8 @@ import torch
 import torch.nn.functional as F
 
 from ..core import distributed
+from ..core.checks import check_count, check_prompts
+from ..core.finite import require_finite
 from ..core.progress import progress_bar
 from ..io.integrity import load_checked, save_checked
 from ..model.fingerprint import weights_fingerprint
@@ -100,11 +102,18 @@ class TunedLens:
         return resid + resid @ w + b
 
     def decode(self, model: "HookedGPT2", resid: torch.Tensor, layer: int | str) -> torch.Tensor:
-        """Tuned-lens logits ``[..., d_vocab]`` of ``resid [..., d_model]`` at boundary ``layer``."""
+        """Tuned-lens logits ``[..., d_vocab]`` of ``resid [..., d_model]`` at boundary ``layer`` of
+        ``model``, which must be the model the lens was trained for (see :meth:`check`)."""
+        self.check(model)
         return decode_resid(model, self.translate(resid, layer))
 
     def check(self, model: "HookedGPT2") -> None:
-        """Raise a ValueError unless ``model`` has the weights this lens was trained for."""
+        """Raise a ValueError unless ``model`` has the weights this lens was trained for. The weights
+        are hashed once per state of the model (a change in place, ``load_state_dict`` or an edit
+        makes the next check hash them again)."""
+        state = _weights_state(model)
+        if self.__dict__.get("_checked") == state:
+            return
         d = model.cfg.d_model
         if tuple(self.weight.shape[1:]) != (d, d) or len(self.labels) != model.cfg.n_layer + 1:
             raise ValueError(
@@ -119,6 +128,7 @@ class TunedLens:
                 f"but the model's weights are {fp[:12]}… ({model.cfg.name!r}); a lens only reads the model it was "
                 "trained for: train one for this model with train_tuned_lens(model, …)"
             )
+        self.__dict__["_checked"] = state
 
     # ------------------------------------------------------------------ save / load
     def save(self, path: str | Path) -> Path:
@@ -138,12 +148,37 @@ class TunedLens:
         if meta.get("format") != FORMAT or set(tensors) != {"weight", "bias"}:
             raise ValueError(f"{path} is a safetensors file but not a gpt2-interp tuned lens (format "
                              f"{meta.get('format')!r}); train one with train_tuned_lens(model, …).save(path)")
-        h = json.loads(meta["lens"])
-        lens = TunedLens(labels=h["labels"], weight=tensors["weight"], bias=tensors["bias"],
-                         base_fingerprint=h["base_fingerprint"], model_name=h.get("model_name", ""), meta=h.get("meta", {}))
+        lens = _lens_from_file(path, tensors, meta)
         if model is not None:
             lens.check(model)
         return lens
+
+
+def _weights_state(model: "HookedGPT2") -> tuple:
+    """What identifies the model's weights as they are now without hashing them: the model, and each
+    parameter's storage and in-place version counter."""
+    return (id(model),) + tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
+def _lens_from_file(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> TunedLens:
+    """A :class:`TunedLens` from a verified file's tensors and header, once they are consistent
+    (labels, shapes, finite values), else a ValueError naming the file and the field."""
+    try:
+        h = json.loads(meta["lens"])
+        labels, fp = h["labels"], h["base_fingerprint"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path}: the tuned-lens header is not valid ({type(e).__name__}: {e})") from None
+    w, b = tensors["weight"], tensors["bias"]
+    if not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)) or not isinstance(fp, str):
+        raise ValueError(f"{path}: the tuned-lens header's labels must be a list of strings and base_fingerprint a string")
+    n = len(labels)
+    if w.ndim != 3 or w.shape[0] != n or w.shape[1] != w.shape[2] or tuple(b.shape) != (n, w.shape[-1]):
+        raise ValueError(f"{path}: weight {tuple(w.shape)} and bias {tuple(b.shape)} do not fit {n} boundaries "
+                         f"(expected weight [{n}, d_model, d_model] and bias [{n}, d_model])")
+    for name, t in (("weight", w), ("bias", b)):
+        require_finite(t, f"the tuned lens's {name} in {path}")
+    return TunedLens(labels=labels, weight=w, bias=b, base_fingerprint=fp, model_name=str(h.get("model_name", "")),
+                     meta=h.get("meta", {}))
 
 
 # ---------------------------------------------------------------------------- corpus
@@ -154,8 +189,9 @@ def corpus_texts(model: "HookedGPT2", corpus: Corpus = "generated", n_texts: int
     the model itself from BOS (temperature 1, ``length`` new tokens, default :func:`default_seq_len` − 1;
     ``seed``: a different seed gives held-out text). Distributed (a process group, or ``group``), the
     ranks generate their share of the samples and every rank gets them all, in the single-process order."""
+    n_texts = check_count(n_texts, "n_texts")
     if not isinstance(corpus, (str, Path)):
-        texts = [t for t in corpus if t and t.strip()]
+        texts = [t for t in check_prompts(corpus, "corpus") if t.strip()]
         if not texts:
             raise ValueError("the corpus holds no text: give non-empty texts, a text file, or corpus='generated'")
         return texts
@@ -185,12 +221,22 @@ def default_seq_len(model: "HookedGPT2") -> int:
     return min(model.cfg.n_ctx, 128)
 
 
+def check_seq_len(model: "HookedGPT2", seq_len: int | None) -> int:
+    """``seq_len`` (default :func:`default_seq_len`) capped at the context size, else an error naming it:
+    a row holds the BOS token (when the tokenizer has one) and at least one more."""
+    if seq_len is None:
+        return default_seq_len(model)
+    least = 2 if model.tokenizer.bos_id is not None else 1
+    return min(check_count(seq_len, "seq_len", minimum=least), model.cfg.n_ctx)
+
+
 def token_rows(model: "HookedGPT2", texts: Iterable[str], seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Texts tokenized and packed: each text preceded by the tokenizer's BOS (if it has one), all
     concatenated and cut into rows of ``seq_len`` tokens, each row starting with BOS (short texts
     share rows, so no position is wasted on padding; the last row is right-padded, see the mask).
     Returns ``(tokens, mask)``, ``[n_rows, seq_len]`` each."""
     bos = [model.tokenizer.bos_id] if model.tokenizer.bos_id is not None else []
+    seq_len = check_count(seq_len, "seq_len", minimum=len(bos) + 1)
     stream: list[int] = []
     for text in texts:
         stream += bos + model.tokenizer.encode_ids(text)
@@ -319,11 +365,13 @@ def train_tuned_lens(
     with the single-process translators (up to float summation order). The least-squares start and a
     generated corpus are sharded too.
     """
-    if steps < 0:
-        raise ValueError(f"steps must be >= 0, got {steps}")
+    steps = check_count(steps, "steps", minimum=0)
+    batch_tokens = check_count(batch_tokens, "batch_tokens")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
     if init not in ("least-squares", "identity"):
         raise ValueError(f"init must be 'least-squares' or 'identity', not {init!r}")
-    seq_len = min(seq_len or default_seq_len(model), model.cfg.n_ctx)
+    seq_len = check_seq_len(model, seq_len)
     W = distributed.world_size(group)
     rows_per_step = max(1, batch_tokens // seq_len)
     if steps and rows_per_step < W:
@@ -404,7 +452,8 @@ def lens_divergence(
     Distributed, the ranks measure their share of the rows and every rank returns the totals."""
     if lens is not None:
         lens.check(model)
-    seq_len = min(seq_len or default_seq_len(model), model.cfg.n_ctx)
+    batch_rows = check_count(batch_rows, "batch_rows")
+    seq_len = check_seq_len(model, seq_len)
     tokens, mask = token_rows(model, corpus_texts(model, texts, n_texts, seed, length=seq_len - 1, group=group), seq_len)
     names, labels = boundary_names(model)
     kl = torch.zeros(len(names), dtype=torch.float64)

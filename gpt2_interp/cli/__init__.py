@@ -62,6 +62,81 @@ def number(minimum: float | None = None, maximum: float | None = None, open_min:
     return parse
 
 
+def int_list(text: str) -> list[int]:
+    """An argparse type: comma-separated integers such as ``0,3,-1`` (every list-of-int flag, so that a
+    bad element is reported as ``argument --layers: … 'a' is not an integer``)."""
+    parts = [v.strip() for v in text.split(",")]
+    if not any(parts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 0,3,5, got {text!r}")
+    out = []
+    for v in parts:
+        try:
+            out.append(int(v))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated integers such as 0,3,5, got {text!r} ({v!r} is not an integer)") from None
+    return out
+
+
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp")
+
+
+def check_output_path(path: str, flag: str, kind: str = "file") -> None:
+    """Refuse, before any work, an output path that cannot be written: ``kind`` ``"file"`` (its
+    folder is created if missing: the nearest existing one must be writable), ``"figure"`` (a file
+    in an existing folder, with a suffix matplotlib writes) or ``"dir"`` (a folder, created if missing)."""
+    from pathlib import Path
+
+    p = Path(path).expanduser()
+    if kind == "figure" and p.suffix and p.suffix.lower() not in FIGURE_SUFFIXES:
+        raise ValueError(f"{flag} {path}: a figure is saved as {', '.join(FIGURE_SUFFIXES[:3])} (by suffix), "
+                         f"not {p.suffix!r}")
+    if p.exists():
+        if kind != "dir" and p.is_dir():
+            raise ValueError(f"{flag} {path} is a directory; give a file path")
+        if kind == "dir" and not p.is_dir():
+            raise ValueError(f"{flag} {path} is a file; give a folder for the report")
+        if p.is_file():
+            try:
+                with open(p, "ab"):  # opened for writing, nothing written
+                    pass
+            except OSError as e:
+                raise ValueError(f"{flag} {path} cannot be written ({e.strerror})") from None
+            return
+        parent = p  # an existing folder given as "dir"
+    else:
+        parent = p.parent
+        if kind == "figure" and not parent.is_dir():
+            raise ValueError(f"{flag} {path}: the folder {parent} does not exist")
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            raise ValueError(f"{flag} {path} cannot be written: {parent} is a file, not a folder")
+    _try_create_in(parent, flag, path)
+
+
+def _try_create_in(folder: "os.PathLike[str]", flag: str, path: str) -> None:
+    """Create and remove a file in ``folder``: the one test of writability that holds for every user
+    (root included) and file system (read-only mounts, /proc)."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".gpt2-interp-write-check-"):
+            pass
+    except OSError as e:
+        raise ValueError(f"{flag} {path} cannot be written: cannot create files in {folder} ({e.strerror})") from None
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Check every output path the command was given (``args.outputs``: dest → (flag, kind); by
+    default ``--out`` a figure and ``--save`` a file) before the command does any work."""
+    outputs = getattr(args, "outputs", None) or {"out": ("--out", "figure"), "save": ("--save", "file")}
+    for dest, (flag, kind) in outputs.items():
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and value:
+            check_output_path(value, flag, kind)
+
+
 def device_arg(text: str) -> str:
     """An argparse type: a device this machine has (checked before the model is loaded)."""
     from ..core.devices import resolve_device
@@ -164,38 +239,47 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 1
-    from ..core import distributed
-
-    # under torchrun: one process group for the run, each rank on its own GPU (or the CPU with gloo);
-    # rank 0 alone prints and writes, the others stay quiet (their errors still reach stderr)
-    launched = distributed.init_from_env()
-    if launched and getattr(args, "device", "unset") is None:
-        args.device = str(distributed.local_device())
-    quiet = launched and not distributed.is_main()
-    where = f" (rank {distributed.rank()})" if launched else ""
     with warnings.catch_warnings():
         if not debug:
             warnings.showwarning = _one_line_warning
-        try:
-            with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
-                if quiet and hasattr(args, "out"):
-                    args.out = None
-                return args.func(args) or 0
-        except KeyboardInterrupt:
-            if debug:
-                raise
-            print(f"gpt2-interp {args.command}{where}: interrupted", file=sys.stderr)
-            return 130
-        except Exception as e:
-            if debug:
-                raise
-            print(f"gpt2-interp {args.command}{where}: error: {error_message(e)} (--debug shows the traceback)",
-                  file=sys.stderr)
-            return 2 if isinstance(e, (ValueError, KeyError, FileNotFoundError, IndexError, TypeError,
-                                       FileExistsError)) else 1
-        finally:
-            if launched:
-                distributed.shutdown()
+        return _run(args, debug)
+
+
+def _run(args: argparse.Namespace, debug: bool) -> int:
+    """Check the launch environment and the output paths, set up the process group under torchrun,
+    run the command; every failure, from the first check on, is one line on stderr per rank."""
+    from ..core import distributed
+
+    launched = False
+    where = f" (rank {os.environ['RANK']})" if os.environ.get("RANK") else ""
+    try:
+        distributed.check_launch_env()  # before the process group: a bad value is one line, not a traceback
+        check_outputs(args)  # before the work: a path that cannot be written is refused now, not after training
+        # under torchrun: one process group for the run, each rank on its own GPU (or the CPU with gloo);
+        # rank 0 alone prints and writes, the others stay quiet (their errors still reach stderr)
+        launched = distributed.init_from_env()
+        if launched and getattr(args, "device", "unset") is None:
+            args.device = str(distributed.local_device())
+        quiet = launched and not distributed.is_main()
+        with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+            if quiet and hasattr(args, "out"):
+                args.out = None
+            return args.func(args) or 0
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"gpt2-interp {args.command}{where}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if debug:
+            raise
+        print(f"gpt2-interp {args.command}{where}: error: {error_message(e)} (--debug shows the traceback)",
+              file=sys.stderr)
+        return 2 if isinstance(e, (ValueError, KeyError, FileNotFoundError, IndexError, TypeError,
+                                   FileExistsError)) else 1
+    finally:
+        if launched:
+            distributed.shutdown()
 
 
 if __name__ == "__main__":

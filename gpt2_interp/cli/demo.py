@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stats-tokens", type=count(1), default=None,
                    help="tokens of ROME's key statistics (default: the model's ROME setting; for a real model they "
                         "are sampled from the model itself, slow the first time, then cached)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, outputs={"out": ("--out", "dir")})
 
 
 def run(args: argparse.Namespace) -> int:

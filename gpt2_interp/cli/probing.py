@@ -20,9 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--control", default="random-labels", choices=["random-labels", "by-type", "none"])
     p.add_argument("--templates", default="all", choices=["all", "own", "others"],
                    help="prompt templates: all of the subject type's relations, only the probed relation's, or the others")
-    p.add_argument("--per-subject", type=int, default=8, help="templates per subject (default 8)")
-    p.add_argument("--folds", type=int, default=5, help="cross-validation folds, split by subject (default 5)")
-    p.add_argument("-C", type=float, default=1.0, help="inverse L2 strength of the probe (default 1)")
+    p.add_argument("--per-subject", type=count(1), default=8, help="templates per subject (default 8)")
+    p.add_argument("--folds", type=count(2), default=5, help="cross-validation folds, split by subject (default 5)")
+    p.add_argument("-C", type=number(0.0, open_min=True), default=1.0, help="inverse L2 strength of the probe (default 1)")
     p.add_argument("--seed", type=int, default=0)
     add_output_args(p)
     p.set_defaults(func=probe)

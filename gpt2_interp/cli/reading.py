@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_model_args, add_output_args, count, emit, load_model
+from . import add_model_args, add_output_args, count, emit, int_list, load_model
 
 
 def _positions(text: str) -> int | list[int] | str:
+    """``--positions``: ``all``, an int, or comma-separated ints."""
     if text == "all":
         return "all"
     try:
-        vals = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"positions must be 'all', an int or a comma-separated list of ints, not {text!r}")
+        vals = int_list(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"'all' or {e}") from None
     return vals[0] if len(vals) == 1 else vals
+
+
+def _flat(lists: list[list[int]] | None) -> list[int] | None:
+    """A flag given as ``--layers 3 4`` or ``--layers 3,4`` (``nargs="+"`` of :func:`int_list`) as one list."""
+    return None if lists is None else [v for vs in lists for v in vs]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,7 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top", type=count(1), default=20, help="how many neurons (default 20); with --layer, those with the "
                    "largest top score")
     p.add_argument("-k", type=count(1), default=10, help="tokens per neuron (default 10)")
-    p.add_argument("--layers", type=int, nargs="+", default=None, help="with --promotes: search these layers only")
+    p.add_argument("--layers", type=int_list, nargs="+", default=None,
+                   help="with --promotes: search these layers only (3 4 or 3,4)")
     p.add_argument("--raw", action="store_true", help="project with raw W_U (no ln_final gain)")
     p.add_argument("--relative", action="store_true", help="with --promotes: subtract each neuron's vocabulary-mean score")
     add_output_args(p)
@@ -93,7 +100,7 @@ def neurons(args: argparse.Namespace) -> int:
 
     model = load_model(args)
     if args.promotes:
-        r = find_neurons(model, args.promotes, k=args.top, layers=args.layers, apply_ln=not args.raw,
+        r = find_neurons(model, args.promotes, k=args.top, layers=_flat(args.layers), apply_ln=not args.raw,
                          relative=args.relative, n_tokens=args.k)
         return emit(args, r, lambda: r.table(k=args.k))
     r = neuron_vocab(model, args.layer, args.neurons, k=args.k, apply_ln=not args.raw)

@@ -102,3 +102,19 @@ def as_selection(x: Any, argument: str) -> Any:
     if x is None or isinstance(x, str):
         return x
     return as_index_list(x, argument, "a list of ints, None or 'all'")
+
+
+def check_prompts(prompts: Any, what: str = "prompts") -> list[str]:
+    """``prompts`` (one string, or a sequence of strings) as a list of strings, else a TypeError naming
+    ``what``, the index of the first bad element and its type (an empty sequence is a ValueError)."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, (bytes, dict, set)) or not hasattr(prompts, "__iter__"):
+        raise TypeError(f"{what} must be a string or a list of strings, got {type(prompts).__name__} {prompts!r:.40}")
+    items = list(prompts)
+    if not items:
+        raise ValueError(f"no {what}: {what} is empty; give a prompt or a non-empty list of prompts")
+    for i, p in enumerate(items):
+        if not isinstance(p, str):
+            raise TypeError(f"{what}[{i}] must be a string, got {type(p).__name__} {p!r:.40}")
+    return items

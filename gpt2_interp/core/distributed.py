@@ -19,8 +19,9 @@ Only rank 0 should print and write files (:func:`is_main`).
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -114,8 +115,68 @@ def barrier(group: Any = None) -> None:
 
 
 def timeout() -> timedelta:
-    """The collective timeout: ``$GPT2_INTERP_DIST_TIMEOUT`` seconds, default 1800."""
-    return timedelta(seconds=float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT_S)))
+    """The collective timeout: ``$GPT2_INTERP_DIST_TIMEOUT`` seconds, default 1800 (a value that is
+    not a finite number of seconds > 0 raises a ValueError naming the variable)."""
+    return timedelta(seconds=_timeout_seconds(os.environ))
+
+
+def _timeout_seconds(env: Mapping[str, str]) -> float:
+    text = env.get(ENV_TIMEOUT)
+    if text is None:
+        return float(DEFAULT_TIMEOUT_S)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{ENV_TIMEOUT}={text!r} must be a finite number of seconds > 0 (default {DEFAULT_TIMEOUT_S})")
+    return value
+
+
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _env_int(env: Mapping[str, str], name: str, minimum: int) -> int:
+    text = env[name]
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} must be an integer ≥ {minimum}") from None
+    if value < minimum:
+        raise ValueError(f"{name}={value} must be ≥ {minimum}")
+    return value
+
+
+def check_launch_env(env: Mapping[str, str] | None = None) -> None:
+    """Check a ``torchrun``-style launch environment before any process group is made, so that a value
+    wrong on its face is reported at once (a ValueError naming the variable) rather than as a
+    traceback or a rendezvous timeout: ``RANK``/``WORLD_SIZE`` need ``MASTER_ADDR``/``MASTER_PORT``;
+    ``0 ≤ RANK < WORLD_SIZE``; ``0 ≤ LOCAL_RANK < LOCAL_WORLD_SIZE`` (when set); a port 1–65535; a
+    host name without spaces; ``GPT2_INTERP_DIST_TIMEOUT`` a number of seconds > 0. Nothing is
+    checked without ``RANK``/``WORLD_SIZE`` (one process) except the timeout."""
+    env = os.environ if env is None else env
+    _timeout_seconds(env)
+    if "RANK" not in env and "WORLD_SIZE" not in env:
+        return
+    missing = [k for k in LAUNCH_VARS if not env.get(k, "").strip()]
+    if missing:
+        raise ValueError(f"the launch environment sets {' and '.join(k for k in ('RANK', 'WORLD_SIZE') if k in env)} "
+                         f"but not {', '.join(missing)}; launch with torchrun (which sets all of "
+                         f"{', '.join(LAUNCH_VARS)}) or unset them for one process")
+    world = _env_int(env, "WORLD_SIZE", 1)
+    rank_ = _env_int(env, "RANK", 0)
+    if rank_ >= world:
+        raise ValueError(f"RANK={rank_} must be below WORLD_SIZE={world} (ranks are 0..{world - 1})")
+    if "LOCAL_RANK" in env:
+        local = _env_int(env, "LOCAL_RANK", 0)
+        local_world = _env_int(env, "LOCAL_WORLD_SIZE", 1) if "LOCAL_WORLD_SIZE" in env else world
+        if local >= local_world:
+            raise ValueError(f"LOCAL_RANK={local} must be below LOCAL_WORLD_SIZE={local_world}")
+    port = _env_int(env, "MASTER_PORT", 1)
+    if port > 65535:
+        raise ValueError(f"MASTER_PORT={port} must be a port number 1..65535")
+    if any(c.isspace() for c in env["MASTER_ADDR"].strip()):
+        raise ValueError(f"MASTER_ADDR={env['MASTER_ADDR']!r} must be a host name or address (no spaces)")
 
 
 def launched_by_torchrun() -> bool:
@@ -138,6 +199,7 @@ def init_from_env(backend: str | None = None) -> bool:
         return False
     if dist.is_initialized():
         return is_distributed()
+    check_launch_env()
     if not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) < 2:
         return False
     dev = local_device()
@@ -155,4 +217,4 @@ def shutdown() -> None:
 
 __all__ = ["is_distributed", "rank", "world_size", "is_main", "shard_indices", "shard", "gather_in_order",
            "all_reduce_sum", "all_reduce_number", "barrier", "timeout", "launched_by_torchrun", "local_device",
-           "init_from_env", "shutdown"]
+           "init_from_env", "shutdown", "check_launch_env"]

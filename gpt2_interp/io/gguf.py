@@ -61,7 +61,9 @@ class GGUFFile:
         """Tensor ``name`` as float32 numpy, in torch order."""
         import gguf.quants
 
-        info = self.tensors[name]
+        info = self.tensors.get(name)
+        if info is None:
+            raise GGUFError(f"{self.path}: lacks the tensor {name!r}")
         with open(self.path, "rb") as f:
             f.seek(info.offset)
             raw = np.frombuffer(f.read(info.nbytes), dtype=np.uint8)

@@ -12,8 +12,10 @@ import bisect
 import hashlib
 import warnings
 from collections.abc import Sequence
+import os
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import tiktoken
@@ -399,3 +401,25 @@ class HFTokenizer(Tokenizer):
     def char_spans(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         enc = self.backend.encode(text, add_special_tokens=False)
         return enc.ids, [tuple(o) for o in enc.offsets]
+
+
+def read_tokenizer_json(path: "str | os.PathLike[str]") -> Any:
+    """A ``tokenizers.Tokenizer`` from a ``tokenizer.json`` file; a file the ``tokenizers`` library
+    cannot parse (truncated, not JSON, not a tokenizer) raises a ValueError naming the file."""
+    from tokenizers import Tokenizer as Backend
+
+    try:
+        return Backend.from_file(str(path))
+    except Exception as e:  # the library raises its own Exception subclass with the parser's message
+        raise ValueError(f"{path} is not a tokenizer file the tokenizers library can read ({e}); "
+                         "restore it from the model's repository") from None
+
+
+def read_json_file(path: "str | os.PathLike[str]", what: str) -> Any:
+    """The JSON value in ``path``; a file that is not valid JSON raises a ValueError naming it and ``what`` it is."""
+    import json
+
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} ({what}) is not valid JSON: {e}") from None

@@ -18,8 +18,12 @@ field          GPT-2                  Llama / SmolLM2
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import FrozenInstanceError, asdict, dataclass, fields, replace
 from typing import Any, ClassVar
+
+from ..core.checks import check_count
 
 
 @dataclass(frozen=True)
@@ -46,19 +50,40 @@ class GPT2Config:
     use_attn_result: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
-        for field in ("n_layer", "d_model", "n_head", "d_mlp", "n_ctx", "d_vocab"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"{field} must be positive, got {getattr(self, field)}")
+        self._check_sizes()
+        self._check_numbers()
         for field, allowed in (("norm", ("layernorm", "rmsnorm")), ("positional", ("learned", "rotary")),
                                ("mlp", ("gelu", "swiglu"))):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"{field}={getattr(self, field)!r}; accepted: {', '.join(map(repr, allowed))}")
-        if self.n_kv_heads is not None and (self.n_kv_heads <= 0 or self.n_head % self.n_kv_heads):
-            raise ValueError(f"n_kv_heads={self.n_kv_heads} must be positive and divide n_head={self.n_head}")
+        for field in ("bias", "tied_embeddings"):
+            if not isinstance(getattr(self, field), bool):
+                raise TypeError(f"{field} must be True or False, got {getattr(self, field)!r}")
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a string, got {type(self.name).__name__} {self.name!r:.40}")
         if self.positional == "rotary" and self.d_head % 2:
             raise ValueError(f"rotary positions need an even d_head, got {self.d_head}")
+
+    def _check_sizes(self) -> None:
+        """Sizes are positive ints; n_head divides d_model and n_kv_heads divides n_head."""
+        for field in ("n_layer", "d_model", "n_head", "d_mlp", "n_ctx", "d_vocab"):
+            object.__setattr__(self, field, check_count(getattr(self, field), field))
+        if self.d_model % self.n_head:
+            raise ValueError(f"n_head={self.n_head} must divide d_model={self.d_model} (d_model must be divisible by n_head)")
+        if self.n_kv_heads is not None:
+            object.__setattr__(self, "n_kv_heads", check_count(self.n_kv_heads, "n_kv_heads"))
+            if self.n_head % self.n_kv_heads:
+                raise ValueError(f"n_kv_heads={self.n_kv_heads} must be positive and divide n_head={self.n_head}")
+
+    def _check_numbers(self) -> None:
+        """The norm epsilon and the rotary base are finite positive numbers."""
+        for field in ("layer_norm_eps", "rope_theta"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise TypeError(f"{field} must be a number, got {type(v).__name__} {v!r:.40}")
+            if not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{field} must be a finite number > 0, got {v!r}")
+            object.__setattr__(self, field, float(v))
 
     @property
     def d_head(self) -> int:
@@ -157,9 +182,23 @@ class GPT2Config:
 
     @classmethod
     def from_hf_dict(cls, hf: dict[str, Any], name: str | None = None) -> "GPT2Config":
-        """Read a Hugging Face GPT-2 or Llama ``config.json``; refuse variants whose maths we do not implement."""
-        if hf.get("model_type", "gpt2") == "llama":
-            return cls._from_llama_dict(hf, name)
+        """Read a Hugging Face GPT-2 or Llama ``config.json``; refuse variants whose maths we do not implement,
+        and values no model can have (naming our field and the ``config.json`` key it came from)."""
+        if not isinstance(hf, dict):
+            raise TypeError(f"a config.json must hold a JSON object, got {type(hf).__name__}")
+        try:
+            if hf.get("model_type", "gpt2") == "llama":
+                return cls._from_llama_dict(hf, name)
+            return cls._from_gpt2_dict(hf, name)
+        except (ValueError, TypeError) as e:
+            keys = LLAMA_JSON_KEYS if hf.get("model_type") == "llama" else GPT2_JSON_KEYS
+            field = str(e).split("=")[0].split(" ")[0]
+            if field in keys:
+                raise type(e)(f"{e} (config.json key {keys[field]!r})") from None
+            raise
+
+    @classmethod
+    def _from_gpt2_dict(cls, hf: dict[str, Any], name: str | None) -> "GPT2Config":
         if hf.get("model_type", "gpt2") != "gpt2":
             raise ValueError(f"config.json has model_type={hf.get('model_type')!r}; supported: 'gpt2', 'llama'")
         unsupported = {
@@ -205,7 +244,8 @@ class GPT2Config:
         if bad:
             raise ValueError(f"this Llama checkpoint uses {bad}; gpt2-interp implements Llama with "
                              "hidden_act 'silu', no attention/MLP biases, pretraining_tp 1")
-        d_model, n_head = hf.get("hidden_size", 4096), hf.get("num_attention_heads", 32)
+        d_model = check_count(hf.get("hidden_size", 4096), "d_model")
+        n_head = check_count(hf.get("num_attention_heads", 32), "n_head")
         if hf.get("head_dim") not in (None, d_model // n_head):
             raise ValueError(f"head_dim={hf['head_dim']} differs from hidden_size/num_attention_heads="
                              f"{d_model // n_head}; gpt2-interp needs d_head = d_model / n_head")
@@ -214,7 +254,7 @@ class GPT2Config:
             n_kv_heads=hf.get("num_key_value_heads") or n_head, d_mlp=hf.get("intermediate_size", 11008),
             n_ctx=hf.get("max_position_embeddings", 2048), d_vocab=hf.get("vocab_size", 32000),
             layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+            rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
             tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
             norm="rmsnorm", positional="rotary", mlp="swiglu", bias=False,
             name=name or hf.get("gpt2_interp_name") or hf.get("_name_or_path") or "llama",
@@ -297,6 +337,13 @@ class ModelConfig(GPT2Config):
     def replace(self, **changes: Any) -> GPT2Config:
         return replace(self.config, **changes)
 
+
+# our field → the config.json key it is read from
+GPT2_JSON_KEYS = {"n_layer": "n_layer", "d_model": "n_embd", "n_head": "n_head", "d_mlp": "n_inner",
+                  "n_ctx": "n_positions", "d_vocab": "vocab_size", "layer_norm_eps": "layer_norm_epsilon"}
+LLAMA_JSON_KEYS = {"n_layer": "num_hidden_layers", "d_model": "hidden_size", "n_head": "num_attention_heads",
+                   "n_kv_heads": "num_key_value_heads", "d_mlp": "intermediate_size", "n_ctx": "max_position_embeddings",
+                   "d_vocab": "vocab_size", "layer_norm_eps": "rms_norm_eps", "rope_theta": "rope_theta"}
 
 TransformerConfig = GPT2Config  # the same class: GPT-2 is the default configuration
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..core.checks import check_count
 from .modules import KVCache
 
 if TYPE_CHECKING:
@@ -16,14 +18,14 @@ def sample_next(
     logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, gen: torch.Generator | None
 ) -> torch.Tensor:
     """Next token ids ``[batch]`` from last-position logits ``[batch, d_vocab]``."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
+            or temperature < 0:
+        raise ValueError(f"temperature must be a finite number ≥ 0, got {temperature!r}")
     if temperature == 0:
         return logits.argmax(-1)
     logits = logits.float() / temperature
     if top_k is not None:
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        top_k = check_count(top_k, "top_k")
         kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None:
@@ -52,12 +54,11 @@ def generate(
     prepend_bos: bool,
     suppress_eos: bool = False,
 ) -> Any:
+    max_new_tokens = check_count(max_new_tokens, "max_new_tokens", minimum=0)
     if isinstance(input, torch.Tensor):
         tokens, mask = model.as_tokens(input, None)
     else:
-        tokens, mask = model.tokenize(input, prepend_bos=prepend_bos)
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        tokens, mask = model.tokenize(input, prepend_bos=prepend_bos, what="input")
     batch, prompt_len = tokens.shape
     model.check_length(prompt_len + max_new_tokens)
     gen = None

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.checks import check_index
+from ..core.checks import check_index, check_prompts
 from ..io import tokenizer as tok
 from .config import KNOWN_CONFIGS, GPT2Config, ModelConfig
-from .hooks import HookPoint, warn_if_nonfinite, warn_port, watch_replacements
+from .hooks import HookPoint, note_input, warn_if_nonfinite, warn_port, watch_replacements
 from .root import HookedRootModule
 from .modules import Block, KVCache, norm, rotary_cos_sin
 from .tl_aliases import TransformerLensAliases
@@ -139,16 +139,11 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         return tokens
 
     def tokenize(
-        self, text: str | Sequence[str], prepend_bos: bool = True, padding_side: str = "left"
+        self, text: str | Sequence[str], prepend_bos: bool = True, padding_side: str = "left", what: str = "text"
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(tokens [batch, pos], attention_mask [batch, pos] or None)``; the mask marks real tokens
-        and is None when no row needed padding."""
-        texts = [text] if isinstance(text, str) else list(text)
-        if not texts:
-            raise ValueError("no input text: pass a string or a non-empty list of strings")
-        bad = [type(t).__name__ for t in texts if not isinstance(t, str)]
-        if bad:
-            raise TypeError(f"text must be a string or a list of strings; got a list holding {bad[0]}")
+        and is None when no row needed padding. ``what`` names ``text`` in errors (e.g. ``"input"``)."""
+        texts = check_prompts(text, what)
         bos = [self.tokenizer.bos_id] if prepend_bos and self.tokenizer.bos_id is not None else []
         rows = [bos + self.tokenizer.encode_ids(t) for t in texts]
         if not all(rows):
@@ -232,7 +227,7 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         else:
             if attention_mask is not None:
                 raise ValueError("attention_mask is computed for text input; pass tokens to give your own")
-            tokens, attention_mask = self.tokenize(input, prepend_bos)  # ids from the tokenizer are in range
+            tokens, attention_mask = self.tokenize(input, prepend_bos, what="input")  # ids from the tokenizer are in range
         if attention_mask is not None:
             attention_mask = attention_mask.to(self.device)
         return tokens, attention_mask
@@ -341,6 +336,7 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             if return_type in ("loss", "both"):
                 raise ValueError("loss needs tokens; with start_at_layer use return_type='logits'")
             x, tokens, q_len = input, None, input.shape[1]
+            note_input(f"blocks.{start}.hook_resid_pre", "the residual stream given as input with start_at_layer", x)
             pos = self.positions(q_len, past, attention_mask)
         mask = self._attention_mask(q_len, past, attention_mask)
         rope = self.rotary(pos)

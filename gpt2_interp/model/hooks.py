@@ -111,9 +111,11 @@ class HookPoint:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         for h in list(self.fwd_hooks):
             out = h(x, self)
-            if out is None:
-                continue
             fn = h.fn
+            if out is None:
+                if not getattr(fn, "reads_only", False):  # it may have written into x in place
+                    _record(self.name, f"the activation that hook {_fn_name(fn)!r} wrote into in place", x)
+                continue
             if not isinstance(out, torch.Tensor):
                 raise TypeError(
                     f"hook {getattr(fn, '__name__', fn)!r} on {self.name} returned {type(out).__name__}; "
@@ -125,10 +127,7 @@ class HookPoint:
                     f"but the activation has shape {tuple(x.shape)}; a replacement must keep the shape"
                 )
             x = out if out.dtype == x.dtype else out.to(x.dtype)
-            watch = _WATCH.get()
-            if watch is not None:  # a forward pass is watching replacements (see watch_replacements)
-                # NaN/inf propagate into the sum: one cheap reduction, a 0-d tensor, no device sync here
-                watch.append((self.name, getattr(fn, "__name__", repr(fn)), x.sum(dtype=torch.float32)))
+            _record(self.name, f"the activation that hook {_fn_name(fn)!r} returned", x)
         if self.bwd_hooks and x.requires_grad:
             x = x.view_as(x)  # the gradient of this activation only, whatever else shares the tensor
             x.register_hook(self._backward(list(self.bwd_hooks)))
@@ -160,6 +159,49 @@ _WATCH: "contextvars.ContextVar[list[tuple[str, str, torch.Tensor]] | None]" = c
     "gpt2_interp_hook_watch", default=None)
 
 
+def _fn_name(fn: Any) -> str:
+    return getattr(fn, "__name__", repr(fn))
+
+
+def _record(name: str, what: str, x: torch.Tensor) -> None:
+    """Note, for the forward pass watching (see :func:`watch_replacements`), a tensor written at hook
+    point ``name`` (``what`` says by whom): NaN/inf propagate into its sum, one cheap reduction, no
+    device sync here."""
+    watch = _WATCH.get()
+    if watch is not None:
+        watch.append((name, what, x.sum(dtype=torch.float32)))
+
+
+def reads_only(fn: HookFn) -> HookFn:
+    """Mark a hook that only reads its activation (never writes into it), such as one that caches it:
+    the non-finite check then skips it, so reading activations costs nothing extra."""
+    fn.reads_only = True  # type: ignore[attr-defined]
+    return fn
+
+
+_MODEL_INPUTS: "contextvars.ContextVar[bool]" = contextvars.ContextVar("gpt2_interp_model_inputs", default=False)
+
+
+@contextmanager
+def model_computed_inputs() -> Iterator[None]:
+    """For the ``with`` block, residual streams handed to ``forward(start_at_layer=…)`` are ones the
+    model computed itself (an engine resuming a forward pass), so they are not checked for NaN/inf:
+    resuming costs no device read-back."""
+    token = _MODEL_INPUTS.set(True)
+    try:
+        yield
+    finally:
+        _MODEL_INPUTS.reset(token)
+
+
+def note_input(name: str, what: str, x: torch.Tensor) -> None:
+    """Note a tensor the user handed in (``what``, e.g. "the residual stream given with start_at_layer")
+    entering at hook point ``name``, for the non-finite check of the forward pass watching (not
+    inside :func:`model_computed_inputs`)."""
+    if not _MODEL_INPUTS.get():
+        _record(name, what, x)
+
+
 @contextmanager
 def watch_replacements() -> Iterator[list[tuple[str, str, torch.Tensor]]]:
     """Record, for the ``with`` block, every activation a hook replaced (name, hook, its float32 sum:
@@ -173,28 +215,33 @@ def watch_replacements() -> Iterator[list[tuple[str, str, torch.Tensor]]]:
 
 
 def warn_if_nonfinite(record: list[tuple[str, str, torch.Tensor]], output: torch.Tensor | None, what: str) -> bool:
-    """After a forward whose hooks replaced activations (``record``): when ``output`` (or, when it is
-    None, any replaced activation) holds NaN/inf, warn with a :class:`NonFiniteWarning` naming the hook
-    point where they first appeared. One check of ``output`` (a device sync) per call; nothing
-    more unless it fails. Returns True when it warned."""
+    """After a forward whose hooks wrote activations (``record``): when any written activation holds
+    NaN/inf, warn with a :class:`NonFiniteWarning` naming the first hook point and hook that wrote them,
+    even when the ``output`` is finite (a fused attention kernel may absorb a NaN in ``hook_rot_q``
+    and return finite, wrong values); when only ``output`` holds them, say they arose downstream.
+    One device read-back per call; nothing more unless it fails. Returns True when it warned."""
     if not record:
         return False
-    if output is not None and is_finite(output):
-        return False
-
-    def bad_sum(name: str, total: torch.Tensor) -> bool:  # attention scores hold -inf at masked places by design
-        return bool(torch.isnan(total)) if name.endswith("hook_attn_scores") else not bool(torch.isfinite(total))
-
-    bad = next(((name, fn) for name, fn, total in record if bad_sum(name, total)), None)
-    if bad is None and output is None:
-        return False
-    if bad is not None:
-        where = (f"they first appeared in the activation that hook {bad[1]!r} returned at {bad[0]!r} (NaN/inf, or "
-                 "values so large that they overflow); check what that hook computes")
-    else:
+    sums = torch.stack([total for _, _, total in record])
+    scores = torch.tensor([name.endswith("hook_attn_scores") for name, _, _ in record], device=sums.device)
+    # attention scores hold -inf at masked places by design: there only NaN is wrong
+    flags = torch.where(scores, sums.isnan(), ~sums.isfinite())
+    if output is not None:
+        flags = torch.cat([flags, ~output.sum(dtype=torch.float32).isfinite()[None]])
+    flags = flags.tolist()
+    first = next((i for i, bad in enumerate(flags[: len(record)]) if bad), None)
+    if first is not None:
+        name, by, _ = record[first]
+        where = (f"they first appeared in {by} at {name!r} (NaN/inf, or values so large "
+                 "that they overflow); check what computes it")
+        if output is not None and not flags[-1]:
+            where += " (the output is finite, but computed from them: a fused kernel can hide NaN, so it is not trustworthy)"
+    elif output is not None and flags[-1] and not is_finite(output):  # the float32 sum can overflow on finite values
         names = list(dict.fromkeys(name for name, _, _ in record))
-        where = (f"the hooks that replaced activations ({', '.join(names[:4])}{', …' if len(names) > 4 else ''}) "
-                 "returned finite values, so they arose downstream (e.g. values too large for the dtype)")
+        where = (f"the hooks that wrote activations ({', '.join(names[:4])}{', …' if len(names) > 4 else ''}) "
+                 "wrote finite values, so they arose downstream (e.g. values too large for the dtype)")
+    else:
+        return False
     warnings.warn(f"non-finite values (NaN/inf) in the {what}: {where}", NonFiniteWarning, stacklevel=5)
     return True
 

@@ -16,9 +16,11 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 from einops import rearrange
 
+from ..core.checks import check_count
 from ..core.devices import resolve_device, resolve_dtype
 from ..core.finite import is_finite, nonfinite_summary
 from ..io import checkpoints as ckpt
@@ -144,37 +146,64 @@ def _native_to_llama(sd: Mapping[str, torch.Tensor], c: GPT2Config) -> dict[str,
     return {k: v.contiguous() for k, v in out.items()}
 
 
+# TransformerLens state-dict entries that are not weights (masks, rotary tables): never loaded
+TL_BUFFERS = ("attn.mask", "attn.IGNORE", "attn.rotary_sin", "attn.rotary_cos")
+
+
 def _tl_to_native(sd: Mapping[str, torch.Tensor], cfg: GPT2Config) -> dict[str, torch.Tensor]:
     if "blocks.0.ln1.w" not in sd:
         raise ValueError(
             "this TransformerLens state dict has folded LayerNorms (no blocks.0.ln1.w), so its weights no "
             "longer mean what GPT-2's do; load it with HookedTransformer.from_pretrained_no_processing"
         )
-    out = {"embed.W_E": sd["embed.W_E"], "ln_final.w": sd["ln_final.w"]}
+    used: set[str] = set()
+
+    def take(k: str) -> torch.Tensor:
+        used.add(k)
+        return sd[k]
+
+    out = {"embed.W_E": take("embed.W_E"), "ln_final.w": take("ln_final.w")}
     keys = ["ln1.w", "ln2.w", "attn.W_O", "mlp.W_in", "mlp.W_out"]
     if cfg.positional == "learned":
-        out["pos_embed.W_pos"] = sd["pos_embed.W_pos"]
+        out["pos_embed.W_pos"] = take("pos_embed.W_pos")
     if cfg.bias:
-        out["ln_final.b"] = sd["ln_final.b"]
+        out["ln_final.b"] = take("ln_final.b")
         keys += ["ln1.b", "ln2.b", "attn.b_O", "mlp.b_in", "mlp.b_out"]
     if cfg.mlp == "swiglu":
         keys.append("mlp.W_gate")
     for i in range(cfg.n_layer):
         b = f"blocks.{i}."
         for k in keys:
-            out[b + k] = sd[b + k]
+            out[b + k] = take(b + k)
         # TransformerLens keeps grouped K/V heads under _W_K/_W_V
-        qkv = [sd[b + "attn.W_Q"]] + [sd.get(b + f"attn._W_{x}", sd.get(b + f"attn.W_{x}")) for x in "KV"]
+        qkv = [take(b + "attn.W_Q")] + [take(b + f"attn._W_{x}" if b + f"attn._W_{x}" in sd else b + f"attn.W_{x}")
+                                        for x in "KV"]
         out[b + "attn.W_QKV"] = torch.cat([rearrange(w, "h d dh -> d (h dh)") for w in qkv], dim=1)
         if cfg.bias:
-            out[b + "attn.b_QKV"] = torch.cat([sd[b + f"attn.b_{x}"].flatten() for x in "QKV"])
+            out[b + "attn.b_QKV"] = torch.cat([take(b + f"attn.b_{x}").flatten() for x in "QKV"])
     if cfg.tied_embeddings:
-        if "unembed.W_U" in sd and not torch.equal(sd["unembed.W_U"], sd["embed.W_E"].T):
+        if "unembed.W_U" in sd and not torch.equal(take("unembed.W_U"), sd["embed.W_E"].T):
             raise ValueError("this TransformerLens model's W_U is not W_Eᵀ (centred or untied); GPT-2 ties them. "
                              "Load it with from_pretrained_no_processing.")
     else:
-        out["unembed.W_U"] = sd["unembed.W_U"]
+        out["unembed.W_U"] = take("unembed.W_U")
+    _check_tl_leftovers(sd, used, cfg)
     return out
+
+
+def _check_tl_leftovers(sd: Mapping[str, torch.Tensor], used: set[str], cfg: GPT2Config) -> None:
+    """Refuse TransformerLens tensors the config does not use, except buffers (masks, rotary tables)
+    and all-zero biases (TransformerLens keeps zero ``b_Q``…``b_U`` where the model has none)."""
+    def unused_weight(k: str) -> bool:
+        if k in used or k.endswith(TL_BUFFERS):
+            return False
+        is_bias = k.rsplit(".", 1)[-1].lstrip("_").startswith("b_")
+        return not (is_bias and not bool(sd[k].any()))
+
+    extra = sorted(k for k in sd if unused_weight(k))
+    if extra:
+        raise ValueError(f"unexpected tensors {extra[:5]}{' …' if len(extra) > 5 else ''} that the config "
+                         f"(n_layer={cfg.n_layer}, family {cfg.family}) does not use; refusing to load part of it")
 
 
 def infer_config(sd: Mapping[str, torch.Tensor], name: str = "gpt2") -> GPT2Config:
@@ -252,10 +281,11 @@ def dir_tokenizer(path: Path, hf: Mapping[str, Any]) -> tok.Tokenizer | None:
     """The ``tokenizer.json`` of an HF directory as an HFTokenizer (special ids from the config), or None."""
     if not (path / "tokenizer.json").exists():
         return None
-    from tokenizers import Tokenizer
-
-    backend = Tokenizer.from_file(str(path / "tokenizer.json"))
-    extra = json.loads((path / "tokenizer_config.json").read_text()) if (path / "tokenizer_config.json").exists() else {}
+    backend = tok.read_tokenizer_json(path / "tokenizer.json")
+    extra_path = path / "tokenizer_config.json"
+    extra = tok.read_json_file(extra_path, "the tokenizer's config") if extra_path.exists() else {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"{extra_path} must hold a JSON object, got {type(extra).__name__}")
 
     def tid(name: str) -> int | None:
         t = extra.get(name)
@@ -278,7 +308,15 @@ def load_dir(path: Path, name: str | None = None) -> HookedGPT2:
     except (ValueError, TypeError) as e:
         raise ValueError(f"{path / 'config.json'}: {e}") from None
     tokenizer = dir_tokenizer(path, hf) if cfg.family != "gpt2" else None
+    check_vocab(tokenizer, cfg, path / "tokenizer.json")
     return from_state_dict(sd, cfg, tokenizer, source=str(path))
+
+
+def check_vocab(tokenizer: tok.Tokenizer | None, cfg: GPT2Config, source: str | Path) -> None:
+    """Refuse a tokenizer whose ids reach past the model's vocabulary (they would index no embedding)."""
+    if tokenizer is not None and tokenizer.vocab_size > cfg.d_vocab:
+        raise ValueError(f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
+                         f"(d_vocab) is {cfg.d_vocab}; ids ≥ {cfg.d_vocab} would have no embedding")
 
 
 def save_hf(model: HookedGPT2, path: str | Path, dtype: torch.dtype | None = None) -> Path:
@@ -311,8 +349,30 @@ def _from_hub(name: str) -> HookedGPT2:
 GGUF_ARCHITECTURES = ("llama", "gpt2")
 
 
+# our config field → the GGUF metadata key (after ``{arch}.``) it is read from
+GGUF_CONFIG_KEYS = {"n_layer": "block_count", "d_model": "embedding_length", "n_head": "attention.head_count",
+                    "d_mlp": "feed_forward_length", "n_ctx": "context_length", "n_kv_heads": "attention.head_count_kv",
+                    "rope_theta": "rope.freq_base", "layer_norm_eps": "attention.layer_norm_epsilon"}
+
+
 def gguf_config(g: GGUFFile, name: str | None = None) -> GPT2Config:
-    """The config a GGUF file's metadata (``{arch}.block_count`` …) describes."""
+    """The config a GGUF file's metadata (``{arch}.block_count`` …) describes; a value that no model
+    can have (a zero head count, a non-positive rope base …) raises a :class:`GGUFError` naming the
+    metadata key and the file."""
+    try:
+        return _gguf_config(g, name)
+    except GGUFError:
+        raise
+    except (ValueError, TypeError) as e:
+        field = str(e).split("=")[0].split(" ")[0]
+        key = GGUF_CONFIG_KEYS.get(field)
+        if key and g.architecture == "llama" and field == "layer_norm_eps":
+            key = "attention.layer_norm_rms_epsilon"
+        where = f" (metadata key {g.architecture}.{key})" if key else ""
+        raise GGUFError(f"{g.path}: {e}{where}") from None
+
+
+def _gguf_config(g: GGUFFile, name: str | None) -> GPT2Config:
     arch, md = g.architecture, g.metadata
     if arch not in GGUF_ARCHITECTURES:
         raise GGUFError(f"{g.path.name} is a {arch!r} model; gpt2-interp loads GGUF architectures "
@@ -324,7 +384,8 @@ def gguf_config(g: GGUFFile, name: str | None = None) -> GPT2Config:
             raise GGUFError(f"{g.path.name} lacks the metadata key {arch}.{key}")
         return v
 
-    d_model, n_head = int(get("embedding_length")), int(get("attention.head_count"))
+    d_model = int(get("embedding_length"))
+    n_head = check_count(int(get("attention.head_count")), "n_head")
     vocab = g.tensors["token_embd.weight"].shape[0] if "token_embd.weight" in g.tensors else len(md.get("tokenizer.ggml.tokens", []))
     tied = "output.weight" not in g.tensors
     common = dict(n_layer=int(get("block_count")), d_model=d_model, n_head=n_head, d_mlp=int(get("feed_forward_length")),
@@ -344,35 +405,60 @@ def gguf_config(g: GGUFFile, name: str | None = None) -> GPT2Config:
                       layer_norm_eps=float(get("attention.layer_norm_rms_epsilon")), tied_embeddings=tied)
 
 
-def _gguf_state_dict(g: GGUFFile, cfg: GPT2Config) -> dict[str, torch.Tensor]:
-    """The file's tensors under transformers' names and layouts (Q/K rows put back in half-split order)."""
-    def t(n: str) -> torch.Tensor:
-        return torch.from_numpy(g.tensor(n))
+_GGUF_LLAMA_BLOCK = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
+                     "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+                     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+# GGUF name → (GPT-2 name, transposed: GGUF keeps [out, in], GPT-2's Conv1D [in, out])
+_GGUF_GPT2_BLOCK = {"attn_norm": ("ln_1", False), "ffn_norm": ("ln_2", False), "attn_qkv": ("attn.c_attn", True),
+                    "attn_output": ("attn.c_proj", True), "ffn_up": ("mlp.c_fc", True), "ffn_down": ("mlp.c_proj", True)}
 
+
+def gguf_tensor_names(cfg: GPT2Config) -> dict[str, str]:
+    """Every tensor a GGUF file of config ``cfg`` holds: GGUF name → transformers' name."""
     if cfg.family == "llama":
-        sd = {"model.embed_tokens.weight": t("token_embd.weight"), "model.norm.weight": t("output_norm.weight")}
-        if not cfg.tied_embeddings:
-            sd["lm_head.weight"] = t("output.weight")
-        names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_v": "self_attn.v_proj",
-                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-                 "ffn_down": "mlp.down_proj"}
+        names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight"}
         for i in range(cfg.n_layer):
-            h, b = f"model.layers.{i}.", f"blk.{i}."
-            sd.update({f"{h}{hf}.weight": t(f"{b}{gg}.weight") for gg, hf in names.items()})
-            sd[h + "self_attn.q_proj.weight"] = torch.from_numpy(unpermute_rotary(g.tensor(b + "attn_q.weight"), cfg.n_head))
-            sd[h + "self_attn.k_proj.weight"] = torch.from_numpy(unpermute_rotary(g.tensor(b + "attn_k.weight"), cfg.n_kv))
-        return sd
-    sd = {"transformer.wte.weight": t("token_embd.weight"), "transformer.wpe.weight": t("position_embd.weight"),
-          "transformer.ln_f.weight": t("output_norm.weight"), "transformer.ln_f.bias": t("output_norm.bias")}
+            names.update({f"blk.{i}.{gg}.weight": f"model.layers.{i}.{hf}.weight" for gg, hf in _GGUF_LLAMA_BLOCK.items()})
+    else:
+        names = {"token_embd.weight": "transformer.wte.weight", "position_embd.weight": "transformer.wpe.weight",
+                 "output_norm.weight": "transformer.ln_f.weight", "output_norm.bias": "transformer.ln_f.bias"}
+        for i in range(cfg.n_layer):
+            for gg, (hf, _) in _GGUF_GPT2_BLOCK.items():
+                names.update({f"blk.{i}.{gg}.{x}": f"transformer.h.{i}.{hf}.{x}" for x in ("weight", "bias")})
     if not cfg.tied_embeddings:
-        sd["lm_head.weight"] = t("output.weight")
-    for i in range(cfg.n_layer):
-        h, b = f"transformer.h.{i}.", f"blk.{i}."
-        for gg, hf, transpose in (("attn_norm", "ln_1", False), ("ffn_norm", "ln_2", False), ("attn_qkv", "attn.c_attn", True),
-                                  ("attn_output", "attn.c_proj", True), ("ffn_up", "mlp.c_fc", True), ("ffn_down", "mlp.c_proj", True)):
-            w = t(f"{b}{gg}.weight")
-            sd[f"{h}{hf}.weight"] = w.T.contiguous() if transpose else w  # GGUF keeps [out, in]; GPT-2's Conv1D [in, out]
-            sd[f"{h}{hf}.bias"] = t(f"{b}{gg}.bias")
+        names["output.weight"] = "lm_head.weight"
+    return names
+
+
+def check_gguf_tensors(g: GGUFFile, cfg: GPT2Config) -> dict[str, str]:
+    """The file's tensor names (see :func:`gguf_tensor_names`), once every tensor the config needs is
+    there and every tensor the file holds is used; else a :class:`GGUFError` naming them and the file."""
+    names = gguf_tensor_names(cfg)
+    missing = [n for n in names if n not in g.tensors]
+    unused = [n for n in g.tensors if n not in names]
+    blocks = f"{g.architecture}.block_count={cfg.n_layer}"
+    if missing:
+        raise GGUFError(f"{g.path}: lacks the tensor{'s' * (len(missing) > 1)} {', '.join(missing[:5])}"
+                        f"{' …' if len(missing) > 5 else ''} that its metadata ({blocks}) needs")
+    if unused:
+        raise GGUFError(f"{g.path}: holds {len(unused)} tensor{'s' * (len(unused) > 1)} its metadata ({blocks}) "
+                        f"does not use: {', '.join(unused[:5])}{' …' if len(unused) > 5 else ''}; refusing to load "
+                        "part of a file (is block_count right?)")
+    return names
+
+
+def _gguf_state_dict(g: GGUFFile, cfg: GPT2Config) -> dict[str, torch.Tensor]:
+    """The file's tensors under transformers' names and layouts (Q/K rows put back in half-split order;
+    GPT-2's Conv1D weights transposed)."""
+    sd = {}
+    for gg, hf in check_gguf_tensors(g, cfg).items():
+        w = g.tensor(gg)
+        kind = gg.split(".")[-2]
+        if cfg.family == "llama" and kind in ("attn_q", "attn_k"):
+            w = unpermute_rotary(w, cfg.n_head if kind == "attn_q" else cfg.n_kv)
+        elif cfg.family != "llama" and gg.endswith(".weight") and _GGUF_GPT2_BLOCK.get(kind, (None, False))[1]:
+            w = np.ascontiguousarray(w.T)
+        sd[hf] = torch.from_numpy(w)
     return sd
 
 
@@ -384,6 +470,7 @@ def load_gguf(path: str | Path, name: str | None = None) -> HookedGPT2:
     cfg = gguf_config(g, name)
     g.check_types()
     tokenizer = gguf_tokenizer(g)
+    check_vocab(tokenizer, cfg, g.path)
     if cfg.family == "gpt2" and "output.weight" in g.tensors:
         cfg = cfg.replace(tied_embeddings=False)
     sd = _gguf_state_dict(g, cfg)
@@ -455,6 +542,12 @@ def load(
 # ---------------------------------------------------------------- other libraries
 def from_transformers(hf_model: Any, tokenizer: tok.Tokenizer | None = None) -> HookedGPT2:
     """A model with the weights of a ``transformers`` GPT2LMHeadModel/GPT2Model or LlamaForCausalLM/LlamaModel."""
+    if not (hasattr(hf_model, "state_dict") and hasattr(getattr(hf_model, "config", None), "to_dict")):
+        raise TypeError(
+            f"hf_model must be a transformers model object already loaded in memory (GPT2LMHeadModel, GPT2Model, "
+            f"LlamaForCausalLM or LlamaModel), got {type(hf_model).__name__} {hf_model!r:.40}; to load a model by "
+            "name or path, pass it as model_name (gpt2_interp.load('gpt2'))"
+        )
     hf_cfg = hf_model.config.to_dict()
     cfg = GPT2Config.from_hf_dict(hf_cfg)
     sd = {k: v.detach().cpu() for k, v in hf_model.state_dict().items()}

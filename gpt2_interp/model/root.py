@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .cache import ActivationCache
-from .hooks import HookFn, HookPoint, NameFilter, name_filter_fn, slice_positions, suggest
+from .hooks import HookFn, HookPoint, NameFilter, name_filter_fn, reads_only, slice_positions, suggest
 
 HookSpec = tuple[Union[str, Callable[[str], bool]], HookFn]
 
@@ -154,6 +154,7 @@ class HookedRootModule(nn.Module):
                 act = slice_positions(act, name, pos)
             store[key] = act if device is None else act.to(device)
 
+        @reads_only
         def save(act: torch.Tensor, hook: HookPoint) -> None:
             record(hook.name, act, hook.name)
 

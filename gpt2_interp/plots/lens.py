@@ -14,6 +14,7 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from ..core.checks import check_count
 from .figure import finish, style_line_axes
 
 if TYPE_CHECKING:
@@ -127,9 +128,9 @@ def _token_bars(ax, tokens: Sequence[str], scores: torch.Tensor, colour: str, ti
 def plot_vocab(result: "VocabProjection", rows: int | None = None, max_rows: int = 64) -> Figure:
     """For the first ``rows`` vectors (default: all, at most ``max_rows``): bars of their top and
     bottom tokens' scores."""
-    n = min(len(result.labels) if rows is None else rows, len(result.labels), max_rows)
+    n = min(len(result.labels) if rows is None else check_count(rows, "rows"), len(result.labels), max_rows)
     if n < 1:
-        raise ValueError(f"rows must be >= 1, got {rows}")
+        raise ValueError("the result has no rows to plot")
     k = max(len(result.top_tokens[0]) if result.top_tokens else 1, 1)
     fig = Figure(figsize=(7, (0.55 + 0.13 * k) * n + 0.6))
     for r in range(n):
