@@ -24,15 +24,17 @@ never another package's ``_private`` names). ``lint-imports`` checks this in the
 import importlib
 from typing import Any
 
-from .model import KNOWN_CONFIGS, ActivationCache, GPT2Config, HookedGPT2, HookedTransformer, HookPoint, TransformerConfig
+from .model import KNOWN_CONFIGS, ActivationCache, GPT2Config, HookedGPT2, HookPoint
+from .model.tl_names import HookedTransformer, TransformerConfig  # TransformerLens's names (docs/porting.md)
 from .model.config import llama_config
 from .model.loading import from_state_dict, from_transformer_lens, from_transformers, load, load_gguf, to_transformers
 
 __version__ = "0.1.0"
 __all__ = [
     "load", "load_gguf", "from_transformers", "to_transformers", "from_transformer_lens", "from_state_dict",
-    "HookedGPT2", "HookedTransformer", "GPT2Config", "TransformerConfig", "llama_config", "KNOWN_CONFIGS",
+    "HookedGPT2", "GPT2Config", "llama_config", "KNOWN_CONFIGS",
     "ActivationCache", "HookPoint",
+    "HookedTransformer", "TransformerConfig",  # TransformerLens's names for HookedGPT2 and GPT2Config
 ]
 _SUBPACKAGES = ("analysis", "editing", "plots", "facts", "factmodel", "io", "model", "core")
 

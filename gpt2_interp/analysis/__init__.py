@@ -11,6 +11,42 @@
   their exact verification (``attribute``, ``verify``, ``agreement``); a package, one module per job
 - ``tokens``: targets, subject spans and prompt positions through the model's tokenizer
 
-Submodules are imported on use (``from gpt2_interp.analysis.lens import logit_lens``), so importing
-one does not pay for the others.
+The public names below are this package's face (``from gpt2_interp.analysis import logit_lens,
+causal_trace``); each submodule is imported on first use of one of its names, so importing the
+package does not pay for scikit-learn, scipy or the attribution machinery until they are used.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_FACE: dict[str, tuple[str, ...]] = {
+    "lens": ("logit_lens", "LensResult", "logit_attribution", "DLAResult", "decode_resid", "logit_direction",
+             "direct_effect"),
+    "tuned_lens": ("TunedLens", "train_tuned_lens", "lens_divergence"),
+    "vocab": ("neuron_vocab", "find_neurons", "top_subupdates", "project", "vocab_scores", "VocabProjection",
+              "NeuronSearch", "SubupdateResult"),
+    "metrics": ("logit_diff", "prob", "kl_to", "Metric"),
+    "patching": ("patch", "PatchResult"),
+    "tracing": ("causal_trace", "causal_trace_all", "average_trace", "TraceResult", "TraceSet", "AverageTrace"),
+    "attribution": ("attribute", "AttributionResult", "verify", "Verification", "agreement", "Agreement",
+                    "ATTRIBUTION_METHODS"),
+    "probes": ("probe", "ProbeResult"),
+    "known": ("knows", "known_facts", "informative", "whole_object"),
+    "tokens": ("target_ids", "subject_span", "token_span", "prompt_position"),
+}
+_WHERE = {name: module for module, names in _FACE.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

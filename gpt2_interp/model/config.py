@@ -345,7 +345,6 @@ LLAMA_JSON_KEYS = {"n_layer": "num_hidden_layers", "d_model": "hidden_size", "n_
                    "n_kv_heads": "num_key_value_heads", "d_mlp": "intermediate_size", "n_ctx": "max_position_embeddings",
                    "d_vocab": "vocab_size", "layer_norm_eps": "rms_norm_eps", "rope_theta": "rope_theta"}
 
-TransformerConfig = GPT2Config  # the same class: GPT-2 is the default configuration
 
 
 def _known(name: str, n_layer: int, d_model: int, n_head: int) -> GPT2Config:

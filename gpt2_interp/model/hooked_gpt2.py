@@ -4,7 +4,7 @@ point on every activation worth reading.
 One class serves both families (as litgpt keeps one ``Config`` for many): the config picks the
 norm, positions, MLP and attention grouping (see :mod:`.config`), the blocks read it, and every
 tool downstream sees the same parameter names (``blocks[i].attn.W_O``, ``mlp.W_in``/``W_out``)
-and TransformerLens's hook names. ``HookedTransformer`` is the same class under a family-neutral name.
+and TransformerLens's hook names. TransformerLens's name for it, ``HookedTransformer``, lives in :mod:`.tl_names`.
 """
 
 from __future__ import annotations
@@ -463,4 +463,3 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         return s
 
 
-HookedTransformer = HookedGPT2  # the same class, under a name that fits its Llama-style configurations
