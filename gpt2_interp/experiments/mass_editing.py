@@ -629,6 +629,7 @@ def _footer(report: dict) -> list[str]:
 
 @register("mass_editing", Config, tables=tables, figures=figures)
 def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
+    """The parts in order (module doc), each kept on disk when done; the report is the data."""
     with torch.no_grad():
         job = MassEditing.start(model, cfg, ctx)
         job.part("stats", job.stats_part)

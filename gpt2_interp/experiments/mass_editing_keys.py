@@ -101,6 +101,7 @@ def tables(report: dict) -> dict[str, str]:
 
 @register("mass_editing_keys", Config, tables=tables)
 def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
+    """Collision counts, then one MEMIT batch as drawn and one with all-distinct key tokens."""
     pool = known_cases(model, cfg.pool, cfg.seed)
     distinct = distinct_keys(model, pool)
     report: dict[str, Any] = {

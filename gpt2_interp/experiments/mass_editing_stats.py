@@ -131,6 +131,7 @@ def figures(report: dict) -> "dict[str, Figure]":
 
 @register("mass_editing_stats", Config, tables=tables, figures=figures)
 def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
+    """Keys and targets once, then one re-solved update per statistics size."""
     layers = default_layers(model)
     if len(layers) != 1:
         raise ValueError(f"mass_editing_stats re-solves one layer's update; {model.cfg.name} edits layers {layers}")

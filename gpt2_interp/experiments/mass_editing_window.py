@@ -167,6 +167,7 @@ def tables(report: dict) -> dict[str, str]:
 
 @register("mass_editing_window", Config, tables=tables)
 def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
+    """One δ optimisation per top layer, every window × λ re-solved from it, merged into the earlier rows."""
     if max(cfg.tops) >= model.cfg.n_layer:
         raise ValueError(f"mass_editing_window.tops: {model.cfg.name} has layers 0 … {model.cfg.n_layer - 1}, "
                          f"got {cfg.tops}")

@@ -101,6 +101,7 @@ def figures(report: dict) -> "dict[str, Figure]":
 
 @register("nullspace_rules", Config, tables=tables, figures=figures)
 def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
+    """Edit keys of the known requests, then each rule × τ: dimension, leak and key energy per layer."""
     hp = MemitHparams.of(model)
     layers = list(hp.layers) if hp.layers is not None else default_layers(model)
     stats = key_second_moment(model, layers, n_samples=cfg.n_samples, progress=ctx.progress)
