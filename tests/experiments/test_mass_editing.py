@@ -1,0 +1,104 @@
+"""The mass_editing experiment: its shared helpers by hand, and the quick run through the runner
+(parts, merging with ``only=``, rows run with other settings marked)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gpt2_interp.editing.stats import key_second_moment
+from gpt2_interp.experiments import run_experiment
+from gpt2_interp.experiments.mass_editing import PARTS, Config, choose_setting, key_energy, tables
+from gpt2_interp.model.fingerprint import weights_fingerprint
+
+
+def test_key_energy_is_the_share_of_the_keys_norm_inside_the_projection():
+    P = torch.diag(torch.tensor([1.0, 0.0, 0.0]))  # the null space: the first axis
+    ns = SimpleNamespace(P={0: P, 2: P})
+    keys = {0: torch.tensor([[1.0, 0.0, 0.0]]), 2: torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 2.0]])}
+    # layer 0: all inside; layer 2: 1 of the 1 + 1 + 4 squared norm
+    assert key_energy(ns, keys) == pytest.approx({0: 1.0, 2: 1 / 6})
+    with pytest.raises(ValueError, match="layer 1"):
+        key_energy(ns, {1: torch.ones(1, 3)})
+    with pytest.raises(ValueError, match="all zero"):
+        key_energy(ns, {0: torch.zeros(2, 3)})
+
+
+def test_choose_setting_keeps_ns_within_five_points_else_best_harmonic_mean():
+    rows = [{"k": "a", "es": 1.0, "ps": 1.0, "ns": 0.80}, {"k": "b", "es": 0.6, "ps": 0.5, "ns": 0.96},
+            {"k": "c", "es": 0.5, "ps": 0.4, "ns": 1.0}]
+    assert choose_setting(rows, 1.0)["k"] == "b"  # a's NS is 20 points down; b has the best ES + PS of b, c
+    # none within 5 points of 1.0: the best S (harmonic mean of ES, PS, NS): a 0.923, b/c lower
+    assert choose_setting(rows[:2], 1.0, ns_tolerance=0.01)["k"] == "a"
+    with pytest.raises(ValueError):
+        choose_setting([], 1.0)
+
+
+def test_bad_settings_name_the_setting():
+    with pytest.raises(ValueError, match="only.*rome_seq"):
+        Config(only=["rome_seq"])
+    with pytest.raises(ValueError, match="null_rules.*absolute"):
+        Config(null_rules=["absolute"])
+
+
+def _rewrite(folder, **changes):
+    """Change the data of the result in ``folder`` (what the next ``only=`` run merges into)."""
+    body = json.loads((folder / "result.json").read_text())
+    for k, v in changes.items():
+        body["data"][k] = v
+    (folder / "result.json").write_text(json.dumps(body))
+
+
+@pytest.mark.slow
+def test_quick_run_parts_merge_and_marks(facts_model, tmp_path):
+    before = weights_fingerprint(facts_model)
+    run = lambda **s: run_experiment("mass_editing", facts_model, quick=True, settings=s, out=tmp_path,  # noqa: E731
+                                     progress=False)
+    d = tmp_path / "mass_editing" / "gpt2-facts" / "quick"
+    report = run().data
+    # independent checks: the weights are those before the run, and the statistics' spectrum recomputed here
+    assert weights_fingerprint(facts_model) == before and report["weights_restored_at_end"]
+    ev = torch.linalg.eigvalsh(key_second_moment(facts_model, 0, n_samples=3000).C.double())
+    assert report["stats"]["count"] == 3000
+    for t, frac in report["stats"]["eig_fraction_below"].items():
+        assert frac == pytest.approx(float((ev <= float(t) * ev[-1]).double().mean()), abs=1e-5)
+    assert report["batch_memit_edit"]["undo_bit_exact"] and report["batch_memit_edit"]["reload_reproduces"]
+    assert set(report["evaluations"]) == set(PARTS[3:]) and not report["errors"]
+    assert (d / "mass_editing_decay.png").stat().st_size > 0
+    assert "| memit_batch |" in (d / "mass_editing.md").read_text()  # one run: no row marked as older
+    assert report["part_settings"]["memit_batch"] == report["settings"] and report["settings"]["layers"] == [0]
+    # only= reruns one part and merges it: here ROME with a time limit already passed (one edit made)
+    merged = run(only="rome_sequential", rome_seconds="0").data
+    assert {k: v for k, v in merged["evaluations"].items() if k != "rome_sequential"} == \
+        {k: v for k, v in report["evaluations"].items() if k != "rome_sequential"}
+    assert merged["evaluations"]["rome_sequential"]["summary"]["all"]["n"] == 1
+    assert "stopped at its time limit" in (d / "mass_editing.md").read_text()
+    assert "merged_with" in json.loads((d / "provenance.json").read_text())
+    # a row whose recorded settings differ from the report's is marked, in the table
+    marked = {**merged, "part_settings": {**merged["part_settings"],
+                                          "memit_sequential": {**merged["settings"], "layers": [0, 1]}}}
+    assert "| memit_sequential † |" in tables(marked)["mass_editing"]
+    # only= without the tuning part runs with the TUNING's choice and records it per part; MEMIT rows do not
+    # depend on AlphaEdit's α, so only the AlphaEdit row not rerun is marked
+    tuning = {**merged["tuning"], "chosen": {**merged["tuning"]["chosen"], "alpha": 7 * merged["chosen"]["alpha"]}}
+    _rewrite(d, tuning=tuning)
+    again = run(only="alphaedit_batch").data
+    assert again["part_settings"]["alphaedit_batch"]["alpha"] == again["chosen"]["alpha"] == tuning["chosen"]["alpha"]
+    table = (d / "mass_editing.md").read_text()
+    assert "| alphaedit_sequential † |" in table and "| alphaedit_batch |" in table
+    assert "| memit_batch |" in table and "| memit_sequential |" in table
+    # retuning AlphaEdit with the energy rule adds its rows to the earlier (relative) ones
+    rows = run(only="tuning", null_rules="energy").data["tuning"]["nullspace_threshold"]
+    assert sorted(r.get("nullspace_rule", "relative") for r in rows) == ["energy", "relative"]
+    energy = next(r for r in rows if r["nullspace_rule"] == "energy")
+    assert all(v <= energy["nullspace_threshold"] for v in energy["leak"].values())
+    assert "(energy)" in (d / "mass_editing.md").read_text()
+    _rewrite(d, n=999)  # a result for other requests is not merged into
+    with pytest.raises(ValueError, match="same model, n and batch_size"):
+        run(only="rome_sequential")
+    with pytest.raises(ValueError, match="no earlier result"):
+        run_experiment("mass_editing", facts_model, quick=True, settings={"only": "stats"}, out=tmp_path, tag="new",
+                       progress=False)
