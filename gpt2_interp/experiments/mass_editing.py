@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..editing.edit import Edit, undo_all
+from ..editing.edit import Edit, TargetResiduals, undo_all
 from ..editing.evaluate import case_scores, evaluate_edits, harmonic_score, known_cases
 from ..editing.memit import NULLSPACE_RULES, MemitHparams, NullSpace, compute_edits, default_layers
 from ..editing.stats import key_second_moment
@@ -310,7 +310,7 @@ class MassEditing:
         t = time.perf_counter()
         # one δ optimisation: the target residuals do not depend on λ, τ or α, so each setting re-solves
         # the update from them (compute_edits(targets=…)), exactly
-        z = compute_edits(model, reqs, stats=self.stats, hparams=self.delta).v_star
+        z = compute_edits(model, reqs, stats=self.stats, hparams=self.delta).targets
         targets_seconds = time.perf_counter() - t
         lam_rows = [{"mom2_weight": lam, **self.tuning_score(tune, z, {"mom2_weight": lam})[0]} for lam in cfg.lambdas]
         tau_rows = []
@@ -327,7 +327,7 @@ class MassEditing:
         return {"n": len(tune), "ns_unedited": ns_pre, "targets_seconds": targets_seconds,
                 "mom2_weight": lam_rows, "nullspace_threshold": tau_rows}
 
-    def tuning_score(self, tune: list, z: torch.Tensor, setting: dict, preserve: NullSpace | None = None
+    def tuning_score(self, tune: list, z: TargetResiduals, setting: dict, preserve: NullSpace | None = None
                      ) -> tuple[dict, dict]:
         """ES/PS/NS, mean fit error and ‖ΔW‖ of one setting re-solved from the targets ``z``; and the keys."""
         e = compute_edits(self.model, [c.request for c in tune], stats=self.stats, hparams={**self.delta, **setting},
@@ -367,7 +367,7 @@ class MassEditing:
         t = time.perf_counter()
         edit = compute_edits(model, [c.request for c in self.cases], stats=self.stats, hparams=hp)
         t_edit = time.perf_counter() - t
-        self.batch_targets["z"] = self.ctx.cached(f"batch-targets-{_digest(hp)}", lambda: edit.v_star)
+        self.batch_targets["z"] = self.ctx.cached(f"batch-targets-{_digest(hp)}", lambda: edit.targets)
         edit.apply(model)
         scores_a = mean_scores(model, self.cases, self.sb)
         edit.undo(model)
@@ -387,7 +387,7 @@ class MassEditing:
         """The batch's target residuals (one δ optimisation), shared by MEMIT's and AlphaEdit's batch edits."""
         if "z" not in self.batch_targets:
             self.batch_targets["z"] = self.ctx.cached(f"batch-targets-{_digest(self.hp)}", lambda: compute_edits(
-                self.model, [c.request for c in self.cases], stats=self.stats, hparams=self.hp).v_star)
+                self.model, [c.request for c in self.cases], stats=self.stats, hparams=self.hp).targets)
         return self.batch_targets["z"]
 
     # -- the evaluations

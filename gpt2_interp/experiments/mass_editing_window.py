@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from ..editing.evaluate import known_cases
+from ..editing.edit import TargetResiduals
 from ..editing.memit import compute_edits
 from ..editing.stats import key_second_moment
 from .base import ExperimentConfig, register
@@ -89,7 +90,7 @@ def earlier_report(previous: dict | None, settings: dict) -> dict:
     return previous
 
 
-def score(model: "HookedGPT2", tune: list, window: list[int], lam: float, z: torch.Tensor, stats: dict,
+def score(model: "HookedGPT2", tune: list, window: list[int], lam: float, z: TargetResiduals, stats: dict,
           hp: dict, idx: list[int] | None = None) -> dict:
     """One MEMIT batch on ``window`` with λ re-solved from the top layer's targets ``z``: ES/PS/NS, the
     fit error (mean and per layer) and ‖ΔW‖; ``idx``: a sub-batch of the tuning requests."""
@@ -110,7 +111,7 @@ def top_targets(model: "HookedGPT2", tune: list, top: int, stats: dict, hp: dict
     t = time.perf_counter()
     e = compute_edits(model, [c.request for c in tune], layers=[top], stats=stats, hparams=hp)
     m = e.metrics
-    return {"z": e.v_star, "record": {
+    return {"z": e.targets, "record": {
         "seconds": time.perf_counter() - t, "delta_seconds": m["delta_seconds"], "steps_mean": m["steps_mean"],
         "p_target_optimised_mean": m["p_target_optimised_mean"], "delta_norm_mean": m["delta_norm_mean"],
         "n": len(tune)}}
