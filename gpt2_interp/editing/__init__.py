@@ -10,7 +10,7 @@ reversible ``Edit`` value (``edit``) and CounterFact-style evaluation (``evaluat
 """
 
 from .edit import (
-    Edit, EditWarning, Request, TargetResiduals, applied_edits, edited, load_edit, undo_all, weights_fingerprint,
+    Edit, EditWarning, Request, TargetResiduals, applied_edits, load_edit, undo_all, weights_fingerprint,
 )
 from .hparams import load_hparams
 from .rome import DEFAULT_LAYERS, RomeHparams, apply_rome, compute_edit, rank_one_update
@@ -18,7 +18,7 @@ from .memit import MemitHparams, NullSpace, apply_memit, compute_edits
 from .stats import KeyStats, key_second_moment
 
 __all__ = [
-    "Edit", "EditWarning", "Request", "TargetResiduals", "applied_edits", "edited", "load_edit", "undo_all",
+    "Edit", "EditWarning", "Request", "TargetResiduals", "applied_edits", "load_edit", "undo_all",
     "weights_fingerprint", "load_hparams",
     "DEFAULT_LAYERS", "RomeHparams", "apply_rome", "compute_edit", "rank_one_update",
     "MemitHparams", "NullSpace", "apply_memit", "compute_edits",

@@ -27,8 +27,7 @@ import json
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
@@ -420,7 +419,7 @@ class Edit:
     # ------------------------------------------------------------ files
     def save(self, path: str | Path) -> Path:
         """Write the edit as one safetensors file (tensors + a JSON header + a digest; no pickle)."""
-        return save_edit(self, path)
+        return _write(self, path)
 
     @staticmethod
     def load(path: str | Path, model: "HookedGPT2 | None" = None) -> "Edit":
@@ -541,21 +540,8 @@ def undo_all(model: "HookedGPT2") -> int:
     return n
 
 
-@contextmanager
-def edited(model: "HookedGPT2", *edits: Edit, verify: bool = True) -> Iterator["HookedGPT2"]:
-    """Apply ``edits`` (in order) for the ``with`` block; they are undone bit-exactly on exit."""
-    done: list[Edit] = []
-    try:
-        for e in edits:
-            done.append(e.apply(model, verify=verify))
-        yield model
-    finally:
-        for e in reversed(done):
-            e.undo(model)
-
-
 # ---------------------------------------------------------------- save / load
-def save_edit(edit: Edit, path: str | Path) -> Path:
+def _write(edit: Edit, path: str | Path) -> Path:
     """One safetensors file: per layer ``L{l}.U`` (and ``L{l}.V`` unless dense), ``L{l}.keys``,
     ``k``/``v_star`` when present, and a JSON header (no pickle), with a sha256 digest over every
     tensor and the header (:mod:`gpt2_interp.io.integrity`), checked at load. A non-finite tensor is
@@ -582,7 +568,7 @@ def save_edit(edit: Edit, path: str | Path) -> Path:
 
 
 def load_edit(path: str | Path, model: "HookedGPT2 | None" = None) -> Edit:
-    """Read an edit written by :func:`save_edit` (or a rank-one ``/1`` file of earlier versions);
+    """Read an edit written by :meth:`Edit.save` (or a rank-one ``/1`` file of earlier versions);
     with ``model``, also check it fits that model.
 
     Refuses (``IntegrityError``, a ``ValueError``, naming the file) a file whose tensors or header

@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..editing.edit import edited
 from ..editing.evaluate import known_cases
 from ..editing.memit import compute_edits, default_layers
 from ..editing.stats import key_second_moment
@@ -77,7 +76,7 @@ def batch_row(model: "HookedGPT2", name: str, cases: list, stats: dict, cfg: Con
     t = time.perf_counter()
     edit = compute_edits(model, [c.request for c in cases], stats=stats,
                          hparams={"mom2_weight": cfg.lam, **cfg.delta_overrides()}, progress=False)
-    with edited(model, edit, verify=False):
+    with model.edited(edit):
         scores = mean_scores(model, cases, 64)
     return {"set": name, "n": len(cases), "requests_sharing_a_key": sum(v for v in counts.values() if v > 1),
             **scores, "seconds": time.perf_counter() - t}
