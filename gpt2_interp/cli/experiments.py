@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=count(1), default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--render", action="store_true", help="only redraw the tables and figures of the saved result")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, outputs={"out": ("--out", "dir")})
 
 
 def _settings(pairs: list[str]) -> dict[str, str]:

@@ -140,3 +140,12 @@ def test_cli_lists_experiments_and_refuses_bad_settings_in_one_line():
     assert "did you mean 'per_relation'" in bad.stderr
     unknown = _cli("run", "logit_lense")
     assert unknown.returncode == 2 and "did you mean 'logit_lens'" in unknown.stderr
+
+
+def test_cli_renders_a_saved_result_into_an_existing_folder(toy, tiny, tmp_path, capsys):
+    from gpt2_interp import cli
+
+    run_experiment("toy", tiny, out=tmp_path, progress=False)
+    (tmp_path / "toy" / "tiny" / "toy.md").unlink()
+    assert cli.main(["run", "toy", "--model", "tiny", "--out", str(tmp_path), "--render"]) == 0
+    assert (tmp_path / "toy" / "tiny" / "toy.md").read_text().startswith("| i | x |")
