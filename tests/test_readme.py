@@ -1,0 +1,31 @@
+"""The README's tour runs as written, and says what it says it does (the edit flips the answer, undo restores it)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow  # a ROME edit and a causal trace on the embedded model: seconds
+
+
+def test_the_tour_runs_and_the_edit_is_undone(tmp_path, monkeypatch, capsys):
+    text = (ROOT / "README.md").read_text()
+    tour = re.search(r"## A tour in 15 lines\n\n```python\n(.*?)```", text, re.S).group(1)
+    assert len(tour.strip().splitlines()) <= 16
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(tour, "README.md (tour)", "exec"), scope)
+    out = capsys.readouterr().out
+    assert "Rome" in out.splitlines()[-1]  # the edited model's continuation, printed inside model.edited(...)
+    assert (tmp_path / "lens.png").stat().st_size > 1000 and (tmp_path / "trace.png").exists()
+    model = scope["model"]
+    assert "Paris" in model.generate("The capital of France is", max_new_tokens=3, do_sample=False)  # undone
+    from gpt2_interp.editing import load_edit
+
+    again = load_edit(tmp_path / "france-rome.edit", model)
+    with model.edited(again):
+        assert "Rome" in model.generate("The capital of France is", max_new_tokens=3, do_sample=False)
