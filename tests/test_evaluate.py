@@ -243,3 +243,29 @@ def test_analysis_script_quick(facts_model, tmp_path):
         assert (tmp_path / name).stat().st_size > 0
     md = (tmp_path / "rome_counterfact.md").read_text()
     assert "one at a time" in md and "sequential" in md
+
+
+def test_choose_setting_maximises_es_plus_ps_within_the_ns_tolerance_else_the_best_s():
+    from gpt2_interp.editing.evaluate import choose_setting
+
+    rows = [{"name": "ridge", "es": 0.0, "ps": 0.0, "ns": 1.0},     # edits nothing, NS intact
+            {"name": "a", "es": 0.9, "ps": 0.5, "ns": 0.92},        # ES + PS 1.4, NS 3 points down
+            {"name": "b", "es": 1.0, "ps": 0.6, "ns": 0.80},        # ES + PS 1.6, NS 15 points down
+            {"name": "c", "es": 0.8, "ps": 0.55, "ns": 0.95}]       # ES + PS 1.35
+    assert choose_setting(rows, unedited_ns=0.95)["name"] == "a"
+    assert choose_setting(rows, unedited_ns=0.95, ns_tolerance=0.2)["name"] == "b"
+    # only the ridge is within 5 points of 1.02, so it is chosen although it edits nothing
+    assert choose_setting(rows, unedited_ns=1.02)["name"] == "ridge"
+    # none within the tolerance: the best S = 3 / (1/ES + 1/PS + 1/NS)
+    far = rows[1:]
+    s = {r["name"]: 3 / (1 / r["es"] + 1 / r["ps"] + 1 / r["ns"]) for r in far}  # a 0.70, b 0.77, c 0.73
+    assert max(s, key=s.get) == "b" and choose_setting(far, unedited_ns=1.2)["name"] == "b"
+    # undefined NS is never within the tolerance; objects with attributes work as rows too
+    from gpt2_interp.editing.evaluate import MeanScores
+
+    objs = [MeanScores(es=1.0, ps=1.0, ns=None), MeanScores(es=0.5, ps=0.5, ns=0.9)]
+    assert choose_setting(objs, unedited_ns=0.9) is objs[1]
+    with pytest.raises(ValueError, match="rows"):
+        choose_setting([], unedited_ns=0.9)
+    with pytest.raises(ValueError, match="ns_tolerance"):
+        choose_setting(rows, unedited_ns=0.9, ns_tolerance=5.0)

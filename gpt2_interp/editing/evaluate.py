@@ -42,6 +42,7 @@ import torch
 
 from ..core import distributed
 from ..core.result import Result
+from ..analysis.known import knows
 from ..analysis.tokens import target_ids
 from ..core.progress import progress_bar
 from ..model.fingerprint import tensor_digest, weights_fingerprint
@@ -146,10 +147,10 @@ def keep_other_relations(cases: Sequence[CounterfactCase], template: int | Seque
 def known_cases(model: "HookedGPT2", n: int, seed: int = 0, exclude: Collection[tuple[str, str]] = frozenset(),
                 batch_size: int = 256) -> list[CounterfactCase]:
     """Up to ``n`` CounterFact cases (:func:`counterfact_requests` over the whole fact base, seeded
-    shuffle spread over relations) whose fact the unedited ``model`` knows — its top-1 next token on
-    the rewrite prompt is the true object's first token, and that token holds more than whitespace
-    (SmolLM2 splits " 89" into " ", "8", "9": predicting " " shows nothing) — none with a
-    ``(relation, subject)`` in ``exclude``. Fewer when the model knows fewer."""
+    shuffle spread over relations) whose fact the unedited ``model`` knows on the rewrite prompt
+    (:func:`~gpt2_interp.analysis.known.knows`: top-1 next token = the true object's first token,
+    a token that holds more than whitespace), none with a ``(relation, subject)`` in ``exclude``.
+    Fewer when the model knows fewer."""
     from ..facts.base import FactBase
 
     fb = FactBase.load()
@@ -157,11 +158,8 @@ def known_cases(model: "HookedGPT2", n: int, seed: int = 0, exclude: Collection[
     out: list[CounterfactCase] = []
     for s in range(0, len(pool), batch_size):
         chunk = pool[s : s + batch_size]
-        top = model.last_logits([c.request.text for c in chunk]).argmax(-1).tolist()
-        for c, t in zip(chunk, top):
-            first = target_ids(model, c.target_true)[0]
-            if t == first and model.tokenizer.decode([first]).strip():
-                out.append(c)
+        hits = knows(model, [c.request.text for c in chunk], [c.target_true for c in chunk], batch_size)
+        out += [c for c, hit in zip(chunk, hits) if hit]
         if len(out) >= n:
             break
     return out[:n]
@@ -351,15 +349,9 @@ def related_prompts(model: "HookedGPT2", cases: Sequence[CounterfactCase], fb: "
     return out
 
 
-@torch.no_grad()
 def _top1_hits(model: "HookedGPT2", prompts: Sequence[RelatedPrompt], batch_size: int) -> list[bool]:
-    """Whether the model's top-1 next token is the first token of each prompt's true target."""
-    if not prompts:
-        return []
-    want = torch.tensor([target_ids(model, p.target_true)[0] for p in prompts])
-    top = torch.cat([model.last_logits([p.prompt for p in prompts[s : s + batch_size]]).argmax(-1).cpu()
-                     for s in range(0, len(prompts), batch_size)])
-    return (top == want).tolist()
+    """Whether the model knows each related fact (:func:`~gpt2_interp.analysis.known.knows`)."""
+    return knows(model, [p.prompt for p in prompts], [p.target_true for p in prompts], batch_size) if prompts else []
 
 
 # ---------------------------------------------------------------- the result
@@ -375,6 +367,29 @@ def harmonic_score(*scores: float | None) -> float | None:
     if not parts:
         return None
     return len(parts) / sum(1 / x for x in parts) if min(parts) > 0 else 0.0
+
+
+def choose_setting(rows: Sequence[Any], unedited_ns: float, ns_tolerance: float = 0.05) -> Any:
+    """The tuning choice among settings scored on the same requests: each row (a mapping or an
+    object) has ``es``, ``ps``, ``ns`` (fractions; None where undefined).
+
+    The row with the largest ES + PS among those whose NS stays within ``ns_tolerance`` of the
+    unedited model's ``unedited_ns`` (0.05 = 5 points); when none does, the row with the best
+    CounterFact S (:func:`harmonic_score` of ES, PS, NS) — the best NS alone would pick a setting
+    that edits nothing (a huge ridge keeps NS at 100 % with ES 0). Ties keep the earlier row."""
+    rows = list(rows)
+    if not rows:
+        raise ValueError("rows: give at least one scored setting")
+    if not 0 <= ns_tolerance <= 1:
+        raise ValueError(f"ns_tolerance is a fraction of the scores' 0..1 range (0.05 = 5 points), got {ns_tolerance}")
+
+    def get(r: Any, k: str) -> float | None:
+        return r.get(k) if isinstance(r, Mapping) else getattr(r, k, None)
+
+    ok = [r for r in rows if get(r, "ns") is not None and get(r, "ns") >= unedited_ns - ns_tolerance]
+    if ok:
+        return max(ok, key=lambda r: (get(r, "es") or 0) + (get(r, "ps") or 0))
+    return max(rows, key=lambda r: harmonic_score(get(r, "es"), get(r, "ps"), get(r, "ns")) or 0)
 
 
 @dataclass
@@ -696,8 +711,11 @@ def evaluate_edits_local(
 
     # ---- the unedited model, batched
     pre = case_scores(model, cases, sb)
-    top1 = torch.cat([model.last_logits([c.request.text for c in cases[s : s + sb]]).argmax(-1).cpu()
-                      for s in range(0, len(cases), sb)])
+    with_true = [i for i, c in enumerate(cases) if c.target_true]
+    known_flags = [False] * len(cases)
+    for i, hit in zip(with_true, knows(model, [cases[i].request.text for i in with_true],
+                                       [cases[i].target_true for i in with_true], sb)):
+        known_flags[i] = hit
     gen_prompts = [[c.request.text] + c.paraphrases[:2] for c in cases]
     flat = [p for g in gen_prompts for p in g]
     texts_pre = [t for s in range(0, len(flat), sb) for t in greedy_continuations(model, flat[s : s + sb], fluency_tokens)]
@@ -718,8 +736,7 @@ def evaluate_edits_local(
         return [j for j, (r, subj, _) in enumerate(unrel) if r != c.relation and subj != c.request.subject]
 
     rows: list[CaseRow] = []
-    for c, s, t1, fl in zip(cases, pre, top1.tolist(), fluency_pre):
-        known = bool(c.target_true) and t1 == target_ids(model, c.target_true)[0]
+    for c, s, known, fl in zip(cases, pre, known_flags, fluency_pre):
         rows.append(CaseRow(c.case_id, c.relation, c.request.subject, c.request.text, c.request.target, c.target_true,
                             known, pre=s, fluency_pre=fl))
 
@@ -819,5 +836,5 @@ def _curve_point(model: "HookedGPT2", cases: Sequence[CounterfactCase], rel: Seq
 
 __all__ = ["CounterfactCase", "Scores", "CaseScores", "MeanScores", "CaseRow", "Summary", "counterfact_requests", "known_cases", "keep_other_relations", "evaluate_edits", "evaluate_edits_local", "EditEvaluation", "case_scores",
            "CurvePoint", "StepDrift", "RelatedPrompt", "related_prompts", "METHODS",
-           "target_logprobs", "n_gram_entropy", "greedy_continuations", "summarize",
+           "target_logprobs", "n_gram_entropy", "greedy_continuations", "summarize", "choose_setting", "harmonic_score",
            "unrelated_prompts"]
