@@ -269,3 +269,85 @@ def test_choose_setting_maximises_es_plus_ps_within_the_ns_tolerance_else_the_be
         choose_setting([], unedited_ns=0.9)
     with pytest.raises(ValueError, match="ns_tolerance"):
         choose_setting(rows, unedited_ns=0.9, ns_tolerance=5.0)
+
+
+def test_eval_config_checks_each_field_by_name_and_maps_evaluate_edits_arguments():
+    from gpt2_interp.editing.evaluation import EvalConfig
+
+    for kw, field in ((dict(method="ft"), "method"), (dict(fluency_tokens=-1), "fluency_tokens"),
+                      (dict(n_unrelated=0), "n_unrelated"), (dict(score_batch_size=0), "score_batch_size"),
+                      (dict(method="memit", batch_size=0), "batch_size"), (dict(batch_size=2), "batch_size"),
+                      (dict(checkpoints=(1, 0)), "checkpoints"), (dict(time_limit=5.0), "time_limit"),
+                      (dict(sequential=True, time_limit=-1.0), "time_limit"),
+                      (dict(targets=torch.zeros(2, 4)), "targets")):
+        with pytest.raises(ValueError, match=field):
+            EvalConfig(**kw)
+    with pytest.raises(TypeError, match="seed"):
+        EvalConfig(seed="zero")
+    with pytest.raises(ValueError, match="batch_size must be None"):
+        EvalConfig(method="memit", batch_size=2, targets=torch.zeros(3, 4)).check_cases(3)
+    # positional settings in the old parameter order, named ones, and the rest as editor hyperparameters
+    cfg = EvalConfig.of("memit", True, [0], None, 5, v_steps=3, batch_size=2, hparams={"mom2_weight": 10.0})
+    assert (cfg.method, cfg.sequential, cfg.layer, cfg.fluency_tokens, cfg.batch_size) == ("memit", True, [0], 5, 2)
+    assert cfg.hparams == {"v_steps": 3, "mom2_weight": 10.0} and cfg.n_unrelated == 30
+    with pytest.raises(TypeError, match="both"):
+        EvalConfig.of("memit", method="rome")
+    with pytest.raises(TypeError, match="config"):
+        evaluate_edits(None, [], config=cfg, batch_size=3)
+
+
+class ShiftEditor:
+    """A hand-made editor: a fixed random rank-one change of layer 1's W_out per edit (seeded by the
+    edit's number), whatever the requests."""
+
+    name = "shift"
+    max_batch = None
+    layer = 1
+    hparams = {"scale": 0.5}
+
+    def __init__(self):
+        self.calls: list[list[str]] = []
+
+    def edit(self, model, requests, n):
+        from gpt2_interp.editing.edit import Edit
+
+        g = torch.Generator().manual_seed(n)
+        u, v = torch.randn(model.cfg.d_mlp, generator=g), torch.randn(model.cfg.d_model, generator=g)
+        return Edit(1, u / u.norm(), 0.5 * v, requests[0] if requests else None, weights_fingerprint(model))
+
+    def compute(self, model, requests):
+        self.calls.append([r.subject for r in requests])
+        return self.edit(model, requests, len(self.calls))
+
+
+def test_a_hand_made_editor_runs_through_the_one_loop(tiny):
+    """Independent batches are scored each on the unedited model plus its own edit, sequential ones on
+    the edits so far; weights come back bit-exactly; the report names the editor."""
+    from gpt2_interp.editing.evaluation import (
+        Editor, EvalConfig, as_cases, case_scores, kl_rows, next_logprobs, run_evaluation, unrelated_prompts,
+    )
+
+    reqs = [{"prompt": "{} is located in", "subject": s, "target": " Rome", "target_true": " Paris"}
+            for s in ("Eiffel Tower", "Louvre", "Notre Dame")]
+    fp = weights_fingerprint(tiny)
+    cfg = dict(method="memit", batch_size=2, fluency_tokens=2, n_unrelated=4, related=False, progress=False)
+    editor = ShiftEditor()
+    assert isinstance(editor, Editor)
+    ev = run_evaluation(tiny, reqs, EvalConfig(**cfg), editor=editor)
+    assert editor.calls == [["Eiffel Tower", "Louvre"], ["Notre Dame"]] and weights_fingerprint(tiny) == fp
+    assert ev.method == "shift" and ev.layer == 1 and ev.hparams == {"scale": 0.5} and ev.batch_size == 2
+    assert [r.layer for r in ev.rows] == [1, 1, 1] and ev.restored_exactly and ev.curve is None
+    cases = as_cases(reqs)
+    for n, idx in ((1, [0, 1]), (2, [2])):  # the reference: each batch's edit alone on the unedited model
+        with tiny.edited(editor.edit(tiny, [cases[i].request for i in idx], n)):
+            ref = case_scores(tiny, [cases[i] for i in idx])
+        assert [ev.rows[i].post for i in idx] == ref
+    seq = run_evaluation(tiny, reqs, EvalConfig(sequential=True, **cfg), editor=ShiftEditor())
+    assert [c.n_edits for c in seq.curve] == [2, 3] and [d.n_edits for d in seq.steps] == [2, 3]
+    texts = [p for *_, p in unrelated_prompts(4)]
+    pre = next_logprobs(tiny, texts)
+    with tiny.edited(editor.edit(tiny, [], 1)), tiny.edited(editor.edit(tiny, [], 2)):
+        both = kl_rows(pre, next_logprobs(tiny, texts))
+        ref = case_scores(tiny, cases)
+    assert seq.steps[-1].kl_mean == pytest.approx(float(both.mean())) and seq.curve[-1].kl_max == pytest.approx(float(both.max()))
+    assert [r.post for r in seq.rows] == ref and weights_fingerprint(tiny) == fp

@@ -95,3 +95,15 @@ def test_known_cases_keep_exactly_the_cases_greedy_decoding_starts_right(facts_m
     want = [c for c, g in zip(pool, greedy) if g == facts_model.tokenizer.encode_ids(c.target_true)[0]]
     got = known_cases(facts_model, len(want), seed=4, batch_size=60)
     assert [c.request.text for c in got] == [c.request.text for c in want]
+
+
+def test_the_evaluations_known_flag_follows_the_rule():
+    from gpt2_interp.editing.evaluation import CounterfactCase, known_flags
+
+    space = always_predicts(" ")
+    cases = [CounterfactCase.of({"prompt": "{} is", "subject": "Everest", "target": " 1", "target_true": t}, i)
+             for i, t in enumerate(["  8848", " Nepal"])]
+    cases.append(CounterfactCase.of({"prompt": "{} is", "subject": "Everest", "target": " 1"}, 2))  # no true target
+    assert known_flags(space, cases) == [False, False, False]  # top-1 " " matches "  8848"'s first token: refused
+    nepal = always_predicts(" Nepal")
+    assert known_flags(nepal, cases, batch_size=1) == [False, True, False]
