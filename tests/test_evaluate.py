@@ -351,3 +351,10 @@ def test_a_hand_made_editor_runs_through_the_one_loop(tiny):
         ref = case_scores(tiny, cases)
     assert seq.steps[-1].kl_mean == pytest.approx(float(both.mean())) and seq.curve[-1].kl_max == pytest.approx(float(both.max()))
     assert [r.post for r in seq.rows] == ref and weights_fingerprint(tiny) == fp
+
+
+def test_rome_editor_refuses_several_layers(tiny):
+    from gpt2_interp.editing.evaluation import RomeEditor
+
+    with pytest.raises(TypeError, match="ROME edits one layer"):
+        RomeEditor.prepare(tiny, layer=[0, 1])

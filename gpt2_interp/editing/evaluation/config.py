@@ -73,7 +73,8 @@ class EvalConfig:
                              f"(method='memit' or 'alphaedit', not sequential), got method={self.method!r}, "
                              f"sequential={self.sequential}")
         if not isinstance(self.hparams, Mapping):
-            raise TypeError(f"hparams must be a mapping of the editor's hyperparameters, got {type(self.hparams).__name__}")
+            raise TypeError(f"hparams must be a mapping of the editor's hyperparameters, "
+                            f"got {type(self.hparams).__name__}")
         self.hparams = dict(self.hparams)
 
     def _check_time_limit(self) -> None:

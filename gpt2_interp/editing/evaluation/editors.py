@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+from ...core.checks import as_int
 from ...model.fingerprint import parameter_digests
 from ..edit import Edit, Request
 from ..memit import MemitHparams, NullSpace, _resolve_layers, _resolve_stats, compute_edits
@@ -65,7 +66,12 @@ class RomeEditor:
         computed once — by the ranks of ``group`` together when distributed); ``hparams`` override
         :class:`~..rome.RomeHparams`."""
         hp = hparams_for(model, **hparams)
-        fixed = None if layer == "auto" else (default_layer(model) if layer is None else layer)
+        if layer is None:
+            fixed: int | None = default_layer(model)
+        elif isinstance(layer, str) and layer == "auto":
+            fixed = None
+        else:
+            fixed = as_int(layer, "layer (ROME edits one layer: an int, None or 'auto')")
         st = None
         if fixed is not None:
             st = stats if isinstance(stats, KeyStats) else (stats or {}).get(fixed)

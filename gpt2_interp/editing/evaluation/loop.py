@@ -56,7 +56,8 @@ class Baseline:
 
     def unrelated_for(self, case: CounterfactCase) -> list[int]:
         """Indices of the unrelated prompts about neither the case's relation nor its subject."""
-        return [j for j, (r, subj, _) in enumerate(self.unrelated) if r != case.relation and subj != case.request.subject]
+        return [j for j, (r, subj, _) in enumerate(self.unrelated)
+                if r != case.relation and subj != case.request.subject]
 
 
 def baseline(model: "HookedGPT2", cases: Sequence[CounterfactCase], config: EvalConfig) -> Baseline:
