@@ -243,3 +243,118 @@ def test_analysis_script_quick(facts_model, tmp_path):
         assert (tmp_path / name).stat().st_size > 0
     md = (tmp_path / "rome_counterfact.md").read_text()
     assert "one at a time" in md and "sequential" in md
+
+
+def test_choose_setting_maximises_es_plus_ps_within_the_ns_tolerance_else_the_best_s():
+    from gpt2_interp.editing.evaluate import choose_setting
+
+    rows = [{"name": "ridge", "es": 0.0, "ps": 0.0, "ns": 1.0},     # edits nothing, NS intact
+            {"name": "a", "es": 0.9, "ps": 0.5, "ns": 0.92},        # ES + PS 1.4, NS 3 points down
+            {"name": "b", "es": 1.0, "ps": 0.6, "ns": 0.80},        # ES + PS 1.6, NS 15 points down
+            {"name": "c", "es": 0.8, "ps": 0.55, "ns": 0.95}]       # ES + PS 1.35
+    assert choose_setting(rows, unedited_ns=0.95)["name"] == "a"
+    assert choose_setting(rows, unedited_ns=0.95, ns_tolerance=0.2)["name"] == "b"
+    # only the ridge is within 5 points of 1.02, so it is chosen although it edits nothing
+    assert choose_setting(rows, unedited_ns=1.02)["name"] == "ridge"
+    # none within the tolerance: the best S = 3 / (1/ES + 1/PS + 1/NS)
+    far = rows[1:]
+    s = {r["name"]: 3 / (1 / r["es"] + 1 / r["ps"] + 1 / r["ns"]) for r in far}  # a 0.70, b 0.77, c 0.73
+    assert max(s, key=s.get) == "b" and choose_setting(far, unedited_ns=1.2)["name"] == "b"
+    # undefined NS is never within the tolerance; objects with attributes work as rows too
+    from gpt2_interp.editing.evaluate import MeanScores
+
+    objs = [MeanScores(es=1.0, ps=1.0, ns=None), MeanScores(es=0.5, ps=0.5, ns=0.9)]
+    assert choose_setting(objs, unedited_ns=0.9) is objs[1]
+    with pytest.raises(ValueError, match="rows"):
+        choose_setting([], unedited_ns=0.9)
+    with pytest.raises(ValueError, match="ns_tolerance"):
+        choose_setting(rows, unedited_ns=0.9, ns_tolerance=5.0)
+
+
+def test_eval_config_checks_each_field_by_name_and_maps_evaluate_edits_arguments():
+    from gpt2_interp.editing.evaluation import EvalConfig
+
+    for kw, field in ((dict(method="ft"), "method"), (dict(fluency_tokens=-1), "fluency_tokens"),
+                      (dict(n_unrelated=0), "n_unrelated"), (dict(score_batch_size=0), "score_batch_size"),
+                      (dict(method="memit", batch_size=0), "batch_size"), (dict(batch_size=2), "batch_size"),
+                      (dict(checkpoints=(1, 0)), "checkpoints"), (dict(time_limit=5.0), "time_limit"),
+                      (dict(sequential=True, time_limit=-1.0), "time_limit"),
+                      (dict(targets=torch.zeros(2, 4)), "targets")):
+        with pytest.raises(ValueError, match=field):
+            EvalConfig(**kw)
+    with pytest.raises(TypeError, match="seed"):
+        EvalConfig(seed="zero")
+    with pytest.raises(ValueError, match="batch_size must be None"):
+        EvalConfig(method="memit", batch_size=2, targets=torch.zeros(3, 4)).check_cases(3)
+    # positional settings in the old parameter order, named ones, and the rest as editor hyperparameters
+    cfg = EvalConfig.of("memit", True, [0], None, 5, v_steps=3, batch_size=2, hparams={"mom2_weight": 10.0})
+    assert (cfg.method, cfg.sequential, cfg.layer, cfg.fluency_tokens, cfg.batch_size) == ("memit", True, [0], 5, 2)
+    assert cfg.hparams == {"v_steps": 3, "mom2_weight": 10.0} and cfg.n_unrelated == 30
+    with pytest.raises(TypeError, match="both"):
+        EvalConfig.of("memit", method="rome")
+    with pytest.raises(TypeError, match="config"):
+        evaluate_edits(None, [], config=cfg, batch_size=3)
+
+
+class ShiftEditor:
+    """A hand-made editor: a fixed random rank-one change of layer 1's W_out per edit (seeded by the
+    edit's number), whatever the requests."""
+
+    name = "shift"
+    max_batch = None
+    layer = 1
+    hparams = {"scale": 0.5}
+
+    def __init__(self):
+        self.calls: list[list[str]] = []
+
+    def edit(self, model, requests, n):
+        from gpt2_interp.editing.edit import Edit
+
+        g = torch.Generator().manual_seed(n)
+        u, v = torch.randn(model.cfg.d_mlp, generator=g), torch.randn(model.cfg.d_model, generator=g)
+        return Edit(1, u / u.norm(), 0.5 * v, requests[0] if requests else None, weights_fingerprint(model))
+
+    def compute(self, model, requests):
+        self.calls.append([r.subject for r in requests])
+        return self.edit(model, requests, len(self.calls))
+
+
+def test_a_hand_made_editor_runs_through_the_one_loop(tiny):
+    """Independent batches are scored each on the unedited model plus its own edit, sequential ones on
+    the edits so far; weights come back bit-exactly; the report names the editor."""
+    from gpt2_interp.editing.evaluation import (
+        Editor, EvalConfig, as_cases, case_scores, kl_rows, next_logprobs, run_evaluation, unrelated_prompts,
+    )
+
+    reqs = [{"prompt": "{} is located in", "subject": s, "target": " Rome", "target_true": " Paris"}
+            for s in ("Eiffel Tower", "Louvre", "Notre Dame")]
+    fp = weights_fingerprint(tiny)
+    cfg = dict(method="memit", batch_size=2, fluency_tokens=2, n_unrelated=4, related=False, progress=False)
+    editor = ShiftEditor()
+    assert isinstance(editor, Editor)
+    ev = run_evaluation(tiny, reqs, EvalConfig(**cfg), editor=editor)
+    assert editor.calls == [["Eiffel Tower", "Louvre"], ["Notre Dame"]] and weights_fingerprint(tiny) == fp
+    assert ev.method == "shift" and ev.layer == 1 and ev.hparams == {"scale": 0.5} and ev.batch_size == 2
+    assert [r.layer for r in ev.rows] == [1, 1, 1] and ev.restored_exactly and ev.curve is None
+    cases = as_cases(reqs)
+    for n, idx in ((1, [0, 1]), (2, [2])):  # the reference: each batch's edit alone on the unedited model
+        with tiny.edited(editor.edit(tiny, [cases[i].request for i in idx], n)):
+            ref = case_scores(tiny, [cases[i] for i in idx])
+        assert [ev.rows[i].post for i in idx] == ref
+    seq = run_evaluation(tiny, reqs, EvalConfig(sequential=True, **cfg), editor=ShiftEditor())
+    assert [c.n_edits for c in seq.curve] == [2, 3] and [d.n_edits for d in seq.steps] == [2, 3]
+    texts = [p for *_, p in unrelated_prompts(4)]
+    pre = next_logprobs(tiny, texts)
+    with tiny.edited(editor.edit(tiny, [], 1)), tiny.edited(editor.edit(tiny, [], 2)):
+        both = kl_rows(pre, next_logprobs(tiny, texts))
+        ref = case_scores(tiny, cases)
+    assert seq.steps[-1].kl_mean == pytest.approx(float(both.mean())) and seq.curve[-1].kl_max == pytest.approx(float(both.max()))
+    assert [r.post for r in seq.rows] == ref and weights_fingerprint(tiny) == fp
+
+
+def test_rome_editor_refuses_several_layers(tiny):
+    from gpt2_interp.editing.evaluation import RomeEditor
+
+    with pytest.raises(TypeError, match="ROME edits one layer"):
+        RomeEditor.prepare(tiny, layer=[0, 1])

@@ -70,12 +70,13 @@ def knows(model: "HookedGPT2", prompts: Sequence[str], targets: Sequence[str], b
 
 
 def known_facts(model: "HookedGPT2", fb: FactBase | None = None, facts: Sequence[Fact] | None = None,
-                batch_size: int = 64, template: int = 0) -> list[Fact]:
+                batch_size: int = 64, template: int = 0, split: str = "train") -> list[Fact]:
     """The facts (default: every fact of ``fb``, the shipped fact base by default) that the model
-    knows (:func:`knows`) on their ``template``-th training prompt (``FactBase.cases``), in order."""
+    knows (:func:`knows`) on their ``template``-th prompt of ``split`` ("train" or "heldout";
+    ``FactBase.cases``), in order."""
     fb = fb or FactBase.load()
     facts = fb.facts() if facts is None else list(facts)
-    cases = fb.cases(facts, "train", template)
+    cases = fb.cases(facts, split, template)
     hits = knows(model, [p for p, _, _ in cases], [t for _, _, t in cases], batch_size)
     return [f for f, h in zip(facts, hits) if h]
 

@@ -255,6 +255,21 @@ class NullSpace:
             n = K.shape[0]
         self.n_remembered += n
 
+    def key_energy(self, keys: Mapping[int, torch.Tensor]) -> dict[int, float]:
+        """Per layer, the share of the keys' energy inside the null space, ``‖K P_l‖²_F / ‖K‖²_F`` for
+        keys ``{layer: K [n, d_mlp]}`` (e.g. an edit's ``Edit.keys``): 1 when every key lies in the
+        null space (an update confined to it can reach them), 0 when none does."""
+        out = {}
+        for lay, K in keys.items():
+            if lay not in self.P:
+                raise ValueError(f"keys of layer {lay}: the null space has projections for layers {sorted(self.P)}")
+            K64 = K.double().cpu()
+            total = float((K64 ** 2).sum())
+            if total == 0:
+                raise ValueError(f"keys of layer {lay} are all zero (shape {tuple(K.shape)}): their energy share is undefined")
+            out[lay] = float(((K64 @ self.P[lay].double().cpu()) ** 2).sum()) / total
+        return out
+
     def __repr__(self) -> str:
         dims = ", ".join(f"L{l}: {d}" for l, d in self.null_dim.items())
         return f"NullSpace(τ={self.threshold:g} ({self.rule}), null dims {{{dims}}}, {self.n_remembered} keys remembered)"

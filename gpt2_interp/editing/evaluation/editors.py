@@ -1,0 +1,178 @@
+"""The editing methods an evaluation runs, behind one interface (:class:`Editor`).
+
+An editor is prepared once per evaluation — its layer(s), key statistics and (AlphaEdit) null space
+resolved then — and afterwards only computes edits: ``editor.compute(model, requests) -> Edit``.
+The loop (:mod:`.loop`) applies, scores and undoes them, whatever the method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+from ...core.checks import as_int
+from ...model.fingerprint import parameter_digests
+from ..edit import Edit, Request
+from ..memit import MemitHparams, NullSpace, _resolve_layers, _resolve_stats, compute_edits
+from ..rome import compute_edit, default_layer, hparams_for
+from ..stats import KeyStats, key_second_moment
+from .config import EvalConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from ...model import HookedGPT2
+
+
+@runtime_checkable
+class Editor(Protocol):
+    """What the evaluation loop needs of an editing method.
+
+    ``name``: the method's name in reports. ``max_batch``: the most requests one edit may hold (1 for
+    ROME, None for any). ``layer``: the layer(s) it edits, as reported (None: chosen per request).
+    ``hparams``: its settings, as reported. ``compute(model, requests)``: ONE edit (not applied) that
+    writes ``requests`` into ``model`` as it is now."""
+
+    name: str
+    max_batch: int | None
+
+    @property
+    def layer(self) -> int | list[int] | None: ...
+
+    @property
+    def hparams(self) -> dict[str, Any]: ...
+
+    def compute(self, model: "HookedGPT2", requests: Sequence[Request]) -> Edit: ...
+
+
+@dataclass
+class RomeEditor:
+    """ROME, one request per edit, at one fixed layer (with its key statistics) or at a layer chosen
+    per request (``fixed_layer`` None: ``layer="auto"``)."""
+
+    fixed_layer: int | None
+    stats: KeyStats | None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    name: ClassVar[str] = "rome"
+    max_batch: ClassVar[int | None] = 1
+
+    @classmethod
+    def prepare(cls, model: "HookedGPT2", layer: int | str | None = None,
+                stats: KeyStats | Mapping[int, KeyStats] | None = None, progress: bool = True, group: Any = None,
+                **hparams: Any) -> "RomeEditor":
+        """Resolve the layer (None: :func:`~..rome.default_layer`) and its key statistics (given, or
+        computed once — by the ranks of ``group`` together when distributed); ``hparams`` override
+        :class:`~..rome.RomeHparams`."""
+        hp = hparams_for(model, **hparams)
+        if layer is None:
+            fixed: int | None = default_layer(model)
+        elif isinstance(layer, str) and layer == "auto":
+            fixed = None
+        else:
+            fixed = as_int(layer, "layer (ROME edits one layer: an int, None or 'auto')")
+        st = None
+        if fixed is not None:
+            st = stats if isinstance(stats, KeyStats) else (stats or {}).get(fixed)
+            if st is None:
+                st = key_second_moment(model, fixed, corpus=hp.corpus, n_samples=hp.n_samples, progress=progress,
+                                       group=group)
+        return cls(fixed, st, dict(hparams), dict(vars(hp)))
+
+    @property
+    def layer(self) -> int | None:
+        return self.fixed_layer
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        return self.settings
+
+    def compute(self, model: "HookedGPT2", requests: Sequence[Request]) -> Edit:
+        if len(requests) != 1:
+            raise ValueError(f"requests: ROME edits one request at a time, got {len(requests)}")
+        layer = "auto" if self.fixed_layer is None else self.fixed_layer
+        return compute_edit(model, requests[0], layer=layer, stats=self.stats, **self.overrides)
+
+
+@dataclass
+class MemitEditor:
+    """MEMIT: one edit for a batch of requests, spread over ``layers`` with their key statistics.
+    ``remember`` (sequential editing): an AlphaEdit null space remembers each batch's keys.
+    ``targets``: the target residuals of an earlier edit of the same one batch (the δ optimisation
+    is skipped)."""
+
+    layers: list[int]
+    stats: dict[int, KeyStats]
+    hp: MemitHparams
+    remember: bool = False
+    targets: "torch.Tensor | None" = None
+    progress: bool = False
+    null_space: NullSpace | None = None
+    name: ClassVar[str] = "memit"
+    max_batch: ClassVar[int | None] = None
+
+    @classmethod
+    def prepare(cls, model: "HookedGPT2", requests: Sequence[Request], layer: int | Sequence[int] | str | None = None,
+                stats: KeyStats | Mapping[int, KeyStats] | None = None, remember: bool = False,
+                targets: "torch.Tensor | None" = None, progress: bool = True, **hparams: Any) -> "MemitEditor":
+        """Resolve the layers (None: the model's defaults; "auto": chosen from ``requests``' traces)
+        and their key statistics (given, or computed once) as :func:`~..memit.compute_edits` does;
+        ``hparams`` override :class:`~..memit.MemitHparams`."""
+        hp = MemitHparams.of(model, **hparams)
+        layers = _resolve_layers(model, layer, hp, list(requests))
+        st = _resolve_stats(model, layers, stats, hp, parameter_digests(model), progress)
+        return cls(layers, st, hp, remember=remember, targets=targets, progress=progress)
+
+    @property
+    def layer(self) -> list[int]:
+        return self.layers
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        return self.hp.to_dict()
+
+    def compute(self, model: "HookedGPT2", requests: Sequence[Request]) -> Edit:
+        return compute_edits(model, list(requests), layers=self.layers, stats=self.stats, hparams=self.hp,
+                             preserve=self.null_space, remember=self.remember, progress=self.progress,
+                             targets=self.targets)
+
+
+@dataclass
+class AlphaEditEditor(MemitEditor):
+    """AlphaEdit: MEMIT's batches with each update confined to the null space of preserved keys
+    (:class:`~..memit.NullSpace`), which remembers earlier batches' keys when ``remember``."""
+
+    name: ClassVar[str] = "alphaedit"
+
+    @classmethod
+    def prepare(cls, model: "HookedGPT2", requests: Sequence[Request], layer: int | Sequence[int] | str | None = None,
+                stats: KeyStats | Mapping[int, KeyStats] | None = None, remember: bool = False,
+                targets: "torch.Tensor | None" = None, progress: bool = True, preserve: Any = None,
+                **hparams: Any) -> "AlphaEditEditor":
+        """:meth:`MemitEditor.prepare`, then the null space: ``preserve`` as a
+        :class:`~..memit.NullSpace`, else built from ``preserve``'s statistics (None or True: the
+        edit layers' own) with the hyperparameters' threshold and rule."""
+        editor = super().prepare(model, requests, layer, stats, remember, targets, progress, **hparams)
+        if not isinstance(preserve, NullSpace):
+            own = preserve is None or preserve is True
+            preserve = NullSpace.from_stats({l: editor.stats[l] for l in editor.layers} if own else preserve,
+                                            editor.hp.nullspace_threshold, editor.hp.nullspace_rule)
+        editor.null_space = preserve
+        return editor
+
+
+def make_editor(model: "HookedGPT2", config: EvalConfig, requests: Sequence[Request], group: Any = None) -> Editor:
+    """The editor ``config.method`` names, prepared for ``requests`` (their layers chosen when
+    ``config.layer`` is "auto") with ``config``'s layer, statistics and hyperparameters. ``group``:
+    the process group whose ranks compute ROME's key statistics together."""
+    common = dict(layer=config.layer, stats=config.stats, progress=config.progress, **config.hparams)
+    if config.method == "rome":
+        return RomeEditor.prepare(model, group=group, **common)
+    batch = dict(remember=config.sequential, targets=config.targets, **common)
+    if config.method == "memit":
+        return MemitEditor.prepare(model, requests, **batch)
+    return AlphaEditEditor.prepare(model, requests, preserve=config.preserve, **batch)
+
+
+__all__ = ["Editor", "RomeEditor", "MemitEditor", "AlphaEditEditor", "make_editor"]
