@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..editing.edit import Edit, TargetResiduals, undo_all
-from ..editing.evaluate import case_scores, evaluate_edits, harmonic_score, known_cases
+from ..editing.evaluate import case_scores, choose_setting, evaluate_edits, harmonic_score, known_cases
 from ..editing.memit import NULLSPACE_RULES, MemitHparams, NullSpace, compute_edits, default_layers
 from ..editing.stats import key_second_moment
 from ..model.fingerprint import weights_fingerprint
@@ -136,36 +136,6 @@ def mean_scores(model: "HookedGPT2", cases: Sequence[Any], batch_size: int = 64)
         return sum(xs) / len(xs) if xs else None
 
     return {"es": mean("es"), "ps": mean("ps"), "ns": mean("ns")}
-
-
-def key_energy(ns: NullSpace, keys: Mapping[int, torch.Tensor]) -> dict[int, float]:
-    """Per layer, the share of the keys' energy inside the null space, ``‖K P_l‖²_F / ‖K‖²_F`` for keys
-    ``{layer: K [n, d_mlp]}`` (e.g. an edit's ``Edit.keys``): 1 when every key lies in the null space (an
-    update confined to it can reach them), 0 when none does."""
-    out = {}
-    for lay, K in keys.items():
-        if lay not in ns.P:
-            raise ValueError(f"keys of layer {lay}: the null space has projections for layers {sorted(ns.P)}")
-        K64 = K.double().cpu()
-        total = float((K64 ** 2).sum())
-        if total == 0:
-            raise ValueError(f"keys of layer {lay} are all zero (shape {tuple(K.shape)}): their energy share is undefined")
-        out[lay] = float(((K64 @ ns.P[lay].double().cpu()) ** 2).sum()) / total
-    return out
-
-
-def choose_setting(rows: Sequence[Mapping[str, Any]], unedited_ns: float, ns_tolerance: float = 0.05) -> Mapping[str, Any]:
-    """The tuning choice among settings scored on the same requests (rows with ``es``, ``ps``, ``ns``):
-    the largest ES + PS among those whose NS stays within ``ns_tolerance`` (0.05 = 5 points) of the
-    unedited model's; when none does, the best CounterFact S (harmonic mean of ES, PS, NS) — the best
-    NS alone would pick a setting that edits nothing (a huge ridge keeps NS at 100 with ES 0)."""
-    rows = list(rows)
-    if not rows:
-        raise ValueError("rows: give at least one scored setting")
-    ok = [r for r in rows if r.get("ns") is not None and r["ns"] >= unedited_ns - ns_tolerance]
-    if ok:
-        return max(ok, key=lambda r: (r.get("es") or 0) + (r.get("ps") or 0))
-    return max(rows, key=lambda r: harmonic_score(r.get("es"), r.get("ps"), r.get("ns")) or 0)
 
 
 def edit_settings(model: "HookedGPT2", hp: Mapping[str, Any]) -> dict[str, Any]:
@@ -320,7 +290,7 @@ class MassEditing:
                 for alpha in alphas:
                     row, keys = self.tuning_score(tune, z, {"nullspace_threshold": tau, "nullspace_rule": rule,
                                                             "alpha": alpha}, preserve=ns)
-                    energy = key_energy(ns, keys)  # the edit keys' energy in the null space, averaged over the layers
+                    energy = ns.key_energy(keys)  # the edit keys' energy in the null space, averaged over the layers
                     tau_rows.append({"nullspace_threshold": tau, "nullspace_rule": rule, "alpha": alpha,
                                      "null_dim": ns.null_dim, "leak": ns.leak,
                                      "key_energy_in_null_space": sum(energy.values()) / len(energy), **row})

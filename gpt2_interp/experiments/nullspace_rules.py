@@ -10,7 +10,7 @@ directions count as "small" is a threshold ``τ``:
 
 For each rule × ``τ`` and each edit layer this reports the null-space dimension, the leak (the
 preserved keys' energy inside it, ``tr(P C₀)/tr C₀``) and how much of the EDIT keys' energy lies inside
-it (:func:`~.mass_editing.key_energy`, ``‖K P‖²/‖K‖²`` for the ``n`` requests the model knows, keys
+it (:meth:`NullSpace.key_energy`, ``‖K P‖²/‖K‖²`` for the ``n`` requests the model knows, keys
 averaged over MEMIT's context variants on the unedited model). An update confined to ``P`` can only
 move keys through their part inside it: a layer whose edit keys have ~0 energy there cannot take a
 share of the edit. Cheap: one forward pass for the keys and one eigen-decomposition a layer; no edit
@@ -27,7 +27,6 @@ from ..editing.memit import NULLSPACE_RULES, MemitHparams, NullSpace, default_la
 from ..editing.rome import context_prefixes, subject_states
 from ..editing.stats import key_second_moment
 from .base import ExperimentConfig, register
-from .mass_editing import key_energy
 from .runner import RunContext
 
 if TYPE_CHECKING:
@@ -114,7 +113,7 @@ def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
     for rule in cfg.rules:
         for tau in cfg.thresholds:
             ns = NullSpace.from_stats({l: stats[l] for l in layers}, tau, rule)
-            energy = key_energy(ns, {l: keys[l] for l in layers})
+            energy = ns.key_energy({l: keys[l] for l in layers})
             rows += [{"rule": rule, "tau": tau, "layer": l, "d_mlp": keys[l].shape[1], "null_dim": ns.null_dim[l],
                       "leak": ns.leak[l], "edit_key_energy": energy[l]} for l in layers]
     return {"model": model.cfg.name, "layers": layers, "n_keys": len(cases), "stats_tokens": stats[layers[0]].count,

@@ -1,40 +1,17 @@
-"""The mass_editing experiment: its shared helpers by hand, and the quick run through the runner
+"""The mass_editing experiment: its settings, and the quick run through the runner
 (parts, merging with ``only=``, rows run with other settings marked)."""
 
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from gpt2_interp.editing.stats import key_second_moment
 from gpt2_interp.experiments import run_experiment
-from gpt2_interp.experiments.mass_editing import PARTS, Config, choose_setting, key_energy, tables
+from gpt2_interp.experiments.mass_editing import PARTS, Config, tables
 from gpt2_interp.model.fingerprint import weights_fingerprint
-
-
-def test_key_energy_is_the_share_of_the_keys_norm_inside_the_projection():
-    P = torch.diag(torch.tensor([1.0, 0.0, 0.0]))  # the null space: the first axis
-    ns = SimpleNamespace(P={0: P, 2: P})
-    keys = {0: torch.tensor([[1.0, 0.0, 0.0]]), 2: torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 2.0]])}
-    # layer 0: all inside; layer 2: 1 of the 1 + 1 + 4 squared norm
-    assert key_energy(ns, keys) == pytest.approx({0: 1.0, 2: 1 / 6})
-    with pytest.raises(ValueError, match="layer 1"):
-        key_energy(ns, {1: torch.ones(1, 3)})
-    with pytest.raises(ValueError, match="all zero"):
-        key_energy(ns, {0: torch.zeros(2, 3)})
-
-
-def test_choose_setting_keeps_ns_within_five_points_else_best_harmonic_mean():
-    rows = [{"k": "a", "es": 1.0, "ps": 1.0, "ns": 0.80}, {"k": "b", "es": 0.6, "ps": 0.5, "ns": 0.96},
-            {"k": "c", "es": 0.5, "ps": 0.4, "ns": 1.0}]
-    assert choose_setting(rows, 1.0)["k"] == "b"  # a's NS is 20 points down; b has the best ES + PS of b, c
-    # none within 5 points of 1.0: the best S (harmonic mean of ES, PS, NS): a 0.923, b/c lower
-    assert choose_setting(rows[:2], 1.0, ns_tolerance=0.01)["k"] == "a"
-    with pytest.raises(ValueError):
-        choose_setting([], 1.0)
 
 
 def test_bad_settings_name_the_setting():
