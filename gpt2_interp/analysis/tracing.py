@@ -31,6 +31,7 @@ from ..core.checks import check_count
 from ..core.finite import require_finite
 from ..core import distributed
 from ..core.progress import progress_bar
+from .known import knows
 from .engine import Patch, base_kv_from, entry_name, kv_names, run_staircase
 from ..core.result import Result
 from .tokens import subject_span, target_ids
@@ -484,14 +485,11 @@ def average_trace(
     cases = [_as_case(c) for c in cases]
     if not cases:
         raise ValueError("no cases to trace: pass (prompt, subject, target) triples")
-    first = [target_ids(model, t)[0] for _, _, t in cases]
-    known = []
-    with torch.inference_mode():
-        for a in range(0, len(cases), 64):
-            top = model.last_logits([p for p, _, _ in cases[a : a + 64]]).argmax(-1).tolist()
-            known += [i for i, t in enumerate(top, a) if t == first[i]]
+    with torch.inference_mode():  # the one "known" rule (analysis.known): top-1 = an informative first token
+        known = [i for i, k in enumerate(knows(model, [p for p, _, _ in cases], [t for _, _, t in cases])) if k]
     if not known:
-        raise ValueError(f"the model knows none of the {len(cases)} facts (clean top-1 ≠ target); nothing to average")
+        raise ValueError(f"the model knows none of the {len(cases)} facts (clean top-1 ≠ the target's first token, "
+                         "or a whitespace-only first token); nothing to average")
     std = resolve_noise(model, noise, _subject_ids(model, [_Case(*cases[i]) for i in known]))
     n = model.cfg.n_layer
     sums = torch.zeros(len(kinds), len(BUCKETS), n)
@@ -501,7 +499,7 @@ def average_trace(
     batches = [known[a : a + facts_per_batch] for a in range(0, len(known), facts_per_batch)]
     # distributed: each rank traces its share of the batches; sums and counts are all-reduced below
     for idx in progress_bar(distributed.shard(batches, group), desc="average trace", enabled=progress and distributed.is_main(group)):
-        batch = [_Case(cases[i][0], cases[i][1], first[i]) for i in idx]
+        batch = [_Case(cases[i][0], cases[i][1], target_ids(model, cases[i][2])[0]) for i in idx]
         for k, kd in enumerate(kinds):
             for r in _trace_batch(model, batch, kd, std, samples, window, seed, batch_size, False):
                 low[k].append(r.corrupted_score)
