@@ -242,44 +242,114 @@ def patch(
         raise ValueError(f"direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not {direction!r}")
     n = model.cfg.n_layer
     metric = refuse_degenerate(bind_metric(metric, model), model)  # token strings resolved (and checked) before any work
-    clean_t, corr_t, mask = pair_tokens(model, clean, corrupted)
-    all_t = clean_t, corr_t, mask  # every pair, for the position labels
-    n_all = clean_t.shape[0]
-    # distributed: each rank patches its share of the pairs (tokenised together first, so positions
-    # line up); the per-pair values are gathered in pair order before averaging and normalising
-    sharded = distributed.is_distributed(group) and n_all >= distributed.world_size(group)
-    if sharded:
-        mine = list(distributed.shard_indices(n_all, group))
-        local_metric = _metric_rows(metric, mine, n_all)
-        sharded = local_metric is not None
-    if sharded:
-        metric = local_metric
-        clean_t, corr_t, mask = clean_t[mine], corr_t[mine], None if mask is None else mask[mine]
+    all_t = pair_tokens(model, clean, corrupted)  # every pair, for the position labels
+    n_all = all_t[0].shape[0]
+    metric, (clean_t, corr_t, mask), mine = _my_pairs(metric, all_t, group)
     n_pairs, P = clean_t.shape
     positions, heads = as_selection(positions, "positions"), as_selection(heads, "heads")
     target, layers_ = _target(model, hook, layers)
     pos_items, pos_axis = _positions(positions, P, each=target.kind == "pos")
-    head_items: list[list[int]] = [[]]
-    head_axis = None
+    head_items, head_axis = _heads(model, target, heads, hook)
+    base_t, src_t = (corr_t, clean_t) if direction == "denoise" else (clean_t, corr_t)
+
+    # a patch at positions ≥ p leaves positions < p as in the base run: rows compute only the suffix
+    items = [(l, p, h) for l in sorted(layers_, key=target.stage) for p in pos_items for h in head_items]
+    first = [min(p) for _, p, _ in items]
+    runs = _unpatched(model, target, layers_, base_t, src_t, mask, suffix=max(first) > 0)
+    clean_logits, corr_logits = (runs.src_logits, runs.base_logits) if direction == "denoise" else (runs.base_logits, runs.src_logits)
+    metric = bind_metric(metric, model, clean_logits)
+    clean_m = apply_metric(metric, clean_logits[None])[0].cpu()
+    corr_m = apply_metric(metric, corr_logits[None])[0].cpu()
+    require_finite_metric(metric, {"clean": clean_m, "corrupted": corr_m})
+
+    # one item per (layer, positions, heads); rows = items × pairs
+    k = len(items)
+    start = torch.tensor([target.stage(l) for l, _, _ in items]).repeat_interleave(n_pairs)
+    edits = [_layer_edit(target, l, [i for i, it in enumerate(items) if it[0] == l], items, n_pairs, runs.src_cache,
+                         runs.base_cache, runs.entries, model.device) for l in layers_]
+
+    def readout(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:  # rows come whole items at a time
+        return apply_metric(metric, logits.view(-1, n_pairs, logits.shape[-1])).flatten()
+
+    pair = torch.arange(n_pairs).repeat(k)
+    flat = run_staircase(model, runs.entries, start, pair, edits, readout, mask, batch_size, n_pairs, progress,
+                         desc=f"patching {hook}", first_pos=torch.tensor(first).repeat_interleave(n_pairs),
+                         base_kv=base_kv_from(runs.base_cache, model, runs.stages[0]) if runs.suffix else None)
+    # back to the caller's layer order, then [n_pairs, layer, pos items, head items]
+    order = torch.argsort(torch.tensor([layers_.index(l) for l, _, _ in items]), stable=True)
+    per_pair = flat.view(k, n_pairs).T.cpu()[:, order].reshape(n_pairs, len(layers_), len(pos_items), len(head_items))
+    if mine is not None:
+        per_pair, clean_m, corr_m = (torch.stack(distributed.gather_in_order(list(x), n_all, group))
+                                     for x in (per_pair, clean_m, corr_m))
+    if target.kind == "pos":
+        index_names, per_pair = ("layer", "pos"), per_pair[..., 0]
+    elif pos_axis is None:
+        index_names, per_pair = ("layer", "head"), per_pair[:, :, 0]
+    else:
+        index_names = ("layer", "pos", "head")
+    _warn_nonfinite(per_pair, hook, metric, index_names)
+    mean = per_pair.mean(0)
+    if normalize:
+        mean, per_pair, _ = normalize_effects(mean, per_pair, clean_m, corr_m)
+    return PatchResult(**result_fields(model, mean, per_pair, index_names, layers_, pos_axis, head_axis,
+                                       position_labels(model, *all_t), hook, direction, metric, normalize,
+                                       clean_m, corr_m))
+
+
+def _my_pairs(metric: Any, tokens: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], group: Any
+              ) -> tuple[Any, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], list[int] | None]:
+    """The pairs this process patches: all of them, or under ``torch.distributed`` (at least one pair
+    per rank, one of our metrics) its share — tokenised together first, so positions line up — with
+    the metric restricted to those rows. Returns ``(metric, (clean, corrupted, mask), mine or None)``."""
+    clean_t, corr_t, mask = tokens
+    n_all = clean_t.shape[0]
+    if not (distributed.is_distributed(group) and n_all >= distributed.world_size(group)):
+        return metric, tokens, None
+    mine = list(distributed.shard_indices(n_all, group))
+    local_metric = _metric_rows(metric, mine, n_all)
+    if local_metric is None:
+        return metric, tokens, None
+    return local_metric, (clean_t[mine], corr_t[mine], None if mask is None else mask[mine]), mine
+
+
+def _heads(model: "HookedGPT2", target: Any, heads: Any, hook: str) -> tuple[list[list[int]], list[int] | None]:
+    """``(head items, head axis)``: one item of no head for per-position families; else each head
+    (or the chosen ``heads``), or all heads together for ``"all"`` (no axis)."""
     if target.kind == "pos":
         if heads is not None:
             raise ValueError(f"heads are for per-head hooks (z, q, k, v, pattern); {hook!r} has no head axis")
+        return [[]], None
+    H = model.cfg.n_head
+    if heads is None:
+        axis: list[int] | None = list(range(H))
+    elif heads == "all":
+        axis = None
     else:
-        H = model.cfg.n_head
-        if heads is None:
-            head_axis = list(range(H))
-        elif heads != "all":
-            head_axis = check_indices(heads, H, "head", "heads", f"the model has {H} heads")
-        head_items = [list(range(H))] if head_axis is None else [[h] for h in head_axis]
-    base_t, src_t = (corr_t, clean_t) if direction == "denoise" else (clean_t, corr_t)
+        axis = check_indices(heads, H, "head", "heads", f"the model has {H} heads")
+    return ([list(range(H))] if axis is None else [[h] for h in axis]), axis
 
-    # unpatched runs: the base run's residual at every start stage, the source run's patched activations
+
+@dataclass
+class _Unpatched:
+    """The base and source runs a sweep starts from."""
+
+    stages: list[int]  # start stages of the patched layers, ascending
+    suffix: bool  # rows compute only the positions from their first patched one on
+    base_final: torch.Tensor
+    base_cache: Any
+    src_cache: Any
+    base_logits: torch.Tensor  # [n_pairs, d_vocab], last position
+    src_logits: torch.Tensor
+    entries: dict[int, torch.Tensor]  # stage -> the base run's residual entering it
+
+
+def _unpatched(model: "HookedGPT2", target: Any, layers_: list[int], base_t: torch.Tensor, src_t: torch.Tensor,
+               mask: torch.Tensor | None, suffix: bool) -> _Unpatched:
+    """The base run (its residual at every start stage, and the keys/values a suffix row reuses) and
+    the source run (the activations patched in), without autograd."""
+    n = model.cfg.n_layer
     stages = sorted({target.stage(l) for l in layers_})
-    # a patch at positions ≥ p leaves positions < p as in the base run: rows compute only the suffix
-    by_stage = sorted(layers_, key=target.stage)
-    items = [(l, p, h) for l in by_stage for p in pos_items for h in head_items]
-    first = [min(p) for _, p, _ in items]
-    suffix = max(first) > 0 and stages[0] < n
+    suffix = suffix and stages[0] < n
     base_names = {entry_name(model, s) for s in stages if s < n} | set(kv_names(model, stages[0]) if suffix else ())
     if target.embed:
         base_names.add(target.names[-1])
@@ -293,51 +363,17 @@ def patch(
             with model.hooks([(name, lambda act, hook: store.__setitem__(hook.name, act)) for name in src_names]):
                 model.ln_final(src_final)
             src_cache = store
-    clean_logits, corr_logits = (src_logits, base_logits) if direction == "denoise" else (base_logits, src_logits)
-    metric = bind_metric(metric, model, clean_logits)
-    clean_m = apply_metric(metric, clean_logits[None])[0].cpu()
-    corr_m = apply_metric(metric, corr_logits[None])[0].cpu()
-    require_finite_metric(metric, {"clean": clean_m, "corrupted": corr_m})
     entries = {s: (base_cache[entry_name(model, s)] if s < n else base_final) for s in stages}
+    return _Unpatched(stages, suffix, base_final, base_cache, src_cache, base_logits, src_logits, entries)
 
-    # one item per (layer, positions, heads); rows = items × pairs
-    k = len(items)
-    dev = model.device
-    start = torch.tensor([target.stage(l) for l, _, _ in items]).repeat_interleave(n_pairs)
-    edits = [_layer_edit(target, l, [i for i, it in enumerate(items) if it[0] == l], items, n_pairs, src_cache, base_cache, entries, dev)
-             for l in layers_]
 
-    def readout(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:  # rows come whole items at a time
-        return apply_metric(metric, logits.view(-1, n_pairs, logits.shape[-1])).flatten()
-
-    pair = torch.arange(n_pairs).repeat(k)
-    flat = run_staircase(model, entries, start, pair, edits, readout, mask, batch_size, n_pairs, progress,
-                         desc=f"patching {hook}", first_pos=torch.tensor(first).repeat_interleave(n_pairs),
-                         base_kv=base_kv_from(base_cache, model, stages[0]) if suffix else None)
-    # back to the caller's layer order, then [n_pairs, layer, pos items, head items]
-    order = torch.argsort(torch.tensor([layers_.index(l) for l, _, _ in items]), stable=True)
-    per_pair = flat.view(k, n_pairs).T.cpu()[:, order].reshape(n_pairs, len(layers_), len(pos_items), len(head_items))
-    if sharded:
-        per_pair = torch.stack(distributed.gather_in_order(list(per_pair), n_all, group))
-        clean_m = torch.stack(distributed.gather_in_order(list(clean_m), n_all, group))
-        corr_m = torch.stack(distributed.gather_in_order(list(corr_m), n_all, group))
-    if target.kind == "pos":
-        index_names, per_pair = ("layer", "pos"), per_pair[..., 0]
-    elif pos_axis is None:
-        index_names, per_pair = ("layer", "head"), per_pair[:, :, 0]
-    else:
-        index_names = ("layer", "pos", "head")
+def _warn_nonfinite(per_pair: torch.Tensor, hook: str, metric: Any, index_names: tuple[str, ...]) -> None:
+    """Warn (naming the first cell) when the metric is NaN/inf for some patched runs."""
     if not is_finite(per_pair):
         bad = (~torch.isfinite(per_pair)).nonzero()[0].tolist()
         warnings.warn(f"patching {hook}: metric {metric_name(metric)} is not finite for some patched runs "
                       f"({nonfinite_summary(per_pair)}; first at pair {bad[0]}, index {tuple(bad[1:])} of "
-                      f"{index_names}); those cells are NaN/inf in the result", NonFiniteWarning, stacklevel=2)
-    mean = per_pair.mean(0)
-    if normalize:
-        mean, per_pair, _ = normalize_effects(mean, per_pair, clean_m, corr_m)
-    return PatchResult(**result_fields(model, mean, per_pair, index_names, layers_, pos_axis, head_axis,
-                                       position_labels(model, *all_t), hook, direction, metric, normalize,
-                                       clean_m, corr_m))
+                      f"{index_names}); those cells are NaN/inf in the result", NonFiniteWarning, stacklevel=3)
 
 
 def normalize_effects(mean: torch.Tensor, per_pair: torch.Tensor, clean_m: torch.Tensor,
