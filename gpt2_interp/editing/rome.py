@@ -398,57 +398,95 @@ def optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[int
     return out
 
 
+@dataclass
+class _Rows:
+    """The δ optimisation's one batch: every request's rows (rewrite variants, the KL prompt, keep
+    prompts), right-shifted so that every subject's last token is column ``c``, and the index tensors
+    that pick what the loss reads: ``nll_*`` one entry per (variant, target token), ``kl_*`` per KL
+    position, ``keep_*`` per keep prompt (its last token)."""
+
+    c: int
+    tokens: torch.Tensor  # [rows, width]
+    mask: torch.Tensor  # [rows, width]
+    r0: list[int]  # each request's first row
+    row_req: list[int]  # each row's request
+    row_req_t: torch.Tensor
+    r0_t: torch.Tensor
+    nll_rows: torch.Tensor
+    nll_cols: torch.Tensor
+    nll_ids: torch.Tensor
+    nll_req: torch.Tensor
+    nll_w: torch.Tensor
+    kl_rows: torch.Tensor
+    kl_cols: torch.Tensor
+    kl_req: torch.Tensor
+    kl_count: torch.Tensor  # [n] KL positions per request
+    keep_rows: torch.Tensor
+    keep_cols: torch.Tensor
+    keep_req: torch.Tensor
+    keep_count: torch.Tensor  # [n] keep prompts per request
+    rw_rows: torch.Tensor  # the rewrite variants' rows
+    rw_req: torch.Tensor
+    n_rw: torch.Tensor  # [n] variants per request
+    n_tok: torch.Tensor  # [n] target tokens per request
+
+    @classmethod
+    def of(cls, model: "HookedGPT2", items: Sequence[tuple[Request, list[int]]], bs: list[Any],
+           hp: RomeHparams) -> "_Rows":
+        dev, n = model.device, len(items)
+        c = max(b.c for b in bs)
+        width = max(c + b.tokens.shape[1] - b.c for b in bs)
+        tokens = torch.full((sum(b.tokens.shape[0] for b in bs), width), model.tokenizer.pad_id, dtype=torch.long,
+                            device=dev)
+        mask = torch.zeros_like(tokens)
+        row_req: list[int] = []
+        r0: list[int] = []
+        nll: list[list[Any]] = [[], [], [], [], []]  # rows, cols, ids, request, weight
+        kl: list[list[int]] = [[], [], []]  # rows, cols, request
+        kp: list[list[int]] = [[], [], []]
+        for i, (b, (req, ids)) in enumerate(zip(bs, items)):
+            sh, r = c - b.c, len(row_req)
+            tokens[r : r + b.tokens.shape[0], sh : sh + b.tokens.shape[1]] = b.tokens
+            mask[r : r + b.tokens.shape[0], sh : sh + b.tokens.shape[1]] = b.mask
+            r0.append(r)
+            row_req += [i] * b.tokens.shape[0]
+            n_rw, T = b.n_rewrite, len(ids)
+            w = torch.full((n_rw,), 1.0 / n_rw)  # NLL weight of each variant
+            if hp.bare_weight is not None and n_rw > 1:
+                w.fill_((1 - hp.bare_weight) / (n_rw - 1))
+                w[0] = hp.bare_weight
+            for j in range(n_rw):
+                for part, x in zip(nll, ([r + j] * T, (b.target_pos[j] + sh).tolist(), ids, [i] * T, [float(w[j]) / T] * T)):
+                    part += x
+            for part, x in zip(kl, ([r + n_rw] * len(b.kl_pos), (b.kl_pos + sh).tolist(), [i] * len(b.kl_pos))):
+                part += x
+            for part, x in zip(kp, ([r + n_rw + 1 + j for j in range(len(b.keep_cols))], (b.keep_cols + sh).tolist(),
+                                    [i] * len(b.keep_cols))):
+                part += x
+        L = lambda x, dt=torch.long: torch.tensor(x, dtype=dt, device=dev)  # noqa: E731
+        row_req_t = L(row_req)
+        rw_rows = L([r + j for r, b in zip(r0, bs) for j in range(b.n_rewrite)])
+        kl_req, keep_req = L(kl[2]), L(kp[2])
+        return cls(c, tokens, mask, r0, row_req, row_req_t, L(r0), L(nll[0]), L(nll[1]), L(nll[2]), L(nll[3]),
+                   L(nll[4], torch.float32), L(kl[0]), L(kl[1]), kl_req, torch.bincount(kl_req, minlength=n).float(),
+                   L(kp[0]), L(kp[1]), keep_req, torch.bincount(keep_req, minlength=n).float(), rw_rows,
+                   row_req_t[rw_rows], L([b.n_rewrite for b in bs], torch.float32),
+                   L([len(ids) for _, ids in items], torch.float32))
+
+
 def _optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[int]]], layer: int,
                      prefixes: list[str], hp: RomeHparams,
                      solve: Callable[[torch.Tensor], torch.Tensor] | None,
                      norm_reference: str = "mlp_out") -> list[dict[str, Any]]:
     dev, n_layer, n = model.device, model.cfg.n_layer, len(items)
     bs = [_build_batch(model, req, ids, prefixes, hp.kl_prompt) for req, ids in items]
-    # ---- one batch: request i's rows, shifted right by sh[i] so its subject column is c
-    c = max(b.c for b in bs)
-    width = max(c + b.tokens.shape[1] - b.c for b in bs)
-    tokens = torch.full((sum(b.tokens.shape[0] for b in bs), width), model.tokenizer.pad_id, dtype=torch.long,
-                        device=dev)
-    mask = torch.zeros_like(tokens)
-    row_req, r0 = [], []  # request of each row; first row of each request
-    nll_rows, nll_cols, nll_ids, nll_req, nll_w = [], [], [], [], []  # one entry per (variant, target token)
-    kl_rows, kl_cols, kl_req = [], [], []
-    keep_rows, keep_cols, keep_req = [], [], []  # one entry per keep prompt: its last token
-    for i, (b, (req, ids)) in enumerate(zip(bs, items)):
-        sh, r = c - b.c, len(row_req)
-        tokens[r : r + b.tokens.shape[0], sh : sh + b.tokens.shape[1]] = b.tokens
-        mask[r : r + b.tokens.shape[0], sh : sh + b.tokens.shape[1]] = b.mask
-        r0.append(r)
-        row_req += [i] * b.tokens.shape[0]
-        n_rw, T = b.n_rewrite, len(ids)
-        w = torch.full((n_rw,), 1.0 / n_rw)  # NLL weight of each variant
-        if hp.bare_weight is not None and n_rw > 1:
-            w.fill_((1 - hp.bare_weight) / (n_rw - 1))
-            w[0] = hp.bare_weight
-        for j in range(n_rw):
-            nll_rows += [r + j] * T
-            nll_cols += (b.target_pos[j] + sh).tolist()
-            nll_ids += ids
-            nll_req += [i] * T
-            nll_w += [float(w[j]) / T] * T
-        kl_rows += [r + n_rw] * len(b.kl_pos)
-        kl_cols += (b.kl_pos + sh).tolist()
-        kl_req += [i] * len(b.kl_pos)
-        keep_rows += [r + n_rw + 1 + j for j in range(len(b.keep_cols))]
-        keep_cols += (b.keep_cols + sh).tolist()
-        keep_req += [i] * len(b.keep_cols)
-    L = lambda x, dt=torch.long: torch.tensor(x, dtype=dt, device=dev)  # noqa: E731
-    row_req_t = L(row_req)
-    nll_rows_t, nll_cols_t, nll_ids_t, nll_req_t = L(nll_rows), L(nll_cols), L(nll_ids), L(nll_req)
-    nll_w_t = L(nll_w, torch.float32)
-    kl_rows_t, kl_cols_t, kl_req_t = L(kl_rows), L(kl_cols), L(kl_req)
-    kl_count = torch.bincount(kl_req_t, minlength=n).float()
-    keep_rows_t, keep_cols_t, keep_req_t = L(keep_rows), L(keep_cols), L(keep_req)
-    keep_count = torch.bincount(keep_req_t, minlength=n).float()
-    rw_rows = [r + j for r, b in zip(r0, bs) for j in range(b.n_rewrite)]
-    rw_rows_t, rw_req_t, r0_t = L(rw_rows), row_req_t[L(rw_rows)], L(r0)
-    n_rw_t = L([b.n_rewrite for b in bs], torch.float32)
-    n_tok_t = L([len(ids) for _, ids in items], torch.float32)
+    R = _Rows.of(model, items, bs, hp)
+    c, tokens, mask, r0, row_req = R.c, R.tokens, R.mask, R.r0, R.row_req
+    row_req_t, r0_t = R.row_req_t, R.r0_t
+    nll_rows_t, nll_cols_t, nll_ids_t, nll_req_t, nll_w_t = R.nll_rows, R.nll_cols, R.nll_ids, R.nll_req, R.nll_w
+    kl_rows_t, kl_cols_t, kl_req_t, kl_count = R.kl_rows, R.kl_cols, R.kl_req, R.kl_count
+    keep_rows_t, keep_cols_t, keep_req_t, keep_count = R.keep_rows, R.keep_cols, R.keep_req, R.keep_count
+    rw_rows_t, rw_req_t, n_rw_t, n_tok_t = R.rw_rows, R.rw_req, R.n_rw, R.n_tok
 
     pre, post, mlp_out, resid = (f"blocks.{layer}.{x}" for x in ("hook_resid_pre", "mlp.hook_post", "hook_mlp_out",
                                                                  "hook_resid_post"))
