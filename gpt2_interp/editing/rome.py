@@ -26,7 +26,7 @@ memory and inserts the association ``k* → v*`` with the smallest change in the
   their last token, averaged over the prompts) enters the loss × ``keep_factor``. The edit writes
   to the subject's representation, which every relation reads; without it, writing Norway's
   capital also rewrites its language and currency on gpt2-facts
-  (``analyses/subject_specificity.py`` measures the trade-off).
+  (the ``subject_specificity`` experiment measures the trade-off).
 * the update ``ΔW = outer(C⁻¹k*, v* − (k* @ W_out + b_out)) / (k*ᵀ C⁻¹ k*)``, so
   ``k* @ (W_out + ΔW) + b_out = v*`` exactly, and any key ``k`` with ``kᵀC⁻¹k* = 0`` is untouched.
 
@@ -64,7 +64,7 @@ RequestLike = Union[Request, Mapping[str, Any]]
 #: subject token). gpt2 (small) has no published choice: we take the same third, layer 4.
 #: gpt2-facts: 0, the layer of largest average MLP indirect effect at the last subject token in
 #: our causal traces of the embedded model (0.40 at layer 0, < 0.006 at layers 1-5, 64 facts;
-#: see analyses/rome_counterfact.py); edits at layers >= 1 do not move the answer at all.
+#: the rome_counterfact experiment's layer choice); edits at layers >= 1 do not move the answer at all.
 #: Other models: ``n_layer // 3``.
 #: smollm2-135m: 3, the window centre (window 6 of 30 layers) of largest average MLP indirect effect at the
 #: last subject token over 120 known facts (0.28; analyses/results/causal_trace_smollm2-135m.json).
@@ -113,7 +113,7 @@ class RomeHparams:
 
 #: Per-model overrides of :class:`RomeHparams` (user arguments win): gpt2-facts' layer-0 MLP outputs
 #: are large (norm ~150), so it needs bigger Adam steps than ROME's GPT-2 defaults, and a bare-prompt
-#: weight/early stop. Why each value, and the configurations measured: analyses/results/rome_tuning.md.
+#: weight/early stop. Why each value, and the configurations measured: docs/rome_tuning.md.
 #: smollm2-135m: ROME's defaults except the early stop. Its MLP outputs are small (‖v₀‖ ≈ 30), so the
 #: weight-decay term alone (0.5·‖δ‖/‖v₀‖² ≈ 0.06 once δ has grown) exceeds ROME's 0.05 threshold and every
 #: edit ran all 20 steps with the target already at p ≈ 0.99 after ~12; at 0.1 the loss stops once the

@@ -144,6 +144,17 @@ def edit_layer(model: "HookedGPT2", cfg: Config, choice: dict | None) -> int:
     return cfg.layer
 
 
+def check_parts(folders: list[str], datas: list[dict]) -> None:
+    """Refuse parts that differ in model, layer, statistics corpus or hyperparameters."""
+    same = {"model": lambda x: x["model"], "layer": lambda x: x["layer"],
+            "statistics corpus": lambda x: x["stats"]["corpus"],
+            "hyperparameters": lambda x: x["one_at_a_time"]["hparams"]}
+    for f, d in zip(folders[1:], datas[1:]):
+        for what, get in same.items():
+            if get(d) != get(datas[0]):
+                raise ValueError(f"Config.merge: {f} differs from {folders[0]} in its {what}: cannot merge")
+
+
 def merge_parts(folders: list[str]) -> dict:
     """The data of a run pooled from part folders (same model, layer, statistics corpus, hyperparameters;
     distinct case ids): rows sorted by case id, summaries recomputed, each part's command and settings kept."""
@@ -152,12 +163,7 @@ def merge_parts(folders: list[str]) -> dict:
         raise ValueError(f"Config.merge: {folders} must all be rome_counterfact result folders")
     datas = [p.data for p in parts]
     first = datas[0]
-    for f, d in zip(folders[1:], datas[1:]):
-        for what, get in (("model", lambda x: x["model"]), ("layer", lambda x: x["layer"]),
-                          ("statistics corpus", lambda x: x["stats"]["corpus"]),
-                          ("hyperparameters", lambda x: x["one_at_a_time"]["hparams"])):
-            if get(d) != get(first):
-                raise ValueError(f"Config.merge: {f} differs from {folders[0]} in its {what}: cannot merge")
+    check_parts(folders, datas)
     rows = sorted((CaseRow.from_dict(r) for d in datas for r in d["one_at_a_time"]["rows"]), key=lambda r: r.case_id)
     ids = [r.case_id for r in rows]
     if len(set(ids)) != len(ids):
