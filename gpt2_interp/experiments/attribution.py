@@ -4,7 +4,8 @@ Prompt pairs from the fact base (:func:`~gpt2_interp.facts.pairs.subject_swaps`:
 training prompt, and the same prompt with another subject of the same relation, equal token length),
 kept where the model knows both facts (:func:`gpt2_interp.analysis.known.knows`: its top-1 next token
 is the object's first token on the clean prompt and the other object's on the corrupted one), the
-first ``keep`` of them. For each hook family — attention heads (``z``: each head at every position,
+first ``keep`` of them. A real model knows few of the pairs (SmolLM2-135M: 53 of 450 drawn), so draw
+``pairs`` accordingly. For each hook family — attention heads (``z``: each head at every position,
 ``[layer, head]``), heads by position (``z-pos``: ``[layer, pos, head]``), ``mlp_out`` and the residual
 stream (``resid_pre``) by position — the exact patching sweep (``patching.patch``, denoising, metric:
 logit difference between the two objects) is compared with each estimate (``atp``, ``atp*``, ``ig``
