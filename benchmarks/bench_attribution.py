@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> dict:
                  f"{t_exact * k / a.deep_pairs:.1f} s, scaled ×{a.deep_pairs / k:g}); AtP vs exact on those pairs: "
                  f"Spearman ρ {agr.spearman:.3f}, top-20 recall {agr.recall:.0%}"))
     notes.append("The deep model is randomly initialised (GPT-2 init), so its agreement numbers say little about trained "
-                 "models; it measures cost. Agreement on a trained model: `analyses/attribution.py`.")
+                 "models; it measures cost. Agreement on a trained model: `gpt2-interp run attribution` "
+                 "(analyses/results/attribution/).")
 
     env = (f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
            f"{os.cpu_count()} cores, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, load average {load0:.1f} "

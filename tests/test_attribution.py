@@ -460,13 +460,3 @@ def test_subject_swaps_pair_same_length_prompts_of_one_relation_with_different_a
         assert len(tok.encode_ids(c)) == len(tok.encode_ids(k)) and a != w
         assert a == tok.encode_ids(f.target)[0] and w == tok.encode_ids(g.target)[0]
     assert subject_swaps(fb, tok, 24, seed=1).clean == pairs.clean  # deterministic
-
-
-@pytest.mark.slow
-def test_analysis_script_quick(tmp_path):
-    from .conftest import script
-
-    out = script("attribution").main(["--quick", "--out-dir", str(tmp_path), "--cache-dir", str(tmp_path / "cache")])  # not the user's cache
-    assert out["pairs"] >= 4 and {r["method"] for r in out["rows"]} == {"atp", "atp*", "ig"}
-    assert all(-1 <= r["spearman"] <= 1 and 0 <= r["recall"] <= 1 for r in out["rows"])
-    assert (tmp_path / "attribution.png").stat().st_size > 1000 and (tmp_path / "attribution.md").exists()

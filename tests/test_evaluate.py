@@ -1,4 +1,4 @@
-"""CounterFact-style evaluation: probabilities, scores, fluency, cases, the loop, the analysis script."""
+"""CounterFact-style evaluation: probabilities, scores, fluency, cases, the loop."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from gpt2_interp.editing.stats import key_second_moment
 from gpt2_interp.facts.base import FactBase
 from gpt2_interp.facts.templates import templates
 
-from .conftest import script
 
 
 def test_target_logprobs_match_a_slow_loop(tiny):
@@ -102,27 +101,6 @@ def test_keep_other_relations_lists_the_subjects_other_relations_second_prompts(
         assert sorted(k.request.keep) == sorted(templates(r, "train")[i] for r in others for i in (1, 3))
     with pytest.raises(ValueError, match="training prompts"):
         keep_other_relations(cases, template=(1, 99), fb=fb)
-
-
-@pytest.mark.slow
-def test_subject_specificity_script_quick(tmp_path):
-    assert script("subject_specificity").main(["--quick", "--out-dir", str(tmp_path)]) == 0
-    report = json.loads((tmp_path / "subject_specificity.json").read_text())
-    assert [(r["method"], r["keep_factor"]) for r in report["runs"]] == [
-        ("rome", None), ("rome", 1.0), ("memit", None), ("memit", 1.0)]
-    assert all(r["summary"]["n_ss"] > 0 for r in report["runs"])
-    assert (tmp_path / "subject_specificity.png").stat().st_size > 0
-    # more keep prompts, appended to the same report; the scored prompt (index 0) cannot be kept
-    mod = script("subject_specificity")
-    assert mod.main(["--quick", "--methods", "rome", "--no-published", "--keep-templates", "1,2", "--append",
-                     "--out-dir", str(tmp_path)]) == 0
-    again = json.loads((tmp_path / "subject_specificity.json").read_text())
-    assert again["runs"][:4] == report["runs"] and len(again["runs"]) == 5
-    assert again["runs"][4]["keep_templates"] == [1, 2] and again["runs"][4]["keep_factor"] == 1.0
-    assert again["runs"][4]["keep_prompts_mean"] == pytest.approx(2 * again["runs"][1]["keep_prompts_mean"], abs=1e-4)
-    assert "| [1, 2] (" in (tmp_path / "subject_specificity.md").read_text()
-    with pytest.raises(SystemExit):
-        mod.main(["--quick", "--keep-templates", "0,1", "--out-dir", str(tmp_path)])
 
 
 def test_related_prompts_are_the_subjects_other_facts_and_shared_last_token_subjects(facts_model):
@@ -231,18 +209,6 @@ def test_rome_counterfact_on_the_fact_model(facts_model):
     assert s.pre.es < 0.2 and s.post.es >= 0.85  # the edits take …
     assert s.post.ns >= 0.7  # … and mostly stay put
     assert s.post.em > s.pre.em + 0.5
-
-
-@pytest.mark.slow
-def test_analysis_script_quick(facts_model, tmp_path):
-    mod = script("rome_counterfact")
-    assert mod.main(["--quick", "--out-dir", str(tmp_path)]) == 0
-    report = json.loads((tmp_path / "rome_counterfact.json").read_text())
-    assert report["one_at_a_time"]["summary"]["all"]["n"] == 3 and len(report["rows"]) == 3
-    for name in ("rome_counterfact.png", "rome_sequential.png", "rome_sequential.json"):
-        assert (tmp_path / name).stat().st_size > 0
-    md = (tmp_path / "rome_counterfact.md").read_text()
-    assert "one at a time" in md and "sequential" in md
 
 
 def test_choose_setting_maximises_es_plus_ps_within_the_ns_tolerance_else_the_best_s():
