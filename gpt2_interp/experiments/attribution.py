@@ -141,7 +141,11 @@ def exact_sweep(model: "HookedGPT2", fp: FactPairs, hook: str, positions: list[i
         return {"result": r, "seconds": time.perf_counter() - t0}
 
     key = f"exact-{hook}-{'pos' if positions is not None else 'all'}-{len(fp)}"
-    got = ctx.cached(key, compute)
+    # the sweep depends on the pairs, their metric, the hook and the positions only: a rerun that changes
+    # the estimators' settings (methods, IG steps, k) reads it back
+    depends = {"clean": fp.clean, "corrupted": fp.corrupted, "answers": fp.answers, "wrongs": fp.wrongs,
+               "hook": hook, "positions": positions}
+    got = ctx.cached(key, compute, depends=depends)
     return got["result"], float(got["seconds"]), not fresh
 
 

@@ -89,6 +89,7 @@ class RunContext:
     progress: bool = True
     settings: dict[str, Any] = field(default_factory=dict)
     cache_key: str = ""
+    weights: str = ""  # the model's weights fingerprint
     _previous: tuple[dict, dict] | None = None
     _used_previous: bool = False
 
@@ -104,12 +105,16 @@ class RunContext:
         """Record a resolved setting in the provenance under ``settings[key]``."""
         self.settings[key] = to_jsonable(value)
 
-    def cached(self, key: str, compute: Callable[[], T]) -> T:
-        """``compute()``, or its saved value from an earlier run with the same config and weights
-        (``torch.save`` format; tensors, dicts and lists)."""
+    def cached(self, key: str, compute: Callable[[], T], depends: Any = None) -> T:
+        """``compute()``, or its saved value from an earlier run with the same weights and the same
+        whole config — or, with ``depends`` (JSON-able), the same ``depends`` instead of the whole
+        config: an exact sweep that does not depend on the estimators' settings is then reused when
+        only those change (``torch.save`` format; tensors, dicts and lists)."""
         if self.out_dir is None:
             return compute()
-        path = self.out_dir / ".cache" / f"{key}-{self.cache_key[:16]}.pt"
+        digest = self.cache_key if depends is None else hashlib.sha256(
+            json.dumps([self.weights, to_jsonable(depends)], sort_keys=True, default=str).encode()).hexdigest()
+        path = self.out_dir / ".cache" / f"{key}-{digest[:16]}.pt"
         if path.exists():
             return torch.load(path, weights_only=False)
         value = compute()
@@ -232,13 +237,13 @@ def run_experiment(name: str, model: "str | HookedGPT2" = "gpt2-facts", *, quick
     if directory is not None:
         directory.mkdir(parents=True, exist_ok=True)  # refuse an unwritable place before the work
     started, t0 = prov.now_utc(), time.perf_counter()
-    load_start = prov.load_average()
+    load_start, code = prov.load_average(), prov.code_state()  # the code as the run starts
     m = _load_model(model, device, dtype)
     identity = prov.model_identity(m)
     config_json = to_jsonable(dataclasses.asdict(config))
     cache_key = hashlib.sha256(json.dumps([name, config_json, identity["weights_fingerprint"]],
                                           sort_keys=True).encode()).hexdigest()
-    ctx = RunContext(out_dir=directory, progress=progress, cache_key=cache_key,
+    ctx = RunContext(out_dir=directory, progress=progress, cache_key=cache_key, weights=identity["weights_fingerprint"],
                      _previous=_previous(directory, name))
     seed_everything(config.seed)
     with _progress.enabled(progress):
@@ -252,7 +257,7 @@ def run_experiment(name: str, model: "str | HookedGPT2" = "gpt2-facts", *, quick
         "differs_from_defaults": to_jsonable(config.differences()),
         "settings": ctx.settings,
         "model": identity,
-        "code": prov.code_state(),
+        "code": code,
         "software": prov.software(),
         "machine": {**prov.machine(str(next(m.parameters()).device)), "load_at_start": load_start,
                     "load_at_end": prov.load_average()},

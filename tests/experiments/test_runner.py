@@ -149,3 +149,21 @@ def test_cli_renders_a_saved_result_into_an_existing_folder(toy, tiny, tmp_path,
     (tmp_path / "toy" / "tiny" / "toy.md").unlink()
     assert cli.main(["run", "toy", "--model", "tiny", "--out", str(tmp_path), "--render"]) == 0
     assert (tmp_path / "toy" / "tiny" / "toy.md").read_text().startswith("| i | x |")
+
+
+def test_a_partial_result_with_named_dependencies_survives_other_settings(tiny, tmp_path):
+    calls = []
+
+    def run(model, cfg: ToyConfig, ctx):
+        value = ctx.cached("sweep", lambda: (calls.append(1), torch.ones(cfg.n))[1], depends={"n": cfg.n})
+        return {"x": (value * cfg.scale).tolist()}
+
+    register("toy_dep", ToyConfig)(run)
+    try:
+        run_experiment("toy_dep", tiny, out=tmp_path, progress=False)
+        again = run_experiment("toy_dep", tiny, settings={"scale": "3"}, out=tmp_path, progress=False)
+        assert len(calls) == 1 and again.data["x"] == [3.0, 3.0, 3.0]  # scale is not a dependency: reused
+        run_experiment("toy_dep", tiny, settings={"n": "2"}, out=tmp_path, progress=False)
+        assert len(calls) == 2  # n is
+    finally:
+        REGISTRY.pop("toy_dep")
