@@ -4,6 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 . .venv/bin/activate
-# No kernel is installed anywhere: tests/test_notebooks.py writes a throwaway kernel spec that runs
+# No kernel is installed anywhere: tests/integration/test_notebooks.py writes a throwaway kernel spec that runs
 # this venv's python (JUPYTER_PATH, a temporary folder), so the user's own Jupyter kernels are never touched.
 python -m pytest -p no:cacheprovider "$@"

@@ -20,7 +20,7 @@ from gpt2_interp.editing.rome import RomeHparams, compute_edit, validate_request
 from gpt2_interp.editing.stats import KeyStats, key_second_moment
 from gpt2_interp.model import HookedGPT2
 
-from .conftest import TINY
+from ..conftest import TINY
 
 FAST = dict(prefix_lengths=(3,), prefixes_per_length=1, v_steps=2)
 REQS = [

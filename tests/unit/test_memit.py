@@ -19,7 +19,7 @@ from gpt2_interp.editing.rome import (
 from gpt2_interp.editing.stats import KeyStats, key_second_moment
 from gpt2_interp.model import HookedGPT2
 
-from .conftest import TINY, script
+from ..conftest import TINY, script
 
 FAST = dict(prefix_lengths=(5,), prefixes_per_length=2, v_steps=3)
 REQS = [

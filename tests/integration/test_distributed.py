@@ -229,7 +229,7 @@ def test_torchrun_cli_stats_on_two_ranks_writes_the_single_process_statistics_an
 
     from safetensors.torch import load_file
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     args = ["-m", "gpt2_interp", "stats", "--layer", "0", "--n-samples", "1500"]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *args,
                           "--cache-dir", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=600)
@@ -247,7 +247,7 @@ def _cli(args: list[str], nproc: int = 1) -> "subprocess.CompletedProcess[str]":
     import subprocess
     import sys
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)] if nproc > 1 else [sys.executable]
     out = subprocess.run([*launch, "-m", "gpt2_interp", *args], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]

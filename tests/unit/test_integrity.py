@@ -21,7 +21,7 @@ from gpt2_interp.editing.stats import KeyStats, key_second_moment
 from gpt2_interp.io.integrity import IntegrityError, UnverifiedFileWarning, content_digest, load_checked, save_checked
 from gpt2_interp.model import HookedGPT2
 
-from .conftest import TINY
+from ..conftest import TINY
 
 
 def _edit(model: HookedGPT2, layer: int = 1) -> Edit:

@@ -13,7 +13,7 @@ from gpt2_interp.analysis.tuned_lens import TunedLens, lens_divergence, token_ro
 from gpt2_interp.cli import main
 from gpt2_interp.model import HookedGPT2
 
-from .conftest import TINY
+from ..conftest import TINY
 
 TEXTS = [
     "The capital of France is Paris. The capital of Italy is Rome.",

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from gpt2_interp.cli import main
 from gpt2_interp.model import HookedGPT2
 
-from .conftest import TINY
+from ..conftest import TINY
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

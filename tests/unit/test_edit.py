@@ -11,7 +11,7 @@ from gpt2_interp.editing import Edit, Request, applied_edits, undo_all, weights_
 from gpt2_interp.editing.edit import load_edit, original_weights, tensor_digest
 from gpt2_interp.model import HookedGPT2
 
-from .conftest import TINY
+from ..conftest import TINY
 
 
 def _snapshot(model: HookedGPT2) -> dict[str, torch.Tensor]:

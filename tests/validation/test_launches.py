@@ -15,7 +15,7 @@ import pytest
 from gpt2_interp.cli import main
 from gpt2_interp.core import distributed
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "29511"}
 LAUNCH_KEYS = (*LAUNCH, "LOCAL_RANK", "LOCAL_WORLD_SIZE", distributed.ENV_TIMEOUT)
 

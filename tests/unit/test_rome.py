@@ -15,7 +15,7 @@ from gpt2_interp.editing.rome import (
 from gpt2_interp.editing.stats import KeyStats, key_second_moment, keys_fingerprint
 from gpt2_interp.model import HookedGPT2
 
-from .conftest import TINY
+from ..conftest import TINY
 
 REQ = {"prompt": "{} is located in the city of", "subject": "Eiffel Tower", "target": " Rome"}
 FAST = dict(prefix_lengths=(5,), prefixes_per_length=3)

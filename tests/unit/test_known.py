@@ -13,7 +13,7 @@ from gpt2_interp.facts.base import FactBase
 from gpt2_interp.facts.templates import templates
 from gpt2_interp.model import HookedGPT2
 
-from .conftest import TINY
+from ..conftest import TINY
 
 
 def always_predicts(token_str: str) -> HookedGPT2:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from .conftest import script
+from ..conftest import script
 
 
 def _load():

@@ -13,7 +13,7 @@ from gpt2_interp.editing.stats import clear_memory_cache, key_second_moment, res
 from gpt2_interp.io import corpora
 from gpt2_interp.model import HookedGPT2
 
-from .conftest import TINY
+from ..conftest import TINY
 
 
 @pytest.fixture(scope="module")

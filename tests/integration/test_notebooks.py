@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # runs notebooks / the whole demo: minutes
 
-NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 KERNEL = "gpt2-interp-tests"
 
 
