@@ -40,7 +40,12 @@ class ExperimentConfig:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if isinstance(v, float) and not math.isfinite(v):
-                raise ValueError(f"{type(self).__name__}.{f.name} must be finite, got {v}")
+                raise ValueError(f"{self.label()} setting {f.name} must be finite, got {v}")
+
+    @classmethod
+    def label(cls) -> str:
+        """How messages name this config: the experiment module's name for a class called ``Config``."""
+        return cls.__module__.rsplit(".", 1)[-1] if cls.__name__ == "Config" else cls.__name__
 
     @classmethod
     def quick(cls, **overrides: Any) -> "ExperimentConfig":
@@ -53,14 +58,15 @@ class ExperimentConfig:
         the field's type. Unknown fields are refused with the closest name."""
         names = [f.name for f in dataclasses.fields(cls)]
         hints = typing.get_type_hints(cls)
+        label = cls.label()
         kwargs = {}
         for key, value in settings.items():
             key = key.replace("-", "_")
             if key not in names:
                 close = difflib.get_close_matches(key, names, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ValueError(f"{cls.__name__} has no setting {key!r}{hint} (settings: {', '.join(names)})")
-            kwargs[key] = parse_value(value, hints[key], f"{cls.__name__}.{key}") if isinstance(value, str) else value
+                raise ValueError(f"{label} has no setting {key!r}{hint} (settings: {', '.join(names)})")
+            kwargs[key] = parse_value(value, hints[key], f"{label} setting {key}") if isinstance(value, str) else value
         return cls(**kwargs)
 
     def differences(self) -> dict[str, dict[str, Any]]:
