@@ -40,29 +40,39 @@ def informative(model: "HookedGPT2", target: str) -> bool:
 
 
 @torch.no_grad()
-def top1_tokens(model: "HookedGPT2", prompts: Sequence[str], batch_size: int = 64) -> list[int]:
-    """The model's top-1 next-token id after BOS + each prompt (batched, left-padded): ``[n]``."""
+def top1_tokens(model: "HookedGPT2", prompts: Sequence[str], batch_size: int = 64, prepend_bos: bool = True) -> list[int]:
+    """The model's top-1 next-token id after BOS + each prompt (batched, left-padded): ``[n]``.
+    ``prepend_bos=False`` for texts that bring their own start (e.g. a chat template)."""
     batch_size = check_count(batch_size, "batch_size")
     prompts = list(prompts)
     out: list[int] = []
     for s in range(0, len(prompts), batch_size):
-        out += model.last_logits(prompts[s : s + batch_size]).argmax(-1).tolist()
+        tokens, mask = model.tokenize(prompts[s : s + batch_size], prepend_bos=prepend_bos)
+        out += model.last_logits(tokens, attention_mask=mask).argmax(-1).tolist()
     return out
 
 
-def knows(model: "HookedGPT2", prompts: Sequence[str], targets: Sequence[str], batch_size: int = 64) -> list[bool]:
-    """Per ``(prompt, target)``: whether the model knows it (module doc): its top-1 next token after
-    the prompt is the target's first token, and that token is not whitespace only. ``[n]`` bools,
-    batched; only prompts with an informative target are run through the model."""
+def _pairs(prompts: Sequence[str], targets: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(prompts, targets)`` as lists of equal length, else an error naming what is wrong."""
     if isinstance(prompts, str) or isinstance(targets, str):
         raise TypeError("prompts and targets must be sequences of strings (one target per prompt), not a single string")
     prompts, targets = list(prompts), list(targets)
     if len(prompts) != len(targets):
         raise ValueError(f"prompts and targets must have the same length, got {len(prompts)} prompts and "
                          f"{len(targets)} targets")
+    return prompts, targets
+
+
+def knows(model: "HookedGPT2", prompts: Sequence[str], targets: Sequence[str], batch_size: int = 64,
+          prepend_bos: bool = True) -> list[bool]:
+    """Per ``(prompt, target)``: whether the model knows it (module doc): its top-1 next token after
+    the prompt is the target's first token, and that token is not whitespace only. ``[n]`` bools,
+    batched; only prompts with an informative target are run through the model. ``prepend_bos=False``:
+    the same rule on texts that bring their own start (e.g. a chat template's special token)."""
+    prompts, targets = _pairs(prompts, targets)
     firsts = [target_ids(model, t)[0] for t in targets]
     useful = [i for i, t in enumerate(targets) if informative(model, t)]
-    top = top1_tokens(model, [prompts[i] for i in useful], batch_size)
+    top = top1_tokens(model, [prompts[i] for i in useful], batch_size, prepend_bos)
     out = [False] * len(prompts)
     for i, t in zip(useful, top):
         out[i] = t == firsts[i]
@@ -91,12 +101,7 @@ def whole_object(model: "HookedGPT2", prompts: Sequence[str], targets: Sequence[
     target — teacher-forced: each target token is the top-1 after the prompt and the target tokens
     before it (one forward pass per batch instead of one per token). A stricter reading than
     :func:`knows`, which compares the first token only. ``[n]`` bools."""
-    if isinstance(prompts, str) or isinstance(targets, str):
-        raise TypeError("prompts and targets must be sequences of strings (one target per prompt), not a single string")
-    prompts, targets = list(prompts), list(targets)
-    if len(prompts) != len(targets):
-        raise ValueError(f"prompts and targets must have the same length, got {len(prompts)} prompts and "
-                         f"{len(targets)} targets")
+    prompts, targets = _pairs(prompts, targets)
     batch_size = check_count(batch_size, "batch_size")
     out: list[bool] = []
     for s in range(0, len(prompts), batch_size):
@@ -109,26 +114,4 @@ def whole_object(model: "HookedGPT2", prompts: Sequence[str], targets: Sequence[
     return out
 
 
-@torch.no_grad()
-def knows_without_bos(model: "HookedGPT2", texts: Sequence[str], targets: Sequence[str],
-                      batch_size: int = 64) -> list[bool]:
-    """:func:`knows` for texts that bring their own start (e.g. a chat template, which begins with its
-    own special token): the same rule on the top-1 after each text as given, no BOS prepended."""
-    if isinstance(texts, str) or isinstance(targets, str):
-        raise TypeError("texts and targets must be sequences of strings (one target per text), not a single string")
-    texts, targets = list(texts), list(targets)
-    if len(texts) != len(targets):
-        raise ValueError(f"texts and targets must have the same length, got {len(texts)} texts and "
-                         f"{len(targets)} targets")
-    batch_size = check_count(batch_size, "batch_size")
-    useful = [i for i, t in enumerate(targets) if informative(model, t)]
-    out = [False] * len(texts)
-    for s in range(0, len(useful), batch_size):
-        idx = useful[s : s + batch_size]
-        tokens, mask = model.tokenize([texts[i] for i in idx], prepend_bos=False)
-        for i, t in zip(idx, model.last_logits(tokens, attention_mask=mask).argmax(-1).tolist()):
-            out[i] = t == target_ids(model, targets[i])[0]
-    return out
-
-
-__all__ += ["whole_object", "knows_without_bos"]
+__all__ += ["whole_object"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..analysis.known import informative, knows, knows_without_bos, top1_tokens, whole_object
+from ..analysis.known import informative, knows, top1_tokens, whole_object
 from ..facts.base import Fact, FactBase
 from .base import ExperimentConfig, register
 from .runner import RunContext
@@ -73,8 +73,8 @@ def relation_rows(model: "HookedGPT2", fb: FactBase, facts: list[Fact],
     sub = subset(facts, fb.relations, cfg.chat_per_relation)
     held = [(i, p) for i in sub for p in fb.prompts(facts[i], "heldout")]
     held_hits = knows(model, [p for _, p in held], [targets[i] for i, _ in held], cfg.batch_size)
-    chat = dict(zip(sub, knows_without_bos(model, [chat_prompt(first[i]) for i in sub], [targets[i] for i in sub],
-                                           cfg.batch_size))) if cfg.chat else {}
+    chat = dict(zip(sub, knows(model, [chat_prompt(first[i]) for i in sub], [targets[i] for i in sub],
+                               cfg.batch_size, prepend_bos=False))) if cfg.chat else {}
     rel: dict[str, dict[str, Any]] = {}
     for i, f in enumerate(facts):
         d = rel.setdefault(f.relation, {**{k: 0 for k in COUNTS}, "examples_known": [], "examples_missed": []})
