@@ -18,8 +18,7 @@ package does not pay for scikit-learn, scipy or the attribution machinery until 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..core.lazy import lazy_face
 
 _FACE: dict[str, tuple[str, ...]] = {
     "lens": ("logit_lens", "LensResult", "logit_attribution", "DLAResult", "decode_resid", "logit_direction",
@@ -36,17 +35,4 @@ _FACE: dict[str, tuple[str, ...]] = {
     "known": ("knows", "known_facts", "informative", "whole_object"),
     "tokens": ("target_ids", "subject_span", "token_span", "prompt_position"),
 }
-_WHERE = {name: module for module, names in _FACE.items() for name in names}
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

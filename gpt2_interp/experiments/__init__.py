@@ -4,7 +4,7 @@
 >>> result = run_experiment("logit_lens", "gpt2-facts", quick=True, out="results")
 >>> result.provenance["code"]["commit"], result.tables().keys()
 
-On the command line: ``gpt2-interp run --list``, ``gpt2-interp run NAME --help`` (its settings),
+On the command line: ``gpt2-interp run --list``, ``gpt2-interp run NAME --help-settings`` (its settings),
 ``gpt2-interp run NAME --model smollm2-135m --set key=value … --out analyses/results``.
 Each module of this package except the framework (``base``, ``provenance``, ``runner``) is one
 experiment; it registers itself with :func:`register`.
