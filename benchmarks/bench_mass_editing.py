@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     edit_s = time.perf_counter() - t
     delta_s = edit.metrics["delta_seconds"]
     t = time.perf_counter()
-    compute_edits(model, reqs, stats=stats, hparams=hp, preserve=True, targets=edit.v_star)
+    compute_edits(model, reqs, stats=stats, hparams=hp, preserve=True, targets=edit.targets)
     alpha_s = time.perf_counter() - t
     load1 = os.getloadavg()[0]
 

@@ -153,7 +153,9 @@ def _close(a, b, path=""):
     elif isinstance(a, torch.Tensor):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=path)
     elif isinstance(a, float):
-        assert a == pytest.approx(b, rel=1e-5, abs=1e-7), path
+        # a cell whose effect is 0 in one process comes out as ±1e-5 of a logit difference when another batch
+        # composition changes the summation order (as the tensors' atol allows)
+        assert a == pytest.approx(b, rel=1e-5, abs=2e-5), path
     else:
         assert a == b, path
 

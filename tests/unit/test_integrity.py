@@ -112,8 +112,17 @@ def test_edit_file_without_digest_loads_with_a_warning(tiny, tmp_path):
 
 def test_edit_with_nan_tensor_is_refused_even_with_a_valid_digest(tiny, tmp_path):
     e = _edit(tiny)
-    e.v[3] = float("nan")
+    with pytest.raises(ValueError, match="not finite"):  # Edit.save refuses to write it …
+        e.v[3] = float("nan")
+        e.save(tmp_path / "refused.edit")
+    e.v[3] = 0.0
     path = e.save(tmp_path / "nan.edit")
+    with safe_open(str(path), framework="pt") as f:  # … so write one by hand, with a digest that matches it
+        meta = dict(f.metadata())
+        ts = {k: f.get_tensor(k) for k in f.keys()}
+    meta.pop("sha256")
+    ts["L1.V"].view(-1)[3] = float("nan")
+    save_checked(path, ts, meta)
     with pytest.raises(ValueError, match="tensor 'L1.V'.*not finite"):  # v is layer 1's V factor
         Edit.load(path)
 
