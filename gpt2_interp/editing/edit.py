@@ -127,7 +127,8 @@ class Request:
             target = target.get("str") if isinstance(target, Mapping) else target
             if isinstance(target, str) and target and not target.startswith(" "):
                 target = " " + target  # ROME's CounterFact stores objects without the leading space
-        missing = [k for k, v in (("prompt", x.get("prompt")), ("subject", x.get("subject")), ("target", target)) if v is None]
+        given = {"prompt": x.get("prompt"), "subject": x.get("subject"), "target": target}
+        missing = [k for k in given if k not in x and not (k == "target" and target is not None)]
         if missing:
             raise ValueError(f"request dict lacks {missing}; give prompt ('{{}} …'), subject and target")
         keep = x.get("keep")
