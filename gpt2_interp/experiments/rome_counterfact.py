@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..analysis.tracing import average_trace
 from ..core.result import to_jsonable
-from ..editing.evaluate import (CaseRow, CounterfactCase, CurvePoint, EditEvaluation, MeanScores, StepDrift, Summary,
+from ..editing.evaluate import (CaseRow, CounterfactCase, EditEvaluation,
                                 counterfact_requests, evaluate_edits, known_cases, summarize)
 from ..editing.rome import DEFAULT_LAYERS, default_layer
 from ..editing.stats import key_second_moment
@@ -91,19 +91,6 @@ def parse_hparams(items: list[str]) -> dict[str, Any]:
             v = value
         out[key.strip()] = tuple(v) if isinstance(v, list) else v
     return out
-
-
-def evaluation_from_dict(d: dict) -> EditEvaluation:
-    """An :class:`EditEvaluation` back from its JSON form (``to_dict()``), to render its table and figure."""
-    def summary(s: dict) -> Summary:
-        return Summary(**{**s, "pre": MeanScores(**s["pre"]), "post": MeanScores(**s["post"])})
-
-    return EditEvaluation(
-        d["method"], d["sequential"], d["layer"], [CaseRow.from_dict(r) for r in d["rows"]],
-        {k: summary(v) for k, v in d["summary"].items()},
-        None if d.get("curve") is None else [CurvePoint(**c) for c in d["curve"]], d.get("hparams", {}),
-        d.get("seconds", 0.0), d.get("restored_exactly", True), d.get("batch_size"),
-        None if d.get("steps") is None else [StepDrift(**s) for s in d["steps"]])
 
 
 # ---------------------------------------------------------------- steps
@@ -180,7 +167,7 @@ def merge_parts(folders: list[str]) -> dict:
 
 
 def tables(data: dict) -> dict[str, str]:
-    ev = evaluation_from_dict(data["one_at_a_time"])
+    ev = EditEvaluation.from_dict(data["one_at_a_time"])
     st = data["stats"]
     md = [f"ROME on {data['model']}: CounterFact-style evaluation, layer {data['layer']}.", ""]
     if data.get("parts"):
@@ -188,14 +175,14 @@ def tables(data: dict) -> dict[str, str]:
         md += [f"- `{p['command']}` ({p['n']} requests, {p['seconds']:.0f} s)" for p in data["parts"]] + [""]
     md += [f"Key statistics: {st['count']} tokens of corpus `{st['corpus']}`.", "", "```", ev.table(), "```", ""]
     if data.get("sequential"):
-        md += ["Sequential (edits accumulate):", "", "```", evaluation_from_dict(data["sequential"]).table(), "```", ""]
+        md += ["Sequential (edits accumulate):", "", "```", EditEvaluation.from_dict(data["sequential"]).table(), "```", ""]
     return {"rome_counterfact": "\n".join(md)}
 
 
 def figures(data: dict) -> "dict[str, Figure]":
-    out = {"rome_counterfact": evaluation_from_dict(data["one_at_a_time"]).plot()}
+    out = {"rome_counterfact": EditEvaluation.from_dict(data["one_at_a_time"]).plot()}
     if data.get("sequential"):
-        out["rome_sequential"] = evaluation_from_dict(data["sequential"]).plot()
+        out["rome_sequential"] = EditEvaluation.from_dict(data["sequential"]).plot()
     return out
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.result import Result
-from .metrics import SCORES, CaseRow, CurvePoint, StepDrift, Summary, _mean
+from .metrics import SCORES, CaseRow, CurvePoint, MeanScores, StepDrift, Summary, _mean
 
 
 @dataclass
@@ -25,6 +25,19 @@ class EditEvaluation(Result):
     restored_exactly: bool = True
     batch_size: int | None = None
     steps: list[StepDrift] | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EditEvaluation":
+        """An evaluation back from its JSON form (:meth:`to_dict`), e.g. to render a saved result's table and figure."""
+        def summary(s: dict[str, Any]) -> Summary:
+            return Summary(**{**s, "pre": MeanScores(**s["pre"]), "post": MeanScores(**s["post"])})
+
+        return cls(
+            d["method"], d["sequential"], d["layer"], [CaseRow.from_dict(r) for r in d["rows"]],
+            {k: summary(v) for k, v in d["summary"].items()},
+            None if d.get("curve") is None else [CurvePoint(**c) for c in d["curve"]], d.get("hparams", {}),
+            d.get("seconds", 0.0), d.get("restored_exactly", True), d.get("batch_size"),
+            None if d.get("steps") is None else [StepDrift(**s) for s in d["steps"]])
 
     def table(self) -> str:
         """The summary as a text table (scores in %)."""
