@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_model_args, add_output_args, count, emit, load_model, number
+from . import add_model_args, add_output_args, count, emit, int_list, load_model, number
 
 
 def _ints(text: str | None, option: str) -> list[int] | None:
-    """A comma-separated list of integers (``--layers 0,3,-1``), else an error naming ``option``."""
+    """``--layers 0,3,-1`` parsed by :func:`int_list` (the CLI's one list-of-int parser), else an error naming ``option``."""
     if text is None:
         return None
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"{option} takes comma-separated integers such as 0,3,-1, got {text!r}") from None
+        return int_list(text)
+    except argparse.ArgumentTypeError as e:
+        raise ValueError(f"{option}: {e}") from None
 
 
 DATASET_HELP = ("a JSON Lines file (one object per line{fields}) or facts / facts:N (the fact base: all, or N drawn "
