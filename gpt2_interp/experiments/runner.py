@@ -90,16 +90,16 @@ class RunContext:
     settings: dict[str, Any] = field(default_factory=dict)
     cache_key: str = ""
     weights: str = ""  # the model's weights fingerprint
-    _previous: tuple[dict, dict] | None = None
-    _used_previous: bool = False
+    experiment: str = ""
+    _earlier: "ExperimentResult | None" = None  # read on first use of ``previous`` (None: none there)
+    _read_earlier: bool = False
 
     @property
     def previous(self) -> dict | None:
-        """The earlier result's data in this run's folder (None if there is none)."""
-        if self._previous is None:
-            return None
-        self._used_previous = True
-        return self._previous[0]
+        """The earlier result's data in this run's folder (None if there is none); read when first asked for."""
+        if not self._read_earlier:
+            self._earlier, self._read_earlier = _earlier(self.out_dir, self.experiment), True
+        return None if self._earlier is None else self._earlier.data
 
     def record(self, key: str, value: Any) -> None:
         """Record a resolved setting in the provenance under ``settings[key]``."""
@@ -210,11 +210,12 @@ def _load_model(model: "str | HookedGPT2", device: str | None, dtype: str | None
     return load(model, device=device, dtype=dtype)
 
 
-def _previous(directory: Path | None, experiment: str) -> tuple[dict, dict] | None:
+def _earlier(directory: Path | None, experiment: str) -> ExperimentResult | None:
+    """The result of ``experiment`` already in ``directory``, if there is one."""
     if directory is None or not (directory / "result.json").exists():
         return None
     old = ExperimentResult.load(directory)
-    return (old.data, old.provenance) if old.experiment == experiment else None
+    return old if old.experiment == experiment else None
 
 
 def run_experiment(name: str, model: "str | HookedGPT2" = "gpt2-facts", *, quick: bool = False,
@@ -244,7 +245,7 @@ def run_experiment(name: str, model: "str | HookedGPT2" = "gpt2-facts", *, quick
     cache_key = hashlib.sha256(json.dumps([name, config_json, identity["weights_fingerprint"]],
                                           sort_keys=True).encode()).hexdigest()
     ctx = RunContext(out_dir=directory, progress=progress, cache_key=cache_key, weights=identity["weights_fingerprint"],
-                     _previous=_previous(directory, name))
+                     experiment=name)
     seed_everything(config.seed)
     with _progress.enabled(progress):
         data = exp.run(m, config, ctx)
@@ -263,8 +264,8 @@ def run_experiment(name: str, model: "str | HookedGPT2" = "gpt2-facts", *, quick
                     "load_at_end": prov.load_average()},
         "time": {"started": started, "wall_seconds": round(time.perf_counter() - t0, 2)},
     }
-    if ctx._used_previous and ctx._previous is not None:
-        record["merged_with"] = ctx._previous[1]
+    if ctx._earlier is not None:  # the run read the earlier result to merge with it
+        record["merged_with"] = ctx._earlier.provenance
     result = ExperimentResult(name, model_name, config_json, to_jsonable(data), record)  # as saved
     if directory is not None:
         result.save(directory)
