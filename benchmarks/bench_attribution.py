@@ -21,22 +21,22 @@ Each ratio is a ratio of medians measured in the same run, interleaved.
 
 from __future__ import annotations
 
-import sys
 import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from gpt2_interp.experiments.provenance import standalone, write_beside
 import gpt2_interp as gi
 from gpt2_interp.analysis.attribution import agreement, attribute
 from gpt2_interp.analysis.metrics import logit_diff
 from gpt2_interp.analysis.patching import pair_tokens, patch
+from gpt2_interp.experiments.provenance import standalone, write_beside
 from gpt2_interp.facts.base import FactBase
 from gpt2_interp.facts.pairs import subject_swaps
 from gpt2_interp.model import GPT2Config, HookedGPT2
@@ -89,11 +89,30 @@ def main(argv: list[str] | None = None) -> dict:
         fn()
     t = median_times(fns, a.repeats)
     n, P = clean.shape
-    rows.append((f"AtP (z, all {model.cfg.n_layer}×{model.cfg.n_head} heads) ÷ one forward of the pair batch", t["atp"] / t["forward"],
-                 "≤ 3.5×", f"AtP {t['atp'] * 1e3:.0f} ms, forward {t['forward'] * 1e3:.0f} ms ({n} pairs × {P} tokens, gpt2-facts)"))
-    rows.append(("IG, 5 steps (z) ÷ one forward of the pair batch", t["ig5"] / t["forward"], "≤ 12×", f"IG {t['ig5'] * 1e3:.0f} ms"))
-    rows.append((f"AtP* (k: QK fix + GradDrop, {model.cfg.n_layer} extra backward passes) ÷ one forward", t["atp*"] / t["forward"], "—",
-                 f"AtP* {t['atp*'] * 1e3:.0f} ms"))
+    rows.append(
+        (
+            f"AtP (z, all {model.cfg.n_layer}×{model.cfg.n_head} heads) ÷ one forward of the pair batch",
+            t["atp"] / t["forward"],
+            "≤ 3.5×",
+            f"AtP {t['atp'] * 1e3:.0f} ms, forward {t['forward'] * 1e3:.0f} ms ({n} pairs × {P} tokens, gpt2-facts)",
+        )
+    )
+    rows.append(
+        (
+            "IG, 5 steps (z) ÷ one forward of the pair batch",
+            t["ig5"] / t["forward"],
+            "≤ 12×",
+            f"IG {t['ig5'] * 1e3:.0f} ms",
+        )
+    )
+    rows.append(
+        (
+            f"AtP* (k: QK fix + GradDrop, {model.cfg.n_layer} extra backward passes) ÷ one forward",
+            t["atp*"] / t["forward"],
+            "—",
+            f"AtP* {t['atp*'] * 1e3:.0f} ms",
+        )
+    )
 
     # ---- 2. a deep model's full head × position map
     cfg = GPT2Config(n_layer=a.deep_layers, d_model=576, n_head=9, d_mlp=1536, n_ctx=64, name="deep")
@@ -102,7 +121,9 @@ def main(argv: list[str] | None = None) -> dict:
     dclean = torch.randint(0, 50000, (a.deep_pairs, 16), generator=g)
     dcorr = dclean.clone()
     dcorr[:, [3, 4, 9]] = torch.randint(0, 50000, (a.deep_pairs, 3), generator=g)
-    dmetric = logit_diff(torch.randint(0, 50000, (a.deep_pairs,), generator=g), torch.randint(0, 50000, (a.deep_pairs,), generator=g))
+    dmetric = logit_diff(
+        torch.randint(0, 50000, (a.deep_pairs,), generator=g), torch.randint(0, 50000, (a.deep_pairs,), generator=g)
+    )
     positions = list(range(16))
     t0 = time.perf_counter()
     est = attribute(deep, dclean, dcorr, dmetric, hook="z", positions=positions, method="atp", batch_size=25)
@@ -116,26 +137,43 @@ def main(argv: list[str] | None = None) -> dict:
     est_k = attribute(deep, dclean[:k], dcorr[:k], sub, hook="z", positions=positions, method="atp")
     agr = agreement(est_k, exact, k=20)
     cells = est.values.numel()
-    rows.append((f"head × position map, {cfg.n_layer} layers × 16 positions × {cfg.n_head} heads, {a.deep_pairs} pairs: "
-                 "exact patching ÷ AtP", t_exact / t_atp, "AtP < 60 s",
-                 f"AtP {t_atp:.1f} s for {cells} cells; exact patching {t_exact:.0f} s (timed on {k} pairs: "
-                 f"{t_exact * k / a.deep_pairs:.1f} s, scaled ×{a.deep_pairs / k:g}); AtP vs exact on those pairs: "
-                 f"Spearman ρ {agr.spearman:.3f}, top-20 recall {agr.recall:.0%}"))
-    notes.append("The deep model is randomly initialised (GPT-2 init), so its agreement numbers say little about trained "
-                 "models; it measures cost. Agreement on a trained model: `gpt2-interp run attribution` "
-                 "(analyses/results/attribution/).")
+    rows.append(
+        (
+            f"head × position map, {cfg.n_layer} layers × 16 positions × {cfg.n_head} heads, {a.deep_pairs} pairs: "
+            "exact patching ÷ AtP",
+            t_exact / t_atp,
+            "AtP < 60 s",
+            f"AtP {t_atp:.1f} s for {cells} cells; exact patching {t_exact:.0f} s (timed on {k} pairs: "
+            f"{t_exact * k / a.deep_pairs:.1f} s, scaled ×{a.deep_pairs / k:g}); AtP vs exact on those pairs: "
+            f"Spearman ρ {agr.spearman:.3f}, top-20 recall {agr.recall:.0%}",
+        )
+    )
+    notes.append(
+        "The deep model is randomly initialised (GPT-2 init), so its agreement numbers say little about trained "
+        "models; it measures cost. Agreement on a trained model: `gpt2-interp run attribution` "
+        "(analyses/results/attribution/)."
+    )
 
-    env = (f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
-           f"{os.cpu_count()} cores, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, load average {load0:.1f} "
-           f"at the start, {os.getloadavg()[0]:.1f} at the end")
+    env = (
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, load average {load0:.1f} "
+        f"at the start, {os.getloadavg()[0]:.1f} at the end"
+    )
     lines = ["| measurement | ratio | goal | details |", "|---|---|---|---|"]
     lines += [f"| {name} | {v:.2f}× | {goal} | {detail} |" for name, v, goal, detail in rows]
-    text = ("\n".join(lines) + "\n\n" + "\n".join(f"- {x}" for x in notes + ([a.note] if a.note else []))
-            + f"\n\n({env}; fp32; medians of {a.repeats} interleaved runs for 1., one run for 2.)\n")
+    text = (
+        "\n".join(lines)
+        + "\n\n"
+        + "\n".join(f"- {x}" for x in notes + ([a.note] if a.note else []))
+        + f"\n\n({env}; fp32; medians of {a.repeats} interleaved runs for 1., one run for 2.)\n"
+    )
     print(text)
     if a.out:
-        a.out.write_text("# Attribution-patching benchmarks\n\n`python benchmarks/bench_attribution.py`\n\n"
-                         + (__doc__.split("\n\n", 2)[2].strip() + "\n\n") + text)
+        a.out.write_text(
+            "# Attribution-patching benchmarks\n\n`python benchmarks/bench_attribution.py`\n\n"
+            + (__doc__.split("\n\n", 2)[2].strip() + "\n\n")
+            + text
+        )
         write_beside(a.out, standalone(sys.argv))  # provenance.json beside the results
     return {name: v for name, v, _, _ in rows}
 

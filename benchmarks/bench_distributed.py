@@ -22,7 +22,6 @@ the replicated tokenisation of the corpus on every rank.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import socket
@@ -40,19 +39,20 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from gpt2_interp.experiments.provenance import standalone, write_beside
 import gpt2_interp as gi  # noqa: E402
 from gpt2_interp.core import distributed  # noqa: E402
 from gpt2_interp.editing.rome import default_layer  # noqa: E402
 from gpt2_interp.editing.stats import clear_memory_cache, key_second_moment  # noqa: E402
+from gpt2_interp.experiments.provenance import standalone, write_beside
 
 
 def stats_seconds(model, tokens: int, group=None) -> tuple[float, torch.Tensor]:
     clear_memory_cache()
     distributed.barrier(group)
     t0 = time.perf_counter()
-    st = key_second_moment(model, default_layer(model), corpus="facts", n_samples=tokens, cache_dir=False,
-                           progress=False, group=group)
+    st = key_second_moment(
+        model, default_layer(model), corpus="facts", n_samples=tokens, cache_dir=False, progress=False, group=group
+    )
     return time.perf_counter() - t0, st.C
 
 
@@ -65,8 +65,9 @@ def _port() -> int:
 def _rank(rank: int, world: int, port: int, tokens: int, repeats: int, out: str) -> None:
     torch.set_num_threads(1)
     t_start = time.perf_counter()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=600))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=600)
+    )
     model = gi.load("gpt2-facts")
     t_ready = time.perf_counter() - t_start
     times, C = [], None
@@ -118,26 +119,42 @@ def main(argv: list[str] | None = None) -> dict:
         ("1 process, 2 threads", t1b, a.tokens / t1b, a.tokens / t1b, f"{t1 / t1b:.2f}×"),
         ("2 ranks (gloo), 1 thread each", t2, a.tokens / t2, a.tokens / t2 / 2, f"{speedup:.2f}×"),
     ]
-    lines = [f"Key statistics of gpt2-facts (layer {default_layer(model)}, d_mlp {d_mlp}), {a.tokens:,} tokens of the "
-             f"'facts' corpus, median of {a.repeats}.", "",
-             "| run | seconds | tokens/s | tokens/s per process | speed-up vs 1 process, 1 thread |", "|---|---|---|---|---|"]
+    lines = [
+        f"Key statistics of gpt2-facts (layer {default_layer(model)}, d_mlp {d_mlp}), {a.tokens:,} tokens of the "
+        f"'facts' corpus, median of {a.repeats}.",
+        "",
+        "| run | seconds | tokens/s | tokens/s per process | speed-up vs 1 process, 1 thread |",
+        "|---|---|---|---|---|",
+    ]
     lines += [f"| {n} | {t:.2f} | {tp:,.0f} | {pp:,.0f} | {s} |" for n, t, tp, pp, s in rows]
-    lines += ["", f"2 ranks: speed-up {speedup:.2f}×, efficiency {speedup / 2:.0%} (bound: 2 cores). "
-                  f"C on 2 ranks vs 1 process: max |Δ| ÷ max |C| = {diff:.1e} (float64 sums, summation order). "
-                  f"Process start + imports + model load per rank: {r['ready']:.1f} s (whole spawn {spawn_total:.1f} s, not in the times above). "
-                  f"All-reduce of the {d_mlp}×{d_mlp} float64 sum ({d_mlp * d_mlp * 8 / 2**20:.0f} MiB) on 2 ranks: {ar * 1e3:.1f} ms.", ""]
-    lines += ["### Projection: statistics time vs ranks", "",
-              f"time(R) = tokens × {per_token * 1e6:.1f} µs/token (measured, one 1-thread rank of this CPU) ÷ R + "
-              f"all-reduce {ar * 1e3:.1f} ms × 2(R−1)/R (ring all-reduce; measured at R = 2).", "",
-              "| tokens | R = 1 | 2 | 4 | 8 | 16 | 64 | speed-up at 64 |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"2 ranks: speed-up {speedup:.2f}×, efficiency {speedup / 2:.0%} (bound: 2 cores). "
+        f"C on 2 ranks vs 1 process: max |Δ| ÷ max |C| = {diff:.1e} (float64 sums, summation order). "
+        f"Process start + imports + model load per rank: {r['ready']:.1f} s (whole spawn {spawn_total:.1f} s, not in the times above). "
+        f"All-reduce of the {d_mlp}×{d_mlp} float64 sum ({d_mlp * d_mlp * 8 / 2**20:.0f} MiB) on 2 ranks: {ar * 1e3:.1f} ms.",
+        "",
+    ]
+    lines += [
+        "### Projection: statistics time vs ranks",
+        "",
+        f"time(R) = tokens × {per_token * 1e6:.1f} µs/token (measured, one 1-thread rank of this CPU) ÷ R + "
+        f"all-reduce {ar * 1e3:.1f} ms × 2(R−1)/R (ring all-reduce; measured at R = 2).",
+        "",
+        "| tokens | R = 1 | 2 | 4 | 8 | 16 | 64 | speed-up at 64 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for n_tok in (100_000, 1_000_000, 44_000_000):
         ts = [n_tok * per_token / R + (ar * (R - 1) / R / 0.5 if R > 1 else 0) for R in (1, 2, 4, 8, 16, 64)]
         lines.append(f"| {n_tok:,} | " + " | ".join(_dur(t) for t in ts) + f" | {ts[0] / ts[-1]:.1f}× |")
-    lines += ["", "(100k: ROME's default sample; 44M: MEMIT's GPT-J statistics per layer. The all-reduce is "
-                  "milliseconds against minutes of work, so the projected scaling is linear until a rank has "
-                  "fewer tokens than one batch. On one H200 a whole gpt2-facts forward runs at 2.7M tokens/s "
-                  "(RESULTS_gpu.md), over 1000× this CPU rank, so there the all-reduce (NCCL, not measured here) "
-                  "weighs more and the linear range is shorter.)"]
+    lines += [
+        "",
+        "(100k: ROME's default sample; 44M: MEMIT's GPT-J statistics per layer. The all-reduce is "
+        "milliseconds against minutes of work, so the projected scaling is linear until a rank has "
+        "fewer tokens than one batch. On one H200 a whole gpt2-facts forward runs at 2.7M tokens/s "
+        "(RESULTS_gpu.md), over 1000× this CPU rank, so there the all-reduce (NCCL, not measured here) "
+        "weighs more and the linear range is shorter.)",
+    ]
     env = f"torch {torch.__version__}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), shared machine"
     text = "\n".join(lines) + f"\n\n({env}; `python benchmarks/bench_distributed.py --tokens {a.tokens}`)\n"
     print(text)

@@ -22,17 +22,21 @@ from pathlib import Path
 
 import torch
 
-from gpt2_interp.experiments.provenance import standalone, write_beside
 import gpt2_interp as gi
 from gpt2_interp.editing.rome import compute_edit, default_layer, hparams_for
 from gpt2_interp.editing.stats import key_second_moment
+from gpt2_interp.experiments.provenance import standalone, write_beside
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUESTS = [  # facts SmolLM2-135M knows (analyses/results/known_facts/smollm2-135m/known_facts.json), new targets
-    ("The capital of {} is", "France", " Rome"), ("The capital of {} is", "Japan", " Berlin"),
-    ("{} is located in the continent of", "Brazil", " Asia"), ("The official language of {} is", "Germany", " Spanish"),
-    ("The capital of {} is", "Egypt", " Madrid"), ("{} is located in the country of", "Toronto", " Italy"),
-    ("The capital of {} is", "Canada", " Paris"), ("The chemical symbol of {} is", "Iron", " Au"),
+    ("The capital of {} is", "France", " Rome"),
+    ("The capital of {} is", "Japan", " Berlin"),
+    ("{} is located in the continent of", "Brazil", " Asia"),
+    ("The official language of {} is", "Germany", " Spanish"),
+    ("The capital of {} is", "Egypt", " Madrid"),
+    ("{} is located in the country of", "Toronto", " Italy"),
+    ("The capital of {} is", "Canada", " Paris"),
+    ("The chemical symbol of {} is", "Iron", " Au"),
 ]
 
 
@@ -74,16 +78,21 @@ def main(argv: list[str] | None = None) -> int:
     med = statistics.median(times)
     load1 = os.getloadavg()[0]
     lines = [
-        "# Editing cost", "",
+        "# Editing cost",
+        "",
         f"`python benchmarks/bench_editing.py {' '.join(argv if argv is not None else sys.argv[1:])}` — "
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
-        f"load average {load0:.2f} before, {load1:.2f} after.", "",
+        f"load average {load0:.2f} before, {load1:.2f} after.",
+        "",
         f"ROME on {model.cfg.name}, layer {layer}, key statistics: {stats.count} tokens of `{stats.key['corpus']}` "
-        f"({stats_s:.1f} s, or read from the cache).", "",
-        "| measurement | value | goal |", "|---|---|---|",
+        f"({stats_s:.1f} s, or read from the cache).",
+        "",
+        "| measurement | value | goal |",
+        "|---|---|---|",
         f"| one ROME edit (median of {len(times)}; δ steps {min(steps)}–{max(steps)}) | {med:.2f} s | ≤ 10 s |",
         f"| … ÷ one forward of its {rows}×24 prompt batch | {med / fwd:.0f}× | |",
-        f"| slowest edit | {max(times):.2f} s | |", "",
+        f"| slowest edit | {max(times):.2f} s | |",
+        "",
     ]
     a.out.write_text("\n".join(lines))
     write_beside(a.out, standalone(sys.argv))  # provenance.json beside the results

@@ -10,17 +10,17 @@ Random full-size gpt2 weights (built offline); fp32; timings are medians, interl
 
 from __future__ import annotations
 
-import sys
 import argparse
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from gpt2_interp.experiments.provenance import standalone, write_beside
 import gpt2_interp as gi
+from gpt2_interp.experiments.provenance import standalone, write_beside
 
 
 def median_time(fn, repeats: int) -> float:
@@ -61,15 +61,36 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     with torch.inference_mode():
         t = interleaved({"ours": lambda: ours(tokens), "hf": lambda: hf(tokens).logits}, a.repeats)
-        rows.append(("forward 8×64, ours ÷ transformers", t["ours"] / t["hf"], "≤ 1.05", f"ours {t['ours']*1e3:.0f} ms, transformers {t['hf']*1e3:.0f} ms"))
+        rows.append(
+            (
+                "forward 8×64, ours ÷ transformers",
+                t["ours"] / t["hf"],
+                "≤ 1.05",
+                f"ours {t['ours'] * 1e3:.0f} ms, transformers {t['hf'] * 1e3:.0f} ms",
+            )
+        )
         t = interleaved({"cache": lambda: ours.run_with_cache(tokens), "plain": lambda: ours(tokens)}, a.repeats)
-        rows.append(("run_with_cache (all 208 names) ÷ forward", t["cache"] / t["plain"], "≤ 1.5", f"cache {t['cache']*1e3:.0f} ms, plain {t['plain']*1e3:.0f} ms"))
+        rows.append(
+            (
+                "run_with_cache (all 208 names) ÷ forward",
+                t["cache"] / t["plain"],
+                "≤ 1.5",
+                f"cache {t['cache'] * 1e3:.0f} ms, plain {t['plain'] * 1e3:.0f} ms",
+            )
+        )
         prompt = tokens[:1, :16]
         n = a.gen_tokens
         kw = dict(max_new_tokens=n, stop_at_eos=False, do_sample=False)
         slow = median_time(lambda: ours.generate(prompt, use_kv_cache=False, **kw), max(1, a.repeats // 5))
         fast = median_time(lambda: ours.generate(prompt, use_kv_cache=True, **kw), max(1, a.repeats // 5))
-        rows.append((f"greedy {n} tokens: no cache ÷ KV cache", slow / fast, "≥ 5", f"KV cache {fast:.2f} s, no cache {slow:.2f} s"))
+        rows.append(
+            (
+                f"greedy {n} tokens: no cache ÷ KV cache",
+                slow / fast,
+                "≥ 5",
+                f"KV cache {fast:.2f} s, no cache {slow:.2f} s",
+            )
+        )
     env = f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}"
     lines = ["| measurement | ratio | goal | times |", "|---|---|---|---|"]
     lines += [f"| {name} | {r:.2f}× | {goal} | {detail} |" for name, r, goal, detail in rows]

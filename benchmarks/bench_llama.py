@@ -15,18 +15,18 @@ with random weights built offline, so it runs without the GGUF; 3 uses the same 
 
 from __future__ import annotations
 
-import sys
 import argparse
 import platform
 import statistics
+import sys
 import time
 import warnings
 from pathlib import Path
 
 import torch
 
-from gpt2_interp.experiments.provenance import standalone, write_beside
 import gpt2_interp as gi
+from gpt2_interp.experiments.provenance import standalone, write_beside
 
 
 def interleaved(fns: dict, repeats: int) -> dict[str, float]:
@@ -42,15 +42,25 @@ def interleaved(fns: dict, repeats: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def llama_config(layers: int, d_model: int = 576, heads: int = 9, kv_heads: int = 3, d_mlp: int = 1536,
-                 vocab: int = 49152):
+def llama_config(
+    layers: int, d_model: int = 576, heads: int = 9, kv_heads: int = 3, d_mlp: int = 1536, vocab: int = 49152
+):
     """A transformers LlamaConfig (SmolLM2-135M's shape by default)."""
     import transformers
 
     return transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=d_model, intermediate_size=d_mlp, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=8192, rope_theta=100000.0,
-        rms_norm_eps=1e-5, tie_word_embeddings=True, attn_implementation="sdpa")
+        vocab_size=vocab,
+        hidden_size=d_model,
+        intermediate_size=d_mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
 
 
 def transformer_lens_twin(hf):
@@ -63,11 +73,25 @@ def transformer_lens_twin(hf):
     rope = getattr(c, "rope_parameters", None) or {}  # transformers ≥ 5 keeps θ there
     rope_theta = float(rope.get("rope_theta") or getattr(c, "rope_theta", 10000.0))
     cfg = tl.HookedTransformerConfig(
-        n_layers=c.num_hidden_layers, d_model=c.hidden_size, n_heads=c.num_attention_heads, d_head=d_head,
-        n_key_value_heads=c.num_key_value_heads, d_mlp=c.intermediate_size, n_ctx=c.max_position_embeddings,
-        d_vocab=c.vocab_size, act_fn="silu", gated_mlp=True, normalization_type="RMS", eps=c.rms_norm_eps,
-        positional_embedding_type="rotary", rotary_dim=d_head, rotary_base=rope_theta, rotary_adjacent_pairs=False,
-        final_rms=True, default_prepend_bos=False)
+        n_layers=c.num_hidden_layers,
+        d_model=c.hidden_size,
+        n_heads=c.num_attention_heads,
+        d_head=d_head,
+        n_key_value_heads=c.num_key_value_heads,
+        d_mlp=c.intermediate_size,
+        n_ctx=c.max_position_embeddings,
+        d_vocab=c.vocab_size,
+        act_fn="silu",
+        gated_mlp=True,
+        normalization_type="RMS",
+        eps=c.rms_norm_eps,
+        positional_embedding_type="rotary",
+        rotary_dim=d_head,
+        rotary_base=rope_theta,
+        rotary_adjacent_pairs=False,
+        final_rms=True,
+        default_prepend_bos=False,
+    )
     with warnings.catch_warnings():  # TL 3.9 points to TransformerBridge; the classic class is what we compare with
         warnings.simplefilter("ignore", DeprecationWarning)
         ref = tl.HookedTransformer(cfg)
@@ -78,6 +102,7 @@ def transformer_lens_twin(hf):
 def sweep_benchmark(layers: int, pos: int, repeats: int, **shape) -> tuple[str, float, str, str]:
     """Our resid_pre patching sweep vs TransformerLens's on the same random Llama weights."""
     import transformer_lens.patching as tlp
+
     from gpt2_interp.analysis.patching import logit_diff, patch
 
     torch.manual_seed(1)
@@ -111,8 +136,12 @@ def sweep_benchmark(layers: int, pos: int, repeats: int, **shape) -> tuple[str, 
         expected = tlp.get_act_patch_resid_pre(ref, corrupt, clean_cache, tl_metric)
         t_tl = time.perf_counter() - t0
     err = (r.values - expected).abs().max().item()
-    return (f"resid_pre sweep {layers}×{pos}: TransformerLens ÷ ours", t_tl / t_ours, "≥ 10",
-            f"ours {t_ours:.2f} s, TransformerLens {t_tl:.1f} s; max |difference| {err:.1e}")
+    return (
+        f"resid_pre sweep {layers}×{pos}: TransformerLens ÷ ours",
+        t_tl / t_ours,
+        "≥ 10",
+        f"ours {t_ours:.2f} s, TransformerLens {t_tl:.1f} s; max |difference| {err:.1e}",
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -139,9 +168,23 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     with torch.inference_mode():
         t = interleaved({"ours": lambda: ours(tokens), "hf": lambda: hf(tokens, use_cache=False).logits}, a.repeats)
-        rows.append((f"forward {shape}, ours ÷ transformers", t["ours"] / t["hf"], "≤ 1.1", f"ours {t['ours']*1e3:.0f} ms, transformers {t['hf']*1e3:.0f} ms"))
+        rows.append(
+            (
+                f"forward {shape}, ours ÷ transformers",
+                t["ours"] / t["hf"],
+                "≤ 1.1",
+                f"ours {t['ours'] * 1e3:.0f} ms, transformers {t['hf'] * 1e3:.0f} ms",
+            )
+        )
         t = interleaved({"cache": lambda: ours.run_with_cache(tokens), "plain": lambda: ours(tokens)}, a.repeats)
-        rows.append((f"run_with_cache (all {n_hooks} names) ÷ forward", t["cache"] / t["plain"], "≤ 1.5", f"cache {t['cache']*1e3:.0f} ms, plain {t['plain']*1e3:.0f} ms"))
+        rows.append(
+            (
+                f"run_with_cache (all {n_hooks} names) ÷ forward",
+                t["cache"] / t["plain"],
+                "≤ 1.5",
+                f"cache {t['cache'] * 1e3:.0f} ms, plain {t['plain'] * 1e3:.0f} ms",
+            )
+        )
     del hf, ours
     if a.sweep_layers:
         rows.append(sweep_benchmark(a.sweep_layers, a.sweep_pos, max(1, a.repeats // 3), **dims))
@@ -149,11 +192,16 @@ def main(argv: list[str] | None = None) -> dict:
     lines = ["| measurement | ratio | goal | times |", "|---|---|---|---|"]
     lines += [f"| {name} | {r:.2f}× | {goal} | {detail} |" for name, r, goal, detail in rows]
     what = "tiny Llama shape (--small)" if a.small else "SmolLM2-135M shape"
-    text = "\n".join(lines) + f"\n\n({env}; {what}, random weights, fp32, median of {a.repeats}; TransformerLens's sweep runs once)\n"
+    text = (
+        "\n".join(lines)
+        + f"\n\n({env}; {what}, random weights, fp32, median of {a.repeats}; TransformerLens's sweep runs once)\n"
+    )
     print(text)
     if a.out:
-        cmd = (f"python benchmarks/bench_llama.py --batch {a.batch} --pos {a.pos} --repeats {a.repeats} --layers {a.layers} "
-               f"--sweep-layers {a.sweep_layers} --sweep-pos {a.sweep_pos}{' --small' * a.small} --out {a.out}")
+        cmd = (
+            f"python benchmarks/bench_llama.py --batch {a.batch} --pos {a.pos} --repeats {a.repeats} --layers {a.layers} "
+            f"--sweep-layers {a.sweep_layers} --sweep-pos {a.sweep_pos}{' --small' * a.small} --out {a.out}"
+        )
         a.out.write_text(f"# Llama-family benchmarks\n\n`{cmd}`\n\n" + text)
         write_beside(a.out, standalone(sys.argv))  # provenance.json beside the results
     return {name: r for name, r, _, _ in rows}

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import torch
 
-from gpt2_interp.experiments.provenance import standalone, write_beside
 import gpt2_interp as gi
 from gpt2_interp.editing.evaluate import known_cases
 from gpt2_interp.editing.memit import MemitHparams, NullSpace, compute_edits, default_layers
 from gpt2_interp.editing.stats import key_second_moment
+from gpt2_interp.experiments.provenance import standalone, write_beside
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,14 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     mark = lambda ok: "met" if ok else "**not met**"  # noqa: E731
     variants = 1 + len(hp.rome.prefix_lengths) * hp.rome.prefixes_per_length
     lines = [
-        "# Mass-editing cost", "",
+        "# Mass-editing cost",
+        "",
         f"`python benchmarks/bench_mass_editing.py {' '.join(argv if argv is not None else sys.argv[1:])}` — "
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
-        f"load average {load0:.2f} before, {load1:.2f} after.", "",
+        f"load average {load0:.2f} before, {load1:.2f} after.",
+        "",
         f"MEMIT on {model.cfg.name}, edit layers {layers}, {len(reqs)} known facts in one batch; δ over "
         f"{variants} prompt variants per request, steps ≤ {hp.rome.v_steps} (mean {edit.metrics['steps_mean']:.1f}); "
-        f"key statistics: {stats[layers[0]].count} tokens of `{stats[layers[0]].key['corpus']}`.", "",
-        "| measurement | value | goal |", "|---|---|---|",
+        f"key statistics: {stats[layers[0]].count} tokens of `{stats[layers[0]].key['corpus']}`.",
+        "",
+        "| measurement | value | goal |",
+        "|---|---|---|",
         f"| key statistics from scratch ({len(layers)} layer(s), one pass) | {stats_s:.1f} s | |",
         f"| null-space projection | {proj_s:.2f} s | |",
         f"| statistics + projection | {stats_s + proj_s:.1f} s | ≤ 600 s: {mark(stats_s + proj_s <= 600)} |",
@@ -89,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         f"| {len(reqs)} edits in one batch, cached statistics | {edit_s:.0f} s ({edit_s / 60:.1f} min) | "
         f"≤ 600 s{' for 1,000' if len(reqs) != 1000 else ''}: {mark(edit_s <= 600) if len(reqs) >= 1000 else 'n/a'} |",
         f"| … of which δ optimisation | {delta_s:.0f} s ({delta_s / len(reqs):.2f} s per request) | |",
-        f"| AlphaEdit update of the same batch from those targets | {alpha_s:.1f} s | |", "",
+        f"| AlphaEdit update of the same batch from those targets | {alpha_s:.1f} s | |",
+        "",
     ]
     a.out.write_text("\n".join(lines))
     write_beside(a.out, standalone(sys.argv))  # provenance.json beside the results

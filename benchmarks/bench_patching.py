@@ -30,22 +30,22 @@ Random full-size gpt2 weights (transformers ``GPT2Config()`` init), fp32, one 16
 
 from __future__ import annotations
 
-import sys
 import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from gpt2_interp.experiments.provenance import standalone, write_beside
 import gpt2_interp as gi
 from gpt2_interp.analysis.patching import logit_diff, patch
 from gpt2_interp.analysis.tokens import subject_span
 from gpt2_interp.analysis.tracing import causal_trace
+from gpt2_interp.experiments.provenance import standalone, write_beside
 
 CLEAN = "When Mary and John went to the store, John gave a cold drink to"  # 15 tokens + BOS
 CORRUPT = "When Mary and John went to the store, Mary gave a cold drink to"
@@ -149,14 +149,20 @@ def trace_benchmark(model, label: str, prompt: str, subject: str, naive_cells: i
         t_cell = (time.perf_counter() - t0) / len(cells)
     t_naive = t_cell * len(all_cells)
     err = max(abs(v - tr.scores[t, l].item()) / max(v, 1e-12) for v, (t, l) in zip(naive, cells))
-    row = (f"causal trace, {label}, {n_tok}×{c.n_layer}×{samples} samples: per-cell loop ÷ ours", t_naive / t_ours, "≥ 10×",
-           f"ours {t_ours:.2f} s, loop {t_naive:.1f} s ({len(all_cells)} cells × {t_cell:.3f} s, timed on {len(cells)}); "
-           f"max relative difference {err:.1e}")
+    row = (
+        f"causal trace, {label}, {n_tok}×{c.n_layer}×{samples} samples: per-cell loop ÷ ours",
+        t_naive / t_ours,
+        "≥ 10×",
+        f"ours {t_ours:.2f} s, loop {t_naive:.1f} s ({len(all_cells)} cells × {t_cell:.3f} s, timed on {len(cells)}); "
+        f"max relative difference {err:.1e}",
+    )
     b, e = tr.subject_range
     loop_flops, our_flops = trace_flops(c, n_tok + 1, b + 1, samples)
-    note = (f"{label}: {prompt!r} ({n_tok} tokens + BOS), subject {subject!r} = tokens {b}–{e - 1}; the {b} tokens before "
-            f"the subject ({b * c.n_layer} cells) are not run: their score is the corrupted score exactly. Matmul work: "
-            f"loop {loop_flops / 1e12:.2f} TFLOP, ours {our_flops / 1e12:.2f} TFLOP — a {loop_flops / our_flops:.1f}× ratio")
+    note = (
+        f"{label}: {prompt!r} ({n_tok} tokens + BOS), subject {subject!r} = tokens {b}–{e - 1}; the {b} tokens before "
+        f"the subject ({b * c.n_layer} cells) are not run: their score is the corrupted score exactly. Matmul work: "
+        f"loop {loop_flops / 1e12:.2f} TFLOP, ours {our_flops / 1e12:.2f} TFLOP — a {loop_flops / our_flops:.1f}× ratio"
+    )
     return row, note
 
 
@@ -180,8 +186,16 @@ def main(argv: list[str] | None = None) -> dict:
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
     ours = gi.from_transformers(hf).eval().requires_grad_(False)
     cfg = tl.HookedTransformerConfig(
-        n_layers=12, d_model=768, n_heads=12, d_head=64, d_mlp=3072, n_ctx=1024, d_vocab=50257,
-        act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard",
+        n_layers=12,
+        d_model=768,
+        n_heads=12,
+        d_head=64,
+        d_mlp=3072,
+        n_ctx=1024,
+        d_vocab=50257,
+        act_fn="gelu_new",
+        normalization_type="LN",
+        positional_embedding_type="standard",
     )
     ref = tl.HookedTransformer(cfg)
     ref.load_state_dict(convert_gpt2_weights(hf, cfg), strict=False)
@@ -205,17 +219,35 @@ def main(argv: list[str] | None = None) -> dict:
         _, clean_cache = ref.run_with_cache(clean)
         t_tl, expected = timed(lambda: tlp.get_act_patch_resid_pre(ref, corrupt, clean_cache, tl_metric))
     err = (r.values - expected).abs().max().item()
-    rows.append(("resid_pre sweep 12×16: TransformerLens ÷ ours", t_tl / t_ours, "≥ 10×",
-                 f"ours {t_ours:.2f} s, TransformerLens {t_tl:.1f} s; max |difference| {err:.1e}"))
+    rows.append(
+        (
+            "resid_pre sweep 12×16: TransformerLens ÷ ours",
+            t_tl / t_ours,
+            "≥ 10×",
+            f"ours {t_ours:.2f} s, TransformerLens {t_tl:.1f} s; max |difference| {err:.1e}",
+        )
+    )
 
     gflops = matmul_gflops(P * P * c.n_layer // 2, c.d_model, c.d_mlp)
     floors = {k: sweep_flops(c, P, k) for k in ("none", "prefix", "prefix+suffix")}
     sec = {k: v / (gflops * 1e9) for k, v in floors.items()}
-    rows.append(("resid_pre sweep: ours ÷ FLOP floor (prefix reuse)", t_ours / sec["prefix"], "≤ 2×",
-                 f"floor {sec['prefix']:.2f} s = {floors['prefix'] / 1e9:.0f} GFLOP at {gflops:.0f} GFLOP/s; without reuse "
-                 f"{sec['none']:.2f} s ({floors['none'] / 1e9:.0f} GFLOP)"))
-    rows.append(("resid_pre sweep: ours ÷ strict FLOP floor (prefix + suffix reuse)", t_ours / sec["prefix+suffix"], "—",
-                 f"{sec['prefix+suffix']:.2f} s = {floors['prefix+suffix'] / 1e9:.0f} GFLOP"))
+    rows.append(
+        (
+            "resid_pre sweep: ours ÷ FLOP floor (prefix reuse)",
+            t_ours / sec["prefix"],
+            "≤ 2×",
+            f"floor {sec['prefix']:.2f} s = {floors['prefix'] / 1e9:.0f} GFLOP at {gflops:.0f} GFLOP/s; without reuse "
+            f"{sec['none']:.2f} s ({floors['none'] / 1e9:.0f} GFLOP)",
+        )
+    )
+    rows.append(
+        (
+            "resid_pre sweep: ours ÷ strict FLOP floor (prefix + suffix reuse)",
+            t_ours / sec["prefix+suffix"],
+            "—",
+            f"{sec['prefix+suffix']:.2f} s = {floors['prefix+suffix'] / 1e9:.0f} GFLOP",
+        )
+    )
 
     # causal trace: hidden, all cells, 10 samples; the subject early (the hard case) and late
     for label, prompt, subject in TRACES:
@@ -223,16 +255,26 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append(row)
         notes.append(note)
 
-    env = (f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
-           f"{os.cpu_count()} cores, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, load average {load0:.1f} "
-           f"at the start, {os.getloadavg()[0]:.1f} at the end")
+    env = (
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, load average {load0:.1f} "
+        f"at the start, {os.getloadavg()[0]:.1f} at the end"
+    )
     lines = ["| measurement | ratio | goal | details |", "|---|---|---|---|"]
     lines += [f"| {name} | {v:.2f}× | {goal} | {detail} |" for name, v, goal, detail in rows]
-    text = "\n".join(lines) + "\n\n" + "\n".join(f"- {x}" for x in notes + ([a.note] if a.note else [])) + f"\n\n({env}; random gpt2 weights, fp32; patching: median of {a.repeats}, trace: one run)\n"
+    text = (
+        "\n".join(lines)
+        + "\n\n"
+        + "\n".join(f"- {x}" for x in notes + ([a.note] if a.note else []))
+        + f"\n\n({env}; random gpt2 weights, fp32; patching: median of {a.repeats}, trace: one run)\n"
+    )
     print(text)
     if a.out:
-        a.out.write_text("# Causal-experiment benchmarks\n\n`python benchmarks/bench_patching.py`\n\n"
-                         + (__doc__.split("\n\n", 2)[2].strip() + "\n\n") + text)
+        a.out.write_text(
+            "# Causal-experiment benchmarks\n\n`python benchmarks/bench_patching.py`\n\n"
+            + (__doc__.split("\n\n", 2)[2].strip() + "\n\n")
+            + text
+        )
         write_beside(a.out, standalone(sys.argv))  # provenance.json beside the results
     return {name: v for name, v, _, _ in rows}
 

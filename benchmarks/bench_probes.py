@@ -44,8 +44,10 @@ def main() -> None:
     t = time.perf_counter()
     r = probe(model, ds, hook="resid", control="by-type", progress=False)
     p = time.perf_counter() - t
-    print(f"probe: {len(ds)} prompts × {len(r.layers)} boundaries: {p:.1f} s (goal ≤ 60 s); "
-          f"forward pass over the prompts {fwd:.2f} s; ratio {p / fwd:.1f}×; load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"probe: {len(ds)} prompts × {len(r.layers)} boundaries: {p:.1f} s (goal ≤ 60 s); "
+        f"forward pass over the prompts {fwd:.2f} s; ratio {p / fwd:.1f}×; load average {os.getloadavg()[0]:.1f}"
+    )
     texts = corpus_texts(model, "generated", 16, seed=0)
     tokens, mask = token_rows(model, texts, model.cfg.n_ctx)
     with torch.no_grad():
@@ -55,8 +57,10 @@ def main() -> None:
     t = time.perf_counter()
     train_tuned_lens(model, texts, steps=args.lens_steps, progress=False)
     per = (time.perf_counter() - t) / args.lens_steps
-    print(f"tuned lens: {per:.1f} s per step of 256 positions ({per / f1:.0f}× a forward pass over them); "
-          f"100 steps ≈ {100 * per / 60:.1f} min (goal ≤ 15 min); load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"tuned lens: {per:.1f} s per step of 256 positions ({per / f1:.0f}× a forward pass over them); "
+        f"100 steps ≈ {100 * per / 60:.1f} min (goal ≤ 15 min); load average {os.getloadavg()[0]:.1f}"
+    )
 
 
 if __name__ == "__main__":

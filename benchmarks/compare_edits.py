@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-WORKER = r'''
+WORKER = r"""
 import sys, torch
 tree, out = sys.argv[1], sys.argv[2]
 sys.path.insert(0, tree)
@@ -31,7 +31,7 @@ rome = compute_edit(m, {"prompt": "The capital of {} is", "subject": "France", "
 memit = compute_edits(m, [{"prompt": "The capital of {} is", "subject": s, "target": t}
                           for s, t in [("France", " Rome"), ("Germany", " Paris"), ("Italy", " Berlin")]])
 torch.save({name: {l: f for l, f in e.factors.items()} for name, e in (("rome", rome), ("memit", memit))}, out)
-'''
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         for layer, factors in got[0][name].items():
             for which, x, y in zip("UV", factors, got[1][name][layer]):
                 if x is not None:
-                    print(f"| {name} | {layer} | {which} | {(x - y).abs().max().item():.3g} | {x.abs().max().item():.3g} |")
+                    print(
+                        f"| {name} | {layer} | {which} | {(x - y).abs().max().item():.3g} | {x.abs().max().item():.3g} |"
+                    )
     return 0
 
 

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-WORKER = r'''
+WORKER = r"""
 import sys, time, statistics, json
 tree, mode, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 sys.path.insert(0, tree)
@@ -45,7 +45,7 @@ with torch.no_grad():
     for _ in range(reps):
         t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
 print(json.dumps(statistics.median(ts)))
-'''
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         got: dict[str, list[float]] = {t: [] for t in trees}
         for _ in range(a.rounds):
             for t in trees:
-                out = subprocess.run([sys.executable, "-c", WORKER, t, mode, str(a.repeats)], check=True,
-                                     capture_output=True, text=True).stdout
+                out = subprocess.run(
+                    [sys.executable, "-c", WORKER, t, mode, str(a.repeats)], check=True, capture_output=True, text=True
+                ).stdout
                 got[t].append(json.loads(out.strip().splitlines()[-1]))
         old, new = (statistics.median(got[t]) for t in trees)
         spread = max(max(v) / min(v) for v in got.values())

@@ -33,15 +33,15 @@ import collections
 import contextlib
 import copy
 import json
-import math
 import platform
 import subprocess
 import sys
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -56,8 +56,12 @@ from gpt2_interp.model import GPT2Config, HookedGPT2  # noqa: E402
 
 PATCH_PAIR = ("The capital of France is", "The capital of Italy is", " Paris", " Rome")
 TRACE_CASE = ("The capital of France is", "France")
-PROMPTS = ["The capital of France is", "Paris is the capital of", "The Eiffel Tower is located in",
-           "Water is made of hydrogen and"]
+PROMPTS = [
+    "The capital of France is",
+    "Paris is the capital of",
+    "The Eiffel Tower is located in",
+    "Water is made of hydrogen and",
+]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -84,7 +88,7 @@ def section(results: dict, name: str, fn: Callable[[], Any]) -> None:
     t0 = time.perf_counter()
     try:
         results[name] = fn()
-    except Exception as e:  # noqa: BLE001 - a check records every failure and goes on
+    except Exception as e:
         results[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=6)}
         print(f"[{name}] ERROR {type(e).__name__}: {e}", flush=True)
     if isinstance(results[name], dict):
@@ -108,28 +112,43 @@ def is_oom(e: BaseException) -> bool:
 # ---------------------------------------------------------------- environment
 def environment(dev: torch.device) -> dict[str, Any]:
     env: dict[str, Any] = {
-        "device": str(dev), "python": platform.python_version(), "torch": torch.__version__,
-        "gpt2_interp": gi.__version__, "platform": platform.platform(), "cpu": platform.processor() or platform.machine(),
-        "cpu_threads": torch.get_num_threads(), "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "device": str(dev),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gpt2_interp": gi.__version__,
+        "platform": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
+        "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
     }
     try:
         import transformers
 
         env["transformers"] = transformers.__version__
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         env["transformers"] = f"unavailable ({type(e).__name__})"
     try:
-        env["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                           text=True, timeout=5).stdout.strip() or None
-    except Exception:  # noqa: BLE001
+        env["git_commit"] = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+            or None
+        )
+    except Exception:
         env["git_commit"] = None
     if dev.type == "cuda":
         p = torch.cuda.get_device_properties(dev)
-        env.update({
-            "device_name": p.name, "capability": f"{p.major}.{p.minor}", "multiprocessors": p.multi_processor_count,
-            "memory_gib": round(p.total_memory / 2**30, 1), "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version(), "sdpa_flash": torch.backends.cuda.flash_sdp_enabled(),
-        })
+        env.update(
+            {
+                "device_name": p.name,
+                "capability": f"{p.major}.{p.minor}",
+                "multiprocessors": p.multi_processor_count,
+                "memory_gib": round(p.total_memory / 2**30, 1),
+                "cuda": torch.version.cuda,
+                "cudnn": torch.backends.cudnn.version(),
+                "sdpa_flash": torch.backends.cuda.flash_sdp_enabled(),
+            }
+        )
     else:
         env["device_name"] = f"CPU ({env['cpu']})"
     return env
@@ -143,7 +162,9 @@ def facts_model(dev: torch.device, dtype: torch.dtype = torch.float32) -> Hooked
 def gpt2_model(quick: bool) -> HookedGPT2:
     """Full-size gpt2 with random weights (GPT-2's init), or a tiny gpt2-shaped model in quick mode."""
     if quick:
-        return HookedGPT2(GPT2Config(n_layer=2, d_model=64, n_head=4, d_mlp=256, n_ctx=64, name="gpt2-tiny"), seed=0).eval()
+        return HookedGPT2(
+            GPT2Config(n_layer=2, d_model=64, n_head=4, d_mlp=256, n_ctx=64, name="gpt2-tiny"), seed=0
+        ).eval()
     return HookedGPT2("gpt2", seed=0).eval()
 
 
@@ -172,7 +193,7 @@ def count_syncs(dev: torch.device):
     for w in caught:
         if "synchroniz" in str(w.message).lower():
             f = str(w.filename)
-            f = f[f.find("gpt2_interp"):] if "gpt2_interp" in f else Path(f).name
+            f = f[f.find("gpt2_interp") :] if "gpt2_interp" in f else Path(f).name
             counts[f"{f}:{w.lineno}"] += 1
 
 
@@ -183,8 +204,11 @@ def parity(dev: torch.device, quick: bool, budget: Budget) -> dict[str, Any]:
 
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
-    out: dict[str, Any] = {"tf32": False, "tolerance_note": "fp32 on both sides; reductions run in a different "
-                           "order on the GPU, so differences of ~1e-6 relative per op are expected"}
+    out: dict[str, Any] = {
+        "tf32": False,
+        "tolerance_note": "fp32 on both sides; reductions run in a different "
+        "order on the GPU, so differences of ~1e-6 relative per op are expected",
+    }
     try:
         cpu = facts_model(torch.device("cpu"))
         gpu = facts_model(dev)
@@ -208,9 +232,11 @@ def parity(dev: torch.device, quick: bool, budget: Budget) -> dict[str, Any]:
         out["causal_trace_hidden"] = diff(t_ref.scores, t_got.scores) | {"shape": list(t_ref.scores.shape)}
         out["host_syncs"] = {
             "note": "CUDA sync warnings (set_sync_debug_mode) during one call, by source line; "
-                    "0 lines reported on CPU (CUDA only)",
-            "patch": dict(syncs_patch), "patch_total": sum(syncs_patch.values()),
-            "causal_trace": dict(syncs_trace), "causal_trace_total": sum(syncs_trace.values()),
+            "0 lines reported on CPU (CUDA only)",
+            "patch": dict(syncs_patch),
+            "patch_total": sum(syncs_patch.values()),
+            "causal_trace": dict(syncs_trace),
+            "causal_trace_total": sum(syncs_trace.values()),
         }
         if not budget.fits(10 if quick else 60):
             out["rome"] = {"skipped": "time budget"}
@@ -227,9 +253,13 @@ def parity(dev: torch.device, quick: bool, budget: Budget) -> dict[str, Any]:
                 with gpu.edited(e_got):
                     l_got = gpu(PROMPTS)
             out["rome"] = {
-                "u": diff(e_ref.u, e_got.u), "v": diff(e_ref.v, e_got.v), "edited_logits": diff(l_ref, l_got),
-                "steps_cpu": e_ref.metrics["steps"], "steps_device": e_got.metrics["steps"],
-                "p_target_after_cpu": e_ref.metrics["p_target_after"], "p_target_after_device": e_got.metrics["p_target_after"],
+                "u": diff(e_ref.u, e_got.u),
+                "v": diff(e_ref.v, e_got.v),
+                "edited_logits": diff(l_ref, l_got),
+                "steps_cpu": e_ref.metrics["steps"],
+                "steps_device": e_got.metrics["steps"],
+                "p_target_after_cpu": e_ref.metrics["p_target_after"],
+                "p_target_after_device": e_got.metrics["p_target_after"],
             }
         try:
             g_cpu = gpt2_model(quick)
@@ -260,8 +290,12 @@ def timed(fn: Callable[[], Any], dev: torch.device, min_time: float, max_calls: 
 
 
 def fill(
-    make: Callable[[int], tuple[Callable[[], Any], float]], sizes: list[int], dev: torch.device,
-    budget: Budget, quick: bool, max_call_s: float = 3.0,
+    make: Callable[[int], tuple[Callable[[], Any], float]],
+    sizes: list[int],
+    dev: torch.device,
+    budget: Budget,
+    quick: bool,
+    max_call_s: float = 3.0,
 ) -> dict[str, Any]:
     """Throughput at growing batch sizes. ``make(b)`` → ``(fn, work units per call)``. Stops when units/s
     grows < 5% twice in a row, memory runs out, a call takes over ``max_call_s`` or the budget runs low."""
@@ -275,7 +309,7 @@ def fill(
         try:
             fn, units = make(b)
             s = timed(fn, dev, min_time=0.0 if quick else 0.5, max_calls=1 if quick else 20)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             if not is_oom(e):
                 raise
             note = f"size {b}: out of memory"
@@ -310,14 +344,20 @@ def batch_sizes(quick: bool, first: int, last: int) -> list[int]:
     return out
 
 
-def throughput(name: str, master: HookedGPT2, dtype_name: str, dev: torch.device, quick: bool,
-               budget: Budget, share: float) -> dict[str, Any]:
+def throughput(
+    name: str, master: HookedGPT2, dtype_name: str, dev: torch.device, quick: bool, budget: Budget, share: float
+) -> dict[str, Any]:
     """All throughput items for one model (an fp32 CPU master, copied) and dtype, within ``share`` seconds."""
     dtype = DTYPES[dtype_name]
     model = copy.deepcopy(master).to(dev, dtype)
     mine = Budget(min(share, budget.left()))
-    res: dict[str, Any] = {"model": name, "dtype": dtype_name, "n_layer": model.cfg.n_layer, "d_model": model.cfg.d_model,
-                           "n_params": model.n_params()}
+    res: dict[str, Any] = {
+        "model": name,
+        "dtype": dtype_name,
+        "n_layer": model.cfg.n_layer,
+        "d_model": model.cfg.d_model,
+        "n_params": model.n_params(),
+    }
     T = 16 if quick else min(128, model.cfg.n_ctx)
     res["seq_len"] = T
     gen = torch.Generator().manual_seed(0)
@@ -339,7 +379,7 @@ def throughput(name: str, master: HookedGPT2, dtype_name: str, dev: torch.device
             res[key] = fn(Budget(mine.left() / left))
         except Skipped as e:
             res[key] = {"skipped": str(e)}
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             res[key] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=6)}
             print(f"[{name} {dtype_name} {key}] ERROR {type(e).__name__}: {e}", flush=True)
         free_memory(dev)
@@ -371,9 +411,16 @@ def throughput(name: str, master: HookedGPT2, dtype_name: str, dev: torch.device
         t_ours = min(t_ours, t_ours2)
         impl = getattr(hf.config, "_attn_implementation", None)
         del hf
-        return {"batch": best, "seq_len": T, "ours_s": t_ours, "transformers_s": t_hf, "ours_over_transformers": t_ours / t_hf,
-                "ours_tokens_per_s": best * T / t_ours, "transformers_tokens_per_s": best * T / t_hf,
-                "transformers_attn_implementation": impl}
+        return {
+            "batch": best,
+            "seq_len": T,
+            "ours_s": t_ours,
+            "transformers_s": t_hf,
+            "ours_over_transformers": t_ours / t_hf,
+            "ours_tokens_per_s": best * T / t_ours,
+            "transformers_tokens_per_s": best * T / t_hf,
+            "transformers_attn_implementation": impl,
+        }
 
     item("forward_vs_transformers", peer)
 
@@ -415,7 +462,8 @@ def summary(r: Any) -> str:
         b = r["best"]
         tok = b.get("tokens_per_s", b["units_per_s"] if r.get("unit") == "tokens" else None)
         return f"best size {b['size']}: {b['units_per_s']:,.0f} {r.get('unit', '')}/s" + (
-            f" ({tok:,.0f} tok/s)" if tok is not None and r.get("unit") != "tokens" else "")
+            f" ({tok:,.0f} tok/s)" if tok is not None and r.get("unit") != "tokens" else ""
+        )
     if "ours_over_transformers" in r:
         return f"ours ÷ transformers time {r['ours_over_transformers']:.2f}× at batch {r['batch']}"
     return ""
@@ -433,7 +481,11 @@ def markdown(results: dict[str, Any], argv: list[str]) -> str:
     lines = ["# GPU check", "", f"`python benchmarks/gpu_check.py {' '.join(argv)}`".replace(" `", "`"), ""]
     lines += ["## Environment", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in env.items() if k not in ("error", "traceback")]
-    lines += ["", f"Total time {results.get('total_seconds', 0):.0f} s of a {results.get('budget_seconds', 0):.0f} s budget.", ""]
+    lines += [
+        "",
+        f"Total time {results.get('total_seconds', 0):.0f} s of a {results.get('budget_seconds', 0):.0f} s budget.",
+        "",
+    ]
 
     lines += ["## 1. fp32 parity, device vs CPU", ""]
     par = results.get("parity", {})
@@ -448,24 +500,44 @@ def markdown(results: dict[str, Any], argv: list[str]) -> str:
     rome = par.get("rome", {})
     if "u" in rome:
         for k in ("u", "v", "edited_logits"):
-            rows.append(f"| ROME edit: {k} | {rome[k]['max_abs_diff']:.3g} | {rome[k]['max_rel_diff']:.3g} | "
-                        + (f"Adam steps cpu {rome['steps_cpu']} / device {rome['steps_device']}; P(target) after "
-                           f"{rome['p_target_after_cpu']:.4f} / {rome['p_target_after_device']:.4f}" if k == "u" else "") + " |")
+            rows.append(
+                f"| ROME edit: {k} | {rome[k]['max_abs_diff']:.3g} | {rome[k]['max_rel_diff']:.3g} | "
+                + (
+                    f"Adam steps cpu {rome['steps_cpu']} / device {rome['steps_device']}; P(target) after "
+                    f"{rome['p_target_after_cpu']:.4f} / {rome['p_target_after_device']:.4f}"
+                    if k == "u"
+                    else ""
+                )
+                + " |"
+            )
     elif rome:
         rows.append(f"| ROME edit | – | – | {rome.get('skipped') or rome.get('error')} |")
     if rows:
-        lines += ["| what (gpt2-facts unless named) | max \\|Δ\\| | max \\|Δ\\| ÷ max \\|ref\\| | notes |", "|---|---|---|---|"] + rows
+        lines += [
+            "| what (gpt2-facts unless named) | max \\|Δ\\| | max \\|Δ\\| ÷ max \\|ref\\| | notes |",
+            "|---|---|---|---|",
+        ] + rows
     hs = par.get("host_syncs")
     if hs:
-        lines += ["", f"Host syncs reported by CUDA during one patching sweep: {hs['patch_total']} "
-                      f"{hs['patch'] or ''}; during one causal trace: {hs['causal_trace_total']} {hs['causal_trace'] or ''}"
-                      + (" (CUDA only: not counted on this device)" if env.get("device", "").startswith("cpu") else "") + "."]
+        lines += [
+            "",
+            f"Host syncs reported by CUDA during one patching sweep: {hs['patch_total']} "
+            f"{hs['patch'] or ''}; during one causal trace: {hs['causal_trace_total']} {hs['causal_trace'] or ''}"
+            + (" (CUDA only: not counted on this device)" if env.get("device", "").startswith("cpu") else "")
+            + ".",
+        ]
 
     lines += ["", "## 2. Throughput", ""]
-    lines += ["Best over the batch sizes tried (doubling until throughput is flat, memory runs out or a call takes > 3 s). "
-              "Sweep and trace sizes are prompt pairs and noise samples; their tokens/s are forward-equivalent "
-              "(patched runs × prompt tokens ÷ s).", ""]
-    lines += ["| model | dtype | measurement | best size | throughput | tokens/s | stop |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "Best over the batch sizes tried (doubling until throughput is flat, memory runs out or a call takes > 3 s). "
+        "Sweep and trace sizes are prompt pairs and noise samples; their tokens/s are forward-equivalent "
+        "(patched runs × prompt tokens ÷ s).",
+        "",
+    ]
+    lines += [
+        "| model | dtype | measurement | best size | throughput | tokens/s | stop |",
+        "|---|---|---|---|---|---|---|",
+    ]
     peers = []
     for key, r in results.items():
         if not key.startswith("throughput"):
@@ -486,18 +558,26 @@ def markdown(results: dict[str, Any], argv: list[str]) -> str:
             b = m["best"]
             tok = b["units_per_s"] if m["unit"] == "tokens" else b["tokens_per_s"]
             thr = f"{b['units_per_s']:,.0f} {m['unit']}/s"
-            lines.append(f"| {r['model']} | {r['dtype']} | {item} | {b['size']} | {thr} | {tok:,.0f} | {m.get('stop') or ''} |")
+            lines.append(
+                f"| {r['model']} | {r['dtype']} | {item} | {b['size']} | {thr} | {tok:,.0f} | {m.get('stop') or ''} |"
+            )
         pr = r.get("forward_vs_transformers")
         if pr:
             peers.append((r, pr))
     if peers:
-        lines += ["", "### Forward vs transformers GPT2LMHeadModel (same weights, dtype and batch)", "",
-                  "| model | dtype | batch × seq | ours tokens/s | transformers tokens/s | time ours ÷ transformers |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "### Forward vs transformers GPT2LMHeadModel (same weights, dtype and batch)",
+            "",
+            "| model | dtype | batch × seq | ours tokens/s | transformers tokens/s | time ours ÷ transformers |",
+            "|---|---|---|---|---|---|",
+        ]
         for r, pr in peers:
             if "ours_s" in pr:
-                lines.append(f"| {r['model']} | {r['dtype']} | {pr['batch']} × {pr['seq_len']} | {pr['ours_tokens_per_s']:,.0f} | "
-                             f"{pr['transformers_tokens_per_s']:,.0f} | {pr['ours_over_transformers']:.2f}× |")
+                lines.append(
+                    f"| {r['model']} | {r['dtype']} | {pr['batch']} × {pr['seq_len']} | {pr['ours_tokens_per_s']:,.0f} | "
+                    f"{pr['transformers_tokens_per_s']:,.0f} | {pr['ours_over_transformers']:.2f}× |"
+                )
             else:
                 lines.append(f"| {r['model']} | {r['dtype']} | | | | {pr.get('skipped') or pr.get('error')} |")
     lines += ["", "### Every batch size tried", ""]
@@ -509,8 +589,13 @@ def markdown(results: dict[str, Any], argv: list[str]) -> str:
                     pts = ", ".join(f"{t['size']}: {t['units_per_s']:,.0f}" for t in m["tried"])
                     lines.append(f"- {r['model']} {r['dtype']} {item} ({m['unit']}/s by size): {pts}")
     errors = [(k, v) for k, v in results.items() if isinstance(v, dict) and "error" in v]
-    errors += [(f"{k}.{i}", v[i]) for k, v in results.items() if isinstance(v, dict)
-               for i in v if isinstance(v[i], dict) and "error" in v[i]]
+    errors += [
+        (f"{k}.{i}", v[i])
+        for k, v in results.items()
+        if isinstance(v, dict)
+        for i in v
+        if isinstance(v[i], dict) and "error" in v[i]
+    ]
     if errors:
         lines += ["", "## Errors", ""]
         for k, v in errors:
@@ -526,8 +611,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one call each: a smoke test in seconds")
     ap.add_argument("--note", default=None, help="a line for the environment table (e.g. which code ran)")
     ap.add_argument("--dtypes", default="bf16,fp16", help="comma-separated: bf16, fp16, fp32")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "RESULTS_gpu.md",
-                    help="markdown results; the JSON goes beside it (.json)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "benchmarks" / "RESULTS_gpu.md",
+        help="markdown results; the JSON goes beside it (.json)",
+    )
     a = ap.parse_args(argv)
     argv_shown = [x for x in (argv if argv is not None else sys.argv[1:])]
     dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))

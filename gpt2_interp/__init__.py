@@ -25,16 +25,26 @@ import importlib
 from typing import Any
 
 from .model import KNOWN_CONFIGS, ActivationCache, GPT2Config, HookedGPT2, HookPoint
-from .model.tl_names import HookedTransformer, TransformerConfig  # TransformerLens's names (docs/porting.md)
 from .model.config import llama_config
 from .model.loading import from_state_dict, from_transformer_lens, from_transformers, load, load_gguf, to_transformers
+from .model.tl_names import HookedTransformer, TransformerConfig  # TransformerLens's names (docs/porting.md)
 
 __version__ = "0.1.0"
 __all__ = [
-    "load", "load_gguf", "from_transformers", "to_transformers", "from_transformer_lens", "from_state_dict",
-    "HookedGPT2", "GPT2Config", "llama_config", "KNOWN_CONFIGS",
-    "ActivationCache", "HookPoint",
-    "HookedTransformer", "TransformerConfig",  # TransformerLens's names for HookedGPT2 and GPT2Config
+    "KNOWN_CONFIGS",
+    "ActivationCache",
+    "GPT2Config",
+    "HookPoint",
+    "HookedGPT2",
+    "HookedTransformer",
+    "TransformerConfig",  # TransformerLens's names for HookedGPT2 and GPT2Config
+    "from_state_dict",
+    "from_transformer_lens",
+    "from_transformers",
+    "llama_config",
+    "load",
+    "load_gguf",
+    "to_transformers",
 ]
 _SUBPACKAGES = ("analysis", "editing", "plots", "facts", "factmodel", "io", "model", "core")
 

@@ -92,9 +92,15 @@ def pick_fact(model, fb) -> tuple[Any, str]:
     return fact, fb.counterfactual(fact, 0).target
 
 
-def run_demo(model_name: str = "gpt2-facts", out: str | Path = "demo-report", force: bool = False,
-             device: str | None = None, samples: int = 10, dtype: str | None = None,
-             stats_tokens: int | None = None) -> dict[str, Any]:
+def run_demo(
+    model_name: str = "gpt2-facts",
+    out: str | Path = "demo-report",
+    force: bool = False,
+    device: str | None = None,
+    samples: int = 10,
+    dtype: str | None = None,
+    stats_tokens: int | None = None,
+) -> dict[str, Any]:
     """Run the six steps, write the report files into ``out`` (see the module doc for what is
     overwritten), return the results dict. ``stats_tokens``: tokens of ROME's key statistics (default:
     the model's ROME hyperparameters; a real model's come from its own generations, which take a while
@@ -151,19 +157,30 @@ def _model_section(model: Any) -> Section:
 
     table = parameter_table(model)
     c = model.cfg
-    md = [f"# gpt2-interp demo on `{c.name}`", "",
-          f"{c.n_layer} layers, d_model {c.d_model}, {c.n_head} heads, d_mlp {c.d_mlp}, context {c.n_ctx}, "
-          f"vocabulary {c.d_vocab}: **{table.total:,} parameters** "
-          f"({'W_U tied to W_E' if c.tied_embeddings else 'untied W_U'}).", "",
-          "| part | shape | parameters |", "|---|---|---:|"]
+    md = [
+        f"# gpt2-interp demo on `{c.name}`",
+        "",
+        f"{c.n_layer} layers, d_model {c.d_model}, {c.n_head} heads, d_mlp {c.d_mlp}, context {c.n_ctx}, "
+        f"vocabulary {c.d_vocab}: **{table.total:,} parameters** "
+        f"({'W_U tied to W_E' if c.tied_embeddings else 'untied W_U'}).",
+        "",
+        "| part | shape | parameters |",
+        "|---|---|---:|",
+    ]
     md += [f"| {p} | {s} | {n:,} |" for p, s, n in table.rows] + [f"| **total** | | **{table.total:,}** |", ""]
     return {"name": c.name, "config": c.to_dict(), "n_params": table.total}, md
 
 
 def _generation_section(model: Any, fact: Any, prompt: str) -> Section:
     generation = model.generate(prompt, max_new_tokens=8, do_sample=False)
-    return generation, ["## 1. Greedy generation", "", f"Fact: *{fact.subject}* —{fact.relation}→ *{fact.object}*", "",
-                        f"```\n{generation}\n```", ""]
+    return generation, [
+        "## 1. Greedy generation",
+        "",
+        f"Fact: *{fact.subject}* —{fact.relation}→ *{fact.object}*",
+        "",
+        f"```\n{generation}\n```",
+        "",
+    ]
 
 
 def _lens_section(model: Any, prompt: str, true_target: str, out: Path) -> Section:
@@ -174,11 +191,22 @@ def _lens_section(model: Any, prompt: str, true_target: str, out: Path) -> Secti
     lens.save_plot(out / "logit_lens.png")
     ranks = lens.target_rank[:, 0, -1].tolist()
     first_top1 = next((lens.layers[i] for i, r in enumerate(ranks) if r == 1), None)
-    res = {"layers": lens.layers, "target_rank": ranks, "target_prob": lens.target_prob[:, 0, -1].tolist(),
-           "first_top1_layer": first_top1}
-    return res, ["## 2. Logit lens", "", f"Rank of the answer {true_target!r} at the last position, by layer: "
-                 + ", ".join(f"{l} {int(r)}" for l, r in zip(lens.layers, ranks))
-                 + f". It first becomes the top token at **{first_top1}**.", "", "![logit lens](logit_lens.png)", ""]
+    res = {
+        "layers": lens.layers,
+        "target_rank": ranks,
+        "target_prob": lens.target_prob[:, 0, -1].tolist(),
+        "first_top1_layer": first_top1,
+    }
+    return res, [
+        "## 2. Logit lens",
+        "",
+        f"Rank of the answer {true_target!r} at the last position, by layer: "
+        + ", ".join(f"{l} {int(r)}" for l, r in zip(lens.layers, ranks))
+        + f". It first becomes the top token at **{first_top1}**.",
+        "",
+        "![logit lens](logit_lens.png)",
+        "",
+    ]
 
 
 def _subupdates_section(model: Any, prompt: str, true_target: str) -> Section:
@@ -200,16 +228,26 @@ def _trace_section(model: Any, prompt: str, subject: str, samples: int, out: Pat
     ie = mlp.indirect_effect[last_subject]
     trace_layer = int(ie.argmax())
     res: dict[str, Any] = {
-        kind: {"clean": traces[kind].clean_score, "corrupted": traces[kind].corrupted_score,
-               "peak": traces[kind].peak()} for kind in ("hidden", "mlp", "attn")}
+        kind: {
+            "clean": traces[kind].clean_score,
+            "corrupted": traces[kind].corrupted_score,
+            "peak": traces[kind].peak(),
+        }
+        for kind in ("hidden", "mlp", "attn")
+    }
     res["mlp_indirect_effect_last_subject_token"] = ie.tolist()
     res["edit_layer"] = trace_layer
-    return res, ["## 4. Causal trace", "",
-                 f"Noise on the subject's embeddings drops P({mlp.target!r}) from {mlp.clean_score:.3f} to "
-                 f"{mlp.corrupted_score:.3f}. Restoring the MLP output at the last subject token "
-                 f"({mlp.tokens[last_subject]!r}) recovers most at **layer {trace_layer}** "
-                 f"(indirect effect {float(ie[trace_layer]):+.3f}), so the edit goes there.", "",
-                 "![causal trace](causal_trace.png)", ""]
+    return res, [
+        "## 4. Causal trace",
+        "",
+        f"Noise on the subject's embeddings drops P({mlp.target!r}) from {mlp.clean_score:.3f} to "
+        f"{mlp.corrupted_score:.3f}. Restoring the MLP output at the last subject token "
+        f"({mlp.tokens[last_subject]!r}) recovers most at **layer {trace_layer}** "
+        f"(indirect effect {float(ie[trace_layer]):+.3f}), so the edit goes there.",
+        "",
+        "![causal trace](causal_trace.png)",
+        "",
+    ]
 
 
 def _edit_section(model: Any, fb: Any, fact: Any, new_target: str, layer: int, stats_tokens: int | None) -> Section:
@@ -225,22 +263,55 @@ def _edit_section(model: Any, fb: Any, fact: Any, new_target: str, layer: int, s
     t_edit = time.time()
     edit = compute_edit(model, request, layer=layer, **({} if stats_tokens is None else {"n_samples": stats_tokens}))
     edit_seconds = time.time() - t_edit
-    checks = ([("rewrite", prompt)] + [("paraphrase", p) for p in fb.prompts(fact, "heldout")[:2]]
-              + [("neighbour", p) for p in fb.neighbourhood(fact, 2)])
+    checks = (
+        [("rewrite", prompt)]
+        + [("paraphrase", p) for p in fb.prompts(fact, "heldout")[:2]]
+        + [("neighbour", p) for p in fb.neighbourhood(fact, 2)]
+    )
     cmp = compare_topk(model, edit, [p for _, p in checks], k=3)
     edit.apply(model)
     generation_after = model.generate(prompt, max_new_tokens=8, do_sample=False)
     edit.undo(model)
     restored = parameter_digests(model) == before and torch.equal(model.blocks[layer].mlp.W_out, w_before)
-    rows = [{"role": role, "prompt": p, "top1_before": b[0][0], "p_top1_before": b[0][1],
-             "top1_after": a[0][0], "p_top1_after": a[0][1]} for (role, p), b, a in zip(checks, cmp.before, cmp.after)]
-    res = {"request": request, "true_target": true_target, "layer": layer, "seconds": round(edit_seconds, 2),
-           "checks": rows, "generation_after": generation_after, "weights_restored_bit_exact": restored}
-    md = ["## 5. ROME edit, verified, then undone", "",
-          f"Request: `{template}` with subject *{fact.subject}* → {new_target!r} (was {true_target!r}); "
-          f"computed in {edit_seconds:.1f} s.", "",
-          "| role | prompt | top-1 before | top-1 after |", "|---|---|---|---|"]
-    md += [f"| {r['role']} | {r['prompt']} | {r['top1_before']!r} ({r['p_top1_before']:.2f}) | "
-           f"{r['top1_after']!r} ({r['p_top1_after']:.2f}) |" for r in rows]
-    md += ["", f"After the edit: `{generation_after}`", "", f"Undo restored every weight bit for bit: **{restored}**.", ""]
+    rows = [
+        {
+            "role": role,
+            "prompt": p,
+            "top1_before": b[0][0],
+            "p_top1_before": b[0][1],
+            "top1_after": a[0][0],
+            "p_top1_after": a[0][1],
+        }
+        for (role, p), b, a in zip(checks, cmp.before, cmp.after)
+    ]
+    res = {
+        "request": request,
+        "true_target": true_target,
+        "layer": layer,
+        "seconds": round(edit_seconds, 2),
+        "checks": rows,
+        "generation_after": generation_after,
+        "weights_restored_bit_exact": restored,
+    }
+    md = [
+        "## 5. ROME edit, verified, then undone",
+        "",
+        f"Request: `{template}` with subject *{fact.subject}* → {new_target!r} (was {true_target!r}); "
+        f"computed in {edit_seconds:.1f} s.",
+        "",
+        "| role | prompt | top-1 before | top-1 after |",
+        "|---|---|---|---|",
+    ]
+    md += [
+        f"| {r['role']} | {r['prompt']} | {r['top1_before']!r} ({r['p_top1_before']:.2f}) | "
+        f"{r['top1_after']!r} ({r['p_top1_after']:.2f}) |"
+        for r in rows
+    ]
+    md += [
+        "",
+        f"After the edit: `{generation_after}`",
+        "",
+        f"Undo restored every weight bit for bit: **{restored}**.",
+        "",
+    ]
     return res, md

@@ -13,7 +13,7 @@ import torch
 
 from .model.hooks import get_act_name, hook_name
 
-__all__ = ["get_act_name", "hook_name", "Slice", "to_numpy"]
+__all__ = ["Slice", "get_act_name", "hook_name", "to_numpy"]
 
 
 class Slice:
@@ -28,7 +28,9 @@ class Slice:
         elif isinstance(input_slice, (list, np.ndarray)):
             input_slice = torch.as_tensor(input_slice)
         elif not isinstance(input_slice, (int, slice, torch.Tensor)):
-            raise ValueError(f"Slice takes an int, tuple, slice, list, array, tensor or None; got {type(input_slice).__name__}")
+            raise ValueError(
+                f"Slice takes an int, tuple, slice, list, array, tensor or None; got {type(input_slice).__name__}"
+            )
         self.slice = input_slice
 
     def apply(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:

@@ -56,9 +56,16 @@ def tl_from_hf():
     def build(hf_model):
         c = hf_model.config
         cfg = tl.HookedTransformerConfig(
-            n_layers=c.n_layer, d_model=c.n_embd, n_heads=c.n_head, d_head=c.n_embd // c.n_head,
-            d_mlp=c.n_inner or 4 * c.n_embd, n_ctx=c.n_positions, d_vocab=c.vocab_size,
-            act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard",
+            n_layers=c.n_layer,
+            d_model=c.n_embd,
+            n_heads=c.n_head,
+            d_head=c.n_embd // c.n_head,
+            d_mlp=c.n_inner or 4 * c.n_embd,
+            n_ctx=c.n_positions,
+            d_vocab=c.vocab_size,
+            act_fn="gelu_new",
+            normalization_type="LN",
+            positional_embedding_type="standard",
         )
         ref = tl.HookedTransformer(cfg)
         ref.load_state_dict(convert_gpt2_weights(hf_model, cfg), strict=False)

@@ -55,10 +55,10 @@ class Patch:
     values: torch.Tensor
     pos_dim: int | None = 0
 
-    def renumber(self, new_index: torch.Tensor) -> "Patch":
+    def renumber(self, new_index: torch.Tensor) -> Patch:
         return Patch(self.where, new_index[self.rows], self.index, self.values, self.pos_dim)
 
-    def select(self, lo: int, hi: int, first_pos: int = 0, keys: torch.Tensor | None = None) -> "Patch | None":
+    def select(self, lo: int, hi: int, first_pos: int = 0, keys: torch.Tensor | None = None) -> Patch | None:
         """The part of this edit for rows ``[lo, hi)``, rows renumbered from ``lo``, positions from ``first_pos``.
 
         ``keys``: ``rows[:, 0]`` on the CPU. The rows are chosen there and only their indices go to
@@ -103,7 +103,9 @@ class PrefixKV:
 
     def __init__(self, base_kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]], first_pos: int) -> None:
         # base k, v: [m, pos, head, d_head] (hook_k / hook_v) -> prefix [m, head, first_pos, d_head]
-        self.prefix = {l: (k[:, :first_pos].transpose(1, 2), v[:, :first_pos].transpose(1, 2)) for l, (k, v) in base_kv.items()}
+        self.prefix = {
+            l: (k[:, :first_pos].transpose(1, 2), v[:, :first_pos].transpose(1, 2)) for l, (k, v) in base_kv.items()
+        }
         self.first_pos = first_pos
         self.base: torch.Tensor | None = None  # base row of each row in the current batch
 
@@ -139,8 +141,9 @@ class _FixedKV:
         return torch.cat([self.k, k], 2), torch.cat([self.v, v], 2)
 
 
-def _keys_values(model: "HookedGPT2", layer: int, x: torch.Tensor, start: int, mask: torch.Tensor | None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def _keys_values(
+    model: HookedGPT2, layer: int, x: torch.Tensor, start: int, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The keys (after RoPE) and values ``[batch, kv_head, pos, d_head]`` block ``layer``'s attention
     computes from the residual ``x [batch, pos, d_model]`` whose first column is position ``start``."""
     block = model.blocks[layer]
@@ -148,7 +151,7 @@ def _keys_values(model: "HookedGPT2", layer: int, x: torch.Tensor, start: int, m
     return block.attn.keys_values(block.ln1(x), rope)
 
 
-def _last_block(model: "HookedGPT2", x: torch.Tensor, mask: torch.Tensor | None, kv: "PrefixKV | None") -> torch.Tensor:
+def _last_block(model: HookedGPT2, x: torch.Tensor, mask: torch.Tensor | None, kv: PrefixKV | None) -> torch.Tensor:
     """The final block's output at the last position only, ``[batch, 1, d_model]``: the other positions
     are needed only as keys and values, so they skip the queries, W_O and the MLP."""
     n = model.cfg.n_layer
@@ -159,29 +162,36 @@ def _last_block(model: "HookedGPT2", x: torch.Tensor, mask: torch.Tensor | None,
     return model(x[:, -1:], start_at_layer=n - 1, stop_at_layer=n, attention_mask=mask, past_kv=_FixedKV(k, v))
 
 
-def entry_name(model: "HookedGPT2", stage: int) -> str:
+def entry_name(model: HookedGPT2, stage: int) -> str:
     """The hook whose activation is the residual entering block ``stage`` (``n_layer``: the final residual)."""
     n = model.cfg.n_layer
     return f"blocks.{stage}.hook_resid_pre" if stage < n else f"blocks.{n - 1}.hook_resid_post"
 
 
-def kv_names(model: "HookedGPT2", first_layer: int) -> list[str]:
+def kv_names(model: HookedGPT2, first_layer: int) -> list[str]:
     """The base-run keys and values :func:`run_staircase` needs for suffix rows from ``first_layer`` on
     (keys after RoPE, ``hook_rot_k``, when the model is rotary)."""
     k = "rot_k" if model.cfg.positional == "rotary" else "k"
     return [f"blocks.{l}.attn.hook_{x}" for l in range(first_layer, model.cfg.n_layer) for x in (k, "v")]
 
 
-def base_kv_from(cache: Mapping[str, torch.Tensor], model: "HookedGPT2", first_layer: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+def base_kv_from(
+    cache: Mapping[str, torch.Tensor], model: HookedGPT2, first_layer: int
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     k = "rot_k" if model.cfg.positional == "rotary" else "k"
-    return {l: (cache[f"blocks.{l}.attn.hook_{k}"], cache[f"blocks.{l}.attn.hook_v"]) for l in range(first_layer, model.cfg.n_layer)}
+    return {
+        l: (cache[f"blocks.{l}.attn.hook_{k}"], cache[f"blocks.{l}.attn.hook_v"])
+        for l in range(first_layer, model.cfg.n_layer)
+    }
 
 
-def auto_batch_size(model: "HookedGPT2", n_pos: int, materialise_attention: bool = False) -> int:
+def auto_batch_size(model: HookedGPT2, n_pos: int, materialise_attention: bool = False) -> int:
     """Rows per chunk so that a chunk's activations fit :data:`CPU_MEMORY_BUDGET` (CUDA: ¼ of free memory)."""
     c = model.cfg
     size = torch.finfo(model.dtype).bits // 8
-    per_row = n_pos * (8 * c.d_model + 2 * c.d_mlp) * size + c.n_head * n_pos * n_pos * size * (3 if materialise_attention else 1)
+    per_row = n_pos * (8 * c.d_model + 2 * c.d_mlp) * size + c.n_head * n_pos * n_pos * size * (
+        3 if materialise_attention else 1
+    )
     per_row += 3 * c.d_vocab * 4  # last-position logits and their softmax, fp32
     budget = CPU_MEMORY_BUDGET
     if model.device.type == "cuda":
@@ -191,7 +201,7 @@ def auto_batch_size(model: "HookedGPT2", n_pos: int, materialise_attention: bool
 
 @torch.inference_mode()
 def run_staircase(
-    model: "HookedGPT2",
+    model: HookedGPT2,
     entries: Mapping[int, torch.Tensor],
     start: torch.Tensor,
     base: torch.Tensor,
@@ -234,15 +244,19 @@ def run_staircase(
             at_entry[e.where].append(e)
     P = next(iter(entries.values())).shape[1]
     if batch_size is None:
-        batch_size = auto_batch_size(model, P, any(isinstance(e.where, str) and ("pattern" in e.where or "scores" in e.where) for e in patches))
+        batch_size = auto_batch_size(
+            model, P, any(isinstance(e.where, str) and ("pattern" in e.where or "scores" in e.where) for e in patches)
+        )
     batch_size = max(group, batch_size // group * group)
     chunks = plan.chunks(batch_size)
     finals = torch.empty(R, model.cfg.d_model, dtype=model.dtype, device=dev)  # ln_final(resid) at the last position
-    bar = progress_bar(total=sum(n + 1 - plan.start[a] for a, _ in chunks), desc=desc, leave=False,
-                       enabled=progress)  # None: only on a terminal
+    bar = progress_bar(
+        total=sum(n + 1 - plan.start[a] for a, _ in chunks), desc=desc, leave=False, enabled=progress
+    )  # None: only on a terminal
     for a, b in chunks:
-        finals[plan.order_dev[a:b]] = _run_chunk(model, plan, a, b, entries, patches, keys, at_entry, attention_mask,
-                                                 base_kv, bar)
+        finals[plan.order_dev[a:b]] = _run_chunk(
+            model, plan, a, b, entries, patches, keys, at_entry, attention_mask, base_kv, bar
+        )
     bar.close()
     return _read_out(model, finals, readout, max(group, (batch_size // 2) // group * group))
 
@@ -259,15 +273,21 @@ class _Plan:
     first: list[int]  # sorted rows' first computed positions
 
     @classmethod
-    def of(cls, model: "HookedGPT2", start: torch.Tensor, base: torch.Tensor, first_pos: torch.Tensor | None) -> "_Plan":
+    def of(cls, model: HookedGPT2, start: torch.Tensor, base: torch.Tensor, first_pos: torch.Tensor | None) -> _Plan:
         n, R, dev = model.cfg.n_layer, start.shape[0], model.device
         q = torch.zeros(R, dtype=torch.long) if first_pos is None else first_pos.cpu().long()
         order = torch.argsort(q * (n + 2) + start.cpu().long(), stable=True)  # by first position, then start
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(R)
         order_dev = order.to(dev, non_blocking=True)
-        return cls(order, inverse, order_dev, base.to(dev, non_blocking=True)[order_dev], start.cpu()[order].tolist(),
-                   q[order].tolist())
+        return cls(
+            order,
+            inverse,
+            order_dev,
+            base.to(dev, non_blocking=True)[order_dev],
+            start.cpu()[order].tolist(),
+            q[order].tolist(),
+        )
 
     def chunks(self, batch_size: int) -> list[tuple[int, int]]:
         """``(a, b)`` row ranges of at most ``batch_size`` rows that never mix first positions."""
@@ -279,7 +299,9 @@ class _Plan:
         return out
 
 
-def _renumber(patches: Sequence[Patch], inverse: torch.Tensor, dev: torch.device) -> tuple[list[Patch], dict[int, torch.Tensor]]:
+def _renumber(
+    patches: Sequence[Patch], inverse: torch.Tensor, dev: torch.device
+) -> tuple[list[Patch], dict[int, torch.Tensor]]:
     """The patches with their rows renumbered into the plan's order, and ``{id(patch): rows[:, 0]}`` on the CPU."""
     keys: dict[int, torch.Tensor] = {}
     renumbered = []
@@ -291,10 +313,19 @@ def _renumber(patches: Sequence[Patch], inverse: torch.Tensor, dev: torch.device
     return renumbered, keys
 
 
-def _run_chunk(model: "HookedGPT2", plan: _Plan, a: int, b: int, entries: Mapping[int, torch.Tensor],
-               patches: Sequence[Patch], keys: dict[int, torch.Tensor], at_entry: Mapping[int, list[Patch]],
-               attention_mask: torch.Tensor | None, base_kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None,
-               bar: Any) -> torch.Tensor:
+def _run_chunk(
+    model: HookedGPT2,
+    plan: _Plan,
+    a: int,
+    b: int,
+    entries: Mapping[int, torch.Tensor],
+    patches: Sequence[Patch],
+    keys: dict[int, torch.Tensor],
+    at_entry: Mapping[int, list[Patch]],
+    attention_mask: torch.Tensor | None,
+    base_kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None,
+    bar: Any,
+) -> torch.Tensor:
     """Rows ``a:b`` of the plan, each joining the batch at its start stage; returns ``ln_final`` of the
     last position, ``[b - a, d_model]``."""
     n = model.cfg.n_layer
@@ -316,14 +347,18 @@ def _run_chunk(model: "HookedGPT2", plan: _Plan, a: int, b: int, entries: Mappin
                     sub = e.select(r0, r1, p0, keys[id(e)])
                     new = new if sub is None else sub.apply(new)
                 if x is not None and x.shape[1] < new.shape[1]:  # after _last_block only the last position is kept
-                    new = new[:, -x.shape[1]:]
+                    new = new[:, -x.shape[1] :]
                 x = new if x is None else torch.cat([x, new])
             if s < n and x is not None:
                 rows_base = plan.base[a : a + x.shape[0]]
                 if kv is not None:
                     kv.base = rows_base
                 mask = None if attention_mask is None else attention_mask[rows_base]
-                if s == n - 1 and x.shape[1] > 1 and not any(nm.startswith((f"blocks.{s}.", "ln_final")) for nm in hooks):
+                if (
+                    s == n - 1
+                    and x.shape[1] > 1
+                    and not any(nm.startswith((f"blocks.{s}.", "ln_final")) for nm in hooks)
+                ):
                     x = _last_block(model, x, mask, kv)
                 else:
                     x = model(x, start_at_layer=s, stop_at_layer=s + 1, attention_mask=mask, past_kv=kv)
@@ -332,8 +367,9 @@ def _run_chunk(model: "HookedGPT2", plan: _Plan, a: int, b: int, entries: Mappin
         return model.ln_final(x)[:, -1] if any(k.startswith("ln_final") for k in hooks) else model.ln_final(x[:, -1])
 
 
-def _read_out(model: "HookedGPT2", finals: torch.Tensor, readout: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-              block: int) -> torch.Tensor:
+def _read_out(
+    model: HookedGPT2, finals: torch.Tensor, readout: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], block: int
+) -> torch.Tensor:
     """Unembed in big blocks (the ``[d_vocab, d_model]`` matrix is read once per block, not once per
     chunk) and read out one float per row: ``[R]``."""
     R, dev = finals.shape[0], finals.device
@@ -344,10 +380,19 @@ def _read_out(model: "HookedGPT2", finals: torch.Tensor, readout: Callable[[torc
     return out
 
 
-def final_logits(model: "HookedGPT2", resid: torch.Tensor) -> torch.Tensor:
+def final_logits(model: HookedGPT2, resid: torch.Tensor) -> torch.Tensor:
     """Last-position logits ``[batch, d_vocab]`` of a final residual ``[batch, pos, d_model]``."""
     return model.unembed(model.ln_final(resid[:, -1]))
 
 
-__all__ = ["Patch", "PrefixKV", "run_staircase", "entry_name", "kv_names", "base_kv_from", "auto_batch_size",
-           "final_logits", "CPU_MEMORY_BUDGET"]
+__all__ = [
+    "CPU_MEMORY_BUDGET",
+    "Patch",
+    "PrefixKV",
+    "auto_batch_size",
+    "base_kv_from",
+    "entry_name",
+    "final_logits",
+    "kv_names",
+    "run_staircase",
+]

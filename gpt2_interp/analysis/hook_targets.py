@@ -26,7 +26,7 @@ def is_full_name(hook: str) -> bool:
     return "hook_" in hook or hook.startswith("blocks.")
 
 
-def resolve_hook(model: "HookedGPT2", hook: str, layers: Sequence[int] | None) -> tuple[str | None, dict[int, str]]:
+def resolve_hook(model: HookedGPT2, hook: str, layers: Sequence[int] | None) -> tuple[str | None, dict[int, str]]:
     """``(family, {layer: hook name})`` for a sweep over ``hook`` and ``layers``.
 
     A family (``resid_pre``, ``z``, … anything :func:`~gpt2_interp.model.hooks.hook_name` knows) is
@@ -49,4 +49,4 @@ def resolve_hook(model: "HookedGPT2", hook: str, layers: Sequence[int] | None) -
     return hook, {l: hook_name(hook, l) for l in dict.fromkeys(chosen)}
 
 
-__all__ = ["resolve_hook", "is_full_name", "EMBED_HOOKS"]
+__all__ = ["EMBED_HOOKS", "is_full_name", "resolve_hook"]

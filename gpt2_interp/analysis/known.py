@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..model import HookedGPT2
 
 
-def informative(model: "HookedGPT2", target: str) -> bool:
+def informative(model: HookedGPT2, target: str) -> bool:
     """Whether ``target``'s first token (in ``model``'s tokenizer) holds more than whitespace.
 
     ``" Paris"`` → True; with SmolLM2's tokenizer ``" 89"`` → False (its first token is ``" "``).
@@ -40,7 +40,7 @@ def informative(model: "HookedGPT2", target: str) -> bool:
 
 
 @torch.no_grad()
-def top1_tokens(model: "HookedGPT2", prompts: Sequence[str], batch_size: int = 64, prepend_bos: bool = True) -> list[int]:
+def top1_tokens(model: HookedGPT2, prompts: Sequence[str], batch_size: int = 64, prepend_bos: bool = True) -> list[int]:
     """The model's top-1 next-token id after BOS + each prompt (batched, left-padded): ``[n]``.
     ``prepend_bos=False`` for texts that bring their own start (e.g. a chat template)."""
     batch_size = check_count(batch_size, "batch_size")
@@ -58,13 +58,15 @@ def _pairs(prompts: Sequence[str], targets: Sequence[str]) -> tuple[list[str], l
         raise TypeError("prompts and targets must be sequences of strings (one target per prompt), not a single string")
     prompts, targets = list(prompts), list(targets)
     if len(prompts) != len(targets):
-        raise ValueError(f"prompts and targets must have the same length, got {len(prompts)} prompts and "
-                         f"{len(targets)} targets")
+        raise ValueError(
+            f"prompts and targets must have the same length, got {len(prompts)} prompts and {len(targets)} targets"
+        )
     return prompts, targets
 
 
-def knows(model: "HookedGPT2", prompts: Sequence[str], targets: Sequence[str], batch_size: int = 64,
-          prepend_bos: bool = True) -> list[bool]:
+def knows(
+    model: HookedGPT2, prompts: Sequence[str], targets: Sequence[str], batch_size: int = 64, prepend_bos: bool = True
+) -> list[bool]:
     """Per ``(prompt, target)``: whether the model knows it (module doc): its top-1 next token after
     the prompt is the target's first token, and that token is not whitespace only. ``[n]`` bools,
     batched; only prompts with an informative target are run through the model. ``prepend_bos=False``:
@@ -79,8 +81,14 @@ def knows(model: "HookedGPT2", prompts: Sequence[str], targets: Sequence[str], b
     return out
 
 
-def known_facts(model: "HookedGPT2", fb: FactBase | None = None, facts: Sequence[Fact] | None = None,
-                batch_size: int = 64, template: int = 0, split: str = "train") -> list[Fact]:
+def known_facts(
+    model: HookedGPT2,
+    fb: FactBase | None = None,
+    facts: Sequence[Fact] | None = None,
+    batch_size: int = 64,
+    template: int = 0,
+    split: str = "train",
+) -> list[Fact]:
     """The facts (default: every fact of ``fb``, the shipped fact base by default) that the model
     knows (:func:`knows`) on their ``template``-th prompt of ``split`` ("train" or "heldout";
     ``FactBase.cases``), in order."""
@@ -91,12 +99,11 @@ def known_facts(model: "HookedGPT2", fb: FactBase | None = None, facts: Sequence
     return [f for f, h in zip(facts, hits) if h]
 
 
-__all__ = ["informative", "top1_tokens", "knows", "known_facts"]
+__all__ = ["informative", "known_facts", "knows", "top1_tokens"]
 
 
 @torch.no_grad()
-def whole_object(model: "HookedGPT2", prompts: Sequence[str], targets: Sequence[str],
-                 batch_size: int = 64) -> list[bool]:
+def whole_object(model: HookedGPT2, prompts: Sequence[str], targets: Sequence[str], batch_size: int = 64) -> list[bool]:
     """Per ``(prompt, target)``: whether greedy decoding after BOS + prompt produces every token of the
     target — teacher-forced: each target token is the top-1 after the prompt and the target tokens
     before it (one forward pass per batch instead of one per token). A stricter reading than

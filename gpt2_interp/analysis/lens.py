@@ -37,13 +37,13 @@ Target = Union[str, int]
 
 
 # ---------------------------------------------------------------------------- helpers
-def decode_resid(model: "HookedGPT2", resid: torch.Tensor) -> torch.Tensor:
+def decode_resid(model: HookedGPT2, resid: torch.Tensor) -> torch.Tensor:
     """Logit-lens logits ``[..., d_vocab]`` of residuals ``[..., d_model]``: ln_final
     (recomputed on ``resid``, with its ``w``, ``b`` and ``eps``; LayerNorm or RMSNorm), then ``W_U``."""
     return model.unembed(model.ln_final.unhooked(resid))
 
 
-def _tokens(model: "HookedGPT2", prompts: Prompts) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+def _tokens(model: HookedGPT2, prompts: Prompts) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """``(tokens [batch, width], lengths [batch], texts)``; text is left-padded with BOS prepended."""
     if isinstance(prompts, torch.Tensor):
         tokens = prompts if prompts.ndim == 2 else prompts[None]
@@ -85,7 +85,7 @@ def _columns(positions: Positions, lengths: torch.Tensor, width: int) -> tuple[t
     return cols, torch.ones_like(cols, dtype=torch.bool)
 
 
-def _target_list(model: "HookedGPT2", targets: Target | Sequence[Target] | None, batch: int) -> list[int] | None:
+def _target_list(model: HookedGPT2, targets: Target | Sequence[Target] | None, batch: int) -> list[int] | None:
     if targets is None:
         return None
     if isinstance(targets, (str, int)):
@@ -96,7 +96,7 @@ def _target_list(model: "HookedGPT2", targets: Target | Sequence[Target] | None,
     return ids
 
 
-def _resid_names(model: "HookedGPT2", include_mid: bool) -> tuple[list[str], list[str]]:
+def _resid_names(model: HookedGPT2, include_mid: bool) -> tuple[list[str], list[str]]:
     names, labels = [hook_name("resid_pre", 0)], ["embed"]
     for i in range(model.cfg.n_layer):
         if include_mid:
@@ -164,8 +164,10 @@ class LensResult(Result):
                 lines += [head]
                 w = max(map(len, self.layers))
                 for li, name in enumerate(self.layers):
-                    cells = [f"{self.top_tokens[li][b][j][i]!r} {float(self.top_probs[li, b, j, i]):.3f}"
-                             for i in range(min(k, self.top_probs.shape[-1]))]
+                    cells = [
+                        f"{self.top_tokens[li][b][j][i]!r} {float(self.top_probs[li, b, j, i]):.3f}"
+                        for i in range(min(k, self.top_probs.shape[-1]))
+                    ]
                     row = f"  {name:<{w}}  " + "  ".join(f"{c:<22}" for c in cells)
                     if self.target_prob is not None:
                         row += f"  | p={float(self.target_prob[li, b, j]):.3f} rank={int(self.target_rank[li, b, j])}"
@@ -173,7 +175,7 @@ class LensResult(Result):
                 lines.append("")
         return "\n".join(lines).rstrip()
 
-    def plot(self, prompt: int = 0, position: int = -1, **kwargs: Any) -> "Figure":
+    def plot(self, prompt: int = 0, position: int = -1, **kwargs: Any) -> Figure:
         """Heatmap (layers × positions, top token as text) + per-layer target curve at column ``position``."""
         from ..plots.lens import plot_lens
 
@@ -181,8 +183,15 @@ class LensResult(Result):
 
 
 def _lens_chunk(
-    model: "HookedGPT2", tokens: torch.Tensor, lengths: torch.Tensor, cols: torch.Tensor, names: list[str], k: int,
-    tids: list[int] | None, keep_logits: bool, lens: Any = None,
+    model: HookedGPT2,
+    tokens: torch.Tensor,
+    lengths: torch.Tensor,
+    cols: torch.Tensor,
+    names: list[str],
+    k: int,
+    tids: list[int] | None,
+    keep_logits: bool,
+    lens: Any = None,
 ) -> dict[str, torch.Tensor]:
     """One forward pass over a chunk of left-padded prompts ``tokens [b, width]``, caching only
     ``names``; decodes the residuals at ``cols [b, n_pos]``. Tensors are ``[n_layers, b, n_pos(, k)]``."""
@@ -218,7 +227,7 @@ def _lens_chunk(
 
 @torch.no_grad()
 def logit_lens(
-    model: "HookedGPT2",
+    model: HookedGPT2,
     prompts: Prompts,
     targets: Target | Sequence[Target] | None = None,
     positions: Positions = -1,
@@ -253,23 +262,50 @@ def logit_lens(
     names, labels = _resid_names(model, include_mid)
     starts = range(0, batch, batch_size)
     chunks = [
-        _lens_chunk(model, tokens[s : s + batch_size], lengths[s : s + batch_size], cols[s : s + batch_size], names,
-                    min(k, model.cfg.d_vocab), None if tids is None else tids[s : s + batch_size], return_logits, lens)
-        for s in progress_bar(starts, desc="tuned lens" if lens is not None else "logit lens", enabled=progress if progress is not None else len(starts) > 4)
+        _lens_chunk(
+            model,
+            tokens[s : s + batch_size],
+            lengths[s : s + batch_size],
+            cols[s : s + batch_size],
+            names,
+            min(k, model.cfg.d_vocab),
+            None if tids is None else tids[s : s + batch_size],
+            return_logits,
+            lens,
+        )
+        for s in progress_bar(
+            starts,
+            desc="tuned lens" if lens is not None else "logit lens",
+            enabled=progress if progress is not None else len(starts) > 4,
+        )
     ]
     out = {key: torch.cat([c[key] for c in chunks], dim=1) for key in chunks[0]}  # [n_layers, batch, n_pos(, k)]
     for key, fill in (("ids", -1), ("probs", float("nan")), ("tp", float("nan")), ("tl", float("nan")), ("tr", -1)):
         if key in out:
             out[key] = out[key].masked_fill(~valid.view(1, batch, -1, *[1] * (out[key].ndim - 3)), fill).cpu()
     pos_index = torch.where(valid, cols - (width - lengths)[:, None], torch.full_like(cols, -1))
-    str_tokens = [[model.tokenizer.token_str(int(i)) for i in tokens[b, width - int(lengths[b]):]] for b in range(batch)]
-    top_tokens = [[[[model.tokenizer.token_str(i) if i >= 0 else "" for i in cell] for cell in row] for row in layer]
-                  for layer in out["ids"].tolist()]
+    str_tokens = [
+        [model.tokenizer.token_str(int(i)) for i in tokens[b, width - int(lengths[b]) :]] for b in range(batch)
+    ]
+    top_tokens = [
+        [[[model.tokenizer.token_str(i) if i >= 0 else "" for i in cell] for cell in row] for row in layer]
+        for layer in out["ids"].tolist()
+    ]
     return LensResult(
-        prompts=texts, layers=labels, str_tokens=str_tokens, positions=pos_index.cpu(), valid=valid.cpu(),
-        top_ids=out["ids"], top_tokens=top_tokens, top_probs=out["probs"],
-        targets=None if tids is None else [model.tokenizer.token_str(i) for i in tids], target_ids=tids,
-        target_prob=out.get("tp"), target_logit=out.get("tl"), target_rank=out.get("tr"), logits=out.get("logits"),
+        prompts=texts,
+        layers=labels,
+        str_tokens=str_tokens,
+        positions=pos_index.cpu(),
+        valid=valid.cpu(),
+        top_ids=out["ids"],
+        top_tokens=top_tokens,
+        top_probs=out["probs"],
+        targets=None if tids is None else [model.tokenizer.token_str(i) for i in tids],
+        target_ids=tids,
+        target_prob=out.get("tp"),
+        target_logit=out.get("tl"),
+        target_rank=out.get("tr"),
+        logits=out.get("logits"),
         lens="logit lens" if lens is None else "tuned lens",
     )
 
@@ -315,18 +351,20 @@ class DLAResult(Result):
         if self.head_parts is not None:
             top = self.head_parts.flatten().abs().topk(min(5, self.head_parts.numel())).indices
             nh = self.head_parts.shape[1]
-            lines.append("  largest heads: " + ", ".join(
-                f"L{int(i) // nh}H{int(i) % nh} {float(self.head_parts.flatten()[i]):+.3f}" for i in top))
+            lines.append(
+                "  largest heads: "
+                + ", ".join(f"L{int(i) // nh}H{int(i) % nh} {float(self.head_parts.flatten()[i]):+.3f}" for i in top)
+            )
         return "\n".join(lines)
 
-    def plot(self, **kwargs: Any) -> "Figure":
+    def plot(self, **kwargs: Any) -> Figure:
         """Bar chart of the parts (and a layer × head heatmap when per-head parts exist)."""
         from ..plots.lens import plot_attribution
 
         return plot_attribution(self, **kwargs)
 
 
-def logit_direction(model: "HookedGPT2", target: Target, baseline: Target | None = None) -> torch.Tensor:
+def logit_direction(model: HookedGPT2, target: Target, baseline: Target | None = None) -> torch.Tensor:
     """``w ⊙ (W_U[:, t] - W_U[:, b])`` ``[d_model]``: what a centred, scaled residual is dotted with."""
     u = model.W_U[:, model.to_single_token(target)]
     if baseline is not None:
@@ -334,8 +372,9 @@ def logit_direction(model: "HookedGPT2", target: Target, baseline: Target | None
     return model.ln_final.w * u
 
 
-def direct_effect(component: torch.Tensor, direction: torch.Tensor, scale: torch.Tensor | float,
-                  centre: bool = True) -> torch.Tensor:
+def direct_effect(
+    component: torch.Tensor, direction: torch.Tensor, scale: torch.Tensor | float, centre: bool = True
+) -> torch.Tensor:
     """``(c - mean(c)) / scale · direction`` for ``component [..., d_model]`` → ``[...]``; without the
     mean when ``centre`` is False (RMSNorm: ``model.ln_final.centred``)."""
     c = component - component.mean(-1, keepdim=True) if centre else component
@@ -344,7 +383,7 @@ def direct_effect(component: torch.Tensor, direction: torch.Tensor, scale: torch
 
 @torch.no_grad()
 def logit_attribution(
-    model: "HookedGPT2",
+    model: HookedGPT2,
     prompt: str,
     target: Target,
     baseline: Target | None = None,
@@ -393,8 +432,16 @@ def logit_attribution(
         ln_bias = ln_bias - ln_b @ model.W_U[:, bid].float()
         logit = logit - logits[0, pos, bid].float()
     return DLAResult(
-        prompt=prompt, str_tokens=model.to_str_tokens(tokens[0]), position=pos,
-        target=model.tokenizer.token_str(tid), baseline=None if baseline is None else model.tokenizer.token_str(model.to_single_token(baseline)),
-        labels=labels, parts=parts.cpu(), head_parts=None if head_parts is None else head_parts.cpu(),
-        b_O_parts=b_O_parts.cpu(), ln_bias=float(ln_bias), logit=float(logit), scale=float(scale),
+        prompt=prompt,
+        str_tokens=model.to_str_tokens(tokens[0]),
+        position=pos,
+        target=model.tokenizer.token_str(tid),
+        baseline=None if baseline is None else model.tokenizer.token_str(model.to_single_token(baseline)),
+        labels=labels,
+        parts=parts.cpu(),
+        head_parts=None if head_parts is None else head_parts.cpu(),
+        b_O_parts=b_O_parts.cpu(),
+        ln_bias=float(ln_bias),
+        logit=float(logit),
+        scale=float(scale),
     )

@@ -20,10 +20,10 @@ if TYPE_CHECKING:
     from ..model import HookedGPT2
 
 Metric = Callable[[torch.Tensor], torch.Tensor]
-Ids = Union[str, int, Sequence[Union[str, int]], torch.Tensor]
+Ids = Union[str, int, Sequence[str | int], torch.Tensor]
 
 
-def _ids(x: Ids, model: "HookedGPT2 | None", what: str = "token") -> torch.Tensor | Ids:
+def _ids(x: Ids, model: HookedGPT2 | None, what: str = "token") -> torch.Tensor | Ids:
     """One id (a 0-d tensor) or one per prompt pair (``[n_pairs]``); token strings stay strings
     until a model (its tokenizer) resolves them. ``what`` names the argument in errors (``"logit_diff answer"``)."""
     if isinstance(x, torch.Tensor):
@@ -33,8 +33,10 @@ def _ids(x: Ids, model: "HookedGPT2 | None", what: str = "token") -> torch.Tenso
     elif isinstance(x, Sequence) and len(x) > 0:
         items, one = list(x), False
     else:
-        raise TypeError(f"{what}: token ids are given as a string (e.g. ' Paris'), an int, a list of them (one per pair) "
-                        f"or a tensor; got {type(x).__name__}")
+        raise TypeError(
+            f"{what}: token ids are given as a string (e.g. ' Paris'), an int, a list of them (one per pair) "
+            f"or a tensor; got {type(x).__name__}"
+        )
     for i in items:
         if isinstance(i, bool) or not (isinstance(i, str) or hasattr(i, "__index__")):
             raise TypeError(f"{what}: a token is a string (e.g. ' Paris') or an int id, got {type(i).__name__}")
@@ -44,7 +46,7 @@ def _ids(x: Ids, model: "HookedGPT2 | None", what: str = "token") -> torch.Tenso
     return torch.tensor(ids[0] if one else ids)
 
 
-def _one_token(model: "HookedGPT2", token: str | int, what: str) -> int:
+def _one_token(model: HookedGPT2, token: str | int, what: str) -> int:
     """``model.to_single_token(token)``, its error prefixed by the argument ``what`` (a metric reads
     one next-token logit: a text of several tokens is refused, not cut to its first)."""
     try:
@@ -55,8 +57,10 @@ def _one_token(model: "HookedGPT2", token: str | int, what: str) -> int:
 
 def _resolved(ids: torch.Tensor | Ids, name: str) -> torch.Tensor:
     if not isinstance(ids, torch.Tensor):
-        raise ValueError(f"metric {name} holds token strings that no model has resolved yet; build it with "
-                         f"model=... (e.g. logit_diff(' Paris', ' Rome', model=model)) or use it through patch()")
+        raise ValueError(
+            f"metric {name} holds token strings that no model has resolved yet; build it with "
+            f"model=... (e.g. logit_diff(' Paris', ' Rome', model=model)) or use it through patch()"
+        )
     return ids
 
 
@@ -84,10 +88,11 @@ class LogitDiff:
     wrong: torch.Tensor | Ids
     name: str = "logit_diff"
 
-    def bind(self, model: "HookedGPT2", clean_logits: torch.Tensor | None = None) -> "LogitDiff":
+    def bind(self, model: HookedGPT2, clean_logits: torch.Tensor | None = None) -> LogitDiff:
         """This metric with its token strings resolved by ``model``'s tokenizer."""
-        return LogitDiff(_ids(self.answer, model, f"{self.name} answer"), _ids(self.wrong, model, f"{self.name} wrong"),
-                         self.name)
+        return LogitDiff(
+            _ids(self.answer, model, f"{self.name} answer"), _ids(self.wrong, model, f"{self.name} wrong"), self.name
+        )
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         return _pick(logits, _resolved(self.answer, self.name)) - _pick(logits, _resolved(self.wrong, self.name))
@@ -100,7 +105,7 @@ class Prob:
     answer: torch.Tensor | Ids
     name: str = "prob"
 
-    def bind(self, model: "HookedGPT2", clean_logits: torch.Tensor | None = None) -> "Prob":
+    def bind(self, model: HookedGPT2, clean_logits: torch.Tensor | None = None) -> Prob:
         """This metric with its token strings resolved by ``model``'s tokenizer."""
         return Prob(_ids(self.answer, model, f"{self.name} answer"), self.name)
 
@@ -116,7 +121,7 @@ class KLTo:
     reference: torch.Tensor | None = None
     name: str = "kl_to_clean"
 
-    def bind(self, model: "HookedGPT2", clean_logits: torch.Tensor | None = None) -> "KLTo":
+    def bind(self, model: HookedGPT2, clean_logits: torch.Tensor | None = None) -> KLTo:
         """This metric with the clean run's logits as reference, unless it has one."""
         return self if self.reference is not None or clean_logits is None else KLTo(clean_logits, self.name)
 
@@ -127,15 +132,16 @@ class KLTo:
         return F.kl_div(logits.float().log_softmax(-1), ref, log_target=True, reduction="none").sum(-1)
 
 
-def logit_diff(answer: Ids, wrong: Ids, model: "HookedGPT2 | None" = None) -> LogitDiff:
+def logit_diff(answer: Ids, wrong: Ids, model: HookedGPT2 | None = None) -> LogitDiff:
     """Metric ``logit[answer] − logit[wrong]``; tokens as strings (one token each) or ids, one or one
     per pair. Strings are resolved by ``model``'s tokenizer (now, or when ``patch`` binds it)."""
     name = f"logit_diff({answer!r}, {wrong!r})" if isinstance(answer, str) else "logit_diff"
-    return refuse_degenerate(LogitDiff(_ids(answer, model, "logit_diff answer"), _ids(wrong, model, "logit_diff wrong"), name),
-                             model)
+    return refuse_degenerate(
+        LogitDiff(_ids(answer, model, "logit_diff answer"), _ids(wrong, model, "logit_diff wrong"), name), model
+    )
 
 
-def prob(answer: Ids, model: "HookedGPT2 | None" = None) -> Prob:
+def prob(answer: Ids, model: HookedGPT2 | None = None) -> Prob:
     """Metric: next-token probability of ``answer`` (strings resolved as in :func:`logit_diff`)."""
     return Prob(_ids(answer, model, "prob answer"), f"prob({answer!r})" if isinstance(answer, str) else "prob")
 
@@ -151,12 +157,14 @@ def metric_name(metric: Metric) -> str:
     return str(getattr(metric, "name", getattr(metric, "__name__", "metric")))
 
 
-def bind_metric(metric: Metric, model: "HookedGPT2", clean_logits: torch.Tensor | None = None) -> Metric:
+def bind_metric(metric: Metric, model: HookedGPT2, clean_logits: torch.Tensor | None = None) -> Metric:
     """``metric`` ready to run on ``model``'s logits: token strings resolved, KL reference filled in.
     Plain callables are returned as they are."""
     if not callable(metric):
-        raise TypeError(f"metric must be a callable logits [..., n_pairs, d_vocab] -> [..., n_pairs] "
-                        f"(e.g. logit_diff(' Paris', ' Rome')), got {type(metric).__name__}")
+        raise TypeError(
+            f"metric must be a callable logits [..., n_pairs, d_vocab] -> [..., n_pairs] "
+            f"(e.g. logit_diff(' Paris', ' Rome')), got {type(metric).__name__}"
+        )
     bind = getattr(metric, "bind", None)
     return bind(model, clean_logits) if callable(bind) else metric
 
@@ -174,7 +182,7 @@ def apply_metric(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
     return out.float()
 
 
-def refuse_degenerate(metric: Metric, model: "HookedGPT2 | None" = None) -> Metric:
+def refuse_degenerate(metric: Metric, model: HookedGPT2 | None = None) -> Metric:
     """``metric``, unless it is 0 on every run whatever the model: a logit difference whose answer
     and wrong are the same token for every pair (a ValueError naming the metric and the token,
     through ``model``'s tokenizer when given). Checked on the whole set of pairs (``patch`` and
@@ -184,8 +192,10 @@ def refuse_degenerate(metric: Metric, model: "HookedGPT2 | None" = None) -> Metr
     if _same_everywhere(metric.answer, metric.wrong):
         ids = metric.answer.flatten().unique().tolist()
         token = f" {model.tokenizer.token_str(ids[0])!r}" if model is not None and len(ids) == 1 else ""
-        raise ValueError(f"{metric.name}: answer and wrong are the same token (id {', '.join(map(str, ids))}{token}) for "
-                         "every pair, so the logit difference is 0 for every run; give the corrupted prompt's answer as wrong")
+        raise ValueError(
+            f"{metric.name}: answer and wrong are the same token (id {', '.join(map(str, ids))}{token}) for "
+            "every pair, so the logit difference is 0 for every run; give the corrupted prompt's answer as wrong"
+        )
     return metric
 
 
@@ -194,9 +204,25 @@ def require_finite_metric(metric: Metric, values: dict[str, torch.Tensor]) -> No
     ``"corrupted"``) to the metric there ``[n_pairs]``; the error names the metric, the run and the
     non-finite values. Patching and every attribution estimate check their metric with it."""
     for run, m in values.items():
-        require_finite(m, f"metric {metric_name(metric)} on the {run} run",
-                       "a patching sweep (or its estimate) would be meaningless; check the metric (and any hooks that are active)")
+        require_finite(
+            m,
+            f"metric {metric_name(metric)} on the {run} run",
+            "a patching sweep (or its estimate) would be meaningless; check the metric (and any hooks that are active)",
+        )
 
 
-__all__ = ["Metric", "Ids", "LogitDiff", "Prob", "KLTo", "logit_diff", "prob", "kl_to", "metric_name", "bind_metric",
-           "apply_metric", "refuse_degenerate", "require_finite_metric"]
+__all__ = [
+    "Ids",
+    "KLTo",
+    "LogitDiff",
+    "Metric",
+    "Prob",
+    "apply_metric",
+    "bind_metric",
+    "kl_to",
+    "logit_diff",
+    "metric_name",
+    "prob",
+    "refuse_degenerate",
+    "require_finite_metric",
+]

@@ -21,15 +21,24 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 import torch
 
+from ..core import distributed
 from ..core.checks import as_selection, check_count, check_indices
 from ..core.finite import NonFiniteWarning, is_finite, nonfinite_summary
-from ..core import distributed
 from ..core.result import Result
 from ..model.hooks import hook_name
 from .engine import Patch, base_kv_from, entry_name, final_logits, kv_names, run_staircase
 from .hook_targets import resolve_hook
-from .metrics import (Metric, apply_metric, bind_metric, kl_to, logit_diff, metric_name, prob, refuse_degenerate,
-                      require_finite_metric)
+from .metrics import (
+    Metric,
+    apply_metric,
+    bind_metric,
+    kl_to,
+    logit_diff,
+    metric_name,
+    prob,
+    refuse_degenerate,
+    require_finite_metric,
+)
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
@@ -69,7 +78,7 @@ def _classify(name: str, n: int) -> tuple[str, int | None, bool]:
     return "pos", None, False
 
 
-def _target(model: "HookedGPT2", hook: str, layers: Sequence[int] | None) -> tuple[_Target, list[int]]:
+def _target(model: HookedGPT2, hook: str, layers: Sequence[int] | None) -> tuple[_Target, list[int]]:
     _, names = resolve_hook(model, hook, layers)
     chosen = list(names)
     kind, offset, embed = _classify(names[chosen[0]] if chosen else hook_name(hook, 0), model.cfg.n_layer)
@@ -84,7 +93,7 @@ def _as_rows(x: Prompts) -> list[str] | torch.Tensor:
 
 
 def pair_tokens(
-    model: "HookedGPT2", clean: Prompts, corrupted: Prompts
+    model: HookedGPT2, clean: Prompts, corrupted: Prompts
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(clean [n, pos], corrupted [n, pos], attention_mask [n, pos] or None)``: prompt pairs tokenized
     together (left-padded to one width); each pair must have the same number of tokens."""
@@ -92,11 +101,15 @@ def pair_tokens(
     if isinstance(c, torch.Tensor) != isinstance(k, torch.Tensor):
         raise TypeError("pass clean and corrupted both as text or both as token tensors")
     if len(c) != len(k):
-        raise ValueError(f"{len(c)} clean prompts but {len(k)} corrupted prompts; pass one corrupted prompt per clean prompt")
+        raise ValueError(
+            f"{len(c)} clean prompts but {len(k)} corrupted prompts; pass one corrupted prompt per clean prompt"
+        )
     if isinstance(c, torch.Tensor):
         if c.shape != k.shape:
-            raise ValueError(f"clean tokens {tuple(c.shape)} and corrupted tokens {tuple(k.shape)} differ in shape; "
-                             "patching needs aligned positions")
+            raise ValueError(
+                f"clean tokens {tuple(c.shape)} and corrupted tokens {tuple(k.shape)} differ in shape; "
+                "patching needs aligned positions"
+            )
         return model.as_tokens(c, None)[0], model.as_tokens(k, None)[0], None
     for a, b in zip(c, k):
         ta, tb = model.to_str_tokens(a), model.to_str_tokens(b)
@@ -110,7 +123,9 @@ def pair_tokens(
     return tokens[: len(c)], tokens[len(c) :], None if mask is None else mask[: len(c)]
 
 
-def position_labels(model: "HookedGPT2", clean: torch.Tensor, corrupted: torch.Tensor, mask: torch.Tensor | None) -> list[str]:
+def position_labels(
+    model: HookedGPT2, clean: torch.Tensor, corrupted: torch.Tensor, mask: torch.Tensor | None
+) -> list[str]:
     """Position labels of a patching result: pair 0's tokens, ``"clean/corrupted"`` where they differ,
     ``""`` for padding."""
     labels = []
@@ -171,8 +186,10 @@ class PatchResult(Result):
         """The baselines and the ``k`` largest effects, one per line."""
         k = check_count(k, "k", minimum=0)
         norm = " (values normalised: 0 = corrupted, 1 = clean)" if self.normalized else ""
-        lines = [f"{self.direction} patching of {self.hook}, metric {self.metric}: clean {self.clean_metric:.4g}, "
-                 f"corrupted {self.corrupted_metric:.4g}{norm}; largest effects:"]
+        lines = [
+            f"{self.direction} patching of {self.hook}, metric {self.metric}: clean {self.clean_metric:.4g}, "
+            f"corrupted {self.corrupted_metric:.4g}{norm}; largest effects:"
+        ]
         for idx, v in self.top(k):
             parts = [self.layer_labels[idx[0]]]
             for name, i in zip(self.index_names[1:], idx[1:]):
@@ -203,7 +220,7 @@ def _positions(positions: Sequence[int] | str | None, P: int, each: bool) -> tup
 
 
 def patch(
-    model: "HookedGPT2",
+    model: HookedGPT2,
     clean: Prompts,
     corrupted: Prompts,
     metric: Metric,
@@ -239,9 +256,13 @@ def patch(
     single-process result (pair values gathered in order). Other metrics run every pair on every rank.
     """
     if direction not in ("denoise", "noise"):
-        raise ValueError(f"direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not {direction!r}")
+        raise ValueError(
+            f"direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not {direction!r}"
+        )
     n = model.cfg.n_layer
-    metric = refuse_degenerate(bind_metric(metric, model), model)  # token strings resolved (and checked) before any work
+    metric = refuse_degenerate(
+        bind_metric(metric, model), model
+    )  # token strings resolved (and checked) before any work
     all_t = pair_tokens(model, clean, corrupted)  # every pair, for the position labels
     n_all = all_t[0].shape[0]
     metric, (clean_t, corr_t, mask), mine = _my_pairs(metric, all_t, group)
@@ -256,7 +277,9 @@ def patch(
     items = [(l, p, h) for l in sorted(layers_, key=target.stage) for p in pos_items for h in head_items]
     first = [min(p) for _, p, _ in items]
     runs = _unpatched(model, target, layers_, base_t, src_t, mask, suffix=max(first) > 0)
-    clean_logits, corr_logits = (runs.src_logits, runs.base_logits) if direction == "denoise" else (runs.base_logits, runs.src_logits)
+    clean_logits, corr_logits = (
+        (runs.src_logits, runs.base_logits) if direction == "denoise" else (runs.base_logits, runs.src_logits)
+    )
     metric = bind_metric(metric, model, clean_logits)
     clean_m = apply_metric(metric, clean_logits[None])[0].cpu()
     corr_m = apply_metric(metric, corr_logits[None])[0].cpu()
@@ -265,22 +288,47 @@ def patch(
     # one item per (layer, positions, heads); rows = items × pairs
     k = len(items)
     start = torch.tensor([target.stage(l) for l, _, _ in items]).repeat_interleave(n_pairs)
-    edits = [_layer_edit(target, l, [i for i, it in enumerate(items) if it[0] == l], items, n_pairs, runs.src_cache,
-                         runs.base_cache, runs.entries, model.device) for l in layers_]
+    edits = [
+        _layer_edit(
+            target,
+            l,
+            [i for i, it in enumerate(items) if it[0] == l],
+            items,
+            n_pairs,
+            runs.src_cache,
+            runs.base_cache,
+            runs.entries,
+            model.device,
+        )
+        for l in layers_
+    ]
 
     def readout(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:  # rows come whole items at a time
         return apply_metric(metric, logits.view(-1, n_pairs, logits.shape[-1])).flatten()
 
     pair = torch.arange(n_pairs).repeat(k)
-    flat = run_staircase(model, runs.entries, start, pair, edits, readout, mask, batch_size, n_pairs, progress,
-                         desc=f"patching {hook}", first_pos=torch.tensor(first).repeat_interleave(n_pairs),
-                         base_kv=base_kv_from(runs.base_cache, model, runs.stages[0]) if runs.suffix else None)
+    flat = run_staircase(
+        model,
+        runs.entries,
+        start,
+        pair,
+        edits,
+        readout,
+        mask,
+        batch_size,
+        n_pairs,
+        progress,
+        desc=f"patching {hook}",
+        first_pos=torch.tensor(first).repeat_interleave(n_pairs),
+        base_kv=base_kv_from(runs.base_cache, model, runs.stages[0]) if runs.suffix else None,
+    )
     # back to the caller's layer order, then [n_pairs, layer, pos items, head items]
     order = torch.argsort(torch.tensor([layers_.index(l) for l, _, _ in items]), stable=True)
     per_pair = flat.view(k, n_pairs).T.cpu()[:, order].reshape(n_pairs, len(layers_), len(pos_items), len(head_items))
     if mine is not None:
-        per_pair, clean_m, corr_m = (torch.stack(distributed.gather_in_order(list(x), n_all, group))
-                                     for x in (per_pair, clean_m, corr_m))
+        per_pair, clean_m, corr_m = (
+            torch.stack(distributed.gather_in_order(list(x), n_all, group)) for x in (per_pair, clean_m, corr_m)
+        )
     if target.kind == "pos":
         index_names, per_pair = ("layer", "pos"), per_pair[..., 0]
     elif pos_axis is None:
@@ -291,13 +339,29 @@ def patch(
     mean = per_pair.mean(0)
     if normalize:
         mean, per_pair, _ = normalize_effects(mean, per_pair, clean_m, corr_m)
-    return PatchResult(**result_fields(model, mean, per_pair, index_names, layers_, pos_axis, head_axis,
-                                       position_labels(model, *all_t), hook, direction, metric, normalize,
-                                       clean_m, corr_m))
+    return PatchResult(
+        **result_fields(
+            model,
+            mean,
+            per_pair,
+            index_names,
+            layers_,
+            pos_axis,
+            head_axis,
+            position_labels(model, *all_t),
+            hook,
+            direction,
+            metric,
+            normalize,
+            clean_m,
+            corr_m,
+        )
+    )
 
 
-def _my_pairs(metric: Any, tokens: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], group: Any
-              ) -> tuple[Any, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], list[int] | None]:
+def _my_pairs(
+    metric: Any, tokens: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], group: Any
+) -> tuple[Any, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], list[int] | None]:
     """The pairs this process patches: all of them, or under ``torch.distributed`` (at least one pair
     per rank, one of our metrics) its share — tokenised together first, so positions line up — with
     the metric restricted to those rows. Returns ``(metric, (clean, corrupted, mask), mine or None)``."""
@@ -312,7 +376,7 @@ def _my_pairs(metric: Any, tokens: tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return local_metric, (clean_t[mine], corr_t[mine], None if mask is None else mask[mine]), mine
 
 
-def _heads(model: "HookedGPT2", target: Any, heads: Any, hook: str) -> tuple[list[list[int]], list[int] | None]:
+def _heads(model: HookedGPT2, target: Any, heads: Any, hook: str) -> tuple[list[list[int]], list[int] | None]:
     """``(head items, head axis)``: one item of no head for per-position families; else each head
     (or the chosen ``heads``), or all heads together for ``"all"`` (no axis)."""
     if target.kind == "pos":
@@ -343,8 +407,15 @@ class _Unpatched:
     entries: dict[int, torch.Tensor]  # stage -> the base run's residual entering it
 
 
-def _unpatched(model: "HookedGPT2", target: Any, layers_: list[int], base_t: torch.Tensor, src_t: torch.Tensor,
-               mask: torch.Tensor | None, suffix: bool) -> _Unpatched:
+def _unpatched(
+    model: HookedGPT2,
+    target: Any,
+    layers_: list[int],
+    base_t: torch.Tensor,
+    src_t: torch.Tensor,
+    mask: torch.Tensor | None,
+    suffix: bool,
+) -> _Unpatched:
     """The base run (its residual at every start stage, and the keys/values a suffix row reuses) and
     the source run (the activations patched in), without autograd."""
     n = model.cfg.n_layer
@@ -355,8 +426,12 @@ def _unpatched(model: "HookedGPT2", target: Any, layers_: list[int], base_t: tor
         base_names.add(target.names[-1])
     src_names = set(target.names.values())
     with torch.inference_mode():
-        base_final, base_cache = model.run_with_cache(base_t, names_filter=list(base_names), attention_mask=mask, stop_at_layer=n)
-        src_final, src_cache = model.run_with_cache(src_t, names_filter=list(src_names), attention_mask=mask, stop_at_layer=n)
+        base_final, base_cache = model.run_with_cache(
+            base_t, names_filter=list(base_names), attention_mask=mask, stop_at_layer=n
+        )
+        src_final, src_cache = model.run_with_cache(
+            src_t, names_filter=list(src_names), attention_mask=mask, stop_at_layer=n
+        )
         base_logits, src_logits = final_logits(model, base_final), final_logits(model, src_final)
         if any(name.startswith("ln_final") for name in src_names):  # not reached by stop_at_layer=n
             store: dict[str, torch.Tensor] = {}
@@ -371,28 +446,47 @@ def _warn_nonfinite(per_pair: torch.Tensor, hook: str, metric: Any, index_names:
     """Warn (naming the first cell) when the metric is NaN/inf for some patched runs."""
     if not is_finite(per_pair):
         bad = (~torch.isfinite(per_pair)).nonzero()[0].tolist()
-        warnings.warn(f"patching {hook}: metric {metric_name(metric)} is not finite for some patched runs "
-                      f"({nonfinite_summary(per_pair)}; first at pair {bad[0]}, index {tuple(bad[1:])} of "
-                      f"{index_names}); those cells are NaN/inf in the result", NonFiniteWarning, stacklevel=3)
+        warnings.warn(
+            f"patching {hook}: metric {metric_name(metric)} is not finite for some patched runs "
+            f"({nonfinite_summary(per_pair)}; first at pair {bad[0]}, index {tuple(bad[1:])} of "
+            f"{index_names}); those cells are NaN/inf in the result",
+            NonFiniteWarning,
+            stacklevel=3,
+        )
 
 
-def normalize_effects(mean: torch.Tensor, per_pair: torch.Tensor, clean_m: torch.Tensor,
-                      corr_m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+def normalize_effects(
+    mean: torch.Tensor, per_pair: torch.Tensor, clean_m: torch.Tensor, corr_m: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Effects rescaled so 0 = the corrupted run's metric and 1 = the clean run's: ``mean`` by the
     pair-averaged metrics, ``per_pair`` ``[n_pairs, ...]`` by each pair's own; also returns the
     averaged gap. Raises when the clean and corrupted metrics coincide (undefined)."""
     gap, pair_gap = float(clean_m.mean() - corr_m.mean()), clean_m - corr_m
     if gap == 0 or bool((pair_gap == 0).any()):
-        raise ValueError(f"clean and corrupted runs give the same metric ({float(clean_m.mean()):.4g}); "
-                         "normalisation is undefined — check the prompts and the metric")
+        raise ValueError(
+            f"clean and corrupted runs give the same metric ({float(clean_m.mean()):.4g}); "
+            "normalisation is undefined — check the prompts and the metric"
+        )
     bcast = (-1,) + (1,) * mean.ndim
     return (mean - corr_m.mean()) / gap, (per_pair - corr_m.view(bcast)) / pair_gap.view(bcast), gap
 
 
-def result_fields(model: "HookedGPT2", mean: torch.Tensor, per_pair: torch.Tensor, index_names: tuple[str, ...],
-                  layers: list[int], pos_axis: list[int] | None, head_axis: list[int] | None, labels: list[str],
-                  hook: str, direction: str, metric: Metric, normalize: bool, clean_m: torch.Tensor,
-                  corr_m: torch.Tensor) -> dict[str, Any]:
+def result_fields(
+    model: HookedGPT2,
+    mean: torch.Tensor,
+    per_pair: torch.Tensor,
+    index_names: tuple[str, ...],
+    layers: list[int],
+    pos_axis: list[int] | None,
+    head_axis: list[int] | None,
+    labels: list[str],
+    hook: str,
+    direction: str,
+    metric: Metric,
+    normalize: bool,
+    clean_m: torch.Tensor,
+    corr_m: torch.Tensor,
+) -> dict[str, Any]:
     """The fields of a :class:`PatchResult` (shared by patching and attribution estimates): values,
     their axes and labels (``labels``: every position's label), the metric and its baselines."""
     n = model.cfg.n_layer
@@ -403,9 +497,17 @@ def result_fields(model: "HookedGPT2", mean: torch.Tensor, per_pair: torch.Tenso
         layers=layers,
         layer_labels=[("embed" if l < 0 else "ln_final" if l >= n else f"L{l}") for l in layers],
         positions=pos_axis,
-        position_labels=None if "pos" not in index_names else ["all"] if pos_axis is None else [labels[p] for p in pos_axis],
+        position_labels=None
+        if "pos" not in index_names
+        else ["all"]
+        if pos_axis is None
+        else [labels[p] for p in pos_axis],
         heads=head_axis,
-        head_labels=None if "head" not in index_names else ["all"] if head_axis is None else [f"H{h}" for h in head_axis],
+        head_labels=None
+        if "head" not in index_names
+        else ["all"]
+        if head_axis is None
+        else [f"H{h}" for h in head_axis],
         hook=hook,
         direction=direction,
         metric=metric_name(metric),
@@ -423,16 +525,26 @@ def _metric_rows(metric: Metric, rows: list[int], n_pairs: int) -> Metric | None
     in ways we cannot see (the caller then runs every pair itself)."""
     if not dataclasses.is_dataclass(metric):
         return None
-    changes = {f.name: getattr(metric, f.name)[rows] for f in dataclasses.fields(metric)
-               if isinstance(getattr(metric, f.name), torch.Tensor) and getattr(metric, f.name).ndim >= 1
-               and getattr(metric, f.name).shape[0] == n_pairs}
+    changes = {
+        f.name: getattr(metric, f.name)[rows]
+        for f in dataclasses.fields(metric)
+        if isinstance(getattr(metric, f.name), torch.Tensor)
+        and getattr(metric, f.name).ndim >= 1
+        and getattr(metric, f.name).shape[0] == n_pairs
+    }
     return dataclasses.replace(metric, **changes)
 
 
 def _layer_edit(
-    target: _Target, layer: int, ids: list[int], items: list, n_pairs: int,
-    src_cache: Mapping[str, torch.Tensor], base_cache: Mapping[str, torch.Tensor],
-    entries: Mapping[int, torch.Tensor], dev: torch.device,
+    target: _Target,
+    layer: int,
+    ids: list[int],
+    items: list,
+    n_pairs: int,
+    src_cache: Mapping[str, torch.Tensor],
+    base_cache: Mapping[str, torch.Tensor],
+    entries: Mapping[int, torch.Tensor],
+    dev: torch.device,
 ) -> Patch:
     """The edit for every row of ``layer``'s items: copy the source run's activation at the item's
     positions (and heads) into its rows."""
@@ -457,6 +569,18 @@ def _layer_edit(
     return Patch(name, rows[:, None, None], idx, src[(j[:, None, None], *idx)], pos_dim)
 
 
-__all__ = ["patch", "PatchResult", "pair_tokens", "position_labels", "normalize_effects", "result_fields", "Prompts",
-           # the metrics, re-exported: patching code usually wants them in one import
-           "Metric", "logit_diff", "prob", "kl_to", "metric_name"]
+__all__ = [
+    "patch",
+    "PatchResult",
+    "pair_tokens",
+    "position_labels",
+    "normalize_effects",
+    "result_fields",
+    "Prompts",
+    # the metrics, re-exported: patching code usually wants them in one import
+    "Metric",
+    "logit_diff",
+    "prob",
+    "kl_to",
+    "metric_name",
+]

@@ -53,7 +53,7 @@ Layers = Union[str, int, Sequence[int]]
 
 
 # ---------------------------------------------------------------------------- activations
-def probe_hooks(model: "HookedGPT2", hook: str, layers: Layers = "all") -> tuple[list[str], list[str]]:
+def probe_hooks(model: HookedGPT2, hook: str, layers: Layers = "all") -> tuple[list[str], list[str]]:
     """``(full hook names, short labels)`` to probe: a family (``"resid_post"``, ``"mlp_out"``,
     ``"z"``…) at ``layers`` (``"all"``, an int or a list), ``"resid"`` (every layer boundary:
     ``embed`` = resid_pre 0, then ``L{i}`` = resid_post i), or one full hook name."""
@@ -91,13 +91,16 @@ def probe_hooks(model: "HookedGPT2", hook: str, layers: Layers = "all") -> tuple
             raise ValueError(f"layer {bad[0]} is out of range: {model.cfg.name} has layers 0..{n - 1}")
         idx = [i % n for i in idx]
     if hook in ("attn_scores", "scores", "pattern", "attn"):
-        raise ValueError(f"hook {hook!r} is indexed [batch, head, query, key], not by position; probe 'z' "
-                         "(per-head outputs) or 'attn_out' instead")
+        raise ValueError(
+            f"hook {hook!r} is indexed [batch, head, query, key], not by position; probe 'z' "
+            "(per-head outputs) or 'attn_out' instead"
+        )
     return [hook_name(hook, i) for i in idx], [f"L{i}" for i in idx]
 
 
-def _positions(model: "HookedGPT2", prompts: list[str], subjects: list[str] | None, position: str,
-               lengths: list[int]) -> list[tuple[int, int]]:
+def _positions(
+    model: HookedGPT2, prompts: list[str], subjects: list[str] | None, position: str, lengths: list[int]
+) -> list[tuple[int, int]]:
     """Per prompt, the span ``[lo, hi)`` of its own tokens (BOS = 0) that the position rule reads."""
     if position == "last":
         return [(n - 1, n) for n in lengths]
@@ -111,7 +114,7 @@ def _positions(model: "HookedGPT2", prompts: list[str], subjects: list[str] | No
 
 @torch.no_grad()
 def collect_activations(
-    model: "HookedGPT2",
+    model: HookedGPT2,
     prompts: Sequence[str],
     names: Sequence[str],
     subjects: Sequence[str] | None = None,
@@ -150,8 +153,10 @@ def collect_activations(
         for name in names:
             act = cache[name]
             if act.ndim < 3 or act.shape[1] != width:
-                raise ValueError(f"hook {name!r} gives activations of shape {tuple(act.shape)}, not [batch, pos, ...]; "
-                                 "probe a hook indexed by position (resid_*, mlp_out, attn_out, z, …)")
+                raise ValueError(
+                    f"hook {name!r} gives activations of shape {tuple(act.shape)}, not [batch, pos, ...]; "
+                    "probe a hook indexed by position (resid_*, mlp_out, attn_out, z, …)"
+                )
             act = act.reshape(*act.shape[:2], -1).float()  # [b, width, d]
             out[name].append(torch.einsum("bp,bpd->bd", w, act).cpu())
     return {n: torch.cat(v) for n, v in out.items()}
@@ -186,7 +191,7 @@ class ProbeResult(Result):
     model_name: str = ""  # the model the activations came from ("" for precomputed features)
     fingerprint: str = ""  # its weights_fingerprint: the probes read only that model's activations
 
-    def check(self, model: "HookedGPT2") -> None:
+    def check(self, model: HookedGPT2) -> None:
         """Raise a ValueError unless ``model`` has the weights these probes were fitted on (probes
         from precomputed features, which carry no fingerprint, are not checked)."""
         if not self.fingerprint:
@@ -199,8 +204,14 @@ class ProbeResult(Result):
                 "fitted on: run probe(model, …) for this model"
             )
 
-    def predict(self, model: "HookedGPT2", prompts: Sequence[str], layer: int | str,
-                subjects: Sequence[str] | None = None, batch_size: int = 64) -> list:
+    def predict(
+        self,
+        model: HookedGPT2,
+        prompts: Sequence[str],
+        layer: int | str,
+        subjects: Sequence[str] | None = None,
+        batch_size: int = 64,
+    ) -> list:
         """The fitted probe at ``layer`` applied to ``prompts`` on ``model`` (which must be the model it
         was fitted on): a class name per prompt, or a value (regression)."""
         self.check(model)
@@ -250,13 +261,20 @@ class ProbeResult(Result):
         d = super().to_dict()
         d.pop("estimators")
         d.pop("fold")
-        d.update(mean=self.mean, ci=self.ci, control_mean=self.control_mean, selectivity=self.selectivity,
-                 selectivity_ci=self.selectivity_ci)
+        d.update(
+            mean=self.mean,
+            ci=self.ci,
+            control_mean=self.control_mean,
+            selectivity=self.selectivity,
+            selectivity_ci=self.selectivity_ci,
+        )
         return to_jsonable(d)
 
     def table(self) -> str:
-        head = (f"probe {self.task!r} ({self.kind}, {self.n_prompts} prompts, {self.n_groups} groups, "
-                f"{self.n_folds} group folds) on {self.hook} at {self.position}; chance {self.chance:.3f}")
+        head = (
+            f"probe {self.task!r} ({self.kind}, {self.n_prompts} prompts, {self.n_groups} groups, "
+            f"{self.n_folds} group folds) on {self.hook} at {self.position}; chance {self.chance:.3f}"
+        )
         cols = f"  {'layer':<8}{self.metric:>16}"
         if self.control_scores is not None:
             cols += f"{'control (' + str(self.control) + ')':>26}{'selectivity':>20}"
@@ -264,12 +282,14 @@ class ProbeResult(Result):
         for i, name in enumerate(self.layers):
             row = f"  {name:<8}{float(self.mean[i]):>9.3f} ± {float(self.ci[i]):.3f}"
             if self.control_scores is not None:
-                row += (f"{float(self.control_mean[i]):>19.3f} ± {float(self.control_ci[i]):.3f}"
-                        f"{float(self.selectivity[i]):>13.3f} ± {float(self.selectivity_ci[i]):.3f}")
+                row += (
+                    f"{float(self.control_mean[i]):>19.3f} ± {float(self.control_ci[i]):.3f}"
+                    f"{float(self.selectivity[i]):>13.3f} ± {float(self.selectivity_ci[i]):.3f}"
+                )
             lines.append(row)
         return "\n".join(lines)
 
-    def plot(self, **kwargs: Any) -> "Figure":
+    def plot(self, **kwargs: Any) -> Figure:
         """Score, control score and selectivity by layer, with 95% intervals over folds."""
         from ..plots.probes import plot_probe
 
@@ -285,8 +305,9 @@ class ProbeResult(Result):
             return self.layers.index(f"L{layer}")
         raise KeyError(f"no probed layer {layer!r}; probed: {', '.join(self.layers)} (pass a block index or a label)")
 
-    def direction(self, layer: int | str, cls: str | int | None = None, normalize: bool = True,
-                  model: "HookedGPT2 | None" = None) -> torch.Tensor:
+    def direction(
+        self, layer: int | str, cls: str | int | None = None, normalize: bool = True, model: HookedGPT2 | None = None
+    ) -> torch.Tensor:
         """The probe's weight vector ``[d]`` in the hook's own activation space (the scaler's
         division folded in: ``w_raw = w / σ``), unit-norm by default: adding ``α·direction`` to
         the activation raises the probe's logit for ``cls`` (regression: the predicted value).
@@ -324,16 +345,20 @@ def _ci(scores: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------- probing
-def _pipeline(kind: str, C: float, seed: int) -> "Pipeline":
+def _pipeline(kind: str, C: float, seed: int) -> Pipeline:
     from sklearn.linear_model import LogisticRegression, Ridge
     from sklearn.pipeline import Pipeline
     from sklearn.preprocessing import StandardScaler
 
-    est = LogisticRegression(C=C, max_iter=2000, random_state=seed) if kind == "classification" else Ridge(alpha=1.0 / C)
+    est = (
+        LogisticRegression(C=C, max_iter=2000, random_state=seed) if kind == "classification" else Ridge(alpha=1.0 / C)
+    )
     return Pipeline([("scale", StandardScaler()), ("probe", est)])
 
 
-def _folds(y: np.ndarray, groups: np.ndarray, kind: str, n_folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def _folds(
+    y: np.ndarray, groups: np.ndarray, kind: str, n_folds: int, seed: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
     from sklearn.model_selection import GroupKFold, StratifiedGroupKFold
 
     if kind == "classification":
@@ -358,7 +383,7 @@ def control_labels(labels: np.ndarray, groups: np.ndarray, control: str, seed: i
     raise ValueError(f"control must be one of {CONTROLS}, got {control!r}")
 
 
-def _score(est: "Pipeline", X: np.ndarray, y: np.ndarray, folds: list, kind: str) -> np.ndarray:
+def _score(est: Pipeline, X: np.ndarray, y: np.ndarray, folds: list, kind: str) -> np.ndarray:
     from sklearn.base import clone
     from sklearn.metrics import accuracy_score, r2_score
 
@@ -381,8 +406,10 @@ def check_labels(
         raise ValueError(f"got {len(labels)} labels for {n} prompts; give exactly one label per prompt")
     missing = next((i for i, v in enumerate(labels) if v is None or (isinstance(v, float) and math.isnan(v))), None)
     if missing is not None:
-        raise ValueError(f"labels[{missing}] is missing ({labels[missing]!r}); every prompt needs a label "
-                         "(drop the prompts without one)")
+        raise ValueError(
+            f"labels[{missing}] is missing ({labels[missing]!r}); every prompt needs a label "
+            "(drop the prompts without one)"
+        )
     y = np.asarray(labels)
     if kind is None:
         kind = "regression" if y.dtype.kind == "f" else "classification"
@@ -395,13 +422,17 @@ def check_labels(
         y = y.astype(str)
         classes = [str(c) for c in np.unique(y)]
         if len(classes) < 2:
-            raise ValueError(f"all {n} labels are {classes[0]!r}: a probe needs at least two classes; "
-                             "give labels with two or more values")
+            raise ValueError(
+                f"all {n} labels are {classes[0]!r}: a probe needs at least two classes; "
+                "give labels with two or more values"
+            )
     else:
         y = y.astype(np.float64)
     if groups is not None and any(v is None for v in groups):
-        raise ValueError(f"groups[{next(i for i, v in enumerate(groups) if v is None)}] is missing (None); "
-                         "give a group (e.g. the subject) for every prompt")
+        raise ValueError(
+            f"groups[{next(i for i, v in enumerate(groups) if v is None)}] is missing (None); "
+            "give a group (e.g. the subject) for every prompt"
+        )
     g = np.asarray(list(groups)) if groups is not None else np.arange(n)
     if len(g) != n:
         raise ValueError(f"got {len(g)} groups for {n} prompts; give one group (e.g. the subject) per prompt")
@@ -464,11 +495,22 @@ def probe_features(
     for k, (_, te) in enumerate(folds):
         fold[te] = k
     return ProbeResult(
-        task=task, kind=kind, metric="accuracy" if kind == "classification" else "R²", hook=hook, position=position,
-        layers=layer_labels, hooks=list(hooks) if hooks is not None else layer_labels,
-        scores=torch.tensor(np.stack(scores), dtype=torch.float32), control=control,
+        task=task,
+        kind=kind,
+        metric="accuracy" if kind == "classification" else "R²",
+        hook=hook,
+        position=position,
+        layers=layer_labels,
+        hooks=list(hooks) if hooks is not None else layer_labels,
+        scores=torch.tensor(np.stack(scores), dtype=torch.float32),
+        control=control,
         control_scores=None if y_ctrl is None else torch.tensor(np.stack(ctrl), dtype=torch.float32),
-        chance=chance, classes=classes, n_prompts=n, n_groups=len(np.unique(g)), n_folds=len(folds), fold=fold.tolist(),
+        chance=chance,
+        classes=classes,
+        n_prompts=n,
+        n_groups=len(np.unique(g)),
+        n_folds=len(folds),
+        fold=fold.tolist(),
         estimators=fitted,
     )
 
@@ -479,7 +521,7 @@ def _majority(y: np.ndarray) -> str:
 
 
 def probe(
-    model: "HookedGPT2",
+    model: HookedGPT2,
     prompts: Sequence[str] | Any,
     labels: Sequence | None = None,
     hook: str = "resid_post",
@@ -525,11 +567,31 @@ def probe(
     names, layer_labels = probe_hooks(model, hook, layers)
     acts = collect_activations(model, prompts, names, subjects, position, batch_size, progress)
     result = probe_features(
-        [acts[n] for n in names], labels, groups, layer_labels, kind, control, n_folds, C, seed,
-        task=task, hook=hook, hooks=names, position=position, progress=progress,
+        [acts[n] for n in names],
+        labels,
+        groups,
+        layer_labels,
+        kind,
+        control,
+        n_folds,
+        C,
+        seed,
+        task=task,
+        hook=hook,
+        hooks=names,
+        position=position,
+        progress=progress,
     )
     result.model_name, result.fingerprint = model.cfg.name, weights_fingerprint(model)
     return result
 
 
-__all__ = ["ProbeResult", "probe", "probe_features", "check_labels", "collect_activations", "control_labels", "probe_hooks"]
+__all__ = [
+    "ProbeResult",
+    "check_labels",
+    "collect_activations",
+    "control_labels",
+    "probe",
+    "probe_features",
+    "probe_hooks",
+]

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from ..model import HookedGPT2
 
 
-def target_ids(model: "HookedGPT2", target: str) -> list[int]:
+def target_ids(model: HookedGPT2, target: str) -> list[int]:
     """Token ids of a (possibly multi-token) target string; a non-string or empty target raises."""
     if not isinstance(target, str):
         raise TypeError(f"target must be a string such as ' Rome', got {type(target).__name__}")
@@ -21,7 +21,7 @@ def target_ids(model: "HookedGPT2", target: str) -> list[int]:
     return model.tokenizer.encode_ids(target)
 
 
-def token_span(model: "HookedGPT2", text: str, lo: int, hi: int, prepend_bos: bool = True) -> tuple[int, int]:
+def token_span(model: HookedGPT2, text: str, lo: int, hi: int, prepend_bos: bool = True) -> tuple[int, int]:
     """``(start, end)`` positions (end exclusive) in ``model.to_tokens(text, prepend_bos)`` of every
     token that overlaps characters ``[lo, hi)`` of ``text`` (GPT-2 merges a leading space into a
     word's first token: "The| E|iff|el| Tower")."""
@@ -33,7 +33,7 @@ def token_span(model: "HookedGPT2", text: str, lo: int, hi: int, prepend_bos: bo
     return bos + hit[0], bos + hit[-1] + 1
 
 
-def subject_span(model: "HookedGPT2", prompt: str, subject: str, prepend_bos: bool = True) -> tuple[int, int]:
+def subject_span(model: HookedGPT2, prompt: str, subject: str, prepend_bos: bool = True) -> tuple[int, int]:
     """``(start, end)`` token positions of the first occurrence of ``subject`` in
     ``model.to_tokens(prompt)`` (end exclusive): every token that overlaps the subject's characters.
 
@@ -56,7 +56,7 @@ def subject_span(model: "HookedGPT2", prompt: str, subject: str, prepend_bos: bo
     return token_span(model, prompt, idx, idx + len(subject), prepend_bos)
 
 
-def prompt_position(model: "HookedGPT2", prompt: str, position: int, what: str) -> tuple[torch.Tensor, int]:
+def prompt_position(model: HookedGPT2, prompt: str, position: int, what: str) -> tuple[torch.Tensor, int]:
     """Tokens ``[1, pos]`` of one prompt and ``position`` as a non-negative index (BOS included);
     a non-string prompt or an out-of-range position raises, saying the valid range."""
     if not isinstance(prompt, str):
@@ -67,6 +67,8 @@ def prompt_position(model: "HookedGPT2", prompt: str, position: int, what: str) 
     tokens, _ = model.tokenize(prompt)
     length = tokens.shape[1]
     if not -length <= position < length:
-        raise IndexError(f"position {position} is out of range for a prompt of {length} tokens (BOS included): "
-                         f"use {-length}..{length - 1}")
+        raise IndexError(
+            f"position {position} is out of range for a prompt of {length} tokens (BOS included): "
+            f"use {-length}..{length - 1}"
+        )
     return tokens, position % length

@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from ..core import distributed
 from ..core.checks import check_count
 from ..core.finite import require_finite
-from ..core import distributed
 from ..core.progress import progress_bar
-from .known import knows
-from .engine import Patch, base_kv_from, entry_name, kv_names, run_staircase
 from ..core.result import Result
+from .engine import Patch, base_kv_from, entry_name, kv_names, run_staircase
+from .known import knows
 from .tokens import subject_span, target_ids
 
 if TYPE_CHECKING:
@@ -43,8 +43,12 @@ Kind = Literal["hidden", "mlp", "attn"]
 KINDS: tuple[str, ...] = ("hidden", "mlp", "attn")
 #: ROME's Figure-2 position buckets, in order.
 BUCKETS: tuple[str, ...] = (
-    "first subject token", "middle subject tokens", "last subject token",
-    "first subsequent token", "further tokens", "last token",
+    "first subject token",
+    "middle subject tokens",
+    "last subject token",
+    "first subsequent token",
+    "further tokens",
+    "last token",
 )
 
 
@@ -89,13 +93,17 @@ class TraceResult(Result):
     def header(self) -> str:
         """Prompt, target, clean and corrupted probability, and the noise: the trace's baselines."""
         weak = "  [weak corruption]" if self.corrupted_score > WEAK_CORRUPTION * self.clean_score else ""
-        return (f"{self.prompt!r} → {self.target!r}: clean p = {self.clean_score:.4f}, corrupted p = "
-                f"{self.corrupted_score:.4f}{weak} (noise std {self.noise_std:.4g}, {self.samples} samples)")
+        return (
+            f"{self.prompt!r} → {self.target!r}: clean p = {self.clean_score:.4f}, corrupted p = "
+            f"{self.corrupted_score:.4f}{weak} (noise std {self.noise_std:.4g}, {self.samples} samples)"
+        )
 
     def peak_line(self) -> str:
         tok_, layer, score = self.peak()
-        return (f"  {self.kind:<6} peak: restoring {tok_!r} at {layer} gives p = {score:.4f} "
-                f"(indirect effect {score - self.corrupted_score:+.4f})")
+        return (
+            f"  {self.kind:<6} peak: restoring {tok_!r} at {layer} gives p = {score:.4f} "
+            f"(indirect effect {score - self.corrupted_score:+.4f})"
+        )
 
     def table(self) -> str:
         return self.header() + "\n" + self.peak_line()
@@ -135,7 +143,7 @@ NOISE_MULTIPLE = 3.0
 WEAK_CORRUPTION = 0.5
 
 
-def embedding_std(model: "HookedGPT2", texts: Sequence[str] | None = None, ids: Sequence[int] | None = None) -> float:
+def embedding_std(model: HookedGPT2, texts: Sequence[str] | None = None, ids: Sequence[int] | None = None) -> float:
     """Std of the token embeddings (all entries) of ``texts`` (each tokenized alone) or of token ``ids``.
     ``3 × embedding_std`` of the subjects is ROME's noise scale — measured on subject tokens, not on
     all of W_E, whose untrained rows (47k of them in gpt2-facts) would make the noise far too weak."""
@@ -149,18 +157,20 @@ def embedding_std(model: "HookedGPT2", texts: Sequence[str] | None = None, ids: 
     return float(model.W_E.detach()[ids].float().std())
 
 
-def resolve_noise(model: "HookedGPT2", noise: float | None, subject_ids: Sequence[int]) -> float:
+def resolve_noise(model: HookedGPT2, noise: float | None, subject_ids: Sequence[int]) -> float:
     """The absolute noise std: ``noise`` if given (a number ≥ 0), else ROME's rule,
     ``NOISE_MULTIPLE`` × the std of the embeddings of the traced subjects' tokens ``subject_ids``."""
     if noise is None:
         return NOISE_MULTIPLE * embedding_std(model, ids=subject_ids)
     if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not math.isfinite(noise) or noise < 0:
-        raise ValueError(f"noise is the absolute std of the embedding noise, a finite number ≥ 0 (or None for "
-                         f"ROME's rule, 3 × the std of the subject tokens' embeddings); got {noise!r}")
+        raise ValueError(
+            f"noise is the absolute std of the embedding noise, a finite number ≥ 0 (or None for "
+            f"ROME's rule, 3 × the std of the subject tokens' embeddings); got {noise!r}"
+        )
     return float(noise)
 
 
-def _subject_ids(model: "HookedGPT2", cases: Sequence["_Case"]) -> list[int]:
+def _subject_ids(model: HookedGPT2, cases: Sequence[_Case]) -> list[int]:
     """The token ids the noise lands on: the subject span of every case."""
     out = []
     for c in cases:
@@ -174,7 +184,9 @@ def _check_corruption(clean: float, corrupted: float, where: str) -> None:
         warnings.warn(
             f"weak corruption in {where}: the noise only lowers P(target) from {clean:.3g} to {corrupted:.3g} "
             f"(> {WEAK_CORRUPTION:.0%} of clean), so restoring states can show little; raise `noise` "
-            f"(ROME's rule is the default, noise=None)", stacklevel=3)
+            f"(ROME's rule is the default, noise=None)",
+            stacklevel=3,
+        )
 
 
 def _draws(samples: int, n_tok: int, d: int, seed: int) -> torch.Tensor:
@@ -201,7 +213,7 @@ class _Case:
     target: str | int | None
 
 
-def _check_trace_args(model: "HookedGPT2", kind: str, samples: int, window: int | None) -> int:
+def _check_trace_args(model: HookedGPT2, kind: str, samples: int, window: int | None) -> int:
     """Validate the trace settings; returns the window (the default when ``None``)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
@@ -222,17 +234,31 @@ class _Runs:
     rep_mask: torch.Tensor | None  # [F*S, P]
 
 
-def _runs(model: "HookedGPT2", cases: Sequence[_Case], tokens: torch.Tensor, mask: torch.Tensor | None,
-          spans: list[tuple[int, int]], src_names: list[str], stages: list[int], std: float, S: int, seed: int) -> _Runs:
+def _runs(
+    model: HookedGPT2,
+    cases: Sequence[_Case],
+    tokens: torch.Tensor,
+    mask: torch.Tensor | None,
+    spans: list[tuple[int, int]],
+    src_names: list[str],
+    stages: list[int],
+    std: float,
+    S: int,
+    seed: int,
+) -> _Runs:
     """The clean run (caching the restored family) and ``S`` noisy copies of each prompt (caching the
     residual entering each stage and the keys/values the staircase reuses)."""
     n, dev = model.cfg.n_layer, model.device
     Fn, P = tokens.shape
-    clean_final, clean_cache = model.run_with_cache(tokens, names_filter=src_names, attention_mask=mask, stop_at_layer=n)
+    clean_final, clean_cache = model.run_with_cache(
+        tokens, names_filter=src_names, attention_mask=mask, stop_at_layer=n
+    )
     clean_logp = model.unembed(model.ln_final(clean_final[:, -1])).float().log_softmax(-1)  # [F, d_vocab]
     # no host syncs here (the GPU check counts them): index tensors are built on the CPU and sent
     # non_blocking; the results come back in one transfer at the end
-    given = torch.tensor([-1 if c.target is None else model.to_single_token(c.target) for c in cases]).to(dev, non_blocking=True)
+    given = torch.tensor([-1 if c.target is None else model.to_single_token(c.target) for c in cases]).to(
+        dev, non_blocking=True
+    )
     targets = torch.where(given >= 0, given, clean_logp.argmax(-1))  # default: the clean top-1
     clean_score = clean_logp.gather(-1, targets[:, None])[:, 0].exp()
     noise = torch.zeros(Fn * S, P, model.cfg.d_model, dtype=model.dtype, device=dev)
@@ -241,19 +267,35 @@ def _runs(model: "HookedGPT2", cases: Sequence[_Case], tokens: torch.Tensor, mas
     rep_mask = None if mask is None else mask.repeat_interleave(S, 0)
     with model.hooks([("hook_embed", lambda act, hook: act + noise)]):
         corr_final, corr_cache = model.run_with_cache(
-            tokens.repeat_interleave(S, 0), names_filter=[entry_name(model, s) for s in stages if s < n] + kv_names(model, min(stages)),
-            attention_mask=rep_mask, stop_at_layer=n)
+            tokens.repeat_interleave(S, 0),
+            names_filter=[entry_name(model, s) for s in stages if s < n] + kv_names(model, min(stages)),
+            attention_mask=rep_mask,
+            stop_at_layer=n,
+        )
     corr_logp = model.unembed(model.ln_final(corr_final[:, -1])).float().log_softmax(-1)
     fact_of = torch.arange(Fn, device=dev).repeat_interleave(S)
     corr_score = corr_logp.gather(-1, targets[fact_of][:, None])[:, 0].exp().view(Fn, S).mean(1)
-    require_finite(clean_score, "causal trace: P(target) on the clean run", "check the model's weights and active hooks")
-    require_finite(corr_score, "causal trace: P(target) on the corrupted runs", "check the noise level and active hooks")
+    require_finite(
+        clean_score, "causal trace: P(target) on the clean run", "check the model's weights and active hooks"
+    )
+    require_finite(
+        corr_score, "causal trace: P(target) on the corrupted runs", "check the noise level and active hooks"
+    )
     entries = {s: corr_cache[entry_name(model, s)] if s < n else corr_final for s in stages}
-    return _Runs(targets, clean_score, clean_cache, corr_score, entries, base_kv_from(corr_cache, model, min(stages)), rep_mask)
+    return _Runs(
+        targets, clean_score, clean_cache, corr_score, entries, base_kv_from(corr_cache, model, min(stages)), rep_mask
+    )
 
 
-def _restorations(model: "HookedGPT2", kind: str, cells: list[tuple[int, int, int]], window: int, S: int,
-                  src_names: list[str], clean_cache: Any) -> list[Patch]:
+def _restorations(
+    model: HookedGPT2,
+    kind: str,
+    cells: list[tuple[int, int, int]],
+    window: int,
+    S: int,
+    src_names: list[str],
+    clean_cache: Any,
+) -> list[Patch]:
     """One patch per layer restoring the clean value at each cell's token (``S`` rows a cell): the
     hidden state as the row enters block ``l + 1``, or the output of layer ``l`` for every cell whose
     window covers ``l``."""
@@ -280,8 +322,15 @@ def _restorations(model: "HookedGPT2", kind: str, cells: list[tuple[int, int, in
 
 @torch.inference_mode()
 def _trace_batch(
-    model: "HookedGPT2", cases: Sequence[_Case], kind: str, std: float, samples: int, window: int | None,
-    seed: int, batch_size: int | None, progress: bool | None,
+    model: HookedGPT2,
+    cases: Sequence[_Case],
+    kind: str,
+    std: float,
+    samples: int,
+    window: int | None,
+    seed: int,
+    batch_size: int | None,
+    progress: bool | None,
 ) -> list[TraceResult]:
     """Causal traces of several prompts in one staircase run (prompts left-padded together)."""
     window = _check_trace_args(model, kind, samples, window)
@@ -311,15 +360,40 @@ def _trace_batch(
     def readout(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         return logits.float().log_softmax(-1).gather(-1, row_target[rows, None])[:, 0].exp()
 
-    probs = run_staircase(model, runs.entries, start, base, edits, readout, runs.rep_mask, batch_size, S, progress,
-                          desc=f"tracing {kind}", first_pos=ct_c.repeat_interleave(S), base_kv=runs.base_kv)
+    probs = run_staircase(
+        model,
+        runs.entries,
+        start,
+        base,
+        edits,
+        readout,
+        runs.rep_mask,
+        batch_size,
+        S,
+        progress,
+        desc=f"tracing {kind}",
+        first_pos=ct_c.repeat_interleave(S),
+        base_kv=runs.base_kv,
+    )
     cell_score = probs.view(C, S).mean(1).cpu()
     return _results(model, cases, kind, tokens, lengths, spans, cells, cell_score, runs, std, S, window, seed)
 
 
-def _results(model: "HookedGPT2", cases: Sequence[_Case], kind: str, tokens: torch.Tensor, lengths: list[int],
-             spans: list[tuple[int, int]], cells: list[tuple[int, int, int]], cell_score: torch.Tensor, runs: _Runs,
-             std: float, S: int, window: int, seed: int) -> list[TraceResult]:
+def _results(
+    model: HookedGPT2,
+    cases: Sequence[_Case],
+    kind: str,
+    tokens: torch.Tensor,
+    lengths: list[int],
+    spans: list[tuple[int, int]],
+    cells: list[tuple[int, int, int]],
+    cell_score: torch.Tensor,
+    runs: _Runs,
+    std: float,
+    S: int,
+    window: int,
+    seed: int,
+) -> list[TraceResult]:
     """One :class:`TraceResult` per prompt: the cells' scores on a ``[tokens after BOS, layers]`` grid
     (cells before the subject keep the corrupted score)."""
     n, P = model.cfg.n_layer, tokens.shape[1]
@@ -335,21 +409,31 @@ def _results(model: "HookedGPT2", cases: Sequence[_Case], kind: str, tokens: tor
         grid[ct_c[mine] - first, cl_c[mine]] = cell_score[mine]
         tid = int(target_f[i])
         s, e = spans[i]
-        results.append(TraceResult(
-            prompt=c.prompt, subject=c.subject, kind=kind,
-            tokens=[model.tokenizer.token_str(x) for x in tokens_c[i, first:].tolist()],
-            subject_range=(s - first, e - first),
-            layer_labels=[f"L{l}" for l in range(n)],
-            target=model.tokenizer.token_str(tid), target_id=tid,
-            scores=grid, indirect_effect=grid - corr_score[i],
-            clean_score=clean_score[i], corrupted_score=corr_score[i],
-            noise_std=std, samples=S, window=window, seed=seed,
-        ))
+        results.append(
+            TraceResult(
+                prompt=c.prompt,
+                subject=c.subject,
+                kind=kind,
+                tokens=[model.tokenizer.token_str(x) for x in tokens_c[i, first:].tolist()],
+                subject_range=(s - first, e - first),
+                layer_labels=[f"L{l}" for l in range(n)],
+                target=model.tokenizer.token_str(tid),
+                target_id=tid,
+                scores=grid,
+                indirect_effect=grid - corr_score[i],
+                clean_score=clean_score[i],
+                corrupted_score=corr_score[i],
+                noise_std=std,
+                samples=S,
+                window=window,
+                seed=seed,
+            )
+        )
     return results
 
 
 def causal_trace(
-    model: "HookedGPT2",
+    model: HookedGPT2,
     prompt: str,
     subject: str,
     target: str | int | None = None,
@@ -377,8 +461,12 @@ def causal_trace(
 
 
 def causal_trace_all(
-    model: "HookedGPT2", prompt: str, subject: str, target: str | int | None = None,
-    kinds: Sequence[str] = KINDS, **kwargs: Any,
+    model: HookedGPT2,
+    prompt: str,
+    subject: str,
+    target: str | int | None = None,
+    kinds: Sequence[str] = KINDS,
+    **kwargs: Any,
 ) -> TraceSet:
     """:func:`causal_trace` for each kind (hidden, mlp, attn) → a :class:`TraceSet` (three-panel plot)."""
     return TraceSet([causal_trace(model, prompt, subject, target, kind=k, **kwargs) for k in kinds])
@@ -388,8 +476,10 @@ def causal_trace_all(
 def _as_case(c: Any) -> tuple[str, str, str]:
     if isinstance(c, (tuple, list)) and len(c) == 3 and all(isinstance(x, str) for x in c):
         return tuple(c)
-    raise TypeError(f"a case is a (prompt, subject, target) triple of strings, got {c!r:.80}; "
-                    "build them from the fact base with FactBase.cases(...)")
+    raise TypeError(
+        f"a case is a (prompt, subject, target) triple of strings, got {c!r:.80}; "
+        "build them from the fact base with FactBase.cases(...)"
+    )
 
 
 @dataclass
@@ -428,9 +518,12 @@ class AverageTrace(Result):
 
     def table(self) -> str:
         """The baselines, then per kind the peak average indirect effect in each position bucket."""
-        lines = [f"average causal trace over {self.n_known} known of {self.n_facts} facts: clean p = {self.clean_score:.4f}, "
-                 f"corrupted p = " + ", ".join(f"{k} {c:.4f}" for k, c in zip(self.kinds, self.corrupted_score))
-                 + f" (noise std {self.noise_std:.4g}, {self.samples} samples)"]
+        lines = [
+            f"average causal trace over {self.n_known} known of {self.n_facts} facts: clean p = {self.clean_score:.4f}, "
+            f"corrupted p = "
+            + ", ".join(f"{k} {c:.4f}" for k, c in zip(self.kinds, self.corrupted_score))
+            + f" (noise std {self.noise_std:.4g}, {self.samples} samples)"
+        ]
         for kind in self.kinds:
             lines.append(f"  {kind} — peak average indirect effect by bucket:")
             for b, bucket in enumerate(self.buckets):
@@ -451,13 +544,17 @@ def bucket_cells(n_tokens: int, subject_range: tuple[int, int]) -> list[list[int
     b, e = subject_range
     last = n_tokens - 1
     return [
-        [b], list(range(b + 1, e - 1)), [e - 1],
-        [e] if e <= last else [], list(range(e + 1, last)), [last],
+        [b],
+        list(range(b + 1, e - 1)),
+        [e - 1],
+        [e] if e <= last else [],
+        list(range(e + 1, last)),
+        [last],
     ]
 
 
 def average_trace(
-    model: "HookedGPT2",
+    model: HookedGPT2,
     cases: Sequence[tuple[str, str, str]],
     kind: str | Sequence[str] = "hidden",
     noise: float | None = None,
@@ -488,8 +585,10 @@ def average_trace(
     with torch.inference_mode():  # the one "known" rule (analysis.known): top-1 = an informative first token
         known = [i for i, k in enumerate(knows(model, [p for p, _, _ in cases], [t for _, _, t in cases])) if k]
     if not known:
-        raise ValueError(f"the model knows none of the {len(cases)} facts (clean top-1 ≠ the target's first token, "
-                         "or a whitespace-only first token); nothing to average")
+        raise ValueError(
+            f"the model knows none of the {len(cases)} facts (clean top-1 ≠ the target's first token, "
+            "or a whitespace-only first token); nothing to average"
+        )
     std = resolve_noise(model, noise, _subject_ids(model, [_Case(*cases[i]) for i in known]))
     n = model.cfg.n_layer
     sums = torch.zeros(len(kinds), len(BUCKETS), n)
@@ -498,7 +597,9 @@ def average_trace(
     clean, low = [], [[] for _ in kinds]
     batches = [known[a : a + facts_per_batch] for a in range(0, len(known), facts_per_batch)]
     # distributed: each rank traces its share of the batches; sums and counts are all-reduced below
-    for idx in progress_bar(distributed.shard(batches, group), desc="average trace", enabled=progress and distributed.is_main(group)):
+    for idx in progress_bar(
+        distributed.shard(batches, group), desc="average trace", enabled=progress and distributed.is_main(group)
+    ):
         batch = [_Case(cases[i][0], cases[i][1], target_ids(model, cases[i][2])[0]) for i in idx]
         for k, kd in enumerate(kinds):
             for r in _trace_batch(model, batch, kd, std, samples, window, seed, batch_size, False):
@@ -515,15 +616,25 @@ def average_trace(
     if distributed.is_distributed(group):
         sums, effect = distributed.all_reduce_sum(sums, group), distributed.all_reduce_sum(effect, group)
         counts = [int(c) for c in distributed.all_reduce_sum(torch.tensor(counts), group).tolist()]
-        means = distributed.all_reduce_sum(torch.tensor([sum(clean)] + [sum(v) for v in low], dtype=torch.float64), group) / len(known)
+        means = distributed.all_reduce_sum(
+            torch.tensor([sum(clean)] + [sum(v) for v in low], dtype=torch.float64), group
+        ) / len(known)
         clean_score, corrupted = float(means[0]), means[1:].tolist()
     div = torch.tensor(counts, dtype=torch.float).clamp(min=1)[None, :, None]
     _check_corruption(clean_score, max(corrupted), "the averaged trace")
     return AverageTrace(
-        kinds=kinds, buckets=list(BUCKETS), layer_labels=[f"L{l}" for l in range(n)],
-        scores=sums / div, indirect_effect=effect / div, counts=counts,
-        n_facts=len(cases), n_known=len(known),
-        clean_score=clean_score, corrupted_score=corrupted,
-        noise_std=std, samples=samples, window=default_window(n) if window is None else window,
+        kinds=kinds,
+        buckets=list(BUCKETS),
+        layer_labels=[f"L{l}" for l in range(n)],
+        scores=sums / div,
+        indirect_effect=effect / div,
+        counts=counts,
+        n_facts=len(cases),
+        n_known=len(known),
+        clean_score=clean_score,
+        corrupted_score=corrupted,
+        noise_std=std,
+        samples=samples,
+        window=default_window(n) if window is None else window,
         facts=[f"{cases[i][0]} →{cases[i][2]}" for i in known],
     )

@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 import torch
-import torch.nn.functional as F
 
 from ..core import distributed
 from ..core.checks import check_count, check_prompts
@@ -58,11 +57,13 @@ FORMAT = "gpt2-interp/tuned-lens/1"
 Corpus = Union[str, Path, Sequence[str]]
 
 
-def boundary_names(model: "HookedGPT2") -> tuple[list[str], list[str]]:
+def boundary_names(model: HookedGPT2) -> tuple[list[str], list[str]]:
     """``(hook names, labels)`` of the layer boundaries: ``embed`` (resid_pre 0), then ``L{i}`` (resid_post i)."""
     n = model.cfg.n_layer
-    return ([hook_name("resid_pre", 0)] + [hook_name("resid_post", i) for i in range(n)],
-            ["embed"] + [f"L{i}" for i in range(n)])
+    return (
+        [hook_name("resid_pre", 0)] + [hook_name("resid_post", i) for i in range(n)],
+        ["embed"] + [f"L{i}" for i in range(n)],
+    )
 
 
 @dataclass
@@ -78,12 +79,17 @@ class TunedLens:
     meta: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def identity(cls, model: "HookedGPT2") -> "TunedLens":
+    def identity(cls, model: HookedGPT2) -> TunedLens:
         """Every translator the identity: decodes exactly as the logit lens does."""
         _, labels = boundary_names(model)
         d = model.cfg.d_model
-        return cls(labels=labels, weight=torch.zeros(len(labels), d, d), bias=torch.zeros(len(labels), d),
-                   base_fingerprint=weights_fingerprint(model), model_name=model.cfg.name)
+        return cls(
+            labels=labels,
+            weight=torch.zeros(len(labels), d, d),
+            bias=torch.zeros(len(labels), d),
+            base_fingerprint=weights_fingerprint(model),
+            model_name=model.cfg.name,
+        )
 
     def index(self, layer: int | str) -> int:
         """Boundary index of a label (``"embed"``, ``"L3"``) or an index into :attr:`labels`."""
@@ -101,13 +107,13 @@ class TunedLens:
         w, b = self.weight[i].to(resid), self.bias[i].to(resid)
         return resid + resid @ w + b
 
-    def decode(self, model: "HookedGPT2", resid: torch.Tensor, layer: int | str) -> torch.Tensor:
+    def decode(self, model: HookedGPT2, resid: torch.Tensor, layer: int | str) -> torch.Tensor:
         """Tuned-lens logits ``[..., d_vocab]`` of ``resid [..., d_model]`` at boundary ``layer`` of
         ``model``, which must be the model the lens was trained for (see :meth:`check`)."""
         self.check(model)
         return decode_resid(model, self.translate(resid, layer))
 
-    def check(self, model: "HookedGPT2") -> None:
+    def check(self, model: HookedGPT2) -> None:
         """Raise a ValueError unless ``model`` has the weights this lens was trained for. The weights
         are hashed once per state of the model (a change in place, ``load_state_dict`` or an edit
         makes the next check hash them again)."""
@@ -136,25 +142,32 @@ class TunedLens:
         a JSON header (metadata, base fingerprint), with a sha256 over the tensors and the header."""
         path = Path(path)
         tensors = {"weight": self.weight.detach().float(), "bias": self.bias.detach().float()}
-        header = {"labels": self.labels, "base_fingerprint": self.base_fingerprint, "model_name": self.model_name,
-                  "meta": self.meta, "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        header = {
+            "labels": self.labels,
+            "base_fingerprint": self.base_fingerprint,
+            "model_name": self.model_name,
+            "meta": self.meta,
+            "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         return save_checked(path, tensors, {"format": FORMAT, "lens": json.dumps(header, sort_keys=True)})
 
     @staticmethod
-    def load(path: str | Path, model: "HookedGPT2 | None" = None) -> "TunedLens":
+    def load(path: str | Path, model: HookedGPT2 | None = None) -> TunedLens:
         """Read a lens written by :meth:`save`, verifying its digest (a damaged or modified file raises
         ``IntegrityError``); with ``model``, also check it was trained for that model's weights."""
         tensors, meta, _ = load_checked(path, kind="tuned lens", allow_unverified=False)
         if meta.get("format") != FORMAT or set(tensors) != {"weight", "bias"}:
-            raise ValueError(f"{path} is a safetensors file but not a gpt2-interp tuned lens (format "
-                             f"{meta.get('format')!r}); train one with train_tuned_lens(model, …).save(path)")
+            raise ValueError(
+                f"{path} is a safetensors file but not a gpt2-interp tuned lens (format "
+                f"{meta.get('format')!r}); train one with train_tuned_lens(model, …).save(path)"
+            )
         lens = _lens_from_file(path, tensors, meta)
         if model is not None:
             lens.check(model)
         return lens
 
 
-def _weights_state(model: "HookedGPT2") -> tuple:
+def _weights_state(model: HookedGPT2) -> tuple:
     """What identifies the model's weights as they are now without hashing them: the model, and each
     parameter's storage and in-place version counter."""
     return (id(model),) + tuple((p.data_ptr(), p._version) for p in model.parameters())
@@ -170,20 +183,36 @@ def _lens_from_file(path: str | Path, tensors: dict[str, torch.Tensor], meta: di
         raise ValueError(f"{path}: the tuned-lens header is not valid ({type(e).__name__}: {e})") from None
     w, b = tensors["weight"], tensors["bias"]
     if not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)) or not isinstance(fp, str):
-        raise ValueError(f"{path}: the tuned-lens header's labels must be a list of strings and base_fingerprint a string")
+        raise ValueError(
+            f"{path}: the tuned-lens header's labels must be a list of strings and base_fingerprint a string"
+        )
     n = len(labels)
     if w.ndim != 3 or w.shape[0] != n or w.shape[1] != w.shape[2] or tuple(b.shape) != (n, w.shape[-1]):
-        raise ValueError(f"{path}: weight {tuple(w.shape)} and bias {tuple(b.shape)} do not fit {n} boundaries "
-                         f"(expected weight [{n}, d_model, d_model] and bias [{n}, d_model])")
+        raise ValueError(
+            f"{path}: weight {tuple(w.shape)} and bias {tuple(b.shape)} do not fit {n} boundaries "
+            f"(expected weight [{n}, d_model, d_model] and bias [{n}, d_model])"
+        )
     for name, t in (("weight", w), ("bias", b)):
         require_finite(t, f"the tuned lens's {name} in {path}")
-    return TunedLens(labels=labels, weight=w, bias=b, base_fingerprint=fp, model_name=str(h.get("model_name", "")),
-                     meta=h.get("meta", {}))
+    return TunedLens(
+        labels=labels,
+        weight=w,
+        bias=b,
+        base_fingerprint=fp,
+        model_name=str(h.get("model_name", "")),
+        meta=h.get("meta", {}),
+    )
 
 
 # ---------------------------------------------------------------------------- corpus
-def corpus_texts(model: "HookedGPT2", corpus: Corpus = "generated", n_texts: int = 256, seed: int = 0,
-                 length: int | None = None, group: Any = None) -> list[str]:
+def corpus_texts(
+    model: HookedGPT2,
+    corpus: Corpus = "generated",
+    n_texts: int = 256,
+    seed: int = 0,
+    length: int | None = None,
+    group: Any = None,
+) -> list[str]:
     """Texts to train or evaluate a lens on: a list of texts as given (e.g. the fact base's sentences); a path to a text file or a
     folder of ``*.txt`` (documents split at blank lines); or ``"generated"``: ``n_texts`` samples of
     the model itself from BOS (temperature 1, ``length`` new tokens, default :func:`default_seq_len` − 1;
@@ -209,19 +238,21 @@ def corpus_texts(model: "HookedGPT2", corpus: Corpus = "generated", n_texts: int
     if not path.exists():
         raise FileNotFoundError(f"corpus {corpus} is neither 'generated' nor an existing text file or folder")
     files = sorted(p for p in path.rglob("*.txt") if p.is_file()) if path.is_dir() else [path]
-    docs = [d.strip() for f in files for d in f.read_text(encoding="utf-8", errors="replace").split("\n\n") if d.strip()]
+    docs = [
+        d.strip() for f in files for d in f.read_text(encoding="utf-8", errors="replace").split("\n\n") if d.strip()
+    ]
     if not docs:
         raise ValueError(f"corpus {path} holds no text")
     return docs
 
 
-def default_seq_len(model: "HookedGPT2") -> int:
+def default_seq_len(model: HookedGPT2) -> int:
     """Row length for training and evaluating a lens: the context size, at most 128 tokens (the
     translators do not depend on the position; short rows keep CPU runs cheap)."""
     return min(model.cfg.n_ctx, 128)
 
 
-def check_seq_len(model: "HookedGPT2", seq_len: int | None) -> int:
+def check_seq_len(model: HookedGPT2, seq_len: int | None) -> int:
     """``seq_len`` (default :func:`default_seq_len`) capped at the context size, else an error naming it:
     a row holds the BOS token (when the tokenizer has one) and at least one more."""
     if seq_len is None:
@@ -230,7 +261,7 @@ def check_seq_len(model: "HookedGPT2", seq_len: int | None) -> int:
     return min(check_count(seq_len, "seq_len", minimum=least), model.cfg.n_ctx)
 
 
-def token_rows(model: "HookedGPT2", texts: Iterable[str], seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def token_rows(model: HookedGPT2, texts: Iterable[str], seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Texts tokenized and packed: each text preceded by the tokenizer's BOS (if it has one), all
     concatenated and cut into rows of ``seq_len`` tokens, each row starting with BOS (short texts
     share rows, so no position is wasted on padding; the last row is right-padded, see the mask).
@@ -240,7 +271,7 @@ def token_rows(model: "HookedGPT2", texts: Iterable[str], seq_len: int) -> tuple
     stream: list[int] = []
     for text in texts:
         stream += bos + model.tokenizer.encode_ids(text)
-    stream = stream[len(bos):]  # every row gets its own BOS below
+    stream = stream[len(bos) :]  # every row gets its own BOS below
     step = seq_len - len(bos)
     rows = [bos + stream[i : i + step] for i in range(0, len(stream), step)]
     if not rows:
@@ -259,7 +290,7 @@ def _kl(final_logp: torch.Tensor, lens_logits: torch.Tensor) -> torch.Tensor:
     return (final_logp.exp() * (final_logp - logq)).sum(-1)
 
 
-def _keep(model: "HookedGPT2", mask: torch.Tensor) -> torch.Tensor:
+def _keep(model: HookedGPT2, mask: torch.Tensor) -> torch.Tensor:
     """The positions a lens is trained and measured on: real tokens, BOS excluded."""
     keep = mask.clone()
     if model.tokenizer.bos_id is not None:
@@ -267,8 +298,9 @@ def _keep(model: "HookedGPT2", mask: torch.Tensor) -> torch.Tensor:
     return keep
 
 
-def _batch_states(model: "HookedGPT2", tokens: torch.Tensor, mask: torch.Tensor, names: list[str]
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch_states(
+    model: HookedGPT2, tokens: torch.Tensor, mask: torch.Tensor, names: list[str]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(residuals [n_boundaries, N, d_model], final log-probs [N, d_vocab])`` at the real, non-BOS
     positions of a right-padded batch (causal attention: padding after a token never reaches it)."""
     with torch.no_grad():
@@ -294,8 +326,13 @@ class _Translators(torch.nn.Module):
 
 @torch.no_grad()
 def least_squares_translators(
-    model: "HookedGPT2", tokens: torch.Tensor, mask: torch.Tensor, ridge: float = 1e-4, batch_rows: int = 16,
-    progress: bool | None = None, group: Any = None,
+    model: HookedGPT2,
+    tokens: torch.Tensor,
+    mask: torch.Tensor,
+    ridge: float = 1e-4,
+    batch_rows: int = 16,
+    progress: bool | None = None,
+    group: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The affine translators that best predict the final residual in least squares:
     ``argmin_{A,b} Σ ‖h_ℓ + h_ℓ A + b − h_final‖²`` over the real non-BOS positions of ``tokens``
@@ -338,7 +375,7 @@ def least_squares_translators(
 
 
 def train_tuned_lens(
-    model: "HookedGPT2",
+    model: HookedGPT2,
     corpus: Corpus = "generated",
     steps: int = 40,
     batch_tokens: int = 512,
@@ -375,8 +412,10 @@ def train_tuned_lens(
     W = distributed.world_size(group)
     rows_per_step = max(1, batch_tokens // seq_len)
     if steps and rows_per_step < W:
-        raise ValueError(f"batch_tokens={batch_tokens} gives {rows_per_step} rows of {seq_len} tokens per step, fewer than "
-                         f"the {W} ranks; raise batch_tokens to at least {W * seq_len}")
+        raise ValueError(
+            f"batch_tokens={batch_tokens} gives {rows_per_step} rows of {seq_len} tokens per step, fewer than "
+            f"the {W} ranks; raise batch_tokens to at least {W * seq_len}"
+        )
     t0 = time.perf_counter()
     texts = corpus_texts(model, corpus, n_texts, seed, length=seq_len - 1, group=group)
     tokens, mask = token_rows(model, texts, seq_len)
@@ -392,7 +431,8 @@ def train_tuned_lens(
     ddp = None
     if distributed.is_distributed(group):
         ddp = torch.nn.parallel.DistributedDataParallel(
-            net, device_ids=[model.device] if model.device.type == "cuda" else None, process_group=group)
+            net, device_ids=[model.device] if model.device.type == "cuda" else None, process_group=group
+        )
     step_fn = ddp if ddp is not None else net
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1.0 - s / max(steps, 1)))
@@ -405,7 +445,9 @@ def train_tuned_lens(
             p.requires_grad_(False)
         bar = progress_bar(range(steps), desc="tuned lens", enabled=progress and distributed.is_main(group))
         for _ in bar:
-            idx = torch.randint(len(tokens), (rows_per_step,), generator=gen)  # the global batch, the same on every rank
+            idx = torch.randint(
+                len(tokens), (rows_per_step,), generator=gen
+            )  # the global batch, the same on every rank
             n_global = int(_keep(model, mask[idx]).sum())
             mine = idx[r::W]
             resid, final = _batch_states(model, tokens[mine], mask[mine], names)
@@ -432,11 +474,20 @@ def train_tuned_lens(
     lens.bias = torch.cat([net.bias.detach().cpu(), torch.zeros(1, d)])
     last = history[-10:]
     lens.meta = {
-        "steps": steps, "lr": lr, "init": init, "least_squares_tokens": n_lsq, "optimizer": "adam, linear decay",
-        "batch_tokens": rows_per_step * seq_len, "seq_len": seq_len, "seed": seed, "world_size": W,
+        "steps": steps,
+        "lr": lr,
+        "init": init,
+        "least_squares_tokens": n_lsq,
+        "optimizer": "adam, linear decay",
+        "batch_tokens": rows_per_step * seq_len,
+        "seq_len": seq_len,
+        "seed": seed,
+        "world_size": W,
         "corpus": corpus if isinstance(corpus, str) else f"{len(texts)} texts",
-        "n_rows": len(tokens), "seconds": round(time.perf_counter() - t0, 1),
-        "final_kl_nats": ([round(sum(h[i] for h in last) / len(last), 5) for i in range(n_b - 1)] if last else []) + [0.0],
+        "n_rows": len(tokens),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "final_kl_nats": ([round(sum(h[i] for h in last) / len(last), 5) for i in range(n_b - 1)] if last else [])
+        + [0.0],
     }
     return lens
 
@@ -444,8 +495,14 @@ def train_tuned_lens(
 # ---------------------------------------------------------------------------- evaluation
 @torch.no_grad()
 def lens_divergence(
-    model: "HookedGPT2", texts: Corpus, lens: TunedLens | None = None, seq_len: int | None = None,
-    batch_rows: int = 16, n_texts: int = 64, seed: int = 1, group: Any = None,
+    model: HookedGPT2,
+    texts: Corpus,
+    lens: TunedLens | None = None,
+    seq_len: int | None = None,
+    batch_rows: int = 16,
+    n_texts: int = 64,
+    seed: int = 1,
+    group: Any = None,
 ) -> dict[str, Any]:
     """Per boundary, over every real non-BOS position of ``texts``: mean KL(final ‖ lens) in bits,
     and top-1 agreement with the model's own prediction, for ``lens`` (the logit lens when None).
@@ -454,7 +511,9 @@ def lens_divergence(
         lens.check(model)
     batch_rows = check_count(batch_rows, "batch_rows")
     seq_len = check_seq_len(model, seq_len)
-    tokens, mask = token_rows(model, corpus_texts(model, texts, n_texts, seed, length=seq_len - 1, group=group), seq_len)
+    tokens, mask = token_rows(
+        model, corpus_texts(model, texts, n_texts, seed, length=seq_len - 1, group=group), seq_len
+    )
     names, labels = boundary_names(model)
     kl = torch.zeros(len(names), dtype=torch.float64)
     agree = torch.zeros(len(names), dtype=torch.float64)
@@ -471,9 +530,21 @@ def lens_divergence(
         count += final.shape[0]
     kl, agree = distributed.all_reduce_sum(kl, group), distributed.all_reduce_sum(agree, group)
     count = int(distributed.all_reduce_number(count, group))
-    return {"labels": labels, "kl_bits": (kl / count / math.log(2)).tolist(), "top1_agreement": (agree / count).tolist(),
-            "n_tokens": count}
+    return {
+        "labels": labels,
+        "kl_bits": (kl / count / math.log(2)).tolist(),
+        "top1_agreement": (agree / count).tolist(),
+        "n_tokens": count,
+    }
 
 
-__all__ = ["TunedLens", "train_tuned_lens", "least_squares_translators", "lens_divergence", "corpus_texts", "token_rows",
-           "boundary_names", "default_seq_len"]
+__all__ = [
+    "TunedLens",
+    "boundary_names",
+    "corpus_texts",
+    "default_seq_len",
+    "least_squares_translators",
+    "lens_divergence",
+    "token_rows",
+    "train_tuned_lens",
+]

@@ -37,7 +37,7 @@ Token = Union[str, int]
 CHUNK = 1024  # vectors per [chunk, d_vocab] score matmul (1024 × 50257 fp32 ≈ 206 MB)
 
 
-def _check_neurons(model: "HookedGPT2", neurons: Sequence[int] | torch.Tensor | None) -> torch.Tensor:
+def _check_neurons(model: HookedGPT2, neurons: Sequence[int] | torch.Tensor | None) -> torch.Tensor:
     d = model.cfg.d_mlp
     if neurons is None:
         return torch.arange(d, device=model.device)
@@ -49,19 +49,19 @@ def _check_neurons(model: "HookedGPT2", neurons: Sequence[int] | torch.Tensor | 
     return idx
 
 
-def _readout_in(model: "HookedGPT2", vectors: torch.Tensor, apply_ln: bool) -> torch.Tensor:
+def _readout_in(model: HookedGPT2, vectors: torch.Tensor, apply_ln: bool) -> torch.Tensor:
     """Vectors ``[n, d_model]`` as the unembedding sees them: times ln_final's ``w`` if ``apply_ln``."""
     return vectors * model.ln_final.w if apply_ln else vectors
 
 
-def vocab_scores(model: "HookedGPT2", vectors: torch.Tensor, apply_ln: bool = True) -> torch.Tensor:
+def vocab_scores(model: HookedGPT2, vectors: torch.Tensor, apply_ln: bool = True) -> torch.Tensor:
     """Vocabulary scores ``[n, d_vocab]`` of ``vectors [n, d_model]`` (see the module doc)."""
     return model.unembed(_readout_in(model, vectors, apply_ln))
 
 
 @torch.no_grad()
 def _top_bottom(
-    model: "HookedGPT2", vectors: torch.Tensor, k: int, apply_ln: bool, progress: bool = False
+    model: HookedGPT2, vectors: torch.Tensor, k: int, apply_ln: bool, progress: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(top_scores, top_ids, bottom_scores, bottom_ids)``, each ``[n, k]``, of ``vectors [n, d_model]``,
     CHUNK vectors per matmul."""
@@ -75,7 +75,7 @@ def _top_bottom(
     return tuple(torch.cat(parts).cpu() for parts in zip(*outs))  # type: ignore[return-value]
 
 
-def _strs(model: "HookedGPT2", ids: torch.Tensor) -> list[list[str]]:
+def _strs(model: HookedGPT2, ids: torch.Tensor) -> list[list[str]]:
     return [[model.tokenizer.token_str(int(i)) for i in row] for row in ids]
 
 
@@ -98,17 +98,24 @@ class VocabProjection(Result):
     def __len__(self) -> int:
         return len(self.labels)
 
-    def select(self, rows: Sequence[int]) -> "VocabProjection":
+    def select(self, rows: Sequence[int]) -> VocabProjection:
         """The given rows only, in that order."""
         rows = list(rows)
         pick = lambda xs: [xs[i] for i in rows]
         return VocabProjection(
-            pick(self.labels), self.top_ids[rows], pick(self.top_tokens), self.top_scores[rows], self.bottom_ids[rows],
-            pick(self.bottom_tokens), self.bottom_scores[rows], self.apply_ln, self.layer,
+            pick(self.labels),
+            self.top_ids[rows],
+            pick(self.top_tokens),
+            self.top_scores[rows],
+            self.bottom_ids[rows],
+            pick(self.bottom_tokens),
+            self.bottom_scores[rows],
+            self.apply_ln,
+            self.layer,
             None if self.neurons is None else pick(self.neurons),
         )
 
-    def strongest(self, n: int) -> "VocabProjection":
+    def strongest(self, n: int) -> VocabProjection:
         """The ``n`` rows whose top token scores highest (the most strongly promoting vectors)."""
         return self.select(self.top_scores[:, 0].argsort(descending=True)[:n].tolist())
 
@@ -117,13 +124,19 @@ class VocabProjection(Result):
         w = max(map(len, self.labels))
         lines = []
         for r in range(len(self.labels) if rows is None else min(rows, len(self.labels))):
-            lines.append(f"{self.labels[r]:<{w}}  + " + " ".join(
-                f"{t!r}({float(s):.2f})" for t, s in zip(self.top_tokens[r][:k], self.top_scores[r][:k])))
-            lines.append(f"{'':<{w}}  − " + " ".join(
-                f"{t!r}({float(s):.2f})" for t, s in zip(self.bottom_tokens[r][:k], self.bottom_scores[r][:k])))
+            lines.append(
+                f"{self.labels[r]:<{w}}  + "
+                + " ".join(f"{t!r}({float(s):.2f})" for t, s in zip(self.top_tokens[r][:k], self.top_scores[r][:k]))
+            )
+            lines.append(
+                f"{'':<{w}}  − "
+                + " ".join(
+                    f"{t!r}({float(s):.2f})" for t, s in zip(self.bottom_tokens[r][:k], self.bottom_scores[r][:k])
+                )
+            )
         return "\n".join(lines)
 
-    def plot(self, rows: int | None = None, **kwargs: Any) -> "Figure":
+    def plot(self, rows: int | None = None, **kwargs: Any) -> Figure:
         """Top/bottom token bars of the first ``rows`` vectors (default: all, at most 64)."""
         from ..plots.lens import plot_vocab
 
@@ -131,7 +144,13 @@ class VocabProjection(Result):
 
 
 def _projection(
-    model: "HookedGPT2", vectors: torch.Tensor, labels: list[str], k: int, apply_ln: bool, progress: bool = False, **kw: Any
+    model: HookedGPT2,
+    vectors: torch.Tensor,
+    labels: list[str],
+    k: int,
+    apply_ln: bool,
+    progress: bool = False,
+    **kw: Any,
 ) -> VocabProjection:
     ts, ti, bs, bi = _top_bottom(model, vectors, k, apply_ln, progress)
     return VocabProjection(labels, ti, _strs(model, ti), ts, bi, _strs(model, bi), bs, apply_ln, **kw)
@@ -139,7 +158,7 @@ def _projection(
 
 @torch.no_grad()
 def neuron_vocab(
-    model: "HookedGPT2",
+    model: HookedGPT2,
     layer: int,
     neurons: Sequence[int] | torch.Tensor | None = None,
     k: int = 10,
@@ -151,21 +170,34 @@ def neuron_vocab(
     layer = model.check_layer(layer)
     idx = _check_neurons(model, neurons)
     V = model.blocks[layer].mlp.W_out[idx]  # [n, d_model]
-    return _projection(model, V, [f"L{layer}.N{int(i)}" for i in idx], k, apply_ln,
-                       progress=len(idx) > 4 * CHUNK, layer=layer, neurons=idx.tolist())
+    return _projection(
+        model,
+        V,
+        [f"L{layer}.N{int(i)}" for i in idx],
+        k,
+        apply_ln,
+        progress=len(idx) > 4 * CHUNK,
+        layer=layer,
+        neurons=idx.tolist(),
+    )
 
 
 @torch.no_grad()
-def project(model: "HookedGPT2", vector: torch.Tensor, k: int = 10, apply_ln: bool = True,
-            labels: Sequence[str] | None = None) -> VocabProjection:
+def project(
+    model: HookedGPT2, vector: torch.Tensor, k: int = 10, apply_ln: bool = True, labels: Sequence[str] | None = None
+) -> VocabProjection:
     """Top/bottom-``k`` tokens of any direction(s) ``[d_model]`` or ``[n, d_model]`` (a residual,
     a ``W_in`` column, an edit's ``v*``), by the same code path as :func:`neuron_vocab`."""
     k = check_count(k, "k")
     v = torch.as_tensor(vector).to(model.device, model.dtype)
     v = v[None] if v.ndim == 1 else v
     if v.ndim != 2 or v.shape[-1] != model.cfg.d_model:
-        raise ValueError(f"vector must be [d_model] or [n, d_model] with d_model = {model.cfg.d_model}; got {tuple(v.shape)}")
-    labels = list(labels) if labels is not None else (["vector"] if len(v) == 1 else [f"vector {i}" for i in range(len(v))])
+        raise ValueError(
+            f"vector must be [d_model] or [n, d_model] with d_model = {model.cfg.d_model}; got {tuple(v.shape)}"
+        )
+    labels = (
+        list(labels) if labels is not None else (["vector"] if len(v) == 1 else [f"vector {i}" for i in range(len(v))])
+    )
     return _projection(model, v, labels, k, apply_ln)
 
 
@@ -194,26 +226,28 @@ class NeuronSearch(Result):
 
     def table(self, k: int = 8) -> str:
         what = ", ".join(map(repr, self.tokens[:6])) + (" …" if len(self.tokens) > 6 else "")
-        lines = [f"neurons promoting {what}  (score = v · {'(w ⊙ ' if self.apply_ln else '('}W_U[:, t])"
-                 f"{f', minus its {self.baseline} mean' if self.baseline else ''})"]
+        lines = [
+            f"neurons promoting {what}  (score = v · {'(w ⊙ ' if self.apply_ln else '('}W_U[:, t])"
+            f"{f', minus its {self.baseline} mean' if self.baseline else ''})"
+        ]
         for r, (l, i, s) in enumerate(self):
             lines.append(f"{r + 1:>3}. L{l}.N{i:<6} {s:+8.3f}   " + " ".join(map(repr, self.top_tokens[r][:k])))
         return "\n".join(lines)
 
-    def plot(self, **kwargs: Any) -> "Figure":
+    def plot(self, **kwargs: Any) -> Figure:
         from ..plots.lens import plot_neuron_search
 
         return plot_neuron_search(self, **kwargs)
 
 
-def _token_ids(model: "HookedGPT2", token_or_tokens: Token | Sequence[Token]) -> list[int]:
+def _token_ids(model: HookedGPT2, token_or_tokens: Token | Sequence[Token]) -> list[int]:
     items = [token_or_tokens] if isinstance(token_or_tokens, (str, int)) else list(token_or_tokens)
     if not items:
         raise ValueError("no tokens given: pass a token such as ' Paris' or a list of tokens")
     return [model.to_single_token(t) for t in items]
 
 
-def _layers(model: "HookedGPT2", layers: int | Sequence[int] | None) -> list[int]:
+def _layers(model: HookedGPT2, layers: int | Sequence[int] | None) -> list[int]:
     if layers is None:
         return list(range(model.cfg.n_layer))
     return [model.check_layer(l) for l in ([layers] if not isinstance(layers, (list, tuple, range)) else layers)]
@@ -221,7 +255,7 @@ def _layers(model: "HookedGPT2", layers: int | Sequence[int] | None) -> list[int
 
 @torch.no_grad()
 def find_neurons(
-    model: "HookedGPT2",
+    model: HookedGPT2,
     token_or_tokens: Token | Sequence[Token],
     k: int = 20,
     layers: int | Sequence[int] | None = None,
@@ -255,8 +289,15 @@ def find_neurons(
     ni = [int(i) % d for i in top.indices]
     V = torch.stack([model.blocks[l].mlp.W_out[i] for l, i in zip(li, ni)])
     _, tids, _, _ = _top_bottom(model, V, n_tokens, apply_ln)
-    return NeuronSearch([model.tokenizer.token_str(i) for i in ids], li, ni, top.values.cpu(), _strs(model, tids), apply_ln,
-                        "vocabulary" if relative else "contrast" if contrast is not None else None)
+    return NeuronSearch(
+        [model.tokenizer.token_str(i) for i in ids],
+        li,
+        ni,
+        top.values.cpu(),
+        _strs(model, tids),
+        apply_ln,
+        "vocabulary" if relative else "contrast" if contrast is not None else None,
+    )
 
 
 # ---------------------------------------------------------------------------- sub-updates on a prompt
@@ -293,7 +334,7 @@ class SubupdateResult(Result):
             lines.append(row + "   " + " ".join(map(repr, self.top_tokens[r][:k])))
         return "\n".join(lines)
 
-    def plot(self, **kwargs: Any) -> "Figure":
+    def plot(self, **kwargs: Any) -> Figure:
         from ..plots.lens import plot_subupdates
 
         return plot_subupdates(self, **kwargs)
@@ -301,7 +342,7 @@ class SubupdateResult(Result):
 
 @torch.no_grad()
 def top_subupdates(
-    model: "HookedGPT2",
+    model: HookedGPT2,
     prompt: str,
     position: int = -1,
     layer: int | None = None,
@@ -332,9 +373,19 @@ def top_subupdates(
     effects = None
     if target is not None:
         scale = cache["ln_final.hook_scale"][0, pos].float()
-        effects = direct_effect(updates.float(), logit_direction(model, target).float(), scale, model.ln_final.centred).cpu()
+        effects = direct_effect(
+            updates.float(), logit_direction(model, target).float(), scale, model.ln_final.centred
+        ).cpu()
     return SubupdateResult(
-        prompt=prompt, position=pos, token=model.tokenizer.token_str(int(tokens[0, pos])), layers=[ls[i] for i in li], neurons=ni,
-        activations=acts.float().cpu(), norms=top.values.float().cpu(), top_tokens=_strs(model, tids), top_scores=ts,
-        target=None if target is None else model.tokenizer.token_str(model.to_single_token(target)), target_effects=effects,
+        prompt=prompt,
+        position=pos,
+        token=model.tokenizer.token_str(int(tokens[0, pos])),
+        layers=[ls[i] for i in li],
+        neurons=ni,
+        activations=acts.float().cpu(),
+        norms=top.values.float().cpu(),
+        top_tokens=_strs(model, tids),
+        top_scores=ts,
+        target=None if target is None else model.tokenizer.token_str(model.to_single_token(target)),
+        target_effects=effects,
     )

@@ -16,7 +16,8 @@ import json
 import os
 import sys
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 AREAS = ("model_cmds", "reading", "probing", "causal", "editing", "demo", "experiments")
 DEFAULT_MODEL = "gpt2-facts"
@@ -31,6 +32,7 @@ class Parser(argparse.ArgumentParser):
 
 def count(minimum: int = 1) -> Callable[[str], int]:
     """An argparse type: an integer ≥ ``minimum`` (counts such as --top, -n, --samples)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -39,12 +41,16 @@ def count(minimum: int = 1) -> Callable[[str], int]:
         if value < minimum:
             raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
         return value
+
     parse.__name__ = "count"
     return parse
 
 
-def number(minimum: float | None = None, maximum: float | None = None, open_min: bool = False) -> Callable[[str], float]:
+def number(
+    minimum: float | None = None, maximum: float | None = None, open_min: bool = False
+) -> Callable[[str], float]:
     """An argparse type: a finite float within [minimum, maximum] (``open_min``: > minimum)."""
+
     def parse(text: str) -> float:
         import math
 
@@ -56,8 +62,11 @@ def number(minimum: float | None = None, maximum: float | None = None, open_min:
         if not math.isfinite(value) or not low_ok or (maximum is not None and value > maximum):
             lo = "" if minimum is None else f"{'>' if open_min else '>='} {minimum:g}"
             hi = "" if maximum is None else f"<= {maximum:g}"
-            raise argparse.ArgumentTypeError(f"expected a finite number {' and '.join(x for x in (lo, hi) if x)}, got {text}")
+            raise argparse.ArgumentTypeError(
+                f"expected a finite number {' and '.join(x for x in (lo, hi) if x)}, got {text}"
+            )
         return value
+
     parse.__name__ = "number"
     return parse
 
@@ -74,7 +83,8 @@ def int_list(text: str) -> list[int]:
             out.append(int(v))
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"expected comma-separated integers such as 0,3,5, got {text!r} ({v!r} is not an integer)") from None
+                f"expected comma-separated integers such as 0,3,5, got {text!r} ({v!r} is not an integer)"
+            ) from None
     return out
 
 
@@ -89,8 +99,9 @@ def check_output_path(path: str, flag: str, kind: str = "file") -> None:
 
     p = Path(path).expanduser()
     if kind == "figure" and p.suffix and p.suffix.lower() not in FIGURE_SUFFIXES:
-        raise ValueError(f"{flag} {path}: a figure is saved as {', '.join(FIGURE_SUFFIXES[:3])} (by suffix), "
-                         f"not {p.suffix!r}")
+        raise ValueError(
+            f"{flag} {path}: a figure is saved as {', '.join(FIGURE_SUFFIXES[:3])} (by suffix), not {p.suffix!r}"
+        )
     if p.exists():
         if kind != "dir" and p.is_dir():
             raise ValueError(f"{flag} {path} is a directory; give a file path")
@@ -115,7 +126,7 @@ def check_output_path(path: str, flag: str, kind: str = "file") -> None:
     _try_create_in(parent, flag, path)
 
 
-def _try_create_in(folder: "os.PathLike[str]", flag: str, path: str) -> None:
+def _try_create_in(folder: os.PathLike[str], flag: str, path: str) -> None:
     """Create and remove a file in ``folder``: the one test of writability that holds for every user
     (root included) and file system (read-only mounts, /proc)."""
     import tempfile
@@ -170,8 +181,7 @@ def add_output_args(p: argparse.ArgumentParser, figure: bool = True) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
 
 
-def emit(args: argparse.Namespace, result: Any, text: "str | Callable[[], str] | None" = None,
-         data: Any = None) -> int:
+def emit(args: argparse.Namespace, result: Any, text: str | Callable[[], str] | None = None, data: Any = None) -> int:
     """Show a command's result: save its figure (``--out``), then print ``data`` or the result as
     JSON (``--json``: compact, one line per top-level field, so big results stay greppable and
     streamable) or else ``text`` (default ``result.table()``). Returns the exit code 0."""
@@ -197,8 +207,11 @@ def json_lines(data: Any) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="gpt2-interp", description="Take GPT-2 apart and put it back together.",
-                    epilog="Errors print one line; add --debug (anywhere) for the Python traceback.")
+    parser = Parser(
+        prog="gpt2-interp",
+        description="Take GPT-2 apart and put it back together.",
+        epilog="Errors print one line; add --debug (anywhere) for the Python traceback.",
+    )
     parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for area in AREAS:
@@ -212,9 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
-    print(f"gpt2-interp: warning: {str(message).splitlines()[0] if str(message) else category.__name__}",
-          file=sys.stderr)
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(
+        f"gpt2-interp: warning: {str(message).splitlines()[0] if str(message) else category.__name__}", file=sys.stderr
+    )
 
 
 def error_message(e: BaseException) -> str:
@@ -273,10 +287,13 @@ def _run(args: argparse.Namespace, debug: bool) -> int:
     except Exception as e:
         if debug:
             raise
-        print(f"gpt2-interp {args.command}{where}: error: {error_message(e)} (--debug shows the traceback)",
-              file=sys.stderr)
-        return 2 if isinstance(e, (ValueError, KeyError, FileNotFoundError, IndexError, TypeError,
-                                   FileExistsError)) else 1
+        print(
+            f"gpt2-interp {args.command}{where}: error: {error_message(e)} (--debug shows the traceback)",
+            file=sys.stderr,
+        )
+        return (
+            2 if isinstance(e, (ValueError, KeyError, FileNotFoundError, IndexError, TypeError, FileExistsError)) else 1
+        )
     finally:
         if launched:
             distributed.shutdown()

@@ -31,12 +31,12 @@ TRACE_FIELDS = ("prompt", "subject", "target")
 PAIR_FIELDS = ("clean", "corrupted", "answer")
 
 
-def _facts_count(spec: str) -> int | None | bool:
+def _facts_count(spec: str) -> int | bool | None:
     """``facts`` → None (all), ``facts:N`` → N; anything else → False (a file)."""
     if spec == "facts":
         return None
     if spec.startswith("facts:"):
-        text = spec[len("facts:"):]
+        text = spec[len("facts:") :]
         if not text.isdigit() or int(text) < 1:
             raise ValueError(f"--dataset {spec!r}: write facts:N with N a positive integer, e.g. facts:200")
         return int(text)
@@ -49,7 +49,9 @@ def read_jsonl(spec: str, fields: tuple[str, ...], optional: tuple[str, ...] = (
     return [row for _, row in read_jsonl_lines(spec, fields, optional)]
 
 
-def read_jsonl_lines(spec: str, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> list[tuple[int, dict[str, str]]]:
+def read_jsonl_lines(
+    spec: str, fields: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> list[tuple[int, dict[str, str]]]:
     """:func:`read_jsonl`'s objects with the file line number (from 1) of each."""
     path = Path(spec).expanduser()
     if not path.is_file():
@@ -58,7 +60,9 @@ def read_jsonl_lines(spec: str, fields: tuple[str, ...], optional: tuple[str, ..
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:
-        raise ValueError(f"--dataset {spec} is not UTF-8 text ({e.reason} at byte {e.start}); give a JSON Lines file") from None
+        raise ValueError(
+            f"--dataset {spec} is not UTF-8 text ({e.reason} at byte {e.start}); give a JSON Lines file"
+        ) from None
     want = ", ".join(f'"{f}"' for f in fields)
     for n, line in enumerate(lines, 1):
         if not line.strip() or line.lstrip().startswith("#"):
@@ -66,7 +70,9 @@ def read_jsonl_lines(spec: str, fields: tuple[str, ...], optional: tuple[str, ..
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{spec} line {n} is not JSON ({e.msg}); each line must be one object with {want}") from None
+            raise ValueError(
+                f"{spec} line {n} is not JSON ({e.msg}); each line must be one object with {want}"
+            ) from None
         if not isinstance(obj, dict):
             raise ValueError(f"{spec} line {n} is a JSON {type(obj).__name__}, not an object with {want}")
         missing = [f for f in fields if f not in obj]
@@ -95,7 +101,9 @@ def trace_cases(spec: str, seed: int = 0) -> list[tuple[str, str, str]]:
     rows = read_jsonl(spec, TRACE_FIELDS)
     for i, r in enumerate(rows):
         if r["subject"] not in r["prompt"]:
-            raise ValueError(f"--dataset {spec}: case {i + 1}'s subject {r['subject']!r} is not in its prompt {r['prompt']!r}")
+            raise ValueError(
+                f"--dataset {spec}: case {i + 1}'s subject {r['subject']!r} is not in its prompt {r['prompt']!r}"
+            )
     return [(r["prompt"], r["subject"], r["target"]) for r in rows]
 
 
@@ -131,10 +139,17 @@ def patch_pairs(spec: str, tokenizer: Any, seed: int = 0) -> PairSet:
     with_wrong = sum("wrong" in r for r in rows)
     if 0 < with_wrong < len(rows):
         first = next(i for i, r in enumerate(rows) if ("wrong" in r) != ("wrong" in rows[0]))
-        raise ValueError(f"--dataset {spec}: {with_wrong} of {len(rows)} pairs have a \"wrong\" answer (pair {first + 1} "
-                         "differs from pair 1); give it on every line (logit difference) or on none (probability)")
-    return PairSet([r["clean"] for r in rows], [r["corrupted"] for r in rows], [r["answer"] for r in rows],
-                   [r["wrong"] for r in rows] if with_wrong else None, [n for n, _ in numbered])
+        raise ValueError(
+            f'--dataset {spec}: {with_wrong} of {len(rows)} pairs have a "wrong" answer (pair {first + 1} '
+            "differs from pair 1); give it on every line (logit difference) or on none (probability)"
+        )
+    return PairSet(
+        [r["clean"] for r in rows],
+        [r["corrupted"] for r in rows],
+        [r["answer"] for r in rows],
+        [r["wrong"] for r in rows] if with_wrong else None,
+        [n for n, _ in numbered],
+    )
 
 
 def degenerate_pairs(pairs: PairSet, answers_matter: bool) -> dict[int, str]:
@@ -167,7 +182,12 @@ def check_degenerate(pairs: PairSet, spec: str, bad: dict[int, str]) -> None:
         reasons.setdefault(why, []).append(i)
     summary = "; ".join(f"{why} on {_where(pairs, idx)}" for why, idx in reasons.items())
     if len(bad) == len(pairs):
-        raise ValueError(f"--dataset {spec}: the clean–corrupted difference of the metric is 0 for every pair ({summary}), "
-                         "so the sweep would be all zeros; give pairs whose answers (or prompts) differ")
-    warnings.warn(f"--dataset {spec}: {len(bad)} of {len(pairs)} pairs have a clean–corrupted difference of 0 ({summary}); "
-                  "they only dilute the average", stacklevel=2)
+        raise ValueError(
+            f"--dataset {spec}: the clean–corrupted difference of the metric is 0 for every pair ({summary}), "
+            "so the sweep would be all zeros; give pairs whose answers (or prompts) differ"
+        )
+    warnings.warn(
+        f"--dataset {spec}: {len(bad)} of {len(pairs)} pairs have a clean–corrupted difference of 0 ({summary}); "
+        "they only dilute the average",
+        stacklevel=2,
+    )

@@ -58,23 +58,42 @@ def _layers(x: str) -> int | str | list[int]:
 
 
 def _method_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", choices=("rome", "memit", "alphaedit"), default=None,
-                   help="editor: rome (one request per edit), memit (a batch per edit), alphaedit (memit projected "
-                   "on the null space of the key statistics); default rome for one request, memit for --requests")
-    p.add_argument("--sequential", action="store_true", help="edits accumulate (batches of --batch-size for "
-                   "memit/alphaedit)")
-    p.add_argument("--batch-size", type=count(1), default=None, help="requests per memit/alphaedit edit "
-                   "(default: all in one)")
+    p.add_argument(
+        "--method",
+        choices=("rome", "memit", "alphaedit"),
+        default=None,
+        help="editor: rome (one request per edit), memit (a batch per edit), alphaedit (memit projected "
+        "on the null space of the key statistics); default rome for one request, memit for --requests",
+    )
+    p.add_argument(
+        "--sequential", action="store_true", help="edits accumulate (batches of --batch-size for memit/alphaedit)"
+    )
+    p.add_argument(
+        "--batch-size", type=count(1), default=None, help="requests per memit/alphaedit edit (default: all in one)"
+    )
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--layer", type=_layers, default=None, help="edit layer(s): an int, a list 3,4,5 (memit) or "
-                   "'auto' (causal trace); default: the model's settings file (gpt2_interp/editing/hparams/)")
-    p.add_argument("--corpus", default=None, help="key-statistics corpus: 'facts', 'generated', a text file/folder "
-                   "or a Hugging Face dataset name (default: facts for gpt2-facts, generated otherwise)")
+    p.add_argument(
+        "--layer",
+        type=_layers,
+        default=None,
+        help="edit layer(s): an int, a list 3,4,5 (memit) or "
+        "'auto' (causal trace); default: the model's settings file (gpt2_interp/editing/hparams/)",
+    )
+    p.add_argument(
+        "--corpus",
+        default=None,
+        help="key-statistics corpus: 'facts', 'generated', a text file/folder "
+        "or a Hugging Face dataset name (default: facts for gpt2-facts, generated otherwise)",
+    )
     p.add_argument("--n-samples", type=count(1), default=100_000, help="tokens for the key statistics")
-    p.add_argument("--hparam", action="append", metavar="NAME=VALUE",
-                   help="override a ROME hyperparameter (v_steps, v_lr, kl_factor, weight_decay, clamp_factor, …)")
+    p.add_argument(
+        "--hparam",
+        action="append",
+        metavar="NAME=VALUE",
+        help="override a ROME hyperparameter (v_steps, v_lr, kl_factor, weight_decay, clamp_factor, …)",
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -83,15 +102,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--subject", help="the entity, e.g. 'Eiffel Tower'")
     p.add_argument("--prompt", help="the prompt with {} for the subject, e.g. '{} is located in'")
     p.add_argument("--target", help="the new continuation, e.g. ' Rome' (mind the leading space)")
-    p.add_argument("--requests", metavar="FILE.jsonl", help="many requests, one JSON object a line with prompt, "
-                   "subject, target (or ROME's target_new) and optionally keep (a list of prompts); instead of "
-                   "--subject/--prompt/--target")
-    p.add_argument("--keep", action="append", default=[], metavar="PROMPT",
-                   help="a prompt about the same subject ({} where it goes) whose next token the edit must keep, "
-                        "e.g. 'The official language of {} is' (repeatable; see Request.keep)")
+    p.add_argument(
+        "--requests",
+        metavar="FILE.jsonl",
+        help="many requests, one JSON object a line with prompt, "
+        "subject, target (or ROME's target_new) and optionally keep (a list of prompts); instead of "
+        "--subject/--prompt/--target",
+    )
+    p.add_argument(
+        "--keep",
+        action="append",
+        default=[],
+        metavar="PROMPT",
+        help="a prompt about the same subject ({} where it goes) whose next token the edit must keep, "
+        "e.g. 'The official language of {} is' (repeatable; see Request.keep)",
+    )
     _method_args(p)
-    p.add_argument("--paraphrase", action="append", default=[], help="another prompt to show (repeatable; "
-                   "{} is filled with the subject)")
+    p.add_argument(
+        "--paraphrase",
+        action="append",
+        default=[],
+        help="another prompt to show (repeatable; {} is filled with the subject)",
+    )
     p.add_argument("--save", default=None, metavar="PATH", help="write the edit (safetensors + JSON)")
     p.add_argument("--top-k", type=count(1), default=5)
     add_output_args(p)
@@ -102,18 +134,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("edit_file", help="an edit written by `gpt2-interp edit --save`")
     p.add_argument("--request", type=int, default=0, help="which of a MEMIT edit's requests to show (default 0)")
-    p.add_argument("--prompt", action="append", default=[], help="a prompt to check (repeatable; default: the "
-                   "edit's rewrite prompt)")
+    p.add_argument(
+        "--prompt",
+        action="append",
+        default=[],
+        help="a prompt to check (repeatable; default: the edit's rewrite prompt)",
+    )
     p.add_argument("--top-k", type=count(1), default=5)
     add_output_args(p)
     p.set_defaults(func=verify_cmd)
 
-    p = sub.add_parser("evaluate-edits", help="CounterFact-style evaluation of edits (ROME, MEMIT, AlphaEdit) on the embedded fact base")
+    p = sub.add_parser(
+        "evaluate-edits",
+        help="CounterFact-style evaluation of edits (ROME, MEMIT, AlphaEdit) on the embedded fact base",
+    )
     add_model_args(p)
     p.add_argument("--n", type=count(1), default=200, help="number of counterfactual requests")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--keep-related", action="store_true", help="each request keeps the subject's other facts "
-                   "(their second training prompt; subject specificity is scored on the first)")
+    p.add_argument(
+        "--keep-related",
+        action="store_true",
+        help="each request keeps the subject's other facts "
+        "(their second training prompt; subject specificity is scored on the first)",
+    )
     _method_args(p)
     add_output_args(p)
     _common(p)
@@ -142,12 +185,16 @@ def _read_requests(path: str) -> list[dict[str, Any]]:
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path} line {n} is not JSON ({e}); give one request object per line") from None
                 if not isinstance(obj, dict):
-                    raise ValueError(f"{path} line {n} is a JSON {type(obj).__name__}, not a request object "
-                                     "{\"prompt\": …, \"subject\": …, \"target\": …}")
+                    raise ValueError(
+                        f"{path} line {n} is a JSON {type(obj).__name__}, not a request object "
+                        '{"prompt": …, "subject": …, "target": …}'
+                    )
                 out.append(obj)
     if not out:
-        raise ValueError(f"{path} has no requests (it is empty or holds only blank lines); give one JSON object a "
-                         "line with prompt, subject and target")
+        raise ValueError(
+            f"{path} has no requests (it is empty or holds only blank lines); give one JSON object a "
+            "line with prompt, subject and target"
+        )
     return out
 
 
@@ -156,8 +203,9 @@ def edit_cmd(args: argparse.Namespace) -> int:
 
     single = (args.subject, args.prompt, args.target)
     if args.requests and args.keep:
-        raise ValueError("--keep goes with --subject/--prompt/--target; in a --requests file give each line a "
-                         "'keep' list")
+        raise ValueError(
+            "--keep goes with --subject/--prompt/--target; in a --requests file give each line a 'keep' list"
+        )
     if args.requests and any(x is not None for x in single):
         raise ValueError("give either --requests FILE or --subject/--prompt/--target, not both")
     if not args.requests and any(x is None for x in single):
@@ -181,9 +229,11 @@ def edit_cmd(args: argparse.Namespace) -> int:
         edit.save(args.save)
     m = edit.metrics
     weak = f" (weak: {_weak_note()})" if m.get("weak") else ""
-    text = (f"ROME edit at layer {edit.layer} in {m['seconds']:.2f} s: P({edit.request.target!r} | "
-            f"{edit.request.text!r}) {m['p_target_before']:.4f} → {m['p_target_after']:.4f}{weak}\n"
-            f"top-k before | after:\n{cmp.table()}" + (f"\nsaved to {args.save}" if args.save else ""))
+    text = (
+        f"ROME edit at layer {edit.layer} in {m['seconds']:.2f} s: P({edit.request.target!r} | "
+        f"{edit.request.text!r}) {m['p_target_before']:.4f} → {m['p_target_after']:.4f}{weak}\n"
+        f"top-k before | after:\n{cmp.table()}" + (f"\nsaved to {args.save}" if args.save else "")
+    )
     data = {"edit": {"layer": edit.layer, "metrics": edit.metrics, "saved": args.save}, "comparison": cmp.to_dict()}
     return emit(args, cmp, text, data)
 
@@ -211,11 +261,22 @@ def _edit_many(args: argparse.Namespace, model: Any, requests: list[dict[str, An
         layers = args.layer if args.layer is not None else (list(mhp.layers) if mhp.layers else default_layers(model))
         layers = [layers] if isinstance(layers, int) else layers
         stats = None if layers == "auto" else key_second_moment(model, layers, corpus=corpus, n_samples=n_samples)
-        ns = NullSpace.from_stats(stats, mhp.nullspace_threshold, mhp.nullspace_rule) if method == "alphaedit" and stats else None
+        ns = (
+            NullSpace.from_stats(stats, mhp.nullspace_threshold, mhp.nullspace_rule)
+            if method == "alphaedit" and stats
+            else None
+        )
         if method == "alphaedit" and ns is None:
             raise ValueError("alphaedit needs explicit layers (not 'auto') to build its null space")
-        edits = apply_memit(model, reqs, batch_size=args.batch_size if args.sequential else None, layers=layers,
-                            stats=stats, hparams=mhp, preserve=ns)
+        edits = apply_memit(
+            model,
+            reqs,
+            batch_size=args.batch_size if args.sequential else None,
+            layers=layers,
+            stats=stats,
+            hparams=mhp,
+            preserve=ns,
+        )
     after = target_logprobs(model, [r.text for r in reqs], [r.target for r in reqs]).exp()
     seconds = time.perf_counter() - t0
     saved = []
@@ -225,8 +286,10 @@ def _edit_many(args: argparse.Namespace, model: Any, requests: list[dict[str, An
             p = path if len(edits) == 1 else path.with_name(f"{path.stem}.{i:03d}{path.suffix or '.edit'}")
             saved.append(str(e.save(p)))
     undo_all(model)
-    rows = [{"prompt": r.text, "target": r.target, "p_before": float(b), "p_after": float(a), "weak": is_weak(b, a)}
-            for r, b, a in zip(reqs, before.tolist(), after.tolist())]
+    rows = [
+        {"prompt": r.text, "target": r.target, "p_before": float(b), "p_after": float(a), "weak": is_weak(b, a)}
+        for r, b, a in zip(reqs, before.tolist(), after.tolist())
+    ]
     res = _EditRun(method, len(reqs), len(edits), edits[0].layers if edits else [], seconds, rows, saved)
     return emit(args, res)
 
@@ -246,23 +309,31 @@ class _EditRun(Result):
     def table(self) -> str:
         took = sum(r["p_after"] > 0.5 for r in self.rows)
         weak = sum(bool(r.get("weak")) for r in self.rows)
-        lines = [f"{self.method}: {self.n_requests} requests in {self.n_edits} edit(s) at layers {self.layers}, "
-                 f"{self.seconds:.1f} s; P(target) > 0.5 for {took}/{self.n_requests} after editing"
-                 + (f"; {weak} weak ({_weak_note()})" if weak else "")]
+        lines = [
+            f"{self.method}: {self.n_requests} requests in {self.n_edits} edit(s) at layers {self.layers}, "
+            f"{self.seconds:.1f} s; P(target) > 0.5 for {took}/{self.n_requests} after editing"
+            + (f"; {weak} weak ({_weak_note()})" if weak else "")
+        ]
         for r in self.rows[:20]:
             flag = "  [weak]" if r.get("weak") else ""
             lines.append(f"  {r['prompt']!r} → {r['target']!r}: {r['p_before']:.3g} → {r['p_after']:.3g}{flag}")
         if len(self.rows) > 20:
             lines.append(f"  … {len(self.rows) - 20} more (--json for all)")
         if self.saved:
-            lines.append("saved to " + (", ".join(self.saved) if len(self.saved) <= 3 else
-                                        f"{self.saved[0]} … {self.saved[-1]} ({len(self.saved)} files; apply in order)"))
+            lines.append(
+                "saved to "
+                + (
+                    ", ".join(self.saved)
+                    if len(self.saved) <= 3
+                    else f"{self.saved[0]} … {self.saved[-1]} ({len(self.saved)} files; apply in order)"
+                )
+            )
         return "\n".join(lines)
 
 
 def verify_cmd(args: argparse.Namespace) -> int:
-    from ..editing.edit import Edit
     from ..editing.compare import compare_topk
+    from ..editing.edit import Edit
 
     model = load_model(args)
     edit = Edit.load(args.edit_file, model)
@@ -281,8 +352,16 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
     cases = counterfact_requests(n=args.n, seed=args.seed)
     if args.keep_related:
         cases = keep_other_relations(cases)
-    ev = evaluate_edits(model, cases, method=args.method or "rome", sequential=args.sequential,
-                        batch_size=args.batch_size, layer=args.layer, seed=args.seed, **hp)
+    ev = evaluate_edits(
+        model,
+        cases,
+        method=args.method or "rome",
+        sequential=args.sequential,
+        batch_size=args.batch_size,
+        layer=args.layer,
+        seed=args.seed,
+        **hp,
+    )
     return emit(args, ev)
 
 
@@ -292,11 +371,28 @@ def stats_cmd(args: argparse.Namespace) -> int:
     from ..editing.stats import key_second_moment
 
     model = load_model(args)
-    st = key_second_moment(model, args.layer, corpus=args.corpus, n_samples=args.n_samples,
-                           batch_size=args.batch_size, cache_dir=args.cache_dir)
+    st = key_second_moment(
+        model,
+        args.layer,
+        corpus=args.corpus,
+        n_samples=args.n_samples,
+        batch_size=args.batch_size,
+        cache_dir=args.cache_dir,
+    )
     ev = torch.linalg.eigvalsh(st.C.double())
-    info = {"key": st.key, "count": st.count, "path": str(st.path) if st.path else None,
-            "trace": float(ev.sum()), "eig_max": float(ev[-1]), "eig_min": float(ev[0]),
-            "effective_rank": float(ev.sum() ** 2 / (ev ** 2).sum())}
-    return emit(args, st, f"{st!r}\ncached at {info['path']}\ntrace {info['trace']:.4g}, eigenvalues "
-                f"{info['eig_min']:.3g} … {info['eig_max']:.3g}, effective rank {info['effective_rank']:.1f}", info)
+    info = {
+        "key": st.key,
+        "count": st.count,
+        "path": str(st.path) if st.path else None,
+        "trace": float(ev.sum()),
+        "eig_max": float(ev[-1]),
+        "eig_min": float(ev[0]),
+        "effective_rank": float(ev.sum() ** 2 / (ev**2).sum()),
+    }
+    return emit(
+        args,
+        st,
+        f"{st!r}\ncached at {info['path']}\ntrace {info['trace']:.4g}, eigenvalues "
+        f"{info['eig_min']:.3g} … {info['eig_max']:.3g}, effective rank {info['effective_rank']:.1f}",
+        info,
+    )

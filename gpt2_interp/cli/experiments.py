@@ -9,19 +9,31 @@ from . import add_model_args, count
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run an experiment (the analyses behind the findings) with provenance",
-                       description="Run a registered experiment and write result.json, provenance.json, its tables "
-                                   "and figures to OUT/NAME/MODEL[/TAG]. `gpt2-interp run --list` lists them; "
-                                   "`gpt2-interp run NAME --help-settings` lists an experiment's settings.")
+    p = sub.add_parser(
+        "run",
+        help="run an experiment (the analyses behind the findings) with provenance",
+        description="Run a registered experiment and write result.json, provenance.json, its tables "
+        "and figures to OUT/NAME/MODEL[/TAG]. `gpt2-interp run --list` lists them; "
+        "`gpt2-interp run NAME --help-settings` lists an experiment's settings.",
+    )
     p.add_argument("name", nargs="?", help="the experiment (see --list)")
     p.add_argument("--list", action="store_true", help="list the experiments and exit")
     p.add_argument("--help-settings", action="store_true", help="list the experiment's settings (--set KEY=VALUE)")
     add_model_args(p)
-    p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
-                   help="a setting of the experiment's config (repeatable; lists as a,b,c; none for None)")
+    p.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the experiment's config (repeatable; lists as a,b,c; none for None)",
+    )
     p.add_argument("--quick", action="store_true", help="the small version run by the test suite")
-    p.add_argument("--out", default="results", help="results root (default: ./results); the repository's findings "
-                   "live in analyses/results")
+    p.add_argument(
+        "--out",
+        default="results",
+        help="results root (default: ./results); the repository's findings live in analyses/results",
+    )
     p.add_argument("--tag", default=None, help="a sub-folder for a variant of the run (default: 'quick' with --quick)")
     p.add_argument("--threads", type=count(1), default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -58,9 +70,19 @@ def run(args: argparse.Namespace) -> int:
         for path in render(ExperimentResult.load(d), d):
             print(f"wrote {path}")
         return 0
-    result = run_experiment(exp.name, args.model, quick=args.quick, settings=_settings(args.settings), out=args.out,
-                            tag=tag, threads=args.threads, device=args.device, dtype=args.dtype,
-                            progress=not args.quiet, argv=["gpt2-interp", *sys.argv[1:]])
+    result = run_experiment(
+        exp.name,
+        args.model,
+        quick=args.quick,
+        settings=_settings(args.settings),
+        out=args.out,
+        tag=tag,
+        threads=args.threads,
+        device=args.device,
+        dtype=args.dtype,
+        progress=not args.quiet,
+        argv=["gpt2-interp", *sys.argv[1:]],
+    )
     print(result.table())
     d = result_dir(args.out, exp.name, result.model, tag)
     print(f"wrote {d} ({result.provenance['time']['wall_seconds']} s)")

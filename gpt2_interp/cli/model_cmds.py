@@ -36,8 +36,10 @@ def info(args: argparse.Namespace) -> int:
     c = model.cfg
     kv = f" ({c.n_kv} key/value heads)" if c.n_kv != c.n_head else ""
     arch = "" if c.family == "gpt2" else f"; {c.norm}, {c.positional} positions (θ {c.rope_theta:g}), {c.mlp} MLP"
-    print(f"{c.name}: {c.n_layer} layers, d_model {c.d_model}, {c.n_head} heads × {c.d_head}{kv}, d_mlp {c.d_mlp}, "
-          f"context {c.n_ctx}, vocabulary {c.d_vocab}{arch}; {model.device}, {model.dtype}")
+    print(
+        f"{c.name}: {c.n_layer} layers, d_model {c.d_model}, {c.n_head} heads × {c.d_head}{kv}, d_mlp {c.d_mlp}, "
+        f"context {c.n_ctx}, vocabulary {c.d_vocab}{arch}; {model.device}, {model.dtype}"
+    )
     print(table.table())
     if args.hooks:
         print("\n".join(model.hook_names()))
@@ -47,8 +49,9 @@ def info(args: argparse.Namespace) -> int:
 def generate(args: argparse.Namespace) -> int:
     model = load_model(args)
     prompts = args.prompt
-    outs = model.generate(prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                          top_p=args.top_p, seed=args.seed)
+    outs = model.generate(
+        prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
+    )
     for o in outs:
         print(o)
     return 0

@@ -28,11 +28,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("prompt", nargs="+", help="one or more prompts (batched)")
     p.add_argument("--target", default=None, help="a single-token target, e.g. ' Paris' (mind the leading space)")
-    p.add_argument("--positions", type=_positions, default=-1, help="'all', an int or a list like 0,-1 (default -1: last token)")
+    p.add_argument(
+        "--positions", type=_positions, default=-1, help="'all', an int or a list like 0,-1 (default -1: last token)"
+    )
     p.add_argument("-k", "--top", type=count(1), default=5, help="top tokens per layer (default 5)")
     p.add_argument("--mid", action="store_true", help="also decode the mid-block residuals")
-    p.add_argument("--tuned", default=None, metavar="PATH",
-                   help="decode with a tuned lens trained for this model (a file saved by TunedLens.save)")
+    p.add_argument(
+        "--tuned",
+        default=None,
+        metavar="PATH",
+        help="decode with a tuned lens trained for this model (a file saved by TunedLens.save)",
+    )
     add_output_args(p)
     p.set_defaults(func=lens)
 
@@ -52,13 +58,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--layer", type=int, help="show neurons of this layer")
     g.add_argument("--promotes", nargs="+", help="find the neurons whose value vectors promote these tokens")
     p.add_argument("--neurons", type=count(0), nargs="+", default=None, help="with --layer: these neurons")
-    p.add_argument("--top", type=count(1), default=20, help="how many neurons (default 20); with --layer, those with the "
-                   "largest top score")
+    p.add_argument(
+        "--top",
+        type=count(1),
+        default=20,
+        help="how many neurons (default 20); with --layer, those with the largest top score",
+    )
     p.add_argument("-k", type=count(1), default=10, help="tokens per neuron (default 10)")
-    p.add_argument("--layers", type=int_list, nargs="+", default=None,
-                   help="with --promotes: search these layers only (3 4 or 3,4)")
+    p.add_argument(
+        "--layers",
+        type=int_list,
+        nargs="+",
+        default=None,
+        help="with --promotes: search these layers only (3 4 or 3,4)",
+    )
     p.add_argument("--raw", action="store_true", help="project with raw W_U (no ln_final gain)")
-    p.add_argument("--relative", action="store_true", help="with --promotes: subtract each neuron's vocabulary-mean score")
+    p.add_argument(
+        "--relative", action="store_true", help="with --promotes: subtract each neuron's vocabulary-mean score"
+    )
     add_output_args(p)
     p.set_defaults(func=neurons)
 
@@ -82,8 +99,9 @@ def lens(args: argparse.Namespace) -> int:
         from ..analysis.tuned_lens import TunedLens
 
         tuned = TunedLens.load(args.tuned, model)
-    r = logit_lens(model, args.prompt, targets=args.target, positions=args.positions, k=args.top, include_mid=args.mid,
-                   lens=tuned)
+    r = logit_lens(
+        model, args.prompt, targets=args.target, positions=args.positions, k=args.top, include_mid=args.mid, lens=tuned
+    )
     return emit(args, r, lambda: r.table(k=args.top))
 
 
@@ -100,8 +118,15 @@ def neurons(args: argparse.Namespace) -> int:
 
     model = load_model(args)
     if args.promotes:
-        r = find_neurons(model, args.promotes, k=args.top, layers=_flat(args.layers), apply_ln=not args.raw,
-                         relative=args.relative, n_tokens=args.k)
+        r = find_neurons(
+            model,
+            args.promotes,
+            k=args.top,
+            layers=_flat(args.layers),
+            apply_ln=not args.raw,
+            relative=args.relative,
+            n_tokens=args.k,
+        )
         return emit(args, r, lambda: r.table(k=args.k))
     r = neuron_vocab(model, args.layer, args.neurons, k=args.k, apply_ln=not args.raw)
     if args.neurons is None:

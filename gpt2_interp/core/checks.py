@@ -25,7 +25,9 @@ def check_index(i: Any, n: int, what: str, context: str, allow_end: bool = False
     j = as_int(i, what)
     k = j + n if j < 0 else j
     if not 0 <= k < n + allow_end:
-        raise IndexError(f"{what} {j} is out of range: {context} (0..{n - 1 + allow_end}), negatives count from the end")
+        raise IndexError(
+            f"{what} {j} is out of range: {context} (0..{n - 1 + allow_end}), negatives count from the end"
+        )
     return k
 
 
@@ -46,12 +48,18 @@ def check_str(x: Any, what: str, example: str, allow_blank: bool = False) -> str
     return x
 
 
-def check_number(x: Any, what: str, low: float | None = None, high: float | None = None,
-                 low_open: bool = False, high_open: bool = False) -> float:
+def check_number(
+    x: Any,
+    what: str,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
     """``x`` as a finite float within ``[low, high]`` (``low_open``/``high_open``: the bound itself is
     excluded), else an error naming ``what``: NaN and ±inf are refused (a comparison with NaN is
     always false, so a range check alone lets it through), as are bools and non-numbers."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)) and not hasattr(x, "__float__"):
+    if isinstance(x, bool) or (not isinstance(x, (int, float)) and not hasattr(x, "__float__")):
         raise TypeError(f"{what} must be a number, got {type(x).__name__} {x!r:.40}")
     value = float(x)
     if value != value or abs(value) == float("inf"):  # NaN or ±inf

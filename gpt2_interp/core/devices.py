@@ -6,9 +6,12 @@ from __future__ import annotations
 import torch
 
 DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32, "float32": torch.float32,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp16": torch.float16, "float16": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
 }
 
 
@@ -30,19 +33,27 @@ def resolve_device(device: torch.device | str | None) -> torch.device | None:
     if device is None:
         return None
     if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device must be a string like 'cpu' or 'cuda:0' or a torch.device, got {type(device).__name__}")
+        raise TypeError(
+            f"device must be a string like 'cpu' or 'cuda:0' or a torch.device, got {type(device).__name__}"
+        )
     have = ", ".join(available_devices())
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
-        raise ValueError(f"unknown device {str(device)!r}: use cpu, cuda, cuda:N or mps (this machine has: {have})") from None
+        raise ValueError(
+            f"unknown device {str(device)!r}: use cpu, cuda, cuda:N or mps (this machine has: {have})"
+        ) from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {str(device)!r} is not available: this machine has no CUDA GPU usable by torch "
-                             f"(available: {have})")
+            raise ValueError(
+                f"device {str(device)!r} is not available: this machine has no CUDA GPU usable by torch "
+                f"(available: {have})"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device {str(device)!r} is not available: this machine has "
-                             f"{torch.cuda.device_count()} CUDA device(s) (available: {have})")
+            raise ValueError(
+                f"device {str(device)!r} is not available: this machine has "
+                f"{torch.cuda.device_count()} CUDA device(s) (available: {have})"
+            )
     elif dev.type == "mps":
         mps = getattr(torch.backends, "mps", None)
         if mps is None or not mps.is_available():

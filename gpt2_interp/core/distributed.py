@@ -102,7 +102,9 @@ def all_reduce_number(x: float | int, group: Any = None, op: str = "sum") -> flo
     ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
     if op not in ops:
         raise ValueError(f"op must be one of {sorted(ops)}, not {op!r}")
-    dev = _backend_device(group) or (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+    dev = _backend_device(group) or (
+        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    )
     t = torch.tensor([x], dtype=torch.float64, device=dev)
     dist.all_reduce(t, op=ops[op], group=group)
     v = float(t.item())
@@ -160,9 +162,11 @@ def check_launch_env(env: Mapping[str, str] | None = None) -> None:
         return
     missing = [k for k in LAUNCH_VARS if not env.get(k, "").strip()]
     if missing:
-        raise ValueError(f"the launch environment sets {' and '.join(k for k in ('RANK', 'WORLD_SIZE') if k in env)} "
-                         f"but not {', '.join(missing)}; launch with torchrun (which sets all of "
-                         f"{', '.join(LAUNCH_VARS)}) or unset them for one process")
+        raise ValueError(
+            f"the launch environment sets {' and '.join(k for k in ('RANK', 'WORLD_SIZE') if k in env)} "
+            f"but not {', '.join(missing)}; launch with torchrun (which sets all of "
+            f"{', '.join(LAUNCH_VARS)}) or unset them for one process"
+        )
     world = _env_int(env, "WORLD_SIZE", 1)
     rank_ = _env_int(env, "RANK", 0)
     if rank_ >= world:
@@ -215,6 +219,21 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-__all__ = ["is_distributed", "rank", "world_size", "is_main", "shard_indices", "shard", "gather_in_order",
-           "all_reduce_sum", "all_reduce_number", "barrier", "timeout", "launched_by_torchrun", "local_device",
-           "init_from_env", "shutdown", "check_launch_env"]
+__all__ = [
+    "all_reduce_number",
+    "all_reduce_sum",
+    "barrier",
+    "check_launch_env",
+    "gather_in_order",
+    "init_from_env",
+    "is_distributed",
+    "is_main",
+    "launched_by_torchrun",
+    "local_device",
+    "rank",
+    "shard",
+    "shard_indices",
+    "shutdown",
+    "timeout",
+    "world_size",
+]

@@ -8,8 +8,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
-def lazy_face(package: str, names: Mapping[str, Sequence[str]], namespace: dict[str, Any]
-              ) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_face(
+    package: str, names: Mapping[str, Sequence[str]], namespace: dict[str, Any]
+) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
     """``(__all__, __getattr__, __dir__)`` for ``package`` exporting ``names`` (``{submodule: names}``);
     a name is imported from its submodule when first read and then kept in ``namespace`` (the
     package's globals)."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
-from typing import Any, Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from tqdm.std import tqdm as _console_tqdm
 

@@ -32,7 +32,9 @@ class Result:
     """Mixin for result dataclasses: ``to_dict()``, ``to_json(path=None)``, ``save(path)`` figure."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if not f.name.startswith("_")}
+        return {
+            f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if not f.name.startswith("_")
+        }
 
     def to_json(self, path: str | Path | None = None, **kwargs: Any) -> str:
         text = json.dumps(self.to_dict(), **({"indent": 1} | kwargs))

@@ -10,19 +10,43 @@ reversible ``Edit`` value (``edit``) and CounterFact-style evaluation (``evaluat
 """
 
 from .edit import (
-    Edit, EditWarning, Request, TargetResiduals, applied_edits, load_edit, undo_all, weights_fingerprint,
+    Edit,
+    EditWarning,
+    Request,
+    TargetResiduals,
+    applied_edits,
+    load_edit,
+    undo_all,
+    weights_fingerprint,
 )
 from .hparams import load_hparams
-from .rome import DEFAULT_LAYERS, RomeHparams, apply_rome, compute_edit, rank_one_update
 from .memit import MemitHparams, NullSpace, apply_memit, compute_edits
+from .rome import DEFAULT_LAYERS, RomeHparams, apply_rome, compute_edit, rank_one_update
 from .stats import KeyStats, key_second_moment
 
 __all__ = [
-    "Edit", "EditWarning", "Request", "TargetResiduals", "applied_edits", "load_edit", "undo_all",
-    "weights_fingerprint", "load_hparams",
-    "DEFAULT_LAYERS", "RomeHparams", "apply_rome", "compute_edit", "rank_one_update",
-    "MemitHparams", "NullSpace", "apply_memit", "compute_edits",
-    "KeyStats", "key_second_moment", "evaluate_edits", "counterfact_requests",
+    "DEFAULT_LAYERS",
+    "Edit",
+    "EditWarning",
+    "KeyStats",
+    "MemitHparams",
+    "NullSpace",
+    "Request",
+    "RomeHparams",
+    "TargetResiduals",
+    "applied_edits",
+    "apply_memit",
+    "apply_rome",
+    "compute_edit",
+    "compute_edits",
+    "counterfact_requests",
+    "evaluate_edits",
+    "key_second_moment",
+    "load_edit",
+    "load_hparams",
+    "rank_one_update",
+    "undo_all",
+    "weights_fingerprint",
 ]
 
 

@@ -40,15 +40,16 @@ class TopKComparison(Result):
                 lines.append(f"    {tb!r:>16} {xb:8.3g}   |   {ta!r:>16} {xa:8.3g}")
         return "\n".join(lines)
 
-    def plot(self, **kwargs: Any) -> "Figure":
+    def plot(self, **kwargs: Any) -> Figure:
         from ..plots.editing import plot_topk_comparison
 
         return plot_topk_comparison(self, **kwargs)
 
 
 @torch.no_grad()
-def compare_topk(model: "HookedGPT2", edit: Edit, prompts: Sequence[str], k: int = 5,
-                 request: Request | None = None) -> TopKComparison:
+def compare_topk(
+    model: HookedGPT2, edit: Edit, prompts: Sequence[str], k: int = 5, request: Request | None = None
+) -> TopKComparison:
     """Top-k next tokens (with probabilities) of each prompt before and after ``edit``; a prompt
     holding ``{}`` gets the subject of ``request`` (default: the edit's only request; one of
     ``edit.requests`` for a MEMIT edit), whose target's probability is shown."""

@@ -21,16 +21,17 @@ each applied edit of rank > 1.
 Files are safetensors (no pickle) with a JSON header and a sha256 over header and tensors, checked at
 load: a truncated or altered file is refused.
 """
+
 from __future__ import annotations
 
 import json
 import time
 import warnings
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -70,14 +71,17 @@ class Request:
             if not isinstance(value, str):
                 raise TypeError(f"request {name} must be a string, got {type(value).__name__} {value!r:.40}")
         if isinstance(self.keep, (str, bytes)):
-            raise TypeError(f"request keep must be a list of prompt templates, got a str ({self.keep!r:.60}); "
-                            "wrap it in a list")
+            raise TypeError(
+                f"request keep must be a list of prompt templates, got a str ({self.keep!r:.60}); wrap it in a list"
+            )
         if not isinstance(self.keep, (list, tuple)) or not all(isinstance(k, str) for k in self.keep):
             raise TypeError(f"request keep must be a list of prompt templates (strings), got {self.keep!r:.60}")
         object.__setattr__(self, "keep", tuple(self.keep))
         bad = [k for k in self.keep if k.count("{}") != 1]
         if bad:
-            raise ValueError(f"request keep prompts must contain '{{}}' exactly once, where the subject goes; got {bad}")
+            raise ValueError(
+                f"request keep prompts must contain '{{}}' exactly once, where the subject goes; got {bad}"
+            )
         if not self.subject.strip():
             raise ValueError("request subject is empty; give the entity to edit, e.g. 'Eiffel Tower'")
         if self.prompt.count("{}") != 1:
@@ -85,8 +89,11 @@ class Request:
             if "{}" not in self.prompt and self.subject in self.prompt:
                 hint = f"; did you mean {self.prompt.replace(self.subject, '{}', 1)!r}?"
             elif "{}" not in self.prompt:
-                hint = (f"; note the subject {self.subject!r} does not occur in the prompt either"
-                        if self.subject not in self.prompt else "")
+                hint = (
+                    f"; note the subject {self.subject!r} does not occur in the prompt either"
+                    if self.subject not in self.prompt
+                    else ""
+                )
             raise ValueError(
                 f"request prompt must contain '{{}}' exactly once, where the subject goes "
                 f"(e.g. '{{}} is located in the city of'); got {self.prompt!r}{hint}"
@@ -94,8 +101,10 @@ class Request:
         if not self.target.strip():
             raise ValueError(f"request target {self.target!r} is empty; give the new continuation, e.g. ' Rome'")
         if self.prompt in self.keep:
-            raise ValueError(f"request keep holds the rewrite prompt itself ({self.prompt!r}): the edit cannot both "
-                             "change and keep its next token; drop it from keep")
+            raise ValueError(
+                f"request keep holds the rewrite prompt itself ({self.prompt!r}): the edit cannot both "
+                "change and keep its next token; drop it from keep"
+            )
 
     @property
     def text(self) -> str:
@@ -103,7 +112,7 @@ class Request:
         return self.prompt.format(self.subject)
 
     @classmethod
-    def of(cls, x: "Request | Mapping[str, Any]", index: int | None = None) -> "Request":
+    def of(cls, x: Request | Mapping[str, Any], index: int | None = None) -> Request:
         """A Request from a Request or a dict with ``prompt``, ``subject``, ``target`` (or ROME's
         ``target_new`` as ``{"str": ...}`` or a string) and optionally ``keep``; other keys are ignored.
         Values are not coerced: a non-string field raises. ``index``: the request's position in a list,
@@ -116,7 +125,7 @@ class Request:
             raise type(e)(f"request {index}: {e}") from None
 
     @classmethod
-    def _from(cls, x: "Request | Mapping[str, Any]") -> "Request":
+    def _from(cls, x: Request | Mapping[str, Any]) -> Request:
         if isinstance(x, Request):
             return x
         if not isinstance(x, Mapping):
@@ -152,18 +161,24 @@ def is_weak(p_before: float, p_after: float) -> bool:
     return p_after < WEAK_EDIT_P_AFTER and p_after - p_before < WEAK_EDIT_GAIN
 
 
-def weak_requests(requests: "Iterable[Request]", p_before: "Iterable[float]", p_after: "Iterable[float]",
-                  stacklevel: int = 3) -> list[int]:
+def weak_requests(
+    requests: Iterable[Request], p_before: Iterable[float], p_after: Iterable[float], stacklevel: int = 3
+) -> list[int]:
     """Indices of the weak edits (:func:`is_weak`), with one :class:`EditWarning` naming them."""
     reqs, before, after = list(requests), list(p_before), list(p_after)
     weak = [i for i, (b, a) in enumerate(zip(before, after)) if is_weak(b, a)]
     if weak:
-        shown = "; ".join(f"request {i} ({reqs[i].text!r} → {reqs[i].target!r}): {before[i]:.3g} → {after[i]:.3g}"
-                          for i in weak[:5])
+        shown = "; ".join(
+            f"request {i} ({reqs[i].text!r} → {reqs[i].target!r}): {before[i]:.3g} → {after[i]:.3g}" for i in weak[:5]
+        )
         more = f" and {len(weak) - 5} more" if len(weak) > 5 else ""
-        warnings.warn(f"{len(weak)} of {len(reqs)} edits barely moved the target (P(target) after < "
-                      f"{WEAK_EDIT_P_AFTER:g} and up by < {WEAK_EDIT_GAIN:g}): {shown}{more}. Try more δ steps "
-                      "(v_steps), another layer, or a larger clamp_factor", EditWarning, stacklevel=stacklevel)
+        warnings.warn(
+            f"{len(weak)} of {len(reqs)} edits barely moved the target (P(target) after < "
+            f"{WEAK_EDIT_P_AFTER:g} and up by < {WEAK_EDIT_GAIN:g}): {shown}{more}. Try more δ steps "
+            "(v_steps), another layer, or a larger clamp_factor",
+            EditWarning,
+            stacklevel=stacklevel,
+        )
     return weak
 
 
@@ -218,8 +233,10 @@ class Edit:
         self.factors: dict[int, Factor] = {}
         for lay, (U, V) in factors.items():
             if U.ndim != 2 or (V is not None and (V.ndim != 2 or V.shape[0] != U.shape[1])):
-                raise ValueError(f"layer {lay}: factors must be U [d_mlp, r] and V [r, d_model] (or V None for a "
-                                 f"dense ΔW), got {tuple(U.shape)} and {None if V is None else tuple(V.shape)}")
+                raise ValueError(
+                    f"layer {lay}: factors must be U [d_mlp, r] and V [r, d_model] (or V None for a "
+                    f"dense ΔW), got {tuple(U.shape)} and {None if V is None else tuple(V.shape)}"
+                )
             self.factors[int(lay)] = (U, V)
         reqs = [request] if request is not None else list(requests or [])
         self.requests: list[Request] = [Request.of(r) for r in reqs]
@@ -263,8 +280,10 @@ class Edit:
 
     def _rank_one(self) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_rank_one:
-            raise ValueError(f"u and v exist for rank-one one-layer edits; this one has layers {self.layers} "
-                             f"of rank {[self.rank(l) for l in self.layers]}: use edit.factors or edit.delta(layer)")
+            raise ValueError(
+                f"u and v exist for rank-one one-layer edits; this one has layers {self.layers} "
+                f"of rank {[self.rank(l) for l in self.layers]}: use edit.factors or edit.delta(layer)"
+            )
         U, V = next(iter(self.factors.values()))
         return U[:, 0], V[0]  # type: ignore[index]
 
@@ -293,14 +312,19 @@ class Edit:
     def __repr__(self) -> str:
         if len(self.requests) == 1 and len(self.factors) == 1:
             r = self.request
-            return (f"Edit(layer={self.layer}, {r.text!r} → {r.target!r}, model={self.model_name!r}, "
-                    f"‖ΔW‖={float(self.delta(self.layer).norm()):.4g})")
+            return (
+                f"Edit(layer={self.layer}, {r.text!r} → {r.target!r}, model={self.model_name!r}, "
+                f"‖ΔW‖={float(self.delta(self.layer).norm()):.4g})"
+            )
         norms = ", ".join(f"{l}: {float(self.delta(l).norm()):.3g}" for l in self.layers)
-        return (f"Edit({self.method}, {len(self.requests)} requests, layers {self.layers}, "
-                f"model={self.model_name!r}, ‖ΔW‖ per layer {{{norms}}})")
+        return (
+            f"Edit({self.method}, {len(self.requests)} requests, layers {self.layers}, "
+            f"model={self.model_name!r}, ‖ΔW‖ per layer {{{norms}}})"
+        )
 
-    def delta(self, layer: int | None = None, dtype: torch.dtype | None = None,
-              device: torch.device | str | None = None) -> torch.Tensor:
+    def delta(
+        self, layer: int | None = None, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ) -> torch.Tensor:
         """``ΔW`` of ``layer`` (the only layer when None): ``[d_mlp, d_model]``.
 
         Rank one: ``outer(u, v)`` (elementwise, recomputed bit-identically). Higher rank: ``U @ V``
@@ -320,17 +344,19 @@ class Edit:
         return d.to(device=device or U.device, dtype=dtype or torch.float32)
 
     # ------------------------------------------------------------ apply / undo
-    def _check_shape(self, model: "HookedGPT2") -> None:
+    def _check_shape(self, model: HookedGPT2) -> None:
         n = model.cfg.n_layer
         for lay in self.layers:
             if not 0 <= lay < n:
                 raise IndexError(f"edit layer {lay} is out of range for a model with {n} layers (0..{n - 1})")
         want = (model.cfg.d_mlp, model.cfg.d_model)
         if tuple(self.shape) != want:
-            raise ValueError(f"edit is for W_out of shape {tuple(self.shape)} ({self.model_name}), "
-                             f"this model's is {want} ({model.cfg.name})")
+            raise ValueError(
+                f"edit is for W_out of shape {tuple(self.shape)} ({self.model_name}), "
+                f"this model's is {want} ({model.cfg.name})"
+            )
 
-    def check(self, model: "HookedGPT2") -> None:
+    def check(self, model: HookedGPT2) -> None:
         """Raise unless ``model`` has exactly the weights this edit was computed on."""
         self._check_shape(model)
         fp = weights_fingerprint(model)
@@ -342,7 +368,7 @@ class Edit:
                 "order (see gpt2_interp.editing.applied_edits(model))."
             )
 
-    def apply(self, model: "HookedGPT2", verify: bool = True) -> "Edit":
+    def apply(self, model: HookedGPT2, verify: bool = True) -> Edit:
         """Add each layer's ``ΔW`` to the model's ``W_out`` in place and push the edit on the model's stack.
 
         ``verify`` checks the base weights first (one hash of the weights); pass False only when
@@ -364,7 +390,7 @@ class Edit:
         stack.append(_Applied(self, digests))
         return self
 
-    def undo(self, model: "HookedGPT2", out_of_order: bool = False) -> None:
+    def undo(self, model: HookedGPT2, out_of_order: bool = False) -> None:
         """Remove this edit, restoring each ``W_out`` it changed bit-exactly to the state without it.
 
         Edits are undone last-in first-out. ``out_of_order=True`` removes an edit that has others
@@ -375,8 +401,9 @@ class Edit:
         idx = [i for i, a in enumerate(stack) if a.edit is self]
         if not idx:
             shown = applied_edits(model)
-            raise ValueError(f"{self!r} is not applied to this model; applied: "
-                             f"{shown if len(shown) <= 5 else f'{len(shown)} edits'}")
+            raise ValueError(
+                f"{self!r} is not applied to this model; applied: {shown if len(shown) <= 5 else f'{len(shown)} edits'}"
+            )
         i = idx[-1]
         later = stack[i + 1 :]
         if later and not out_of_order:
@@ -406,11 +433,14 @@ class Edit:
         named += [(f"edited keys of layer {lay}", K) for lay, K in self.keys.items()]
         named += [(name, t) for name, t in (("k*", self.k), ("v*", self.v_star)) if t is not None]
         for name, t in named:
-            require_finite(t, f"cannot {action} this edit: its {name}",
-                           "it was computed from non-finite values (check the hyperparameters and key statistics)")
+            require_finite(
+                t,
+                f"cannot {action} this edit: its {name}",
+                "it was computed from non-finite values (check the hyperparameters and key statistics)",
+            )
 
     @property
-    def targets(self) -> "TargetResiduals":
+    def targets(self) -> TargetResiduals:
         """The target residuals of a MEMIT/AlphaEdit edit (``v_star``) with what they were computed for,
         to re-solve the same batch under other settings: ``compute_edits(…, targets=edit.targets)``."""
         if self.method not in ("memit", "alphaedit") or self.v_star is None or self.v_star.ndim != 2:
@@ -423,7 +453,7 @@ class Edit:
         return _write(self, path)
 
     @staticmethod
-    def load(path: str | Path, model: "HookedGPT2 | None" = None) -> "Edit":
+    def load(path: str | Path, model: HookedGPT2 | None = None) -> Edit:
         """Read an edit file; with ``model``, refuse it unless the model has the edit's base weights."""
         return load_edit(path, model)
 
@@ -443,29 +473,38 @@ class TargetResiduals:
     def __len__(self) -> int:
         return len(self.requests)
 
-    def __getitem__(self, idx: Any) -> "TargetResiduals":
-        rows = list(range(len(self.requests)))[idx] if isinstance(idx, slice) else \
-            [int(i) for i in (idx.tolist() if isinstance(idx, torch.Tensor) else idx)]
+    def __getitem__(self, idx: Any) -> TargetResiduals:
+        rows = (
+            list(range(len(self.requests)))[idx]
+            if isinstance(idx, slice)
+            else [int(i) for i in (idx.tolist() if isinstance(idx, torch.Tensor) else idx)]
+        )
         return TargetResiduals(self.z[rows], self.layer, self.fingerprint, tuple(self.requests[i] for i in rows))
 
     def check(self, fingerprint: str, requests: list[Request], layer: int, d_model: int) -> None:
         """Raise, saying which, unless these targets fit a batch of ``requests`` with top layer ``layer``
         on a model with weights ``fingerprint`` and width ``d_model``."""
         if tuple(self.z.shape) != (len(self.requests), d_model):
-            raise ValueError(f"targets must be [n_requests, d_model] = [{len(self.requests)}, {d_model}], "
-                             f"got {list(self.z.shape)}")
+            raise ValueError(
+                f"targets must be [n_requests, d_model] = [{len(self.requests)}, {d_model}], got {list(self.z.shape)}"
+            )
         if self.fingerprint != fingerprint:
-            raise ValueError(f"the targets were computed on a model with weights {self.fingerprint[:12]}, this model "
-                             f"has {fingerprint[:12]}: compute them on this model (with the same earlier edits)")
+            raise ValueError(
+                f"the targets were computed on a model with weights {self.fingerprint[:12]}, this model "
+                f"has {fingerprint[:12]}: compute them on this model (with the same earlier edits)"
+            )
         if self.layer != layer:
             raise ValueError(f"the targets are residuals after layer {self.layer}, this edit's top layer is {layer}")
         if len(self.requests) != len(requests):
-            raise ValueError(f"the targets were computed for {len(self.requests)} requests, this batch has "
-                             f"{len(requests)}")
+            raise ValueError(
+                f"the targets were computed for {len(self.requests)} requests, this batch has {len(requests)}"
+            )
         for i, (a, b) in enumerate(zip(self.requests, requests)):
             if a != b:
-                raise ValueError(f"the targets were computed for other requests: request {i} is {a.text!r} → "
-                                 f"{a.target!r} there and {b.text!r} → {b.target!r} here")
+                raise ValueError(
+                    f"the targets were computed for other requests: request {i} is {a.text!r} → "
+                    f"{a.target!r} there and {b.text!r} → {b.target!r} here"
+                )
         require_finite(self.z, "the target residuals")
 
 
@@ -481,30 +520,30 @@ class _EditState:
     originals: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> W_out before its first edit
 
 
-_STATE: "weakref.WeakKeyDictionary[HookedGPT2, _EditState]" = weakref.WeakKeyDictionary()
+_STATE: weakref.WeakKeyDictionary[HookedGPT2, _EditState] = weakref.WeakKeyDictionary()
 
 
-def _state(model: "HookedGPT2") -> _EditState:
+def _state(model: HookedGPT2) -> _EditState:
     if model not in _STATE:
         _STATE[model] = _EditState()
     return _STATE[model]
 
 
-def _stack(model: "HookedGPT2") -> list[_Applied]:
+def _stack(model: HookedGPT2) -> list[_Applied]:
     return _state(model).stack
 
 
-def _originals(model: "HookedGPT2") -> dict[int, torch.Tensor]:
+def _originals(model: HookedGPT2) -> dict[int, torch.Tensor]:
     return _state(model).originals
 
 
-def original_weights(model: "HookedGPT2") -> dict[int, torch.Tensor]:
+def original_weights(model: HookedGPT2) -> dict[int, torch.Tensor]:
     """``{layer: W_out}`` as it was before the first applied edit there (edited layers only); read-only use."""
     return dict(_originals(model))
 
 
 @torch.no_grad()
-def _rebuild(model: "HookedGPT2", layer: int, check_digests: bool) -> None:
+def _rebuild(model: HookedGPT2, layer: int, check_digests: bool) -> None:
     """Restore ``W_out[layer]`` from its original and replay the stack's edits there, in order."""
     W = model.blocks[layer].mlp.W_out
     originals = _originals(model)
@@ -520,13 +559,13 @@ def _rebuild(model: "HookedGPT2", layer: int, check_digests: bool) -> None:
         del originals[layer]
 
 
-def applied_edits(model: "HookedGPT2") -> list[Edit]:
+def applied_edits(model: HookedGPT2) -> list[Edit]:
     """The edits applied to ``model``, oldest first."""
     return [a.edit for a in _stack(model)]
 
 
 @torch.no_grad()
-def undo_all(model: "HookedGPT2") -> int:
+def undo_all(model: HookedGPT2) -> int:
     """Undo every applied edit at once (restores each edited layer's original ``W_out``);
     returns how many were undone."""
     stack, originals = _stack(model), _originals(model)
@@ -560,15 +599,20 @@ def _write(edit: Edit, path: str | Path) -> Path:
     if edit.v_star is not None:
         tensors["v_star"] = edit.v_star
     meta = {
-        "layers": edit.layers, "requests": [asdict(r) for r in edit.requests], "method": edit.method,
-        "base_fingerprint": edit.base_fingerprint, "hparams": edit.hparams, "metrics": edit.metrics,
-        "model_name": edit.model_name, "shape": list(edit.shape),
+        "layers": edit.layers,
+        "requests": [asdict(r) for r in edit.requests],
+        "method": edit.method,
+        "base_fingerprint": edit.base_fingerprint,
+        "hparams": edit.hparams,
+        "metrics": edit.metrics,
+        "model_name": edit.model_name,
+        "shape": list(edit.shape),
         "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     return save_checked(path, tensors, {"format": FORMAT, "edit": json.dumps(meta, default=_json_default)})
 
 
-def load_edit(path: str | Path, model: "HookedGPT2 | None" = None) -> Edit:
+def load_edit(path: str | Path, model: HookedGPT2 | None = None) -> Edit:
     """Read an edit written by :meth:`Edit.save` (or a rank-one ``/1`` file of earlier versions);
     with ``model``, also check it fits that model.
 
@@ -579,29 +623,44 @@ def load_edit(path: str | Path, model: "HookedGPT2 | None" = None) -> Edit:
     tensors, header, _ = load_checked(path, kind="edit")
     fmt = header.get("format")
     if fmt not in FORMATS_READ:
-        raise ValueError(f"{path} is a safetensors file but not a gpt2-interp edit (format {fmt!r}; "
-                         f"this version reads {FORMATS_READ})")
+        raise ValueError(
+            f"{path} is a safetensors file but not a gpt2-interp edit (format {fmt!r}; "
+            f"this version reads {FORMATS_READ})"
+        )
     try:
         meta = json.loads(header["edit"])
-        common = dict(base_fingerprint=meta["base_fingerprint"], k=tensors.get("k"), v_star=tensors.get("v_star"),
-                      hparams=meta.get("hparams", {}), metrics=meta.get("metrics", {}),
-                      model_name=meta.get("model_name", ""), shape=tuple(meta.get("shape", (0, 0))))
+        common = dict(
+            base_fingerprint=meta["base_fingerprint"],
+            k=tensors.get("k"),
+            v_star=tensors.get("v_star"),
+            hparams=meta.get("hparams", {}),
+            metrics=meta.get("metrics", {}),
+            model_name=meta.get("model_name", ""),
+            shape=tuple(meta.get("shape", (0, 0))),
+        )
         if fmt == "gpt2-interp-edit/1":  # rank-one files written before multi-layer edits
             edit = Edit(int(meta["layer"]), tensors["u"], tensors["v"], Request(**meta["request"]), **common)
         else:
             factors = {int(l): (tensors[f"L{l}.U"], tensors.get(f"L{l}.V")) for l in meta["layers"]}
             keys = {int(l): tensors[f"L{l}.keys"] for l in meta["layers"] if f"L{l}.keys" in tensors}
-            edit = Edit(factors=factors, requests=[Request(**r) for r in meta["requests"]], keys=keys,
-                        method=meta.get("method"), **common)
+            edit = Edit(
+                factors=factors,
+                requests=[Request(**r) for r in meta["requests"]],
+                keys=keys,
+                method=meta.get("method"),
+                **common,
+            )
     except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{path} is not a valid edit file: its header or tensors are incomplete "
-                         f"({type(e).__name__}: {e})") from None
+        raise ValueError(
+            f"{path} is not a valid edit file: its header or tensors are incomplete ({type(e).__name__}: {e})"
+        ) from None
     for name, t in tensors.items():
         require_finite(t, f"tensor {name!r} of the edit file {path}", "the edit was computed from non-finite values")
     if model is not None:
         edit.check(model)
-        edit.factors = {l: (U.to(model.device), None if V is None else V.to(model.device))
-                        for l, (U, V) in edit.factors.items()}
+        edit.factors = {
+            l: (U.to(model.device), None if V is None else V.to(model.device)) for l, (U, V) in edit.factors.items()
+        }
     return edit
 
 

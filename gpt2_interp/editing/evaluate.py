@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from .evaluation import *  # noqa: F401,F403 - the public names, re-exported
+from .evaluation import *  # noqa: F403 - the public names, re-exported
 from .evaluation import __all__ as _names
 
 __all__ = list(_names)

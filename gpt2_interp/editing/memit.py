@@ -56,13 +56,22 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..model.fingerprint import parameter_digests, weights_fingerprint
 from ..core.checks import check_choice, check_count, check_number
+from ..model.fingerprint import parameter_digests, weights_fingerprint
 from .edit import Edit, EditWarning, Request, TargetResiduals, weak_requests
 from .hparams import load_hparams, model_hparams, models_with_hparams
 from .rome import (
-    MODEL_HPARAMS as ROME_MODEL_HPARAMS, RequestLike, RomeHparams, context_prefixes, default_layer, optimise_deltas,
-    subject_states, target_logprobs, validate_request,
+    MODEL_HPARAMS as ROME_MODEL_HPARAMS,
+)
+from .rome import (
+    RequestLike,
+    RomeHparams,
+    context_prefixes,
+    default_layer,
+    optimise_deltas,
+    subject_states,
+    target_logprobs,
+    validate_request,
 )
 from .stats import KeyStats, key_second_moment, keys_fingerprint, unedited_digests
 
@@ -86,27 +95,29 @@ class MemitHparams:
     the object is made (:meth:`__post_init__`): a wrong kind, a non-finite number or a value out of
     range raises naming the field."""
 
-    layers: tuple[int, ...] | None = None   # edit layers (None: the model's default, see default_layers)
-    mom2_weight: float = 1000.0             # λ in (λC + KᵀK)⁻¹KᵀR (MEMIT's mom2_update_weight)
-    nullspace_threshold: float = 1e-3       # τ: P keeps eigen-directions of C₀ with λ ≤ τ·λ_max
-    nullspace_rule: str = "relative"        # "relative" (as above) or "energy": the smallest directions
-                                            # holding ≤ τ of tr C₀ (see NullSpace.from_stats)
-    alpha: float = 1e-2                     # AlphaEdit's ridge, × tr(C)/d_mlp
-    chunk: int | None = None                # requests per δ-optimisation batch (None: 32 on CPU, all on GPU)
-    delta_norm: str = "resid"               # δ's clamp/weight-decay scale: the residual after the top layer
-                                            # (MEMIT's compute_z) or "mlp_out" (ROME's v₀); see optimise_deltas
+    layers: tuple[int, ...] | None = None  # edit layers (None: the model's default, see default_layers)
+    mom2_weight: float = 1000.0  # λ in (λC + KᵀK)⁻¹KᵀR (MEMIT's mom2_update_weight)
+    nullspace_threshold: float = 1e-3  # τ: P keeps eigen-directions of C₀ with λ ≤ τ·λ_max
+    nullspace_rule: str = "relative"  # "relative" (as above) or "energy": the smallest directions
+    # holding ≤ τ of tr C₀ (see NullSpace.from_stats)
+    alpha: float = 1e-2  # AlphaEdit's ridge, × tr(C)/d_mlp
+    chunk: int | None = None  # requests per δ-optimisation batch (None: 32 on CPU, all on GPU)
+    delta_norm: str = "resid"  # δ's clamp/weight-decay scale: the residual after the top layer
+    # (MEMIT's compute_z) or "mlp_out" (ROME's v₀); see optimise_deltas
     rome: RomeHparams = field(default_factory=RomeHparams)
 
     def __post_init__(self) -> None:
         what = "MEMIT hyperparameter {}".format
         if self.layers is not None:
             if isinstance(self.layers, (str, bytes)) or not isinstance(self.layers, (list, tuple)) or not self.layers:
-                raise ValueError(f"{what('layers')} must be a non-empty list of layer indices or None, "
-                                 f"got {self.layers!r}")
+                raise ValueError(
+                    f"{what('layers')} must be a non-empty list of layer indices or None, got {self.layers!r}"
+                )
             self.layers = tuple(check_count(x, f"{what('layers')} entry", 0) for x in self.layers)
         self.mom2_weight = check_number(self.mom2_weight, what("mom2_weight"), 0)
-        self.nullspace_threshold = check_number(self.nullspace_threshold, what("nullspace_threshold"), 0, 1,
-                                                low_open=True, high_open=True)
+        self.nullspace_threshold = check_number(
+            self.nullspace_threshold, what("nullspace_threshold"), 0, 1, low_open=True, high_open=True
+        )
         self.alpha = check_number(self.alpha, what("alpha"), 0, low_open=True)
         self.nullspace_rule = check_choice(self.nullspace_rule, what("nullspace_rule"), NULLSPACE_RULES)
         self.delta_norm = check_choice(self.delta_norm, what("delta_norm"), DELTA_NORMS)
@@ -116,7 +127,7 @@ class MemitHparams:
             raise TypeError(f"{what('rome')} must be a RomeHparams, got {type(self.rome).__name__}")
 
     @classmethod
-    def of(cls, model: "HookedGPT2", **overrides: Any) -> "MemitHparams":
+    def of(cls, model: HookedGPT2, **overrides: Any) -> MemitHparams:
         """Defaults (``hparams/{memit,alphaedit}/default.json``), then the model's own files
         (:data:`MODEL_HPARAMS`, AlphaEdit's), then ``overrides``; keys of :class:`RomeHparams`
         (``v_steps``, ``v_lr``, …) go to the δ optimisation, which starts from ROME's settings for the
@@ -126,13 +137,16 @@ class MemitHparams:
         rome_names = {f.name for f in fields(RomeHparams)} - {"layer"}  # the edit layers are MEMIT's `layers`
         bad = sorted(set(overrides) - own - rome_names)
         if bad:
-            raise ValueError(f"unknown MEMIT hyperparameter(s) {bad}; valid: {sorted(own)} and the ROME δ settings "
-                             f"{sorted(rome_names)}")
+            raise ValueError(
+                f"unknown MEMIT hyperparameter(s) {bad}; valid: {sorted(own)} and the ROME δ settings "
+                f"{sorted(rome_names)}"
+            )
         memit = load_hparams("memit", name) | load_hparams("alphaedit", name) | overrides
-        rome_kw = (DELTA_DEFAULTS | ROME_MODEL_HPARAMS.get(name, {}) | model_hparams("memit", name)
-                   | overrides)
-        return cls(**{k: v for k, v in memit.items() if k in own},
-                   rome=RomeHparams.of(**{k: v for k, v in rome_kw.items() if k in rome_names}))
+        rome_kw = DELTA_DEFAULTS | ROME_MODEL_HPARAMS.get(name, {}) | model_hparams("memit", name) | overrides
+        return cls(
+            **{k: v for k, v in memit.items() if k in own},
+            rome=RomeHparams.of(**{k: v for k, v in rome_kw.items() if k in rome_names}),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,16 +154,18 @@ class MemitHparams:
 
 #: MEMIT's own δ settings where they differ from ROME's (``hparams/memit/default.json``): the bare
 #: prompt and 5 generated context prefixes of 10 tokens (MEMIT's context templates).
-DELTA_DEFAULTS: dict[str, Any] = {k: v for k, v in load_hparams("memit", "default").items()
-                                  if k in {f.name for f in fields(RomeHparams)}}
+DELTA_DEFAULTS: dict[str, Any] = {
+    k: v for k, v in load_hparams("memit", "default").items() if k in {f.name for f in fields(RomeHparams)}
+}
 
 #: Per-model MEMIT settings (``hparams/memit/<model>.json``; user arguments win; δ settings default to
 #: ROME's for the model). Each file names the run behind every value.
-MODEL_HPARAMS: dict[str, dict[str, Any]] = {name: model_hparams("memit", name) for name in models_with_hparams("memit")
-                                            if model_hparams("memit", name)}
+MODEL_HPARAMS: dict[str, dict[str, Any]] = {
+    name: model_hparams("memit", name) for name in models_with_hparams("memit") if model_hparams("memit", name)
+}
 
 
-def default_layers(model: "HookedGPT2") -> list[int]:
+def default_layers(model: HookedGPT2) -> list[int]:
     """MEMIT's window: ``round(5/48 · n_layer)`` layers ending at ROME's layer (gpt2-xl: 13–17, as
     published), or :data:`MODEL_HPARAMS`' ``layers``."""
     given = load_hparams("memit", model.cfg.name).get("layers")
@@ -160,8 +176,13 @@ def default_layers(model: "HookedGPT2") -> list[int]:
     return list(range(max(0, top - width + 1), top + 1))
 
 
-def choose_layers(model: "HookedGPT2", requests: Sequence[RequestLike], n_trace: int = 8,
-                  share: float = 0.5, max_width: int | None = None) -> list[int]:
+def choose_layers(
+    model: HookedGPT2,
+    requests: Sequence[RequestLike],
+    n_trace: int = 8,
+    share: float = 0.5,
+    max_width: int | None = None,
+) -> list[int]:
     """``layers="auto"``: average the causal-trace MLP indirect effect at the subject's last token
     over up to ``n_trace`` requests; the window is the contiguous run of layers around the peak whose
     effect is at least ``share`` × the peak's, at most ``max_width`` layers
@@ -178,8 +199,11 @@ def choose_layers(model: "HookedGPT2", requests: Sequence[RequestLike], n_trace:
     width = max_width or max(1, round(5 * model.cfg.n_layer / 48))
     lo = hi = peak
     while hi - lo + 1 < width:
-        cand = [(float(effect[l]), l) for l in (lo - 1, hi + 1) if 0 <= l < model.cfg.n_layer
-                and effect[l] >= share * effect[peak]]
+        cand = [
+            (float(effect[l]), l)
+            for l in (lo - 1, hi + 1)
+            if 0 <= l < model.cfg.n_layer and effect[l] >= share * effect[peak]
+        ]
         if not cand:
             break
         _, l = max(cand)
@@ -200,14 +224,15 @@ class NullSpace:
     threshold: float
     fingerprints: dict[int, str]  # keys fingerprint of each layer's preserved statistics
     null_dim: dict[int, int]
-    leak: dict[int, float]        # E‖k₀P‖² / E‖k₀‖² of the preserved keys
+    leak: dict[int, float]  # E‖k₀P‖² / E‖k₀‖² of the preserved keys
     KpKp: dict[int, torch.Tensor] = field(default_factory=dict)
     n_remembered: int = 0
     rule: str = "relative"
 
     @classmethod
-    def from_stats(cls, stats: Mapping[int, KeyStats] | KeyStats, threshold: float = 1e-3,
-                   rule: str = "relative") -> "NullSpace":
+    def from_stats(
+        cls, stats: Mapping[int, KeyStats] | KeyStats, threshold: float = 1e-3, rule: str = "relative"
+    ) -> NullSpace:
         """``P`` from the eigen-decomposition of each layer's preserved second moment ``C₀``:
         ``rule="relative"`` keeps the eigen-directions with ``λ ≤ threshold·λ_max``; ``rule="energy"``
         the smallest ones whose eigenvalues sum to ``≤ threshold·tr C₀`` (so ``leak ≤ threshold`` on
@@ -234,17 +259,23 @@ class NullSpace:
             fps[lay] = st.key.get("fingerprint", "")
         return cls(P, threshold, fps, dims, leak, rule=rule)
 
-    def check(self, model: "HookedGPT2", layers: Sequence[int], digests: dict[str, str] | None = None) -> None:
+    def check(self, model: HookedGPT2, layers: Sequence[int], digests: dict[str, str] | None = None) -> None:
         missing = [l for l in layers if l not in self.P]
         if missing:
-            raise ValueError(f"the null space has projections for layers {sorted(self.P)}, not {missing}; "
-                             "build it from statistics of every edit layer")
+            raise ValueError(
+                f"the null space has projections for layers {sorted(self.P)}, not {missing}; "
+                "build it from statistics of every edit layer"
+            )
         base = unedited_digests(model, digests)
         for l in layers:
-            if self.fingerprints.get(l) and self.fingerprints[l] not in (keys_fingerprint(model, l, digests),
-                                                                         keys_fingerprint(model, l, base)):
-                raise ValueError(f"the null space of layer {l} was computed from statistics of another model "
-                                 "(its keys fingerprint differs); rebuild it with NullSpace.from_stats for this model")
+            if self.fingerprints.get(l) and self.fingerprints[l] not in (
+                keys_fingerprint(model, l, digests),
+                keys_fingerprint(model, l, base),
+            ):
+                raise ValueError(
+                    f"the null space of layer {l} was computed from statistics of another model "
+                    "(its keys fingerprint differs); rebuild it with NullSpace.from_stats for this model"
+                )
 
     def remember(self, keys: Mapping[int, torch.Tensor]) -> None:
         """Accumulate ``K_pᵀK_p`` of edited keys ``{layer: [n, d_mlp]}``."""
@@ -264,15 +295,19 @@ class NullSpace:
             if lay not in self.P:
                 raise ValueError(f"keys of layer {lay}: the null space has projections for layers {sorted(self.P)}")
             K64 = K.double().cpu()
-            total = float((K64 ** 2).sum())
+            total = float((K64**2).sum())
             if total == 0:
-                raise ValueError(f"keys of layer {lay} are all zero (shape {tuple(K.shape)}): their energy share is undefined")
+                raise ValueError(
+                    f"keys of layer {lay} are all zero (shape {tuple(K.shape)}): their energy share is undefined"
+                )
             out[lay] = float(((K64 @ self.P[lay].double().cpu()) ** 2).sum()) / total
         return out
 
     def __repr__(self) -> str:
         dims = ", ".join(f"L{l}: {d}" for l, d in self.null_dim.items())
-        return f"NullSpace(τ={self.threshold:g} ({self.rule}), null dims {{{dims}}}, {self.n_remembered} keys remembered)"
+        return (
+            f"NullSpace(τ={self.threshold:g} ({self.rule}), null dims {{{dims}}}, {self.n_remembered} keys remembered)"
+        )
 
 
 # ---------------------------------------------------------------- the maths
@@ -297,7 +332,7 @@ def projected_update(K: torch.Tensor, P: torch.Tensor, KpKp: torch.Tensor | None
 
 
 # ---------------------------------------------------------------- input checks
-def validate_requests(model: "HookedGPT2", requests: Sequence[RequestLike]) -> tuple[list[Request], list[list[int]]]:
+def validate_requests(model: HookedGPT2, requests: Sequence[RequestLike]) -> tuple[list[Request], list[list[int]]]:
     """Requests and their target ids; an empty batch, or one subject+prompt asked for two targets,
     raises naming the requests' indices. An exact duplicate is kept once, with an :class:`EditWarning`."""
     if isinstance(requests, (Request, Mapping)):
@@ -316,12 +351,18 @@ def validate_requests(model: "HookedGPT2", requests: Sequence[RequestLike]) -> t
                 raise ValueError(
                     f"conflicting requests {j} and {i} in one batch: {req.text!r} → {first.target!r} and → "
                     f"{req.target!r}. One batch writes one answer per subject and prompt; drop one, or edit "
-                    "them in separate, sequential batches")
+                    "them in separate, sequential batches"
+                )
             if first != req:
-                raise ValueError(f"requests {j} and {i} ask the same ({req.text!r} → {req.target!r}) with different "
-                                 "keep prompts; merge their keep lists into one request")
-            warnings.warn(f"requests {j} and {i} are the same ({req.text!r} → {req.target!r}); it is edited once",
-                          EditWarning, stacklevel=3)
+                raise ValueError(
+                    f"requests {j} and {i} ask the same ({req.text!r} → {req.target!r}) with different "
+                    "keep prompts; merge their keep lists into one request"
+                )
+            warnings.warn(
+                f"requests {j} and {i} are the same ({req.text!r} → {req.target!r}); it is edited once",
+                EditWarning,
+                stacklevel=3,
+            )
             continue
         seen[key] = (i, req)
         out.append(req)
@@ -329,8 +370,9 @@ def validate_requests(model: "HookedGPT2", requests: Sequence[RequestLike]) -> t
     return out, ids
 
 
-def _resolve_stats(model: "HookedGPT2", layers: list[int], stats: Any, hp: MemitHparams,
-                   digests: dict[str, str], progress: bool) -> dict[int, KeyStats]:
+def _resolve_stats(
+    model: HookedGPT2, layers: list[int], stats: Any, hp: MemitHparams, digests: dict[str, str], progress: bool
+) -> dict[int, KeyStats]:
     if stats is None:
         got = key_second_moment(model, layers, corpus=hp.rome.corpus, n_samples=hp.rome.n_samples, progress=progress)
     elif isinstance(stats, KeyStats):
@@ -341,17 +383,21 @@ def _resolve_stats(model: "HookedGPT2", layers: list[int], stats: Any, hp: Memit
         raise TypeError(f"stats must be None, a KeyStats or {{layer: KeyStats}}, got {type(stats).__name__}")
     missing = [l for l in layers if l not in got]
     if missing:
-        raise ValueError(f"no key statistics for edit layer(s) {missing} (given: {sorted(got)}); compute them with "
-                         f"key_second_moment(model, {layers})")
+        raise ValueError(
+            f"no key statistics for edit layer(s) {missing} (given: {sorted(got)}); compute them with "
+            f"key_second_moment(model, {layers})"
+        )
     for l in layers:
         if not isinstance(got[l], KeyStats):
-            raise TypeError(f"stats for layer {l} must be a KeyStats (key_second_moment(model, {layers})), "
-                            f"got {type(got[l]).__name__}")
+            raise TypeError(
+                f"stats for layer {l} must be a KeyStats (key_second_moment(model, {layers})), "
+                f"got {type(got[l]).__name__}"
+            )
         got[l].check(model, l, digests)
     return got
 
 
-def _resolve_layers(model: "HookedGPT2", layers: Any, hp: MemitHparams, reqs: list[Request]) -> list[int]:
+def _resolve_layers(model: HookedGPT2, layers: Any, hp: MemitHparams, reqs: list[Request]) -> list[int]:
     if layers is None:
         layers = list(hp.layers) if hp.layers is not None else default_layers(model)
     elif isinstance(layers, str):
@@ -368,15 +414,15 @@ def _resolve_layers(model: "HookedGPT2", layers: Any, hp: MemitHparams, reqs: li
 
 # ---------------------------------------------------------------- the entry point
 def compute_edits(
-    model: "HookedGPT2",
+    model: HookedGPT2,
     requests: Sequence[RequestLike],
     layers: int | Sequence[int] | str | None = None,
     stats: KeyStats | Mapping[int, KeyStats] | None = None,
     hparams: MemitHparams | Mapping[str, Any] | None = None,
-    preserve: "NullSpace | KeyStats | Mapping[int, KeyStats] | bool | None" = None,
+    preserve: NullSpace | KeyStats | Mapping[int, KeyStats] | bool | None = None,
     remember: bool = True,
     progress: bool = False,
-    targets: "TargetResiduals | Edit | None" = None,
+    targets: TargetResiduals | Edit | None = None,
 ) -> Edit:
     """Compute (not apply) ONE edit writing every request into ``model`` (module doc: the maths).
 
@@ -395,8 +441,11 @@ def compute_edits(
     Apply with ``edit.apply(model)``; undo with ``edit.undo(model)``.
     """
     t0 = time.perf_counter()
-    hp = MemitHparams.of(model, **dict(hparams or {})) if not isinstance(hparams, MemitHparams) else \
-        replace(hparams, rome=replace(hparams.rome))  # re-checks every field, also after the object was changed
+    hp = (
+        MemitHparams.of(model, **dict(hparams or {}))
+        if not isinstance(hparams, MemitHparams)
+        else replace(hparams, rome=replace(hparams.rome))
+    )  # re-checks every field, also after the object was changed
     reqs, ids = validate_requests(model, requests)
     layers_ = _resolve_layers(model, layers, hp, reqs)
     top = layers_[-1]
@@ -412,8 +461,17 @@ def compute_edits(
     t1 = time.perf_counter()
     _, h0 = subject_states(model, reqs, [], prefixes, resid_layer=top)
     if given is None:
-        opt = optimise_deltas(model, list(zip(reqs, ids)), top, prefixes, hp.rome, st[top].solve, chunk=hp.chunk,
-                              progress=progress, norm_reference=hp.delta_norm)
+        opt = optimise_deltas(
+            model,
+            list(zip(reqs, ids)),
+            top,
+            prefixes,
+            hp.rome,
+            st[top].solve,
+            chunk=hp.chunk,
+            progress=progress,
+            norm_reference=hp.delta_norm,
+        )
         delta = torch.stack([o["delta"] for o in opt]).double().cpu()  # [n, d_model]
     else:
         opt = []
@@ -427,12 +485,17 @@ def compute_edits(
         ns.remember(keys_used)
     n = len(reqs)
     metrics = {
-        "n_requests": n, "layers": layers_, "seconds": time.perf_counter() - t0, "delta_seconds": t_delta,
+        "n_requests": n,
+        "layers": layers_,
+        "seconds": time.perf_counter() - t0,
+        "delta_seconds": t_delta,
         "delta_norm_mean": float(delta.norm(dim=-1).mean()),
         "steps_mean": sum(len(o["log"]) - 1 for o in opt) / n if opt else None,
         "p_target_optimised_mean": sum(o["log"][-1]["p_target"] for o in opt) / n if opt else None,
         "targets_given": given is not None,
-        "fit": fit, "p_target_before": p_before, "p_target_after": p_after,
+        "fit": fit,
+        "p_target_before": p_before,
+        "p_target_after": p_after,
     }
     if ns is not None:
         metrics["null_dim"] = {l: ns.null_dim[l] for l in layers_}
@@ -440,27 +503,45 @@ def compute_edits(
         _warn_empty_null_space(ns, layers_)
     metrics["weak"] = weak_requests(reqs, p_before, p_after)
     hdict = hp.to_dict() | {"layers": layers_, "stats_corpus": st[top].key.get("corpus"), "stats_count": st[top].count}
-    return Edit(factors=factors, requests=reqs, keys=keys_used, v_star=z.float(), base_fingerprint=base_fp, hparams=hdict,
-                metrics=metrics, model_name=model.cfg.name, shape=(model.cfg.d_mlp, model.cfg.d_model),
-                method="alphaedit" if ns is not None else "memit")
+    return Edit(
+        factors=factors,
+        requests=reqs,
+        keys=keys_used,
+        v_star=z.float(),
+        base_fingerprint=base_fp,
+        hparams=hdict,
+        metrics=metrics,
+        model_name=model.cfg.name,
+        shape=(model.cfg.d_mlp, model.cfg.d_model),
+        method="alphaedit" if ns is not None else "memit",
+    )
 
 
-def _given_targets(targets: Any, fingerprint: str, reqs: list[Request], top: int,
-                   d_model: int) -> TargetResiduals | None:
+def _given_targets(
+    targets: Any, fingerprint: str, reqs: list[Request], top: int, d_model: int
+) -> TargetResiduals | None:
     """``compute_edits``' ``targets`` as checked :class:`TargetResiduals` (None when not given)."""
     if targets is None:
         return None
     if isinstance(targets, Edit):
         targets = targets.targets
     if not isinstance(targets, TargetResiduals):
-        raise TypeError(f"targets must be an earlier edit's target residuals (edit.targets) or the edit itself, "
-                        f"which record the model and requests they were computed for; got {type(targets).__name__}")
+        raise TypeError(
+            f"targets must be an earlier edit's target residuals (edit.targets) or the edit itself, "
+            f"which record the model and requests they were computed for; got {type(targets).__name__}"
+        )
     targets.check(fingerprint, reqs, top, d_model)
     return targets
 
 
-def _resolve_preserve(model: "HookedGPT2", preserve: Any, st: dict[int, KeyStats], layers: list[int],
-                      hp: MemitHparams, digests: dict[str, str]) -> "NullSpace | None":
+def _resolve_preserve(
+    model: HookedGPT2,
+    preserve: Any,
+    st: dict[int, KeyStats],
+    layers: list[int],
+    hp: MemitHparams,
+    digests: dict[str, str],
+) -> NullSpace | None:
     """``compute_edits``' ``preserve`` as a :class:`NullSpace` checked against the model (None: MEMIT)."""
     if preserve is None or preserve is False:
         return None
@@ -477,32 +558,52 @@ def _resolve_preserve(model: "HookedGPT2", preserve: Any, st: dict[int, KeyStats
         ns = NullSpace.from_stats(given, hp.nullspace_threshold, hp.nullspace_rule)
     unverified = [l for l in layers if l in ns.P and not ns.fingerprints.get(l)]
     if unverified:
-        raise ValueError(f"the null space of layer(s) {unverified} was built from statistics that record no keys "
-                         "fingerprint, so it cannot be checked against this model; build it with "
-                         "NullSpace.from_stats(key_second_moment(model, layers))")
+        raise ValueError(
+            f"the null space of layer(s) {unverified} was built from statistics that record no keys "
+            "fingerprint, so it cannot be checked against this model; build it with "
+            "NullSpace.from_stats(key_second_moment(model, layers))"
+        )
     wrong = [l for l in layers if l in ns.P and ns.P[l].shape[0] != model.cfg.d_mlp]
     if wrong:
-        raise ValueError(f"the null space of layer(s) {wrong} is {ns.P[wrong[0]].shape[0]}-dimensional, this model's "
-                         f"keys have d_mlp {model.cfg.d_mlp}")
+        raise ValueError(
+            f"the null space of layer(s) {wrong} is {ns.P[wrong[0]].shape[0]}-dimensional, this model's "
+            f"keys have d_mlp {model.cfg.d_mlp}"
+        )
     ns.check(model, layers, digests)
     return ns
 
 
-def _warn_empty_null_space(ns: "NullSpace", layers: list[int]) -> None:
+def _warn_empty_null_space(ns: NullSpace, layers: list[int]) -> None:
     """An :class:`EditWarning` for each edit layer whose null space is empty: its update is exactly zero."""
     empty = [l for l in layers if ns.null_dim.get(l) == 0]
     if empty:
-        warnings.warn(f"AlphaEdit's null space has dimension 0 at layer(s) {empty} (τ = {ns.threshold:g}, "
-                      f"rule {ns.rule!r}): the update there is zero, so "
-                      f"{'the edit does nothing' if len(empty) == len(layers) else 'those layers are not edited'}. "
-                      f"Raise nullspace_threshold (e.g. τ = {min(ns.threshold * 10, 0.5):g}) or use "
-                      "nullspace_rule='energy'", EditWarning, stacklevel=3)
+        warnings.warn(
+            f"AlphaEdit's null space has dimension 0 at layer(s) {empty} (τ = {ns.threshold:g}, "
+            f"rule {ns.rule!r}): the update there is zero, so "
+            f"{'the edit does nothing' if len(empty) == len(layers) else 'those layers are not edited'}. "
+            f"Raise nullspace_threshold (e.g. τ = {min(ns.threshold * 10, 0.5):g}) or use "
+            "nullspace_rule='energy'",
+            EditWarning,
+            stacklevel=3,
+        )
 
 
-def _solve_layers(model: "HookedGPT2", reqs: list[Request], ids: list[list[int]], z: torch.Tensor, layers: list[int],
-                  prefixes: list[str], st: dict[int, KeyStats], hp: MemitHparams, ns: "NullSpace | None",
-                  ) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor | None]], dict[int, torch.Tensor],
-                             dict[int, dict[str, float]], list[float]]:
+def _solve_layers(
+    model: HookedGPT2,
+    reqs: list[Request],
+    ids: list[list[int]],
+    z: torch.Tensor,
+    layers: list[int],
+    prefixes: list[str],
+    st: dict[int, KeyStats],
+    hp: MemitHparams,
+    ns: NullSpace | None,
+) -> tuple[
+    dict[int, tuple[torch.Tensor, torch.Tensor | None]],
+    dict[int, torch.Tensor],
+    dict[int, dict[str, float]],
+    list[float],
+]:
     """Steps 2-3 of the module doc: each layer's update, lowest first, applied before the next layer's
     keys are read, then P(target) with every update applied; the weights are restored on return.
     Returns ``(factors, keys, fit, p_target_after)``."""
@@ -522,9 +623,11 @@ def _solve_layers(model: "HookedGPT2", reqs: list[Request], ids: list[list[int]]
                 ridge = hp.alpha * float(st[lay].C.double().diagonal().mean())
                 A = projected_update(K, ns.P[lay], ns.KpKp.get(lay), ridge)
             dW = A @ R  # [d_mlp, d_model]
-            fit[lay] = {"target_norm": float(R.norm(dim=-1).mean()),
-                        "fit_error": float((K @ dW - R).norm(dim=-1).mean() / R.norm(dim=-1).mean().clamp(min=1e-12)),
-                        "dW_norm": float(dW.norm())}
+            fit[lay] = {
+                "target_norm": float(R.norm(dim=-1).mean()),
+                "fit_error": float((K @ dW - R).norm(dim=-1).mean() / R.norm(dim=-1).mean().clamp(min=1e-12)),
+                "dW_norm": float(dW.norm()),
+            }
             factors[lay] = (A.float(), R.float()) if n < min(d_model, A.shape[0]) else (dW.float(), None)
             keys_used[lay] = K.float()
             with torch.no_grad():
@@ -538,8 +641,9 @@ def _solve_layers(model: "HookedGPT2", reqs: list[Request], ids: list[list[int]]
     return factors, keys_used, fit, p_after
 
 
-def apply_memit(model: "HookedGPT2", requests: Sequence[RequestLike], batch_size: int | None = None,
-                **kwargs: Any) -> list[Edit]:
+def apply_memit(
+    model: HookedGPT2, requests: Sequence[RequestLike], batch_size: int | None = None, **kwargs: Any
+) -> list[Edit]:
     """Compute and apply edits for ``requests`` in batches of ``batch_size`` (all at once when None),
     each batch on the model edited by the previous ones. ``kwargs`` go to :func:`compute_edits`
     (a ``preserve=NullSpace`` accumulates the earlier batches' keys). Undo with ``undo_all(model)``."""
@@ -554,5 +658,16 @@ def apply_memit(model: "HookedGPT2", requests: Sequence[RequestLike], batch_size
     return edits
 
 
-__all__ = ["MemitHparams", "MODEL_HPARAMS", "NullSpace", "TargetResiduals", "compute_edits", "apply_memit",
-           "choose_layers", "default_layers", "least_squares_update", "projected_update", "validate_requests"]
+__all__ = [
+    "MODEL_HPARAMS",
+    "MemitHparams",
+    "NullSpace",
+    "TargetResiduals",
+    "apply_memit",
+    "choose_layers",
+    "compute_edits",
+    "default_layers",
+    "least_squares_update",
+    "projected_update",
+    "validate_requests",
+]

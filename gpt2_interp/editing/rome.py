@@ -40,17 +40,17 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any, Callable, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import torch
 
 from ..analysis.tokens import subject_span, target_ids, token_span
+from ..analysis.tracing import causal_trace
 from ..core.checks import check_number
 from ..core.progress import progress_bar
-from ..analysis.tracing import causal_trace
 from ..model.fingerprint import parameter_digests, weights_fingerprint
 from .edit import Edit, EditWarning, Request, weak_requests
 from .hparams import load_hparams, model_hparams, models_with_hparams
@@ -62,8 +62,11 @@ if TYPE_CHECKING:
 RequestLike = Union[Request, Mapping[str, Any]]
 
 #: Default edit layer per model (``hparams/rome/<model>.json``' ``layer``); other models: ``n_layer // 3``.
-DEFAULT_LAYERS: dict[str, int] = {name: int(model_hparams("rome", name)["layer"]) for name in models_with_hparams("rome")
-                                  if "layer" in model_hparams("rome", name)}
+DEFAULT_LAYERS: dict[str, int] = {
+    name: int(model_hparams("rome", name)["layer"])
+    for name in models_with_hparams("rome")
+    if "layer" in model_hparams("rome", name)
+}
 
 
 @dataclass
@@ -73,23 +76,23 @@ class RomeHparams:
     Every value is checked when the object is made (:meth:`__post_init__`): a wrong kind, a non-finite
     number or a value out of range raises naming the field."""
 
-    layer: int | None = None        # edit layer when none is given (None: n_layer // 3; see default_layer)
-    v_steps: int = 20               # Adam steps on δ
-    v_lr: float = 0.5               # Adam learning rate
-    kl_factor: float = 0.0625       # weight of the essence KL on "{subject} is a"
-    weight_decay: float = 0.5       # weight of ‖δ‖ / ‖v₀‖²
-    clamp_factor: float = 4.0       # ‖δ‖ ≤ clamp_factor · ‖v₀‖
-    early_stop: float = 0.05        # stop when the total loss falls below this
+    layer: int | None = None  # edit layer when none is given (None: n_layer // 3; see default_layer)
+    v_steps: int = 20  # Adam steps on δ
+    v_lr: float = 0.5  # Adam learning rate
+    kl_factor: float = 0.0625  # weight of the essence KL on "{subject} is a"
+    weight_decay: float = 0.5  # weight of ‖δ‖ / ‖v₀‖²
+    clamp_factor: float = 4.0  # ‖δ‖ ≤ clamp_factor · ‖v₀‖
+    early_stop: float = 0.05  # stop when the total loss falls below this
     prefix_lengths: tuple[int, ...] = (5, 10)  # lengths (tokens) of the generated context prefixes
-    prefixes_per_length: int = 5    # prefixes sampled per length
+    prefixes_per_length: int = 5  # prefixes sampled per length
     prefix_seed: int = 0
     kl_prompt: str = "{} is a"
-    keep_factor: float = 1.0        # weight of the KL on a request's ``keep`` prompts (their next token)
-    exact_edit: bool = True         # optimise δ under the rank-one update's exact effect (see module doc)
+    keep_factor: float = 1.0  # weight of the KL on a request's ``keep`` prompts (their next token)
+    exact_edit: bool = True  # optimise δ under the rank-one update's exact effect (see module doc)
     bare_weight: float | None = None  # NLL weight of the bare rewrite prompt (None: uniform over variants, ROME)
     bare_early_stop: float | None = None  # early stop also needs the bare prompt's mean target NLL below this
-    corpus: str | None = None       # key statistics corpus when stats=None (see stats.py)
-    n_samples: int = 100_000        # key statistics sample size when stats=None
+    corpus: str | None = None  # key statistics corpus when stats=None (see stats.py)
+    n_samples: int = 100_000  # key statistics sample size when stats=None
 
     def __post_init__(self) -> None:
         what = "ROME hyperparameter {}".format
@@ -97,8 +100,14 @@ class RomeHparams:
             setattr(self, name, _integer(getattr(self, name), what(name), minimum))
         if self.layer is not None:
             self.layer = _integer(self.layer, what("layer"), 0)
-        for name, low, low_open in (("v_lr", 0, True), ("clamp_factor", 0, True), ("kl_factor", 0, False),
-                                    ("weight_decay", 0, False), ("early_stop", 0, False), ("keep_factor", 0, False)):
+        for name, low, low_open in (
+            ("v_lr", 0, True),
+            ("clamp_factor", 0, True),
+            ("kl_factor", 0, False),
+            ("weight_decay", 0, False),
+            ("early_stop", 0, False),
+            ("keep_factor", 0, False),
+        ):
             setattr(self, name, check_number(getattr(self, name), what(name), low, low_open=low_open))
         if self.bare_weight is not None:
             self.bare_weight = check_number(self.bare_weight, what("bare_weight"), 0, 1)
@@ -115,7 +124,7 @@ class RomeHparams:
             raise ValueError(f"{what('corpus')} must be a corpus name or path, got {self.corpus!r}")
 
     @classmethod
-    def of(cls, **kwargs: Any) -> "RomeHparams":
+    def of(cls, **kwargs: Any) -> RomeHparams:
         """The hyperparameters with ``kwargs`` replacing the defaults; an unknown name raises listing the valid ones."""
         names = {f.name for f in fields(cls)}
         bad = sorted(set(kwargs) - names)
@@ -128,35 +137,39 @@ class RomeHparams:
 #: user arguments win). Each file names the run behind every value.
 MODEL_HPARAMS: dict[str, dict[str, Any]] = {
     name: {k: v for k, v in model_hparams("rome", name).items() if k != "layer"}
-    for name in models_with_hparams("rome") if set(model_hparams("rome", name)) - {"layer"}
+    for name in models_with_hparams("rome")
+    if set(model_hparams("rome", name)) - {"layer"}
 }
 
 
 def _integer(value: Any, what: str, minimum: int | None) -> int:
     """``value`` as an int (not a bool) ≥ ``minimum``, else a ValueError naming ``what``."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} must be an integer{'' if minimum is None else f' ≥ {minimum}'}, "
-                         f"got {value!r} ({type(value).__name__})")
+        raise ValueError(
+            f"{what} must be an integer{'' if minimum is None else f' ≥ {minimum}'}, "
+            f"got {value!r} ({type(value).__name__})"
+        )
     if minimum is not None and value < minimum:
         raise ValueError(f"{what} must be an integer ≥ {minimum}, got {value}")
     return value
 
 
-def hparams_for(model: "HookedGPT2", **overrides: Any) -> RomeHparams:
+def hparams_for(model: HookedGPT2, **overrides: Any) -> RomeHparams:
     """:class:`RomeHparams` for ``model``: ``hparams/rome/default.json``, then the model's own file, then
     ``overrides``."""
     return RomeHparams.of(**(load_hparams("rome", model.cfg.name) | overrides))
 
 
-def default_layer(model: "HookedGPT2") -> int:
+def default_layer(model: HookedGPT2) -> int:
     """The edit layer used when ``layer=None``: the model's ``hparams/rome`` ``layer`` or ``n_layer // 3``."""
     layer = DEFAULT_LAYERS.get(model.cfg.name)
     return layer if layer is not None and layer < model.cfg.n_layer else model.cfg.n_layer // 3
 
 
 # ---------------------------------------------------------------- prompts and positions
-def context_prefixes(model: "HookedGPT2", lengths: Sequence[int] = (5, 10), per_length: int = 5,
-                     seed: int = 0) -> list[str]:
+def context_prefixes(
+    model: HookedGPT2, lengths: Sequence[int] = (5, 10), per_length: int = 5, seed: int = 0
+) -> list[str]:
     """Short texts sampled from the model (top-5 sampling from BOS), used as ``"{prefix}. {prompt}"``
     so that k* and v* hold across contexts. Cached on the model (computed once, like ROME's)."""
     cache = model.__dict__.setdefault("_rome_prefixes", {})
@@ -164,8 +177,7 @@ def context_prefixes(model: "HookedGPT2", lengths: Sequence[int] = (5, 10), per_
     if key not in cache:
         out: list[str] = []
         for i, n in enumerate(lengths):
-            texts = model.generate([""] * per_length, max_new_tokens=n, temperature=1.0, top_k=5,
-                                   seed=seed + i)
+            texts = model.generate([""] * per_length, max_new_tokens=n, temperature=1.0, top_k=5, seed=seed + i)
             for t in texts:
                 t = " ".join(t.replace("{", " ").replace("}", " ").split()).rstrip(". ")
                 if t:
@@ -182,7 +194,7 @@ def _filled(prompt: str, subject: str, prefix: str = "") -> tuple[str, int, int]
     return head + before + subject + after, lo, lo + len(subject)
 
 
-def validate_request(model: "HookedGPT2", request: RequestLike, index: int | None = None) -> tuple[Request, list[int]]:
+def validate_request(model: HookedGPT2, request: RequestLike, index: int | None = None) -> tuple[Request, list[int]]:
     """The request as a :class:`Request` and its target ids; bad input raises saying what to fix (and
     ``index``, the request's position in a list). A target whose first token is unlikely to follow the
     prompt (no space on either side of the join) gets an :class:`EditWarning`."""
@@ -197,7 +209,7 @@ def validate_request(model: "HookedGPT2", request: RequestLike, index: int | Non
     return req, ids
 
 
-def _warn_unspaced_target(model: "HookedGPT2", req: Request, ids: list[int], where: str) -> None:
+def _warn_unspaced_target(model: HookedGPT2, req: Request, ids: list[int], where: str) -> None:
     """Warn when neither the prompt's end nor the target's start is a space and the target tokenizes
     differently with a leading space: the edit would teach a word glued to the prompt's last word."""
     if req.text[-1:].isspace() or req.target[:1].isspace():
@@ -206,14 +218,18 @@ def _warn_unspaced_target(model: "HookedGPT2", req: Request, ids: list[int], whe
     if not spaced or spaced[0] == ids[0]:
         return
     tok = model.tokenizer.token_str
-    warnings.warn(f"{where}: the target {req.target!r} has no leading space and the prompt {req.text!r} ends "
-                  f"without one, so its first token {tok(ids[0])!r} (id {ids[0]}) must continue the prompt's last "
-                  f"word, which is unlikely; with a space it is {tok(spaced[0])!r} (id {spaced[0]}). Give target "
-                  f"{' ' + req.target!r} unless the word really continues the prompt", EditWarning, stacklevel=3)
+    warnings.warn(
+        f"{where}: the target {req.target!r} has no leading space and the prompt {req.text!r} ends "
+        f"without one, so its first token {tok(ids[0])!r} (id {ids[0]}) must continue the prompt's last "
+        f"word, which is unlikely; with a space it is {tok(spaced[0])!r} (id {spaced[0]}). Give target "
+        f"{' ' + req.target!r} unless the word really continues the prompt",
+        EditWarning,
+        stacklevel=3,
+    )
 
 
 @contextmanager
-def _frozen(model: "HookedGPT2") -> Iterator[None]:
+def _frozen(model: HookedGPT2) -> Iterator[None]:
     flags = [(p, p.requires_grad) for p in model.parameters()]
     try:
         for p, _ in flags:
@@ -226,7 +242,10 @@ def _frozen(model: "HookedGPT2") -> Iterator[None]:
 
 # ---------------------------------------------------------------- the maths
 def rank_one_update(
-    W_out: torch.Tensor, b_out: torch.Tensor | None, k: torch.Tensor, v_star: torch.Tensor,
+    W_out: torch.Tensor,
+    b_out: torch.Tensor | None,
+    k: torch.Tensor,
+    v_star: torch.Tensor,
     solve: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(u, v)`` with ``ΔW = outer(u, v)`` the C-metric minimal update making ``k @ (W+ΔW) + b = v*``.
@@ -253,16 +272,16 @@ class _Batch:
     """All prompt variants, aligned at the subject's last token so that it sits in ONE column ``c``
     for every row: ``[left pad | prefix (< subject's last token) | suffix (from it on) | right pad]``."""
 
-    tokens: torch.Tensor             # [b, c + s]
-    mask: torch.Tensor               # [b, c + s], 1 = real token
-    c: int                           # column of the subject's last token
-    n_rewrite: int                   # rows 0..n_rewrite-1: rewrite prompts (+ target[:-1]); then the KL prompt
-    target_pos: torch.Tensor         # [n_rewrite, T] columns predicting the target tokens
-    kl_pos: torch.Tensor             # [P] columns of the KL row (subject's last token on)
-    keep_cols: torch.Tensor          # [K] column of each keep row's last token (rows n_rewrite+1 …)
+    tokens: torch.Tensor  # [b, c + s]
+    mask: torch.Tensor  # [b, c + s], 1 = real token
+    c: int  # column of the subject's last token
+    n_rewrite: int  # rows 0..n_rewrite-1: rewrite prompts (+ target[:-1]); then the KL prompt
+    target_pos: torch.Tensor  # [n_rewrite, T] columns predicting the target tokens
+    kl_pos: torch.Tensor  # [P] columns of the KL row (subject's last token on)
+    keep_cols: torch.Tensor  # [K] column of each keep row's last token (rows n_rewrite+1 …)
 
 
-def _build_batch(model: "HookedGPT2", req: Request, ids: list[int], prefixes: list[str], kl_prompt: str) -> _Batch:
+def _build_batch(model: HookedGPT2, req: Request, ids: list[int], prefixes: list[str], kl_prompt: str) -> _Batch:
     rows, splits = [], []
     for prefix in [""] + prefixes:
         text, lo, hi = _filled(req.prompt, req.subject, prefix)
@@ -286,14 +305,26 @@ def _build_batch(model: "HookedGPT2", req: Request, ids: list[int], prefixes: li
     ends = [len(r) - i for r, i in zip(rows, splits)]  # suffix lengths
     target_pos = torch.tensor([[c + e - T + t for t in range(T)] for e in ends[:n_rw]])
     dev = model.device
-    return _Batch(tokens.to(dev), mask.to(dev), c, n_rw, target_pos.to(dev),
-                  torch.arange(c, c + ends[n_rw], device=dev), torch.tensor([c + e - 1 for e in ends[n_rw + 1 :]],
-                                                                             dtype=torch.long, device=dev))
+    return _Batch(
+        tokens.to(dev),
+        mask.to(dev),
+        c,
+        n_rw,
+        target_pos.to(dev),
+        torch.arange(c, c + ends[n_rw], device=dev),
+        torch.tensor([c + e - 1 for e in ends[n_rw + 1 :]], dtype=torch.long, device=dev),
+    )
 
 
 @torch.no_grad()
-def subject_states(model: "HookedGPT2", requests: Sequence[Request], layers: Sequence[int], prefixes: Sequence[str],
-                   resid_layer: int | None = None, batch_size: int = 256) -> tuple[dict[int, torch.Tensor], torch.Tensor | None]:
+def subject_states(
+    model: HookedGPT2,
+    requests: Sequence[Request],
+    layers: Sequence[int],
+    prefixes: Sequence[str],
+    resid_layer: int | None = None,
+    batch_size: int = 256,
+) -> tuple[dict[int, torch.Tensor], torch.Tensor | None]:
     """At the subject's last token, averaged over each request's prompt variants (the bare rewrite
     prompt and ``"{prefix}. {prompt}"`` for each prefix — ROME's k*): the MLP keys
     ``{layer: [n, d_mlp]}`` of ``layers`` and, with ``resid_layer``, the residual stream after that
@@ -318,8 +349,13 @@ def subject_states(model: "HookedGPT2", requests: Sequence[Request], layers: Seq
         for j, r in enumerate(chunk):  # right padding: positions and causal keys are unchanged
             tokens[j, : len(r)] = torch.tensor(r)
             mask[j, : len(r)] = 1
-        _, cache = model.run_with_cache(tokens.to(model.device), names_filter=names, stop_at_layer=top + 1,
-                                        attention_mask=mask.to(model.device), return_type=None)
+        _, cache = model.run_with_cache(
+            tokens.to(model.device),
+            names_filter=names,
+            stop_at_layer=top + 1,
+            attention_mask=mask.to(model.device),
+            return_type=None,
+        )
         for name in names:
             got = cache[name][torch.arange(len(chunk), device=model.device), p].float()
             sums[name] = got if name not in sums else torch.cat([sums[name], got])
@@ -330,8 +366,9 @@ def subject_states(model: "HookedGPT2", requests: Sequence[Request], layers: Seq
 
 
 @torch.no_grad()
-def target_logprobs(model: "HookedGPT2", texts: Sequence[str], ids: Sequence[list[int]],
-                    batch_size: int = 64) -> list[float]:
+def target_logprobs(
+    model: HookedGPT2, texts: Sequence[str], ids: Sequence[list[int]], batch_size: int = 64
+) -> list[float]:
     """log P(target ids | BOS + text) for each ``(text, target ids)`` under the model as it is, batched
     (right padding: positions and causal attention of the real tokens are unchanged)."""
     out: list[float] = []
@@ -348,7 +385,7 @@ def target_logprobs(model: "HookedGPT2", texts: Sequence[str], ids: Sequence[lis
     return out
 
 
-def _target_logprob(model: "HookedGPT2", text: str, ids: list[int], hooks: list = ()) -> float:
+def _target_logprob(model: HookedGPT2, text: str, ids: list[int], hooks: list = ()) -> float:
     """log P(target ids | BOS + text) under the model (with ``hooks``)."""
     tokens = torch.cat([model.to_tokens(text), torch.tensor([ids], device=model.device)], dim=1)
     with torch.no_grad(), model.hooks(hooks):
@@ -357,18 +394,31 @@ def _target_logprob(model: "HookedGPT2", text: str, ids: list[int], hooks: list 
     return float(lp[torch.arange(len(ids)), torch.tensor(ids, device=model.device)].sum())
 
 
-def optimise_delta(model: "HookedGPT2", req: Request, ids: list[int], layer: int, prefixes: list[str],
-                   hp: RomeHparams, solve: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, Any]:
+def optimise_delta(
+    model: HookedGPT2,
+    req: Request,
+    ids: list[int],
+    layer: int,
+    prefixes: list[str],
+    hp: RomeHparams,
+    solve: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> dict[str, Any]:
     """Find δ for one request (see module doc). Returns ``k_star [d_mlp]``, ``delta [d_model]``,
     ``v0 [d_model]`` and a log of the losses. See :func:`optimise_deltas`."""
     return optimise_deltas(model, [(req, ids)], layer, prefixes, hp, solve)[0]
 
 
-def optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[int]]], layer: int,
-                    prefixes: list[str], hp: RomeHparams,
-                    solve: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                    chunk: int | None = None, progress: bool = False,
-                    norm_reference: str = "mlp_out") -> list[dict[str, Any]]:
+def optimise_deltas(
+    model: HookedGPT2,
+    items: Sequence[tuple[Request, list[int]]],
+    layer: int,
+    prefixes: list[str],
+    hp: RomeHparams,
+    solve: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    chunk: int | None = None,
+    progress: bool = False,
+    norm_reference: str = "mlp_out",
+) -> list[dict[str, Any]]:
     """One δ per ``(request, target ids)``, optimised together: every request's prompt variants sit
     in one batch (its δ reaches only its own rows), the loss is the sum of the requests' losses, so
     each δ follows exactly the trajectory it would follow alone (Adam is elementwise); a request that
@@ -431,13 +481,13 @@ class _Rows:
     n_tok: torch.Tensor  # [n] target tokens per request
 
     @classmethod
-    def of(cls, model: "HookedGPT2", items: Sequence[tuple[Request, list[int]]], bs: list[Any],
-           hp: RomeHparams) -> "_Rows":
+    def of(cls, model: HookedGPT2, items: Sequence[tuple[Request, list[int]]], bs: list[Any], hp: RomeHparams) -> _Rows:
         dev, n = model.device, len(items)
         c = max(b.c for b in bs)
         width = max(c + b.tokens.shape[1] - b.c for b in bs)
-        tokens = torch.full((sum(b.tokens.shape[0] for b in bs), width), model.tokenizer.pad_id, dtype=torch.long,
-                            device=dev)
+        tokens = torch.full(
+            (sum(b.tokens.shape[0] for b in bs), width), model.tokenizer.pad_id, dtype=torch.long, device=dev
+        )
         mask = torch.zeros_like(tokens)
         row_req: list[int] = []
         r0: list[int] = []
@@ -456,28 +506,62 @@ class _Rows:
                 w.fill_((1 - hp.bare_weight) / (n_rw - 1))
                 w[0] = hp.bare_weight
             for j in range(n_rw):
-                for part, x in zip(nll, ([r + j] * T, (b.target_pos[j] + sh).tolist(), ids, [i] * T, [float(w[j]) / T] * T)):
+                for part, x in zip(
+                    nll, ([r + j] * T, (b.target_pos[j] + sh).tolist(), ids, [i] * T, [float(w[j]) / T] * T)
+                ):
                     part += x
             for part, x in zip(kl, ([r + n_rw] * len(b.kl_pos), (b.kl_pos + sh).tolist(), [i] * len(b.kl_pos))):
                 part += x
-            for part, x in zip(kp, ([r + n_rw + 1 + j for j in range(len(b.keep_cols))], (b.keep_cols + sh).tolist(),
-                                    [i] * len(b.keep_cols))):
+            for part, x in zip(
+                kp,
+                (
+                    [r + n_rw + 1 + j for j in range(len(b.keep_cols))],
+                    (b.keep_cols + sh).tolist(),
+                    [i] * len(b.keep_cols),
+                ),
+            ):
                 part += x
         L = lambda x, dt=torch.long: torch.tensor(x, dtype=dt, device=dev)  # noqa: E731
         row_req_t = L(row_req)
         rw_rows = L([r + j for r, b in zip(r0, bs) for j in range(b.n_rewrite)])
         kl_req, keep_req = L(kl[2]), L(kp[2])
-        return cls(c, tokens, mask, r0, row_req, row_req_t, L(r0), L(nll[0]), L(nll[1]), L(nll[2]), L(nll[3]),
-                   L(nll[4], torch.float32), L(kl[0]), L(kl[1]), kl_req, torch.bincount(kl_req, minlength=n).float(),
-                   L(kp[0]), L(kp[1]), keep_req, torch.bincount(keep_req, minlength=n).float(), rw_rows,
-                   row_req_t[rw_rows], L([b.n_rewrite for b in bs], torch.float32),
-                   L([len(ids) for _, ids in items], torch.float32))
+        return cls(
+            c,
+            tokens,
+            mask,
+            r0,
+            row_req,
+            row_req_t,
+            L(r0),
+            L(nll[0]),
+            L(nll[1]),
+            L(nll[2]),
+            L(nll[3]),
+            L(nll[4], torch.float32),
+            L(kl[0]),
+            L(kl[1]),
+            kl_req,
+            torch.bincount(kl_req, minlength=n).float(),
+            L(kp[0]),
+            L(kp[1]),
+            keep_req,
+            torch.bincount(keep_req, minlength=n).float(),
+            rw_rows,
+            row_req_t[rw_rows],
+            L([b.n_rewrite for b in bs], torch.float32),
+            L([len(ids) for _, ids in items], torch.float32),
+        )
 
 
-def _optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[int]]], layer: int,
-                     prefixes: list[str], hp: RomeHparams,
-                     solve: Callable[[torch.Tensor], torch.Tensor] | None,
-                     norm_reference: str = "mlp_out") -> list[dict[str, Any]]:
+def _optimise_deltas(
+    model: HookedGPT2,
+    items: Sequence[tuple[Request, list[int]]],
+    layer: int,
+    prefixes: list[str],
+    hp: RomeHparams,
+    solve: Callable[[torch.Tensor], torch.Tensor] | None,
+    norm_reference: str = "mlp_out",
+) -> list[dict[str, Any]]:
     dev, n_layer, n = model.device, model.cfg.n_layer, len(items)
     bs = [_build_batch(model, req, ids, prefixes, hp.kl_prompt) for req, ids in items]
     R = _Rows.of(model, items, bs, hp)
@@ -488,11 +572,17 @@ def _optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[in
     keep_rows_t, keep_cols_t, keep_req_t, keep_count = R.keep_rows, R.keep_cols, R.keep_req, R.keep_count
     rw_rows_t, rw_req_t, n_rw_t, n_tok_t = R.rw_rows, R.rw_req, R.n_rw, R.n_tok
 
-    pre, post, mlp_out, resid = (f"blocks.{layer}.{x}" for x in ("hook_resid_pre", "mlp.hook_post", "hook_mlp_out",
-                                                                 "hook_resid_post"))
+    pre, post, mlp_out, resid = (
+        f"blocks.{layer}.{x}" for x in ("hook_resid_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post")
+    )
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=[pre, post, mlp_out, resid], attention_mask=mask,
-                                        stop_at_layer=layer + 1, return_type=None)
+        _, cache = model.run_with_cache(
+            tokens,
+            names_filter=[pre, post, mlp_out, resid],
+            attention_mask=mask,
+            stop_at_layer=layer + 1,
+            return_type=None,
+        )
     keys = cache[post].float()  # [rows, width, d_mlp]
     k_star = torch.stack([keys[r : r + b.n_rewrite, c].mean(0) for r, b in zip(r0, bs)])  # [n, d_mlp]
     if hp.exact_edit:  # what the rank-one update adds at each position: (k_t·u)/(k*·u) · δ
@@ -528,9 +618,13 @@ def _optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[in
             e_nll = active[nll_req_t].nonzero()[:, 0]
             e_kl = active[kl_req_t].nonzero()[:, 0]
             e_keep = active[keep_req_t].nonzero()[:, 0]
-            picked = torch.cat([resid[new_row[nll_rows_t[e_nll]], nll_cols_t[e_nll]],
-                                resid[new_row[kl_rows_t[e_kl]], kl_cols_t[e_kl]],
-                                resid[new_row[keep_rows_t[e_keep]], keep_cols_t[e_keep]]])
+            picked = torch.cat(
+                [
+                    resid[new_row[nll_rows_t[e_nll]], nll_cols_t[e_nll]],
+                    resid[new_row[kl_rows_t[e_kl]], kl_cols_t[e_kl]],
+                    resid[new_row[keep_rows_t[e_keep]], keep_cols_t[e_keep]],
+                ]
+            )
             lp = model.unembed(model.ln_final(picked)).float().log_softmax(-1)
             lp_t = lp[: len(e_nll)].gather(-1, nll_ids_t[e_nll, None])[:, 0]  # [entries]
             kl_lp = lp[len(e_nll) : len(e_nll) + len(e_kl)]
@@ -542,19 +636,23 @@ def _optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[in
             kl = torch.zeros(n, device=dev).index_add(0, kl_req_t[e_kl], kl_pos) / kl_count.clamp(min=1)
             keep_pos = (keep_lp.exp() * (keep_lp - keep_init[e_keep])).sum(-1)
             keep = torch.zeros(n, device=dev).index_add(0, keep_req_t[e_keep], keep_pos) / keep_count.clamp(min=1)
-            wd = delta.norm(dim=-1) / v0_norm ** 2
+            wd = delta.norm(dim=-1) / v0_norm**2
             loss = nll + hp.kl_factor * kl + hp.keep_factor * keep + hp.weight_decay * wd  # [n]
             with torch.no_grad():  # log P(target | variant) per row, for the log and the early stop
                 per_row = torch.zeros(len(row_req), device=dev).index_add(0, nll_rows_t[e_nll], lp_t.detach())
                 p_tgt = torch.zeros(n, device=dev).index_add(0, rw_req_t, per_row[rw_rows_t].exp()) / n_rw_t
                 bare_nll = -per_row[r0_t] / n_tok_t
-                stat = torch.stack([loss.detach(), nll.detach(), kl.detach(), p_tgt, bare_nll, keep.detach()], 1).tolist()
+                stat = torch.stack(
+                    [loss.detach(), nll.detach(), kl.detach(), p_tgt, bare_nll, keep.detach()], 1
+                ).tolist()
             done = torch.zeros(n, dtype=torch.bool, device=dev)
             for i in active.nonzero()[:, 0].tolist():
                 logs[i].append(dict(zip(("loss", "nll", "kl", "p_target", "bare_nll", "keep_kl"), stat[i])))
                 last = logs[i][-1]
-                if step == hp.v_steps or (last["loss"] < hp.early_stop and
-                                          (hp.bare_early_stop is None or last["bare_nll"] < hp.bare_early_stop)):
+                if step == hp.v_steps or (
+                    last["loss"] < hp.early_stop
+                    and (hp.bare_early_stop is None or last["bare_nll"] < hp.bare_early_stop)
+                ):
                     done[i] = True
             if bool(done.all()) or step == hp.v_steps:
                 break
@@ -567,13 +665,27 @@ def _optimise_deltas(model: "HookedGPT2", items: Sequence[tuple[Request, list[in
                 delta[over] *= (max_norm[over] / nrm[over])[:, None]
                 delta[done | ~active] = keep[done | ~active]  # frozen requests do not move
             active &= ~done
-    return [{"k_star": k_star[i], "delta": delta[i].detach(), "v0": v0[i], "log": logs[i],
-             "n_prompts": bs[i].n_rewrite, "key_scale": scale[r0[i] : r0[i] + bs[i].tokens.shape[0], c].tolist()}
-            for i in range(n)]
+    return [
+        {
+            "k_star": k_star[i],
+            "delta": delta[i].detach(),
+            "v0": v0[i],
+            "log": logs[i],
+            "n_prompts": bs[i].n_rewrite,
+            "key_scale": scale[r0[i] : r0[i] + bs[i].tokens.shape[0], c].tolist(),
+        }
+        for i in range(n)
+    ]
 
 
-def _adam_step(x: torch.Tensor, g: torch.Tensor, state: dict[str, Any], lr: float,
-               betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+def _adam_step(
+    x: torch.Tensor,
+    g: torch.Tensor,
+    state: dict[str, Any],
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> None:
     """One Adam step on ``x`` in place (torch.optim.Adam's defaults, without importing torch.optim,
     whose first import costs seconds)."""
     state["t"] += 1
@@ -585,7 +697,7 @@ def _adam_step(x: torch.Tensor, g: torch.Tensor, state: dict[str, Any], lr: floa
 
 
 # ---------------------------------------------------------------- layer choice
-def choose_layer(model: "HookedGPT2", request: RequestLike) -> int:
+def choose_layer(model: HookedGPT2, request: RequestLike) -> int:
     """The layer whose MLP has the largest indirect effect at the subject's last token in the
     causal trace of the request's prompt (``layer="auto"``; window: ``tracing.default_window``)."""
     req = Request.of(request)
@@ -596,7 +708,7 @@ def choose_layer(model: "HookedGPT2", request: RequestLike) -> int:
 
 # ---------------------------------------------------------------- the entry point
 def compute_edit(
-    model: "HookedGPT2",
+    model: HookedGPT2,
     request: RequestLike,
     layer: int | str | None = None,
     stats: KeyStats | None = None,
@@ -623,8 +735,10 @@ def compute_edit(
     if stats is None:
         stats = key_second_moment(model, layer, corpus=hp.corpus, n_samples=hp.n_samples)
     elif not isinstance(stats, KeyStats):
-        raise TypeError(f"stats must be the KeyStats of layer {layer} (key_second_moment(model, {layer})) or None, "
-                        f"got {type(stats).__name__}")
+        raise TypeError(
+            f"stats must be the KeyStats of layer {layer} (key_second_moment(model, {layer})) or None, "
+            f"got {type(stats).__name__}"
+        )
     stats.check(model, layer, digests)
     prefixes = context_prefixes(model, hp.prefix_lengths, hp.prefixes_per_length, hp.prefix_seed)
     p_before = _target_logprob(model, req.text, ids)
@@ -636,17 +750,34 @@ def compute_edit(
     u, v = rank_one_update(mlp.W_out.detach(), b_out, k_star, v_star, stats.solve)
     p_after = _target_logprob(model, req.text, ids, _delta_hooks(layer, u, v))
     metrics = {
-        "p_target_before": float(torch.tensor(p_before).exp()), "p_target_after": float(torch.tensor(p_after).exp()),
-        "logp_target_before": p_before, "logp_target_after": p_after,
-        "delta_norm": float(opt["delta"].norm()), "v0_norm": float(opt["v0"].norm()),
-        "dW_norm": float(u.norm() * v.norm()), "steps": len(opt["log"]) - 1, "n_prompts": opt["n_prompts"],
-        "initial_loss": opt["log"][0], "key_scale": opt["key_scale"], "final_loss": opt["log"][-1], "seconds": time.perf_counter() - t0,
+        "p_target_before": float(torch.tensor(p_before).exp()),
+        "p_target_after": float(torch.tensor(p_after).exp()),
+        "logp_target_before": p_before,
+        "logp_target_after": p_after,
+        "delta_norm": float(opt["delta"].norm()),
+        "v0_norm": float(opt["v0"].norm()),
+        "dW_norm": float(u.norm() * v.norm()),
+        "steps": len(opt["log"]) - 1,
+        "n_prompts": opt["n_prompts"],
+        "initial_loss": opt["log"][0],
+        "key_scale": opt["key_scale"],
+        "final_loss": opt["log"][-1],
+        "seconds": time.perf_counter() - t0,
     }
     metrics["weak"] = bool(weak_requests([req], [metrics["p_target_before"]], [metrics["p_target_after"]]))
-    return Edit(layer=layer, u=u, v=v, request=req, base_fingerprint=weights_fingerprint(model, digests=digests),
-                k=k_star, v_star=v_star, hparams=asdict(hp) | {"layer": layer, "stats_corpus": stats.key["corpus"],
-                                                               "stats_count": stats.count},
-                metrics=metrics, model_name=model.cfg.name, shape=(model.cfg.d_mlp, model.cfg.d_model))
+    return Edit(
+        layer=layer,
+        u=u,
+        v=v,
+        request=req,
+        base_fingerprint=weights_fingerprint(model, digests=digests),
+        k=k_star,
+        v_star=v_star,
+        hparams=asdict(hp) | {"layer": layer, "stats_corpus": stats.key["corpus"], "stats_count": stats.count},
+        metrics=metrics,
+        model_name=model.cfg.name,
+        shape=(model.cfg.d_mlp, model.cfg.d_model),
+    )
 
 
 def _delta_hooks(layer: int, u: torch.Tensor, v: torch.Tensor) -> list:
@@ -663,8 +794,13 @@ def _delta_hooks(layer: int, u: torch.Tensor, v: torch.Tensor) -> list:
     return [(f"blocks.{layer}.mlp.hook_post", grab), (f"blocks.{layer}.hook_mlp_out", add)]
 
 
-def apply_rome(model: "HookedGPT2", requests: RequestLike | Sequence[RequestLike], layer: int | str | None = None,
-               stats: KeyStats | None = None, **hparams: Any) -> list[Edit]:
+def apply_rome(
+    model: HookedGPT2,
+    requests: RequestLike | Sequence[RequestLike],
+    layer: int | str | None = None,
+    stats: KeyStats | None = None,
+    **hparams: Any,
+) -> list[Edit]:
     """Compute and apply edits for several requests, one after another (each on the model edited
     by the previous ones). Undo with ``gpt2_interp.editing.undo_all(model)``."""
     if isinstance(requests, (Request, Mapping)):
@@ -677,6 +813,21 @@ def apply_rome(model: "HookedGPT2", requests: RequestLike | Sequence[RequestLike
     return edits
 
 
-__all__ = ["Request", "RomeHparams", "DEFAULT_LAYERS", "MODEL_HPARAMS", "hparams_for", "compute_edit", "apply_rome", "rank_one_update",
-           "choose_layer", "default_layer", "context_prefixes", "optimise_delta", "optimise_deltas", "validate_request", "target_logprobs",
-           "subject_states"]
+__all__ = [
+    "DEFAULT_LAYERS",
+    "MODEL_HPARAMS",
+    "Request",
+    "RomeHparams",
+    "apply_rome",
+    "choose_layer",
+    "compute_edit",
+    "context_prefixes",
+    "default_layer",
+    "hparams_for",
+    "optimise_delta",
+    "optimise_deltas",
+    "rank_one_update",
+    "subject_states",
+    "target_logprobs",
+    "validate_request",
+]

@@ -42,9 +42,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..core.finite import require_finite
-from ..core.checks import check_count
 from ..core import distributed
+from ..core.checks import check_count
+from ..core.finite import require_finite
 from ..core.progress import progress_bar
 from ..io.integrity import load_checked, save_checked
 from ..model.fingerprint import parameter_digests, tensor_digest, weights_fingerprint
@@ -61,7 +61,7 @@ HF_ALIASES = {
     "wikitext-2": ("wikitext", "wikitext-2-raw-v1"),
     "wikipedia": ("wikimedia/wikipedia", "20231101.en"),
 }
-_MEMORY: dict[str, "KeyStats"] = {}
+_MEMORY: dict[str, KeyStats] = {}
 HF_DIGEST_ROWS = 256  # a Hugging Face dataset's corpus id digests its first rows
 
 
@@ -69,7 +69,7 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get(ENV_DIR) or Path.home() / ".cache" / "gpt2-interp" / "stats")
 
 
-def upstream_parameters(model: "HookedGPT2", layer: int) -> list[str]:
+def upstream_parameters(model: HookedGPT2, layer: int) -> list[str]:
     """Names of the parameters that ``blocks.{layer}.mlp.hook_post`` depends on."""
     names = []
     for n, _ in model.named_parameters():
@@ -82,12 +82,12 @@ def upstream_parameters(model: "HookedGPT2", layer: int) -> list[str]:
     return names
 
 
-def keys_fingerprint(model: "HookedGPT2", layer: int, digests: dict[str, str] | None = None) -> str:
+def keys_fingerprint(model: HookedGPT2, layer: int, digests: dict[str, str] | None = None) -> str:
     """Fingerprint of the weights that determine the MLP keys at ``layer``."""
     return weights_fingerprint(model, upstream_parameters(model, layer), digests)
 
 
-def unedited_digests(model: "HookedGPT2", digests: dict[str, str] | None = None) -> dict[str, str]:
+def unedited_digests(model: HookedGPT2, digests: dict[str, str] | None = None) -> dict[str, str]:
     """:func:`parameter_digests` of the model with its applied edits (if any) taken out."""
     digests = dict(digests) if digests is not None else parameter_digests(model)
     for layer, W in original_weights(model).items():
@@ -95,7 +95,7 @@ def unedited_digests(model: "HookedGPT2", digests: dict[str, str] | None = None)
     return digests
 
 
-def base_fingerprint(model: "HookedGPT2") -> str:
+def base_fingerprint(model: HookedGPT2) -> str:
     """Fingerprint of the model's weights with its applied edits (if any) taken out."""
     return weights_fingerprint(model, digests=unedited_digests(model))
 
@@ -117,22 +117,29 @@ class KeyStats:
 
     def __repr__(self) -> str:
         k = self.key
-        return (f"KeyStats({k['model_name']} layer {k['layer']}, corpus {k['corpus']}, "
-                f"{self.count} keys, d_mlp {self.C.shape[0]})")
+        return (
+            f"KeyStats({k['model_name']} layer {k['layer']}, corpus {k['corpus']}, "
+            f"{self.count} keys, d_mlp {self.C.shape[0]})"
+        )
 
-    def check(self, model: "HookedGPT2", layer: int, digests: dict[str, str] | None = None,
-              allow_unedited: bool = True) -> None:
+    def check(
+        self, model: HookedGPT2, layer: int, digests: dict[str, str] | None = None, allow_unedited: bool = True
+    ) -> None:
         """Raise unless these statistics were computed for ``model``'s keys at ``layer`` — or, with
         ``allow_unedited``, for the same model with its applied edits taken out (sequential MEMIT
         keeps the unedited model's statistics for upper layers after editing lower ones, as MEMIT
         and AlphaEdit do; ROME edits at the statistics' own layer never change them)."""
         layer = model.check_layer(layer)
         if self.layer != layer:
-            raise ValueError(f"these key statistics are for layer {self.layer}, not layer {layer}; "
-                             f"compute them with key_second_moment(model, {layer}, …)")
+            raise ValueError(
+                f"these key statistics are for layer {self.layer}, not layer {layer}; "
+                f"compute them with key_second_moment(model, {layer}, …)"
+            )
         if self.C.shape[0] != model.cfg.d_mlp:
-            raise ValueError(f"these key statistics have d_mlp {self.C.shape[0]} "
-                             f"({self.key['model_name']}), the model has {model.cfg.d_mlp}")
+            raise ValueError(
+                f"these key statistics have d_mlp {self.C.shape[0]} "
+                f"({self.key['model_name']}), the model has {model.cfg.d_mlp}"
+            )
         fp = keys_fingerprint(model, layer, digests)
         if fp != self.key["fingerprint"] and allow_unedited and original_weights(model):
             fp = keys_fingerprint(model, layer, unedited_digests(model, digests))
@@ -158,8 +165,9 @@ class KeyStats:
                     break
                 jitter = 1e-10 if jitter == 0 else jitter * 10
             else:
-                raise ValueError("the key second moment is not positive definite even with jitter; "
-                                 "compute it over more samples")
+                raise ValueError(
+                    "the key second moment is not positive definite even with jitter; compute it over more samples"
+                )
             self._chol = L
         x = k.double().cpu().reshape(-1, k.shape[-1]).T  # [d_mlp, n]
         out = torch.cholesky_solve(x, self._chol).T.reshape(k.shape)
@@ -167,11 +175,12 @@ class KeyStats:
 
     def save(self, path: str | Path) -> Path:
         """Write ``C`` + its key as one safetensors file with a sha256 digest over both (checked at load)."""
-        return save_checked(path, {"C": self.C}, {"format": STATS_FORMAT, "count": str(self.count),
-                                                 "key": json.dumps(self.key)})
+        return save_checked(
+            path, {"C": self.C}, {"format": STATS_FORMAT, "count": str(self.count), "key": json.dumps(self.key)}
+        )
 
     @staticmethod
-    def load(path: str | Path, allow_unverified: bool = True) -> "KeyStats":
+    def load(path: str | Path, allow_unverified: bool = True) -> KeyStats:
         """Read statistics written by :meth:`save`. Refuses (``IntegrityError``, naming the file) a
         file modified or truncated after it was saved and a non-finite ``C``; a file from before
         digests existed loads with an ``UnverifiedFileWarning`` (or is refused, ``allow_unverified=False``)."""
@@ -181,8 +190,10 @@ class KeyStats:
         if fmt != STATS_FORMAT:
             raise ValueError(f"{path} is not a key-statistics file (format {fmt!r}, expected {STATS_FORMAT!r})")
         if set(tensors) != {"C"}:
-            raise ValueError(f"{path} is not a valid key-statistics file: it holds the tensors {sorted(tensors)}, "
-                             "a key-statistics file holds exactly one, 'C'")
+            raise ValueError(
+                f"{path} is not a valid key-statistics file: it holds the tensors {sorted(tensors)}, "
+                "a key-statistics file holds exactly one, 'C'"
+            )
         try:
             C, count, key = tensors["C"], int(meta["count"]), json.loads(meta["key"])
             int(key["layer"]), key["fingerprint"], key["model_name"]
@@ -194,7 +205,7 @@ class KeyStats:
         return KeyStats(C, count, key, path)
 
 
-def _read_cache(path: Path) -> "KeyStats | None":
+def _read_cache(path: Path) -> KeyStats | None:
     """Cached statistics at ``path``, or None (with a warning) when the cache file is damaged or unverified,
     so that they are computed again and the file rewritten."""
     try:
@@ -222,14 +233,22 @@ def default_text_corpus() -> str:
 
     if brown_available():
         return "brown"
-    warnings.warn("key statistics from the model's own generations (the offline fallback): the Brown Corpus is not "
-                  "on disk; `python -c 'import gpt2_interp.io.corpora as c; c.fetch_brown()'` gets it (3 MB, once) "
-                  "and makes it the default", stacklevel=4)
+    warnings.warn(
+        "key statistics from the model's own generations (the offline fallback): the Brown Corpus is not "
+        "on disk; `python -c 'import gpt2_interp.io.corpora as c; c.fetch_brown()'` gets it (3 MB, once) "
+        "and makes it the default",
+        stacklevel=4,
+    )
     return "generated"
 
 
-def resolve_corpus(model: "HookedGPT2", corpus: str | os.PathLike | None = None, seed: int = 0,
-                   n_samples: int = 100_000, max_len: int = 128) -> Corpus:
+def resolve_corpus(
+    model: HookedGPT2,
+    corpus: str | os.PathLike | None = None,
+    seed: int = 0,
+    n_samples: int = 100_000,
+    max_len: int = 128,
+) -> Corpus:
     """Turn a corpus spec (see module doc) into a :class:`Corpus`; None picks the model's default."""
     if corpus is None:
         corpus = "facts" if model.cfg.name == "gpt2-facts" else default_text_corpus()
@@ -245,8 +264,9 @@ def resolve_corpus(model: "HookedGPT2", corpus: str | os.PathLike | None = None,
     if spec == "generated":
         n_texts = max(1, -(-n_samples // max_len))
         fp = base_fingerprint(model)[:12]
-        return Corpus(f"generated:{fp}:s{seed}:n{n_texts}:len{max_len}",
-                      _generated_texts(model, n_texts, max_len, seed))
+        return Corpus(
+            f"generated:{fp}:s{seed}:n{n_texts}:len{max_len}", _generated_texts(model, n_texts, max_len, seed)
+        )
     path = Path(spec).expanduser()
     if path.exists():
         return _file_corpus(path)
@@ -263,10 +283,12 @@ def _brown_corpus(seed: int) -> Corpus:
 
     files, digest = read_brown()  # the bytes are read once here; untagging (~1 s) waits for a cache miss
     if digest != BROWN_FILES_SHA256:
-        warnings.warn(f"the Brown Corpus folder {brown_dir()} does not hold the published corpus (its files' sha256 "
-                      f"{digest[:12]}… is not {BROWN_FILES_SHA256[:12]}…); its statistics are keyed by what it holds. "
-                      "Delete the folder and run gpt2_interp.io.corpora.fetch_brown() to get the published files",
-                      stacklevel=4)
+        warnings.warn(
+            f"the Brown Corpus folder {brown_dir()} does not hold the published corpus (its files' sha256 "
+            f"{digest[:12]}… is not {BROWN_FILES_SHA256[:12]}…); its statistics are keyed by what it holds. "
+            "Delete the folder and run gpt2_interp.io.corpora.fetch_brown() to get the published files",
+            stacklevel=4,
+        )
 
     def shuffled() -> Iterator[str]:
         docs = brown_documents(files)
@@ -322,7 +344,7 @@ def _hf_corpus(spec: str) -> Corpus:
     return Corpus(f"hf:{name}:{config}:{h.hexdigest()[:16]}", texts)
 
 
-def _generated_texts(model: "HookedGPT2", n_texts: int, length: int, seed: int, batch: int = 32) -> Iterator[str]:
+def _generated_texts(model: HookedGPT2, n_texts: int, length: int, seed: int, batch: int = 32) -> Iterator[str]:
     """Texts sampled from the model from BOS (temperature 1), ``batch`` at a time, lazily."""
     length = min(length, model.cfg.n_ctx - 1)
     for start in range(0, n_texts, batch):
@@ -331,7 +353,7 @@ def _generated_texts(model: "HookedGPT2", n_texts: int, length: int, seed: int, 
         yield from (t for t in out if t.strip())
 
 
-def _token_rows(model: "HookedGPT2", texts: Any, max_len: int) -> Iterator[list[int]]:
+def _token_rows(model: HookedGPT2, texts: Any, max_len: int) -> Iterator[list[int]]:
     """``[BOS] + ids`` rows of at most ``max_len`` tokens (long documents are chunked)."""
     tk = model.tokenizer
     bos = [] if tk.bos_id is None else [tk.bos_id]
@@ -351,7 +373,7 @@ def _cache_name(key: dict[str, Any]) -> str:
 
 @torch.no_grad()
 def key_second_moment(
-    model: "HookedGPT2",
+    model: HookedGPT2,
     layer: int | Sequence[int],
     corpus: str | os.PathLike | None = None,
     n_samples: int = 100_000,
@@ -363,7 +385,7 @@ def key_second_moment(
     progress: bool = True,
     recompute: bool = False,
     group: Any = None,
-) -> "KeyStats | dict[int, KeyStats]":
+) -> KeyStats | dict[int, KeyStats]:
     """``C = E[k kᵀ]`` of the MLP keys ``blocks.{layer}.mlp.hook_post`` over ``n_samples`` token
     positions of ``corpus`` (every real position, BOS included), cached on disk.
 
@@ -392,9 +414,14 @@ def key_second_moment(
     todo: dict[int, tuple[dict[str, Any], Path | None]] = {}
     for lay in layers:
         key = {
-            "fingerprint": keys_fingerprint(model, lay, digests), "layer": lay, "corpus": src.id,
-            "n_samples": int(n_samples), "dtype": str(dtype).replace("torch.", ""), "max_len": max_len,
-            "model_name": model.cfg.name, "hook": f"blocks.{lay}.mlp.hook_post",
+            "fingerprint": keys_fingerprint(model, lay, digests),
+            "layer": lay,
+            "corpus": src.id,
+            "n_samples": int(n_samples),
+            "dtype": str(dtype).replace("torch.", ""),
+            "max_len": max_len,
+            "model_name": model.cfg.name,
+            "hook": f"blocks.{lay}.mlp.hook_post",
         }
         path = None if cache_dir is False else Path(cache_dir or default_cache_dir()) / _cache_name(key)
         cached = None
@@ -419,8 +446,16 @@ def key_second_moment(
     return out[layers[0]] if single else {lay: out[lay] for lay in layers}
 
 
-def _accumulate(model: "HookedGPT2", layers: list[int], src: Corpus, n_samples: int, batch_size: int,
-                max_len: int, progress: bool, group: Any = None) -> dict[int, tuple[torch.Tensor, int]]:
+def _accumulate(
+    model: HookedGPT2,
+    layers: list[int],
+    src: Corpus,
+    n_samples: int,
+    batch_size: int,
+    max_len: int,
+    progress: bool,
+    group: Any = None,
+) -> dict[int, tuple[torch.Tensor, int]]:
     """``{layer: (C [d_mlp, d_mlp] float64 on CPU, count)}``: one pass, every layer's keys from the same
     forward; under a process group each rank takes its share of the batches and the sums are all-reduced."""
     d = model.cfg.d_mlp
@@ -432,14 +467,16 @@ def _accumulate(model: "HookedGPT2", layers: list[int], src: Corpus, n_samples: 
         @reads_only
         def grab(act: torch.Tensor, hp: Any) -> None:
             found[lay] = act
+
         return grab
 
     rows = _token_rows(model, src.texts, max_len)
     if distributed.is_distributed(group):
         rows = _rank_rows(rows, n_samples, batch_size, group)
     desc = f"key stats L{layers[0]}" if len(layers) == 1 else f"key stats L{','.join(map(str, layers))}"
-    bar = progress_bar(total=n_samples, unit="tok", desc=desc, enabled=progress and distributed.is_main(group),
-                       leave=False)
+    bar = progress_bar(
+        total=n_samples, unit="tok", desc=desc, enabled=progress and distributed.is_main(group), leave=False
+    )
     with model.hooks([(f"blocks.{lay}.mlp.hook_post", grabber(lay)) for lay in layers]):
         while count < n_samples:
             batch = [r for _, r in zip(range(batch_size), rows)]
@@ -461,11 +498,15 @@ def _accumulate(model: "HookedGPT2", layers: list[int], src: Corpus, n_samples: 
     if count == 0:
         raise ValueError(f"corpus {src.id} yielded no tokens")
     if count < n_samples:
-        warnings.warn(f"corpus {src.id} has only {count} tokens (< n_samples={n_samples}); using them all",
-                      stacklevel=3)
+        warnings.warn(
+            f"corpus {src.id} has only {count} tokens (< n_samples={n_samples}); using them all", stacklevel=3
+        )
     for lay, t in totals.items():
-        require_finite(t, f"the key second moment at blocks.{lay}.mlp.hook_post (over {count} keys of corpus {src.id})",
-                       "the model produces NaN/inf activations there; check its weights and any active hooks")
+        require_finite(
+            t,
+            f"the key second moment at blocks.{lay}.mlp.hook_post (over {count} keys of corpus {src.id})",
+            "the model produces NaN/inf activations there; check its weights and any active hooks",
+        )
     return {lay: ((t / count).cpu(), count) for lay, t in totals.items()}
 
 
@@ -489,5 +530,14 @@ def clear_memory_cache() -> None:
     _MEMORY.clear()
 
 
-__all__ = ["KeyStats", "key_second_moment", "unedited_digests", "keys_fingerprint", "upstream_parameters", "resolve_corpus",
-           "default_cache_dir", "clear_memory_cache", "parameter_digests"]
+__all__ = [
+    "KeyStats",
+    "clear_memory_cache",
+    "default_cache_dir",
+    "key_second_moment",
+    "keys_fingerprint",
+    "parameter_digests",
+    "resolve_corpus",
+    "unedited_digests",
+    "upstream_parameters",
+]

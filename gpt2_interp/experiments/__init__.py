@@ -15,6 +15,18 @@ from .provenance import carried_over, code_state
 from .runner import ExperimentResult, RunContext, get, load_all, render, result_dir, run_experiment
 
 __all__ = [
-    "Experiment", "ExperimentConfig", "ExperimentResult", "RunContext", "REGISTRY", "register", "get", "load_all",
-    "run_experiment", "render", "result_dir", "parse_value", "carried_over", "code_state",
+    "REGISTRY",
+    "Experiment",
+    "ExperimentConfig",
+    "ExperimentResult",
+    "RunContext",
+    "carried_over",
+    "code_state",
+    "get",
+    "load_all",
+    "parse_value",
+    "register",
+    "render",
+    "result_dir",
+    "run_experiment",
 ]

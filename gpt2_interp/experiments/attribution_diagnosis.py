@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 @dataclass
 class Config(ExperimentConfig):
     hook: Literal["mlp_out", "attn_out", "resid_pre"] = field(
-        default="mlp_out", metadata={"help": "the hook family, patched per layer and position"})
+        default="mlp_out", metadata={"help": "the hook family, patched per layer and position"}
+    )
     pairs: int = field(default=50, metadata={"help": "prompt pairs to draw (those the model knows are kept)"})
     keep: int | None = field(default=50, metadata={"help": "keep at most this many known pairs (the first drawn)"})
     ig_pairs: int | None = field(default=None, metadata={"help": "pairs the estimates are compared on (none: all)"})
@@ -61,7 +62,7 @@ class Config(ExperimentConfig):
                 raise ValueError(f"Config.{name} must be >= 1 or none, got {getattr(self, name)}")
 
 
-def layer_ig(model: "HookedGPT2", fp: FactPairs, hook: str, steps: int) -> torch.Tensor:
+def layer_ig(model: HookedGPT2, fp: FactPairs, hook: str, steps: int) -> torch.Tensor:
     """IG on each layer's own activation, by hand: for layer ℓ, the clean−corrupted difference ``d`` of
     ``blocks.ℓ.hook_<hook>`` times the gradient of the metric, averaged over ``steps`` midpoints on the
     straight path from the corrupted to the clean activation (everything upstream at the corrupted run,
@@ -87,7 +88,7 @@ def layer_ig(model: "HookedGPT2", fp: FactPairs, hook: str, steps: int) -> torch
             resid = model(x0, start_at_layer=l, stop_at_layer=n, attention_mask=mk)
             logit = model.ln_final(resid[:, -1]) @ model.W_U
             met = logit.gather(1, a_ids.repeat(steps)[:, None]) - logit.gather(1, w_ids.repeat(steps)[:, None])
-            g, = torch.autograd.grad(met.sum(), [leaf])
+            (g,) = torch.autograd.grad(met.sum(), [leaf])
         g = reduce(rearrange(g, "(s b) p d -> s b p d", s=steps), "s b p d -> b p d", "mean")
         out[:, l] = (d * g).sum(-1)
     return out
@@ -96,7 +97,7 @@ def layer_ig(model: "HookedGPT2", fp: FactPairs, hook: str, steps: int) -> torch
 def thirds(x: torch.Tensor) -> list[float]:
     """Shares of ``x.sum()`` ([layer, ...], non-negative) in each third of the layers."""
     n = x.shape[0]
-    return [float(x[i * n // 3:(i + 1) * n // 3].sum() / x.sum()) for i in range(3)]
+    return [float(x[i * n // 3 : (i + 1) * n // 3].sum() / x.sum()) for i in range(3)]
 
 
 def estimate_row(est: torch.Tensor, exact: torch.Tensor, top: int) -> dict:
@@ -105,13 +106,17 @@ def estimate_row(est: torch.Tensor, exact: torch.Tensor, top: int) -> dict:
     order = exm.abs().flatten().argsort(descending=True)
     err = (em - exm).abs()
     big = exm.abs() > 0.05 * exm.abs().max()
-    return {"rho_mean": spearman(em, exm), "rho_pairs": spearman(est, exact),
-            f"rho_mean_top{top}": spearman(em.flatten()[order[:top]], exm.flatten()[order[:top]]),
-            "rho_mean_rest": spearman(em.flatten()[order[top:]], exm.flatten()[order[top:]]),
-            "rel_err_mean": float(err.sum() / exm.abs().sum()),
-            "err_share_by_layer_third": thirds(err), "err_share_last_pos": float(err[:, -1].sum() / err.sum()),
-            "sign_agreement_large": float((em[big].sign() == exm[big].sign()).float().mean()),
-            "large_cells": int(big.sum())}
+    return {
+        "rho_mean": spearman(em, exm),
+        "rho_pairs": spearman(est, exact),
+        f"rho_mean_top{top}": spearman(em.flatten()[order[:top]], exm.flatten()[order[:top]]),
+        "rho_mean_rest": spearman(em.flatten()[order[top:]], exm.flatten()[order[top:]]),
+        "rel_err_mean": float(err.sum() / exm.abs().sum()),
+        "err_share_by_layer_third": thirds(err),
+        "err_share_last_pos": float(err[:, -1].sum() / err.sum()),
+        "sign_agreement_large": float((em[big].sign() == exm[big].sign()).float().mean()),
+        "large_cells": int(big.sum()),
+    }
 
 
 def atp_on_all_pairs(atp: torch.Tensor, exact: torch.Tensor, top: int) -> dict:
@@ -119,11 +124,16 @@ def atp_on_all_pairs(atp: torch.Tensor, exact: torch.Tensor, top: int) -> dict:
     em, exm = atp.mean(0), exact.mean(0)
     err = (em - exm).abs()
     order = exm.abs().flatten().argsort(descending=True)
-    return {"rho_mean": spearman(em, exm), "rho_pairs": spearman(atp, exact),
-            "rel_err_mean": float(err.sum() / exm.abs().sum()), "err_share_by_layer_third": thirds(err),
-            "exact_mass_by_layer_third": thirds(exm.abs()), "sum_ratio": float(em.sum() / exm.sum()),
-            f"rho_mean_top{top}": spearman(em.flatten()[order[:top]], exm.flatten()[order[:top]]),
-            f"exact_mass_top{top}": float(exm.abs().flatten()[order[:top]].sum() / exm.abs().sum())}
+    return {
+        "rho_mean": spearman(em, exm),
+        "rho_pairs": spearman(atp, exact),
+        "rel_err_mean": float(err.sum() / exm.abs().sum()),
+        "err_share_by_layer_third": thirds(err),
+        "exact_mass_by_layer_third": thirds(exm.abs()),
+        "sum_ratio": float(em.sum() / exm.sum()),
+        f"rho_mean_top{top}": spearman(em.flatten()[order[:top]], exm.flatten()[order[:top]]),
+        f"exact_mass_top{top}": float(exm.abs().flatten()[order[:top]].sum() / exm.abs().sum()),
+    }
 
 
 def tables(data: dict) -> dict[str, str]:
@@ -131,17 +141,24 @@ def tables(data: dict) -> dict[str, str]:
     keys = [k for k in next(iter(est.values())) if not isinstance(next(iter(est.values()))[k], list)]
     rows = ["| estimate | " + " | ".join(keys) + " | error share by layer third |", "|---|" + "---|" * (len(keys) + 1)]
     for name, r in est.items():
-        rows.append(f"| {name} | " + " | ".join(f"{r[k]:.3f}" if isinstance(r[k], float) else str(r[k]) for k in keys)
-                    + " | " + ", ".join(f"{x:.2f}" for x in r["err_share_by_layer_third"]) + " |")
-    head = (f"Where attribution is wrong on {data['model']}, hook {data['hook']}: {data['ig_pairs']} of {data['pairs']} "
-            f"known prompt pairs ({data['drawn']} drawn); layer_ig: {data['steps']} midpoint steps on each layer's "
-            f"activation; ig: input path. Exact |mean effect| mass in its top-20 cells "
-            f"{data['exact_mass_top20']:.3f}, at the last position {data['exact_share_last_pos']:.3f}.")
+        rows.append(
+            f"| {name} | "
+            + " | ".join(f"{r[k]:.3f}" if isinstance(r[k], float) else str(r[k]) for k in keys)
+            + " | "
+            + ", ".join(f"{x:.2f}" for x in r["err_share_by_layer_third"])
+            + " |"
+        )
+    head = (
+        f"Where attribution is wrong on {data['model']}, hook {data['hook']}: {data['ig_pairs']} of {data['pairs']} "
+        f"known prompt pairs ({data['drawn']} drawn); layer_ig: {data['steps']} midpoint steps on each layer's "
+        f"activation; ig: input path. Exact |mean effect| mass in its top-20 cells "
+        f"{data['exact_mass_top20']:.3f}, at the last position {data['exact_share_last_pos']:.3f}."
+    )
     return {"attribution_diagnosis": head + "\n\n" + "\n".join(rows)}
 
 
 @register("attribution_diagnosis", Config, tables=tables)
-def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
+def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -157,15 +174,26 @@ def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
     estimates = {"layer_ig": layer_ig(model, sub, cfg.hook, cfg.steps)}
     layer_ig_seconds = time.perf_counter() - t0
     for method in ("atp", "ig"):
-        estimates[method] = pair_effects(attribute(model, sub.clean, sub.corrupted, pair_metric(sub), hook=cfg.hook,
-                                                   method=method, ig_steps=cfg.ig_steps))
+        estimates[method] = pair_effects(
+            attribute(
+                model, sub.clean, sub.corrupted, pair_metric(sub), hook=cfg.hook, method=method, ig_steps=cfg.ig_steps
+            )
+        )
     pe = pe_all[:n_sub]
     exm = pe.mean(0)
     order = exm.abs().flatten().argsort(descending=True)
-    return {"model": model.cfg.name, "hook": cfg.hook, "drawn": cfg.pairs, "pairs": len(fp), "ig_pairs": n_sub,
-            "steps": cfg.steps, "ig_steps": cfg.ig_steps, "layer_ig_seconds": layer_ig_seconds,
-            "atp_all_pairs": atp_on_all_pairs(atp_all, pe_all, cfg.top),
-            "estimates": {k: estimate_row(e, pe, cfg.top) for k, e in estimates.items()},
-            "exact_mass_top20": float(exm.abs().flatten()[order[:20]].sum() / exm.abs().sum()),
-            "exact_share_last_pos": float(exm.abs()[:, -1].sum() / exm.abs().sum()),
-            "prompt_pairs": [[c, k] for c, k in zip(fp.clean, fp.corrupted)]}
+    return {
+        "model": model.cfg.name,
+        "hook": cfg.hook,
+        "drawn": cfg.pairs,
+        "pairs": len(fp),
+        "ig_pairs": n_sub,
+        "steps": cfg.steps,
+        "ig_steps": cfg.ig_steps,
+        "layer_ig_seconds": layer_ig_seconds,
+        "atp_all_pairs": atp_on_all_pairs(atp_all, pe_all, cfg.top),
+        "estimates": {k: estimate_row(e, pe, cfg.top) for k, e in estimates.items()},
+        "exact_mass_top20": float(exm.abs().flatten()[order[:20]].sum() / exm.abs().sum()),
+        "exact_share_last_pos": float(exm.abs()[:, -1].sum() / exm.abs().sum()),
+        "prompt_pairs": [[c, k] for c, k in zip(fp.clean, fp.corrupted)],
+    }

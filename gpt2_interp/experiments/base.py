@@ -48,12 +48,12 @@ class ExperimentConfig:
         return cls.__module__.rsplit(".", 1)[-1] if cls.__name__ == "Config" else cls.__name__
 
     @classmethod
-    def quick(cls, **overrides: Any) -> "ExperimentConfig":
+    def quick(cls, **overrides: Any) -> ExperimentConfig:
         """The quick version (``QUICK``), with ``overrides`` on top."""
         return cls.from_settings({**cls.QUICK, **overrides})
 
     @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> "ExperimentConfig":
+    def from_settings(cls, settings: Mapping[str, Any]) -> ExperimentConfig:
         """A config from ``{field: value}``; values may be strings (``--set key=value``), parsed by
         the field's type. Unknown fields are refused with the closest name."""
         names = [f.name for f in dataclasses.fields(cls)]
@@ -73,8 +73,11 @@ class ExperimentConfig:
         """``{field: {"used": value, "default": default}}`` for every field that differs from the default."""
         out = {}
         for f in dataclasses.fields(self):
-            default = f.default if f.default is not dataclasses.MISSING else (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+            default = (
+                f.default
+                if f.default is not dataclasses.MISSING
+                else (f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+            )
             v = getattr(self, f.name)
             if default is dataclasses.MISSING or v != default:
                 out[f.name] = {"used": v, "default": None if default is dataclasses.MISSING else default}
@@ -86,10 +89,15 @@ class ExperimentConfig:
         hints = typing.get_type_hints(cls)
         rows = []
         for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else "required")
+            default = (
+                f.default
+                if f.default is not dataclasses.MISSING
+                else (f.default_factory() if f.default_factory is not dataclasses.MISSING else "required")
+            )
             quick = f" (quick: {cls.QUICK[f.name]!r})" if f.name in cls.QUICK else ""
-            rows.append(f"  {f.name} ({type_name(hints[f.name])}, default {default!r}{quick}): {f.metadata.get('help', '')}")
+            rows.append(
+                f"  {f.name} ({type_name(hints[f.name])}, default {default!r}{quick}): {f.metadata.get('help', '')}"
+            )
         return "\n".join(rows)
 
 
@@ -158,14 +166,14 @@ class Experiment:
     config: type[ExperimentConfig]
     run: RunFn
     tables: Callable[[dict], dict[str, str]] | None = None
-    figures: Callable[[dict], "dict[str, Figure]"] | None = None
+    figures: Callable[[dict], dict[str, Figure]] | None = None
     summary: str = ""
 
     def render_tables(self, data: dict) -> dict[str, str]:
         """``{name: markdown}`` from the experiment's data."""
         return dict(self.tables(data)) if self.tables else {}
 
-    def render_figures(self, data: dict) -> "dict[str, Figure]":
+    def render_figures(self, data: dict) -> dict[str, Figure]:
         """``{name: Figure}`` from the experiment's data."""
         return dict(self.figures(data)) if self.figures else {}
 
@@ -173,9 +181,14 @@ class Experiment:
 REGISTRY: dict[str, Experiment] = {}
 
 
-def register(name: str, config: type[C], *, tables: Callable[[dict], dict[str, str]] | None = None,
-             figures: Callable[[dict], "dict[str, Figure]"] | None = None,
-             summary: str | None = None) -> Callable[[RunFn], RunFn]:
+def register(
+    name: str,
+    config: type[C],
+    *,
+    tables: Callable[[dict], dict[str, str]] | None = None,
+    figures: Callable[[dict], dict[str, Figure]] | None = None,
+    summary: str | None = None,
+) -> Callable[[RunFn], RunFn]:
     """Decorator: register ``run(model, config, ctx) -> dict`` as experiment ``name``. ``summary``
     defaults to the first line of the defining module's docstring."""
     if not (dataclasses.is_dataclass(config) and issubclass(config, ExperimentConfig)):
@@ -186,7 +199,9 @@ def register(name: str, config: type[C], *, tables: Callable[[dict], dict[str, s
 
         doc = summary if summary is not None else (sys.modules[run.__module__].__doc__ or "").strip().split("\n")[0]
         if name in REGISTRY and REGISTRY[name].run.__module__ != run.__module__:
-            raise ValueError(f"experiment {name!r} is registered twice ({REGISTRY[name].run.__module__}, {run.__module__})")
+            raise ValueError(
+                f"experiment {name!r} is registered twice ({REGISTRY[name].run.__module__}, {run.__module__})"
+            )
         REGISTRY[name] = Experiment(name, config, run, tables, figures, doc)
         return run
 

@@ -37,11 +37,17 @@ class Config(ExperimentConfig):
     facts: int = field(default=120, metadata={"help": "facts to trace (spread over relations)"})
     samples: int = field(default=10, metadata={"help": "noise samples per fact"})
     noise: float = field(default=3.0, metadata={"help": "noise std as a multiple of σ (see sigma)"})
-    sigma: Literal["subjects", "W_E"] = field(default="subjects", metadata={
-        "help": "σ: std of the fact base's subject-token embeddings (ROME's choice) or of all of W_E "
-                "(most of gpt2-facts' vocabulary is untrained, which makes std(W_E) small)"})
-    window: int | None = field(default=None, metadata={
-        "help": "mlp/attn window (none: half the layers up to 12 layers, else ROME's 10/48 of the depth)"})
+    sigma: Literal["subjects", "W_E"] = field(
+        default="subjects",
+        metadata={
+            "help": "σ: std of the fact base's subject-token embeddings (ROME's choice) or of all of W_E "
+            "(most of gpt2-facts' vocabulary is untrained, which makes std(W_E) small)"
+        },
+    )
+    window: int | None = field(
+        default=None,
+        metadata={"help": "mlp/attn window (none: half the layers up to 12 layers, else ROME's 10/48 of the depth)"},
+    )
     known_only: bool = field(default=False, metadata={"help": "trace only facts the model knows"})
 
     QUICK = {"facts": 8, "samples": 3}
@@ -121,9 +127,15 @@ def peaks(avg: AverageTrace) -> dict[str, Any]:
     for i, k in enumerate(avg.kinds):
         ie = avg.indirect_effect[i]  # [bucket, layer]
         b, l = divmod(int(ie.argmax()), ie.shape[1])
-        out[k] = {"bucket": avg.buckets[b], "layer": l, "indirect_effect": round(float(ie[b, l]), 4),
-                  "by_bucket": {bk: {"layer": int(ie[j].argmax()), "indirect_effect": round(float(ie[j].max()), 4)}
-                                for j, bk in enumerate(avg.buckets)}}
+        out[k] = {
+            "bucket": avg.buckets[b],
+            "layer": l,
+            "indirect_effect": round(float(ie[b, l]), 4),
+            "by_bucket": {
+                bk: {"layer": int(ie[j].argmax()), "indirect_effect": round(float(ie[j].max()), 4)}
+                for j, bk in enumerate(avg.buckets)
+            },
+        }
     return out
 
 
@@ -139,19 +151,33 @@ def tables(data: dict) -> dict[str, str]:
     return {"causal_trace": f"{data['finding']}\n\n```\n{average_from_data(data).table()}\n```"}
 
 
-def figures(data: dict) -> "dict[str, Figure]":
+def figures(data: dict) -> dict[str, Figure]:
     return {"causal_trace": average_from_data(data).plot()}
 
 
 @register("causal_trace", Config, tables=tables, figures=figures)
-def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
+def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     fb = FactBase.load()
     among = known_facts(model, fb) if cfg.known_only else None
     facts = pick_facts(fb, cfg.facts, seed=cfg.seed, among=among)
     t0 = time.perf_counter()
     sigma = embedding_std(model, fb.subject_texts()) if cfg.sigma == "subjects" else float(model.W_E.float().std())
-    avg = average_trace(model, fb.cases(facts), kind=KINDS, noise=cfg.noise * sigma, samples=cfg.samples,
-                        window=trace_window(model.cfg.n_layer, cfg.window), seed=cfg.seed, progress=ctx.progress)
-    return {"finding": finding(avg, model.cfg.name), "seconds": round(time.perf_counter() - t0, 2),
-            "model": model.cfg.name, "known_only": cfg.known_only,
-            "noise": f"{cfg.noise} × σ_{cfg.sigma} = {cfg.noise * sigma:.4g}", "peaks": peaks(avg), **avg.to_dict()}
+    avg = average_trace(
+        model,
+        fb.cases(facts),
+        kind=KINDS,
+        noise=cfg.noise * sigma,
+        samples=cfg.samples,
+        window=trace_window(model.cfg.n_layer, cfg.window),
+        seed=cfg.seed,
+        progress=ctx.progress,
+    )
+    return {
+        "finding": finding(avg, model.cfg.name),
+        "seconds": round(time.perf_counter() - t0, 2),
+        "model": model.cfg.name,
+        "known_only": cfg.known_only,
+        "noise": f"{cfg.noise} × σ_{cfg.sigma} = {cfg.noise * sigma:.4g}",
+        "peaks": peaks(avg),
+        **avg.to_dict(),
+    }

@@ -46,17 +46,17 @@ class Config(ExperimentConfig):
             raise ValueError(f"ffn_vocab: min_coherence must be in [0, 1], got {self.min_coherence}")
 
 
-def first_token(model: "HookedGPT2", text: str) -> int:
+def first_token(model: HookedGPT2, text: str) -> int:
     """The first token id of ``text`` in the model's tokenizer (no BOS)."""
     return int(model.to_tokens(text, prepend_bos=False)[0, 0])
 
 
-def object_classes(model: "HookedGPT2", fb: FactBase) -> dict[str, set[int]]:
+def object_classes(model: HookedGPT2, fb: FactBase) -> dict[str, set[int]]:
     """Relation → first token ids of its objects (with the leading space the model produces)."""
     return {rel: {first_token(model, " " + o) for o in fb.objects(rel)} for rel in fb.relations}
 
 
-def corpus_tokens(model: "HookedGPT2", fb: FactBase) -> set[int]:
+def corpus_tokens(model: HookedGPT2, fb: FactBase) -> set[int]:
     """Every token id of the fact base's training sentences (no BOS)."""
     return {t for s in fb.sentences("train") for t in model.to_tokens(s, prepend_bos=False)[0].tolist()}
 
@@ -66,8 +66,9 @@ def coherence(top_ids: torch.Tensor, classes: dict[str, set[int]]) -> torch.Tens
     return torch.stack([torch.isin(top_ids, torch.tensor(sorted(c))).float().mean(-1) for c in classes.values()], -1)
 
 
-def concept_neurons(model: "HookedGPT2", layers: list[int], classes: dict[str, set[int]],
-                    cfg: Config) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
+def concept_neurons(
+    model: HookedGPT2, layers: list[int], classes: dict[str, set[int]], cfg: Config
+) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
     """Every neuron of ``layers`` with coherence ≥ ``min_coherence`` (sorted by relation, then coherence),
     and per relation the count per layer."""
     rels = list(classes)
@@ -78,14 +79,23 @@ def concept_neurons(model: "HookedGPT2", layers: list[int], classes: dict[str, s
         for i in (best >= cfg.min_coherence).nonzero()[:, 0].tolist():
             rel = rels[int(which[i])]
             per_layer[rel][layer] += 1
-            concept.append({"layer": layer, "neuron": proj.neurons[i], "relation": rel, "coherence": float(best[i]),
-                            "top_score": float(proj.top_scores[i, 0]), "top_tokens": proj.top_tokens[i]})
+            concept.append(
+                {
+                    "layer": layer,
+                    "neuron": proj.neurons[i],
+                    "relation": rel,
+                    "coherence": float(best[i]),
+                    "top_score": float(proj.top_scores[i, 0]),
+                    "top_tokens": proj.top_tokens[i],
+                }
+            )
     concept.sort(key=lambda r: (rels.index(r["relation"]), -r["coherence"], -r["top_score"]))
     return concept, per_layer
 
 
-def search_neurons(model: "HookedGPT2", layers: list[int], classes: dict[str, set[int]], corpus: set[int],
-                   cfg: Config) -> dict[str, list[dict[str, Any]]]:
+def search_neurons(
+    model: HookedGPT2, layers: list[int], classes: dict[str, set[int]], corpus: set[int], cfg: Config
+) -> dict[str, list[dict[str, Any]]]:
     """Per relation, the ``search`` neurons that promote its class most against the corpus, with coherence."""
     rels = list(classes)
     out = {}
@@ -93,8 +103,16 @@ def search_neurons(model: "HookedGPT2", layers: list[int], classes: dict[str, se
         hits = find_neurons(model, sorted(ids), k=cfg.search, layers=layers, contrast=sorted(corpus), n_tokens=cfg.k)
         top = torch.stack([model.blocks[l].mlp.W_out[i] for l, i, _ in hits])
         coh = coherence(project(model, top, k=cfg.k).top_ids, classes)
-        out[rel] = [{"layer": l, "neuron": i, "score": s, "coherence": float(coh[j, rels.index(rel)]),
-                     "top_tokens": hits.top_tokens[j]} for j, (l, i, s) in enumerate(hits)]
+        out[rel] = [
+            {
+                "layer": l,
+                "neuron": i,
+                "score": s,
+                "coherence": float(coh[j, rels.index(rel)]),
+                "top_tokens": hits.top_tokens[j],
+            }
+            for j, (l, i, s) in enumerate(hits)
+        ]
     return out
 
 
@@ -106,27 +124,44 @@ def markdown(data: dict, rows_per_relation: int | None = None) -> str:
     """The report: class sizes and counts, the concept neurons, and (all rows) the search hits."""
     rels = list(data["class_sizes"])
     k = data["k"]
-    lines = [f"# Concept neurons in {data['model']} (layers {data['layers'][0]}–{data['layers'][-1]}, "
-             f"{data['d_mlp']} neurons each)", "",
-             f"Coherence = fraction of a value vector's top-{k} tokens (v · (w ⊙ W_U)) that are first tokens of one "
-             f"relation's objects; listed: coherence ≥ {data['min_coherence']}.", "",
-             "| relation | class size | chance | concept neurons | per layer |", "|---|---|---|---|---|"]
+    lines = [
+        f"# Concept neurons in {data['model']} (layers {data['layers'][0]}–{data['layers'][-1]}, "
+        f"{data['d_mlp']} neurons each)",
+        "",
+        f"Coherence = fraction of a value vector's top-{k} tokens (v · (w ⊙ W_U)) that are first tokens of one "
+        f"relation's objects; listed: coherence ≥ {data['min_coherence']}.",
+        "",
+        "| relation | class size | chance | concept neurons | per layer |",
+        "|---|---|---|---|---|",
+    ]
     for r in rels:
-        lines.append(f"| {r} | {data['class_sizes'][r]} | {data['chance'][r]:.3f} | {data['n_concept_neurons'][r]} "
-                     f"| {' '.join(map(str, data['concept_neurons_per_layer'][r]))} |")
+        lines.append(
+            f"| {r} | {data['class_sizes'][r]} | {data['chance'][r]:.3f} | {data['n_concept_neurons'][r]} "
+            f"| {' '.join(map(str, data['concept_neurons_per_layer'][r]))} |"
+        )
     lines += ["", "## Concept neurons", "", f"| relation | neuron | coherence | top-{k} tokens |", "|---|---|---|---|"]
     shown: dict[str, int] = {}
     for row in data["concept_neurons"]:
         shown[row["relation"]] = shown.get(row["relation"], 0) + 1
         if rows_per_relation is None or shown[row["relation"]] <= rows_per_relation:
-            lines.append(f"| {row['relation']} | L{row['layer']}.N{row['neuron']} | {row['coherence']:.1f} | "
-                         f"{_md_tokens(row['top_tokens'])} |")
+            lines.append(
+                f"| {row['relation']} | L{row['layer']}.N{row['neuron']} | {row['coherence']:.1f} | "
+                f"{_md_tokens(row['top_tokens'])} |"
+            )
     if rows_per_relation is None:
-        lines += ["", "## Search: neurons promoting each class (find_neurons: class mean − corpus-token mean)", "",
-                  "| relation | neuron | score | coherence | top tokens |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Search: neurons promoting each class (find_neurons: class mean − corpus-token mean)",
+            "",
+            "| relation | neuron | score | coherence | top tokens |",
+            "|---|---|---|---|---|",
+        ]
         for r, hits in data["search"].items():
-            lines += [f"| {r} | L{h['layer']}.N{h['neuron']} | {h['score']:.3f} | {h['coherence']:.1f} | "
-                      f"{_md_tokens(h['top_tokens'])} |" for h in hits]
+            lines += [
+                f"| {r} | L{h['layer']}.N{h['neuron']} | {h['score']:.3f} | {h['coherence']:.1f} | "
+                f"{_md_tokens(h['top_tokens'])} |"
+                for h in hits
+            ]
     return "\n".join(lines)
 
 
@@ -136,7 +171,7 @@ def tables(data: dict) -> dict[str, str]:
 
 @register("ffn_vocab", Config, tables=tables)
 @torch.no_grad()
-def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
+def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     fb = FactBase.load()
     classes = object_classes(model, fb)
     corpus = corpus_tokens(model, fb)
@@ -144,9 +179,15 @@ def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
     layers = list(range(n - min(cfg.last_layers or n, n), n))
     concept, per_layer = concept_neurons(model, layers, classes, cfg)
     return {
-        "model": model.cfg.name, "k": cfg.k, "min_coherence": cfg.min_coherence, "layers": layers,
-        "d_mlp": model.cfg.d_mlp, "class_sizes": {r: len(c) for r, c in classes.items()},
+        "model": model.cfg.name,
+        "k": cfg.k,
+        "min_coherence": cfg.min_coherence,
+        "layers": layers,
+        "d_mlp": model.cfg.d_mlp,
+        "class_sizes": {r: len(c) for r, c in classes.items()},
         "chance": {r: len(c & corpus) / len(corpus) for r, c in classes.items()},
-        "n_concept_neurons": {r: sum(v) for r, v in per_layer.items()}, "concept_neurons_per_layer": per_layer,
-        "concept_neurons": concept, "search": search_neurons(model, layers, classes, corpus, cfg),
+        "n_concept_neurons": {r: sum(v) for r, v in per_layer.items()},
+        "concept_neurons_per_layer": per_layer,
+        "concept_neurons": concept,
+        "search": search_neurons(model, layers, classes, corpus, cfg),
     }

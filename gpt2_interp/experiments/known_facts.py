@@ -28,10 +28,21 @@ if TYPE_CHECKING:
     from ..model import HookedGPT2
 
 #: SmolLM2-Instruct's chat template (its GGUF's tokenizer.chat_template, system turn included).
-CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-        "<|im_start|>user\nComplete the sentence: {prompt}<|im_end|>\n<|im_start|>assistant\n{prompt}")
-COUNTS = ("facts", "known", "whole_object", "blank_first_token", "heldout_prompts", "heldout_hits",
-          "chat_facts", "chat_known", "chat_known_plain")
+CHAT = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\nComplete the sentence: {prompt}<|im_end|>\n<|im_start|>assistant\n{prompt}"
+)
+COUNTS = (
+    "facts",
+    "known",
+    "whole_object",
+    "blank_first_token",
+    "heldout_prompts",
+    "heldout_hits",
+    "chat_facts",
+    "chat_known",
+    "chat_known_plain",
+)
 
 
 @dataclass
@@ -39,7 +50,9 @@ class Config(ExperimentConfig):
     per_relation: int | None = field(default=None, metadata={"help": "facts per relation (none: all)"})
     chat: bool = field(default=False, metadata={"help": "also measure under the instruct chat template (SmolLM2's)"})
     chat_per_relation: int | None = field(
-        default=None, metadata={"help": "facts per relation for the held-out paraphrases and the chat template (none: all)"})
+        default=None,
+        metadata={"help": "facts per relation for the held-out paraphrases and the chat template (none: all)"},
+    )
     batch_size: int = field(default=64, metadata={"help": "prompts per forward pass"})
 
     QUICK = {"per_relation": 8}
@@ -55,13 +68,14 @@ def subset(facts: list[Fact], relations: list[str], per_relation: int | None) ->
     return [i for r in relations for i in [j for j, f in enumerate(facts) if f.relation == r][:per_relation]]
 
 
-def example(fb: FactBase, model: "HookedGPT2", fact: Fact, hit: bool, top: int) -> str:
+def example(fb: FactBase, model: HookedGPT2, fact: Fact, hit: bool, top: int) -> str:
     """``"prompt →target"``, with the model's own top-1 when it missed."""
     return f"{fb.prompts(fact)[0]} →{fact.target}" + ("" if hit else f" (model: {model.to_string([top])!r})")
 
 
-def relation_rows(model: "HookedGPT2", fb: FactBase, facts: list[Fact],
-                  cfg: Config) -> tuple[dict[str, dict[str, Any]], list[bool]]:
+def relation_rows(
+    model: HookedGPT2, fb: FactBase, facts: list[Fact], cfg: Config
+) -> tuple[dict[str, dict[str, Any]], list[bool]]:
     """Per relation: the counts of :data:`COUNTS` and up to three examples known and missed; and per
     fact whether the model knows it."""
     first = [fb.prompts(f)[0] for f in facts]
@@ -73,11 +87,25 @@ def relation_rows(model: "HookedGPT2", fb: FactBase, facts: list[Fact],
     sub = subset(facts, fb.relations, cfg.chat_per_relation)
     held = [(i, p) for i in sub for p in fb.prompts(facts[i], "heldout")]
     held_hits = knows(model, [p for _, p in held], [targets[i] for i, _ in held], cfg.batch_size)
-    chat = dict(zip(sub, knows(model, [chat_prompt(first[i]) for i in sub], [targets[i] for i in sub],
-                               cfg.batch_size, prepend_bos=False))) if cfg.chat else {}
+    chat = (
+        dict(
+            zip(
+                sub,
+                knows(
+                    model,
+                    [chat_prompt(first[i]) for i in sub],
+                    [targets[i] for i in sub],
+                    cfg.batch_size,
+                    prepend_bos=False,
+                ),
+            )
+        )
+        if cfg.chat
+        else {}
+    )
     rel: dict[str, dict[str, Any]] = {}
     for i, f in enumerate(facts):
-        d = rel.setdefault(f.relation, {**{k: 0 for k in COUNTS}, "examples_known": [], "examples_missed": []})
+        d = rel.setdefault(f.relation, {**dict.fromkeys(COUNTS, 0), "examples_known": [], "examples_missed": []})
         d["facts"] += 1
         d["known"] += known[i]
         d["whole_object"] += whole[i]
@@ -102,21 +130,31 @@ def pc(a: int, b: int) -> str:
 
 def tables(data: dict) -> dict[str, str]:
     chat = data["chat"]
-    lines = [f"# Facts of the fact base that {data['model']} knows", "",
-             "Known = top-1 next token after BOS + the relation's first training prompt is the object's first token, "
-             "when that token is more than whitespace (the model splits digits: \" 89\" is [\" \", \"8\", \"9\"], so "
-             "atomic numbers can only count under *whole object*). Whole object = greedy decoding produces every token "
-             "of the object. Held-out = the known rule over the relation's held-out paraphrases (of the facts the chat "
-             "column uses)" +
-             (". Chat = the known rule under the instruct chat template (the prompt as the user's turn and as the start of the "
-              "reply) on the first facts of each relation, beside the plain known rule on the same facts." if chat else "."),
-             "", "| relation | facts | known (plain) | whole object (plain) | held-out paraphrases |"
-             + (" chat template (plain on the same facts) |" if chat else ""),
-             "|---|---:|---:|---:|---:|" + ("---:|" if chat else "")]
+    lines = [
+        f"# Facts of the fact base that {data['model']} knows",
+        "",
+        "Known = top-1 next token after BOS + the relation's first training prompt is the object's first token, "
+        'when that token is more than whitespace (the model splits digits: " 89" is [" ", "8", "9"], so '
+        "atomic numbers can only count under *whole object*). Whole object = greedy decoding produces every token "
+        "of the object. Held-out = the known rule over the relation's held-out paraphrases (of the facts the chat "
+        "column uses)"
+        + (
+            ". Chat = the known rule under the instruct chat template (the prompt as the user's turn and as the start of the "
+            "reply) on the first facts of each relation, beside the plain known rule on the same facts."
+            if chat
+            else "."
+        ),
+        "",
+        "| relation | facts | known (plain) | whole object (plain) | held-out paraphrases |"
+        + (" chat template (plain on the same facts) |" if chat else ""),
+        "|---|---:|---:|---:|---:|" + ("---:|" if chat else ""),
+    ]
     for r, d in list(data["per_relation"].items()) + [("**all**", data["total"])]:
-        lines.append(f"| {r} | {d['facts']} | {pc(d['known'], d['facts'])} | {pc(d['whole_object'], d['facts'])} | "
-                     f"{pc(d['heldout_hits'], d['heldout_prompts'])} |"
-                     + (f" {pc(d['chat_known'], d['chat_facts'])} ({d['chat_known_plain']}) |" if chat else ""))
+        lines.append(
+            f"| {r} | {d['facts']} | {pc(d['known'], d['facts'])} | {pc(d['whole_object'], d['facts'])} | "
+            f"{pc(d['heldout_hits'], d['heldout_prompts'])} |"
+            + (f" {pc(d['chat_known'], d['chat_facts'])} ({d['chat_known_plain']}) |" if chat else "")
+        )
     lines += ["", "Examples (known / missed):", ""]
     for r, d in data["per_relation"].items():
         lines.append(f"- {r}: " + "; ".join(d["examples_known"][:2] + d["examples_missed"][:2]))
@@ -124,10 +162,14 @@ def tables(data: dict) -> dict[str, str]:
 
 
 @register("known_facts", Config, tables=tables)
-def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
+def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     fb = FactBase.load()
     facts = [f for r in fb.relations for f in fb.facts(r)[: cfg.per_relation]]
     rel, known = relation_rows(model, fb, facts, cfg)
-    return {"model": model.cfg.name, "chat": cfg.chat, "per_relation": rel,
-            "total": {k: sum(d[k] for d in rel.values()) for k in COUNTS},
-            "known_facts": [[f.relation, f.subject, f.object] for f, k in zip(facts, known) if k]}
+    return {
+        "model": model.cfg.name,
+        "chat": cfg.chat,
+        "per_relation": rel,
+        "total": {k: sum(d[k] for d in rel.values()) for k in COUNTS},
+        "known_facts": [[f.relation, f.subject, f.object] for f, k in zip(facts, known) if k],
+    }

@@ -37,8 +37,9 @@ class Config(ExperimentConfig):
     QUICK = {"per_relation": 8}
 
 
-def prompt_set(model: "HookedGPT2", fb: FactBase, split: str, per_relation: int | None,
-               among: set | None = None) -> tuple[list[str], list[int], list[str]]:
+def prompt_set(
+    model: HookedGPT2, fb: FactBase, split: str, per_relation: int | None, among: set | None = None
+) -> tuple[list[str], list[int], list[str]]:
     """``(prompts, first target token ids, relations)``: the first training prompt of each fact
     (``train``) or all its held-out prompts (``heldout``)."""
     prompts, targets, relations = [], [], []
@@ -59,8 +60,9 @@ def rank_metrics(ranks: torch.Tensor) -> dict[str, list[float]]:
 
 
 @torch.no_grad()
-def split_metrics(model: "HookedGPT2", fb: FactBase, split: str, cfg: Config, among: set | None,
-                  progress: bool) -> tuple[list[str], dict[str, Any]]:
+def split_metrics(
+    model: HookedGPT2, fb: FactBase, split: str, cfg: Config, among: set | None, progress: bool
+) -> tuple[list[str], dict[str, Any]]:
     """The lens over one split's prompts: layer names and the split's metrics, overall and per relation."""
     prompts, targets, relations = prompt_set(model, fb, split, cfg.per_relation, among)
     lens = logit_lens(model, prompts, targets=targets, k=1, batch_size=cfg.batch_size, progress=progress)
@@ -79,14 +81,19 @@ def tables(data: dict) -> dict[str, str]:
     head = "| layer | " + " | ".join(f"{s} top-1 | {s} MRR" for s in splits) + " |"
     rows = [head, "|---|" + "---|---|" * len(splits)]
     for i, name in enumerate(data["layers"]):
-        rows.append(f"| {name} | " + " | ".join(f"{r['all']['top1'][i]:.3f} | {r['all']['mrr'][i]:.3f}"
-                                                for r in splits.values()) + " |")
+        rows.append(
+            f"| {name} | "
+            + " | ".join(f"{r['all']['top1'][i]:.3f} | {r['all']['mrr'][i]:.3f}" for r in splits.values())
+            + " |"
+        )
     counts = ", ".join(f"{s}: {r['n_prompts']} prompts" for s, r in splits.items())
-    return {"logit_lens": f"Logit lens, rank of the correct object's first token at the last position ({counts}).\n\n"
-                          + "\n".join(rows)}
+    return {
+        "logit_lens": f"Logit lens, rank of the correct object's first token at the last position ({counts}).\n\n"
+        + "\n".join(rows)
+    }
 
 
-def figures(data: dict) -> "dict[str, Figure]":
+def figures(data: dict) -> dict[str, Figure]:
     from matplotlib.figure import Figure
 
     layers = data["layers"]
@@ -100,8 +107,11 @@ def figures(data: dict) -> "dict[str, Figure]":
                 ax.plot(layers, m[metric], "o-", ms=3, lw=1, alpha=0.8, label=rel)
             ax.plot(layers, res["all"][metric], "k-", lw=2.5, label="all facts")
             ax.set_ylim(0, 1.02)
-            ax.set_title(f"{'first' if split == 'train' else 'held-out'} prompts (n={res['n_prompts']}): "
-                         f"{'top-1 accuracy' if metric == 'top1' else 'mean reciprocal rank'}", fontsize=10)
+            ax.set_title(
+                f"{'first' if split == 'train' else 'held-out'} prompts (n={res['n_prompts']}): "
+                f"{'top-1 accuracy' if metric == 'top1' else 'mean reciprocal rank'}",
+                fontsize=10,
+            )
             ax.set_ylabel("top-1 accuracy" if metric == "top1" else "MRR")
             ax.grid(alpha=0.3)
     for ax in axes[-1]:
@@ -116,7 +126,7 @@ def figures(data: dict) -> "dict[str, Figure]":
 
 
 @register("logit_lens", Config, tables=tables, figures=figures)
-def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
+def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     fb = FactBase.load()
     among = set(known_facts(model, fb)) if cfg.known_only else None
     data: dict[str, Any] = {"model": model.cfg.name, "splits": {}}

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..editing.edit import Edit, TargetResiduals, undo_all
-from ..editing.evaluate import case_scores, choose_setting, evaluate_edits, harmonic_score, known_cases
+from ..editing.evaluate import case_scores, choose_setting, evaluate_edits, known_cases
 from ..editing.memit import NULLSPACE_RULES, MemitHparams, NullSpace, compute_edits, default_layers
 from ..editing.stats import key_second_moment
 from ..model.fingerprint import weights_fingerprint
@@ -53,8 +53,16 @@ if TYPE_CHECKING:
 
     from ..model import HookedGPT2
 
-PARTS = ("stats", "tuning", "batch_memit_edit", "memit_batch", "alphaedit_batch", "alphaedit_sequential",
-         "memit_sequential", "rome_sequential")
+PARTS = (
+    "stats",
+    "tuning",
+    "batch_memit_edit",
+    "memit_batch",
+    "alphaedit_batch",
+    "alphaedit_sequential",
+    "memit_sequential",
+    "rome_sequential",
+)
 MEMIT_PARTS = PARTS[1:-1]  # the parts that edit with MEMIT/AlphaEdit settings (recorded per part)
 
 
@@ -63,10 +71,12 @@ class DeltaConfig(ExperimentConfig):
     """Overrides of the δ optimisation (none: the model's own settings)."""
 
     v_steps: int | None = field(default=None, metadata={"help": "δ optimisation steps (none: the model's)"})
-    prefix_lengths: list[int] | None = field(default=None, metadata={
-        "help": "token lengths of the generated context prefixes (none: the model's)"})
-    prefixes_per_length: int | None = field(default=None, metadata={
-        "help": "generated context prefixes of each length (none: the model's)"})
+    prefix_lengths: list[int] | None = field(
+        default=None, metadata={"help": "token lengths of the generated context prefixes (none: the model's)"}
+    )
+    prefixes_per_length: int | None = field(
+        default=None, metadata={"help": "generated context prefixes of each length (none: the model's)"}
+    )
 
     def delta_overrides(self) -> dict[str, Any]:
         """The δ settings given, as editor hyperparameter overrides."""
@@ -88,27 +98,51 @@ class Config(DeltaConfig):
     n: int = field(default=1000, metadata={"help": "requests (facts the unedited model knows)"})
     batch_size: int = field(default=100, metadata={"help": "requests per sequential batch"})
     tune_n: int = field(default=200, metadata={"help": "tuning requests (0: the model's defaults)"})
-    lambdas: list[float] = field(default_factory=lambda: [3.0, 10.0, 30.0, 100.0, 300.0, 1000.0],
-                                 metadata={"help": "MEMIT λ values tuned (empty: keep the earlier rows)"})
-    thresholds: list[float] = field(default_factory=lambda: [1e-4, 1e-3, 1e-2],
-                                    metadata={"help": "AlphaEdit null-space thresholds τ tuned"})
-    null_rules: list[str] = field(default_factory=lambda: ["relative"], metadata={
-        "help": "AlphaEdit null-space rules tuned with the thresholds: relative (λ ≤ τ·λ_max) and/or energy (the "
-                "smallest directions holding ≤ τ of tr C₀); tuning rows of other rules/thresholds are kept"})
-    alphas: list[float] | None = field(default=None, metadata={
-        "help": "AlphaEdit ridge values (× tr(C)/d_mlp) tuned with the thresholds (none: the model's)"})
-    rome_seconds: float = field(default=240.0, metadata={
-        "help": "time limit of the ROME sequential run: it stops after the edit that passes it"})
+    lambdas: list[float] = field(
+        default_factory=lambda: [3.0, 10.0, 30.0, 100.0, 300.0, 1000.0],
+        metadata={"help": "MEMIT λ values tuned (empty: keep the earlier rows)"},
+    )
+    thresholds: list[float] = field(
+        default_factory=lambda: [1e-4, 1e-3, 1e-2], metadata={"help": "AlphaEdit null-space thresholds τ tuned"}
+    )
+    null_rules: list[str] = field(
+        default_factory=lambda: ["relative"],
+        metadata={
+            "help": "AlphaEdit null-space rules tuned with the thresholds: relative (λ ≤ τ·λ_max) and/or energy (the "
+            "smallest directions holding ≤ τ of tr C₀); tuning rows of other rules/thresholds are kept"
+        },
+    )
+    alphas: list[float] | None = field(
+        default=None,
+        metadata={"help": "AlphaEdit ridge values (× tr(C)/d_mlp) tuned with the thresholds (none: the model's)"},
+    )
+    rome_seconds: float = field(
+        default=240.0,
+        metadata={"help": "time limit of the ROME sequential run: it stops after the edit that passes it"},
+    )
     rome_n: int | None = field(default=None, metadata={"help": "requests for the ROME sequential run (none: n)"})
-    deadline: float | None = field(default=None, metadata={
-        "help": "seconds for the whole run: the ROME run gets at most what is left minus a minute"})
-    only: list[str] | None = field(default=None, metadata={
-        "help": f"parts to (re)run, merged into the earlier result in the same folder: {', '.join(PARTS)}"})
+    deadline: float | None = field(
+        default=None,
+        metadata={"help": "seconds for the whole run: the ROME run gets at most what is left minus a minute"},
+    )
+    only: list[str] | None = field(
+        default=None,
+        metadata={"help": f"parts to (re)run, merged into the earlier result in the same folder: {', '.join(PARTS)}"},
+    )
     n_samples: int = field(default=100_000, metadata={"help": "tokens for the key statistics"})
     fluency_tokens: int = field(default=40, metadata={"help": "generated tokens per fluency prompt"})
 
-    QUICK = {"n": 4, "batch_size": 2, "tune_n": 4, "n_samples": 3000, "fluency_tokens": 8, "lambdas": [100.0],
-             "thresholds": [1e-3], "rome_seconds": 1.0, **QUICK_DELTA}
+    QUICK = {
+        "n": 4,
+        "batch_size": 2,
+        "tune_n": 4,
+        "n_samples": 3000,
+        "fluency_tokens": 8,
+        "lambdas": [100.0],
+        "thresholds": [1e-3],
+        "rome_seconds": 1.0,
+        **QUICK_DELTA,
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -119,14 +153,18 @@ class Config(DeltaConfig):
             raise ValueError(f"mass_editing.tune_n must be >= 0, got {self.tune_n}")
         bad = sorted(set(self.only or ()) - set(PARTS))
         if bad or self.only == []:
-            raise ValueError(f"mass_editing.only: unknown part(s) {bad or '(none given)'}; choose from {', '.join(PARTS)}")
+            raise ValueError(
+                f"mass_editing.only: unknown part(s) {bad or '(none given)'}; choose from {', '.join(PARTS)}"
+            )
         bad = sorted(set(self.null_rules) - set(NULLSPACE_RULES))
         if bad:
-            raise ValueError(f"mass_editing.null_rules: unknown rule(s) {bad}; choose from {', '.join(NULLSPACE_RULES)}")
+            raise ValueError(
+                f"mass_editing.null_rules: unknown rule(s) {bad}; choose from {', '.join(NULLSPACE_RULES)}"
+            )
 
 
 # ---------------------------------------------------------------- shared with the other editing experiments
-def mean_scores(model: "HookedGPT2", cases: Sequence[Any], batch_size: int = 64) -> dict[str, float | None]:
+def mean_scores(model: HookedGPT2, cases: Sequence[Any], batch_size: int = 64) -> dict[str, float | None]:
     """Mean efficacy (ES), paraphrase (PS) and neighbourhood (NS) scores of ``cases`` on ``model`` as it
     stands (:func:`~gpt2_interp.editing.evaluate.case_scores`); None where no case defines one."""
     rows = case_scores(model, cases, batch_size)
@@ -138,15 +176,21 @@ def mean_scores(model: "HookedGPT2", cases: Sequence[Any], batch_size: int = 64)
     return {"es": mean("es"), "ps": mean("ps"), "ns": mean("ns")}
 
 
-def edit_settings(model: "HookedGPT2", hp: Mapping[str, Any]) -> dict[str, Any]:
+def edit_settings(model: HookedGPT2, hp: Mapping[str, Any]) -> dict[str, Any]:
     """What a MEMIT/AlphaEdit row depends on besides the requests: edit layers, the δ optimisation's
     context variants (the bare prompt + generated prefixes), δ's scale and λ/τ/α — recorded per part so
     that a table merged from runs under different settings says which row used which."""
     h = MemitHparams.of(model, **hp)
-    return {"layers": list(h.layers) if h.layers is not None else default_layers(model),
-            "prefix_lengths": list(h.rome.prefix_lengths), "prefixes_per_length": h.rome.prefixes_per_length,
-            "delta_norm": h.delta_norm, "mom2_weight": h.mom2_weight, "nullspace_threshold": h.nullspace_threshold,
-            "nullspace_rule": h.nullspace_rule, "alpha": h.alpha}
+    return {
+        "layers": list(h.layers) if h.layers is not None else default_layers(model),
+        "prefix_lengths": list(h.rome.prefix_lengths),
+        "prefixes_per_length": h.rome.prefixes_per_length,
+        "delta_norm": h.delta_norm,
+        "mom2_weight": h.mom2_weight,
+        "nullspace_threshold": h.nullspace_threshold,
+        "nullspace_rule": h.nullspace_rule,
+        "alpha": h.alpha,
+    }
 
 
 def _digest(value: Any) -> str:
@@ -159,7 +203,7 @@ def _digest(value: Any) -> str:
 class MassEditing:
     """One run's state: the requests, the statistics, the chosen settings and the report (the data)."""
 
-    model: "HookedGPT2"
+    model: HookedGPT2
     cfg: Config
     ctx: RunContext
     report: dict[str, Any]
@@ -184,18 +228,25 @@ class MassEditing:
         return {**self.chosen, **self.delta}
 
     @classmethod
-    def start(cls, model: "HookedGPT2", cfg: Config, ctx: RunContext) -> "MassEditing":
+    def start(cls, model: HookedGPT2, cfg: Config, ctx: RunContext) -> MassEditing:
         """A fresh report, or the earlier one (``only``) checked to be for the same requests."""
         only = set(PARTS) if cfg.only is None else set(cfg.only)
         name = model.cfg.name
-        report: dict[str, Any] = {"model": name, "device": str(model.device), "n": cfg.n, "batch_size": cfg.batch_size,
-                                  "torch_threads": torch.get_num_threads(), "errors": {}}
+        report: dict[str, Any] = {
+            "model": name,
+            "device": str(model.device),
+            "n": cfg.n,
+            "batch_size": cfg.batch_size,
+            "torch_threads": torch.get_num_threads(),
+            "errors": {},
+        }
         if cfg.only is not None:
             report = earlier_report(ctx.previous, name, cfg)
             for part in only:
                 report["errors"].pop(part, None)
             report.setdefault("part_devices", {}).update(
-                {part: f"{model.device}, {torch.get_num_threads()} thread(s)" for part in only})
+                {part: f"{model.device}, {torch.get_num_threads()} thread(s)" for part in only}
+            )
         job = cls(model, cfg, ctx, report, only, delta=cfg.delta_overrides())
         job.base_fp = weights_fingerprint(model)
         job.cases = known_cases(model, cfg.n, cfg.seed)
@@ -203,8 +254,9 @@ class MassEditing:
         report["n_known_cases"], report["layers"] = len(job.cases), job.layers
         return job
 
-    def part(self, name: str, compute: Callable[[], dict], apply: Callable[[dict], None] | None = None,
-             key: Any = None) -> None:
+    def part(
+        self, name: str, compute: Callable[[], dict], apply: Callable[[dict], None] | None = None, key: Any = None
+    ) -> None:
         """Run part ``name`` if asked (its result kept on disk under ``key``), apply it to the report
         (default: merge its keys, ``evaluations`` entry by entry), record its time, settings or error."""
         if name not in self.only:
@@ -244,8 +296,13 @@ class MassEditing:
         self.stats.update(key_second_moment(model, layers, n_samples=n, progress=False))
         t = time.perf_counter()
         key_second_moment(model, layers, n_samples=n, progress=False)
-        out = {"layers": layers, "count": fresh[layers[0]].count, "seconds_computed": t_fresh,
-               "seconds_cached": time.perf_counter() - t, "corpus": fresh[layers[0]].key["corpus"]}
+        out = {
+            "layers": layers,
+            "count": fresh[layers[0]].count,
+            "seconds_computed": t_fresh,
+            "seconds_cached": time.perf_counter() - t,
+            "corpus": fresh[layers[0]].key["corpus"],
+        }
         t = time.perf_counter()
         own = MemitHparams.of(model)
         ns = NullSpace.from_stats({l: self.stats[l] for l in layers}, own.nullspace_threshold, own.nullspace_rule)
@@ -263,8 +320,12 @@ class MassEditing:
     def choose_defaults(self) -> None:
         """The model's λ/τ/α, or (``only``) the earlier tuning's choice."""
         d = MemitHparams.of(self.model)
-        self.chosen = {"mom2_weight": d.mom2_weight, "nullspace_threshold": d.nullspace_threshold,
-                       "nullspace_rule": d.nullspace_rule, "alpha": d.alpha}
+        self.chosen = {
+            "mom2_weight": d.mom2_weight,
+            "nullspace_threshold": d.nullspace_threshold,
+            "nullspace_rule": d.nullspace_rule,
+            "alpha": d.alpha,
+        }
         if self.cfg.only is not None:  # earlier rows may have run with older settings: marked †
             self.chosen.update(self.report.get("tuning", {}).get("chosen") or self.report.get("chosen", {}))
 
@@ -288,25 +349,50 @@ class MassEditing:
             for tau in cfg.thresholds:
                 ns = NullSpace.from_stats({l: self.stats[l] for l in self.layers}, tau, rule)
                 for alpha in alphas:
-                    row, keys = self.tuning_score(tune, z, {"nullspace_threshold": tau, "nullspace_rule": rule,
-                                                            "alpha": alpha}, preserve=ns)
+                    row, keys = self.tuning_score(
+                        tune, z, {"nullspace_threshold": tau, "nullspace_rule": rule, "alpha": alpha}, preserve=ns
+                    )
                     energy = ns.key_energy(keys)  # the edit keys' energy in the null space, averaged over the layers
-                    tau_rows.append({"nullspace_threshold": tau, "nullspace_rule": rule, "alpha": alpha,
-                                     "null_dim": ns.null_dim, "leak": ns.leak,
-                                     "key_energy_in_null_space": sum(energy.values()) / len(energy), **row})
-        return {"n": len(tune), "ns_unedited": ns_pre, "targets_seconds": targets_seconds,
-                "mom2_weight": lam_rows, "nullspace_threshold": tau_rows}
+                    tau_rows.append(
+                        {
+                            "nullspace_threshold": tau,
+                            "nullspace_rule": rule,
+                            "alpha": alpha,
+                            "null_dim": ns.null_dim,
+                            "leak": ns.leak,
+                            "key_energy_in_null_space": sum(energy.values()) / len(energy),
+                            **row,
+                        }
+                    )
+        return {
+            "n": len(tune),
+            "ns_unedited": ns_pre,
+            "targets_seconds": targets_seconds,
+            "mom2_weight": lam_rows,
+            "nullspace_threshold": tau_rows,
+        }
 
-    def tuning_score(self, tune: list, z: TargetResiduals, setting: dict, preserve: NullSpace | None = None
-                     ) -> tuple[dict, dict]:
+    def tuning_score(
+        self, tune: list, z: TargetResiduals, setting: dict, preserve: NullSpace | None = None
+    ) -> tuple[dict, dict]:
         """ES/PS/NS, mean fit error and ‖ΔW‖ of one setting re-solved from the targets ``z``; and the keys."""
-        e = compute_edits(self.model, [c.request for c in tune], stats=self.stats, hparams={**self.delta, **setting},
-                          preserve=preserve, remember=False, targets=z)
+        e = compute_edits(
+            self.model,
+            [c.request for c in tune],
+            stats=self.stats,
+            hparams={**self.delta, **setting},
+            preserve=preserve,
+            remember=False,
+            targets=z,
+        )
         with self.model.edited(e):
             got = mean_scores(self.model, tune, self.sb)
         fit = e.metrics["fit"]
-        return {**got, "fit_error": sum(f["fit_error"] for f in fit.values()) / len(fit),
-                "dW_norm": sum(f["dW_norm"] ** 2 for f in fit.values()) ** 0.5}, e.keys
+        return {
+            **got,
+            "fit_error": sum(f["fit_error"] for f in fit.values()) / len(fit),
+            "dW_norm": sum(f["dW_norm"] ** 2 for f in fit.values()) ** 0.5,
+        }, e.keys
 
     def apply_tuning(self, t: dict) -> None:
         """Merge the tuning rows with the earlier run's rows of other rules/thresholds/ridges (same requests
@@ -321,14 +407,20 @@ class MassEditing:
             self.chosen["mom2_weight"] = choose_setting(lam_rows, t["ns_unedited"])["mom2_weight"]
         if tau_rows:
             best = choose_setting(tau_rows, t["ns_unedited"])
-            self.chosen.update(nullspace_threshold=best["nullspace_threshold"], alpha=best["alpha"],
-                               nullspace_rule=best.get("nullspace_rule", "relative"))
+            self.chosen.update(
+                nullspace_threshold=best["nullspace_threshold"],
+                alpha=best["alpha"],
+                nullspace_rule=best.get("nullspace_rule", "relative"),
+            )
         self.report["tuning_targets_seconds"] = t["targets_seconds"]
-        self.report["tuning"] = {"n": t["n"], "ns_unedited": t["ns_unedited"],
-                                 "method": "one δ optimisation, update re-solved",
-                                 "mom2_weight": lam_rows or old.get("mom2_weight", []),
-                                 "nullspace_threshold": tau_rows or old.get("nullspace_threshold", []),
-                                 "chosen": dict(self.chosen)}
+        self.report["tuning"] = {
+            "n": t["n"],
+            "ns_unedited": t["ns_unedited"],
+            "method": "one δ optimisation, update re-solved",
+            "mom2_weight": lam_rows or old.get("mom2_weight", []),
+            "nullspace_threshold": tau_rows or old.get("nullspace_threshold", []),
+            "chosen": dict(self.chosen),
+        }
 
     # -- one batch
     def batch_edit_part(self) -> dict:
@@ -349,22 +441,41 @@ class MassEditing:
             with fresh.edited(Edit.load(path, fresh)):
                 scores_b = mean_scores(fresh, self.cases, self.sb)
             size = path.stat().st_size
-        return {"batch_memit_edit": {"seconds": t_edit, "metrics": edit.metrics, "scores": scores_a,
-                                     "undo_bit_exact": bit_exact, "reloaded_scores": scores_b,
-                                     "reload_reproduces": scores_a == scores_b, "file_mb": size / 2**20}}
+        return {
+            "batch_memit_edit": {
+                "seconds": t_edit,
+                "metrics": edit.metrics,
+                "scores": scores_a,
+                "undo_bit_exact": bit_exact,
+                "reloaded_scores": scores_b,
+                "reload_reproduces": scores_a == scores_b,
+                "file_mb": size / 2**20,
+            }
+        }
 
     def shared_targets(self) -> torch.Tensor:
         """The batch's target residuals (one δ optimisation), shared by MEMIT's and AlphaEdit's batch edits."""
         if "z" not in self.batch_targets:
-            self.batch_targets["z"] = self.ctx.cached(f"batch-targets-{_digest(self.hp)}", lambda: compute_edits(
-                self.model, [c.request for c in self.cases], stats=self.stats, hparams=self.hp).targets)
+            self.batch_targets["z"] = self.ctx.cached(
+                f"batch-targets-{_digest(self.hp)}",
+                lambda: (
+                    compute_edits(
+                        self.model, [c.request for c in self.cases], stats=self.stats, hparams=self.hp
+                    ).targets
+                ),
+            )
         return self.batch_targets["z"]
 
     # -- the evaluations
     def evaluate(self, name: str, **kw: Any) -> None:
         """Part ``name``: :func:`evaluate_edits` with MEMIT/AlphaEdit (the chosen settings) or ROME (its own)."""
-        common = dict(stats=self.stats, fluency_tokens=self.cfg.fluency_tokens, progress=False,
-                      score_batch_size=self.sb, **self.hp)
+        common = dict(
+            stats=self.stats,
+            fluency_tokens=self.cfg.fluency_tokens,
+            progress=False,
+            score_batch_size=self.sb,
+            **self.hp,
+        )
         if kw.get("method") != "rome" and not kw.get("sequential") and name in self.only:
             self.report["batch_targets_shared"] = True
 
@@ -375,12 +486,24 @@ class MassEditing:
             else:  # ROME's own hyperparameters (MODEL_HPARAMS), its layer's statistics
                 rome_kw = {k: v for k, v in common.items() if k not in ("stats", *self.chosen)}
                 n_rome = kw["n_rome"]
-                ev = evaluate_edits(self.model, self.cases[:n_rome], **rome_kw,
-                                    **{k: v for k, v in kw.items() if k != "n_rome"})
-            out: dict[str, Any] = {"evaluations": {name: {
-                "method": ev.method, "sequential": ev.sequential, "batch_size": ev.batch_size, "layer": ev.layer,
-                "summary": ev.summary, "curve": ev.curve, "steps": ev.steps, "seconds": ev.seconds,
-                "restored_exactly": ev.restored_exactly}}}
+                ev = evaluate_edits(
+                    self.model, self.cases[:n_rome], **rome_kw, **{k: v for k, v in kw.items() if k != "n_rome"}
+                )
+            out: dict[str, Any] = {
+                "evaluations": {
+                    name: {
+                        "method": ev.method,
+                        "sequential": ev.sequential,
+                        "batch_size": ev.batch_size,
+                        "layer": ev.layer,
+                        "summary": ev.summary,
+                        "curve": ev.curve,
+                        "steps": ev.steps,
+                        "seconds": ev.seconds,
+                        "restored_exactly": ev.restored_exactly,
+                    }
+                }
+            }
             if kw.get("method") == "rome":
                 out["rome_time_limit_seconds"] = kw["time_limit"]
             return out
@@ -397,42 +520,53 @@ class MassEditing:
         marks = sorted({*range(cfg.batch_size, n_rome + 1, cfg.batch_size), 1, 10, n_rome})
         if "rome_sequential" in self.only:
             self.report["rome_requested"] = n_rome
-        self.evaluate("rome_sequential", method="rome", sequential=True, checkpoints=marks, n_rome=n_rome,
-                      time_limit=budget)
+        self.evaluate(
+            "rome_sequential", method="rome", sequential=True, checkpoints=marks, n_rome=n_rome, time_limit=budget
+        )
 
 
 def earlier_report(previous: dict | None, model_name: str, cfg: Config) -> dict:
     """The earlier result's data to merge parts into; it must be for the same model, ``n`` and ``batch_size``."""
     if previous is None:
-        raise ValueError(f"mass_editing.only={','.join(cfg.only or [])}: no earlier result in this folder to merge "
-                         "into; run all parts first (without only=), with the same --out and --tag")
+        raise ValueError(
+            f"mass_editing.only={','.join(cfg.only or [])}: no earlier result in this folder to merge "
+            "into; run all parts first (without only=), with the same --out and --tag"
+        )
     report = json.loads(json.dumps(previous))
     if (report["model"], report["n"], report["batch_size"]) != (model_name, cfg.n, cfg.batch_size):
-        raise ValueError(f"mass_editing.only: the earlier result is for {report['model']}, n={report['n']}, "
-                         f"batch_size={report['batch_size']}; rerun with the same model, n and batch_size")
+        raise ValueError(
+            f"mass_editing.only: the earlier result is for {report['model']}, n={report['n']}, "
+            f"batch_size={report['batch_size']}; rerun with the same model, n and batch_size"
+        )
     report.setdefault("errors", {})
     return report
 
 
 # ---------------------------------------------------------------- tables and figure
-def figures(report: dict) -> "dict[str, Figure]":
+def figures(report: dict) -> dict[str, Figure]:
     """``mass_editing_decay``: the sequential runs' scores after every batch."""
     evals = report.get("evaluations", {})
-    seq = {k: evals[k] for k in ("rome_sequential", "memit_sequential", "alphaedit_sequential")
-           if k in evals and evals[k].get("curve")}
+    seq = {
+        k: evals[k]
+        for k in ("rome_sequential", "memit_sequential", "alphaedit_sequential")
+        if k in evals and evals[k].get("curve")
+    }
     if not seq:
         return {}
     older = _older(report)
     names = {k: k.replace("_sequential", "") + (" (earlier settings)" if k in older else "") for k in seq}
     if "rome_sequential" in seq and seq["rome_sequential"]["summary"]["all"]["n"] < report.get("rome_requested", 0):
-        names["rome_sequential"] = (f"rome ({seq['rome_sequential']['summary']['all']['n']} of "
-                                    f"{report['rome_requested']}: time limit)")
+        names["rome_sequential"] = (
+            f"rome ({seq['rome_sequential']['summary']['all']['n']} of {report['rome_requested']}: time limit)"
+        )
     metrics = {"ES": "es", "PS": "ps", "NS": "ns", "subject specificity": "ss"}
-    fig = plot_decay({names[k]: [c["n_edits"] for c in ev["curve"]] for k, ev in seq.items()},
-                     {m: {names[k]: [c[a] for c in ev["curve"]] for k, ev in seq.items()} for m, a in metrics.items()},
-                     reference={"NS": next(iter(seq.values()))["summary"]["all"]["pre"]["ns"]},
-                     title=f"{report['model']}: sequential editing, batches of {report['batch_size']}"
-                           + (" (ROME: one at a time)" if "rome_sequential" in seq else ""))
+    fig = plot_decay(
+        {names[k]: [c["n_edits"] for c in ev["curve"]] for k, ev in seq.items()},
+        {m: {names[k]: [c[a] for c in ev["curve"]] for k, ev in seq.items()} for m, a in metrics.items()},
+        reference={"NS": next(iter(seq.values()))["summary"]["all"]["pre"]["ns"]},
+        title=f"{report['model']}: sequential editing, batches of {report['batch_size']}"
+        + (" (ROME: one at a time)" if "rome_sequential" in seq else ""),
+    )
     return {"mass_editing_decay": fig}
 
 
@@ -450,9 +584,11 @@ def _describe(s: dict) -> str:
     """``layers [0, 1], 6 context variants (bare + 5 prefixes of each of [10] tokens), δ scaled by resid,
     λ = 1000, τ = 0.001, α = 100``."""
     n_ctx = 1 + s["prefixes_per_length"] * len(s["prefix_lengths"])
-    return (f"layers {s['layers']}, {n_ctx} context variants (bare + {s['prefixes_per_length']} prefixes of each of "
-            f"{s['prefix_lengths']} tokens), δ scaled by {s.get('delta_norm', 'mlp_out')}, λ = {s['mom2_weight']:g}, "
-            f"τ = {s['nullspace_threshold']:g}{_rule(s)}, α = {s['alpha']:g}")
+    return (
+        f"layers {s['layers']}, {n_ctx} context variants (bare + {s['prefixes_per_length']} prefixes of each of "
+        f"{s['prefix_lengths']} tokens), δ scaled by {s.get('delta_norm', 'mlp_out')}, λ = {s['mom2_weight']:g}, "
+        f"τ = {s['nullspace_threshold']:g}{_rule(s)}, α = {s['alpha']:g}"
+    )
 
 
 def _rule(s: dict) -> str:
@@ -466,8 +602,11 @@ def _older(report: dict) -> dict:
     now, ps = report.get("settings"), report.get("part_settings", {})
     if now is None:
         return {}
-    return {name: ps.get(name) for name in report.get("evaluations", {})
-            if name != "rome_sequential" and _relevant(name, ps.get(name)) != _relevant(name, now)}
+    return {
+        name: ps.get(name)
+        for name in report.get("evaluations", {})
+        if name != "rome_sequential" and _relevant(name, ps.get(name)) != _relevant(name, now)
+    }
 
 
 def _relevant(name: str, settings: dict | None) -> dict | None:
@@ -475,23 +614,32 @@ def _relevant(name: str, settings: dict | None) -> dict | None:
     AlphaEdit row not on λ (its update has no ``C`` term: ``projected_update``)."""
     if settings is None:
         return None
-    drop = {"memit": ("nullspace_threshold", "nullspace_rule", "alpha"),
-            "alphaedit": ("mom2_weight",)}.get(name.split("_")[0], ())
+    drop = {"memit": ("nullspace_threshold", "nullspace_rule", "alpha"), "alphaedit": ("mom2_weight",)}.get(
+        name.split("_")[0], ()
+    )
     return {k: v for k, v in {"nullspace_rule": "relative", **settings}.items() if k not in drop}
 
 
 def _header(report: dict) -> list[str]:
     c = report["chosen"]
-    lines = [f"# Mass editing on {report['model']} ({report['device']})", "",
-             f"{report['n_known_cases']} requests the unedited model knows; edit layers {report['layers']}; "
-             f"chosen λ = {c['mom2_weight']}, τ = {c['nullspace_threshold']}{_rule(c)}"
-             + (f", α = {c['alpha']:g}" if "alpha" in c else "") + ".", ""]
+    lines = [
+        f"# Mass editing on {report['model']} ({report['device']})",
+        "",
+        f"{report['n_known_cases']} requests the unedited model knows; edit layers {report['layers']}; "
+        f"chosen λ = {c['mom2_weight']}, τ = {c['nullspace_threshold']}{_rule(c)}"
+        + (f", α = {c['alpha']:g}" if "alpha" in c else "")
+        + ".",
+        "",
+    ]
     if "stats" in report:
         s = report["stats"]
-        lines += [f"Key statistics: {s['count']} tokens, {s['seconds_computed']:.1f} s computed, "
-                  f"{s['seconds_cached']:.2f} s from the cache; projection {s['projection_seconds']:.2f} s "
-                  f"(null-space dims {s['null_dim']}; fraction of eigenvalues below τ·λ_max: "
-                  f"{s.get('eig_fraction_below')}).", ""]
+        lines += [
+            f"Key statistics: {s['count']} tokens, {s['seconds_computed']:.1f} s computed, "
+            f"{s['seconds_cached']:.2f} s from the cache; projection {s['projection_seconds']:.2f} s "
+            f"(null-space dims {s['null_dim']}; fraction of eigenvalues below τ·λ_max: "
+            f"{s.get('eig_fraction_below')}).",
+            "",
+        ]
     return lines
 
 
@@ -501,30 +649,46 @@ def _tuning_table(report: dict) -> list[str]:
     t = report["tuning"]
     f3 = lambda r, k: f"{r[k]:.3g}" if r.get(k) is not None else "–"  # noqa: E731
     how = " (one δ optimisation; each setting re-solves the update)" if t.get("method") else ""
-    lines = [f"Tuning on {t['n']} other requests, one batch{how} (NS unedited {_pc(t['ns_unedited'])}); "
-             "fit = mean ‖KΔW − R‖/‖R‖, null = the edit keys' energy in the null space:", "",
-             "| setting | ES | PS | NS | fit | ‖ΔW‖ | null dim | null |", "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| MEMIT λ = {r['mom2_weight']:g} | {_pc(r['es'])} | {_pc(r['ps'])} | {_pc(r['ns'])} | "
-              f"{f3(r, 'fit_error')} | {f3(r, 'dW_norm')} | – | – |" for r in t["mom2_weight"]]
+    lines = [
+        f"Tuning on {t['n']} other requests, one batch{how} (NS unedited {_pc(t['ns_unedited'])}); "
+        "fit = mean ‖KΔW − R‖/‖R‖, null = the edit keys' energy in the null space:",
+        "",
+        "| setting | ES | PS | NS | fit | ‖ΔW‖ | null dim | null |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| MEMIT λ = {r['mom2_weight']:g} | {_pc(r['es'])} | {_pc(r['ps'])} | {_pc(r['ns'])} | "
+        f"{f3(r, 'fit_error')} | {f3(r, 'dW_norm')} | – | – |"
+        for r in t["mom2_weight"]
+    ]
     for r in t["nullspace_threshold"]:
         dims = r["null_dim"] if not isinstance(r.get("null_dim"), dict) else "/".join(map(str, r["null_dim"].values()))
-        lines.append(f"| AlphaEdit τ = {r['nullspace_threshold']:g}{_rule(r)}"
-                     + (f", α = {r['alpha']:g}" if "alpha" in r else "")
-                     + f" | {_pc(r['es'])} | {_pc(r['ps'])} | {_pc(r['ns'])} | {f3(r, 'fit_error')} | "
-                       f"{f3(r, 'dW_norm')} | {dims} | {f3(r, 'key_energy_in_null_space')} |")
+        lines.append(
+            f"| AlphaEdit τ = {r['nullspace_threshold']:g}{_rule(r)}"
+            + (f", α = {r['alpha']:g}" if "alpha" in r else "")
+            + f" | {_pc(r['es'])} | {_pc(r['ps'])} | {_pc(r['ns'])} | {f3(r, 'fit_error')} | "
+            f"{f3(r, 'dW_norm')} | {dims} | {f3(r, 'key_energy_in_null_space')} |"
+        )
     lines.append("")
     if t.get("source"):
         lines += [t["source"], ""]
     differ = {k: v for k, v in t.get("chosen", {}).items() if report["chosen"].get(k) != v}
     if differ:
-        lines += [f"This tuning chose {differ}; the runs below used {report['chosen']} (they were not rerun "
-                  "with the new choice).", ""]
+        lines += [
+            f"This tuning chose {differ}; the runs below used {report['chosen']} (they were not rerun "
+            "with the new choice).",
+            "",
+        ]
     now, ps = report.get("settings"), report.get("part_settings", {})
     targets_of = ("layers", "prefix_lengths", "prefixes_per_length", "delta_norm")  # what the tuning depended on
     tuned = ps.get("tuning")
     if now and not (tuned and all(tuned.get(k) == now.get(k) for k in targets_of)):
-        lines += ["The tuning above used other edit layers or context variants than the runs below: "
-                  + (_describe(tuned) if tuned else "settings not recorded") + ".", ""]
+        lines += [
+            "The tuning above used other edit layers or context variants than the runs below: "
+            + (_describe(tuned) if tuned else "settings not recorded")
+            + ".",
+            "",
+        ]
     return lines
 
 
@@ -532,34 +696,61 @@ def _runs_table(report: dict) -> list[str]:
     evals, now, older = report.get("evaluations", {}), report.get("settings"), _older(report)
     lines = []
     if now:
-        lines += [f"MEMIT/AlphaEdit settings of this table: {_describe(now)}"
-                  + (" — except the rows marked †." if older else "."), ""]
-    lines += ["| run | edits | ES | PS | NS (unedited) | SS | STN | fluency pre → post | mean KL | time (s) |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"MEMIT/AlphaEdit settings of this table: {_describe(now)}"
+            + (" — except the rows marked †." if older else "."),
+            "",
+        ]
+    lines += [
+        "| run | edits | ES | PS | NS (unedited) | SS | STN | fluency pre → post | mean KL | time (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, ev in evals.items():
         s = ev["summary"]["all"]
         fl = f"{s['fluency_pre']:.3f} → {s['fluency_post']:.3f}" if s.get("fluency_post") is not None else "–"
         kl = f"{s['kl_drift']:.3g}" if s.get("kl_drift") is not None else "–"
-        lines.append(f"| {name}{' †' if name in older else ''} | {s['n']} | {_pc(s['post']['es'])} | "
-                     f"{_pc(s['post']['ps'])} | {_pc(s['post']['ns'])} ({_pc(s['pre']['ns'])}) | {_pc(s.get('ss'))} | "
-                     f"{_pc(s.get('stn'))} | {fl} | {kl} | {ev['seconds']:.0f} |")
+        lines.append(
+            f"| {name}{' †' if name in older else ''} | {s['n']} | {_pc(s['post']['es'])} | "
+            f"{_pc(s['post']['ps'])} | {_pc(s['post']['ns'])} ({_pc(s['pre']['ns'])}) | {_pc(s.get('ss'))} | "
+            f"{_pc(s.get('stn'))} | {fl} | {kl} | {ev['seconds']:.0f} |"
+        )
     lines.append("")
     if report.get("batch_targets_shared") and "batch_memit_edit" in report:
-        lines += ["The two batch rows share one δ optimisation of the batch (their times are the solve and the scoring; "
-                  f"the δ optimisation took {report['batch_memit_edit']['metrics']['delta_seconds']:.0f} s, see the "
-                  "last line).", ""]
+        lines += [
+            "The two batch rows share one δ optimisation of the batch (their times are the solve and the scoring; "
+            f"the δ optimisation took {report['batch_memit_edit']['metrics']['delta_seconds']:.0f} s, see the "
+            "last line).",
+            "",
+        ]
     for name, st in older.items():
-        lines += [f"† {name}: " + (f"run with earlier settings ({_describe(st)}), not rerun with this table's"
-                                   if st else "settings not recorded (a run before they were)") + ".", ""]
+        lines += [
+            f"† {name}: "
+            + (
+                f"run with earlier settings ({_describe(st)}), not rerun with this table's"
+                if st
+                else "settings not recorded (a run before they were)"
+            )
+            + ".",
+            "",
+        ]
     rome = evals.get("rome_sequential")
     if rome and report.get("rome_requested") and rome["summary"]["all"]["n"] < report["rome_requested"]:
         s = rome["summary"]["all"]
-        lines += [f"rome_sequential stopped at its time limit ({report['rome_time_limit_seconds']:.0f} s): "
-                  f"{s['n']} of {report['rome_requested']} requests edited (one at a time, "
-                  f"{s['edit_seconds']:.2f} s per edit on average); its rows and curve cover those.", ""]
+        lines += [
+            f"rome_sequential stopped at its time limit ({report['rome_time_limit_seconds']:.0f} s): "
+            f"{s['n']} of {report['rome_requested']} requests edited (one at a time, "
+            f"{s['edit_seconds']:.2f} s per edit on average); its rows and curve cover those.",
+            "",
+        ]
     if report.get("part_devices"):
-        lines += ["Parts (re)run separately (`only=`) and merged: " + "; ".join(
-            f"{k} on {v}" for k, v in report["part_devices"].items()) + "; the others on " + report["device"] + ".", ""]
+        lines += [
+            "Parts (re)run separately (`only=`) and merged: "
+            + "; ".join(f"{k} on {v}" for k, v in report["part_devices"].items())
+            + "; the others on "
+            + report["device"]
+            + ".",
+            "",
+        ]
     return lines
 
 
@@ -567,10 +758,17 @@ def _curves(report: dict) -> list[str]:
     lines = []
     for name, ev in report.get("evaluations", {}).items():
         if ev.get("curve"):
-            lines += [f"**{name}** after k edits (ES/PS/NS/SS/STN %, mean/max KL on unrelated prompts):", "",
-                      "| k | ES | PS | NS | SS | STN | mean KL | max KL |", "|---|---|---|---|---|---|---|---|"]
-            lines += [f"| {c['n_edits']} | {_pc(c['es'])} | {_pc(c['ps'])} | {_pc(c['ns'])} | {_pc(c['ss'])} | "
-                      f"{_pc(c['stn'])} | {c['kl_drift']:.3g} | {c['kl_max']:.3g} |" for c in ev["curve"]]
+            lines += [
+                f"**{name}** after k edits (ES/PS/NS/SS/STN %, mean/max KL on unrelated prompts):",
+                "",
+                "| k | ES | PS | NS | SS | STN | mean KL | max KL |",
+                "|---|---|---|---|---|---|---|---|",
+            ]
+            lines += [
+                f"| {c['n_edits']} | {_pc(c['es'])} | {_pc(c['ps'])} | {_pc(c['ns'])} | {_pc(c['ss'])} | "
+                f"{_pc(c['stn'])} | {c['kl_drift']:.3g} | {c['kl_max']:.3g} |"
+                for c in ev["curve"]
+            ]
             lines.append("")
     return lines
 
@@ -582,13 +780,20 @@ def _footer(report: dict) -> list[str]:
         b = report["batch_memit_edit"]
         fit = next(iter(b["metrics"]["fit"].values()))
         if now and ps.get("batch_memit_edit") != now:
-            lines += ["The edit below was computed with earlier settings: " + (_describe(ps["batch_memit_edit"])
-                      if ps.get("batch_memit_edit") else "not recorded") + ".", ""]
-        lines += [f"One MEMIT edit of all requests: computed in {b['seconds']:.1f} s (δ optimisation "
-                  f"{b['metrics']['delta_seconds']:.1f} s); least-squares residual {100 * fit['fit_error']:.0f}% of the "
-                  f"targets; undo bit-exact: {b['undo_bit_exact']}; saved ({b['file_mb']:.1f} MB), reloaded into a "
-                  f"fresh model: scores {'identical' if b['reload_reproduces'] else 'DIFFERENT'} "
-                  f"({b['scores']} vs {b['reloaded_scores']}).", ""]
+            lines += [
+                "The edit below was computed with earlier settings: "
+                + (_describe(ps["batch_memit_edit"]) if ps.get("batch_memit_edit") else "not recorded")
+                + ".",
+                "",
+            ]
+        lines += [
+            f"One MEMIT edit of all requests: computed in {b['seconds']:.1f} s (δ optimisation "
+            f"{b['metrics']['delta_seconds']:.1f} s); least-squares residual {100 * fit['fit_error']:.0f}% of the "
+            f"targets; undo bit-exact: {b['undo_bit_exact']}; saved ({b['file_mb']:.1f} MB), reloaded into a "
+            f"fresh model: scores {'identical' if b['reload_reproduces'] else 'DIFFERENT'} "
+            f"({b['scores']} vs {b['reloaded_scores']}).",
+            "",
+        ]
     missing = [k for k in PARTS[3:] if k not in evals]
     if missing:
         lines += [f"Not measured in this run (time limit or error): {', '.join(missing)}.", ""]
@@ -598,7 +803,7 @@ def _footer(report: dict) -> list[str]:
 
 
 @register("mass_editing", Config, tables=tables, figures=figures)
-def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
+def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     """The parts in order (module doc), each kept on disk when done; the report is the data."""
     with torch.no_grad():
         job = MassEditing.start(model, cfg, ctx)

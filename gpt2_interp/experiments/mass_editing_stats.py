@@ -38,19 +38,25 @@ if TYPE_CHECKING:
 @dataclass
 class Config(DeltaConfig):
     n: int = field(default=200, metadata={"help": "requests in the batch"})
-    sizes: list[int] = field(default_factory=lambda: [1000, 3000, 10000, 30000, 100000, 300000],
-                             metadata={"help": "statistics tokens of each row"})
+    sizes: list[int] = field(
+        default_factory=lambda: [1000, 3000, 10000, 30000, 100000, 300000],
+        metadata={"help": "statistics tokens of each row"},
+    )
     lam: float | None = field(default=None, metadata={"help": "MEMIT's λ (none: the model's)"})
-    target_stats: int = field(default=100_000, metadata={
-        "help": "statistics tokens for the one δ optimisation that gives the batch's targets"})
+    target_stats: int = field(
+        default=100_000,
+        metadata={"help": "statistics tokens for the one δ optimisation that gives the batch's targets"},
+    )
 
     QUICK = {"n": 3, "sizes": [500, 2000], **QUICK_DELTA}
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.n < 1 or self.target_stats < 1 or not self.sizes or min(self.sizes) < 1:
-            raise ValueError(f"mass_editing_stats: n, target_stats and every size must be >= 1 (sizes non-empty), "
-                             f"got n={self.n}, target_stats={self.target_stats}, sizes={self.sizes}")
+            raise ValueError(
+                f"mass_editing_stats: n, target_stats and every size must be >= 1 (sizes non-empty), "
+                f"got n={self.n}, target_stats={self.target_stats}, sizes={self.sizes}"
+            )
 
 
 def _load_text() -> str:
@@ -59,24 +65,35 @@ def _load_text() -> str:
     return f"load average: {', '.join(map(str, la))}" if la else ""
 
 
-def batch_keys_and_targets(model: "HookedGPT2", cases: list, layer: int, lam: float, cfg: Config) -> dict[str, Any]:
+def batch_keys_and_targets(model: HookedGPT2, cases: list, layer: int, lam: float, cfg: Config) -> dict[str, Any]:
     """One full MEMIT edit of the batch (δ optimisation under ``target_stats`` tokens): its keys ``K``
     ``[n, d_mlp]``, the residuals ``R = z − h`` ``[n, d_model]`` it writes, and its timing."""
     t, c = time.perf_counter(), time.process_time()
     st = key_second_moment(model, [layer], n_samples=cfg.target_stats, progress=False)
-    base = compute_edits(model, [x.request for x in cases], stats=st,
-                         hparams={"mom2_weight": lam, **cfg.delta_overrides()})
+    base = compute_edits(
+        model, [x.request for x in cases], stats=st, hparams={"mom2_weight": lam, **cfg.delta_overrides()}
+    )
     _, V = base.factors[layer]
     if V is None:  # a dense ΔW does not keep the targets
-        raise ValueError(f"mass_editing_stats.n={cfg.n}: use n below d_model ({model.cfg.d_model}) so that the "
-                         "edit keeps its targets R")
-    return {"K": base.keys[layer].double(), "R": V.double(),
-            "targets": {"stats_tokens": st[layer].count, "edit_seconds": time.perf_counter() - t,
-                        "edit_cpu_seconds": time.process_time() - c, "delta_seconds": base.metrics["delta_seconds"]}}
+        raise ValueError(
+            f"mass_editing_stats.n={cfg.n}: use n below d_model ({model.cfg.d_model}) so that the "
+            "edit keeps its targets R"
+        )
+    return {
+        "K": base.keys[layer].double(),
+        "R": V.double(),
+        "targets": {
+            "stats_tokens": st[layer].count,
+            "edit_seconds": time.perf_counter() - t,
+            "edit_cpu_seconds": time.process_time() - c,
+            "delta_seconds": base.metrics["delta_seconds"],
+        },
+    }
 
 
-def score_size(model: "HookedGPT2", cases: list, layer: int, lam: float, K: torch.Tensor, R: torch.Tensor,
-               n_tok: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
+def score_size(
+    model: HookedGPT2, cases: list, layer: int, lam: float, K: torch.Tensor, R: torch.Tensor, n_tok: int
+) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Statistics of ``n_tok`` tokens from scratch (timed), ``ΔW`` re-solved from them, applied and scored:
     the row, ``C`` and ``ΔW``."""
     t, c = time.perf_counter(), time.process_time()
@@ -92,8 +109,14 @@ def score_size(model: "HookedGPT2", cases: list, layer: int, lam: float, K: torc
     finally:
         with torch.no_grad():
             W.copy_(W0)
-    row = {"n_samples": n_tok, "count": st[layer].count, "stats_seconds": t_stats, "stats_cpu_seconds": c_stats,
-           **scores, "fit_error": float((K @ dW - R).norm(dim=-1).mean() / R.norm(dim=-1).mean())}
+    row = {
+        "n_samples": n_tok,
+        "count": st[layer].count,
+        "stats_seconds": t_stats,
+        "stats_cpu_seconds": c_stats,
+        **scores,
+        "fit_error": float((K @ dW - R).norm(dim=-1).mean() / R.norm(dim=-1).mean()),
+    }
     return row, st[layer].C.double(), dW
 
 
@@ -101,36 +124,48 @@ def tables(report: dict) -> dict[str, str]:
     """``mass_editing_stats``: one row per statistics size."""
     pc = lambda x: f"{100 * x:.1f}" if x is not None else "–"  # noqa: E731
     runs, tg, u = report["runs"], report["targets"], report["unedited"]
-    lines = [f"# Key statistics size vs MEMIT scores ({report['model']}, layers {report['layers']}, "
-             f"λ = {report['lambda']:g})", "",
-             f"One MEMIT batch of {report['n']} known requests, key statistics from the model's statistics corpus; "
-             f"unedited ES/PS/NS {pc(u['es'])}/{pc(u['ps'])}/{pc(u['ns'])}. The batch's keys and targets (δ "
-             f"optimisation) come from one MEMIT edit with {tg['stats_tokens']:,}-token statistics "
-             f"({tg['edit_seconds']:.0f} s wall, {tg['edit_cpu_seconds']:.0f} s CPU); each row re-solves the update "
-             "with that row's C (exact for one edit layer: the keys do not depend on C, and original MEMIT's targets "
-             f"do not either). CPU, {report['torch_threads']} torch thread(s); load: `{report['load_before']}` "
-             f"(before) / `{report['load_after']}` (after).", "",
-             "| tokens asked | tokens used | ES | PS | NS | ‖C − C_max‖/‖C_max‖ | ‖ΔW − ΔW(C_max)‖/‖ΔW(C_max)‖ | "
-             "statistics wall (CPU) s |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Key statistics size vs MEMIT scores ({report['model']}, layers {report['layers']}, "
+        f"λ = {report['lambda']:g})",
+        "",
+        f"One MEMIT batch of {report['n']} known requests, key statistics from the model's statistics corpus; "
+        f"unedited ES/PS/NS {pc(u['es'])}/{pc(u['ps'])}/{pc(u['ns'])}. The batch's keys and targets (δ "
+        f"optimisation) come from one MEMIT edit with {tg['stats_tokens']:,}-token statistics "
+        f"({tg['edit_seconds']:.0f} s wall, {tg['edit_cpu_seconds']:.0f} s CPU); each row re-solves the update "
+        "with that row's C (exact for one edit layer: the keys do not depend on C, and original MEMIT's targets "
+        f"do not either). CPU, {report['torch_threads']} torch thread(s); load: `{report['load_before']}` "
+        f"(before) / `{report['load_after']}` (after).",
+        "",
+        "| tokens asked | tokens used | ES | PS | NS | ‖C − C_max‖/‖C_max‖ | ‖ΔW − ΔW(C_max)‖/‖ΔW(C_max)‖ | "
+        "statistics wall (CPU) s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
-        lines.append(f"| {r['n_samples']:,} | {r['count']:,} | {pc(r['es'])} | {pc(r['ps'])} | {pc(r['ns'])} | "
-                     f"{r['C_rel_distance']:.3f} | {r['update_rel_distance']:.3f} | {r['stats_seconds']:.1f} "
-                     f"({r['stats_cpu_seconds']:.1f}) |")
+        lines.append(
+            f"| {r['n_samples']:,} | {r['count']:,} | {pc(r['es'])} | {pc(r['ps'])} | {pc(r['ns'])} | "
+            f"{r['C_rel_distance']:.3f} | {r['update_rel_distance']:.3f} | {r['stats_seconds']:.1f} "
+            f"({r['stats_cpu_seconds']:.1f}) |"
+        )
     return {"mass_editing_stats": "\n".join(lines)}
 
 
-def figures(report: dict) -> "dict[str, Figure]":
+def figures(report: dict) -> dict[str, Figure]:
     """``mass_editing_stats``: ES/PS/NS against the statistics tokens (log axis)."""
     runs = report["runs"]
     xs = [r["count"] for r in runs]
-    fig = plot_decay({"MEMIT": xs}, {m: {"MEMIT": [r[k] for r in runs]} for m, k in (("ES", "es"), ("PS", "ps"), ("NS", "ns"))},
-                     reference={"NS": report["unedited"]["ns"]}, xlabel="statistics tokens", log_x=True,
-                     title=f"{report['model']}: one MEMIT batch of {report['n']} vs key statistics size")
+    fig = plot_decay(
+        {"MEMIT": xs},
+        {m: {"MEMIT": [r[k] for r in runs]} for m, k in (("ES", "es"), ("PS", "ps"), ("NS", "ns"))},
+        reference={"NS": report["unedited"]["ns"]},
+        xlabel="statistics tokens",
+        log_x=True,
+        title=f"{report['model']}: one MEMIT batch of {report['n']} vs key statistics size",
+    )
     return {"mass_editing_stats": fig}
 
 
 @register("mass_editing_stats", Config, tables=tables, figures=figures)
-def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
+def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     """Keys and targets once, then one re-solved update per statistics size."""
     layers = default_layers(model)
     if len(layers) != 1:
@@ -139,9 +174,16 @@ def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
     lam = cfg.lam if cfg.lam is not None else MemitHparams.of(model).mom2_weight
     ctx.record("mom2_weight", lam)
     cases = known_cases(model, cfg.n, cfg.seed)
-    report: dict[str, Any] = {"model": model.cfg.name, "layers": layers, "lambda": lam, "n": len(cases),
-                              "torch_threads": torch.get_num_threads(), "load_before": _load_text(),
-                              "unedited": mean_scores(model, cases, 64), "runs": []}
+    report: dict[str, Any] = {
+        "model": model.cfg.name,
+        "layers": layers,
+        "lambda": lam,
+        "n": len(cases),
+        "torch_threads": torch.get_num_threads(),
+        "load_before": _load_text(),
+        "unedited": mean_scores(model, cases, 64),
+        "runs": [],
+    }
     # the keys K and targets R of the batch: one full MEMIT edit (kept on disk: an interrupted run resumes)
     base = ctx.cached("targets", lambda: batch_keys_and_targets(model, cases, lay, lam, cfg))
     report["targets"] = base["targets"]

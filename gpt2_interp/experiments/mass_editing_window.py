@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from ..editing.evaluate import known_cases
 from ..editing.edit import TargetResiduals
+from ..editing.evaluate import known_cases
 from ..editing.memit import compute_edits
 from ..editing.stats import key_second_moment
 from .base import ExperimentConfig, register
@@ -40,17 +40,21 @@ from .runner import RunContext
 if TYPE_CHECKING:
     from ..model import HookedGPT2
 
-CTX = {"memit": {"prefix_lengths": (10,), "prefixes_per_length": 5},
-       "rome": {"prefix_lengths": (5, 10), "prefixes_per_length": 5}}
+CTX = {
+    "memit": {"prefix_lengths": (10,), "prefixes_per_length": 5},
+    "rome": {"prefix_lengths": (5, 10), "prefixes_per_length": 5},
+}
 
 
 @dataclass
 class Config(ExperimentConfig):
-    tops: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={
-        "help": "top edit layers (one δ optimisation each)"})
+    tops: list[int] = field(
+        default_factory=lambda: [0, 1, 2], metadata={"help": "top edit layers (one δ optimisation each)"}
+    )
     ctx: Literal["memit", "rome"] = field(default="memit", metadata={"help": "context variants of the δ optimisation"})
-    lambdas: list[float] = field(default_factory=lambda: [100.0, 300.0, 1000.0, 3000.0, 10000.0],
-                                 metadata={"help": "MEMIT λ values"})
+    lambdas: list[float] = field(
+        default_factory=lambda: [100.0, 300.0, 1000.0, 3000.0, 10000.0], metadata={"help": "MEMIT λ values"}
+    )
     los: list[int] | None = field(default=None, metadata={"help": "lowest layers of the windows (none: 0 … top)"})
     n: int = field(default=1000, metadata={"help": "evaluation requests of mass_editing (excluded from tuning)"})
     tune_n: int = field(default=200, metadata={"help": "tuning requests in the batch"})
@@ -68,14 +72,23 @@ class Config(ExperimentConfig):
         if not self.lambdas:
             raise ValueError("mass_editing_window.lambdas: give at least one λ")
         if self.sub < 0 or self.tune_n < 1 or self.n < 0:
-            raise ValueError(f"mass_editing_window: need sub >= 0, tune_n >= 1, n >= 0; got sub={self.sub}, "
-                             f"tune_n={self.tune_n}, n={self.n}")
+            raise ValueError(
+                f"mass_editing_window: need sub >= 0, tune_n >= 1, n >= 0; got sub={self.sub}, "
+                f"tune_n={self.tune_n}, n={self.n}"
+            )
 
 
-def run_settings(model: "HookedGPT2", cfg: Config) -> dict[str, Any]:
+def run_settings(model: HookedGPT2, cfg: Config) -> dict[str, Any]:
     """What every row of a folder must share to be merged: the model, the request sets, the statistics, δ."""
-    return {"model": model.cfg.name, "n": cfg.n, "tune_n": cfg.tune_n, "seed": cfg.seed, "n_samples": cfg.n_samples,
-            "delta_norm": cfg.delta_norm, "v_steps": cfg.v_steps}
+    return {
+        "model": model.cfg.name,
+        "n": cfg.n,
+        "tune_n": cfg.tune_n,
+        "seed": cfg.seed,
+        "n_samples": cfg.n_samples,
+        "delta_norm": cfg.delta_norm,
+        "v_steps": cfg.v_steps,
+    }
 
 
 def earlier_report(previous: dict | None, settings: dict) -> dict:
@@ -84,37 +97,58 @@ def earlier_report(previous: dict | None, settings: dict) -> dict:
         return {"model": settings["model"], "rows": [], "targets": [], "settings": settings}
     if previous.get("settings") != settings:
         differ = sorted(k for k in settings if (previous.get("settings") or {}).get(k, "(not recorded)") != settings[k])
-        raise ValueError(f"mass_editing_window: the earlier result in this folder ran with other settings ({', '.join(differ)}"
-                         f": {[(previous.get('settings') or {}).get(k, 'not recorded') for k in differ]}); "
-                         "write this run to another --tag or --out")
+        raise ValueError(
+            f"mass_editing_window: the earlier result in this folder ran with other settings ({', '.join(differ)}"
+            f": {[(previous.get('settings') or {}).get(k, 'not recorded') for k in differ]}); "
+            "write this run to another --tag or --out"
+        )
     return previous
 
 
-def score(model: "HookedGPT2", tune: list, window: list[int], lam: float, z: TargetResiduals, stats: dict,
-          hp: dict, idx: list[int] | None = None) -> dict:
+def score(
+    model: HookedGPT2,
+    tune: list,
+    window: list[int],
+    lam: float,
+    z: TargetResiduals,
+    stats: dict,
+    hp: dict,
+    idx: list[int] | None = None,
+) -> dict:
     """One MEMIT batch on ``window`` with λ re-solved from the top layer's targets ``z``: ES/PS/NS, the
     fit error (mean and per layer) and ‖ΔW‖; ``idx``: a sub-batch of the tuning requests."""
     cs = tune if idx is None else [tune[i] for i in idx]
     zz = z if idx is None else z[idx]
-    e = compute_edits(model, [c.request for c in cs], layers=window, stats=stats, hparams={**hp, "mom2_weight": lam},
-                      targets=zz)
+    e = compute_edits(
+        model, [c.request for c in cs], layers=window, stats=stats, hparams={**hp, "mom2_weight": lam}, targets=zz
+    )
     with model.edited(e):
         got = mean_scores(model, cs, 64)
     fit = e.metrics["fit"]
-    return {**got, "fit_error": sum(f["fit_error"] for f in fit.values()) / len(fit),
-            "fit_per_layer": {str(l): f["fit_error"] for l, f in fit.items()},
-            "dW_norm": sum(f["dW_norm"] ** 2 for f in fit.values()) ** 0.5}
+    return {
+        **got,
+        "fit_error": sum(f["fit_error"] for f in fit.values()) / len(fit),
+        "fit_per_layer": {str(l): f["fit_error"] for l, f in fit.items()},
+        "dW_norm": sum(f["dW_norm"] ** 2 for f in fit.values()) ** 0.5,
+    }
 
 
-def top_targets(model: "HookedGPT2", tune: list, top: int, stats: dict, hp: dict) -> dict[str, Any]:
+def top_targets(model: HookedGPT2, tune: list, top: int, stats: dict, hp: dict) -> dict[str, Any]:
     """One δ optimisation of the tuning batch at ``top``: its targets ``z`` and what it took."""
     t = time.perf_counter()
     e = compute_edits(model, [c.request for c in tune], layers=[top], stats=stats, hparams=hp)
     m = e.metrics
-    return {"z": e.targets, "record": {
-        "seconds": time.perf_counter() - t, "delta_seconds": m["delta_seconds"], "steps_mean": m["steps_mean"],
-        "p_target_optimised_mean": m["p_target_optimised_mean"], "delta_norm_mean": m["delta_norm_mean"],
-        "n": len(tune)}}
+    return {
+        "z": e.targets,
+        "record": {
+            "seconds": time.perf_counter() - t,
+            "delta_seconds": m["delta_seconds"],
+            "steps_mean": m["steps_mean"],
+            "p_target_optimised_mean": m["p_target_optimised_mean"],
+            "delta_norm_mean": m["delta_norm_mean"],
+            "n": len(tune),
+        },
+    }
 
 
 def put(report: dict, row: dict) -> None:
@@ -123,17 +157,29 @@ def put(report: dict, row: dict) -> None:
     report["rows"] = [r for r in report["rows"] if key(r) != key(row)] + [row]
 
 
-def window_rows(model: "HookedGPT2", cfg: Config, tune: list, window: list[int], z: torch.Tensor, stats: dict,
-                hp: dict) -> list[dict]:
+def window_rows(
+    model: HookedGPT2, cfg: Config, tune: list, window: list[int], z: torch.Tensor, stats: dict, hp: dict
+) -> list[dict]:
     """Every λ on the whole batch, and (``sub``) on sub-batches averaged."""
-    rows = [{"window": window, "ctx": cfg.ctx, "lambda": lam, "sub": None, **score(model, tune, window, lam, z, stats, hp)}
-            for lam in cfg.lambdas]
+    rows = [
+        {"window": window, "ctx": cfg.ctx, "lambda": lam, "sub": None, **score(model, tune, window, lam, z, stats, hp)}
+        for lam in cfg.lambdas
+    ]
     if cfg.sub:
         for lam in cfg.lambdas:
-            parts = [score(model, tune, window, lam, z, stats, hp, list(range(s, min(s + cfg.sub, len(tune)))))
-                     for s in range(0, len(tune), cfg.sub)]
-            rows.append({"window": window, "ctx": cfg.ctx, "lambda": lam, "sub": cfg.sub,
-                         **{k: sum(r[k] for r in parts) / len(parts) for k in ("es", "ps", "ns", "fit_error")}})
+            parts = [
+                score(model, tune, window, lam, z, stats, hp, list(range(s, min(s + cfg.sub, len(tune)))))
+                for s in range(0, len(tune), cfg.sub)
+            ]
+            rows.append(
+                {
+                    "window": window,
+                    "ctx": cfg.ctx,
+                    "lambda": lam,
+                    "sub": cfg.sub,
+                    **{k: sum(r[k] for r in parts) / len(parts) for k in ("es", "ps", "ns", "fit_error")},
+                }
+            )
     return rows
 
 
@@ -141,37 +187,59 @@ def tables(report: dict) -> dict[str, str]:
     """``mass_editing_window``: the δ optimisations, the windows × λ, the sub-batches."""
     pc = lambda x: f"{100 * x:.1f}"  # noqa: E731
     n_ctx = {k: 1 + v["prefixes_per_length"] * len(v["prefix_lengths"]) for k, v in CTX.items()}
-    lines = [f"# MEMIT edit-layer window on {report['model']}", "",
-             f"{report['n_tune']} tuning requests in one batch (NS unedited {pc(report['ns_unedited'])}); δ scaled by "
-             f"{report['delta_norm']!r}; {report['threads']} torch thread(s). Goal (1,000 requests): ES ≥ 95, "
-             "PS ≥ 85, NS within 5 points of unedited.", "",
-             "δ optimisations (one per top layer and context variants; each row below re-solves from them):", "",
-             "| top layer | context variants | seconds | steps (mean) | p(target) after | ‖δ‖ |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"# MEMIT edit-layer window on {report['model']}",
+        "",
+        f"{report['n_tune']} tuning requests in one batch (NS unedited {pc(report['ns_unedited'])}); δ scaled by "
+        f"{report['delta_norm']!r}; {report['threads']} torch thread(s). Goal (1,000 requests): ES ≥ 95, "
+        "PS ≥ 85, NS within 5 points of unedited.",
+        "",
+        "δ optimisations (one per top layer and context variants; each row below re-solves from them):",
+        "",
+        "| top layer | context variants | seconds | steps (mean) | p(target) after | ‖δ‖ |",
+        "|---|---|---|---|---|---|",
+    ]
     for t in sorted(report["targets"], key=lambda r: (r["ctx"], r["top"])):
-        lines.append(f"| {t['top']} | {n_ctx[t['ctx']]} ({t['ctx']}) | {t['delta_seconds']:.0f} | "
-                     f"{t['steps_mean']:.1f} | {t['p_target_optimised_mean']:.2f} | {t['delta_norm_mean']:.0f} |")
-    lines += ["", "| window | context | λ | ES | PS | NS | fit (per layer) | ‖ΔW‖ |", "|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {t['top']} | {n_ctx[t['ctx']]} ({t['ctx']}) | {t['delta_seconds']:.0f} | "
+            f"{t['steps_mean']:.1f} | {t['p_target_optimised_mean']:.2f} | {t['delta_norm_mean']:.0f} |"
+        )
+    lines += [
+        "",
+        "| window | context | λ | ES | PS | NS | fit (per layer) | ‖ΔW‖ |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     rows = sorted([r for r in report["rows"] if not r.get("sub")], key=lambda r: (r["ctx"], r["window"], r["lambda"]))
     for r in rows:
         per = ", ".join(f"{float(v):.2f}" for v in r["fit_per_layer"].values())
-        lines.append(f"| {r['window']} | {n_ctx[r['ctx']]} | {r['lambda']:g} | {pc(r['es'])} | {pc(r['ps'])} | "
-                     f"{pc(r['ns'])} | {r['fit_error']:.2f} ({per}) | {r['dW_norm']:.0f} |")
+        lines.append(
+            f"| {r['window']} | {n_ctx[r['ctx']]} | {r['lambda']:g} | {pc(r['es'])} | {pc(r['ps'])} | "
+            f"{pc(r['ns'])} | {r['fit_error']:.2f} ({per}) | {r['dW_norm']:.0f} |"
+        )
     subs = [r for r in report["rows"] if r.get("sub")]
     if subs:
-        lines += ["", "Sub-batches (λ vs batch size: the same λ on batches of `sub` requests, averaged):", "",
-                  "| window | context | sub-batch | λ | ES | PS | NS | fit |", "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Sub-batches (λ vs batch size: the same λ on batches of `sub` requests, averaged):",
+            "",
+            "| window | context | sub-batch | λ | ES | PS | NS | fit |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in sorted(subs, key=lambda r: (r["ctx"], r["window"], r["sub"], r["lambda"])):
-            lines.append(f"| {r['window']} | {n_ctx[r['ctx']]} | {r['sub']} | {r['lambda']:g} | {pc(r['es'])} | "
-                         f"{pc(r['ps'])} | {pc(r['ns'])} | {r['fit_error']:.2f} |")
+            lines.append(
+                f"| {r['window']} | {n_ctx[r['ctx']]} | {r['sub']} | {r['lambda']:g} | {pc(r['es'])} | "
+                f"{pc(r['ps'])} | {pc(r['ns'])} | {r['fit_error']:.2f} |"
+            )
     return {"mass_editing_window": "\n".join(lines)}
 
 
 @register("mass_editing_window", Config, tables=tables)
-def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
+def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     """One δ optimisation per top layer, every window × λ re-solved from it, merged into the earlier rows."""
     if max(cfg.tops) >= model.cfg.n_layer:
-        raise ValueError(f"mass_editing_window.tops: {model.cfg.name} has layers 0 … {model.cfg.n_layer - 1}, "
-                         f"got {cfg.tops}")
+        raise ValueError(
+            f"mass_editing_window.tops: {model.cfg.name} has layers 0 … {model.cfg.n_layer - 1}, got {cfg.tops}"
+        )
     settings = run_settings(model, cfg)
     report = earlier_report(ctx.previous, settings)
     with torch.no_grad():
@@ -187,7 +255,8 @@ def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
         for top in cfg.tops:
             got = ctx.cached(f"targets-{cfg.ctx}-top{top}", lambda: top_targets(model, tune, top, stats, hp))
             report["targets"] = [r for r in report["targets"] if (r["top"], r["ctx"]) != (top, cfg.ctx)] + [
-                {"top": top, "ctx": cfg.ctx, **got["record"]}]
+                {"top": top, "ctx": cfg.ctx, **got["record"]}
+            ]
             for lo in [l for l in (cfg.los if cfg.los is not None else range(top + 1)) if l <= top]:
                 for row in window_rows(model, cfg, tune, list(range(lo, top + 1)), got["z"], stats, hp):
                     put(report, row)

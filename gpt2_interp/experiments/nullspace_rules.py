@@ -38,10 +38,13 @@ if TYPE_CHECKING:
 @dataclass
 class Config(ExperimentConfig):
     n: int = field(default=120, metadata={"help": "requests the model knows (their keys)"})
-    thresholds: list[float] = field(default_factory=lambda: [1e-4, 1e-3, 1e-2, 1e-1],
-                                    metadata={"help": "thresholds τ, each in (0, 1)"})
-    rules: list[str] = field(default_factory=lambda: list(NULLSPACE_RULES),
-                             metadata={"help": f"null-space rules: {', '.join(NULLSPACE_RULES)}"})
+    thresholds: list[float] = field(
+        default_factory=lambda: [1e-4, 1e-3, 1e-2, 1e-1], metadata={"help": "thresholds τ, each in (0, 1)"}
+    )
+    rules: list[str] = field(
+        default_factory=lambda: list(NULLSPACE_RULES),
+        metadata={"help": f"null-space rules: {', '.join(NULLSPACE_RULES)}"},
+    )
     n_samples: int = field(default=100_000, metadata={"help": "tokens for the key statistics"})
 
     QUICK = {"n": 12, "n_samples": 3000, "thresholds": [1e-3, 1e-1]}
@@ -63,18 +66,22 @@ def tables(report: dict) -> dict[str, str]:
     settings = sorted({(r["rule"], r["tau"]) for r in rows}, key=lambda x: (x[0] != "relative", x[1]))
     pc = lambda x: f"{100 * x:.0f}%" if x >= 0.1 else f"{100 * x:.2g}%"  # noqa: E731
     cell = lambda r: f"{r['null_dim']} / {pc(r['leak'])} / {pc(r['edit_key_energy'])}"  # noqa: E731
-    lines = [f"# AlphaEdit's null space per layer on {report['model']}", "",
-             f"Preserved keys: {report['stats_tokens']} tokens of {report['corpus']}; edit keys: {report['n_keys']} "
-             f"requests the model knows, averaged over {report['context_variants']} context variants, unedited model. "
-             "Each cell: null-space dimension / preserved keys' energy inside it (leak) / edit keys' energy inside it.",
-             "", "| rule | τ | " + " | ".join(f"layer {l} (d = {by[(*settings[0], l)]['d_mlp']})" for l in layers) + " |",
-             "|---|---|" + "---|" * len(layers)]
+    lines = [
+        f"# AlphaEdit's null space per layer on {report['model']}",
+        "",
+        f"Preserved keys: {report['stats_tokens']} tokens of {report['corpus']}; edit keys: {report['n_keys']} "
+        f"requests the model knows, averaged over {report['context_variants']} context variants, unedited model. "
+        "Each cell: null-space dimension / preserved keys' energy inside it (leak) / edit keys' energy inside it.",
+        "",
+        "| rule | τ | " + " | ".join(f"layer {l} (d = {by[(*settings[0], l)]['d_mlp']})" for l in layers) + " |",
+        "|---|---|" + "---|" * len(layers),
+    ]
     for rule, tau in settings:
         lines.append(f"| {rule} | {tau:g} | " + " | ".join(cell(by[(rule, tau, l)]) for l in layers) + " |")
     return {"nullspace_rules": "\n".join(lines)}
 
 
-def figures(report: dict) -> "dict[str, Figure]":
+def figures(report: dict) -> dict[str, Figure]:
     """``nullspace_rules``: the edit keys' energy in the null space against τ, one panel per rule."""
     from matplotlib.figure import Figure
 
@@ -99,22 +106,41 @@ def figures(report: dict) -> "dict[str, Figure]":
 
 
 @register("nullspace_rules", Config, tables=tables, figures=figures)
-def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
+def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     """Edit keys of the known requests, then each rule × τ: dimension, leak and key energy per layer."""
     hp = MemitHparams.of(model)
     layers = list(hp.layers) if hp.layers is not None else default_layers(model)
     stats = key_second_moment(model, layers, n_samples=cfg.n_samples, progress=ctx.progress)
     cases = known_cases(model, cfg.n, cfg.seed)
     prefixes = context_prefixes(model, hp.rome.prefix_lengths, hp.rome.prefixes_per_length, hp.rome.prefix_seed)
-    ctx.record("context_prefixes", {"lengths": hp.rome.prefix_lengths, "per_length": hp.rome.prefixes_per_length,
-                                    "seed": hp.rome.prefix_seed})
+    ctx.record(
+        "context_prefixes",
+        {"lengths": hp.rome.prefix_lengths, "per_length": hp.rome.prefixes_per_length, "seed": hp.rome.prefix_seed},
+    )
     keys, _ = subject_states(model, [c.request for c in cases], layers, prefixes)
     rows: list[dict[str, Any]] = []
     for rule in cfg.rules:
         for tau in cfg.thresholds:
             ns = NullSpace.from_stats({l: stats[l] for l in layers}, tau, rule)
             energy = ns.key_energy({l: keys[l] for l in layers})
-            rows += [{"rule": rule, "tau": tau, "layer": l, "d_mlp": keys[l].shape[1], "null_dim": ns.null_dim[l],
-                      "leak": ns.leak[l], "edit_key_energy": energy[l]} for l in layers]
-    return {"model": model.cfg.name, "layers": layers, "n_keys": len(cases), "stats_tokens": stats[layers[0]].count,
-            "corpus": stats[layers[0]].key.get("corpus"), "context_variants": 1 + len(prefixes), "rows": rows}
+            rows += [
+                {
+                    "rule": rule,
+                    "tau": tau,
+                    "layer": l,
+                    "d_mlp": keys[l].shape[1],
+                    "null_dim": ns.null_dim[l],
+                    "leak": ns.leak[l],
+                    "edit_key_energy": energy[l],
+                }
+                for l in layers
+            ]
+    return {
+        "model": model.cfg.name,
+        "layers": layers,
+        "n_keys": len(cases),
+        "stats_tokens": stats[layers[0]].count,
+        "corpus": stats[layers[0]].key.get("corpus"),
+        "context_variants": 1 + len(prefixes),
+        "rows": rows,
+    }

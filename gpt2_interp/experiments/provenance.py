@@ -62,8 +62,12 @@ def software() -> dict[str, Any]:
     """Versions of what computes the numbers."""
     import numpy
 
-    out = {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__,
-           "platform": platform.platform()}
+    out = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "platform": platform.platform(),
+    }
     for name in ("transformers", "transformer_lens", "sklearn", "scipy"):
         mod = sys.modules.get(name)
         if mod is not None:
@@ -81,20 +85,28 @@ def load_average() -> list[float] | None:
 
 def machine(device: str) -> dict[str, Any]:
     """Device, threads, CPU count and the load now."""
-    out: dict[str, Any] = {"device": device, "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-                           "load_at_start": load_average()}
+    out: dict[str, Any] = {
+        "device": device,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_at_start": load_average(),
+    }
     if device.startswith("cuda") and torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return out
 
 
-def model_identity(model: "HookedGPT2") -> dict[str, Any]:
+def model_identity(model: HookedGPT2) -> dict[str, Any]:
     """Name, class, parameter count and the weights' sha256 fingerprint."""
     from ..model.fingerprint import weights_fingerprint
 
-    return {"name": model.cfg.name, "class": type(model).__name__, "n_params": model.n_params(),
-            "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-            "weights_fingerprint": weights_fingerprint(model)}
+    return {
+        "name": model.cfg.name,
+        "class": type(model).__name__,
+        "n_params": model.n_params(),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "weights_fingerprint": weights_fingerprint(model),
+    }
 
 
 def now_utc() -> str:
@@ -102,8 +114,9 @@ def now_utc() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
-def command_line(experiment: str, model: str, settings: Mapping[str, Any], quick: bool, tag: str | None,
-                 out: str | None) -> str:
+def command_line(
+    experiment: str, model: str, settings: Mapping[str, Any], quick: bool, tag: str | None, out: str | None
+) -> str:
     """The ``gpt2-interp run`` command that reproduces a run with these settings."""
     parts = ["gpt2-interp", "run", experiment, "--model", model]
     if quick:
@@ -118,22 +131,40 @@ def command_line(experiment: str, model: str, settings: Mapping[str, Any], quick
     return shlex.join(parts)
 
 
-def carried_over(result_files: Sequence[str | Path], *, known: Mapping[str, Any], unknown: Sequence[str],
-                 reproduce: str | None = None, note: str = "") -> dict[str, Any]:
+def carried_over(
+    result_files: Sequence[str | Path],
+    *,
+    known: Mapping[str, Any],
+    unknown: Sequence[str],
+    reproduce: str | None = None,
+    note: str = "",
+) -> dict[str, Any]:
     """The provenance record of a result that the runner did not produce: ``known`` holds what can be
     established (e.g. the command recorded in the file, the commit that last wrote it), ``unknown``
     names what cannot (e.g. ``"weights_fingerprint"``, ``"machine load"``), ``reproduce`` the runner
     command that would regenerate it. Such a record is never equivalent to a fresh run."""
-    return {"carried_over": True, "files": [str(p) for p in result_files], "known": dict(known),
-            "unknown": list(unknown), "reproduce": reproduce, "note": note, "recorded_at": now_utc()}
+    return {
+        "carried_over": True,
+        "files": [str(p) for p in result_files],
+        "known": dict(known),
+        "unknown": list(unknown),
+        "reproduce": reproduce,
+        "note": note,
+        "recorded_at": now_utc(),
+    }
 
 
-def standalone(argv: Sequence[str], models: Sequence["HookedGPT2"] = (), device: str = "cpu") -> dict[str, Any]:
+def standalone(argv: Sequence[str], models: Sequence[HookedGPT2] = (), device: str = "cpu") -> dict[str, Any]:
     """The provenance record of a run outside the experiment runner (a benchmark): the command, the
     code, software and machine now, and the identity of each model it measured."""
-    return {"command": shlex.join(["python", *argv]), "code": code_state(), "software": software(),
-            "machine": {**machine(device), "load_at_end": load_average()},
-            "models": [model_identity(m) for m in models], "written_at": now_utc()}
+    return {
+        "command": shlex.join(["python", *argv]),
+        "code": code_state(),
+        "software": software(),
+        "machine": {**machine(device), "load_at_end": load_average()},
+        "models": [model_identity(m) for m in models],
+        "written_at": now_utc(),
+    }
 
 
 def write_beside(path: str | Path, record: Mapping[str, Any]) -> Path:

@@ -31,8 +31,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..analysis.tracing import average_trace
 from ..core.result import to_jsonable
-from ..editing.evaluate import (CaseRow, CounterfactCase, EditEvaluation,
-                                counterfact_requests, evaluate_edits, known_cases, summarize)
+from ..editing.evaluate import (
+    CaseRow,
+    CounterfactCase,
+    EditEvaluation,
+    counterfact_requests,
+    evaluate_edits,
+    known_cases,
+    summarize,
+)
 from ..editing.rome import DEFAULT_LAYERS, default_layer
 from ..editing.stats import key_second_moment
 from ..facts.base import FactBase
@@ -50,15 +57,21 @@ class Config(ExperimentConfig):
     n: int = field(default=200, metadata={"help": "requests edited one at a time"})
     sequential_n: int = field(default=50, metadata={"help": "of those, edited sequentially (0: skip)"})
     layer: int | Literal["default", "trace"] = field(
-        default="default", metadata={"help": "edit layer: an int, default (the model's) or trace (the layer choice's argmax)"})
+        default="default",
+        metadata={"help": "edit layer: an int, default (the model's) or trace (the layer choice's argmax)"},
+    )
     known_only: bool = field(default=False, metadata={"help": "requests about facts the model knows (real models)"})
     tune_n: int = field(default=0, metadata={"help": "known-fact requests held out for tuning (known_only)"})
     split: Literal["eval", "tune"] = field(default="eval", metadata={"help": "which known-fact split to evaluate"})
     offset: int = field(default=0, metadata={"help": "first request within the split (a part of a longer run)"})
-    merge: list[str] = field(default_factory=list, metadata={
-        "help": "result folders of parts to merge (no editing): rows pooled, summaries recomputed"})
-    hparams: list[str] = field(default_factory=list, metadata={
-        "help": "ROME hyperparameter overrides k=v (JSON values, e.g. v_lr=1,kl_factor=0.5)"})
+    merge: list[str] = field(
+        default_factory=list,
+        metadata={"help": "result folders of parts to merge (no editing): rows pooled, summaries recomputed"},
+    )
+    hparams: list[str] = field(
+        default_factory=list,
+        metadata={"help": "ROME hyperparameter overrides k=v (JSON values, e.g. v_lr=1,kl_factor=0.5)"},
+    )
     corpus: str | None = field(default=None, metadata={"help": "key statistics corpus (none: the model's)"})
     trace_facts: int = field(default=64, metadata={"help": "facts in the layer-choice trace (0: skip)"})
     n_samples: int = field(default=100_000, metadata={"help": "tokens for the key statistics"})
@@ -94,7 +107,7 @@ def parse_hparams(items: list[str]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- steps
-def layer_choice(model: "HookedGPT2", n_facts: int, seed: int = 0) -> dict:
+def layer_choice(model: HookedGPT2, n_facts: int, seed: int = 0) -> dict:
     """Average MLP indirect effect at the last subject token, per layer, over ``n_facts`` random facts
     (those the model knows among them)."""
     fb = FactBase.load()
@@ -102,12 +115,19 @@ def layer_choice(model: "HookedGPT2", n_facts: int, seed: int = 0) -> dict:
     facts = random.Random(seed).sample(fb.facts(), n_facts)
     avg = average_trace(model, fb.cases(facts), kind="mlp", samples=5, progress=False)  # default_window
     effect = avg.indirect_effect[avg.kinds.index("mlp"), avg.buckets.index("last subject token")]  # [n_layer]
-    return {"n_facts": n_facts, "n_known": avg.n_known, "window": avg.window,
-            "mlp_indirect_effect_last_subject_token": effect.tolist(), "argmax": int(effect.argmax()),
-            "seconds": time.perf_counter() - t0}
+    return {
+        "n_facts": n_facts,
+        "n_known": avg.n_known,
+        "window": avg.window,
+        "mlp_indirect_effect_last_subject_token": effect.tolist(),
+        "argmax": int(effect.argmax()),
+        "seconds": time.perf_counter() - t0,
+    }
 
 
-def split_cases(model: "HookedGPT2", n: int, tune_n: int, split: str, seed: int, offset: int = 0) -> list[CounterfactCase]:
+def split_cases(
+    model: HookedGPT2, n: int, tune_n: int, split: str, seed: int, offset: int = 0
+) -> list[CounterfactCase]:
     """CounterFact cases about facts the model knows (:func:`~gpt2_interp.editing.evaluate.known_cases`, in
     its seeded order): the first ``tune_n`` are the tuning split, the rest the evaluation split; ``n`` of the
     chosen split from ``offset`` within it, case ids counting from ``offset``."""
@@ -120,7 +140,7 @@ def split_cases(model: "HookedGPT2", n: int, tune_n: int, split: str, seed: int,
     return picked
 
 
-def edit_layer(model: "HookedGPT2", cfg: Config, choice: dict | None) -> int:
+def edit_layer(model: HookedGPT2, cfg: Config, choice: dict | None) -> int:
     """The layer to edit: the given int, the model's default, or the layer choice's argmax (``trace``)."""
     if cfg.layer == "default":
         return default_layer(model)
@@ -133,9 +153,12 @@ def edit_layer(model: "HookedGPT2", cfg: Config, choice: dict | None) -> int:
 
 def check_parts(folders: list[str], datas: list[dict]) -> None:
     """Refuse parts that differ in model, layer, statistics corpus or hyperparameters."""
-    same = {"model": lambda x: x["model"], "layer": lambda x: x["layer"],
-            "statistics corpus": lambda x: x["stats"]["corpus"],
-            "hyperparameters": lambda x: x["one_at_a_time"]["hparams"]}
+    same = {
+        "model": lambda x: x["model"],
+        "layer": lambda x: x["layer"],
+        "statistics corpus": lambda x: x["stats"]["corpus"],
+        "hyperparameters": lambda x: x["one_at_a_time"]["hparams"],
+    }
     for f, d in zip(folders[1:], datas[1:]):
         for what, get in same.items():
             if get(d) != get(datas[0]):
@@ -155,15 +178,33 @@ def merge_parts(folders: list[str]) -> dict:
     ids = [r.case_id for r in rows]
     if len(set(ids)) != len(ids):
         raise ValueError(f"Config.merge: the parts {folders} overlap (repeated case ids)")
-    ev = EditEvaluation("rome", False, first["layer"], rows,
-                        {"all": summarize(rows), "known": summarize([r for r in rows if r.known])}, None,
-                        first["one_at_a_time"]["hparams"], sum(d["one_at_a_time"]["seconds"] for d in datas),
-                        all(d["one_at_a_time"]["restored_exactly"] for d in datas))
+    ev = EditEvaluation(
+        "rome",
+        False,
+        first["layer"],
+        rows,
+        {"all": summarize(rows), "known": summarize([r for r in rows if r.known])},
+        None,
+        first["one_at_a_time"]["hparams"],
+        sum(d["one_at_a_time"]["seconds"] for d in datas),
+        all(d["one_at_a_time"]["restored_exactly"] for d in datas),
+    )
     keep = ("model", "layer", "default_layers", "stats", "known_only", "split", "tune_n")
-    return {**{k: first.get(k) for k in keep}, "one_at_a_time": ev.to_dict(), "sequential": None,
-            "parts": [{"folder": str(f), "command": p.provenance.get("command"), "config": p.config,
-                       "n": len(p.data["one_at_a_time"]["rows"]), "seconds": p.data["one_at_a_time"]["seconds"]}
-                      for f, p in zip(folders, parts)]}
+    return {
+        **{k: first.get(k) for k in keep},
+        "one_at_a_time": ev.to_dict(),
+        "sequential": None,
+        "parts": [
+            {
+                "folder": str(f),
+                "command": p.provenance.get("command"),
+                "config": p.config,
+                "n": len(p.data["one_at_a_time"]["rows"]),
+                "seconds": p.data["one_at_a_time"]["seconds"],
+            }
+            for f, p in zip(folders, parts)
+        ],
+    }
 
 
 def tables(data: dict) -> dict[str, str]:
@@ -175,11 +216,18 @@ def tables(data: dict) -> dict[str, str]:
         md += [f"- `{p['command']}` ({p['n']} requests, {p['seconds']:.0f} s)" for p in data["parts"]] + [""]
     md += [f"Key statistics: {st['count']} tokens of corpus `{st['corpus']}`.", "", "```", ev.table(), "```", ""]
     if data.get("sequential"):
-        md += ["Sequential (edits accumulate):", "", "```", EditEvaluation.from_dict(data["sequential"]).table(), "```", ""]
+        md += [
+            "Sequential (edits accumulate):",
+            "",
+            "```",
+            EditEvaluation.from_dict(data["sequential"]).table(),
+            "```",
+            "",
+        ]
     return {"rome_counterfact": "\n".join(md)}
 
 
-def figures(data: dict) -> "dict[str, Figure]":
+def figures(data: dict) -> dict[str, Figure]:
     out = {"rome_counterfact": EditEvaluation.from_dict(data["one_at_a_time"]).plot()}
     if data.get("sequential"):
         out["rome_sequential"] = EditEvaluation.from_dict(data["sequential"]).plot()
@@ -187,7 +235,7 @@ def figures(data: dict) -> "dict[str, Figure]":
 
 
 @register("rome_counterfact", Config, tables=tables, figures=figures)
-def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
+def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     if cfg.merge:
         return merge_parts(cfg.merge)
     data: dict[str, Any] = {"model": model.cfg.name, "default_layers": DEFAULT_LAYERS}
@@ -196,8 +244,14 @@ def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
     layer = data["layer"] = edit_layer(model, cfg, data.get("layer_choice"))
     hparams = parse_hparams(cfg.hparams)
     t0 = time.perf_counter()
-    stats = key_second_moment(model, layer, corpus=cfg.corpus, n_samples=cfg.n_samples, progress=ctx.progress,
-                              cache_dir=False if ctx.out_dir is None else ctx.out_dir / ".cache" / "stats")
+    stats = key_second_moment(
+        model,
+        layer,
+        corpus=cfg.corpus,
+        n_samples=cfg.n_samples,
+        progress=ctx.progress,
+        cache_dir=False if ctx.out_dir is None else ctx.out_dir / ".cache" / "stats",
+    )
     data["stats"] = {"corpus": stats.key["corpus"], "count": stats.count, "seconds": time.perf_counter() - t0}
     if cfg.known_only:
         cases = split_cases(model, cfg.n, cfg.tune_n, cfg.split, cfg.seed, cfg.offset)
@@ -209,7 +263,15 @@ def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
     data["one_at_a_time"] = ev.to_dict()
     data["sequential"] = None
     if cfg.sequential_n:
-        seq = evaluate_edits(model, cases[: cfg.sequential_n], layer=layer, stats=stats, sequential=True,
-                             seed=cfg.seed, progress=ctx.progress, **hparams)
+        seq = evaluate_edits(
+            model,
+            cases[: cfg.sequential_n],
+            layer=layer,
+            stats=stats,
+            sequential=True,
+            seed=cfg.seed,
+            progress=ctx.progress,
+            **hparams,
+        )
         data["sequential"] = seq.to_dict()
     return to_jsonable(data)

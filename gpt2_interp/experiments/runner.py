@@ -91,7 +91,7 @@ class RunContext:
     cache_key: str = ""
     weights: str = ""  # the model's weights fingerprint
     experiment: str = ""
-    _earlier: "ExperimentResult | None" = None  # read on first use of ``previous`` (None: none there)
+    _earlier: ExperimentResult | None = None  # read on first use of ``previous`` (None: none there)
     _read_earlier: bool = False
 
     @property
@@ -112,8 +112,13 @@ class RunContext:
         only those change (``torch.save`` format; tensors, dicts and lists)."""
         if self.out_dir is None:
             return compute()
-        digest = self.cache_key if depends is None else hashlib.sha256(
-            json.dumps([self.weights, to_jsonable(depends)], sort_keys=True, default=str).encode()).hexdigest()
+        digest = (
+            self.cache_key
+            if depends is None
+            else hashlib.sha256(
+                json.dumps([self.weights, to_jsonable(depends)], sort_keys=True, default=str).encode()
+            ).hexdigest()
+        )
         path = self.out_dir / ".cache" / f"{key}-{digest[:16]}.pt"
         if path.exists():
             return torch.load(path, weights_only=False)
@@ -140,7 +145,7 @@ class ExperimentResult(Result):
         """``{name: markdown}``."""
         return get(self.experiment).render_tables(self.data)
 
-    def figures(self) -> "dict[str, Figure]":
+    def figures(self) -> dict[str, Figure]:
         """``{name: matplotlib Figure}``."""
         return get(self.experiment).render_figures(self.data)
 
@@ -148,7 +153,7 @@ class ExperimentResult(Result):
         """Every table, each under its name."""
         return "\n\n".join(f"## {k}\n\n{v}" for k, v in self.tables().items()) or "(no tables)"
 
-    def plot(self, **kwargs: Any) -> "Figure":
+    def plot(self, **kwargs: Any) -> Figure:
         """The first figure."""
         figs = self.figures()
         if not figs:
@@ -159,14 +164,19 @@ class ExperimentResult(Result):
         """Write ``result.json``, ``provenance.json``, the tables and the figures into ``directory``."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        body = {"experiment": self.experiment, "model": self.model, "config": self.config, "data": to_jsonable(self.data)}
+        body = {
+            "experiment": self.experiment,
+            "model": self.model,
+            "config": self.config,
+            "data": to_jsonable(self.data),
+        }
         (d / "result.json").write_text(json.dumps(body, indent=1) + "\n")
         (d / "provenance.json").write_text(json.dumps(self.provenance, indent=1) + "\n")
         render(self, d)
         return d
 
     @classmethod
-    def load(cls, directory: str | Path) -> "ExperimentResult":
+    def load(cls, directory: str | Path) -> ExperimentResult:
         """Read a result folder written by :meth:`save`."""
         d = Path(directory)
         if not (d / "result.json").exists():
@@ -202,7 +212,7 @@ def resolve_config(exp: Experiment, quick: bool, settings: Mapping[str, Any]) ->
     return exp.config.from_settings({**base, **settings})
 
 
-def _load_model(model: "str | HookedGPT2", device: str | None, dtype: str | None) -> "HookedGPT2":
+def _load_model(model: str | HookedGPT2, device: str | None, dtype: str | None) -> HookedGPT2:
     if not isinstance(model, str):
         return model
     from .. import load
@@ -218,10 +228,20 @@ def _earlier(directory: Path | None, experiment: str) -> ExperimentResult | None
     return old if old.experiment == experiment else None
 
 
-def run_experiment(name: str, model: "str | HookedGPT2" = "gpt2-facts", *, quick: bool = False,
-                   settings: Mapping[str, Any] | None = None, out: str | Path | None = None, tag: str | None = None,
-                   threads: int | None = None, device: str | None = None, dtype: str | None = None,
-                   progress: bool = True, argv: list[str] | None = None) -> ExperimentResult:
+def run_experiment(
+    name: str,
+    model: str | HookedGPT2 = "gpt2-facts",
+    *,
+    quick: bool = False,
+    settings: Mapping[str, Any] | None = None,
+    out: str | Path | None = None,
+    tag: str | None = None,
+    threads: int | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    progress: bool = True,
+    argv: list[str] | None = None,
+) -> ExperimentResult:
     """Run experiment ``name`` on ``model`` (a name/path, or a loaded model) and return its result with
     provenance; with ``out``, also write it to ``<out>/<name>/<model>[/<tag>]`` (``tag`` defaults to
     ``"quick"`` for quick runs). ``settings``: ``{field: value}`` over the config's defaults."""
@@ -242,17 +262,24 @@ def run_experiment(name: str, model: "str | HookedGPT2" = "gpt2-facts", *, quick
     m = _load_model(model, device, dtype)
     identity = prov.model_identity(m)
     config_json = to_jsonable(dataclasses.asdict(config))
-    cache_key = hashlib.sha256(json.dumps([name, config_json, identity["weights_fingerprint"]],
-                                          sort_keys=True).encode()).hexdigest()
-    ctx = RunContext(out_dir=directory, progress=progress, cache_key=cache_key, weights=identity["weights_fingerprint"],
-                     experiment=name)
+    cache_key = hashlib.sha256(
+        json.dumps([name, config_json, identity["weights_fingerprint"]], sort_keys=True).encode()
+    ).hexdigest()
+    ctx = RunContext(
+        out_dir=directory,
+        progress=progress,
+        cache_key=cache_key,
+        weights=identity["weights_fingerprint"],
+        experiment=name,
+    )
     seed_everything(config.seed)
     with _progress.enabled(progress):
         data = exp.run(m, config, ctx)
     record = {
         "experiment": name,
-        "command": prov.command_line(name, model_name, {k: v for k, v in settings.items()}, quick, given_tag,
-                                     None if out is None else str(out)),
+        "command": prov.command_line(
+            name, model_name, {k: v for k, v in settings.items()}, quick, given_tag, None if out is None else str(out)
+        ),
         "argv": argv if argv is not None else list(sys.argv),
         "config": config_json,
         "differs_from_defaults": to_jsonable(config.differences()),
@@ -260,8 +287,11 @@ def run_experiment(name: str, model: "str | HookedGPT2" = "gpt2-facts", *, quick
         "model": identity,
         "code": code,
         "software": prov.software(),
-        "machine": {**prov.machine(str(next(m.parameters()).device)), "load_at_start": load_start,
-                    "load_at_end": prov.load_average()},
+        "machine": {
+            **prov.machine(str(next(m.parameters()).device)),
+            "load_at_start": load_start,
+            "load_at_end": prov.load_average(),
+        },
         "time": {"started": started, "wall_seconds": round(time.perf_counter() - t0, 2)},
     }
     if ctx._earlier is not None:  # the run read the earlier result to merge with it

@@ -39,19 +39,27 @@ if TYPE_CHECKING:
 @dataclass
 class Config(ExperimentConfig):
     n: int = field(default=100, metadata={"help": "requests (facts the unedited model knows)"})
-    methods: list[Literal["rome", "memit"]] = field(default_factory=lambda: ["rome", "memit"],
-                                                    metadata={"help": "editors, from rome, memit"})
-    keep_factors: list[float] = field(default_factory=lambda: [1.0],
-                                      metadata={"help": "keep_factor values to run with keep prompts"})
-    keep_templates: list[int] = field(default_factory=lambda: [1], metadata={
-        "help": "training-prompt indices of the other relations kept (0 is scored: not allowed)"})
+    methods: list[Literal["rome", "memit"]] = field(
+        default_factory=lambda: ["rome", "memit"], metadata={"help": "editors, from rome, memit"}
+    )
+    keep_factors: list[float] = field(
+        default_factory=lambda: [1.0], metadata={"help": "keep_factor values to run with keep prompts"}
+    )
+    keep_templates: list[int] = field(
+        default_factory=lambda: [1],
+        metadata={"help": "training-prompt indices of the other relations kept (0 is scored: not allowed)"},
+    )
     published: bool = field(default=True, metadata={"help": "also run each method as published (without keep)"})
-    append: bool = field(default=False, metadata={
-        "help": "add the runs to the earlier result in this run's folder (same model, n, seed)"})
+    append: bool = field(
+        default=False,
+        metadata={"help": "add the runs to the earlier result in this run's folder (same model, n, seed)"},
+    )
     mom2_weight: float | None = field(default=None, metadata={"help": "MEMIT's λ (none: the model's)"})
     fluency_tokens: int = field(default=40, metadata={"help": "generated tokens for the fluency score"})
-    hparams: list[str] = field(default_factory=list, metadata={
-        "help": "editor hyperparameter overrides k=v for both methods (JSON values, e.g. v_steps=3)"})
+    hparams: list[str] = field(
+        default_factory=list,
+        metadata={"help": "editor hyperparameter overrides k=v for both methods (JSON values, e.g. v_steps=3)"},
+    )
 
     QUICK = {"n": 3, "fluency_tokens": 6, "hparams": ["v_steps=3", "prefixes_per_length=1", "prefix_lengths=[3]"]}
 
@@ -62,13 +70,16 @@ class Config(ExperimentConfig):
         if not self.methods:
             raise ValueError("Config.methods: name at least one of rome, memit")
         if not self.keep_templates or min(self.keep_templates) < 1:
-            raise ValueError(f"Config.keep_templates: give indices >= 1 (subject specificity is scored on training "
-                             f"prompt 0), got {self.keep_templates}")
+            raise ValueError(
+                f"Config.keep_templates: give indices >= 1 (subject specificity is scored on training "
+                f"prompt 0), got {self.keep_templates}"
+            )
         parse_hparams(self.hparams)
 
 
-def one_run(model: "HookedGPT2", cases: list[CounterfactCase], method: str, factor: float | None, cfg: Config,
-            progress: bool) -> dict:
+def one_run(
+    model: HookedGPT2, cases: list[CounterfactCase], method: str, factor: float | None, cfg: Config, progress: bool
+) -> dict:
     """One method on the requests, as published (``factor`` None) or with keep prompts weighted ``factor``."""
     extra: dict[str, Any] = parse_hparams(cfg.hparams)
     if method == "memit" and cfg.mom2_weight is not None:
@@ -78,10 +89,17 @@ def one_run(model: "HookedGPT2", cases: list[CounterfactCase], method: str, fact
     t = time.perf_counter()
     ev = evaluate_edits(model, cases, method=method, progress=progress, fluency_tokens=cfg.fluency_tokens, **extra)
     keep = None if factor is None else sum(len(c.request.keep) for c in cases) / max(len(cases), 1)
-    return {"method": method, "keep_factor": factor, "layer": ev.layer,
-            "keep_templates": None if factor is None else list(cfg.keep_templates), "keep_prompts_mean": keep,
-            "torch_threads": torch.get_num_threads(), "hparams": to_jsonable(ev.hparams),
-            "summary": to_jsonable(ev.summary["all"]), "seconds": time.perf_counter() - t}
+    return {
+        "method": method,
+        "keep_factor": factor,
+        "layer": ev.layer,
+        "keep_templates": None if factor is None else list(cfg.keep_templates),
+        "keep_prompts_mean": keep,
+        "torch_threads": torch.get_num_threads(),
+        "hparams": to_jsonable(ev.hparams),
+        "summary": to_jsonable(ev.summary["all"]),
+        "seconds": time.perf_counter() - t,
+    }
 
 
 def earlier_report(ctx: RunContext, cfg: Config, model_name: str, n: int) -> dict | None:
@@ -92,8 +110,10 @@ def earlier_report(ctx: RunContext, cfg: Config, model_name: str, n: int) -> dic
     if old is None:
         raise ValueError("Config.append: there is no earlier result in this run's folder to add to")
     if (old["model"], old["n"], old.get("seed", 0)) != (model_name, n, cfg.seed):
-        raise ValueError(f"Config.append: the earlier result is for {old['model']}, n={old['n']}, seed "
-                         f"{old.get('seed', 0)}; this run is {model_name}, n={n}, seed {cfg.seed}")
+        raise ValueError(
+            f"Config.append: the earlier result is for {old['model']}, n={old['n']}, seed "
+            f"{old.get('seed', 0)}; this run is {model_name}, n={n}, seed {cfg.seed}"
+        )
     return old
 
 
@@ -102,34 +122,55 @@ def _pc(x: float | None) -> str:
 
 
 def tables(data: dict) -> dict[str, str]:
-    lines = [f"Subject specificity on {data['model']}: {data['n']} requests the model knows; keep = the subject's "
-             "other relations' training prompts of the listed indices (1 = the second; the count is per request, on "
-             "average); SS is scored on their first (index 0), never optimised.", "",
-             "| method | keep factor | keep prompts | ES | PS | NS (unedited) | SS (facts) | STN (facts) | fluency pre → post | time (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Subject specificity on {data['model']}: {data['n']} requests the model knows; keep = the subject's "
+        "other relations' training prompts of the listed indices (1 = the second; the count is per request, on "
+        "average); SS is scored on their first (index 0), never optimised.",
+        "",
+        "| method | keep factor | keep prompts | ES | PS | NS (unedited) | SS (facts) | STN (facts) | fluency pre → post | time (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in data["runs"]:
         s = r["summary"]
         fl = f"{s['fluency_pre']:.3f} → {s['fluency_post']:.3f}" if s.get("fluency_post") is not None else "–"
-        kp = "–" if r["keep_factor"] is None else (
-            f"{r.get('keep_templates', [1])} ({r.get('keep_prompts_mean', data.get('keep_prompts_mean', 0)):.1f})")
+        kp = (
+            "–"
+            if r["keep_factor"] is None
+            else (
+                f"{r.get('keep_templates', [1])} ({r.get('keep_prompts_mean', data.get('keep_prompts_mean', 0)):.1f})"
+            )
+        )
         factor = r["keep_factor"] if r["keep_factor"] is not None else "– (as published)"
-        lines.append(f"| {r['method']} (layer {r['layer']}) | {factor} | {kp} | {_pc(s['post']['es'])} | "
-                     f"{_pc(s['post']['ps'])} | {_pc(s['post']['ns'])} ({_pc(s['pre']['ns'])}) | "
-                     f"{_pc(s.get('ss'))} ({s.get('n_ss')}) | {_pc(s.get('stn'))} ({s.get('n_stn')}) | {fl} | "
-                     f"{r['seconds']:.0f} |")
+        lines.append(
+            f"| {r['method']} (layer {r['layer']}) | {factor} | {kp} | {_pc(s['post']['es'])} | "
+            f"{_pc(s['post']['ps'])} | {_pc(s['post']['ns'])} ({_pc(s['pre']['ns'])}) | "
+            f"{_pc(s.get('ss'))} ({s.get('n_ss')}) | {_pc(s.get('stn'))} ({s.get('n_stn')}) | {fl} | "
+            f"{r['seconds']:.0f} |"
+        )
     return {"subject_specificity": "\n".join(lines)}
 
 
-def figures(data: dict) -> "dict[str, Figure]":
+def figures(data: dict) -> dict[str, Figure]:
     from matplotlib.figure import Figure
 
     runs = data["runs"]
-    names = [f"{r['method']}\n" + ("published" if r["keep_factor"] is None else f"keep ×{r['keep_factor']:g}"
-                                    + (f"\nprompts {','.join(map(str, r['keep_templates']))}"
-                                       if r.get("keep_templates", [1]) != [1] else ""))
-             for r in runs]
-    metrics = {"ES": lambda s: s["post"]["es"], "PS": lambda s: s["post"]["ps"], "NS": lambda s: s["post"]["ns"],
-               "SS": lambda s: s.get("ss"), "STN": lambda s: s.get("stn")}
+    names = [
+        f"{r['method']}\n"
+        + (
+            "published"
+            if r["keep_factor"] is None
+            else f"keep ×{r['keep_factor']:g}"
+            + (f"\nprompts {','.join(map(str, r['keep_templates']))}" if r.get("keep_templates", [1]) != [1] else "")
+        )
+        for r in runs
+    ]
+    metrics = {
+        "ES": lambda s: s["post"]["es"],
+        "PS": lambda s: s["post"]["ps"],
+        "NS": lambda s: s["post"]["ns"],
+        "SS": lambda s: s.get("ss"),
+        "STN": lambda s: s.get("stn"),
+    }
     fig = Figure(figsize=(1.6 * len(names) + 3, 3.6))
     ax = fig.subplots()
     width = 0.8 / len(metrics)
@@ -146,12 +187,21 @@ def figures(data: dict) -> "dict[str, Figure]":
 
 
 @register("subject_specificity", Config, tables=tables, figures=figures)
-def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
+def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     cases = known_cases(model, cfg.n, cfg.seed)
     kept = keep_other_relations(cases, template=cfg.keep_templates)
     report = earlier_report(ctx, cfg, model.cfg.name, len(cases))
-    report = dict(report) if report else {"model": model.cfg.name, "n": len(cases), "seed": cfg.seed,
-                                          "torch_threads": torch.get_num_threads(), "runs": []}
+    report = (
+        dict(report)
+        if report
+        else {
+            "model": model.cfg.name,
+            "n": len(cases),
+            "seed": cfg.seed,
+            "torch_threads": torch.get_num_threads(),
+            "runs": [],
+        }
+    )
     report["runs"] = list(report["runs"])
     for method in cfg.methods:
         for factor in ([None] if cfg.published else []) + list(cfg.keep_factors):

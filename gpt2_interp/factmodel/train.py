@@ -121,7 +121,11 @@ def train(
     model = HookedGPT2(cfg.replace(d_vocab=len(used)), seed=seed).to(device).train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "W_pos" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "W_pos" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.98),
+    )
     steps_per_epoch = math.ceil(len(examples) / batch_size)
     total = int(epochs * steps_per_epoch)
     warmup = min(300, total // 10)
@@ -129,8 +133,10 @@ def train(
         opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))))
     )
     rng = random.Random(seed)
-    print(f"{len(fb.facts())} facts, {len(examples)} sequences, {len(used)} token ids used; "
-          f"{sum(p.numel() for p in full_vocab(model, used, cfg, seed).parameters()):,} parameters; {total} steps on {device}")
+    print(
+        f"{len(fb.facts())} facts, {len(examples)} sequences, {len(used)} token ids used; "
+        f"{sum(p.numel() for p in full_vocab(model, used, cfg, seed).parameters()):,} parameters; {total} steps on {device}"
+    )
     history, step, n_tokens, t0 = [], 0, 0, time.time()
     bar = tqdm(total=total, desc="train", mininterval=10)
     while step < total:
@@ -153,8 +159,15 @@ def train(
                 full = full_vocab(model, used, cfg, seed).eval()
                 acc = first_token_accuracy(full, fb, "train", limit=100)["mean"]
                 held = first_token_accuracy(full, fb, "heldout", limit=100)["mean"]
-                history.append({"step": step, "loss": round(loss.item(), 4), "train_acc@100": acc, "heldout_acc@100": held,
-                                "minutes": round((time.time() - t0) / 60, 2)})
+                history.append(
+                    {
+                        "step": step,
+                        "loss": round(loss.item(), 4),
+                        "train_acc@100": acc,
+                        "heldout_acc@100": held,
+                        "minutes": round((time.time() - t0) / 60, 2),
+                    }
+                )
                 tqdm.write(json.dumps(history[-1]))
                 if step < total:  # a usable checkpoint while training goes on
                     save_hf(full.cpu(), out, dtype=torch.float16)
@@ -167,12 +180,25 @@ def train(
     held_acc = first_token_accuracy(model, fb, "heldout")
     meta = {
         "config": cfg.to_dict(),
-        "seed": seed, "epochs": epochs, "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay,
-        "object_weight": OBJECT_WEIGHT, "steps": total, "device": device, "torch": torch.__version__,
-        "machine": platform.machine(), "minutes": round(minutes, 1), "tokens_per_s": round(n_tokens / (minutes * 60)),
-        "n_facts": len(fb.facts()), "n_sequences": len(examples), "corpus_sha256_16": corpus_hash(examples),
+        "seed": seed,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "lr": lr,
+        "weight_decay": weight_decay,
+        "object_weight": OBJECT_WEIGHT,
+        "steps": total,
+        "device": device,
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "minutes": round(minutes, 1),
+        "tokens_per_s": round(n_tokens / (minutes * 60)),
+        "n_facts": len(fb.facts()),
+        "n_sequences": len(examples),
+        "corpus_sha256_16": corpus_hash(examples),
         "n_token_ids_used": len(used),
-        "train_template_acc": train_acc, "heldout_template_acc": held_acc, "history": history,
+        "train_template_acc": train_acc,
+        "heldout_template_acc": held_acc,
+        "history": history,
     }
     save_hf(model.cpu(), out, dtype=torch.float16)
     (out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")

@@ -62,11 +62,7 @@ class FactBase:
     def load(cls, path: str | Path | None = None) -> FactBase:
         """Load a JSONL fact file; by default the shipped ``facts.jsonl``."""
         if path is None:
-            text = (
-                resources.files("gpt2_interp.facts")
-                .joinpath("data/facts.jsonl")
-                .read_text(encoding="utf-8")
-            )
+            text = resources.files("gpt2_interp.facts").joinpath("data/facts.jsonl").read_text(encoding="utf-8")
         else:
             text = Path(path).read_text(encoding="utf-8")
         rows = (json.loads(line) for line in text.splitlines() if line.strip())
@@ -102,7 +98,9 @@ class FactBase:
         _check_split(split)
         return [t.format(fact.subject) for t in templates(fact.relation, split)]
 
-    def cases(self, facts: "list[Fact] | None" = None, split: str = "train", template: int = 0) -> list[tuple[str, str, str]]:
+    def cases(
+        self, facts: list[Fact] | None = None, split: str = "train", template: int = 0
+    ) -> list[tuple[str, str, str]]:
         """``(prompt, subject, target)`` for each fact (default: all), prompted with template
         ``template`` of ``split`` — the plain cases ``average_trace`` and friends take."""
         _check_split(split)
@@ -114,9 +112,7 @@ class FactBase:
             out.append((ts[template].format(f.subject), f.subject, f.target))
         return out
 
-    def neighbourhood(
-        self, fact: Fact, n: int = 10, rng: random.Random | int | None = None
-    ) -> list[str]:
+    def neighbourhood(self, fact: Fact, n: int = 10, rng: random.Random | int | None = None) -> list[str]:
         """CounterFact neighbourhood prompts: other subjects with the same object.
 
         Returns up to ``n`` prompts (first training template) about other subjects

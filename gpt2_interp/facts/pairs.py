@@ -32,9 +32,11 @@ class FactPairs:
     def __len__(self) -> int:
         return len(self.clean)
 
-    def subset(self, keep: Sequence[int]) -> "FactPairs":
+    def subset(self, keep: Sequence[int]) -> FactPairs:
         """The pairs at indices ``keep``, in that order."""
-        return FactPairs(*([getattr(self, f)[i] for i in keep] for f in ("clean", "corrupted", "answers", "wrongs", "facts")))
+        return FactPairs(
+            *([getattr(self, f)[i] for i in keep] for f in ("clean", "corrupted", "answers", "wrongs", "facts"))
+        )
 
 
 def subject_swaps(facts: FactBase, tokenizer: Any, n: int, seed: int = 0, template: int = 0) -> FactPairs:

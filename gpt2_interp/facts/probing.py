@@ -50,18 +50,45 @@ TASKS: dict[str, Task] = {
     t.name: t
     for t in (
         Task("continent", "country", "country_continent", description="country → continent (6 classes)"),
-        Task("language", "country", "country_language", max_classes=6,
-             description="country → main language (the 6 most common)"),
-        Task("currency", "country", "country_currency", max_classes=6,
-             description="country → currency name (the 6 most common)"),
-        Task("country", "city", "city_country", max_classes=12,
-             description="city → country (the 12 countries with most cities)"),
-        Task("city_continent", "city", "city_country", label="continent",
-             description="city → continent of its country"),
-        Task("period", "element", "element_number", label="period",
-             description="element → period of the periodic table (1–7)"),
-        Task("atomic_number", "element", "element_number", label="number", kind="regression",
-             description="element → atomic number (regression)"),
+        Task(
+            "language",
+            "country",
+            "country_language",
+            max_classes=6,
+            description="country → main language (the 6 most common)",
+        ),
+        Task(
+            "currency",
+            "country",
+            "country_currency",
+            max_classes=6,
+            description="country → currency name (the 6 most common)",
+        ),
+        Task(
+            "country",
+            "city",
+            "city_country",
+            max_classes=12,
+            description="city → country (the 12 countries with most cities)",
+        ),
+        Task(
+            "city_continent", "city", "city_country", label="continent", description="city → continent of its country"
+        ),
+        Task(
+            "period",
+            "element",
+            "element_number",
+            label="period",
+            description="element → period of the periodic table (1–7)",
+        ),
+        Task(
+            "atomic_number",
+            "element",
+            "element_number",
+            label="number",
+            kind="regression",
+            description="element → atomic number (regression)",
+        ),
     )
 }
 
@@ -146,8 +173,9 @@ def probing_set(
             raise ValueError(f"task {task!r}: its subjects appear only in {t.relation!r} templates; use which='all'")
     pool = [tpl for r in relations for tpl in templates(r, split)]
     rng = random.Random(seed)
-    out = ProbingSet(task=task, kind=t.kind, prompts=[], subjects=[], labels=[], groups=[], templates=[],
-                     description=t.description)
+    out = ProbingSet(
+        task=task, kind=t.kind, prompts=[], subjects=[], labels=[], groups=[], templates=[], description=t.description
+    )
     for subject, label in sorted(pairs):
         chosen = pool if per_subject is None or per_subject >= len(pool) else rng.sample(pool, per_subject)
         for tpl in chosen:
@@ -161,4 +189,4 @@ def probing_set(
     return out
 
 
-__all__ = ["TASKS", "Task", "ProbingSet", "probing_set", "period"]
+__all__ = ["TASKS", "ProbingSet", "Task", "period", "probing_set"]

@@ -4,10 +4,10 @@ interface and GPT-2's offline BPE) and checkpoint formats (``checkpoints``)."""
 from ..core.lazy import lazy_face
 
 _FACE = {
-    'tokenizer': ('Tokenizer', 'GPT2Tokenizer', 'HFTokenizer', 'gpt2_tokenizer'),
-    'checkpoints': ('read_weights', 'read_hf_dir', 'write_hf_dir', 'embedded_path'),
-    'corpora': ('brown_texts', 'fetch_brown', 'brown_available'),
-    'gguf': ('read_gguf', 'GGUFFile', 'GGUFError'),
-    'integrity': ('save_checked', 'load_checked', 'IntegrityError', 'UnverifiedFileWarning'),
+    "tokenizer": ("Tokenizer", "GPT2Tokenizer", "HFTokenizer", "gpt2_tokenizer"),
+    "checkpoints": ("read_weights", "read_hf_dir", "write_hf_dir", "embedded_path"),
+    "corpora": ("brown_texts", "fetch_brown", "brown_available"),
+    "gguf": ("read_gguf", "GGUFFile", "GGUFError"),
+    "integrity": ("save_checked", "load_checked", "IntegrityError", "UnverifiedFileWarning"),
 }
 __all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -41,13 +42,17 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         try:
             return load_file(str(path))
         except Exception as e:  # SafetensorError, OSError, …
-            raise ValueError(f"{path} is damaged or not a safetensors checkpoint ({type(e).__name__}: "
-                             f"{str(e).splitlines()[0] if str(e) else 'no details'})") from None
+            raise ValueError(
+                f"{path} is damaged or not a safetensors checkpoint ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else 'no details'})"
+            ) from None
     try:
         sd = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # UnpicklingError (refused globals), EOFError (truncated), zip errors, …
-        raise ValueError(f"could not read {path} as a PyTorch checkpoint (loaded with weights_only=True, so code in "
-                         f"the file is never run): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        raise ValueError(
+            f"could not read {path} as a PyTorch checkpoint (loaded with weights_only=True, so code in "
+            f"the file is never run): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from None
     if not isinstance(sd, Mapping):
         raise ValueError(f"{path} holds a {type(sd).__name__}, not a state dict of tensors")
     return dict(sd)
@@ -61,9 +66,25 @@ def read_config_json(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path} is not valid JSON ({e}); a config.json holds n_layer, n_embd, n_head, …") from None
     if not isinstance(hf, dict):
         raise ValueError(f"{path} holds a JSON {type(hf).__name__}, not an object with n_layer, n_embd, n_head, …")
-    ints = ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "n_ctx", "vocab_size",
-            "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size")
-    bad = {k: hf[k] for k in ints if k in hf and hf[k] is not None and (not isinstance(hf[k], int) or isinstance(hf[k], bool))}
+    ints = (
+        "n_layer",
+        "n_embd",
+        "n_head",
+        "n_inner",
+        "n_positions",
+        "n_ctx",
+        "vocab_size",
+        "num_hidden_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+    )
+    bad = {
+        k: hf[k]
+        for k in ints
+        if k in hf and hf[k] is not None and (not isinstance(hf[k], int) or isinstance(hf[k], bool))
+    }
     if bad:
         raise ValueError(f"{path}: {', '.join(f'{k}={v!r}' for k, v in bad.items())} must be integers")
     return hf
@@ -107,7 +128,9 @@ def hf_cache_dirs(repo: str, need: tuple[str, ...] = WEIGHT_FILES) -> list[Path]
             if snaps.is_dir():
                 found += sorted(snaps.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
     with_config = need == WEIGHT_FILES
-    return [d for d in found if any((d / w).exists() for w in need) and (not with_config or (d / "config.json").exists())]
+    return [
+        d for d in found if any((d / w).exists() for w in need) and (not with_config or (d / "config.json").exists())
+    ]
 
 
 def embedded_path(name: str = "gpt2-facts") -> Path:

@@ -83,9 +83,9 @@ def untag(line: str) -> str:
     """One tagged Brown sentence (``"The/at jury/nn said/vbd ./."``) as plain text (``"The jury said."``)."""
     words = [_QUOTES.get(w, w) for w in (tok.rsplit("/", 1)[0] for tok in line.split()) if w]
     text = " ".join(words)
-    text = re.sub(r" ([.,;:?!)\]}%])", r"\1", text)        # no space before closing punctuation
-    text = re.sub(r"([(\[{$]) ", r"\1", text)             # nor after opening brackets
-    text = re.sub(r' (n\'t|\'s|\'re|\'ll|\'d|\'ve|\'m)\b', r"\1", text)  # contractions split by the tagger
+    text = re.sub(r" ([.,;:?!)\]}%])", r"\1", text)  # no space before closing punctuation
+    text = re.sub(r"([(\[{$]) ", r"\1", text)  # nor after opening brackets
+    text = re.sub(r" (n\'t|\'s|\'re|\'ll|\'d|\'ve|\'m)\b", r"\1", text)  # contractions split by the tagger
     return text.replace(_OPEN + " ", '"').replace(" " + _CLOSE, '"').replace(_OPEN, '"').replace(_CLOSE, '"')
 
 
@@ -125,5 +125,17 @@ def brown_texts(folder: str | os.PathLike | None = None) -> list[str]:
     return brown_documents(read_brown(folder)[0])
 
 
-__all__ = ["BROWN_URL", "BROWN_SHA512", "BROWN_FILES_SHA256", "ENV_BROWN", "brown_available", "brown_dir", "fetch_brown",
-           "brown_texts", "brown_documents", "files_digest", "read_brown", "untag"]
+__all__ = [
+    "BROWN_FILES_SHA256",
+    "BROWN_SHA512",
+    "BROWN_URL",
+    "ENV_BROWN",
+    "brown_available",
+    "brown_dir",
+    "brown_documents",
+    "brown_texts",
+    "fetch_brown",
+    "files_digest",
+    "read_brown",
+    "untag",
+]

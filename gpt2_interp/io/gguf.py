@@ -24,8 +24,19 @@ GGUF_MAGIC = b"GGUF"
 # GGML types we dequantize (tested); the gguf package knows more, but we accept only these.
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
-          7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
+_NUMPY = {
+    0: np.uint8,
+    1: np.int8,
+    2: np.uint16,
+    3: np.int16,
+    4: np.uint32,
+    5: np.int32,
+    6: np.float32,
+    7: np.bool_,
+    10: np.uint64,
+    11: np.int64,
+    12: np.float64,
+}
 _STRING, _ARRAY = 8, 9
 
 
@@ -94,7 +105,9 @@ class _Cursor:
 
     def take(self, n: int) -> bytes:
         if self.pos + n > len(self.buf):
-            raise GGUFError(f"{self.path} is truncated: its header ends at byte {len(self.buf)} but needs {self.pos + n}")
+            raise GGUFError(
+                f"{self.path} is truncated: its header ends at byte {len(self.buf)} but needs {self.pos + n}"
+            )
         b = self.buf[self.pos : self.pos + n]
         self.pos += n
         return b
@@ -189,12 +202,16 @@ def gguf_tokenizer(g: GGUFFile):
 
     md = g.metadata
     if "tokenizer.ggml.tokens" not in md:
-        raise GGUFError(f"{g.path.name} has no tokenizer (no tokenizer.ggml.tokens in its metadata); "
-                        "gpt2-interp needs the vocabulary embedded in the GGUF file")
+        raise GGUFError(
+            f"{g.path.name} has no tokenizer (no tokenizer.ggml.tokens in its metadata); "
+            "gpt2-interp needs the vocabulary embedded in the GGUF file"
+        )
     kind = md.get("tokenizer.ggml.model")
     if kind != "gpt2":
-        raise GGUFError(f"{g.path.name} has a {kind!r} tokenizer; gpt2-interp reads byte-level BPE ('gpt2') "
-                        "tokenizers from GGUF files")
+        raise GGUFError(
+            f"{g.path.name} has a {kind!r} tokenizer; gpt2-interp reads byte-level BPE ('gpt2') "
+            "tokenizers from GGUF files"
+        )
     pre = md.get("tokenizer.ggml.pre", "default")
     if pre not in GPT2_SPLIT_PRE:
         raise GGUFError(f"{g.path.name} asks for the {pre!r} pre-tokenizer; supported: {', '.join(GPT2_SPLIT_PRE)}")

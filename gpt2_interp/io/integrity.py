@@ -96,12 +96,15 @@ def load_checked(
         ) from None
     stored = metadata.pop(DIGEST_KEY, None)
     if stored is None:
-        msg = (f"{path} has no integrity digest ({_a(kind)} {kind} file written before gpt2-interp checked file integrity, "
-               "or one whose digest was removed)")
+        msg = (
+            f"{path} has no integrity digest ({_a(kind)} {kind} file written before gpt2-interp checked file integrity, "
+            "or one whose digest was removed)"
+        )
         if not allow_unverified:
             raise IntegrityError(msg + "; re-create it with this version")
-        warnings.warn(msg + "; it is loaded UNVERIFIED. Save it again to add a digest.", UnverifiedFileWarning,
-                      stacklevel=3)
+        warnings.warn(
+            msg + "; it is loaded UNVERIFIED. Save it again to add a digest.", UnverifiedFileWarning, stacklevel=3
+        )
         return tensors, metadata, False
     actual = content_digest(tensors, metadata)
     if actual != stored:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import base64
 import bisect
 import hashlib
+import os
 import warnings
 from collections.abc import Sequence
-import os
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -36,13 +36,8 @@ def gpt2_encoding() -> tiktoken.Encoding:
     raw = resources.files("gpt2_interp.io").joinpath("data/gpt2.tiktoken").read_bytes()
     digest = hashlib.sha256(raw).hexdigest()
     if digest != BPE_SHA256:
-        raise RuntimeError(
-            f"gpt2.tiktoken has sha256 {digest}, expected {BPE_SHA256}; reinstall gpt2-interp."
-        )
-    ranks = {
-        base64.b64decode(token): int(rank)
-        for token, rank in (line.split() for line in raw.splitlines() if line)
-    }
+        raise RuntimeError(f"gpt2.tiktoken has sha256 {digest}, expected {BPE_SHA256}; reinstall gpt2-interp.")
+    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
     return tiktoken.Encoding(
         name="gpt2_interp_r50k",
         pat_str=_PAT,
@@ -62,7 +57,7 @@ class Encoding(dict):
         except KeyError:
             raise AttributeError(name) from None
 
-    def to(self, device: Any) -> "Encoding":
+    def to(self, device: Any) -> Encoding:
         """The tensors moved to ``device`` (after ``return_tensors="pt"``)."""
         return Encoding({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.items()})
 
@@ -121,8 +116,9 @@ class Tokenizer:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ ids ⇄ text (ours and Hugging Face's)
-    def encode(self, text: str, add_special_tokens: bool = True, return_tensors: str | None = None,
-               **kwargs: Any) -> Any:
+    def encode(
+        self, text: str, add_special_tokens: bool = True, return_tensors: str | None = None, **kwargs: Any
+    ) -> Any:
         """Token ids of ``text`` (a list; ``[1, n]`` with ``return_tensors="pt"``); BOS first only
         with ``add_bos_token`` (see the class docstring)."""
         if not isinstance(text, str):
@@ -130,8 +126,13 @@ class Tokenizer:
         ids = self._bos(add_special_tokens, "encode") + self.encode_ids(text)
         return _tensor(ids, return_tensors) if return_tensors else ids
 
-    def decode(self, token_ids: Any, skip_special_tokens: bool = False,
-               clean_up_tokenization_spaces: bool = False, **kwargs: Any) -> str:
+    def decode(
+        self,
+        token_ids: Any,
+        skip_special_tokens: bool = False,
+        clean_up_tokenization_spaces: bool = False,
+        **kwargs: Any,
+    ) -> str:
         """The text of token ids (an int, a list or a 0-d/1-d tensor), exactly as their bytes spell it
         (``clean_up_tokenization_spaces`` is ignored, as transformers ignores it for BPE tokenizers)."""
         ids = _ids(token_ids)
@@ -147,9 +148,17 @@ class Tokenizer:
         """:meth:`decode` of each row of ``[batch, pos]`` ids (a tensor or a list of lists)."""
         return [self.decode(row, **kwargs) for row in _ids(sequences)]
 
-    def __call__(self, text: str | Sequence[str], padding: bool | str = False, truncation: bool = False,
-                 max_length: int | None = None, return_tensors: str | None = None,
-                 add_special_tokens: bool = True, return_attention_mask: bool = True, **kwargs: Any) -> Encoding:
+    def __call__(
+        self,
+        text: str | Sequence[str],
+        padding: bool | str = False,
+        truncation: bool = False,
+        max_length: int | None = None,
+        return_tensors: str | None = None,
+        add_special_tokens: bool = True,
+        return_attention_mask: bool = True,
+        **kwargs: Any,
+    ) -> Encoding:
         """Hugging Face's call: ``{"input_ids", "attention_mask"}`` for a string (lists) or a list of
         strings (lists of lists); ``padding=True``/``"longest"`` pads to the longest row,
         ``"max_length"`` to ``max_length``, on :attr:`padding_side` with ``pad_token_id``;
@@ -196,7 +205,7 @@ class Tokenizer:
         special = self.special_ids if skip_special_tokens else set()
         return [self.id_to_token(i) for i in ids if i not in special]
 
-    def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> int | None | list[int | None]:
+    def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> int | list[int | None] | None:
         """:meth:`convert_ids_to_tokens`'s inverse."""
         if isinstance(tokens, str):
             return self.token_to_id(tokens)
@@ -213,7 +222,9 @@ class Tokenizer:
                 "model.tokenizer with add_bos_token=True, so under transformers >= 5 its encode/call prepend "
                 f"{self.id_to_token(self.bos_id)!r}. Set tokenizer.add_bos_token = False (ours) or True "
                 "(TransformerLens 3.9's) to silence this; model.to_tokens adds BOS either way.",
-                PortingWarning, stacklevel=3)
+                PortingWarning,
+                stacklevel=3,
+            )
         return [self.bos_id] if chosen else []
 
     @property
@@ -275,7 +286,9 @@ class Tokenizer:
         return self.vocab_size
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name!r}, vocab_size={self.vocab_size}, bos={self.bos_id}, eos={self.eos_id})"
+        return (
+            f"{type(self).__name__}({self.name!r}, vocab_size={self.vocab_size}, bos={self.bos_id}, eos={self.eos_id})"
+        )
 
 
 def _ids(x: Any) -> Any:
@@ -403,7 +416,7 @@ class HFTokenizer(Tokenizer):
         return enc.ids, [tuple(o) for o in enc.offsets]
 
 
-def read_tokenizer_json(path: "str | os.PathLike[str]") -> Any:
+def read_tokenizer_json(path: str | os.PathLike[str]) -> Any:
     """A ``tokenizers.Tokenizer`` from a ``tokenizer.json`` file; a file the ``tokenizers`` library
     cannot parse (truncated, not JSON, not a tokenizer) raises a ValueError naming the file."""
     from tokenizers import Tokenizer as Backend
@@ -411,11 +424,13 @@ def read_tokenizer_json(path: "str | os.PathLike[str]") -> Any:
     try:
         return Backend.from_file(str(path))
     except Exception as e:  # the library raises its own Exception subclass with the parser's message
-        raise ValueError(f"{path} is not a tokenizer file the tokenizers library can read ({e}); "
-                         "restore it from the model's repository") from None
+        raise ValueError(
+            f"{path} is not a tokenizer file the tokenizers library can read ({e}); "
+            "restore it from the model's repository"
+        ) from None
 
 
-def read_json_file(path: "str | os.PathLike[str]", what: str) -> Any:
+def read_json_file(path: str | os.PathLike[str], what: str) -> Any:
     """The JSON value in ``path``; a file that is not valid JSON raises a ValueError naming it and ``what`` it is."""
     import json
 

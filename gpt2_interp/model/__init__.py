@@ -4,12 +4,25 @@ from .cache import ActivationCache
 from .config import KNOWN_CONFIGS, GPT2Config, llama_config
 from .factored import FactoredMatrix
 from .hooked_gpt2 import HookedGPT2
-from .tl_names import HookedTransformer, TransformerConfig  # TransformerLens's names (compatibility layer)
 from .hooks import HookPoint, PortingWarning, get_act_name, hook_name
-from .root import HookedRootModule
 from .modules import KVCache
+from .root import HookedRootModule
+from .tl_names import HookedTransformer, TransformerConfig  # TransformerLens's names (compatibility layer)
 
-__all__ = ["GPT2Config", "llama_config", "KNOWN_CONFIGS", "HookedGPT2", "ActivationCache", "HookPoint", "hook_name",
-           "KVCache", "HookedRootModule", "FactoredMatrix", "PortingWarning", "get_act_name",
-           # TransformerLens's names for HookedGPT2 and GPT2Config (compatibility layer: tl_names)
-           "HookedTransformer", "TransformerConfig"]
+__all__ = [
+    "GPT2Config",
+    "llama_config",
+    "KNOWN_CONFIGS",
+    "HookedGPT2",
+    "ActivationCache",
+    "HookPoint",
+    "hook_name",
+    "KVCache",
+    "HookedRootModule",
+    "FactoredMatrix",
+    "PortingWarning",
+    "get_act_name",
+    # TransformerLens's names for HookedGPT2 and GPT2Config (compatibility layer: tl_names)
+    "HookedTransformer",
+    "TransformerConfig",
+]

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from einops import einsum
 
-from .hooks import hook_name, slice_positions, suggest
+from .hooks import hook_name, suggest
 
 
 class ActivationCache(Mapping[str, torch.Tensor]):
@@ -86,10 +86,10 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         """The underlying ``{hook name: activation}`` dict."""
         return self._store
 
-    def to(self, device: torch.device | str) -> "ActivationCache":
+    def to(self, device: torch.device | str) -> ActivationCache:
         return ActivationCache({k: v.to(device) for k, v in self._store.items()}, self.model, self.has_batch_dim)
 
-    def remove_batch_dim(self) -> "ActivationCache":
+    def remove_batch_dim(self) -> ActivationCache:
         """The cache of a batch of one without its batch dimension."""
         if not self.has_batch_dim:
             return self
@@ -105,8 +105,9 @@ class ActivationCache(Mapping[str, torch.Tensor]):
     def stack_activation(self, activation_name: str, layer: int = -1, sublayer_type: str | None = None) -> torch.Tensor:
         """``[layers, ...]`` of one family for the layers before ``layer`` (-1: all)."""
         end = self.n_layers if layer == -1 else layer
-        return torch.stack([self[(activation_name, i) + ((sublayer_type,) if sublayer_type else ())]
-                            for i in range(end)])
+        return torch.stack(
+            [self[(activation_name, i) + ((sublayer_type,) if sublayer_type else ())] for i in range(end)]
+        )
 
     # ------------------------------------------------------------------ helpers
     def _end(self, layer: int | None) -> int:
@@ -142,8 +143,13 @@ class ActivationCache(Mapping[str, torch.Tensor]):
 
     # ------------------------------------------------------------------ residual stream
     def accumulated_resid(
-        self, layer: int | None = None, incl_mid: bool = False, apply_ln: bool = False, pos_slice: Any = None,
-        mlp_input: bool = False, return_labels: bool = False,
+        self,
+        layer: int | None = None,
+        incl_mid: bool = False,
+        apply_ln: bool = False,
+        pos_slice: Any = None,
+        mlp_input: bool = False,
+        return_labels: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, list[str]]:
         """The residual stream entering each block up to ``layer`` (and the final one when ``layer``
         is None): ``[n, batch, pos, d_model]``; labels ``0_pre``, ``0_mid``, …, ``final_post``."""
@@ -170,8 +176,14 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         return (stack, labels) if return_labels else stack
 
     def decompose_resid(
-        self, layer: int | None = None, mlp_input: bool = False, mode: str = "all", apply_ln: bool = False,
-        pos_slice: Any = None, incl_embeds: bool = True, return_labels: bool = False,
+        self,
+        layer: int | None = None,
+        mlp_input: bool = False,
+        mode: str = "all",
+        apply_ln: bool = False,
+        pos_slice: Any = None,
+        incl_embeds: bool = True,
+        return_labels: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, list[str]]:
         """The residual stream at ``layer`` as the sum of its parts: ``embed``, ``pos_embed`` and each
         block's ``attn_out`` and ``mlp_out`` (``mode`` "attn"/"mlp" keeps one kind)."""
@@ -200,7 +212,11 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         return (stack, labels) if return_labels else stack
 
     def stack_head_results(
-        self, layer: int = -1, return_labels: bool = False, incl_remainder: bool = False, pos_slice: Any = None,
+        self,
+        layer: int = -1,
+        return_labels: bool = False,
+        incl_remainder: bool = False,
+        pos_slice: Any = None,
         apply_ln: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, list[str]]:
         """Each head's write to the residual stream, ``z @ W_O`` per head (no ``b_O``), for the blocks
@@ -225,8 +241,14 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         return (stack, labels) if return_labels else stack
 
     def stack_neuron_results(
-        self, layer: int, pos_slice: Any = None, neuron_slice: Any = None, return_labels: bool = False,
-        incl_remainder: bool = False, apply_ln: bool = False, project_output_onto: torch.Tensor | None = None,
+        self,
+        layer: int,
+        pos_slice: Any = None,
+        neuron_slice: Any = None,
+        return_labels: bool = False,
+        incl_remainder: bool = False,
+        apply_ln: bool = False,
+        project_output_onto: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, list[str]]:
         """Each MLP neuron's write ``post[n] · W_out[n]`` for the blocks before ``layer``:
         ``[layers·neurons, batch, pos, d_model]``, labels ``L{l}N{n}`` (``project_output_onto``
@@ -263,8 +285,14 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         return self._pos(r[None], pos_slice)[0]
 
     def get_full_resid_decomposition(
-        self, layer: int | None = None, mlp_input: bool = False, expand_neurons: bool = True, apply_ln: bool = False,
-        pos_slice: Any = None, return_labels: bool = False, project_output_onto: torch.Tensor | None = None,
+        self,
+        layer: int | None = None,
+        mlp_input: bool = False,
+        expand_neurons: bool = True,
+        apply_ln: bool = False,
+        pos_slice: Any = None,
+        return_labels: bool = False,
+        project_output_onto: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, list[str]]:
         """Every head, every neuron (or each ``mlp_out`` without ``expand_neurons``), the embeddings
         and one ``bias`` term (the sum of ``b_O`` and ``b_out``): components that sum to the
@@ -279,13 +307,17 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             labels += [f"L{end}H{h}" for h in range(W_O.shape[0])]
         if expand_neurons:
             if end > 0:
-                neurons, nl = self.stack_neuron_results(end if end < self.n_layers else -1, pos_slice, return_labels=True)
+                neurons, nl = self.stack_neuron_results(
+                    end if end < self.n_layers else -1, pos_slice, return_labels=True
+                )
                 parts.append(neurons)
                 labels += nl
         else:
             for i in range(end):
-                parts.append(self._pos(self["mlp_out", i][None], pos_slice)[0][None]
-                             - self.model.blocks[i].mlp.b_out.to(heads.dtype))
+                parts.append(
+                    self._pos(self["mlp_out", i][None], pos_slice)[0][None]
+                    - self.model.blocks[i].mlp.b_out.to(heads.dtype)
+                )
                 labels.append(f"{i}_mlp_out")
         for name in ("embed", "pos_embed"):
             if hook_name(name) in self._store:
@@ -312,8 +344,15 @@ class ActivationCache(Mapping[str, torch.Tensor]):
 
     # ------------------------------------------------------------------ LayerNorm and logits
     def apply_ln_to_stack(
-        self, residual_stack: torch.Tensor, layer: int | None = None, mlp_input: bool = False, pos_slice: Any = None,
-        batch_slice: Any = None, has_batch_dim: bool = True, recompute_ln: bool = False, centre_each: bool = True,
+        self,
+        residual_stack: torch.Tensor,
+        layer: int | None = None,
+        mlp_input: bool = False,
+        pos_slice: Any = None,
+        batch_slice: Any = None,
+        has_batch_dim: bool = True,
+        recompute_ln: bool = False,
+        centre_each: bool = True,
     ) -> torch.Tensor:
         """The model's real norm at ``layer`` (ln_final for None), linearised at the recorded scale,
         applied to each component: ``w ⊙ (c − mean c) / scale`` (no bias ``b``: it is added once, not
@@ -344,8 +383,13 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         return b @ W_U if b is not None else W_U.new_zeros(W_U.shape[-1])
 
     def logit_attrs(
-        self, residual_stack: torch.Tensor, tokens: Any, incorrect_tokens: Any = None, pos_slice: Any = None,
-        batch_slice: Any = None, has_batch_dim: bool = True,
+        self,
+        residual_stack: torch.Tensor,
+        tokens: Any,
+        incorrect_tokens: Any = None,
+        pos_slice: Any = None,
+        batch_slice: Any = None,
+        has_batch_dim: bool = True,
     ) -> torch.Tensor:
         """Each component's contribution to the logit of ``tokens`` (minus that of
         ``incorrect_tokens``): ``residual_stack @ W_U[:, tokens]`` — pass a stack that went through
@@ -353,6 +397,7 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         As in TransformerLens the stack (the residual at the end, e.g. ``pos_slice=-1``) goes through
         :meth:`apply_ln_to_stack` first — ours includes the norm's gain, so the attributions plus
         ``ln_bias_logits()`` sum to the logit (difference) exactly."""
+
         def ids(t: Any) -> torch.Tensor:
             if isinstance(t, str):
                 t = self.model.to_single_token(t)

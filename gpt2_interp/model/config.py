@@ -52,8 +52,11 @@ class GPT2Config:
     def __post_init__(self) -> None:
         self._check_sizes()
         self._check_numbers()
-        for field, allowed in (("norm", ("layernorm", "rmsnorm")), ("positional", ("learned", "rotary")),
-                               ("mlp", ("gelu", "swiglu"))):
+        for field, allowed in (
+            ("norm", ("layernorm", "rmsnorm")),
+            ("positional", ("learned", "rotary")),
+            ("mlp", ("gelu", "swiglu")),
+        ):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"{field}={getattr(self, field)!r}; accepted: {', '.join(map(repr, allowed))}")
         for field in ("bias", "tied_embeddings"):
@@ -69,7 +72,9 @@ class GPT2Config:
         for field in ("n_layer", "d_model", "n_head", "d_mlp", "n_ctx", "d_vocab"):
             object.__setattr__(self, field, check_count(getattr(self, field), field))
         if self.d_model % self.n_head:
-            raise ValueError(f"n_head={self.n_head} must divide d_model={self.d_model} (d_model must be divisible by n_head)")
+            raise ValueError(
+                f"n_head={self.n_head} must divide d_model={self.d_model} (d_model must be divisible by n_head)"
+            )
         if self.n_kv_heads is not None:
             object.__setattr__(self, "n_kv_heads", check_count(self.n_kv_heads, "n_kv_heads"))
             if self.n_head % self.n_kv_heads:
@@ -120,7 +125,7 @@ class GPT2Config:
     def model_name(self) -> str:
         return self.name
 
-    def replace(self, **changes: Any) -> "GPT2Config":
+    def replace(self, **changes: Any) -> GPT2Config:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -181,7 +186,7 @@ class GPT2Config:
         }
 
     @classmethod
-    def from_hf_dict(cls, hf: dict[str, Any], name: str | None = None) -> "GPT2Config":
+    def from_hf_dict(cls, hf: dict[str, Any], name: str | None = None) -> GPT2Config:
         """Read a Hugging Face GPT-2 or Llama ``config.json``; refuse variants whose maths we do not implement,
         and values no model can have (naming our field and the ``config.json`` key it came from)."""
         if not isinstance(hf, dict):
@@ -198,7 +203,7 @@ class GPT2Config:
             raise
 
     @classmethod
-    def _from_gpt2_dict(cls, hf: dict[str, Any], name: str | None) -> "GPT2Config":
+    def _from_gpt2_dict(cls, hf: dict[str, Any], name: str | None) -> GPT2Config:
         if hf.get("model_type", "gpt2") != "gpt2":
             raise ValueError(f"config.json has model_type={hf.get('model_type')!r}; supported: 'gpt2', 'llama'")
         unsupported = {
@@ -222,9 +227,8 @@ class GPT2Config:
             name=name or hf.get("gpt2_interp_name") or hf.get("_name_or_path") or "gpt2",
         )
 
-
     @classmethod
-    def _from_llama_dict(cls, hf: dict[str, Any], name: str | None) -> "GPT2Config":
+    def _from_llama_dict(cls, hf: dict[str, Any], name: str | None) -> GPT2Config:
         rope = dict(hf.get("rope_parameters") or {})
         scaling = hf.get("rope_scaling") or {}
         types = {rope.get("rope_type") or "default", scaling.get("rope_type") or scaling.get("type") or "default"}
@@ -242,26 +246,37 @@ class GPT2Config:
         }
         bad = {k: got for k, (want, got) in unsupported.items() if got != want}
         if bad:
-            raise ValueError(f"this Llama checkpoint uses {bad}; gpt2-interp implements Llama with "
-                             "hidden_act 'silu', no attention/MLP biases, pretraining_tp 1")
+            raise ValueError(
+                f"this Llama checkpoint uses {bad}; gpt2-interp implements Llama with "
+                "hidden_act 'silu', no attention/MLP biases, pretraining_tp 1"
+            )
         d_model = check_count(hf.get("hidden_size", 4096), "d_model")
         n_head = check_count(hf.get("num_attention_heads", 32), "n_head")
         if hf.get("head_dim") not in (None, d_model // n_head):
-            raise ValueError(f"head_dim={hf['head_dim']} differs from hidden_size/num_attention_heads="
-                             f"{d_model // n_head}; gpt2-interp needs d_head = d_model / n_head")
+            raise ValueError(
+                f"head_dim={hf['head_dim']} differs from hidden_size/num_attention_heads="
+                f"{d_model // n_head}; gpt2-interp needs d_head = d_model / n_head"
+            )
         return cls(
-            n_layer=hf.get("num_hidden_layers", 32), d_model=d_model, n_head=n_head,
-            n_kv_heads=hf.get("num_key_value_heads") or n_head, d_mlp=hf.get("intermediate_size", 11008),
-            n_ctx=hf.get("max_position_embeddings", 2048), d_vocab=hf.get("vocab_size", 32000),
+            n_layer=hf.get("num_hidden_layers", 32),
+            d_model=d_model,
+            n_head=n_head,
+            n_kv_heads=hf.get("num_key_value_heads") or n_head,
+            d_mlp=hf.get("intermediate_size", 11008),
+            n_ctx=hf.get("max_position_embeddings", 2048),
+            d_vocab=hf.get("vocab_size", 32000),
             layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
             rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
             tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            norm="rmsnorm", positional="rotary", mlp="swiglu", bias=False,
+            norm="rmsnorm",
+            positional="rotary",
+            mlp="swiglu",
+            bias=False,
             name=name or hf.get("gpt2_interp_name") or hf.get("_name_or_path") or "llama",
         )
 
 
-def llama_config(**kw: Any) -> "GPT2Config":
+def llama_config(**kw: Any) -> GPT2Config:
     """A Llama-family config (RMSNorm, RoPE, SwiGLU, no biases); ``kw`` sets the sizes."""
     base: dict[str, Any] = dict(norm="rmsnorm", positional="rotary", mlp="swiglu", bias=False, name="llama")
     return GPT2Config(**{**base, **kw})
@@ -282,7 +297,7 @@ class ModelConfig(GPT2Config):
     """
 
     @classmethod
-    def of(cls, cfg: GPT2Config, embed: Any) -> "ModelConfig":
+    def of(cls, cfg: GPT2Config, embed: Any) -> ModelConfig:
         """A view of ``cfg``'s fields for the model whose token embedding module is ``embed``
         (holding ``W_E``; a submodule, so the view makes no reference cycle with the model)."""
         view = cls(**{f.name: getattr(cfg, f.name) for f in fields(GPT2Config)})
@@ -317,11 +332,15 @@ class ModelConfig(GPT2Config):
         elif name in ("device", "dtype"):
             raise AttributeError(f"cfg.{name} follows the model's weights; use model.to(...) to change it")
         elif name in {f.name for f in fields(GPT2Config)}:
-            raise FrozenInstanceError(f"cannot assign to field {name!r}: a config is a frozen value; build a "
-                                      f"model from cfg.replace({name}=...)")
+            raise FrozenInstanceError(
+                f"cannot assign to field {name!r}: a config is a frozen value; build a "
+                f"model from cfg.replace({name}=...)"
+            )
         else:
-            raise AttributeError(f"cfg.{name}: gpt2-interp's config has no such switch (the one settable "
-                                 "TransformerLens switch is use_attn_result); see docs/porting.md")
+            raise AttributeError(
+                f"cfg.{name}: gpt2-interp's config has no such switch (the one settable "
+                "TransformerLens switch is use_attn_result); see docs/porting.md"
+            )
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, GPT2Config):
@@ -339,12 +358,26 @@ class ModelConfig(GPT2Config):
 
 
 # our field → the config.json key it is read from
-GPT2_JSON_KEYS = {"n_layer": "n_layer", "d_model": "n_embd", "n_head": "n_head", "d_mlp": "n_inner",
-                  "n_ctx": "n_positions", "d_vocab": "vocab_size", "layer_norm_eps": "layer_norm_epsilon"}
-LLAMA_JSON_KEYS = {"n_layer": "num_hidden_layers", "d_model": "hidden_size", "n_head": "num_attention_heads",
-                   "n_kv_heads": "num_key_value_heads", "d_mlp": "intermediate_size", "n_ctx": "max_position_embeddings",
-                   "d_vocab": "vocab_size", "layer_norm_eps": "rms_norm_eps", "rope_theta": "rope_theta"}
-
+GPT2_JSON_KEYS = {
+    "n_layer": "n_layer",
+    "d_model": "n_embd",
+    "n_head": "n_head",
+    "d_mlp": "n_inner",
+    "n_ctx": "n_positions",
+    "d_vocab": "vocab_size",
+    "layer_norm_eps": "layer_norm_epsilon",
+}
+LLAMA_JSON_KEYS = {
+    "n_layer": "num_hidden_layers",
+    "d_model": "hidden_size",
+    "n_head": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads",
+    "d_mlp": "intermediate_size",
+    "n_ctx": "max_position_embeddings",
+    "d_vocab": "vocab_size",
+    "layer_norm_eps": "rms_norm_eps",
+    "rope_theta": "rope_theta",
+}
 
 
 def _known(name: str, n_layer: int, d_model: int, n_head: int) -> GPT2Config:

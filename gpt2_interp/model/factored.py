@@ -27,14 +27,16 @@ class FactoredMatrix:
 
     @property
     def shape(self) -> torch.Size:
-        return torch.Size((*torch.broadcast_shapes(self.A.shape[:-2], self.B.shape[:-2]), self.A.shape[-2], self.B.shape[-1]))
+        return torch.Size(
+            (*torch.broadcast_shapes(self.A.shape[:-2], self.B.shape[:-2]), self.A.shape[-2], self.B.shape[-1])
+        )
 
     @property
     def ndim(self) -> int:
         return len(self.shape)
 
     @property
-    def T(self) -> "FactoredMatrix":
+    def T(self) -> FactoredMatrix:
         return FactoredMatrix(self.B.transpose(-2, -1), self.A.transpose(-2, -1))
 
     def __matmul__(self, other: Any) -> Any:
@@ -49,7 +51,7 @@ class FactoredMatrix:
             return (other @ self.A) @ self.B
         return FactoredMatrix(other @ self.A, self.B)
 
-    def __getitem__(self, idx: Any) -> "FactoredMatrix":
+    def __getitem__(self, idx: Any) -> FactoredMatrix:
         if not isinstance(idx, tuple):
             idx = (idx,)
         return FactoredMatrix(self.A[idx], self.B[idx])

@@ -25,13 +25,13 @@ def tensor_digest(t: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-def parameter_digests(model: "HookedGPT2") -> dict[str, str]:
+def parameter_digests(model: HookedGPT2) -> dict[str, str]:
     """``{parameter name: tensor_digest}`` for every distinct parameter (W_U is W_E, once)."""
     return {name: tensor_digest(p) for name, p in model.named_parameters()}
 
 
 def weights_fingerprint(
-    model: "HookedGPT2", names: Iterable[str] | None = None, digests: Mapping[str, str] | None = None
+    model: HookedGPT2, names: Iterable[str] | None = None, digests: Mapping[str, str] | None = None
 ) -> str:
     """sha256 over the model's weights (or the named subset): equal iff the weights are bit-identical.
 

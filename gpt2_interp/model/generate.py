@@ -18,8 +18,12 @@ def sample_next(
     logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, gen: torch.Generator | None
 ) -> torch.Tensor:
     """Next token ids ``[batch]`` from last-position logits ``[batch, d_vocab]``."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
-            or temperature < 0:
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature < 0
+    ):
         raise ValueError(f"temperature must be a finite number ≥ 0, got {temperature!r}")
     if temperature == 0:
         return logits.argmax(-1)
@@ -42,8 +46,8 @@ def sample_next(
 
 
 def generate(
-    model: "HookedGPT2",
-    input: "Input",
+    model: HookedGPT2,
+    input: Input,
     max_new_tokens: int,
     temperature: float,
     top_k: int | None,

@@ -23,17 +23,33 @@ from ..core.checks import check_index, check_prompts
 from ..io import tokenizer as tok
 from .config import KNOWN_CONFIGS, GPT2Config, ModelConfig
 from .hooks import HookPoint, note_input, warn_if_nonfinite, warn_port, watch_replacements
-from .root import HookedRootModule
 from .modules import Block, KVCache, norm, rotary_cos_sin
+from .root import HookedRootModule
 from .tl_aliases import TransformerLensAliases
 
 Input = Union[str, Sequence[str], torch.Tensor]
 _BLOCK_HOOK_ORDER = (
-    "hook_resid_pre", "ln1.hook_scale", "ln1.hook_normalized",
-    "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k",
-    "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z", "attn.hook_result",
-    "hook_attn_out", "hook_resid_mid", "ln2.hook_scale", "ln2.hook_normalized",
-    "mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
+    "hook_resid_pre",
+    "ln1.hook_scale",
+    "ln1.hook_normalized",
+    "attn.hook_q",
+    "attn.hook_k",
+    "attn.hook_v",
+    "attn.hook_rot_q",
+    "attn.hook_rot_k",
+    "attn.hook_attn_scores",
+    "attn.hook_pattern",
+    "attn.hook_z",
+    "attn.hook_result",
+    "hook_attn_out",
+    "hook_resid_mid",
+    "ln2.hook_scale",
+    "ln2.hook_normalized",
+    "mlp.hook_pre",
+    "mlp.hook_pre_linear",
+    "mlp.hook_post",
+    "hook_mlp_out",
+    "hook_resid_post",
 )  # the forward order; hooks a config lacks (rot_q/rot_k, pre_linear, pos_embed) are skipped
 
 
@@ -46,8 +62,9 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
     >>> logits, cache = model.run_with_cache("Hello world", names_filter="blocks.0.hook_resid_post")
     """
 
-    def __init__(self, cfg: GPT2Config | str = "gpt2", seed: int | None = None,
-                 tokenizer: tok.Tokenizer | None = None) -> None:
+    def __init__(
+        self, cfg: GPT2Config | str = "gpt2", seed: int | None = None, tokenizer: tok.Tokenizer | None = None
+    ) -> None:
         super().__init__()
         # Hugging Face's interface too (model.tokenizer(texts, padding=True), .decode, …); its own per model
         self.tokenizer: tok.Tokenizer = tokenizer if tokenizer is not None else tok.GPT2Tokenizer()
@@ -122,8 +139,12 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
 
     # ------------------------------------------------------------------ tokens
     def to_tokens(
-        self, text: str | Sequence[str], prepend_bos: bool = True, padding_side: str | None = None,
-        move_to_device: bool = True, truncate: bool = True,
+        self,
+        text: str | Sequence[str],
+        prepend_bos: bool = True,
+        padding_side: str | None = None,
+        move_to_device: bool = True,
+        truncate: bool = True,
     ) -> torch.Tensor:
         """Token ids ``[batch, pos]`` (a string gives batch 1); a list is padded with <|endoftext|>
         on the LEFT unless ``padding_side="right"`` (TransformerLens pads right; see docs/porting.md):
@@ -132,10 +153,12 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         padding_side = padding_side or self.tokenizer.chosen_padding_side
         tokens, mask = self.tokenize(text, prepend_bos, padding_side or "left")
         if padding_side is None and mask is not None:
-            warn_port("to_tokens(list) pads on the LEFT (TransformerLens pads right): `tokens[:, -1]` and "
-                      "`logits[:, -1]` are every row's last token. Pass padding_side='left' (or set "
-                      "model.tokenizer.padding_side) to silence this, or padding_side='right' for "
-                      "TransformerLens's layout.")
+            warn_port(
+                "to_tokens(list) pads on the LEFT (TransformerLens pads right): `tokens[:, -1]` and "
+                "`logits[:, -1]` are every row's last token. Pass padding_side='left' (or set "
+                "model.tokenizer.padding_side) to silence this, or padding_side='right' for "
+                "TransformerLens's layout."
+            )
         return tokens
 
     def tokenize(
@@ -150,7 +173,9 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             raise ValueError("empty input: the text has no tokens and no BOS is prepended")
         return self.pad(rows, padding_side)
 
-    def pad(self, rows: Sequence[Sequence[int]], padding_side: str = "left") -> tuple[torch.Tensor, torch.Tensor | None]:
+    def pad(
+        self, rows: Sequence[Sequence[int]], padding_side: str = "left"
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token rows of different lengths as ``(tokens [batch, pos], attention_mask [batch, pos] or None)``
         on the model's device, padded with the tokenizer's pad id; the mask (1 = real token) is None
         when no row needed padding. Left padding keeps every row's last token in the last column."""
@@ -191,8 +216,10 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
     def to_single_token(self, text: str | int) -> int:
         """The id of ``text`` if it is exactly one token (an int id is range-checked and returned);
         otherwise a ValueError showing how it tokenizes. The one single-token rule of the package."""
-        if isinstance(text, bool) or not isinstance(text, (str, int)) and not hasattr(text, "__index__"):
-            raise TypeError(f"a single token is given as a string (e.g. ' Paris') or an int id, got {type(text).__name__}")
+        if isinstance(text, bool) or (not isinstance(text, (str, int)) and not hasattr(text, "__index__")):
+            raise TypeError(
+                f"a single token is given as a string (e.g. ' Paris') or an int id, got {type(text).__name__}"
+            )
         if not isinstance(text, str):
             i = int(text.__index__())
             if not 0 <= i < self.cfg.d_vocab:
@@ -222,12 +249,16 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             # range-checked where the ids are (free on the CPU; one read-back for ids already on a GPU)
             lo, hi = torch.stack(torch.aminmax(tokens)).tolist()
             if lo < 0 or hi >= self.cfg.d_vocab:
-                raise ValueError(f"token id {hi if hi >= self.cfg.d_vocab else lo} is outside the vocabulary [0, {self.cfg.d_vocab})")
+                raise ValueError(
+                    f"token id {hi if hi >= self.cfg.d_vocab else lo} is outside the vocabulary [0, {self.cfg.d_vocab})"
+                )
             tokens = tokens.to(self.device, torch.long, non_blocking=True)
         else:
             if attention_mask is not None:
                 raise ValueError("attention_mask is computed for text input; pass tokens to give your own")
-            tokens, attention_mask = self.tokenize(input, prepend_bos, what="input")  # ids from the tokenizer are in range
+            tokens, attention_mask = self.tokenize(
+                input, prepend_bos, what="input"
+            )  # ids from the tokenizer are in range
         if attention_mask is not None:
             attention_mask = attention_mask.to(self.device)
         return tokens, attention_mask
@@ -246,9 +277,7 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
                 "shorten the prompt (or generate fewer tokens)"
             )
 
-    def _attention_mask(
-        self, q_len: int, past: int, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor | None:
+    def _attention_mask(self, q_len: int, past: int, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
         """Bool ``[batch|1, 1, q, k]`` (True = may attend), or None for plain causal attention."""
         # a given mask is used as it is: testing it for "no padding" would read it back from the device
         # on every call (a host sync); tokenize() gives None when nothing is padded
@@ -300,11 +329,15 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         ``prepend_bos`` applies to text input.
         """
         with watch_replacements() as replaced:
-            out = self._forward(input, return_type, attention_mask, start_at_layer, stop_at_layer, past_kv,
-                                prepend_bos, loss_per_token)
+            out = self._forward(
+                input, return_type, attention_mask, start_at_layer, stop_at_layer, past_kv, prepend_bos, loss_per_token
+            )
             if replaced:  # hooks replaced activations: one finiteness check of the output (see hooks.py)
-                warn_if_nonfinite(replaced, out[0] if isinstance(out, tuple) else out,
-                                  "residual stream" if stop_at_layer is not None else "model's output")
+                warn_if_nonfinite(
+                    replaced,
+                    out[0] if isinstance(out, tuple) else out,
+                    "residual stream" if stop_at_layer is not None else "model's output",
+                )
         return out
 
     def _forward(
@@ -332,7 +365,9 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
                 x = x + self.hook_pos_embed(self.pos_embed.W_pos[pos].expand(tokens.shape[0], -1, -1))
         else:
             if input.ndim != 3 or input.shape[-1] != self.cfg.d_model:
-                raise ValueError(f"with start_at_layer, input is the residual [batch, pos, {self.cfg.d_model}]; got {tuple(input.shape)}")
+                raise ValueError(
+                    f"with start_at_layer, input is the residual [batch, pos, {self.cfg.d_model}]; got {tuple(input.shape)}"
+                )
             if return_type in ("loss", "both"):
                 raise ValueError("loss needs tokens; with start_at_layer use return_type='logits'")
             x, tokens, q_len = input, None, input.shape[1]
@@ -368,8 +403,9 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         return x @ self.W_U
 
     @staticmethod
-    def loss(logits: torch.Tensor, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
-             per_token: bool = False) -> torch.Tensor:
+    def loss(
+        logits: torch.Tensor, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None, per_token: bool = False
+    ) -> torch.Tensor:
         """Mean next-token cross-entropy (fp32), over positions whose target is a real token;
         ``per_token``: ``[batch, pos - 1]`` unreduced (0 where the target is padding)."""
         lp = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
@@ -382,7 +418,7 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         return (lp * keep).sum() / keep.sum()
 
     @contextmanager
-    def edited(self, *edits: Any) -> Iterator["HookedGPT2"]:
+    def edited(self, *edits: Any) -> Iterator[HookedGPT2]:
         """Apply weight edits (values with ``apply(model)``/``undo(model)``, e.g. ROME's ``Edit``), in
         order, for the ``with`` block; undone last-in first-out on exit, also when the body raises.
         The model knows nothing of edits beyond that protocol: their bookkeeping lives in ``editing``."""
@@ -435,8 +471,19 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             raise ValueError(f"return_type must be 'input', 'str' or 'tokens', got {return_type!r}")
         if return_type == "tokens" and not isinstance(input, torch.Tensor):
             input = self.to_tokens(input, prepend_bos=prepend_bos, padding_side="left")
-        out = generate(self, input, max_new_tokens, temperature, top_k, top_p, stop_at_eos, seed, use_kv_cache,
-                       prepend_bos, suppress_eos)
+        out = generate(
+            self,
+            input,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            stop_at_eos,
+            seed,
+            use_kv_cache,
+            prepend_bos,
+            suppress_eos,
+        )
         if return_type == "str" and isinstance(out, torch.Tensor):
             out = self.to_string(out[0] if out.shape[0] == 1 else out)
         return out
@@ -458,8 +505,5 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         c = self.cfg
         s = f"{c.name}: n_layer={c.n_layer}, d_model={c.d_model}, n_head={c.n_head}, d_mlp={c.d_mlp}, n_ctx={c.n_ctx}"
         if c.family != "gpt2":
-            s += (f", n_kv_heads={c.n_kv}, {c.norm}, {c.positional}, {c.mlp}, bias={c.bias}, "
-                  f"tied={c.tied_embeddings}")
+            s += f", n_kv_heads={c.n_kv}, {c.norm}, {c.positional}, {c.mlp}, bias={c.bias}, tied={c.tied_embeddings}"
         return s
-
-

@@ -11,29 +11,28 @@ import contextvars
 import difflib
 import re
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, Union
 
 import torch
-from torch import nn
 
 from ..core.finite import NonFiniteWarning, is_finite
 from ..core.porting import PortingWarning
 
-HookFn = Callable[[torch.Tensor, "HookPoint"], Union[torch.Tensor, None]]
+HookFn = Callable[[torch.Tensor, "HookPoint"], torch.Tensor | None]
 NameFilter = Union[None, str, Callable[[str], bool], "list[str]", "tuple[str, ...]", "set[str]"]
 
 
 class _Hook:
     """One registered hook function and its bookkeeping (direction, permanence, context level)."""
 
-    __slots__ = ("fn", "dir", "is_permanent", "level", "active")
+    __slots__ = ("active", "dir", "fn", "is_permanent", "level")
 
     def __init__(self, fn: HookFn, dir: str, is_permanent: bool, level: int | None) -> None:
         self.fn, self.dir, self.is_permanent, self.level, self.active = fn, dir, is_permanent, level, True
 
-    def __call__(self, x: torch.Tensor, hook: "HookPoint") -> Any:
+    def __call__(self, x: torch.Tensor, hook: HookPoint) -> Any:
         return self.fn(x, hook)
 
     def __repr__(self) -> str:
@@ -49,7 +48,7 @@ class HookPoint:
     replacement gradient). ``fwd_hooks``/``bwd_hooks`` list what is registered.
     """
 
-    __slots__ = ("name", "fwd_hooks", "bwd_hooks")
+    __slots__ = ("bwd_hooks", "fwd_hooks", "name")
 
     def __init__(self, name: str = "") -> None:
         self.name = name
@@ -68,8 +67,12 @@ class HookPoint:
         return i
 
     def add_hook(
-        self, fn: HookFn, dir: Literal["fwd", "bwd"] = "fwd", is_permanent: bool = False,
-        level: int | None = None, prepend: bool = False,
+        self,
+        fn: HookFn,
+        dir: Literal["fwd", "bwd"] = "fwd",
+        is_permanent: bool = False,
+        level: int | None = None,
+        prepend: bool = False,
     ) -> Callable[[], None]:
         """Add a hook (``dir`` "fwd" or "bwd"; ``prepend`` runs it before the others; permanent hooks
         survive ``reset_hooks()``). Returns a function that removes exactly this hook."""
@@ -155,8 +158,9 @@ def warn_port(message: str) -> None:
 
 
 # (hook name, hook fn name, 0-d float32 sum) for every activation a hook replaced in the current forward
-_WATCH: "contextvars.ContextVar[list[tuple[str, str, torch.Tensor]] | None]" = contextvars.ContextVar(
-    "gpt2_interp_hook_watch", default=None)
+_WATCH: contextvars.ContextVar[list[tuple[str, str, torch.Tensor]] | None] = contextvars.ContextVar(
+    "gpt2_interp_hook_watch", default=None
+)
 
 
 def _fn_name(fn: Any) -> str:
@@ -179,7 +183,7 @@ def reads_only(fn: HookFn) -> HookFn:
     return fn
 
 
-_MODEL_INPUTS: "contextvars.ContextVar[bool]" = contextvars.ContextVar("gpt2_interp_model_inputs", default=False)
+_MODEL_INPUTS: contextvars.ContextVar[bool] = contextvars.ContextVar("gpt2_interp_model_inputs", default=False)
 
 
 @contextmanager
@@ -232,14 +236,20 @@ def warn_if_nonfinite(record: list[tuple[str, str, torch.Tensor]], output: torch
     first = next((i for i, bad in enumerate(flags[: len(record)]) if bad), None)
     if first is not None:
         name, by, _ = record[first]
-        where = (f"they first appeared in {by} at {name!r} (NaN/inf, or values so large "
-                 "that they overflow); check what computes it")
+        where = (
+            f"they first appeared in {by} at {name!r} (NaN/inf, or values so large "
+            "that they overflow); check what computes it"
+        )
         if output is not None and not flags[-1]:
-            where += " (the output is finite, but computed from them: a fused kernel can hide NaN, so it is not trustworthy)"
+            where += (
+                " (the output is finite, but computed from them: a fused kernel can hide NaN, so it is not trustworthy)"
+            )
     elif output is not None and flags[-1] and not is_finite(output):  # the float32 sum can overflow on finite values
         names = list(dict.fromkeys(name for name, _, _ in record))
-        where = (f"the hooks that wrote activations ({', '.join(names[:4])}{', …' if len(names) > 4 else ''}) "
-                 "wrote finite values, so they arose downstream (e.g. values too large for the dtype)")
+        where = (
+            f"the hooks that wrote activations ({', '.join(names[:4])}{', …' if len(names) > 4 else ''}) "
+            "wrote finite values, so they arose downstream (e.g. values too large for the dtype)"
+        )
     else:
         return False
     warnings.warn(f"non-finite values (NaN/inf) in the {what}: {where}", NonFiniteWarning, stacklevel=5)
@@ -279,8 +289,17 @@ _SHORT = {
 }
 
 
-_SUBLAYERS = {"attn": "attn", "a": "attn", "mlp": "mlp", "m": "mlp", "block": None, "b": None,
-              "ln1": "ln1", "ln2": "ln2", "ln_final": "ln_final"}
+_SUBLAYERS = {
+    "attn": "attn",
+    "a": "attn",
+    "mlp": "mlp",
+    "m": "mlp",
+    "block": None,
+    "b": None,
+    "ln1": "ln1",
+    "ln2": "ln2",
+    "ln_final": "ln_final",
+}
 
 
 def hook_name(family: str, layer: int | None = None, sub: str | None = None) -> str:

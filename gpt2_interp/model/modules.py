@@ -92,7 +92,9 @@ def _bias(cfg: GPT2Config, n: int) -> nn.Parameter | None:
     return nn.Parameter(torch.zeros(n)) if cfg.bias else None
 
 
-def rotary_cos_sin(pos: torch.Tensor, d_head: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_cos_sin(
+    pos: torch.Tensor, d_head: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE's ``(cos, sin)`` ``[batch|1, pos, 1, d_head]`` for integer positions ``pos: [batch|1, pos]``,
     in the half-split layout of ``transformers``' Llama: frequency ``i`` rotates the pair of dimensions
     ``(i, i + d_head/2)`` by ``pos · theta^(-2i/d_head)``. Angles are computed in fp32."""
@@ -190,20 +192,25 @@ class Attention(nn.Module):
     def b_V(self) -> torch.Tensor | None:
         return self._bias_view(2)
 
-    def keys_values(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def keys_values(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (after RoPE) and values ``[batch, n_kv, pos, d_head]`` of normalised input
         ``x: [batch, pos, d_model]``, as the forward pass would cache them (no hooks run)."""
         c = self.cfg
-        kv = _linear(x, self.W_QKV[:, c.n_head * c.d_head:],
-                     None if self.b_QKV is None else self.b_QKV[c.n_head * c.d_head:])
+        kv = _linear(
+            x, self.W_QKV[:, c.n_head * c.d_head :], None if self.b_QKV is None else self.b_QKV[c.n_head * c.d_head :]
+        )
         k, v = (t.unflatten(-1, (c.n_kv, c.d_head)) for t in kv.chunk(2, dim=-1))
         if rope is not None:
             k = rotate(k, *rope)
         return k.transpose(1, 2), v.transpose(1, 2)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None, kv: KVCache | None = None,
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        kv: KVCache | None = None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """``x: [batch, pos, d_model]``; ``mask``: bool ``[batch|1, 1, q, k]`` (True = may attend)
@@ -284,8 +291,13 @@ class Block(nn.Module):
         for name in ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post"):
             setattr(self, f"hook_{name}", HookPoint())
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, kv: KVCache | None = None,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        kv: KVCache | None = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         x = self.hook_resid_pre(x)
         x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.ln1(x), mask, kv, rope)))
         return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))

@@ -35,15 +35,17 @@ def parameter_table(model) -> ParameterTable:
         names = [n for n, p in zip(label.split("+"), params) if p is not None]
         return " + ".join(n.strip() for n in names), ps
 
-    block_parts = dict([
-        (f"ln1 ({'w, b' if b0.ln1.b is not None else 'w'})", [p for p in (b0.ln1.w, b0.ln1.b) if p is not None]),
-        part("attn W_QKV + b_QKV", b0.attn.W_QKV, b0.attn.b_QKV),
-        part("attn W_O + b_O", b0.attn.W_O, b0.attn.b_O),
-        (f"ln2 ({'w, b' if b0.ln2.b is not None else 'w'})", [p for p in (b0.ln2.w, b0.ln2.b) if p is not None]),
-        *([part("mlp W_gate", b0.mlp.W_gate)] if c.mlp == "swiglu" else []),
-        part("mlp W_in + b_in", b0.mlp.W_in, b0.mlp.b_in),
-        part("mlp W_out + b_out", b0.mlp.W_out, b0.mlp.b_out),
-    ])
+    block_parts = dict(
+        [
+            (f"ln1 ({'w, b' if b0.ln1.b is not None else 'w'})", [p for p in (b0.ln1.w, b0.ln1.b) if p is not None]),
+            part("attn W_QKV + b_QKV", b0.attn.W_QKV, b0.attn.b_QKV),
+            part("attn W_O + b_O", b0.attn.W_O, b0.attn.b_O),
+            (f"ln2 ({'w, b' if b0.ln2.b is not None else 'w'})", [p for p in (b0.ln2.w, b0.ln2.b) if p is not None]),
+            *([part("mlp W_gate", b0.mlp.W_gate)] if c.mlp == "swiglu" else []),
+            part("mlp W_in + b_in", b0.mlp.W_in, b0.mlp.b_in),
+            part("mlp W_out + b_out", b0.mlp.W_out, b0.mlp.b_out),
+        ]
+    )
     shape = lambda ps: " + ".join("×".join(map(str, p.shape)) for p in ps)
     rows = [("W_E (token embedding)", shape([model.W_E]), model.W_E.numel())]
     if model.W_pos is not None:
@@ -62,5 +64,7 @@ def parameter_table(model) -> ParameterTable:
         rows.append(("W_U (unembedding)", shape([model.W_U]), model.W_U.numel()))
     total = model.n_params()
     assert total == sum(r[2] for r in rows) - per_block  # the block rows break down one block of the "blocks ×" row
-    notes = [f"(untied, W_U would add {model.W_E.numel():,}: {total + model.W_E.numel():,})"] if c.tied_embeddings else []
+    notes = (
+        [f"(untied, W_U would add {model.W_E.numel():,}: {total + model.W_E.numel():,})"] if c.tied_embeddings else []
+    )
     return ParameterTable(rows, per_block, total, notes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -13,7 +13,7 @@ from torch import nn
 from .cache import ActivationCache
 from .hooks import HookFn, HookPoint, NameFilter, name_filter_fn, reads_only, slice_positions, suggest
 
-HookSpec = tuple[Union[str, Callable[[str], bool]], HookFn]
+HookSpec = tuple[str | Callable[[str], bool], HookFn]
 
 
 class HookedRootModule(nn.Module):
@@ -53,8 +53,13 @@ class HookedRootModule(nn.Module):
         return [self.hook_dict[name]]
 
     def add_hook(
-        self, name: str | Callable[[str], bool], hook: HookFn, dir: Literal["fwd", "bwd"] = "fwd",
-        is_permanent: bool = False, level: int | None = None, prepend: bool = False,
+        self,
+        name: str | Callable[[str], bool],
+        hook: HookFn,
+        dir: Literal["fwd", "bwd"] = "fwd",
+        is_permanent: bool = False,
+        level: int | None = None,
+        prepend: bool = False,
     ) -> Callable[[], None]:
         """Add ``hook`` to the named hook point (or every one a predicate selects) until
         ``reset_hooks()``; returns a function removing exactly what was added."""
@@ -67,15 +72,20 @@ class HookedRootModule(nn.Module):
         return remove
 
     def reset_hooks(
-        self, clear_contexts: bool = True, direction: Literal["fwd", "bwd", "both"] = "both",
-        including_permanent: bool = False, level: int | None = None,
+        self,
+        clear_contexts: bool = True,
+        direction: Literal["fwd", "bwd", "both"] = "both",
+        including_permanent: bool = False,
+        level: int | None = None,
     ) -> None:
         """Remove every hook (permanent ones too with ``including_permanent=True``)."""
         for hp in self.hook_dict.values():
             hp.remove_hooks(direction, including_permanent, level)
 
     def remove_all_hook_fns(
-        self, direction: Literal["fwd", "bwd", "both"] = "both", including_permanent: bool = False,
+        self,
+        direction: Literal["fwd", "bwd", "both"] = "both",
+        including_permanent: bool = False,
         level: int | None = None,
     ) -> None:
         """TransformerLens's name for :meth:`reset_hooks`."""
@@ -83,8 +93,11 @@ class HookedRootModule(nn.Module):
 
     @contextmanager
     def hooks(
-        self, fwd_hooks: Sequence[HookSpec] = (), bwd_hooks: Sequence[HookSpec] = (),
-        reset_hooks_end: bool = True, clear_contexts: bool = False,
+        self,
+        fwd_hooks: Sequence[HookSpec] = (),
+        bwd_hooks: Sequence[HookSpec] = (),
+        reset_hooks_end: bool = True,
+        clear_contexts: bool = False,
     ) -> Iterator[Any]:
         """Add ``(name or predicate, fn)`` forward and backward hooks for the ``with`` block; all are
         removed on exit, also when the body raises (``reset_hooks_end=False`` keeps them until
@@ -109,8 +122,13 @@ class HookedRootModule(nn.Module):
                     remove()
 
     def run_with_hooks(
-        self, *model_args: Any, fwd_hooks: Sequence[HookSpec] = (), bwd_hooks: Sequence[HookSpec] = (),
-        reset_hooks_end: bool = True, clear_contexts: bool = False, **model_kwargs: Any,
+        self,
+        *model_args: Any,
+        fwd_hooks: Sequence[HookSpec] = (),
+        bwd_hooks: Sequence[HookSpec] = (),
+        reset_hooks_end: bool = True,
+        clear_contexts: bool = False,
+        **model_kwargs: Any,
     ) -> Any:
         """``forward`` with the given hooks active for this call only. Backward hooks need the
         ``backward()`` inside the call's lifetime: pass ``reset_hooks_end=False``, call
@@ -121,27 +139,44 @@ class HookedRootModule(nn.Module):
             warnings.warn(
                 "run_with_hooks with bwd_hooks removes them when it returns, before you can call backward(); "
                 "use `with model.hooks(bwd_hooks=...):` around forward and backward, or reset_hooks_end=False",
-                UserWarning, stacklevel=2,
+                UserWarning,
+                stacklevel=2,
             )
         with self.hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts):
             return self(*model_args, **model_kwargs)
 
     def run_with_cache(
-        self, *model_args: Any, names_filter: NameFilter = None, device: torch.device | str | None = None,
-        remove_batch_dim: bool = False, incl_bwd: bool = False, reset_hooks_end: bool = True,
-        clear_contexts: bool = False, pos_slice: Any = None, fwd_hooks: Sequence[HookSpec] = (),
-        bwd_hooks: Sequence[HookSpec] = (), **model_kwargs: Any,
-    ) -> tuple[Any, "ActivationCache"]:
+        self,
+        *model_args: Any,
+        names_filter: NameFilter = None,
+        device: torch.device | str | None = None,
+        remove_batch_dim: bool = False,
+        incl_bwd: bool = False,
+        reset_hooks_end: bool = True,
+        clear_contexts: bool = False,
+        pos_slice: Any = None,
+        fwd_hooks: Sequence[HookSpec] = (),
+        bwd_hooks: Sequence[HookSpec] = (),
+        **model_kwargs: Any,
+    ) -> tuple[Any, ActivationCache]:
         """``(forward output, ActivationCache)`` recording the activations the filter selects (all by
         default), detached; ``device`` moves them as recorded; ``pos_slice`` (an int, slice, list or
         tensor) keeps only those positions (an int keeps a position dimension of 1, as in TransformerLens).
         ``incl_bwd`` runs ``output.backward()`` (a scalar output, e.g. ``return_type="loss"``) and also
         records gradients as ``name + "_grad"``."""
-        if len(model_args) == 2 and names_filter is None and (
-            callable(model_args[1]) or isinstance(model_args[1], (list, tuple, set))
-            or (isinstance(model_args[1], str) and model_args[1] in self.hook_dict)
+        if (
+            len(model_args) == 2
+            and names_filter is None
+            and (
+                callable(model_args[1])
+                or isinstance(model_args[1], (list, tuple, set))
+                or (isinstance(model_args[1], str) and model_args[1] in self.hook_dict)
+            )
         ):
-            model_args, names_filter = model_args[:1], model_args[1]  # our earlier positional form (input, names_filter)
+            model_args, names_filter = (
+                model_args[:1],
+                model_args[1],
+            )  # our earlier positional form (input, names_filter)
         keep = name_filter_fn(names_filter, self.hook_names())
         store: dict[str, torch.Tensor] = {}
         pos = None if pos_slice is None else getattr(pos_slice, "slice", pos_slice)
@@ -176,5 +211,8 @@ class HookedRootModule(nn.Module):
 
 def _is_hook_list(x: Any) -> bool:
     """A list of ``(name or predicate, fn)`` pairs (never a valid second argument of ``forward``)."""
-    return isinstance(x, (list, tuple)) and all(
-        isinstance(p, (list, tuple)) and len(p) == 2 and callable(p[1]) for p in x) and len(x) > 0
+    return (
+        isinstance(x, (list, tuple))
+        and all(isinstance(p, (list, tuple)) and len(p) == 2 and callable(p[1]) for p in x)
+        and len(x) > 0
+    )

@@ -36,8 +36,13 @@ def _bias(model: Any, get: Any, shape: tuple[int, ...]) -> torch.Tensor:
     return W_E.new_zeros((model.cfg.n_layer, *shape))
 
 
-_PROCESSING = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases",
-               "refactor_factored_attn_matrices")
+_PROCESSING = (
+    "fold_ln",
+    "center_writing_weights",
+    "center_unembed",
+    "fold_value_biases",
+    "refactor_factored_attn_matrices",
+)
 
 
 class TransformerLensAliases:
@@ -48,10 +53,19 @@ class TransformerLensAliases:
     cfg: Any
 
     @classmethod
-    def from_pretrained(cls, model_name: str, fold_ln: bool = True, center_writing_weights: bool = True,
-                        center_unembed: bool = True, refactor_factored_attn_matrices: bool = False,
-                        fold_value_biases: bool = True, device: Any = None, dtype: Any = None,
-                        hf_model: Any = None, **kwargs: Any) -> Any:
+    def from_pretrained(
+        cls,
+        model_name: str,
+        fold_ln: bool = True,
+        center_writing_weights: bool = True,
+        center_unembed: bool = True,
+        refactor_factored_attn_matrices: bool = False,
+        fold_value_biases: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+        hf_model: Any = None,
+        **kwargs: Any,
+    ) -> Any:
         """TransformerLens's loader, over :func:`gpt2_interp.load` (``hf_model``: over
         ``from_transformers``). Weights are never folded or centred: with TransformerLens's default
         processing flags a :class:`PortingWarning` says so (logits are equal either way; weights and
@@ -60,18 +74,32 @@ class TransformerLensAliases:
         Other TransformerLens keywords are accepted at values that change nothing, else refused."""
         from .loading import from_transformers, load
 
-        asked = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
-                     refactor_factored_attn_matrices=refactor_factored_attn_matrices,
-                     fold_value_biases=fold_value_biases)
+        asked = dict(
+            fold_ln=fold_ln,
+            center_writing_weights=center_writing_weights,
+            center_unembed=center_unembed,
+            refactor_factored_attn_matrices=refactor_factored_attn_matrices,
+            fold_value_biases=fold_value_biases,
+        )
         on = [k for k in _PROCESSING if asked[k]]
         if on:
-            warn_port(f"from_pretrained: gpt2-interp never folds or centres weights ({', '.join(on)} ignored); "
-                      "logits equal TransformerLens's, but weights and residual-stream activations equal its "
-                      "from_pretrained_no_processing. Use from_pretrained_no_processing or gpt2_interp.load to "
-                      "silence this.")
-        harmless = {"n_devices": 1, "move_to_device": True, "default_prepend_bos": True, "first_n_layers": None,
-                    "checkpoint_index": None, "checkpoint_value": None, "checkpoint_label": None, "n_ctx": None,
-                    "tokenizer": None}
+            warn_port(
+                f"from_pretrained: gpt2-interp never folds or centres weights ({', '.join(on)} ignored); "
+                "logits equal TransformerLens's, but weights and residual-stream activations equal its "
+                "from_pretrained_no_processing. Use from_pretrained_no_processing or gpt2_interp.load to "
+                "silence this."
+            )
+        harmless = {
+            "n_devices": 1,
+            "move_to_device": True,
+            "default_prepend_bos": True,
+            "first_n_layers": None,
+            "checkpoint_index": None,
+            "checkpoint_value": None,
+            "checkpoint_label": None,
+            "n_ctx": None,
+            "tokenizer": None,
+        }
         padding_side = kwargs.pop("default_padding_side", None)
         for k, v in kwargs.items():
             if k not in harmless:
@@ -176,7 +204,11 @@ class TransformerLensAliases:
         return self.W_U[:, ids].movedim(0, -1)  # type: ignore[attr-defined]
 
     def get_token_position(
-        self, single_token: str | int, input: str | torch.Tensor, mode: str = "first", prepend_bos: bool = True,
+        self,
+        single_token: str | int,
+        input: str | torch.Tensor,
+        mode: str = "first",
+        prepend_bos: bool = True,
     ) -> int:
         """Index of the first (``mode="first"``) or last (``"last"``) occurrence of a token in ``input``
         (text, which gets BOS when ``prepend_bos``, or tokens ``[pos]``/``[1, pos]``)."""

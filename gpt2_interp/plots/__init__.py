@@ -6,10 +6,17 @@ switch, so a notebook's backend is left alone. Results call these through their 
 from ..core.lazy import lazy_face
 
 _FACE = {
-    'lens': ('plot_lens', 'plot_attribution', 'plot_vocab', 'plot_neuron_search', 'plot_subupdates', 'plot_lens_divergence'),
-    'causal': ('plot_patch', 'plot_trace', 'plot_traces', 'plot_average_trace'),
-    'attribution': ('plot_estimate_vs_exact', 'plot_verification', 'plot_agreement_grid'),
-    'editing': ('plot_edit_evaluation', 'plot_decay', 'plot_topk_comparison'),
-    'probes': ('plot_probe', 'plot_probe_summary'),
+    "lens": (
+        "plot_lens",
+        "plot_attribution",
+        "plot_vocab",
+        "plot_neuron_search",
+        "plot_subupdates",
+        "plot_lens_divergence",
+    ),
+    "causal": ("plot_patch", "plot_trace", "plot_traces", "plot_average_trace"),
+    "attribution": ("plot_estimate_vs_exact", "plot_verification", "plot_agreement_grid"),
+    "editing": ("plot_edit_evaluation", "plot_decay", "plot_topk_comparison"),
+    "probes": ("plot_probe", "plot_probe_summary"),
 }
 __all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

@@ -14,8 +14,14 @@ from matplotlib.figure import Figure
 from .figure import finish
 
 
-def _scatter(ax: Axes, estimate: np.ndarray, exact: np.ndarray, highlight: Sequence[bool] | None = None,
-             labels: Sequence[str] | None = None, n_labels: int = 5) -> None:
+def _scatter(
+    ax: Axes,
+    estimate: np.ndarray,
+    exact: np.ndarray,
+    highlight: Sequence[bool] | None = None,
+    labels: Sequence[str] | None = None,
+    n_labels: int = 5,
+) -> None:
     est, ex = np.asarray(estimate, dtype=float), np.asarray(exact, dtype=float)
     lim = float(max(np.abs(est).max(initial=0), np.abs(ex).max(initial=0))) * 1.08 or 1.0
     ax.axhline(0, color="0.85", lw=0.8)
@@ -48,8 +54,9 @@ def plot_estimate_vs_exact(estimate: np.ndarray, exact: np.ndarray, title: str =
     return fig
 
 
-def plot_verification(estimate: np.ndarray, exact: np.ndarray, top: Sequence[bool], labels: Sequence[str],
-                      title: str = "") -> Figure:
+def plot_verification(
+    estimate: np.ndarray, exact: np.ndarray, top: Sequence[bool], labels: Sequence[str], title: str = ""
+) -> Figure:
     """Verified cells: the estimate's top cells (red) and random controls (grey), the largest exact
     effects labelled."""
     fig = Figure(figsize=(5.0, 5.0))
@@ -61,8 +68,12 @@ def plot_verification(estimate: np.ndarray, exact: np.ndarray, top: Sequence[boo
     return fig
 
 
-def plot_agreement_grid(panels: Sequence[Sequence[tuple[np.ndarray, np.ndarray, str]]], row_labels: Sequence[str],
-                        col_labels: Sequence[str], title: str = "") -> Figure:
+def plot_agreement_grid(
+    panels: Sequence[Sequence[tuple[np.ndarray, np.ndarray, str]]],
+    row_labels: Sequence[str],
+    col_labels: Sequence[str],
+    title: str = "",
+) -> Figure:
     """A grid of estimate-vs-exact scatters: ``panels[row][col] = (estimate, exact, caption)`` (rows:
     hook families, columns: methods)."""
     rows, cols = len(panels), max(len(r) for r in panels)

@@ -21,19 +21,33 @@ TRACE_CMAPS = {"hidden": "Purples", "mlp": "Greens", "attn": "Reds"}
 TRACE_NAMES = {"hidden": "state", "mlp": "MLP", "attn": "Attn"}
 
 
-def _heatmap(fig: Figure, ax: Axes, data: np.ndarray, rows: list[str], cols: list[str], cmap: str,
-             vmin: float | None, vmax: float | None, label: str, max_ticks: int = 24) -> Any:
+def _heatmap(
+    fig: Figure,
+    ax: Axes,
+    data: np.ndarray,
+    rows: list[str],
+    cols: list[str],
+    cmap: str,
+    vmin: float | None,
+    vmax: float | None,
+    label: str,
+    max_ticks: int = 24,
+) -> Any:
     im = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
     step = max(1, -(-len(cols) // max_ticks))
-    ax.set_xticks(range(0, len(cols), step), [cols[i] for i in range(0, len(cols), step)], fontsize=8,
-                  rotation=90 if max(map(len, cols), default=0) > 3 else 0)
+    ax.set_xticks(
+        range(0, len(cols), step),
+        [cols[i] for i in range(0, len(cols), step)],
+        fontsize=8,
+        rotation=90 if max(map(len, cols), default=0) > 3 else 0,
+    )
     cbar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
     cbar.set_label(label, fontsize=8)
     return cbar
 
 
-def plot_patch(result: "PatchResult", cmap: str = "RdBu") -> Figure:
+def plot_patch(result: PatchResult, cmap: str = "RdBu") -> Figure:
     """Heatmap of a patching sweep: layers down, positions (or heads) across; a ``[layer, pos, head]``
     result gets one panel per head. Diverging colours centred on the unpatched run's metric
     (``result.baseline``): white = no effect."""
@@ -42,8 +56,10 @@ def plot_patch(result: "PatchResult", cmap: str = "RdBu") -> Figure:
     spread = float(np.abs(v - base).max()) or 1.0
     lo, hi = base - spread, base + spread
     label = f"{result.metric}{' (normalised)' if result.normalized else ''}"
-    title = (f"{result.direction} patching of {result.hook} "
-             f"(white = {'corrupted' if result.direction == 'denoise' else 'clean'} run, {base:.3g})")
+    title = (
+        f"{result.direction} patching of {result.hook} "
+        f"(white = {'corrupted' if result.direction == 'denoise' else 'clean'} run, {base:.3g})"
+    )
     if v.ndim == 2:
         cols = result.position_labels if result.index_names[1] == "pos" else result.head_labels
         fig = Figure(figsize=(max(4.0, 0.45 * len(cols) + 2), max(2.5, 0.3 * len(result.layer_labels) + 1.2)))
@@ -59,8 +75,17 @@ def plot_patch(result: "PatchResult", cmap: str = "RdBu") -> Figure:
     fig = Figure(figsize=(4.2 * ncols, 0.3 * len(result.layer_labels) * nrows + 1.5 * nrows))
     for i, h in enumerate(heads):
         ax = fig.add_subplot(nrows, ncols, i + 1)
-        _heatmap(fig, ax, v[:, :, i], result.layer_labels, [repr(c)[1:-1] for c in result.position_labels],
-                 cmap, lo, hi, label)
+        _heatmap(
+            fig,
+            ax,
+            v[:, :, i],
+            result.layer_labels,
+            [repr(c)[1:-1] for c in result.position_labels],
+            cmap,
+            lo,
+            hi,
+            label,
+        )
         ax.set_title(f"head {h}", fontsize=9)
         ax.set_xlabel("position")
         ax.set_ylabel("layer")
@@ -69,30 +94,54 @@ def plot_patch(result: "PatchResult", cmap: str = "RdBu") -> Figure:
     return fig
 
 
-def _trace_axes(fig: Figure, ax: Axes, r: "TraceResult") -> None:
+def _trace_axes(fig: Figure, ax: Axes, r: TraceResult) -> None:
     """One trace panel. The colour scale is absolute, from 0 to the clean probability (or the best
     restored cell), with the corrupted and clean probabilities marked on the colour bar: a weak
     corruption shows as a dark background instead of being stretched to white."""
-    labels = [repr(t)[1:-1] + ("*" if r.subject_range[0] <= i < r.subject_range[1] else "") for i, t in enumerate(r.tokens)]
+    labels = [
+        repr(t)[1:-1] + ("*" if r.subject_range[0] <= i < r.subject_range[1] else "") for i, t in enumerate(r.tokens)
+    ]
     scores = r.scores.detach().float().cpu().numpy()
     hi = max(float(scores.max()), r.clean_score, 1e-6)
-    cbar = _heatmap(fig, ax, scores, labels, [str(i) for i in range(scores.shape[1])], TRACE_CMAPS[r.kind],
-                    0.0, hi, f"p({r.target.strip()!s}) with the cell restored")
+    cbar = _heatmap(
+        fig,
+        ax,
+        scores,
+        labels,
+        [str(i) for i in range(scores.shape[1])],
+        TRACE_CMAPS[r.kind],
+        0.0,
+        hi,
+        f"p({r.target.strip()!s}) with the cell restored",
+    )
     for value, style in ((r.corrupted_score, "--"), (r.clean_score, "-")):
         cbar.ax.axhline(value, color="black", lw=1.2, ls=style)
-    ticks = {0.0: "0", r.corrupted_score: f"corrupted {r.corrupted_score:.2f}", r.clean_score: f"clean {r.clean_score:.2f}"}
+    ticks = {
+        0.0: "0",
+        r.corrupted_score: f"corrupted {r.corrupted_score:.2f}",
+        r.clean_score: f"clean {r.clean_score:.2f}",
+    }
     cbar.set_ticks(list(ticks), labels=list(ticks.values()), fontsize=7)
     what = TRACE_NAMES[r.kind]
     weak = r.clean_score > 0 and r.corrupted_score > 0.5 * r.clean_score
-    ax.set_title(f"Impact of restoring {what} after corrupted input\n"
-                 f"corrupted p = {r.corrupted_score:.3f}, clean p = {r.clean_score:.3f}"
-                 + (" (weak corruption)" if weak else ""), fontsize=9, color="tab:red" if weak else "black")
-    ax.set_xlabel("single restored layer" if r.kind == "hidden" else f"single restored {what} layer" if r.window == 1
-                  else f"center of interval of {r.window} restored {what} layers",
-                  fontsize=8)
+    ax.set_title(
+        f"Impact of restoring {what} after corrupted input\n"
+        f"corrupted p = {r.corrupted_score:.3f}, clean p = {r.clean_score:.3f}"
+        + (" (weak corruption)" if weak else ""),
+        fontsize=9,
+        color="tab:red" if weak else "black",
+    )
+    ax.set_xlabel(
+        "single restored layer"
+        if r.kind == "hidden"
+        else f"single restored {what} layer"
+        if r.window == 1
+        else f"center of interval of {r.window} restored {what} layers",
+        fontsize=8,
+    )
 
 
-def plot_trace(result: "TraceResult") -> Figure:
+def plot_trace(result: TraceResult) -> Figure:
     """ROME's heatmap: tokens down (subject tokens marked ``*``), layers across, p(target) with the
     cell restored; the colour scale runs from 0, with the corrupted and clean scores marked on it."""
     fig = Figure(figsize=(5.0, 0.35 * len(result.tokens) + 1.5))
@@ -101,7 +150,7 @@ def plot_trace(result: "TraceResult") -> Figure:
     return fig
 
 
-def plot_traces(traces: Sequence["TraceResult"]) -> Figure:
+def plot_traces(traces: Sequence[TraceResult]) -> Figure:
     """Several traces of one prompt side by side (ROME: hidden, MLP, attention)."""
     if not traces:
         raise ValueError("no traces to plot")
@@ -113,7 +162,7 @@ def plot_traces(traces: Sequence["TraceResult"]) -> Figure:
     return fig
 
 
-def plot_average_trace(result: "AverageTrace", **_: Any) -> Figure:
+def plot_average_trace(result: AverageTrace, **_: Any) -> Figure:
     """ROME Figure 2: average indirect effect per position bucket × layer, one panel per kind."""
     k = len(result.kinds)
     fig = Figure(figsize=(5.0 * k, 3.0))
@@ -121,11 +170,24 @@ def plot_average_trace(result: "AverageTrace", **_: Any) -> Figure:
         ax = fig.add_subplot(1, k, i + 1)
         data = result.indirect_effect[i].detach().float().cpu().numpy()
         rows = [f"{b} ({c})" for b, c in zip(result.buckets, result.counts)]
-        _heatmap(fig, ax, data, rows, result.layer_labels, TRACE_CMAPS.get(kind, "viridis"),
-                 min(0.0, float(data.min())), max(float(data.max()), 1e-6), "average indirect effect", max_ticks=12)
+        _heatmap(
+            fig,
+            ax,
+            data,
+            rows,
+            result.layer_labels,
+            TRACE_CMAPS.get(kind, "viridis"),
+            min(0.0, float(data.min())),
+            max(float(data.max()), 1e-6),
+            "average indirect effect",
+            max_ticks=12,
+        )
         ax.set_title(f"restoring {TRACE_NAMES.get(kind, kind)}", fontsize=9)
         ax.set_xlabel("layer" if kind == "hidden" else f"center of {result.window}-layer window", fontsize=8)
-    fig.suptitle(f"Causal trace averaged over {result.n_known} known facts (of {result.n_facts}); "
-                 f"clean p = {result.clean_score:.3f}", fontsize=10)
+    fig.suptitle(
+        f"Causal trace averaged over {result.n_known} known facts (of {result.n_facts}); "
+        f"clean p = {result.clean_score:.3f}",
+        fontsize=10,
+    )
     fig.tight_layout()
     return fig

@@ -20,7 +20,7 @@ def _val(x: Any) -> float:
     return float("nan") if x is None else 100 * float(x)
 
 
-def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None) -> Figure:
+def plot_edit_evaluation(ev: EditEvaluation, title: str | None = None) -> Figure:
     """Scores (ES/PS/NS/S) and magnitudes before/after editing, over all cases and the known
     subset; with a sequential curve, a third panel of scores against the number of edits."""
     n_panels = 3 if ev.curve else 2
@@ -28,8 +28,10 @@ def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None) -> Figu
     axes = fig.subplots(1, n_panels)
     groups = [(s, st) for s in ("all", "known") for st in ("pre", "post")]
     colours = {"all pre": "#bbbbbb", "all post": "#1f77b4", "known pre": "#e0c9a6", "known post": "#ff7f0e"}
-    for ax, keys, label in ((axes[0], ("es", "ps", "ns", "S"), "score (%)"),
-                            (axes[1], ("em", "pm", "nm"), "magnitude (percentage points)")):
+    for ax, keys, label in (
+        (axes[0], ("es", "ps", "ns", "S"), "score (%)"),
+        (axes[1], ("em", "pm", "nm"), "magnitude (percentage points)"),
+    ):
         x = np.arange(len(keys))
         w = 0.8 / len(groups)
         for j, (subset, stage) in enumerate(groups):
@@ -50,7 +52,9 @@ def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None) -> Figu
         ax = axes[2]
         ks = [c.n_edits for c in ev.curve]
         for key, col in (("es", "C0"), ("ps", "C1"), ("ns", "C2"), ("S", "k")):
-            ax.plot(ks, [_val(getattr(c, key)) for c in ev.curve], "o-", color=col, label=key.upper() if key != "S" else "S")
+            ax.plot(
+                ks, [_val(getattr(c, key)) for c in ev.curve], "o-", color=col, label=key.upper() if key != "S" else "S"
+            )
         ax.set_xscale("log")
         ax.set_xlabel("number of edits applied (sequential)")
         ax.set_ylabel("score over the edits so far (%)")
@@ -62,18 +66,29 @@ def plot_edit_evaluation(ev: "EditEvaluation", title: str | None = None) -> Figu
     fig.suptitle(title or f"{ev.method.upper()} at layer {ev.layer}: {ev.summary['all'].n} requests ({how})")
     s = ev.summary["all"]
     fmt = lambda x, f: format(x, f) if x is not None else "–"  # noqa: E731
-    fig.text(0.5, 0.005, f"fluency (n-gram entropy) {fmt(s.fluency_pre, '.3f')} → {fmt(s.fluency_post, '.3f')}"
-             f" · KL drift on unrelated prompts {fmt(s.kl_drift, '.2e')} · neighbourhood cases "
-             f"{s.n_neighbourhood} · edit time {fmt(s.edit_seconds, '.2f')} s mean, "
-             f"{fmt(s.edit_seconds_median, '.2f')} s median · weights restored bit-exactly: {ev.restored_exactly}",
-             ha="center", va="bottom", fontsize=7.5)
+    fig.text(
+        0.5,
+        0.005,
+        f"fluency (n-gram entropy) {fmt(s.fluency_pre, '.3f')} → {fmt(s.fluency_post, '.3f')}"
+        f" · KL drift on unrelated prompts {fmt(s.kl_drift, '.2e')} · neighbourhood cases "
+        f"{s.n_neighbourhood} · edit time {fmt(s.edit_seconds, '.2f')} s mean, "
+        f"{fmt(s.edit_seconds_median, '.2f')} s median · weights restored bit-exactly: {ev.restored_exactly}",
+        ha="center",
+        va="bottom",
+        fontsize=7.5,
+    )
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig
 
 
-def plot_decay(n_edits: Mapping[str, Sequence[int]], scores: Mapping[str, Mapping[str, Sequence[float | None]]],
-               reference: Mapping[str, float] | None = None, title: str | None = None,
-               xlabel: str = "edits applied", log_x: bool = False):
+def plot_decay(
+    n_edits: Mapping[str, Sequence[int]],
+    scores: Mapping[str, Mapping[str, Sequence[float | None]]],
+    reference: Mapping[str, float] | None = None,
+    title: str | None = None,
+    xlabel: str = "edits applied",
+    log_x: bool = False,
+):
     """Scores against the number of edits applied, one panel per score, one line per method.
 
     ``n_edits[method]``: x values; ``scores[metric][method]``: values in [0, 1] (None: undefined);
@@ -103,7 +118,7 @@ def plot_decay(n_edits: Mapping[str, Sequence[int]], scores: Mapping[str, Mappin
     return fig
 
 
-def plot_topk_comparison(cmp: "TopKComparison", title: str | None = None) -> Figure:
+def plot_topk_comparison(cmp: TopKComparison, title: str | None = None) -> Figure:
     """For each prompt, the top-k next-token probabilities before (left) and after (right) the edit;
     the target's first token is drawn in red."""
     first = cmp.target_token or None
@@ -111,7 +126,10 @@ def plot_topk_comparison(cmp: "TopKComparison", title: str | None = None) -> Fig
     fig = Figure(figsize=(9, 1.0 + 1.6 * n))
     axes = fig.subplots(n, 2, squeeze=False)
     for i, prompt in enumerate(cmp.prompts):
-        p_t = (cmp.p_target_before[i] if cmp.p_target_before else None, cmp.p_target_after[i] if cmp.p_target_after else None)
+        p_t = (
+            cmp.p_target_before[i] if cmp.p_target_before else None,
+            cmp.p_target_after[i] if cmp.p_target_after else None,
+        )
         for j, (side, rows) in enumerate((("before", cmp.before[i]), ("after", cmp.after[i]))):
             ax = axes[i, j]
             labels = [repr(t) for t, _ in rows][::-1]

@@ -28,7 +28,7 @@ def _show(token: str, width: int = 10) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
-def plot_lens(result: "LensResult", prompt: int = 0, position: int = -1, max_layers: int | None = None) -> Figure:
+def plot_lens(result: LensResult, prompt: int = 0, position: int = -1, max_layers: int | None = None) -> Figure:
     """nostalgebraist-style heatmap of one prompt: rows = layer boundaries (output at the top),
     columns = analysed positions, text = top-1 token, colour = its probability (or the
     target's log-probability when a target is given); beside it, the target's probability
@@ -53,15 +53,28 @@ def plot_lens(result: "LensResult", prompt: int = 0, position: int = -1, max_lay
     for li in range(n_l):
         for ci, j in enumerate(cols):
             p = float(result.top_probs[li, b, j, 0])
-            ax.text(ci, li, _show(result.top_tokens[li][b][j][0]), ha="center", va="center", fontsize=7,
-                    color="white" if (has_t and values[li, ci] < (np.nanmin(values) + 0.5 * (0 - np.nanmin(values))))
-                    or (not has_t and p > 0.6) else "black")
+            ax.text(
+                ci,
+                li,
+                _show(result.top_tokens[li][b][j][0]),
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white"
+                if (has_t and values[li, ci] < (np.nanmin(values) + 0.5 * (0 - np.nanmin(values))))
+                or (not has_t and p > 0.6)
+                else "black",
+            )
     ax.set_yticks(range(n_l), layers)
-    ax.set_xticks(range(n_c), [f"{_show(result.input_token(b, j), 12)}\n{int(result.positions[b, j])}" for j in cols],
-                  fontsize=7)
+    ax.set_xticks(
+        range(n_c), [f"{_show(result.input_token(b, j), 12)}\n{int(result.positions[b, j])}" for j in cols], fontsize=7
+    )
     ax.set_xlabel("input token (position)")
-    ax.set_ylabel("layer boundary (decoded with ln_final + W_U)" if result.lens == "logit lens"
-                  else "layer boundary (translator, ln_final + W_U)")
+    ax.set_ylabel(
+        "layer boundary (decoded with ln_final + W_U)"
+        if result.lens == "logit lens"
+        else "layer boundary (translator, ln_final + W_U)"
+    )
     ax.set_title(f"{result.lens}: {result.prompts[b]!r}"[:80], fontsize=9)
     fig.colorbar(im, ax=ax, label=cbar_label, fraction=0.05, pad=0.02)
 
@@ -88,7 +101,7 @@ def plot_lens(result: "LensResult", prompt: int = 0, position: int = -1, max_lay
     return fig
 
 
-def plot_attribution(result: "DLAResult") -> Figure:
+def plot_attribution(result: DLAResult) -> Figure:
     """Bars of the direct contributions (embeddings, attention, MLP per layer; LN bias apart),
     and a layer × head heatmap when per-head parts exist."""
     heads = result.head_parts is not None
@@ -97,14 +110,17 @@ def plot_attribution(result: "DLAResult") -> Figure:
     ax = fig.add_subplot(gs[0])
     labels = list(result.labels) + ["ln_final.b"]
     vals = np.append(result.parts.numpy(), result.ln_bias)
-    colours = ["tab:gray" if "embed" in l else "tab:blue" if "attn" in l else "tab:orange" if "mlp" in l
-               else "tab:green" for l in labels]
+    colours = [
+        "tab:gray" if "embed" in l else "tab:blue" if "attn" in l else "tab:orange" if "mlp" in l else "tab:green"
+        for l in labels
+    ]
     ax.bar(range(len(vals)), vals, color=colours)
     ax.axhline(0, color="black", lw=0.6)
     ax.set_xticks(range(len(vals)), labels, rotation=90, fontsize=7)
     ax.set_ylabel(f"direct contribution to {result.what}")
-    ax.set_title(f"{result.prompt!r}[{result.position}] · total {result.total:+.3f} (model {result.logit:+.3f})"[:90],
-                 fontsize=9)
+    ax.set_title(
+        f"{result.prompt!r}[{result.position}] · total {result.total:+.3f} (model {result.logit:+.3f})"[:90], fontsize=9
+    )
     if heads:
         ax2 = fig.add_subplot(gs[1])
         h = result.head_parts.numpy()
@@ -125,7 +141,7 @@ def _token_bars(ax, tokens: Sequence[str], scores: torch.Tensor, colour: str, ti
     ax.set_title(title, fontsize=8)
 
 
-def plot_vocab(result: "VocabProjection", rows: int | None = None, max_rows: int = 64) -> Figure:
+def plot_vocab(result: VocabProjection, rows: int | None = None, max_rows: int = 64) -> Figure:
     """For the first ``rows`` vectors (default: all, at most ``max_rows``): bars of their top and
     bottom tokens' scores."""
     n = min(len(result.labels) if rows is None else check_count(rows, "rows"), len(result.labels), max_rows)
@@ -144,28 +160,36 @@ def plot_vocab(result: "VocabProjection", rows: int | None = None, max_rows: int
     return fig
 
 
-def plot_neuron_search(result: "NeuronSearch", **_: object) -> Figure:
+def plot_neuron_search(result: NeuronSearch, **_: object) -> Figure:
     """One bar per neuron (its score), labelled with the neuron's own top tokens."""
     fig = Figure(figsize=(7, 0.28 * len(result) + 1.4))
     ax = fig.add_subplot()
     y = list(range(len(result)))[::-1]
     ax.barh(y, result.scores.numpy())
-    ax.set_yticks(y, [f"L{l}.N{i} " + ",".join(map(repr, t[:3])) for l, i, t in
-                      zip(result.layers, result.neurons, result.top_tokens)], fontsize=7)
+    ax.set_yticks(
+        y,
+        [
+            f"L{l}.N{i} " + ",".join(map(repr, t[:3]))
+            for l, i, t in zip(result.layers, result.neurons, result.top_tokens)
+        ],
+        fontsize=7,
+    )
     ax.set_xlabel("score")
     ax.set_title("neurons promoting " + ", ".join(map(repr, result.tokens[:4])), fontsize=9)
     fig.tight_layout()
     return fig
 
 
-def plot_subupdates(result: "SubupdateResult") -> Figure:
+def plot_subupdates(result: SubupdateResult) -> Figure:
     """The largest MLP sub-updates: norm |m|·‖v‖ and (with a target) direct effect, labelled
     with each one's top promoted tokens."""
     n = len(result.neurons)
     has_t = result.target_effects is not None
     fig = Figure(figsize=(10 if has_t else 6.5, 0.3 * n + 1.5))
-    labels = [f"L{l}.N{i} " + ",".join(_show(t, 8) for t in toks[:3])
-              for l, i, toks in zip(result.layers, result.neurons, result.top_tokens)]
+    labels = [
+        f"L{l}.N{i} " + ",".join(_show(t, 8) for t in toks[:3])
+        for l, i, toks in zip(result.layers, result.neurons, result.top_tokens)
+    ]
     y = np.arange(n)[::-1]
     ax = fig.add_subplot(1, 2 if has_t else 1, 1)
     ax.barh(y, result.norms.numpy(), color=["tab:blue" if a > 0 else "tab:purple" for a in result.activations])

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ..analysis.probes import ProbeResult
 
 
-def plot_probe(result: "ProbeResult", title: str | None = None) -> Figure:
+def plot_probe(result: ProbeResult, title: str | None = None) -> Figure:
     """One panel: the task score and the control score by layer (95% fold intervals as bands), the
     chance level, and the selectivity (task − control) as bars on the same axis."""
     x = np.arange(len(result.layers))
@@ -37,16 +37,23 @@ def plot_probe(result: "ProbeResult", title: str | None = None) -> Figure:
     ax.set_xlabel(f"layer ({result.hook} at {result.position})")
     ax.set_ylabel(result.metric)
     ax.set_ylim(min(0.0, float(np.nanmin(mean - ci)) - 0.05), 1.02)
-    ax.set_title(title or f"linear probe: {result.task or 'task'} ({result.n_prompts} prompts, "
-                 f"{result.n_groups} groups, {result.n_folds} folds)", fontsize=9)
+    ax.set_title(
+        title
+        or f"linear probe: {result.task or 'task'} ({result.n_prompts} prompts, "
+        f"{result.n_groups} groups, {result.n_folds} folds)",
+        fontsize=9,
+    )
     ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3)
     return fig
 
 
 def plot_probe_summary(
-    layers: Sequence[str], selectivity: dict[str, Sequence[float]], trace: dict[str, Sequence[float]] | None = None,
-    trace_layers: Sequence[str] | None = None, title: str = "",
+    layers: Sequence[str],
+    selectivity: dict[str, Sequence[float]],
+    trace: dict[str, Sequence[float]] | None = None,
+    trace_layers: Sequence[str] | None = None,
+    title: str = "",
 ) -> Figure:
     """Selectivity by layer for several tasks (lines), beside causal-trace indirect effects by
     layer (``trace``: name → values over ``trace_layers``) when given."""
@@ -73,4 +80,3 @@ def plot_probe_summary(
         ax2.set_title("averaged causal trace (indirect effects)", fontsize=9)
         style_line_axes([ax2], 7)
     return finish(fig, title)
-

@@ -61,16 +61,29 @@ def test_quick_run_agrees_with_patching_by_hand(facts_model, tmp_path):
 
 def test_keep_previous_adds_a_method_to_the_earlier_rows(facts_model, tmp_path):
     common = {"pairs": 4, "hooks": ["mlp_out"]}
-    first = run_experiment("attribution", facts_model, settings={**common, "methods": ["atp"]}, out=tmp_path,
-                           tag="t", progress=False)
-    both = run_experiment("attribution", facts_model, settings={**common, "methods": ["ig"], "keep_previous": True},
-                          out=tmp_path, tag="t", progress=False)
+    first = run_experiment(
+        "attribution", facts_model, settings={**common, "methods": ["atp"]}, out=tmp_path, tag="t", progress=False
+    )
+    both = run_experiment(
+        "attribution",
+        facts_model,
+        settings={**common, "methods": ["ig"], "keep_previous": True},
+        out=tmp_path,
+        tag="t",
+        progress=False,
+    )
     assert [r["method"] for r in both.data["rows"]] == ["atp", "ig"]
     assert both.data["rows"][0] == first.data["rows"][0]
     assert "merged_with" in both.provenance
     with pytest.raises(ValueError, match="keep_previous"):
-        run_experiment("attribution", facts_model, settings={**common, "pairs": 3, "keep_previous": True},
-                       out=tmp_path, tag="t", progress=False)
+        run_experiment(
+            "attribution",
+            facts_model,
+            settings={**common, "pairs": 3, "keep_previous": True},
+            out=tmp_path,
+            tag="t",
+            progress=False,
+        )
 
 
 def test_settings_are_checked_by_name():

@@ -33,7 +33,8 @@ def test_quick_trace_clean_score_is_the_models_probability(facts_model, tmp_path
     assert data["window"] == 3 and len(data["layer_labels"]) == facts_model.cfg.n_layer
     peak = data["peaks"]["hidden"]
     assert data["indirect_effect"][0][data["buckets"].index(peak["bucket"])][peak["layer"]] == pytest.approx(
-        peak["indirect_effect"], abs=1e-4)
+        peak["indirect_effect"], abs=1e-4
+    )
     assert "last subject token" in data["finding"]
     # the figure and the table are redrawn from the saved result alone
     (d / "causal_trace.png").unlink()

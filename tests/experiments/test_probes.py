@@ -14,11 +14,21 @@ pytestmark = pytest.mark.slow  # two tasks and the last-token probe, 5 folds × 
 
 def _trace(path, n_layer: int) -> dict:
     """A causal_trace result file (runner layout) with distinct numbers in every cell."""
-    buckets = ["first subject token", "middle subject tokens", "last subject token", "first subsequent token",
-               "further tokens", "last token"]
+    buckets = [
+        "first subject token",
+        "middle subject tokens",
+        "last subject token",
+        "first subsequent token",
+        "further tokens",
+        "last token",
+    ]
     ie = [[[k + b / 10 + l / 100 for l in range(n_layer)] for b in range(6)] for k in range(3)]
-    data = {"kinds": ["hidden", "mlp", "attn"], "buckets": buckets, "layer_labels": [f"L{l}" for l in range(n_layer)],
-            "indirect_effect": ie}
+    data = {
+        "kinds": ["hidden", "mlp", "attn"],
+        "buckets": buckets,
+        "layer_labels": [f"L{l}" for l in range(n_layer)],
+        "indirect_effect": ie,
+    }
     path.mkdir(parents=True)
     (path / "result.json").write_text(json.dumps({"experiment": "causal_trace", "model": "gpt2-facts", "data": data}))
     return data
@@ -33,7 +43,11 @@ def test_quick_probes_count_the_prompts_and_read_this_models_trace(facts_model, 
     assert set(data["tasks"]) == {"continent", "period", "continent at the last token (own templates)"}
     assert len(data["tasks"]["continent"]["selectivity"]) == facts_model.cfg.n_layer + 1
     # independent check: the prompt and subject counts of the fact base's probing sets
-    for task, which in (("continent", "all"), ("period", "all"), ("continent at the last token (own templates)", "own")):
+    for task, which in (
+        ("continent", "all"),
+        ("period", "all"),
+        ("continent at the last token (own templates)", "own"),
+    ):
         ds = probing_set(task.split()[0], per_subject=2, which=which)
         assert data["tasks"][task]["n_prompts"] == len(ds.prompts)
     assert data["tasks"]["continent"]["n_subjects"] == len(set(probing_set("continent", per_subject=2).subjects))

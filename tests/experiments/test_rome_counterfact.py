@@ -38,17 +38,26 @@ def test_quick_run_scores_and_restores_the_weights(facts_model, tmp_path):
     assert all(torch.equal(before[k], after[k]) for k in before)  # one-at-a-time and sequential edits undone
     for row in one["rows"]:  # the unedited model's P(new) on the rewrite prompt, by hand
         assert row["pre"]["p_new"] == pytest.approx(
-            torch.tensor(logprob_by_hand(facts_model, row["prompt"], row["target_new"])).exp().item(), rel=1e-3)
+            torch.tensor(logprob_by_hand(facts_model, row["prompt"], row["target_new"])).exp().item(), rel=1e-3
+        )
         assert row["post"]["es"] in (0.0, 1.0)
 
 
 def test_parts_merge_to_the_run_made_in_one_go(facts_model, tmp_path):
-    common = {"known_only": True, "tune_n": 2, "trace_facts": 0, "sequential_n": 0, "n_samples": 4000,
-              "hparams": ["v_steps=5"], "layer": 0}
+    common = {
+        "known_only": True,
+        "tune_n": 2,
+        "trace_facts": 0,
+        "sequential_n": 0,
+        "n_samples": 4000,
+        "hparams": ["v_steps=5"],
+        "layer": 0,
+    }
 
     def go(tag, **kw):
-        return run_experiment("rome_counterfact", facts_model, settings={**common, **kw}, out=tmp_path, tag=tag,
-                              progress=False)
+        return run_experiment(
+            "rome_counterfact", facts_model, settings={**common, **kw}, out=tmp_path, tag=tag, progress=False
+        )
 
     one = go("one", n=4).data
     for off in (0, 2):
@@ -77,7 +86,10 @@ def test_parts_merge_to_the_run_made_in_one_go(facts_model, tmp_path):
 
 def test_settings_are_checked():
     assert parse_hparams(["v_lr=1", "prefix_lengths=[3]", "corpus=brown"]) == {
-        "v_lr": 1, "prefix_lengths": (3,), "corpus": "brown"}
+        "v_lr": 1,
+        "prefix_lengths": (3,),
+        "corpus": "brown",
+    }
     with pytest.raises(ValueError, match="hparams"):
         Config.from_settings({"hparams": "v_lr"})
     with pytest.raises(ValueError, match="trace_facts"):

@@ -53,16 +53,28 @@ def toy():
     REGISTRY.pop("toy")
 
 
-@pytest.mark.parametrize("text, tp, expected", [
-    ("3", int, 3), ("2.5", float, 2.5), ("true", bool, True), ("off", bool, False), ("a,b", list[str], ["a", "b"]),
-    ("1,2,3", tuple[int, ...], (1, 2, 3)), ("", list[int], []), ("none", int | None, None), ("7", int | None, 7),
-])
+@pytest.mark.parametrize(
+    "text, tp, expected",
+    [
+        ("3", int, 3),
+        ("2.5", float, 2.5),
+        ("true", bool, True),
+        ("off", bool, False),
+        ("a,b", list[str], ["a", "b"]),
+        ("1,2,3", tuple[int, ...], (1, 2, 3)),
+        ("", list[int], []),
+        ("none", int | None, None),
+        ("7", int | None, 7),
+    ],
+)
 def test_settings_are_parsed_by_the_field_type(text, tp, expected):
     assert parse_value(text, tp, "x") == expected
 
 
-@pytest.mark.parametrize("text, tp, match", [("a", int, "integer"), ("nan", float, "finite"), ("maybe", bool, "true or false"),
-                                             ("0,a", list[int], "integer")])
+@pytest.mark.parametrize(
+    "text, tp, match",
+    [("a", int, "integer"), ("nan", float, "finite"), ("maybe", bool, "true or false"), ("0,a", list[int], "integer")],
+)
 def test_bad_settings_name_the_field(text, tp, match):
     with pytest.raises(ValueError, match=f"Toy.k.*{match}|{match}.*"):
         parse_value(text, tp, "Toy.k")
@@ -78,7 +90,10 @@ def test_a_run_writes_the_layout_with_provenance(toy, tiny, tmp_path):
     res = run_experiment("toy", tiny, settings={"scale": "2"}, out=tmp_path, progress=False)
     d = tmp_path / "toy" / "tiny"
     assert sorted(p.name for p in d.iterdir() if not p.name.startswith(".")) == [
-        "provenance.json", "result.json", "toy.md"]
+        "provenance.json",
+        "result.json",
+        "toy.md",
+    ]
     prov = json.loads((d / "provenance.json").read_text())
     # the fingerprint is the sha256 over the model's tensors, recomputed here without the library
     h = hashlib.sha256()

@@ -18,7 +18,11 @@ def test_quick_run_then_appended_runs(facts_model, tmp_path):
     d = tmp_path / "subject_specificity" / "gpt2-facts" / "quick"
     report = res.data
     assert [(r["method"], r["keep_factor"]) for r in report["runs"]] == [
-        ("rome", None), ("rome", 1.0), ("memit", None), ("memit", 1.0)]
+        ("rome", None),
+        ("rome", 1.0),
+        ("memit", None),
+        ("memit", 1.0),
+    ]
     assert all(r["summary"]["n_ss"] > 0 for r in report["runs"])
     assert (d / "subject_specificity.png").stat().st_size > 0
     # keep prompts counted by hand: each other relation of the edited subject, one training prompt (index 1)
@@ -27,9 +31,14 @@ def test_quick_run_then_appended_runs(facts_model, tmp_path):
     others = [len({f.relation for f in fb.facts() if f.subject == s}) - 1 for s in subjects]
     assert report["runs"][1]["keep_prompts_mean"] == pytest.approx(sum(others) / len(others), abs=1e-4)
     # more keep prompts, appended to the same result
-    again = run_experiment("subject_specificity", facts_model, quick=True, out=tmp_path, progress=False,
-                           settings={"methods": ["rome"], "published": False, "keep_templates": [1, 2],
-                                     "append": True}).data
+    again = run_experiment(
+        "subject_specificity",
+        facts_model,
+        quick=True,
+        out=tmp_path,
+        progress=False,
+        settings={"methods": ["rome"], "published": False, "keep_templates": [1, 2], "append": True},
+    ).data
     assert again["runs"][:4] == report["runs"] and len(again["runs"]) == 5
     assert again["runs"][4]["keep_templates"] == [1, 2] and again["runs"][4]["keep_factor"] == 1.0
     assert again["runs"][4]["keep_prompts_mean"] == pytest.approx(2 * sum(others) / len(others), abs=1e-4)

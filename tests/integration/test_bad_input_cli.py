@@ -35,22 +35,37 @@ def assert_one_line_error(code, err, *needles):
         assert n in lines[0], f"{n!r} not in {lines[0]!r}"
 
 
-@pytest.mark.parametrize("argv, needles", [
-    (["info", "--device", "gpu"], ["--device", "unknown device 'gpu'", "cpu"]),
-    (["info", "--device", "cuda:99"], ["--device", "cuda:99"]),
-    (["info", "--dtype", "fp64"], ["--dtype", "fp64", "fp32"]),
-    (["lens", "The capital of France is", "--top", "-1"], ["--top", ">= 1", "-1"]),
-    (["generate", "Hello", "-n", "0"], ["--max-new-tokens", ">= 1"]),
-    (["generate", "Hello", "--top-p", "1.5"], ["--top-p", "1.5"]),
-    (["neurons", "--layer", "0", "--top", "0"], ["--top", ">= 1"]),
-    (["trace", "Munich is a city in", "--subject", "Munich", "--samples", "0"], ["--samples"]),
-    (["evaluate-edits", "--n", "-3"], ["--n", ">= 1"]),
-    (["lens", "x", "--positions", "a,b"], ["positions"]),
-    (["nonsense-command"], ["invalid choice"]),
-    (["edit", "--subject", "Munich", "--prompt", "{} is a city in", "--target", " Italy", "--keep", "Munich is big"],
-     ["keep", "{}"]),
-    (["edit", "--requests", "r.jsonl", "--keep", "{} is big"], ["--keep", "'keep' list"]),
-])
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        (["info", "--device", "gpu"], ["--device", "unknown device 'gpu'", "cpu"]),
+        (["info", "--device", "cuda:99"], ["--device", "cuda:99"]),
+        (["info", "--dtype", "fp64"], ["--dtype", "fp64", "fp32"]),
+        (["lens", "The capital of France is", "--top", "-1"], ["--top", ">= 1", "-1"]),
+        (["generate", "Hello", "-n", "0"], ["--max-new-tokens", ">= 1"]),
+        (["generate", "Hello", "--top-p", "1.5"], ["--top-p", "1.5"]),
+        (["neurons", "--layer", "0", "--top", "0"], ["--top", ">= 1"]),
+        (["trace", "Munich is a city in", "--subject", "Munich", "--samples", "0"], ["--samples"]),
+        (["evaluate-edits", "--n", "-3"], ["--n", ">= 1"]),
+        (["lens", "x", "--positions", "a,b"], ["positions"]),
+        (["nonsense-command"], ["invalid choice"]),
+        (
+            [
+                "edit",
+                "--subject",
+                "Munich",
+                "--prompt",
+                "{} is a city in",
+                "--target",
+                " Italy",
+                "--keep",
+                "Munich is big",
+            ],
+            ["keep", "{}"],
+        ),
+        (["edit", "--requests", "r.jsonl", "--keep", "{} is big"], ["--keep", "'keep' list"]),
+    ],
+)
 def test_argument_errors_are_one_line(capsys, argv, needles):
     if argv[:3] == ["info", "--device", "cuda:99"] and torch.cuda.device_count() > 99:  # pragma: no cover
         pytest.skip("a machine with 100 GPUs")
@@ -66,8 +81,12 @@ def test_cuda_without_cuda_is_one_line(capsys):
 
 def test_malformed_hparams_are_named(capsys):
     base = ["edit", "--subject", "Munich", "--prompt", "{} is a city in", "--target", " Italy"]
-    for hp, needle in (("v_steps", "NAME=VALUE"), ("v_steps=abc", "v_steps must be an integer"),
-                       ("no_such=1", "unknown ROME hyperparameter"), ("v_lr=true", "v_lr must be a number")):
+    for hp, needle in (
+        ("v_steps", "NAME=VALUE"),
+        ("v_steps=abc", "v_steps must be an integer"),
+        ("no_such=1", "unknown ROME hyperparameter"),
+        ("v_lr=true", "v_lr must be a number"),
+    ):
         code, _, err = run(capsys, *base, "--hparam", hp)
         assert_one_line_error(code, err, needle)
 
@@ -115,14 +134,20 @@ def test_debug_shows_the_traceback():
     with pytest.raises(FileNotFoundError, match="x.edit"):
         main(["verify", "/nonexistent/x.edit", "--debug"])
     with pytest.raises(ValueError, match="unknown ROME hyperparameter"):
-        main(["--debug", "edit", "--subject", "Munich", "--prompt", "{} is in", "--target", " Italy", "--hparam", "no=1"])
+        main(
+            ["--debug", "edit", "--subject", "Munich", "--prompt", "{} is in", "--target", " Italy", "--hparam", "no=1"]
+        )
 
 
 @pytest.mark.slow
 def test_a_real_process_prints_one_line_and_exits_non_zero(tmp_path):
     """The installed entry point, as a user runs it (no pytest in between)."""
-    proc = subprocess.run([sys.executable, "-m", "gpt2_interp.cli", "verify", str(tmp_path / "x.edit")],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpt2_interp.cli", "verify", str(tmp_path / "x.edit")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "x.edit" in proc.stderr
 
@@ -146,20 +171,33 @@ def test_neurons_figure_draws_every_requested_neuron(capsys, tmp_path, facts_mod
     assert len(fig.axes) == 2 * 20  # top and bottom bars for each of the 20 neurons
 
 
-@pytest.mark.parametrize("command, content, needles", [
-    ("trace", None, ["--dataset", "no such file"]),
-    ("trace", '{"prompt": "The capital of France is", "subject": "France"}\n', ["line 1", "'target'"]),
-    ("trace", '{"prompt": "The capital of France is", "subject": "Spain", "target": " Paris"}\n', ["'Spain'", "not in its prompt"]),
-    ("trace", "not json\n", ["line 1", "not JSON"]),
-    ("trace", "[1, 2]\n", ["line 1", "list"]),
-    ("trace", "\n# only a comment\n", ["holds no objects"]),
-    ("patch", '{"clean": "a b", "corrupted": "c d", "answer": 7}\n', ["line 1", "'answer'", "non-empty strings"]),
-    ("patch", '{"clean": "The capital of France is", "corrupted": "The capital of Italy is", "answer": " Paris", "wrong": " Rome"}\n'
-              '{"clean": "The capital of Spain is", "corrupted": "The capital of Japan is", "answer": " Madrid"}\n',
-     ["1 of 2 pairs", "\"wrong\"", "every line"]),
-    ("patch", '{"clean": "The capital of France is", "corrupted": "The capital of the United Kingdom is", "answer": " Paris"}\n',
-     ["same number of tokens"]),
-])
+@pytest.mark.parametrize(
+    "command, content, needles",
+    [
+        ("trace", None, ["--dataset", "no such file"]),
+        ("trace", '{"prompt": "The capital of France is", "subject": "France"}\n', ["line 1", "'target'"]),
+        (
+            "trace",
+            '{"prompt": "The capital of France is", "subject": "Spain", "target": " Paris"}\n',
+            ["'Spain'", "not in its prompt"],
+        ),
+        ("trace", "not json\n", ["line 1", "not JSON"]),
+        ("trace", "[1, 2]\n", ["line 1", "list"]),
+        ("trace", "\n# only a comment\n", ["holds no objects"]),
+        ("patch", '{"clean": "a b", "corrupted": "c d", "answer": 7}\n', ["line 1", "'answer'", "non-empty strings"]),
+        (
+            "patch",
+            '{"clean": "The capital of France is", "corrupted": "The capital of Italy is", "answer": " Paris", "wrong": " Rome"}\n'
+            '{"clean": "The capital of Spain is", "corrupted": "The capital of Japan is", "answer": " Madrid"}\n',
+            ["1 of 2 pairs", '"wrong"', "every line"],
+        ),
+        (
+            "patch",
+            '{"clean": "The capital of France is", "corrupted": "The capital of the United Kingdom is", "answer": " Paris"}\n',
+            ["same number of tokens"],
+        ),
+    ],
+)
 def test_bad_dataset_files_are_one_line(capsys, tmp_path, command, content, needles):
     path = tmp_path / "data.jsonl"
     if content is not None:
@@ -169,13 +207,16 @@ def test_bad_dataset_files_are_one_line(capsys, tmp_path, command, content, need
     assert out == ""
 
 
-@pytest.mark.parametrize("argv, needles", [
-    (["trace", "--dataset", "facts:0"], ["facts:N", "positive integer"]),
-    (["trace", "--dataset", "facts:2", "--subject", "Munich"], ["--dataset", "drop --subject"]),
-    (["trace", "Munich is a city in"], ["--subject", "--dataset"]),
-    (["patch", "--dataset", "facts:2", "--answer", " Paris"], ["drop --answer"]),
-    (["patch", "--clean", "The capital of France is"], ["--corrupted", "--dataset"]),
-])
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        (["trace", "--dataset", "facts:0"], ["facts:N", "positive integer"]),
+        (["trace", "--dataset", "facts:2", "--subject", "Munich"], ["--dataset", "drop --subject"]),
+        (["trace", "Munich is a city in"], ["--subject", "--dataset"]),
+        (["patch", "--dataset", "facts:2", "--answer", " Paris"], ["drop --answer"]),
+        (["patch", "--clean", "The capital of France is"], ["--corrupted", "--dataset"]),
+    ],
+)
 def test_dataset_argument_mistakes_are_one_line(capsys, argv, needles):
     code, _, err = run(capsys, *argv)
     assert_one_line_error(code, err, *needles)

@@ -25,9 +25,17 @@ from gpt2_interp.editing.stats import ENV_DIR
 from gpt2_interp.model import GPT2Config, HookedGPT2
 
 WORLD = 2
-CORPUS = "\n\n".join(f"Document {i}: the river runs past {i * 7} old houses and a mill near the bridge." for i in range(40))
-PROMPTS = ["The capital of France is", "A cat sat on the", "Water is made of", "The river runs past",
-           "Paris is a city in", "The old mill near"]
+CORPUS = "\n\n".join(
+    f"Document {i}: the river runs past {i * 7} old houses and a mill near the bridge." for i in range(40)
+)
+PROMPTS = [
+    "The capital of France is",
+    "A cat sat on the",
+    "Water is made of",
+    "The river runs past",
+    "Paris is a city in",
+    "The old mill near",
+]
 LENS_TEXTS = [f"Text {i}: the river runs past {i * 7} old houses, a mill and the bridge near town." for i in range(12)]
 FAST_ROME = {"v_steps": 2, "prefix_lengths": (2,), "prefixes_per_length": 1}
 
@@ -58,25 +66,67 @@ def run_all(model: HookedGPT2, corpus: Path, cache: Path):
 
     clear_memory_cache()
     # 333 tokens: not a whole number of rows or batches, so the cut-short last row is exercised
-    stats = key_second_moment(model, 1, corpus=str(corpus), n_samples=333, batch_size=4, cache_dir=cache, progress=False)
-    avg = average_trace(model, self_known_facts(model), kind=["hidden", "mlp"], samples=2, facts_per_batch=2,
-                        progress=False)
+    stats = key_second_moment(
+        model, 1, corpus=str(corpus), n_samples=333, batch_size=4, cache_dir=cache, progress=False
+    )
+    avg = average_trace(
+        model, self_known_facts(model), kind=["hidden", "mlp"], samples=2, facts_per_batch=2, progress=False
+    )
     # its key statistics come from the same small corpus (computed by the ranks together)
-    ev = evaluate_edits(model, requests(), layer=0, fluency_tokens=3, n_unrelated=3, progress=False,
-                        corpus=str(corpus), n_samples=300, **FAST_ROME)
+    ev = evaluate_edits(
+        model,
+        requests(),
+        layer=0,
+        fluency_tokens=3,
+        n_unrelated=3,
+        progress=False,
+        corpus=str(corpus),
+        n_samples=300,
+        **FAST_ROME,
+    )
     # 5 pairs of two lengths (left-padded together), per-pair answers, normalised: 3 pairs on rank 0, 2 on rank 1
-    clean = ["The capital of France is", "A cat sat on the", "Water is made of", "The river runs past", "Paris is a town in"]
-    corrupt = ["The capital of Italy is", "A dog sat on the", "Fire is made of", "The road runs past", "London is a town in"]
-    pt = patch(model, clean, corrupt, logit_diff([" Paris", " mat", " hydrogen", " old", " France"],
-                                                 [" Rome", " floor", " oxygen", " new", " Italy"]),
-               hook="resid_pre", normalize=True, progress=False)
+    clean = [
+        "The capital of France is",
+        "A cat sat on the",
+        "Water is made of",
+        "The river runs past",
+        "Paris is a town in",
+    ]
+    corrupt = [
+        "The capital of Italy is",
+        "A dog sat on the",
+        "Fire is made of",
+        "The road runs past",
+        "London is a town in",
+    ]
+    pt = patch(
+        model,
+        clean,
+        corrupt,
+        logit_diff(
+            [" Paris", " mat", " hydrogen", " old", " France"], [" Rome", " floor", " oxygen", " new", " Italy"]
+        ),
+        hook="resid_pre",
+        normalize=True,
+        progress=False,
+    )
     # tuned lens: least-squares start on the corpus (rows sharded), then 3 DDP steps of 4 rows (2 per rank)
     lens = train_tuned_lens(model, LENS_TEXTS, steps=3, batch_tokens=64, lr=1e-2, seq_len=16, progress=False)
     div = lens_divergence(model, LENS_TEXTS[:3], lens, seq_len=16)
-    return {"C": stats.C, "count": stats.count, "key": stats.key, "avg": avg.to_dict(), "rows": ev.rows,
-            "summary": ev.summary, "restored": ev.restored_exactly, "patch": pt.to_dict(),
-            "lens_weight": lens.weight, "lens_bias": lens.bias, "lens_div": div,
-            "lens_meta": {k: v for k, v in lens.meta.items() if k != "world_size"}}
+    return {
+        "C": stats.C,
+        "count": stats.count,
+        "key": stats.key,
+        "avg": avg.to_dict(),
+        "rows": ev.rows,
+        "summary": ev.summary,
+        "restored": ev.restored_exactly,
+        "patch": pt.to_dict(),
+        "lens_weight": lens.weight,
+        "lens_bias": lens.bias,
+        "lens_div": div,
+        "lens_meta": {k: v for k, v in lens.meta.items() if k != "world_size"},
+    }
 
 
 def _free_port() -> int:
@@ -87,8 +137,9 @@ def _free_port() -> int:
 
 def _init(rank: int, port: int) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=120)
+    )
 
 
 def _worker(rank: int, port: int, corpus: str, cache: str, out: str) -> None:
@@ -167,7 +218,9 @@ def test_key_second_moment_on_two_ranks_equals_one_process_with_the_same_cache_k
     assert got["key"] == ref["key"]  # the same cache key, so either run's file serves the other
     torch.testing.assert_close(got["C"], ref["C"], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(got1["C"], got["C"], rtol=0, atol=0)  # every rank holds the all-reduced result
-    assert [p.name for p in (tmp / "cache2").glob("*")] == [p.name for p in (tmp / "cache1").glob("*")]  # rank 0 wrote one file
+    assert [p.name for p in (tmp / "cache2").glob("*")] == [
+        p.name for p in (tmp / "cache1").glob("*")
+    ]  # rank 0 wrote one file
 
 
 @pytest.mark.slow
@@ -203,8 +256,10 @@ def test_tuned_lens_trained_with_ddp_on_two_ranks_equals_one_process(results):
     torch.testing.assert_close(got1["lens_weight"], got["lens_weight"], rtol=0, atol=0)  # DDP keeps the ranks identical
     # the same losses (all-reduced over the ranks; rounded to 5 decimals), batch size, token counts
     assert got["lens_meta"]["final_kl_nats"] == pytest.approx(ref["lens_meta"]["final_kl_nats"], abs=2e-5)
-    _close({k: v for k, v in got["lens_meta"].items() if k != "final_kl_nats"},
-           {k: v for k, v in ref["lens_meta"].items() if k != "final_kl_nats"})
+    _close(
+        {k: v for k, v in got["lens_meta"].items() if k != "final_kl_nats"},
+        {k: v for k, v in ref["lens_meta"].items() if k != "final_kl_nats"},
+    )
     _close(got["lens_div"], ref["lens_div"])
 
 
@@ -233,11 +288,30 @@ def test_torchrun_cli_stats_on_two_ranks_writes_the_single_process_statistics_an
 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     args = ["-m", "gpt2_interp", "stats", "--layer", "0", "--n-samples", "1500"]
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *args,
-                          "--cache-dir", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=600)
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            *args,
+            "--cache-dir",
+            str(tmp_path / "two"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert two.returncode == 0, two.stderr[-2000:]
-    one = subprocess.run([sys.executable, *args, "--cache-dir", str(tmp_path / "one")], env=env, capture_output=True,
-                         text=True, timeout=600)
+    one = subprocess.run(
+        [sys.executable, *args, "--cache-dir", str(tmp_path / "one")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert one.returncode == 0, one.stderr[-2000:]
     assert two.stdout.count("KeyStats(") == 1  # rank 0 alone prints
     (f2,), (f1,) = list((tmp_path / "two").glob("*.safetensors")), list((tmp_path / "one").glob("*.safetensors"))
@@ -245,12 +319,16 @@ def test_torchrun_cli_stats_on_two_ranks_writes_the_single_process_statistics_an
     torch.testing.assert_close(load_file(str(f2))["C"], load_file(str(f1))["C"], rtol=1e-6, atol=1e-7)
 
 
-def _cli(args: list[str], nproc: int = 1) -> "subprocess.CompletedProcess[str]":
+def _cli(args: list[str], nproc: int = 1) -> subprocess.CompletedProcess[str]:
     import subprocess
     import sys
 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)] if nproc > 1 else [sys.executable]
+    launch = (
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+        if nproc > 1
+        else [sys.executable]
+    )
     out = subprocess.run([*launch, "-m", "gpt2_interp", *args], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     return out
@@ -261,13 +339,45 @@ def test_torchrun_cli_trace_and_patch_over_a_dataset_print_the_single_process_re
     import json
 
     pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text("\n".join(json.dumps(p) for p in [
-        {"clean": "The capital of France is", "corrupted": "The capital of Italy is", "answer": " Paris", "wrong": " Rome"},
-        {"clean": "The capital of Spain is", "corrupted": "The capital of Japan is", "answer": " Madrid", "wrong": " Tokyo"},
-        {"clean": "The capital of Germany is", "corrupted": "The capital of Egypt is", "answer": " Berlin", "wrong": " Cairo"},
-    ]) + "\n")
+    pairs.write_text(
+        "\n".join(
+            json.dumps(p)
+            for p in [
+                {
+                    "clean": "The capital of France is",
+                    "corrupted": "The capital of Italy is",
+                    "answer": " Paris",
+                    "wrong": " Rome",
+                },
+                {
+                    "clean": "The capital of Spain is",
+                    "corrupted": "The capital of Japan is",
+                    "answer": " Madrid",
+                    "wrong": " Tokyo",
+                },
+                {
+                    "clean": "The capital of Germany is",
+                    "corrupted": "The capital of Egypt is",
+                    "answer": " Berlin",
+                    "wrong": " Cairo",
+                },
+            ]
+        )
+        + "\n"
+    )
     runs = {
-        "trace": ["trace", "--dataset", "facts:6", "--samples", "2", "--kind", "all", "--facts-per-batch", "2", "--json"],
+        "trace": [
+            "trace",
+            "--dataset",
+            "facts:6",
+            "--samples",
+            "2",
+            "--kind",
+            "all",
+            "--facts-per-batch",
+            "2",
+            "--json",
+        ],
         "patch": ["patch", "--dataset", str(pairs), "--normalize", "--json"],
     }
     for name, args in runs.items():

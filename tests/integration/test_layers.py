@@ -68,9 +68,14 @@ def private_crossings(package: Path = PACKAGE) -> list[str]:
                     private = alias.name.startswith("_") and not alias.name.startswith("__")
                     if private and _package_of(source) != _package_of(module):
                         found.append(f"{module}: from {source} import {alias.name}")
-            elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "model"
-                  and node.attr.startswith("_") and not node.attr.startswith("__")
-                  and not module.startswith("gpt2_interp.model")):
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "model"
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and not module.startswith("gpt2_interp.model")
+            ):
                 found.append(f"{module}: model.{node.attr} (line {node.lineno})")
     return found
 
@@ -85,6 +90,7 @@ def test_the_private_name_check_can_fail(tmp_path):
     pkg = tmp_path / "gpt2_interp"
     (pkg / "analysis").mkdir(parents=True)
     (pkg / "analysis" / "bad.py").write_text(
-        "from gpt2_interp.editing.stats import _secret\nfrom .lens import _fine\nx = model._as_tokens\n")
+        "from gpt2_interp.editing.stats import _secret\nfrom .lens import _fine\nx = model._as_tokens\n"
+    )
     found = private_crossings(pkg)
     assert len(found) == 2 and any("import _secret" in f for f in found) and any("model._as_tokens" in f for f in found)

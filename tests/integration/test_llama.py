@@ -28,9 +28,17 @@ def close(a, b, tol=1e-4):
 def _hf_llama(tied: bool):
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, rope_theta=500.0, rms_norm_eps=1e-5,
-        tie_word_embeddings=tied, attn_implementation="eager",
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rope_theta=500.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tied,
+        attn_implementation="eager",
     )
     model = transformers.LlamaForCausalLM(cfg).eval()
     with torch.no_grad():  # non-trivial norm gains, larger weights so attention is not uniform
@@ -54,11 +62,13 @@ def _hf_activations(hf, tokens):
         def fn(mod, inp, output):
             o = output[0] if isinstance(output, tuple) else output
             acts[name] = o if reshape is None else o.unflatten(-1, (reshape, -1))
+
         return fn
 
     def inp(name, reshape=None):
         def fn(mod, args):
             acts[name] = args[0] if reshape is None else args[0].unflatten(-1, (reshape, -1))
+
         return fn
 
     for i, layer in enumerate(hf.model.layers):
@@ -111,7 +121,9 @@ def test_logits_and_every_shared_hook_match_transformers_llama(llama_pair):
     for name, want in ref.items():
         if name.endswith("normed"):  # HF's norm output = our hook_normalized · w
             ln = name.removesuffix(".normed")
-            module = ours.ln_final if ln == "ln_final" else getattr(ours.blocks[int(ln.split(".")[1])], ln.split(".")[2])
+            module = (
+                ours.ln_final if ln == "ln_final" else getattr(ours.blocks[int(ln.split(".")[1])], ln.split(".")[2])
+            )
             got = cache[f"{ln}.hook_normalized"] * module.w
         else:
             got = cache[name]
@@ -128,11 +140,24 @@ def test_matches_transformer_lens_where_it_supports_the_config(llama_pair):
     hf, ours = llama_pair
     c = hf.config
     cfg = tl.HookedTransformerConfig(
-        n_layers=c.num_hidden_layers, d_model=c.hidden_size, n_heads=c.num_attention_heads, d_head=16,
-        n_key_value_heads=c.num_key_value_heads, d_mlp=c.intermediate_size, n_ctx=c.max_position_embeddings,
-        d_vocab=VOCAB, act_fn="silu", gated_mlp=True, normalization_type="RMS", eps=c.rms_norm_eps,
-        positional_embedding_type="rotary", rotary_dim=16, rotary_base=500.0, rotary_adjacent_pairs=False,
-        final_rms=True, default_prepend_bos=False,
+        n_layers=c.num_hidden_layers,
+        d_model=c.hidden_size,
+        n_heads=c.num_attention_heads,
+        d_head=16,
+        n_key_value_heads=c.num_key_value_heads,
+        d_mlp=c.intermediate_size,
+        n_ctx=c.max_position_embeddings,
+        d_vocab=VOCAB,
+        act_fn="silu",
+        gated_mlp=True,
+        normalization_type="RMS",
+        eps=c.rms_norm_eps,
+        positional_embedding_type="rotary",
+        rotary_dim=16,
+        rotary_base=500.0,
+        rotary_adjacent_pairs=False,
+        final_rms=True,
+        default_prepend_bos=False,
     )
     ref = tl.HookedTransformer(cfg)
     ref.load_state_dict(convert_llama_weights(hf, cfg), strict=False)
@@ -182,11 +207,11 @@ def test_left_padded_batch_equals_single_prompts_under_rope(llama_pair):
     tokens = torch.zeros(2, 11, dtype=torch.long)  # pad id 0, left
     mask = torch.zeros(2, 11, dtype=torch.long)
     for i, r in enumerate(rows):
-        tokens[i, -len(r):], mask[i, -len(r):] = torch.tensor(r), 1
+        tokens[i, -len(r) :], mask[i, -len(r) :] = torch.tensor(r), 1
     batch = ours(tokens, attention_mask=mask)
     for i, r in enumerate(rows):
         alone = ours(torch.tensor([r]))
-        assert close(batch[i, -len(r):], alone[0], 1e-5)
+        assert close(batch[i, -len(r) :], alone[0], 1e-5)
     # the same through the KV cache, one token at a time after the padded prompt
     from gpt2_interp.model import KVCache
 
@@ -205,7 +230,14 @@ def test_gqa_per_head_views_and_parameter_names():
     assert a.W_Q.shape == (4, 32, 8) and a.W_K.shape == (1, 32, 8) and a.W_V.shape == (1, 32, 8)
     assert a.b_QKV is None and m.blocks[0].mlp.b_out is None and m.W_pos is None
     assert {n.split(".", 2)[-1] for n, _ in m.named_parameters() if n.startswith("blocks.0.")} == {
-        "ln1.w", "attn.W_QKV", "attn.W_O", "ln2.w", "mlp.W_gate", "mlp.W_in", "mlp.W_out"}
+        "ln1.w",
+        "attn.W_QKV",
+        "attn.W_O",
+        "ln2.w",
+        "mlp.W_gate",
+        "mlp.W_in",
+        "mlp.W_out",
+    }
     # the per-head view writes through to the fused weight the forward uses
     with torch.no_grad():
         a.W_K.zero_()
@@ -221,7 +253,14 @@ def test_gqa_per_head_views_and_parameter_names():
 def test_gpt2_config_is_untouched_by_the_new_fields():
     c = GPT2Config()
     assert (c.norm, c.positional, c.mlp, c.n_kv, c.bias, c.tied_embeddings, c.family) == (
-        "layernorm", "learned", "gelu", 12, True, True, "gpt2")
+        "layernorm",
+        "learned",
+        "gelu",
+        12,
+        True,
+        True,
+        "gpt2",
+    )
     m = HookedGPT2(GPT2Config(n_layer=1, d_model=32, n_head=4, d_mlp=64, n_ctx=16, d_vocab=50))
     assert "blocks.0.attn.hook_rot_q" not in m.hook_names() and "hook_pos_embed" in m.hook_names()
 

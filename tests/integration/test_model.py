@@ -62,7 +62,10 @@ def test_every_hook_matches_transformer_lens(hf_gpt2, gpt2, tl_from_hf):
 
 def test_hook_names_and_shapes(tiny):
     names = tiny.hook_names()
-    assert names[:2] == ["hook_embed", "hook_pos_embed"] and names[-2:] == ["ln_final.hook_scale", "ln_final.hook_normalized"]
+    assert names[:2] == ["hook_embed", "hook_pos_embed"] and names[-2:] == [
+        "ln_final.hook_scale",
+        "ln_final.hook_normalized",
+    ]
     _, cache = tiny.run_with_cache("The cat sat on the mat")  # 7 tokens with BOS
     c = tiny.cfg
     assert cache["blocks.1.attn.hook_q"].shape == (1, 7, c.n_head, c.d_head)
@@ -76,7 +79,9 @@ def test_hook_names_and_shapes(tiny):
 def test_fused_attention_equals_materialised(tiny):
     tokens = random_tokens(3, 20)
     fused = tiny(tokens)
-    with tiny.hooks([("blocks.0.attn.hook_pattern", lambda a, h: None), ("blocks.1.attn.hook_attn_scores", lambda a, h: None)]):
+    with tiny.hooks(
+        [("blocks.0.attn.hook_pattern", lambda a, h: None), ("blocks.1.attn.hook_attn_scores", lambda a, h: None)]
+    ):
         materialised = tiny(tokens)
     assert (fused - materialised).abs().max().item() <= 1e-5
 
@@ -97,7 +102,7 @@ def test_left_padded_batch_equals_individual_runs(tiny):
     assert mask is not None and mask.sum(1).tolist() == [len(tiny.to_tokens(p)[0]) for p in prompts]
     for i, p in enumerate(prompts):
         alone = tiny(p)[0]
-        assert (batched[i, -alone.shape[0]:] - alone).abs().max().item() <= 1e-5
+        assert (batched[i, -alone.shape[0] :] - alone).abs().max().item() <= 1e-5
 
 
 @pytest.mark.slow
@@ -109,7 +114,10 @@ def test_kv_cache_generation_equals_no_cache(tiny):
     assert torch.equal(with_cache, without)
     # batched generation equals one prompt at a time
     for i, p in enumerate(prompts):
-        assert tiny.generate(p, 12, stop_at_eos=False, do_sample=False) == tiny.generate(prompts, 12, stop_at_eos=False, do_sample=False)[i]
+        assert (
+            tiny.generate(p, 12, stop_at_eos=False, do_sample=False)
+            == tiny.generate(prompts, 12, stop_at_eos=False, do_sample=False)[i]
+        )
 
 
 def test_sampling_is_seeded(tiny):
@@ -137,10 +145,9 @@ def test_hooks_removed_after_exceptions(tiny):
     with pytest.raises(RuntimeError, match="boom"):
         tiny.run_with_hooks("Hello", fwd_hooks=[("blocks.0.hook_resid_pre", boom)])
     assert not any(hp.has_hooks for hp in tiny.hook_dict.values())
-    with pytest.raises(ValueError):
-        with tiny.hooks([(lambda n: "resid" in n, lambda a, h: None)]):
-            assert tiny.hook_dict["blocks.1.hook_resid_mid"].has_hooks
-            raise ValueError
+    with pytest.raises(ValueError), tiny.hooks([(lambda n: "resid" in n, lambda a, h: None)]):
+        assert tiny.hook_dict["blocks.1.hook_resid_mid"].has_hooks
+        raise ValueError
     assert not any(hp.has_hooks for hp in tiny.hook_dict.values())
 
 

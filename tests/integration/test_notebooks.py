@@ -25,10 +25,15 @@ def kernel(tmp_path_factory):
     root = tmp_path_factory.mktemp("jupyter")
     spec = root / "kernels" / KERNEL
     spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "gpt2-interp (tests)", "language": "python",
-    }))
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "gpt2-interp (tests)",
+                "language": "python",
+            }
+        )
+    )
     mp = pytest.MonkeyPatch()
     mp.setenv("JUPYTER_PATH", str(root))
     yield KERNEL
@@ -40,17 +45,24 @@ def test_notebook_executes_and_shows_its_figures(path, tmp_path, kernel):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(path, as_version=4)
-    assert not any(c.get("outputs") or c.get("execution_count") for c in nb.cells if c.cell_type == "code"), \
+    assert not any(c.get("outputs") or c.get("execution_count") for c in nb.cells if c.cell_type == "code"), (
         "commit notebooks without outputs"
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name=kernel, resources={"metadata": {"path": str(tmp_path)}})
+    )
+    client = nbclient.NotebookClient(
+        nb, timeout=600, kernel_name=kernel, resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()  # raises CellExecutionError on any error
     if os.environ.get("GPT2_INTERP_NOTEBOOK_OUT"):  # keep the executed notebook for reading (never committed)
         nbformat.write(nb, Path(os.environ["GPT2_INTERP_NOTEBOOK_OUT"]) / path.name)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
-    images = [o for o in outputs if o.output_type in ("display_data", "execute_result") and "image/png" in o.get("data", {})]
+    images = [
+        o for o in outputs if o.output_type in ("display_data", "execute_result") and "image/png" in o.get("data", {})
+    ]
     plotted = sum(("display(" in c.source) for c in nb.cells if c.cell_type == "code")
     assert images, f"{path.name} shows no figure"
-    assert len(images) >= plotted, f"{path.name}: {plotted} cells display figures but only {len(images)} images came out"
+    assert len(images) >= plotted, (
+        f"{path.name}: {plotted} cells display figures but only {len(images)} images came out"
+    )
     stderr = "".join(o.get("text", "") for o in outputs if o.output_type == "stream" and o.get("name") == "stderr")
     assert "Warning" not in stderr, f"{path.name} printed a warning: {stderr[:500]}"

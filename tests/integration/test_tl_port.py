@@ -17,7 +17,7 @@ import torch
 
 import gpt2_interp as gi
 from gpt2_interp import utils as our_utils
-from gpt2_interp.model import HookedRootModule, HookPoint, PortingWarning
+from gpt2_interp.model import PortingWarning
 
 TEXT = "The quick brown fox jumps over the lazy dog"
 ATOL = 1e-4
@@ -57,8 +57,13 @@ def _hf_gpt2_tokenizer():
     tk = Tokenizer(models.BPE(vocab, [(m[3], m[4]) for m in merges]))
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                                   pad_token="<|endoftext|>", unk_token="<|endoftext|>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )
 
 
 def _gpt2_tokenizer_fast():
@@ -72,8 +77,16 @@ def _gpt2_tokenizer_fast():
     return GPT2TokenizerFast(vocab=backend["vocab"], merges=merges, pad_token="<|endoftext|>")  # pad: as TL sets it
 
 
-VARIED = ["The quick brown fox", "  leading spaces", "naïve café — “quotes” 😀 日本語", "<|endoftext|>Hello<|endoftext|>",
-          "a\n\nb\tc", "It's don't we'll 123 4567.89", "Hello , world . Isn't ?", "x"]
+VARIED = [
+    "The quick brown fox",
+    "  leading spaces",
+    "naïve café — “quotes” 😀 日本語",
+    "<|endoftext|>Hello<|endoftext|>",
+    "a\n\nb\tc",
+    "It's don't we'll 123 4567.89",
+    "Hello , world . Isn't ?",
+    "x",
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -139,21 +152,41 @@ def cfg_names(model, utils):
 
 def tokens_and_strings(model, utils):
     tokens = model.to_tokens(TEXT)
-    return [tokens, model.to_str_tokens(TEXT), model.to_string(tokens[0, 1:]), model.to_string(int(tokens[0, 2])),
-            model.to_single_token(" fox"), model.to_tokens(TEXT, prepend_bos=False)]
+    return [
+        tokens,
+        model.to_str_tokens(TEXT),
+        model.to_string(tokens[0, 1:]),
+        model.to_string(int(tokens[0, 2])),
+        model.to_single_token(" fox"),
+        model.to_tokens(TEXT, prepend_bos=False),
+    ]
 
 
 def logits_and_loss(model, utils):
     tokens = model.to_tokens(TEXT)
-    return [model(tokens), model(tokens, return_type="loss"), model(TEXT, return_type="loss", loss_per_token=True),
-            model(TEXT, prepend_bos=False)]
+    return [
+        model(tokens),
+        model(tokens, return_type="loss"),
+        model(TEXT, return_type="loss", loss_per_token=True),
+        model(TEXT, prepend_bos=False),
+    ]
 
 
 def cache_shorthands(model, utils):
     _, cache = model.run_with_cache(TEXT)
-    return [cache["resid_post", -1], cache["embed"], cache["pos_embed"], cache[utils.get_act_name("k", 1)],
-            cache["pattern", 1, "attn"], cache["scale", 1, "ln2"], cache["z", 0], cache["q", 0],
-            cache["blocks.0.hook_mlp_out"], cache[utils.get_act_name("resid_pre", 1)], utils.get_act_name("scale", 1, "ln1")]
+    return [
+        cache["resid_post", -1],
+        cache["embed"],
+        cache["pos_embed"],
+        cache[utils.get_act_name("k", 1)],
+        cache["pattern", 1, "attn"],
+        cache["scale", 1, "ln2"],
+        cache["z", 0],
+        cache["q", 0],
+        cache["blocks.0.hook_mlp_out"],
+        cache[utils.get_act_name("resid_pre", 1)],
+        utils.get_act_name("scale", 1, "ln1"),
+    ]
 
 
 def cache_filter_and_keys(model, utils):
@@ -233,8 +266,11 @@ def add_hook_bwd(model, utils):
 
 def accumulated_resid(model, utils):
     _, cache = model.run_with_cache(TEXT)
-    return [cache.accumulated_resid(layer=-1, incl_mid=True, pos_slice=-1, return_labels=True),
-            cache.accumulated_resid(layer=1, return_labels=True), cache.accumulated_resid()]
+    return [
+        cache.accumulated_resid(layer=-1, incl_mid=True, pos_slice=-1, return_labels=True),
+        cache.accumulated_resid(layer=1, return_labels=True),
+        cache.accumulated_resid(),
+    ]
 
 
 def decompose_resid(model, utils):
@@ -265,8 +301,24 @@ def pos_slice_and_batch_dim(model, utils):
 
 
 def stacked_weights(model, utils):
-    return [model.W_Q, model.W_K, model.W_V, model.W_O, model.b_Q, model.b_K, model.b_V, model.b_O,
-            model.W_in, model.W_out, model.b_in, model.b_out, model.W_U, model.b_U, model.W_E, model.W_pos]
+    return [
+        model.W_Q,
+        model.W_K,
+        model.W_V,
+        model.W_O,
+        model.b_Q,
+        model.b_K,
+        model.b_V,
+        model.b_O,
+        model.W_in,
+        model.W_out,
+        model.b_in,
+        model.b_out,
+        model.W_U,
+        model.b_U,
+        model.W_E,
+        model.W_pos,
+    ]
 
 
 def factored_circuits(model, utils):
@@ -274,8 +326,12 @@ def factored_circuits(model, utils):
 
 
 def token_directions_and_positions(model, utils):
-    return [model.tokens_to_residual_directions(" fox"), model.tokens_to_residual_directions(torch.tensor([5, 7])),
-            model.get_token_position(" the", TEXT), model.get_token_position(" the", TEXT, mode="last")]
+    return [
+        model.tokens_to_residual_directions(" fox"),
+        model.tokens_to_residual_directions(torch.tensor([5, 7])),
+        model.get_token_position(" the", TEXT),
+        model.get_token_position(" the", TEXT, mode="last"),
+    ]
 
 
 def logit_attrs_unscaled(model, utils):
@@ -289,8 +345,9 @@ def logit_attrs_unscaled(model, utils):
 
 def greedy_generate_tokens(model, utils):
     tokens = model.to_tokens("The quick brown")
-    return model.generate(tokens, max_new_tokens=5, do_sample=False, use_past_kv_cache=True, verbose=False,
-                          stop_at_eos=False)
+    return model.generate(
+        tokens, max_new_tokens=5, do_sample=False, use_past_kv_cache=True, verbose=False, stop_at_eos=False
+    )
 
 
 def own_hooked_module(model, utils):
@@ -324,10 +381,23 @@ def cfg_device_and_dtype(model, utils):
 def tokenizer_object(model, utils):
     tok = model.tokenizer
     tokens = model.to_tokens(["Hello world", TEXT], padding_side="right")
-    return [tok.decode(tokens[1]), tok.batch_decode(tokens), tok.decode(tokens[1, 1:], skip_special_tokens=True),
-            tok.batch_decode(tokens, skip_special_tokens=True), tok.convert_ids_to_tokens(tokens[1].tolist()),
-            tok.convert_ids_to_tokens(int(tokens[1, 3])), tok.decode(int(tokens[1, 2])), tok.bos_token_id,
-            tok.eos_token_id, tok.pad_token_id, tok.bos_token, tok.eos_token, tok.padding_side, tok.vocab_size, len(tok)]
+    return [
+        tok.decode(tokens[1]),
+        tok.batch_decode(tokens),
+        tok.decode(tokens[1, 1:], skip_special_tokens=True),
+        tok.batch_decode(tokens, skip_special_tokens=True),
+        tok.convert_ids_to_tokens(tokens[1].tolist()),
+        tok.convert_ids_to_tokens(int(tokens[1, 3])),
+        tok.decode(int(tokens[1, 2])),
+        tok.bos_token_id,
+        tok.eos_token_id,
+        tok.pad_token_id,
+        tok.bos_token,
+        tok.eos_token,
+        tok.padding_side,
+        tok.vocab_size,
+        len(tok),
+    ]
 
 
 def attn_result_opt_in(model, utils):
@@ -352,12 +422,34 @@ def attn_result_via_cfg(model, utils):
 
 
 IDIOMS = [
-    cfg_names, tokens_and_strings, logits_and_loss, cache_shorthands, cache_filter_and_keys, ablate_head_hook,
-    hook_layer_and_filter, hooks_context, add_and_reset_hooks, permanent_and_prepend, backward_hooks,
-    add_hook_bwd, accumulated_resid, decompose_resid, stack_head_results, stack_neuron_results,
-    full_decomposition_sums_to_resid, pos_slice_and_batch_dim, stacked_weights, factored_circuits,
-    token_directions_and_positions, logit_attrs_unscaled, greedy_generate_tokens, own_hooked_module,
-    cfg_device_and_dtype, tokenizer_object, attn_result_opt_in, attn_result_via_cfg,
+    cfg_names,
+    tokens_and_strings,
+    logits_and_loss,
+    cache_shorthands,
+    cache_filter_and_keys,
+    ablate_head_hook,
+    hook_layer_and_filter,
+    hooks_context,
+    add_and_reset_hooks,
+    permanent_and_prepend,
+    backward_hooks,
+    add_hook_bwd,
+    accumulated_resid,
+    decompose_resid,
+    stack_head_results,
+    stack_neuron_results,
+    full_decomposition_sums_to_resid,
+    pos_slice_and_batch_dim,
+    stacked_weights,
+    factored_circuits,
+    token_directions_and_positions,
+    logit_attrs_unscaled,
+    greedy_generate_tokens,
+    own_hooked_module,
+    cfg_device_and_dtype,
+    tokenizer_object,
+    attn_result_opt_in,
+    attn_result_via_cfg,
 ]
 
 
@@ -413,7 +505,9 @@ def test_logit_attrs_are_transformer_lens_times_the_final_gain_and_sum_to_the_lo
         tl_scaled = tl_cache.apply_ln_to_stack(tl_stack, layer=-1, pos_slice=-1)
     direction = ref.W_U[:, dog] - ref.W_U[:, cat]
     want = (tl_scaled * ref.ln_final.w) @ direction
-    got = cache.logit_attrs(cache.decompose_resid(layer=-1, pos_slice=-1), tokens=dog, incorrect_tokens=cat, pos_slice=-1)
+    got = cache.logit_attrs(
+        cache.decompose_resid(layer=-1, pos_slice=-1), tokens=dog, incorrect_tokens=cat, pos_slice=-1
+    )
     assert (got - want).abs().max() <= ATOL
 
 
@@ -433,10 +527,11 @@ def test_backward_hooks_never_outlive_their_context(pair):
     loss.backward()  # the context has closed: the hook must not fire
     ours.zero_grad()
     assert fired == []
-    with pytest.raises(RuntimeError):
-        with ours.hooks(fwd_hooks=[("hook_embed", lambda a, hook: None)],
-                        bwd_hooks=[("hook_embed", lambda g, hook: None)]):
-            raise RuntimeError("body fails")
+    with (
+        pytest.raises(RuntimeError),
+        ours.hooks(fwd_hooks=[("hook_embed", lambda a, hook: None)], bwd_hooks=[("hook_embed", lambda g, hook: None)]),
+    ):
+        raise RuntimeError("body fails")
     assert all(not hp.fwd_hooks and not hp.bwd_hooks for hp in ours.hook_dict.values())
 
 
@@ -460,8 +555,12 @@ def test_return_type_none_fires_ln_final_hooks_like_transformer_lens(pair):
 
 
 @pytest.mark.slow  # TransformerLens's unbatched sweeps
-@pytest.mark.parametrize("fn", sorted(n for n in dir(__import__("gpt2_interp.analysis.tl_patching", fromlist=["x"]))
-                                  if n.startswith("get_act_patch_")))
+@pytest.mark.parametrize(
+    "fn",
+    sorted(
+        n for n in dir(__import__("gpt2_interp.analysis.tl_patching", fromlist=["x"])) if n.startswith("get_act_patch_")
+    ),
+)
 def test_tl_patching_call_shape_matches_transformer_lens(pair, fn):
     ours, ref, _ = pair
     with warnings.catch_warnings():
@@ -490,8 +589,9 @@ def test_decomposition_sums_to_the_logits_on_a_llama_config():
     every head, neuron and embedding through the real (uncentred) ln_final sums to the logits."""
     from gpt2_interp.model import HookedGPT2, llama_config
 
-    cfg = llama_config(n_layer=2, d_model=64, n_head=4, n_kv_heads=2, d_mlp=96, n_ctx=64, d_vocab=50257,
-                       tied_embeddings=False)
+    cfg = llama_config(
+        n_layer=2, d_model=64, n_head=4, n_kv_heads=2, d_mlp=96, n_ctx=64, d_vocab=50257, tied_embeddings=False
+    )
     model = HookedGPT2(cfg, seed=0).eval()
     with torch.no_grad():
         model.ln_final.w.add_(torch.randn_like(model.ln_final.w) * 0.2)
@@ -552,7 +652,10 @@ def _bos_free_equal(ours_tok, ref_tok, texts):
         b = ref_tok(texts, padding=True, return_tensors="pt")
         assert torch.equal(a.input_ids, b["input_ids"]) and torch.equal(a["attention_mask"], b["attention_mask"])
         assert ours_tok.batch_decode(a.input_ids) == ref_tok.batch_decode(b["input_ids"])
-    assert ours_tok.encode(texts[0], return_tensors="pt").tolist() == ref_tok.encode(texts[0], return_tensors="pt").tolist()
+    assert (
+        ours_tok.encode(texts[0], return_tensors="pt").tolist()
+        == ref_tok.encode(texts[0], return_tensors="pt").tolist()
+    )
 
 
 def test_tokenizer_equals_hugging_face_gpt2_and_bos_is_a_stated_choice(pair):
@@ -603,7 +706,9 @@ def test_generate_defaults_are_transformer_lens_sampling_and_greedy_is_asked_for
         sampled = [ours.generate(tokens, stop_at_eos=False, seed=s) for s in range(4)]
         assert all(t.shape == (1, tokens.shape[1] + 10) for t in sampled)  # TL's 10 new tokens
         assert len({tuple(t[0].tolist()) for t in sampled}) > 1  # it samples
-        assert torch.equal(ours.generate(tokens, stop_at_eos=False, seed=7), ours.generate(tokens, stop_at_eos=False, seed=7))
+        assert torch.equal(
+            ours.generate(tokens, stop_at_eos=False, seed=7), ours.generate(tokens, stop_at_eos=False, seed=7)
+        )
         greedy = ours.generate(tokens, max_new_tokens=5, stop_at_eos=False, do_sample=False)
         assert torch.equal(ours.generate(tokens, max_new_tokens=5, stop_at_eos=False, temperature=0), greedy)
     want = ref.generate(tokens, max_new_tokens=5, stop_at_eos=False, do_sample=False, verbose=False)
@@ -619,8 +724,9 @@ def test_from_pretrained_loads_through_load_and_says_it_never_folds(pair):
     with warnings.catch_warnings():
         warnings.simplefilter("error", PortingWarning)
         quiet = gi.HookedTransformer.from_pretrained_no_processing("gpt2-facts", dtype="float32")
-        again = gi.HookedTransformer.from_pretrained("gpt2-facts", fold_ln=False, center_writing_weights=False,
-                                                     center_unembed=False, fold_value_biases=False)
+        again = gi.HookedTransformer.from_pretrained(
+            "gpt2-facts", fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False
+        )
     ref = gi.load("gpt2-facts")
     tokens = ref.to_tokens("The capital of France is")
     for m in (model, quiet, again):
@@ -646,14 +752,39 @@ def llama_pair():
     from transformer_lens.pretrained.weight_conversions.llama import convert_llama_weights
 
     torch.manual_seed(0)
-    c = transformers.LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                 rope_theta=500.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
+    c = transformers.LlamaConfig(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rope_theta=500.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
     hf = transformers.LlamaForCausalLM(c).eval()
     cfg = tl.HookedTransformerConfig(
-        n_layers=2, d_model=64, n_heads=4, d_head=16, n_key_value_heads=2, d_mlp=96, n_ctx=128, d_vocab=320,
-        act_fn="silu", gated_mlp=True, normalization_type="RMS", eps=1e-5, positional_embedding_type="rotary",
-        rotary_dim=16, rotary_base=500.0, rotary_adjacent_pairs=False, final_rms=True, default_prepend_bos=False)
+        n_layers=2,
+        d_model=64,
+        n_heads=4,
+        d_head=16,
+        n_key_value_heads=2,
+        d_mlp=96,
+        n_ctx=128,
+        d_vocab=320,
+        act_fn="silu",
+        gated_mlp=True,
+        normalization_type="RMS",
+        eps=1e-5,
+        positional_embedding_type="rotary",
+        rotary_dim=16,
+        rotary_base=500.0,
+        rotary_adjacent_pairs=False,
+        final_rms=True,
+        default_prepend_bos=False,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         ref = tl.HookedTransformer(cfg)
@@ -663,8 +794,23 @@ def llama_pair():
 
 def stacked_weights_rotary(model, utils):
     """:func:`stacked_weights` on a rotary model (no W_pos)."""
-    return [model.W_Q, model.W_K, model.W_V, model.W_O, model.b_Q, model.b_K, model.b_V, model.b_O,
-            model.W_in, model.W_out, model.b_in, model.b_out, model.W_U, model.b_U, model.W_E]
+    return [
+        model.W_Q,
+        model.W_K,
+        model.W_V,
+        model.W_O,
+        model.b_Q,
+        model.b_K,
+        model.b_V,
+        model.b_O,
+        model.W_in,
+        model.W_out,
+        model.b_in,
+        model.b_out,
+        model.W_U,
+        model.b_U,
+        model.W_E,
+    ]
 
 
 @pytest.mark.parametrize("idiom", [stacked_weights_rotary, factored_circuits], ids=lambda f: f.__name__)

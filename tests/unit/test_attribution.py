@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import gpt2_interp as gi
-from gpt2_interp.analysis.attribution import agreement, attribute, spearman, verify
+from gpt2_interp.analysis.attribution import agreement, attribute, spearman
 from gpt2_interp.analysis.metrics import bind_metric, kl_to, logit_diff
 from gpt2_interp.analysis.patching import pair_tokens, patch
 
@@ -82,8 +82,14 @@ def test_atp_equals_exact_patching_where_the_metric_is_linear_in_the_patched_act
     does not depend on v). AtP is exact there — for every position and head, every pair, padding
     included; one layer earlier it is not."""
     clean, corrupt, m = pairs
-    for model, hook in ((lin, "mlp_out"), (lin, "mlp_post"), (lin, "resid_post"), (lin_attn, "z"), (lin_attn, "v"),
-                        (lin_attn, "attn_out")):
+    for model, hook in (
+        (lin, "mlp_out"),
+        (lin, "mlp_post"),
+        (lin, "resid_post"),
+        (lin_attn, "z"),
+        (lin_attn, "v"),
+        (lin_attn, "attn_out"),
+    ):
         for positions in (None, [-1, -3]) if hook in ("z", "v") else (None,):
             exact = patch(model, clean, corrupt, m, hook=hook, layers=[3], positions=positions)
             est = attribute(model, clean, corrupt, m, hook=hook, layers=[3], positions=positions, method="atp")
@@ -106,7 +112,9 @@ def test_noise_direction_and_normalisation_follow_patch(lin_attn, pairs):
 
 
 @pytest.mark.parametrize("hook, positions", [("q", None), ("q", [2, -1]), ("k", None), ("k", [1, 4, -1])])
-def test_atp_star_qk_fix_equals_exact_patching_when_the_effect_is_only_through_the_pattern(lin_attn, pairs, hook, positions):
+def test_atp_star_qk_fix_equals_exact_patching_when_the_effect_is_only_through_the_pattern(
+    lin_attn, pairs, hook, positions
+):
     """Queries and keys of the last layer act only through its attention pattern, and with the last
     MLP off and ln_final linear the metric is linear in that pattern: recomputing the softmax (the QK
     fix) is then exact, while plain AtP, linear through the softmax, is not."""
@@ -128,8 +136,9 @@ def additive_model(vocab: int = 50257):
     ln_final linear."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(2)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=32,
-                                                              vocab_size=vocab)).eval()
+    hf = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=32, vocab_size=vocab)
+    ).eval()
     with torch.no_grad():
         hf.transformer.wte.weight.mul_(8)
         hf.transformer.h[0].mlp.c_fc.weight.mul_(6)
@@ -196,13 +205,16 @@ def test_ig_converges_per_pair_and_per_cell_not_only_on_average():
     assert (est.roll(1, 0) - exact).abs().max() > 0.2 * scale  # a permutation of pairs would fail
     assert (est.mean(0) - est.roll(1, 0).mean(0)).abs().max() <= 1e-5 * scale  # ... though its mean is the same
     few = pair_effects(attribute(model, clean, corrupt, m, hook="resid_pre", layers=[0], method="ig", ig_steps=3))
-    chunked = pair_effects(attribute(model, clean, corrupt, m, hook="resid_pre", layers=[0], method="ig", ig_steps=3,
-                                     batch_size=3))
+    chunked = pair_effects(
+        attribute(model, clean, corrupt, m, hook="resid_pre", layers=[0], method="ig", ig_steps=3, batch_size=3)
+    )
     assert (chunked - few).abs().max() <= 1e-4 * scale
 
 
-@pytest.mark.parametrize("hook, kw", [("z", dict(heads="all")), ("mlp_out", dict(positions="all")),
-                                      ("resid_pre", dict(positions="all", layers=[1, 3]))])
+@pytest.mark.parametrize(
+    "hook, kw",
+    [("z", dict(heads="all")), ("mlp_out", dict(positions="all")), ("resid_pre", dict(positions="all", layers=[1, 3]))],
+)
 def test_activation_path_ig_converges_to_exact_patching_where_a_layer_is_one_cell(small, pairs, hook, kw):
     """With one cell per layer (all heads, or all positions, patched together) the activation-path IG
     integrates exactly that patch: on a nonlinear model it converges to exact patching per pair as the
@@ -217,7 +229,11 @@ def test_activation_path_ig_converges_to_exact_patching_where_a_layer_is_one_cel
         assert est.ig_path == "activations" and est.values.shape == (exact.shape[1:])
         err[steps] = float((pair_effects(est) - exact).abs().max())
     atp = float((pair_effects(attribute(small, clean, corrupt, m, hook=hook, **kw)) - exact).abs().max())
-    ig_in = float((pair_effects(attribute(small, clean, corrupt, m, hook=hook, method="ig", ig_steps=24, **kw)) - exact).abs().max())
+    ig_in = float(
+        (pair_effects(attribute(small, clean, corrupt, m, hook=hook, method="ig", ig_steps=24, **kw)) - exact)
+        .abs()
+        .max()
+    )
     assert err[24] <= 2e-3 * scale and err[24] < err[2]
     assert atp > 10 * err[24] and ig_in > 10 * err[24]
 
@@ -233,7 +249,7 @@ def reference_input_ig(model, clean, corrupt, answers, wrongs, names, steps):
         with torch.no_grad():
             _, cc = model.run_with_cache(c, attention_mask=am, names_filter=names + ["hook_embed"])
             _, kc = model.run_with_cache(k, attention_mask=am, names_filter=names + ["hook_embed"])
-        grads = {x: 0.0 for x in names}
+        grads = dict.fromkeys(names, 0.0)
         for s in range(steps):
             alpha = (s + 0.5) / steps
             emb = (kc["hook_embed"] + alpha * (cc["hook_embed"] - kc["hook_embed"])).requires_grad_(True)
@@ -304,8 +320,7 @@ def test_graddrop_scores_equal_a_slow_loop_that_detaches_each_layer(small, pairs
 
 
 def no_state_left(model):
-    return (all(not hp.has_hooks for hp in model.hook_dict.values())
-            and all(p.grad is None for p in model.parameters()))
+    return all(not hp.has_hooks for hp in model.hook_dict.values()) and all(p.grad is None for p in model.parameters())
 
 
 @pytest.mark.parametrize("method", ["atp", "atp*", "ig"])
@@ -430,19 +445,72 @@ def test_cli_attribute(small, tmp_path, capsys):
 
     small.save(tmp_path / "m")
     out = tmp_path / "fig.png"
-    rc = main(["attribute", "--model", str(tmp_path / "m"), "--clean", "The capital of France is",
-               "--corrupted", "The capital of Italy is", "--answer", " Paris", "--wrong", " Rome", "--hook", "k",
-               "--method", "atp*", "--verify", "3", "--out", str(out), "--json"])
+    rc = main(
+        [
+            "attribute",
+            "--model",
+            str(tmp_path / "m"),
+            "--clean",
+            "The capital of France is",
+            "--corrupted",
+            "The capital of Italy is",
+            "--answer",
+            " Paris",
+            "--wrong",
+            " Rome",
+            "--hook",
+            "k",
+            "--method",
+            "atp*",
+            "--verify",
+            "3",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
     assert rc == 0 and out.exists()
     d = json.loads(capsys.readouterr().out)
     assert d["method"] == "atp*" and d["hook"] == "k" and len(d["values"]) == 4
-    rc = main(["attribute", "--model", str(tmp_path / "m"), "--clean", "The capital of France is",
-               "--corrupted", "The capital of Italy is", "--answer", " Paris", "--method", "ig", "--ig-steps", "2"])
+    rc = main(
+        [
+            "attribute",
+            "--model",
+            str(tmp_path / "m"),
+            "--clean",
+            "The capital of France is",
+            "--corrupted",
+            "The capital of Italy is",
+            "--answer",
+            " Paris",
+            "--method",
+            "ig",
+            "--ig-steps",
+            "2",
+        ]
+    )
     text = capsys.readouterr().out
     assert rc == 0 and "ig (2 steps, input path) estimate" in text and "largest" in text
-    rc = main(["attribute", "--model", str(tmp_path / "m"), "--clean", "The capital of France is", "--corrupted",
-               "The capital of Italy is", "--answer", " Paris", "--method", "ig", "--ig-steps", "2", "--ig-path", "activations",
-               "--json"])
+    rc = main(
+        [
+            "attribute",
+            "--model",
+            str(tmp_path / "m"),
+            "--clean",
+            "The capital of France is",
+            "--corrupted",
+            "The capital of Italy is",
+            "--answer",
+            " Paris",
+            "--method",
+            "ig",
+            "--ig-steps",
+            "2",
+            "--ig-path",
+            "activations",
+            "--json",
+        ]
+    )
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and d["method"] == "ig" and d["ig_path"] == "activations"
 

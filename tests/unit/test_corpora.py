@@ -16,8 +16,10 @@ from gpt2_interp.io import corpora
 def test_untag_hand_written_sentences():
     # tagged as in the corpus (NLTK Form C): word/tag, `` and '' for quotes, contractions split off
     assert corpora.untag("The/at jury/nn said/vbd ./.") == "The jury said."
-    assert corpora.untag("``/`` Only/rb a/at handful/nn ,/, ''/'' the/at jury/nn did/dod n't/* say/vb ./.") \
+    assert (
+        corpora.untag("``/`` Only/rb a/at handful/nn ,/, ''/'' the/at jury/nn did/dod n't/* say/vb ./.")
         == '"Only a handful," the jury didn\'t say.'
+    )
     assert corpora.untag("(/( 1937/cd )/) ,/, it/pps cost/vbd $/$ 3/cd ;/.") == "(1937), it cost $3;"
     assert corpora.untag("Atlanta's/np$ 1/2/cd mile/nn") == "Atlanta's 1/2 mile"  # a slash inside a word
 

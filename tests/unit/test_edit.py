@@ -27,9 +27,14 @@ def _edit(model: HookedGPT2, layer: int, seed: int, target: str = " Rome") -> Ed
     in test_rome; here only the bookkeeping matters)."""
     g = torch.Generator().manual_seed(seed)
     u = torch.randn(model.cfg.d_mlp, generator=g)
-    return Edit(layer, u / u.norm(), torch.randn(model.cfg.d_model, generator=g) * 0.1,
-                Request("{} is located in", "Eiffel Tower", target), weights_fingerprint(model),
-                model_name=model.cfg.name)
+    return Edit(
+        layer,
+        u / u.norm(),
+        torch.randn(model.cfg.d_model, generator=g) * 0.1,
+        Request("{} is located in", "Eiffel Tower", target),
+        weights_fingerprint(model),
+        model_name=model.cfg.name,
+    )
 
 
 def test_apply_changes_w_out_by_the_outer_product_and_undo_is_bit_exact(tiny):
@@ -48,10 +53,9 @@ def test_apply_changes_w_out_by_the_outer_product_and_undo_is_bit_exact(tiny):
 def test_context_manager_undoes_even_on_error(tiny):
     snap = _snapshot(tiny)
     e = _edit(tiny, 0, 1)
-    with pytest.raises(RuntimeError, match="boom"):
-        with tiny.edited(e):
-            assert not _same(tiny, snap)
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), tiny.edited(e):
+        assert not _same(tiny, snap)
+        raise RuntimeError("boom")
     assert _same(tiny, snap)
 
 
@@ -175,9 +179,28 @@ def test_cli_edit_verify_stats(tiny, tmp_path, monkeypatch, capsys):
     model = ["--model", str(tmp_path / "tiny")]
     assert main(["stats", *model, "--layer", "0", "--corpus", str(corpus), "--n-samples", "500"]) == 0
     assert "500 keys" in capsys.readouterr().out and len(list((tmp_path / "stats").glob("*.safetensors"))) == 1
-    edit_args = ["edit", *model, "--subject", "Eiffel Tower", "--prompt", "{} is in", "--target", " Rome",
-                 "--layer", "0", "--corpus", str(corpus), "--n-samples", "500", "--hparam", "v_steps=2",
-                 "--paraphrase", "The {} stands in", "--save", str(tmp_path / "my.edit")]
+    edit_args = [
+        "edit",
+        *model,
+        "--subject",
+        "Eiffel Tower",
+        "--prompt",
+        "{} is in",
+        "--target",
+        " Rome",
+        "--layer",
+        "0",
+        "--corpus",
+        str(corpus),
+        "--n-samples",
+        "500",
+        "--hparam",
+        "v_steps=2",
+        "--paraphrase",
+        "The {} stands in",
+        "--save",
+        str(tmp_path / "my.edit"),
+    ]
     assert main(edit_args) == 0
     out = capsys.readouterr().out
     assert "'The Eiffel Tower stands in'" in out and "saved to" in out

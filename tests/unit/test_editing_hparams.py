@@ -13,17 +13,23 @@ from types import SimpleNamespace
 import pytest
 
 from gpt2_interp.editing import hparams as hp_data
-from gpt2_interp.editing.memit import DELTA_DEFAULTS, MODEL_HPARAMS as MEMIT_MODEL_HPARAMS, MemitHparams, default_layers
+from gpt2_interp.editing.memit import DELTA_DEFAULTS, MemitHparams, default_layers
+from gpt2_interp.editing.memit import MODEL_HPARAMS as MEMIT_MODEL_HPARAMS
 from gpt2_interp.editing.rome import DEFAULT_LAYERS, MODEL_HPARAMS, RomeHparams, default_layer, hparams_for
 
 FOLDER = Path(hp_data.__file__).parent
 FILES = sorted(FOLDER.glob("*/*.json"))
-RUN = re.compile(r"analyses/results/(rome_counterfact|mass_editing|mass_editing_window|mass_editing_stats|"
-                 r"nullspace_rules|subject_specificity|causal_trace)/(gpt2-facts|smollm2-135m)")
+RUN = re.compile(
+    r"analyses/results/(rome_counterfact|mass_editing|mass_editing_window|mass_editing_stats|"
+    r"nullspace_rules|subject_specificity|causal_trace)/(gpt2-facts|smollm2-135m)"
+)
 ROME_FIELDS = {f.name for f in fields(RomeHparams)}
 MEMIT_OWN = {f.name for f in fields(MemitHparams)} - {"rome"}
-ALLOWED = {"rome": ROME_FIELDS, "memit": MEMIT_OWN - {"nullspace_threshold", "nullspace_rule", "alpha"}
-           | (ROME_FIELDS - {"layer"}), "alphaedit": {"nullspace_threshold", "nullspace_rule", "alpha"}}
+ALLOWED = {
+    "rome": ROME_FIELDS,
+    "memit": MEMIT_OWN - {"nullspace_threshold", "nullspace_rule", "alpha"} | (ROME_FIELDS - {"layer"}),
+    "alphaedit": {"nullspace_threshold", "nullspace_rule", "alpha"},
+}
 
 
 def _model(name: str, n_layer: int = 30):
@@ -81,31 +87,74 @@ def test_resolved_settings_equal_the_former_dictionaries():
     """Values copied by hand from rome.py/memit.py before the settings became data."""
     assert MODEL_HPARAMS == {
         "gpt2-facts": {"v_lr": 5.0, "v_steps": 60, "bare_weight": 0.5, "early_stop": 1.0, "bare_early_stop": 0.5},
-        "smollm2-135m": {"early_stop": 0.1}}
-    assert DEFAULT_LAYERS == {"gpt2": 4, "gpt2-medium": 8, "gpt2-large": 12, "gpt2-xl": 17, "gpt2-facts": 0,
-                              "smollm2-135m": 3}
+        "smollm2-135m": {"early_stop": 0.1},
+    }
+    assert DEFAULT_LAYERS == {
+        "gpt2": 4,
+        "gpt2-medium": 8,
+        "gpt2-large": 12,
+        "gpt2-xl": 17,
+        "gpt2-facts": 0,
+        "smollm2-135m": 3,
+    }
     assert MEMIT_MODEL_HPARAMS == {
         "gpt2-facts": {"layers": (0,), "mom2_weight": 1000.0, "prefix_lengths": (5, 10), "delta_norm": "mlp_out"},
-        "smollm2-135m": {"delta_norm": "mlp_out"}}
+        "smollm2-135m": {"delta_norm": "mlp_out"},
+    }
     assert DELTA_DEFAULTS == {"prefix_lengths": (10,), "prefixes_per_length": 5}
-    rome_defaults = dict(v_steps=20, v_lr=0.5, kl_factor=0.0625, weight_decay=0.5, clamp_factor=4.0, early_stop=0.05,
-                         prefix_lengths=(5, 10), prefixes_per_length=5, prefix_seed=0, kl_prompt="{} is a",
-                         keep_factor=1.0, exact_edit=True, bare_weight=None, bare_early_stop=None, corpus=None,
-                         n_samples=100_000)
+    rome_defaults = dict(
+        v_steps=20,
+        v_lr=0.5,
+        kl_factor=0.0625,
+        weight_decay=0.5,
+        clamp_factor=4.0,
+        early_stop=0.05,
+        prefix_lengths=(5, 10),
+        prefixes_per_length=5,
+        prefix_seed=0,
+        kl_prompt="{} is a",
+        keep_factor=1.0,
+        exact_edit=True,
+        bare_weight=None,
+        bare_early_stop=None,
+        corpus=None,
+        n_samples=100_000,
+    )
     facts, smol = _model("gpt2-facts", 2), _model("smollm2-135m", 30)
     got = asdict(hparams_for(facts))
-    assert got == rome_defaults | {"layer": 0, "v_lr": 5.0, "v_steps": 60, "bare_weight": 0.5, "early_stop": 1.0,
-                                   "bare_early_stop": 0.5}
+    assert got == rome_defaults | {
+        "layer": 0,
+        "v_lr": 5.0,
+        "v_steps": 60,
+        "bare_weight": 0.5,
+        "early_stop": 1.0,
+        "bare_early_stop": 0.5,
+    }
     assert asdict(hparams_for(smol)) == rome_defaults | {"layer": 3, "early_stop": 0.1}
-    memit_defaults = dict(mom2_weight=1000.0, nullspace_threshold=1e-3, nullspace_rule="relative", alpha=1e-2,
-                          chunk=None)
+    memit_defaults = dict(
+        mom2_weight=1000.0, nullspace_threshold=1e-3, nullspace_rule="relative", alpha=1e-2, chunk=None
+    )
     m = MemitHparams.of(facts).to_dict()
-    assert m == memit_defaults | {"layers": (0,), "delta_norm": "mlp_out", "rome": rome_defaults | {
-        "v_lr": 5.0, "v_steps": 60, "bare_weight": 0.5, "early_stop": 1.0, "bare_early_stop": 0.5,
-        "prefix_lengths": (5, 10), "layer": None}}
+    assert m == memit_defaults | {
+        "layers": (0,),
+        "delta_norm": "mlp_out",
+        "rome": rome_defaults
+        | {
+            "v_lr": 5.0,
+            "v_steps": 60,
+            "bare_weight": 0.5,
+            "early_stop": 1.0,
+            "bare_early_stop": 0.5,
+            "prefix_lengths": (5, 10),
+            "layer": None,
+        },
+    }
     m = MemitHparams.of(smol).to_dict()
-    assert m == memit_defaults | {"layers": None, "delta_norm": "mlp_out", "rome": rome_defaults | {
-        "early_stop": 0.1, "prefix_lengths": (10,), "layer": None}}
+    assert m == memit_defaults | {
+        "layers": None,
+        "delta_norm": "mlp_out",
+        "rome": rome_defaults | {"early_stop": 0.1, "prefix_lengths": (10,), "layer": None},
+    }
     assert default_layer(smol) == 3 and default_layers(smol) == [1, 2, 3] and default_layers(facts) == [0]
 
 

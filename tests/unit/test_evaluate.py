@@ -10,14 +10,21 @@ import torch
 
 from gpt2_interp.editing.edit import weights_fingerprint
 from gpt2_interp.editing.evaluate import (
-    keep_other_relations, known_cases,
-    CaseRow, CaseScores, EditEvaluation, counterfact_requests, evaluate_edits, greedy_continuations, n_gram_entropy, summarize,
+    CaseRow,
+    CaseScores,
+    EditEvaluation,
+    counterfact_requests,
+    evaluate_edits,
+    greedy_continuations,
+    keep_other_relations,
+    known_cases,
+    n_gram_entropy,
+    summarize,
     target_logprobs,
 )
 from gpt2_interp.editing.stats import key_second_moment
 from gpt2_interp.facts.base import FactBase
 from gpt2_interp.facts.templates import templates
-
 
 
 def test_target_logprobs_match_a_slow_loop(tiny):
@@ -43,11 +50,13 @@ def test_n_gram_entropy_by_hand():
 
 def test_summarize_scores_and_harmonic_mean():
     base = dict(relation="capital", subject="s", prompt="p", target_new=" a", target_true=" b", known=True)
-    rows = [CaseRow(0, **base, post=CaseScores(es=1.0, ps=0.5, ns=1.0, em=0.4), ss_hits=2, ss_n=3),
-            CaseRow(1, **base, post=CaseScores(es=1.0, ps=1.0, ns=None, em=0.2), ss_hits=1, ss_n=1)]
+    rows = [
+        CaseRow(0, **base, post=CaseScores(es=1.0, ps=0.5, ns=1.0, em=0.4), ss_hits=2, ss_n=3),
+        CaseRow(1, **base, post=CaseScores(es=1.0, ps=1.0, ns=None, em=0.2), ss_hits=1, ss_n=1),
+    ]
     s = summarize(rows)
     assert s.post.es == 1.0 and s.post.ps == 0.75 and s.post.ns == 1.0 and s.post.em == pytest.approx(0.3)
-    assert s.post.S == pytest.approx(3 / (1 / 1.0 + 1 / 0.75 + 1 / 1.0))
+    assert pytest.approx(3 / (1 / 1.0 + 1 / 0.75 + 1 / 1.0)) == s.post.S
     assert s.n_neighbourhood == 1 and s.n == 2
     assert rows[0].ss == pytest.approx(2 / 3) and rows[1].ss == 1.0
     assert s.ss == pytest.approx(3 / 4) and s.n_ss == 4  # pooled over facts: 3 of 4, not the mean of 2/3 and 1
@@ -65,7 +74,9 @@ def test_counterfact_requests_are_well_formed():
         assert c.request.target != c.target_true and c.request.target[1:] in fb.objects(c.relation)
         assert c.paraphrases == [t.format(c.request.subject) for t in templates(c.relation, "heldout")]
         for prompt in c.neighbourhood:  # other subjects whose true object is the same
-            subj = next(f.subject for f in fb.facts(c.relation) if templates(c.relation, "train")[0].format(f.subject) == prompt)
+            subj = next(
+                f.subject for f in fb.facts(c.relation) if templates(c.relation, "train")[0].format(f.subject) == prompt
+            )
             assert subj != c.request.subject and " " + truth[c.relation, subj] == c.target_true
     assert counterfact_requests(fb, n=24, seed=3)[5].request == cases[5].request  # deterministic
 
@@ -77,7 +88,7 @@ def test_known_cases_are_facts_the_model_completes_and_respect_exclusions(facts_
     assert len(cases) == 12
     for c in cases:
         out = facts_model.generate(c.request.text, max_new_tokens=1, do_sample=False, verbose=False)
-        assert out[len(c.request.text):].startswith(c.target_true[:2]), (c.request.text, out, c.target_true)
+        assert out[len(c.request.text) :].startswith(c.target_true[:2]), (c.request.text, out, c.target_true)
     first = cases[0]
     again = known_cases(facts_model, 12, seed=3, exclude={(first.relation, first.request.subject)})
     assert (first.relation, first.request.subject) not in {(c.relation, c.request.subject) for c in again}
@@ -93,7 +104,8 @@ def test_keep_other_relations_lists_the_subjects_other_relations_second_prompts(
         others = {f.relation for f in fb.facts() if f.subject == c.request.subject} - {c.relation}
         assert sorted(k.request.keep) == sorted(templates(r, "train")[1] for r in others)
         assert templates(c.relation, "train")[1] not in k.request.keep or any(
-            templates(r, "train")[1] == templates(c.relation, "train")[1] for r in others)
+            templates(r, "train")[1] == templates(c.relation, "train")[1] for r in others
+        )
     assert sum(len(k.request.keep) for k in kept) > 20
     several = keep_other_relations(cases, template=(1, 3), fb=fb)  # several prompts of each other relation
     for c, k in zip(cases, several):
@@ -118,8 +130,11 @@ def test_related_prompts_are_the_subjects_other_facts_and_shared_last_token_subj
     rel = related_prompts(facts_model, cases, fb)
     n_subject = 0
     for c, ps in zip(cases, rel):
-        others = {r for r in fb.relations if r != c.relation and (r, c.request.subject) in truth
-                  and (r, c.request.subject) not in edited}
+        others = {
+            r
+            for r in fb.relations
+            if r != c.relation and (r, c.request.subject) in truth and (r, c.request.subject) not in edited
+        }
         assert {p.relation for p in ps if p.kind == "subject"} == others
         n_subject += len(others)
         for p in ps:
@@ -143,13 +158,27 @@ def test_evaluate_loop_on_tiny(tiny, tmp_path):
     path.write_text("\n\n".join(f"The Eiffel Tower is in Paris, item {i}." for i in range(80)))
     stats = key_second_moment(tiny, 0, corpus=str(path), n_samples=800, cache_dir=tmp_path, progress=False)
     reqs = [
-        {"prompt": "{} is located in the city of", "subject": "Eiffel Tower", "target": " Rome",
-         "target_true": " Paris", "paraphrases": ["Eiffel Tower is in"], "neighbourhood": ["Louvre is located in the city of"]},
+        {
+            "prompt": "{} is located in the city of",
+            "subject": "Eiffel Tower",
+            "target": " Rome",
+            "target_true": " Paris",
+            "paraphrases": ["Eiffel Tower is in"],
+            "neighbourhood": ["Louvre is located in the city of"],
+        },
         {"prompt": "The capital of {} is", "subject": "France", "target": " Berlin", "target_true": " Paris"},
     ]
     fp = weights_fingerprint(tiny)
-    kw = dict(layer=0, stats=stats, fluency_tokens=5, n_unrelated=8, progress=False, v_steps=3,
-              prefix_lengths=(3,), prefixes_per_length=2)
+    kw = dict(
+        layer=0,
+        stats=stats,
+        fluency_tokens=5,
+        n_unrelated=8,
+        progress=False,
+        v_steps=3,
+        prefix_lengths=(3,),
+        prefixes_per_length=2,
+    )
     ev = evaluate_edits(tiny, reqs, **kw)
     assert isinstance(ev, EditEvaluation) and ev.restored_exactly and weights_fingerprint(tiny) == fp
     assert len(ev.rows) == 2 and ev.rows[1].post.ps is None and ev.rows[0].post.ns is not None
@@ -178,12 +207,25 @@ def test_memit_and_alphaedit_evaluation_loops_on_tiny(tiny, tmp_path):
     path.write_text("\n\n".join(f"The Eiffel Tower is in Paris, item {i}." for i in range(80)))
     stats = key_second_moment(tiny, [0], corpus=str(path), n_samples=800, cache_dir=tmp_path, progress=False)
     reqs = [
-        {"prompt": "{} is located in the city of", "subject": "Eiffel Tower", "target": " Rome", "target_true": " Paris"},
+        {
+            "prompt": "{} is located in the city of",
+            "subject": "Eiffel Tower",
+            "target": " Rome",
+            "target_true": " Paris",
+        },
         {"prompt": "The capital of {} is", "subject": "France", "target": " Berlin", "target_true": " Paris"},
     ]
     fp = weights_fingerprint(tiny)
-    kw = dict(layer=[0], stats=stats, fluency_tokens=4, n_unrelated=6, progress=False, v_steps=2,
-              prefix_lengths=(3,), prefixes_per_length=1)
+    kw = dict(
+        layer=[0],
+        stats=stats,
+        fluency_tokens=4,
+        n_unrelated=6,
+        progress=False,
+        v_steps=2,
+        prefix_lengths=(3,),
+        prefixes_per_length=1,
+    )
     batch = evaluate_edits(tiny, reqs, method="memit", **kw)
     assert batch.restored_exactly and weights_fingerprint(tiny) == fp and batch.curve is None
     assert len({r.edit_seconds for r in batch.rows}) == 1  # one edit for both
@@ -214,10 +256,12 @@ def test_rome_counterfact_on_the_fact_model(facts_model):
 def test_choose_setting_maximises_es_plus_ps_within_the_ns_tolerance_else_the_best_s():
     from gpt2_interp.editing.evaluate import choose_setting
 
-    rows = [{"name": "ridge", "es": 0.0, "ps": 0.0, "ns": 1.0},     # edits nothing, NS intact
-            {"name": "a", "es": 0.9, "ps": 0.5, "ns": 0.92},        # ES + PS 1.4, NS 3 points down
-            {"name": "b", "es": 1.0, "ps": 0.6, "ns": 0.80},        # ES + PS 1.6, NS 15 points down
-            {"name": "c", "es": 0.8, "ps": 0.55, "ns": 0.95}]       # ES + PS 1.35
+    rows = [
+        {"name": "ridge", "es": 0.0, "ps": 0.0, "ns": 1.0},  # edits nothing, NS intact
+        {"name": "a", "es": 0.9, "ps": 0.5, "ns": 0.92},  # ES + PS 1.4, NS 3 points down
+        {"name": "b", "es": 1.0, "ps": 0.6, "ns": 0.80},  # ES + PS 1.6, NS 15 points down
+        {"name": "c", "es": 0.8, "ps": 0.55, "ns": 0.95},
+    ]  # ES + PS 1.35
     assert choose_setting(rows, unedited_ns=0.95)["name"] == "a"
     assert choose_setting(rows, unedited_ns=0.95, ns_tolerance=0.2)["name"] == "b"
     # only the ridge is within 5 points of 1.02, so it is chosen although it edits nothing
@@ -240,12 +284,18 @@ def test_choose_setting_maximises_es_plus_ps_within_the_ns_tolerance_else_the_be
 def test_eval_config_checks_each_field_by_name_and_maps_evaluate_edits_arguments():
     from gpt2_interp.editing.evaluation import EvalConfig
 
-    for kw, field in ((dict(method="ft"), "method"), (dict(fluency_tokens=-1), "fluency_tokens"),
-                      (dict(n_unrelated=0), "n_unrelated"), (dict(score_batch_size=0), "score_batch_size"),
-                      (dict(method="memit", batch_size=0), "batch_size"), (dict(batch_size=2), "batch_size"),
-                      (dict(checkpoints=(1, 0)), "checkpoints"), (dict(time_limit=5.0), "time_limit"),
-                      (dict(sequential=True, time_limit=-1.0), "time_limit"),
-                      (dict(targets=torch.zeros(2, 4)), "targets")):
+    for kw, field in (
+        (dict(method="ft"), "method"),
+        (dict(fluency_tokens=-1), "fluency_tokens"),
+        (dict(n_unrelated=0), "n_unrelated"),
+        (dict(score_batch_size=0), "score_batch_size"),
+        (dict(method="memit", batch_size=0), "batch_size"),
+        (dict(batch_size=2), "batch_size"),
+        (dict(checkpoints=(1, 0)), "checkpoints"),
+        (dict(time_limit=5.0), "time_limit"),
+        (dict(sequential=True, time_limit=-1.0), "time_limit"),
+        (dict(targets=torch.zeros(2, 4)), "targets"),
+    ):
         with pytest.raises(ValueError, match=field):
             EvalConfig(**kw)
     with pytest.raises(TypeError, match="seed"):
@@ -290,11 +340,20 @@ def test_a_hand_made_editor_runs_through_the_one_loop(tiny):
     """Independent batches are scored each on the unedited model plus its own edit, sequential ones on
     the edits so far; weights come back bit-exactly; the report names the editor."""
     from gpt2_interp.editing.evaluation import (
-        Editor, EvalConfig, as_cases, case_scores, kl_rows, next_logprobs, run_evaluation, unrelated_prompts,
+        Editor,
+        EvalConfig,
+        as_cases,
+        case_scores,
+        kl_rows,
+        next_logprobs,
+        run_evaluation,
+        unrelated_prompts,
     )
 
-    reqs = [{"prompt": "{} is located in", "subject": s, "target": " Rome", "target_true": " Paris"}
-            for s in ("Eiffel Tower", "Louvre", "Notre Dame")]
+    reqs = [
+        {"prompt": "{} is located in", "subject": s, "target": " Rome", "target_true": " Paris"}
+        for s in ("Eiffel Tower", "Louvre", "Notre Dame")
+    ]
     fp = weights_fingerprint(tiny)
     cfg = dict(method="memit", batch_size=2, fluency_tokens=2, n_unrelated=4, related=False, progress=False)
     editor = ShiftEditor()
@@ -315,7 +374,9 @@ def test_a_hand_made_editor_runs_through_the_one_loop(tiny):
     with tiny.edited(editor.edit(tiny, [], 1)), tiny.edited(editor.edit(tiny, [], 2)):
         both = kl_rows(pre, next_logprobs(tiny, texts))
         ref = case_scores(tiny, cases)
-    assert seq.steps[-1].kl_mean == pytest.approx(float(both.mean())) and seq.curve[-1].kl_max == pytest.approx(float(both.max()))
+    assert seq.steps[-1].kl_mean == pytest.approx(float(both.mean())) and seq.curve[-1].kl_max == pytest.approx(
+        float(both.max())
+    )
     assert [r.post for r in seq.rows] == ref and weights_fingerprint(tiny) == fp
 
 

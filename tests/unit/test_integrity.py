@@ -27,9 +27,15 @@ from ..conftest import TINY
 def _edit(model: HookedGPT2, layer: int = 1) -> Edit:
     g = torch.Generator().manual_seed(0)
     u = torch.randn(model.cfg.d_mlp, generator=g)
-    return Edit(layer, u / u.norm(), torch.randn(model.cfg.d_model, generator=g) * 0.1,
-                Request("{} is located in", "Eiffel Tower", " Rome"), weights_fingerprint(model),
-                k=torch.randn(model.cfg.d_mlp, generator=g), model_name=model.cfg.name)
+    return Edit(
+        layer,
+        u / u.norm(),
+        torch.randn(model.cfg.d_model, generator=g) * 0.1,
+        Request("{} is located in", "Eiffel Tower", " Rome"),
+        weights_fingerprint(model),
+        k=torch.randn(model.cfg.d_mlp, generator=g),
+        model_name=model.cfg.name,
+    )
 
 
 def _rewrite(path, tensors=None, meta_change=None, keep_digest=True):
@@ -219,8 +225,13 @@ def test_hooks_returning_finite_values_do_not_warn(tiny):
     with warnings.catch_warnings():
         warnings.simplefilter("error", NonFiniteWarning)
         # attention scores hold -inf at masked places by design: returning them is fine
-        tiny.run_with_hooks("The cat sat on the mat", [("blocks.0.attn.hook_attn_scores", lambda a, h: a.clone()),
-                                                       ("blocks.1.hook_resid_pre", lambda a, h: a * 2)])
+        tiny.run_with_hooks(
+            "The cat sat on the mat",
+            [
+                ("blocks.0.attn.hook_attn_scores", lambda a, h: a.clone()),
+                ("blocks.1.hook_resid_pre", lambda a, h: a * 2),
+            ],
+        )
 
 
 def test_overflow_downstream_of_a_finite_hook_is_reported_as_downstream(tiny):

@@ -67,15 +67,21 @@ def test_knows_matches_greedy_generation_on_the_fact_model(facts_model):
     # held-out prompts: the fact model knows every fact on its training prompts, not all on these
     prompts = [templates(f.relation, "heldout")[0].format(f.subject) for f in facts]
     greedy = greedy_first_token(facts_model, prompts)
-    want = [g == facts_model.tokenizer.encode_ids(f.target)[0]
-            and facts_model.to_str_tokens(f.target, prepend_bos=False)[0].strip() != ""
-            for f, g in zip(facts, greedy)]
+    want = [
+        g == facts_model.tokenizer.encode_ids(f.target)[0]
+        and facts_model.to_str_tokens(f.target, prepend_bos=False)[0].strip() != ""
+        for f, g in zip(facts, greedy)
+    ]
     assert 0 < sum(want) < len(want)  # some known, some not: the comparison can fail either way
     assert knows(facts_model, prompts, [f.target for f in facts], batch_size=5) == want
     assert known_facts(facts_model, fb, facts, batch_size=7, split="heldout") == [f for f, w in zip(facts, want) if w]
     assert known_facts(facts_model, fb, facts) == facts  # the training prompts: all known (greedy says so too)
-    assert all(g == facts_model.tokenizer.encode_ids(f.target)[0] for f, g in zip(
-        facts, greedy_first_token(facts_model, [templates(f.relation, "train")[0].format(f.subject) for f in facts])))
+    assert all(
+        g == facts_model.tokenizer.encode_ids(f.target)[0]
+        for f, g in zip(
+            facts, greedy_first_token(facts_model, [templates(f.relation, "train")[0].format(f.subject) for f in facts])
+        )
+    )
 
 
 def test_knows_checks_its_arguments(tiny):
@@ -101,8 +107,10 @@ def test_the_evaluations_known_flag_follows_the_rule():
     from gpt2_interp.editing.evaluation import CounterfactCase, known_flags
 
     space = always_predicts(" ")
-    cases = [CounterfactCase.of({"prompt": "{} is", "subject": "Everest", "target": " 1", "target_true": t}, i)
-             for i, t in enumerate(["  8848", " Nepal"])]
+    cases = [
+        CounterfactCase.of({"prompt": "{} is", "subject": "Everest", "target": " 1", "target_true": t}, i)
+        for i, t in enumerate(["  8848", " Nepal"])
+    ]
     cases.append(CounterfactCase.of({"prompt": "{} is", "subject": "Everest", "target": " 1"}, 2))  # no true target
     assert known_flags(space, cases) == [False, False, False]  # top-1 " " matches "  8848"'s first token: refused
     nepal = always_predicts(" Nepal")

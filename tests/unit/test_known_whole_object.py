@@ -27,9 +27,10 @@ def test_whole_object_is_greedy_decoding_of_every_target_token(facts_model):
     want = []
     for prompt, target in cases:  # the reference: greedy generation, one token at a time, compared by ids
         ids = target_ids(facts_model, target)
-        gen = facts_model.generate(facts_model.to_tokens(prompt), max_new_tokens=len(ids), do_sample=False,
-                                   stop_at_eos=False)
-        want.append(gen[0, -len(ids):].tolist() == ids)
+        gen = facts_model.generate(
+            facts_model.to_tokens(prompt), max_new_tokens=len(ids), do_sample=False, stop_at_eos=False
+        )
+        want.append(gen[0, -len(ids) :].tolist() == ids)
     assert got == want and any(want) and not all(want)
 
 
@@ -43,7 +44,9 @@ def test_knows_without_a_bos_is_the_rule_on_the_text_as_given(facts_model):
     assert got == [t == target_ids(facts_model, y)[0] and informative(facts_model, y) for t, y in zip(top, targets)]
     # with the BOS written into the text, it is :func:`knows` on the bare prompt
     bos = facts_model.tokenizer.decode([facts_model.to_tokens("x")[0, 0].item()])
-    assert knows(facts_model, [bos + t for t in texts], targets, prepend_bos=False) == knows(facts_model, texts, targets)
+    assert knows(facts_model, [bos + t for t in texts], targets, prepend_bos=False) == knows(
+        facts_model, texts, targets
+    )
 
 
 def test_whole_object_and_knows_refuse_mismatched_input(facts_model):

@@ -76,8 +76,18 @@ def hand_model() -> HookedGPT2:
     cfg = GPT2Config(n_layer=1, d_model=4, n_head=1, d_mlp=4, n_ctx=8, d_vocab=6, name="hand")
     m = HookedGPT2(cfg, seed=0).eval()
     with torch.no_grad():
-        m.W_E.copy_(torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0], [0.0, 0.0, 1.0, -1.0],
-                                  [1.0, 1.0, 1.0, 1.0], [0.5, -0.5, 0.0, 2.0], [-1.0, 0.0, 3.0, 0.0]]))
+        m.W_E.copy_(
+            torch.tensor(
+                [
+                    [1.0, 0.0, 0.0, 0.0],
+                    [0.0, 2.0, 0.0, 0.0],
+                    [0.0, 0.0, 1.0, -1.0],
+                    [1.0, 1.0, 1.0, 1.0],
+                    [0.5, -0.5, 0.0, 2.0],
+                    [-1.0, 0.0, 3.0, 0.0],
+                ]
+            )
+        )
         m.W_pos.zero_()
         m.W_pos[1] = torch.tensor([0.0, 1.0, 0.0, 0.0])
         blk = m.blocks[0]

@@ -15,8 +15,18 @@ from gpt2_interp.editing.rome import compute_edit
 from gpt2_interp.editing.stats import key_second_moment
 from gpt2_interp.model import HookedGPT2, llama_config
 
-CFG = llama_config(n_layer=3, d_model=64, n_head=4, n_kv_heads=2, d_mlp=96, n_ctx=64, d_vocab=50257,
-                   rope_theta=1000.0, tied_embeddings=False, name="tiny-llama")
+CFG = llama_config(
+    n_layer=3,
+    d_model=64,
+    n_head=4,
+    n_kv_heads=2,
+    d_mlp=96,
+    n_ctx=64,
+    d_vocab=50257,
+    rope_theta=1000.0,
+    tied_embeddings=False,
+    name="tiny-llama",
+)
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +75,16 @@ def _slow_patch(model, clean, corrupt, metric, name, setter):
     return float(metric(logits[:, -1]).mean())
 
 
-@pytest.mark.parametrize("hook, name, index, head", [
-    ("resid_pre", "blocks.1.hook_resid_pre", 4, None),  # the subject: prefix K/V (after RoPE) are reused
-    ("resid_pre", "blocks.2.hook_resid_pre", 4, None),  # the last block's cheap last-position path
-    ("mlp_out", "blocks.0.hook_mlp_out", 4, None),
-    ("attn_out", "blocks.2.hook_attn_out", -1, None),
-    ("z", "blocks.1.attn.hook_z", -1, 3),  # per query head under GQA
-])
+@pytest.mark.parametrize(
+    "hook, name, index, head",
+    [
+        ("resid_pre", "blocks.1.hook_resid_pre", 4, None),  # the subject: prefix K/V (after RoPE) are reused
+        ("resid_pre", "blocks.2.hook_resid_pre", 4, None),  # the last block's cheap last-position path
+        ("mlp_out", "blocks.0.hook_mlp_out", 4, None),
+        ("attn_out", "blocks.2.hook_attn_out", -1, None),
+        ("z", "blocks.1.attn.hook_z", -1, 3),  # per query head under GQA
+    ],
+)
 def test_batched_patching_equals_a_slow_hooked_loop_under_rope(llama, hook, name, index, head):
     clean = llama.to_tokens(["The capital of France is", "The capital of Spain is"])
     corrupt = llama.to_tokens(["The capital of Italy is", "The capital of Japan is"])
@@ -84,8 +97,9 @@ def test_batched_patching_equals_a_slow_hooked_loop_under_rope(llama, hook, name
             act[:, index, head] = src[:, index, head]
 
     layer = int(name.split(".")[1])
-    got = patch(llama, clean, corrupt, m, hook=hook, layers=[layer], positions=[index],
-                heads=None if head is None else [head])
+    got = patch(
+        llama, clean, corrupt, m, hook=hook, layers=[layer], positions=[index], heads=None if head is None else [head]
+    )
     expected = _slow_patch(llama, clean, corrupt, m, name, setter)
     assert got.values.numel() == 1 and abs(got.values.item() - expected) <= 1e-4
     assert abs(expected - got.corrupted_metric) > 1e-3  # the patch matters
@@ -99,8 +113,17 @@ def test_rome_edit_on_a_swiglu_model_writes_v_star_at_the_down_projection(llama,
     assert stats.C.shape == (CFG.d_mlp, CFG.d_mlp)  # keys are mlp.hook_post: silu(gate)·up, d_mlp wide
     req = {"prompt": "{} is located in the city of", "subject": "Eiffel Tower", "target": " Rome"}
     before = weights_fingerprint(llama)
-    edit = compute_edit(llama, req, layer=0, stats=stats, v_steps=10, weight_decay=0.0, clamp_factor=100.0,
-                        prefix_lengths=(5,), prefixes_per_length=2)
+    edit = compute_edit(
+        llama,
+        req,
+        layer=0,
+        stats=stats,
+        v_steps=10,
+        weight_decay=0.0,
+        clamp_factor=100.0,
+        prefix_lengths=(5,),
+        prefixes_per_length=2,
+    )
     assert weights_fingerprint(llama) == before
     with llama.edited(edit):
         out = edit.k @ llama.blocks[0].mlp.W_out  # no b_out in a Llama MLP

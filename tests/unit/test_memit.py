@@ -11,10 +11,20 @@ from gpt2_interp.analysis.tokens import target_ids
 from gpt2_interp.editing import Request, applied_edits, undo_all, weights_fingerprint
 from gpt2_interp.editing.edit import Edit, EditWarning, load_edit
 from gpt2_interp.editing.memit import (
-    MemitHparams, NullSpace, compute_edits, least_squares_update, projected_update, validate_requests,
+    MemitHparams,
+    NullSpace,
+    compute_edits,
+    least_squares_update,
+    projected_update,
+    validate_requests,
 )
 from gpt2_interp.editing.rome import (
-    RomeHparams, compute_edit, context_prefixes, optimise_delta, optimise_deltas, subject_states,
+    RomeHparams,
+    compute_edit,
+    context_prefixes,
+    optimise_delta,
+    optimise_deltas,
+    subject_states,
 )
 from gpt2_interp.editing.stats import KeyStats, key_second_moment
 from gpt2_interp.model import HookedGPT2
@@ -128,7 +138,10 @@ def test_projected_update_is_alphaedits_closed_form_and_the_constrained_optimum(
     K0 = torch.randn(14, d_mlp, generator=g, dtype=torch.float64)
     ev, U = torch.linalg.eigh(K0.T @ K0)
     P = U[:, ev < 1e-8 * ev[-1]] @ U[:, ev < 1e-8 * ev[-1]].T  # 10-dim null space of the preserved keys
-    K, R = torch.randn(4, d_mlp, generator=g, dtype=torch.float64), torch.randn(4, d_model, generator=g, dtype=torch.float64)
+    K, R = (
+        torch.randn(4, d_mlp, generator=g, dtype=torch.float64),
+        torch.randn(4, d_model, generator=g, dtype=torch.float64),
+    )
     Kp = torch.randn(3, d_mlp, generator=g, dtype=torch.float64)  # keys of earlier edits
     X = projected_update(K, P, Kp.T @ Kp, alpha) @ R
     G = K.T @ K + Kp.T @ Kp
@@ -149,8 +162,9 @@ def test_single_request_single_layer_memit_equals_rome_algebra(tiny, stats):
     lam = 2.0
     rome = compute_edit(tiny, REQS[0], layer=0, stats=stats[0], **FAST)
     # δ scaled like ROME's (by the MLP output v₀, not MEMIT's residual): the same optimisation
-    memit = compute_edits(tiny, [REQS[0]], layers=[0], stats=stats,
-                          hparams={"mom2_weight": lam, "delta_norm": "mlp_out", **FAST})
+    memit = compute_edits(
+        tiny, [REQS[0]], layers=[0], stats=stats, hparams={"mom2_weight": lam, "delta_norm": "mlp_out", **FAST}
+    )
     torch.testing.assert_close(memit.keys[0][0], rome.k, rtol=1e-5, atol=1e-5)
     q = float(rome.k.double() @ torch.linalg.solve(stats[0].C.double(), rome.k.double()))
     torch.testing.assert_close(memit.delta(0).double(), rome.delta().double() * q / (lam + q), rtol=1e-3, atol=1e-6)
@@ -195,8 +209,9 @@ def test_given_targets_re_solve_the_same_batch_as_a_fresh_delta_optimisation(tin
     gives the update that a full recomputation (δ optimised again) gives, on two layers."""
     first = compute_edits(tiny, REQS, layers=[0, 1], stats=stats, hparams={"mom2_weight": 2.0, **FAST})
     fresh = compute_edits(tiny, REQS, layers=[0, 1], stats=stats, hparams={"mom2_weight": 7.0, **FAST})
-    reused = compute_edits(tiny, REQS, layers=[0, 1], stats=stats, hparams={"mom2_weight": 7.0, **FAST},
-                           targets=first.targets)
+    reused = compute_edits(
+        tiny, REQS, layers=[0, 1], stats=stats, hparams={"mom2_weight": 7.0, **FAST}, targets=first.targets
+    )
     assert reused.metrics["targets_given"] and reused.metrics["steps_mean"] is None
     assert (fresh.delta(0) - first.delta(0)).abs().max() > 1e-6  # λ matters
     for lay in (0, 1):
@@ -222,8 +237,15 @@ def test_projected_edit_leaves_preserved_keys_outputs_unchanged(tiny, corpus, tm
     assert (K0 @ plain.delta(0)).abs().max() > 1e-2 * (first.keys[0] @ plain.delta(0)).abs().max()
     with tiny.edited(first):
         second = compute_edits(tiny, REQS[2:], layers=[0], stats=stats, preserve=ns, hparams=FAST)
-        forgetful = compute_edits(tiny, REQS[2:], layers=[0], stats=stats, hparams=FAST, remember=False,
-                                  preserve=NullSpace.from_stats({0: small}, threshold=1e-6))
+        forgetful = compute_edits(
+            tiny,
+            REQS[2:],
+            layers=[0],
+            stats=stats,
+            hparams=FAST,
+            remember=False,
+            preserve=NullSpace.from_stats({0: small}, threshold=1e-6),
+        )
     moved = lambda e: float((first.keys[0] @ e.delta(0)).norm())  # noqa: E731
     assert moved(second) < 0.5 * moved(forgetful)
 
@@ -287,23 +309,26 @@ def test_batched_delta_optimisation_equals_one_request_at_a_time(tiny, stats):
 def test_multi_layer_stats_one_forward_per_batch_equal_single_layer_stats(tiny, corpus, tmp_path):
     calls = []
     tiny.blocks[0].hook_resid_pre.add_hook(lambda act, hook: calls.append(act.shape[0]))
-    both = key_second_moment(tiny, [1, 0], corpus=str(corpus), n_samples=700, batch_size=16, cache_dir=tmp_path / "a",
-                             progress=False)
+    both = key_second_moment(
+        tiny, [1, 0], corpus=str(corpus), n_samples=700, batch_size=16, cache_dir=tmp_path / "a", progress=False
+    )
     tiny.reset_hooks()
     assert sorted(both) == [0, 1] and sum(calls) * 0 == 0
     n_docs = len(calls)
     assert n_docs == -(-sum(calls) // 16)  # one forward per batch of 16 rows, for both layers
     for lay in (0, 1):
-        one = key_second_moment(tiny, lay, corpus=str(corpus), n_samples=700, batch_size=16, cache_dir=tmp_path / "b",
-                                progress=False)
+        one = key_second_moment(
+            tiny, lay, corpus=str(corpus), n_samples=700, batch_size=16, cache_dir=tmp_path / "b", progress=False
+        )
         assert one.count == both[lay].count == 700
         torch.testing.assert_close(one.C, both[lay].C, rtol=1e-6, atol=1e-7)
     # the cache files are per layer: a single-layer call finds the multi-layer call's file
     from gpt2_interp.editing import stats as stats_mod
 
     stats_mod.clear_memory_cache()
-    again = key_second_moment(tiny, 1, corpus=str(corpus), n_samples=700, batch_size=16, cache_dir=tmp_path / "a",
-                              progress=False)
+    again = key_second_moment(
+        tiny, 1, corpus=str(corpus), n_samples=700, batch_size=16, cache_dir=tmp_path / "a", progress=False
+    )
     assert again.path is not None and again.path.parent == tmp_path / "a" and torch.equal(again.C, both[1].C)
 
 
@@ -341,8 +366,13 @@ def test_bad_input_is_refused_with_a_clear_error(tiny, stats):
         compute_edits(tiny, REQS, layers=[0], stats=stats, hparams={"lr": 1})
     with pytest.raises(ValueError, match="'auto'"):
         compute_edits(tiny, REQS, layers="top", stats=stats)
-    other_ns = NullSpace.from_stats({0: key_second_moment(HookedGPT2(TINY, seed=1), 0, corpus="facts", n_samples=200,
-                                                           cache_dir=False, progress=False)})
+    other_ns = NullSpace.from_stats(
+        {
+            0: key_second_moment(
+                HookedGPT2(TINY, seed=1), 0, corpus="facts", n_samples=200, cache_dir=False, progress=False
+            )
+        }
+    )
     with pytest.raises(ValueError, match="another model"):
         compute_edits(tiny, REQS, layers=[0], stats=stats, preserve=other_ns, hparams=FAST)
 
@@ -378,19 +408,53 @@ def test_cli_edit_many_requests_memit_and_alphaedit(tiny, tmp_path, monkeypatch,
     corpus.write_text("\n\n".join(f"The Louvre is in Paris, room {i}." for i in range(60)))  # own stats key
     reqs = tmp_path / "r.jsonl"
     reqs.write_text("\n".join(json.dumps(r) for r in REQS) + "\n")
-    common = ["--model", str(tmp_path / "tiny"), "--corpus", str(corpus), "--n-samples", "500",
-              "--hparam", "v_steps=2", "--hparam", "prefixes_per_length=1", "--hparam", "prefix_lengths=[3]"]
-    assert main(["edit", *common, "--requests", str(reqs), "--layer", "0,1", "--save", str(tmp_path / "m.edit"),
-                 "--json"]) == 0
+    common = [
+        "--model",
+        str(tmp_path / "tiny"),
+        "--corpus",
+        str(corpus),
+        "--n-samples",
+        "500",
+        "--hparam",
+        "v_steps=2",
+        "--hparam",
+        "prefixes_per_length=1",
+        "--hparam",
+        "prefix_lengths=[3]",
+    ]
+    assert (
+        main(["edit", *common, "--requests", str(reqs), "--layer", "0,1", "--save", str(tmp_path / "m.edit"), "--json"])
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["method"] == "memit" and out["n_edits"] == 1 and out["layers"] == [0, 1] and len(out["rows"]) == 3
     loaded = Edit.load(tmp_path / "m.edit", HookedGPT2(TINY, seed=0))
     assert len(loaded.requests) == 3 and loaded.layers == [0, 1]
-    assert main(["verify", str(tmp_path / "m.edit"), "--model", str(tmp_path / "tiny"), "--request", "1", "--json"]) == 0
+    assert (
+        main(["verify", str(tmp_path / "m.edit"), "--model", str(tmp_path / "tiny"), "--request", "1", "--json"]) == 0
+    )
     shown = json.loads(capsys.readouterr().out)
     assert shown["prompts"] == ["The capital of France is"] and shown["target"] == " Berlin"
-    assert main(["edit", *common, "--requests", str(reqs), "--layer", "0", "--method", "alphaedit", "--sequential",
-                 "--batch-size", "2", "--save", str(tmp_path / "a.edit")]) == 0
+    assert (
+        main(
+            [
+                "edit",
+                *common,
+                "--requests",
+                str(reqs),
+                "--layer",
+                "0",
+                "--method",
+                "alphaedit",
+                "--sequential",
+                "--batch-size",
+                "2",
+                "--save",
+                str(tmp_path / "a.edit"),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "alphaedit: 3 requests in 2 edit(s)" in text
     assert (tmp_path / "a.000.edit").exists() and (tmp_path / "a.001.edit").exists()
@@ -402,7 +466,11 @@ def test_cli_edit_many_requests_memit_and_alphaedit(tiny, tmp_path, monkeypatch,
 def test_mass_editing_benchmark_runs(tmp_path):
     """The benchmark's smallest run: a handful of edits, its table written (speed is its job, not ours)."""
     out = tmp_path / "r.md"
-    assert script("bench_mass_editing", "benchmarks").main(
-        ["--n", "3", "--n-samples", "2000", "--cache-dir", str(tmp_path), "--out", str(out)]) == 0
+    assert (
+        script("bench_mass_editing", "benchmarks").main(
+            ["--n", "3", "--n-samples", "2000", "--cache-dir", str(tmp_path), "--out", str(out)]
+        )
+        == 0
+    )
     text = out.read_text()
     assert "3 edits in one batch" in text and "statistics + projection" in text

@@ -11,7 +11,7 @@ from gpt2_interp.editing.memit import NullSpace
 
 
 def null_space(P: dict[int, torch.Tensor]) -> NullSpace:
-    return NullSpace(P, 0.1, {}, {l: int(torch.linalg.matrix_rank(p)) for l, p in P.items()}, {l: 0.0 for l in P})
+    return NullSpace(P, 0.1, {}, {l: int(torch.linalg.matrix_rank(p)) for l, p in P.items()}, dict.fromkeys(P, 0.0))
 
 
 def test_key_energy_is_the_projected_share_of_the_keys_squared_norm():

@@ -50,12 +50,15 @@ def pairs(small):
     return clean, corrupt, small.to_single_token(" Paris"), small.to_single_token(" Rome")
 
 
-@pytest.mark.parametrize("family, tl_fn", [
-    ("resid_pre", "get_act_patch_resid_pre"),
-    ("attn_out", "get_act_patch_attn_out"),
-    ("mlp_out", "get_act_patch_mlp_out"),
-    ("z", "get_act_patch_attn_head_out_all_pos"),
-])
+@pytest.mark.parametrize(
+    "family, tl_fn",
+    [
+        ("resid_pre", "get_act_patch_resid_pre"),
+        ("attn_out", "get_act_patch_attn_out"),
+        ("mlp_out", "get_act_patch_mlp_out"),
+        ("z", "get_act_patch_attn_head_out_all_pos"),
+    ],
+)
 @pytest.mark.slow
 def test_equals_transformer_lens(small, tl_small, pairs, family, tl_fn):
     import transformer_lens.patching as tlp
@@ -80,7 +83,8 @@ def test_per_head_by_position_equals_transformer_lens(small, tl_small, pairs):
     clean, corrupt, a, w = pairs
     _, clean_cache = tl_small.run_with_cache(clean)
     expected = tlp.get_act_patch_attn_head_out_by_pos(
-        tl_small, corrupt, clean_cache, lambda logits: (logits[:, -1, a] - logits[:, -1, w]).mean())
+        tl_small, corrupt, clean_cache, lambda logits: (logits[:, -1, a] - logits[:, -1, w]).mean()
+    )
     got = patch(small, clean, corrupt, logit_diff(a, w), hook="z", positions=list(range(clean.shape[1])))
     assert got.index_names == ("layer", "pos", "head")
     assert (got.values - expected).abs().max().item() <= 1e-4
@@ -99,14 +103,17 @@ def _slow_patch(model, clean, corrupt, metric, name, setter):
     return metric(logits[:, -1]).mean().item()
 
 
-@pytest.mark.parametrize("hook, name, index", [
-    ("resid_post", "blocks.1.hook_resid_post", 4),
-    ("resid_post", "blocks.3.hook_resid_post", -1),  # last layer: the row starts at the final residual
-    ("resid_mid", "blocks.2.hook_resid_mid", 4),
-    ("blocks.1.mlp.hook_post", "blocks.1.mlp.hook_post", 4),
-    ("hook_embed", "hook_embed", 4),
-    ("ln_final.hook_scale", "ln_final.hook_scale", -1),
-])
+@pytest.mark.parametrize(
+    "hook, name, index",
+    [
+        ("resid_post", "blocks.1.hook_resid_post", 4),
+        ("resid_post", "blocks.3.hook_resid_post", -1),  # last layer: the row starts at the final residual
+        ("resid_mid", "blocks.2.hook_resid_mid", 4),
+        ("blocks.1.mlp.hook_post", "blocks.1.mlp.hook_post", 4),
+        ("hook_embed", "hook_embed", 4),
+        ("ln_final.hook_scale", "ln_final.hook_scale", -1),
+    ],
+)
 def test_other_hooks_equal_a_slow_loop(small, pairs, hook, name, index):
     clean, corrupt, a, w = pairs
     m = logit_diff(a, w)
@@ -115,8 +122,15 @@ def test_other_hooks_equal_a_slow_loop(small, pairs, hook, name, index):
         act[:, index] = src[:, index]
 
     layer = int(name.split(".")[1]) if name.startswith("blocks.") else None
-    got = patch(small, clean, corrupt, m, hook=hook, layers=[layer] if hook in ("resid_post", "resid_mid") else None,
-                positions=[index])
+    got = patch(
+        small,
+        clean,
+        corrupt,
+        m,
+        hook=hook,
+        layers=[layer] if hook in ("resid_post", "resid_mid") else None,
+        positions=[index],
+    )
     expected = _slow_patch(small, clean, corrupt, m, name, setter)
     assert got.values.numel() == 1
     assert abs(got.values.item() - expected) <= 1e-4
@@ -136,7 +150,10 @@ def test_q_and_pattern_heads_equal_a_slow_loop(small, pairs):
     got = patch(small, clean, corrupt, m, hook="q", layers=[2], heads=[2])
     assert abs(got.values.item() - _slow_patch(small, clean, corrupt, m, "blocks.2.attn.hook_q", head_setter)) <= 1e-4
     got = patch(small, clean, corrupt, m, hook="pattern", layers=[1], heads=[1])
-    assert abs(got.values.item() - _slow_patch(small, clean, corrupt, m, "blocks.1.attn.hook_pattern", pattern_setter)) <= 1e-4
+    assert (
+        abs(got.values.item() - _slow_patch(small, clean, corrupt, m, "blocks.1.attn.hook_pattern", pattern_setter))
+        <= 1e-4
+    )
 
 
 @pytest.mark.slow
@@ -180,7 +197,9 @@ def test_metrics_by_hand():
     ref = torch.tensor([[0.0, 0.0, 0.0]])
     kl = kl_to(ref)(logits)
     q = torch.softmax(logits[0, 0], -1)
-    assert kl[0, 0].item() == pytest.approx(float((torch.full((3,), 1 / 3) * (torch.log(torch.tensor(1 / 3)) - q.log())).sum()))
+    assert kl[0, 0].item() == pytest.approx(
+        float((torch.full((3,), 1 / 3) * (torch.log(torch.tensor(1 / 3)) - q.log())).sum())
+    )
     assert kl[1, 0].item() == pytest.approx(0, abs=1e-7)
     per_pair = logit_diff([0, 1], [1, 0])(torch.tensor([[[1.0, 3.0], [1.0, 3.0]]]))  # different answers per pair
     assert per_pair.tolist() == [[-2.0, 2.0]]
@@ -208,7 +227,9 @@ def test_chunking_and_layer_order_do_not_change_results(small, pairs):
     assert chunked.layers == [3, 0, 2, 1] and chunked.layer_labels[0] == "L3"
     assert (chunked.values - whole.values[[3, 0, 2, 1]]).abs().max() <= 1e-5
     two_layers = 2 * clean.shape[1] * clean.shape[0]  # chunks holding exactly two layers' rows each
-    assert (patch(small, clean, corrupt, m, hook="attn_out", batch_size=two_layers).values - whole.values).abs().max() <= 1e-5
+    assert (
+        patch(small, clean, corrupt, m, hook="attn_out", batch_size=two_layers).values - whole.values
+    ).abs().max() <= 1e-5
 
 
 def test_bf16(small, pairs):
@@ -269,13 +290,42 @@ def test_cli_patch(small, tmp_path, capsys):
 
     small.save(tmp_path / "m")
     out = tmp_path / "fig.png"
-    rc = main(["patch", "--model", str(tmp_path / "m"), "--clean", CLEAN, "--corrupted", CORRUPT,
-               "--answer", " Paris", "--wrong", " Rome", "--hook", "mlp_out", "--out", str(out), "--json"])
+    rc = main(
+        [
+            "patch",
+            "--model",
+            str(tmp_path / "m"),
+            "--clean",
+            CLEAN,
+            "--corrupted",
+            CORRUPT,
+            "--answer",
+            " Paris",
+            "--wrong",
+            " Rome",
+            "--hook",
+            "mlp_out",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
     assert rc == 0 and out.exists()
     d = json.loads(capsys.readouterr().out)
     assert d["hook"] == "mlp_out" and len(d["values"]) == 4
-    rc = main(["patch", "--model", str(tmp_path / "m"), "--clean", CLEAN, "--corrupted", "A different length prompt",
-               "--answer", " Paris"])
+    rc = main(
+        [
+            "patch",
+            "--model",
+            str(tmp_path / "m"),
+            "--clean",
+            CLEAN,
+            "--corrupted",
+            "A different length prompt",
+            "--answer",
+            " Paris",
+        ]
+    )
     assert rc == 2 and "same number of tokens" in capsys.readouterr().err
 
 
@@ -287,8 +337,10 @@ def test_cli_patch_over_a_dataset_is_patch_over_its_pairs(tmp_path, capsys):
     from gpt2_interp.facts.pairs import subject_swaps
 
     model = gi.load("gpt2-facts")
-    rows = [("The capital of France is", "The capital of Italy is", " Paris", " Rome"),
-            ("The capital of Spain is", "The capital of Japan is", " Madrid", " Tokyo")]
+    rows = [
+        ("The capital of France is", "The capital of Italy is", " Paris", " Rome"),
+        ("The capital of Spain is", "The capital of Japan is", " Madrid", " Tokyo"),
+    ]
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(dict(zip(("clean", "corrupted", "answer"), r[:3]))) + "\n" for r in rows))
     want = patch(model, [r[0] for r in rows], [r[1] for r in rows], prob([r[2] for r in rows]), normalize=True)

@@ -122,7 +122,9 @@ def test_unknown_hook_and_bad_layers_are_refused(tiny):
     with pytest.raises(ValueError, match="not by position"):
         probe_hooks(tiny, "pattern")
     assert probe_hooks(tiny, "resid") == (
-        ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post"], ["embed", "L0", "L1"])
+        ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post"],
+        ["embed", "L0", "L1"],
+    )
     with pytest.raises(ValueError, match="one label per prompt"):
         probe(tiny, ["a b", "c d"], labels=["x"])
 

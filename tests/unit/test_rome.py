@@ -10,7 +10,12 @@ from gpt2_interp.analysis.tokens import token_span
 from gpt2_interp.editing import stats as stats_mod
 from gpt2_interp.editing.edit import weights_fingerprint
 from gpt2_interp.editing.rome import (
-    DEFAULT_LAYERS, _filled, compute_edit, context_prefixes, default_layer, rank_one_update,
+    DEFAULT_LAYERS,
+    _filled,
+    compute_edit,
+    context_prefixes,
+    default_layer,
+    rank_one_update,
 )
 from gpt2_interp.editing.stats import KeyStats, key_second_moment, keys_fingerprint
 from gpt2_interp.model import HookedGPT2
@@ -85,7 +90,9 @@ def test_key_stats_solve_matches_dense_solve():
     C = _spd(16, g).float()
     st = KeyStats(C, 100, {"layer": 0})
     k = torch.randn(3, 16, generator=g)
-    torch.testing.assert_close(st.solve(k), torch.linalg.solve(C.double(), k.double().T).T.float(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        st.solve(k), torch.linalg.solve(C.double(), k.double().T).T.float(), rtol=1e-4, atol=1e-4
+    )
 
 
 # ------------------------------------------------------------------ key statistics
@@ -184,7 +191,6 @@ def test_rome_mode_optimises_delta_at_the_subjects_last_token(tiny, stats):
     """exact_edit=False is ROME: δ added at the subject's last token of every variant. The batched,
     aligned optimiser must report the probabilities of full forwards with δ added by a hook."""
     from gpt2_interp.editing.rome import RomeHparams, optimise_delta
-    from gpt2_interp.io import tokenizer as tok
 
     req = gi.editing.Request("{} is located in the city of", "Eiffel Tower", " New York")  # 2 target tokens
     ids = tiny.tokenizer.encode_ids(req.target)
@@ -195,7 +201,7 @@ def test_rome_mode_optimises_delta_at_the_subjects_last_token(tiny, stats):
     assert delta.norm() > 0
 
     def hooks_for(text, lo, hi):
-        pos = (token_span(tiny, text, lo, hi)[1] - 1)
+        pos = token_span(tiny, text, lo, hi)[1] - 1
 
         def add(act, hook):
             act = act.clone()
@@ -213,7 +219,6 @@ def test_rome_mode_optimises_delta_at_the_subjects_last_token(tiny, stats):
 def test_exact_edit_optimises_the_edited_models_own_loss(tiny, stats):
     """exact_edit=True: the probabilities the optimiser reports for its final δ are those of the
     model whose W_out was actually edited (rank-one update applied to the weights)."""
-    from gpt2_interp.io import tokenizer as tok
 
     req = gi.editing.Request("{} is located in the city of", "Eiffel Tower", " New York")
     ids = tiny.tokenizer.encode_ids(req.target)
@@ -234,8 +239,9 @@ def test_keep_prompts_kl_the_optimiser_reports_is_the_edited_models(tiny, stats)
     optimiser reports for its final δ is the KL of the model whose W_out was actually edited."""
     keep = ("People who visit {} see", "The {} is very")
     req = gi.editing.Request(REQ["prompt"], REQ["subject"], " Rome", keep=keep)
-    edit = compute_edit(tiny, req, layer=0, stats=stats, v_steps=5, v_lr=5.0, clamp_factor=100.0, weight_decay=0.0,
-                        **FAST)
+    edit = compute_edit(
+        tiny, req, layer=0, stats=stats, v_steps=5, v_lr=5.0, clamp_factor=100.0, weight_decay=0.0, **FAST
+    )
     texts = [k.format(req.subject) for k in keep]
     before = tiny.last_logits(texts).float().log_softmax(-1)
     with tiny.edited(edit):
@@ -285,7 +291,6 @@ def test_edit_maps_k_star_to_v_star_and_raises_target(tiny, stats):
     assert abs(lp[tiny.to_single_token(" Rome")].exp().item() - m["p_target_after"]) < 1e-4
 
 
-
 @pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
 def test_edit_inside_a_no_grad_block_equals_one_outside(tiny, stats, mode):
     """Notebooks often run everything under no_grad/inference_mode: the δ optimisation needs
@@ -295,6 +300,7 @@ def test_edit_inside_a_no_grad_block_equals_one_outside(tiny, stats, mode):
         edit = compute_edit(tiny, REQ, layer=0, stats=stats, v_steps=3, **FAST)
     assert torch.equal(edit.u, ref.u) and torch.equal(edit.v, ref.v)
     assert torch.is_grad_enabled()
+
 
 def test_bad_requests(tiny, stats):
     with pytest.raises(ValueError, match=r"\{\}"):

@@ -15,7 +15,19 @@ def test_known_ids():
     assert tok.gpt2_encoding().n_vocab == 50257
 
 
-@pytest.mark.parametrize("text", ["", " ", "  leading", "trailing  ", "tabs\tand\nnewlines\n\n", "naïve café — 東京 👋🏽", "don't they'll", "1234567 3.14"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        " ",
+        "  leading",
+        "trailing  ",
+        "tabs\tand\nnewlines\n\n",
+        "naïve café — 東京 👋🏽",
+        "don't they'll",
+        "1234567 3.14",
+    ],
+)
 def test_round_trip(text):
     assert tok.decode(tok.encode(text)) == text
 

@@ -9,8 +9,15 @@ import torch
 
 from gpt2_interp.analysis.tokens import subject_span, target_ids
 from gpt2_interp.analysis.tracing import (
-    BUCKETS, average_trace, bucket_cells, causal_trace, causal_trace_all, default_window, embedding_std, resolve_noise,
+    BUCKETS,
+    average_trace,
+    bucket_cells,
+    causal_trace,
+    causal_trace_all,
+    default_window,
+    embedding_std,
     plot_traces,
+    resolve_noise,
 )
 from gpt2_interp.model import GPT2Config, HookedGPT2
 
@@ -72,7 +79,9 @@ def test_batched_trace_equals_per_cell_loop(sharp, kind, window):
         expected = slow_cell(sharp, PROMPT, SUBJECT, t, l, kind, std, 4, 3, window, r.target_id)
         assert r.scores[t, l].item() == pytest.approx(expected, rel=1e-4, abs=1e-9), (t, l)
     # before the subject nothing is corrupted: restoring there changes nothing
-    assert slow_cell(sharp, PROMPT, SUBJECT, 0, 1, kind, std, 4, 3, window, r.target_id) == pytest.approx(r.corrupted_score, rel=1e-4)
+    assert slow_cell(sharp, PROMPT, SUBJECT, 0, 1, kind, std, 4, 3, window, r.target_id) == pytest.approx(
+        r.corrupted_score, rel=1e-4
+    )
     assert (r.scores[0] == r.corrupted_score).all()
     # the cells differ from one another far beyond the tolerance: the comparison can fail
     assert (r.scores.max() - r.scores.min()) / r.scores.max() > 0.05
@@ -149,8 +158,24 @@ def test_cli_trace(sharp, tmp_path, capsys):
 
     sharp.save(tmp_path / "m")
     out = tmp_path / "trace.png"
-    rc = main(["trace", PROMPT, "--subject", SUBJECT, "--model", str(tmp_path / "m"), "--kind", "all",
-               "--samples", "2", "--window", "2", "--out", str(out)])
+    rc = main(
+        [
+            "trace",
+            PROMPT,
+            "--subject",
+            SUBJECT,
+            "--model",
+            str(tmp_path / "m"),
+            "--kind",
+            "all",
+            "--samples",
+            "2",
+            "--window",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0 and out.exists()
     text = capsys.readouterr().out
     assert "clean p" in text and "mlp" in text and "attn" in text
@@ -173,7 +198,9 @@ def _known_facts(model, n=10):
         facts = fb.facts(rel)[::5][:6]
         prompts = [templates(rel, "train")[0].format(f.subject) for f in facts]
         top = model.last_logits(prompts).argmax(-1).tolist()
-        per_relation.append([(p, f.subject, f.target) for p, f, t in zip(prompts, facts, top) if t == target_ids(model, f.target)[0]])
+        per_relation.append(
+            [(p, f.subject, f.target) for p, f, t in zip(prompts, facts, top) if t == target_ids(model, f.target)[0]]
+        )
     return [x for x in chain.from_iterable(zip_longest(*per_relation)) if x is not None][:n]
 
 
@@ -220,7 +247,9 @@ def test_fact_model_batched_equals_loop(facts_model):
 @pytest.mark.slow
 def test_average_trace_on_fact_model(facts_model, tmp_path):
     facts = [(p, s, t) for p, s, t in _known_facts(facts_model, 4)] + [("The capital of France is", "France", " Moon")]
-    avg = average_trace(facts_model, facts, kind=("hidden", "mlp"), samples=3, window=3, noise=_subject_noise(facts_model))
+    avg = average_trace(
+        facts_model, facts, kind=("hidden", "mlp"), samples=3, window=3, noise=_subject_noise(facts_model)
+    )
     assert avg.n_facts == 5 and avg.n_known == 4  # the made-up fact is not known
     assert avg.scores.shape == (2, 6, facts_model.cfg.n_layer)
     assert avg.counts[0] == avg.counts[2] == avg.counts[5] == 4

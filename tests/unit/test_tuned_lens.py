@@ -86,7 +86,11 @@ def test_save_load_round_trip_and_a_corrupted_file_is_refused(random_lens, tmp_p
         TunedLens.load(tmp_path / "bad.safetensors")
     header = json.loads(meta["lens"])
     header["base_fingerprint"] = "0" * 64
-    save_file({k: v for k, v in tensors.items()}, str(tmp_path / "bad2.safetensors"), metadata=meta | {"lens": json.dumps(header)})
+    save_file(
+        {k: v for k, v in tensors.items()},
+        str(tmp_path / "bad2.safetensors"),
+        metadata=meta | {"lens": json.dumps(header)},
+    )
     with pytest.raises(ValueError, match="integrity check"):
         TunedLens.load(tmp_path / "bad2.safetensors")
     with pytest.raises(FileNotFoundError, match="no tuned lens file"):

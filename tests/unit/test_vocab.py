@@ -13,7 +13,6 @@ import gpt2_interp.cli as cli
 from gpt2_interp.analysis.lens import logit_attribution
 from gpt2_interp.analysis.vocab import find_neurons, neuron_vocab, project, top_subupdates
 
-
 PROMPT = "The capital of France is"
 
 
@@ -35,8 +34,11 @@ def test_neuron_vocab_equals_explicit_loop(model, apply_ln, monkeypatch):
     with torch.no_grad():
         for row, i in enumerate(neurons):
             v = model.blocks[1].mlp.W_out[i]
-            scores = torch.stack([(v * w * model.W_E[t]).sum() for t in range(model.cfg.d_vocab)]) if row == 0 else \
-                (v * w) @ model.W_E.T
+            scores = (
+                torch.stack([(v * w * model.W_E[t]).sum() for t in range(model.cfg.d_vocab)])
+                if row == 0
+                else (v * w) @ model.W_E.T
+            )
             top, bottom = scores.topk(6), scores.topk(6, largest=False)
             assert r.top_ids[row].tolist() == top.indices.tolist()
             assert r.bottom_ids[row].tolist() == bottom.indices.tolist()
@@ -79,8 +81,13 @@ def test_find_neurons_for_a_set_of_tokens(model):
     with torch.no_grad():
         model.blocks[0].mlp.W_out[11] = model.W_E[ids].sum(0)
     for baseline in (None, "vocabulary", "contrast"):
-        hits = find_neurons(model, [" Paris", " Rome", ids[2]], k=3, relative=baseline == "vocabulary",
-                            contrast=contrast if baseline == "contrast" else None)
+        hits = find_neurons(
+            model,
+            [" Paris", " Rome", ids[2]],
+            k=3,
+            relative=baseline == "vocabulary",
+            contrast=contrast if baseline == "contrast" else None,
+        )
         assert (hits[0][0], hits[0][1]) == (0, 11) and hits.baseline == baseline
         assert hits.tokens == [" Paris", " Rome", " Berlin"]
         with torch.no_grad():  # score = mean over the set of v · (w ⊙ u_t), minus the baseline's mean
@@ -131,8 +138,9 @@ def test_subupdate_effects_add_up_to_the_mlp_attribution(model):
             b = model.blocks[layer].mlp.b_out
             u = model.ln_final.w * model.W_U[:, model.to_single_token(" Paris")]
             b_part = ((b - b.mean()) @ u) / a.scale
-        assert float(r.target_effects.sum() + b_part) == pytest.approx(float(a.parts[a.labels.index(f"L{layer}.mlp")]),
-                                                                       abs=1e-4)
+        assert float(r.target_effects.sum() + b_part) == pytest.approx(
+            float(a.parts[a.labels.index(f"L{layer}.mlp")]), abs=1e-4
+        )
         assert set(r.layers) == {layer} and sorted(r.neurons) == list(range(model.cfg.d_mlp))
 
 

@@ -18,8 +18,12 @@ from gpt2_interp.cli import main
 from gpt2_interp.core.finite import NonFiniteWarning
 
 CLEAN, CORRUPTED = "The capital of France is", "The capital of Italy is"
-ESTIMATORS = [dict(method="atp"), dict(method="atp*"), dict(method="ig", ig_steps=2),
-              dict(method="ig", ig_steps=2, ig_path="activations")]
+ESTIMATORS = [
+    dict(method="atp"),
+    dict(method="atp*"),
+    dict(method="ig", ig_steps=2),
+    dict(method="ig", ig_steps=2, ig_path="activations"),
+]
 
 
 def nan_metric(logits):
@@ -42,7 +46,9 @@ def detached_metric(logits):
 @pytest.mark.parametrize("kw", ESTIMATORS, ids=lambda kw: f"{kw['method']}-{kw.get('ig_path', 'input')}")
 @pytest.mark.parametrize("metric, value", [(nan_metric, "NaN"), (inf_metric, "inf")])
 def test_every_estimator_refuses_a_non_finite_metric_naming_it_and_the_value(tiny, kw, metric, value):
-    with pytest.raises(ValueError, match=rf"metric {metric.__name__} on the (clean|corrupted) run is not finite \(\d+ {value}"):
+    with pytest.raises(
+        ValueError, match=rf"metric {metric.__name__} on the (clean|corrupted) run is not finite \(\d+ {value}"
+    ):
         attribute(tiny, CLEAN, CORRUPTED, metric, hook="resid_pre", **kw)
 
 
@@ -56,6 +62,7 @@ def test_every_estimator_refuses_a_non_differentiable_metric_naming_it(tiny, kw,
 
 def test_atp_of_a_custom_metric_equals_a_hand_written_gradient_product(tiny):
     """AtP on resid_pre of layer 1 = (clean − corrupted activation) · ∂M/∂a, from a plain autograd run."""
+
     def metric(logits):  # any differentiable function of the logits
         return logits[..., 5].tanh() * 3 - logits[..., 7] ** 2 / 10
 
@@ -105,27 +112,33 @@ def results(facts_model):
     return exact, est
 
 
-@pytest.mark.parametrize("call, arg", [
-    (lambda ex, est: ex.top(-1), "k"),
-    (lambda ex, est: ex.table(k=-2), "k"),
-    (lambda ex, est: est.top(-1), "k"),
-    (lambda ex, est: est.table(-1), "k"),
-    (lambda ex, est: est.verify(k=0, exact=ex), "k"),
-    (lambda ex, est: est.verify(k=2, candidates=-1, exact=ex), "candidates"),
-    (lambda ex, est: est.verify(k=2, controls=-1, exact=ex), "controls"),
-    (lambda ex, est: agreement(est, ex, k=0), "k"),
-    (lambda ex, est: top_cells(est.values, -3), "k"),
-])
+@pytest.mark.parametrize(
+    "call, arg",
+    [
+        (lambda ex, est: ex.top(-1), "k"),
+        (lambda ex, est: ex.table(k=-2), "k"),
+        (lambda ex, est: est.top(-1), "k"),
+        (lambda ex, est: est.table(-1), "k"),
+        (lambda ex, est: est.verify(k=0, exact=ex), "k"),
+        (lambda ex, est: est.verify(k=2, candidates=-1, exact=ex), "candidates"),
+        (lambda ex, est: est.verify(k=2, controls=-1, exact=ex), "controls"),
+        (lambda ex, est: agreement(est, ex, k=0), "k"),
+        (lambda ex, est: top_cells(est.values, -3), "k"),
+    ],
+)
 def test_a_negative_count_is_refused_naming_the_argument(results, call, arg):
     with pytest.raises(ValueError, match=rf"^{arg} must be ≥ \d, got -?\d"):
         call(*results)
 
 
-@pytest.mark.parametrize("call, arg", [
-    (lambda ex, est: ex.top(2.5), "k"),
-    (lambda ex, est: est.verify(k="3", exact=ex), "k"),
-    (lambda ex, est: est.verify(k=2, controls=1.0, exact=ex), "controls"),
-])
+@pytest.mark.parametrize(
+    "call, arg",
+    [
+        (lambda ex, est: ex.top(2.5), "k"),
+        (lambda ex, est: est.verify(k="3", exact=ex), "k"),
+        (lambda ex, est: est.verify(k=2, controls=1.0, exact=ex), "controls"),
+    ],
+)
 def test_a_non_integer_count_is_refused_naming_the_argument(results, call, arg):
     with pytest.raises(TypeError, match=rf"^{arg} must be an int"):
         call(*results)
@@ -160,8 +173,14 @@ def test_logit_diff_refuses_the_same_answer_and_wrong_for_every_pair(tiny):
         attribute(tiny, CLEAN, CORRUPTED, logit_diff(" Paris", " Paris"))
     # one equal pair among others is fine, also when attribution runs the pairs one chunk at a time;
     # that pair's logit difference is 0 on every run, so its estimate is exactly 0
-    est = attribute(tiny, [CLEAN, CLEAN], [CORRUPTED, CORRUPTED], logit_diff([" Paris", " Paris"], [" Paris", " Rome"]),
-                    layers=[0], batch_size=1)
+    est = attribute(
+        tiny,
+        [CLEAN, CLEAN],
+        [CORRUPTED, CORRUPTED],
+        logit_diff([" Paris", " Paris"], [" Paris", " Rome"]),
+        layers=[0],
+        batch_size=1,
+    )
     assert torch.equal(est.pair_values[0], torch.zeros_like(est.pair_values[0])) and est.pair_values[1].abs().sum() > 0
 
 
@@ -169,22 +188,27 @@ def test_a_valid_logit_diff_is_the_difference_of_the_two_logits(tiny):
     logits = torch.randn(3, tiny.cfg.d_vocab)
     paris, rome = tiny.to_single_token(" Paris"), tiny.to_single_token(" Rome")
     torch.testing.assert_close(logit_diff(" Paris", " Rome", model=tiny)(logits), logits[:, paris] - logits[:, rome])
-    per_pair = logit_diff([" Paris", " Rome", " Paris"], [" Rome", " Paris", " Paris"], model=tiny)  # one pair equal: fine
+    per_pair = logit_diff(
+        [" Paris", " Rome", " Paris"], [" Rome", " Paris", " Paris"], model=tiny
+    )  # one pair equal: fine
     expected = torch.stack([logits[0, paris] - logits[0, rome], logits[1, rome] - logits[1, paris], torch.tensor(0.0)])
     torch.testing.assert_close(per_pair(logits), expected)
 
 
 # ------------------------------------------------------------------ indices
 @pytest.mark.parametrize("fn", [patch, attribute], ids=["patch", "attribute"])
-@pytest.mark.parametrize("kw, error, match", [
-    (dict(layers=[1.0]), TypeError, r"layer must be an int, got float 1\.0 \(in layers="),
-    (dict(layers=1), TypeError, r"layers must be a list of ints, got int"),
-    (dict(positions=[0.5]), TypeError, r"position must be an int, got float 0\.5 \(in positions="),
-    (dict(positions=2), TypeError, r"positions must be a list of ints"),
-    (dict(hook="z", heads=[1.0]), TypeError, r"head must be an int, got float 1\.0 \(in heads="),
-    (dict(hook="z", heads=3), TypeError, r"heads must be a list of ints"),
-    (dict(layers=[5]), IndexError, r"layer 5 is out of range.*\(in layers=\[5\]\)"),
-])
+@pytest.mark.parametrize(
+    "kw, error, match",
+    [
+        (dict(layers=[1.0]), TypeError, r"layer must be an int, got float 1\.0 \(in layers="),
+        (dict(layers=1), TypeError, r"layers must be a list of ints, got int"),
+        (dict(positions=[0.5]), TypeError, r"position must be an int, got float 0\.5 \(in positions="),
+        (dict(positions=2), TypeError, r"positions must be a list of ints"),
+        (dict(hook="z", heads=[1.0]), TypeError, r"head must be an int, got float 1\.0 \(in heads="),
+        (dict(hook="z", heads=3), TypeError, r"heads must be a list of ints"),
+        (dict(layers=[5]), IndexError, r"layer 5 is out of range.*\(in layers=\[5\]\)"),
+    ],
+)
 def test_non_integer_or_scalar_indices_are_refused_naming_the_argument(tiny, fn, kw, error, match):
     with pytest.raises(error, match=match):
         fn(tiny, CLEAN, CORRUPTED, logit_diff(" Paris", " Rome"), **kw)
@@ -193,8 +217,16 @@ def test_non_integer_or_scalar_indices_are_refused_naming_the_argument(tiny, fn,
 def test_integer_like_indices_give_the_same_sweep_as_ints(tiny):
     metric = logit_diff(" Paris", " Rome")
     ref = patch(tiny, CLEAN, CORRUPTED, metric, hook="z", layers=[1], positions=[2, 4], heads=[0, 3])
-    alt = patch(tiny, CLEAN, CORRUPTED, metric, hook="z", layers=torch.tensor([1]), positions=np.array([2, 4]),
-                heads=(np.int64(0), 3))
+    alt = patch(
+        tiny,
+        CLEAN,
+        CORRUPTED,
+        metric,
+        hook="z",
+        layers=torch.tensor([1]),
+        positions=np.array([2, 4]),
+        heads=(np.int64(0), 3),
+    )
     torch.testing.assert_close(alt.values, ref.values)
     est = attribute(tiny, CLEAN, CORRUPTED, metric, hook="z", layers=(1,), positions=torch.tensor([2, 4]), heads=[0, 3])
     assert est.values.shape == ref.values.shape and est.positions == [2, 4] and est.heads == [0, 3]
@@ -219,14 +251,20 @@ def test_patch_and_attribute_name_hooks_by_one_rule(tiny, fn):
 # ------------------------------------------------------------------ patch --dataset
 def _dataset(tmp_path, lines):
     path = tmp_path / "pairs.jsonl"
-    path.write_text("".join(
-        f'{{"clean": "{c}", "corrupted": "{k}", "answer": "{a}", "wrong": "{w}"}}\n' for c, k, a, w in lines))
+    path.write_text(
+        "".join(f'{{"clean": "{c}", "corrupted": "{k}", "answer": "{a}", "wrong": "{w}"}}\n' for c, k, a, w in lines)
+    )
     return str(path)
 
 
 def test_patch_dataset_whose_answer_equals_wrong_on_every_line_is_one_line_error(tmp_path, capsys):
-    path = _dataset(tmp_path, [(CLEAN, CORRUPTED, " Paris", " Paris"),
-                               ("The capital of Spain is", "The capital of Japan is", " Madrid", " Madrid")])
+    path = _dataset(
+        tmp_path,
+        [
+            (CLEAN, CORRUPTED, " Paris", " Paris"),
+            ("The capital of Spain is", "The capital of Japan is", " Madrid", " Madrid"),
+        ],
+    )
     code = main(["patch", "--dataset", path, "--layers", "0"])
     out, err = capsys.readouterr()
     lines = [l for l in err.splitlines() if l.strip()]
@@ -234,9 +272,16 @@ def test_patch_dataset_whose_answer_equals_wrong_on_every_line_is_one_line_error
     assert path in lines[0] and "answer equals wrong on lines 1, 2" in lines[0]
 
 
-def test_patch_dataset_with_a_few_degenerate_lines_warns_naming_them_and_patches_the_rest(tmp_path, capsys, facts_model):
-    good = [(CLEAN, CORRUPTED, " Paris", " Rome"), ("The capital of Spain is", "The capital of Japan is", " Madrid", " Tokyo")]
-    path = _dataset(tmp_path, [good[0], (CLEAN, CORRUPTED, " Paris", " Paris"), good[1], (CLEAN, CLEAN, " Paris", " Rome")])
+def test_patch_dataset_with_a_few_degenerate_lines_warns_naming_them_and_patches_the_rest(
+    tmp_path, capsys, facts_model
+):
+    good = [
+        (CLEAN, CORRUPTED, " Paris", " Rome"),
+        ("The capital of Spain is", "The capital of Japan is", " Madrid", " Tokyo"),
+    ]
+    path = _dataset(
+        tmp_path, [good[0], (CLEAN, CORRUPTED, " Paris", " Paris"), good[1], (CLEAN, CLEAN, " Paris", " Rome")]
+    )
     code = main(["patch", "--dataset", path, "--layers", "0", "--json"])
     out, err = capsys.readouterr()
     assert code == 0
@@ -244,8 +289,13 @@ def test_patch_dataset_with_a_few_degenerate_lines_warns_naming_them_and_patches
     assert len(warning) == 1 and path in warning[0] and "2 of 4 pairs" in warning[0]
     assert "answer equals wrong on line 2" in warning[0] and "clean equals corrupted on line 4" in warning[0]
     # the good pairs keep the values they have when patched alone
-    ref = patch(facts_model, [g[0] for g in good], [g[1] for g in good],
-                logit_diff([g[2] for g in good], [g[3] for g in good]), layers=[0])
+    ref = patch(
+        facts_model,
+        [g[0] for g in good],
+        [g[1] for g in good],
+        logit_diff([g[2] for g in good], [g[3] for g in good]),
+        layers=[0],
+    )
     got = json.loads(out)
     pair_values = torch.tensor(got["pair_values"])
     torch.testing.assert_close(pair_values[[0, 2]], ref.pair_values, rtol=1e-4, atol=1e-4)

@@ -30,8 +30,10 @@ def test_integer_like_layers_are_accepted(tiny, layer):
 
 
 # ------------------------------------------------------------------ … the rest are refused by name
-@pytest.mark.parametrize("layer, error", [("1", TypeError), (1.0, TypeError), (True, TypeError), (None, TypeError),
-                                          (2, IndexError), (-3, IndexError)])
+@pytest.mark.parametrize(
+    "layer, error",
+    [("1", TypeError), (1.0, TypeError), (True, TypeError), (None, TypeError), (2, IndexError), (-3, IndexError)],
+)
 def test_bad_layers_name_the_argument(tiny, layer, error):
     with pytest.raises(error, match=r"layer"):
         neuron_vocab(tiny, layer, k=3)

@@ -82,5 +82,7 @@ def test_statistics_file_with_tensors_it_should_not_hold_is_refused(tmp_path, ti
     tensors, meta, _ = load_checked(good, kind="key-statistics")
     meta = {k: v for k, v in meta.items() if k in ("format", "count", "key")}
     bad = save_checked(tmp_path / "extra.safetensors", {**tensors, "D": torch.zeros(2)}, meta)
-    with pytest.raises(ValueError, match=r"extra\.safetensors is not a valid key-statistics file: it holds the tensors \['C', 'D'\]"):
+    with pytest.raises(
+        ValueError, match=r"extra\.safetensors is not a valid key-statistics file: it holds the tensors \['C', 'D'\]"
+    ):
         KeyStats.load(bad)

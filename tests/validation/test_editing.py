@@ -33,7 +33,9 @@ REQS = [
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "c.txt"
-    docs = [f"The tower stands in Paris, and {i} people saw it; Rome and Berlin have {2 * i} museums." for i in range(130)]
+    docs = [
+        f"The tower stands in Paris, and {i} people saw it; Rome and Berlin have {2 * i} museums." for i in range(130)
+    ]
     path.write_text("\n\n".join(docs))
     return path
 
@@ -111,8 +113,11 @@ def test_an_edit_with_a_nan_factor_is_neither_applied_nor_saved_and_its_file_is_
 def test_an_empty_null_space_warns_with_the_layer_and_a_larger_threshold(tiny, stats):
     ns = NullSpace.from_stats({0: stats[0]}, threshold=1e-12)
     assert ns.null_dim[0] == 0  # precondition: no eigenvalue of C below 1e-12·λ_max
-    with pytest.warns(EditWarning, match=r"null space has dimension 0 at layer\(s\) \[0\].*the edit does nothing"
-                                         r".*nullspace_threshold \(e.g. τ = 1e-11\)"):
+    with pytest.warns(
+        EditWarning,
+        match=r"null space has dimension 0 at layer\(s\) \[0\].*the edit does nothing"
+        r".*nullspace_threshold \(e.g. τ = 1e-11\)",
+    ):
         edit = compute_edits(tiny, REQS[:2], layers=[0], stats=stats, hparams=FAST, preserve=ns, remember=False)
     assert float(edit.delta(0).abs().max()) == 0.0
 
@@ -167,14 +172,24 @@ def test_targets_are_refused_for_another_model_other_requests_or_another_top_lay
     again = compute_edits(tiny, REQS, layers=[1], stats=stats, hparams=FAST, targets=first)  # same batch: fine
     torch.testing.assert_close(again.v_star, first.v_star)
     other = HookedGPT2(TINY, seed=1).eval()
-    other_stats = key_second_moment(other, [0, 1], corpus=str(corpus), n_samples=500, cache_dir=tmp_path,
-                                    progress=False)
+    other_stats = key_second_moment(
+        other, [0, 1], corpus=str(corpus), n_samples=500, cache_dir=tmp_path, progress=False
+    )
     with pytest.raises(ValueError, match=r"targets were computed on a model with weights \w+, this model has"):
         compute_edits(other, REQS, layers=[0, 1], stats=other_stats, hparams=FAST, targets=first.targets)
-    with pytest.raises(ValueError, match="computed for other requests: request 0 is 'Eiffel Tower is located in the "
-                                         "city of' → ' Rome' there and 'France is"):
-        compute_edits(tiny, [REQS[1] | {"prompt": "{} is"}, REQS[1], REQS[2]], layers=[0, 1], stats=stats,
-                      hparams=FAST, targets=first.targets)
+    with pytest.raises(
+        ValueError,
+        match="computed for other requests: request 0 is 'Eiffel Tower is located in the "
+        "city of' → ' Rome' there and 'France is",
+    ):
+        compute_edits(
+            tiny,
+            [REQS[1] | {"prompt": "{} is"}, REQS[1], REQS[2]],
+            layers=[0, 1],
+            stats=stats,
+            hparams=FAST,
+            targets=first.targets,
+        )
     with pytest.raises(ValueError, match="residuals after layer 1, this edit's top layer is 0"):
         compute_edits(tiny, REQS, layers=[0], stats=stats, hparams=FAST, targets=first.targets)
     with pytest.raises(TypeError, match=r"edit.targets"):
@@ -184,8 +199,9 @@ def test_targets_are_refused_for_another_model_other_requests_or_another_top_lay
 
 
 def test_key_statistics_handed_in_are_verified_on_every_path(tiny, stats, corpus, tmp_path):
-    other = key_second_moment(HookedGPT2(TINY, seed=1), [0], corpus=str(corpus), n_samples=300, cache_dir=tmp_path,
-                              progress=False)
+    other = key_second_moment(
+        HookedGPT2(TINY, seed=1), [0], corpus=str(corpus), n_samples=300, cache_dir=tmp_path, progress=False
+    )
     with pytest.raises(ValueError, match="another model"):  # statistics to preserve, as a mapping
         compute_edits(tiny, REQS, layers=[0], stats=stats, hparams=FAST, preserve=other)
     with pytest.raises(ValueError, match="layer 1, not layer 0"):  # statistics of another layer
@@ -229,8 +245,12 @@ def test_an_unspaced_target_after_an_unspaced_prompt_warns_with_both_spellings(t
     with pytest.warns(EditWarning) as got:
         validate_request(tiny, req, 3)
     msg = str(got[0].message)
-    for needle in ("request 3", f"{tk.token_str(plain)!r} (id {plain})", f"{tk.token_str(spaced)!r} (id {spaced})",
-                   "' Paris'"):
+    for needle in (
+        "request 3",
+        f"{tk.token_str(plain)!r} (id {plain})",
+        f"{tk.token_str(spaced)!r} (id {spaced})",
+        "' Paris'",
+    ):
         assert needle in msg, (needle, msg)
     with warnings.catch_warnings():
         warnings.simplefilter("error", EditWarning)
@@ -251,8 +271,10 @@ def _run(capsys, *argv: str) -> tuple[int, str]:
 def test_cli_refuses_a_batch_size_below_one_naming_the_flag(capsys, tmp_path, value):
     path = tmp_path / "r.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in REQS))
-    for cmd in (["edit", "--requests", str(path), "--sequential"], ["evaluate-edits", "--method", "memit",
-                                                                    "--sequential"]):
+    for cmd in (
+        ["edit", "--requests", str(path), "--sequential"],
+        ["evaluate-edits", "--method", "memit", "--sequential"],
+    ):
         code, err = _run(capsys, *cmd, "--batch-size", value)
         assert code not in (0, None) and "--batch-size" in err and value in err and "Traceback" not in err
 
@@ -275,13 +297,28 @@ def test_cli_edit_flags_weak_edits_and_states_the_rule(tiny, tmp_path, monkeypat
     corpus.write_text("\n\n".join(f"The Louvre is in Paris, room {i}." for i in range(60)))
     reqs = tmp_path / "r.jsonl"
     reqs.write_text("\n".join(json.dumps(r) for r in REQS) + "\n")
-    common = ["--model", str(tmp_path / "tiny"), "--corpus", str(corpus), "--n-samples", "500", "--layer", "0",
-              "--hparam", "v_steps=0", "--hparam", "prefixes_per_length=1", "--hparam", "prefix_lengths=[3]"]
+    common = [
+        "--model",
+        str(tmp_path / "tiny"),
+        "--corpus",
+        str(corpus),
+        "--n-samples",
+        "500",
+        "--layer",
+        "0",
+        "--hparam",
+        "v_steps=0",
+        "--hparam",
+        "prefixes_per_length=1",
+        "--hparam",
+        "prefix_lengths=[3]",
+    ]
     assert main(["edit", *common, "--requests", str(reqs)]) == 0
     out, err = capsys.readouterr()
     assert "3 weak (P(target) after < 0.5 and up by < 0.1)" in out and out.count("[weak]") == 3
     assert "warning: 3 of 3 edits barely moved the target" in err
-    assert main(["edit", *common, "--subject", "France", "--prompt", "The capital of {} is", "--target",
-                 " Berlin"]) == 0
+    assert (
+        main(["edit", *common, "--subject", "France", "--prompt", "The capital of {} is", "--target", " Berlin"]) == 0
+    )
     out, err = capsys.readouterr()
     assert "(weak: P(target) after < 0.5 and up by < 0.1)" in out and "barely moved" in err

@@ -23,14 +23,18 @@ LAUNCH_KEYS = (*LAUNCH, "LOCAL_RANK", "LOCAL_WORLD_SIZE", distributed.ENV_TIMEOU
 def _cli(args: list[str], **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if k not in LAUNCH_KEYS}
     full = dict(clean, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **env)
-    return subprocess.run([sys.executable, "-m", "gpt2_interp", *args], env=full, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "gpt2_interp", *args], env=full, capture_output=True, text=True, timeout=120
+    )
 
 
-@pytest.mark.parametrize("env,match", [
-    ({distributed.ENV_TIMEOUT: "soon"}, "GPT2_INTERP_DIST_TIMEOUT='soon' must be a finite number of seconds > 0"),
-    ({**LAUNCH, "RANK": "3"}, r"\(rank 3\): error: RANK=3 must be below WORLD_SIZE=2"),
-])
+@pytest.mark.parametrize(
+    "env,match",
+    [
+        ({distributed.ENV_TIMEOUT: "soon"}, "GPT2_INTERP_DIST_TIMEOUT='soon' must be a finite number of seconds > 0"),
+        ({**LAUNCH, "RANK": "3"}, r"\(rank 3\): error: RANK=3 must be below WORLD_SIZE=2"),
+    ],
+)
 def test_bad_launch_environment_is_one_line_and_exit_2(env, match):
     out = _cli(["info"], **env)
     assert out.returncode == 2, out.stderr
@@ -48,16 +52,19 @@ def no_launch(monkeypatch):
     return monkeypatch
 
 
-@pytest.mark.parametrize("env,match", [
-    ({distributed.ENV_TIMEOUT: "-5"}, r"GPT2_INTERP_DIST_TIMEOUT='-5' must be a finite number"),
-    ({distributed.ENV_TIMEOUT: "inf"}, r"GPT2_INTERP_DIST_TIMEOUT='inf' must be a finite number"),
-    ({"RANK": "0", "WORLD_SIZE": "2"}, r"sets RANK and WORLD_SIZE but not MASTER_ADDR, MASTER_PORT"),
-    ({**LAUNCH, "WORLD_SIZE": "two"}, r"WORLD_SIZE='two' must be an integer ≥ 1"),
-    ({**LAUNCH, "RANK": "-1"}, r"RANK=-1 must be ≥ 0"),
-    ({**LAUNCH, "LOCAL_RANK": "2"}, r"LOCAL_RANK=2 must be below LOCAL_WORLD_SIZE=2"),
-    ({**LAUNCH, "MASTER_PORT": "70000"}, r"MASTER_PORT=70000 must be a port number 1\.\.65535"),
-    ({**LAUNCH, "MASTER_ADDR": "my host"}, r"MASTER_ADDR='my host' must be a host name"),
-])
+@pytest.mark.parametrize(
+    "env,match",
+    [
+        ({distributed.ENV_TIMEOUT: "-5"}, r"GPT2_INTERP_DIST_TIMEOUT='-5' must be a finite number"),
+        ({distributed.ENV_TIMEOUT: "inf"}, r"GPT2_INTERP_DIST_TIMEOUT='inf' must be a finite number"),
+        ({"RANK": "0", "WORLD_SIZE": "2"}, r"sets RANK and WORLD_SIZE but not MASTER_ADDR, MASTER_PORT"),
+        ({**LAUNCH, "WORLD_SIZE": "two"}, r"WORLD_SIZE='two' must be an integer ≥ 1"),
+        ({**LAUNCH, "RANK": "-1"}, r"RANK=-1 must be ≥ 0"),
+        ({**LAUNCH, "LOCAL_RANK": "2"}, r"LOCAL_RANK=2 must be below LOCAL_WORLD_SIZE=2"),
+        ({**LAUNCH, "MASTER_PORT": "70000"}, r"MASTER_PORT=70000 must be a port number 1\.\.65535"),
+        ({**LAUNCH, "MASTER_ADDR": "my host"}, r"MASTER_ADDR='my host' must be a host name"),
+    ],
+)
 def test_launch_environment_values_are_named(no_launch, env, match):
     with pytest.raises(ValueError, match=match):
         distributed.check_launch_env(env)
@@ -79,12 +86,15 @@ def test_in_process_cli_reports_the_launch_error_before_any_process_group(no_lau
     assert not distributed.is_distributed()
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["lens", "x", "--positions", "0,a"], r"argument --positions: .*'a' is not an integer"),
-    (["neurons", "--promotes", "x", "--layers", "0,a"], r"argument --layers: .*'a' is not an integer"),
-    (["probe", "--folds", "1"], r"argument --folds: expected an integer >= 2, got 1"),
-    (["probe", "-C", "0"], r"argument -C: expected a finite number > 0"),
-])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["lens", "x", "--positions", "0,a"], r"argument --positions: .*'a' is not an integer"),
+        (["neurons", "--promotes", "x", "--layers", "0,a"], r"argument --layers: .*'a' is not an integer"),
+        (["probe", "--folds", "1"], r"argument --folds: expected an integer >= 2, got 1"),
+        (["probe", "-C", "0"], r"argument -C: expected a finite number > 0"),
+    ],
+)
 def test_cli_number_flags_name_the_flag(no_launch, capsys, argv, match):
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -104,7 +114,10 @@ def test_output_paths_are_checked_before_the_work(no_launch, tmp_path, capsys, m
     (tmp_path / "file").write_text("x")
     cases = [
         (["tuned-lens", "--save", str(tmp_path / "file" / "lens.safetensors")], r"--save .* is a file, not a folder"),
-        (["tuned-lens", "--save", "/proc/none/lens.safetensors"], r"--save .* cannot be written: cannot create files in /proc"),
+        (
+            ["tuned-lens", "--save", "/proc/none/lens.safetensors"],
+            r"--save .* cannot be written: cannot create files in /proc",
+        ),
         (["tuned-lens", "--save", str(tmp_path)], r"--save .* is a directory; give a file path"),
         (["lens", "x", "--out", str(tmp_path / "nowhere" / "f.png")], r"--out .*: the folder .*nowhere does not exist"),
         (["lens", "x", "--out", str(tmp_path / "f.docx")], r"--out .*: a figure is saved as .png"),

@@ -38,8 +38,10 @@ def test_tuned_lens_refuses_another_model_naming_both(models, lens, tmp_path):
         lens.decode(beta, torch.zeros(1, CFG.d_model), 0)
     with pytest.raises(ValueError, match=r"'alpha'.*'beta'"):
         logit_lens(beta, "The cat", lens=lens)
-    assert torch.equal(TunedLens.load(path, alpha).decode(alpha, torch.ones(1, CFG.d_model), "L0"),
-                       lens.decode(alpha, torch.ones(1, CFG.d_model), "L0"))
+    assert torch.equal(
+        TunedLens.load(path, alpha).decode(alpha, torch.ones(1, CFG.d_model), "L0"),
+        lens.decode(alpha, torch.ones(1, CFG.d_model), "L0"),
+    )
 
 
 def test_tuned_lens_check_sees_weights_changed_in_place(models, lens):
@@ -57,8 +59,11 @@ def test_tuned_lens_file_whose_shapes_do_not_fit_its_labels_is_refused(lens, tmp
     from gpt2_interp.analysis.tuned_lens import FORMAT
 
     header = {"labels": ["embed", "L0"], "base_fingerprint": lens.base_fingerprint, "model_name": "alpha", "meta": {}}
-    path = save_checked(tmp_path / "odd.safetensors", {"weight": lens.weight, "bias": lens.bias},
-                        {"format": FORMAT, "lens": json.dumps(header)})
+    path = save_checked(
+        tmp_path / "odd.safetensors",
+        {"weight": lens.weight, "bias": lens.bias},
+        {"format": FORMAT, "lens": json.dumps(header)},
+    )
     with pytest.raises(ValueError, match=r"odd\.safetensors: weight \(3, 32, 32\).*do not fit 2 boundaries"):
         TunedLens.load(path)
 

@@ -137,7 +137,9 @@ def test_tokenizer_with_more_tokens_than_the_vocabulary_is_refused(tmp_path):
     path = _llama_dir(tmp_path)
     (path / "tokenizer.json").write_text(_tokenizer_json(60))
     (path / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
-    with pytest.raises(ValueError, match=r"tokenizer\.json: the tokenizer has 60 tokens but the model's vocabulary \(d_vocab\) is 50"):
+    with pytest.raises(
+        ValueError, match=r"tokenizer\.json: the tokenizer has 60 tokens but the model's vocabulary \(d_vocab\) is 50"
+    ):
         gi.load(path)
     (path / "tokenizer.json").write_text(_tokenizer_json(50))
     assert gi.load(path).tokenizer.vocab_size == 50
@@ -154,9 +156,13 @@ def test_non_string_prompts_name_the_argument_and_the_element(call):
     from gpt2_interp.analysis.lens import logit_lens
 
     model = HookedGPT2(GPT2Config(n_layer=1, d_model=32, n_head=4, d_mlp=64, n_ctx=16), seed=0)
-    run = {"forward": lambda x: model(x), "generate": lambda x: model.generate(x, max_new_tokens=1),
-           "run_with_cache": lambda x: model.run_with_cache(x), "logit_lens": lambda x: logit_lens(model, x),
-           "to_tokens": lambda x: model.to_tokens(x)}[call]
+    run = {
+        "forward": lambda x: model(x),
+        "generate": lambda x: model.generate(x, max_new_tokens=1),
+        "run_with_cache": lambda x: model.run_with_cache(x),
+        "logit_lens": lambda x: logit_lens(model, x),
+        "to_tokens": lambda x: model.to_tokens(x),
+    }[call]
     what = {"logit_lens": "prompts", "to_tokens": "text"}.get(call, "input")
     with pytest.raises(TypeError, match=rf"{what}\[1\] must be a string, got int 5"):
         run(["a cat", 5])

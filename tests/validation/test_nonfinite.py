@@ -38,8 +38,9 @@ def _inf_in_place(act, hook):
     act.view(-1)[5] = float("inf")
 
 
-@pytest.mark.parametrize("name", ["blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k", "blocks.1.attn.hook_q",
-                                  "blocks.1.attn.hook_v"])
+@pytest.mark.parametrize(
+    "name", ["blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k", "blocks.1.attn.hook_q", "blocks.1.attn.hook_v"]
+)
 def test_nan_into_what_the_fused_kernel_reads_is_reported(llama, name):
     with pytest.warns(NonFiniteWarning, match=rf"hook '_one_nan' returned at '{name}'"):
         llama.run_with_hooks(TOKENS, fwd_hooks=[(name, _one_nan)])
@@ -58,7 +59,9 @@ def test_inf_written_in_place_into_the_embedding_is_reported(gpt2):
 def test_inf_in_a_residual_given_with_start_at_layer_is_reported(gpt2):
     resid = torch.zeros(1, 4, SIZES["d_model"])
     resid[0, 2, 1] = float("inf")
-    with pytest.warns(NonFiniteWarning, match=r"residual stream given as input with start_at_layer at 'blocks\.1\.hook_resid_pre'"):
+    with pytest.warns(
+        NonFiniteWarning, match=r"residual stream given as input with start_at_layer at 'blocks\.1\.hook_resid_pre'"
+    ):
         gpt2(resid, start_at_layer=1)
 
 

@@ -72,5 +72,17 @@ from .estimate import ATTRIBUTION_METHODS, attribute
 from .result import AttributionResult
 from .verification import Verification, cell_label, verify
 
-__all__ = ["attribute", "AttributionResult", "verify", "Verification", "agreement", "Agreement", "spearman",
-           "top_cells", "recall", "cell_label", "ATTRIBUTION_METHODS", "FAMILIES"]
+__all__ = [
+    "ATTRIBUTION_METHODS",
+    "FAMILIES",
+    "Agreement",
+    "AttributionResult",
+    "Verification",
+    "agreement",
+    "attribute",
+    "cell_label",
+    "recall",
+    "spearman",
+    "top_cells",
+    "verify",
+]

@@ -27,7 +27,9 @@ def qk_names(sweep: Sweep) -> list[str]:
     if not uses_qk_fix(sweep):
         return []
     m = sweep.model
-    return [x for l in sweep.layers for x in (rot_name(m, l, "q"), rot_name(m, l, "k"), f"blocks.{l}.attn.hook_attn_scores")]
+    return [
+        x for l in sweep.layers for x in (rot_name(m, l, "q"), rot_name(m, l, "k"), f"blocks.{l}.attn.hook_attn_scores")
+    ]
 
 
 class _BaseRun:
@@ -51,7 +53,9 @@ class _BaseRun:
         self.acts = [self.store[x] for x in self.inputs]
 
 
-def _estimate(sweep: Sweep, run: _BaseRun, src: dict[str, torch.Tensor], grads: Sequence[torch.Tensor | None]) -> torch.Tensor:
+def _estimate(
+    sweep: Sweep, run: _BaseRun, src: dict[str, torch.Tensor], grads: Sequence[torch.Tensor | None]
+) -> torch.Tensor:
     """Per-pair cell effects ``[b, layer, pos|1, (head)]`` from the gradients at ``run.inputs``
     (None: no gradient reached it, i.e. zero)."""
     model, fam, qk = sweep.model, sweep.fam, uses_qk_fix(sweep)
@@ -62,8 +66,20 @@ def _estimate(sweep: Sweep, run: _BaseRun, src: dict[str, torch.Tensor], grads: 
             qn, kn = rot_name(model, l, "q"), rot_name(model, l, "k")
             scores, q, k = run.extra[f"blocks.{l}.attn.hook_attn_scores"], run.extra[qn], run.extra[kn]
             pn = f"blocks.{l}.attn.hook_pattern"
-            out.append(qk_fixed(fam.name, q, k, src[qn], src[kn], run.store[pn].detach(), scores, grad[pn],
-                                check_scale(q, k, scores, l), sweep.together))
+            out.append(
+                qk_fixed(
+                    fam.name,
+                    q,
+                    k,
+                    src[qn],
+                    src[kn],
+                    run.store[pn].detach(),
+                    scores,
+                    grad[pn],
+                    check_scale(q, k, scores, l),
+                    sweep.together,
+                )
+            )
         else:
             out.append(cell_effects(fam, src[nm] - run.store[nm].detach(), grad[nm]))
     return stack(fam, out, sweep.together and not qk)
@@ -77,8 +93,9 @@ def _graddrop(sweep: Sweep, run: _BaseRun, src: dict[str, torch.Tensor], m: torc
     for l in range(n):
         run.keeps[l][0] = 0.0
         try:
-            part = _estimate(sweep, run, src, torch.autograd.grad(m.sum(), run.acts, retain_graph=l < n - 1,
-                                                                  allow_unused=True)).abs()
+            part = _estimate(
+                sweep, run, src, torch.autograd.grad(m.sum(), run.acts, retain_graph=l < n - 1, allow_unused=True)
+            ).abs()
         finally:
             run.keeps[l][0] = 1.0
         total = part if total is None else total + part
@@ -94,7 +111,9 @@ def estimate_atp(sweep: Sweep, chunk: Chunk, runs: Runs) -> ChunkEstimate:
     base_m, src_m = m.detach().cpu(), readout(runs.src_logits).detach().cpu()
     readout.check_finite(base_m, src_m, sweep.direction)
     if not sweep.graddrop:
-        return ChunkEstimate(_estimate(sweep, run, runs.src, torch.autograd.grad(m.sum(), run.acts)), None, base_m, src_m)
+        return ChunkEstimate(
+            _estimate(sweep, run, runs.src, torch.autograd.grad(m.sum(), run.acts)), None, base_m, src_m
+        )
     eff = _estimate(sweep, run, runs.src, torch.autograd.grad(m.sum(), run.acts, retain_graph=True))
     return ChunkEstimate(eff, _graddrop(sweep, run, runs.src, m), base_m, src_m)
 

@@ -33,21 +33,25 @@ class Family:
     names: dict[int, str]
 
 
-def resolve_family(model: "HookedGPT2", hook: str, layers: Sequence[int] | None) -> tuple[Family, list[int]]:
+def resolve_family(model: HookedGPT2, hook: str, layers: Sequence[int] | None) -> tuple[Family, list[int]]:
     """The :class:`Family` and layers of an attribution's ``hook`` and ``layers`` arguments: a family
     of :data:`FAMILIES` (``attn`` = ``pattern``), ``embed``/``pos_embed``, or the full name of a
     per-position activation (not ``ln_final``'s, which runs on the last position only, nor scores)."""
     if not is_full_name(hook):
         hook = "pattern" if hook == "attn" else hook
         if hook not in FAMILIES + ("embed", "pos_embed"):
-            raise KeyError(f"attribution covers the hook families {', '.join(FAMILIES)}, embed, pos_embed and full hook "
-                           f"names of per-position activations, not {hook!r}.{suggest(hook, list(FAMILIES))}")
+            raise KeyError(
+                f"attribution covers the hook families {', '.join(FAMILIES)}, embed, pos_embed and full hook "
+                f"names of per-position activations, not {hook!r}.{suggest(hook, list(FAMILIES))}"
+            )
     family, names = resolve_hook(model, hook, layers)
     if family is None:  # one hook point: its family if it is one of a family's layers
         ((lay, name),) = names.items()
         if name.startswith("ln_final") or name.endswith("hook_attn_scores"):
-            raise ValueError(f"attribution does not take {name!r} (the final LayerNorm runs on the last position "
-                             "only; scores hold −inf): use a residual hook, or 'pattern' for attention")
+            raise ValueError(
+                f"attribution does not take {name!r} (the final LayerNorm runs on the last position "
+                "only; scores hold −inf): use a residual hook, or 'pattern' for attention"
+            )
         family = next((f for f in FAMILIES if lay >= 0 and name == hook_name(f, lay)), None)
         if family is None:  # any other per-position activation [batch, pos, ...]: embeddings, MLP neurons
             return Family("pos", name, names), [lay]
@@ -55,7 +59,7 @@ def resolve_family(model: "HookedGPT2", hook: str, layers: Sequence[int] | None)
     return Family(kind, family, names), list(names)
 
 
-def rot_name(model: "HookedGPT2", layer: int, x: str) -> str:
+def rot_name(model: HookedGPT2, layer: int, x: str) -> str:
     """The hook holding the keys/queries as they enter the scores (rotary models: ``hook_rot_{x}``)."""
     rot = f"blocks.{layer}.attn.hook_rot_{x}"
     return rot if rot in model.hook_dict else f"blocks.{layer}.attn.hook_{x}"
@@ -67,7 +71,9 @@ def cell_effects(fam: Family, delta: torch.Tensor, grad: torch.Tensor) -> torch.
         return (delta.float() * grad.float()).flatten(2).sum(-1)
     if fam.kind == "head":  # [b, pos, head, d_head]  (a product and a sum: einsum would make it a slow bmm)
         return (delta.float() * grad.float()).sum(-1)
-    return rearrange((delta.float() * grad.float()).sum(-1), "b h q -> b q h")  # pattern [b, h, q, k]: rows = query positions
+    return rearrange(
+        (delta.float() * grad.float()).sum(-1), "b h q -> b q h"
+    )  # pattern [b, h, q, k]: rows = query positions
 
 
 def stack(fam: Family, effects: list[torch.Tensor], sum_positions: bool) -> torch.Tensor:
@@ -79,8 +85,9 @@ def stack(fam: Family, effects: list[torch.Tensor], sum_positions: bool) -> torc
     return out.detach().cpu()
 
 
-def select(fam: Family, per: torch.Tensor, positions: Any, heads: Any, P: int, H: int
-           ) -> tuple[torch.Tensor, tuple[str, ...], list[int] | None, list[int] | None]:
+def select(
+    fam: Family, per: torch.Tensor, positions: Any, heads: Any, P: int, H: int
+) -> tuple[torch.Tensor, tuple[str, ...], list[int] | None, list[int] | None]:
     """``per`` ``[b, layer, pos(, head)]`` (``pos`` may be 1 = every position together) → the result's
     cells, axes as ``patch`` gives them."""
     if fam.kind == "pos":
@@ -107,5 +114,14 @@ def select(fam: Family, per: torch.Tensor, positions: Any, heads: Any, P: int, H
     return per[:, :, ps], ("layer", "pos", "head"), ps, hs
 
 
-__all__ = ["Family", "FAMILIES", "POS_FAMILIES", "HEAD_FAMILIES", "resolve_family", "rot_name", "cell_effects", "stack",
-           "select"]
+__all__ = [
+    "FAMILIES",
+    "HEAD_FAMILIES",
+    "POS_FAMILIES",
+    "Family",
+    "cell_effects",
+    "resolve_family",
+    "rot_name",
+    "select",
+    "stack",
+]

@@ -59,12 +59,18 @@ class Agreement(Result):
     def plot(self, **kwargs: Any):
         from ...plots.attribution import plot_estimate_vs_exact
 
-        return plot_estimate_vs_exact(self.estimate.numpy(), self.exact.numpy(),
-                                      title=f"{self.method} vs exact patching, {self.hook} (ρ = {self.spearman:.3f})", **kwargs)
+        return plot_estimate_vs_exact(
+            self.estimate.numpy(),
+            self.exact.numpy(),
+            title=f"{self.method} vs exact patching, {self.hook} (ρ = {self.spearman:.3f})",
+            **kwargs,
+        )
 
     def table(self) -> str:
-        return (f"{self.method} on {self.hook}: {self.n_cells} cells, Spearman ρ {self.spearman:.3f} "
-                f"(|effect| {self.spearman_abs:.3f}), top-{self.k} recall {self.recall:.0%}")
+        return (
+            f"{self.method} on {self.hook}: {self.n_cells} cells, Spearman ρ {self.spearman:.3f} "
+            f"(|effect| {self.spearman_abs:.3f}), top-{self.k} recall {self.recall:.0%}"
+        )
 
 
 def agreement(estimate: AttributionResult, exact: PatchResult, k: int = 20) -> Agreement:
@@ -72,12 +78,23 @@ def agreement(estimate: AttributionResult, exact: PatchResult, k: int = 20) -> A
     share of the exact top-``k`` cells (largest ``|effect|``) among the estimate's top-``k``."""
     k = check_count(k, "k")
     if estimate.values.shape != exact.values.shape:
-        raise ValueError(f"estimate {tuple(estimate.values.shape)} and exact {tuple(exact.values.shape)} cover different cells")
+        raise ValueError(
+            f"estimate {tuple(estimate.values.shape)} and exact {tuple(exact.values.shape)} cover different cells"
+        )
     est = estimate.values - estimate.baseline
     ex = exact.values - exact.baseline
     score = est.abs() if estimate.score is None else estimate.score
-    return Agreement(estimate.method, estimate.hook, est.numel(), spearman(est, ex), spearman(score, ex.abs()), k,
-                     recall(top_cells(score, k), top_cells(ex.abs(), k)), est.flatten().float(), ex.flatten().float())
+    return Agreement(
+        estimate.method,
+        estimate.hook,
+        est.numel(),
+        spearman(est, ex),
+        spearman(score, ex.abs()),
+        k,
+        recall(top_cells(score, k), top_cells(ex.abs(), k)),
+        est.flatten().float(),
+        ex.flatten().float(),
+    )
 
 
-__all__ = ["spearman", "top_cells", "recall", "Agreement", "agreement"]
+__all__ = ["Agreement", "agreement", "recall", "spearman", "top_cells"]

@@ -29,7 +29,7 @@ ATTRIBUTION_METHODS = ("atp", "atp*", "ig")
 
 
 def attribute(
-    model: "HookedGPT2",
+    model: HookedGPT2,
     clean: Prompts,
     corrupted: Prompts,
     metric: Metric,
@@ -71,13 +71,28 @@ def attribute(
     bar = progress_bar(total=-(-n_pairs // bs), desc=f"attribution ({method}) {hook}", leave=False, enabled=progress)
     for a in range(0, n_pairs, bs):
         b = min(n_pairs, a + bs)
-        chunk = Chunk(base_t[a:b].clone(), src_t[a:b].clone(), None if mask is None else mask[a:b], (a, n_pairs),
-                      Readout(model, metric, (a, n_pairs), b - a))
+        chunk = Chunk(
+            base_t[a:b].clone(),
+            src_t[a:b].clone(),
+            None if mask is None else mask[a:b],
+            (a, n_pairs),
+            Readout(model, metric, (a, n_pairs), b - a),
+        )
         chunks.append(_estimate_chunk(sweep, chunk))
         bar.update()
     bar.close()
-    spec = dict(model=model, clean=clean, corrupted=corrupted, metric=metric, hook=hook,
-                layers=layers, positions=positions, heads=heads, direction=direction, normalize=normalize)
+    spec = dict(
+        model=model,
+        clean=clean,
+        corrupted=corrupted,
+        metric=metric,
+        hook=hook,
+        layers=layers,
+        positions=positions,
+        heads=heads,
+        direction=direction,
+        normalize=normalize,
+    )
     return _assemble(sweep, chunks, positions, heads, normalize, metric, (clean_t, corr_t, mask), hook, spec)
 
 
@@ -86,7 +101,9 @@ def _check_options(method: str, direction: str, ig_steps: Any, ig_path: str, gra
     if method not in ATTRIBUTION_METHODS:
         raise ValueError(f"method must be one of {', '.join(repr(m) for m in ATTRIBUTION_METHODS)}, not {method!r}")
     if direction not in ("denoise", "noise"):
-        raise ValueError(f"direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not {direction!r}")
+        raise ValueError(
+            f"direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not {direction!r}"
+        )
     if method == "ig":
         ig_steps = check_count(ig_steps, "ig_steps (points on the interpolation path)")
     if ig_path not in ("input", "activations"):
@@ -108,8 +125,17 @@ def _estimate_chunk(sweep: Sweep, chunk: Chunk) -> ChunkEstimate:
         return (estimate_ig if ig else estimate_atp)(sweep, chunk, runs)
 
 
-def _assemble(sweep: Sweep, chunks: list[ChunkEstimate], positions: Any, heads: Any, normalize: bool, metric: Metric,
-              tokens: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], hook: str, spec: dict) -> AttributionResult:
+def _assemble(
+    sweep: Sweep,
+    chunks: list[ChunkEstimate],
+    positions: Any,
+    heads: Any,
+    normalize: bool,
+    metric: Metric,
+    tokens: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+    hook: str,
+    spec: dict,
+) -> AttributionResult:
     """The chunks' per-pair effects as an :class:`AttributionResult`: the cells ``positions``/``heads``
     keep, each pair's estimated patched metric, the mean, the ranking score, normalised like ``patch``."""
     model, fam = sweep.model, sweep.fam
@@ -119,20 +145,42 @@ def _assemble(sweep: Sweep, chunks: list[ChunkEstimate], positions: Any, heads: 
     P = tokens[0].shape[1]
     n_heads = model.cfg.n_head if fam.kind == "pos" else eff.shape[-1]  # k/v: the key/value heads (fewer under GQA)
     per_pair, index_names, pos_axis, head_axis = select(fam, eff, positions, heads, P, n_heads)
-    drop = select(fam, torch.cat([c.graddrop for c in chunks]), positions, heads, P, n_heads)[0] if sweep.graddrop else None
+    drop = (
+        select(fam, torch.cat([c.graddrop for c in chunks]), positions, heads, P, n_heads)[0]
+        if sweep.graddrop
+        else None
+    )
     per_pair = per_pair + base_m.view((-1,) + (1,) * (per_pair.ndim - 1))
     if not is_finite(per_pair):
-        warnings.warn(f"attribution ({sweep.method}) of {hook}: the estimate is not finite for some cells "
-                      f"({nonfinite_summary(per_pair)}): the gradient of metric {metric_name(metric)} holds NaN/inf "
-                      "there; those cells are NaN/inf in the result", NonFiniteWarning, stacklevel=3)
+        warnings.warn(
+            f"attribution ({sweep.method}) of {hook}: the estimate is not finite for some cells "
+            f"({nonfinite_summary(per_pair)}): the gradient of metric {metric_name(metric)} holds NaN/inf "
+            "there; those cells are NaN/inf in the result",
+            NonFiniteWarning,
+            stacklevel=3,
+        )
     mean = per_pair.mean(0)
     score = (mean - mean.new_tensor(float(base_m.mean()))).abs() if drop is None else drop.mean(0)
     if normalize:
         mean, per_pair, gap = normalize_effects(mean, per_pair, clean_m, corr_m)
         score = score / abs(gap)
     return AttributionResult(
-        **result_fields(model, mean, per_pair, index_names, sweep.layers, pos_axis, head_axis,
-                        position_labels(model, *tokens), hook, sweep.direction, metric, normalize, clean_m, corr_m),
+        **result_fields(
+            model,
+            mean,
+            per_pair,
+            index_names,
+            sweep.layers,
+            pos_axis,
+            head_axis,
+            position_labels(model, *tokens),
+            hook,
+            sweep.direction,
+            metric,
+            normalize,
+            clean_m,
+            corr_m,
+        ),
         method=sweep.method,
         ig_steps=sweep.ig_steps if sweep.method == "ig" else None,
         ig_path=sweep.ig_path if sweep.method == "ig" else None,
@@ -142,4 +190,4 @@ def _assemble(sweep: Sweep, chunks: list[ChunkEstimate], positions: Any, heads: 
     )
 
 
-__all__ = ["attribute", "ATTRIBUTION_METHODS"]
+__all__ = ["ATTRIBUTION_METHODS", "attribute"]

@@ -5,7 +5,8 @@ left on the model: gradients are taken with ``torch.autograd.grad`` on the captu
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -30,7 +31,9 @@ def capture(store: dict[str, torch.Tensor]) -> Callable[[torch.Tensor, Any], tor
         if act.requires_grad:  # already in the graph: record it, leave it
             store[hook.name] = act
             return None
-        act = act.detach().requires_grad_(True)  # the first captured point starts the graph (nothing upstream is needed)
+        act = act.detach().requires_grad_(
+            True
+        )  # the first captured point starts the graph (nothing upstream is needed)
         store[hook.name] = act
         return act
 

@@ -56,7 +56,7 @@ def _input_path_grads(sweep: Sweep, chunk: Chunk, e0: torch.Tensor, e1: torch.Te
     model, names, steps, readout = sweep.model, sweep.names, sweep.ig_steps, chunk.readout
     n = model.cfg.n_layer
     b, P = chunk.base_t.shape
-    grads = {nm: None for nm in names}
+    grads = dict.fromkeys(names)
     per_pass = max(1, min(steps, int(IG_BUDGET // max(1, b * P * model.cfg.d_model * n))))
     alphas = (torch.arange(steps, dtype=torch.float32, device=e0.device) + 0.5) / steps  # midpoints
     for first in range(0, steps, per_pass):  # steps folded into the batch axis: (s b) rows per pass
@@ -76,21 +76,32 @@ def _input_path_grads(sweep: Sweep, chunk: Chunk, e0: torch.Tensor, e1: torch.Te
     return grads
 
 
-def _activation_path_grads(sweep: Sweep, chunk: Chunk, base: dict[str, torch.Tensor],
-                           src: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _activation_path_grads(
+    sweep: Sweep, chunk: Chunk, base: dict[str, torch.Tensor], src: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """``mean_α ∂M/∂a`` of each attributed layer on its own activation path (see :func:`_activation_path_grad`)."""
     n = sweep.model.cfg.n_layer
     out = {}
     for l, nm in zip(sweep.layers, sweep.names):
         resid0 = base.get(f"blocks.{l}.hook_resid_pre") if 0 <= l < n else None
-        out[nm] = _activation_path_grad(sweep.model, chunk.readout, nm, l, base[nm], src[nm], resid0, chunk.base_t,
-                                        chunk.mask, sweep.ig_steps)
+        out[nm] = _activation_path_grad(
+            sweep.model, chunk.readout, nm, l, base[nm], src[nm], resid0, chunk.base_t, chunk.mask, sweep.ig_steps
+        )
     return out
 
 
-def _activation_path_grad(model: "HookedGPT2", readout: Readout, name: str, layer: int, a0: torch.Tensor,
-                          a1: torch.Tensor, resid0: torch.Tensor | None, base_t: torch.Tensor, mask: torch.Tensor | None,
-                          steps: int) -> torch.Tensor:
+def _activation_path_grad(
+    model: HookedGPT2,
+    readout: Readout,
+    name: str,
+    layer: int,
+    a0: torch.Tensor,
+    a1: torch.Tensor,
+    resid0: torch.Tensor | None,
+    base_t: torch.Tensor,
+    mask: torch.Tensor | None,
+    steps: int,
+) -> torch.Tensor:
     """``mean_α ∂M/∂a`` at ``a = a0 + α(a1 − a0)`` of hook ``name`` (``a0``: base run, ``a1``: source run;
     α at the ``steps`` midpoints), everything upstream at the base run: the pass starts at ``layer``
     from the base residual stream ``resid0`` (or, for a hook before the first block, at the tokens).
@@ -112,8 +123,12 @@ def _activation_path_grad(model: "HookedGPT2", readout: Readout, name: str, laye
             if resid0 is None:
                 resid = model(repeat(base_t, "b p -> (s b) p", s=s), attention_mask=m_rows, stop_at_layer=n)
             else:
-                resid = model(repeat(resid0, "b p d -> (s b) p d", s=s), attention_mask=m_rows, start_at_layer=layer,
-                              stop_at_layer=n)
+                resid = model(
+                    repeat(resid0, "b p d -> (s b) p d", s=s),
+                    attention_mask=m_rows,
+                    start_at_layer=layer,
+                    stop_at_layer=n,
+                )
         logits = rearrange(readout.logits(resid), "(s b) k -> s b k", s=s)
         total = sum(readout(logits[i]).sum() for i in range(s))
         (g,) = torch.autograd.grad(total, [leaf])
@@ -121,4 +136,4 @@ def _activation_path_grad(model: "HookedGPT2", readout: Readout, name: str, laye
     return grad
 
 
-__all__ = ["estimate_ig", "ig_names", "IG_BUDGET"]
+__all__ = ["IG_BUDGET", "estimate_ig", "ig_names"]

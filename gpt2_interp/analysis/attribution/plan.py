@@ -22,7 +22,7 @@ class Sweep:
     """The settings of one attribution: model, attributed family and layers, method and its options;
     ``together``: per-head cells patched at every position at once."""
 
-    model: "HookedGPT2"
+    model: HookedGPT2
     fam: Family
     layers: list[int]
     method: str
@@ -72,7 +72,7 @@ class ChunkEstimate(NamedTuple):
     src_metric: torch.Tensor
 
 
-def unpatched_runs(model: "HookedGPT2", chunk: Chunk, names: list[str], with_base: bool) -> tuple[Runs, Chunk]:
+def unpatched_runs(model: HookedGPT2, chunk: Chunk, names: list[str], with_base: bool) -> tuple[Runs, Chunk]:
     """The source run (and with ``with_base`` the base run) of ``chunk``, caching ``names``, without
     autograd; returns the runs and the chunk with its tensors as normal (not inference) tensors,
     so that this works inside a caller's ``torch.no_grad()`` or ``inference_mode()``."""
@@ -82,8 +82,9 @@ def unpatched_runs(model: "HookedGPT2", chunk: Chunk, names: list[str], with_bas
     mask = chunk.mask
     rmask = None if mask is None else (torch.cat([mask, mask]) if with_base else mask)
     with torch.inference_mode():
-        resid, cache = model.run_with_cache(tokens, names_filter=list(dict.fromkeys(names)), attention_mask=rmask,
-                                            stop_at_layer=n)
+        resid, cache = model.run_with_cache(
+            tokens, names_filter=list(dict.fromkeys(names)), attention_mask=rmask, stop_at_layer=n
+        )
         logits = chunk.readout.logits(resid)
     with torch.inference_mode(False):
         cache = {k: v.clone() for k, v in cache.items()}
@@ -95,4 +96,4 @@ def unpatched_runs(model: "HookedGPT2", chunk: Chunk, names: list[str], with_bas
     return Runs(src, logits[:b], {k: v[b:] for k, v in cache.items()}, logits[b:]), chunk
 
 
-__all__ = ["Sweep", "Chunk", "Runs", "ChunkEstimate", "unpatched_runs"]
+__all__ = ["Chunk", "ChunkEstimate", "Runs", "Sweep", "unpatched_runs"]

@@ -15,9 +15,18 @@ import torch
 from einops import einsum, rearrange, reduce
 
 
-def qk_fixed(family: str, q: torch.Tensor, k: torch.Tensor, q_src: torch.Tensor, k_src: torch.Tensor,
-             pattern: torch.Tensor, scores: torch.Tensor, G: torch.Tensor, scale: float,
-             together: bool) -> torch.Tensor:
+def qk_fixed(
+    family: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_src: torch.Tensor,
+    k_src: torch.Tensor,
+    pattern: torch.Tensor,
+    scores: torch.Tensor,
+    G: torch.Tensor,
+    scale: float,
+    together: bool,
+) -> torch.Tensor:
     """AtP* effect of patching queries or keys, linear only from the attention pattern on.
 
     ``q, k`` ``[b, pos, head(_kv), d_head]`` base run (as they enter the scores), ``*_src`` the source
@@ -63,9 +72,11 @@ def check_scale(q: torch.Tensor, k: torch.Tensor, scores: torch.Tensor, layer: i
     ok = torch.isfinite(scores)
     err = (s[ok] - scores.float()[ok]).abs().max() if bool(ok.any()) else torch.tensor(0.0)
     if float(err) > 1e-3 * (1 + float(scores.float()[ok].abs().max())):
-        raise NotImplementedError(f"layer {layer}: q·k/√d_head does not reproduce the model's attention scores "
-                                  f"(max error {float(err):.3g}); the AtP* QK fix needs that — use method='atp' or 'ig'")
+        raise NotImplementedError(
+            f"layer {layer}: q·k/√d_head does not reproduce the model's attention scores "
+            f"(max error {float(err):.3g}); the AtP* QK fix needs that — use method='atp' or 'ig'"
+        )
     return scale
 
 
-__all__ = ["qk_fixed", "check_scale"]
+__all__ = ["check_scale", "qk_fixed"]

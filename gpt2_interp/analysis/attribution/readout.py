@@ -44,7 +44,7 @@ class Readout:
     in the forward and in the backward pass, where it is a sizeable share of a small model's cost
     (gpt2-facts: ~18% of a forward pass). Any other metric reads the full last-position logits."""
 
-    def __init__(self, model: "HookedGPT2", metric: Metric, rows: tuple[int, int], b: int) -> None:
+    def __init__(self, model: HookedGPT2, metric: Metric, rows: tuple[int, int], b: int) -> None:
         self.model, self.metric, self.rows = model, metric, rows
         self.cols: torch.Tensor | None = None
         self.bound: Metric | None = None
@@ -77,7 +77,8 @@ class Readout:
                 f"metric {metric_name(self.metric)} is not differentiable in the logits (its value carries no "
                 "gradient: argmax, comparisons, .detach(), .item() or a new tensor cut the graph); attribution "
                 "needs ∂metric/∂logits — build it from differentiable operations such as logit_diff, prob or kl_to, "
-                "or use exact patching (patch), which takes any metric")
+                "or use exact patching (patch), which takes any metric"
+            )
         return out
 
     def check_finite(self, base_m: torch.Tensor, src_m: torch.Tensor, direction: str) -> None:
@@ -105,4 +106,4 @@ def chunk_ids(m: LogitDiff, rows: tuple[int, int], b: int) -> list[torch.Tensor]
     return out
 
 
-__all__ = ["Readout", "chunk_metric", "place", "chunk_ids"]
+__all__ = ["Readout", "chunk_ids", "chunk_metric", "place"]

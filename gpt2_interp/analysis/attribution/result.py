@@ -45,12 +45,27 @@ class AttributionResult(PatchResult):
         idx = score.topk(min(k, flat.numel())).indices
         return [(tuple(int(i) for i in torch.unravel_index(j, self.values.shape)), float(flat[j])) for j in idx]
 
-    def verify(self, k: int = 20, candidates: int | None = None, controls: int = 20, seed: int = 0,
-               batch_size: int | None = None, progress: bool | None = None,
-               exact: PatchResult | None = None) -> Verification:
+    def verify(
+        self,
+        k: int = 20,
+        candidates: int | None = None,
+        controls: int = 20,
+        seed: int = 0,
+        batch_size: int | None = None,
+        progress: bool | None = None,
+        exact: PatchResult | None = None,
+    ) -> Verification:
         """Exact batched patching of this estimate's top cells and a random control sample; see :func:`verify`."""
-        return verify(self, k=k, candidates=candidates, controls=controls, seed=seed, batch_size=batch_size,
-                      progress=progress, exact=exact)
+        return verify(
+            self,
+            k=k,
+            candidates=candidates,
+            controls=controls,
+            seed=seed,
+            batch_size=batch_size,
+            progress=progress,
+            exact=exact,
+        )
 
 
 __all__ = ["AttributionResult"]

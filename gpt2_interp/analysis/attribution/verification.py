@@ -49,19 +49,29 @@ class Verification(Result):
         from ...plots.attribution import plot_verification
 
         top = [c == "top" for c in self.kind]
-        return plot_verification(self.estimate.numpy(), self.exact.numpy(), top, self.labels,
-                                 title=f"{self.method} estimate vs exact patching, {self.hook}: "
-                                       f"ρ = {self.spearman:.3f}, top-{self.k} recall {self.recall:.0%}", **kwargs)
+        return plot_verification(
+            self.estimate.numpy(),
+            self.exact.numpy(),
+            top,
+            self.labels,
+            title=f"{self.method} estimate vs exact patching, {self.hook}: "
+            f"ρ = {self.spearman:.3f}, top-{self.k} recall {self.recall:.0%}",
+            **kwargs,
+        )
 
     def table(self) -> str:
-        lines = [f"verified {self.kind.count('top')} top cells + {self.kind.count('control')} controls of {self.method} "
-                 f"on {self.hook}: Spearman ρ {self.spearman:.3f}, top-{self.k} recall {self.recall:.0%}, "
-                 f"{self.controls_above} control(s) above the {self.k}-th exact effect",
-                 f"  {'cell':<28} {'estimate':>10} {'exact':>10}"]
+        lines = [
+            f"verified {self.kind.count('top')} top cells + {self.kind.count('control')} controls of {self.method} "
+            f"on {self.hook}: Spearman ρ {self.spearman:.3f}, top-{self.k} recall {self.recall:.0%}, "
+            f"{self.controls_above} control(s) above the {self.k}-th exact effect",
+            f"  {'cell':<28} {'estimate':>10} {'exact':>10}",
+        ]
         order = self.exact.abs().argsort(descending=True)
         for i in order[: self.k].tolist():
-            lines.append(f"  {self.labels[i]:<28} {float(self.estimate[i]):>+10.4f} {float(self.exact[i]):>+10.4f}"
-                         f"{'  (control)' if self.kind[i] == 'control' else ''}")
+            lines.append(
+                f"  {self.labels[i]:<28} {float(self.estimate[i]):>+10.4f} {float(self.exact[i]):>+10.4f}"
+                f"{'  (control)' if self.kind[i] == 'control' else ''}"
+            )
         return "\n".join(lines)
 
 
@@ -73,8 +83,16 @@ def cell_label(result: PatchResult, cell: tuple[int, ...]) -> str:
     return " ".join(parts)
 
 
-def verify(result: AttributionResult, k: int = 20, candidates: int | None = None, controls: int = 20, seed: int = 0,
-           batch_size: int | None = None, progress: bool | None = None, exact: PatchResult | None = None) -> Verification:
+def verify(
+    result: AttributionResult,
+    k: int = 20,
+    candidates: int | None = None,
+    controls: int = 20,
+    seed: int = 0,
+    batch_size: int | None = None,
+    progress: bool | None = None,
+    exact: PatchResult | None = None,
+) -> Verification:
     """Run exact batched patching (:func:`~.patching.patch`) on the estimate's top ``candidates``
     cells (default ``2k``) and ``controls`` random other cells, and compare.
 
@@ -88,15 +106,22 @@ def verify(result: AttributionResult, k: int = 20, candidates: int | None = None
     spec = result._spec
     if exact is not None:
         if exact.values.shape != result.values.shape or exact.index_names != result.index_names:
-            raise ValueError(f"exact covers {exact.index_names} {tuple(exact.values.shape)}, the estimate "
-                             f"{result.index_names} {tuple(result.values.shape)}: pass patch() run with the same arguments")
+            raise ValueError(
+                f"exact covers {exact.index_names} {tuple(exact.values.shape)}, the estimate "
+                f"{result.index_names} {tuple(result.values.shape)}: pass patch() run with the same arguments"
+            )
     elif spec is None:
         raise ValueError("this result carries no run to verify (was it loaded from JSON?); call attribute() again")
     score = (result.values - result.baseline).abs() if result.score is None else result.score
     top = top_cells(score, cand)
     chosen = set(top)
-    rest = [c for c in (tuple(int(i) for i in torch.unravel_index(torch.tensor(j), score.shape)) for j in range(score.numel()))
-            if c not in chosen]
+    rest = [
+        c
+        for c in (
+            tuple(int(i) for i in torch.unravel_index(torch.tensor(j), score.shape)) for j in range(score.numel())
+        )
+        if c not in chosen
+    ]
     ctrl = random.Random(seed).sample(rest, min(controls, len(rest)))
     cells = top + ctrl
     if exact is None:
@@ -109,22 +134,38 @@ def verify(result: AttributionResult, k: int = 20, candidates: int | None = None
     kth = float(ex.abs()[by_exact[-1]]) if by_exact else float("inf")
     n_top = len(top)
     return Verification(
-        method=result.method, hook=result.hook, k=k, cells=cells, labels=[cell_label(result, c) for c in cells],
-        kind=["top"] * n_top + ["control"] * len(ctrl), estimate=est.float(), exact=ex.float(),
-        verified_top=verified_top, spearman=spearman(est, ex), recall=recall(top[:k], verified_top),
+        method=result.method,
+        hook=result.hook,
+        k=k,
+        cells=cells,
+        labels=[cell_label(result, c) for c in cells],
+        kind=["top"] * n_top + ["control"] * len(ctrl),
+        estimate=est.float(),
+        exact=ex.float(),
+        verified_top=verified_top,
+        spearman=spearman(est, ex),
+        recall=recall(top[:k], verified_top),
         controls_above=int((ex[n_top:].abs() > kth).sum()),
     )
 
 
-def _exact_cells(result: AttributionResult, cells: list[tuple[int, ...]], batch_size: int | None,
-                 progress: bool | None) -> list[float]:
+def _exact_cells(
+    result: AttributionResult, cells: list[tuple[int, ...]], batch_size: int | None, progress: bool | None
+) -> list[float]:
     """Exact patched metric of each cell, by one ``patch`` call per group of cells (:func:`_groups`)."""
     spec = result._spec
     got: dict[tuple[int, ...], float] = {}
     for key, cs in _groups(result.index_names, cells).items():
         kw = _patch_args(result, key, cs)
-        r = patch(spec["model"], spec["clean"], spec["corrupted"], spec["metric"], batch_size=batch_size,
-                  progress=progress, **kw)
+        r = patch(
+            spec["model"],
+            spec["clean"],
+            spec["corrupted"],
+            spec["metric"],
+            batch_size=batch_size,
+            progress=progress,
+            **kw,
+        )
         for c in cs:
             got[c] = float(r.values[_index_in(result, c, kw)])
     return [got[c] for c in cells]
@@ -178,4 +219,4 @@ def _index_in(result: AttributionResult, cell: tuple[int, ...], kw: dict[str, An
     return tuple(j)
 
 
-__all__ = ["Verification", "verify", "cell_label"]
+__all__ = ["Verification", "cell_label", "verify"]

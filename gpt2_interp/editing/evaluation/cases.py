@@ -36,7 +36,7 @@ class CounterfactCase:
     relation: str = ""
 
     @classmethod
-    def of(cls, x: Any, case_id: int = 0) -> "CounterfactCase":
+    def of(cls, x: Any, case_id: int = 0) -> CounterfactCase:
         """From a case, or a Request/dict (dict keys ``target_true``, ``paraphrases`` or ROME's
         ``paraphrase_prompts``, ``neighbourhood`` or ``neighborhood_prompts`` are optional)."""
         if isinstance(x, CounterfactCase):
@@ -46,13 +46,19 @@ class CounterfactCase:
         true = d.get("target_true")
         if isinstance(true, Mapping):
             true = " " + str(true.get("str", "")).lstrip()
-        return cls(int(d.get("case_id", case_id)), req, str(true) if true else "",
-                   list(d.get("paraphrases", d.get("paraphrase_prompts", []))),
-                   list(d.get("neighbourhood", d.get("neighborhood_prompts", []))), str(d.get("relation", "")))
+        return cls(
+            int(d.get("case_id", case_id)),
+            req,
+            str(true) if true else "",
+            list(d.get("paraphrases", d.get("paraphrase_prompts", []))),
+            list(d.get("neighbourhood", d.get("neighborhood_prompts", []))),
+            str(d.get("relation", "")),
+        )
 
 
-def counterfact_requests(fb: FactBase | None = None, n: int = 200, seed: int = 0,
-                         n_neighbours: int = 10) -> list[CounterfactCase]:
+def counterfact_requests(
+    fb: FactBase | None = None, n: int = 200, seed: int = 0, n_neighbours: int = 10
+) -> list[CounterfactCase]:
     """``n`` counterfactual cases from the fact base, spread evenly over the relations.
 
     Each rewrites a fact's object to another object of the same relation
@@ -73,24 +79,35 @@ def counterfact_requests(fb: FactBase | None = None, n: int = 200, seed: int = 0
     cases = []
     for i, fact in enumerate(picked):
         new = fb.counterfactual(fact, rng)
-        cases.append(CounterfactCase(
-            i, Request(templates(fact.relation, "train")[0], fact.subject, new.target), fact.target,
-            fb.prompts(fact, "heldout"), fb.neighbourhood(fact, n_neighbours, rng), fact.relation))
+        cases.append(
+            CounterfactCase(
+                i,
+                Request(templates(fact.relation, "train")[0], fact.subject, new.target),
+                fact.target,
+                fb.prompts(fact, "heldout"),
+                fb.neighbourhood(fact, n_neighbours, rng),
+                fact.relation,
+            )
+        )
     return cases
 
 
 def as_cases(requests: Sequence[Any] | int, seed: int = 0) -> list[CounterfactCase]:
     """``requests`` as cases: an int n is that many :func:`counterfact_requests` (``seed``); cases,
     Requests or dicts are converted one by one (:meth:`CounterfactCase.of`, ids in order)."""
-    cases = counterfact_requests(n=requests, seed=seed) if isinstance(requests, int) else \
-        [CounterfactCase.of(r, i) for i, r in enumerate(requests)]
+    cases = (
+        counterfact_requests(n=requests, seed=seed)
+        if isinstance(requests, int)
+        else [CounterfactCase.of(r, i) for i, r in enumerate(requests)]
+    )
     if not cases:
         raise ValueError("no requests to evaluate: give CounterFact cases, Requests/dicts or a count n ≥ 1")
     return cases
 
 
-def keep_other_relations(cases: Sequence[CounterfactCase], template: int | Sequence[int] = 1,
-                         fb: FactBase | None = None) -> list[CounterfactCase]:
+def keep_other_relations(
+    cases: Sequence[CounterfactCase], template: int | Sequence[int] = 1, fb: FactBase | None = None
+) -> list[CounterfactCase]:
     """Copies of ``cases`` whose requests keep the subject's other facts (:attr:`Request.keep`): the
     fact base's ``template``-th training prompt (or each of several: ``template=(1, 2, 3)``) of every
     other relation the subject has. Subject specificity is scored on the 0th
@@ -113,8 +130,13 @@ def keep_other_relations(cases: Sequence[CounterfactCase], template: int | Seque
     return out
 
 
-def known_cases(model: "HookedGPT2", n: int, seed: int = 0, exclude: Collection[tuple[str, str]] = frozenset(),
-                batch_size: int = 256) -> list[CounterfactCase]:
+def known_cases(
+    model: HookedGPT2,
+    n: int,
+    seed: int = 0,
+    exclude: Collection[tuple[str, str]] = frozenset(),
+    batch_size: int = 256,
+) -> list[CounterfactCase]:
     """Up to ``n`` CounterFact cases (:func:`counterfact_requests` over the whole fact base, seeded
     shuffle spread over relations) whose fact the unedited ``model`` knows on the rewrite prompt
     (:func:`~gpt2_interp.analysis.known.knows`: top-1 next token = the true object's first token,
@@ -132,12 +154,13 @@ def known_cases(model: "HookedGPT2", n: int, seed: int = 0, exclude: Collection[
     return out[:n]
 
 
-def known_flags(model: "HookedGPT2", cases: Sequence[CounterfactCase], batch_size: int = 64) -> list[bool]:
+def known_flags(model: HookedGPT2, cases: Sequence[CounterfactCase], batch_size: int = 64) -> list[bool]:
     """Per case: whether the model knows its fact on the rewrite prompt
     (:func:`~gpt2_interp.analysis.known.knows`); False for a case without ``target_true``."""
     with_true = [i for i, c in enumerate(cases) if c.target_true]
-    hits = knows(model, [cases[i].request.text for i in with_true], [cases[i].target_true for i in with_true],
-                 batch_size)
+    hits = knows(
+        model, [cases[i].request.text for i in with_true], [cases[i].target_true for i in with_true], batch_size
+    )
     out = [False] * len(cases)
     for i, hit in zip(with_true, hits):
         out[i] = hit
@@ -162,7 +185,7 @@ class RelatedPrompt:
     relation: str = ""
 
 
-def _last_token(model: "HookedGPT2", subject: str, relation: str) -> str:
+def _last_token(model: HookedGPT2, subject: str, relation: str) -> str:
     """The last subject token of the relation's first training prompt (the position an edit writes to)."""
     text = templates(relation, "train")[0].format(subject)
     _, end = subject_span(model, text, subject)
@@ -173,8 +196,9 @@ def _related_prompt(f: Fact, kind: str) -> RelatedPrompt:
     return RelatedPrompt(templates(f.relation, "train")[0].format(f.subject), f.target, kind, f.subject, f.relation)
 
 
-def related_prompts(model: "HookedGPT2", cases: Sequence[CounterfactCase], fb: FactBase | None = None,
-                    n_max: int = 10, seed: int = 0) -> list[list[RelatedPrompt]]:
+def related_prompts(
+    model: HookedGPT2, cases: Sequence[CounterfactCase], fb: FactBase | None = None, n_max: int = 10, seed: int = 0
+) -> list[list[RelatedPrompt]]:
     """Per case: the edited subject's facts of the other relations, and up to ``n_max`` facts of
     subjects that share the edited subject's last token in its rewrite prompt (the position the
     edit writes to), facts of the edited relation first. Facts that any case edits are left out.
@@ -193,17 +217,24 @@ def related_prompts(model: "HookedGPT2", cases: Sequence[CounterfactCase], fb: F
         if subj not in by_subject:
             out.append([])
             continue
-        rows = [_related_prompt(f, "subject") for f in by_subject[subj]
-                if f.relation != rel and (f.relation, f.subject) not in edited]
-        shared = [f for f in by_last.get(_last_token(model, subj, rel), [])
-                  if f.subject != subj and (f.relation, f.subject) not in edited]
+        rows = [
+            _related_prompt(f, "subject")
+            for f in by_subject[subj]
+            if f.relation != rel and (f.relation, f.subject) not in edited
+        ]
+        shared = [
+            f
+            for f in by_last.get(_last_token(model, subj, rel), [])
+            if f.subject != subj and (f.relation, f.subject) not in edited
+        ]
         shared = sorted(shared, key=lambda f: (f.relation != rel, rng.random()))[:n_max]
         out.append(rows + [_related_prompt(f, "shared") for f in shared])
     return out
 
 
-def known_related(model: "HookedGPT2", cases: Sequence[CounterfactCase], seed: int = 0,
-                  batch_size: int = 64) -> list[list[RelatedPrompt]]:
+def known_related(
+    model: HookedGPT2, cases: Sequence[CounterfactCase], seed: int = 0, batch_size: int = 64
+) -> list[list[RelatedPrompt]]:
     """:func:`related_prompts` of ``cases``, keeping only the facts the model knows
     (:func:`~gpt2_interp.analysis.known.knows`); none for any case without a relation (cases not
     from the fact base)."""

@@ -39,7 +39,7 @@ class EvalConfig:
     method: str = "rome"
     sequential: bool = False
     layer: int | Sequence[int] | str | None = None
-    stats: "KeyStats | Mapping[int, KeyStats] | None" = None
+    stats: KeyStats | Mapping[int, KeyStats] | None = None
     fluency_tokens: int = 40
     n_unrelated: int = 30
     checkpoints: Sequence[int] | None = None
@@ -50,7 +50,7 @@ class EvalConfig:
     preserve: Any = None
     related: bool = True
     time_limit: float | None = None
-    targets: "torch.Tensor | None" = None
+    targets: torch.Tensor | None = None
     hparams: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -65,16 +65,21 @@ class EvalConfig:
         if self.batch_size is not None:
             self.batch_size = check_count(self.batch_size, "batch_size")
         if self.method == "rome" and self.batch_size not in (None, 1):
-            raise ValueError(f"batch_size: ROME edits one request at a time; batch_size={self.batch_size} needs "
-                             "method='memit' or 'alphaedit'")
+            raise ValueError(
+                f"batch_size: ROME edits one request at a time; batch_size={self.batch_size} needs "
+                "method='memit' or 'alphaedit'"
+            )
         self._check_time_limit()
         if self.targets is not None and (self.method == "rome" or self.sequential):
-            raise ValueError(f"targets are the target residuals of one MEMIT/AlphaEdit batch of all the requests "
-                             f"(method='memit' or 'alphaedit', not sequential), got method={self.method!r}, "
-                             f"sequential={self.sequential}")
+            raise ValueError(
+                f"targets are the target residuals of one MEMIT/AlphaEdit batch of all the requests "
+                f"(method='memit' or 'alphaedit', not sequential), got method={self.method!r}, "
+                f"sequential={self.sequential}"
+            )
         if not isinstance(self.hparams, Mapping):
-            raise TypeError(f"hparams must be a mapping of the editor's hyperparameters, "
-                            f"got {type(self.hparams).__name__}")
+            raise TypeError(
+                f"hparams must be a mapping of the editor's hyperparameters, got {type(self.hparams).__name__}"
+            )
         self.hparams = dict(self.hparams)
 
     def _check_time_limit(self) -> None:
@@ -88,11 +93,13 @@ class EvalConfig:
     def check_cases(self, n: int) -> None:
         """Settings that depend on the number of cases ``n``: ``targets`` need one batch of all of them."""
         if self.targets is not None and self.batch_size not in (None, n):
-            raise ValueError(f"targets are the target residuals of one batch of all the requests: batch_size must "
-                             f"be None (or {n}), got {self.batch_size}")
+            raise ValueError(
+                f"targets are the target residuals of one batch of all the requests: batch_size must "
+                f"be None (or {n}), got {self.batch_size}"
+            )
 
     @classmethod
-    def of(cls, *args: Any, **kwargs: Any) -> "EvalConfig":
+    def of(cls, *args: Any, **kwargs: Any) -> EvalConfig:
         """From ``evaluate_edits``' arguments: positional settings in the order of the fields, named
         settings, and every other keyword as an editor hyperparameter (``hparams``)."""
         names = [f.name for f in fields(cls) if f.name != "hparams"]
@@ -108,4 +115,4 @@ class EvalConfig:
         return cls(**given, hparams=hparams | kwargs)
 
 
-__all__ = ["EvalConfig", "EDIT_METHODS", "DEFAULT_CHECKPOINTS"]
+__all__ = ["DEFAULT_CHECKPOINTS", "EDIT_METHODS", "EvalConfig"]

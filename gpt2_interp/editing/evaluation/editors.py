@@ -43,7 +43,7 @@ class Editor(Protocol):
     @property
     def hparams(self) -> dict[str, Any]: ...
 
-    def compute(self, model: "HookedGPT2", requests: Sequence[Request]) -> Edit: ...
+    def compute(self, model: HookedGPT2, requests: Sequence[Request]) -> Edit: ...
 
 
 @dataclass
@@ -59,9 +59,15 @@ class RomeEditor:
     max_batch: ClassVar[int | None] = 1
 
     @classmethod
-    def prepare(cls, model: "HookedGPT2", layer: int | str | None = None,
-                stats: KeyStats | Mapping[int, KeyStats] | None = None, progress: bool = True, group: Any = None,
-                **hparams: Any) -> "RomeEditor":
+    def prepare(
+        cls,
+        model: HookedGPT2,
+        layer: int | str | None = None,
+        stats: KeyStats | Mapping[int, KeyStats] | None = None,
+        progress: bool = True,
+        group: Any = None,
+        **hparams: Any,
+    ) -> RomeEditor:
         """Resolve the layer (None: :func:`~..rome.default_layer`) and its key statistics (given, or
         computed once — by the ranks of ``group`` together when distributed); ``hparams`` override
         :class:`~..rome.RomeHparams`."""
@@ -76,8 +82,9 @@ class RomeEditor:
         if fixed is not None:
             st = stats if isinstance(stats, KeyStats) else (stats or {}).get(fixed)
             if st is None:
-                st = key_second_moment(model, fixed, corpus=hp.corpus, n_samples=hp.n_samples, progress=progress,
-                                       group=group)
+                st = key_second_moment(
+                    model, fixed, corpus=hp.corpus, n_samples=hp.n_samples, progress=progress, group=group
+                )
         return cls(fixed, st, dict(hparams), dict(vars(hp)))
 
     @property
@@ -88,7 +95,7 @@ class RomeEditor:
     def hparams(self) -> dict[str, Any]:
         return self.settings
 
-    def compute(self, model: "HookedGPT2", requests: Sequence[Request]) -> Edit:
+    def compute(self, model: HookedGPT2, requests: Sequence[Request]) -> Edit:
         if len(requests) != 1:
             raise ValueError(f"requests: ROME edits one request at a time, got {len(requests)}")
         layer = "auto" if self.fixed_layer is None else self.fixed_layer
@@ -106,16 +113,24 @@ class MemitEditor:
     stats: dict[int, KeyStats]
     hp: MemitHparams
     remember: bool = False
-    targets: "torch.Tensor | None" = None
+    targets: torch.Tensor | None = None
     progress: bool = False
     null_space: NullSpace | None = None
     name: ClassVar[str] = "memit"
     max_batch: ClassVar[int | None] = None
 
     @classmethod
-    def prepare(cls, model: "HookedGPT2", requests: Sequence[Request], layer: int | Sequence[int] | str | None = None,
-                stats: KeyStats | Mapping[int, KeyStats] | None = None, remember: bool = False,
-                targets: "torch.Tensor | None" = None, progress: bool = True, **hparams: Any) -> "MemitEditor":
+    def prepare(
+        cls,
+        model: HookedGPT2,
+        requests: Sequence[Request],
+        layer: int | Sequence[int] | str | None = None,
+        stats: KeyStats | Mapping[int, KeyStats] | None = None,
+        remember: bool = False,
+        targets: torch.Tensor | None = None,
+        progress: bool = True,
+        **hparams: Any,
+    ) -> MemitEditor:
         """Resolve the layers (None: the model's defaults; "auto": chosen from ``requests``' traces)
         and their key statistics (given, or computed once) as :func:`~..memit.compute_edits` does;
         ``hparams`` override :class:`~..memit.MemitHparams`."""
@@ -132,10 +147,18 @@ class MemitEditor:
     def hparams(self) -> dict[str, Any]:
         return self.hp.to_dict()
 
-    def compute(self, model: "HookedGPT2", requests: Sequence[Request]) -> Edit:
-        return compute_edits(model, list(requests), layers=self.layers, stats=self.stats, hparams=self.hp,
-                             preserve=self.null_space, remember=self.remember, progress=self.progress,
-                             targets=self.targets)
+    def compute(self, model: HookedGPT2, requests: Sequence[Request]) -> Edit:
+        return compute_edits(
+            model,
+            list(requests),
+            layers=self.layers,
+            stats=self.stats,
+            hparams=self.hp,
+            preserve=self.null_space,
+            remember=self.remember,
+            progress=self.progress,
+            targets=self.targets,
+        )
 
 
 @dataclass
@@ -146,23 +169,34 @@ class AlphaEditEditor(MemitEditor):
     name: ClassVar[str] = "alphaedit"
 
     @classmethod
-    def prepare(cls, model: "HookedGPT2", requests: Sequence[Request], layer: int | Sequence[int] | str | None = None,
-                stats: KeyStats | Mapping[int, KeyStats] | None = None, remember: bool = False,
-                targets: "torch.Tensor | None" = None, progress: bool = True, preserve: Any = None,
-                **hparams: Any) -> "AlphaEditEditor":
+    def prepare(
+        cls,
+        model: HookedGPT2,
+        requests: Sequence[Request],
+        layer: int | Sequence[int] | str | None = None,
+        stats: KeyStats | Mapping[int, KeyStats] | None = None,
+        remember: bool = False,
+        targets: torch.Tensor | None = None,
+        progress: bool = True,
+        preserve: Any = None,
+        **hparams: Any,
+    ) -> AlphaEditEditor:
         """:meth:`MemitEditor.prepare`, then the null space: ``preserve`` as a
         :class:`~..memit.NullSpace`, else built from ``preserve``'s statistics (None or True: the
         edit layers' own) with the hyperparameters' threshold and rule."""
         editor = super().prepare(model, requests, layer, stats, remember, targets, progress, **hparams)
         if not isinstance(preserve, NullSpace):
             own = preserve is None or preserve is True
-            preserve = NullSpace.from_stats({l: editor.stats[l] for l in editor.layers} if own else preserve,
-                                            editor.hp.nullspace_threshold, editor.hp.nullspace_rule)
+            preserve = NullSpace.from_stats(
+                {l: editor.stats[l] for l in editor.layers} if own else preserve,
+                editor.hp.nullspace_threshold,
+                editor.hp.nullspace_rule,
+            )
         editor.null_space = preserve
         return editor
 
 
-def make_editor(model: "HookedGPT2", config: EvalConfig, requests: Sequence[Request], group: Any = None) -> Editor:
+def make_editor(model: HookedGPT2, config: EvalConfig, requests: Sequence[Request], group: Any = None) -> Editor:
     """The editor ``config.method`` names, prepared for ``requests`` (their layers chosen when
     ``config.layer`` is "auto") with ``config``'s layer, statistics and hyperparameters. ``group``:
     the process group whose ranks compute ROME's key statistics together."""
@@ -175,4 +209,4 @@ def make_editor(model: "HookedGPT2", config: EvalConfig, requests: Sequence[Requ
     return AlphaEditEditor.prepare(model, requests, preserve=config.preserve, **batch)
 
 
-__all__ = ["Editor", "RomeEditor", "MemitEditor", "AlphaEditEditor", "make_editor"]
+__all__ = ["AlphaEditEditor", "Editor", "MemitEditor", "RomeEditor", "make_editor"]

@@ -32,7 +32,16 @@ from .cases import CounterfactCase, RelatedPrompt, as_cases, known_flags, known_
 from .config import DEFAULT_CHECKPOINTS, EvalConfig
 from .editors import Editor, make_editor
 from .metrics import (
-    CaseRow, CurvePoint, MeanScores, StepDrift, case_scores, fluency, kl_rows, next_logprobs, related_hits, summarize,
+    CaseRow,
+    CurvePoint,
+    MeanScores,
+    StepDrift,
+    case_scores,
+    fluency,
+    kl_rows,
+    next_logprobs,
+    related_hits,
+    summarize,
 )
 from .result import EditEvaluation
 
@@ -56,25 +65,44 @@ class Baseline:
 
     def unrelated_for(self, case: CounterfactCase) -> list[int]:
         """Indices of the unrelated prompts about neither the case's relation nor its subject."""
-        return [j for j, (r, subj, _) in enumerate(self.unrelated)
-                if r != case.relation and subj != case.request.subject]
+        return [
+            j for j, (r, subj, _) in enumerate(self.unrelated) if r != case.relation and subj != case.request.subject
+        ]
 
 
-def baseline(model: "HookedGPT2", cases: Sequence[CounterfactCase], config: EvalConfig) -> Baseline:
+def baseline(model: HookedGPT2, cases: Sequence[CounterfactCase], config: EvalConfig) -> Baseline:
     """Measure the unedited ``model`` on ``cases`` (batched, ``config.score_batch_size`` prompts a pass)."""
     sb = config.score_batch_size
     pre = case_scores(model, cases, sb)
     known = known_flags(model, cases, sb)
     fl = fluency(model, cases, config.fluency_tokens, sb)
-    rows = [CaseRow(c.case_id, c.relation, c.request.subject, c.request.text, c.request.target, c.target_true,
-                    k, pre=s, fluency_pre=f) for c, s, k, f in zip(cases, pre, known, fl)]
+    rows = [
+        CaseRow(
+            c.case_id,
+            c.relation,
+            c.request.subject,
+            c.request.text,
+            c.request.target,
+            c.target_true,
+            k,
+            pre=s,
+            fluency_pre=f,
+        )
+        for c, s, k, f in zip(cases, pre, known, fl)
+    ]
     unrel = unrelated_prompts(config.n_unrelated)
     related = known_related(model, cases, config.seed, sb) if config.related else [[] for _ in cases]
     return Baseline(rows, related, unrel, next_logprobs(model, [p for *_, p in unrel]))
 
 
-def score_after(model: "HookedGPT2", cases: Sequence[CounterfactCase], rows: Sequence[CaseRow],
-                related: Sequence[list[RelatedPrompt]], base: Baseline, config: EvalConfig) -> None:
+def score_after(
+    model: HookedGPT2,
+    cases: Sequence[CounterfactCase],
+    rows: Sequence[CaseRow],
+    related: Sequence[list[RelatedPrompt]],
+    base: Baseline,
+    config: EvalConfig,
+) -> None:
     """Fill ``rows``' post-edit scores, related-fact hits, fluency and drift on the model as it is."""
     sb = config.score_batch_size
     for row, s, hits in zip(rows, case_scores(model, cases, sb), related_hits(model, related, sb)):
@@ -88,8 +116,13 @@ def score_after(model: "HookedGPT2", cases: Sequence[CounterfactCase], rows: Seq
             row.kl_drift = float(kl_rows(base.unrelated_pre[idx], post_u[idx]).mean())
 
 
-def curve_point(model: "HookedGPT2", cases: Sequence[CounterfactCase], related: Sequence[list[RelatedPrompt]],
-                kl: torch.Tensor, batch_size: int) -> CurvePoint:
+def curve_point(
+    model: HookedGPT2,
+    cases: Sequence[CounterfactCase],
+    related: Sequence[list[RelatedPrompt]],
+    kl: torch.Tensor,
+    batch_size: int,
+) -> CurvePoint:
     """Scores of the edits made so far (``cases``), their related facts pooled, and the drift ``kl``
     ``[n_unrelated]`` on the unrelated prompts."""
     hits = related_hits(model, related, batch_size)
@@ -97,8 +130,13 @@ def curve_point(model: "HookedGPT2", cases: Sequence[CounterfactCase], related: 
     for key in ("ss", "stn"):
         n = sum(h[key][1] for h in hits)
         pooled[key] = sum(h[key][0] for h in hits) / n if n else None
-    return CurvePoint(**vars(MeanScores.over(case_scores(model, cases, batch_size))), n_edits=len(cases), **pooled,
-                      kl_drift=float(kl.mean()), kl_max=float(kl.max()))
+    return CurvePoint(
+        **vars(MeanScores.over(case_scores(model, cases, batch_size))),
+        n_edits=len(cases),
+        **pooled,
+        kl_drift=float(kl.mean()),
+        kl_max=float(kl.max()),
+    )
 
 
 def _units(n: int, editor: Editor, batch_size: int | None) -> list[list[int]]:
@@ -107,8 +145,9 @@ def _units(n: int, editor: Editor, batch_size: int | None) -> list[list[int]]:
     return [list(range(s, min(s + size, n))) for s in range(0, n, size)]
 
 
-def _edit(model: "HookedGPT2", editor: Editor, cases: Sequence[CounterfactCase], rows: Sequence[CaseRow],
-          unit: Sequence[int]) -> tuple[Edit, float]:
+def _edit(
+    model: HookedGPT2, editor: Editor, cases: Sequence[CounterfactCase], rows: Sequence[CaseRow], unit: Sequence[int]
+) -> tuple[Edit, float]:
     """The edit of ``unit``'s cases and its time; their rows get their share of the time and the layer(s)."""
     t0 = time.perf_counter()
     edit = editor.compute(model, [cases[i].request for i in unit])
@@ -119,8 +158,9 @@ def _edit(model: "HookedGPT2", editor: Editor, cases: Sequence[CounterfactCase],
     return edit, secs
 
 
-def _independent(model: "HookedGPT2", editor: Editor, cases: Sequence[CounterfactCase], base: Baseline,
-                 config: EvalConfig, bar: Any) -> None:
+def _independent(
+    model: HookedGPT2, editor: Editor, cases: Sequence[CounterfactCase], base: Baseline, config: EvalConfig, bar: Any
+) -> None:
     """Each edit on the unedited model: make, apply, score, undo, check W_out bit-exactly restored."""
     for unit in _units(len(cases), editor, config.batch_size):
         edit, _ = _edit(model, editor, cases, base.rows, unit)
@@ -128,16 +168,29 @@ def _independent(model: "HookedGPT2", editor: Editor, cases: Sequence[Counterfac
         edit.apply(model, verify=False)
         bar.update(len(unit))
         try:
-            score_after(model, [cases[i] for i in unit], [base.rows[i] for i in unit], [base.related[i] for i in unit],
-                        base, config)
+            score_after(
+                model,
+                [cases[i] for i in unit],
+                [base.rows[i] for i in unit],
+                [base.related[i] for i in unit],
+                base,
+                config,
+            )
         finally:
             edit.undo(model)
         if any(tensor_digest(model.blocks[l].mlp.W_out) != d for l, d in before.items()):  # pragma: no cover
             raise RuntimeError(f"undoing the edit of cases {unit[:5]} did not restore W_out bit-exactly")
 
 
-def _sequential(model: "HookedGPT2", editor: Editor, cases: Sequence[CounterfactCase], base: Baseline,
-                config: EvalConfig, bar: Any, t_start: float) -> tuple[int, list[CurvePoint], list[StepDrift]]:
+def _sequential(
+    model: HookedGPT2,
+    editor: Editor,
+    cases: Sequence[CounterfactCase],
+    base: Baseline,
+    config: EvalConfig,
+    bar: Any,
+    t_start: float,
+) -> tuple[int, list[CurvePoint], list[StepDrift]]:
     """Accumulate the edits, recording drift per step and the curve; returns how many cases were
     edited (fewer past the time limit), the curve and the drift per step."""
     marks = {k for k in (config.checkpoints or DEFAULT_CHECKPOINTS) if k <= len(cases)} | {len(cases)}
@@ -159,8 +212,13 @@ def _sequential(model: "HookedGPT2", editor: Editor, cases: Sequence[Counterfact
     return n_done, curve, steps
 
 
-def evaluate_local(model: "HookedGPT2", cases: Sequence[CounterfactCase], editor: Editor, config: EvalConfig,
-                   t_start: float | None = None) -> EditEvaluation:
+def evaluate_local(
+    model: HookedGPT2,
+    cases: Sequence[CounterfactCase],
+    editor: Editor,
+    config: EvalConfig,
+    t_start: float | None = None,
+) -> EditEvaluation:
     """Edit and score ``cases`` in this process (module doc); the weights are restored (checked)."""
     t_start = time.perf_counter() if t_start is None else t_start
     cases = list(cases)
@@ -183,17 +241,34 @@ def evaluate_local(model: "HookedGPT2", cases: Sequence[CounterfactCase], editor
     return _result(editor, config, base.rows, curve, steps, True, t_start)
 
 
-def _result(editor: Editor, config: EvalConfig, rows: list[CaseRow], curve: list[CurvePoint],
-            steps: list[StepDrift], restored: bool, t_start: float) -> EditEvaluation:
+def _result(
+    editor: Editor,
+    config: EvalConfig,
+    rows: list[CaseRow],
+    curve: list[CurvePoint],
+    steps: list[StepDrift],
+    restored: bool,
+    t_start: float,
+) -> EditEvaluation:
     known = [r for r in rows if r.known]
-    return EditEvaluation(editor.name, config.sequential, editor.layer, rows,
-                          {"all": summarize(rows), "known": summarize(known)}, curve or None, editor.hparams,
-                          time.perf_counter() - t_start, restored, 1 if editor.max_batch == 1 else config.batch_size,
-                          steps or None)
+    return EditEvaluation(
+        editor.name,
+        config.sequential,
+        editor.layer,
+        rows,
+        {"all": summarize(rows), "known": summarize(known)},
+        curve or None,
+        editor.hparams,
+        time.perf_counter() - t_start,
+        restored,
+        1 if editor.max_batch == 1 else config.batch_size,
+        steps or None,
+    )
 
 
-def _evaluate_sharded(model: "HookedGPT2", cases: list[CounterfactCase], editor: Editor, config: EvalConfig,
-                      group: Any, t_start: float) -> EditEvaluation:
+def _evaluate_sharded(
+    model: HookedGPT2, cases: list[CounterfactCase], editor: Editor, config: EvalConfig, group: Any, t_start: float
+) -> EditEvaluation:
     """Each rank edits and scores its share of the cases; every rank returns all rows in order."""
     mine = distributed.shard(cases, group)
     local_config = replace(config, progress=config.progress and distributed.is_main(group))
@@ -203,8 +278,14 @@ def _evaluate_sharded(model: "HookedGPT2", cases: list[CounterfactCase], editor:
     return _result(editor, config, rows, [], [], restored, t_start)
 
 
-def run_evaluation(model: "HookedGPT2", requests: Sequence[Any] | int, config: EvalConfig | None = None,
-                   editor: Editor | None = None, group: Any = None, local: bool = False) -> EditEvaluation:
+def run_evaluation(
+    model: HookedGPT2,
+    requests: Sequence[Any] | int,
+    config: EvalConfig | None = None,
+    editor: Editor | None = None,
+    group: Any = None,
+    local: bool = False,
+) -> EditEvaluation:
     """Edit the requests and score them (module doc; :mod:`.metrics` for the scores).
 
     ``requests``: CounterFact cases, Requests/dicts, or an int n (that many cases from the embedded
@@ -226,8 +307,14 @@ def run_evaluation(model: "HookedGPT2", requests: Sequence[Any] | int, config: E
     return evaluate_local(model, cases, editor, config, t_start)
 
 
-def evaluate_edits(model: "HookedGPT2", requests: Sequence[Any] | int, *args: Any, group: Any = None,
-                   config: EvalConfig | None = None, **kwargs: Any) -> EditEvaluation:
+def evaluate_edits(
+    model: HookedGPT2,
+    requests: Sequence[Any] | int,
+    *args: Any,
+    group: Any = None,
+    config: EvalConfig | None = None,
+    **kwargs: Any,
+) -> EditEvaluation:
     """Edit the requests and score them: :func:`run_evaluation` with the settings given as
     :class:`EvalConfig`'s fields (by position after ``requests`` or by name; every other keyword is
     an editor hyperparameter), or as one ``config``.
@@ -240,8 +327,9 @@ def evaluate_edits(model: "HookedGPT2", requests: Sequence[Any] | int, *args: An
     return run_evaluation(model, requests, _config(config, args, kwargs), group=group)
 
 
-def evaluate_edits_local(model: "HookedGPT2", requests: Sequence[Any] | int, *args: Any,
-                         config: EvalConfig | None = None, **kwargs: Any) -> EditEvaluation:
+def evaluate_edits_local(
+    model: HookedGPT2, requests: Sequence[Any] | int, *args: Any, config: EvalConfig | None = None, **kwargs: Any
+) -> EditEvaluation:
     """:func:`evaluate_edits` in this process only, even when a process group is initialised."""
     return run_evaluation(model, requests, _config(config, args, kwargs), local=True)
 
@@ -250,12 +338,22 @@ def _config(config: EvalConfig | None, args: tuple, kwargs: dict[str, Any]) -> E
     if config is None:
         return EvalConfig.of(*args, **kwargs)
     if args or kwargs:
-        raise TypeError(f"config: give the settings either as one EvalConfig or as arguments, not both "
-                        f"(got config and {len(args)} positional, {sorted(kwargs)} named)")
+        raise TypeError(
+            f"config: give the settings either as one EvalConfig or as arguments, not both "
+            f"(got config and {len(args)} positional, {sorted(kwargs)} named)"
+        )
     if not isinstance(config, EvalConfig):
         raise TypeError(f"config must be an EvalConfig, got {type(config).__name__}")
     return config
 
 
-__all__ = ["Baseline", "baseline", "score_after", "curve_point", "evaluate_local", "run_evaluation",
-           "evaluate_edits", "evaluate_edits_local"]
+__all__ = [
+    "Baseline",
+    "baseline",
+    "curve_point",
+    "evaluate_edits",
+    "evaluate_edits_local",
+    "evaluate_local",
+    "run_evaluation",
+    "score_after",
+]

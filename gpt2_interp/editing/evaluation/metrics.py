@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 
 # ---------------------------------------------------------------- probabilities and scores
 @torch.no_grad()
-def target_logprobs(model: "HookedGPT2", prompts: Sequence[str], targets: Sequence[str],
-                    batch_size: int = 64) -> torch.Tensor:
+def target_logprobs(
+    model: HookedGPT2, prompts: Sequence[str], targets: Sequence[str], batch_size: int = 64
+) -> torch.Tensor:
     """``[n]``: log P(target | BOS + prompt), summed over the target's tokens, batched."""
     if len(prompts) != len(targets):
         raise ValueError(f"{len(prompts)} prompts but {len(targets)} targets")
@@ -50,8 +51,8 @@ def target_logprobs(model: "HookedGPT2", prompts: Sequence[str], targets: Sequen
         want = torch.zeros((len(rows), tmax), dtype=torch.long)
         keep = torch.zeros((len(rows), tmax))
         for j, i in enumerate(ids):
-            want[j, tmax - len(i):] = torch.tensor(i)
-            keep[j, tmax - len(i):] = 1
+            want[j, tmax - len(i) :] = torch.tensor(i)
+            keep[j, tmax - len(i) :] = 1
         resid = model(tokens, attention_mask=mask, stop_at_layer=model.cfg.n_layer)
         lp = model.unembed(model.ln_final(resid[:, width - tmax - 1 : width - 1])).float().log_softmax(-1).cpu()
         out[s : s + len(rows)] = (lp.gather(-1, want[..., None])[..., 0] * keep).sum(-1)
@@ -63,8 +64,11 @@ def _case_pairs(case: CounterfactCase) -> list[tuple[str, str, str]]:
     if not case.target_true:
         return [("rewrite", case.request.text, case.request.target)]
     rows = []
-    for part, prompts in (("rewrite", [case.request.text]), ("paraphrase", case.paraphrases),
-                          ("neighbourhood", case.neighbourhood)):
+    for part, prompts in (
+        ("rewrite", [case.request.text]),
+        ("paraphrase", case.paraphrases),
+        ("neighbourhood", case.neighbourhood),
+    ):
         for p in prompts:
             rows += [(part, p, case.request.target), (part, p, case.target_true)]
     return rows
@@ -116,7 +120,7 @@ def _scores_of(case: CounterfactCase, by_part: Mapping[str, list[float]]) -> Cas
     return row
 
 
-def case_scores(model: "HookedGPT2", cases: Sequence[CounterfactCase], batch_size: int = 64) -> list[CaseScores]:
+def case_scores(model: HookedGPT2, cases: Sequence[CounterfactCase], batch_size: int = 64) -> list[CaseScores]:
     """Efficacy/paraphrase/neighbourhood scores and magnitudes of each case on the model as it is."""
     pairs = [(i, *row) for i, c in enumerate(cases) for row in _case_pairs(c)]
     lp = target_logprobs(model, [p for _, _, p, _ in pairs], [t for *_, t in pairs], batch_size)
@@ -137,21 +141,28 @@ def _ngram_entropy(text: str, ns: Sequence[int] = (2, 3), weights: Sequence[floa
     return sum(w * e for w, e in zip(weights, ents)) / len(ents)
 
 
-def n_gram_entropy(texts: str | Sequence[str], ns: Sequence[int] = (2, 3),
-                   weights: Sequence[float] = (2 / 3, 4 / 3)) -> float:
+def n_gram_entropy(
+    texts: str | Sequence[str], ns: Sequence[int] = (2, 3), weights: Sequence[float] = (2 / 3, 4 / 3)
+) -> float:
     """ROME's fluency measure: per text the weighted mean of its 2- and 3-gram entropies (bits,
     word n-grams), averaged over texts. Repetitive text scores low."""
     texts = [texts] if isinstance(texts, str) else list(texts)
     return sum(_ngram_entropy(t, ns, weights) for t in texts) / max(len(texts), 1)
 
 
-def greedy_continuations(model: "HookedGPT2", prompts: Sequence[str], n_tokens: int = 40,
-                         suppress_eos: bool = True) -> list[str]:
+def greedy_continuations(
+    model: HookedGPT2, prompts: Sequence[str], n_tokens: int = 40, suppress_eos: bool = True
+) -> list[str]:
     """Prompt + greedy continuation of each prompt (``model.generate``: batched, KV cache). With
     ``suppress_eos`` the model cannot end the text (the fact model would stop after one sentence)."""
     longest = model.tokenize(list(prompts))[0].shape[1]
-    return model.generate(list(prompts), max_new_tokens=min(n_tokens, model.cfg.n_ctx - longest),
-                          stop_at_eos=False, suppress_eos=suppress_eos, do_sample=False)
+    return model.generate(
+        list(prompts),
+        max_new_tokens=min(n_tokens, model.cfg.n_ctx - longest),
+        stop_at_eos=False,
+        suppress_eos=suppress_eos,
+        do_sample=False,
+    )
 
 
 def fluency_prompts(case: CounterfactCase) -> list[str]:
@@ -160,14 +171,18 @@ def fluency_prompts(case: CounterfactCase) -> list[str]:
     return [case.request.text] + case.paraphrases[:2]
 
 
-def fluency(model: "HookedGPT2", cases: Sequence[CounterfactCase], n_tokens: int = 40,
-            batch_size: int = 64) -> list[float]:
+def fluency(
+    model: HookedGPT2, cases: Sequence[CounterfactCase], n_tokens: int = 40, batch_size: int = 64
+) -> list[float]:
     """Per case: :func:`n_gram_entropy` of the greedy continuations of its :func:`fluency_prompts`
     (all prompts batched together, ``batch_size`` at a time)."""
     groups = [fluency_prompts(c) for c in cases]
     flat = [p for g in groups for p in g]
-    texts = [t for s in range(0, len(flat), batch_size)
-             for t in greedy_continuations(model, flat[s : s + batch_size], n_tokens)]
+    texts = [
+        t
+        for s in range(0, len(flat), batch_size)
+        for t in greedy_continuations(model, flat[s : s + batch_size], n_tokens)
+    ]
     out, i = [], 0
     for g in groups:
         out.append(n_gram_entropy(texts[i : i + len(g)]))
@@ -176,7 +191,7 @@ def fluency(model: "HookedGPT2", cases: Sequence[CounterfactCase], n_tokens: int
 
 
 @torch.no_grad()
-def next_logprobs(model: "HookedGPT2", prompts: Sequence[str]) -> torch.Tensor:
+def next_logprobs(model: HookedGPT2, prompts: Sequence[str]) -> torch.Tensor:
     """``[n, d_vocab]``: log-probabilities of the next token after each prompt (float32)."""
     return model.last_logits(list(prompts)).float().log_softmax(-1)
 
@@ -186,8 +201,9 @@ def kl_rows(pre: torch.Tensor, post: torch.Tensor) -> torch.Tensor:
     return (pre.exp() * (pre - post)).sum(-1)
 
 
-def related_hits(model: "HookedGPT2", related: Sequence[list[RelatedPrompt]],
-                 batch_size: int = 64) -> list[dict[str, tuple[int, int]]]:
+def related_hits(
+    model: HookedGPT2, related: Sequence[list[RelatedPrompt]], batch_size: int = 64
+) -> list[dict[str, tuple[int, int]]]:
     """Per case: ``{"ss": (hits, n), "stn": (hits, n)}`` — of its related facts of kind "subject"
     (subject specificity) and "shared" (shared-token neighbours), how many the model knows
     (:func:`~gpt2_interp.analysis.known.knows`) and how many there are."""
@@ -196,8 +212,12 @@ def related_hits(model: "HookedGPT2", related: Sequence[list[RelatedPrompt]],
     out = []
     for ps in related:
         got = [(p.kind, next(hits)) for p in ps]
-        out.append({key: (sum(h for k, h in got if k == kind), sum(k == kind for k, _ in got))
-                    for key, kind in (("ss", "subject"), ("stn", "shared"))})
+        out.append(
+            {
+                key: (sum(h for k, h in got if k == kind), sum(k == kind for k, _ in got))
+                for key, kind in (("ss", "subject"), ("stn", "shared"))
+            }
+        )
     return out
 
 
@@ -266,7 +286,7 @@ class CaseRow:
     layer: int | list[int] | None = None
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "CaseRow":
+    def from_dict(cls, d: Mapping[str, Any]) -> CaseRow:
         """A row back from its JSON form (``to_dict()`` / a saved report's ``rows``)."""
         d = dict(d)
         for stage in ("pre", "post"):
@@ -291,7 +311,7 @@ class MeanScores(Scores):
     S: float | None = None
 
     @classmethod
-    def over(cls, scores: Sequence[Scores | None]) -> "MeanScores":
+    def over(cls, scores: Sequence[Scores | None]) -> MeanScores:
         got = [s for s in scores if s is not None]
         out = cls(**{k: _mean([getattr(s, k) for s in got]) for k in SCORES})
         out.S = harmonic_score(out.es, out.ps, out.ns)
@@ -326,13 +346,20 @@ def summarize(rows: Sequence[CaseRow]) -> Summary:
     n_ss, n_stn = sum(r.ss_n for r in rows), sum(r.stn_n for r in rows)
     times = [r.edit_seconds for r in rows if r.edit_seconds is not None]
     return Summary(
-        len(rows), MeanScores.over([r.pre for r in rows]), MeanScores.over([r.post for r in rows]),
+        len(rows),
+        MeanScores.over([r.pre for r in rows]),
+        MeanScores.over([r.post for r in rows]),
         n_neighbourhood=sum(r.post is not None and r.post.ns is not None for r in rows),
-        ss=sum(r.ss_hits for r in rows) / n_ss if n_ss else None, n_ss=n_ss,
-        stn=sum(r.stn_hits for r in rows) / n_stn if n_stn else None, n_stn=n_stn,
-        fluency_pre=_mean([r.fluency_pre for r in rows]), fluency_post=_mean([r.fluency_post for r in rows]),
-        kl_drift=_mean([r.kl_drift for r in rows]), edit_seconds=_mean(times),
-        edit_seconds_median=statistics.median(times) if times else None)
+        ss=sum(r.ss_hits for r in rows) / n_ss if n_ss else None,
+        n_ss=n_ss,
+        stn=sum(r.stn_hits for r in rows) / n_stn if n_stn else None,
+        n_stn=n_stn,
+        fluency_pre=_mean([r.fluency_pre for r in rows]),
+        fluency_post=_mean([r.fluency_post for r in rows]),
+        kl_drift=_mean([r.kl_drift for r in rows]),
+        edit_seconds=_mean(times),
+        edit_seconds_median=statistics.median(times) if times else None,
+    )
 
 
 @dataclass
@@ -343,8 +370,8 @@ class CurvePoint(MeanScores):
     n_edits: int = 0
     ss: float | None = None
     stn: float | None = None
-    kl_drift: float = 0.0       # mean KL(unedited ‖ edited) on unrelated prompts
-    kl_max: float = 0.0         # max over those prompts
+    kl_drift: float = 0.0  # mean KL(unedited ‖ edited) on unrelated prompts
+    kl_max: float = 0.0  # max over those prompts
 
 
 @dataclass

@@ -27,51 +27,74 @@ class EditEvaluation(Result):
     steps: list[StepDrift] | None = None
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "EditEvaluation":
+    def from_dict(cls, d: dict[str, Any]) -> EditEvaluation:
         """An evaluation back from its JSON form (:meth:`to_dict`), e.g. to render a saved result's table and figure."""
+
         def summary(s: dict[str, Any]) -> Summary:
             return Summary(**{**s, "pre": MeanScores(**s["pre"]), "post": MeanScores(**s["post"])})
 
         return cls(
-            d["method"], d["sequential"], d["layer"], [CaseRow.from_dict(r) for r in d["rows"]],
+            d["method"],
+            d["sequential"],
+            d["layer"],
+            [CaseRow.from_dict(r) for r in d["rows"]],
             {k: summary(v) for k, v in d["summary"].items()},
-            None if d.get("curve") is None else [CurvePoint(**c) for c in d["curve"]], d.get("hparams", {}),
-            d.get("seconds", 0.0), d.get("restored_exactly", True), d.get("batch_size"),
-            None if d.get("steps") is None else [StepDrift(**s) for s in d["steps"]])
+            None if d.get("curve") is None else [CurvePoint(**c) for c in d["curve"]],
+            d.get("hparams", {}),
+            d.get("seconds", 0.0),
+            d.get("restored_exactly", True),
+            d.get("batch_size"),
+            None if d.get("steps") is None else [StepDrift(**s) for s in d["steps"]],
+        )
 
     def table(self) -> str:
         """The summary as a text table (scores in %)."""
-        how = ("sequential" if self.sequential else "one at a time") if self.batch_size in (None, 1) and \
-            self.method == "rome" else (f"batches of {self.batch_size}" if self.batch_size else "one batch") + \
-            (", sequential" if self.sequential else "")
-        lines = [f"{self.method} on {self.summary['all'].n} requests ({how}), layer {self.layer}; "
-                 f"the unedited model knows {self.summary['known'].n} of the facts"]
+        how = (
+            ("sequential" if self.sequential else "one at a time")
+            if self.batch_size in (None, 1) and self.method == "rome"
+            else (f"batches of {self.batch_size}" if self.batch_size else "one batch")
+            + (", sequential" if self.sequential else "")
+        )
+        lines = [
+            f"{self.method} on {self.summary['all'].n} requests ({how}), layer {self.layer}; "
+            f"the unedited model knows {self.summary['known'].n} of the facts"
+        ]
         head = f"{'subset':8} {'stage':5} " + " ".join(f"{k:>7}" for k in ("ES", "EM", "PS", "PM", "NS", "NM", "S"))
         lines += [head, "-" * len(head)]
         for subset in ("all", "known"):
             s = self.summary[subset]
             for stage in ("pre", "post"):
                 vals = [getattr(getattr(s, stage), k) for k in (*SCORES, "S")]
-                lines.append(f"{subset:8} {stage:5} " + " ".join(
-                    f"{100 * v:7.1f}" if v is not None else f"{'–':>7}" for v in vals))
+                lines.append(
+                    f"{subset:8} {stage:5} "
+                    + " ".join(f"{100 * v:7.1f}" if v is not None else f"{'–':>7}" for v in vals)
+                )
         s = self.summary["all"]
         fmt = lambda x, f: format(x, f) if x is not None else "–"  # noqa: E731
         pc = lambda x: f"{100 * x:.1f}%" if x is not None else "–"  # noqa: E731
-        lines.append(f"subject specificity {pc(s.ss)} of {s.n_ss} other facts of the edited "
-                     f"subjects; shared-token neighbours {pc(s.stn)} of {s.n_stn} facts")
-        lines.append(f"fluency (n-gram entropy) {fmt(s.fluency_pre, '.3f')} → {fmt(s.fluency_post, '.3f')}; "
-                     f"KL drift on unrelated prompts {fmt(s.kl_drift, '.2e')}; neighbourhood cases "
-                     f"{s.n_neighbourhood}; edit time {fmt(s.edit_seconds, '.2f')} s mean, "
-                     f"{fmt(s.edit_seconds_median, '.2f')} s median; weights restored bit-exactly: "
-                     f"{self.restored_exactly}")
+        lines.append(
+            f"subject specificity {pc(s.ss)} of {s.n_ss} other facts of the edited "
+            f"subjects; shared-token neighbours {pc(s.stn)} of {s.n_stn} facts"
+        )
+        lines.append(
+            f"fluency (n-gram entropy) {fmt(s.fluency_pre, '.3f')} → {fmt(s.fluency_post, '.3f')}; "
+            f"KL drift on unrelated prompts {fmt(s.kl_drift, '.2e')}; neighbourhood cases "
+            f"{s.n_neighbourhood}; edit time {fmt(s.edit_seconds, '.2f')} s mean, "
+            f"{fmt(s.edit_seconds_median, '.2f')} s median; weights restored bit-exactly: "
+            f"{self.restored_exactly}"
+        )
         if self.curve:
             pct = lambda x: f"{100 * x:.0f}" if x is not None else "–"  # noqa: E731
-            lines.append("after k edits:  " + "  ".join(
-                f"k={c.n_edits}: ES {pct(c.es)} PS {pct(c.ps)} NS {pct(c.ns)}" for c in self.curve))
+            lines.append(
+                "after k edits:  "
+                + "  ".join(f"k={c.n_edits}: ES {pct(c.es)} PS {pct(c.ps)} NS {pct(c.ns)}" for c in self.curve)
+            )
         if self.steps:
             worst = max(self.steps, key=lambda d: d.kl_max)
-            lines.append(f"drift per step: mean KL {fmt(_mean([d.kl_mean for d in self.steps]), '.2e')}, largest "
-                         f"single-prompt KL {worst.kl_max:.3g} (step {worst.step}, after {worst.n_edits} edits)")
+            lines.append(
+                f"drift per step: mean KL {fmt(_mean([d.kl_mean for d in self.steps]), '.2e')}, largest "
+                f"single-prompt KL {worst.kl_max:.3g} (step {worst.step}, after {worst.n_edits} edits)"
+            )
         return "\n".join(lines)
 
     def plot(self, **kwargs: Any):

@@ -14,13 +14,20 @@ from __future__ import annotations
 
 import json
 import re
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any
 
 METHODS = ("rome", "memit", "alphaedit")
-EXPERIMENTS = ("rome_counterfact", "mass_editing", "mass_editing_window", "mass_editing_stats", "nullspace_rules",
-               "subject_specificity", "causal_trace")
+EXPERIMENTS = (
+    "rome_counterfact",
+    "mass_editing",
+    "mass_editing_window",
+    "mass_editing_stats",
+    "nullspace_rules",
+    "subject_specificity",
+    "causal_trace",
+)
 #: The documented form of a ``"run"`` entry: the results folder of one experiment on one model.
 RUN_PATTERN = re.compile(r"analyses/results/(?P<experiment>[a-z_]+)/(?P<model>[A-Za-z0-9._-]+)")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -39,27 +46,40 @@ def _tuples(settings: dict[str, Any]) -> dict[str, Any]:
 
 def _check_file(data: Any, where: str) -> None:
     """Raise naming ``where`` unless ``data`` has the documented shape (see the module doc)."""
-    if not isinstance(data, dict) or not isinstance(data.get("settings"), dict) \
-            or not isinstance(data.get("justified_by"), list):
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("settings"), dict)
+        or not isinstance(data.get("justified_by"), list)
+    ):
         raise ValueError(f"{where} must be a JSON object with 'settings' (an object) and 'justified_by' (a list)")
     covered: list[str] = []
     for i, group in enumerate(data["justified_by"]):
-        if not isinstance(group, dict) or not isinstance(group.get("settings"), list) \
-                or not isinstance(group.get("why"), str) or ("run" in group) == ("source" in group):
-            raise ValueError(f"{where}: justified_by[{i}] must hold 'settings' (a list of names), 'why' (text) and "
-                             f"exactly one of 'run' (analyses/results/<experiment>/<model>) or 'source', got {group!r}")
+        if (
+            not isinstance(group, dict)
+            or not isinstance(group.get("settings"), list)
+            or not isinstance(group.get("why"), str)
+            or ("run" in group) == ("source" in group)
+        ):
+            raise ValueError(
+                f"{where}: justified_by[{i}] must hold 'settings' (a list of names), 'why' (text) and "
+                f"exactly one of 'run' (analyses/results/<experiment>/<model>) or 'source', got {group!r}"
+            )
         if "run" in group:
             m = RUN_PATTERN.fullmatch(str(group["run"]))
             if m is None or m["experiment"] not in EXPERIMENTS:
-                raise ValueError(f"{where}: justified_by[{i}] run {group['run']!r} is not of the form "
-                                 f"analyses/results/<experiment>/<model> with an experiment in {EXPERIMENTS}")
+                raise ValueError(
+                    f"{where}: justified_by[{i}] run {group['run']!r} is not of the form "
+                    f"analyses/results/<experiment>/<model> with an experiment in {EXPERIMENTS}"
+                )
         covered += group["settings"]
     if sorted(covered) != sorted(data["settings"]):
-        raise ValueError(f"{where}: justified_by must name every setting exactly once; settings "
-                         f"{sorted(data['settings'])}, named {sorted(covered)}")
+        raise ValueError(
+            f"{where}: justified_by must name every setting exactly once; settings "
+            f"{sorted(data['settings'])}, named {sorted(covered)}"
+        )
 
 
-@lru_cache(maxsize=None)
+@cache
 def _read(method: str, name: str) -> dict[str, Any] | None:
     """The parsed file ``<method>/<name>.json`` (checked), or None when there is none."""
     if not _NAME.fullmatch(name):
@@ -100,5 +120,12 @@ def models_with_hparams(method: str) -> list[str]:
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json") and p.name != "default.json")
 
 
-__all__ = ["METHODS", "EXPERIMENTS", "RUN_PATTERN", "load_hparams", "model_hparams", "hparams_file",
-           "models_with_hparams"]
+__all__ = [
+    "EXPERIMENTS",
+    "METHODS",
+    "RUN_PATTERN",
+    "hparams_file",
+    "load_hparams",
+    "model_hparams",
+    "models_with_hparams",
+]
