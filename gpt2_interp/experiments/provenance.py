@@ -50,7 +50,10 @@ def code_state() -> dict[str, Any]:
     ``None`` when the package is not a git checkout (an installed wheel)."""
     from .. import __version__
 
-    inside = _git("rev-parse", "--is-inside-work-tree") == "true" and (SOURCE_ROOT / "gpt2_interp").is_dir()
+    top = _git("rev-parse", "--show-toplevel")
+    # the package is a checkout's own source only when that checkout's root is the package's parent folder
+    # (an installed wheel in a venv that happens to sit inside some git repository is not that repository's code)
+    inside = top is not None and Path(top).resolve() == SOURCE_ROOT
     if not inside:
         return {"version": __version__, "commit": None, "dirty": None, "changed": []}
     status = _git("status", "--porcelain", "--untracked-files=all", "--", "gpt2_interp", "pyproject.toml") or ""
