@@ -263,8 +263,8 @@ def rank_one_update(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(u, v)`` with ``ΔW = outer(u, v)`` the C-metric minimal update making ``k @ (W+ΔW) + b = v*``.
 
-    ``W_out: [d_mlp, d_model]``, ``b_out: [d_model]`` or None, ``k: [d_mlp]``, ``v_star: [d_model]``; ``solve(k)`` returns
-    ``C⁻¹k`` (identity when None: then ``ΔW = outer(k, v* − Wᵀk − b) / ‖k‖²``). ``u`` is
+    ``W_out: [d_mlp, d_model]``, ``b_out: [d_model]`` or None, ``k: [d_mlp]``, ``v_star: [d_model]``;
+    ``solve(k)`` returns ``C⁻¹k`` (identity when None: then ``ΔW = outer(k, v* − Wᵀk − b) / ‖k‖²``). ``u`` is
     ``C⁻¹k`` normalised; ``v = (v* − Wᵀk − b) / (k · u)``. The same ``k`` enters the direction,
     the denominator and the residual (r-ROME). Returns float32 ``u [d_mlp]`` and ``v [d_model]``.
     A zero key, or ``k · u`` ≈ 0 (degenerate statistics), raises ValueError."""
