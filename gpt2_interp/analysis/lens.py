@@ -121,6 +121,17 @@ class LensResult(Result):
 
     Tensors are ``[n_layers, batch, n_pos(, k)]``; ``positions [batch, n_pos]`` index each
     prompt's own tokens (BOS = 0; -1 where ``valid`` is False). Target rank 1 = top token.
+
+    - ``prompts``: the texts; ``layers``: boundary labels (``embed``, ``L0``, ``L0_mid``, …);
+      ``str_tokens``: each prompt's tokens as strings;
+    - ``valid`` ``[batch, n_pos]``: False for cells that fall on padding (``positions="all"`` over
+      prompts of different lengths); invalid cells hold -1 ids and NaN probabilities;
+    - ``top_ids``/``top_probs`` ``[n_layers, batch, n_pos, k]`` and ``top_tokens`` (nested lists of
+      strings, same layout): the ``k`` most probable tokens at each cell;
+    - with targets: ``targets`` (strings), ``target_ids``, and ``target_prob``, ``target_logit``,
+      ``target_rank`` ``[n_layers, batch, n_pos]``;
+    - ``logits`` ``[n_layers, batch, n_pos, d_vocab]`` with ``return_logits`` (left out of
+      :meth:`to_dict`); ``lens``: ``"logit lens"`` or ``"tuned lens"``.
     """
 
     prompts: list[str]
@@ -140,17 +151,19 @@ class LensResult(Result):
     lens: str = "logit lens"  # or "tuned lens"
 
     def to_dict(self) -> dict[str, Any]:
+        """:meth:`Result.to_dict` without ``logits`` (too large for JSON)."""
         d = super().to_dict()
         d.pop("logits")
         return d
 
     def input_token(self, prompt: int, j: int) -> str:
+        """The input token at column ``j`` of prompt number ``prompt`` (``""`` for an invalid cell)."""
         p = int(self.positions[prompt, j])
         return self.str_tokens[prompt][p] if p >= 0 else ""
 
     def table(self, k: int = 5, prompts: Sequence[int] | None = None) -> str:
         """Per prompt and position: one row per layer with the top-``k`` tokens (probabilities)
-        and, with a target, its probability and rank."""
+        and, with a target, its probability and rank. ``prompts``: the prompt indices to show (None: all)."""
         lines = []
         for b in prompts if prompts is not None else range(len(self.prompts)):
             for j in range(self.positions.shape[1]):
@@ -249,6 +262,17 @@ def logit_lens(
     caching only the residual stream. ``lens``: a trained
     :class:`~gpt2_interp.analysis.tuned_lens.TunedLens` decodes each boundary through its
     translator first (the tuned lens; it must have been trained for this model's weights).
+    ``k`` (default 10): how many top tokens each cell keeps. ``progress``: a progress bar over
+    batches (None: shown when there are more than 4).
+
+    Returns a :class:`LensResult` with tensors ``[n_layers, batch, n_pos(, k)]`` on the CPU, where
+    ``n_layers`` is ``n_layer + 1`` boundaries (``2·n_layer + 1`` with ``include_mid``).
+
+    Refused: ``k`` < 1; an empty prompt list or token tensor, an unknown ``positions`` string, an
+    empty position list, a number of targets that is neither 1 nor the number of prompts, a
+    target that is not one token, ``include_mid`` with a tuned lens, a tuned lens trained for
+    other weights and non-finite lens logits (ValueError); a position outside the shortest prompt
+    (IndexError).
     """
     k = check_count(k, "k")
     if lens is not None:
@@ -318,6 +342,10 @@ class DLAResult(Result):
     ``parts`` ``[n_parts]`` with ``labels`` (``embed``, ``pos_embed``, ``L{i}.attn``, ``L{i}.mlp``)
     sum to ``logit - ln_bias``; ``head_parts`` ``[n_layer, n_head]`` plus ``b_O_parts``
     ``[n_layer]`` sum to the attention parts. ``scale`` is ln_final's scale at the position.
+
+    ``prompt`` and its ``str_tokens`` (BOS included); ``position``: the non-negative index read;
+    ``target`` and ``baseline`` (None without one): the tokens as strings; ``logit``: the model's
+    logit (difference) there; ``ln_bias``: ``b · (W_U[:, target] - W_U[:, baseline])``.
     """
 
     prompt: str
@@ -340,9 +368,11 @@ class DLAResult(Result):
 
     @property
     def what(self) -> str:
+        """What is attributed, as text: ``logit(' Paris')`` or ``logit(' Paris') − logit(' Rome')``."""
         return f"logit({self.target!r})" + (f" − logit({self.baseline!r})" if self.baseline is not None else "")
 
     def table(self) -> str:
+        """One row per part, the LN bias term, their sum beside the model's logit, and the largest heads."""
         w = max(map(len, self.labels))
         lines = [f"{self.what} at position {self.position} ({self.str_tokens[self.position]!r}) of {self.prompt!r}"]
         lines += [f"  {lab:<{w}}  {float(v):+9.4f}" for lab, v in zip(self.labels, self.parts)]
@@ -365,7 +395,8 @@ class DLAResult(Result):
 
 
 def logit_direction(model: HookedGPT2, target: Target, baseline: Target | None = None) -> torch.Tensor:
-    """``w ⊙ (W_U[:, t] - W_U[:, b])`` ``[d_model]``: what a centred, scaled residual is dotted with."""
+    """``w ⊙ (W_U[:, t] - W_U[:, b])`` ``[d_model]``: what a centred, scaled residual is dotted with
+    (``t``: the single-token ``target``, ``b``: the ``baseline``, left out when None)."""
     u = model.W_U[:, model.to_single_token(target)]
     if baseline is not None:
         u = u - model.W_U[:, model.to_single_token(baseline)]
@@ -395,6 +426,12 @@ def logit_attribution(
     Uses ln_final's scale of the actual run, so the parts (token and position embeddings,
     each attention and MLP output; per head via ``hook_z @ W_O`` with ``b_O`` apart) sum
     exactly to the model's logit (difference) minus the LN bias term ``b · W_U[:, t]``.
+
+    ``prompt``: one string (BOS is prepended); ``target``/``baseline``: single tokens (strings or
+    ids); ``position``: index into the prompt's tokens, BOS = 0 (default -1, the last);
+    ``per_head`` (default True) also splits each attention output per head (``head_parts``
+    ``[n_layer, n_head]``). Returns a :class:`DLAResult`. A non-string prompt raises TypeError, a
+    position out of range IndexError, a target or baseline that is not one token ValueError.
     """
     n = model.cfg.n_layer
     tokens, pos = prompt_position(model, prompt, position, "logit_attribution")

@@ -149,6 +149,13 @@ class PatchResult(Result):
     rescaled so 0 = the corrupted run's metric and 1 = the clean run's (for ``values``, of the
     pair-averaged metrics), in both directions. Raw baselines are in ``clean_metric`` /
     ``corrupted_metric`` (pair means) and the ``*_pair_metric`` tensors.
+
+    - ``layers`` (block indices) and ``layer_labels`` label the layer axis; ``positions`` and
+      ``position_labels`` the position axis (None without one; labels show ``"clean/corrupted"``
+      where the pair's tokens differ); ``heads`` and ``head_labels`` the head axis (None without one);
+    - ``hook``: the patched hook family or name; ``direction``: ``"denoise"`` or ``"noise"``;
+      ``metric``: the metric's name; ``normalized``: whether values are rescaled as above;
+    - ``clean_pair_metric``/``corrupted_pair_metric`` ``[n_pairs]``: the metric on each unpatched run.
     """
 
     values: torch.Tensor
@@ -251,9 +258,21 @@ def patch(
     families give ``[layer, head]`` patching each head at every position, or
     ``[layer, pos, head]`` when ``positions`` is a list; ``heads`` picks heads (``"all"``: together).
 
+    ``direction``: ``"denoise"`` (default) or ``"noise"``; ``normalize`` (default False) rescales
+    the values so 0 = the corrupted run's metric and 1 = the clean run's. ``batch_size``: rows per
+    staircase chunk (None: sized from the free memory); ``progress``: a progress bar (None:
+    automatic). Returns a :class:`PatchResult` (tensors on the CPU).
+
     Distributed (an initialised process group, or ``group``), with at least one pair per rank and
     one of our metrics: each rank patches its share of the pairs and every rank returns the
     single-process result (pair values gathered in order). Other metrics run every pair on every rank.
+
+    Refused before any work: text on one side and tokens on the other (TypeError); another
+    ``direction``, different numbers of clean and corrupted prompts, a pair of different token
+    lengths, ``layers`` with one full hook name, ``heads`` with a per-position hook, a logit difference whose answer
+    and wrong are the same token for every pair, a non-finite metric on the unpatched runs, and
+    ``normalize`` when the clean and corrupted metrics coincide (ValueError); a layer, position or
+    head out of range (IndexError); an unknown hook name or family (KeyError, with the closest).
     """
     if direction not in ("denoise", "noise"):
         raise ValueError(

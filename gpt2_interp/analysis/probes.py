@@ -169,7 +169,17 @@ class ProbeResult(Result):
     regression), the control task's on the same folds, and the probes fitted on all data.
 
     ``layers`` label the probed hook points ``hooks``; ``chance`` is the score of predicting the
-    training folds' majority class (0 for R²); ``fold[i]`` is the fold in which prompt ``i`` is tested."""
+    training folds' majority class (0 for R²); ``fold[i]`` is the fold in which prompt ``i`` is tested.
+
+    - ``task``: the probing task's name; ``kind``: ``"classification"`` or ``"regression"``;
+      ``metric``: ``"accuracy"`` or ``"R²"``; ``hook``: the probed family; ``position``: the
+      position rule (``"last-subject"``, ``"last"``, ``"mean-subject"``);
+    - ``control`` and ``control_scores`` ``[n_layers, n_folds]``: the control task and its scores
+      (None without one); ``classes``: the class names (classification);
+    - ``n_prompts``, ``n_groups`` (folds never split a group) and ``n_folds``;
+    - ``estimators``: the fitted scikit-learn pipelines, one per layer (left out of :meth:`to_dict`);
+    - ``model_name`` and ``fingerprint``: the model whose activations were probed (``""`` for
+      precomputed features); :meth:`check` compares them with a model."""
 
     task: str
     kind: str
@@ -213,7 +223,9 @@ class ProbeResult(Result):
         batch_size: int = 64,
     ) -> list:
         """The fitted probe at ``layer`` applied to ``prompts`` on ``model`` (which must be the model it
-        was fitted on): a class name per prompt, or a value (regression)."""
+        was fitted on): a class name per prompt, or a value (regression). ``subjects`` (one per prompt)
+        are needed for the subject positions; ``batch_size`` prompts run per forward pass (default 64).
+        Another model raises ValueError, a layer that was not probed KeyError."""
         self.check(model)
         prompts = check_prompts(prompts, "prompts")
         i = self._layer_index(layer)
@@ -234,10 +246,12 @@ class ProbeResult(Result):
 
     @property
     def control_mean(self) -> torch.Tensor | None:
+        """Mean control score over folds ``[n_layers]`` (None without a control)."""
         return None if self.control_scores is None else self.control_scores.mean(1)
 
     @property
     def control_ci(self) -> torch.Tensor | None:
+        """Half-width of the control scores' 95% t-interval over folds ``[n_layers]`` (None without a control)."""
         return None if self.control_scores is None else _ci(self.control_scores)
 
     @property
@@ -258,6 +272,8 @@ class ProbeResult(Result):
         return int((s >= fraction * best).nonzero()[0])
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields without ``estimators`` and ``fold``, plus the per-layer summaries (``mean``, ``ci``,
+        ``control_mean``, ``selectivity``, ``selectivity_ci``)."""
         d = super().to_dict()
         d.pop("estimators")
         d.pop("fold")
@@ -271,6 +287,7 @@ class ProbeResult(Result):
         return to_jsonable(d)
 
     def table(self) -> str:
+        """One row per layer: mean score ± 95% interval, and the control and selectivity with a control."""
         head = (
             f"probe {self.task!r} ({self.kind}, {self.n_prompts} prompts, {self.n_groups} groups, "
             f"{self.n_folds} group folds) on {self.hook} at {self.position}; chance {self.chance:.3f}"
@@ -545,6 +562,18 @@ def probe(
     group (default: the subjects, else each prompt alone). ``position``: ``"last-subject"``
     (default with subjects), ``"last"`` (default without) or ``"mean-subject"``. ``control``:
     ``"random-labels"``, ``"by-type"`` or None (see the module doc). ``C``: inverse L2 strength.
+
+    ``hook``: a family (default ``"resid_post"``), ``"resid"`` (every layer boundary) or a full hook
+    name; ``layers``: ``"all"`` (default), an int or a list. ``kind``: ``"classification"`` or
+    ``"regression"`` (None: from the labels); ``n_folds`` (default 5) group folds; ``seed`` fixes
+    the folds and the control labels; ``batch_size`` (default 64) prompts per forward pass;
+    ``progress``: progress bars (None: automatic). Returns a :class:`ProbeResult` with ``scores``
+    ``[n_layers, n_folds]``.
+
+    Refused before any work (ValueError): missing labels, labels, subjects or groups whose number
+    is not the number of prompts, a single class, too few groups for the folds, an unknown kind,
+    control, position or hook, a position on the subject without subjects, an attention-pattern
+    hook, and a layer out of range.
     """
     task = ""
     if labels is None and hasattr(prompts, "labels") and hasattr(prompts, "prompts"):

@@ -60,6 +60,12 @@ class TraceResult(Result):
     ``scores [n_tokens, n_layers]``: target probability with the cell restored (mean over noise
     samples); ``indirect_effect`` = ``scores − corrupted_score``. Tokens exclude the prepended BOS;
     ``subject_range`` indexes ``tokens`` (end exclusive).
+
+    ``prompt``, ``subject``, ``kind`` (``"hidden"``, ``"mlp"`` or ``"attn"``); ``layer_labels``
+    (``L0`` …); ``target`` and ``target_id``: the scored token; ``clean_score`` and
+    ``corrupted_score``: its probability on the clean run and on the corrupted runs (mean over
+    samples); ``noise_std``: the absolute std of the embedding noise; ``samples`` noise draws,
+    ``window`` layers restored together (mlp/attn), ``seed`` of the draws.
     """
 
     prompt: str
@@ -99,6 +105,7 @@ class TraceResult(Result):
         )
 
     def peak_line(self) -> str:
+        """One line: the kind, the peak cell (:meth:`peak`) and its indirect effect."""
         tok_, layer, score = self.peak()
         return (
             f"  {self.kind:<6} peak: restoring {tok_!r} at {layer} gives p = {score:.4f} "
@@ -106,6 +113,7 @@ class TraceResult(Result):
         )
 
     def table(self) -> str:
+        """:meth:`header` and :meth:`peak_line`."""
         return self.header() + "\n" + self.peak_line()
 
 
@@ -122,6 +130,7 @@ class TraceSet(Result):
         raise KeyError(f"no {kind!r} trace; have {[t.kind for t in self.traces]}")
 
     def table(self) -> str:
+        """The first trace's header, then the peak line of each kind."""
         return "\n".join([self.traces[0].header()] + [t.peak_line() for t in self.traces])
 
     def plot(self, **kwargs: Any):
@@ -452,6 +461,15 @@ def causal_trace(
     more than half of the clean probability is warned about (the result's ``corrupted_score`` says
     how far it fell). ``target``: a one-token string or id (default: the clean top-1). ``window``:
     layers restored together for mlp/attn (None: :func:`default_window`). Deterministic for a ``seed``.
+
+    ``kind``: ``"hidden"`` (default), ``"mlp"`` or ``"attn"``; ``samples`` (default 10) noise draws
+    per cell; ``batch_size``: rows per staircase chunk (None: sized from the free memory);
+    ``progress``: a progress bar (None: automatic). Returns a :class:`TraceResult` with ``scores``
+    ``[n_tokens, n_layer]`` (tokens after BOS).
+
+    Refused (ValueError): an unknown kind, ``samples`` or ``window`` < 1, a negative or non-finite
+    ``noise``, a subject that does not occur in the prompt, a target that is not one token, and a
+    non-finite target probability on the clean or corrupted runs.
     """
     case = _Case(prompt, subject, target)
     std = resolve_noise(model, noise, _subject_ids(model, [case]))
@@ -468,7 +486,9 @@ def causal_trace_all(
     kinds: Sequence[str] = KINDS,
     **kwargs: Any,
 ) -> TraceSet:
-    """:func:`causal_trace` for each kind (hidden, mlp, attn) → a :class:`TraceSet` (three-panel plot)."""
+    """:func:`causal_trace` of ``prompt`` (``subject``, ``target`` as there) for each of ``kinds``
+    (default: hidden, mlp, attn) → a :class:`TraceSet` (three-panel plot); ``kwargs`` go to each
+    trace (``noise``, ``samples``, ``window``, ``seed``, …)."""
     return TraceSet([causal_trace(model, prompt, subject, target, kind=k, **kwargs) for k in kinds])
 
 
@@ -490,6 +510,11 @@ class AverageTrace(Result):
     known fact) and ``indirect_effect`` (minus each fact's corrupted score); ``counts [6]`` how
     many (fact, token) cells fed each bucket. Only facts the model knows (clean top-1 = the
     target's first token) are traced: ``n_known`` of ``n_facts``.
+
+    ``kinds``, ``buckets`` (:data:`BUCKETS`) and ``layer_labels`` label the three axes;
+    ``clean_score``: mean clean target probability; ``corrupted_score``: its mean on the corrupted
+    runs, one per kind; ``noise_std``, ``samples`` and ``window`` as in :class:`TraceResult`;
+    ``facts``: the traced (known) facts as ``"prompt →target"``.
     """
 
     kinds: list[str]
@@ -508,6 +533,7 @@ class AverageTrace(Result):
     facts: list[str] = field(default_factory=list)
 
     def __getitem__(self, kind: str) -> torch.Tensor:
+        """``scores`` of one kind, ``[6, n_layers]``."""
         return self.scores[self.kinds.index(kind)]
 
     def peak(self, kind: str, bucket: str, effect: bool = True) -> tuple[int, float]:
@@ -577,6 +603,14 @@ def average_trace(
     Distributed (an initialised process group, or ``group``): every rank finds the known facts,
     then traces its share of the fact batches; the bucket sums are all-reduced, so every rank
     returns the single-process result (up to float summation order).
+
+    ``samples`` (default 10), ``window`` and ``seed`` as in :func:`causal_trace`;
+    ``facts_per_batch`` (default 16) prompts are traced together in one staircase run, in chunks
+    of ``batch_size`` rows (None: sized from the free memory); ``progress``: a bar over the fact
+    batches. Returns an :class:`AverageTrace` with ``scores`` ``[n_kinds, 6, n_layer]``.
+
+    Refused: a case that is not a triple of strings (TypeError); no cases, no case the model knows,
+    and the refusals of :func:`causal_trace` (ValueError).
     """
     kinds = [kind] if isinstance(kind, str) else list(kind)
     cases = [_as_case(c) for c in cases]

@@ -82,7 +82,11 @@ def _strs(model: HookedGPT2, ids: torch.Tensor) -> list[list[str]]:
 @dataclass
 class VocabProjection(Result):
     """Top-``k`` and bottom-``k`` tokens (and scores) of vectors projected onto the vocabulary,
-    ``[n, k]`` each, one row per ``labels`` entry (``L5.N123`` for a neuron's value vector)."""
+    ``[n, k]`` each, one row per ``labels`` entry (``L5.N123`` for a neuron's value vector).
+
+    ``top_ids``/``top_scores`` and ``bottom_ids``/``bottom_scores`` ``[n, k]`` with ``top_tokens`` and
+    ``bottom_tokens`` (strings); ``apply_ln``: whether ln_final's gain was applied (see the module
+    doc); ``layer`` and ``neurons``: which value vectors the rows are (None for arbitrary vectors)."""
 
     labels: list[str]
     top_ids: torch.Tensor
@@ -120,6 +124,8 @@ class VocabProjection(Result):
         return self.select(self.top_scores[:, 0].argsort(descending=True)[:n].tolist())
 
     def table(self, k: int | None = None, rows: int | None = None) -> str:
+        """Two lines per vector: its top (``+``) and bottom (``−``) ``k`` tokens (default: all kept) with
+        scores, for the first ``rows`` vectors (default: all)."""
         k = k or self.top_scores.shape[1]
         w = max(map(len, self.labels))
         lines = []
@@ -164,8 +170,10 @@ def neuron_vocab(
     k: int = 10,
     apply_ln: bool = True,
 ) -> VocabProjection:
-    """Top/bottom-``k`` vocabulary tokens of the value vectors ``W_out[layer][neurons]``
-    (all neurons by default), scored as the module doc says."""
+    """Top/bottom-``k`` vocabulary tokens (default 10) of the value vectors ``W_out[layer][neurons]``
+    (all neurons by default), scored as the module doc says (``apply_ln``, default True: times
+    ln_final's gain). Returns a :class:`VocabProjection` with ``[n_neurons, k]`` rows. Refused: ``k`` <
+    1 or an empty neuron list (ValueError), a layer or neuron index out of range (IndexError)."""
     k = check_count(k, "k")
     layer = model.check_layer(layer)
     idx = _check_neurons(model, neurons)
@@ -186,8 +194,10 @@ def neuron_vocab(
 def project(
     model: HookedGPT2, vector: torch.Tensor, k: int = 10, apply_ln: bool = True, labels: Sequence[str] | None = None
 ) -> VocabProjection:
-    """Top/bottom-``k`` tokens of any direction(s) ``[d_model]`` or ``[n, d_model]`` (a residual,
-    a ``W_in`` column, an edit's ``v*``), by the same code path as :func:`neuron_vocab`."""
+    """Top/bottom-``k`` tokens (default 10) of any direction(s) ``vector`` ``[d_model]`` or ``[n, d_model]``
+    (a residual, a ``W_in`` column, an edit's ``v*``), by the same code path as :func:`neuron_vocab`
+    (``apply_ln`` as there). ``labels`` name the rows (default ``vector``/``vector i``). Another shape
+    raises ValueError."""
     k = check_count(k, "k")
     v = torch.as_tensor(vector).to(model.device, model.dtype)
     v = v[None] if v.ndim == 1 else v
@@ -205,7 +215,11 @@ def project(
 @dataclass
 class NeuronSearch(Result):
     """Neurons ranked by how much their value vectors promote ``tokens``; iterates as
-    ``(layer, neuron, score)`` tuples. ``top_tokens`` are each neuron's own top tokens."""
+    ``(layer, neuron, score)`` tuples. ``top_tokens`` are each neuron's own top tokens.
+
+    ``tokens``: the searched tokens (strings); ``layers``/``neurons``/``scores`` ``[k]``: the ranked
+    neurons, best first; ``apply_ln``: whether ln_final's gain weighted the scores; ``baseline``: what
+    each neuron's mean score was subtracted over (``"vocabulary"``, ``"contrast"`` or None)."""
 
     tokens: list[str]
     layers: list[int]
@@ -225,6 +239,7 @@ class NeuronSearch(Result):
         return self.layers[i], self.neurons[i], float(self.scores[i])
 
     def table(self, k: int = 8) -> str:
+        """One row per neuron (rank, ``L{layer}.N{neuron}``, score) with its first ``k`` top tokens."""
         what = ", ".join(map(repr, self.tokens[:6])) + (" …" if len(self.tokens) > 6 else "")
         lines = [
             f"neurons promoting {what}  (score = v · {'(w ⊙ ' if self.apply_ln else '('}W_U[:, t])"
@@ -269,7 +284,12 @@ def find_neurons(
     otherwise), averaged over the tokens. ``relative`` subtracts each neuron's mean score over
     the whole vocabulary, so a neuron that raises every logit does not rank first; ``contrast``
     subtracts its mean score over those tokens instead (e.g. every token the model was trained
-    to produce: the set's real competitors)."""
+    to produce: the set's real competitors).
+
+    ``token_or_tokens``: one token or a list (strings or ids, each a single token); ``n_tokens``
+    (default 10): how many top tokens of each found neuron to list. Returns a :class:`NeuronSearch`.
+    Refused: ``k`` < 1, no tokens, a string that is not one token, and ``relative`` together with
+    ``contrast`` (ValueError); a layer out of range (IndexError)."""
     k = check_count(k, "k")
     ids = _token_ids(model, token_or_tokens)
     ls = _layers(model, layers)
@@ -307,6 +327,11 @@ class SubupdateResult(Result):
 
     ``top_tokens`` project ``m_i · v_i`` (sign included) onto the vocabulary; ``target_effects``
     are their exact direct effects on the target's logit (centred, / ln_final's scale).
+
+    ``prompt``, ``position`` (non-negative, BOS = 0) and its ``token``; per sub-update ``[k]``:
+    ``layers``, ``neurons``, ``activations`` (``m_i``), ``norms`` (``|m_i| · ‖v_i‖``), ``top_tokens``
+    and ``top_scores`` ``[k, n_tokens]``; ``target`` and ``target_effects`` ``[k]`` when a target
+    was given.
     """
 
     prompt: str
@@ -322,6 +347,7 @@ class SubupdateResult(Result):
     target_effects: torch.Tensor | None = None
 
     def table(self, k: int = 6) -> str:
+        """One row per sub-update (neuron, ``m_i``, norm, effect on the target) with its first ``k`` top tokens."""
         lines = [f"MLP sub-updates at position {self.position} ({self.token!r}) of {self.prompt!r}"]
         head = f"{'neuron':<11} {'m_i':>8} {'|m|·‖v‖':>8}"
         if self.target_effects is not None:
@@ -353,7 +379,13 @@ def top_subupdates(
 ) -> SubupdateResult:
     """On a real prompt, the ``k`` neurons (of ``layer``, or all layers) whose contribution
     ``m_i · v_i`` at ``position`` has the largest norm ``|m_i| · ‖v_i‖``, with the top tokens of
-    that contribution and, given a ``target``, its direct effect on the target's logit."""
+    that contribution and, given a ``target``, its direct effect on the target's logit.
+
+    ``position``: index into the prompt's tokens, BOS = 0 (default -1, the last); ``k`` default 20;
+    ``n_tokens`` (default 10) top tokens per sub-update, scored with ln_final's gain when
+    ``apply_ln`` (default True). Returns a :class:`SubupdateResult`. Refused: ``k`` < 1 or a target
+    that is not one token (ValueError), a non-string prompt (TypeError), a layer or position out of
+    range (IndexError)."""
     k = check_count(k, "k")
     ls = _layers(model, layer)
     tokens, pos = prompt_position(model, prompt, position, "top_subupdates")

@@ -93,7 +93,17 @@ class MemitHparams:
 
     Per model: ``hparams/memit/`` and ``hparams/alphaedit/`` (:meth:`of`). Every value is checked when
     the object is made (:meth:`__post_init__`): a wrong kind, a non-finite number or a value out of
-    range raises naming the field."""
+    range raises naming the field.
+
+    - ``layers``: the edit layers (None: the model's default, :func:`default_layers`);
+    - ``mom2_weight``: λ in ``(λC + KᵀK)⁻¹KᵀR`` (MEMIT's ``mom2_update_weight``; ≥ 0);
+    - ``nullspace_threshold``: τ in (0, 1); ``nullspace_rule``: ``"relative"`` (P keeps the
+      eigen-directions of C₀ with λ ≤ τ·λ_max) or ``"energy"`` (the smallest directions holding ≤ τ
+      of tr C₀; see :meth:`NullSpace.from_stats`);
+    - ``alpha``: AlphaEdit's ridge, × tr(C)/d_mlp (> 0);
+    - ``chunk``: requests per δ-optimisation batch (None: 32 on CPU, all on GPU);
+    - ``delta_norm``: δ's clamp/weight-decay scale, ``"resid"`` (the residual after the top layer,
+      MEMIT's ``compute_z``) or ``"mlp_out"`` (ROME's v₀)."""
 
     layers: tuple[int, ...] | None = None  # edit layers (None: the model's default, see default_layers)
     mom2_weight: float = 1000.0  # λ in (λC + KᵀK)⁻¹KᵀR (MEMIT's mom2_update_weight)
@@ -149,6 +159,7 @@ class MemitHparams:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as a plain dict (``rome`` as a nested dict)."""
         return asdict(self)
 
 
@@ -218,7 +229,13 @@ class NullSpace:
     far (``KpKp_l = K_pᵀK_p``), for sequential editing.
 
     ``compute_edits(…, preserve=ns)`` uses it and then remembers the batch's keys (so the next
-    batch's update is fitted not to disturb them); ``remember=False`` there leaves it unchanged."""
+    batch's update is fitted not to disturb them); ``remember=False`` there leaves it unchanged.
+
+    Made by :meth:`from_stats`: ``P`` ``{layer: [d_mlp, d_mlp]}``; ``threshold`` and ``rule`` as
+    given there; ``fingerprints``: the keys fingerprint of each layer's preserved statistics (checked
+    against the model, :meth:`check`); ``null_dim``: the null space's dimension per layer; ``leak``:
+    ``E‖k₀P‖² / E‖k₀‖²`` of the preserved keys per layer; ``KpKp`` ``{layer: [d_mlp, d_mlp]}`` and
+    ``n_remembered``: the edited keys remembered so far."""
 
     P: dict[int, torch.Tensor]
     threshold: float
@@ -236,7 +253,8 @@ class NullSpace:
         """``P`` from the eigen-decomposition of each layer's preserved second moment ``C₀``:
         ``rule="relative"`` keeps the eigen-directions with ``λ ≤ threshold·λ_max``; ``rule="energy"``
         the smallest ones whose eigenvalues sum to ``≤ threshold·tr C₀`` (so ``leak ≤ threshold`` on
-        every layer)."""
+        every layer). ``stats``: one :class:`~.stats.KeyStats` or ``{layer: KeyStats}`` of the keys
+        to preserve. Another rule, or ``threshold`` outside (0, 1), raises ValueError."""
         if rule not in NULLSPACE_RULES:
             raise ValueError(f"rule must be one of {NULLSPACE_RULES}, got {rule!r}")
         if not 0 < threshold < 1:
@@ -260,6 +278,9 @@ class NullSpace:
         return cls(P, threshold, fps, dims, leak, rule=rule)
 
     def check(self, model: HookedGPT2, layers: Sequence[int], digests: dict[str, str] | None = None) -> None:
+        """Raise a ValueError unless the null space has a projection for each of ``layers`` built from
+        statistics of ``model``'s keys (with or without its applied edits). ``digests``: the model's
+        parameter digests when the caller already has them."""
         missing = [l for l in layers if l not in self.P]
         if missing:
             raise ValueError(
@@ -439,6 +460,19 @@ def compute_edits(
     ``edit.metrics`` records P(target | rewrite prompt) per request before and after the edit and the
     indices of weak edits (:func:`.edit.is_weak`, also an :class:`.edit.EditWarning`).
     Apply with ``edit.apply(model)``; undo with ``edit.undo(model)``.
+
+    ``requests``: a list of :class:`~.edit.Request` or dicts (one request alone is accepted);
+    ``progress``: progress bars for the statistics and the δ optimisation (default False). Returns
+    one :class:`~.edit.Edit` of method ``"memit"`` (``"alphaedit"`` with ``preserve``): ``U [d_mlp, n]``,
+    ``V [n, d_model]`` per layer, the edited ``keys`` ``{layer: [n, d_mlp]}`` and the target
+    residuals ``v_star`` ``[n, d_model]``. The model is left unchanged.
+
+    Refused before the optimisation: an empty or non-list ``requests``, a malformed request, two
+    requests of one subject and prompt with different targets or keep prompts, an unknown or
+    out-of-range hyperparameter, empty ``layers`` or another string than ``"auto"``, statistics or a
+    null space for other layers or weights, and ``targets`` for another model, other requests or
+    another top layer (ValueError/TypeError, naming the request or layer); a layer out of range
+    (IndexError).
     """
     t0 = time.perf_counter()
     hp = (
@@ -646,7 +680,9 @@ def apply_memit(
 ) -> list[Edit]:
     """Compute and apply edits for ``requests`` in batches of ``batch_size`` (all at once when None),
     each batch on the model edited by the previous ones. ``kwargs`` go to :func:`compute_edits`
-    (a ``preserve=NullSpace`` accumulates the earlier batches' keys). Undo with ``undo_all(model)``."""
+    (a ``preserve=NullSpace`` accumulates the earlier batches' keys). Undo with ``undo_all(model)``.
+    Returns the applied edits, one per batch. An empty request list or ``batch_size`` < 1 raises
+    ValueError; otherwise the refusals of :func:`compute_edits`."""
     reqs = list(requests)
     if not reqs:
         raise ValueError("the request list is empty")

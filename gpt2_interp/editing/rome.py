@@ -74,7 +74,20 @@ class RomeHparams:
     """ROME's hyperparameters (defaults: ROME's gpt2-medium/-xl settings; per model: ``hparams/rome/``).
 
     Every value is checked when the object is made (:meth:`__post_init__`): a wrong kind, a non-finite
-    number or a value out of range raises naming the field."""
+    number or a value out of range raises naming the field.
+
+    - ``layer``: the edit layer when none is given (None: ``n_layer // 3``; :func:`default_layer`);
+    - ``v_steps`` Adam steps on δ at learning rate ``v_lr``; ``early_stop``: stop when the total loss
+      falls below it (with ``bare_early_stop``, the bare prompt's mean target NLL must also be below
+      that);
+    - ``kl_factor``: weight of the essence KL on ``kl_prompt`` (``"{} is a"``); ``keep_factor``: weight
+      of the KL on a request's ``keep`` prompts; ``weight_decay``: weight of ‖δ‖ / ‖v₀‖²;
+      ``clamp_factor``: ‖δ‖ ≤ ``clamp_factor`` · ‖v₀‖;
+    - context prefixes: ``prefixes_per_length`` texts of each of ``prefix_lengths`` tokens, sampled
+      with ``prefix_seed``;
+    - ``exact_edit``: optimise δ under the rank-one update's exact effect (see the module doc);
+    - ``bare_weight``: the NLL weight of the bare rewrite prompt (None: uniform over variants, as ROME);
+    - ``corpus`` and ``n_samples``: the key statistics computed when ``stats=None`` (:mod:`.stats`)."""
 
     layer: int | None = None  # edit layer when none is given (None: n_layer // 3; see default_layer)
     v_steps: int = 20  # Adam steps on δ
@@ -250,10 +263,11 @@ def rank_one_update(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(u, v)`` with ``ΔW = outer(u, v)`` the C-metric minimal update making ``k @ (W+ΔW) + b = v*``.
 
-    ``W_out: [d_mlp, d_model]``, ``k: [d_mlp]``, ``v_star: [d_model]``; ``solve(k)`` returns
-    ``C⁻¹k`` (identity when None: then ``ΔW = outer(k, v* − Wᵀk − b) / ‖k‖²``). ``u`` is
+    ``W_out: [d_mlp, d_model]``, ``b_out: [d_model]`` or None, ``k: [d_mlp]``, ``v_star: [d_model]``;
+    ``solve(k)`` returns ``C⁻¹k`` (identity when None: then ``ΔW = outer(k, v* − Wᵀk − b) / ‖k‖²``). ``u`` is
     ``C⁻¹k`` normalised; ``v = (v* − Wᵀk − b) / (k · u)``. The same ``k`` enters the direction,
-    the denominator and the residual (r-ROME)."""
+    the denominator and the residual (r-ROME). Returns float32 ``u [d_mlp]`` and ``v [d_model]``.
+    A zero key, or ``k · u`` ≈ 0 (degenerate statistics), raises ValueError."""
     k64, W64 = k.double().reshape(-1), W_out.double()
     out = k64 @ W64 + (b_out.double() if b_out is not None else 0.0)
     resid = v_star.double().reshape(-1) - out  # [d_model]
@@ -720,6 +734,18 @@ def compute_edit(
     ``stats``: key statistics for that layer (:func:`~.stats.key_second_moment`; computed and
     cached when None). ``hparams`` override :class:`RomeHparams` (see :func:`hparams_for`). Apply with ``edit.apply(model)``
     or ``with model.edited(edit):``.
+
+    ``request``: a :class:`~.edit.Request` or a dict (``prompt`` with ``{}``, ``subject``, ``target``;
+    see :meth:`~.edit.Request.of`). Returns a rank-one :class:`~.edit.Edit` (``u [d_mlp]``,
+    ``v [d_model]``, ``k`` = k*, ``v_star``) whose ``metrics`` hold P(target) before and after, the
+    δ and ΔW norms, the optimisation steps and losses, and ``weak`` (an :class:`~.edit.EditWarning`
+    is emitted for a weak edit). The model is left unchanged.
+
+    Refused before the optimisation: a malformed request (TypeError/ValueError naming the field), a
+    subject that does not occur in the prompt, an empty target, an unknown hyperparameter or one out
+    of range, a ``layer`` string other than ``"auto"`` (ValueError), a layer out of range
+    (IndexError), ``stats`` that are not :class:`~.stats.KeyStats` (TypeError) or were computed for
+    another layer or other weights (ValueError).
     """
     t0 = time.perf_counter()
     req, ids = validate_request(model, request)
@@ -802,7 +828,11 @@ def apply_rome(
     **hparams: Any,
 ) -> list[Edit]:
     """Compute and apply edits for several requests, one after another (each on the model edited
-    by the previous ones). Undo with ``gpt2_interp.editing.undo_all(model)``."""
+    by the previous ones). Undo with ``gpt2_interp.editing.undo_all(model)``.
+
+    ``requests``: one request or a list; ``layer``, ``stats`` and ``hparams`` are passed to
+    :func:`compute_edit` for each (so ``stats`` must be for ``layer``). Returns the applied edits in
+    order; refusals as in :func:`compute_edit` (a request's position is named in its error)."""
     if isinstance(requests, (Request, Mapping)):
         requests = [requests]
     requests = [Request.of(r, i) for i, r in enumerate(requests)]

@@ -103,7 +103,9 @@ def base_fingerprint(model: HookedGPT2) -> str:
 # ---------------------------------------------------------------- the statistics
 @dataclass(eq=False)
 class KeyStats:
-    """``C: [d_mlp, d_mlp]`` = E[k kᵀ] over ``count`` keys; ``key`` says what it was computed on."""
+    """``C: [d_mlp, d_mlp]`` = E[k kᵀ] over ``count`` keys; ``key`` says what it was computed on
+    (weights fingerprint upstream of the keys, layer, corpus id, sample size, dtype, model name);
+    ``path``: the cache file it was read from or written to (None if none)."""
 
     C: torch.Tensor
     count: int
@@ -113,6 +115,7 @@ class KeyStats:
 
     @property
     def layer(self) -> int:
+        """The layer whose keys these statistics describe."""
         return int(self.key["layer"])
 
     def __repr__(self) -> str:
@@ -128,7 +131,9 @@ class KeyStats:
         """Raise unless these statistics were computed for ``model``'s keys at ``layer`` — or, with
         ``allow_unedited``, for the same model with its applied edits taken out (sequential MEMIT
         keeps the unedited model's statistics for upper layers after editing lower ones, as MEMIT
-        and AlphaEdit do; ROME edits at the statistics' own layer never change them)."""
+        and AlphaEdit do; ROME edits at the statistics' own layer never change them). ``digests``:
+        the model's parameter digests when the caller already has them (saves hashing again).
+        Another layer, ``d_mlp`` or upstream weights raise ValueError; a layer out of range IndexError."""
         layer = model.check_layer(layer)
         if self.layer != layer:
             raise ValueError(
@@ -399,6 +404,14 @@ def key_second_moment(
     Distributed (an initialised process group, or ``group``): the ranks share the corpus batches
     and all-reduce the sums and counts, so every rank gets the single-process ``C`` (same cache key;
     equal up to float64 summation order); rank 0 writes the cache files.
+
+    ``corpus``: see the module doc (None: :func:`default_text_corpus`); ``n_samples`` (default
+    100 000) key positions; ``batch_size`` (default 64) rows of at most ``max_len`` (default 128,
+    capped at the context) tokens per forward pass; ``seed``: the sampling seed of a
+    ``"generated"`` corpus; ``progress`` (default True): a progress bar.
+
+    Refused: no layer, ``n_samples`` or ``batch_size`` < 1, ``max_len`` < 2 (ValueError); a layer out
+    of range (IndexError); a corpus path that does not exist (FileNotFoundError).
     """
     single = not isinstance(layer, Sequence)
     layers = sorted({model.check_layer(lay) for lay in ([layer] if single else layer)})  # type: ignore[list-item]

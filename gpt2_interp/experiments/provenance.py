@@ -145,7 +145,8 @@ def carried_over(
     """The provenance record of a result that the runner did not produce: ``known`` holds what can be
     established (e.g. the command recorded in the file, the commit that last wrote it), ``unknown``
     names what cannot (e.g. ``"weights_fingerprint"``, ``"machine load"``), ``reproduce`` the runner
-    command that would regenerate it. Such a record is never equivalent to a fresh run."""
+    command that would regenerate it. Such a record is never equivalent to a fresh run.
+    ``result_files``: the files it describes; ``note``: free text kept with the record."""
     return {
         "carried_over": True,
         "files": [str(p) for p in result_files],

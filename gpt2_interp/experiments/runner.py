@@ -84,6 +84,9 @@ class RunContext:
     ``record(key, value)``: add resolved settings (e.g. per-model hyperparameters) to the provenance.
     ``cached(key, compute)``: a partial result kept on disk under the run's folder, keyed by the config,
     the weights and ``key``, so an interrupted or repeated run resumes instead of recomputing.
+    ``out_dir``: the run's folder (None: nothing is written or cached); ``settings``: what
+    ``record`` collected; ``cache_key``: the digest of experiment, config and weights; ``weights``:
+    the model's weights fingerprint; ``experiment``: the experiment's name.
     """
 
     out_dir: Path | None = None
@@ -144,7 +147,8 @@ class RunContext:
         """``compute()``, or its saved value from an earlier run with the same weights and the same
         whole config — or, with ``depends`` (JSON-able), the same ``depends`` instead of the whole
         config: an exact sweep that does not depend on the estimators' settings is then reused when
-        only those change (``torch.save`` format; tensors, dicts and lists)."""
+        only those change (``torch.save`` format; tensors, dicts and lists). ``key`` names the partial
+        result (a file ``.cache/<key>-<digest>.pt``); without an ``out_dir`` nothing is kept."""
         if self.out_dir is None:
             return compute()
         digest = (
@@ -279,7 +283,17 @@ def run_experiment(
 ) -> ExperimentResult:
     """Run experiment ``name`` on ``model`` (a name/path, or a loaded model) and return its result with
     provenance; with ``out``, also write it to ``<out>/<name>/<model>[/<tag>]`` (``tag`` defaults to
-    ``"quick"`` for quick runs). ``settings``: ``{field: value}`` over the config's defaults."""
+    ``"quick"`` for quick runs). ``settings``: ``{field: value}`` over the config's defaults.
+
+    ``quick``: start from the config's ``QUICK`` overrides (a small version); ``threads``: torch's
+    CPU threads for the run (None: unchanged); ``device``/``dtype``: as for :func:`gpt2_interp.load`
+    when ``model`` is a name; ``progress`` (default True): progress bars; ``argv``: the command
+    recorded in the provenance (default ``sys.argv``). Every generator is seeded with the config's
+    ``seed`` before the run.
+
+    Refused before any work (ValueError): an unknown experiment or setting (with the closest name),
+    a setting that does not parse as its type, ``threads`` < 1; an unwritable ``out`` raises
+    OSError."""
     exp = get(name)
     settings = dict(settings or {})
     config = resolve_config(exp, quick, settings)

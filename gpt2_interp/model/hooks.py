@@ -57,6 +57,7 @@ class HookPoint:
 
     @property
     def has_hooks(self) -> bool:
+        """Whether any forward or backward hook is attached."""
         return bool(self.fwd_hooks or self.bwd_hooks)
 
     def layer(self) -> int:
@@ -74,8 +75,11 @@ class HookPoint:
         level: int | None = None,
         prepend: bool = False,
     ) -> Callable[[], None]:
-        """Add a hook (``dir`` "fwd" or "bwd"; ``prepend`` runs it before the others; permanent hooks
-        survive ``reset_hooks()``). Returns a function that removes exactly this hook."""
+        """Add the hook ``fn(activation, hook)`` (``dir`` "fwd", the default, or "bwd"; ``prepend`` runs it
+        before the others; hooks added with ``is_permanent`` survive ``reset_hooks()``; ``level`` tags
+        the hook so that ``remove_hooks(level=...)`` removes only that context's hooks). Returns a
+        function that removes exactly this hook. Another ``dir`` raises ValueError, a non-callable
+        ``fn`` TypeError."""
         if dir not in ("fwd", "bwd"):
             raise ValueError(f"dir must be 'fwd' or 'bwd', got {dir!r}")
         if not callable(fn):
@@ -307,8 +311,10 @@ def hook_name(family: str, layer: int | None = None, sub: str | None = None) -> 
 
     TransformerLens's ``utils.get_act_name`` spellings are accepted too: ``hook_name("k6")``,
     ``hook_name("pattern", 3, "attn")`` (a sublayer that the family already implies is ignored),
-    ``hook_name("scale", 3, "ln2")``. A negative ``layer`` is kept as given (the cache and the
-    model count it from the end).
+    ``hook_name("scale", 3, "ln2")``: ``sub`` names the sublayer (``attn``, ``mlp``, ``ln1``, ``ln2``,
+    ``ln_final``). A negative ``layer`` is kept as given (the cache and the model count it from the
+    end). A full hook name is returned unchanged. An unknown family or sublayer, or a per-block
+    family without ``layer``, raises KeyError.
     """
     if layer is None and family not in _SHORT and re.fullmatch(r"[a-z_]+\d+[a-z0-9]*", family):
         m = re.fullmatch(r"([a-z_]+?)(\d+)([a-z0-9]*)", family)  # TL's "k6", "scale4ln1"

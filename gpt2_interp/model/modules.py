@@ -113,7 +113,9 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class KVCache:
     """Keys and values of past positions for incremental decoding, preallocated per layer.
 
-    ``k, v: [batch, n_kv, max_len, d_head]`` (keys after RoPE); ``length`` positions are filled.
+    ``k, v: [n_layer, batch, n_kv, max_len, d_head]`` (keys after RoPE), shaped from the model's
+    config ``cfg`` for ``batch`` rows of up to ``max_len`` positions, allocated on ``device`` in
+    ``dtype``; ``length`` positions are filled (the model's forward advances it after each call).
     """
 
     def __init__(self, cfg: GPT2Config, batch: int, max_len: int, device, dtype) -> None:
@@ -123,6 +125,9 @@ class KVCache:
         self.length = 0
 
     def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new keys ``k`` and values ``v`` ``[batch, n_kv, new, d_head]`` of block ``layer`` after the
+        ``length`` cached positions and return all of them so far, ``[batch, n_kv, length + new,
+        d_head]`` each. More than ``max_len`` positions in all raise ValueError."""
         end = self.length + k.shape[2]
         if end > self.k.shape[3]:
             raise ValueError(f"KV cache holds {self.k.shape[3]} positions; {end} needed")

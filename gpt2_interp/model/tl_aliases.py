@@ -71,7 +71,14 @@ class TransformerLensAliases:
         processing flags a :class:`PortingWarning` says so (logits are equal either way; weights and
         residual-stream activations equal TL's ``from_pretrained_no_processing``). Pass the flags as
         False, or call :meth:`from_pretrained_no_processing` / ``gpt2_interp.load``, to silence it.
-        Other TransformerLens keywords are accepted at values that change nothing, else refused."""
+        Other TransformerLens keywords are accepted at values that change nothing, else refused.
+
+        ``model_name``: a name or path :func:`gpt2_interp.load` accepts; ``fold_ln``,
+        ``center_writing_weights``, ``center_unembed``, ``fold_value_biases`` (default True) and
+        ``refactor_factored_attn_matrices`` (default False) are TransformerLens's processing flags,
+        never applied; ``device``/``dtype`` as for ``load``; ``default_padding_side`` sets the
+        tokenizer's padding side. An unknown keyword raises TypeError; a known one at a value that
+        would change the model (``n_devices=2``, ``first_n_layers=4``, …) raises ValueError."""
         from .loading import from_transformers, load
 
         asked = dict(
@@ -129,6 +136,7 @@ class TransformerLensAliases:
 
     @property
     def W_Q(self) -> torch.Tensor:
+        """``[layer, head, d_model, d_head]``: the query weights of every block, stacked (a copy)."""
         return _stack(self, lambda b: b.attn.W_Q)
 
     @property
@@ -144,6 +152,7 @@ class TransformerLensAliases:
 
     @property
     def W_O(self) -> torch.Tensor:
+        """``[layer, head, d_head, d_model]``: the attention output weights, stacked (a copy)."""
         return _stack(self, lambda b: b.attn.W_O)
 
     @property
@@ -153,30 +162,37 @@ class TransformerLensAliases:
 
     @property
     def b_K(self) -> torch.Tensor:
+        """``[layer, head, d_head]`` (key biases repeated per query head as :attr:`W_K`; zeros without biases)."""
         return _kv_heads(self, _bias(self, lambda b: b.attn.b_K, (self.cfg.n_kv, self.cfg.d_head)))
 
     @property
     def b_V(self) -> torch.Tensor:
+        """``[layer, head, d_head]`` (value biases repeated per query head as :attr:`W_K`; zeros without biases)."""
         return _kv_heads(self, _bias(self, lambda b: b.attn.b_V, (self.cfg.n_kv, self.cfg.d_head)))
 
     @property
     def b_O(self) -> torch.Tensor:
+        """``[layer, d_model]``: the attention output biases (zeros without biases)."""
         return _bias(self, lambda b: b.attn.b_O, (self.cfg.d_model,))
 
     @property
     def W_in(self) -> torch.Tensor:
+        """``[layer, d_model, d_mlp]``: the MLP input weights, stacked (a copy)."""
         return _stack(self, lambda b: b.mlp.W_in)
 
     @property
     def W_out(self) -> torch.Tensor:
+        """``[layer, d_mlp, d_model]``: the MLP output weights, stacked (a copy)."""
         return _stack(self, lambda b: b.mlp.W_out)
 
     @property
     def b_in(self) -> torch.Tensor:
+        """``[layer, d_mlp]``: the MLP input biases (zeros without biases)."""
         return _bias(self, lambda b: b.mlp.b_in, (self.cfg.d_mlp,))
 
     @property
     def b_out(self) -> torch.Tensor:
+        """``[layer, d_model]``: the MLP output biases (zeros without biases)."""
         return _bias(self, lambda b: b.mlp.b_out, (self.cfg.d_model,))
 
     @property
@@ -210,8 +226,10 @@ class TransformerLensAliases:
         mode: str = "first",
         prepend_bos: bool = True,
     ) -> int:
-        """Index of the first (``mode="first"``) or last (``"last"``) occurrence of a token in ``input``
-        (text, which gets BOS when ``prepend_bos``, or tokens ``[pos]``/``[1, pos]``)."""
+        """Index of the first (``mode="first"``) or last (``"last"``) occurrence of ``single_token`` (a
+        one-token string or an id) in ``input`` (text, which gets BOS when ``prepend_bos``, or tokens
+        ``[pos]``/``[1, pos]``). Another mode, a batch of more than one row, a string that is not one
+        token, or a token that does not occur raise ValueError."""
         if mode not in ("first", "last"):
             raise ValueError(f"mode must be 'first' or 'last', got {mode!r}")
         tok = self.to_single_token(single_token)  # type: ignore[attr-defined]

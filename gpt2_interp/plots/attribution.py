@@ -45,7 +45,8 @@ def _scatter(
 
 
 def plot_estimate_vs_exact(estimate: np.ndarray, exact: np.ndarray, title: str = "") -> Figure:
-    """One scatter of every cell's estimated effect against its exact patching effect."""
+    """One scatter of every cell's ``estimate`` effect (y) against its ``exact`` patching effect (x), both
+    ``[n_cells]``, with the diagonal estimate = exact; ``title`` above it."""
     fig = Figure(figsize=(4.2, 4.2))
     ax = fig.add_subplot()
     _scatter(ax, estimate, exact)
@@ -58,7 +59,8 @@ def plot_verification(
     estimate: np.ndarray, exact: np.ndarray, top: Sequence[bool], labels: Sequence[str], title: str = ""
 ) -> Figure:
     """Verified cells: the estimate's top cells (red) and random controls (grey), the largest exact
-    effects labelled."""
+    effects labelled. ``estimate``, ``exact``, ``top`` (True for a top cell) and ``labels``: one entry
+    per verified cell (as in :class:`~gpt2_interp.analysis.Verification`); ``title`` above it."""
     fig = Figure(figsize=(5.0, 5.0))
     ax = fig.add_subplot()
     _scatter(ax, estimate, exact, top, labels)
@@ -75,7 +77,8 @@ def plot_agreement_grid(
     title: str = "",
 ) -> Figure:
     """A grid of estimate-vs-exact scatters: ``panels[row][col] = (estimate, exact, caption)`` (rows:
-    hook families, columns: methods)."""
+    hook families, columns: methods), titled by ``row_labels[row]`` and ``col_labels[col]``; ``title``
+    above the grid."""
     rows, cols = len(panels), max(len(r) for r in panels)
     fig = Figure(figsize=(3.0 * cols, 3.0 * rows))
     for i, row in enumerate(panels):

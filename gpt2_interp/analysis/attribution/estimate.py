@@ -56,6 +56,16 @@ def attribute(
     ``ig_path="activations"`` on each layer's own activations; see the package docstring).
     ``batch_size``: prompt pairs per pass (default: all at once). ``metric`` must be finite on the
     clean and corrupted runs and differentiable in the logits (else a ValueError naming it).
+    ``progress``: a progress bar over the chunks of pairs.
+
+    Returns an :class:`~.result.AttributionResult`: ``values`` ``[layer, pos]``, ``[layer, head]`` or
+    ``[layer, pos, head]`` as ``patch`` would give, holding estimates; :meth:`~.result.AttributionResult.verify`
+    checks its top cells by exact patching. Cells whose estimate is not finite are kept as NaN/inf
+    with a ``NonFiniteWarning``.
+
+    Refused before any work (ValueError): an unknown ``method``, ``direction`` or ``ig_path``,
+    ``ig_steps`` < 1, ``ig_path`` without ``method="ig"``, ``graddrop`` without ``"atp*"``,
+    ``batch_size`` < 1, and the prompt, hook and metric refusals of ``patch``.
     """
     ig_steps, graddrop = _check_options(method, direction, ig_steps, ig_path, graddrop)
     refuse_degenerate(bind_metric(metric, model), model)  # token strings checked on every pair, before any work

@@ -20,7 +20,8 @@ class AttributionResult(PatchResult):
     normalised like ``patch``). ``score`` (same shape as ``values``): what the cells are ranked by —
     ``|values − baseline|``, or for ``atp*`` with GradDrop the GradDrop magnitude
     ``mean_pairs (1/(L−1)) Σ_ℓ |Î_ℓ|`` (in the units of the effect). ``method``: ``atp``, ``atp*``
-    or ``ig``; ``ig_steps`` for IG; ``graddrop``: whether ``score`` is GradDrop's.
+    or ``ig``; ``ig_steps`` and ``ig_path`` (``"input"`` or ``"activations"``) for IG, else None;
+    ``graddrop``: whether ``score`` is GradDrop's. The other fields are :class:`~.patching.PatchResult`'s.
     """
 
     method: str = "atp"
@@ -55,7 +56,8 @@ class AttributionResult(PatchResult):
         progress: bool | None = None,
         exact: PatchResult | None = None,
     ) -> Verification:
-        """Exact batched patching of this estimate's top cells and a random control sample; see :func:`verify`."""
+        """Exact batched patching of this estimate's top cells and a random control sample; see :func:`verify`
+        (``k``, ``candidates``, ``controls``, ``seed``, ``batch_size``, ``progress`` and ``exact`` as there)."""
         return verify(
             self,
             k=k,

@@ -30,6 +30,7 @@ class Verification(Result):
     of estimate and exact over every verified cell; ``recall``: the share of ``verified_top`` already
     in the estimate's top-``k``; ``controls_above``: controls whose exact ``|effect|`` beats the
     ``k``-th of ``verified_top`` (a false-negative warning: the estimate missed them).
+    ``method`` and ``hook``: the estimate's; ``labels``: a readable label per cell (:func:`cell_label`).
     """
 
     method: str
@@ -60,6 +61,8 @@ class Verification(Result):
         )
 
     def table(self) -> str:
+        """The summary line (ρ, recall, controls above), then the ``k`` verified cells with the largest
+        exact effect: estimate and exact effect, controls marked."""
         lines = [
             f"verified {self.kind.count('top')} top cells + {self.kind.count('control')} controls of {self.method} "
             f"on {self.hook}: Spearman ρ {self.spearman:.3f}, top-{self.k} recall {self.recall:.0%}, "
@@ -99,7 +102,13 @@ def verify(
     Cells are patched one layer at a time (``patch`` restricted to that layer and the positions and
     heads of its cells), on the same prompt pairs, metric, direction and normalisation. ``exact``:
     a full exact sweep of the same cells (``patch`` with the same arguments) when one is at hand —
-    the cells are then looked up in it instead of patched again (the same values, no extra runs)."""
+    the cells are then looked up in it instead of patched again (the same values, no extra runs).
+
+    ``result``: an :class:`~.result.AttributionResult` returned by ``attribute`` in this process;
+    ``k`` (default 20): the size of the verified top set; ``controls`` (default 20) random cells
+    drawn with ``seed``; ``batch_size`` and ``progress`` go to ``patch``. Refused (ValueError):
+    ``k`` or ``candidates`` < 1, negative ``controls``, an ``exact`` sweep of other cells, and a
+    result that carries no run (loaded from JSON) without ``exact``."""
     k = check_count(k, "k")
     cand = 2 * k if candidates is None else max(k, check_count(candidates, "candidates"))
     controls = check_count(controls, "controls", minimum=0)

@@ -34,7 +34,12 @@ class EvalConfig:
     preserve (None: the edit layers' statistics). ``related``: score subject specificity and
     shared-token neighbours. ``time_limit``: seconds (sequential only). ``targets``: target
     residuals of an earlier edit of the same one batch (MEMIT/AlphaEdit). ``hparams``: the editor's
-    hyperparameters (ROME's or MEMIT's)."""
+    hyperparameters (ROME's or MEMIT's).
+
+    Refused when made: an unknown method; ``n_unrelated``, ``score_batch_size``, ``batch_size`` or
+    a checkpoint < 1, negative ``fluency_tokens``, a non-integer seed; ``batch_size`` > 1 with ROME;
+    ``time_limit`` without ``sequential`` or negative; ``targets`` with ROME or sequential editing
+    (ValueError/TypeError, naming the field); ``hparams`` that is not a mapping (TypeError)."""
 
     method: str = "rome"
     sequential: bool = False
