@@ -25,7 +25,7 @@ from .config import KNOWN_CONFIGS, GPT2Config, ModelConfig
 from .hooks import HookPoint, note_input, warn_if_nonfinite, warn_port, watch_replacements
 from .modules import Block, Embed, KVCache, PosEmbed, Unembed, norm, rotary_cos_sin
 from .root import HookedRootModule
-from .tl_aliases import TransformerLensAliases
+from .tl_aliases import StateDict, TransformerLensAliases, is_tl_state_dict
 
 Input = Union[str, Sequence[str], torch.Tensor]
 _BLOCK_HOOK_ORDER = (
@@ -138,6 +138,26 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
     @property
     def dtype(self) -> torch.dtype:
         return self.embed.W_E.dtype
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """The parameters by name (ours: ``blocks.{l}.attn.W_QKV`` fused), in which TransformerLens's
+        names (``blocks.{l}.attn.W_Q``, ``unembed.W_U``, …) are found too (:class:`.tl_aliases.StateDict`)."""
+        sd = super().state_dict(*args, **kwargs)
+        if args or kwargs.get("destination") is not None or kwargs.get("prefix"):
+            return sd
+        view = StateDict(sd)
+        view._metadata = getattr(sd, "_metadata", None)
+        view.cfg = self.cfg.config
+        return view
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """``nn.Module.load_state_dict``; a TransformerLens state dict (unfused ``attn.W_Q``…, not
+        folded) is converted first, its buffers skipped and its zero biases checked, as TL loads its own."""
+        if is_tl_state_dict(state_dict):
+            from .loading import tl_to_native
+
+            state_dict = tl_to_native(state_dict, self.cfg.config)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def n_params(self) -> int:
         """Number of distinct parameters (a tied W_U is W_E, counted once): 124,439,808 for gpt2."""

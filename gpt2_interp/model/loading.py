@@ -244,6 +244,12 @@ def _tl_to_native(sd: Mapping[str, torch.Tensor], cfg: GPT2Config) -> dict[str, 
     return out
 
 
+def tl_to_native(sd: Mapping[str, torch.Tensor], cfg: GPT2Config) -> dict[str, torch.Tensor]:
+    """A TransformerLens state dict (unprocessed) in our names for ``cfg``; a folded one, tensors the
+    config does not use, or a non-zero bias where the config has none raise a ValueError."""
+    return _tl_to_native(sd, cfg)
+
+
 def _check_tl_leftovers(sd: Mapping[str, torch.Tensor], used: set[str], cfg: GPT2Config) -> None:
     """Refuse TransformerLens tensors the config does not use, except buffers (masks, rotary tables)
     and all-zero biases (TransformerLens keeps zero ``b_Q``…``b_U`` where the model has none)."""

@@ -78,9 +78,12 @@ class HookedRootModule(nn.Module):
         including_permanent: bool = False,
         level: int | None = None,
     ) -> None:
-        """Remove every hook (permanent ones too with ``including_permanent=True``)."""
+        """Remove every hook (permanent ones too with ``including_permanent=True``) and, with
+        ``clear_contexts``, empty each hook point's ``ctx``."""
         for hp in self.hook_dict.values():
             hp.remove_hooks(direction, including_permanent, level)
+            if clear_contexts:
+                hp.clear_context()
 
     def remove_all_hook_fns(
         self,
@@ -120,6 +123,10 @@ class HookedRootModule(nn.Module):
             if reset_hooks_end:
                 for remove in reversed(removers):
                     remove()
+        finally:
+            if clear_contexts:
+                for hp in self.hook_dict.values():
+                    hp.clear_context()
 
     def run_with_hooks(
         self,
