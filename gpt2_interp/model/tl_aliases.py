@@ -75,7 +75,8 @@ class StateDict(OrderedDict):
         return self["embed.W_E"].new_zeros(c.d_mlp if what == "mlp.b_in" else c.d_model)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (OrderedDict, (), dict(vars(self)) or None, None, iter(self.items()))
+        state = {k: v for k, v in vars(self).items() if k != "cfg"}  # e.g. torch's _metadata
+        return (OrderedDict, (), state or None, None, iter(self.items()))
 
 
 def is_tl_state_dict(sd: Any) -> bool:
