@@ -503,7 +503,7 @@ def cache_helpers(model, utils):
     cache.toggle_autodiff(False)
     off = torch.is_grad_enabled()
     cache.toggle_autodiff(True)
-    return out + [off, torch.is_grad_enabled()]
+    return [*out, off, torch.is_grad_enabled()]
 
 
 def utils_helpers(model, utils):
@@ -985,14 +985,14 @@ def test_a_transformer_lens_state_dict_loads_into_our_model_with_equal_logits(pa
     assert (fresh(tokens) - ref(tokens)).abs().max().item() <= ATOL
     bad = dict(ref.state_dict())
     bad["unembed.b_U"] = torch.ones_like(bad["unembed.b_U"])
-    with pytest.raises(ValueError, match="unembed.b_U"):
+    with pytest.raises(ValueError, match=r"unembed\.b_U"):
         fresh.load_state_dict(bad)
 
 
 def test_state_dict_keeps_our_names_and_saves_as_a_plain_dict(pair, tmp_path):
     """Iterating ``state_dict()`` gives our (fused) names; ``torch.save`` writes a plain OrderedDict that
     ``torch.load(weights_only=True)`` reads and ``load_state_dict`` takes back."""
-    ours, ref, _ = pair
+    ours, _, _ = pair
     sd = ours.state_dict()
     assert "blocks.0.attn.W_QKV" in sd and "blocks.0.attn.W_Q" not in list(sd)
     torch.save(sd, tmp_path / "sd.pt")
