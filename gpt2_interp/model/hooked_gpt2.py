@@ -10,6 +10,7 @@ and TransformerLens's hook names. TransformerLens's name for it, ``HookedTransfo
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -149,6 +150,22 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         view._metadata = getattr(sd, "_metadata", None)
         view.cfg = self.cfg.config
         return view
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True) -> Any:
+        """``nn.Module.named_parameters``. Called from user code, once per model a :class:`PortingWarning`
+        says that the attention's query/key/value weights are one fused ``attn.W_QKV``/``b_QKV`` per
+        block, not TransformerLens's ``W_Q``/``W_K``/``W_V`` parameters (calls from torch, e.g. an
+        optimizer's ``parameters()``, and from gpt2-interp itself stay quiet)."""
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if not self.__dict__.get("_noted_fused_names") and not caller.startswith(("torch", "gpt2_interp")):
+            self.__dict__["_noted_fused_names"] = True
+            warn_port(
+                "named_parameters(): each block's query/key/value weights are one fused parameter "
+                "blocks.{l}.attn.W_QKV (and b_QKV), not TransformerLens's W_Q/W_K/W_V/b_Q/b_K/b_V; read those by "
+                "TL's names from model.state_dict() (views, e.g. state_dict()['blocks.0.attn.W_Q']) or as "
+                "model.blocks[l].attn.W_Q (writable views of W_QKV)"
+            )
+        return super().named_parameters(prefix, recurse, remove_duplicate)
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         """``nn.Module.load_state_dict``; a TransformerLens state dict (unfused ``attn.W_Q``…, not

@@ -1006,10 +1006,16 @@ def test_state_dict_keeps_our_names_and_saves_as_a_plain_dict(pair, tmp_path):
 def test_named_parameters_differ_from_transformer_lens_only_by_the_fused_attention_weights(pair):
     """What does not port: parameter *names* in ``named_parameters()``. Ours fuse each block's query, key
     and value weights into ``attn.W_QKV``/``b_QKV`` and the unembedding is tied (no ``unembed.*``);
-    TransformerLens's names are readable from ``state_dict()`` and ``model.blocks[l].attn.W_Q``."""
+    a PortingWarning (once per model) names where TransformerLens's names are read instead."""
     ours, ref, _ = pair
     theirs = {n for n, _ in ref.named_parameters()}
-    mine = {n for n, _ in ours.named_parameters()}
+    fresh = gi.from_transformer_lens(ref)
+    with pytest.warns(PortingWarning, match=r"fused.*state_dict\(\)\['blocks\.0\.attn\.W_Q'\]"):
+        mine = {n for n, _ in fresh.named_parameters()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PortingWarning)  # said once per model; torch's own calls stay quiet
+        assert {n for n, _ in fresh.named_parameters()} == mine
+        torch.optim.SGD(ours.parameters(), lr=0.1)
     unfused = {f"blocks.{i}.attn.{w}_{x}" for i in range(2) for w in "Wb" for x in "QKV"}
     assert theirs - mine == unfused | {"unembed.W_U", "unembed.b_U"}
     assert mine - theirs == {f"blocks.{i}.attn.{w}_QKV" for i in range(2) for w in "Wb"}
