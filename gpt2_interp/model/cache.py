@@ -13,9 +13,12 @@ out ``w`` (its weights are usually folded into ``W_U``).
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from einops import einsum
 
@@ -104,6 +107,58 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         if sizes - {1}:
             raise ValueError(f"remove_batch_dim needs a batch of one; the cache holds batch sizes {sorted(sizes)}")
         return ActivationCache({k: v[0] for k, v in self._store.items()}, self.model, has_batch_dim=False)
+
+    def apply_slice_to_batch_dim(self, batch_slice: Any) -> ActivationCache:
+        """A cache of the batch rows ``batch_slice`` selects (an int, ``(start, stop[, step])``, a
+        slice, a list/tensor of rows, ``utils.Slice`` or None): as TransformerLens, an int drops the batch
+        dimension, and entries whose first dimension is not the batch size are kept whole."""
+        rows = _as_index(batch_slice)
+        if not self.has_batch_dim and rows != slice(None):
+            raise ValueError("this cache has no batch dimension (remove_batch_dim was applied) to slice")
+        sizes = Counter(v.shape[0] for v in self._store.values() if v.ndim > 0)
+        batch = sizes.most_common(1)[0][0] if sizes else 1
+        store = {k: v[rows] if v.ndim > 0 and v.shape[0] == batch else v for k, v in self._store.items()}
+        return ActivationCache(store, self.model, has_batch_dim=self.has_batch_dim and not isinstance(rows, int))
+
+    def toggle_autodiff(self, mode: bool = False) -> None:
+        """``torch.set_grad_enabled(mode)`` for the whole process, as TransformerLens's (global state:
+        prefer ``with torch.inference_mode():``)."""
+        logging.warning("Changed the global state, set autodiff to %s", mode)
+        torch.set_grad_enabled(mode)
+
+    def compute_head_results(self) -> None:
+        """Add each head's result ``z @ W_O`` (no ``b_O``) as ``blocks.{l}.attn.hook_result``
+        ``[batch, pos, head, d_model]`` to the cache, as TransformerLens (nothing when they are
+        cached already). :meth:`stack_head_results` needs no such entries."""
+        if "blocks.0.attn.hook_result" in self._store:
+            return
+        for i in range(self.n_layers):
+            z = self["z", i]  # [..., head, d_head]
+            W_O = self.model.blocks[i].attn.W_O  # [head, d_head, d_model]
+            self._store[f"blocks.{i}.attn.hook_result"] = einsum(z, W_O.to(z.dtype), "... h dh, h dh d -> ... h d")
+
+    def get_neuron_results(
+        self,
+        layer: int,
+        neuron_slice: Any = None,
+        pos_slice: Any = None,
+        project_output_onto: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Each neuron's write ``post[n] · W_out[n]`` in block ``layer``: ``[batch, pos, neuron, d_model]``
+        (an int ``pos_slice``/``neuron_slice`` drops that dimension, as TransformerLens);
+        ``project_output_onto`` ``[d_model]`` or ``[d_model, k]`` projects each write (last dim dropped or ``k``)."""
+        post = self["post", layer]  # [..., pos, d_mlp]
+        W_out = self.model.blocks[self._layer(layer)].mlp.W_out.to(post.dtype)  # [d_mlp, d_model]
+        if pos_slice is not None:
+            index: list[Any] = [slice(None)] * post.ndim
+            index[-2] = _as_index(pos_slice)
+            post = post[tuple(index)]
+        neurons = _as_index(neuron_slice)
+        post, W_out = post[..., neurons], W_out[neurons]
+        if project_output_onto is None:
+            return post[..., None] * W_out
+        projected = W_out @ project_output_onto.to(W_out.dtype)
+        return post * projected if projected.ndim == 1 else post[..., None] * projected
 
     def stack(self, family: str) -> torch.Tensor:
         """Stack a per-layer family over layers: ``[n_layer, *shape]``."""
@@ -446,3 +501,16 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         if incorrect_tokens is not None:
             dirs = dirs - W_U[:, ids(incorrect_tokens)].movedim(0, -1)
         return (residual_stack * dirs).sum(-1)
+
+
+def _as_index(selection: Any) -> Any:
+    """TransformerLens's ``Slice`` input as an index for one dimension: an int, ``(start, stop[, step])``,
+    a slice, a list/array/tensor of indices, a ``utils.Slice`` or None (everything)."""
+    selection = getattr(selection, "slice", selection)
+    if selection is None:
+        return slice(None)
+    if isinstance(selection, tuple):
+        return slice(*selection)
+    if isinstance(selection, (int, slice)):
+        return selection
+    return torch.as_tensor(np.asarray(selection) if not isinstance(selection, torch.Tensor) else selection)

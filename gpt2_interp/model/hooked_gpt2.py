@@ -10,6 +10,7 @@ and TransformerLens's hook names. TransformerLens's name for it, ``HookedTransfo
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,9 +24,9 @@ from ..core.checks import check_index, check_prompts
 from ..io import tokenizer as tok
 from .config import KNOWN_CONFIGS, GPT2Config, ModelConfig
 from .hooks import HookPoint, note_input, warn_if_nonfinite, warn_port, watch_replacements
-from .modules import Block, KVCache, norm, rotary_cos_sin
+from .modules import Block, Embed, KVCache, PosEmbed, Unembed, norm, rotary_cos_sin
 from .root import HookedRootModule
-from .tl_aliases import TransformerLensAliases
+from .tl_aliases import StateDict, TransformerLensAliases, is_tl_state_dict
 
 Input = Union[str, Sequence[str], torch.Tensor]
 _BLOCK_HOOK_ORDER = (
@@ -77,31 +78,37 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             if cfg not in KNOWN_CONFIGS:
                 raise KeyError(f"unknown config {cfg!r}; known: {', '.join(KNOWN_CONFIGS)}")
             cfg = KNOWN_CONFIGS[cfg]
-        self.embed = nn.Module()
-        self.embed.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
+        self.embed = Embed(cfg)
         # the model's own view of the shared config: TL's cfg.device / cfg.use_attn_result (config.ModelConfig)
         self.cfg = cfg = ModelConfig.of(cfg, self.embed)
+        self.hook_tokens = HookPoint()  # [batch, pos] token ids; hooked only after set_use_hook_tokens(True)
         self.hook_embed = HookPoint()
         if cfg.positional == "learned":
-            self.pos_embed = nn.Module()
-            self.pos_embed.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
+            self.pos_embed = PosEmbed(cfg)
             self.hook_pos_embed = HookPoint()
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.ln_final = norm(cfg)
-        if not cfg.tied_embeddings:
-            # state-dict key "unembed.W_U" as in TransformerLens (the attribute name is the unembed() method)
-            self._modules["unembed"] = nn.Module()
-            self._modules["unembed"].W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
+        self.unembed = Unembed(cfg, self.embed)  # state-dict key "unembed.W_U" when untied, as in TransformerLens
         self.setup()  # names every HookPoint (HookedRootModule); then put them in forward order
         found = self.hook_dict
-        order = ["hook_embed", "hook_pos_embed"]
+        order = ["hook_tokens", "hook_embed", "hook_pos_embed"]
         for i in range(cfg.n_layer):
             order += [f"blocks.{i}.{n}" for n in _BLOCK_HOOK_ORDER]
-        order += ["ln_final.hook_scale", "ln_final.hook_normalized"]
+        order += ["ln_final.hook_scale", "ln_final.hook_normalized", "unembed.hook_in", "unembed.hook_out"]
         order = [n for n in order if n in found]
         assert sorted(order) == sorted(found), "every hook point must have a place in the forward order"
-        self.hook_dict: dict[str, HookPoint] = {n: found[n] for n in order}
+        self.hook_dict: dict[str, HookPoint] = {n: found[n] for n in order if n != "hook_tokens"}
         self.init_weights(seed)
+
+    def set_use_hook_tokens(self, use_hook_tokens: bool) -> None:
+        """Run the hook point ``hook_tokens`` on the token ids ``[batch, pos]`` of every forward pass
+        (a hook may read or replace them), and list it in ``hook_dict``: TransformerLens's
+        ``cfg.use_hook_tokens``, off by default (as there, the name is unknown while off)."""
+        if use_hook_tokens and "hook_tokens" not in self.hook_dict:
+            self.hook_dict = {"hook_tokens": self.hook_tokens, **self.hook_dict}
+        elif not use_hook_tokens:
+            self.hook_tokens.remove_hooks("both", including_permanent=True)
+            self.hook_dict.pop("hook_tokens", None)
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
@@ -131,7 +138,7 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
     @property
     def W_U(self) -> torch.Tensor:  # [d_model, d_vocab]: W_Eᵀ when tied
         """The unembedding ``[d_model, d_vocab]``: ``W_E.T`` (a view) when the embeddings are tied."""
-        return self.embed.W_E.T if self.cfg.tied_embeddings else self._modules["unembed"].W_U
+        return self.unembed.W_U
 
     @property
     def device(self) -> torch.device:
@@ -142,6 +149,42 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
     def dtype(self) -> torch.dtype:
         """The dtype of the model's parameters (that of ``W_E``)."""
         return self.embed.W_E.dtype
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """The parameters by name (ours: ``blocks.{l}.attn.W_QKV`` fused), in which TransformerLens's
+        names (``blocks.{l}.attn.W_Q``, ``unembed.W_U``, …) are found too (:class:`.tl_aliases.StateDict`)."""
+        sd = super().state_dict(*args, **kwargs)
+        if args or kwargs.get("destination") is not None or kwargs.get("prefix"):
+            return sd
+        view = StateDict(sd)
+        view._metadata = getattr(sd, "_metadata", None)
+        view.cfg = self.cfg.config
+        return view
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True) -> Any:
+        """``nn.Module.named_parameters``. Called from user code, once per model a :class:`PortingWarning`
+        says that the attention's query/key/value weights are one fused ``attn.W_QKV``/``b_QKV`` per
+        block, not TransformerLens's ``W_Q``/``W_K``/``W_V`` parameters (calls from torch, e.g. an
+        optimizer's ``parameters()``, and from gpt2-interp itself stay quiet)."""
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if not self.__dict__.get("_noted_fused_names") and not caller.startswith(("torch", "gpt2_interp")):
+            self.__dict__["_noted_fused_names"] = True
+            warn_port(
+                "named_parameters(): each block's query/key/value weights are one fused parameter "
+                "blocks.{l}.attn.W_QKV (and b_QKV), not TransformerLens's W_Q/W_K/W_V/b_Q/b_K/b_V; read those by "
+                "TL's names from model.state_dict() (views, e.g. state_dict()['blocks.0.attn.W_Q']) or as "
+                "model.blocks[l].attn.W_Q (writable views of W_QKV)"
+            )
+        return super().named_parameters(prefix, recurse, remove_duplicate)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """``nn.Module.load_state_dict``; a TransformerLens state dict (unfused ``attn.W_Q``…, not
+        folded) is converted first, its buffers skipped and its zero biases checked, as TL loads its own."""
+        if is_tl_state_dict(state_dict):
+            from .loading import tl_to_native
+
+            state_dict = tl_to_native(state_dict, self.cfg.config)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def n_params(self) -> int:
         """Number of distinct parameters (a tied W_U is W_E, counted once): 124,439,808 for gpt2."""
@@ -389,6 +432,8 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         past = past_kv.length if past_kv is not None else 0
         if start_at_layer is None:
             tokens, attention_mask = self.as_tokens(input, attention_mask, prepend_bos)
+            if "hook_tokens" in self.hook_dict:
+                tokens = self.hook_tokens(tokens)
             q_len = tokens.shape[1]
             self.check_length(past + q_len)
             pos = self.positions(q_len, past, attention_mask)
@@ -429,10 +474,6 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         full ``[batch, pos, d_vocab]`` unembedding."""
         resid = self(input, attention_mask=attention_mask, stop_at_layer=self.cfg.n_layer, **kwargs)
         return self.unembed(self.ln_final(resid[:, -1]))
-
-    def unembed(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits ``[..., d_vocab]`` of normalised residuals ``[..., d_model]`` (``x @ W_U``; tied: W_U = W_Eᵀ)."""
-        return x @ self.W_U
 
     @staticmethod
     def loss(

@@ -48,12 +48,17 @@ class HookPoint:
     replacement gradient). ``fwd_hooks``/``bwd_hooks`` list what is registered.
     """
 
-    __slots__ = ("bwd_hooks", "fwd_hooks", "name")
+    __slots__ = ("bwd_hooks", "ctx", "fwd_hooks", "name")
 
     def __init__(self, name: str = "") -> None:
         self.name = name
         self.fwd_hooks: list[_Hook] = []
         self.bwd_hooks: list[_Hook] = []
+        self.ctx: dict[Any, Any] = {}  # hooks' own state (TransformerLens's ``hook.ctx``), emptied by reset_hooks()
+
+    def clear_context(self) -> None:
+        """Empty :attr:`ctx`."""
+        self.ctx = {}
 
     @property
     def has_hooks(self) -> bool:
@@ -97,11 +102,16 @@ class HookPoint:
 
         return remove
 
+    def add_perma_hook(self, fn: HookFn, dir: Literal["fwd", "bwd"] = "fwd") -> Callable[[], None]:
+        """:meth:`add_hook` with ``is_permanent=True`` (TransformerLens's name)."""
+        return self.add_hook(fn, dir, is_permanent=True)
+
     def remove_hooks(
-        self, dir: Literal["fwd", "bwd", "both"] = "both", including_permanent: bool = True, level: int | None = None
+        self, dir: Literal["fwd", "bwd", "both"] = "fwd", including_permanent: bool = False, level: int | None = None
     ) -> None:
-        """Remove hooks in direction ``dir`` (permanent ones only with ``including_permanent``;
-        only those added at context ``level`` when given)."""
+        """Remove hooks in direction ``dir`` (TransformerLens's defaults: forward hooks that are not
+        permanent); ``including_permanent`` removes every hook in that direction, whatever its level,
+        else only non-permanent ones added at context ``level`` (any level when None)."""
         if dir not in ("fwd", "bwd", "both"):
             raise ValueError(f"dir must be 'fwd', 'bwd' or 'both', got {dir!r}")
         for d, hooks in (("fwd", self.fwd_hooks), ("bwd", self.bwd_hooks)):
@@ -109,7 +119,7 @@ class HookPoint:
                 continue
             keep = []
             for h in hooks:
-                if (h.is_permanent and not including_permanent) or (level is not None and h.level != level):
+                if not including_permanent and (h.is_permanent or (level is not None and h.level != level)):
                     keep.append(h)
                 else:
                     h.active = False

@@ -82,10 +82,12 @@ class HookedRootModule(nn.Module):
         level: int | None = None,
     ) -> None:
         """Remove every hook in ``direction`` (``"fwd"``, ``"bwd"`` or ``"both"``, the default), permanent
-        ones too with ``including_permanent=True``, only those tagged ``level`` when it is given.
-        ``clear_contexts`` is TransformerLens's keyword and has no effect here."""
+        ones too with ``including_permanent=True``, only those tagged ``level`` when it is given; with
+        ``clear_contexts``, empty each hook point's ``ctx``."""
         for hp in self.hook_dict.values():
             hp.remove_hooks(direction, including_permanent, level)
+            if clear_contexts:
+                hp.clear_context()
 
     def remove_all_hook_fns(
         self,
@@ -128,6 +130,10 @@ class HookedRootModule(nn.Module):
             if reset_hooks_end:
                 for remove in reversed(removers):
                     remove()
+        finally:
+            if clear_contexts:
+                for hp in self.hook_dict.values():
+                    hp.clear_context()
 
     def run_with_hooks(
         self,

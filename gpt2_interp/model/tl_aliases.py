@@ -9,6 +9,8 @@ a config without biases gives zero biases, and grouped-query key/value weights a
 
 from __future__ import annotations
 
+import re
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -34,6 +36,52 @@ def _bias(model: Any, get: Any, shape: tuple[int, ...]) -> torch.Tensor:
         return _stack(model, get)
     W_E = model.W_E
     return W_E.new_zeros((model.cfg.n_layer, *shape))
+
+
+_TL_ENTRY = re.compile(r"blocks\.(\d+)\.(attn\._?[Wb]_[QKV]|attn\.b_O|mlp\.b_in|mlp\.b_out)|unembed\.(W_U|b_U)")
+
+
+class StateDict(OrderedDict):
+    """A state dict with our names (``blocks.{l}.attn.W_QKV`` fused) in which TransformerLens's names
+    are found too: ``sd["blocks.0.attn.W_Q"]`` ``[head, d_model, d_head]`` (a view sharing the fused
+    tensor's memory, as TL's entries share their parameters'), ``b_Q``/``b_K``/``b_V``, ``unembed.W_U``
+    (``W_Eᵀ`` when tied), and zeros for the biases a config lacks (``unembed.b_U``, Llama's ``b_O``…).
+    Iterating lists our names only; pickled (``torch.save``) it is a plain ``OrderedDict``."""
+
+    cfg: Any = None
+
+    def __missing__(self, key: str) -> torch.Tensor:
+        m = _TL_ENTRY.fullmatch(key) if isinstance(key, str) and self.cfg is not None else None
+        if m is None:
+            raise KeyError(key)
+        c = self.cfg
+        if m.group(3) == "W_U":
+            return self["embed.W_E"].T
+        if m.group(3) == "b_U":
+            return self["embed.W_E"].new_zeros(c.d_vocab)
+        block, what = f"blocks.{m.group(1)}.", m.group(2).replace("._", ".")
+        heads = {"Q": c.n_head, "K": c.n_kv, "V": c.n_kv}
+        if what[-3:-1] in ("W_", "b_") and what[-1] in heads:
+            sizes = [heads[x] * c.d_head for x in "QKV"]
+            which = "QKV".index(what[-1])
+            if what.startswith("attn.W_"):
+                w = self[block + "attn.W_QKV"].split(sizes, dim=-1)[which]
+                return w.view(c.d_model, -1, c.d_head).permute(1, 0, 2)
+            if block + "attn.b_QKV" in self:
+                return self[block + "attn.b_QKV"].split(sizes)[which].view(-1, c.d_head)
+            return self["embed.W_E"].new_zeros(heads[what[-1]], c.d_head)
+        if block + what in self:
+            return self[block + what]
+        return self["embed.W_E"].new_zeros(c.d_mlp if what == "mlp.b_in" else c.d_model)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = {k: v for k, v in vars(self).items() if k != "cfg"}  # e.g. torch's _metadata
+        return (OrderedDict, (), state or None, None, iter(self.items()))
+
+
+def is_tl_state_dict(sd: Any) -> bool:
+    """Whether a state dict names its attention weights as TransformerLens does (unfused ``attn.W_Q``)."""
+    return any(isinstance(k, str) and k.endswith(("attn.W_Q", "attn._W_K")) for k in sd)
 
 
 _PROCESSING = (
