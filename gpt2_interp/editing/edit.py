@@ -153,7 +153,59 @@ WEAK_EDIT_P_AFTER = 0.5
 
 class EditWarning(UserWarning):
     """An edit that may not do what was asked: a duplicate request, an update that is (near) zero, a
-    target that barely moved, a target spelling unlikely to follow its prompt."""
+    target that barely moved, a target spelling unlikely to follow its prompt, an edit that did not take."""
+
+
+class TargetSpacingWarning(EditWarning):
+    """Raised before any work: a target whose first token, as written, is unlikely to follow its prompt
+    (:data:`TARGET_SPACING_RULE`)."""
+
+
+class EditFailedWarning(EditWarning):
+    """Raised after an edit is computed: the target did not become the model's answer (:data:`EDIT_TOOK_RULE`)."""
+
+
+#: When a request's target is reported as unlikely as written (a :class:`TargetSpacingWarning`, before any work).
+TARGET_SPACING_RULE = (
+    "neither the prompt ends nor the target starts with whitespace, the target with a leading space "
+    "starts with another token, and the model gives that token a higher probability after the prompt "
+    "than the target's own first token"
+)
+
+#: When an edit of a request took (``edit.took``, ``edit.failed``; an :class:`EditFailedWarning` otherwise).
+EDIT_TOOK_RULE = (
+    "the edited model's greedy continuation of the rewrite prompt is the target (each target token is the "
+    "top-1 next token after the prompt and the target tokens before it)"
+)
+
+
+def report_failed(
+    requests: Iterable[Request],
+    took: Iterable[bool],
+    p_before: Iterable[float],
+    p_after: Iterable[float],
+    top1_after: Iterable[str],
+    stacklevel: int = 3,
+) -> list[int]:
+    """Indices of the requests whose edit did not take (:data:`EDIT_TOOK_RULE`), with one
+    :class:`EditFailedWarning` naming them: P(target) before → after and what the model says instead."""
+    reqs, ok, before, after, top = list(requests), list(took), list(p_before), list(p_after), list(top1_after)
+    failed = [i for i, t in enumerate(ok) if not t]
+    if failed:
+        shown = "; ".join(
+            f"request {i} ({reqs[i].text!r} → {reqs[i].target!r}): P(target) {before[i]:.4f} → {after[i]:.4f}, "
+            f"top-1 now {top[i]!r}"
+            for i in failed[:5]
+        )
+        more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+        warnings.warn(
+            f"{len(failed)} of {len(reqs)} edits did not take (the edited model does not answer with the "
+            f"target): {shown}{more}. Check the target's spelling (a leading space?), or try more δ steps "
+            "(v_steps), another layer, or a larger clamp_factor",
+            EditFailedWarning,
+            stacklevel=stacklevel,
+        )
+    return failed
 
 
 def is_weak(p_before: float, p_after: float) -> bool:
@@ -294,6 +346,21 @@ class Edit:
     @property
     def v(self) -> torch.Tensor:
         return self._rank_one()[1]
+
+    @property
+    def failed(self) -> list[int] | None:
+        """Indices (into ``edit.requests``) of the requests whose edit did not take (:data:`EDIT_TOOK_RULE`),
+        measured when the edit was computed; None for an edit that does not record it (an older file)."""
+        took = self.metrics.get("took")
+        if took is None:
+            return None
+        return [i for i, t in enumerate([took] if isinstance(took, bool) else took) if not t]
+
+    @property
+    def succeeded(self) -> bool | None:
+        """Whether every request's edit took (:data:`EDIT_TOOK_RULE`); None when not recorded."""
+        failed = self.failed
+        return None if failed is None else not failed
 
     @property
     def request(self) -> Request:
