@@ -729,7 +729,7 @@ def _optimise_deltas(
             if report is not None:
                 now = active.nonzero()[:, 0].tolist()
                 report(step, [logs[i][-1] for i in now], n - len(now) + int(done[now].sum()) if now else n)
-            if bool(done.all()) or step == hp.v_steps:
+            if not bool((active & ~done).any()) or step == hp.v_steps:  # every request has stopped
                 break
             (grad,) = torch.autograd.grad(loss[active].sum(), delta)
             with torch.no_grad():
