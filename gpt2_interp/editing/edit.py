@@ -144,9 +144,10 @@ class Request:
         return cls(x["prompt"], x["subject"], target, () if keep is None else keep)
 
 
-#: An edit of a request is reported as weak (``edit.metrics["weak"]``, an :class:`EditWarning`) when
+#: An edit of a request is reported as weak (``edit.metrics["weak"]``, the CLI's tables) when
 #: P(target | rewrite prompt) after the edit is below ``WEAK_EDIT_P_AFTER`` and rose by less than
-#: ``WEAK_EDIT_GAIN``: the edit hardly moved the model toward the target.
+#: ``WEAK_EDIT_GAIN``: the edit hardly moved the model toward the target. Whether it took is
+#: :data:`EDIT_TOOK_RULE` (an edit can take and be weak: a target already the answer before it).
 WEAK_EDIT_GAIN = 0.1
 WEAK_EDIT_P_AFTER = 0.5
 
@@ -211,27 +212,6 @@ def report_failed(
 def is_weak(p_before: float, p_after: float) -> bool:
     """Whether an edit moving P(target) from ``p_before`` to ``p_after`` is weak (see :data:`WEAK_EDIT_GAIN`)."""
     return p_after < WEAK_EDIT_P_AFTER and p_after - p_before < WEAK_EDIT_GAIN
-
-
-def weak_requests(
-    requests: Iterable[Request], p_before: Iterable[float], p_after: Iterable[float], stacklevel: int = 3
-) -> list[int]:
-    """Indices of the weak edits (:func:`is_weak`), with one :class:`EditWarning` naming them."""
-    reqs, before, after = list(requests), list(p_before), list(p_after)
-    weak = [i for i, (b, a) in enumerate(zip(before, after)) if is_weak(b, a)]
-    if weak:
-        shown = "; ".join(
-            f"request {i} ({reqs[i].text!r} → {reqs[i].target!r}): {before[i]:.3g} → {after[i]:.3g}" for i in weak[:5]
-        )
-        more = f" and {len(weak) - 5} more" if len(weak) > 5 else ""
-        warnings.warn(
-            f"{len(weak)} of {len(reqs)} edits barely moved the target (P(target) after < "
-            f"{WEAK_EDIT_P_AFTER:g} and up by < {WEAK_EDIT_GAIN:g}): {shown}{more}. Try more δ steps "
-            "(v_steps), another layer, or a larger clamp_factor",
-            EditWarning,
-            stacklevel=stacklevel,
-        )
-    return weak
 
 
 # ---------------------------------------------------------------- the edit
