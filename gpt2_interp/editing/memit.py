@@ -519,7 +519,7 @@ def compute_edits(
         metrics["null_leak"] = {l: ns.leak[l] for l in layers_}
         _warn_empty_null_space(ns, layers_)
     metrics["weak"] = [i for i, (b, a) in enumerate(zip(p_before, p_after)) if is_weak(b, a)]
-    report_failed(reqs, metrics["took"], p_before, p_after, metrics["top1_after"])
+    report_failed(reqs, [o.took for o in after], p_before, p_after, [o.top1 for o in after])
     hdict = hp.to_dict() | {"layers": layers_, "stats_corpus": st[top].key.get("corpus"), "stats_count": st[top].count}
     hdict["stats_corpus_default"] = DEFAULT_CORPUS_RULE
     return Edit(
