@@ -144,42 +144,74 @@ class Request:
         return cls(x["prompt"], x["subject"], target, () if keep is None else keep)
 
 
-#: An edit of a request is reported as weak (``edit.metrics["weak"]``, an :class:`EditWarning`) when
+#: An edit of a request is reported as weak (``edit.metrics["weak"]``, the CLI's tables) when
 #: P(target | rewrite prompt) after the edit is below ``WEAK_EDIT_P_AFTER`` and rose by less than
-#: ``WEAK_EDIT_GAIN``: the edit hardly moved the model toward the target.
+#: ``WEAK_EDIT_GAIN``: the edit hardly moved the model toward the target. Whether it took is
+#: :data:`EDIT_TOOK_RULE` (an edit can take and be weak: a target already the answer before it).
 WEAK_EDIT_GAIN = 0.1
 WEAK_EDIT_P_AFTER = 0.5
 
 
 class EditWarning(UserWarning):
     """An edit that may not do what was asked: a duplicate request, an update that is (near) zero, a
-    target that barely moved, a target spelling unlikely to follow its prompt."""
+    target that barely moved, a target spelling unlikely to follow its prompt, an edit that did not take."""
+
+
+class TargetSpacingWarning(EditWarning):
+    """Raised before any work: a target whose first token, as written, is unlikely to follow its prompt
+    (:data:`TARGET_SPACING_RULE`)."""
+
+
+class EditFailedWarning(EditWarning):
+    """Raised after an edit is computed: the target did not become the model's answer (:data:`EDIT_TOOK_RULE`)."""
+
+
+#: When a request's target is reported as unlikely as written (a :class:`TargetSpacingWarning`, before any work).
+TARGET_SPACING_RULE = (
+    "neither the prompt ends nor the target starts with whitespace, the target with a leading space "
+    "starts with another token, and the model gives that token a higher probability after the prompt "
+    "than the target's own first token"
+)
+
+#: When an edit of a request took (``edit.took``, ``edit.failed``; an :class:`EditFailedWarning` otherwise).
+EDIT_TOOK_RULE = (
+    "the edited model's greedy continuation of the rewrite prompt is the target (each target token is the "
+    "top-1 next token after the prompt and the target tokens before it)"
+)
+
+
+def report_failed(
+    requests: Iterable[Request],
+    took: Iterable[bool],
+    p_before: Iterable[float],
+    p_after: Iterable[float],
+    top1_after: Iterable[str],
+    stacklevel: int = 3,
+) -> list[int]:
+    """Indices of the requests whose edit did not take (:data:`EDIT_TOOK_RULE`), with one
+    :class:`EditFailedWarning` naming them: P(target) before → after and what the model says instead."""
+    reqs, ok, before, after, top = list(requests), list(took), list(p_before), list(p_after), list(top1_after)
+    failed = [i for i, t in enumerate(ok) if not t]
+    if failed:
+        shown = "; ".join(
+            f"request {i} ({reqs[i].text!r} → {reqs[i].target!r}): P(target) {before[i]:.4f} → {after[i]:.4f}, "
+            f"top-1 now {top[i]!r}"
+            for i in failed[:5]
+        )
+        more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+        warnings.warn(
+            f"{len(failed)} of {len(reqs)} edits did not take (the edited model does not answer with the "
+            f"target): {shown}{more}. Check the target's spelling (a leading space?), or try more δ steps "
+            "(v_steps), another layer, or a larger clamp_factor",
+            EditFailedWarning,
+            stacklevel=stacklevel,
+        )
+    return failed
 
 
 def is_weak(p_before: float, p_after: float) -> bool:
     """Whether an edit moving P(target) from ``p_before`` to ``p_after`` is weak (see :data:`WEAK_EDIT_GAIN`)."""
     return p_after < WEAK_EDIT_P_AFTER and p_after - p_before < WEAK_EDIT_GAIN
-
-
-def weak_requests(
-    requests: Iterable[Request], p_before: Iterable[float], p_after: Iterable[float], stacklevel: int = 3
-) -> list[int]:
-    """Indices of the weak edits (:func:`is_weak`), with one :class:`EditWarning` naming them."""
-    reqs, before, after = list(requests), list(p_before), list(p_after)
-    weak = [i for i, (b, a) in enumerate(zip(before, after)) if is_weak(b, a)]
-    if weak:
-        shown = "; ".join(
-            f"request {i} ({reqs[i].text!r} → {reqs[i].target!r}): {before[i]:.3g} → {after[i]:.3g}" for i in weak[:5]
-        )
-        more = f" and {len(weak) - 5} more" if len(weak) > 5 else ""
-        warnings.warn(
-            f"{len(weak)} of {len(reqs)} edits barely moved the target (P(target) after < "
-            f"{WEAK_EDIT_P_AFTER:g} and up by < {WEAK_EDIT_GAIN:g}): {shown}{more}. Try more δ steps "
-            "(v_steps), another layer, or a larger clamp_factor",
-            EditWarning,
-            stacklevel=stacklevel,
-        )
-    return weak
 
 
 # ---------------------------------------------------------------- the edit
@@ -305,6 +337,21 @@ class Edit:
     def v(self) -> torch.Tensor:
         """``v`` ``[d_model]`` of a rank-one edit ``ΔW = outer(u, v)`` (ValueError for any other edit)."""
         return self._rank_one()[1]
+
+    @property
+    def failed(self) -> list[int] | None:
+        """Indices (into ``edit.requests``) of the requests whose edit did not take (:data:`EDIT_TOOK_RULE`),
+        measured when the edit was computed; None for an edit that does not record it (an older file)."""
+        took = self.metrics.get("took")
+        if took is None:
+            return None
+        return [i for i, t in enumerate([took] if isinstance(took, bool) else took) if not t]
+
+    @property
+    def succeeded(self) -> bool | None:
+        """Whether every request's edit took (:data:`EDIT_TOOK_RULE`); None when not recorded."""
+        failed = self.failed
+        return None if failed is None else not failed
 
     @property
     def request(self) -> Request:

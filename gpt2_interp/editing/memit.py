@@ -57,8 +57,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.checks import check_choice, check_count, check_number
+from ..core.progress import progress_bar
 from ..model.fingerprint import parameter_digests, weights_fingerprint
-from .edit import Edit, EditWarning, Request, TargetResiduals, weak_requests
+from .edit import Edit, EditWarning, Request, TargetResiduals, is_weak, report_failed
 from .hparams import load_hparams, model_hparams, models_with_hparams
 from .rome import (
     MODEL_HPARAMS as ROME_MODEL_HPARAMS,
@@ -66,14 +67,15 @@ from .rome import (
 from .rome import (
     RequestLike,
     RomeHparams,
+    TargetOutcome,
     context_prefixes,
     default_layer,
     optimise_deltas,
     subject_states,
-    target_logprobs,
+    target_outcomes,
     validate_request,
 )
-from .stats import KeyStats, key_second_moment, keys_fingerprint, unedited_digests
+from .stats import DEFAULT_CORPUS_RULE, KeyStats, key_second_moment, keys_fingerprint, unedited_digests
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
@@ -392,7 +394,12 @@ def validate_requests(model: HookedGPT2, requests: Sequence[RequestLike]) -> tup
 
 
 def _resolve_stats(
-    model: HookedGPT2, layers: list[int], stats: Any, hp: MemitHparams, digests: dict[str, str], progress: bool
+    model: HookedGPT2,
+    layers: list[int],
+    stats: Any,
+    hp: MemitHparams,
+    digests: dict[str, str],
+    progress: bool | None,
 ) -> dict[int, KeyStats]:
     if stats is None:
         got = key_second_moment(model, layers, corpus=hp.rome.corpus, n_samples=hp.rome.n_samples, progress=progress)
@@ -442,7 +449,7 @@ def compute_edits(
     hparams: MemitHparams | Mapping[str, Any] | None = None,
     preserve: NullSpace | KeyStats | Mapping[int, KeyStats] | bool | None = None,
     remember: bool = True,
-    progress: bool = False,
+    progress: bool | None = None,
     targets: TargetResiduals | Edit | None = None,
 ) -> Edit:
     """Compute (not apply) ONE edit writing every request into ``model`` (module doc: the maths).
@@ -457,12 +464,17 @@ def compute_edits(
     requests they were computed for, and are refused for another model, other requests or another top
     layer. The δ optimisation, which does not depend on λ, τ, α or the lower layers, is then skipped —
     re-solving one batch under other settings costs a few forward passes instead of a δ optimisation.
-    ``edit.metrics`` records P(target | rewrite prompt) per request before and after the edit and the
-    indices of weak edits (:func:`.edit.is_weak`, also an :class:`.edit.EditWarning`).
+    ``edit.metrics`` records P(target | rewrite prompt) per request before and after the edit, whether
+    each request's edit took (``"took"``, :data:`.edit.EDIT_TOOK_RULE`; ``edit.failed`` lists those that
+    did not, also in an :class:`.edit.EditFailedWarning`), the top-1 token after each rewrite prompt
+    (``"top1_after"``) and the indices of weak edits (``"weak"``, :func:`.edit.is_weak`).
+    A target unlikely to follow its prompt as written warns before any work
+    (:class:`.edit.TargetSpacingWarning`). ``progress`` (None: on a terminal or in a notebook): bars
+    for the key statistics, the δ steps (requests done out of the batch, loss, P(target), time left) and
+    the per-layer updates.
     Apply with ``edit.apply(model)``; undo with ``edit.undo(model)``.
 
-    ``requests``: a list of :class:`~.edit.Request` or dicts (one request alone is accepted);
-    ``progress``: progress bars for the statistics and the δ optimisation (default False). Returns
+    ``requests``: a list of :class:`~.edit.Request` or dicts (one request alone is accepted). Returns
     one :class:`~.edit.Edit` of method ``"memit"`` (``"alphaedit"`` with ``preserve``): ``U [d_mlp, n]``,
     ``V [n, d_model]`` per layer, the edited ``keys`` ``{layer: [n, d_mlp]}`` and the target
     residuals ``v_star`` ``[n, d_model]``. The model is left unchanged.
@@ -489,7 +501,7 @@ def compute_edits(
     st = _resolve_stats(model, layers_, stats, hp, digests, progress)
     ns = _resolve_preserve(model, preserve, st, layers_, hp, digests)
     prefixes = context_prefixes(model, hp.rome.prefix_lengths, hp.rome.prefixes_per_length, hp.rome.prefix_seed)
-    p_before = [float(x) for x in torch.tensor(target_logprobs(model, [r.text for r in reqs], ids)).exp()]
+    p_before = [float(torch.tensor(o.logprob).exp()) for o in target_outcomes(model, [r.text for r in reqs], ids)]
 
     # 1. target residuals at the top layer
     t1 = time.perf_counter()
@@ -505,6 +517,7 @@ def compute_edits(
             chunk=hp.chunk,
             progress=progress,
             norm_reference=hp.delta_norm,
+            desc=f"{'alphaedit' if ns is not None else 'memit'}: δ at layer {top}",
         )
         delta = torch.stack([o["delta"] for o in opt]).double().cpu()  # [n, d_model]
     else:
@@ -514,7 +527,8 @@ def compute_edits(
     z = h0.double().cpu() + delta  # [n, d_model]
 
     # 2-3. spread over the layers, lowest first
-    factors, keys_used, fit, p_after = _solve_layers(model, reqs, ids, z, layers_, prefixes, st, hp, ns)
+    factors, keys_used, fit, after = _solve_layers(model, reqs, ids, z, layers_, prefixes, st, hp, ns, progress)
+    p_after = [float(torch.tensor(o.logprob).exp()) for o in after]
     if ns is not None and remember:
         ns.remember(keys_used)
     n = len(reqs)
@@ -530,13 +544,17 @@ def compute_edits(
         "fit": fit,
         "p_target_before": p_before,
         "p_target_after": p_after,
+        "took": [o.took for o in after],
+        "top1_after": [o.top1 for o in after],
     }
     if ns is not None:
         metrics["null_dim"] = {l: ns.null_dim[l] for l in layers_}
         metrics["null_leak"] = {l: ns.leak[l] for l in layers_}
         _warn_empty_null_space(ns, layers_)
-    metrics["weak"] = weak_requests(reqs, p_before, p_after)
+    metrics["weak"] = [i for i, (b, a) in enumerate(zip(p_before, p_after)) if is_weak(b, a)]
+    report_failed(reqs, [o.took for o in after], p_before, p_after, [o.top1 for o in after])
     hdict = hp.to_dict() | {"layers": layers_, "stats_corpus": st[top].key.get("corpus"), "stats_count": st[top].count}
+    hdict["stats_corpus_default"] = DEFAULT_CORPUS_RULE
     return Edit(
         factors=factors,
         requests=reqs,
@@ -632,20 +650,28 @@ def _solve_layers(
     st: dict[int, KeyStats],
     hp: MemitHparams,
     ns: NullSpace | None,
+    progress: bool | None = None,
 ) -> tuple[
     dict[int, tuple[torch.Tensor, torch.Tensor | None]],
     dict[int, torch.Tensor],
     dict[int, dict[str, float]],
-    list[float],
+    list[TargetOutcome],
 ]:
     """Steps 2-3 of the module doc: each layer's update, lowest first, applied before the next layer's
-    keys are read, then P(target) with every update applied; the weights are restored on return.
-    Returns ``(factors, keys, fit, p_target_after)``."""
+    keys are read, then what the model says with every update applied (:func:`.rome.target_outcomes`);
+    the weights are restored on return. Returns ``(factors, keys, fit, outcomes)``."""
     factors: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
     keys_used: dict[int, torch.Tensor] = {}
     fit: dict[int, dict[str, float]] = {}
     saved = {l: model.blocks[l].mlp.W_out.detach().clone() for l in layers}
     n, d_model, top = len(reqs), model.cfg.d_model, layers[-1]
+    bar = progress_bar(
+        total=len(layers),
+        unit="layer",
+        desc=f"{'alphaedit' if ns else 'memit'}: updates",
+        enabled=progress,
+        leave=False,
+    )
     try:
         for j, lay in enumerate(layers):
             K_all, h_now = subject_states(model, reqs, [lay], prefixes, resid_layer=top)
@@ -667,30 +693,43 @@ def _solve_layers(
             with torch.no_grad():
                 W = model.blocks[lay].mlp.W_out
                 W.add_(dW.to(W.device, W.dtype))
-        p_after = [float(x) for x in torch.tensor(target_logprobs(model, [r.text for r in reqs], ids)).exp()]
+            bar.update(1)
+        after = target_outcomes(model, [r.text for r in reqs], ids)
     finally:
+        bar.close()
         with torch.no_grad():
             for l, W0 in saved.items():
                 model.blocks[l].mlp.W_out.copy_(W0)
-    return factors, keys_used, fit, p_after
+    return factors, keys_used, fit, after
 
 
 def apply_memit(
-    model: HookedGPT2, requests: Sequence[RequestLike], batch_size: int | None = None, **kwargs: Any
+    model: HookedGPT2,
+    requests: Sequence[RequestLike],
+    batch_size: int | None = None,
+    progress: bool | None = None,
+    **kwargs: Any,
 ) -> list[Edit]:
     """Compute and apply edits for ``requests`` in batches of ``batch_size`` (all at once when None),
     each batch on the model edited by the previous ones. ``kwargs`` go to :func:`compute_edits`
     (a ``preserve=NullSpace`` accumulates the earlier batches' keys). Undo with ``undo_all(model)``.
     Returns the applied edits, one per batch. An empty request list or ``batch_size`` < 1 raises
-    ValueError; otherwise the refusals of :func:`compute_edits`."""
+    ValueError; otherwise the refusals of :func:`compute_edits`. ``progress``: as in :func:`compute_edits`,
+    plus, with several batches, a bar over the requests (done out of total, with the time left)."""
     reqs = list(requests)
     if not reqs:
         raise ValueError("the request list is empty")
     size = len(reqs) if batch_size is None else check_count(batch_size, "batch_size")
     edits = []
+    method = "alphaedit" if kwargs.get("preserve") not in (None, False) else "memit"
+    bar = progress_bar(
+        total=len(reqs), unit="req", desc=f"{method} batches", enabled=progress if size < len(reqs) else False
+    )
     for s in range(0, len(reqs), size):
-        e = compute_edits(model, reqs[s : s + size], **kwargs)
+        e = compute_edits(model, reqs[s : s + size], progress=progress, **kwargs)
         edits.append(e.apply(model, verify=False))
+        bar.update(len(reqs[s : s + size]))
+    bar.close()
     return edits
 
 

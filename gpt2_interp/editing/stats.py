@@ -20,8 +20,9 @@ Corpora (``corpus=``):
   natural contexts are under-weighted and the model's favourite phrasings over-weighted;
   ``u = C⁻¹k*`` then protects the model's typical outputs rather than typical text.
 
-Default (``corpus=None``): ``"facts"`` for gpt2-facts; for other models ``"brown"`` when it is on disk,
-else ``"generated"`` with a warning (:func:`default_text_corpus`).
+Default (``corpus=None``), :data:`DEFAULT_CORPUS_RULE`: ``"facts"`` for gpt2-facts; for every other model
+``"brown"`` when it is on disk, else ``"generated"`` with a warning (:func:`default_text_corpus`). Computing
+statistics prints one line naming the corpus read (unless ``progress`` is off).
 
 Results are cached on disk (``~/.cache/gpt2-interp/stats/``, or ``$GPT2_INTERP_STATS_DIR``)
 keyed by (upstream weight fingerprint, layer, corpus id, n_samples, dtype), and in memory. A corpus
@@ -45,7 +46,7 @@ import torch
 from ..core import distributed
 from ..core.checks import check_count
 from ..core.finite import require_finite
-from ..core.progress import progress_bar
+from ..core.progress import note, progress_bar
 from ..io.integrity import load_checked, save_checked
 from ..model.fingerprint import parameter_digests, tensor_digest, weights_fingerprint
 from ..model.hooks import reads_only
@@ -62,6 +63,13 @@ HF_ALIASES = {
     "wikipedia": ("wikimedia/wikipedia", "20231101.en"),
 }
 _MEMORY: dict[str, KeyStats] = {}
+
+#: Which text key statistics are computed from when no corpus is given: the one statement of the rule
+#: (CLI help, edit records, docs and notebooks quote it).
+DEFAULT_CORPUS_RULE = (
+    "gpt2-facts: its own training texts ('facts'); any other model: the Brown Corpus ('brown') when it is "
+    "on disk (scripts/setup.sh fetches it), else text the model generates itself ('generated', with a warning)"
+)
 HF_DIGEST_ROWS = 256  # a Hugging Face dataset's corpus id digests its first rows
 
 
@@ -387,7 +395,7 @@ def key_second_moment(
     cache_dir: str | os.PathLike | None = None,
     max_len: int = 128,
     seed: int = 0,
-    progress: bool = True,
+    progress: bool | None = None,
     recompute: bool = False,
     group: Any = None,
 ) -> KeyStats | dict[int, KeyStats]:
@@ -405,10 +413,11 @@ def key_second_moment(
     and all-reduce the sums and counts, so every rank gets the single-process ``C`` (same cache key;
     equal up to float64 summation order); rank 0 writes the cache files.
 
-    ``corpus``: see the module doc (None: :func:`default_text_corpus`); ``n_samples`` (default
+    ``corpus``: see the module doc (None: :data:`DEFAULT_CORPUS_RULE`); ``n_samples`` (default
     100 000) key positions; ``batch_size`` (default 64) rows of at most ``max_len`` (default 128,
     capped at the context) tokens per forward pass; ``seed``: the sampling seed of a
-    ``"generated"`` corpus; ``progress`` (default True): a progress bar.
+    ``"generated"`` corpus; ``progress`` (None: on a terminal or in a notebook): when statistics are
+    computed (not read from the cache), one line naming the corpus and a bar over the tokens.
 
     Refused: no layer, ``n_samples`` or ``batch_size`` < 1, ``max_len`` < 2 (ValueError); a layer out
     of range (IndexError); a corpus path that does not exist (FileNotFoundError).
@@ -449,6 +458,13 @@ def key_second_moment(
         else:
             todo[lay] = (key, path)
     if todo:
+        show = progress if distributed.is_main(group) else False
+        why = "as given" if corpus is not None else f"the default — {DEFAULT_CORPUS_RULE}"
+        note(
+            f"key statistics of layer(s) {','.join(map(str, sorted(todo)))} from {n_samples:,} tokens of "
+            f"corpus {src.id} ({why})",
+            show,
+        )
         sums = _accumulate(model, sorted(todo), src, n_samples, batch_size, max_len, progress, group)
         for lay, (C, count) in sums.items():
             key, path = todo[lay]
@@ -466,7 +482,7 @@ def _accumulate(
     n_samples: int,
     batch_size: int,
     max_len: int,
-    progress: bool,
+    progress: bool | None,
     group: Any = None,
 ) -> dict[int, tuple[torch.Tensor, int]]:
     """``{layer: (C [d_mlp, d_mlp] float64 on CPU, count)}``: one pass, every layer's keys from the same
@@ -488,7 +504,7 @@ def _accumulate(
         rows = _rank_rows(rows, n_samples, batch_size, group)
     desc = f"key stats L{layers[0]}" if len(layers) == 1 else f"key stats L{','.join(map(str, layers))}"
     bar = progress_bar(
-        total=n_samples, unit="tok", desc=desc, enabled=progress and distributed.is_main(group), leave=False
+        total=n_samples, unit="tok", desc=desc, enabled=progress if distributed.is_main(group) else False, leave=False
     )
     with model.hooks([(f"blocks.{lay}.mlp.hook_post", grabber(lay)) for lay in layers]):
         while count < n_samples:
@@ -544,6 +560,7 @@ def clear_memory_cache() -> None:
 
 
 __all__ = [
+    "DEFAULT_CORPUS_RULE",
     "KeyStats",
     "clear_memory_cache",
     "default_cache_dir",

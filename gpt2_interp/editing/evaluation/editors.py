@@ -63,6 +63,7 @@ class RomeEditor:
     stats: KeyStats | None
     overrides: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    progress: bool | None = False
     name: ClassVar[str] = "rome"
     max_batch: ClassVar[int | None] = 1
 
@@ -72,15 +73,15 @@ class RomeEditor:
         model: HookedGPT2,
         layer: int | str | None = None,
         stats: KeyStats | Mapping[int, KeyStats] | None = None,
-        progress: bool = True,
+        progress: bool | None = None,
         group: Any = None,
         **hparams: Any,
     ) -> RomeEditor:
         """Resolve the layer (None: :func:`~..rome.default_layer`) and its key statistics (given, or
         computed once — by the ranks of ``group`` together when distributed); ``hparams`` override
         :class:`~..rome.RomeHparams`. ``stats``: one :class:`~..stats.KeyStats` or ``{layer: KeyStats}``;
-        ``progress`` (default True): a progress bar while computing them. A ``layer`` that is not an
-        int, None or ``"auto"`` raises TypeError; an unknown hyperparameter ValueError."""
+        ``progress``: for the statistics and each edit (:func:`~..rome.compute_edit`). A ``layer`` that is
+        not an int, None or ``"auto"`` raises TypeError; an unknown hyperparameter ValueError."""
         hp = hparams_for(model, **hparams)
         if layer is None:
             fixed: int | None = default_layer(model)
@@ -95,7 +96,7 @@ class RomeEditor:
                 st = key_second_moment(
                     model, fixed, corpus=hp.corpus, n_samples=hp.n_samples, progress=progress, group=group
                 )
-        return cls(fixed, st, dict(hparams), dict(vars(hp)))
+        return cls(fixed, st, dict(hparams), dict(vars(hp)), progress)
 
     @property
     def layer(self) -> int | None:
@@ -113,7 +114,7 @@ class RomeEditor:
         if len(requests) != 1:
             raise ValueError(f"requests: ROME edits one request at a time, got {len(requests)}")
         layer = "auto" if self.fixed_layer is None else self.fixed_layer
-        return compute_edit(model, requests[0], layer=layer, stats=self.stats, **self.overrides)
+        return compute_edit(model, requests[0], layer=layer, stats=self.stats, progress=self.progress, **self.overrides)
 
 
 @dataclass
@@ -129,7 +130,7 @@ class MemitEditor:
     hp: MemitHparams
     remember: bool = False
     targets: torch.Tensor | None = None
-    progress: bool = False
+    progress: bool | None = False
     null_space: NullSpace | None = None
     name: ClassVar[str] = "memit"
     max_batch: ClassVar[int | None] = None
@@ -143,7 +144,7 @@ class MemitEditor:
         stats: KeyStats | Mapping[int, KeyStats] | None = None,
         remember: bool = False,
         targets: torch.Tensor | None = None,
-        progress: bool = True,
+        progress: bool | None = None,
         **hparams: Any,
     ) -> MemitEditor:
         """Resolve the layers (None: the model's defaults; "auto": chosen from ``requests``' traces)
@@ -198,7 +199,7 @@ class AlphaEditEditor(MemitEditor):
         stats: KeyStats | Mapping[int, KeyStats] | None = None,
         remember: bool = False,
         targets: torch.Tensor | None = None,
-        progress: bool = True,
+        progress: bool | None = None,
         preserve: Any = None,
         **hparams: Any,
     ) -> AlphaEditEditor:

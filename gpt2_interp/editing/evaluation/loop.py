@@ -76,11 +76,19 @@ class Baseline:
 
 
 def baseline(model: HookedGPT2, cases: Sequence[CounterfactCase], config: EvalConfig) -> Baseline:
-    """Measure the unedited ``model`` on ``cases`` (batched, ``config.score_batch_size`` prompts a pass)."""
+    """Measure the unedited ``model`` on ``cases`` (batched, ``config.score_batch_size`` prompts a pass),
+    with a bar over the measurements (``config.progress``)."""
     sb = config.score_batch_size
+    bar = progress_bar(total=4, unit="step", desc="baseline (unedited model)", enabled=config.progress, leave=False)
+    bar.set_postfix_str("scores", refresh=False)
     pre = case_scores(model, cases, sb)
+    bar.update(1)
+    bar.set_postfix_str("known facts", refresh=False)
     known = known_flags(model, cases, sb)
+    bar.update(1)
+    bar.set_postfix_str("fluency", refresh=False)
     fl = fluency(model, cases, config.fluency_tokens, sb)
+    bar.update(1)
     rows = [
         CaseRow(
             c.case_id,
@@ -95,9 +103,13 @@ def baseline(model: HookedGPT2, cases: Sequence[CounterfactCase], config: EvalCo
         )
         for c, s, k, f in zip(cases, pre, known, fl)
     ]
+    bar.set_postfix_str("related facts", refresh=False)
     unrel = unrelated_prompts(config.n_unrelated)
     related = known_related(model, cases, config.seed, sb) if config.related else [[] for _ in cases]
-    return Baseline(rows, related, unrel, next_logprobs(model, [p for *_, p in unrel]))
+    out = Baseline(rows, related, unrel, next_logprobs(model, [p for *_, p in unrel]))
+    bar.update(1)
+    bar.close()
+    return out
 
 
 def score_after(
@@ -280,7 +292,7 @@ def _evaluate_sharded(
 ) -> EditEvaluation:
     """Each rank edits and scores its share of the cases; every rank returns all rows in order."""
     mine = distributed.shard(cases, group)
-    local_config = replace(config, progress=config.progress and distributed.is_main(group))
+    local_config = replace(config, progress=config.progress if distributed.is_main(group) else False)
     local = evaluate_local(model, mine, editor, local_config, t_start) if mine else None
     rows = distributed.gather_in_order(local.rows if local else [], len(cases), group)
     restored = bool(distributed.all_reduce_number(int(local.restored_exactly if local else True), group, "min"))
