@@ -165,7 +165,8 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         """``nn.Module.named_parameters``. Called from user code, once per model a :class:`PortingWarning`
         says that the attention's query/key/value weights are one fused ``attn.W_QKV``/``b_QKV`` per
         block, not TransformerLens's ``W_Q``/``W_K``/``W_V`` parameters (calls from torch, e.g. an
-        optimizer's ``parameters()``, and from gpt2-interp itself stay quiet)."""
+        optimizer's ``parameters()``, and from gpt2-interp itself stay quiet). ``prefix``, ``recurse`` and
+        ``remove_duplicate`` are torch's."""
         caller = sys._getframe(1).f_globals.get("__name__", "")
         if not self.__dict__.get("_noted_fused_names") and not caller.startswith(("torch", "gpt2_interp")):
             self.__dict__["_noted_fused_names"] = True
@@ -179,7 +180,8 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         """``nn.Module.load_state_dict``; a TransformerLens state dict (unfused ``attn.W_Q``…, not
-        folded) is converted first, its buffers skipped and its zero biases checked, as TL loads its own."""
+        folded) is converted first, its buffers skipped and its zero biases checked, as TL loads its own.
+        ``state_dict``: ours or TransformerLens's; ``strict`` and ``assign`` are torch's."""
         if is_tl_state_dict(state_dict):
             from .loading import tl_to_native
 

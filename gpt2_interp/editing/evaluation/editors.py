@@ -57,7 +57,7 @@ class RomeEditor:
     ``stats``: the key statistics of ``fixed_layer`` (None with ``"auto"``: computed per edit);
     ``overrides``: the hyperparameters given by the caller (passed to every
     :func:`~..rome.compute_edit`); ``settings``: the full resolved :class:`~..rome.RomeHparams`, as
-    reported."""
+    reported; ``progress``: the δ-step bars of each edit (None: on a terminal or in a notebook)."""
 
     fixed_layer: int | None
     stats: KeyStats | None
