@@ -14,12 +14,21 @@ Rows run as a *staircase*: at layer ``L`` the rows whose patch sits at ``L`` joi
 sweep is ``n_layer`` model calls per (first position, memory-sized chunk). A :class:`Patch`
 says what a row replaces; :func:`run_staircase` runs rows and reads one value out of each.
 
+Cost accounting (:class:`Work`, :func:`staircase_work`): work is counted in *token-layers* (one
+position through one block) and reported in *forward passes* — token-layers over ``n_pos · n_layer``,
+so one full forward of one prompt is 1 and a backward pass counts as :data:`BACKWARD` forwards. It
+is the floor of ``benchmarks/bench_patching.py`` (per token-layer the dense work is the same) without
+the attention-score and unembedding terms; the expected time is the token-layers times the seconds
+per token-layer measured on the unpatched runs that every sweep makes first (:func:`timed`).
+
 Public surface: :class:`Patch`, :func:`run_staircase`, :func:`entry_name`, :func:`kv_names`,
-:func:`base_kv_from`, :func:`auto_batch_size`, :func:`final_logits`, :data:`CPU_MEMORY_BUDGET`.
+:func:`base_kv_from`, :func:`auto_batch_size`, :func:`final_logits`, :data:`CPU_MEMORY_BUDGET`,
+:class:`Work`, :func:`staircase_work`, :func:`timed`, :data:`BACKWARD`.
 """
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -28,11 +37,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..core.progress import progress_bar
+from ..core.progress import note, progress_bar
 from ..model.hooks import model_computed_inputs
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
+
+#: A backward pass in forward passes (two matmuls per forward matmul: gradients of inputs and of weights' inputs).
+BACKWARD = 2.0
 
 #: Activation memory one chunk of patched rows may use (bytes), CPU; on CUDA a quarter of free memory.
 CPU_MEMORY_BUDGET = 1 << 30
@@ -199,6 +211,56 @@ def auto_batch_size(model: HookedGPT2, n_pos: int, materialise_attention: bool =
     return max(1, int(budget // per_row))
 
 
+@dataclass
+class Work:
+    """The size of a run, planned before it starts.
+
+    ``runs``: forward runs (one prompt or patched row each, through the layers it needs);
+    ``tokens``: token positions those runs compute (a row computing positions ``p…P−1`` counts
+    ``P − p``); ``passes``: the work in forward passes of one full prompt (token-layers over
+    ``n_pos · n_layer``; backward passes counted as :data:`BACKWARD` each); ``seconds``: the
+    expected time, from a measured forward (None: not measured)."""
+
+    what: str
+    runs: int
+    tokens: int
+    passes: float
+    seconds: float | None = None
+
+    def line(self) -> str:
+        """``"patching mlp_out: 300 runs over 2 100 tokens ≈ 52.5 forward passes, expected 3.1 s"``."""
+        when = "" if self.seconds is None else f", expected ≈ {_duration(self.seconds)}"
+        return f"{self.what}: {self.runs} runs over {self.tokens} tokens ≈ {self.passes:.1f} forward passes{when}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.1f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def staircase_work(
+    n_layer: int, n_pos: int, start: Sequence[int], first_pos: Sequence[int] | None = None
+) -> tuple[int, int, int]:
+    """``(runs, tokens, token_layers)`` of staircase rows (:func:`run_staircase`): row ``r`` runs
+    blocks ``start[r]…n_layer−1`` over positions ``first_pos[r]…n_pos−1`` (all when None)."""
+    first = [0] * len(start) if first_pos is None else list(first_pos)
+    tokens = sum(n_pos - p for p in first)
+    return len(start), tokens, sum((n_layer - s) * (n_pos - p) for s, p in zip(start, first))
+
+
+def timed(model: HookedGPT2, fn: Callable[[], Any]) -> tuple[Any, float]:
+    """``(fn(), seconds)``, the device synchronised before and after (CUDA runs asynchronously)."""
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda *a: None)
+    sync(model.device)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(model.device)
+    return out, time.perf_counter() - t0
+
+
 @torch.inference_mode()
 def run_staircase(
     model: HookedGPT2,
@@ -214,6 +276,7 @@ def run_staircase(
     desc: str = "patching",
     first_pos: torch.Tensor | None = None,
     base_kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    seconds_per_token_layer: float | None = None,
 ) -> torch.Tensor:
     """Run ``R`` edited rows, each from the layer and position where it first differs from its base run,
     and read out one value per row.
@@ -227,6 +290,9 @@ def run_staircase(
     chunked (multiples of ``group`` consecutive rows, which must share start and first position)
     to ``batch_size``; in a chunk, rows join the batch at their start layer — one model call per
     layer per chunk. Returns ``[R]`` (float32).
+
+    Before the rows run, their :class:`Work` is written beside the progress bar (when it shows), the
+    expected time from ``seconds_per_token_layer`` (measured by the caller on its unpatched runs).
     """
     n = model.cfg.n_layer
     R = start.shape[0]
@@ -249,6 +315,15 @@ def run_staircase(
         )
     batch_size = max(group, batch_size // group * group)
     chunks = plan.chunks(batch_size)
+    runs, tokens, token_layers = staircase_work(n, P, plan.start, plan.first)
+    work = Work(
+        desc,
+        runs,
+        tokens,
+        token_layers / (P * n),
+        None if seconds_per_token_layer is None else token_layers * seconds_per_token_layer,
+    )
+    note(work.line(), enabled=progress)
     finals = torch.empty(R, model.cfg.d_model, dtype=model.dtype, device=dev)  # ln_final(resid) at the last position
     bar = progress_bar(
         total=sum(n + 1 - plan.start[a] for a, _ in chunks), desc=desc, leave=False, enabled=progress
@@ -386,13 +461,17 @@ def final_logits(model: HookedGPT2, resid: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = [
+    "BACKWARD",
     "CPU_MEMORY_BUDGET",
     "Patch",
     "PrefixKV",
+    "Work",
     "auto_batch_size",
     "base_kv_from",
     "entry_name",
     "final_logits",
     "kv_names",
     "run_staircase",
+    "staircase_work",
+    "timed",
 ]

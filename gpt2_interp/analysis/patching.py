@@ -26,7 +26,17 @@ from ..core.checks import as_selection, check_count, check_indices
 from ..core.finite import NonFiniteWarning, is_finite, nonfinite_summary
 from ..core.result import Result
 from ..model.hooks import hook_name
-from .engine import Patch, base_kv_from, entry_name, final_logits, kv_names, run_staircase
+from .engine import (
+    Patch,
+    Work,
+    base_kv_from,
+    entry_name,
+    final_logits,
+    kv_names,
+    run_staircase,
+    staircase_work,
+    timed,
+)
 from .hook_targets import resolve_hook
 from .metrics import (
     Metric,
@@ -219,6 +229,40 @@ def _positions(positions: Sequence[int] | str | None, P: int, each: bool) -> tup
     return [[p] for p in ps], ps
 
 
+def _items(
+    model: HookedGPT2, hook: str, layers: Any, positions: Any, heads: Any, P: int
+) -> tuple[_Target, list[int], list[tuple[int, list[int], list[int]]], list[int] | None, list[int] | None]:
+    """What a sweep patches: ``(target, layers, items, position axis, head axis)``, one item
+    ``(layer, positions, heads)`` per patched run of a pair, ordered by start stage."""
+    target, layers_ = _target(model, hook, layers)
+    pos_items, pos_axis = _positions(positions, P, each=target.kind == "pos")
+    head_items, head_axis = _heads(model, target, heads, hook)
+    items = [(l, p, h) for l in sorted(layers_, key=target.stage) for p in pos_items for h in head_items]
+    return target, layers_, items, pos_axis, head_axis
+
+
+def sweep_work(
+    model: HookedGPT2,
+    n_pos: int,
+    hook: str = "resid_pre",
+    layers: Sequence[int] | None = None,
+    positions: Sequence[int] | Literal["all"] | None = None,
+    heads: Sequence[int] | Literal["all"] | None = None,
+) -> Work:
+    """The work of :func:`patch` on one prompt pair of ``n_pos`` tokens, counted before running
+    (:class:`~.engine.Work`): the two unpatched runs, then one row per patched item, computing
+    blocks from its start stage on over positions from its first patched one on. Multiply
+    ``passes`` by the number of pairs for a dataset."""
+    positions, heads = as_selection(positions, "positions"), as_selection(heads, "heads")
+    target, _, items, _, _ = _items(model, hook, layers, positions, heads, n_pos)
+    runs, tokens, token_layers = staircase_work(
+        model.cfg.n_layer, n_pos, [target.stage(l) for l, _, _ in items], [min(p) for _, p, _ in items]
+    )
+    return Work(
+        f"exact patching of {hook}", runs + 2, tokens + 2 * n_pos, 2 + token_layers / (n_pos * model.cfg.n_layer)
+    )
+
+
 def patch(
     model: HookedGPT2,
     clean: Prompts,
@@ -268,15 +312,12 @@ def patch(
     metric, (clean_t, corr_t, mask), mine = _my_pairs(metric, all_t, group)
     n_pairs, P = clean_t.shape
     positions, heads = as_selection(positions, "positions"), as_selection(heads, "heads")
-    target, layers_ = _target(model, hook, layers)
-    pos_items, pos_axis = _positions(positions, P, each=target.kind == "pos")
-    head_items, head_axis = _heads(model, target, heads, hook)
+    target, layers_, items, pos_axis, head_axis = _items(model, hook, layers, positions, heads, P)
     base_t, src_t = (corr_t, clean_t) if direction == "denoise" else (clean_t, corr_t)
 
     # a patch at positions ≥ p leaves positions < p as in the base run: rows compute only the suffix
-    items = [(l, p, h) for l in sorted(layers_, key=target.stage) for p in pos_items for h in head_items]
     first = [min(p) for _, p, _ in items]
-    runs = _unpatched(model, target, layers_, base_t, src_t, mask, suffix=max(first) > 0)
+    runs, seconds = timed(model, lambda: _unpatched(model, target, layers_, base_t, src_t, mask, suffix=max(first) > 0))
     clean_logits, corr_logits = (
         (runs.src_logits, runs.base_logits) if direction == "denoise" else (runs.base_logits, runs.src_logits)
     )
@@ -321,10 +362,13 @@ def patch(
         desc=f"patching {hook}",
         first_pos=torch.tensor(first).repeat_interleave(n_pairs),
         base_kv=base_kv_from(runs.base_cache, model, runs.stages[0]) if runs.suffix else None,
+        seconds_per_token_layer=seconds / (2 * n_pairs * P * n),  # the two unpatched runs, timed
     )
     # back to the caller's layer order, then [n_pairs, layer, pos items, head items]
     order = torch.argsort(torch.tensor([layers_.index(l) for l, _, _ in items]), stable=True)
-    per_pair = flat.view(k, n_pairs).T.cpu()[:, order].reshape(n_pairs, len(layers_), len(pos_items), len(head_items))
+    per_pair = (
+        flat.view(k, n_pairs).T.cpu()[:, order].reshape(n_pairs, len(layers_), -1, len({tuple(h) for _, _, h in items}))
+    )
     if mine is not None:
         per_pair, clean_m, corr_m = (
             torch.stack(distributed.gather_in_order(list(x), n_all, group)) for x in (per_pair, clean_m, corr_m)
@@ -571,6 +615,7 @@ def _layer_edit(
 
 __all__ = [
     "patch",
+    "sweep_work",
     "PatchResult",
     "pair_tokens",
     "position_labels",
