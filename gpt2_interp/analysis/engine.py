@@ -251,6 +251,46 @@ def staircase_work(
     return len(start), tokens, sum((n_layer - s) * (n_pos - p) for s, p in zip(start, first))
 
 
+@dataclass
+class Speed:
+    """Measured speed of the model here: seconds per token-layer, and the fixed seconds each call of
+    a block costs whatever its size (launches, hooks, Python) — which dominates rows that compute a
+    position or two."""
+
+    token_layer: float
+    call: float
+
+    def seconds(self, token_layers: float, calls: float) -> float:
+        return token_layers * self.token_layer + calls * self.call
+
+    @classmethod
+    def measure(cls, model: HookedGPT2, seconds: float, token_layers: float, calls: int) -> Speed:
+        """From a run timed by the caller (``seconds`` for ``token_layers`` in ``calls`` block calls)
+        and a one-token forward timed here (its time per block is the fixed cost of a call)."""
+        one = torch.zeros(1, 1, dtype=torch.long, device=model.device)
+        with torch.inference_mode():
+            t1 = min(timed(model, lambda: model(one, stop_at_layer=model.cfg.n_layer))[1] for _ in range(2))
+        call = t1 / model.cfg.n_layer
+        return cls(max(seconds - calls * call, 0.0) / max(token_layers, 1), call)
+
+
+def unembed_share(model: HookedGPT2) -> float:
+    """The unembedding of one position in token-layers (its weights over one block's): each
+    patched row unembeds its last position, which on a small model with a large vocabulary costs
+    more than the few token-layers the row runs."""
+    block = sum(p.numel() for p in model.blocks[0].parameters())
+    return model.cfg.d_vocab * model.cfg.d_model / max(block, 1)
+
+
+def staircase_calls(n_layer: int, start: Sequence[int], first_pos: Sequence[int]) -> int:
+    """Block calls of staircase rows when each first position fits one chunk: per first position,
+    the blocks from its rows' earliest start stage on (a lower bound when chunks are split by memory)."""
+    low: dict[int, int] = {}
+    for s, p in zip(start, first_pos):
+        low[p] = min(low.get(p, s), s)
+    return sum(n_layer - s for s in low.values())
+
+
 def timed(model: HookedGPT2, fn: Callable[[], Any]) -> tuple[Any, float]:
     """``(fn(), seconds)``, the device synchronised before and after (CUDA runs asynchronously)."""
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda *a: None)
@@ -276,7 +316,7 @@ def run_staircase(
     desc: str = "patching",
     first_pos: torch.Tensor | None = None,
     base_kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
-    seconds_per_token_layer: float | None = None,
+    speed: Speed | None = None,
 ) -> torch.Tensor:
     """Run ``R`` edited rows, each from the layer and position where it first differs from its base run,
     and read out one value per row.
@@ -292,7 +332,7 @@ def run_staircase(
     layer per chunk. Returns ``[R]`` (float32).
 
     Before the rows run, their :class:`Work` is written beside the progress bar (when it shows), the
-    expected time from ``seconds_per_token_layer`` (measured by the caller on its unpatched runs).
+    expected time at ``speed`` (:meth:`Speed.measure`, on the caller's timed unpatched runs).
     """
     n = model.cfg.n_layer
     R = start.shape[0]
@@ -316,12 +356,13 @@ def run_staircase(
     batch_size = max(group, batch_size // group * group)
     chunks = plan.chunks(batch_size)
     runs, tokens, token_layers = staircase_work(n, P, plan.start, plan.first)
+    calls = sum(n - plan.start[a] for a, _ in chunks)
     work = Work(
         desc,
         runs,
         tokens,
         token_layers / (P * n),
-        None if seconds_per_token_layer is None else token_layers * seconds_per_token_layer,
+        None if speed is None else speed.seconds(token_layers + runs * unembed_share(model), calls),
     )
     note(work.line(), enabled=progress)
     finals = torch.empty(R, model.cfg.d_model, dtype=model.dtype, device=dev)  # ln_final(resid) at the last position
@@ -465,6 +506,7 @@ __all__ = [
     "CPU_MEMORY_BUDGET",
     "Patch",
     "PrefixKV",
+    "Speed",
     "Work",
     "auto_batch_size",
     "base_kv_from",
@@ -472,6 +514,8 @@ __all__ = [
     "final_logits",
     "kv_names",
     "run_staircase",
+    "staircase_calls",
     "staircase_work",
     "timed",
+    "unembed_share",
 ]

@@ -24,10 +24,12 @@ import torch
 from ..core import distributed
 from ..core.checks import as_selection, check_count, check_indices
 from ..core.finite import NonFiniteWarning, is_finite, nonfinite_summary
+from ..core.progress import shown
 from ..core.result import Result
 from ..model.hooks import hook_name
 from .engine import (
     Patch,
+    Speed,
     Work,
     base_kv_from,
     entry_name,
@@ -362,7 +364,7 @@ def patch(
         desc=f"patching {hook}",
         first_pos=torch.tensor(first).repeat_interleave(n_pairs),
         base_kv=base_kv_from(runs.base_cache, model, runs.stages[0]) if runs.suffix else None,
-        seconds_per_token_layer=seconds / (2 * n_pairs * P * n),  # the two unpatched runs, timed
+        speed=Speed.measure(model, seconds, 2 * n_pairs * P * n, 2 * n) if shown(progress) else None,
     )
     # back to the caller's layer order, then [n_pairs, layer, pos items, head items]
     order = torch.argsort(torch.tensor([layers_.index(l) for l, _, _ in items]), stable=True)

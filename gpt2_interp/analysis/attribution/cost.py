@@ -85,9 +85,9 @@ def check_cost(estimate: Work, exact: Work, stacklevel: int = 3) -> None:
     stating both costs (forward passes) and their ratio."""
     if exact.passes <= estimate.passes:
         warnings.warn(
-            f"{estimate.what} costs ≈ {estimate.passes:.1f} forward passes, {exact.what} of the same cells "
-            f"≈ {exact.passes:.1f} ({estimate.passes / max(exact.passes, 1e-9):.1f}× less): patch() gives the "
-            "exact values for less",
+            f"{estimate.what} costs ≈ {estimate.passes:.1f} forward passes, exact patching of the same cells "
+            f"≈ {exact.passes:.1f}: the estimate costs {estimate.passes / max(exact.passes, 1e-9):.1f}× the exact "
+            "answer (patch() gives it)",
             CostWarning,
             stacklevel=stacklevel,
         )
