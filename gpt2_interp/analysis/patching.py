@@ -26,6 +26,7 @@ from ..core.checks import as_selection, check_count, check_indices
 from ..core.finite import NonFiniteWarning, is_finite, nonfinite_summary
 from ..core.progress import shown
 from ..core.result import Result
+from ..core.tables import format_table
 from ..model.hooks import hook_name
 from .engine import (
     Patch,
@@ -195,19 +196,34 @@ class PatchResult(Result):
         return self.corrupted_metric if self.direction == "denoise" else self.clean_metric
 
     def table(self, k: int = 8) -> str:
-        """The baselines and the ``k`` largest effects, one per line."""
+        """The baselines, then the ``k`` largest effects, one per row under a header naming the columns:
+        the patched cell, the metric with it patched, and the effect (that minus :attr:`baseline`)."""
         k = check_count(k, "k", minimum=0)
+        return "\n".join([self.heading("patching") + "; largest effects:", *self.effect_rows(k)])
+
+    def heading(self, what: str) -> str:
+        """The sweep's line above its table: direction, hook, metric, the clean, corrupted and baseline values."""
         norm = " (values normalised: 0 = corrupted, 1 = clean)" if self.normalized else ""
-        lines = [
-            f"{self.direction} patching of {self.hook}, metric {self.metric}: clean {self.clean_metric:.4g}, "
-            f"corrupted {self.corrupted_metric:.4g}{norm}; largest effects:"
-        ]
-        for idx, v in self.top(k):
-            parts = [self.layer_labels[idx[0]]]
-            for name, i in zip(self.index_names[1:], idx[1:]):
-                parts.append(repr(self.position_labels[i]) if name == "pos" else self.head_labels[i])
-            lines.append(f"  {' '.join(parts):<28} {v:+.4f}  ({v - self.baseline:+.4f})")
-        return "\n".join(lines)
+        base = "corrupted" if self.direction == "denoise" else "clean"
+        return (
+            f"{self.direction} {what} of {self.hook}, metric {self.metric}: clean {self.clean_metric:.4g}, "
+            f"corrupted {self.corrupted_metric:.4g}{norm}; baseline (the unpatched {base} run) {self.baseline:.4g}"
+        )
+
+    def label(self, idx: tuple[int, ...]) -> str:
+        """``"L3 ' Paris' H2"``-style label of the cell at ``idx`` (an index into :attr:`values`)."""
+        parts = [self.layer_labels[idx[0]]]
+        for name, i in zip(self.index_names[1:], idx[1:]):
+            parts.append(repr(self.position_labels[i]) if name == "pos" else self.head_labels[i])
+        return " ".join(parts)
+
+    def effect_rows(self, k: int, estimated: str = "") -> list[str]:
+        """The table of the ``k`` cells :meth:`top` ranks first: a header naming the columns (prefixed
+        with ``estimated``), then the cell, its patched metric and its effect."""
+        cell = "cell (" + ", ".join("position" if n == "pos" else n for n in self.index_names) + ")"
+        rows = [[self.label(idx), f"{v:+.4f}", f"{v - self.baseline:+.4f}"] for idx, v in self.top(k)]
+        header = [cell, f"{estimated}patched metric", f"{estimated}effect (patched − baseline)"]
+        return format_table(header, rows, right=[False, True, True])
 
     def top(self, k: int = 5) -> list[tuple[tuple[int, ...], float]]:
         """The ``k`` entries that move the metric most from :attr:`baseline`, as ``((layer, pos|head, ...), value)``."""

@@ -32,6 +32,7 @@ from ..core.checks import check_count
 from ..core.finite import require_finite
 from ..core.progress import note, progress_bar, shown
 from ..core.result import Result
+from ..core.tables import format_table
 from .engine import (
     Patch,
     Speed,
@@ -583,10 +584,13 @@ class AverageTrace(Result):
         ]
         for kind in self.kinds:
             lines.append(f"  {kind} — peak average indirect effect by bucket:")
+            rows = []
             for b, bucket in enumerate(self.buckets):
                 if self.counts[b]:
                     layer, value = self.peak(kind, bucket)
-                    lines.append(f"    {bucket:<24} {self.layer_labels[layer]:>4} {value:+.4f}")
+                    rows.append([bucket, self.layer_labels[layer], f"{value:+.4f}", str(self.counts[b])])
+            header = ["bucket", "peak layer", "average indirect effect (Δp)", "cells"]
+            lines += format_table(header, rows, right=[False, True, True, True], indent="    ")
         return "\n".join(lines)
 
     def plot(self, **kwargs: Any):
@@ -619,7 +623,7 @@ def _average_work(
         )
     speed = Speed.measure(model, seconds, tokens.numel() * reps * n, n)
     works = [trace_work(model, [cases[i][:2] for i in idx], k, samples, window, speed) for idx in mine for k in kinds]
-    what = f"average trace ({', '.join(kinds)}) of {sum(len(b) for b in mine)} known facts in {len(mine)} batches"
+    what = f"average trace ({', '.join(kinds)}) of {sum(len(b) for b in mine)} known facts in {len(mine)} batch(es)"
     return Work(
         what,
         sum(w.runs for w in works),

@@ -13,6 +13,7 @@ import torch
 from ...core.checks import check_count
 from ...core.progress import note
 from ...core.result import Result
+from ...core.tables import format_table
 from ..engine import Work
 from ..hook_targets import is_full_name
 from ..patching import PatchResult, pair_tokens, patch, sweep_work
@@ -64,19 +65,21 @@ class Verification(Result):
         )
 
     def table(self) -> str:
-        lines = [
+        """The agreement, then the ``k`` cells with the largest exact effect under a header naming the
+        columns: the cell, its effect by the estimate and by exact patching (patched − baseline, in
+        the metric's units), and whether it was a top cell of the estimate or a random control."""
+        title = (
             f"verified {self.kind.count('top')} top cells + {self.kind.count('control')} controls of {self.method} "
             f"on {self.hook}: Spearman ρ {self.spearman:.3f}, top-{self.k} recall {self.recall:.0%}, "
-            f"{self.controls_above} control(s) above the {self.k}-th exact effect",
-            f"  {'cell':<28} {'estimate':>10} {'exact':>10}",
-        ]
+            f"{self.controls_above} control(s) above the {self.k}-th exact effect"
+        )
         order = self.exact.abs().argsort(descending=True)
-        for i in order[: self.k].tolist():
-            lines.append(
-                f"  {self.labels[i]:<28} {float(self.estimate[i]):>+10.4f} {float(self.exact[i]):>+10.4f}"
-                f"{'  (control)' if self.kind[i] == 'control' else ''}"
-            )
-        return "\n".join(lines)
+        rows = [
+            [self.labels[i], f"{float(self.estimate[i]):+.4f}", f"{float(self.exact[i]):+.4f}", self.kind[i]]
+            for i in order[: self.k].tolist()
+        ]
+        header = ["cell", "estimated effect", "exact effect", "chosen as"]
+        return "\n".join([title, *format_table(header, rows, right=[False, True, True, False])])
 
 
 def cell_label(result: PatchResult, cell: tuple[int, ...]) -> str:
