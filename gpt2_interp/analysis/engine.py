@@ -266,7 +266,11 @@ class Speed:
     @classmethod
     def measure(cls, model: HookedGPT2, seconds: float, token_layers: float, calls: int) -> Speed:
         """From a run timed by the caller (``seconds`` for ``token_layers`` in ``calls`` block calls)
-        and a one-token forward timed here (its time per block is the fixed cost of a call)."""
+        and a one-token forward timed here (its time per block is the fixed cost of a call). That
+        forward runs only when no hook is attached to the model (a caller's hooks must not see an
+        extra run); otherwise the fixed cost is taken as 0 and the rate per token-layer carries it."""
+        if any(hp.has_hooks for hp in model.hook_dict.values()):
+            return cls(seconds / max(token_layers, 1), 0.0)
         one = torch.zeros(1, 1, dtype=torch.long, device=model.device)
         with torch.inference_mode():
             t1 = min(timed(model, lambda: model(one, stop_at_layer=model.cfg.n_layer))[1] for _ in range(2))

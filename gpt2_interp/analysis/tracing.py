@@ -609,11 +609,16 @@ def _average_work(
     group: Any,
 ) -> Work:
     """The work of an averaged trace (this rank's share of the batches, every kind), with the time
-    expected from one timed forward of the first batch's clean and noised runs."""
+    expected from one timed forward of the first batch's clean and noised runs (not run, and no
+    time given, while hooks are attached to the model)."""
     mine = list(distributed.shard(batches, group))
     n = model.cfg.n_layer
     tokens, mask = model.tokenize([cases[i][0] for i in mine[0]])
     reps = samples + 1
+    if any(hp.has_hooks for hp in model.hook_dict.values()):  # a caller's hooks must not see an extra run
+        what = f"average trace ({', '.join(kinds)}) of {sum(len(b) for b in mine)} known facts"
+        works = [trace_work(model, [cases[i][:2] for i in idx], k, samples, window) for idx in mine for k in kinds]
+        return Work(what, sum(w.runs for w in works), sum(w.tokens for w in works), sum(w.passes for w in works))
     with torch.inference_mode():
         _, seconds = timed(
             model,
