@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ...core.checks import check_count
-from ...core.progress import note
+from ...core.progress import note, progress_bar
 from ...core.result import Result
 from ...core.tables import format_table
 from ..engine import Work
@@ -225,10 +225,12 @@ def _full_sweep_if_cheaper(
 def _exact_cells(
     result: AttributionResult, cells: list[tuple[int, ...]], batch_size: int | None, progress: bool | None
 ) -> list[float]:
-    """Exact patched metric of each cell, by one ``patch`` call per group of cells (:func:`_groups`)."""
+    """Exact patched metric of each cell, by one ``patch`` call per group of cells (:func:`_groups`),
+    under one progress bar over the groups."""
     spec = result._spec
     got: dict[tuple[int, ...], float] = {}
-    for key, cs in _groups(result.index_names, cells).items():
+    groups = _groups(result.index_names, cells)
+    for key, cs in progress_bar(groups.items(), total=len(groups), desc="verifying", leave=False, enabled=progress):
         kw = _patch_args(result, key, cs)
         r = patch(
             spec["model"],
@@ -236,7 +238,7 @@ def _exact_cells(
             spec["corrupted"],
             spec["metric"],
             batch_size=batch_size,
-            progress=progress,
+            progress=False,
             **kw,
         )
         for c in cs:
