@@ -49,3 +49,27 @@ def test_a_callers_hooks_see_no_extra_run(tiny, capsys):
         patch(tiny, CLEAN, CORRUPT, logit_diff(" Paris", " Rome"), hook="mlp_out", progress=True)
     assert calls == [1, 1]  # the base and the source run; the patched rows start from cached residuals
     assert "expected ≈" in capsys.readouterr().err
+
+
+def test_cli_writes_the_line_to_stderr_unless_quiet(capsys):
+    from gpt2_interp.cli import main
+
+    argv = [
+        "patch",
+        "--clean",
+        CLEAN,
+        "--corrupted",
+        CORRUPT,
+        "--answer",
+        " Paris",
+        "--hook",
+        "mlp_out",
+        "--layers",
+        "5",
+    ]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert re.search(r"patching mlp_out: \d+ runs over \d+ tokens ≈ [\d.]+ forward passes, expected ≈", err)
+    assert "expected" not in out and "patched metric" in out
+    assert main([*argv, "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
