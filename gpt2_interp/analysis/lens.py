@@ -23,6 +23,7 @@ from ..core.checks import check_count, check_prompts
 from ..core.finite import nonfinite_summary
 from ..core.progress import progress_bar
 from ..core.result import Result
+from ..core.tables import format_table
 from ..model.hooks import hook_name
 from .tokens import prompt_position
 
@@ -162,8 +163,10 @@ class LensResult(Result):
         return self.str_tokens[prompt][p] if p >= 0 else ""
 
     def table(self, k: int = 5, prompts: Sequence[int] | None = None) -> str:
-        """Per prompt and position: one row per layer with the top-``k`` tokens (probabilities)
-        and, with a target, its probability and rank. ``prompts``: the prompt indices to show (None: all)."""
+        """Per prompt and position: a header row naming the columns, then one row per layer with the
+        top-``k`` tokens and their probabilities under the lens and, with a target, its probability
+        and rank (1 = top-1). ``prompts``: the prompt
+        indices to show (None: all)."""
         lines = []
         for b in prompts if prompts is not None else range(len(self.prompts)):
             for j in range(self.positions.shape[1]):
@@ -174,18 +177,21 @@ class LensResult(Result):
                     head = "tuned lens · " + head
                 if self.targets is not None:
                     head += f" · target {self.targets[b]!r}"
-                lines += [head]
-                w = max(map(len, self.layers))
+                n_top = min(k, self.top_probs.shape[-1])
+                header = ["layer"] + [f"top-{i + 1} token (p)" for i in range(n_top)]
+                if self.target_prob is not None:
+                    header += ["p(target)", "rank(target)"]
+                rows = []
                 for li, name in enumerate(self.layers):
-                    cells = [
+                    row = [name] + [
                         f"{self.top_tokens[li][b][j][i]!r} {float(self.top_probs[li, b, j, i]):.3f}"
-                        for i in range(min(k, self.top_probs.shape[-1]))
+                        for i in range(n_top)
                     ]
-                    row = f"  {name:<{w}}  " + "  ".join(f"{c:<22}" for c in cells)
                     if self.target_prob is not None:
-                        row += f"  | p={float(self.target_prob[li, b, j]):.3f} rank={int(self.target_rank[li, b, j])}"
-                    lines.append(row.rstrip())
-                lines.append("")
+                        row += [f"{float(self.target_prob[li, b, j]):.3f}", str(int(self.target_rank[li, b, j]))]
+                    rows.append(row)
+                right = [False] * (1 + n_top) + [True, True][: len(header) - 1 - n_top]
+                lines += [head, *format_table(header, rows, right=right), ""]
         return "\n".join(lines).rstrip()
 
     def plot(self, prompt: int = 0, position: int = -1, **kwargs: Any) -> Figure:
@@ -372,17 +378,19 @@ class DLAResult(Result):
         return f"logit({self.target!r})" + (f" − logit({self.baseline!r})" if self.baseline is not None else "")
 
     def table(self) -> str:
-        """One row per part, the LN bias term, their sum beside the model's logit, and the largest heads."""
-        w = max(map(len, self.labels))
+        """A header row naming the columns, then each component's direct contribution to the logit
+        (or logit difference) through the frozen final LayerNorm scale, the LN bias term and their
+        sum; then the model's own value and the largest heads."""
+        rows = [[lab, f"{float(v):+.4f}"] for lab, v in zip(self.labels, self.parts)]
+        rows += [["ln_final.b", f"{self.ln_bias:+.4f}"], ["sum", f"{self.total:+.4f}"]]
         lines = [f"{self.what} at position {self.position} ({self.str_tokens[self.position]!r}) of {self.prompt!r}"]
-        lines += [f"  {lab:<{w}}  {float(v):+9.4f}" for lab, v in zip(self.labels, self.parts)]
-        lines.append(f"  {'ln_final.b':<{w}}  {self.ln_bias:+9.4f}")
-        lines.append(f"  {'= sum':<{w}}  {self.total:+9.4f}   (model: {self.logit:+.4f})")
+        lines += format_table(["component", f"direct effect on {self.what}"], rows, right=[False, True])
+        lines += ["", f"the model's {self.what}: {self.logit:+.4f}"]
         if self.head_parts is not None:
             top = self.head_parts.flatten().abs().topk(min(5, self.head_parts.numel())).indices
             nh = self.head_parts.shape[1]
             lines.append(
-                "  largest heads: "
+                "largest heads: "
                 + ", ".join(f"L{int(i) // nh}H{int(i) % nh} {float(self.head_parts.flatten()[i]):+.3f}" for i in top)
             )
         return "\n".join(lines)

@@ -37,6 +37,7 @@ import torch
 from ..core.checks import check_count, check_prompts
 from ..core.progress import progress_bar
 from ..core.result import Result, to_jsonable
+from ..core.tables import format_table
 from ..model.fingerprint import weights_fingerprint
 from ..model.hooks import hook_name
 from .tokens import subject_span
@@ -287,24 +288,27 @@ class ProbeResult(Result):
         return to_jsonable(d)
 
     def table(self) -> str:
-        """One row per layer: mean score ± 95% interval, and the control and selectivity with a control."""
+        """The setting, then a header row naming the columns and one row per layer: the probe's
+        held-out score, the control task's and the selectivity (their difference), each the mean
+        over folds ± the 95% interval."""
         head = (
             f"probe {self.task!r} ({self.kind}, {self.n_prompts} prompts, {self.n_groups} groups, "
-            f"{self.n_folds} group folds) on {self.hook} at {self.position}; chance {self.chance:.3f}"
+            f"{self.n_folds} group folds) on {self.hook} at {self.position}; chance {self.chance:.3f}; "
+            "mean over folds ± 95% interval"
         )
-        cols = f"  {'layer':<8}{self.metric:>16}"
+        header = ["layer", f"{self.metric} (held out)"]
         if self.control_scores is not None:
-            cols += f"{'control (' + str(self.control) + ')':>26}{'selectivity':>20}"
-        lines = [head, cols]
+            header += [f"control ({self.control})", "selectivity (probe − control)"]
+        rows = []
         for i, name in enumerate(self.layers):
-            row = f"  {name:<8}{float(self.mean[i]):>9.3f} ± {float(self.ci[i]):.3f}"
+            row = [name, f"{float(self.mean[i]):.3f} ± {float(self.ci[i]):.3f}"]
             if self.control_scores is not None:
-                row += (
-                    f"{float(self.control_mean[i]):>19.3f} ± {float(self.control_ci[i]):.3f}"
-                    f"{float(self.selectivity[i]):>13.3f} ± {float(self.selectivity_ci[i]):.3f}"
-                )
-            lines.append(row)
-        return "\n".join(lines)
+                row += [
+                    f"{float(self.control_mean[i]):.3f} ± {float(self.control_ci[i]):.3f}",
+                    f"{float(self.selectivity[i]):.3f} ± {float(self.selectivity_ci[i]):.3f}",
+                ]
+            rows.append(row)
+        return "\n".join([head, *format_table(header, rows, right=[False] + [True] * (len(header) - 1))])
 
     def plot(self, **kwargs: Any) -> Figure:
         """Score, control score and selectivity by layer, with 95% intervals over folds."""

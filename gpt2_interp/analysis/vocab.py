@@ -24,6 +24,7 @@ import torch
 from ..core.checks import check_count
 from ..core.progress import progress_bar
 from ..core.result import Result
+from ..core.tables import format_table
 from ..model.hooks import hook_name
 from .lens import direct_effect, logit_direction
 from .tokens import prompt_position
@@ -124,23 +125,22 @@ class VocabProjection(Result):
         return self.select(self.top_scores[:, 0].argsort(descending=True)[:n].tolist())
 
     def table(self, k: int | None = None, rows: int | None = None) -> str:
-        """Two lines per vector: its top (``+``) and bottom (``−``) ``k`` tokens (default: all kept) with
-        scores, for the first ``rows`` vectors (default: all)."""
+        """A header row naming the columns, then two rows per vector: its ``k`` highest-scoring
+        tokens (promoted) and its ``k`` lowest (suppressed), each with its score — the vector's dot
+        product with the token's unembedding (through ``ln_final``'s gain when ``apply_ln``). ``k``: tokens per row (default: all
+        kept); ``rows``: the first vectors shown (default: all)."""
         k = k or self.top_scores.shape[1]
-        w = max(map(len, self.labels))
-        lines = []
+        body = []
         for r in range(len(self.labels) if rows is None else min(rows, len(self.labels))):
-            lines.append(
-                f"{self.labels[r]:<{w}}  + "
-                + " ".join(f"{t!r}({float(s):.2f})" for t, s in zip(self.top_tokens[r][:k], self.top_scores[r][:k]))
-            )
-            lines.append(
-                f"{'':<{w}}  − "
-                + " ".join(
-                    f"{t!r}({float(s):.2f})" for t, s in zip(self.bottom_tokens[r][:k], self.bottom_scores[r][:k])
+            for sign, toks, scores in (
+                ("+ top", self.top_tokens[r], self.top_scores[r]),
+                ("− bottom", self.bottom_tokens[r], self.bottom_scores[r]),
+            ):
+                body.append(
+                    [self.labels[r], sign, " ".join(f"{t!r}({float(v):.2f})" for t, v in zip(toks[:k], scores[:k]))]
                 )
-            )
-        return "\n".join(lines)
+        unembed = "(w ⊙ W_U[:, t])" if self.apply_ln else "W_U[:, t]"
+        return "\n".join(format_table(["vector", "end", f"tokens (score = v · {unembed})"], body, indent=""))
 
     def plot(self, rows: int | None = None, **kwargs: Any) -> Figure:
         """Top/bottom token bars of the first ``rows`` vectors (default: all, at most 64)."""
@@ -239,14 +239,21 @@ class NeuronSearch(Result):
         return self.layers[i], self.neurons[i], float(self.scores[i])
 
     def table(self, k: int = 8) -> str:
-        """One row per neuron (rank, ``L{layer}.N{neuron}``, score) with its first ``k`` top tokens."""
+        """What the score is, then a header row naming the columns and one row per neuron: its
+        rank, name, score and its own ``k`` top tokens."""
         what = ", ".join(map(repr, self.tokens[:6])) + (" …" if len(self.tokens) > 6 else "")
-        lines = [
-            f"neurons promoting {what}  (score = v · {'(w ⊙ ' if self.apply_ln else '('}W_U[:, t])"
-            f"{f', minus its {self.baseline} mean' if self.baseline else ''})"
+        score = (
+            f"v · {'(w ⊙ ' if self.apply_ln else '('}W_U[:, t])"
+            f"{f', minus its {self.baseline} mean' if self.baseline else ''}"
+        )
+        lines = [f"neurons promoting {what}  (score = {score})"]
+        rows = [
+            [f"{r + 1}", f"L{l}.N{i}", f"{s:+.3f}", " ".join(map(repr, self.top_tokens[r][:k]))]
+            for r, (l, i, s) in enumerate(self)
         ]
-        for r, (l, i, s) in enumerate(self):
-            lines.append(f"{r + 1:>3}. L{l}.N{i:<6} {s:+8.3f}   " + " ".join(map(repr, self.top_tokens[r][:k])))
+        lines += format_table(
+            ["rank", "neuron", "score", "the neuron's top tokens"], rows, right=[True, False, True, False]
+        )
         return "\n".join(lines)
 
     def plot(self, **kwargs: Any) -> Figure:
@@ -347,18 +354,26 @@ class SubupdateResult(Result):
     target_effects: torch.Tensor | None = None
 
     def table(self, k: int = 6) -> str:
-        """One row per sub-update (neuron, ``m_i``, norm, effect on the target) with its first ``k`` top tokens."""
+        """A header row naming the columns, then one row per sub-update ``m_i·v_i``: the neuron, its
+        activation ``m_i``, the update's norm ``|m_i|·‖v_i‖``, with a target its direct effect on the
+        target's logit, and the update's top tokens. ``k``: top tokens shown per row."""
         lines = [f"MLP sub-updates at position {self.position} ({self.token!r}) of {self.prompt!r}"]
-        head = f"{'neuron':<11} {'m_i':>8} {'|m|·‖v‖':>8}"
+        header = ["neuron", "activation m_i", "norm |m_i|·‖v_i‖"]
         if self.target_effects is not None:
-            head += f" {'→' + repr(self.target):>10}"
-        lines.append(head + "   top tokens of m_i·v_i")
+            header.append(f"logit({self.target!r}) effect")
+        header.append("top tokens of m_i·v_i")
+        rows = []
         for r in range(len(self.neurons)):
-            row = f"L{self.layers[r]}.N{self.neurons[r]:<6} {float(self.activations[r]):+8.3f} {float(self.norms[r]):8.3f}"
+            row = [
+                f"L{self.layers[r]}.N{self.neurons[r]}",
+                f"{float(self.activations[r]):+.3f}",
+                f"{float(self.norms[r]):.3f}",
+            ]
             if self.target_effects is not None:
-                row += f" {float(self.target_effects[r]):+10.3f}"
-            lines.append(row + "   " + " ".join(map(repr, self.top_tokens[r][:k])))
-        return "\n".join(lines)
+                row.append(f"{float(self.target_effects[r]):+.3f}")
+            rows.append(row + [" ".join(map(repr, self.top_tokens[r][:k]))])
+        right = [False, True, True] + ([True] if self.target_effects is not None else []) + [False]
+        return "\n".join(lines + format_table(header, rows, right=right, indent=""))
 
     def plot(self, **kwargs: Any) -> Figure:
         from ..plots.lens import plot_subupdates
