@@ -63,18 +63,3 @@ def enabled(show: bool) -> Iterator[None]:
         yield
     finally:
         _SHOWN.pop()
-
-
-def shown(enabled: bool | None) -> bool:
-    """Whether a bar made with ``enabled`` would draw: False inside ``enabled(False)``; None means
-    "only on a terminal" (or in a notebook)."""
-    if not _SHOWN[-1] or enabled is False:
-        return False
-    return enabled is True or sys.stderr.isatty() or "ipykernel" in sys.modules
-
-
-def note(message: str, *, enabled: bool | None = True) -> None:
-    """One line on stderr beside the progress bars (a run's size and expected time before it starts),
-    shown exactly when a bar with the same ``enabled`` would be (:func:`shown`)."""
-    if shown(enabled):
-        _console_tqdm.write(message, file=sys.stderr)
