@@ -195,16 +195,18 @@ def choose_layers(
     n_trace: int = 8,
     share: float = 0.5,
     max_width: int | None = None,
+    progress: bool | None = None,
 ) -> list[int]:
     """``layers="auto"``: average the causal-trace MLP indirect effect at the subject's last token
     over up to ``n_trace`` requests; the window is the contiguous run of layers around the peak whose
     effect is at least ``share`` × the peak's, at most ``max_width`` layers
-    (default ``max(1, round(5/48 · n_layer))``, MEMIT's 5 of 48), keeping the highest-effect ones."""
+    (default ``max(1, round(5/48 · n_layer))``, MEMIT's 5 of 48), keeping the highest-effect ones.
+    ``progress`` (None: on a terminal or in a notebook): a bar over the traced requests."""
     from ..analysis.tracing import causal_trace
 
     reqs = [Request.of(r) for r in requests][:n_trace]
     effect = torch.zeros(model.cfg.n_layer)
-    for req in reqs:
+    for req in progress_bar(reqs, enabled=progress, desc="layers='auto': tracing requests", unit="request"):
         tr = causal_trace(model, req.text, req.subject, kind="mlp", progress=False)
         effect += torch.as_tensor(tr.indirect_effect[tr.subject_range[1] - 1]).float().cpu()
     effect /= max(len(reqs), 1)
@@ -425,13 +427,15 @@ def _resolve_stats(
     return got
 
 
-def _resolve_layers(model: HookedGPT2, layers: Any, hp: MemitHparams, reqs: list[Request]) -> list[int]:
+def _resolve_layers(
+    model: HookedGPT2, layers: Any, hp: MemitHparams, reqs: list[Request], progress: bool | None = None
+) -> list[int]:
     if layers is None:
         layers = list(hp.layers) if hp.layers is not None else default_layers(model)
     elif isinstance(layers, str):
         if layers != "auto":
             raise ValueError(f"layers must be None, a list of ints or 'auto', got {layers!r}")
-        layers = choose_layers(model, reqs)
+        layers = choose_layers(model, reqs, progress=progress)
     elif isinstance(layers, int):
         layers = [layers]
     out = sorted({model.check_layer(l) for l in layers})
@@ -493,7 +497,7 @@ def compute_edits(
         else replace(hparams, rome=replace(hparams.rome))
     )  # re-checks every field, also after the object was changed
     reqs, ids = validate_requests(model, requests)
-    layers_ = _resolve_layers(model, layers, hp, reqs)
+    layers_ = _resolve_layers(model, layers, hp, reqs, progress)
     top = layers_[-1]
     digests = parameter_digests(model)
     base_fp = weights_fingerprint(model, digests=digests)

@@ -32,7 +32,13 @@ class FakeBar:
     def __init__(self, iterable=None, *, enabled=True, **kwargs):
         self.kwargs, self.enabled, self.disable = kwargs, enabled, enabled is False
         self.n, self.postfixes, self.closed = 0, [], False
+        self.iterable = iterable
         FakeBar.made.append(self)
+
+    def __iter__(self):
+        for item in self.iterable:
+            yield item
+            self.n += 1
 
     def update(self, k=1):
         self.n += k
@@ -143,3 +149,11 @@ def test_cli_quiet_silences_the_statistics_note_and_bar(tiny, corpus, tmp_path, 
     assert main([*common, "--n-samples", "310", "--cache-dir", str(tmp_path / "b"), "--quiet"]) == 0
     out, err = capsys.readouterr()
     assert "310 keys" in out and err == ""  # computed, silently
+
+
+def test_memit_auto_layers_counts_the_traced_requests(tiny, bars):
+    """``layers="auto"`` traces up to ``n_trace`` requests before any edit work: one bar step per request."""
+    chosen = memit.choose_layers(tiny, REQS, n_trace=2, progress=True)
+    bar = bars.named("layers='auto'")
+    assert bar.n == 2 and bar.enabled is True
+    assert chosen and all(0 <= l < tiny.cfg.n_layer for l in chosen)
