@@ -295,6 +295,15 @@ class Edit:
 
     # ------------------------------------------------------------ views
     @property
+    def label(self) -> str:
+        """The method and the mode that produced the edit: ``"memit"``, or ``"memit (paper)"`` when its
+        hyperparameters came from the ``"paper"`` preset (the authors' algorithm)."""
+        preset = self.hparams.get("preset")
+        if preset is None and isinstance(self.hparams.get("rome"), dict):
+            preset = self.hparams["rome"].get("preset")
+        return self.method if not preset else f"{self.method} ({preset})"
+
+    @property
     def layers(self) -> list[int]:
         """The edited layers, ascending."""
         return sorted(self.factors)

@@ -60,7 +60,7 @@ from ..core.checks import check_choice, check_count, check_number
 from ..core.progress import progress_bar
 from ..model.fingerprint import parameter_digests, weights_fingerprint
 from .edit import Edit, EditWarning, Request, TargetResiduals, is_weak, report_failed
-from .hparams import load_hparams, model_hparams, models_with_hparams
+from .hparams import PRESETS, load_hparams, model_hparams, models_with_hparams, preset_hparams
 from .rome import (
     MODEL_HPARAMS as ROME_MODEL_HPARAMS,
 )
@@ -68,12 +68,13 @@ from .rome import (
     RequestLike,
     RomeHparams,
     TargetOutcome,
-    context_prefixes,
+    context_prefix_groups,
     default_layer,
     optimise_deltas,
     subject_states,
     target_outcomes,
     validate_request,
+    variant_weights,
 )
 from .stats import DEFAULT_CORPUS_RULE, KeyStats, key_second_moment, keys_fingerprint, unedited_digests
 
@@ -105,7 +106,14 @@ class MemitHparams:
     - ``alpha``: AlphaEdit's ridge, × tr(C)/d_mlp (> 0);
     - ``chunk``: requests per δ-optimisation batch (None: 32 on CPU, all on GPU);
     - ``delta_norm``: δ's clamp/weight-decay scale, ``"resid"`` (the residual after the top layer,
-      MEMIT's ``compute_z``) or ``"mlp_out"`` (ROME's v₀)."""
+      MEMIT's ``compute_z``) or ``"mlp_out"`` (ROME's v₀);
+    - ``preset``: the named preset the values came from (``"paper"``: the authors' algorithm and values,
+      :meth:`of`), recorded in the edit (:attr:`~.edit.Edit.label`).
+
+    The δ optimisation's departures from the authors' code (``rome.key_weighting``, ``target_state``,
+    ``kl_positions``, ``step_count``, ``prefix_style``) are :class:`.rome.RomeHparams` options; here
+    ``key_weighting`` also weights the keys of every edit layer, and ``target_state`` picks the state of
+    the target residual z and of the per-layer residual."""
 
     layers: tuple[int, ...] | None = None  # edit layers (None: the model's default, see default_layers)
     mom2_weight: float = 1000.0  # λ in (λC + KᵀK)⁻¹KᵀR (MEMIT's mom2_update_weight)
@@ -117,9 +125,12 @@ class MemitHparams:
     delta_norm: str = "resid"  # δ's clamp/weight-decay scale: the residual after the top layer
     # (MEMIT's compute_z) or "mlp_out" (ROME's v₀); see optimise_deltas
     rome: RomeHparams = field(default_factory=RomeHparams)
+    preset: str | None = None  # the named preset the values came from ("paper": the authors'), recorded
 
     def __post_init__(self) -> None:
         what = "MEMIT hyperparameter {}".format
+        if self.preset is not None:
+            self.preset = check_choice(self.preset, what("preset"), PRESETS)
         if self.layers is not None:
             if isinstance(self.layers, (str, bytes)) or not isinstance(self.layers, (list, tuple)) or not self.layers:
                 raise ValueError(
@@ -143,7 +154,12 @@ class MemitHparams:
         """Defaults (``hparams/{memit,alphaedit}/default.json``), then the model's own files
         (:data:`MODEL_HPARAMS`, AlphaEdit's), then ``overrides``; keys of :class:`RomeHparams`
         (``v_steps``, ``v_lr``, …) go to the δ optimisation, which starts from ROME's settings for the
-        model with :data:`DELTA_DEFAULTS` (MEMIT's context templates) over them."""
+        model with :data:`DELTA_DEFAULTS` (MEMIT's context templates) over them.
+
+        ``preset="paper"``: the dataclass defaults, the model's files for what the preset does not set
+        (the edit layers, AlphaEdit's settings), then the preset's MEMIT and AlphaEdit values
+        (``hparams/presets/paper.json``: MEMIT's gpt2-xl settings and algorithm), then ``overrides``;
+        the δ optimisation takes only the preset's values and ``overrides``."""
         name = model.cfg.name
         own = {f.name for f in fields(cls)} - {"rome"}
         rome_names = {f.name for f in fields(RomeHparams)} - {"layer"}  # the edit layers are MEMIT's `layers`
@@ -153,8 +169,14 @@ class MemitHparams:
                 f"unknown MEMIT hyperparameter(s) {bad}; valid: {sorted(own)} and the ROME δ settings "
                 f"{sorted(rome_names)}"
             )
-        memit = load_hparams("memit", name) | load_hparams("alphaedit", name) | overrides
-        rome_kw = DELTA_DEFAULTS | ROME_MODEL_HPARAMS.get(name, {}) | model_hparams("memit", name) | overrides
+        preset = overrides.get("preset")
+        if preset is None:
+            memit = load_hparams("memit", name) | load_hparams("alphaedit", name) | overrides
+            rome_kw = DELTA_DEFAULTS | ROME_MODEL_HPARAMS.get(name, {}) | model_hparams("memit", name) | overrides
+        else:
+            paper = preset_hparams(preset, "memit", name) | preset_hparams(preset, "alphaedit", name)
+            memit = load_hparams("memit", name) | load_hparams("alphaedit", name) | paper | overrides
+            rome_kw = paper | overrides
         return cls(
             **{k: v for k, v in memit.items() if k in own},
             rome=RomeHparams.of(**{k: v for k, v in rome_kw.items() if k in rome_names}),
@@ -504,12 +526,16 @@ def compute_edits(
     given = _given_targets(targets, base_fp, reqs, top, model.cfg.d_model)
     st = _resolve_stats(model, layers_, stats, hp, digests, progress)
     ns = _resolve_preserve(model, preserve, st, layers_, hp, digests)
-    prefixes = context_prefixes(model, hp.rome.prefix_lengths, hp.rome.prefixes_per_length, hp.rome.prefix_seed)
+    groups = context_prefix_groups(
+        model, hp.rome.prefix_lengths, hp.rome.prefixes_per_length, hp.rome.prefix_seed, hp.rome.prefix_style
+    )
+    prefixes = [p for g in groups for p in g]
+    weights = _Weights.of(hp.rome, groups)
     p_before = [float(torch.tensor(o.logprob).exp()) for o in target_outcomes(model, [r.text for r in reqs], ids)]
 
     # 1. target residuals at the top layer
     t1 = time.perf_counter()
-    _, h0 = subject_states(model, reqs, [], prefixes, resid_layer=top)
+    _, h0 = subject_states(model, reqs, [], prefixes, resid_layer=top, resid_weights=weights.resid)
     if given is None:
         opt = optimise_deltas(
             model,
@@ -522,6 +548,7 @@ def compute_edits(
             progress=progress,
             norm_reference=hp.delta_norm,
             desc=f"{'alphaedit' if ns is not None else 'memit'}: δ at layer {top}",
+            key_weights=weights.keys,
         )
         delta = torch.stack([o["delta"] for o in opt]).double().cpu()  # [n, d_model]
     else:
@@ -531,7 +558,9 @@ def compute_edits(
     z = h0.double().cpu() + delta  # [n, d_model]
 
     # 2-3. spread over the layers, lowest first
-    factors, keys_used, fit, after = _solve_layers(model, reqs, ids, z, layers_, prefixes, st, hp, ns, progress)
+    factors, keys_used, fit, after = _solve_layers(
+        model, reqs, ids, z, layers_, prefixes, st, hp, ns, progress, weights
+    )
     p_after = [float(torch.tensor(o.logprob).exp()) for o in after]
     if ns is not None and remember:
         ns.remember(keys_used)
@@ -571,6 +600,20 @@ def compute_edits(
         shape=(model.cfg.d_mlp, model.cfg.d_model),
         method="alphaedit" if ns is not None else "memit",
     )
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """The prompt variants' weights in the keys and in the residuals (None: their mean)."""
+
+    keys: list[float] | None = None
+    resid: list[float] | None = None
+
+    @classmethod
+    def of(cls, hp: RomeHparams, groups: Sequence[Sequence[str]]) -> _Weights:
+        n = 1 + sum(len(g) for g in groups)
+        bare = [1.0] + [0.0] * (n - 1) if hp.target_state == "bare_prompt" else None
+        return cls(variant_weights(hp, groups), bare)
 
 
 def _given_targets(
@@ -655,6 +698,7 @@ def _solve_layers(
     hp: MemitHparams,
     ns: NullSpace | None,
     progress: bool | None = None,
+    weights: _Weights | None = None,
 ) -> tuple[
     dict[int, tuple[torch.Tensor, torch.Tensor | None]],
     dict[int, torch.Tensor],
@@ -678,7 +722,10 @@ def _solve_layers(
     )
     try:
         for j, lay in enumerate(layers):
-            K_all, h_now = subject_states(model, reqs, [lay], prefixes, resid_layer=top)
+            w = weights or _Weights()
+            K_all, h_now = subject_states(
+                model, reqs, [lay], prefixes, resid_layer=top, key_weights=w.keys, resid_weights=w.resid
+            )
             K = K_all[lay].double().cpu()  # [n, d_mlp]
             R = (z - h_now.double().cpu()) / (len(layers) - j)  # [n, d_model]
             if ns is None:

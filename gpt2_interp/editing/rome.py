@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import time
+import unicodedata
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -49,7 +50,7 @@ import torch
 
 from ..analysis.tokens import subject_span, target_ids, token_span
 from ..analysis.tracing import causal_trace
-from ..core.checks import check_number
+from ..core.checks import check_choice, check_number
 from ..core.progress import progress_bar
 from ..model.fingerprint import parameter_digests, weights_fingerprint
 from .edit import (
@@ -59,7 +60,7 @@ from .edit import (
     is_weak,
     report_failed,
 )
-from .hparams import load_hparams, model_hparams, models_with_hparams
+from .hparams import PRESETS, load_hparams, model_hparams, models_with_hparams, preset_hparams
 from .stats import DEFAULT_CORPUS_RULE, KeyStats, key_second_moment
 
 if TYPE_CHECKING:
@@ -73,6 +74,20 @@ DEFAULT_LAYERS: dict[str, int] = {
     for name in models_with_hparams("rome")
     if "layer" in model_hparams("rome", name)
 }
+
+
+#: How k* averages a request's prompt variants (``RomeHparams.key_weighting``).
+KEY_WEIGHTINGS = ("uniform", "per_context_type")
+#: Which state the update's target and residual are taken from (``RomeHparams.target_state``).
+TARGET_STATES = ("averaged", "bare_prompt")
+#: Where the essence KL is read on ``kl_prompt`` (``RomeHparams.kl_positions``).
+KL_POSITIONS = ("subject_last_and_after", "subject_last")
+#: What ``v_steps`` counts (``RomeHparams.step_count``).
+STEP_COUNTS = ("updates", "evaluations")
+#: How the context prefixes are generated (``RomeHparams.prefix_style``).
+PREFIX_STYLES = ("sampled", "rome", "memit")
+#: MEMIT's seed words for its context prefixes (memit_main.get_context_templates).
+MEMIT_PREFIX_SEEDS = ("The", "Therefore", "Because", "I", "You")
 
 
 @dataclass
@@ -93,7 +108,27 @@ class RomeHparams:
       with ``prefix_seed``;
     - ``exact_edit``: optimise δ under the rank-one update's exact effect (see the module doc);
     - ``bare_weight``: the NLL weight of the bare rewrite prompt (None: uniform over variants, as ROME);
-    - ``corpus`` and ``n_samples``: the key statistics computed when ``stats=None`` (:mod:`.stats`)."""
+    - ``corpus`` and ``n_samples``: the key statistics computed when ``stats=None`` (:mod:`.stats`);
+    - ``preset``: the named preset the values came from (``"paper"``: the authors' algorithm, see
+      :func:`hparams_for`), recorded in the edit (:attr:`~.edit.Edit.label`).
+
+    Departures from the authors' code, each a named option (the first value is ours, the default; the
+    documentation's editing guide tabulates them):
+
+    - ``key_weighting``: ``"uniform"`` mean of the keys over every variant (ROME's k*) or
+      ``"per_context_type"`` (MEMIT's ``compute_ks``: the bare prompt and each prefix length are one
+      type each; the types' means are averaged);
+    - ``target_state``: ``"averaged"`` (r-ROME: the update's residual and denominator use k*; MEMIT's
+      target residual z and per-layer residual are averaged over the variants like the keys) or
+      ``"bare_prompt"`` (the authors: the bare prompt's key / residual);
+    - ``kl_positions``: ``"subject_last_and_after"`` (the KL on every position of ``kl_prompt`` from the
+      subject's last token on) or ``"subject_last"`` (the authors: that token only);
+    - ``step_count``: ``"updates"`` (``v_steps`` Adam updates) or ``"evaluations"`` (ROME's
+      ``v_num_grad_steps``: loop passes, ``v_steps − 1`` updates);
+    - ``prefix_style``: ``"sampled"`` (ours: ``prefix_lengths`` new tokens after BOS, seeded),
+      ``"rome"`` (texts of ``prefix_lengths`` tokens counting the ``<|endoftext|>`` they start from) or
+      ``"memit"`` (``prefixes_per_length / 5`` texts from each of MEMIT's seed words, the length
+      counting the seed)."""
 
     layer: int | None = None  # edit layer when none is given (None: n_layer // 3; see default_layer)
     v_steps: int = 20  # Adam steps on δ
@@ -112,9 +147,26 @@ class RomeHparams:
     bare_early_stop: float | None = None  # early stop also needs the bare prompt's mean target NLL below this
     corpus: str | None = None  # key statistics corpus when stats=None (see stats.py)
     n_samples: int = 100_000  # key statistics sample size when stats=None
+    # departures from the authors' code (first value: ours; see the class doc)
+    key_weighting: str = "uniform"  # k*: uniform over variants (ROME) or "per_context_type" (MEMIT's compute_ks)
+    target_state: str = "averaged"  # residual/denominator from k* (r-ROME) or "bare_prompt" (the authors')
+    kl_positions: str = "subject_last_and_after"  # essence KL also after the subject; "subject_last": authors'
+    step_count: str = "updates"  # v_steps counts Adam updates; "evaluations": ROME's loop passes (one fewer)
+    prefix_style: str = "sampled"  # our seeded prefixes; "rome"/"memit": the authors' generation and lengths
+    preset: str | None = None  # the named preset the values came from ("paper": the authors'), recorded
 
     def __post_init__(self) -> None:
         what = "ROME hyperparameter {}".format
+        for name, choices in (
+            ("key_weighting", KEY_WEIGHTINGS),
+            ("target_state", TARGET_STATES),
+            ("kl_positions", KL_POSITIONS),
+            ("step_count", STEP_COUNTS),
+            ("prefix_style", PREFIX_STYLES),
+        ):
+            setattr(self, name, check_choice(getattr(self, name), what(name), choices))
+        if self.preset is not None:
+            self.preset = check_choice(self.preset, what("preset"), PRESETS)
         for name, minimum in (("v_steps", 0), ("prefixes_per_length", 0), ("n_samples", 1), ("prefix_seed", None)):
             setattr(self, name, _integer(getattr(self, name), what(name), minimum))
         if self.layer is not None:
@@ -141,6 +193,17 @@ class RomeHparams:
             raise ValueError(f"{what('kl_prompt')} must be a string holding '{{}}' once, got {self.kl_prompt!r}")
         if self.corpus is not None and not isinstance(self.corpus, (str, os.PathLike)):
             raise ValueError(f"{what('corpus')} must be a corpus name or path, got {self.corpus!r}")
+        if self.prefix_style == "memit" and self.prefixes_per_length % len(MEMIT_PREFIX_SEEDS):
+            raise ValueError(
+                f"{what('prefixes_per_length')} must be a multiple of {len(MEMIT_PREFIX_SEEDS)} with "
+                f"prefix_style 'memit' (one share per seed word), got {self.prefixes_per_length}"
+            )
+
+    @property
+    def n_updates(self) -> int:
+        """The Adam updates δ gets at most: ``v_steps`` (``step_count="updates"``) or ``v_steps − 1``
+        (``"evaluations"``, ROME's loop)."""
+        return self.v_steps if self.step_count == "updates" else max(self.v_steps - 1, 0)
 
     @classmethod
     def of(cls, **kwargs: Any) -> RomeHparams:
@@ -175,8 +238,14 @@ def _integer(value: Any, what: str, minimum: int | None) -> int:
 
 def hparams_for(model: HookedGPT2, **overrides: Any) -> RomeHparams:
     """:class:`RomeHparams` for ``model``: ``hparams/rome/default.json``, then the model's own file, then
-    ``overrides``."""
-    return RomeHparams.of(**(load_hparams("rome", model.cfg.name) | overrides))
+    ``overrides``. With ``preset="paper"`` in ``overrides``: the dataclass defaults, the model's edit
+    layer, then the preset's values for ROME (the authors' for the model's size class,
+    ``hparams/presets/paper.json``), then the other ``overrides``."""
+    preset = overrides.get("preset")
+    if preset is None:
+        return RomeHparams.of(**(load_hparams("rome", model.cfg.name) | overrides))
+    own = {k: v for k, v in load_hparams("rome", model.cfg.name).items() if k == "layer"}
+    return RomeHparams.of(**(own | preset_hparams(preset, "rome", model.cfg.name) | overrides))
 
 
 def default_layer(model: HookedGPT2) -> int:
@@ -187,22 +256,74 @@ def default_layer(model: HookedGPT2) -> int:
 
 # ---------------------------------------------------------------- prompts and positions
 def context_prefixes(
-    model: HookedGPT2, lengths: Sequence[int] = (5, 10), per_length: int = 5, seed: int = 0
+    model: HookedGPT2, lengths: Sequence[int] = (5, 10), per_length: int = 5, seed: int = 0, style: str = "sampled"
 ) -> list[str]:
-    """Short texts sampled from the model (top-5 sampling from BOS), used as ``"{prefix}. {prompt}"``
-    so that k* and v* hold across contexts. Cached on the model (computed once, like ROME's)."""
+    """Short texts sampled from the model (top-5 sampling), used as ``"{prefix}. {prompt}"`` so that k*
+    and v* hold across contexts: :func:`context_prefix_groups` flattened. Cached on the model
+    (computed once, like ROME's)."""
+    return [p for group in context_prefix_groups(model, lengths, per_length, seed, style) for p in group]
+
+
+def context_prefix_groups(
+    model: HookedGPT2, lengths: Sequence[int] = (5, 10), per_length: int = 5, seed: int = 0, style: str = "sampled"
+) -> list[list[str]]:
+    """The context prefixes per length (MEMIT's context types), ``per_length`` texts for each of ``lengths``.
+
+    ``style`` (:attr:`RomeHparams.prefix_style`): ``"sampled"`` — ``n`` new tokens after BOS, braces and
+    trailing dots removed, empty texts dropped; ``"rome"`` — ROME's ``get_context_templates``: ``n − 1``
+    new tokens after ``<|endoftext|>`` (ROME's ``max_out_len`` counts it), NFKD, ``"\\n\\n"`` → space;
+    ``"memit"`` — MEMIT's: ``per_length / 5`` texts from each seed word of :data:`MEMIT_PREFIX_SEEDS`
+    (no BOS), ``n`` tokens counting the seed, braces replaced by spaces. Sampling is top-5 at temperature
+    1 with ``seed`` (the authors' texts are unseeded). Cached on the model."""
+    style = check_choice(style, "prefix style", PREFIX_STYLES)
     cache = model.__dict__.setdefault("_rome_prefixes", {})
-    key = (tuple(lengths), per_length, seed)
+    key = (tuple(lengths), per_length, seed) + (() if style == "sampled" else (style,))
     if key not in cache:
-        out: list[str] = []
+        groups: list[list[str]] = []
         for i, n in enumerate(lengths):
-            texts = model.generate([""] * per_length, max_new_tokens=n, temperature=1.0, top_k=5, seed=seed + i)
-            for t in texts:
-                t = " ".join(t.replace("{", " ").replace("}", " ").split()).rstrip(". ")
-                if t:
-                    out.append(t)
-        cache[key] = out
-    return list(cache[key])
+            if style == "sampled":
+                texts = model.generate([""] * per_length, max_new_tokens=n, temperature=1.0, top_k=5, seed=seed + i)
+                cleaned = (" ".join(t.replace("{", " ").replace("}", " ").split()).rstrip(". ") for t in texts)
+                groups.append([t for t in cleaned if t])
+            elif style == "rome":
+                texts = model.generate(
+                    [""] * per_length, max_new_tokens=n - 1, temperature=1.0, top_k=5, seed=seed + i, stop_at_eos=False
+                )
+                groups.append([_authors_text(t) for t in texts])
+            else:
+                group = []
+                for j, word in enumerate(MEMIT_PREFIX_SEEDS):
+                    new = n - len(model.tokenizer.encode_ids(word))
+                    texts = model.generate(
+                        [word] * (per_length // len(MEMIT_PREFIX_SEEDS)),
+                        max_new_tokens=max(new, 0),
+                        temperature=1.0,
+                        top_k=5,
+                        seed=seed + i * len(MEMIT_PREFIX_SEEDS) + j,
+                        prepend_bos=False,
+                        stop_at_eos=False,
+                    )
+                    group += [_authors_text(t).replace("{", " ").replace("}", " ") for t in texts]
+                groups.append(group)
+        cache[key] = groups
+    return [list(g) for g in cache[key]]
+
+
+def _authors_text(text: str) -> str:
+    """A generated text cleaned as ROME/MEMIT's ``generate_fast`` cleans it."""
+    return unicodedata.normalize("NFKD", text).replace("\n\n", " ").replace("<|endoftext|>", "")
+
+
+def variant_weights(hp: RomeHparams, groups: Sequence[Sequence[str]]) -> list[float] | None:
+    """The weight of each prompt variant (the bare prompt, then every prefix of ``groups`` in order) in a
+    request's key k*: None for ``key_weighting="uniform"`` (a plain mean), else MEMIT's per-context-type
+    weights: ``1/G`` for the bare prompt and ``1/(G·|g|)`` for each prefix of group ``g``, with ``G`` the
+    bare prompt plus the non-empty groups (MEMIT's one group of 5: 1/2 and 1/10 each)."""
+    if hp.key_weighting == "uniform":
+        return None
+    full = [g for g in groups if g]
+    G = 1 + len(full)
+    return [1.0 / G] + [1.0 / (G * len(g)) for g in full for _ in g]
 
 
 def _filled(prompt: str, subject: str, prefix: str = "") -> tuple[str, int, int]:
@@ -272,6 +393,7 @@ def rank_one_update(
     k: torch.Tensor,
     v_star: torch.Tensor,
     solve: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    k_residual: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(u, v)`` with ``ΔW = outer(u, v)`` the C-metric minimal update making ``k @ (W+ΔW) + b = v*``.
 
@@ -279,12 +401,19 @@ def rank_one_update(
     ``solve(k)`` returns ``C⁻¹k`` (identity when None: then ``ΔW = outer(k, v* − Wᵀk − b) / ‖k‖²``). ``u`` is
     ``C⁻¹k`` normalised; ``v = (v* − Wᵀk − b) / (k · u)``. The same ``k`` enters the direction,
     the denominator and the residual (r-ROME). Returns float32 ``u [d_mlp]`` and ``v [d_model]``.
-    A zero key, or ``k · u`` ≈ 0 (degenerate statistics), raises ValueError."""
+    A zero key, or ``k · u`` ≈ 0 (degenerate statistics), raises ValueError.
+
+    ``k_residual`` (``target_state="bare_prompt"``, ROME's code): the key of the residual
+    ``v* − Wᵀk_r − b`` and the denominator ``k_r · u`` instead of ``k`` (ROME uses the bare prompt's key
+    there and the averaged k* in ``u``); then ``k_r @ (W+ΔW) + b = v*`` and k* gets
+    ``(k*·u)/(k_r·u)`` of the change."""
     k64, W64 = k.double().reshape(-1), W_out.double()
+    if k_residual is not None:
+        k64 = k_residual.double().reshape(-1)
     out = k64 @ W64 + (b_out.double() if b_out is not None else 0.0)
     resid = v_star.double().reshape(-1) - out  # [d_model]
     c = (solve(k.float()) if solve is not None else k).double().reshape(-1)  # [d_mlp]
-    if c.norm() == 0 or k64.norm() == 0:
+    if c.norm() == 0 or k64.norm() == 0 or k.norm() == 0:
         raise ValueError("the key k* is zero: the MLP is dead at the subject's last token; try another layer")
     u = c / c.norm()
     denom = k64 @ u
@@ -307,7 +436,9 @@ class _Batch:
     keep_cols: torch.Tensor  # [K] column of each keep row's last token (rows n_rewrite+1 …)
 
 
-def _build_batch(model: HookedGPT2, req: Request, ids: list[int], prefixes: list[str], kl_prompt: str) -> _Batch:
+def _build_batch(
+    model: HookedGPT2, req: Request, ids: list[int], prefixes: list[str], kl_prompt: str, kl_last_only: bool = False
+) -> _Batch:
     rows, splits = [], []
     for prefix in ["", *prefixes]:
         text, lo, hi = _filled(req.prompt, req.subject, prefix)
@@ -337,7 +468,7 @@ def _build_batch(model: HookedGPT2, req: Request, ids: list[int], prefixes: list
         c,
         n_rw,
         target_pos.to(dev),
-        torch.arange(c, c + ends[n_rw], device=dev),
+        torch.arange(c, c + (1 if kl_last_only else ends[n_rw]), device=dev),
         torch.tensor([c + e - 1 for e in ends[n_rw + 1 :]], dtype=torch.long, device=dev),
     )
 
@@ -350,11 +481,15 @@ def subject_states(
     prefixes: Sequence[str],
     resid_layer: int | None = None,
     batch_size: int = 256,
+    key_weights: Sequence[float] | None = None,
+    resid_weights: Sequence[float] | None = None,
 ) -> tuple[dict[int, torch.Tensor], torch.Tensor | None]:
     """At the subject's last token, averaged over each request's prompt variants (the bare rewrite
     prompt and ``"{prefix}. {prompt}"`` for each prefix — ROME's k*): the MLP keys
     ``{layer: [n, d_mlp]}`` of ``layers`` and, with ``resid_layer``, the residual stream after that
-    block ``[n, d_model]`` (``blocks.{resid_layer}.hook_resid_post``)."""
+    block ``[n, d_model]`` (``blocks.{resid_layer}.hook_resid_post``). ``key_weights`` /
+    ``resid_weights`` ``[1 + len(prefixes)]``: a weighted sum over the variants instead of the mean
+    (:func:`variant_weights`; ``[1, 0, …]`` is the bare prompt's state)."""
     rows, pos = [], []
     for req in requests:
         for prefix in ["", *list(prefixes)]:
@@ -386,9 +521,20 @@ def subject_states(
             got = cache[name][torch.arange(len(chunk), device=model.device), p].float()
             sums[name] = got if name not in sums else torch.cat([sums[name], got])
     v = 1 + len(prefixes)
-    mean = {name: x.view(len(requests), v, -1).mean(1) for name, x in sums.items()}
+    mean = {}
+    for name, x in sums.items():
+        w = resid_weights if name.endswith("hook_resid_post") else key_weights
+        x = x.view(len(requests), v, -1)
+        mean[name] = x.mean(1) if w is None else torch.einsum("nvd,v->nd", x, _weights(w, v, x))
     keys = {l: mean[f"blocks.{l}.mlp.hook_post"] for l in layers}
     return keys, (mean[f"blocks.{resid_layer}.hook_resid_post"] if resid_layer is not None else None)
+
+
+def _weights(w: Sequence[float], v: int, like: torch.Tensor) -> torch.Tensor:
+    """``w`` as a ``[v]`` tensor on ``like``'s device; another length raises ValueError."""
+    if len(w) != v:
+        raise ValueError(f"variant weights must give one weight per prompt variant ({v}), got {len(w)}")
+    return torch.tensor(list(w), dtype=like.dtype, device=like.device)
 
 
 @dataclass(frozen=True)
@@ -447,10 +593,14 @@ def optimise_delta(
     hp: RomeHparams,
     solve: Callable[[torch.Tensor], torch.Tensor] | None = None,
     progress: bool | None = None,
+    key_weights: Sequence[float] | None = None,
 ) -> dict[str, Any]:
-    """Find δ for one request (see module doc). Returns ``k_star [d_mlp]``, ``delta [d_model]``,
-    ``v0 [d_model]`` and a log of the losses. See :func:`optimise_deltas` (``progress`` too)."""
-    return optimise_deltas(model, [(req, ids)], layer, prefixes, hp, solve, progress=progress)[0]
+    """Find δ for one request (see module doc). Returns ``k_star [d_mlp]``, ``k_bare [d_mlp]`` (the bare
+    prompt's key), ``delta [d_model]``, ``v0 [d_model]`` and a log of the losses. See
+    :func:`optimise_deltas` (``progress`` and ``key_weights`` too)."""
+    return optimise_deltas(model, [(req, ids)], layer, prefixes, hp, solve, progress=progress, key_weights=key_weights)[
+        0
+    ]
 
 
 def optimise_deltas(
@@ -464,6 +614,7 @@ def optimise_deltas(
     progress: bool | None = None,
     norm_reference: str = "mlp_out",
     desc: str | None = None,
+    key_weights: Sequence[float] | None = None,
 ) -> list[dict[str, Any]]:
     """One δ per ``(request, target ids)``, optimised together: every request's prompt variants sit
     in one batch (its δ reaches only its own rows), the loss is the sum of the requests' losses, so
@@ -485,14 +636,18 @@ def optimise_deltas(
     ``progress`` (None: on a terminal or in a notebook, see :mod:`~gpt2_interp.core.progress`): a bar
     over the Adam steps of every chunk (its time left is the estimate for the whole optimisation) showing
     the current loss and P(target) (averaged over the prompt variants; over the requests still
-    optimised when there are several) and how many requests are done; ``desc`` labels it."""
+    optimised when there are several) and how many requests are done; ``desc`` labels it.
+
+    ``key_weights`` ``[1 + len(prefixes)]``: k* as a weighted sum over the variants instead of their mean
+    (:func:`variant_weights`). ``hp.n_updates`` Adam updates at most (:attr:`RomeHparams.step_count`);
+    ``hp.kl_positions`` picks the KL's positions."""
     if norm_reference not in ("mlp_out", "resid"):
         raise ValueError(f"norm_reference must be 'mlp_out' (ROME) or 'resid' (MEMIT), got {norm_reference!r}")
     chunk = chunk or (len(items) if model.device.type != "cpu" else 32)
     n_chunks = -(-len(items) // chunk) if items else 0
     out: list[dict[str, Any]] = []
     bar = progress_bar(
-        total=hp.v_steps * n_chunks or None,
+        total=hp.n_updates * n_chunks or None,
         unit="step",
         desc=desc or f"δ at layer {layer}",
         enabled=progress,
@@ -500,8 +655,10 @@ def optimise_deltas(
     )
     with torch.inference_mode(False), torch.enable_grad():  # works inside a caller's no_grad/inference_mode
         for s in range(0, len(items), chunk):
-            report = _StepReport(bar, len(items), len(out), hp.v_steps)
-            out += _optimise_deltas(model, items[s : s + chunk], layer, prefixes, hp, solve, norm_reference, report)
+            report = _StepReport(bar, len(items), len(out), hp.n_updates)
+            out += _optimise_deltas(
+                model, items[s : s + chunk], layer, prefixes, hp, solve, norm_reference, report, key_weights
+            )
             report.finish()
     bar.close()
     return out
@@ -647,9 +804,12 @@ def _optimise_deltas(
     solve: Callable[[torch.Tensor], torch.Tensor] | None,
     norm_reference: str = "mlp_out",
     report: Callable[[int, list[dict[str, float]], int], None] | None = None,
+    key_weights: Sequence[float] | None = None,
 ) -> list[dict[str, Any]]:
     dev, n_layer, n = model.device, model.cfg.n_layer, len(items)
-    bs = [_build_batch(model, req, ids, prefixes, hp.kl_prompt) for req, ids in items]
+    n_upd = hp.n_updates
+    kl_last = hp.kl_positions == "subject_last"
+    bs = [_build_batch(model, req, ids, prefixes, hp.kl_prompt, kl_last) for req, ids in items]
     R = _Rows.of(model, items, bs, hp)
     c, tokens, mask, r0, row_req = R.c, R.tokens, R.mask, R.r0, R.row_req
     row_req_t, r0_t = R.row_req_t, R.r0_t
@@ -670,7 +830,14 @@ def _optimise_deltas(
             return_type=None,
         )
     keys = cache[post].float()  # [rows, width, d_mlp]
-    k_star = torch.stack([keys[r : r + b.n_rewrite, c].mean(0) for r, b in zip(r0, bs)])  # [n, d_mlp]
+    if key_weights is None:
+        k_star = torch.stack([keys[r : r + b.n_rewrite, c].mean(0) for r, b in zip(r0, bs)])  # [n, d_mlp]
+    else:
+        k_star = torch.stack(
+            [_weights(key_weights, b.n_rewrite, keys) @ keys[r : r + b.n_rewrite, c] for r, b in zip(r0, bs)]
+        )
+    k_bare = keys[torch.tensor(r0, device=dev), c]  # [n, d_mlp], the bare prompts'
+
     if hp.exact_edit:  # what the rank-one update adds at each position: (k_t·u)/(k*·u) · δ
         c_inv_k = (solve(k_star) if solve is not None else k_star).float()  # [n, d_mlp]
         num = torch.einsum("bpk,bk->bp", keys, c_inv_k[row_req_t])
@@ -695,7 +862,7 @@ def _optimise_deltas(
         return act + (cur["scale"][:, :, None] * delta[cur["row_req"]][:, None, :]).to(act.dtype)
 
     with _frozen(model), model.hooks([(mlp_out, add_delta)]):
-        for step in range(hp.v_steps + 1):
+        for step in range(n_upd + 1):
             rows = active[row_req_t].nonzero()[:, 0]  # the active requests' rows
             new_row = torch.full((len(row_req),), -1, dtype=torch.long, device=dev)
             new_row[rows] = torch.arange(len(rows), device=dev)
@@ -735,7 +902,7 @@ def _optimise_deltas(
             for i in active.nonzero()[:, 0].tolist():
                 logs[i].append(dict(zip(("loss", "nll", "kl", "p_target", "bare_nll", "keep_kl"), stat[i])))
                 last = logs[i][-1]
-                if step == hp.v_steps or (
+                if step == n_upd or (
                     last["loss"] < hp.early_stop
                     and (hp.bare_early_stop is None or last["bare_nll"] < hp.bare_early_stop)
                 ):
@@ -743,7 +910,7 @@ def _optimise_deltas(
             if report is not None:
                 now = active.nonzero()[:, 0].tolist()
                 report(step, [logs[i][-1] for i in now], n - len(now) + int(done[now].sum()) if now else n)
-            if not bool((active & ~done).any()) or step == hp.v_steps:  # every request has stopped
+            if not bool((active & ~done).any()) or step == n_upd:  # every request has stopped
                 break
             (grad,) = torch.autograd.grad(loss[active].sum(), delta)
             with torch.no_grad():
@@ -757,6 +924,7 @@ def _optimise_deltas(
     return [
         {
             "k_star": k_star[i],
+            "k_bare": k_bare[i],
             "delta": delta[i].detach(),
             "v0": v0[i],
             "log": logs[i],
@@ -848,14 +1016,19 @@ def compute_edit(
             f"got {type(stats).__name__}"
         )
     stats.check(model, layer, digests)
-    prefixes = context_prefixes(model, hp.prefix_lengths, hp.prefixes_per_length, hp.prefix_seed)
+    groups = context_prefix_groups(model, hp.prefix_lengths, hp.prefixes_per_length, hp.prefix_seed, hp.prefix_style)
+    prefixes = [p for g in groups for p in g]
     (before,) = target_outcomes(model, [req.text], [ids])
-    opt = optimise_delta(model, req, ids, layer, prefixes, hp, stats.solve, progress=progress)
+    opt = optimise_delta(
+        model, req, ids, layer, prefixes, hp, stats.solve, progress=progress, key_weights=variant_weights(hp, groups)
+    )
     mlp = model.blocks[layer].mlp
     k_star = opt["k_star"]
     b_out = None if mlp.b_out is None else mlp.b_out.detach()
-    v_star = k_star @ mlp.W_out.detach().float() + (0.0 if b_out is None else b_out.float()) + opt["delta"]
-    u, v = rank_one_update(mlp.W_out.detach(), b_out, k_star, v_star, stats.solve)
+    k_res = opt["k_bare"] if hp.target_state == "bare_prompt" else None  # ROME's code: v* = v₀ + δ, k_bare · u
+    v_star = (k_star if k_res is None else k_res) @ mlp.W_out.detach().float()
+    v_star = v_star + (0.0 if b_out is None else b_out.float()) + opt["delta"]
+    u, v = rank_one_update(mlp.W_out.detach(), b_out, k_star, v_star, stats.solve, k_residual=k_res)
     with model.hooks(_delta_hooks(layer, u, v)):
         (after,) = target_outcomes(model, [req.text], [ids])
     metrics = {
@@ -940,13 +1113,20 @@ def apply_rome(
 
 __all__ = [
     "DEFAULT_LAYERS",
+    "KEY_WEIGHTINGS",
+    "KL_POSITIONS",
+    "MEMIT_PREFIX_SEEDS",
     "MODEL_HPARAMS",
+    "PREFIX_STYLES",
+    "STEP_COUNTS",
+    "TARGET_STATES",
     "Request",
     "RomeHparams",
     "TargetOutcome",
     "apply_rome",
     "choose_layer",
     "compute_edit",
+    "context_prefix_groups",
     "context_prefixes",
     "default_layer",
     "hparams_for",
@@ -957,4 +1137,5 @@ __all__ = [
     "target_logprobs",
     "target_outcomes",
     "validate_request",
+    "variant_weights",
 ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from functools import cache, lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -114,6 +114,36 @@ def load_hparams(method: str, model_name: str) -> dict[str, Any]:
     return _tuples(default["settings"] if default else {}) | model_hparams(method, model_name)
 
 
+#: Named presets (``hparams/presets/<name>.json``): ``"paper"`` selects the authors' algorithm and values.
+PRESETS = ("paper",)
+
+
+@cache
+def _read_preset(preset: str) -> dict[str, Any]:
+    """The parsed, checked file ``presets/<preset>.json``."""
+    if preset not in PRESETS:
+        raise ValueError(f"hparams preset must be one of {PRESETS} or None, got {preset!r}")
+    where = f"gpt2_interp/editing/hparams/presets/{preset}.json"
+    data = json.loads(resources.files(__package__).joinpath("presets", f"{preset}.json").read_text(encoding="utf-8"))
+    for method, block in data["methods"].items():
+        _check_file(block, f"{where} [{method}]")
+        for model, own in block.get("models", {}).items():
+            _check_file(own, f"{where} [{method}, {model}]")
+    return data
+
+
+def preset_hparams(preset: str, method: str, model_name: str) -> dict[str, Any]:
+    """The settings of ``preset`` for ``method`` on ``model_name``: the method's preset settings updated by
+    the model's entry (its published size class) when the preset has one.
+
+    >>> preset_hparams("paper", "rome", "gpt2-medium")["clamp_factor"]
+    3.0
+    """
+    block = _read_preset(preset)["methods"][_check_method(method)]
+    own = block.get("models", {}).get(model_name, {"settings": {}})
+    return _tuples(block["settings"]) | _tuples(own["settings"])
+
+
 def models_with_hparams(method: str) -> list[str]:
     """The model names that have a file of their own for ``method``."""
     folder = resources.files(__package__).joinpath(_check_method(method))
@@ -123,9 +153,11 @@ def models_with_hparams(method: str) -> list[str]:
 __all__ = [
     "EXPERIMENTS",
     "METHODS",
+    "PRESETS",
     "RUN_PATTERN",
     "hparams_file",
     "load_hparams",
     "model_hparams",
     "models_with_hparams",
+    "preset_hparams",
 ]
