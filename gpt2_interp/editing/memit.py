@@ -158,7 +158,7 @@ class MemitHparams:
 
         ``preset="paper"``: the dataclass defaults, the model's files for what the preset does not set
         (the edit layers, AlphaEdit's settings), then the preset's MEMIT and AlphaEdit values
-        (``hparams/presets/paper.json``: MEMIT's gpt2-xl settings and algorithm), then ``overrides``;
+        (``hparams/preset-paper.json``: MEMIT's gpt2-xl settings and algorithm), then ``overrides``;
         the δ optimisation takes only the preset's values and ``overrides``."""
         name = model.cfg.name
         own = {f.name for f in fields(cls)} - {"rome"}

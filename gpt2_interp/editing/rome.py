@@ -240,7 +240,7 @@ def hparams_for(model: HookedGPT2, **overrides: Any) -> RomeHparams:
     """:class:`RomeHparams` for ``model``: ``hparams/rome/default.json``, then the model's own file, then
     ``overrides``. With ``preset="paper"`` in ``overrides``: the dataclass defaults, the model's edit
     layer, then the preset's values for ROME (the authors' for the model's size class,
-    ``hparams/presets/paper.json``), then the other ``overrides``."""
+    ``hparams/preset-paper.json``), then the other ``overrides``."""
     preset = overrides.get("preset")
     if preset is None:
         return RomeHparams.of(**(load_hparams("rome", model.cfg.name) | overrides))

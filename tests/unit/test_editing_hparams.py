@@ -119,6 +119,13 @@ def test_resolved_settings_equal_the_former_dictionaries():
         bare_early_stop=None,
         corpus=None,
         n_samples=100_000,
+        # the departures from the authors' code, at ours (docs/guide/editing.md)
+        key_weighting="uniform",
+        target_state="averaged",
+        kl_positions="subject_last_and_after",
+        step_count="updates",
+        prefix_style="sampled",
+        preset=None,
     )
     facts, smol = _model("gpt2-facts", 2), _model("smollm2-135m", 30)
     got = asdict(hparams_for(facts))
@@ -132,7 +139,7 @@ def test_resolved_settings_equal_the_former_dictionaries():
     }
     assert asdict(hparams_for(smol)) == rome_defaults | {"layer": 3, "early_stop": 0.1}
     memit_defaults = dict(
-        mom2_weight=1000.0, nullspace_threshold=1e-3, nullspace_rule="relative", alpha=1e-2, chunk=None
+        mom2_weight=1000.0, nullspace_threshold=1e-3, nullspace_rule="relative", alpha=1e-2, chunk=None, preset=None
     )
     m = MemitHparams.of(facts).to_dict()
     assert m == memit_defaults | {

@@ -114,17 +114,17 @@ def load_hparams(method: str, model_name: str) -> dict[str, Any]:
     return _tuples(default["settings"] if default else {}) | model_hparams(method, model_name)
 
 
-#: Named presets (``hparams/presets/<name>.json``): ``"paper"`` selects the authors' algorithm and values.
+#: Named presets (``hparams/preset-<name>.json``): ``"paper"`` selects the authors' algorithm and values.
 PRESETS = ("paper",)
 
 
 @cache
 def _read_preset(preset: str) -> dict[str, Any]:
-    """The parsed, checked file ``presets/<preset>.json``."""
+    """The parsed, checked file ``preset-<preset>.json``."""
     if preset not in PRESETS:
         raise ValueError(f"hparams preset must be one of {PRESETS} or None, got {preset!r}")
-    where = f"gpt2_interp/editing/hparams/presets/{preset}.json"
-    data = json.loads(resources.files(__package__).joinpath("presets", f"{preset}.json").read_text(encoding="utf-8"))
+    where = f"gpt2_interp/editing/hparams/preset-{preset}.json"
+    data = json.loads(resources.files(__package__).joinpath(f"preset-{preset}.json").read_text(encoding="utf-8"))
     for method, block in data["methods"].items():
         _check_file(block, f"{where} [{method}]")
         for model, own in block.get("models", {}).items():
