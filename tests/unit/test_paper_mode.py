@@ -1,0 +1,212 @@
+"""The authors' algorithm as named options and the ``"paper"`` preset (docs/guide/editing.md, "Departures
+from the papers"), checked against quantities computed here by hand from the model's own activations:
+MEMIT's per-context-type key weighting, the state z and the residual come from, the KL's positions,
+ROME's step counting, ROME's/MEMIT's prefix generation, and ROME's bare-prompt denominator."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from gpt2_interp.editing import memit, rome
+from gpt2_interp.editing.edit import Edit, Request
+from gpt2_interp.editing.hparams import load_hparams
+from gpt2_interp.editing.stats import key_second_moment
+
+REQ = Request.of({"prompt": "{} is located in the country of", "subject": "Paris", "target": " Japan"})
+REQ2 = Request.of({"prompt": "{} is located in the country of", "subject": "Berlin", "target": " Italy"})
+
+
+@pytest.fixture(scope="module")
+def stats(facts_model):
+    return key_second_moment(facts_model, [0], n_samples=2000, progress=False)
+
+
+def _at_subject_end(model, text: str, subject: str, name: str) -> torch.Tensor:
+    """The activation ``name`` at the subject's last token of ``text`` (BOS first), found by tokenising the
+    text up to the end of the subject (the subject is followed by a space, a token boundary)."""
+    end = text.index(subject) + len(subject)
+    pos = model.to_tokens(text[:end]).shape[1] - 1
+    with torch.no_grad():
+        _, cache = model.run_with_cache(model.to_tokens(text), names_filter=[name], return_type=None)
+    return cache[name][0, pos].float()
+
+
+def _variants(req: Request, prefixes: list[str]) -> list[str]:
+    return [req.text] + [f"{p}. {req.text}" for p in prefixes]
+
+
+# ---------------------------------------------------------------- the preset
+def test_paper_preset_takes_the_authors_values_and_no_preset_is_unchanged(facts_model):
+    hp = rome.hparams_for(facts_model, preset="paper")
+    assert (hp.v_steps, hp.step_count, hp.v_lr, hp.clamp_factor, hp.weight_decay, hp.kl_factor) == (
+        20,
+        "evaluations",
+        0.5,
+        4.0,
+        0.5,
+        0.0625,
+    )
+    assert (hp.prefix_style, hp.prefix_lengths, hp.prefixes_per_length) == ("rome", (5, 10), 10)
+    assert (hp.key_weighting, hp.target_state, hp.kl_positions, hp.exact_edit) == (
+        "uniform",
+        "bare_prompt",
+        "subject_last",
+        False,
+    )
+    assert hp.layer == 0 and hp.bare_weight is None and hp.preset == "paper"  # the model's layer stays
+    assert rome.hparams_for(facts_model, preset="paper", v_steps=7).v_steps == 7  # the user's value wins
+    # without a preset: the model's files, as before
+    assert asdict(rome.hparams_for(facts_model)) == asdict(rome.RomeHparams.of(**load_hparams("rome", "gpt2-facts")))
+    m = memit.MemitHparams.of(facts_model, preset="paper")
+    assert (m.mom2_weight, m.delta_norm, m.layers, m.preset) == (20000.0, "resid", (0,), "paper")
+    assert (m.rome.clamp_factor, m.rome.prefix_style, m.rome.prefix_lengths, m.rome.prefixes_per_length) == (
+        0.75,
+        "memit",
+        (10,),
+        5,
+    )
+    assert (m.rome.key_weighting, m.rome.target_state, m.rome.kl_positions, m.rome.step_count) == (
+        "per_context_type",
+        "bare_prompt",
+        "subject_last",
+        "evaluations",
+    )
+    with pytest.raises(ValueError, match="preset must be one of"):
+        rome.RomeHparams(preset="mine")
+    with pytest.raises(ValueError, match="key_weighting must be one of"):
+        rome.RomeHparams(key_weighting="median")
+
+
+def test_clamp_follows_the_published_size_class():
+    class M:
+        class cfg:  # noqa: N801
+            name = "gpt2-medium"
+
+    assert rome.hparams_for(M, preset="paper").clamp_factor == 3.0  # hparams/ROME/gpt2-medium.json
+    M.cfg.name = "gpt2-large"
+    assert rome.hparams_for(M, preset="paper").clamp_factor == 4.0
+    assert rome.hparams_for(M).clamp_factor == 4.0 and rome.hparams_for(M).preset is None
+
+
+# ---------------------------------------------------------------- prefixes
+def test_rome_prefixes_count_the_endoftext_token_in_their_length(facts_model):
+    groups = rome.context_prefix_groups(facts_model, (5, 10), 10, seed=0, style="rome")
+    assert [len(g) for g in groups] == [10, 10]  # [[5, 10], [10, 10]]: 20 prefixes
+    for n, group in zip((5, 10), groups):
+        # max_out_len n counts the '<|endoftext|>' the texts are sampled from: n - 1 tokens of text
+        assert [len(facts_model.tokenizer.encode_ids(t)) for t in group] == [n - 1] * 10
+
+
+def test_memit_prefixes_start_from_its_seed_words(facts_model):
+    (group,) = rome.context_prefix_groups(facts_model, (10,), 5, seed=0, style="memit")
+    assert len(group) == 5
+    for text, word in zip(group, ("The", "Therefore", "Because", "I", "You")):
+        assert text.startswith(word) and "{" not in text and "}" not in text
+    with pytest.raises(ValueError, match="multiple of 5"):
+        rome.RomeHparams(prefix_style="memit", prefixes_per_length=3)
+
+
+def test_our_prefixes_are_the_flattened_groups(facts_model):
+    flat = rome.context_prefixes(facts_model, (5, 10), 5, 0)
+    assert flat == [p for g in rome.context_prefix_groups(facts_model, (5, 10), 5, 0) for p in g]
+
+
+# ---------------------------------------------------------------- keys and states
+def test_per_context_type_keys_weight_the_bare_prompt_half(facts_model, stats):
+    hp = memit.MemitHparams.of(facts_model, preset="paper", v_steps=2)
+    groups = rome.context_prefix_groups(facts_model, hp.rome.prefix_lengths, hp.rome.prefixes_per_length, 0, "memit")
+    (prefixes,) = groups
+    assert rome.variant_weights(hp.rome, groups) == [0.5] + [0.1] * 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        e = memit.compute_edits(facts_model, [REQ, REQ2], layers=[0], stats=stats, hparams=hp, progress=False)
+    for i, req in enumerate((REQ, REQ2)):
+        keys = [_at_subject_end(facts_model, t, req.subject, "blocks.0.mlp.hook_post") for t in _variants(req, prefixes)]
+        by_hand = 0.5 * keys[0] + 0.5 * torch.stack(keys[1:]).mean(0)  # MEMIT's compute_ks
+        torch.testing.assert_close(e.keys[0][i], by_hand, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(e.keys[0][i], torch.stack(keys).mean(0), rtol=1e-3, atol=1e-3)
+        # z = the bare prompt's residual + δ (MEMIT's compute_z), δ clamped by that residual's norm
+        h_bare = _at_subject_end(facts_model, req.text, req.subject, "blocks.0.hook_resid_post")
+        delta = e.v_star[i] - h_bare
+        assert float(delta.norm()) <= 0.75 * float(h_bare.norm()) * (1 + 1e-5)
+    assert e.label == "memit (paper)" and e.method == "memit"
+
+
+def test_default_keys_and_target_are_the_uniform_mean(facts_model, stats):
+    hp = memit.MemitHparams.of(facts_model, v_steps=2)
+    prefixes = rome.context_prefixes(facts_model, hp.rome.prefix_lengths, hp.rome.prefixes_per_length, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        e = memit.compute_edits(facts_model, [REQ], layers=[0], stats=stats, hparams=hp, progress=False)
+    keys = [_at_subject_end(facts_model, t, REQ.subject, "blocks.0.mlp.hook_post") for t in _variants(REQ, prefixes)]
+    torch.testing.assert_close(e.keys[0][0], torch.stack(keys).mean(0), rtol=1e-5, atol=1e-5)
+    assert e.label == "memit"
+
+
+def test_rome_paper_inserts_delta_at_the_bare_key_with_the_averaged_direction(facts_model, stats):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        e = rome.compute_edit(facts_model, REQ, layer=0, stats=stats[0], progress=False, preset="paper", v_steps=3)
+    prefixes = rome.context_prefixes(facts_model, (5, 10), 10, 0, style="rome")
+    keys = [_at_subject_end(facts_model, t, REQ.subject, "blocks.0.mlp.hook_post") for t in _variants(REQ, prefixes)]
+    torch.testing.assert_close(e.k, torch.stack(keys).mean(0), rtol=1e-5, atol=1e-5)  # compute_u: uniform mean
+    k_bare = keys[0]
+    mlp = facts_model.blocks[0].mlp
+    v0 = k_bare @ mlp.W_out.detach().float() + mlp.b_out.detach().float()
+    # ROME's compute_v: v = (v₀ + δ − v₀) / (k_bare · u): the bare prompt's key gets exactly δ, v* = v₀ + δ
+    torch.testing.assert_close((k_bare @ e.u) * e.v, e.v_star - v0, rtol=1e-4, atol=1e-5)
+    u_dir = stats[0].solve(e.k.float())
+    torch.testing.assert_close(e.u, (u_dir / u_dir.norm()).float(), rtol=1e-4, atol=1e-6)
+    assert e.label == "rome (paper)"
+    assert Edit.label.fget(e) == "rome (paper)"
+
+
+# ---------------------------------------------------------------- the δ loop
+def _kl_by_hand(model, subject: str, delta: torch.Tensor, layer: int, last_only: bool) -> float:
+    """KL(edited ‖ unedited) of the next-token distributions on ``"{subject} is a"`` with δ added to the
+    layer's MLP output at the subject's last token: at that token, or averaged over it and every later one."""
+    text = f"{subject} is a"
+    tokens = model.to_tokens(text)
+    p = model.to_tokens(subject).shape[1] - 1
+
+    def add(act, hook):
+        act = act.clone()
+        act[:, p] += delta.to(act.dtype)
+        return act
+
+    with torch.no_grad():
+        clean = model(tokens)[0].float().log_softmax(-1)
+        with model.hooks([(f"blocks.{layer}.hook_mlp_out", add)]):
+            edited = model(tokens)[0].float().log_softmax(-1)
+    kl = (edited.exp() * (edited - clean)).sum(-1)[p:]
+    return float(kl[0] if last_only else kl.mean())
+
+
+@pytest.mark.parametrize("positions", ["subject_last", "subject_last_and_after"])
+def test_kl_reads_the_positions_named(facts_model, positions):
+    hp = rome.RomeHparams(v_steps=1, early_stop=0.0, exact_edit=False, kl_positions=positions, prefix_lengths=())
+    ids = facts_model.tokenizer.encode_ids(REQ.target)
+    opt = rome.optimise_delta(facts_model, REQ, ids, 0, [], hp, progress=False)
+    assert len(opt["log"]) == 2 and opt["log"][0]["kl"] == pytest.approx(0.0, abs=1e-7)
+    want = _kl_by_hand(facts_model, REQ.subject, opt["delta"], 0, positions == "subject_last")
+    other = _kl_by_hand(facts_model, REQ.subject, opt["delta"], 0, positions != "subject_last")
+    assert opt["log"][1]["kl"] == pytest.approx(want, rel=1e-3, abs=1e-7)
+    assert abs(want - other) > 1e-3 * max(want, other)  # the two readings differ here
+
+
+def test_step_count_evaluations_is_romes_loop(facts_model):
+    ids = facts_model.tokenizer.encode_ids(REQ.target)
+    base = dict(early_stop=0.0, prefix_lengths=(), exact_edit=False)
+    ours = rome.optimise_delta(facts_model, REQ, ids, 0, [], rome.RomeHparams(v_steps=5, **base), progress=False)
+    theirs = rome.optimise_delta(
+        facts_model, REQ, ids, 0, [], rome.RomeHparams(v_steps=5, step_count="evaluations", **base), progress=False
+    )
+    # ROME: `for it in range(5)`: 5 evaluations, the last one without an update: 4 updates
+    assert len(ours["log"]) == 6 and len(theirs["log"]) == 5
+    four = rome.optimise_delta(facts_model, REQ, ids, 0, [], rome.RomeHparams(v_steps=4, **base), progress=False)
+    torch.testing.assert_close(theirs["delta"], four["delta"], rtol=0, atol=0)
+    assert rome.RomeHparams(v_steps=20, step_count="evaluations").n_updates == 19
