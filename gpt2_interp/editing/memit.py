@@ -535,7 +535,9 @@ def compute_edits(
 
     # 1. target residuals at the top layer
     t1 = time.perf_counter()
-    _, h0 = subject_states(model, reqs, [], prefixes, resid_layer=top, resid_weights=weights.resid)
+    _, h0 = subject_states(
+        model, reqs, [], prefixes, resid_layer=top, resid_weights=weights.resid, prepend_bos=hp.rome.prepend_bos
+    )
     if given is None:
         opt = optimise_deltas(
             model,
@@ -724,7 +726,14 @@ def _solve_layers(
         for j, lay in enumerate(layers):
             w = weights or _Weights()
             K_all, h_now = subject_states(
-                model, reqs, [lay], prefixes, resid_layer=top, key_weights=w.keys, resid_weights=w.resid
+                model,
+                reqs,
+                [lay],
+                prefixes,
+                resid_layer=top,
+                key_weights=w.keys,
+                resid_weights=w.resid,
+                prepend_bos=hp.rome.prepend_bos,
             )
             K = K_all[lay].double().cpu()  # [n, d_mlp]
             R = (z - h_now.double().cpu()) / (len(layers) - j)  # [n, d_model]

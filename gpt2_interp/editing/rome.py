@@ -128,7 +128,9 @@ class RomeHparams:
     - ``prefix_style``: ``"sampled"`` (ours: ``prefix_lengths`` new tokens after BOS, seeded),
       ``"rome"`` (texts of ``prefix_lengths`` tokens counting the ``<|endoftext|>`` they start from) or
       ``"memit"`` (``prefixes_per_length / 5`` texts from each of MEMIT's seed words, the length
-      counting the seed)."""
+      counting the seed);
+    - ``prepend_bos``: ``True`` (the δ optimisation's and the keys' prompts start with BOS, as the model
+      reads text everywhere else) or ``False`` (the authors' code tokenises without it)."""
 
     layer: int | None = None  # edit layer when none is given (None: n_layer // 3; see default_layer)
     v_steps: int = 20  # Adam steps on δ
@@ -153,6 +155,7 @@ class RomeHparams:
     kl_positions: str = "subject_last_and_after"  # essence KL also after the subject; "subject_last": authors'
     step_count: str = "updates"  # v_steps counts Adam updates; "evaluations": ROME's loop passes (one fewer)
     prefix_style: str = "sampled"  # our seeded prefixes; "rome"/"memit": the authors' generation and lengths
+    prepend_bos: bool = True  # the δ/key prompts start with BOS, as the model reads text; False: the authors'
     preset: str | None = None  # the named preset the values came from ("paper": the authors'), recorded
 
     def __post_init__(self) -> None:
@@ -187,8 +190,9 @@ class RomeHparams:
         if isinstance(self.prefix_lengths, (str, bytes)) or not isinstance(self.prefix_lengths, (list, tuple)):
             raise ValueError(f"{what('prefix_lengths')} must be a list of integers, got {self.prefix_lengths!r}")
         self.prefix_lengths = tuple(_integer(x, f"{what('prefix_lengths')} entry", 1) for x in self.prefix_lengths)
-        if not isinstance(self.exact_edit, bool):
-            raise ValueError(f"{what('exact_edit')} must be true or false, got {self.exact_edit!r}")
+        for name in ("exact_edit", "prepend_bos"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{what(name)} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.kl_prompt, str) or self.kl_prompt.count("{}") != 1:
             raise ValueError(f"{what('kl_prompt')} must be a string holding '{{}}' once, got {self.kl_prompt!r}")
         if self.corpus is not None and not isinstance(self.corpus, (str, os.PathLike)):
@@ -437,19 +441,25 @@ class _Batch:
 
 
 def _build_batch(
-    model: HookedGPT2, req: Request, ids: list[int], prefixes: list[str], kl_prompt: str, kl_last_only: bool = False
+    model: HookedGPT2,
+    req: Request,
+    ids: list[int],
+    prefixes: list[str],
+    kl_prompt: str,
+    kl_last_only: bool = False,
+    bos: bool = True,
 ) -> _Batch:
     rows, splits = [], []
     for prefix in ["", *prefixes]:
         text, lo, hi = _filled(req.prompt, req.subject, prefix)
-        rows.append(model.to_tokens(text)[0].tolist() + ids[:-1])
-        splits.append(token_span(model, text, lo, hi)[1] - 1)
+        rows.append(model.to_tokens(text, prepend_bos=bos)[0].tolist() + ids[:-1])
+        splits.append(token_span(model, text, lo, hi, prepend_bos=bos)[1] - 1)
     if kl_prompt.count("{}") != 1:
         raise ValueError(f"kl_prompt must hold '{{}}' once, got {kl_prompt!r}")
     for prompt in (kl_prompt, *req.keep):  # the essence KL row, then the keep rows
         text, lo, hi = _filled(prompt, req.subject)
-        rows.append(model.to_tokens(text)[0].tolist())
-        splits.append(token_span(model, text, lo, hi)[1] - 1)
+        rows.append(model.to_tokens(text, prepend_bos=bos)[0].tolist())
+        splits.append(token_span(model, text, lo, hi, prepend_bos=bos)[1] - 1)
     c = max(splits)
     s = max(len(r) - i for r, i in zip(rows, splits))
     model.check_length(c + s)
@@ -483,19 +493,21 @@ def subject_states(
     batch_size: int = 256,
     key_weights: Sequence[float] | None = None,
     resid_weights: Sequence[float] | None = None,
+    prepend_bos: bool = True,
 ) -> tuple[dict[int, torch.Tensor], torch.Tensor | None]:
     """At the subject's last token, averaged over each request's prompt variants (the bare rewrite
     prompt and ``"{prefix}. {prompt}"`` for each prefix — ROME's k*): the MLP keys
     ``{layer: [n, d_mlp]}`` of ``layers`` and, with ``resid_layer``, the residual stream after that
     block ``[n, d_model]`` (``blocks.{resid_layer}.hook_resid_post``). ``key_weights`` /
     ``resid_weights`` ``[1 + len(prefixes)]``: a weighted sum over the variants instead of the mean
-    (:func:`variant_weights`; ``[1, 0, …]`` is the bare prompt's state)."""
+    (:func:`variant_weights`; ``[1, 0, …]`` is the bare prompt's state). ``prepend_bos``: the prompts start
+    with BOS (False: as the authors' code tokenises)."""
     rows, pos = [], []
     for req in requests:
         for prefix in ["", *list(prefixes)]:
             text, lo, hi = _filled(req.prompt, req.subject, prefix)
-            rows.append(model.to_tokens(text)[0].tolist())
-            pos.append(token_span(model, text, lo, hi)[1] - 1)
+            rows.append(model.to_tokens(text, prepend_bos=prepend_bos)[0].tolist())
+            pos.append(token_span(model, text, lo, hi, prepend_bos=prepend_bos)[1] - 1)
     names = [f"blocks.{l}.mlp.hook_post" for l in layers]
     if resid_layer is not None:
         names.append(f"blocks.{resid_layer}.hook_resid_post")
@@ -809,7 +821,7 @@ def _optimise_deltas(
     dev, n_layer, n = model.device, model.cfg.n_layer, len(items)
     n_upd = hp.n_updates
     kl_last = hp.kl_positions == "subject_last"
-    bs = [_build_batch(model, req, ids, prefixes, hp.kl_prompt, kl_last) for req, ids in items]
+    bs = [_build_batch(model, req, ids, prefixes, hp.kl_prompt, kl_last, hp.prepend_bos) for req, ids in items]
     R = _Rows.of(model, items, bs, hp)
     c, tokens, mask, r0, row_req = R.c, R.tokens, R.mask, R.r0, R.row_req
     row_req_t, r0_t = R.row_req_t, R.r0_t

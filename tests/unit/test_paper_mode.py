@@ -25,13 +25,14 @@ def stats(facts_model):
     return key_second_moment(facts_model, [0], n_samples=2000, progress=False)
 
 
-def _at_subject_end(model, text: str, subject: str, name: str) -> torch.Tensor:
-    """The activation ``name`` at the subject's last token of ``text`` (BOS first), found by tokenising the
-    text up to the end of the subject (the subject is followed by a space, a token boundary)."""
+def _at_subject_end(model, text: str, subject: str, name: str, bos: bool = True) -> torch.Tensor:
+    """The activation ``name`` at the subject's last token of ``text`` (BOS first when ``bos``), found by
+    tokenising the text up to the end of the subject (the subject is followed by a space, a token boundary)."""
     end = text.index(subject) + len(subject)
-    pos = model.to_tokens(text[:end]).shape[1] - 1
+    pos = model.to_tokens(text[:end], prepend_bos=bos).shape[1] - 1
     with torch.no_grad():
-        _, cache = model.run_with_cache(model.to_tokens(text), names_filter=[name], return_type=None)
+        tokens = model.to_tokens(text, prepend_bos=bos)
+        _, cache = model.run_with_cache(tokens, names_filter=[name], return_type=None)
     return cache[name][0, pos].float()
 
 
@@ -51,10 +52,11 @@ def test_paper_preset_takes_the_authors_values_and_no_preset_is_unchanged(facts_
         0.0625,
     )
     assert (hp.prefix_style, hp.prefix_lengths, hp.prefixes_per_length) == ("rome", (5, 10), 10)
-    assert (hp.key_weighting, hp.target_state, hp.kl_positions, hp.exact_edit) == (
+    assert (hp.key_weighting, hp.target_state, hp.kl_positions, hp.exact_edit, hp.prepend_bos) == (
         "uniform",
         "bare_prompt",
         "subject_last",
+        False,
         False,
     )
     assert hp.layer == 0 and hp.bare_weight is None and hp.preset == "paper"  # the model's layer stays
@@ -83,7 +85,7 @@ def test_paper_preset_takes_the_authors_values_and_no_preset_is_unchanged(facts_
 
 def test_clamp_follows_the_published_size_class():
     class M:
-        class cfg:  # noqa: N801
+        class cfg:
             name = "gpt2-medium"
 
     assert rome.hparams_for(M, preset="paper").clamp_factor == 3.0  # hparams/ROME/gpt2-medium.json
@@ -125,12 +127,15 @@ def test_per_context_type_keys_weight_the_bare_prompt_half(facts_model, stats):
         warnings.simplefilter("ignore")
         e = memit.compute_edits(facts_model, [REQ, REQ2], layers=[0], stats=stats, hparams=hp, progress=False)
     for i, req in enumerate((REQ, REQ2)):
-        keys = [_at_subject_end(facts_model, t, req.subject, "blocks.0.mlp.hook_post") for t in _variants(req, prefixes)]
+        keys = [
+            _at_subject_end(facts_model, t, req.subject, "blocks.0.mlp.hook_post", bos=False)
+            for t in _variants(req, prefixes)
+        ]
         by_hand = 0.5 * keys[0] + 0.5 * torch.stack(keys[1:]).mean(0)  # MEMIT's compute_ks
         torch.testing.assert_close(e.keys[0][i], by_hand, rtol=1e-5, atol=1e-5)
         assert not torch.allclose(e.keys[0][i], torch.stack(keys).mean(0), rtol=1e-3, atol=1e-3)
         # z = the bare prompt's residual + δ (MEMIT's compute_z), δ clamped by that residual's norm
-        h_bare = _at_subject_end(facts_model, req.text, req.subject, "blocks.0.hook_resid_post")
+        h_bare = _at_subject_end(facts_model, req.text, req.subject, "blocks.0.hook_resid_post", bos=False)
         delta = e.v_star[i] - h_bare
         assert float(delta.norm()) <= 0.75 * float(h_bare.norm()) * (1 + 1e-5)
     assert e.label == "memit (paper)" and e.method == "memit"
@@ -152,7 +157,10 @@ def test_rome_paper_inserts_delta_at_the_bare_key_with_the_averaged_direction(fa
         warnings.simplefilter("ignore")
         e = rome.compute_edit(facts_model, REQ, layer=0, stats=stats[0], progress=False, preset="paper", v_steps=3)
     prefixes = rome.context_prefixes(facts_model, (5, 10), 10, 0, style="rome")
-    keys = [_at_subject_end(facts_model, t, REQ.subject, "blocks.0.mlp.hook_post") for t in _variants(REQ, prefixes)]
+    keys = [
+        _at_subject_end(facts_model, t, REQ.subject, "blocks.0.mlp.hook_post", bos=False)
+        for t in _variants(REQ, prefixes)
+    ]
     torch.testing.assert_close(e.k, torch.stack(keys).mean(0), rtol=1e-5, atol=1e-5)  # compute_u: uniform mean
     k_bare = keys[0]
     mlp = facts_model.blocks[0].mlp
