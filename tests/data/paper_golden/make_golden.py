@@ -1,0 +1,214 @@
+"""Run the authors' ROME code (kmeng01/rome: rome/compute_u.py, rome/compute_v.py, rome/repr_tools.py,
+util/nethook.py) on gpt2-facts and store what it computes, for tests/unit/test_paper_golden.py.
+
+Their code is read from the checkout given on the command line and run as it is; the shims it needs to
+run here on a CPU live in this script (see README.md beside it), never in their tree or in the package:
+
+    python tests/data/paper_golden/make_golden.py --rome /path/to/rome-checkout --out tests/data/paper_golden
+
+Fixed inputs (the test rebuilds them the same way): gpt2-facts saved as a Hugging Face GPT-2 directory; its
+layer-0 key statistics ``key_second_moment(model, [0], n_samples=N_SAMPLES)`` (ROME gets C⁻¹ of them in
+place of its Wikipedia statistics); the context templates ``["{}"] + [p + ". {}"]`` for the prefixes of
+``context_prefix_groups(model, (5, 10), 10, seed=0, style="rome")`` (ROME's [[5, 10], [10, 10]]; stored in
+prefixes.json); ROME's gpt2-xl hyperparameters with the layer 0 and the loss layer the model's last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+import torch
+
+N_SAMPLES = 20_000
+LAYER = 0
+REQUESTS = [
+    {"prompt": "{} is located in the country of", "subject": "Paris", "target_new": {"str": " Japan"}},
+    {"prompt": "The official language of {} is", "subject": "Germany", "target_new": {"str": " French"}},
+]
+
+
+def hf_tokenizer(folder: Path):
+    """A transformers GPT2TokenizerFast from the library's GPT-2 ranks (gpt2_interp/io/data/gpt2.tiktoken):
+    byte-level vocab.json and the merges recovered from the ranks."""
+    from transformers import GPT2TokenizerFast
+
+    import gpt2_interp.io as gio
+
+    ranks = {}
+    for line in (Path(gio.__file__).parent / "data" / "gpt2.tiktoken").read_text().splitlines():
+        if line.strip():
+            tok, rank = line.split()
+            ranks[base64.b64decode(tok)] = int(rank)
+
+    def bpe(token: bytes, max_rank: int) -> list[bytes]:
+        parts = [bytes([b]) for b in token]
+        while True:
+            best = None
+            for i in range(len(parts) - 1):
+                r = ranks.get(parts[i] + parts[i + 1])
+                if r is not None and r < max_rank and (best is None or r < best[1]):
+                    best = (i, r)
+            if best is None:
+                return parts
+            i = best[0]
+            parts = [*parts[:i], parts[i] + parts[i + 1], *parts[i + 2 :]]
+
+    enc = _bytes_to_unicode()
+    show = lambda b: "".join(enc[x] for x in b)  # noqa: E731
+    vocab = {show(t): r for t, r in ranks.items()}
+    vocab["<|endoftext|>"] = 50256
+    merges = []
+    for t, r in sorted(ranks.items(), key=lambda x: x[1]):
+        if len(t) > 1:
+            a, b = bpe(t, r)
+            merges.append(f"{show(a)} {show(b)}")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    bpe_model = models.BPE(vocab, [tuple(m.split(" ")) for m in merges])
+    backend = Tokenizer(bpe_model)
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.save(str(folder / "tokenizer.json"))
+    tok = GPT2TokenizerFast(
+        tokenizer_file=str(folder / "tokenizer.json"),
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )
+    tok.pad_token = tok.eos_token  # as ROME's experiments set it
+    return tok
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte → printable character table (openai/gpt-2 encoder.py)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+class _CpuTorch(types.ModuleType):
+    """``torch`` for their module namespace: ``device="cuda"`` becomes the CPU (their code hard-codes CUDA)."""
+
+    def __getattr__(self, name):
+        obj = getattr(torch, name)
+        if name in ("tensor", "zeros"):
+
+            def on_cpu(*a, **k):
+                if k.get("device") == "cuda":
+                    k["device"] = "cpu"
+                return obj(*a, **k)
+
+            return on_cpu
+        return obj
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rome", required=True, type=Path, help="a checkout of github.com/kmeng01/rome")
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args()
+
+    import gpt2_interp
+    from gpt2_interp.editing.rome import context_prefix_groups
+    from gpt2_interp.editing.stats import key_second_moment
+
+    model = gpt2_interp.load("gpt2-facts")
+    stats = key_second_moment(model, [LAYER], n_samples=N_SAMPLES, progress=False)[LAYER]
+    groups = context_prefix_groups(model, (5, 10), 10, seed=0, style="rome")
+    prefixes = [p for g in groups for p in g]
+    templates = ["{}"] + [p + ". {}" for p in prefixes]
+
+    tmp = Path(tempfile.mkdtemp())
+    model.save(tmp)
+    tok = hf_tokenizer(tmp)
+    for text in ("Paris is located in", " Japan", prefixes[0], prefixes[-1]):
+        assert tok(text)["input_ids"] == model.tokenizer.encode_ids(text), text
+
+    from transformers import GPT2LMHeadModel
+    from transformers.tokenization_utils_base import BatchEncoding
+
+    hf = GPT2LMHeadModel.from_pretrained(tmp, attn_implementation="eager").eval().float()
+
+    # shims: CUDA → CPU; no globals.yml; their inverse covariance is that of the fixed statistics
+    to = BatchEncoding.to
+    BatchEncoding.to = lambda self, device: to(self, "cpu" if device == "cuda" else device)
+    sys.path.insert(0, str(args.rome))
+    globs = types.ModuleType("util.globals")
+    for name in ("RESULTS_DIR", "DATA_DIR", "STATS_DIR", "HPARAMS_DIR"):
+        setattr(globs, name, tmp)
+    globs.REMOTE_ROOT_URL = ""
+    import util
+
+    sys.modules["util.globals"] = globs
+    util.globals = globs
+    import rome.compute_u as cu
+    import rome.compute_v as cv
+    from rome import repr_tools
+
+    C_inv = torch.inverse(stats.C.double()).float()
+    cu.get_inv_cov = lambda *a, **k: C_inv
+    cv.torch = _CpuTorch("torch")
+
+    hp = types.SimpleNamespace(
+        layers=[LAYER],
+        fact_token="subject_last",
+        v_num_grad_steps=20,
+        v_lr=5e-1,
+        v_loss_layer=model.cfg.n_layer - 1,
+        v_weight_decay=0.5,
+        clamp_norm_factor=4,
+        kl_factor=0.0625,
+        mom2_adjustment=True,
+        context_template_length_params=[[5, 10], [10, 10]],
+        rewrite_module_tmp="transformer.h.{}.mlp.c_proj",
+        layer_module_tmp="transformer.h.{}",
+        mlp_module_tmp="transformer.h.{}.mlp",
+        attn_module_tmp="transformer.h.{}.attn",
+        ln_f_module="transformer.ln_f",
+        lm_head_module="transformer.wte",
+        mom2_dataset="wikipedia",
+        mom2_n_samples=N_SAMPLES,
+        mom2_dtype="float32",
+    )
+    out: dict[str, torch.Tensor] = {}
+    for i, req in enumerate(REQUESTS):
+        k_star = repr_tools.get_reprs_at_word_tokens(
+            model=hf,
+            tok=tok,
+            layer=LAYER,
+            module_template=hp.rewrite_module_tmp,
+            track="in",
+            context_templates=[t.format(req["prompt"]) for t in templates],
+            words=[req["subject"]] * len(templates),
+            subtoken="last",
+        ).mean(0)
+        u = cu.compute_u(hf, tok, req, hp, LAYER, templates)
+        v = cv.compute_v(hf, tok, req, hp, LAYER, u, templates)
+        out[f"k_star.{i}"], out[f"u.{i}"], out[f"v.{i}"] = k_star.detach(), u.detach(), v.detach()
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.save(out, args.out / "rome_gpt2-facts_layer0.pt")
+    meta = {
+        "requests": REQUESTS,
+        "layer": LAYER,
+        "n_samples": N_SAMPLES,
+        "prefixes": prefixes,
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+    }
+    (args.out / "rome_gpt2-facts_layer0.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""gpt2-interp's ROME with ``preset="paper"`` against the authors' code (kmeng01/rome) run on the same model,
+statistics and context prefixes: k*, u, v and ΔW = outer(u, v) within 1e-4 relative. The values and the exact
+procedure that produced them: tests/data/paper_golden/README.md."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt2_interp.editing import rome
+from gpt2_interp.editing.stats import key_second_moment
+
+DATA = Path(__file__).parents[1] / "data" / "paper_golden"
+
+
+@pytest.fixture(scope="module")
+def golden(facts_model):
+    """The stored values, their metadata and the fixed statistics they were computed with."""
+    meta = json.loads((DATA / "rome_gpt2-facts_layer0.json").read_text(encoding="utf-8"))
+    stats = key_second_moment(facts_model, [meta["layer"]], n_samples=meta["n_samples"], progress=False)
+    return torch.load(DATA / "rome_gpt2-facts_layer0.pt"), meta, stats[meta["layer"]]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.mark.parametrize("i", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_rome_paper_mode_equals_the_authors_code(facts_model, golden, i):
+    golden, meta, stats = golden
+    # the fixed prefixes the authors' code was given are the ones the paper mode generates
+    assert rome.context_prefixes(facts_model, (5, 10), 10, 0, style="rome") == meta["prefixes"]
+    for r in meta["requests"][i : i + 1]:
+        req = {"prompt": r["prompt"], "subject": r["subject"], "target": r["target_new"]["str"]}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            e = rome.compute_edit(facts_model, req, layer=meta["layer"], stats=stats, progress=False, preset="paper")
+        k, u, v = golden[f"k_star.{i}"], golden[f"u.{i}"], golden[f"v.{i}"]
+        assert _rel(e.k, k) < 1e-4
+        assert _rel(e.u, u) < 1e-4
+        assert _rel(e.v, v) < 1e-4
+        assert _rel(torch.outer(e.u, e.v), torch.outer(u, v)) < 1e-4
+        assert e.label == "rome (paper)"
+
+
+def test_our_default_differs_from_the_authors_code(facts_model, golden):
+    """The golden values tell the modes apart: the default (r-ROME, exact δ, our prefixes) is not ROME's."""
+    golden, meta, stats = golden
+    r = meta["requests"][0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        e = rome.compute_edit(
+            facts_model,
+            {"prompt": r["prompt"], "subject": r["subject"], "target": r["target_new"]["str"]},
+            layer=meta["layer"],
+            stats=stats,
+            progress=False,
+        )
+    assert _rel(torch.outer(e.u, e.v), torch.outer(golden["u.0"], golden["v.0"])) > 1e-2
