@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt2_interp.editing import rome
+from gpt2_interp.editing import memit, rome
 from gpt2_interp.editing.stats import key_second_moment
 
 DATA = Path(__file__).parents[1] / "data" / "paper_golden"
@@ -61,3 +61,26 @@ def test_our_default_differs_from_the_authors_code(facts_model, golden):
             progress=False,
         )
     assert _rel(torch.outer(e.u, e.v), torch.outer(golden["u.0"], golden["v.0"])) > 1e-2
+
+
+def test_memit_paper_mode_equals_the_authors_code(facts_model):
+    """MEMIT's execute_memit (compute_ks, compute_z, the per-layer solve) on three requests at layers 0 and 4:
+    the keys of each layer, the target residuals z and each layer's ΔW within 1e-4 relative."""
+    golden = torch.load(DATA / "memit_gpt2-facts_layers0-4.pt")
+    meta = json.loads((DATA / "memit_gpt2-facts_layers0-4.json").read_text(encoding="utf-8"))
+    assert rome.context_prefixes(facts_model, (10,), 5, 0, style="memit") == meta["prefixes"]
+    stats = key_second_moment(facts_model, meta["layers"], n_samples=meta["n_samples"], progress=False)
+    reqs = [
+        {"prompt": r["prompt"], "subject": r["subject"], "target": r["target_new"]["str"]} for r in meta["requests"]
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        e = memit.compute_edits(
+            facts_model, reqs, layers=meta["layers"], stats=stats, hparams={"preset": "paper"}, progress=False
+        )
+    assert _rel(e.v_star, golden["z"]) < 1e-4
+    for layer in meta["layers"]:
+        assert _rel(e.keys[layer], golden[f"keys.{layer}"]) < 1e-4
+        dW = golden[f"adj_k.{layer}"].double() @ golden[f"resid.{layer}"].double().T  # as apply_memit_to_model
+        assert _rel(e.delta(layer), dW) < 1e-4
+    assert e.label == "memit (paper)"

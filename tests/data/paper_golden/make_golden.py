@@ -116,9 +116,13 @@ class _CpuTorch(types.ModuleType):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rome", required=True, type=Path, help="a checkout of github.com/kmeng01/rome")
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--rome", type=Path, help="a checkout of github.com/kmeng01/rome")
+    which.add_argument("--memit", type=Path, help="a checkout of github.com/kmeng01/memit")
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args()
+    if args.memit is not None:
+        return run_memit(args.memit, args.out)
 
     import gpt2_interp
     from gpt2_interp.editing.rome import context_prefix_groups
@@ -208,6 +212,145 @@ def main() -> None:
         "transformers": __import__("transformers").__version__,
     }
     (args.out / "rome_gpt2-facts_layer0.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
+
+
+MEMIT_LAYERS = [0, 4]
+MEMIT_REQUESTS = [
+    {"prompt": "{} is located in the country of", "subject": "Paris", "target_new": {"str": " Japan"}},
+    {"prompt": "The official language of {} is", "subject": "Germany", "target_new": {"str": " French"}},
+    {"prompt": "{} is located in the country of", "subject": "Berlin", "target_new": {"str": " Italy"}},
+]
+
+
+def _setup(repo: Path, model):
+    """The HF copy of ``model``, its tokenizer, and the shims shared by both runs (see README.md)."""
+    tmp = Path(tempfile.mkdtemp())
+    model.save(tmp)
+    tok = hf_tokenizer(tmp)
+    from transformers import GPT2LMHeadModel
+    from transformers.tokenization_utils_base import BatchEncoding
+
+    hf = GPT2LMHeadModel.from_pretrained(tmp, attn_implementation="eager").eval().float()
+    to = BatchEncoding.to
+    BatchEncoding.to = lambda self, device: to(self, "cpu" if device == "cuda" else device)
+    sys.path.insert(0, str(repo))
+    globs = types.ModuleType("util.globals")
+    for name in ("RESULTS_DIR", "DATA_DIR", "STATS_DIR", "HPARAMS_DIR"):
+        setattr(globs, name, tmp)
+    globs.REMOTE_ROOT_URL = ""
+    import util
+
+    sys.modules["util.globals"] = globs
+    util.globals = globs
+    return hf, tok
+
+
+def _block_output_as_tuple(nethook) -> type:
+    """Their TraceDict, for transformers versions whose GPT2Block returns a tensor where their code expects
+    the tuple ``(hidden_states, …)``: a block's output is handed to ``edit_output`` and read back as a 1-tuple."""
+    import re
+
+    block = re.compile(r"transformer\.h\.\d+")
+
+    class TraceDict(nethook.TraceDict):
+        def __init__(self, module, layers=None, *a, edit_output=None, **k):
+            def edit(output, layer):
+                if isinstance(output, torch.Tensor) and block.fullmatch(layer):
+                    return edit_output((output,), layer)[0]
+                return edit_output(output, layer)
+
+            super().__init__(module, layers, *a, edit_output=None if edit_output is None else edit, **k)
+
+        def __getitem__(self, key):
+            t = super().__getitem__(key)
+            if block.fullmatch(key) and isinstance(getattr(t, "output", None), torch.Tensor):
+                t.output = (t.output,)
+            return t
+
+    return TraceDict
+
+
+def run_memit(repo: Path, out_dir: Path) -> None:
+    """MEMIT's execute_memit (memit/memit_main.py with compute_ks.py and compute_z.py) on MEMIT_REQUESTS at
+    MEMIT_LAYERS: per layer the keys and ΔW, and the target residuals z."""
+    import gpt2_interp
+    from gpt2_interp.editing.rome import context_prefix_groups
+    from gpt2_interp.editing.stats import key_second_moment
+
+    model = gpt2_interp.load("gpt2-facts")
+    stats = key_second_moment(model, MEMIT_LAYERS, n_samples=N_SAMPLES, progress=False)
+    (prefixes,) = context_prefix_groups(model, (10,), 5, seed=0, style="memit")
+    templates = [["{}"], [p + ". {}" for p in prefixes]]
+    hf, tok = _setup(repo, model)
+    for text in prefixes:
+        assert tok(text)["input_ids"] == model.tokenizer.encode_ids(text), text
+
+    import memit.compute_z as cz
+    import memit.memit_main as mm
+    from util import nethook
+
+    cz.torch = _CpuTorch("torch")
+    cz.nethook = types.SimpleNamespace(
+        TraceDict=_block_output_as_tuple(nethook),
+        set_requires_grad=nethook.set_requires_grad,
+        get_parameter=nethook.get_parameter,
+        get_module=nethook.get_module,
+    )
+    mm.get_context_templates = lambda *a, **k: templates
+    C = {f"transformer.h.{l}.mlp.c_proj": stats[l].C.float() for l in MEMIT_LAYERS}
+    mm.get_cov = lambda model, tok, layer_name, *a, **k: C[layer_name]
+    seen: dict[str, list[torch.Tensor]] = {"ks": [], "z": []}
+    ks, z = mm.compute_ks, mm.compute_z
+
+    def record_ks(*a, **k):
+        seen["ks"].append(ks(*a, **k).detach().clone())
+        return seen["ks"][-1]
+
+    def record_z(*a, **k):
+        seen["z"].append(z(*a, **k).detach().clone())
+        return seen["z"][-1]
+
+    mm.compute_ks, mm.compute_z = record_ks, record_z
+    hp = types.SimpleNamespace(
+        layers=MEMIT_LAYERS,
+        layer_selection="all",
+        fact_token="subject_last",
+        v_num_grad_steps=20,
+        v_lr=5e-1,
+        v_loss_layer=model.cfg.n_layer - 1,
+        v_weight_decay=0.5,
+        clamp_norm_factor=0.75,
+        kl_factor=0.0625,
+        mom2_adjustment=True,
+        mom2_update_weight=20000,
+        rewrite_module_tmp="transformer.h.{}.mlp.c_proj",
+        layer_module_tmp="transformer.h.{}",
+        mlp_module_tmp="transformer.h.{}.mlp",
+        attn_module_tmp="transformer.h.{}.attn",
+        ln_f_module="transformer.ln_f",
+        lm_head_module="transformer.wte",
+        mom2_dataset="wikipedia",
+        mom2_n_samples=N_SAMPLES,
+        mom2_dtype="float32",
+    )
+    deltas = mm.execute_memit(hf, tok, MEMIT_REQUESTS, hp)
+    out: dict[str, torch.Tensor] = {"z": torch.stack(seen["z"])}  # [n, d_model]
+    for l, K in zip(MEMIT_LAYERS, seen["ks"]):
+        adj_k, resid = deltas[f"transformer.h.{l}.mlp.c_proj.weight"]
+        out[f"keys.{l}"] = K  # [n, d_mlp]
+        # ΔW = adj_k @ resid.T [d_mlp, d_model], as apply_memit_to_model applies it; kept as its two factors
+        out[f"adj_k.{l}"], out[f"resid.{l}"] = adj_k.float(), resid.float()  # [d_mlp, n], [d_model, n]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.save(out, out_dir / "memit_gpt2-facts_layers0-4.pt")
+    meta = {
+        "requests": MEMIT_REQUESTS,
+        "layers": MEMIT_LAYERS,
+        "n_samples": N_SAMPLES,
+        "prefixes": prefixes,
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+    }
+    (out_dir / "memit_gpt2-facts_layers0-4.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":
