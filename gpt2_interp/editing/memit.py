@@ -85,6 +85,10 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------- hyperparameters
 #: How AlphaEdit's null space reads its threshold τ (NullSpace.from_stats).
 NULLSPACE_RULES = ("relative", "energy")
+#: The rules NullSpace.from_stats accepts: ours, and AlphaEdit's own (``"absolute"``: eigenvalues of C₀ below τ).
+ALL_NULLSPACE_RULES = (*NULLSPACE_RULES, "absolute")
+#: How AlphaEdit's ridge ``alpha`` is scaled (``MemitHparams.alpha_scale``).
+ALPHA_SCALES = ("trace", "absolute")
 
 #: δ's clamp/weight-decay scale (:func:`.rome.optimise_deltas`' ``norm_reference``).
 DELTA_NORMS = ("resid", "mlp_out")
@@ -102,8 +106,10 @@ class MemitHparams:
     - ``mom2_weight``: λ in ``(λC + KᵀK)⁻¹KᵀR`` (MEMIT's ``mom2_update_weight``; ≥ 0);
     - ``nullspace_threshold``: τ in (0, 1); ``nullspace_rule``: ``"relative"`` (P keeps the
       eigen-directions of C₀ with λ ≤ τ·λ_max) or ``"energy"`` (the smallest directions holding ≤ τ
-      of tr C₀; see :meth:`NullSpace.from_stats`);
-    - ``alpha``: AlphaEdit's ridge, × tr(C)/d_mlp (> 0);
+      of tr C₀; see :meth:`NullSpace.from_stats`), or AlphaEdit's own ``"absolute"`` (λ < τ: a threshold
+      that depends on the statistics' scale);
+    - ``alpha``: AlphaEdit's ridge, × tr(C)/d_mlp (> 0); ``alpha_scale``: ``"trace"`` (that scaling,
+      which carries over between models) or ``"absolute"`` (``alpha`` itself, AlphaEdit's ``L2``);
     - ``chunk``: requests per δ-optimisation batch (None: 32 on CPU, all on GPU);
     - ``delta_norm``: δ's clamp/weight-decay scale, ``"resid"`` (the residual after the top layer,
       MEMIT's ``compute_z``) or ``"mlp_out"`` (ROME's v₀);
@@ -121,6 +127,7 @@ class MemitHparams:
     nullspace_rule: str = "relative"  # "relative" (as above) or "energy": the smallest directions
     # holding ≤ τ of tr C₀ (see NullSpace.from_stats)
     alpha: float = 1e-2  # AlphaEdit's ridge, × tr(C)/d_mlp
+    alpha_scale: str = "trace"  # ridge = alpha·tr(C)/d_mlp (scale-free); "absolute": alpha itself (AlphaEdit's L2)
     chunk: int | None = None  # requests per δ-optimisation batch (None: 32 on CPU, all on GPU)
     delta_norm: str = "resid"  # δ's clamp/weight-decay scale: the residual after the top layer
     # (MEMIT's compute_z) or "mlp_out" (ROME's v₀); see optimise_deltas
@@ -142,7 +149,8 @@ class MemitHparams:
             self.nullspace_threshold, what("nullspace_threshold"), 0, 1, low_open=True, high_open=True
         )
         self.alpha = check_number(self.alpha, what("alpha"), 0, low_open=True)
-        self.nullspace_rule = check_choice(self.nullspace_rule, what("nullspace_rule"), NULLSPACE_RULES)
+        self.nullspace_rule = check_choice(self.nullspace_rule, what("nullspace_rule"), ALL_NULLSPACE_RULES)
+        self.alpha_scale = check_choice(self.alpha_scale, what("alpha_scale"), ALPHA_SCALES)
         self.delta_norm = check_choice(self.delta_norm, what("delta_norm"), DELTA_NORMS)
         if self.chunk is not None:
             self.chunk = check_count(self.chunk, what("chunk"), 1)
@@ -277,12 +285,13 @@ class NullSpace:
         cls, stats: Mapping[int, KeyStats] | KeyStats, threshold: float = 1e-3, rule: str = "relative"
     ) -> NullSpace:
         """``P`` from the eigen-decomposition of each layer's preserved second moment ``C₀``:
-        ``rule="relative"`` keeps the eigen-directions with ``λ ≤ threshold·λ_max``; ``rule="energy"``
+        ``rule="relative"`` keeps the eigen-directions with ``λ ≤ threshold·λ_max``, ``rule="absolute"``
+        (AlphaEdit's ``get_project``) those with ``λ < threshold``; ``rule="energy"``
         the smallest ones whose eigenvalues sum to ``≤ threshold·tr C₀`` (so ``leak ≤ threshold`` on
         every layer). ``stats``: one :class:`~.stats.KeyStats` or ``{layer: KeyStats}`` of the keys
         to preserve. Another rule, or ``threshold`` outside (0, 1), raises ValueError."""
-        if rule not in NULLSPACE_RULES:
-            raise ValueError(f"rule must be one of {NULLSPACE_RULES}, got {rule!r}")
+        if rule not in ALL_NULLSPACE_RULES:
+            raise ValueError(f"rule must be one of {ALL_NULLSPACE_RULES}, got {rule!r}")
         if not 0 < threshold < 1:
             raise ValueError(f"threshold must be in (0, 1), got {threshold}")
         if isinstance(stats, KeyStats):
@@ -293,6 +302,8 @@ class NullSpace:
             evals, evecs = torch.linalg.eigh(C0)  # ascending
             if rule == "relative":
                 keep = evals <= threshold * evals[-1]
+            elif rule == "absolute":  # AlphaEdit's get_project: singular values of C₀ below τ
+                keep = evals < threshold
             else:
                 pos = evals.clamp(min=0)
                 keep = pos.cumsum(0) <= threshold * pos.sum()
@@ -740,7 +751,8 @@ def _solve_layers(
             if ns is None:
                 A = least_squares_update(K, R, st[lay].C, hp.mom2_weight)
             else:
-                ridge = hp.alpha * float(st[lay].C.double().diagonal().mean())
+                scale = float(st[lay].C.double().diagonal().mean()) if hp.alpha_scale == "trace" else 1.0
+                ridge = hp.alpha * scale
                 A = projected_update(K, ns.P[lay], ns.KpKp.get(lay), ridge)
             dW = A @ R  # [d_mlp, d_model]
             fit[lay] = {

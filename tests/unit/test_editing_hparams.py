@@ -140,7 +140,13 @@ def test_resolved_settings_equal_the_former_dictionaries():
     }
     assert asdict(hparams_for(smol)) == rome_defaults | {"layer": 3, "early_stop": 0.1}
     memit_defaults = dict(
-        mom2_weight=1000.0, nullspace_threshold=1e-3, nullspace_rule="relative", alpha=1e-2, chunk=None, preset=None
+        mom2_weight=1000.0,
+        nullspace_threshold=1e-3,
+        nullspace_rule="relative",
+        alpha=1e-2,
+        chunk=None,
+        preset=None,
+        alpha_scale="trace",
     )
     m = MemitHparams.of(facts).to_dict()
     assert m == memit_defaults | {

@@ -218,3 +218,28 @@ def test_step_count_evaluations_is_romes_loop(facts_model):
     four = rome.optimise_delta(facts_model, REQ, ids, 0, [], rome.RomeHparams(v_steps=4, **base), progress=False)
     torch.testing.assert_close(theirs["delta"], four["delta"], rtol=0, atol=0)
     assert rome.RomeHparams(v_steps=20, step_count="evaluations").n_updates == 19
+
+
+def test_alphaedit_paper_is_the_authors_solve_with_their_null_space(facts_model, stats):
+    """AlphaEdit_main: ΔW = solve(P(KKᵀ) + L2·I, P K Rᵀ) with P from the eigen-directions of C whose
+    eigenvalue is below 2e-2 (experiments/evaluate.py get_project) and L2 = 10, R = z − h (bare prompt)."""
+    hp = memit.MemitHparams.of(facts_model, preset="paper", v_steps=2)
+    assert (hp.nullspace_rule, hp.nullspace_threshold, hp.alpha, hp.alpha_scale) == ("absolute", 0.02, 10.0, "absolute")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        e = memit.compute_edits(
+            facts_model, [REQ, REQ2], layers=[0], stats=stats, hparams=hp, preserve=True, progress=False
+        )
+    assert e.label == "alphaedit (paper)"
+    C = stats[0].C.double()
+    U, S, _ = torch.linalg.svd(C)
+    small = U[:, S < 0.02]
+    P = small @ small.T
+    K = e.keys[0].double().T  # [d_mlp, n], the authors' layer_ks
+    h = torch.stack(
+        [_at_subject_end(facts_model, r.text, r.subject, "blocks.0.hook_resid_post", bos=False) for r in (REQ, REQ2)]
+    )
+    R = (e.v_star.double() - h.double()).T  # [d_model, n]
+    dW = torch.linalg.solve(P @ (K @ K.T) + 10.0 * torch.eye(K.shape[0], dtype=torch.float64), P @ K @ R.T)
+    assert int((S < 0.02).sum()) > 0
+    torch.testing.assert_close(e.delta(0).double(), dW, rtol=1e-4, atol=1e-4 * float(dW.abs().max()))
