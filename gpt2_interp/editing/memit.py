@@ -85,8 +85,8 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------- hyperparameters
 #: How AlphaEdit's null space reads its threshold τ (NullSpace.from_stats).
 NULLSPACE_RULES = ("relative", "energy")
-#: The rules NullSpace.from_stats accepts: ours, and AlphaEdit's own (``"absolute"``: eigenvalues of C₀ below τ).
-ALL_NULLSPACE_RULES = (*NULLSPACE_RULES, "absolute")
+#: The rules NullSpace.from_stats accepts: ours, and AlphaEdit's own (``"alphaedit"``: eigenvalues of C₀ below τ).
+ALL_NULLSPACE_RULES = (*NULLSPACE_RULES, "alphaedit")
 #: How AlphaEdit's ridge ``alpha`` is scaled (``MemitHparams.alpha_scale``).
 ALPHA_SCALES = ("trace", "absolute")
 
@@ -106,7 +106,7 @@ class MemitHparams:
     - ``mom2_weight``: λ in ``(λC + KᵀK)⁻¹KᵀR`` (MEMIT's ``mom2_update_weight``; ≥ 0);
     - ``nullspace_threshold``: τ in (0, 1); ``nullspace_rule``: ``"relative"`` (P keeps the
       eigen-directions of C₀ with λ ≤ τ·λ_max) or ``"energy"`` (the smallest directions holding ≤ τ
-      of tr C₀; see :meth:`NullSpace.from_stats`), or AlphaEdit's own ``"absolute"`` (λ < τ: a threshold
+      of tr C₀; see :meth:`NullSpace.from_stats`), or AlphaEdit's own ``"alphaedit"`` (λ < τ: a threshold
       that depends on the statistics' scale);
     - ``alpha``: AlphaEdit's ridge, × tr(C)/d_mlp (> 0); ``alpha_scale``: ``"trace"`` (that scaling,
       which carries over between models) or ``"absolute"`` (``alpha`` itself, AlphaEdit's ``L2``);
@@ -285,7 +285,7 @@ class NullSpace:
         cls, stats: Mapping[int, KeyStats] | KeyStats, threshold: float = 1e-3, rule: str = "relative"
     ) -> NullSpace:
         """``P`` from the eigen-decomposition of each layer's preserved second moment ``C₀``:
-        ``rule="relative"`` keeps the eigen-directions with ``λ ≤ threshold·λ_max``, ``rule="absolute"``
+        ``rule="relative"`` keeps the eigen-directions with ``λ ≤ threshold·λ_max``, ``rule="alphaedit"``
         (AlphaEdit's ``get_project``) those with ``λ < threshold``; ``rule="energy"``
         the smallest ones whose eigenvalues sum to ``≤ threshold·tr C₀`` (so ``leak ≤ threshold`` on
         every layer). ``stats``: one :class:`~.stats.KeyStats` or ``{layer: KeyStats}`` of the keys
@@ -302,7 +302,7 @@ class NullSpace:
             evals, evecs = torch.linalg.eigh(C0)  # ascending
             if rule == "relative":
                 keep = evals <= threshold * evals[-1]
-            elif rule == "absolute":  # AlphaEdit's get_project: singular values of C₀ below τ
+            elif rule == "alphaedit":  # AlphaEdit's get_project: singular values of C₀ below τ
                 keep = evals < threshold
             else:
                 pos = evals.clamp(min=0)

@@ -224,7 +224,12 @@ def test_alphaedit_paper_is_the_authors_solve_with_their_null_space(facts_model,
     """AlphaEdit_main: ΔW = solve(P(KKᵀ) + L2·I, P K Rᵀ) with P from the eigen-directions of C whose
     eigenvalue is below 2e-2 (experiments/evaluate.py get_project) and L2 = 10, R = z − h (bare prompt)."""
     hp = memit.MemitHparams.of(facts_model, preset="paper", v_steps=2)
-    assert (hp.nullspace_rule, hp.nullspace_threshold, hp.alpha, hp.alpha_scale) == ("absolute", 0.02, 10.0, "absolute")
+    assert (hp.nullspace_rule, hp.nullspace_threshold, hp.alpha, hp.alpha_scale) == (
+        "alphaedit",
+        0.02,
+        10.0,
+        "absolute",
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         e = memit.compute_edits(
