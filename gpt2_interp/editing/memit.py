@@ -44,6 +44,12 @@ The result is ONE :class:`~.edit.Edit` covering the layers (low-rank ``ΔW_l = U
 ``U: [d_mlp, n]``, ``V = R: [n, d_model]`` when ``n < d_model``, dense otherwise) with the edited
 keys kept per layer (``edit.keys``) and the target residuals ``z: [n, d_model]`` (``edit.v_star``):
 apply / undo (bit-exact) / save / load / fingerprint refusal as for ROME.
+
+**The authors' mode.** ``hparams={"preset": "paper"}`` runs MEMIT's and AlphaEdit's own choices where ours
+differ: the keys averaged per context type (``key_weighting="per_context_type"``), z and the residual from the
+bare prompt (``target_state="bare_prompt"``), plain δ, the KL at the subject's last token, ROME's step count,
+MEMIT's prefixes without BOS, and AlphaEdit's null space (``nullspace_rule="alphaedit"``) and ridge
+(``alpha_scale="absolute"``); see :meth:`MemitHparams.of` and docs/guide/editing.md.
 """
 
 from __future__ import annotations

@@ -33,6 +33,11 @@ The r-ROME fix (Gupta et al. 2024, "Rebuilding ROME"): the original code used th
 k* in ``C⁻¹k*`` but the bare prompt's key in the denominator and in ``W_out k``; that mismatch
 makes some edits blow up ("disabling edits"). Here the SAME averaged k* is used in all three
 places, so the inserted association is exactly ``k* → v*``.
+
+Every departure from the authors' code is a named :class:`RomeHparams` option (``target_state``,
+``exact_edit``, ``kl_positions``, ``step_count``, ``prefix_style``, ``prepend_bos``, ``key_weighting``);
+``preset="paper"`` selects the authors' value for each (:func:`hparams_for`; the table in
+docs/guide/editing.md), checked against their code in tests/unit/test_paper_golden.py.
 """
 
 from __future__ import annotations
