@@ -202,6 +202,17 @@ def ablate_head_hook(model, utils):
     return model.run_with_hooks(TEXT, fwd_hooks=[(utils.get_act_name("z", 0), ablate)], return_type="loss")
 
 
+def keyword_only_hook(model, utils):
+    """TransformerLens calls a hook as ``fn(activation, hook=hook_point)``: a keyword-only ``hook`` works."""
+    names = []
+
+    def scale(act, *, hook):
+        names.append(hook.name)
+        return act * 0.5
+
+    return [model.run_with_hooks(TEXT, fwd_hooks=[("blocks.0.hook_mlp_out", scale)]), names]
+
+
 def hook_layer_and_filter(model, utils):
     seen = []
 
@@ -542,6 +553,7 @@ IDIOMS = [
     cache_shorthands,
     cache_filter_and_keys,
     ablate_head_hook,
+    keyword_only_hook,
     hook_layer_and_filter,
     hooks_context,
     add_and_reset_hooks,
