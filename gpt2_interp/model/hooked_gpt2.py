@@ -146,7 +146,7 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         move_to_device: bool = True,
         truncate: bool = True,
     ) -> torch.Tensor:
-        """Token ids ``[batch, pos]`` (a string gives batch 1); a list is padded with <|endoftext|>
+        """Token ids ``[batch, pos]`` (a string gives batch 1); a list is padded with ``<|endoftext|>``
         on the LEFT unless ``padding_side="right"`` (TransformerLens pads right; see docs/porting.md):
         every row's last token is then in the last column. A ``model.tokenizer.padding_side`` that was
         set is honoured, as in TransformerLens."""
@@ -459,7 +459,7 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         ``suppress_eos`` forbids the end-of-text token (the text always runs ``max_new_tokens``).
 
         Text in gives text out (a list for a list, left-padded and batched); tokens in
-        gives tokens ``[batch, pos + new]`` out. Rows that reached <|endoftext|> are padded with it.
+        gives tokens ``[batch, pos + new]`` out. Rows that reached ``<|endoftext|>`` are padded with it.
         """
         from .generate import generate
 

@@ -181,7 +181,7 @@ def plot_neuron_search(result: NeuronSearch, **_: object) -> Figure:
 
 
 def plot_subupdates(result: SubupdateResult) -> Figure:
-    """The largest MLP sub-updates: norm |m|·‖v‖ and (with a target) direct effect, labelled
+    """The largest MLP sub-updates: norm ``|m|·‖v‖`` and (with a target) direct effect, labelled
     with each one's top promoted tokens."""
     n = len(result.neurons)
     has_t = result.target_effects is not None
