@@ -130,7 +130,8 @@ def resolve_unlinked(app: Sphinx, env, node, contnode):
         return None  # names nothing: the strict build reports it
     if obj is _FIELD:
         return contnode
-    names = _documented(env).get(id(obj)) if not isinstance(obj, (int, str, float, bool, type(None))) else None
+    linkable = inspect.isclass(obj) or inspect.isroutine(obj) or inspect.ismodule(obj) or isinstance(obj, property)
+    names = _documented(env).get(id(obj)) if linkable else None  # values (ints, tuples) are not identities
     if names:
         fullname = sorted(names, key=lambda n: (-n.count("."), n))[0]
         entry = env.get_domain("py").objects[fullname]
