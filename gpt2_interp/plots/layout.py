@@ -67,6 +67,7 @@ def fit_text(text: Text, width_px: float, min_size: float = MIN_FONTSIZE, max_li
     longest lines with ``…``."""
     if not text.get_visible() or not text.get_text() or width_px <= 0:
         return
+    width_px *= 0.96  # slack: glyph widths do not scale exactly with the dpi (hinting at low resolutions)
     w = _length(text)
     if w <= width_px:
         return
@@ -92,19 +93,18 @@ def fit_text(text: Text, width_px: float, min_size: float = MIN_FONTSIZE, max_li
 
 def _groups(fig: Figure) -> list[tuple[list[Axes], Bbox]]:
     """The figure's panels: axes grouped by their top-level grid cell (a panel's colour bar and twin
-    axes join it), each with the union of their window extents."""
+    axes join it), each with the union of their window extents and y tick labels. Axes outside any grid (a colour bar
+    placed by the constrained layout, an inset) belong to no panel."""
     groups: dict[object, list[Axes]] = {}
     for ax in fig.axes:
-        if not ax.get_visible():
-            continue
         spec = ax.get_subplotspec()
-        key = (
-            (spec.get_topmost_subplotspec().get_geometry(), id(spec.get_topmost_subplotspec().get_gridspec()))
-            if spec
-            else id(ax)
-        )
-        groups.setdefault(key, []).append(ax)
-    return [(axes, Bbox.union([a.get_window_extent() for a in axes])) for axes in groups.values()]
+        if not ax.get_visible() or spec is None:
+            continue
+        top = spec.get_topmost_subplotspec()
+        groups.setdefault((top.get_geometry(), id(top.get_gridspec())), []).append(ax)
+    boxes = [[a.get_window_extent(), *(b for b in (a.yaxis.get_tightbbox(),) if b is not None)] for a in fig.axes]
+    extent = {id(a): Bbox.union(b) for a, b in zip(fig.axes, boxes)}  # each axes with its y tick labels
+    return [(axes, Bbox.union([extent[id(a)] for a in axes])) for axes in groups.values()]
 
 
 def _title_span(fig: Figure, box: Bbox, others: Sequence[Bbox]) -> tuple[float, float]:

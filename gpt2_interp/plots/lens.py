@@ -49,7 +49,7 @@ def plot_lens(result: LensResult, prompt: int = 0, position: int = -1, max_layer
         values = result.top_probs[:, b, cols, 0].numpy()
         cbar_label = "p(top-1 token)"
     n_l, n_c = values.shape
-    heat_w, heat_h = grid_size(n_l, n_c, (0.8, 0.3), lo=(1.2, 1.8), hi=(16.0, 16.0))
+    heat_w, heat_h = grid_size(n_l, n_c, (0.7, 0.3), lo=(0.7, 1.8), hi=(16.0, 16.0))
     cell_w, cell_h = heat_w / max(n_c, 1), heat_h / max(n_l, 1)
     size = 7.0
     cell_chars = chars_that_fit(0.9 * cell_w, size) if cell_h * 72 >= 1.4 * size else 0
@@ -57,8 +57,8 @@ def plot_lens(result: LensResult, prompt: int = 0, position: int = -1, max_layer
     tick_chars = chars_that_fit(0.9 * cell_w * step, size)
     ystep = max(1, -(-int(1.4 * 8) // max(1, int(cell_h * 72))))  # y tick labels (8 pt) one row apart at least
     # constrained layout reserves room for the colour bar's label and the curve's axis labels (no overlap)
-    fig = Figure(figsize=(heat_w + 1.8 + 1.2 + 4.0, heat_h + 1.8), layout="constrained")
-    gs = fig.add_gridspec(1, 2, width_ratios=[heat_w + 1.2, 4.0])
+    fig = Figure(figsize=(heat_w + 3.2 + 3.8, heat_h + 1.8), layout="constrained")
+    gs = fig.add_gridspec(1, 2, width_ratios=[heat_w, 3.2])
     ax = fig.add_subplot(gs[0])
     vmin, vmax = (None, 0.0) if has_t else (0.0, 1.0)
     im = ax.imshow(values, aspect="auto", origin="lower", cmap="viridis" if has_t else "Blues", vmin=vmin, vmax=vmax)
