@@ -256,7 +256,8 @@ def _trace_section(model: Any, prompt: str, subject: str, samples: int, out: Pat
 
 
 def trace_reading(traces: Any, mlp_layer: int, mlp_effect: float) -> list[str]:
-    """What the three panels of the trace figure show, from the traces' own numbers: the hidden state's
+    """What the three panels of the trace figure show, from the traces' own numbers (a
+    :class:`~gpt2_interp.analysis.tracing.TraceSet` of hidden, mlp and attn): the hidden state's
     site at the subject and at the last token, and attention beside the MLP (at the subject, and at the
     last token). Cells that are the clean run by construction are never named."""
 
@@ -271,11 +272,12 @@ def trace_reading(traces: Any, mlp_layer: int, mlp_effect: float) -> list[str]:
     a_subj = attn.subject_peak()
     if a_subj is not None:
         a_effect = a_subj[2] - attn.corrupted_score
-        same = ", the MLP's layer," if attn.layer_labels.index(a_subj[1]) == mlp_layer else ""
-        beside = f" ({a_effect / mlp_effect:.0%} of the MLP's {mlp_effect:+.3f})" if mlp_effect > 0 else ""
+        notes = ["the MLP's layer"] if attn.layer_labels.index(a_subj[1]) == mlp_layer else []
+        notes += [f"{a_effect / mlp_effect:.0%} of the MLP's {mlp_effect:+.3f}"] if mlp_effect > 0 else []
+        beside = f" ({'; '.join(notes)})" if notes else ""
         lines.append(
             f"- Attention: restoring its output at the subject recovers {a_effect:+.3f} at {a_subj[0]!r} at "
-            f"{a_subj[1]}{same}{beside}; at the last token its peak is {site(attn.late_peak(), attn)}."
+            f"{a_subj[1]}{beside}; at the last token its peak is {site(attn.late_peak(), attn)}."
         )
     return lines
 

@@ -221,7 +221,7 @@ def test_scatter_labels_sit_inside_the_axes_apart_and_name_the_largest_effects(m
     from gpt2_interp.plots.attribution import plot_verification
 
     est, ex, top, labels = clustered_scatter()
-    fig = plot_verification(est, ex, top, labels, n_labels=5)
+    fig = plot_verification(est, ex, top, labels)  # the 5 largest exact effects are labelled
     texts = drawn_texts(fig, monkeypatch)
     ax = fig.axes[0]
     frame = ax.get_window_extent()
