@@ -298,6 +298,9 @@ def test_cli_lens_shows_every_position_by_default(capsys):
 
 
 # ------------------------------------------------------------------ summaries that name informative cells
+@pytest.mark.filterwarnings(
+    "ignore:weak corruption"
+)  # the subject's own token is the last: noise there may barely matter
 def test_clean_by_construction_cells_reproduce_the_clean_run(facts_model, traces):
     from gpt2_interp.analysis.tracing import clean_by_construction
 
@@ -306,7 +309,7 @@ def test_clean_by_construction_cells_reproduce_the_clean_run(facts_model, traces
     assert mask.sum() == 1 and bool(mask[-1, -1])
     assert float(h.scores[-1, -1]) == pytest.approx(h.clean_score, rel=1e-4)  # the trace itself agrees
     # a subject that ends the prompt: the last token's state at any layer is the clean run
-    end = causal_trace(facts_model, "The capital of France is Paris", " Paris", target=" and", samples=2)
+    end = causal_trace(facts_model, "The capital of France is Paris", " Paris", samples=2)
     assert bool(end.clean_cells()[-1].all())
     torch.testing.assert_close(end.scores[-1], torch.full_like(end.scores[-1], end.clean_score), rtol=1e-4, atol=1e-6)
     assert not clean_by_construction("mlp", 5, (1, 2), 6, 12).any()
