@@ -51,6 +51,14 @@ def shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _figure_of(ax: Axes) -> Figure:
+    """The top-level figure an axes is drawn in."""
+    fig = ax.get_figure(root=True)
+    if not isinstance(fig, Figure):
+        raise ValueError("the axes belongs to no figure")
+    return fig
+
+
 def _px_per_pt(fig: Figure) -> float:
     return fig.dpi / 72.0
 
@@ -78,7 +86,7 @@ def fit_text(text: Text, width_px: float, min_size: float = MIN_FONTSIZE, max_li
         if len(wrapped) <= max_lines:
             text.set_text("\n".join(wrapped))
             w = _length(text)
-    size = text.get_fontsize()
+    size = float(text.get_fontsize())
     if w > width_px and size > min_size:
         text.set_fontsize(max(min_size, size * width_px / w))
         w = _length(text)
@@ -198,7 +206,7 @@ def place_labels(
     each beside its point where its box stays inside the axes and clear of every label placed before it
     and of the ``avoid`` boxes (pixels, e.g. a legend); a label with no free place near its point is left
     out. A label placed away from its point gets a thin leader line. Call after the layout is final."""
-    fig = ax.get_figure()
+    fig = _figure_of(ax)
     fig.draw_without_rendering()
     frame = ax.get_window_extent()
     taken = list(avoid)
@@ -264,10 +272,10 @@ def spaced_ticks(cbar: Colorbar, ticks: Sequence[tuple[float, str]], fontsize: f
     """Set the colour bar's ticks to ``ticks`` (``(value, label)``, most important first), leaving out any
     whose label would overprint one kept before it; returns the values kept. Call after the layout is
     final: the spacing is measured on the drawn colour bar."""
-    fig = cbar.ax.get_figure()
+    fig = _figure_of(cbar.ax)
     fig.draw_without_rendering()
     box = cbar.ax.get_window_extent()
-    lo, hi = cbar.norm.vmin, cbar.norm.vmax
+    lo, hi = float(cbar.norm.vmin or 0.0), float(cbar.norm.vmax or 0.0)
     vertical = cbar.orientation == "vertical"
     length = box.height if vertical else box.width
     need = 1.25 * fontsize * _px_per_pt(fig) if vertical else None
