@@ -52,9 +52,11 @@ class Config(ExperimentConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.rules or set(self.rules) - set(NULLSPACE_RULES):
-            raise ValueError(f"nullspace_rules.rules: choose from {', '.join(NULLSPACE_RULES)}, got {self.rules}")
+            raise ValueError(
+                f"nullspace_rules setting rules: choose from {', '.join(NULLSPACE_RULES)}, got {self.rules}"
+            )
         if not self.thresholds or any(not 0 < t < 1 for t in self.thresholds):
-            raise ValueError(f"nullspace_rules.thresholds: values in (0, 1), got {self.thresholds}")
+            raise ValueError(f"nullspace_rules setting thresholds: values in (0, 1), got {self.thresholds}")
         if self.n < 1 or self.n_samples < 1:
             raise ValueError(f"nullspace_rules: n and n_samples must be >= 1, got {self.n}, {self.n_samples}")
 

@@ -48,15 +48,21 @@ class HookPoint:
     replacement gradient). ``fwd_hooks``/``bwd_hooks`` list what is registered.
     """
 
-    __slots__ = ("bwd_hooks", "fwd_hooks", "name")
+    __slots__ = ("bwd_hooks", "ctx", "fwd_hooks", "name")
 
     def __init__(self, name: str = "") -> None:
         self.name = name
         self.fwd_hooks: list[_Hook] = []
         self.bwd_hooks: list[_Hook] = []
+        self.ctx: dict[Any, Any] = {}  # hooks' own state (TransformerLens's ``hook.ctx``), emptied by reset_hooks()
+
+    def clear_context(self) -> None:
+        """Empty :attr:`ctx`."""
+        self.ctx = {}
 
     @property
     def has_hooks(self) -> bool:
+        """Whether any forward or backward hook is attached."""
         return bool(self.fwd_hooks or self.bwd_hooks)
 
     def layer(self) -> int:
@@ -74,8 +80,11 @@ class HookPoint:
         level: int | None = None,
         prepend: bool = False,
     ) -> Callable[[], None]:
-        """Add a hook (``dir`` "fwd" or "bwd"; ``prepend`` runs it before the others; permanent hooks
-        survive ``reset_hooks()``). Returns a function that removes exactly this hook."""
+        """Add the hook ``fn(activation, hook)`` (``dir`` "fwd", the default, or "bwd"; ``prepend`` runs it
+        before the others; hooks added with ``is_permanent`` survive ``reset_hooks()``; ``level`` tags
+        the hook so that ``remove_hooks(level=...)`` removes only that context's hooks). Returns a
+        function that removes exactly this hook. Another ``dir`` raises ValueError, a non-callable
+        ``fn`` TypeError."""
         if dir not in ("fwd", "bwd"):
             raise ValueError(f"dir must be 'fwd' or 'bwd', got {dir!r}")
         if not callable(fn):
@@ -93,11 +102,16 @@ class HookPoint:
 
         return remove
 
+    def add_perma_hook(self, fn: HookFn, dir: Literal["fwd", "bwd"] = "fwd") -> Callable[[], None]:
+        """:meth:`add_hook` with ``is_permanent=True`` (TransformerLens's name)."""
+        return self.add_hook(fn, dir, is_permanent=True)
+
     def remove_hooks(
-        self, dir: Literal["fwd", "bwd", "both"] = "both", including_permanent: bool = True, level: int | None = None
+        self, dir: Literal["fwd", "bwd", "both"] = "fwd", including_permanent: bool = False, level: int | None = None
     ) -> None:
-        """Remove hooks in direction ``dir`` (permanent ones only with ``including_permanent``;
-        only those added at context ``level`` when given)."""
+        """Remove hooks in direction ``dir`` (TransformerLens's defaults: forward hooks that are not
+        permanent); ``including_permanent`` removes every hook in that direction, whatever its level,
+        else only non-permanent ones added at context ``level`` (any level when None)."""
         if dir not in ("fwd", "bwd", "both"):
             raise ValueError(f"dir must be 'fwd', 'bwd' or 'both', got {dir!r}")
         for d, hooks in (("fwd", self.fwd_hooks), ("bwd", self.bwd_hooks)):
@@ -105,7 +119,7 @@ class HookPoint:
                 continue
             keep = []
             for h in hooks:
-                if (h.is_permanent and not including_permanent) or (level is not None and h.level != level):
+                if not including_permanent and (h.is_permanent or (level is not None and h.level != level)):
                     keep.append(h)
                 else:
                     h.active = False
@@ -307,8 +321,10 @@ def hook_name(family: str, layer: int | None = None, sub: str | None = None) -> 
 
     TransformerLens's ``utils.get_act_name`` spellings are accepted too: ``hook_name("k6")``,
     ``hook_name("pattern", 3, "attn")`` (a sublayer that the family already implies is ignored),
-    ``hook_name("scale", 3, "ln2")``. A negative ``layer`` is kept as given (the cache and the
-    model count it from the end).
+    ``hook_name("scale", 3, "ln2")``: ``sub`` names the sublayer (``attn``, ``mlp``, ``ln1``, ``ln2``,
+    ``ln_final``). A negative ``layer`` is kept as given (the cache and the model count it from the
+    end). A full hook name is returned unchanged. An unknown family or sublayer, or a per-block
+    family without ``layer``, raises KeyError.
     """
     if layer is None and family not in _SHORT and re.fullmatch(r"[a-z_]+\d+[a-z0-9]*", family):
         m = re.fullmatch(r"([a-z_]+?)(\d+)([a-z0-9]*)", family)  # TL's "k6", "scale4ln1"

@@ -39,7 +39,8 @@ def _scatter(ax: Axes, estimate: np.ndarray, exact: np.ndarray, highlight: Seque
 
 
 def plot_estimate_vs_exact(estimate: np.ndarray, exact: np.ndarray, title: str = "") -> Figure:
-    """One scatter of every cell's estimated effect against its exact patching effect."""
+    """One scatter of every cell's ``estimate`` effect (y) against its ``exact`` patching effect (x), both
+    ``[n_cells]``, with the diagonal estimate = exact; ``title`` above it."""
     fig = Figure(figsize=(4.2, 4.2))
     ax = fig.add_subplot()
     _scatter(ax, estimate, exact)
@@ -57,7 +58,9 @@ def plot_verification(
 ) -> Figure:
     """Verified cells: the estimate's top cells (red) and random controls (grey); the ``n_labels`` cells
     of largest exact effect are labelled where a label fits inside the axes without covering another
-    label or the legend (:func:`~gpt2_interp.plots.layout.place_labels`)."""
+    label or the legend (:func:`~gpt2_interp.plots.layout.place_labels`). ``estimate``, ``exact``, ``top``
+    (True for a top cell) and ``labels``: one entry per verified cell (as in
+    :class:`~gpt2_interp.analysis.Verification`); ``title`` above it."""
     fig = Figure(figsize=(5.0, 5.0))
     ax = fig.add_subplot()
     _scatter(ax, estimate, exact, top)
@@ -77,7 +80,8 @@ def plot_agreement_grid(
     title: str = "",
 ) -> Figure:
     """A grid of estimate-vs-exact scatters: ``panels[row][col] = (estimate, exact, caption)`` (rows:
-    hook families, columns: methods)."""
+    hook families, columns: methods), titled by ``row_labels[row]`` and ``col_labels[col]``; ``title``
+    above the grid."""
     rows, cols = len(panels), max(len(r) for r in panels)
     fig = Figure(figsize=grid_size(rows, cols, (3.2, 3.2), (0.4, 0.8), lo=(4.5, 3.5), hi=(22.0, 24.0)))
     for i, row in enumerate(panels):

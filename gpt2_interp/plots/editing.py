@@ -94,7 +94,8 @@ def plot_decay(
 
     ``n_edits[method]``: x values; ``scores[metric][method]``: values in [0, 1] (None: undefined);
     ``reference[metric]``: a horizontal line (e.g. the unedited model's NS). ``xlabel``/``log_x``:
-    another x quantity (e.g. statistics tokens, on a log axis)."""
+    another x quantity (e.g. statistics tokens, on a log axis). ``title`` above the panels.
+    Returns a :class:`matplotlib.figure.Figure`."""
     from matplotlib.figure import Figure
 
     metrics = list(scores)

@@ -35,9 +35,10 @@ def plot_lens(result: LensResult, prompt: int = 0, position: int = -1, max_layer
     target's log-probability when a target is given); beside it, the target's probability
     and rank per layer at column ``position`` (top-1 probability without a target).
 
-    The figure is sized to the data: a column per analysed position and a row per layer boundary
-    (within sane bounds); cell texts and tick labels are shortened to fit their cells, and left out
-    where a cell is too small to hold any."""
+    ``result``: a :class:`~gpt2_interp.analysis.LensResult`; ``prompt``: which of its prompts (default
+    0); ``max_layers`` has no effect (every boundary is drawn). The figure is sized to the data: a column
+    per analysed position and a row per layer boundary (within sane bounds); cell texts and tick labels
+    are shortened to fit their cells, and left out where a cell is too small to hold any."""
     b = prompt
     cols = [j for j in range(result.positions.shape[1]) if result.valid[b, j]]
     layers = result.layers
@@ -167,8 +168,9 @@ def _token_bars(ax, tokens: Sequence[str], scores: torch.Tensor, colour: str, ti
 
 
 def plot_vocab(result: VocabProjection, rows: int | None = None, max_rows: int = 64) -> Figure:
-    """For the first ``rows`` vectors (default: all, at most ``max_rows``): bars of their top and
-    bottom tokens' scores."""
+    """For the first ``rows`` vectors of ``result`` (a :class:`~gpt2_interp.analysis.VocabProjection`;
+    default: all, at most ``max_rows``): bars of their top and bottom tokens' scores. ``rows`` < 1 or
+    a result without rows raises ValueError."""
     n = min(len(result.labels) if rows is None else check_count(rows, "rows"), len(result.labels), max_rows)
     if n < 1:
         raise ValueError("the result has no rows to plot")
@@ -204,7 +206,7 @@ def plot_neuron_search(result: NeuronSearch, **_: object) -> Figure:
 
 
 def plot_subupdates(result: SubupdateResult) -> Figure:
-    """The largest MLP sub-updates: norm |m|·‖v‖ and (with a target) direct effect, labelled
+    """The largest MLP sub-updates: norm ``|m|·‖v‖`` and (with a target) direct effect, labelled
     with each one's top promoted tokens."""
     n = len(result.neurons)
     has_t = result.target_effects is not None
@@ -235,7 +237,9 @@ def plot_lens_divergence(
 ) -> Figure:
     """Two panels by layer boundary: KL(final ‖ lens) in bits (log scale; values below 1e-6 bits, the
     last boundary's round-off, are left out) and top-1 agreement with the model's final prediction, one
-    line per lens (e.g. ``{"logit lens": …, "tuned lens": …}``). Deep models get every k-th tick label."""
+    line per lens (e.g. ``{"logit lens": …, "tuned lens": …}``). Deep models get every k-th tick label.
+    ``labels``: the boundaries (x axis); ``kl_bits`` and ``top1``: ``{lens name: one value per
+    boundary}`` (as :func:`~gpt2_interp.analysis.lens_divergence` returns them); ``title`` above both."""
     fig = Figure(figsize=(10, 3.6))
     x = np.arange(len(labels))
     ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)

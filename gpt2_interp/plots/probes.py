@@ -61,7 +61,8 @@ def plot_probe_summary(
     title: str = "",
 ) -> Figure:
     """Selectivity by layer for several tasks (lines), beside causal-trace indirect effects by
-    layer (``trace``: name → values over ``trace_layers``) when given."""
+    layer (``trace``: name → values over ``trace_layers``) when given. ``layers``: the probed layers
+    (x axis); ``selectivity``: ``{task: one value per layer}``; ``title`` above the panels."""
     n = 2 if trace else 1
     fig = Figure(figsize=(5.2 * n, 3.6))
     ax = fig.add_subplot(1, n, 1)

@@ -52,7 +52,11 @@ if TYPE_CHECKING:
 @dataclass
 class Baseline:
     """The unedited model's measurements: one row per case (pre-edit scores, known flag, fluency),
-    the related facts it knows per case, and the unrelated prompts with their next-token log-probs."""
+    the related facts it knows per case, and the unrelated prompts with their next-token log-probs.
+
+    ``rows``: one :class:`~.metrics.CaseRow` per case (pre-edit); ``related``: per case, the related
+    facts the model knows; ``unrelated``: ``(relation, subject, prompt)`` triples; ``unrelated_pre``
+    ``[n_unrelated, d_vocab]``: the unedited next-token log-probabilities after each."""
 
     rows: list[CaseRow]
     related: list[list[RelatedPrompt]]
@@ -61,6 +65,7 @@ class Baseline:
 
     @property
     def unrelated_texts(self) -> list[str]:
+        """The unrelated prompts' texts, in order."""
         return [p for *_, p in self.unrelated]
 
     def unrelated_for(self, case: CounterfactCase) -> list[int]:
@@ -71,11 +76,19 @@ class Baseline:
 
 
 def baseline(model: HookedGPT2, cases: Sequence[CounterfactCase], config: EvalConfig) -> Baseline:
-    """Measure the unedited ``model`` on ``cases`` (batched, ``config.score_batch_size`` prompts a pass)."""
+    """Measure the unedited ``model`` on ``cases`` (batched, ``config.score_batch_size`` prompts a pass),
+    with a bar over the measurements (``config.progress``)."""
     sb = config.score_batch_size
+    bar = progress_bar(total=4, unit="step", desc="baseline (unedited model)", enabled=config.progress, leave=False)
+    bar.set_postfix_str("scores", refresh=False)
     pre = case_scores(model, cases, sb)
+    bar.update(1)
+    bar.set_postfix_str("known facts", refresh=False)
     known = known_flags(model, cases, sb)
+    bar.update(1)
+    bar.set_postfix_str("fluency", refresh=False)
     fl = fluency(model, cases, config.fluency_tokens, sb)
+    bar.update(1)
     rows = [
         CaseRow(
             c.case_id,
@@ -90,9 +103,13 @@ def baseline(model: HookedGPT2, cases: Sequence[CounterfactCase], config: EvalCo
         )
         for c, s, k, f in zip(cases, pre, known, fl)
     ]
+    bar.set_postfix_str("related facts", refresh=False)
     unrel = unrelated_prompts(config.n_unrelated)
     related = known_related(model, cases, config.seed, sb) if config.related else [[] for _ in cases]
-    return Baseline(rows, related, unrel, next_logprobs(model, [p for *_, p in unrel]))
+    out = Baseline(rows, related, unrel, next_logprobs(model, [p for *_, p in unrel]))
+    bar.update(1)
+    bar.close()
+    return out
 
 
 def score_after(
@@ -219,7 +236,11 @@ def evaluate_local(
     config: EvalConfig,
     t_start: float | None = None,
 ) -> EditEvaluation:
-    """Edit and score ``cases`` in this process (module doc); the weights are restored (checked)."""
+    """Edit and score ``cases`` in this process (module doc); the weights are restored (checked).
+    ``editor``: a prepared :class:`~.editors.Editor`; ``config``: the :class:`~.config.EvalConfig`
+    (sequential or not, batch size, scoring sizes, progress); ``t_start``: when the evaluation began
+    (``time.perf_counter``; default now), for the reported seconds. Returns an
+    :class:`~.result.EditEvaluation`; sequential edits that do not undo bit-exactly raise RuntimeError."""
     t_start = time.perf_counter() if t_start is None else t_start
     cases = list(cases)
     base_fp = weights_fingerprint(model)
@@ -271,7 +292,7 @@ def _evaluate_sharded(
 ) -> EditEvaluation:
     """Each rank edits and scores its share of the cases; every rank returns all rows in order."""
     mine = distributed.shard(cases, group)
-    local_config = replace(config, progress=config.progress and distributed.is_main(group))
+    local_config = replace(config, progress=config.progress if distributed.is_main(group) else False)
     local = evaluate_local(model, mine, editor, local_config, t_start) if mine else None
     rows = distributed.gather_in_order(local.rows if local else [], len(cases), group)
     restored = bool(distributed.all_reduce_number(int(local.restored_exactly if local else True), group, "min"))
@@ -293,7 +314,12 @@ def run_evaluation(
     ``editor``: an :class:`~.editors.Editor` to evaluate instead of the one ``config.method`` names.
     Distributed (an initialised process group, or ``group``; not with ``local=True``): independent
     one-request edits are sharded over the ranks; sequential runs and batch edits are not (each rank
-    runs them whole)."""
+    runs them whole).
+
+    Returns an :class:`~.result.EditEvaluation`; the model's weights are restored bit-exactly
+    afterwards. ``local=True`` keeps the evaluation in this process. Refused: no requests, a
+    malformed request, ``targets`` with a ``batch_size`` other than all cases, and the refusals of
+    the editor's ``compute_edit``/``compute_edits`` (ValueError/TypeError)."""
     t_start = time.perf_counter()
     config = config or EvalConfig()
     cases = as_cases(requests, config.seed)
@@ -323,7 +349,13 @@ def evaluate_edits(
     together, then each edits and scores its share of the requests on its own copy of the model;
     every rank returns all rows in request order (those of one process, up to float rounding of
     differently batched prompts) and the summaries over them. ``sequential=True`` and MEMIT/AlphaEdit
-    batch edits are not sharded (each rank runs them whole)."""
+    batch edits are not sharded (each rank runs them whole).
+
+    ``requests``: CounterFact cases, Requests/dicts, or an int n (that many cases from the embedded
+    fact base). Defaults (:class:`EvalConfig`): ROME at the model's default layer, each edit made on
+    the unedited model, scored and undone. Refused: settings given both as ``config`` and as
+    arguments, or twice (TypeError), every :class:`EvalConfig` refusal, and those of
+    :func:`run_evaluation`."""
     return run_evaluation(model, requests, _config(config, args, kwargs), group=group)
 
 
