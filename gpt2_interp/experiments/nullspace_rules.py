@@ -87,6 +87,8 @@ def figures(report: dict) -> dict[str, Figure]:
     """``nullspace_rules``: the edit keys' energy in the null space against τ, one panel per rule."""
     from matplotlib.figure import Figure
 
+    from ..plots.layout import finish_layout
+
     layers, rows = report["layers"], report["rows"]
     by = {(r["rule"], r["tau"], r["layer"]): r for r in rows}
     rules = sorted({r["rule"] for r in rows}, key=lambda r: r != "relative")
@@ -103,7 +105,7 @@ def figures(report: dict) -> dict[str, Figure]:
     axes[0][0].set_ylabel("edit keys' energy in the null space (%)")
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"{report['model']}: where AlphaEdit's update can act")
-    fig.tight_layout()
+    finish_layout(fig)
     return {"nullspace_rules": fig}
 
 

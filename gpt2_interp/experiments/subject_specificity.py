@@ -150,6 +150,8 @@ def tables(data: dict) -> dict[str, str]:
 def figures(data: dict) -> dict[str, Figure]:
     from matplotlib.figure import Figure
 
+    from ..plots.layout import finish_layout
+
     runs = data["runs"]
     names = [
         f"{r['method']}\n"
@@ -179,7 +181,7 @@ def figures(data: dict) -> dict[str, Figure]:
     ax.set_ylim(0, 105)
     ax.legend(ncol=len(metrics), fontsize=8, loc="lower center")
     ax.set_title(f"{data['model']}: does an edit keep the subject's other facts? (SS)")
-    fig.tight_layout()
+    finish_layout(fig)
     return {"subject_specificity": fig}
 
 
