@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,7 @@ from .modules import Block, KVCache, norm, rotary_cos_sin
 from .root import HookedRootModule
 from .tl_aliases import TransformerLensAliases
 
-Input = Union[str, Sequence[str], torch.Tensor]
+Input = str | Sequence[str] | torch.Tensor
 _BLOCK_HOOK_ORDER = (
     "hook_resid_pre",
     "ln1.hook_scale",
@@ -366,7 +366,8 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         else:
             if input.ndim != 3 or input.shape[-1] != self.cfg.d_model:
                 raise ValueError(
-                    f"with start_at_layer, input is the residual [batch, pos, {self.cfg.d_model}]; got {tuple(input.shape)}"
+                    f"with start_at_layer, input is the residual [batch, pos, {self.cfg.d_model}]; got "
+                    f"{tuple(input.shape)}"
                 )
             if return_type in ("loss", "both"):
                 raise ValueError("loss needs tokens; with start_at_layer use return_type='logits'")

@@ -678,7 +678,7 @@ def to_transformers(model: HookedGPT2) -> Any:
         cls, hf_cfg = transformers.GPT2LMHeadModel, transformers.GPT2Config(**model.cfg.to_hf_dict())
     hf = cls(hf_cfg)
     missing, unexpected = hf.load_state_dict(native_to_hf(model), strict=False)
-    if unexpected or any(not k.endswith(("lm_head.weight",) + ckpt.IGNORED_SUFFIXES) for k in missing):
+    if unexpected or any(not k.endswith(("lm_head.weight", *ckpt.IGNORED_SUFFIXES)) for k in missing):
         raise RuntimeError(f"weight conversion mismatch: missing={missing}, unexpected={unexpected}")
     if model.cfg.tied_embeddings:
         hf.tie_weights()
