@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ..model import HookedGPT2
 
 Metric = Callable[[torch.Tensor], torch.Tensor]
-Ids = Union[str, int, Sequence[str | int], torch.Tensor]
+Ids = str | int | Sequence[str | int] | torch.Tensor
 
 
 def _ids(x: Ids, model: HookedGPT2 | None, what: str = "token") -> torch.Tensor | Ids:

@@ -17,7 +17,7 @@ import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -43,7 +43,7 @@ from .metrics import (
 if TYPE_CHECKING:
     from ..model import HookedGPT2
 
-Prompts = Union[str, Sequence[str], torch.Tensor]
+Prompts = str | Sequence[str] | torch.Tensor
 
 
 # =============================================================== patch targets
@@ -257,9 +257,9 @@ def patch(
     """
     if direction not in ("denoise", "noise"):
         raise ValueError(
-            f"direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not {direction!r}"
+            "direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not "
+            f"{direction!r}"
         )
-    n = model.cfg.n_layer
     metric = refuse_degenerate(
         bind_metric(metric, model), model
     )  # token strings resolved (and checked) before any work
@@ -569,18 +569,6 @@ def _layer_edit(
     return Patch(name, rows[:, None, None], idx, src[(j[:, None, None], *idx)], pos_dim)
 
 
-__all__ = [
-    "patch",
-    "PatchResult",
-    "pair_tokens",
-    "position_labels",
-    "normalize_effects",
-    "result_fields",
-    "Prompts",
-    # the metrics, re-exported: patching code usually wants them in one import
-    "Metric",
-    "logit_diff",
-    "prob",
-    "kl_to",
-    "metric_name",
-]
+__all__ = ["PatchResult", "Prompts", "normalize_effects", "pair_tokens", "patch", "position_labels", "result_fields"]
+# the metrics, re-exported: patching code usually wants them in one import
+__all__ += ["Metric", "kl_to", "logit_diff", "metric_name", "prob"]

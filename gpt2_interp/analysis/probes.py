@@ -29,7 +29,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 POSITIONS = ("last-subject", "last", "mean-subject")
 CONTROLS = ("random-labels", "by-type", None)
-Layers = Union[str, int, Sequence[int]]
+Layers = str | int | Sequence[int]
 
 
 # ---------------------------------------------------------------------------- activations

@@ -151,7 +151,7 @@ def embedding_std(model: HookedGPT2, texts: Sequence[str] | None = None, ids: Se
         if texts is None or isinstance(texts, str):
             raise TypeError("embedding_std takes a list of texts (e.g. subjects) or ids=[token ids]")
         ids = [i for t in texts for i in model.tokenizer.encode_ids(t)]
-    ids = sorted(set(int(i) for i in ids))
+    ids = sorted({int(i) for i in ids})
     if not ids:
         raise ValueError("no tokens in the given texts")
     return float(model.W_E.detach()[ids].float().std())
@@ -519,7 +519,8 @@ class AverageTrace(Result):
     def table(self) -> str:
         """The baselines, then per kind the peak average indirect effect in each position bucket."""
         lines = [
-            f"average causal trace over {self.n_known} known of {self.n_facts} facts: clean p = {self.clean_score:.4f}, "
+            f"average causal trace over {self.n_known} known of {self.n_facts} facts: clean p = "
+            f"{self.clean_score:.4f}, "
             f"corrupted p = "
             + ", ".join(f"{k} {c:.4f}" for k, c in zip(self.kinds, self.corrupted_score))
             + f" (noise std {self.noise_std:.4g}, {self.samples} samples)"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from ..model import HookedGPT2
 
-Token = Union[str, int]
+Token = str | int
 CHUNK = 1024  # vectors per [chunk, d_vocab] score matmul (1024 × 50257 fp32 ≈ 206 MB)
 
 
@@ -101,7 +101,10 @@ class VocabProjection(Result):
     def select(self, rows: Sequence[int]) -> VocabProjection:
         """The given rows only, in that order."""
         rows = list(rows)
-        pick = lambda xs: [xs[i] for i in rows]
+
+        def pick(xs: Sequence[Any]) -> list[Any]:
+            return [xs[i] for i in rows]
+
         return VocabProjection(
             pick(self.labels),
             self.top_ids[rows],
@@ -328,7 +331,8 @@ class SubupdateResult(Result):
             head += f" {'→' + repr(self.target):>10}"
         lines.append(head + "   top tokens of m_i·v_i")
         for r in range(len(self.neurons)):
-            row = f"L{self.layers[r]}.N{self.neurons[r]:<6} {float(self.activations[r]):+8.3f} {float(self.norms[r]):8.3f}"
+            act, norm = float(self.activations[r]), float(self.norms[r])
+            row = f"L{self.layers[r]}.N{self.neurons[r]:<6} {act:+8.3f} {norm:8.3f}"
             if self.target_effects is not None:
                 row += f" {float(self.target_effects[r]):+10.3f}"
             lines.append(row + "   " + " ".join(map(repr, self.top_tokens[r][:k])))

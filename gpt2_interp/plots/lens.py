@@ -108,7 +108,7 @@ def plot_attribution(result: DLAResult) -> Figure:
     fig = Figure(figsize=(11 if heads else 8, 4.2))
     gs = fig.add_gridspec(1, 2 if heads else 1, width_ratios=[2.2, 1] if heads else [1], wspace=0.3)
     ax = fig.add_subplot(gs[0])
-    labels = list(result.labels) + ["ln_final.b"]
+    labels = [*result.labels, "ln_final.b"]
     vals = np.append(result.parts.numpy(), result.ln_bias)
     colours = [
         "tab:gray" if "embed" in l else "tab:blue" if "attn" in l else "tab:orange" if "mlp" in l else "tab:green"

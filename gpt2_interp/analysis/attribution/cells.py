@@ -39,7 +39,7 @@ def resolve_family(model: HookedGPT2, hook: str, layers: Sequence[int] | None) -
     per-position activation (not ``ln_final``'s, which runs on the last position only, nor scores)."""
     if not is_full_name(hook):
         hook = "pattern" if hook == "attn" else hook
-        if hook not in FAMILIES + ("embed", "pos_embed"):
+        if hook not in (*FAMILIES, "embed", "pos_embed"):
             raise KeyError(
                 f"attribution covers the hook families {', '.join(FAMILIES)}, embed, pos_embed and full hook "
                 f"names of per-position activations, not {hook!r}.{suggest(hook, list(FAMILIES))}"

@@ -102,7 +102,8 @@ def _check_options(method: str, direction: str, ig_steps: Any, ig_path: str, gra
         raise ValueError(f"method must be one of {', '.join(repr(m) for m in ATTRIBUTION_METHODS)}, not {method!r}")
     if direction not in ("denoise", "noise"):
         raise ValueError(
-            f"direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not {direction!r}"
+            "direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not "
+            f"{direction!r}"
         )
     if method == "ig":
         ig_steps = check_count(ig_steps, "ig_steps (points on the interpolation path)")

@@ -119,7 +119,7 @@ def _activation_path_grad(
         path = a0.float()[None] + al.view(-1, *([1] * a0.ndim)) * (a1.float() - a0.float())[None]
         leaf = rearrange(path.to(a0.dtype), "s b ... -> (s b) ...").requires_grad_(True)
         m_rows = None if mask is None else repeat(mask, "b p -> (s b) p", s=s)
-        with model.hooks([(name, lambda act, hook: leaf)]):
+        with model.hooks([(name, lambda act, hook, leaf=leaf: leaf)]):
             if resid0 is None:
                 resid = model(repeat(base_t, "b p -> (s b) p", s=s), attention_mask=m_rows, stop_at_layer=n)
             else:
