@@ -43,7 +43,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -59,7 +59,7 @@ from .stats import KeyStats, key_second_moment
 if TYPE_CHECKING:
     from ..model import HookedGPT2
 
-RequestLike = Union[Request, Mapping[str, Any]]
+RequestLike = Request | Mapping[str, Any]
 
 #: Default edit layer per model (``hparams/rome/<model>.json``' ``layer``); other models: ``n_layer // 3``.
 DEFAULT_LAYERS: dict[str, int] = {
@@ -283,7 +283,7 @@ class _Batch:
 
 def _build_batch(model: HookedGPT2, req: Request, ids: list[int], prefixes: list[str], kl_prompt: str) -> _Batch:
     rows, splits = [], []
-    for prefix in [""] + prefixes:
+    for prefix in ["", *prefixes]:
         text, lo, hi = _filled(req.prompt, req.subject, prefix)
         rows.append(model.to_tokens(text)[0].tolist() + ids[:-1])
         splits.append(token_span(model, text, lo, hi)[1] - 1)
@@ -331,7 +331,7 @@ def subject_states(
     block ``[n, d_model]`` (``blocks.{resid_layer}.hook_resid_post``)."""
     rows, pos = [], []
     for req in requests:
-        for prefix in [""] + list(prefixes):
+        for prefix in ["", *prefixes]:
             text, lo, hi = _filled(req.prompt, req.subject, prefix)
             rows.append(model.to_tokens(text)[0].tolist())
             pos.append(token_span(model, text, lo, hi)[1] - 1)
@@ -494,7 +494,7 @@ class _Rows:
         nll: list[list[Any]] = [[], [], [], [], []]  # rows, cols, ids, request, weight
         kl: list[list[int]] = [[], [], []]  # rows, cols, request
         kp: list[list[int]] = [[], [], []]
-        for i, (b, (req, ids)) in enumerate(zip(bs, items)):
+        for i, (b, (_, ids)) in enumerate(zip(bs, items)):
             sh, r = c - b.c, len(row_req)
             tokens[r : r + b.tokens.shape[0], sh : sh + b.tokens.shape[1]] = b.tokens
             mask[r : r + b.tokens.shape[0], sh : sh + b.tokens.shape[1]] = b.mask
@@ -718,8 +718,8 @@ def compute_edit(
 
     ``layer``: an int, None (:func:`default_layer`) or ``"auto"`` (:func:`choose_layer`).
     ``stats``: key statistics for that layer (:func:`~.stats.key_second_moment`; computed and
-    cached when None). ``hparams`` override :class:`RomeHparams` (see :func:`hparams_for`). Apply with ``edit.apply(model)``
-    or ``with model.edited(edit):``.
+    cached when None). ``hparams`` override :class:`RomeHparams` (see :func:`hparams_for`). Apply with
+    ``edit.apply(model)`` or ``with model.edited(edit):``.
     """
     t0 = time.perf_counter()
     req, ids = validate_request(model, request)

@@ -168,7 +168,7 @@ def greedy_continuations(
 def fluency_prompts(case: CounterfactCase) -> list[str]:
     """The prompts whose continuations measure a case's fluency: the rewrite prompt and the first
     two paraphrases."""
-    return [case.request.text] + case.paraphrases[:2]
+    return [case.request.text, *case.paraphrases[:2]]
 
 
 def fluency(
