@@ -224,7 +224,7 @@ def edit_cmd(args: argparse.Namespace) -> int:
     from ..editing.rome import compute_edit
 
     edit = compute_edit(model, request, layer=args.layer, **hp)
-    cmp = compare_topk(model, edit, [edit.request.text] + args.paraphrase, k=args.top_k)
+    cmp = compare_topk(model, edit, [edit.request.text, *args.paraphrase], k=args.top_k)
     if args.save:
         edit.save(args.save)
     m = edit.metrics

@@ -13,7 +13,7 @@ of the tokens that occur in the fact base's training corpus.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -33,7 +33,7 @@ class Config(ExperimentConfig):
     search: int = field(default=10, metadata={"help": "find_neurons hits per relation"})
     last_layers: int | None = field(default=None, metadata={"help": "only the last this many layers (none: all)"})
 
-    QUICK = {"last_layers": 2, "search": 3}
+    QUICK: ClassVar[dict[str, Any]] = {"last_layers": 2, "search": 3}
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -11,7 +11,7 @@ and the lens of a fact it does not know says little.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -34,7 +34,7 @@ class Config(ExperimentConfig):
     known_only: bool = field(default=False, metadata={"help": "only the facts the model knows"})
     batch_size: int = field(default=128, metadata={"help": "prompts per forward pass"})
 
-    QUICK = {"per_relation": 8}
+    QUICK: ClassVar[dict[str, Any]] = {"per_relation": 8}
 
 
 def prompt_set(

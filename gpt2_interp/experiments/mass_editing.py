@@ -34,7 +34,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -132,7 +132,7 @@ class Config(DeltaConfig):
     n_samples: int = field(default=100_000, metadata={"help": "tokens for the key statistics"})
     fluency_tokens: int = field(default=40, metadata={"help": "generated tokens per fluency prompt"})
 
-    QUICK = {
+    QUICK: ClassVar[dict[str, Any]] = {
         "n": 4,
         "batch_size": 2,
         "tune_n": 4,

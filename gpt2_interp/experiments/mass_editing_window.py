@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
@@ -63,7 +63,7 @@ class Config(ExperimentConfig):
     n_samples: int = field(default=100_000, metadata={"help": "tokens for the key statistics"})
     v_steps: int | None = field(default=None, metadata={"help": "δ optimisation steps (none: the model's)"})
 
-    QUICK = {"n": 8, "tune_n": 4, "lambdas": [100.0], "n_samples": 3000, "v_steps": 3}
+    QUICK: ClassVar[dict[str, Any]] = {"n": 8, "tune_n": 4, "lambdas": [100.0], "n_samples": 3000, "v_steps": 3}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -253,7 +253,7 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
         ctx.record("delta", hp)
         report.update(n_tune=len(tune), ns_unedited=ns_pre, threads=torch.get_num_threads(), delta_norm=cfg.delta_norm)
         for top in cfg.tops:
-            got = ctx.cached(f"targets-{cfg.ctx}-top{top}", lambda: top_targets(model, tune, top, stats, hp))
+            got = ctx.cached(f"targets-{cfg.ctx}-top{top}", lambda top=top: top_targets(model, tune, top, stats, hp))
             report["targets"] = [r for r in report["targets"] if (r["top"], r["ctx"]) != (top, cfg.ctx)] + [
                 {"top": top, "ctx": cfg.ctx, **got["record"]}
             ]

@@ -20,7 +20,7 @@ is made.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..editing.evaluate import known_cases
 from ..editing.memit import NULLSPACE_RULES, MemitHparams, NullSpace, default_layers
@@ -47,7 +47,7 @@ class Config(ExperimentConfig):
     )
     n_samples: int = field(default=100_000, metadata={"help": "tokens for the key statistics"})
 
-    QUICK = {"n": 12, "n_samples": 3000, "thresholds": [1e-3, 1e-1]}
+    QUICK: ClassVar[dict[str, Any]] = {"n": 12, "n_samples": 3000, "thresholds": [1e-3, 1e-1]}
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -17,7 +17,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -76,7 +76,7 @@ class Config(ExperimentConfig):
         },
     )
 
-    QUICK = {"tasks": ["continent", "period"], "per_subject": 2}
+    QUICK: ClassVar[dict[str, Any]] = {"tasks": ["continent", "period"], "per_subject": 2}
 
     def __post_init__(self) -> None:
         super().__post_init__()

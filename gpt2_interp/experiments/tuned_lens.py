@@ -16,7 +16,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
@@ -58,7 +58,13 @@ class Config(ExperimentConfig):
     compare_start: bool = field(default=False, metadata={"help": "also measure the least-squares start alone"})
     save: Path | None = field(default=None, metadata={"help": "also save the trained lens to this file"})
 
-    QUICK = {"steps": 3, "train_texts": 8, "heldout_texts": 4, "batch_tokens": 256, "paraphrases": 8}
+    QUICK: ClassVar[dict[str, Any]] = {
+        "steps": 3,
+        "train_texts": 8,
+        "heldout_texts": 4,
+        "batch_tokens": 256,
+        "paraphrases": 8,
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -53,7 +53,7 @@ def build_examples(fb: FactBase, split: str = "train") -> list[Example]:
     for fact in fb.facts():
         target = encode(fact.target)
         for prompt in fb.prompts(fact, split=split):
-            p = [EOT_ID] + encode(prompt)
+            p = [EOT_ID, *encode(prompt)]
             out.append(Example(p + target + period + [EOT_ID], (len(p), len(p) + len(target))))
     return out
 
@@ -135,7 +135,8 @@ def train(
     rng = random.Random(seed)
     print(
         f"{len(fb.facts())} facts, {len(examples)} sequences, {len(used)} token ids used; "
-        f"{sum(p.numel() for p in full_vocab(model, used, cfg, seed).parameters()):,} parameters; {total} steps on {device}"
+        f"{sum(p.numel() for p in full_vocab(model, used, cfg, seed).parameters()):,} parameters; {total} steps on "
+        f"{device}"
     )
     history, step, n_tokens, t0 = [], 0, 0, time.time()
     bar = tqdm(total=total, desc="train", mininterval=10)
