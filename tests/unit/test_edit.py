@@ -116,7 +116,7 @@ def test_refuses_another_model_and_bad_layers(tiny):
     e.undo(tiny)
     bad = _edit(tiny, 1, 0)
     bad.layer = 7
-    with pytest.raises(IndexError, match="0..1"):
+    with pytest.raises(IndexError, match=r"0\.\.1"):
         bad.apply(tiny)
 
 
@@ -158,7 +158,7 @@ def test_save_load_gives_identical_logits_and_refuses_other_models(tiny, tmp_pat
 def test_request_validation():
     r = Request.of({"prompt": "{} is in", "subject": "Louvre", "target_new": {"str": "Rome"}})
     assert r.target == " Rome" and r.text == "Louvre is in"
-    with pytest.raises(ValueError, match="did you mean '{} is in'"):
+    with pytest.raises(ValueError, match=r"did you mean '\{\} is in'"):
         Request("Louvre is in", "Louvre", " Rome")
     with pytest.raises(ValueError, match="exactly once"):
         Request("{} and {}", "Louvre", " Rome")

@@ -272,7 +272,7 @@ def test_multi_layer_edit_undo_stack_save_load(tiny, stats, tmp_path):
     with tiny.edited(rome, loaded):
         assert torch.equal(tiny("The capital of France is"), want)
     assert _same(tiny, snap)
-    with pytest.raises(ValueError, match="use edit.layers"):
+    with pytest.raises(ValueError, match=r"use edit\.layers"):
         loaded.layer
     with pytest.raises(ValueError, match="rank-one"):
         loaded.u
@@ -356,7 +356,7 @@ def test_bad_input_is_refused_with_a_clear_error(tiny, stats):
         assert len(validate_requests(tiny, [REQS[0], dict(REQS[0])])[0]) == 1  # an exact duplicate is kept once
     with pytest.raises(ValueError, match="empty"):
         compute_edits(tiny, [], layers=[0], stats=stats)
-    with pytest.raises(IndexError, match="0..1"):
+    with pytest.raises(IndexError, match=r"0\.\.1"):
         compute_edits(tiny, REQS, layers=[0, 5], stats=stats)
     with pytest.raises(ValueError, match="another model"):
         compute_edits(HookedGPT2(TINY, seed=1), REQS, layers=[0], stats=stats, hparams=FAST)

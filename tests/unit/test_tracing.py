@@ -133,7 +133,7 @@ def test_explicit_target_and_result_surface(sharp, tmp_path):
 
 
 def test_bad_input(sharp):
-    with pytest.raises(ValueError, match="does not occur in the prompt.*tokenizes as"):
+    with pytest.raises(ValueError, match=r"does not occur in the prompt.*tokenizes as"):
         causal_trace(sharp, PROMPT, "Colosseum")
     with pytest.raises(ValueError, match="kind must be one of"):
         causal_trace(sharp, PROMPT, SUBJECT, kind="mlp_out")

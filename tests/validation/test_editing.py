@@ -47,7 +47,7 @@ def stats(tiny, corpus, tmp_path):
 
 def _float_fields(cls) -> list[str]:
     hints = typing.get_type_hints(cls)
-    return [f.name for f in fields(cls) if hints[f.name] in (float, typing.Optional[float])]
+    return [f.name for f in fields(cls) if hints[f.name] in (float, float | None)]
 
 
 # ------------------------------------------------------------------ 1. NaN is not "in range"
@@ -105,7 +105,7 @@ def test_an_edit_with_a_nan_factor_is_neither_applied_nor_saved_and_its_file_is_
     monkeypatch.setattr(Edit, "require_finite", lambda self, action="use": None)  # write one anyway
     path = edit.save(tmp_path / "nan.edit")
     monkeypatch.undo()
-    with pytest.raises(ValueError, match="L1.V.*not finite"):
+    with pytest.raises(ValueError, match=r"L1\.V.*not finite"):
         load_edit(path)
 
 
@@ -129,7 +129,7 @@ def test_keep_equal_to_the_rewrite_prompt_is_refused():
 
 def test_conflicting_requests_are_refused_naming_both_indices_and_duplicates_warn(tiny):
     other = dict(REQS[1], target=" Madrid")
-    with pytest.raises(ValueError, match="conflicting requests 1 and 3 in one batch.*' Berlin'.*' Madrid'"):
+    with pytest.raises(ValueError, match=r"conflicting requests 1 and 3 in one batch.*' Berlin'.*' Madrid'"):
         validate_requests(tiny, [REQS[0], REQS[1], REQS[2], other])
     with pytest.warns(EditWarning, match="requests 0 and 2 are the same"):
         reqs, _ = validate_requests(tiny, [REQS[0], REQS[2], dict(REQS[0])])
@@ -231,9 +231,9 @@ def test_keep_given_as_one_string_is_named_as_such(tiny):
 
 
 def test_prompts_without_a_placeholder_are_refused(tiny):
-    with pytest.raises(ValueError, match="request 1: request prompt must contain '{}'.*did you mean"):
+    with pytest.raises(ValueError, match=r"request 1: request prompt must contain '\{\}'.*did you mean"):
         validate_requests(tiny, [REQS[0], {"prompt": "France is", "subject": "France", "target": " x"}])
-    with pytest.raises(ValueError, match="keep prompts must contain '{}'"):
+    with pytest.raises(ValueError, match=r"keep prompts must contain '\{\}'"):
         Request("{} is", "France", " x", keep=["The language is"])
 
 
