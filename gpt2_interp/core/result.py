@@ -32,6 +32,7 @@ class Result:
     """Mixin for result dataclasses: ``to_dict()``, ``to_json(path=None)``, ``save(path)`` figure."""
 
     def to_dict(self) -> dict[str, Any]:
+        assert dataclasses.is_dataclass(self), f"{type(self).__name__} must be a dataclass to be a Result"
         return {
             f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if not f.name.startswith("_")
         }

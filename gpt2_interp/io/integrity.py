@@ -37,7 +37,7 @@ class UnverifiedFileWarning(UserWarning):
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The raw bytes of a tensor (CPU, contiguous), for hashing."""
     flat = t.detach().to("cpu").contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
+    return flat.view(torch.uint8).numpy().data
 
 
 def content_digest(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> str:

@@ -28,6 +28,15 @@ from .root import HookedRootModule
 from .tl_aliases import TransformerLensAliases
 
 Input = str | Sequence[str] | torch.Tensor
+
+
+def _weight(module: nn.Module | None, name: str) -> torch.Tensor:
+    """The parameter ``name`` set on a plain ``nn.Module`` (``embed.W_E``, ``pos_embed.W_pos``, ``unembed.W_U``)."""
+    w = getattr(module, name)
+    assert isinstance(w, torch.Tensor), f"{name} must be a parameter"
+    return w
+
+
 _BLOCK_HOOK_ORDER = (
     "hook_resid_pre",
     "ln1.hook_scale",
@@ -85,8 +94,9 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         self.ln_final = norm(cfg)
         if not cfg.tied_embeddings:
             # state-dict key "unembed.W_U" as in TransformerLens (the attribute name is the unembed() method)
-            self._modules["unembed"] = nn.Module()
-            self._modules["unembed"].W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
+            unembed = nn.Module()
+            unembed.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
+            self._modules["unembed"] = unembed
         self.setup()  # names every HookPoint (HookedRootModule); then put them in forward order
         found = self.hook_dict
         order = ["hook_embed", "hook_pos_embed"]
@@ -115,23 +125,23 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
 
     @property
     def W_E(self) -> torch.Tensor:  # [d_vocab, d_model]
-        return self.embed.W_E
+        return _weight(self.embed, "W_E")
 
     @property
     def W_pos(self) -> torch.Tensor | None:  # [n_ctx, d_model]; None with rotary positions
-        return self.pos_embed.W_pos if self.cfg.positional == "learned" else None
+        return _weight(self.pos_embed, "W_pos") if self.cfg.positional == "learned" else None
 
     @property
     def W_U(self) -> torch.Tensor:  # [d_model, d_vocab]: W_Eᵀ when tied
-        return self.embed.W_E.T if self.cfg.tied_embeddings else self._modules["unembed"].W_U
+        return self.W_E.T if self.cfg.tied_embeddings else _weight(self._modules["unembed"], "W_U")
 
     @property
     def device(self) -> torch.device:
-        return self.embed.W_E.device
+        return self.W_E.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.W_E.dtype
+        return self.W_E.dtype
 
     def n_params(self) -> int:
         """Number of distinct parameters (a tied W_U is W_E, counted once): 124,439,808 for gpt2."""
@@ -360,14 +370,14 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             q_len = tokens.shape[1]
             self.check_length(past + q_len)
             pos = self.positions(q_len, past, attention_mask)
-            x = self.hook_embed(self.embed.W_E[tokens])
+            x = self.hook_embed(self.W_E[tokens])
             if self.cfg.positional == "learned":
-                x = x + self.hook_pos_embed(self.pos_embed.W_pos[pos].expand(tokens.shape[0], -1, -1))
+                x = x + self.hook_pos_embed(_weight(self.pos_embed, "W_pos")[pos].expand(tokens.shape[0], -1, -1))
         else:
-            if input.ndim != 3 or input.shape[-1] != self.cfg.d_model:
+            if not isinstance(input, torch.Tensor) or input.ndim != 3 or input.shape[-1] != self.cfg.d_model:
+                got = tuple(input.shape) if isinstance(input, torch.Tensor) else type(input).__name__
                 raise ValueError(
-                    f"with start_at_layer, input is the residual [batch, pos, {self.cfg.d_model}]; got "
-                    f"{tuple(input.shape)}"
+                    f"with start_at_layer, input is the residual [batch, pos, {self.cfg.d_model}]; got {got}"
                 )
             if return_type in ("loss", "both"):
                 raise ValueError("loss needs tokens; with start_at_layer use return_type='logits'")
@@ -389,6 +399,7 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         logits = self.unembed(self.ln_final(x))
         if return_type == "logits":
             return logits
+        assert tokens is not None, "a loss is computed only from tokens (start_at_layer refuses return_type='loss')"
         loss = self.loss(logits, tokens, attention_mask, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
 

@@ -232,19 +232,21 @@ def warn_if_nonfinite(record: list[tuple[str, str, torch.Tensor]], output: torch
     flags = torch.where(scores, sums.isnan(), ~sums.isfinite())
     if output is not None:
         flags = torch.cat([flags, ~output.sum(dtype=torch.float32).isfinite()[None]])
-    flags = flags.tolist()
-    first = next((i for i, bad in enumerate(flags[: len(record)]) if bad), None)
+    bad_flags = flags.tolist()
+    first = next((i for i, bad in enumerate(bad_flags[: len(record)]) if bad), None)
     if first is not None:
         name, by, _ = record[first]
         where = (
             f"they first appeared in {by} at {name!r} (NaN/inf, or values so large "
             "that they overflow); check what computes it"
         )
-        if output is not None and not flags[-1]:
+        if output is not None and not bad_flags[-1]:
             where += (
                 " (the output is finite, but computed from them: a fused kernel can hide NaN, so it is not trustworthy)"
             )
-    elif output is not None and flags[-1] and not is_finite(output):  # the float32 sum can overflow on finite values
+    elif (
+        output is not None and bad_flags[-1] and not is_finite(output)
+    ):  # the float32 sum can overflow on finite values
         names = list(dict.fromkeys(name for name, _, _ in record))
         where = (
             f"the hooks that wrote activations ({', '.join(names[:4])}{', …' if len(names) > 4 else ''}) "

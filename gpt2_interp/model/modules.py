@@ -142,6 +142,17 @@ class Attention(nn.Module):
     ``cfg.use_attn_result`` is on (as in TransformerLens); otherwise ``hook_result`` never fires.
     """
 
+    # set in __init__ by name (hook_rot_q, hook_rot_k with rotary positions only)
+    hook_q: HookPoint
+    hook_k: HookPoint
+    hook_v: HookPoint
+    hook_attn_scores: HookPoint
+    hook_pattern: HookPoint
+    hook_z: HookPoint
+    hook_result: HookPoint
+    hook_rot_q: HookPoint
+    hook_rot_k: HookPoint
+
     def __init__(self, cfg: GPT2Config, layer: int) -> None:
         super().__init__()
         self.cfg, self.layer = cfg, layer
@@ -281,6 +292,13 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     """A pre-norm transformer block: ``x + attn(ln1(x))``, then ``+ mlp(ln2(·))``."""
+
+    # set in __init__ by name
+    hook_resid_pre: HookPoint
+    hook_attn_out: HookPoint
+    hook_resid_mid: HookPoint
+    hook_mlp_out: HookPoint
+    hook_resid_post: HookPoint
 
     def __init__(self, cfg: GPT2Config, layer: int) -> None:
         super().__init__()
