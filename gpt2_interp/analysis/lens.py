@@ -169,7 +169,7 @@ class LensResult(Result):
                         for i in range(min(k, self.top_probs.shape[-1]))
                     ]
                     row = f"  {name:<{w}}  " + "  ".join(f"{c:<22}" for c in cells)
-                    if self.target_prob is not None:
+                    if self.target_prob is not None and self.target_rank is not None:
                         row += f"  | p={float(self.target_prob[li, b, j]):.3f} rank={int(self.target_rank[li, b, j])}"
                     lines.append(row.rstrip())
                 lines.append("")

@@ -23,7 +23,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 
@@ -469,7 +469,8 @@ def causal_trace_all(
     **kwargs: Any,
 ) -> TraceSet:
     """:func:`causal_trace` for each kind (hidden, mlp, attn) → a :class:`TraceSet` (three-panel plot)."""
-    return TraceSet([causal_trace(model, prompt, subject, target, kind=k, **kwargs) for k in kinds])
+    # each kind is checked by causal_trace
+    return TraceSet([causal_trace(model, prompt, subject, target, kind=cast(Kind, k), **kwargs) for k in kinds])
 
 
 # =============================================================== averaging over facts
@@ -595,7 +596,8 @@ def average_trace(
     sums = torch.zeros(len(kinds), len(BUCKETS), n)
     effect = torch.zeros_like(sums)
     counts = [0] * len(BUCKETS)
-    clean, low = [], [[] for _ in kinds]
+    clean: list[float] = []
+    low: list[list[float]] = [[] for _ in kinds]
     batches = [known[a : a + facts_per_batch] for a in range(0, len(known), facts_per_batch)]
     # distributed: each rank traces its share of the batches; sums and counts are all-reduced below
     for idx in progress_bar(

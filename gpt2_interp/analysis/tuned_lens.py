@@ -458,7 +458,7 @@ def train_tuned_lens(
             losses = torch.zeros(n_b - 1, dtype=torch.float64)
             for i in range(n_b - 1):  # independent translators: one layer's vocabulary-sized logits at a time
                 sync = ddp is None or i == n_b - 2  # one all-reduce per step, after the last backward
-                with contextlib.nullcontext() if sync else ddp.no_sync():
+                with contextlib.nullcontext() if sync or ddp is None else ddp.no_sync():
                     kl = _kl(final, decode_resid(model, step_fn(resid[i], i))).sum()
                     (kl * scale).backward()
                 losses[i] = float(kl.detach()) / max(n_global, 1)

@@ -62,6 +62,7 @@ def plot_patch(result: PatchResult, cmap: str = "RdBu") -> Figure:
     )
     if v.ndim == 2:
         cols = result.position_labels if result.index_names[1] == "pos" else result.head_labels
+        assert cols is not None, "a result labels the axes it has"
         fig = Figure(figsize=(max(4.0, 0.45 * len(cols) + 2), max(2.5, 0.3 * len(result.layer_labels) + 1.2)))
         ax = fig.add_subplot()
         _heatmap(fig, ax, v, result.layer_labels, [repr(c)[1:-1] for c in cols], cmap, lo, hi, label)
@@ -70,6 +71,7 @@ def plot_patch(result: PatchResult, cmap: str = "RdBu") -> Figure:
         ax.set_title(title, fontsize=10)
         return fig
     heads = result.head_labels
+    assert heads is not None and result.position_labels is not None, "a [layer, pos, head] result labels both"
     ncols = min(4, len(heads))
     nrows = -(-len(heads) // ncols)
     fig = Figure(figsize=(4.2 * ncols, 0.3 * len(result.layer_labels) * nrows + 1.5 * nrows))

@@ -55,7 +55,9 @@ def resolve_family(model: HookedGPT2, hook: str, layers: Sequence[int] | None) -
         family = next((f for f in FAMILIES if lay >= 0 and name == hook_name(f, lay)), None)
         if family is None:  # any other per-position activation [batch, pos, ...]: embeddings, MLP neurons
             return Family("pos", name, names), [lay]
-    kind = "pos" if family in POS_FAMILIES else "head" if family in HEAD_FAMILIES else "pattern"
+    kind: Literal["pos", "head", "pattern"] = (
+        "pos" if family in POS_FAMILIES else "head" if family in HEAD_FAMILIES else "pattern"
+    )
     return Family(kind, family, names), list(names)
 
 
