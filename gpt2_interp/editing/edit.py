@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -141,7 +141,8 @@ class Request:
         if missing:
             raise ValueError(f"request dict lacks {missing}; give prompt ('{{}} …'), subject and target")
         keep = x.get("keep")
-        return cls(x["prompt"], x["subject"], target, () if keep is None else keep)
+        # target: a string unless given as None (the constructor refuses that)
+        return cls(x["prompt"], x["subject"], cast(str, target), () if keep is None else keep)
 
 
 #: An edit of a request is reported as weak (``edit.metrics["weak"]``, an :class:`EditWarning`) when

@@ -385,7 +385,7 @@ def target_logprobs(
     return out
 
 
-def _target_logprob(model: HookedGPT2, text: str, ids: list[int], hooks: list = ()) -> float:
+def _target_logprob(model: HookedGPT2, text: str, ids: list[int], hooks: Sequence[Any] = ()) -> float:
     """log P(target ids | BOS + text) under the model (with ``hooks``)."""
     tokens = torch.cat([model.to_tokens(text), torch.tensor([ids], device=model.device)], dim=1)
     with torch.no_grad(), model.hooks(hooks):
@@ -629,7 +629,7 @@ def _optimise_deltas(
             lp_t = lp[: len(e_nll)].gather(-1, nll_ids_t[e_nll, None])[:, 0]  # [entries]
             kl_lp = lp[len(e_nll) : len(e_nll) + len(e_kl)]
             keep_lp = lp[len(e_nll) + len(e_kl) :]
-            if kl_init is None:  # step 0: every request is active
+            if kl_init is None or keep_init is None:  # step 0 (both set together): every request is active
                 kl_init, keep_init = kl_lp.detach(), keep_lp.detach()
             nll = torch.zeros(n, device=dev).index_add(0, nll_req_t[e_nll], -lp_t * nll_w_t[e_nll])
             kl_pos = (kl_lp.exp() * (kl_lp - kl_init[e_kl])).sum(-1)  # KL(edited || unedited) per position

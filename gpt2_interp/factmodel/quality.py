@@ -60,6 +60,7 @@ def lens_curve(model, fb: FactBase, limit: int | None = None) -> dict[str, Any]:
     if limit:
         facts = random.Random(0).sample(facts, min(limit, len(facts)))
     lens = logit_lens(model, [fb.prompts(f)[0] for f in facts], targets=[encode(f.target)[0] for f in facts], k=1)
+    assert lens.target_rank is not None, "the lens ranks the targets it is given"
     ranks = lens.target_rank[:, :, -1].float()  # [n_layers, n_facts]
     return {
         "layers": lens.layers,

@@ -70,7 +70,7 @@ def full_vocab(compact: HookedGPT2, used: list[int], cfg: GPT2Config, seed: int)
     scattered into a freshly initialised ``W_E`` (the same seed, so unused rows are reproducible)."""
     full = HookedGPT2(cfg, seed=seed)
     sd = {k: v.detach().cpu() for k, v in compact.state_dict().items()}
-    w_e = full.embed.W_E.detach().clone()
+    w_e = full.W_E.detach().clone()
     w_e[torch.tensor(used)] = sd.pop("embed.W_E")
     sd["embed.W_E"] = w_e
     full.load_state_dict(sd)
