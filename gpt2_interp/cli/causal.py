@@ -162,6 +162,7 @@ def _metric(args: argparse.Namespace):
     from ..analysis import patching as pt
 
     kind = args.metric if args.metric != "auto" else ("logit_diff" if args.wrong else "prob")
+    metric: pt.Metric
     if kind == "logit_diff":
         if not args.wrong:
             raise ValueError("--metric logit_diff needs --wrong (the corrupted answer)")

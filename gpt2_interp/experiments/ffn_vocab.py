@@ -75,6 +75,7 @@ def concept_neurons(
     concept, per_layer = [], {r: [0] * model.cfg.n_layer for r in rels}
     for layer in layers:
         proj = neuron_vocab(model, layer, k=cfg.k)
+        assert proj.neurons is not None, "a projection of neurons lists them"
         best, which = coherence(proj.top_ids, classes).max(-1)  # [d_mlp]
         for i in (best >= cfg.min_coherence).nonzero()[:, 0].tolist():
             rel = rels[int(which[i])]

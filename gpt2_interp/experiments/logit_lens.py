@@ -66,6 +66,7 @@ def split_metrics(
     """The lens over one split's prompts: layer names and the split's metrics, overall and per relation."""
     prompts, targets, relations = prompt_set(model, fb, split, cfg.per_relation, among)
     lens = logit_lens(model, prompts, targets=targets, k=1, batch_size=cfg.batch_size, progress=progress)
+    assert lens.target_rank is not None, "the lens ranks the targets it is given"
     ranks = lens.target_rank[:, :, 0]  # [n_layers, n_prompts]
     rel_idx = {r: [i for i, x in enumerate(relations) if x == r] for r in fb.relations}
     return list(lens.layers), {

@@ -213,7 +213,7 @@ class MassEditing:
     stats: dict[int, Any] = field(default_factory=dict)
     chosen: dict[str, Any] = field(default_factory=dict)
     delta: dict[str, Any] = field(default_factory=dict)
-    batch_targets: dict[str, torch.Tensor] = field(default_factory=dict)
+    batch_targets: dict[str, TargetResiduals] = field(default_factory=dict)
     t0: float = field(default_factory=time.perf_counter)
     base_fp: str = ""
 
@@ -453,7 +453,7 @@ class MassEditing:
             }
         }
 
-    def shared_targets(self) -> torch.Tensor:
+    def shared_targets(self) -> TargetResiduals:
         """The batch's target residuals (one δ optimisation), shared by MEMIT's and AlphaEdit's batch edits."""
         if "z" not in self.batch_targets:
             self.batch_targets["z"] = self.ctx.cached(
@@ -481,7 +481,7 @@ class MassEditing:
 
         def compute() -> dict:
             if kw.get("method") != "rome":
-                shared = {} if kw.get("sequential") else {"targets": self.shared_targets()}
+                shared: dict[str, Any] = {} if kw.get("sequential") else {"targets": self.shared_targets()}
                 ev = evaluate_edits(self.model, self.cases, **common, **shared, **kw)
             else:  # ROME's own hyperparameters (MODEL_HPARAMS), its layer's statistics
                 rome_kw = {k: v for k, v in common.items() if k not in ("stats", *self.chosen)}

@@ -14,6 +14,7 @@ set would reach ROME-like efficacy.
 from __future__ import annotations
 
 import collections
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -137,7 +138,7 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
         report["runs"].append(
             ctx.cached(
                 f"batch-{name.replace(' ', '-')}",
-                lambda name=name, cases=cases: batch_row(model, name, cases, stats, cfg),
+                functools.partial(batch_row, model, name, cases, stats, cfg),
             )
         )
     return report

@@ -23,6 +23,7 @@ settings differ (``settings`` in the data) are refused, so the table never mixes
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -40,7 +41,7 @@ from .runner import RunContext
 if TYPE_CHECKING:
     from ..model import HookedGPT2
 
-CTX = {
+CTX: dict[str, dict[str, Any]] = {
     "memit": {"prefix_lengths": (10,), "prefixes_per_length": 5},
     "rome": {"prefix_lengths": (5, 10), "prefixes_per_length": 5},
 }
@@ -158,7 +159,7 @@ def put(report: dict, row: dict) -> None:
 
 
 def window_rows(
-    model: HookedGPT2, cfg: Config, tune: list, window: list[int], z: torch.Tensor, stats: dict, hp: dict
+    model: HookedGPT2, cfg: Config, tune: list, window: list[int], z: TargetResiduals, stats: dict, hp: dict
 ) -> list[dict]:
     """Every λ on the whole batch, and (``sub``) on sub-batches averaged."""
     rows = [
@@ -253,7 +254,7 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
         ctx.record("delta", hp)
         report.update(n_tune=len(tune), ns_unedited=ns_pre, threads=torch.get_num_threads(), delta_norm=cfg.delta_norm)
         for top in cfg.tops:
-            got = ctx.cached(f"targets-{cfg.ctx}-top{top}", lambda top=top: top_targets(model, tune, top, stats, hp))
+            got = ctx.cached(f"targets-{cfg.ctx}-top{top}", functools.partial(top_targets, model, tune, top, stats, hp))
             report["targets"] = [r for r in report["targets"] if (r["top"], r["ctx"]) != (top, cfg.ctx)] + [
                 {"top": top, "ctx": cfg.ctx, **got["record"]}
             ]

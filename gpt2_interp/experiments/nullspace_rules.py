@@ -73,7 +73,9 @@ def tables(report: dict) -> dict[str, str]:
         f"requests the model knows, averaged over {report['context_variants']} context variants, unedited model. "
         "Each cell: null-space dimension / preserved keys' energy inside it (leak) / edit keys' energy inside it.",
         "",
-        "| rule | τ | " + " | ".join(f"layer {l} (d = {by[(*settings[0], l)]['d_mlp']})" for l in layers) + " |",
+        "| rule | τ | "
+        + " | ".join(f"layer {l} (d = {by[(settings[0][0], settings[0][1], l)]['d_mlp']})" for l in layers)
+        + " |",
         "|---|---|" + "---|" * len(layers),
     ]
     for rule, tau in settings:

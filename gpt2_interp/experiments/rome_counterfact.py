@@ -151,6 +151,7 @@ def edit_layer(model: HookedGPT2, cfg: Config, choice: dict | None) -> int:
     if cfg.layer == "default":
         return default_layer(model)
     if cfg.layer == "trace":
+        assert choice is not None, "layer='trace' reads the layer choice"
         return int(choice["argmax"])
     if not 0 <= cfg.layer < model.cfg.n_layer:
         raise ValueError(f"Config.layer={cfg.layer}: the model has layers 0..{model.cfg.n_layer - 1}")
