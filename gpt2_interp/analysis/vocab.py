@@ -72,7 +72,8 @@ def _top_bottom(
         ts, ti = scores.topk(k, dim=-1)
         bs, bi = scores.topk(k, dim=-1, largest=False)
         outs.append((ts, ti, bs, bi))
-    return tuple(torch.cat(parts).cpu() for parts in zip(*outs))  # type: ignore[return-value]
+    ts, ti, bs, bi = (torch.cat(parts).cpu() for parts in zip(*outs))
+    return ts, ti, bs, bi
 
 
 def _strs(model: HookedGPT2, ids: torch.Tensor) -> list[list[str]]:

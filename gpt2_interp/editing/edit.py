@@ -286,7 +286,8 @@ class Edit:
                 f"of rank {[self.rank(l) for l in self.layers]}: use edit.factors or edit.delta(layer)"
             )
         U, V = next(iter(self.factors.values()))
-        return U[:, 0], V[0]  # type: ignore[index]
+        assert V is not None, "a rank-one edit keeps its factors (U, V), not a dense ΔW"
+        return U[:, 0], V[0]
 
     @property
     def u(self) -> torch.Tensor:

@@ -521,7 +521,10 @@ class _Rows:
                 ),
             ):
                 part += x
-        L = lambda x, dt=torch.long: torch.tensor(x, dtype=dt, device=dev)  # noqa: E731
+
+        def L(x, dt=torch.long):
+            return torch.tensor(x, dtype=dt, device=dev)
+
         row_req_t = L(row_req)
         rw_rows = L([r + j for r, b in zip(r0, bs) for j in range(b.n_rewrite)])
         kl_req, keep_req = L(kl[2]), L(kp[2])

@@ -400,7 +400,10 @@ class MassEditing:
         old = self.report.get("tuning", {})
         lam_rows, tau_rows = t["mom2_weight"], t["nullspace_threshold"]
         if tau_rows:
-            ident = lambda r: (r.get("nullspace_rule", "relative"), r["nullspace_threshold"], r.get("alpha"))  # noqa: E731
+
+            def ident(r):
+                return (r.get("nullspace_rule", "relative"), r["nullspace_threshold"], r.get("alpha"))
+
             new = {ident(r) for r in tau_rows}
             tau_rows = [r for r in old.get("nullspace_threshold", []) if ident(r) not in new] + tau_rows
         if lam_rows:
@@ -647,7 +650,10 @@ def _tuning_table(report: dict) -> list[str]:
     if "tuning" not in report:
         return []
     t = report["tuning"]
-    f3 = lambda r, k: f"{r[k]:.3g}" if r.get(k) is not None else "–"  # noqa: E731
+
+    def f3(r, k):
+        return f"{r[k]:.3g}" if r.get(k) is not None else "–"
+
     how = " (one δ optimisation; each setting re-solves the update)" if t.get("method") else ""
     lines = [
         f"Tuning on {t['n']} other requests, one batch{how} (NS unedited {_pc(t['ns_unedited'])}); "

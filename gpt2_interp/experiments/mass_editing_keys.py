@@ -100,7 +100,10 @@ def batch_row(model: HookedGPT2, name: str, cases: list, stats: dict, cfg: Confi
 
 def tables(report: dict) -> dict[str, str]:
     """``mass_editing_keys``: the two batches side by side."""
-    pc = lambda x: f"{100 * x:.1f}" if x is not None else "–"  # noqa: E731
+
+    def pc(x):
+        return f"{100 * x:.1f}" if x is not None else "–"
+
     fbk, kp = report["fact_base"], report["known_pool"]
     lines = [
         f"# Shared keys in batched editing ({report['model']}, layer(s) {report['layers']}, λ = {report['lambda']:g})",

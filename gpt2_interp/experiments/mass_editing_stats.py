@@ -122,7 +122,10 @@ def score_size(
 
 def tables(report: dict) -> dict[str, str]:
     """``mass_editing_stats``: one row per statistics size."""
-    pc = lambda x: f"{100 * x:.1f}" if x is not None else "–"  # noqa: E731
+
+    def pc(x):
+        return f"{100 * x:.1f}" if x is not None else "–"
+
     runs, tg, u = report["runs"], report["targets"], report["unedited"]
     lines = [
         f"# Key statistics size vs MEMIT scores ({report['model']}, layers {report['layers']}, "

@@ -154,7 +154,10 @@ def top_targets(model: HookedGPT2, tune: list, top: int, stats: dict, hp: dict) 
 
 def put(report: dict, row: dict) -> None:
     """Add ``row``, replacing an earlier one of the same window, context, λ and sub-batch size."""
-    key = lambda r: (list(r["window"]), r["ctx"], r["lambda"], r.get("sub"))  # noqa: E731
+
+    def key(r):
+        return (list(r["window"]), r["ctx"], r["lambda"], r.get("sub"))
+
     report["rows"] = [r for r in report["rows"] if key(r) != key(row)] + [row]
 
 
@@ -186,7 +189,10 @@ def window_rows(
 
 def tables(report: dict) -> dict[str, str]:
     """``mass_editing_window``: the δ optimisations, the windows × λ, the sub-batches."""
-    pc = lambda x: f"{100 * x:.1f}"  # noqa: E731
+
+    def pc(x):
+        return f"{100 * x:.1f}"
+
     n_ctx = {k: 1 + v["prefixes_per_length"] * len(v["prefix_lengths"]) for k, v in CTX.items()}
     lines = [
         f"# MEMIT edit-layer window on {report['model']}",

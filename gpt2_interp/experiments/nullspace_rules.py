@@ -64,8 +64,13 @@ def tables(report: dict) -> dict[str, str]:
     layers, rows = report["layers"], report["rows"]
     by = {(r["rule"], r["tau"], r["layer"]): r for r in rows}
     settings = sorted({(r["rule"], r["tau"]) for r in rows}, key=lambda x: (x[0] != "relative", x[1]))
-    pc = lambda x: f"{100 * x:.0f}%" if x >= 0.1 else f"{100 * x:.2g}%"  # noqa: E731
-    cell = lambda r: f"{r['null_dim']} / {pc(r['leak'])} / {pc(r['edit_key_energy'])}"  # noqa: E731
+
+    def pc(x):
+        return f"{100 * x:.0f}%" if x >= 0.1 else f"{100 * x:.2g}%"
+
+    def cell(r):
+        return f"{r['null_dim']} / {pc(r['leak'])} / {pc(r['edit_key_energy'])}"
+
     lines = [
         f"# AlphaEdit's null space per layer on {report['model']}",
         "",

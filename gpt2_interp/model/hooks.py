@@ -179,7 +179,7 @@ def _record(name: str, what: str, x: torch.Tensor) -> None:
 def reads_only(fn: HookFn) -> HookFn:
     """Mark a hook that only reads its activation (never writes into it), such as one that caches it:
     the non-finite check then skips it, so reading activations costs nothing extra."""
-    fn.reads_only = True  # type: ignore[attr-defined]
+    fn.reads_only = True  # type: ignore[attr-defined]  # a marker attribute on the function object
     return fn
 
 

@@ -182,7 +182,7 @@ class TransformerLensAliases:
     @property
     def b_U(self) -> torch.Tensor:
         """``[d_vocab]`` zeros: GPT-2's unembedding has no bias."""
-        W_U = self.W_U  # type: ignore[attr-defined]
+        W_U = self.W_U  # type: ignore[attr-defined]  # mixin: HookedGPT2 provides it
         return W_U.new_zeros(W_U.shape[-1])
 
     @property
@@ -199,9 +199,9 @@ class TransformerLensAliases:
         """The unembedding direction(s) ``W_U[:, token]``: ``[d_model]`` for one token, ``[*shape, d_model]``
         for a tensor of ids."""
         if isinstance(tokens, str):
-            tokens = self.to_single_token(tokens)  # type: ignore[attr-defined]
-        ids = torch.as_tensor(tokens, device=self.W_U.device)  # type: ignore[attr-defined]
-        return self.W_U[:, ids].movedim(0, -1)  # type: ignore[attr-defined]
+            tokens = self.to_single_token(tokens)  # type: ignore[attr-defined]  # mixin: HookedGPT2 provides it
+        ids = torch.as_tensor(tokens, device=self.W_U.device)  # type: ignore[attr-defined]  # mixin: HookedGPT2 provides it
+        return self.W_U[:, ids].movedim(0, -1)  # type: ignore[attr-defined]  # mixin: HookedGPT2 provides it
 
     def get_token_position(
         self,
@@ -214,8 +214,8 @@ class TransformerLensAliases:
         (text, which gets BOS when ``prepend_bos``, or tokens ``[pos]``/``[1, pos]``)."""
         if mode not in ("first", "last"):
             raise ValueError(f"mode must be 'first' or 'last', got {mode!r}")
-        tok = self.to_single_token(single_token)  # type: ignore[attr-defined]
-        tokens = self.to_tokens(input, prepend_bos=prepend_bos) if isinstance(input, str) else torch.as_tensor(input)  # type: ignore[attr-defined]
+        tok = self.to_single_token(single_token)  # type: ignore[attr-defined]  # mixin: HookedGPT2 provides it
+        tokens = self.to_tokens(input, prepend_bos=prepend_bos) if isinstance(input, str) else torch.as_tensor(input)  # type: ignore[attr-defined]  # mixin: HookedGPT2 provides it
         if tokens.ndim == 2:
             if tokens.shape[0] != 1:
                 raise ValueError(f"get_token_position takes one sequence; got a batch of {tokens.shape[0]}")

@@ -42,7 +42,10 @@ def _hf_gpt2_tokenizer():
             n += 1
     byte_char = {b: chr(c) for b, c in zip(bs, cs)}
     ranks = enc._mergeable_ranks
-    uni = lambda t: "".join(byte_char[b] for b in t)  # noqa: E731
+
+    def uni(t):
+        return "".join(byte_char[b] for b in t)
+
     vocab = {uni(t): r for t, r in ranks.items()}
     vocab["<|endoftext|>"] = 50256
     merges = []

@@ -63,8 +63,11 @@ def test_rank_one_update_inserts_the_association_with_minimal_c_norm():
     k_perp = torch.randn(d_mlp, generator=g, dtype=torch.float64)
     k_perp -= (k_perp @ Cinv_k) / (Cinv_k @ Cinv_k) * Cinv_k  # k_perp · C⁻¹k* = 0
     assert (k_perp @ dW).abs().max() < 1e-6 * k_perp.norm() * dW.norm()
+
     # minimal in tr(ΔWᵀ C ΔW) among all updates with k @ ΔW = r: add any Z with k @ Z = 0
-    cost = lambda M: torch.trace(M.T @ C @ M)  # noqa: E731
+    def cost(M):
+        return torch.trace(M.T @ C @ M)
+
     for _ in range(5):
         Z = torch.randn(d_mlp, d_model, generator=g, dtype=torch.float64)
         Z -= torch.outer(k.double(), k.double() @ Z) / (k.double() @ k.double())
