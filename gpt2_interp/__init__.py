@@ -29,7 +29,7 @@ from .model.config import llama_config
 from .model.loading import from_state_dict, from_transformer_lens, from_transformers, load, load_gguf, to_transformers
 from .model.tl_names import HookedTransformer, TransformerConfig  # TransformerLens's names (docs/porting.md)
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it; CHANGELOG.md has its entry)
 __all__ = [
     "KNOWN_CONFIGS",
     "ActivationCache",

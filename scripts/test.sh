@@ -12,3 +12,5 @@ mypy
 # No kernel is installed anywhere: tests/integration/test_notebooks.py writes a throwaway kernel spec that runs
 # this venv's python (JUPYTER_PATH, a temporary folder), so the user's own Jupyter kernels are never touched.
 python -m pytest -p no:cacheprovider "$@"
+# The documentation site, strict, after the full suite (whose notebook test writes the executed notebooks it shows).
+if [ $# -eq 0 ]; then bash scripts/docs.sh; fi

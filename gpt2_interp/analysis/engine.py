@@ -14,12 +14,21 @@ Rows run as a *staircase*: at layer ``L`` the rows whose patch sits at ``L`` joi
 sweep is ``n_layer`` model calls per (first position, memory-sized chunk). A :class:`Patch`
 says what a row replaces; :func:`run_staircase` runs rows and reads one value out of each.
 
+Cost accounting (:class:`Work`, :func:`staircase_work`): work is counted in *token-layers* (one
+position through one block) and reported in *forward passes* — token-layers over ``n_pos · n_layer``,
+so one full forward of one prompt is 1 and a backward pass counts as :data:`BACKWARD` forwards. It
+is the floor of ``benchmarks/bench_patching.py`` (per token-layer the dense work is the same) without
+the attention-score and unembedding terms; the expected time is the token-layers times the seconds
+per token-layer measured on the unpatched runs that every sweep makes first (:func:`timed`).
+
 Public surface: :class:`Patch`, :func:`run_staircase`, :func:`entry_name`, :func:`kv_names`,
-:func:`base_kv_from`, :func:`auto_batch_size`, :func:`final_logits`, :data:`CPU_MEMORY_BUDGET`.
+:func:`base_kv_from`, :func:`auto_batch_size`, :func:`final_logits`, :data:`CPU_MEMORY_BUDGET`,
+:class:`Work`, :func:`staircase_work`, :func:`timed`, :data:`BACKWARD`.
 """
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -28,11 +37,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..core.progress import progress_bar
+from ..core.progress import note, progress_bar
 from ..model.hooks import model_computed_inputs
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
+
+#: A backward pass in forward passes (two matmuls per forward matmul: gradients of inputs and of weights' inputs).
+BACKWARD = 2.0
 
 #: Activation memory one chunk of patched rows may use (bytes), CPU; on CUDA a quarter of free memory.
 CPU_MEMORY_BUDGET = 1 << 30
@@ -199,6 +211,100 @@ def auto_batch_size(model: HookedGPT2, n_pos: int, materialise_attention: bool =
     return max(1, int(budget // per_row))
 
 
+@dataclass
+class Work:
+    """The size of a run, planned before it starts.
+
+    ``runs``: forward runs (one prompt or patched row each, through the layers it needs);
+    ``tokens``: token positions those runs compute (a row computing positions ``p…P−1`` counts
+    ``P − p``); ``passes``: the work in forward passes of one full prompt (token-layers over
+    ``n_pos · n_layer``; backward passes counted as :data:`BACKWARD` each); ``seconds``: the
+    expected time, from a measured forward (None: not measured)."""
+
+    what: str
+    runs: int
+    tokens: int
+    passes: float
+    seconds: float | None = None
+
+    def line(self) -> str:
+        """``"patching mlp_out: 300 runs over 2 100 tokens ≈ 52.5 forward passes, expected 3.1 s"``."""
+        when = "" if self.seconds is None else f", expected ≈ {_duration(self.seconds)}"
+        return f"{self.what}: {self.runs} runs over {self.tokens} tokens ≈ {self.passes:.1f} forward passes{when}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.1f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def staircase_work(
+    n_layer: int, n_pos: int, start: Sequence[int], first_pos: Sequence[int] | None = None
+) -> tuple[int, int, int]:
+    """``(runs, tokens, token_layers)`` of staircase rows (:func:`run_staircase`): row ``r`` runs
+    blocks ``start[r]…n_layer−1`` over positions ``first_pos[r]…n_pos−1`` (all when None)."""
+    first = [0] * len(start) if first_pos is None else list(first_pos)
+    tokens = sum(n_pos - p for p in first)
+    return len(start), tokens, sum((n_layer - s) * (n_pos - p) for s, p in zip(start, first))
+
+
+@dataclass
+class Speed:
+    """Measured speed of the model here: seconds per token-layer, and the fixed seconds each call of
+    a block costs whatever its size (launches, hooks, Python) — which dominates rows that compute a
+    position or two."""
+
+    token_layer: float
+    call: float
+
+    def seconds(self, token_layers: float, calls: float) -> float:
+        return token_layers * self.token_layer + calls * self.call
+
+    @classmethod
+    def measure(cls, model: HookedGPT2, seconds: float, token_layers: float, calls: int) -> Speed:
+        """From a run timed by the caller (``seconds`` for ``token_layers`` in ``calls`` block calls)
+        and a one-token forward timed here (its time per block is the fixed cost of a call). That
+        forward runs only when no hook is attached to the model (a caller's hooks must not see an
+        extra run); otherwise the fixed cost is taken as 0 and the rate per token-layer carries it."""
+        if any(hp.has_hooks for hp in model.hook_dict.values()):
+            return cls(seconds / max(token_layers, 1), 0.0)
+        one = torch.zeros(1, 1, dtype=torch.long, device=model.device)
+        with torch.inference_mode():
+            t1 = min(timed(model, lambda: model(one, stop_at_layer=model.cfg.n_layer))[1] for _ in range(2))
+        call = t1 / model.cfg.n_layer
+        return cls(max(seconds - calls * call, 0.0) / max(token_layers, 1), call)
+
+
+def unembed_share(model: HookedGPT2) -> float:
+    """The unembedding of one position in token-layers (its weights over one block's): each
+    patched row unembeds its last position, which on a small model with a large vocabulary costs
+    more than the few token-layers the row runs."""
+    block = sum(p.numel() for p in model.blocks[0].parameters())
+    return model.cfg.d_vocab * model.cfg.d_model / max(block, 1)
+
+
+def staircase_calls(n_layer: int, start: Sequence[int], first_pos: Sequence[int]) -> int:
+    """Block calls of staircase rows when each first position fits one chunk: per first position,
+    the blocks from its rows' earliest start stage on (a lower bound when chunks are split by memory)."""
+    low: dict[int, int] = {}
+    for s, p in zip(start, first_pos):
+        low[p] = min(low.get(p, s), s)
+    return sum(n_layer - s for s in low.values())
+
+
+def timed(model: HookedGPT2, fn: Callable[[], Any]) -> tuple[Any, float]:
+    """``(fn(), seconds)``, the device synchronised before and after (CUDA runs asynchronously)."""
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda *a: None)
+    sync(model.device)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(model.device)
+    return out, time.perf_counter() - t0
+
+
 @torch.inference_mode()
 def run_staircase(
     model: HookedGPT2,
@@ -214,6 +320,7 @@ def run_staircase(
     desc: str = "patching",
     first_pos: torch.Tensor | None = None,
     base_kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    speed: Speed | None = None,
 ) -> torch.Tensor:
     """Run ``R`` edited rows, each from the layer and position where it first differs from its base run,
     and read out one value per row.
@@ -227,6 +334,9 @@ def run_staircase(
     chunked (multiples of ``group`` consecutive rows, which must share start and first position)
     to ``batch_size``; in a chunk, rows join the batch at their start layer — one model call per
     layer per chunk. Returns ``[R]`` (float32).
+
+    Before the rows run, their :class:`Work` is written beside the progress bar (when it shows), the
+    expected time at ``speed`` (:meth:`Speed.measure`, on the caller's timed unpatched runs).
     """
     n = model.cfg.n_layer
     R = start.shape[0]
@@ -249,6 +359,16 @@ def run_staircase(
         )
     batch_size = max(group, batch_size // group * group)
     chunks = plan.chunks(batch_size)
+    runs, tokens, token_layers = staircase_work(n, P, plan.start, plan.first)
+    calls = sum(n - plan.start[a] for a, _ in chunks)
+    work = Work(
+        desc,
+        runs,
+        tokens,
+        token_layers / (P * n),
+        None if speed is None else speed.seconds(token_layers + runs * unembed_share(model), calls),
+    )
+    note(work.line(), enabled=progress)
     finals = torch.empty(R, model.cfg.d_model, dtype=model.dtype, device=dev)  # ln_final(resid) at the last position
     bar = progress_bar(
         total=sum(n + 1 - plan.start[a] for a, _ in chunks), desc=desc, leave=False, enabled=progress
@@ -387,13 +507,20 @@ def final_logits(model: HookedGPT2, resid: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = [
+    "BACKWARD",
     "CPU_MEMORY_BUDGET",
     "Patch",
     "PrefixKV",
+    "Speed",
+    "Work",
     "auto_batch_size",
     "base_kv_from",
     "entry_name",
     "final_logits",
     "kv_names",
     "run_staircase",
+    "staircase_calls",
+    "staircase_work",
+    "timed",
+    "unembed_share",
 ]

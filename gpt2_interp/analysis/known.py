@@ -70,7 +70,11 @@ def knows(
     """Per ``(prompt, target)``: whether the model knows it (module doc): its top-1 next token after
     the prompt is the target's first token, and that token is not whitespace only. ``[n]`` bools,
     batched; only prompts with an informative target are run through the model. ``prepend_bos=False``:
-    the same rule on texts that bring their own start (e.g. a chat template's special token)."""
+    the same rule on texts that bring their own start (e.g. a chat template's special token).
+
+    ``prompts`` and ``targets``: sequences of strings, one target per prompt; ``batch_size``
+    (default 64) prompts per forward pass. A single string instead of a sequence raises TypeError;
+    sequences of different lengths, an empty target or ``batch_size`` < 1 raise ValueError."""
     prompts, targets = _pairs(prompts, targets)
     firsts = [target_ids(model, t)[0] for t in targets]
     useful = [i for i, t in enumerate(targets) if informative(model, t)]
@@ -91,7 +95,7 @@ def known_facts(
 ) -> list[Fact]:
     """The facts (default: every fact of ``fb``, the shipped fact base by default) that the model
     knows (:func:`knows`) on their ``template``-th prompt of ``split`` ("train" or "heldout";
-    ``FactBase.cases``), in order."""
+    ``FactBase.cases``), in order; ``batch_size`` (default 64) prompts per forward pass."""
     fb = fb or FactBase.load()
     facts = fb.facts() if facts is None else list(facts)
     cases = fb.cases(facts, split, template)
@@ -107,7 +111,9 @@ def whole_object(model: HookedGPT2, prompts: Sequence[str], targets: Sequence[st
     """Per ``(prompt, target)``: whether greedy decoding after BOS + prompt produces every token of the
     target — teacher-forced: each target token is the top-1 after the prompt and the target tokens
     before it (one forward pass per batch instead of one per token). A stricter reading than
-    :func:`knows`, which compares the first token only. ``[n]`` bools."""
+    :func:`knows`, which compares the first token only. ``[n]`` bools. ``prompts`` and ``targets``:
+    one target per prompt; ``batch_size`` (default 64) rows per forward pass. Refusals as in
+    :func:`knows`."""
     prompts, targets = _pairs(prompts, targets)
     batch_size = check_count(batch_size, "batch_size")
     out: list[bool] = []

@@ -23,6 +23,7 @@ from ..core.checks import check_count, check_prompts
 from ..core.finite import nonfinite_summary
 from ..core.progress import progress_bar
 from ..core.result import Result
+from ..core.tables import format_table
 from ..model.hooks import hook_name
 from .tokens import prompt_position
 
@@ -121,6 +122,17 @@ class LensResult(Result):
 
     Tensors are ``[n_layers, batch, n_pos(, k)]``; ``positions [batch, n_pos]`` index each
     prompt's own tokens (BOS = 0; -1 where ``valid`` is False). Target rank 1 = top token.
+
+    - ``prompts``: the texts; ``layers``: boundary labels (``embed``, ``L0``, ``L0_mid``, …);
+      ``str_tokens``: each prompt's tokens as strings;
+    - ``valid`` ``[batch, n_pos]``: False for cells that fall on padding (``positions="all"`` over
+      prompts of different lengths); invalid cells hold -1 ids and NaN probabilities;
+    - ``top_ids``/``top_probs`` ``[n_layers, batch, n_pos, k]`` and ``top_tokens`` (nested lists of
+      strings, same layout): the ``k`` most probable tokens at each cell;
+    - with targets: ``targets`` (strings), ``target_ids``, and ``target_prob``, ``target_logit``,
+      ``target_rank`` ``[n_layers, batch, n_pos]``;
+    - ``logits`` ``[n_layers, batch, n_pos, d_vocab]`` with ``return_logits`` (left out of
+      :meth:`to_dict`); ``lens``: ``"logit lens"`` or ``"tuned lens"``.
     """
 
     prompts: list[str]
@@ -140,17 +152,21 @@ class LensResult(Result):
     lens: str = "logit lens"  # or "tuned lens"
 
     def to_dict(self) -> dict[str, Any]:
+        """:meth:`Result.to_dict` without ``logits`` (too large for JSON)."""
         d = super().to_dict()
         d.pop("logits")
         return d
 
     def input_token(self, prompt: int, j: int) -> str:
+        """The input token at column ``j`` of prompt number ``prompt`` (``""`` for an invalid cell)."""
         p = int(self.positions[prompt, j])
         return self.str_tokens[prompt][p] if p >= 0 else ""
 
     def table(self, k: int = 5, prompts: Sequence[int] | None = None) -> str:
-        """Per prompt and position: one row per layer with the top-``k`` tokens (probabilities)
-        and, with a target, its probability and rank."""
+        """Per prompt and position: a header row naming the columns, then one row per layer with the
+        top-``k`` tokens and their probabilities under the lens and, with a target, its probability
+        and rank (1 = top-1). ``prompts``: the prompt
+        indices to show (None: all)."""
         lines = []
         for b in prompts if prompts is not None else range(len(self.prompts)):
             for j in range(self.positions.shape[1]):
@@ -161,18 +177,21 @@ class LensResult(Result):
                     head = "tuned lens · " + head
                 if self.targets is not None:
                     head += f" · target {self.targets[b]!r}"
-                lines += [head]
-                w = max(map(len, self.layers))
+                n_top = min(k, self.top_probs.shape[-1])
+                header = ["layer"] + [f"top-{i + 1} token (p)" for i in range(n_top)]
+                if self.target_prob is not None:
+                    header += ["p(target)", "rank(target)"]
+                rows = []
                 for li, name in enumerate(self.layers):
-                    cells = [
+                    row = [name] + [
                         f"{self.top_tokens[li][b][j][i]!r} {float(self.top_probs[li, b, j, i]):.3f}"
-                        for i in range(min(k, self.top_probs.shape[-1]))
+                        for i in range(n_top)
                     ]
-                    row = f"  {name:<{w}}  " + "  ".join(f"{c:<22}" for c in cells)
                     if self.target_prob is not None and self.target_rank is not None:
-                        row += f"  | p={float(self.target_prob[li, b, j]):.3f} rank={int(self.target_rank[li, b, j])}"
-                    lines.append(row.rstrip())
-                lines.append("")
+                        row += [f"{float(self.target_prob[li, b, j]):.3f}", str(int(self.target_rank[li, b, j]))]
+                    rows.append(row)
+                right = [False] * (1 + n_top) + [True, True][: len(header) - 1 - n_top]
+                lines += [head, *format_table(header, rows, right=right), ""]
         return "\n".join(lines).rstrip()
 
     def plot(self, prompt: int = 0, position: int = -1, **kwargs: Any) -> Figure:
@@ -249,6 +268,17 @@ def logit_lens(
     caching only the residual stream. ``lens``: a trained
     :class:`~gpt2_interp.analysis.tuned_lens.TunedLens` decodes each boundary through its
     translator first (the tuned lens; it must have been trained for this model's weights).
+    ``k`` (default 10): how many top tokens each cell keeps. ``progress``: a progress bar over
+    batches (None: shown when there are more than 4).
+
+    Returns a :class:`LensResult` with tensors ``[n_layers, batch, n_pos(, k)]`` on the CPU, where
+    ``n_layers`` is ``n_layer + 1`` boundaries (``2·n_layer + 1`` with ``include_mid``).
+
+    Refused: ``k`` < 1; an empty prompt list or token tensor, an unknown ``positions`` string, an
+    empty position list, a number of targets that is neither 1 nor the number of prompts, a
+    target that is not one token, ``include_mid`` with a tuned lens, a tuned lens trained for
+    other weights and non-finite lens logits (ValueError); a position outside the shortest prompt
+    (IndexError).
     """
     k = check_count(k, "k")
     if lens is not None:
@@ -318,6 +348,10 @@ class DLAResult(Result):
     ``parts`` ``[n_parts]`` with ``labels`` (``embed``, ``pos_embed``, ``L{i}.attn``, ``L{i}.mlp``)
     sum to ``logit - ln_bias``; ``head_parts`` ``[n_layer, n_head]`` plus ``b_O_parts``
     ``[n_layer]`` sum to the attention parts. ``scale`` is ln_final's scale at the position.
+
+    ``prompt`` and its ``str_tokens`` (BOS included); ``position``: the non-negative index read;
+    ``target`` and ``baseline`` (None without one): the tokens as strings; ``logit``: the model's
+    logit (difference) there; ``ln_bias``: ``b · (W_U[:, target] - W_U[:, baseline])``.
     """
 
     prompt: str
@@ -340,19 +374,23 @@ class DLAResult(Result):
 
     @property
     def what(self) -> str:
+        """What is attributed, as text: ``logit(' Paris')`` or ``logit(' Paris') − logit(' Rome')``."""
         return f"logit({self.target!r})" + (f" − logit({self.baseline!r})" if self.baseline is not None else "")
 
     def table(self) -> str:
-        w = max(map(len, self.labels))
+        """A header row naming the columns, then each component's direct contribution to the logit
+        (or logit difference) through the frozen final LayerNorm scale, the LN bias term and their
+        sum; then the model's own value and the largest heads."""
+        rows = [[lab, f"{float(v):+.4f}"] for lab, v in zip(self.labels, self.parts)]
+        rows += [["ln_final.b", f"{self.ln_bias:+.4f}"], ["sum", f"{self.total:+.4f}"]]
         lines = [f"{self.what} at position {self.position} ({self.str_tokens[self.position]!r}) of {self.prompt!r}"]
-        lines += [f"  {lab:<{w}}  {float(v):+9.4f}" for lab, v in zip(self.labels, self.parts)]
-        lines.append(f"  {'ln_final.b':<{w}}  {self.ln_bias:+9.4f}")
-        lines.append(f"  {'= sum':<{w}}  {self.total:+9.4f}   (model: {self.logit:+.4f})")
+        lines += format_table(["component", f"direct effect on {self.what}"], rows, right=[False, True])
+        lines += ["", f"the model's {self.what}: {self.logit:+.4f}"]
         if self.head_parts is not None:
             top = self.head_parts.flatten().abs().topk(min(5, self.head_parts.numel())).indices
             nh = self.head_parts.shape[1]
             lines.append(
-                "  largest heads: "
+                "largest heads: "
                 + ", ".join(f"L{int(i) // nh}H{int(i) % nh} {float(self.head_parts.flatten()[i]):+.3f}" for i in top)
             )
         return "\n".join(lines)
@@ -365,7 +403,8 @@ class DLAResult(Result):
 
 
 def logit_direction(model: HookedGPT2, target: Target, baseline: Target | None = None) -> torch.Tensor:
-    """``w ⊙ (W_U[:, t] - W_U[:, b])`` ``[d_model]``: what a centred, scaled residual is dotted with."""
+    """``w ⊙ (W_U[:, t] - W_U[:, b])`` ``[d_model]``: what a centred, scaled residual is dotted with
+    (``t``: the single-token ``target``, ``b``: the ``baseline``, left out when None)."""
     u = model.W_U[:, model.to_single_token(target)]
     if baseline is not None:
         u = u - model.W_U[:, model.to_single_token(baseline)]
@@ -395,6 +434,12 @@ def logit_attribution(
     Uses ln_final's scale of the actual run, so the parts (token and position embeddings,
     each attention and MLP output; per head via ``hook_z @ W_O`` with ``b_O`` apart) sum
     exactly to the model's logit (difference) minus the LN bias term ``b · W_U[:, t]``.
+
+    ``prompt``: one string (BOS is prepended); ``target``/``baseline``: single tokens (strings or
+    ids); ``position``: index into the prompt's tokens, BOS = 0 (default -1, the last);
+    ``per_head`` (default True) also splits each attention output per head (``head_parts``
+    ``[n_layer, n_head]``). Returns a :class:`DLAResult`. A non-string prompt raises TypeError, a
+    position out of range IndexError, a target or baseline that is not one token ValueError.
     """
     n = model.cfg.n_layer
     tokens, pos = prompt_position(model, prompt, position, "logit_attribution")

@@ -24,9 +24,22 @@ import torch
 from ..core import distributed
 from ..core.checks import as_selection, check_count, check_indices
 from ..core.finite import NonFiniteWarning, is_finite, nonfinite_summary
+from ..core.progress import shown
 from ..core.result import Result
+from ..core.tables import format_table
 from ..model.hooks import hook_name
-from .engine import Patch, base_kv_from, entry_name, final_logits, kv_names, run_staircase
+from .engine import (
+    Patch,
+    Speed,
+    Work,
+    base_kv_from,
+    entry_name,
+    final_logits,
+    kv_names,
+    run_staircase,
+    staircase_work,
+    timed,
+)
 from .hook_targets import resolve_hook
 from .metrics import (
     Metric,
@@ -150,6 +163,13 @@ class PatchResult(Result):
     rescaled so 0 = the corrupted run's metric and 1 = the clean run's (for ``values``, of the
     pair-averaged metrics), in both directions. Raw baselines are in ``clean_metric`` /
     ``corrupted_metric`` (pair means) and the ``*_pair_metric`` tensors.
+
+    - ``layers`` (block indices) and ``layer_labels`` label the layer axis; ``positions`` and
+      ``position_labels`` the position axis (None without one; labels show ``"clean/corrupted"``
+      where the pair's tokens differ); ``heads`` and ``head_labels`` the head axis (None without one);
+    - ``hook``: the patched hook family or name; ``direction``: ``"denoise"`` or ``"noise"``;
+      ``metric``: the metric's name; ``normalized``: whether values are rescaled as above;
+    - ``clean_pair_metric``/``corrupted_pair_metric`` ``[n_pairs]``: the metric on each unpatched run.
     """
 
     values: torch.Tensor
@@ -184,20 +204,35 @@ class PatchResult(Result):
         return self.corrupted_metric if self.direction == "denoise" else self.clean_metric
 
     def table(self, k: int = 8) -> str:
-        """The baselines and the ``k`` largest effects, one per line."""
+        """The baselines, then the ``k`` largest effects, one per row under a header naming the columns:
+        the patched cell, the metric with it patched, and the effect (that minus :attr:`baseline`)."""
         k = check_count(k, "k", minimum=0)
+        return "\n".join([self.heading("patching") + "; largest effects:", *self.effect_rows(k)])
+
+    def heading(self, what: str) -> str:
+        """The sweep's line above its table: direction, hook, metric, the clean, corrupted and baseline values."""
         norm = " (values normalised: 0 = corrupted, 1 = clean)" if self.normalized else ""
-        lines = [
-            f"{self.direction} patching of {self.hook}, metric {self.metric}: clean {self.clean_metric:.4g}, "
-            f"corrupted {self.corrupted_metric:.4g}{norm}; largest effects:"
-        ]
+        base = "corrupted" if self.direction == "denoise" else "clean"
+        return (
+            f"{self.direction} {what} of {self.hook}, metric {self.metric}: clean {self.clean_metric:.4g}, "
+            f"corrupted {self.corrupted_metric:.4g}{norm}; baseline (the unpatched {base} run) {self.baseline:.4g}"
+        )
+
+    def label(self, idx: tuple[int, ...]) -> str:
+        """``"L3 ' Paris' H2"``-style label of the cell at ``idx`` (an index into :attr:`values`)."""
+        parts = [self.layer_labels[idx[0]]]
         pos_labels, head_labels = self.position_labels or [], self.head_labels or []  # set where indexed
-        for idx, v in self.top(k):
-            parts = [self.layer_labels[idx[0]]]
-            for name, i in zip(self.index_names[1:], idx[1:]):
-                parts.append(repr(pos_labels[i]) if name == "pos" else head_labels[i])
-            lines.append(f"  {' '.join(parts):<28} {v:+.4f}  ({v - self.baseline:+.4f})")
-        return "\n".join(lines)
+        for name, i in zip(self.index_names[1:], idx[1:]):
+            parts.append(repr(pos_labels[i]) if name == "pos" else head_labels[i])
+        return " ".join(parts)
+
+    def effect_rows(self, k: int, estimated: str = "") -> list[str]:
+        """The table of the ``k`` cells :meth:`top` ranks first: a header naming the columns (prefixed
+        with ``estimated``), then the cell, its patched metric and its effect."""
+        cell = "cell (" + ", ".join("position" if n == "pos" else n for n in self.index_names) + ")"
+        rows = [[self.label(idx), f"{v:+.4f}", f"{v - self.baseline:+.4f}"] for idx, v in self.top(k)]
+        header = [cell, f"{estimated}patched metric", f"{estimated}effect (patched − baseline)"]
+        return format_table(header, rows, right=[False, True, True])
 
     def top(self, k: int = 5) -> list[tuple[tuple[int, ...], float]]:
         """The ``k`` entries that move the metric most from :attr:`baseline`, as ``((layer, pos|head, ...), value)``."""
@@ -219,6 +254,40 @@ def _positions(positions: Sequence[int] | str | None, P: int, each: bool) -> tup
         raise ValueError(f"positions must be a list of ints, None or 'all', not {positions!r}")
     ps = check_indices(positions, P, "position", "positions", f"the prompts have {P} tokens")
     return [[p] for p in ps], ps
+
+
+def _items(
+    model: HookedGPT2, hook: str, layers: Any, positions: Any, heads: Any, P: int
+) -> tuple[_Target, list[int], list[tuple[int, list[int], list[int]]], list[int] | None, list[int] | None]:
+    """What a sweep patches: ``(target, layers, items, position axis, head axis)``, one item
+    ``(layer, positions, heads)`` per patched run of a pair, ordered by start stage."""
+    target, layers_ = _target(model, hook, layers)
+    pos_items, pos_axis = _positions(positions, P, each=target.kind == "pos")
+    head_items, head_axis = _heads(model, target, heads, hook)
+    items = [(l, p, h) for l in sorted(layers_, key=target.stage) for p in pos_items for h in head_items]
+    return target, layers_, items, pos_axis, head_axis
+
+
+def sweep_work(
+    model: HookedGPT2,
+    n_pos: int,
+    hook: str = "resid_pre",
+    layers: Sequence[int] | None = None,
+    positions: Sequence[int] | Literal["all"] | None = None,
+    heads: Sequence[int] | Literal["all"] | None = None,
+) -> Work:
+    """The work of :func:`patch` on one prompt pair of ``n_pos`` tokens, counted before running
+    (:class:`~.engine.Work`): the two unpatched runs, then one row per patched item, computing
+    blocks from its start stage on over positions from its first patched one on. Multiply
+    ``passes`` by the number of pairs for a dataset."""
+    positions, heads = as_selection(positions, "positions"), as_selection(heads, "heads")
+    target, _, items, _, _ = _items(model, hook, layers, positions, heads, n_pos)
+    runs, tokens, token_layers = staircase_work(
+        model.cfg.n_layer, n_pos, [target.stage(l) for l, _, _ in items], [min(p) for _, p, _ in items]
+    )
+    return Work(
+        f"exact patching of {hook}", runs + 2, tokens + 2 * n_pos, 2 + token_layers / (n_pos * model.cfg.n_layer)
+    )
 
 
 def patch(
@@ -253,15 +322,28 @@ def patch(
     families give ``[layer, head]`` patching each head at every position, or
     ``[layer, pos, head]`` when ``positions`` is a list; ``heads`` picks heads (``"all"``: together).
 
+    ``direction``: ``"denoise"`` (default) or ``"noise"``; ``normalize`` (default False) rescales
+    the values so 0 = the corrupted run's metric and 1 = the clean run's. ``batch_size``: rows per
+    staircase chunk (None: sized from the free memory); ``progress``: a progress bar (None:
+    automatic). Returns a :class:`PatchResult` (tensors on the CPU).
+
     Distributed (an initialised process group, or ``group``), with at least one pair per rank and
     one of our metrics: each rank patches its share of the pairs and every rank returns the
     single-process result (pair values gathered in order). Other metrics run every pair on every rank.
+
+    Refused before any work: text on one side and tokens on the other (TypeError); another
+    ``direction``, different numbers of clean and corrupted prompts, a pair of different token
+    lengths, ``layers`` with one full hook name, ``heads`` with a per-position hook, a logit difference whose answer
+    and wrong are the same token for every pair, a non-finite metric on the unpatched runs, and
+    ``normalize`` when the clean and corrupted metrics coincide (ValueError); a layer, position or
+    head out of range (IndexError); an unknown hook name or family (KeyError, with the closest).
     """
     if direction not in ("denoise", "noise"):
         raise ValueError(
             "direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not "
             f"{direction!r}"
         )
+    n = model.cfg.n_layer
     metric = refuse_degenerate(
         bind_metric(metric, model), model
     )  # token strings resolved (and checked) before any work
@@ -270,15 +352,12 @@ def patch(
     metric, (clean_t, corr_t, mask), mine = _my_pairs(metric, all_t, group)
     n_pairs, P = clean_t.shape
     positions, heads = as_selection(positions, "positions"), as_selection(heads, "heads")
-    target, layers_ = _target(model, hook, layers)
-    pos_items, pos_axis = _positions(positions, P, each=target.kind == "pos")
-    head_items, head_axis = _heads(model, target, heads, hook)
+    target, layers_, items, pos_axis, head_axis = _items(model, hook, layers, positions, heads, P)
     base_t, src_t = (corr_t, clean_t) if direction == "denoise" else (clean_t, corr_t)
 
     # a patch at positions ≥ p leaves positions < p as in the base run: rows compute only the suffix
-    items = [(l, p, h) for l in sorted(layers_, key=target.stage) for p in pos_items for h in head_items]
     first = [min(p) for _, p, _ in items]
-    runs = _unpatched(model, target, layers_, base_t, src_t, mask, suffix=max(first) > 0)
+    runs, seconds = timed(model, lambda: _unpatched(model, target, layers_, base_t, src_t, mask, suffix=max(first) > 0))
     clean_logits, corr_logits = (
         (runs.src_logits, runs.base_logits) if direction == "denoise" else (runs.base_logits, runs.src_logits)
     )
@@ -323,10 +402,13 @@ def patch(
         desc=f"patching {hook}",
         first_pos=torch.tensor(first).repeat_interleave(n_pairs),
         base_kv=base_kv_from(runs.base_cache, model, runs.stages[0]) if runs.suffix else None,
+        speed=Speed.measure(model, seconds, 2 * n_pairs * P * n, 2 * n) if shown(progress) else None,
     )
     # back to the caller's layer order, then [n_pairs, layer, pos items, head items]
     order = torch.argsort(torch.tensor([layers_.index(l) for l, _, _ in items]), stable=True)
-    per_pair = flat.view(k, n_pairs).T.cpu()[:, order].reshape(n_pairs, len(layers_), len(pos_items), len(head_items))
+    per_pair = (
+        flat.view(k, n_pairs).T.cpu()[:, order].reshape(n_pairs, len(layers_), -1, len({tuple(h) for _, _, h in items}))
+    )
     if mine is not None:
         per_pair, clean_m, corr_m = (
             torch.stack(distributed.gather_in_order(list(x), n_all, group)) for x in (per_pair, clean_m, corr_m)
@@ -574,6 +656,15 @@ def _layer_edit(
     return Patch(name, rows[:, None, None], idx, src[at], pos_dim)
 
 
-__all__ = ["PatchResult", "Prompts", "normalize_effects", "pair_tokens", "patch", "position_labels", "result_fields"]
+__all__ = [
+    "PatchResult",
+    "Prompts",
+    "normalize_effects",
+    "pair_tokens",
+    "patch",
+    "position_labels",
+    "result_fields",
+    "sweep_work",
+]
 # the metrics, re-exported: patching code usually wants them in one import
 __all__ += ["Metric", "kl_to", "logit_diff", "metric_name", "prob"]

@@ -37,6 +37,7 @@ import torch
 from ..core.checks import check_count, check_prompts
 from ..core.progress import progress_bar
 from ..core.result import Result, to_jsonable
+from ..core.tables import format_table
 from ..model.fingerprint import weights_fingerprint
 from ..model.hooks import hook_name
 from .tokens import subject_span
@@ -171,7 +172,17 @@ class ProbeResult(Result):
     regression), the control task's on the same folds, and the probes fitted on all data.
 
     ``layers`` label the probed hook points ``hooks``; ``chance`` is the score of predicting the
-    training folds' majority class (0 for R²); ``fold[i]`` is the fold in which prompt ``i`` is tested."""
+    training folds' majority class (0 for R²); ``fold[i]`` is the fold in which prompt ``i`` is tested.
+
+    - ``task``: the probing task's name; ``kind``: ``"classification"`` or ``"regression"``;
+      ``metric``: ``"accuracy"`` or ``"R²"``; ``hook``: the probed family; ``position``: the
+      position rule (``"last-subject"``, ``"last"``, ``"mean-subject"``);
+    - ``control`` and ``control_scores`` ``[n_layers, n_folds]``: the control task and its scores
+      (None without one); ``classes``: the class names (classification);
+    - ``n_prompts``, ``n_groups`` (folds never split a group) and ``n_folds``;
+    - ``estimators``: the fitted scikit-learn pipelines, one per layer (left out of :meth:`to_dict`);
+    - ``model_name`` and ``fingerprint``: the model whose activations were probed (``""`` for
+      precomputed features); :meth:`check` compares them with a model."""
 
     task: str
     kind: str
@@ -215,7 +226,9 @@ class ProbeResult(Result):
         batch_size: int = 64,
     ) -> list:
         """The fitted probe at ``layer`` applied to ``prompts`` on ``model`` (which must be the model it
-        was fitted on): a class name per prompt, or a value (regression)."""
+        was fitted on): a class name per prompt, or a value (regression). ``subjects`` (one per prompt)
+        are needed for the subject positions; ``batch_size`` prompts run per forward pass (default 64).
+        Another model raises ValueError, a layer that was not probed KeyError."""
         self.check(model)
         prompts = check_prompts(prompts, "prompts")
         i = self._layer_index(layer)
@@ -236,10 +249,12 @@ class ProbeResult(Result):
 
     @property
     def control_mean(self) -> torch.Tensor | None:
+        """Mean control score over folds ``[n_layers]`` (None without a control)."""
         return None if self.control_scores is None else self.control_scores.mean(1)
 
     @property
     def control_ci(self) -> torch.Tensor | None:
+        """Half-width of the control scores' 95% t-interval over folds ``[n_layers]`` (None without a control)."""
         return None if self.control_scores is None else _ci(self.control_scores)
 
     @property
@@ -261,6 +276,8 @@ class ProbeResult(Result):
         return int((s >= fraction * best).nonzero()[0])
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields without ``estimators`` and ``fold``, plus the per-layer summaries (``mean``, ``ci``,
+        ``control_mean``, ``selectivity``, ``selectivity_ci``)."""
         d = super().to_dict()
         d.pop("estimators")
         d.pop("fold")
@@ -274,21 +291,25 @@ class ProbeResult(Result):
         return to_jsonable(d)
 
     def table(self) -> str:
+        """The setting, then a header row naming the columns and one row per layer: the probe's
+        held-out score, the control task's and the selectivity (their difference), each the mean
+        over folds ± the 95% interval."""
         head = (
             f"probe {self.task!r} ({self.kind}, {self.n_prompts} prompts, {self.n_groups} groups, "
-            f"{self.n_folds} group folds) on {self.hook} at {self.position}; chance {self.chance:.3f}"
+            f"{self.n_folds} group folds) on {self.hook} at {self.position}; chance {self.chance:.3f}; "
+            "mean over folds ± 95% interval"
         )
-        cols = f"  {'layer':<8}{self.metric:>16}"
+        header = ["layer", f"{self.metric} (held out)"]
         if self.control_scores is not None:
-            cols += f"{'control (' + str(self.control) + ')':>26}{'selectivity':>20}"
-        lines = [head, cols]
+            header += [f"control ({self.control})", "selectivity (probe − control)"]
+        rows = []
         for i, name in enumerate(self.layers):
-            row = f"  {name:<8}{float(self.mean[i]):>9.3f} ± {float(self.ci[i]):.3f}"
+            row = [name, f"{float(self.mean[i]):.3f} ± {float(self.ci[i]):.3f}"]
             cm, cc, sel, sel_ci = self.control_mean, self.control_ci, self.selectivity, self.selectivity_ci
             if cm is not None and cc is not None and sel is not None and sel_ci is not None:  # with a control task
-                row += f"{float(cm[i]):>19.3f} ± {float(cc[i]):.3f}{float(sel[i]):>13.3f} ± {float(sel_ci[i]):.3f}"
-            lines.append(row)
-        return "\n".join(lines)
+                row += [f"{float(cm[i]):.3f} ± {float(cc[i]):.3f}", f"{float(sel[i]):.3f} ± {float(sel_ci[i]):.3f}"]
+            rows.append(row)
+        return "\n".join([head, *format_table(header, rows, right=[False] + [True] * (len(header) - 1))])
 
     def plot(self, **kwargs: Any) -> Figure:
         """Score, control score and selectivity by layer, with 95% intervals over folds."""
@@ -546,6 +567,18 @@ def probe(
     group (default: the subjects, else each prompt alone). ``position``: ``"last-subject"``
     (default with subjects), ``"last"`` (default without) or ``"mean-subject"``. ``control``:
     ``"random-labels"``, ``"by-type"`` or None (see the module doc). ``C``: inverse L2 strength.
+
+    ``hook``: a family (default ``"resid_post"``), ``"resid"`` (every layer boundary) or a full hook
+    name; ``layers``: ``"all"`` (default), an int or a list. ``kind``: ``"classification"`` or
+    ``"regression"`` (None: from the labels); ``n_folds`` (default 5) group folds; ``seed`` fixes
+    the folds and the control labels; ``batch_size`` (default 64) prompts per forward pass;
+    ``progress``: progress bars (None: automatic). Returns a :class:`ProbeResult` with ``scores``
+    ``[n_layers, n_folds]``.
+
+    Refused before any work (ValueError): missing labels, labels, subjects or groups whose number
+    is not the number of prompts, a single class, too few groups for the folds, an unknown kind,
+    control, position or hook, a position on the subject without subjects, an attention-pattern
+    hook, and a layer out of range.
     """
     task = ""
     if labels is None and hasattr(prompts, "labels") and hasattr(prompts, "prompts"):

@@ -36,6 +36,7 @@ def token_span(model: HookedGPT2, text: str, lo: int, hi: int, prepend_bos: bool
 def subject_span(model: HookedGPT2, prompt: str, subject: str, prepend_bos: bool = True) -> tuple[int, int]:
     """``(start, end)`` token positions of the first occurrence of ``subject`` in
     ``model.to_tokens(prompt)`` (end exclusive): every token that overlaps the subject's characters.
+    Positions count BOS when ``prepend_bos`` (default True) and the tokenizer has one.
 
     A subject that is not a non-blank string, or does not occur in the prompt, raises a clear error
     (showing both tokenizations)."""
@@ -58,7 +59,8 @@ def subject_span(model: HookedGPT2, prompt: str, subject: str, prepend_bos: bool
 
 def prompt_position(model: HookedGPT2, prompt: str, position: int, what: str) -> tuple[torch.Tensor, int]:
     """Tokens ``[1, pos]`` of one prompt and ``position`` as a non-negative index (BOS included);
-    a non-string prompt or an out-of-range position raises, saying the valid range."""
+    a non-string prompt or non-integer position raises TypeError (naming ``what``, the calling
+    function), an out-of-range position IndexError, saying the valid range."""
     if not isinstance(prompt, str):
         raise TypeError(f"{what} takes one prompt string, got {type(prompt).__name__}")
     if isinstance(position, bool) or not hasattr(position, "__index__"):

@@ -30,9 +30,22 @@ import torch
 from ..core import distributed
 from ..core.checks import check_count
 from ..core.finite import require_finite
-from ..core.progress import progress_bar
+from ..core.progress import note, progress_bar, shown
 from ..core.result import Result
-from .engine import Patch, base_kv_from, entry_name, kv_names, run_staircase
+from ..core.tables import format_table
+from .engine import (
+    Patch,
+    Speed,
+    Work,
+    base_kv_from,
+    entry_name,
+    kv_names,
+    run_staircase,
+    staircase_calls,
+    staircase_work,
+    timed,
+    unembed_share,
+)
 from .known import knows
 from .tokens import subject_span, target_ids
 
@@ -60,6 +73,12 @@ class TraceResult(Result):
     ``scores [n_tokens, n_layers]``: target probability with the cell restored (mean over noise
     samples); ``indirect_effect`` = ``scores − corrupted_score``. Tokens exclude the prepended BOS;
     ``subject_range`` indexes ``tokens`` (end exclusive).
+
+    ``prompt``, ``subject``, ``kind`` (``"hidden"``, ``"mlp"`` or ``"attn"``); ``layer_labels``
+    (``L0`` …); ``target`` and ``target_id``: the scored token; ``clean_score`` and
+    ``corrupted_score``: its probability on the clean run and on the corrupted runs (mean over
+    samples); ``noise_std``: the absolute std of the embedding noise; ``samples`` noise draws,
+    ``window`` layers restored together (mlp/attn), ``seed`` of the draws.
     """
 
     prompt: str
@@ -84,11 +103,44 @@ class TraceResult(Result):
 
         return plot_trace(self, **kwargs)
 
+    def clean_cells(self) -> torch.Tensor:
+        """``[n_tokens, n_layers]`` bool: the cells whose restoration reproduces the clean run by construction
+        (:func:`clean_by_construction`), which say nothing about where the fact is stored."""
+        return clean_by_construction(self.kind, len(self.tokens), self.subject_range, self.scores.shape[1], self.window)
+
+    def _best(self, rows: Sequence[int]) -> tuple[str, str, float] | None:
+        """``(token, layer label, score)`` of the best cell in ``rows`` that is not clean by construction."""
+        if not rows:
+            return None
+        scores = self.scores[list(rows)].masked_fill(self.clean_cells()[list(rows)], float("-inf"))
+        i = int(scores.argmax())
+        t, l = divmod(i, scores.shape[1])
+        if scores[t, l] == float("-inf"):
+            return None
+        return self.tokens[rows[t]], self.layer_labels[l], float(scores[t, l])
+
     def peak(self) -> tuple[str, str, float]:
-        """``(token, layer label, score)`` of the highest-scoring cell."""
-        i = int(self.scores.argmax())
-        t, l = divmod(i, self.scores.shape[1])
-        return self.tokens[t], self.layer_labels[l], float(self.scores[t, l])
+        """``(token, layer label, score)`` of the highest-scoring cell that is not clean by construction
+        (:meth:`clean_cells`: e.g. the final layer's hidden state at the last token, which *is* the clean
+        output); the most informative single cell."""
+        best = self._best(list(range(len(self.tokens))))
+        if best is None:  # every cell is the clean run (a one-layer model's last token): report it as such
+            i = int(self.scores.argmax())
+            t, l = divmod(i, self.scores.shape[1])
+            return self.tokens[t], self.layer_labels[l], float(self.scores[t, l])
+        return best
+
+    def subject_peak(self) -> tuple[str, str, float] | None:
+        """The best cell among the subject's tokens (ROME's early site, usually its last token), clean-by-
+        construction cells left out; None when every subject cell is one."""
+        return self._best(list(range(*self.subject_range)))
+
+    def late_peak(self) -> tuple[str, str, float] | None:
+        """The best cell at the last token (ROME's late site), clean-by-construction cells left out; None
+        when the last token is a subject token (then it is the subject's peak) or every cell there is clean
+        by construction."""
+        last = len(self.tokens) - 1
+        return None if self.subject_range[1] > last else self._best([last])
 
     def header(self) -> str:
         """Prompt, target, clean and corrupted probability, and the noise: the trace's baselines."""
@@ -99,13 +151,27 @@ class TraceResult(Result):
         )
 
     def peak_line(self) -> str:
-        tok_, layer, score = self.peak()
-        return (
-            f"  {self.kind:<6} peak: restoring {tok_!r} at {layer} gives p = {score:.4f} "
-            f"(indirect effect {score - self.corrupted_score:+.4f})"
-        )
+        """The subject's peak and the last token's peak, each with its indirect effect; cells that are the
+        clean run by construction are never named (the line says which were left out)."""
+
+        def site(p: tuple[str, str, float]) -> str:
+            effect = p[2] - self.corrupted_score
+            return f"restoring {p[0]!r} at {p[1]} gives p = {p[2]:.4f} (indirect effect {effect:+.4f})"
+
+        subj, late = self.subject_peak(), self.late_peak()
+        parts = [f"subject peak: {site(subj)}" if subj else "subject peak: none (every subject cell is the clean run)"]
+        if late is not None:
+            parts.append(f"last-token peak: {site(late)}")
+        clean = self.clean_cells().nonzero().tolist()
+        line = f"  {self.kind:<6} " + "; ".join(parts)
+        if clean:
+            cells = ", ".join(f"{self.tokens[t]!r} at {self.layer_labels[l]}" for t, l in clean[:3])
+            more = f" and {len(clean) - 3} more" if len(clean) > 3 else ""
+            line += f" ({cells}{more} left out: the clean run by construction)"
+        return line
 
     def table(self) -> str:
+        """:meth:`header` and :meth:`peak_line`."""
         return self.header() + "\n" + self.peak_line()
 
 
@@ -122,6 +188,7 @@ class TraceSet(Result):
         raise KeyError(f"no {kind!r} trace; have {[t.kind for t in self.traces]}")
 
     def table(self) -> str:
+        """The first trace's header, then the peak line of each kind."""
         return "\n".join([self.traces[0].header()] + [t.peak_line() for t in self.traces])
 
     def plot(self, **kwargs: Any):
@@ -203,6 +270,31 @@ def default_window(n_layer: int) -> int:
 
 def _window(layer: int, window: int, n: int) -> range:
     return range(max(0, layer - window // 2), min(n, layer + math.ceil(window / 2)))
+
+
+def clean_by_construction(
+    kind: str, n_tokens: int, subject_range: tuple[int, int], n_layers: int, window: int
+) -> torch.Tensor:
+    """``[n_tokens, n_layers]`` bool: the trace cells whose restoration reproduces the clean run exactly,
+    whatever the model: restoring them measures nothing about where a fact lives.
+
+    * ``hidden``: the last token's state after the final layer (all the unembedding reads); and the last
+      token's state after any layer when the subject is the last token alone (nothing else is corrupted).
+    * ``attn``: the last token's attention outputs when the window spans every layer and the last token is
+      not a subject token (its embedding is clean, so every later state at it is too).
+    * ``mlp``: none (the attention at the last token still reads the corrupted subject).
+    """
+    mask = torch.zeros(n_tokens, n_layers, dtype=torch.bool)
+    last = n_tokens - 1
+    if kind == "hidden":
+        mask[last, n_layers - 1] = True
+        if subject_range[0] == last:
+            mask[last] = True
+    elif kind == "attn" and subject_range[1] <= last:
+        for l in range(n_layers):
+            if len(_window(l, window, n_layers)) == n_layers:
+                mask[last, l] = True
+    return mask
 
 
 # =============================================================== the batched trace
@@ -343,13 +435,13 @@ def _trace_batch(
     restored = "hook_resid_post" if kind == "hidden" else "hook_mlp_out" if kind == "mlp" else "hook_attn_out"
     src_names = [f"blocks.{l}.{restored}" for l in range(n)]
     stages = list(range(1, n + 1)) if kind == "hidden" else sorted({_window(l, window, n)[0] for l in range(n)})
-    runs = _runs(model, cases, tokens, mask, spans, src_names, stages, std, S, seed)
+    runs, seconds = timed(model, lambda: _runs(model, cases, tokens, mask, spans, src_names, stages, std, S, seed))
 
     # cells (fact, token ≥ subject start, layer), ordered by start stage; rows = cells × samples
     def start_of(l: int) -> int:
-        return l + 1 if kind == "hidden" else _window(l, window, n)[0]
+        return _start_stage(kind, l, window, n)
 
-    cells = [(i, t, l) for l in sorted(range(n), key=start_of) for i, (s, _) in enumerate(spans) for t in range(s, P)]
+    cells = _cells(spans, P, n, start_of)
     C = len(cells)
     cf_c, ct_c = (torch.tensor([c[j] for c in cells], dtype=torch.long) for j in range(2))
     start = torch.tensor([start_of(c[2]) for c in cells]).repeat_interleave(S)
@@ -374,9 +466,54 @@ def _trace_batch(
         desc=f"tracing {kind}",
         first_pos=ct_c.repeat_interleave(S),
         base_kv=runs.base_kv,
+        speed=Speed.measure(model, seconds, Fn * (S + 1) * P * n, 2 * n) if shown(progress) else None,
     )
     cell_score = probs.view(C, S).mean(1).cpu()
     return _results(model, cases, kind, tokens, lengths, spans, cells, cell_score, runs, std, S, window, seed)
+
+
+def _start_stage(kind: str, layer: int, window: int, n: int) -> int:
+    """The stage a row restoring cell layer ``layer`` starts at: after the layer for hidden states,
+    at the first layer of the window for mlp/attn."""
+    return layer + 1 if kind == "hidden" else _window(layer, window, n)[0]
+
+
+def _cells(spans: list[tuple[int, int]], P: int, n: int, start_of: Any) -> list[tuple[int, int, int]]:
+    """Cells ``(fact, token ≥ subject start, layer)``, ordered by start stage."""
+    return [(i, t, l) for l in sorted(range(n), key=start_of) for i, (s, _) in enumerate(spans) for t in range(s, P)]
+
+
+def trace_work(
+    model: HookedGPT2,
+    cases: Sequence[tuple[str, str]],
+    kind: str = "hidden",
+    samples: int = 10,
+    window: int | None = None,
+    speed: Speed | None = None,
+) -> Work:
+    """The work of tracing ``cases`` — ``(prompt, subject)`` pairs traced together in one batch —
+    counted before running (:class:`~.engine.Work`): the clean run and ``samples`` noised runs per
+    prompt, then ``samples`` rows per cell from the subject on, each from its start stage and its
+    token; the expected time at ``speed`` when given."""
+    window = _check_trace_args(model, kind, samples, window)
+    n = model.cfg.n_layer
+    spans = [subject_span(model, p, subj) for p, subj in cases]
+    tokens, mask = model.tokenize([p for p, _ in cases])
+    Fn, P = tokens.shape
+    lengths = [P] * Fn if mask is None else mask.sum(1).tolist()
+    spans = [(a + P - ln, b + P - ln) for (a, b), ln in zip(spans, lengths)]
+    cells = _cells(spans, P, n, lambda l: _start_stage(kind, l, window, n))
+    start = [_start_stage(kind, l, window, n) for _, _, l in cells for _ in range(samples)]
+    first = [t for _, t, _ in cells for _ in range(samples)]
+    runs, toks, token_layers = staircase_work(n, P, start, first)
+    unpatched = Fn * (samples + 1)
+    token_layers += unpatched * P * n
+    seconds = (
+        None
+        if speed is None
+        else speed.seconds(token_layers + runs * unembed_share(model), staircase_calls(n, start, first) + 2 * n)
+    )
+    return Work(f"tracing {kind}", runs + unpatched, toks + unpatched * P, token_layers / (P * n), seconds)
 
 
 def _results(
@@ -452,6 +589,15 @@ def causal_trace(
     more than half of the clean probability is warned about (the result's ``corrupted_score`` says
     how far it fell). ``target``: a one-token string or id (default: the clean top-1). ``window``:
     layers restored together for mlp/attn (None: :func:`default_window`). Deterministic for a ``seed``.
+
+    ``kind``: ``"hidden"`` (default), ``"mlp"`` or ``"attn"``; ``samples`` (default 10) noise draws
+    per cell; ``batch_size``: rows per staircase chunk (None: sized from the free memory);
+    ``progress``: a progress bar (None: automatic). Returns a :class:`TraceResult` with ``scores``
+    ``[n_tokens, n_layer]`` (tokens after BOS).
+
+    Refused (ValueError): an unknown kind, ``samples`` or ``window`` < 1, a negative or non-finite
+    ``noise``, a subject that does not occur in the prompt, a target that is not one token, and a
+    non-finite target probability on the clean or corrupted runs.
     """
     case = _Case(prompt, subject, target)
     std = resolve_noise(model, noise, _subject_ids(model, [case]))
@@ -468,7 +614,9 @@ def causal_trace_all(
     kinds: Sequence[str] = KINDS,
     **kwargs: Any,
 ) -> TraceSet:
-    """:func:`causal_trace` for each kind (hidden, mlp, attn) → a :class:`TraceSet` (three-panel plot)."""
+    """:func:`causal_trace` of ``prompt`` (``subject``, ``target`` as there) for each of ``kinds``
+    (default: hidden, mlp, attn) → a :class:`TraceSet` (three-panel plot); ``kwargs`` go to each
+    trace (``noise``, ``samples``, ``window``, ``seed``, …)."""
     # each kind is checked by causal_trace
     return TraceSet([causal_trace(model, prompt, subject, target, kind=cast(Kind, k), **kwargs) for k in kinds])
 
@@ -491,6 +639,11 @@ class AverageTrace(Result):
     known fact) and ``indirect_effect`` (minus each fact's corrupted score); ``counts [6]`` how
     many (fact, token) cells fed each bucket. Only facts the model knows (clean top-1 = the
     target's first token) are traced: ``n_known`` of ``n_facts``.
+
+    ``kinds``, ``buckets`` (:data:`BUCKETS`) and ``layer_labels`` label the three axes;
+    ``clean_score``: mean clean target probability; ``corrupted_score``: its mean on the corrupted
+    runs, one per kind; ``noise_std``, ``samples`` and ``window`` as in :class:`TraceResult`;
+    ``facts``: the traced (known) facts as ``"prompt →target"``.
     """
 
     kinds: list[str]
@@ -509,35 +662,95 @@ class AverageTrace(Result):
     facts: list[str] = field(default_factory=list)
 
     def __getitem__(self, kind: str) -> torch.Tensor:
+        """``scores`` of one kind, ``[6, n_layers]``."""
         return self.scores[self.kinds.index(kind)]
 
+    def clean_layers(self, kind: str, bucket: str) -> list[int]:
+        """The layers at which ``bucket``'s cells of ``kind`` are the clean run by construction
+        (:func:`clean_by_construction`, for a subject that does not end the prompt): for ``hidden`` the
+        last token's final layer; for ``attn`` the last token's windows that span every layer."""
+        if bucket != "last token":
+            return []
+        n = len(self.layer_labels)
+        return clean_by_construction(kind, 2, (0, 1), n, self.window)[1].nonzero()[:, 0].tolist()
+
     def peak(self, kind: str, bucket: str, effect: bool = True) -> tuple[int, float]:
-        """``(layer, value)`` of the largest average indirect effect (or score) of ``kind`` in ``bucket``."""
+        """``(layer, value)`` of the largest average indirect effect (or score) of ``kind`` in ``bucket``,
+        leaving out the layers where the bucket is the clean run by construction (:meth:`clean_layers`)."""
         row = (self.indirect_effect if effect else self.scores)[self.kinds.index(kind), self.buckets.index(bucket)]
+        row = row.clone()
+        skip = self.clean_layers(kind, bucket)
+        if len(skip) < len(row):
+            row[skip] = float("-inf")
         layer = int(row.argmax())
         return layer, float(row[layer])
 
     def table(self) -> str:
         """The baselines, then per kind the peak average indirect effect in each position bucket."""
         lines = [
-            f"average causal trace over {self.n_known} known of {self.n_facts} facts: clean p = "
-            f"{self.clean_score:.4f}, "
-            f"corrupted p = "
+            f"average causal trace over {self.n_known} known of {self.n_facts} facts: "
+            f"clean p = {self.clean_score:.4f}, corrupted p = "
             + ", ".join(f"{k} {c:.4f}" for k, c in zip(self.kinds, self.corrupted_score))
             + f" (noise std {self.noise_std:.4g}, {self.samples} samples)"
         ]
         for kind in self.kinds:
             lines.append(f"  {kind} — peak average indirect effect by bucket:")
+            rows = []
             for b, bucket in enumerate(self.buckets):
                 if self.counts[b]:
                     layer, value = self.peak(kind, bucket)
-                    lines.append(f"    {bucket:<24} {self.layer_labels[layer]:>4} {value:+.4f}")
+                    rows.append([bucket, self.layer_labels[layer], f"{value:+.4f}", str(self.counts[b])])
+            header = ["bucket", "peak layer", "average indirect effect (Δp)", "cells"]
+            lines += format_table(header, rows, right=[False, True, True, True], indent="    ")
+            for b, bucket in enumerate(self.buckets):
+                if self.counts[b] and (skip := self.clean_layers(kind, bucket)):
+                    left = ", ".join(self.layer_labels[l] for l in skip)
+                    lines.append(f"    ({bucket}: {left} left out: the clean run by construction)")
         return "\n".join(lines)
 
     def plot(self, **kwargs: Any):
         from ..plots.causal import plot_average_trace
 
         return plot_average_trace(self, **kwargs)
+
+
+def _average_work(
+    model: HookedGPT2,
+    cases: Sequence[tuple[str, str, str]],
+    batches: list[list[int]],
+    kinds: list[str],
+    samples: int,
+    window: int | None,
+    group: Any,
+) -> Work:
+    """The work of an averaged trace (this rank's share of the batches, every kind), with the time
+    expected from one timed forward of the first batch's clean and noised runs (not run, and no
+    time given, while hooks are attached to the model)."""
+    mine = list(distributed.shard(batches, group))
+    n = model.cfg.n_layer
+    tokens, mask = model.tokenize([cases[i][0] for i in mine[0]])
+    reps = samples + 1
+    if any(hp.has_hooks for hp in model.hook_dict.values()):  # a caller's hooks must not see an extra run
+        what = f"average trace ({', '.join(kinds)}) of {sum(len(b) for b in mine)} known facts"
+        works = [trace_work(model, [cases[i][:2] for i in idx], k, samples, window) for idx in mine for k in kinds]
+        return Work(what, sum(w.runs for w in works), sum(w.tokens for w in works), sum(w.passes for w in works))
+    with torch.inference_mode():
+        _, seconds = timed(
+            model,
+            lambda: model(
+                tokens.repeat(reps, 1), attention_mask=None if mask is None else mask.repeat(reps, 1), stop_at_layer=n
+            ),
+        )
+    speed = Speed.measure(model, seconds, tokens.numel() * reps * n, n)
+    works = [trace_work(model, [cases[i][:2] for i in idx], k, samples, window, speed) for idx in mine for k in kinds]
+    what = f"average trace ({', '.join(kinds)}) of {sum(len(b) for b in mine)} known facts in {len(mine)} batch(es)"
+    return Work(
+        what,
+        sum(w.runs for w in works),
+        sum(w.tokens for w in works),
+        sum(w.passes for w in works),
+        sum(w.seconds or 0.0 for w in works),
+    )
 
 
 def bucket_cells(n_tokens: int, subject_range: tuple[int, int]) -> list[list[int]]:
@@ -579,6 +792,14 @@ def average_trace(
     Distributed (an initialised process group, or ``group``): every rank finds the known facts,
     then traces its share of the fact batches; the bucket sums are all-reduced, so every rank
     returns the single-process result (up to float summation order).
+
+    ``samples`` (default 10), ``window`` and ``seed`` as in :func:`causal_trace`;
+    ``facts_per_batch`` (default 16) prompts are traced together in one staircase run, in chunks
+    of ``batch_size`` rows (None: sized from the free memory); ``progress``: a bar over the fact
+    batches. Returns an :class:`AverageTrace` with ``scores`` ``[n_kinds, 6, n_layer]``.
+
+    Refused: a case that is not a triple of strings (TypeError); no cases, no case the model knows,
+    and the refusals of :func:`causal_trace` (ValueError).
     """
     kinds = [kind] if isinstance(kind, str) else list(kind)
     cases = [_as_case(c) for c in cases]
@@ -599,6 +820,8 @@ def average_trace(
     clean: list[float] = []
     low: list[list[float]] = [[] for _ in kinds]
     batches = [known[a : a + facts_per_batch] for a in range(0, len(known), facts_per_batch)]
+    if shown(progress and distributed.is_main(group)):
+        note(_average_work(model, cases, batches, kinds, samples, window, group).line(), enabled=True)
     # distributed: each rank traces its share of the batches; sums and counts are all-reduced below
     for idx in progress_bar(
         distributed.shard(batches, group), desc="average trace", enabled=progress and distributed.is_main(group)

@@ -69,7 +69,11 @@ def boundary_names(model: HookedGPT2) -> tuple[list[str], list[str]]:
 @dataclass
 class TunedLens:
     """Affine translators ``T_ℓ(h) = h + h @ weight[ℓ] + bias[ℓ]`` for the ``labels`` boundaries
-    (``embed``, ``L0``, …), made for the model whose weights have ``base_fingerprint``."""
+    (``embed``, ``L0``, …), made for the model whose weights have ``base_fingerprint``.
+
+    ``weight`` ``[n_boundaries, d_model, d_model]``, ``bias`` ``[n_boundaries, d_model]``;
+    ``model_name``: the model it was trained for (shown in errors); ``meta``: how it was trained
+    (corpus, steps, the training losses per boundary, …)."""
 
     labels: list[str]
     weight: torch.Tensor  # [n_boundaries, d_model, d_model]
@@ -394,7 +398,13 @@ def train_tuned_lens(
     ``steps`` Adam steps (learning rate ``lr``, linear decay to 0) on KL(final ‖ lens), summed over
     the boundaries, each step on ``batch_tokens`` token positions (whole rows of ``seq_len`` tokens,
     default :func:`default_seq_len`, drawn at random with ``seed``). ``steps=0`` keeps the start.
-    Returns the :class:`TunedLens` with the training losses per boundary in ``meta``.
+    Returns the :class:`TunedLens` with the training losses per boundary in ``meta``. Defaults:
+    ``steps`` 40, ``batch_tokens`` 512, ``lr`` 3e-3; ``n_texts`` (default 256) texts are generated
+    for ``corpus="generated"``; ``progress``: progress bars (None: automatic).
+
+    Refused (ValueError): negative ``steps``, ``batch_tokens`` < 1, ``lr`` not a finite number > 0,
+    another ``init``, ``seq_len`` below 2 (1 without BOS), fewer rows per step than ranks, and a
+    corpus holding no text.
 
     Distributed (an initialised process group, or ``group``; e.g. under ``torchrun``): every rank
     draws the same global batch and takes its share of the rows; the translators are wrapped in
@@ -506,7 +516,14 @@ def lens_divergence(
 ) -> dict[str, Any]:
     """Per boundary, over every real non-BOS position of ``texts``: mean KL(final ‖ lens) in bits,
     and top-1 agreement with the model's own prediction, for ``lens`` (the logit lens when None).
-    Distributed, the ranks measure their share of the rows and every rank returns the totals."""
+    Distributed (a process group, or ``group``), the ranks measure their share of the rows and every
+    rank returns the totals.
+
+    ``texts``: a corpus as :func:`corpus_texts` takes it (``n_texts`` generated with ``seed``, default
+    1, for ``"generated"``), packed into rows of ``seq_len`` tokens (default :func:`default_seq_len`)
+    and run ``batch_rows`` (default 16) rows at a time. Returns ``{"labels", "kl_bits",
+    "top1_agreement", "n_tokens"}`` (per-boundary lists). A lens trained for other weights raises
+    ValueError."""
     if lens is not None:
         lens.check(model)
     batch_rows = check_count(batch_rows, "batch_rows")

@@ -24,6 +24,7 @@ import torch
 from ..core.checks import check_count
 from ..core.progress import progress_bar
 from ..core.result import Result
+from ..core.tables import format_table
 from ..model.hooks import hook_name
 from .lens import direct_effect, logit_direction
 from .tokens import prompt_position
@@ -83,7 +84,11 @@ def _strs(model: HookedGPT2, ids: torch.Tensor) -> list[list[str]]:
 @dataclass
 class VocabProjection(Result):
     """Top-``k`` and bottom-``k`` tokens (and scores) of vectors projected onto the vocabulary,
-    ``[n, k]`` each, one row per ``labels`` entry (``L5.N123`` for a neuron's value vector)."""
+    ``[n, k]`` each, one row per ``labels`` entry (``L5.N123`` for a neuron's value vector).
+
+    ``top_ids``/``top_scores`` and ``bottom_ids``/``bottom_scores`` ``[n, k]`` with ``top_tokens`` and
+    ``bottom_tokens`` (strings); ``apply_ln``: whether ln_final's gain was applied (see the module
+    doc); ``layer`` and ``neurons``: which value vectors the rows are (None for arbitrary vectors)."""
 
     labels: list[str]
     top_ids: torch.Tensor
@@ -124,21 +129,22 @@ class VocabProjection(Result):
         return self.select(self.top_scores[:, 0].argsort(descending=True)[:n].tolist())
 
     def table(self, k: int | None = None, rows: int | None = None) -> str:
+        """A header row naming the columns, then two rows per vector: its ``k`` highest-scoring
+        tokens (promoted) and its ``k`` lowest (suppressed), each with its score — the vector's dot
+        product with the token's unembedding (through ``ln_final``'s gain when ``apply_ln``). ``k``: tokens per
+        row (default: all kept); ``rows``: the first vectors shown (default: all)."""
         k = k or self.top_scores.shape[1]
-        w = max(map(len, self.labels))
-        lines = []
+        body = []
         for r in range(len(self.labels) if rows is None else min(rows, len(self.labels))):
-            lines.append(
-                f"{self.labels[r]:<{w}}  + "
-                + " ".join(f"{t!r}({float(s):.2f})" for t, s in zip(self.top_tokens[r][:k], self.top_scores[r][:k]))
-            )
-            lines.append(
-                f"{'':<{w}}  − "
-                + " ".join(
-                    f"{t!r}({float(s):.2f})" for t, s in zip(self.bottom_tokens[r][:k], self.bottom_scores[r][:k])
+            for sign, toks, scores in (
+                ("+ top", self.top_tokens[r], self.top_scores[r]),
+                ("− bottom", self.bottom_tokens[r], self.bottom_scores[r]),
+            ):
+                body.append(
+                    [self.labels[r], sign, " ".join(f"{t!r}({float(v):.2f})" for t, v in zip(toks[:k], scores[:k]))]
                 )
-            )
-        return "\n".join(lines)
+        unembed = "(w ⊙ W_U[:, t])" if self.apply_ln else "W_U[:, t]"
+        return "\n".join(format_table(["vector", "end", f"tokens (score = v · {unembed})"], body, indent=""))
 
     def plot(self, rows: int | None = None, **kwargs: Any) -> Figure:
         """Top/bottom token bars of the first ``rows`` vectors (default: all, at most 64)."""
@@ -168,8 +174,10 @@ def neuron_vocab(
     k: int = 10,
     apply_ln: bool = True,
 ) -> VocabProjection:
-    """Top/bottom-``k`` vocabulary tokens of the value vectors ``W_out[layer][neurons]``
-    (all neurons by default), scored as the module doc says."""
+    """Top/bottom-``k`` vocabulary tokens (default 10) of the value vectors ``W_out[layer][neurons]``
+    (all neurons by default), scored as the module doc says (``apply_ln``, default True: times
+    ln_final's gain). Returns a :class:`VocabProjection` with ``[n_neurons, k]`` rows. Refused: ``k`` <
+    1 or an empty neuron list (ValueError), a layer or neuron index out of range (IndexError)."""
     k = check_count(k, "k")
     layer = model.check_layer(layer)
     idx = _check_neurons(model, neurons)
@@ -190,8 +198,10 @@ def neuron_vocab(
 def project(
     model: HookedGPT2, vector: torch.Tensor, k: int = 10, apply_ln: bool = True, labels: Sequence[str] | None = None
 ) -> VocabProjection:
-    """Top/bottom-``k`` tokens of any direction(s) ``[d_model]`` or ``[n, d_model]`` (a residual,
-    a ``W_in`` column, an edit's ``v*``), by the same code path as :func:`neuron_vocab`."""
+    """Top/bottom-``k`` tokens (default 10) of any direction(s) ``vector`` ``[d_model]`` or ``[n, d_model]``
+    (a residual, a ``W_in`` column, an edit's ``v*``), by the same code path as :func:`neuron_vocab`
+    (``apply_ln`` as there). ``labels`` name the rows (default ``vector``/``vector i``). Another shape
+    raises ValueError."""
     k = check_count(k, "k")
     v = torch.as_tensor(vector).to(model.device, model.dtype)
     v = v[None] if v.ndim == 1 else v
@@ -209,7 +219,11 @@ def project(
 @dataclass
 class NeuronSearch(Result):
     """Neurons ranked by how much their value vectors promote ``tokens``; iterates as
-    ``(layer, neuron, score)`` tuples. ``top_tokens`` are each neuron's own top tokens."""
+    ``(layer, neuron, score)`` tuples. ``top_tokens`` are each neuron's own top tokens.
+
+    ``tokens``: the searched tokens (strings); ``layers``/``neurons``/``scores`` ``[k]``: the ranked
+    neurons, best first; ``apply_ln``: whether ln_final's gain weighted the scores; ``baseline``: what
+    each neuron's mean score was subtracted over (``"vocabulary"``, ``"contrast"`` or None)."""
 
     tokens: list[str]
     layers: list[int]
@@ -229,13 +243,21 @@ class NeuronSearch(Result):
         return self.layers[i], self.neurons[i], float(self.scores[i])
 
     def table(self, k: int = 8) -> str:
+        """What the score is, then a header row naming the columns and one row per neuron: its
+        rank, name, score and its own ``k`` top tokens."""
         what = ", ".join(map(repr, self.tokens[:6])) + (" …" if len(self.tokens) > 6 else "")
-        lines = [
-            f"neurons promoting {what}  (score = v · {'(w ⊙ ' if self.apply_ln else '('}W_U[:, t])"
-            f"{f', minus its {self.baseline} mean' if self.baseline else ''})"
+        score = (
+            f"v · {'(w ⊙ ' if self.apply_ln else '('}W_U[:, t])"
+            f"{f', minus its {self.baseline} mean' if self.baseline else ''}"
+        )
+        lines = [f"neurons promoting {what}  (score = {score})"]
+        rows = [
+            [f"{r + 1}", f"L{l}.N{i}", f"{s:+.3f}", " ".join(map(repr, self.top_tokens[r][:k]))]
+            for r, (l, i, s) in enumerate(self)
         ]
-        for r, (l, i, s) in enumerate(self):
-            lines.append(f"{r + 1:>3}. L{l}.N{i:<6} {s:+8.3f}   " + " ".join(map(repr, self.top_tokens[r][:k])))
+        lines += format_table(
+            ["rank", "neuron", "score", "the neuron's top tokens"], rows, right=[True, False, True, False]
+        )
         return "\n".join(lines)
 
     def plot(self, **kwargs: Any) -> Figure:
@@ -273,7 +295,12 @@ def find_neurons(
     otherwise), averaged over the tokens. ``relative`` subtracts each neuron's mean score over
     the whole vocabulary, so a neuron that raises every logit does not rank first; ``contrast``
     subtracts its mean score over those tokens instead (e.g. every token the model was trained
-    to produce: the set's real competitors)."""
+    to produce: the set's real competitors).
+
+    ``token_or_tokens``: one token or a list (strings or ids, each a single token); ``n_tokens``
+    (default 10): how many top tokens of each found neuron to list. Returns a :class:`NeuronSearch`.
+    Refused: ``k`` < 1, no tokens, a string that is not one token, and ``relative`` together with
+    ``contrast`` (ValueError); a layer out of range (IndexError)."""
     k = check_count(k, "k")
     ids = _token_ids(model, token_or_tokens)
     ls = _layers(model, layers)
@@ -311,6 +338,11 @@ class SubupdateResult(Result):
 
     ``top_tokens`` project ``m_i · v_i`` (sign included) onto the vocabulary; ``target_effects``
     are their exact direct effects on the target's logit (centred, / ln_final's scale).
+
+    ``prompt``, ``position`` (non-negative, BOS = 0) and its ``token``; per sub-update ``[k]``:
+    ``layers``, ``neurons``, ``activations`` (``m_i``), ``norms`` (``|m_i| · ‖v_i‖``), ``top_tokens``
+    and ``top_scores`` ``[k, n_tokens]``; ``target`` and ``target_effects`` ``[k]`` when a target
+    was given.
     """
 
     prompt: str
@@ -326,18 +358,26 @@ class SubupdateResult(Result):
     target_effects: torch.Tensor | None = None
 
     def table(self, k: int = 6) -> str:
+        """A header row naming the columns, then one row per sub-update ``m_i·v_i``: the neuron, its
+        activation ``m_i``, the update's norm ``|m_i|·‖v_i‖``, with a target its direct effect on the
+        target's logit, and the update's top tokens. ``k``: top tokens shown per row."""
         lines = [f"MLP sub-updates at position {self.position} ({self.token!r}) of {self.prompt!r}"]
-        head = f"{'neuron':<11} {'m_i':>8} {'|m|·‖v‖':>8}"
+        header = ["neuron", "activation m_i", "norm |m_i|·‖v_i‖"]
         if self.target_effects is not None:
-            head += f" {'→' + repr(self.target):>10}"
-        lines.append(head + "   top tokens of m_i·v_i")
+            header.append(f"logit({self.target!r}) effect")
+        header.append("top tokens of m_i·v_i")
+        rows = []
         for r in range(len(self.neurons)):
-            act, norm = float(self.activations[r]), float(self.norms[r])
-            row = f"L{self.layers[r]}.N{self.neurons[r]:<6} {act:+8.3f} {norm:8.3f}"
+            row = [
+                f"L{self.layers[r]}.N{self.neurons[r]}",
+                f"{float(self.activations[r]):+.3f}",
+                f"{float(self.norms[r]):.3f}",
+            ]
             if self.target_effects is not None:
-                row += f" {float(self.target_effects[r]):+10.3f}"
-            lines.append(row + "   " + " ".join(map(repr, self.top_tokens[r][:k])))
-        return "\n".join(lines)
+                row.append(f"{float(self.target_effects[r]):+.3f}")
+            rows.append([*row, " ".join(map(repr, self.top_tokens[r][:k]))])
+        right = [False, True, True] + ([True] if self.target_effects is not None else []) + [False]
+        return "\n".join(lines + format_table(header, rows, right=right, indent=""))
 
     def plot(self, **kwargs: Any) -> Figure:
         from ..plots.lens import plot_subupdates
@@ -358,7 +398,13 @@ def top_subupdates(
 ) -> SubupdateResult:
     """On a real prompt, the ``k`` neurons (of ``layer``, or all layers) whose contribution
     ``m_i · v_i`` at ``position`` has the largest norm ``|m_i| · ‖v_i‖``, with the top tokens of
-    that contribution and, given a ``target``, its direct effect on the target's logit."""
+    that contribution and, given a ``target``, its direct effect on the target's logit.
+
+    ``position``: index into the prompt's tokens, BOS = 0 (default -1, the last); ``k`` default 20;
+    ``n_tokens`` (default 10) top tokens per sub-update, scored with ln_final's gain when
+    ``apply_ln`` (default True). Returns a :class:`SubupdateResult`. Refused: ``k`` < 1 or a target
+    that is not one token (ValueError), a non-string prompt (TypeError), a layer or position out of
+    range (IndexError)."""
     k = check_count(k, "k")
     ls = _layers(model, layer)
     tokens, pos = prompt_position(model, prompt, position, "top_subupdates")

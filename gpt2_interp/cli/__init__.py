@@ -19,6 +19,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from .. import __version__
+
 AREAS = ("model_cmds", "reading", "probing", "causal", "editing", "demo", "experiments")
 DEFAULT_MODEL = "gpt2-facts"
 
@@ -213,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Errors print one line; add --debug (anywhere) for the Python traceback.",
     )
     parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for area in AREAS:
         try:

@@ -60,6 +60,15 @@ def _add_patch_args(p: argparse.ArgumentParser, dataset: bool = False) -> None:
     p.add_argument("--positions", default=None, help="comma-separated positions (default all, one by one)")
     p.add_argument("--direction", choices=["denoise", "noise"], default="denoise")
     p.add_argument("--normalize", action="store_true", help="0 = corrupted metric, 1 = clean metric")
+    _add_quiet(p)
+
+
+def _add_quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bars, and no line (on stderr) with the run's size and expected time before it starts",
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -98,13 +107,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="--method ig: interpolate the input embeddings (EAP-IG) or each layer's own activations "
         "(closer to patching one layer's cells; ~ig-steps × layers passes)",
     )
+    p.add_argument(
+        "--no-graddrop",
+        action="store_true",
+        help="--method atp*: rank by |estimate| instead of GradDrop's score (saves one backward pass per layer)",
+    )
     p.add_argument("--heads", default=None, help="comma-separated heads for per-head hooks (default all)")
     p.add_argument(
         "--verify",
         type=count(0),
         default=0,
         metavar="K",
-        help="patch the estimate's top 2K cells and K random controls exactly; print the verified top K",
+        help="patch the estimate's top 2K cells and K random controls exactly; print the verified top K "
+        "(the full exact sweep runs instead when it costs no more)",
     )
     p.add_argument("--batch-size", type=count(1), default=None, help="prompt pairs per pass (default all)")
     add_output_args(p)
@@ -154,6 +169,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="layers restored together for mlp/attn (default: ROME's 10 of 48 layers, scaled to the depth)",
     )
     p.add_argument("--seed", type=int, default=0, help="noise draws (and which facts facts:N draws)")
+    _add_quiet(p)
     add_output_args(p)
     p.set_defaults(func=trace_cmd)
 
@@ -227,7 +243,7 @@ def patch_cmd(args: argparse.Namespace) -> int:
         direction=args.direction,
         normalize=args.normalize,
         batch_size=args.batch_size,
-        progress=distributed.is_main(),
+        progress=distributed.is_main() and not args.quiet,
     )
     if args.dataset is not None:
         same = (r.clean_pair_metric == r.corrupted_pair_metric).nonzero().flatten().tolist()
@@ -241,6 +257,8 @@ def patch_cmd(args: argparse.Namespace) -> int:
 def attribute_cmd(args: argparse.Namespace) -> int:
     from ..analysis import attribution as at
 
+    if args.no_graddrop and args.method != "atp*":
+        raise ValueError("--no-graddrop is for --method atp*")
     model = load_model(args)
     clean, corrupted = _prompts(args)
     r = at.attribute(
@@ -258,11 +276,12 @@ def attribute_cmd(args: argparse.Namespace) -> int:
         direction=args.direction,
         normalize=args.normalize,
         batch_size=args.batch_size,
-        progress=True,
+        graddrop=False if args.no_graddrop else None,
+        progress=not args.quiet,
     )
     if not args.verify:
         return emit(args, r)
-    v = r.verify(k=args.verify, progress=True)
+    v = r.verify(k=args.verify, progress=not args.quiet)
     # with --out the figure is the verification (estimate vs exact); --json gives both
     return emit(
         args,
@@ -298,7 +317,7 @@ def trace_cmd(args: argparse.Namespace) -> int:
             window=args.window,
             seed=args.seed,
             facts_per_batch=args.facts_per_batch,
-            progress=distributed.is_main(),
+            progress=distributed.is_main() and not args.quiet,
         )
         return emit(args, avg)
     if args.prompt is None or args.subject is None:
@@ -314,6 +333,6 @@ def trace_cmd(args: argparse.Namespace) -> int:
         samples=args.samples,
         window=args.window,
         seed=args.seed,
-        progress=True,
+        progress=not args.quiet,
     )
     return emit(args, traces if len(kinds) > 1 else traces.traces[0])

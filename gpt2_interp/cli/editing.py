@@ -5,11 +5,36 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 from ..core.result import Result
 from . import add_model_args, add_output_args, count, emit, load_model
+
+#: ``edit``'s exit status when an edit did not take (:data:`gpt2_interp.editing.edit.EDIT_TOOK_RULE`)
+#: and ``--allow-failed`` was not given.
+EXIT_EDIT_FAILED = 3
+
+
+def _corpus_help() -> str:
+    from ..editing.stats import DEFAULT_CORPUS_RULE
+
+    return (
+        "key-statistics corpus: 'facts', 'brown', 'generated', a text file/folder or a Hugging Face dataset "
+        f"name; default: {DEFAULT_CORPUS_RULE}"
+    )
+
+
+def _quiet_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", action="store_true", help="no progress bars or progress notes (warnings still show)")
+
+
+def _took_rule() -> str:
+    from ..editing.edit import EDIT_TOOK_RULE
+
+    return EDIT_TOOK_RULE
 
 
 def _weak_note() -> str:
@@ -81,12 +106,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="edit layer(s): an int, a list 3,4,5 (memit) or "
         "'auto' (causal trace); default: the model's settings file (gpt2_interp/editing/hparams/)",
     )
-    p.add_argument(
-        "--corpus",
-        default=None,
-        help="key-statistics corpus: 'facts', 'generated', a text file/folder "
-        "or a Hugging Face dataset name (default: facts for gpt2-facts, generated otherwise)",
-    )
+    p.add_argument("--corpus", default=None, help=_corpus_help())
     p.add_argument("--n-samples", type=count(1), default=100_000, help="tokens for the key statistics")
     p.add_argument(
         "--hparam",
@@ -94,6 +114,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         metavar="NAME=VALUE",
         help="override a ROME hyperparameter (v_steps, v_lr, kl_factor, weight_decay, clamp_factor, …)",
     )
+    _quiet_arg(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -126,6 +147,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--save", default=None, metavar="PATH", help="write the edit (safetensors + JSON)")
     p.add_argument("--top-k", type=count(1), default=5)
+    p.add_argument(
+        "--allow-failed",
+        action="store_true",
+        help=f"exit 0 even when an edit did not take (default: exit {EXIT_EDIT_FAILED}); an edit took when "
+        + _took_rule(),
+    )
     add_output_args(p)
     _common(p)
     p.set_defaults(func=edit_cmd)
@@ -165,10 +192,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("stats", help="compute (or find cached) MLP key statistics C = E[k kᵀ] for a layer")
     add_model_args(p)
     p.add_argument("--layer", type=int, required=True)
-    p.add_argument("--corpus", default=None, help="'facts', 'generated', a text file/folder or a dataset name")
+    p.add_argument("--corpus", default=None, help=_corpus_help())
     p.add_argument("--n-samples", type=count(1), default=100_000)
     p.add_argument("--batch-size", type=count(1), default=64)
     p.add_argument("--cache-dir", default=None)
+    _quiet_arg(p)
     add_output_args(p, figure=False)
     p.set_defaults(func=stats_cmd)
 
@@ -223,61 +251,67 @@ def edit_cmd(args: argparse.Namespace) -> int:
         return _edit_many(args, model, [request], hp)
     from ..editing.rome import compute_edit
 
-    edit = compute_edit(model, request, layer=args.layer, **hp)
+    edit = compute_edit(model, request, layer=args.layer, progress=not args.quiet, **hp)
     cmp = compare_topk(model, edit, [edit.request.text, *args.paraphrase], k=args.top_k)
     if args.save:
         edit.save(args.save)
-    m = edit.metrics
+    m, r = edit.metrics, edit.request
     weak = f" (weak: {_weak_note()})" if m.get("weak") else ""
+    verdict = (
+        f"the edit took: the edited model continues {r.text!r} with {r.target!r}"
+        if edit.succeeded
+        else f"THE EDIT DID NOT TAKE: the edited model continues {r.text!r} with {m['top1_after']!r}, not "
+        f"{r.target!r} (an edit took when {_took_rule()})"
+    )
     text = (
-        f"ROME edit at layer {edit.layer} in {m['seconds']:.2f} s: P({edit.request.target!r} | "
-        f"{edit.request.text!r}) {m['p_target_before']:.4f} → {m['p_target_after']:.4f}{weak}\n"
+        f"ROME edit at layer {edit.layer} in {m['seconds']:.2f} s: P({r.target!r} | "
+        f"{r.text!r}) {m['p_target_before']:.4f} → {m['p_target_after']:.4f}{weak}\n{verdict}\n"
         f"top-k before | after:\n{cmp.table()}" + (f"\nsaved to {args.save}" if args.save else "")
     )
     data = {"edit": {"layer": edit.layer, "metrics": edit.metrics, "saved": args.save}, "comparison": cmp.to_dict()}
-    return emit(args, cmp, text, data)
+    emit(args, cmp, text, data)
+    return _exit_status(args, [] if edit.succeeded else [0], 1)
+
+
+def _exit_status(args: argparse.Namespace, failed: list[int], n: int) -> int:
+    """0, or :data:`EXIT_EDIT_FAILED` (with a line on stderr) when an edit did not take and
+    ``--allow-failed`` was not given."""
+    if not failed or args.allow_failed:
+        return 0
+    print(
+        f"gpt2-interp edit: {len(failed)} of {n} edit(s) did not take; exit status {EXIT_EDIT_FAILED} "
+        "(--allow-failed exits 0)",
+        file=sys.stderr,
+    )
+    return EXIT_EDIT_FAILED
 
 
 def _edit_many(args: argparse.Namespace, model: Any, requests: list[dict[str, Any]], hp: dict[str, Any]) -> int:
-    """Several requests: ROME one after another, or MEMIT/AlphaEdit in one batch or sequential batches."""
+    """Several requests: ROME one after another, or MEMIT/AlphaEdit in one batch or sequential batches.
+    Each request is checked first (a target unlikely as written warns before any work); whether each
+    edit took is measured on the model with every edit applied."""
     import time
+    import warnings
     from pathlib import Path
 
-    from ..editing.edit import Request, is_weak, undo_all
-    from ..editing.evaluate import target_logprobs
-    from ..editing.memit import MemitHparams, NullSpace, apply_memit, default_layers
-    from ..editing.rome import apply_rome
-    from ..editing.stats import key_second_moment
+    from ..editing.edit import TargetSpacingWarning, is_weak, undo_all
+    from ..editing.memit import validate_requests
+    from ..editing.rome import target_outcomes, validate_request
 
     method = args.method or "memit"
-    reqs = [Request.of(r, i) for i, r in enumerate(requests)]
-    t0 = time.perf_counter()
-    before = target_logprobs(model, [r.text for r in reqs], [r.target for r in reqs]).exp()
+    progress = not args.quiet
     if method == "rome":
-        edits = apply_rome(model, reqs, layer=args.layer, **hp)
+        checked = [validate_request(model, r, i) for i, r in enumerate(requests)]
+        reqs, ids = [r for r, _ in checked], [t for _, t in checked]
     else:
-        corpus, n_samples = hp.pop("corpus"), hp.pop("n_samples")
-        mhp = MemitHparams.of(model, **hp, corpus=corpus, n_samples=n_samples)
-        layers = args.layer if args.layer is not None else (list(mhp.layers) if mhp.layers else default_layers(model))
-        layers = [layers] if isinstance(layers, int) else layers
-        stats = None if layers == "auto" else key_second_moment(model, layers, corpus=corpus, n_samples=n_samples)
-        ns = (
-            NullSpace.from_stats(stats, mhp.nullspace_threshold, mhp.nullspace_rule)
-            if method == "alphaedit" and stats
-            else None
-        )
-        if method == "alphaedit" and ns is None:
-            raise ValueError("alphaedit needs explicit layers (not 'auto') to build its null space")
-        edits = apply_memit(
-            model,
-            reqs,
-            batch_size=args.batch_size if args.sequential else None,
-            layers=layers,
-            stats=stats,
-            hparams=mhp,
-            preserve=ns,
-        )
-    after = target_logprobs(model, [r.text for r in reqs], [r.target for r in reqs]).exp()
+        reqs, ids = validate_requests(model, requests)
+    t0 = time.perf_counter()
+    texts = [r.text for r in reqs]
+    before = target_outcomes(model, texts, ids)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TargetSpacingWarning)  # shown above, once
+        edits = _apply_many(args, model, method, reqs, hp, progress)
+    after = target_outcomes(model, texts, ids)
     seconds = time.perf_counter() - t0
     saved = []
     if args.save:
@@ -286,17 +320,68 @@ def _edit_many(args: argparse.Namespace, model: Any, requests: list[dict[str, An
             p = path if len(edits) == 1 else path.with_name(f"{path.stem}.{i:03d}{path.suffix or '.edit'}")
             saved.append(str(e.save(p)))
     undo_all(model)
-    rows = [
-        {"prompt": r.text, "target": r.target, "p_before": float(b), "p_after": float(a), "weak": is_weak(b, a)}
-        for r, b, a in zip(reqs, before.tolist(), after.tolist())
-    ]
+    rows = []
+    for r, b, a in zip(reqs, before, after):
+        pb, pa = math.exp(b.logprob), math.exp(a.logprob)
+        rows.append(
+            {
+                "prompt": r.text,
+                "target": r.target,
+                "p_before": pb,
+                "p_after": pa,
+                "took": a.took,
+                "top1_after": a.top1,
+                "weak": is_weak(pb, pa),
+            }
+        )
     res = _EditRun(method, len(reqs), len(edits), edits[0].layers if edits else [], seconds, rows, saved)
-    return emit(args, res)
+    emit(args, res)
+    return _exit_status(args, [i for i, row in enumerate(rows) if not row["took"]], len(rows))
+
+
+def _apply_many(
+    args: argparse.Namespace, model: Any, method: str, reqs: list[Any], hp: dict[str, Any], progress: bool
+) -> list[Any]:
+    """Apply the edits of ``reqs`` to ``model`` (``edit``'s --method/--sequential/--batch-size/--layer)."""
+    from ..editing.memit import MemitHparams, NullSpace, apply_memit, default_layers
+    from ..editing.rome import apply_rome
+    from ..editing.stats import key_second_moment
+
+    if method == "rome":
+        return apply_rome(model, reqs, layer=args.layer, progress=progress, **hp)
+    corpus, n_samples = hp.pop("corpus"), hp.pop("n_samples")
+    mhp = MemitHparams.of(model, **hp, corpus=corpus, n_samples=n_samples)
+    layers = args.layer if args.layer is not None else (list(mhp.layers) if mhp.layers else default_layers(model))
+    layers = [layers] if isinstance(layers, int) else layers
+    stats = (
+        None
+        if layers == "auto"
+        else key_second_moment(model, layers, corpus=corpus, n_samples=n_samples, progress=progress)
+    )
+    ns = (
+        NullSpace.from_stats(stats, mhp.nullspace_threshold, mhp.nullspace_rule)
+        if method == "alphaedit" and stats
+        else None
+    )
+    if method == "alphaedit" and ns is None:
+        raise ValueError("alphaedit needs explicit layers (not 'auto') to build its null space")
+    return apply_memit(
+        model,
+        reqs,
+        batch_size=args.batch_size if args.sequential else None,
+        layers=layers,
+        stats=stats,
+        hparams=mhp,
+        preserve=ns,
+        progress=progress,
+    )
 
 
 @dataclass
 class _EditRun(Result):
-    """What ``edit --requests`` did: probabilities of the targets before and after, files written."""
+    """What ``edit --requests`` did: per request, P(target) before and after, whether the edit took
+    (:data:`~gpt2_interp.editing.edit.EDIT_TOOK_RULE`, on the model with every edit applied) and what the
+    model says instead; the files written."""
 
     method: str
     n_requests: int
@@ -307,15 +392,19 @@ class _EditRun(Result):
     saved: list[str]
 
     def table(self) -> str:
-        took = sum(r["p_after"] > 0.5 for r in self.rows)
+        failed = [r for r in self.rows if not r["took"]]
         weak = sum(bool(r.get("weak")) for r in self.rows)
         lines = [
             f"{self.method}: {self.n_requests} requests in {self.n_edits} edit(s) at layers {self.layers}, "
-            f"{self.seconds:.1f} s; P(target) > 0.5 for {took}/{self.n_requests} after editing"
-            + (f"; {weak} weak ({_weak_note()})" if weak else "")
+            f"{self.seconds:.1f} s; the edit took for {self.n_requests - len(failed)}/{self.n_requests}"
+            + (f"; {weak} weak ({_weak_note()})" if weak else ""),
+            f"(an edit took when {_took_rule()})",
         ]
-        for r in self.rows[:20]:
-            flag = "  [weak]" if r.get("weak") else ""
+        if failed:
+            lines.append(f"{len(failed)} EDIT(S) DID NOT TAKE (listed first)")
+        for r in (failed + [r for r in self.rows if r["took"]])[:20]:
+            flag = "" if r["took"] else f"  [did not take: top-1 {r['top1_after']!r}]"
+            flag += "  [weak]" if r.get("weak") else ""
             lines.append(f"  {r['prompt']!r} → {r['target']!r}: {r['p_before']:.3g} → {r['p_after']:.3g}{flag}")
         if len(self.rows) > 20:
             lines.append(f"  … {len(self.rows) - 20} more (--json for all)")
@@ -360,6 +449,7 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         layer=args.layer,
         seed=args.seed,
+        progress=not args.quiet,
         **hp,
     )
     return emit(args, ev)
@@ -378,6 +468,7 @@ def stats_cmd(args: argparse.Namespace) -> int:
         n_samples=args.n_samples,
         batch_size=args.batch_size,
         cache_dir=args.cache_dir,
+        progress=not args.quiet,
     )
     ev = torch.linalg.eigvalsh(st.C.double())
     info = {

@@ -29,7 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("prompt", nargs="+", help="one or more prompts (batched)")
     p.add_argument("--target", default=None, help="a single-token target, e.g. ' Paris' (mind the leading space)")
     p.add_argument(
-        "--positions", type=_positions, default=-1, help="'all', an int or a list like 0,-1 (default -1: last token)"
+        "--positions",
+        type=_positions,
+        default="all",
+        help="'all', an int or a list like 0,-1 (default all: the heatmap has a column per token; -1 is the last)",
     )
     p.add_argument("-k", "--top", type=count(1), default=5, help="top tokens per layer (default 5)")
     p.add_argument("--mid", action="store_true", help="also decode the mid-block residuals")

@@ -32,7 +32,9 @@ def check_index(i: Any, n: int, what: str, context: str, allow_end: bool = False
 
 
 def check_count(k: Any, what: str, minimum: int = 1) -> int:
-    """A count such as ``k``/``top``/``samples`` as an int ≥ ``minimum``, else a clear error."""
+    """A count such as ``k``/``top``/``samples`` as an int ≥ ``minimum`` (default 1), else a clear error
+    naming ``what``: anything not integer-like (bool, float, string) raises ``TypeError``, a value
+    below ``minimum`` raises ``ValueError``."""
     j = as_int(k, what)
     if j < minimum:
         raise ValueError(f"{what} must be ≥ {minimum}, got {j}")
@@ -40,7 +42,8 @@ def check_count(k: Any, what: str, minimum: int = 1) -> int:
 
 
 def check_str(x: Any, what: str, example: str, allow_blank: bool = False) -> str:
-    """``x`` if it is a string (non-blank unless ``allow_blank``), else a clear error with an example."""
+    """``x`` if it is a string (non-blank unless ``allow_blank``), else a clear error naming ``what`` and
+    showing ``example``: a non-string raises ``TypeError``, an empty or blank one ``ValueError``."""
     if not isinstance(x, str):
         raise TypeError(f"{what} must be a string such as {example!r}, got {type(x).__name__} {x!r:.40}")
     if not allow_blank and not x.strip():

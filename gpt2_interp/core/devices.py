@@ -29,7 +29,9 @@ def available_devices() -> list[str]:
 def resolve_device(device: torch.device | str | None) -> torch.device | None:
     """``device`` as a ``torch.device`` that exists on this machine (None stays None = the current device).
 
-    Raises a ValueError naming the device, what is accepted and what this machine has."""
+    Accepts ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"`` or a ``torch.device``. An unknown, unsupported
+    or absent device (no CUDA, ``N`` beyond the GPU count, no MPS) raises a ValueError naming the
+    device, what is accepted and what this machine has; a value of another type raises TypeError."""
     if device is None:
         return None
     if not isinstance(device, (str, torch.device)):
@@ -64,7 +66,9 @@ def resolve_device(device: torch.device | str | None) -> torch.device | None:
 
 
 def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    """``dtype`` as a floating ``torch.dtype``: a torch dtype or one of ``fp32 bf16 fp16`` (or their long names)."""
+    """``dtype`` as a floating ``torch.dtype``: a torch dtype or one of ``fp32 bf16 fp16`` (or their long
+    names, with or without ``torch.``); None stays None. A non-floating torch dtype or an unknown name
+    raises ValueError."""
     if dtype is None:
         return None
     if isinstance(dtype, torch.dtype):

@@ -37,7 +37,8 @@ def is_finite(t: torch.Tensor) -> bool:
 
 
 def require_finite(t: torch.Tensor, what: str, hint: str = "") -> torch.Tensor:
-    """Return ``t`` unchanged, or raise a ValueError saying that ``what`` holds NaN/inf (and how many).
+    """Return ``t`` unchanged, or raise a ValueError saying that ``what`` holds NaN/inf (and how many),
+    followed by ``hint`` (what to try) when one is given.
 
     >>> require_finite(torch.tensor([1.0, float("nan")]), "metric on the clean run")
     Traceback (most recent call last):

@@ -26,15 +26,32 @@ def _bar_class() -> type:
     return _console_tqdm
 
 
-def progress_bar(iterable: Iterable | None = None, *, enabled: bool | None = True, **kwargs: Any) -> _console_tqdm:
-    """A tqdm bar. ``enabled``: True, False, or None for "only on a terminal". On a terminal or in
-    a notebook it refreshes every 0.1 s; in a log file or CI output every 10 s, so that a long job
-    leaves a few lines there instead of thousands."""
+def _live() -> bool:
+    """Whether the output is watched as it comes: a terminal or a Jupyter kernel."""
+    return sys.stderr.isatty() or "ipykernel" in sys.modules
+
+
+def shown(enabled: bool | None = True) -> bool:
+    """Whether a bar (or a :func:`note`) with this ``enabled`` is shown: False inside ``enabled(False)``;
+    None means "on a terminal or in a notebook" (off in a log file or CI output)."""
     if not _SHOWN[-1]:
-        enabled = False
-    live = sys.stderr.isatty() or "ipykernel" in sys.modules
-    kwargs.setdefault("mininterval", 0.1 if live else 10.0)
-    return _bar_class()(iterable, disable=None if enabled is None else not enabled, **kwargs)
+        return False
+    return _live() if enabled is None else bool(enabled)
+
+
+def progress_bar(iterable: Iterable | None = None, *, enabled: bool | None = True, **kwargs: Any) -> _console_tqdm:
+    """A tqdm bar. ``enabled``: True, False, or None for "on a terminal or in a notebook" (:func:`shown`).
+    On a terminal or in a notebook it refreshes every 0.1 s; in a log file or CI output every 10 s, so
+    that a long job leaves a few lines there instead of thousands."""
+    kwargs.setdefault("mininterval", 0.1 if _live() else 10.0)
+    return _bar_class()(iterable, disable=not shown(enabled), **kwargs)
+
+
+def note(message: str, enabled: bool | None = True) -> None:
+    """One line on stderr about the work under way (what a bar cannot say, e.g. which corpus), shown
+    under the same rule as a bar (:func:`shown`) and printed without breaking a bar that is drawing."""
+    if shown(enabled):
+        _console_tqdm.write(message, file=sys.stderr)
 
 
 @contextlib.contextmanager

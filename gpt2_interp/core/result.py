@@ -32,18 +32,25 @@ class Result:
     """Mixin for result dataclasses: ``to_dict()``, ``to_json(path=None)``, ``save(path)`` figure."""
 
     def to_dict(self) -> dict[str, Any]:
+        """The public fields (names not starting with ``_``) as JSON-ready values: tensors and arrays
+        become nested lists, floats are rounded to 6 significant digits (:func:`to_jsonable`)."""
         assert dataclasses.is_dataclass(self), f"{type(self).__name__} must be a dataclass to be a Result"
         return {
             f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if not f.name.startswith("_")
         }
 
     def to_json(self, path: str | Path | None = None, **kwargs: Any) -> str:
+        """:meth:`to_dict` as JSON text (``indent=1`` unless ``kwargs`` for :func:`json.dumps` say
+        otherwise); with ``path``, also written there (with a final newline). Returns the text."""
         text = json.dumps(self.to_dict(), **({"indent": 1} | kwargs))
         if path is not None:
             Path(path).write_text(text + "\n")
         return text
 
     def plot(self, **kwargs: Any):  # pragma: no cover - overridden
+        """This result drawn as a :class:`matplotlib.figure.Figure` (the drawing function of
+        :mod:`gpt2_interp.plots` for this kind of result; ``kwargs`` go to it). Results without a
+        figure raise ``NotImplementedError``."""
         raise NotImplementedError
 
     def save_plot(self, path: str | Path, **kwargs: Any) -> Path:

@@ -145,42 +145,74 @@ class Request:
         return cls(x["prompt"], x["subject"], cast(str, target), () if keep is None else keep)
 
 
-#: An edit of a request is reported as weak (``edit.metrics["weak"]``, an :class:`EditWarning`) when
+#: An edit of a request is reported as weak (``edit.metrics["weak"]``, the CLI's tables) when
 #: P(target | rewrite prompt) after the edit is below ``WEAK_EDIT_P_AFTER`` and rose by less than
-#: ``WEAK_EDIT_GAIN``: the edit hardly moved the model toward the target.
+#: ``WEAK_EDIT_GAIN``: the edit hardly moved the model toward the target. Whether it took is
+#: :data:`EDIT_TOOK_RULE` (an edit can take and be weak: a target already the answer before it).
 WEAK_EDIT_GAIN = 0.1
 WEAK_EDIT_P_AFTER = 0.5
 
 
 class EditWarning(UserWarning):
     """An edit that may not do what was asked: a duplicate request, an update that is (near) zero, a
-    target that barely moved, a target spelling unlikely to follow its prompt."""
+    target that barely moved, a target spelling unlikely to follow its prompt, an edit that did not take."""
+
+
+class TargetSpacingWarning(EditWarning):
+    """Raised before any work: a target whose first token, as written, is unlikely to follow its prompt
+    (:data:`TARGET_SPACING_RULE`)."""
+
+
+class EditFailedWarning(EditWarning):
+    """Raised after an edit is computed: the target did not become the model's answer (:data:`EDIT_TOOK_RULE`)."""
+
+
+#: When a request's target is reported as unlikely as written (a :class:`TargetSpacingWarning`, before any work).
+TARGET_SPACING_RULE = (
+    "neither the prompt ends nor the target starts with whitespace, the target with a leading space "
+    "starts with another token, and the model gives that token a higher probability after the prompt "
+    "than the target's own first token"
+)
+
+#: When an edit of a request took (``edit.took``, ``edit.failed``; an :class:`EditFailedWarning` otherwise).
+EDIT_TOOK_RULE = (
+    "the edited model's greedy continuation of the rewrite prompt is the target (each target token is the "
+    "top-1 next token after the prompt and the target tokens before it)"
+)
+
+
+def report_failed(
+    requests: Iterable[Request],
+    took: Iterable[bool],
+    p_before: Iterable[float],
+    p_after: Iterable[float],
+    top1_after: Iterable[str],
+    stacklevel: int = 3,
+) -> list[int]:
+    """Indices of the requests whose edit did not take (:data:`EDIT_TOOK_RULE`), with one
+    :class:`EditFailedWarning` naming them: P(target) before → after and what the model says instead."""
+    reqs, ok, before, after, top = list(requests), list(took), list(p_before), list(p_after), list(top1_after)
+    failed = [i for i, t in enumerate(ok) if not t]
+    if failed:
+        shown = "; ".join(
+            f"request {i} ({reqs[i].text!r} → {reqs[i].target!r}): P(target) {before[i]:.4f} → {after[i]:.4f}, "
+            f"top-1 now {top[i]!r}"
+            for i in failed[:5]
+        )
+        more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+        warnings.warn(
+            f"{len(failed)} of {len(reqs)} edits did not take (the edited model does not answer with the "
+            f"target): {shown}{more}. Check the target's spelling (a leading space?), or try more δ steps "
+            "(v_steps), another layer, or a larger clamp_factor",
+            EditFailedWarning,
+            stacklevel=stacklevel,
+        )
+    return failed
 
 
 def is_weak(p_before: float, p_after: float) -> bool:
     """Whether an edit moving P(target) from ``p_before`` to ``p_after`` is weak (see :data:`WEAK_EDIT_GAIN`)."""
     return p_after < WEAK_EDIT_P_AFTER and p_after - p_before < WEAK_EDIT_GAIN
-
-
-def weak_requests(
-    requests: Iterable[Request], p_before: Iterable[float], p_after: Iterable[float], stacklevel: int = 3
-) -> list[int]:
-    """Indices of the weak edits (:func:`is_weak`), with one :class:`EditWarning` naming them."""
-    reqs, before, after = list(requests), list(p_before), list(p_after)
-    weak = [i for i, (b, a) in enumerate(zip(before, after)) if is_weak(b, a)]
-    if weak:
-        shown = "; ".join(
-            f"request {i} ({reqs[i].text!r} → {reqs[i].target!r}): {before[i]:.3g} → {after[i]:.3g}" for i in weak[:5]
-        )
-        more = f" and {len(weak) - 5} more" if len(weak) > 5 else ""
-        warnings.warn(
-            f"{len(weak)} of {len(reqs)} edits barely moved the target (P(target) after < "
-            f"{WEAK_EDIT_P_AFTER:g} and up by < {WEAK_EDIT_GAIN:g}): {shown}{more}. Try more δ steps "
-            "(v_steps), another layer, or a larger clamp_factor",
-            EditWarning,
-            stacklevel=stacklevel,
-        )
-    return weak
 
 
 # ---------------------------------------------------------------- the edit
@@ -200,6 +232,14 @@ class Edit:
       ``V: [r, d_model]``) or ``(ΔW_l, None)`` dense; ``keys[l]: [n, d_mlp]`` are the edited keys.
 
     ``base_fingerprint`` identifies the exact weights the edit was computed on (earlier edits included).
+    ``hparams`` and ``metrics``: what the edit was computed with and measured at (JSON-ready dicts;
+    ``metrics["weak"]`` lists weak requests); ``model_name``: the model's name (shown in errors);
+    ``shape``: the edited ``W_out`` shape ``(d_mlp, d_model)`` (default: from the factors);
+    ``method``: ``"rome"``, ``"memit"`` or ``"alphaedit"`` (default: ``"rome"`` for a rank-one
+    one-layer edit, else ``"memit"``).
+
+    Refused (ValueError): neither or both of ``(layer, u, v)`` and ``factors``, non-vector ``u``/``v``,
+    no layer, and factors of mismatched shapes; requests are checked as :meth:`Request.of` checks them.
     """
 
     def __init__(
@@ -262,6 +302,7 @@ class Edit:
 
     @property
     def is_rank_one(self) -> bool:
+        """Whether this is a rank-one edit of one layer (a ROME edit: :attr:`u` and :attr:`v` exist)."""
         return len(self.factors) == 1 and all(V is not None and U.shape[1] == 1 for U, V in self.factors.values())
 
     @property
@@ -291,11 +332,28 @@ class Edit:
 
     @property
     def u(self) -> torch.Tensor:
+        """``u`` ``[d_mlp]`` of a rank-one edit ``ΔW = outer(u, v)`` (ValueError for any other edit)."""
         return self._rank_one()[0]
 
     @property
     def v(self) -> torch.Tensor:
+        """``v`` ``[d_model]`` of a rank-one edit ``ΔW = outer(u, v)`` (ValueError for any other edit)."""
         return self._rank_one()[1]
+
+    @property
+    def failed(self) -> list[int] | None:
+        """Indices (into ``edit.requests``) of the requests whose edit did not take (:data:`EDIT_TOOK_RULE`),
+        measured when the edit was computed; None for an edit that does not record it (an older file)."""
+        took = self.metrics.get("took")
+        if took is None:
+            return None
+        return [i for i, t in enumerate([took] if isinstance(took, bool) else took) if not t]
+
+    @property
+    def succeeded(self) -> bool | None:
+        """Whether every request's edit took (:data:`EDIT_TOOK_RULE`); None when not recorded."""
+        failed = self.failed
+        return None if failed is None else not failed
 
     @property
     def request(self) -> Request:
@@ -305,6 +363,8 @@ class Edit:
         return self.requests[0]
 
     def rank(self, layer: int) -> int:
+        """The rank of ``ΔW`` at ``layer``: ``r`` of ``U [d_mlp, r]``, or an upper bound ``min(d_mlp, d_model)``
+        for a dense ``ΔW``; a layer the edit does not change raises KeyError."""
         U, V = self.factors[layer]
         return int(U.shape[1]) if V is not None else int(min(U.shape))
 
@@ -330,7 +390,9 @@ class Edit:
         """``ΔW`` of ``layer`` (the only layer when None): ``[d_mlp, d_model]``.
 
         Rank one: ``outer(u, v)`` (elementwise, recomputed bit-identically). Higher rank: ``U @ V``
-        in float64, materialised once and kept, so that every replay adds the very same tensor."""
+        in float64, materialised once and kept, so that every replay adds the very same tensor.
+        Returned in ``dtype`` (default float32) on ``device`` (default: the factors'). A layer the
+        edit does not change raises KeyError; None for a several-layer edit raises ValueError."""
         layer = self.layer if layer is None else layer
         if layer not in self.factors:
             raise KeyError(f"this edit does not change layer {layer}; its layers: {self.layers}")
@@ -359,7 +421,8 @@ class Edit:
             )
 
     def check(self, model: HookedGPT2) -> None:
-        """Raise unless ``model`` has exactly the weights this edit was computed on."""
+        """Raise unless ``model`` has exactly the weights this edit was computed on: an edited layer out of
+        range raises IndexError; another ``W_out`` shape or another weights fingerprint ValueError."""
         self._check_shape(model)
         fp = weights_fingerprint(model)
         if fp != self.base_fingerprint:
@@ -373,8 +436,10 @@ class Edit:
     def apply(self, model: HookedGPT2, verify: bool = True) -> Edit:
         """Add each layer's ``ΔW`` to the model's ``W_out`` in place and push the edit on the model's stack.
 
-        ``verify`` checks the base weights first (one hash of the weights); pass False only when
-        you just computed the edit on this very model."""
+        ``verify`` (default True) checks the base weights first (one hash of the weights; see
+        :meth:`check`); pass False only when you just computed the edit on this very model (the
+        shapes are still checked). A non-finite factor raises ValueError before any weight changes.
+        Returns the edit itself."""
         if verify:
             self.check(model)
         else:
@@ -398,7 +463,11 @@ class Edit:
         Edits are undone last-in first-out. ``out_of_order=True`` removes an edit that has others
         applied after it: each layer is rebuilt from its original weights by replaying the other
         edits in order, which is bit-identical to never having applied this one — but note the
-        later edits were *computed* on a model that contained it."""
+        later edits were *computed* on a model that contained it.
+
+        Refused: an edit that is not applied to ``model``, or one with later edits without
+        ``out_of_order`` (ValueError); a ``W_out`` changed outside the edit API since the last edit
+        there (RuntimeError: it cannot be restored bit-exactly)."""
         stack = _stack(model)
         idx = [i for i, a in enumerate(stack) if a.edit is self]
         if not idx:
@@ -451,12 +520,14 @@ class Edit:
 
     # ------------------------------------------------------------ files
     def save(self, path: str | Path) -> Path:
-        """Write the edit as one safetensors file (tensors + a JSON header + a digest; no pickle)."""
+        """Write the edit as one safetensors file at ``path`` (tensors + a JSON header + a digest; no
+        pickle) and return the path; :func:`load_edit` reads it. A non-finite tensor raises ValueError."""
         return _write(self, path)
 
     @staticmethod
     def load(path: str | Path, model: HookedGPT2 | None = None) -> Edit:
-        """Read an edit file; with ``model``, refuse it unless the model has the edit's base weights."""
+        """Read an edit file; with ``model``, refuse it unless the model has the edit's base weights
+        (see :func:`load_edit`)."""
         return load_edit(path, model)
 
 
@@ -569,7 +640,8 @@ def applied_edits(model: HookedGPT2) -> list[Edit]:
 @torch.no_grad()
 def undo_all(model: HookedGPT2) -> int:
     """Undo every applied edit at once (restores each edited layer's original ``W_out``);
-    returns how many were undone."""
+    returns how many were undone. A ``W_out`` changed outside the edit API raises RuntimeError
+    (before any layer of that kind is restored)."""
     stack, originals = _stack(model), _originals(model)
     n = len(stack)
     for layer in list(originals):
@@ -620,7 +692,9 @@ def load_edit(path: str | Path, model: HookedGPT2 | None = None) -> Edit:
 
     Refuses (``IntegrityError``, a ``ValueError``, naming the file) a file whose tensors or header
     changed after it was saved, a truncated file, and non-finite tensors; a file from before
-    digests existed loads with an ``UnverifiedFileWarning``."""
+    digests existed loads with an ``UnverifiedFileWarning``. A safetensors file that is not an edit,
+    or whose header or tensors are incomplete, raises ValueError; with ``model``, the refusals of
+    :meth:`Edit.check`, and the factors are moved to the model's device."""
     path = Path(path)
     tensors, header, _ = load_checked(path, kind="edit")
     fmt = header.get("format")

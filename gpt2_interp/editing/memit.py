@@ -57,8 +57,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.checks import check_choice, check_count, check_number
+from ..core.progress import progress_bar
 from ..model.fingerprint import parameter_digests, weights_fingerprint
-from .edit import Edit, EditWarning, Request, TargetResiduals, weak_requests
+from .edit import Edit, EditWarning, Request, TargetResiduals, is_weak, report_failed
 from .hparams import load_hparams, model_hparams, models_with_hparams
 from .rome import (
     MODEL_HPARAMS as ROME_MODEL_HPARAMS,
@@ -66,14 +67,15 @@ from .rome import (
 from .rome import (
     RequestLike,
     RomeHparams,
+    TargetOutcome,
     context_prefixes,
     default_layer,
     optimise_deltas,
     subject_states,
-    target_logprobs,
+    target_outcomes,
     validate_request,
 )
-from .stats import KeyStats, key_second_moment, keys_fingerprint, unedited_digests
+from .stats import DEFAULT_CORPUS_RULE, KeyStats, key_second_moment, keys_fingerprint, unedited_digests
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
@@ -93,7 +95,17 @@ class MemitHparams:
 
     Per model: ``hparams/memit/`` and ``hparams/alphaedit/`` (:meth:`of`). Every value is checked when
     the object is made (:meth:`__post_init__`): a wrong kind, a non-finite number or a value out of
-    range raises naming the field."""
+    range raises naming the field.
+
+    - ``layers``: the edit layers (None: the model's default, :func:`default_layers`);
+    - ``mom2_weight``: λ in ``(λC + KᵀK)⁻¹KᵀR`` (MEMIT's ``mom2_update_weight``; ≥ 0);
+    - ``nullspace_threshold``: τ in (0, 1); ``nullspace_rule``: ``"relative"`` (P keeps the
+      eigen-directions of C₀ with λ ≤ τ·λ_max) or ``"energy"`` (the smallest directions holding ≤ τ
+      of tr C₀; see :meth:`NullSpace.from_stats`);
+    - ``alpha``: AlphaEdit's ridge, × tr(C)/d_mlp (> 0);
+    - ``chunk``: requests per δ-optimisation batch (None: 32 on CPU, all on GPU);
+    - ``delta_norm``: δ's clamp/weight-decay scale, ``"resid"`` (the residual after the top layer,
+      MEMIT's ``compute_z``) or ``"mlp_out"`` (ROME's v₀)."""
 
     layers: tuple[int, ...] | None = None  # edit layers (None: the model's default, see default_layers)
     mom2_weight: float = 1000.0  # λ in (λC + KᵀK)⁻¹KᵀR (MEMIT's mom2_update_weight)
@@ -149,6 +161,7 @@ class MemitHparams:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as a plain dict (``rome`` as a nested dict)."""
         return asdict(self)
 
 
@@ -182,16 +195,18 @@ def choose_layers(
     n_trace: int = 8,
     share: float = 0.5,
     max_width: int | None = None,
+    progress: bool | None = None,
 ) -> list[int]:
     """``layers="auto"``: average the causal-trace MLP indirect effect at the subject's last token
     over up to ``n_trace`` requests; the window is the contiguous run of layers around the peak whose
     effect is at least ``share`` × the peak's, at most ``max_width`` layers
-    (default ``max(1, round(5/48 · n_layer))``, MEMIT's 5 of 48), keeping the highest-effect ones."""
+    (default ``max(1, round(5/48 · n_layer))``, MEMIT's 5 of 48), keeping the highest-effect ones.
+    ``progress`` (None: on a terminal or in a notebook): a bar over the traced requests."""
     from ..analysis.tracing import causal_trace
 
     reqs = [Request.of(r) for r in requests][:n_trace]
     effect = torch.zeros(model.cfg.n_layer)
-    for req in reqs:
+    for req in progress_bar(reqs, enabled=progress, desc="layers='auto': tracing requests", unit="request"):
         tr = causal_trace(model, req.text, req.subject, kind="mlp", progress=False)
         effect += torch.as_tensor(tr.indirect_effect[tr.subject_range[1] - 1]).float().cpu()
     effect /= max(len(reqs), 1)
@@ -218,7 +233,13 @@ class NullSpace:
     far (``KpKp_l = K_pᵀK_p``), for sequential editing.
 
     ``compute_edits(…, preserve=ns)`` uses it and then remembers the batch's keys (so the next
-    batch's update is fitted not to disturb them); ``remember=False`` there leaves it unchanged."""
+    batch's update is fitted not to disturb them); ``remember=False`` there leaves it unchanged.
+
+    Made by :meth:`from_stats`: ``P`` ``{layer: [d_mlp, d_mlp]}``; ``threshold`` and ``rule`` as
+    given there; ``fingerprints``: the keys fingerprint of each layer's preserved statistics (checked
+    against the model, :meth:`check`); ``null_dim``: the null space's dimension per layer; ``leak``:
+    ``E‖k₀P‖² / E‖k₀‖²`` of the preserved keys per layer; ``KpKp`` ``{layer: [d_mlp, d_mlp]}`` and
+    ``n_remembered``: the edited keys remembered so far."""
 
     P: dict[int, torch.Tensor]
     threshold: float
@@ -236,7 +257,8 @@ class NullSpace:
         """``P`` from the eigen-decomposition of each layer's preserved second moment ``C₀``:
         ``rule="relative"`` keeps the eigen-directions with ``λ ≤ threshold·λ_max``; ``rule="energy"``
         the smallest ones whose eigenvalues sum to ``≤ threshold·tr C₀`` (so ``leak ≤ threshold`` on
-        every layer)."""
+        every layer). ``stats``: one :class:`~.stats.KeyStats` or ``{layer: KeyStats}`` of the keys
+        to preserve. Another rule, or ``threshold`` outside (0, 1), raises ValueError."""
         if rule not in NULLSPACE_RULES:
             raise ValueError(f"rule must be one of {NULLSPACE_RULES}, got {rule!r}")
         if not 0 < threshold < 1:
@@ -260,6 +282,9 @@ class NullSpace:
         return cls(P, threshold, fps, dims, leak, rule=rule)
 
     def check(self, model: HookedGPT2, layers: Sequence[int], digests: dict[str, str] | None = None) -> None:
+        """Raise a ValueError unless the null space has a projection for each of ``layers`` built from
+        statistics of ``model``'s keys (with or without its applied edits). ``digests``: the model's
+        parameter digests when the caller already has them."""
         missing = [l for l in layers if l not in self.P]
         if missing:
             raise ValueError(
@@ -372,7 +397,12 @@ def validate_requests(model: HookedGPT2, requests: Sequence[RequestLike]) -> tup
 
 
 def _resolve_stats(
-    model: HookedGPT2, layers: list[int], stats: Any, hp: MemitHparams, digests: dict[str, str], progress: bool
+    model: HookedGPT2,
+    layers: list[int],
+    stats: Any,
+    hp: MemitHparams,
+    digests: dict[str, str],
+    progress: bool | None,
 ) -> dict[int, KeyStats]:
     if stats is None:
         got = key_second_moment(model, layers, corpus=hp.rome.corpus, n_samples=hp.rome.n_samples, progress=progress)
@@ -398,13 +428,15 @@ def _resolve_stats(
     return got
 
 
-def _resolve_layers(model: HookedGPT2, layers: Any, hp: MemitHparams, reqs: list[Request]) -> list[int]:
+def _resolve_layers(
+    model: HookedGPT2, layers: Any, hp: MemitHparams, reqs: list[Request], progress: bool | None = None
+) -> list[int]:
     if layers is None:
         layers = list(hp.layers) if hp.layers is not None else default_layers(model)
     elif isinstance(layers, str):
         if layers != "auto":
             raise ValueError(f"layers must be None, a list of ints or 'auto', got {layers!r}")
-        layers = choose_layers(model, reqs)
+        layers = choose_layers(model, reqs, progress=progress)
     elif isinstance(layers, int):
         layers = [layers]
     out = sorted({model.check_layer(l) for l in layers})
@@ -422,7 +454,7 @@ def compute_edits(
     hparams: MemitHparams | Mapping[str, Any] | None = None,
     preserve: NullSpace | KeyStats | Mapping[int, KeyStats] | bool | None = None,
     remember: bool = True,
-    progress: bool = False,
+    progress: bool | None = None,
     targets: TargetResiduals | Edit | None = None,
 ) -> Edit:
     """Compute (not apply) ONE edit writing every request into ``model`` (module doc: the maths).
@@ -437,9 +469,27 @@ def compute_edits(
     requests they were computed for, and are refused for another model, other requests or another top
     layer. The δ optimisation, which does not depend on λ, τ, α or the lower layers, is then skipped —
     re-solving one batch under other settings costs a few forward passes instead of a δ optimisation.
-    ``edit.metrics`` records P(target | rewrite prompt) per request before and after the edit and the
-    indices of weak edits (:func:`.edit.is_weak`, also an :class:`.edit.EditWarning`).
+    ``edit.metrics`` records P(target | rewrite prompt) per request before and after the edit, whether
+    each request's edit took (``"took"``, :data:`.edit.EDIT_TOOK_RULE`; ``edit.failed`` lists those that
+    did not, also in an :class:`.edit.EditFailedWarning`), the top-1 token after each rewrite prompt
+    (``"top1_after"``) and the indices of weak edits (``"weak"``, :func:`.edit.is_weak`).
+    A target unlikely to follow its prompt as written warns before any work
+    (:class:`.edit.TargetSpacingWarning`). ``progress`` (None: on a terminal or in a notebook): bars
+    for the key statistics, the δ steps (requests done out of the batch, loss, P(target), time left) and
+    the per-layer updates.
     Apply with ``edit.apply(model)``; undo with ``edit.undo(model)``.
+
+    ``requests``: a list of :class:`~.edit.Request` or dicts (one request alone is accepted). Returns
+    one :class:`~.edit.Edit` of method ``"memit"`` (``"alphaedit"`` with ``preserve``): ``U [d_mlp, n]``,
+    ``V [n, d_model]`` per layer, the edited ``keys`` ``{layer: [n, d_mlp]}`` and the target
+    residuals ``v_star`` ``[n, d_model]``. The model is left unchanged.
+
+    Refused before the optimisation: an empty or non-list ``requests``, a malformed request, two
+    requests of one subject and prompt with different targets or keep prompts, an unknown or
+    out-of-range hyperparameter, empty ``layers`` or another string than ``"auto"``, statistics or a
+    null space for other layers or weights, and ``targets`` for another model, other requests or
+    another top layer (ValueError/TypeError, naming the request or layer); a layer out of range
+    (IndexError).
     """
     t0 = time.perf_counter()
     hp = (
@@ -448,7 +498,7 @@ def compute_edits(
         else replace(hparams, rome=replace(hparams.rome))
     )  # re-checks every field, also after the object was changed
     reqs, ids = validate_requests(model, requests)
-    layers_ = _resolve_layers(model, layers, hp, reqs)
+    layers_ = _resolve_layers(model, layers, hp, reqs, progress)
     top = layers_[-1]
     digests = parameter_digests(model)
     base_fp = weights_fingerprint(model, digests=digests)
@@ -456,7 +506,7 @@ def compute_edits(
     st = _resolve_stats(model, layers_, stats, hp, digests, progress)
     ns = _resolve_preserve(model, preserve, st, layers_, hp, digests)
     prefixes = context_prefixes(model, hp.rome.prefix_lengths, hp.rome.prefixes_per_length, hp.rome.prefix_seed)
-    p_before = [float(x) for x in torch.tensor(target_logprobs(model, [r.text for r in reqs], ids)).exp()]
+    p_before = [float(torch.tensor(o.logprob).exp()) for o in target_outcomes(model, [r.text for r in reqs], ids)]
 
     # 1. target residuals at the top layer
     t1 = time.perf_counter()
@@ -473,6 +523,7 @@ def compute_edits(
             chunk=hp.chunk,
             progress=progress,
             norm_reference=hp.delta_norm,
+            desc=f"{'alphaedit' if ns is not None else 'memit'}: δ at layer {top}",
         )
         delta = torch.stack([o["delta"] for o in opt]).double().cpu()  # [n, d_model]
     else:
@@ -482,7 +533,8 @@ def compute_edits(
     z = h0.double().cpu() + delta  # [n, d_model]
 
     # 2-3. spread over the layers, lowest first
-    factors, keys_used, fit, p_after = _solve_layers(model, reqs, ids, z, layers_, prefixes, st, hp, ns)
+    factors, keys_used, fit, after = _solve_layers(model, reqs, ids, z, layers_, prefixes, st, hp, ns, progress)
+    p_after = [float(torch.tensor(o.logprob).exp()) for o in after]
     if ns is not None and remember:
         ns.remember(keys_used)
     n = len(reqs)
@@ -498,13 +550,17 @@ def compute_edits(
         "fit": fit,
         "p_target_before": p_before,
         "p_target_after": p_after,
+        "took": [o.took for o in after],
+        "top1_after": [o.top1 for o in after],
     }
     if ns is not None:
         metrics["null_dim"] = {l: ns.null_dim[l] for l in layers_}
         metrics["null_leak"] = {l: ns.leak[l] for l in layers_}
         _warn_empty_null_space(ns, layers_)
-    metrics["weak"] = weak_requests(reqs, p_before, p_after)
+    metrics["weak"] = [i for i, (b, a) in enumerate(zip(p_before, p_after)) if is_weak(b, a)]
+    report_failed(reqs, [o.took for o in after], p_before, p_after, [o.top1 for o in after])
     hdict = hp.to_dict() | {"layers": layers_, "stats_corpus": st[top].key.get("corpus"), "stats_count": st[top].count}
+    hdict["stats_corpus_default"] = DEFAULT_CORPUS_RULE
     return Edit(
         factors=factors,
         requests=reqs,
@@ -600,20 +656,28 @@ def _solve_layers(
     st: dict[int, KeyStats],
     hp: MemitHparams,
     ns: NullSpace | None,
+    progress: bool | None = None,
 ) -> tuple[
     dict[int, tuple[torch.Tensor, torch.Tensor | None]],
     dict[int, torch.Tensor],
     dict[int, dict[str, float]],
-    list[float],
+    list[TargetOutcome],
 ]:
     """Steps 2-3 of the module doc: each layer's update, lowest first, applied before the next layer's
-    keys are read, then P(target) with every update applied; the weights are restored on return.
-    Returns ``(factors, keys, fit, p_target_after)``."""
+    keys are read, then what the model says with every update applied (:func:`.rome.target_outcomes`);
+    the weights are restored on return. Returns ``(factors, keys, fit, outcomes)``."""
     factors: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
     keys_used: dict[int, torch.Tensor] = {}
     fit: dict[int, dict[str, float]] = {}
     saved = {l: model.blocks[l].mlp.W_out.detach().clone() for l in layers}
     n, d_model, top = len(reqs), model.cfg.d_model, layers[-1]
+    bar = progress_bar(
+        total=len(layers),
+        unit="layer",
+        desc=f"{'alphaedit' if ns else 'memit'}: updates",
+        enabled=progress,
+        leave=False,
+    )
     try:
         for j, lay in enumerate(layers):
             K_all, h_now = subject_states(model, reqs, [lay], prefixes, resid_layer=top)
@@ -636,28 +700,43 @@ def _solve_layers(
             with torch.no_grad():
                 W = model.blocks[lay].mlp.W_out
                 W.add_(dW.to(W.device, W.dtype))
-        p_after = [float(x) for x in torch.tensor(target_logprobs(model, [r.text for r in reqs], ids)).exp()]
+            bar.update(1)
+        after = target_outcomes(model, [r.text for r in reqs], ids)
     finally:
+        bar.close()
         with torch.no_grad():
             for l, W0 in saved.items():
                 model.blocks[l].mlp.W_out.copy_(W0)
-    return factors, keys_used, fit, p_after
+    return factors, keys_used, fit, after
 
 
 def apply_memit(
-    model: HookedGPT2, requests: Sequence[RequestLike], batch_size: int | None = None, **kwargs: Any
+    model: HookedGPT2,
+    requests: Sequence[RequestLike],
+    batch_size: int | None = None,
+    progress: bool | None = None,
+    **kwargs: Any,
 ) -> list[Edit]:
     """Compute and apply edits for ``requests`` in batches of ``batch_size`` (all at once when None),
     each batch on the model edited by the previous ones. ``kwargs`` go to :func:`compute_edits`
-    (a ``preserve=NullSpace`` accumulates the earlier batches' keys). Undo with ``undo_all(model)``."""
+    (a ``preserve=NullSpace`` accumulates the earlier batches' keys). Undo with ``undo_all(model)``.
+    Returns the applied edits, one per batch. An empty request list or ``batch_size`` < 1 raises
+    ValueError; otherwise the refusals of :func:`compute_edits`. ``progress``: as in :func:`compute_edits`,
+    plus, with several batches, a bar over the requests (done out of total, with the time left)."""
     reqs = list(requests)
     if not reqs:
         raise ValueError("the request list is empty")
     size = len(reqs) if batch_size is None else check_count(batch_size, "batch_size")
     edits = []
+    method = "alphaedit" if kwargs.get("preserve") not in (None, False) else "memit"
+    bar = progress_bar(
+        total=len(reqs), unit="req", desc=f"{method} batches", enabled=progress if size < len(reqs) else False
+    )
     for s in range(0, len(reqs), size):
-        e = compute_edits(model, reqs[s : s + size], **kwargs)
+        e = compute_edits(model, reqs[s : s + size], progress=progress, **kwargs)
         edits.append(e.apply(model, verify=False))
+        bar.update(len(reqs[s : s + size]))
+    bar.close()
     return edits
 
 

@@ -52,9 +52,15 @@ from ..analysis.tracing import causal_trace
 from ..core.checks import check_number
 from ..core.progress import progress_bar
 from ..model.fingerprint import parameter_digests, weights_fingerprint
-from .edit import Edit, EditWarning, Request, weak_requests
+from .edit import (
+    Edit,
+    Request,
+    TargetSpacingWarning,
+    is_weak,
+    report_failed,
+)
 from .hparams import load_hparams, model_hparams, models_with_hparams
-from .stats import KeyStats, key_second_moment
+from .stats import DEFAULT_CORPUS_RULE, KeyStats, key_second_moment
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
@@ -74,7 +80,20 @@ class RomeHparams:
     """ROME's hyperparameters (defaults: ROME's gpt2-medium/-xl settings; per model: ``hparams/rome/``).
 
     Every value is checked when the object is made (:meth:`__post_init__`): a wrong kind, a non-finite
-    number or a value out of range raises naming the field."""
+    number or a value out of range raises naming the field.
+
+    - ``layer``: the edit layer when none is given (None: ``n_layer // 3``; :func:`default_layer`);
+    - ``v_steps`` Adam steps on δ at learning rate ``v_lr``; ``early_stop``: stop when the total loss
+      falls below it (with ``bare_early_stop``, the bare prompt's mean target NLL must also be below
+      that);
+    - ``kl_factor``: weight of the essence KL on ``kl_prompt`` (``"{} is a"``); ``keep_factor``: weight
+      of the KL on a request's ``keep`` prompts; ``weight_decay``: weight of ‖δ‖ / ‖v₀‖²;
+      ``clamp_factor``: ‖δ‖ ≤ ``clamp_factor`` · ‖v₀‖;
+    - context prefixes: ``prefixes_per_length`` texts of each of ``prefix_lengths`` tokens, sampled
+      with ``prefix_seed``;
+    - ``exact_edit``: optimise δ under the rank-one update's exact effect (see the module doc);
+    - ``bare_weight``: the NLL weight of the bare rewrite prompt (None: uniform over variants, as ROME);
+    - ``corpus`` and ``n_samples``: the key statistics computed when ``stats=None`` (:mod:`.stats`)."""
 
     layer: int | None = None  # edit layer when none is given (None: n_layer // 3; see default_layer)
     v_steps: int = 20  # Adam steps on δ
@@ -197,7 +216,7 @@ def _filled(prompt: str, subject: str, prefix: str = "") -> tuple[str, int, int]
 def validate_request(model: HookedGPT2, request: RequestLike, index: int | None = None) -> tuple[Request, list[int]]:
     """The request as a :class:`Request` and its target ids; bad input raises saying what to fix (and
     ``index``, the request's position in a list). A target whose first token is unlikely to follow the
-    prompt (no space on either side of the join) gets an :class:`EditWarning`."""
+    prompt as written gets a :class:`~.edit.TargetSpacingWarning` (:data:`~.edit.TARGET_SPACING_RULE`)."""
     req = Request.of(request, index)
     where = "request" if index is None else f"request {index}"
     try:
@@ -210,20 +229,26 @@ def validate_request(model: HookedGPT2, request: RequestLike, index: int | None 
 
 
 def _warn_unspaced_target(model: HookedGPT2, req: Request, ids: list[int], where: str) -> None:
-    """Warn when neither the prompt's end nor the target's start is a space and the target tokenizes
-    differently with a leading space: the edit would teach a word glued to the prompt's last word."""
+    """Warn by :data:`~.edit.TARGET_SPACING_RULE`: the edit would teach a word glued to the prompt's last
+    word while the model expects a new word (one forward pass, only when the spellings differ)."""
     if req.text[-1:].isspace() or req.target[:1].isspace():
         return
     spaced = model.tokenizer.encode_ids(" " + req.target)
     if not spaced or spaced[0] == ids[0]:
         return
+    with torch.no_grad():
+        probs = model.last_logits([req.text]).float().softmax(-1)[0]
+    p_plain, p_spaced = float(probs[ids[0]]), float(probs[spaced[0]])
+    if p_spaced <= p_plain:
+        return
     tok = model.tokenizer.token_str
     warnings.warn(
         f"{where}: the target {req.target!r} has no leading space and the prompt {req.text!r} ends "
-        f"without one, so its first token {tok(ids[0])!r} (id {ids[0]}) must continue the prompt's last "
-        f"word, which is unlikely; with a space it is {tok(spaced[0])!r} (id {spaced[0]}). Give target "
-        f"{' ' + req.target!r} unless the word really continues the prompt",
-        EditWarning,
+        f"without one, so its first token {tok(ids[0])!r} (id {ids[0]}, P = {p_plain:.2g} after the prompt) "
+        f"must continue the prompt's last word; the model expects a new word, {tok(spaced[0])!r} "
+        f"(id {spaced[0]}, P = {p_spaced:.2g}). Give target {' ' + req.target!r} unless the word really "
+        "continues the prompt",
+        TargetSpacingWarning,
         stacklevel=3,
     )
 
@@ -250,10 +275,11 @@ def rank_one_update(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(u, v)`` with ``ΔW = outer(u, v)`` the C-metric minimal update making ``k @ (W+ΔW) + b = v*``.
 
-    ``W_out: [d_mlp, d_model]``, ``k: [d_mlp]``, ``v_star: [d_model]``; ``solve(k)`` returns
-    ``C⁻¹k`` (identity when None: then ``ΔW = outer(k, v* − Wᵀk − b) / ‖k‖²``). ``u`` is
+    ``W_out: [d_mlp, d_model]``, ``b_out: [d_model]`` or None, ``k: [d_mlp]``, ``v_star: [d_model]``;
+    ``solve(k)`` returns ``C⁻¹k`` (identity when None: then ``ΔW = outer(k, v* − Wᵀk − b) / ‖k‖²``). ``u`` is
     ``C⁻¹k`` normalised; ``v = (v* − Wᵀk − b) / (k · u)``. The same ``k`` enters the direction,
-    the denominator and the residual (r-ROME)."""
+    the denominator and the residual (r-ROME). Returns float32 ``u [d_mlp]`` and ``v [d_model]``.
+    A zero key, or ``k · u`` ≈ 0 (degenerate statistics), raises ValueError."""
     k64, W64 = k.double().reshape(-1), W_out.double()
     out = k64 @ W64 + (b_out.double() if b_out is not None else 0.0)
     resid = v_star.double().reshape(-1) - out  # [d_model]
@@ -331,7 +357,7 @@ def subject_states(
     block ``[n, d_model]`` (``blocks.{resid_layer}.hook_resid_post``)."""
     rows, pos = [], []
     for req in requests:
-        for prefix in ["", *prefixes]:
+        for prefix in ["", *list(prefixes)]:
             text, lo, hi = _filled(req.prompt, req.subject, prefix)
             rows.append(model.to_tokens(text)[0].tolist())
             pos.append(token_span(model, text, lo, hi)[1] - 1)
@@ -365,13 +391,24 @@ def subject_states(
     return keys, (mean[f"blocks.{resid_layer}.hook_resid_post"] if resid_layer is not None else None)
 
 
+@dataclass(frozen=True)
+class TargetOutcome:
+    """What the model says after a prompt about one target: ``logprob`` = log P(target ids | BOS + prompt),
+    ``took`` = whether the target is its greedy continuation (:data:`~.edit.EDIT_TOOK_RULE`), ``top1`` =
+    its top-1 next token after the prompt (text)."""
+
+    logprob: float
+    took: bool
+    top1: str
+
+
 @torch.no_grad()
-def target_logprobs(
+def target_outcomes(
     model: HookedGPT2, texts: Sequence[str], ids: Sequence[list[int]], batch_size: int = 64
-) -> list[float]:
-    """log P(target ids | BOS + text) for each ``(text, target ids)`` under the model as it is, batched
-    (right padding: positions and causal attention of the real tokens are unchanged)."""
-    out: list[float] = []
+) -> list[TargetOutcome]:
+    """:class:`TargetOutcome` for each ``(text, target ids)`` under the model as it is (hooks included),
+    batched (right padding: positions and causal attention of the real tokens are unchanged)."""
+    out: list[TargetOutcome] = []
     rows = [model.to_tokens(t)[0].tolist() + i[:-1] for t, i in zip(texts, ids)]
     for s in range(0, len(rows), batch_size):
         chunk, tgt = rows[s : s + batch_size], ids[s : s + batch_size]
@@ -380,18 +417,25 @@ def target_logprobs(
         resid = model(tokens, attention_mask=mask, stop_at_layer=model.cfg.n_layer)
         for j, (r, i) in enumerate(zip(chunk, tgt)):
             pos = torch.arange(len(r) - len(i), len(r), device=resid.device)
-            lp = model.unembed(model.ln_final(resid[j, pos])).float().log_softmax(-1)
-            out.append(float(lp[torch.arange(len(i)), torch.tensor(i, device=lp.device)].sum()))
+            lp = model.unembed(model.ln_final(resid[j, pos])).float().log_softmax(-1)  # [len(i), d_vocab]
+            want = torch.tensor(i, device=lp.device)
+            top = lp.argmax(-1)
+            out.append(
+                TargetOutcome(
+                    float(lp[torch.arange(len(i)), want].sum()),
+                    bool((top == want).all()),
+                    model.tokenizer.token_str(int(top[0])),
+                )
+            )
     return out
 
 
-def _target_logprob(model: HookedGPT2, text: str, ids: list[int], hooks: Sequence[Any] = ()) -> float:
-    """log P(target ids | BOS + text) under the model (with ``hooks``)."""
-    tokens = torch.cat([model.to_tokens(text), torch.tensor([ids], device=model.device)], dim=1)
-    with torch.no_grad(), model.hooks(hooks):
-        resid = model(tokens, stop_at_layer=model.cfg.n_layer)[0, -len(ids) - 1 : -1]
-        lp = model.unembed(model.ln_final(resid)).float().log_softmax(-1)
-    return float(lp[torch.arange(len(ids)), torch.tensor(ids, device=model.device)].sum())
+def target_logprobs(
+    model: HookedGPT2, texts: Sequence[str], ids: Sequence[list[int]], batch_size: int = 64
+) -> list[float]:
+    """log P(target ids | BOS + text) for each ``(text, target ids)`` under the model as it is, batched
+    (:func:`target_outcomes`)."""
+    return [o.logprob for o in target_outcomes(model, texts, ids, batch_size)]
 
 
 def optimise_delta(
@@ -402,10 +446,11 @@ def optimise_delta(
     prefixes: list[str],
     hp: RomeHparams,
     solve: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    progress: bool | None = None,
 ) -> dict[str, Any]:
     """Find δ for one request (see module doc). Returns ``k_star [d_mlp]``, ``delta [d_model]``,
-    ``v0 [d_model]`` and a log of the losses. See :func:`optimise_deltas`."""
-    return optimise_deltas(model, [(req, ids)], layer, prefixes, hp, solve)[0]
+    ``v0 [d_model]`` and a log of the losses. See :func:`optimise_deltas` (``progress`` too)."""
+    return optimise_deltas(model, [(req, ids)], layer, prefixes, hp, solve, progress=progress)[0]
 
 
 def optimise_deltas(
@@ -416,8 +461,9 @@ def optimise_deltas(
     hp: RomeHparams,
     solve: Callable[[torch.Tensor], torch.Tensor] | None = None,
     chunk: int | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
     norm_reference: str = "mlp_out",
+    desc: str | None = None,
 ) -> list[dict[str, Any]]:
     """One δ per ``(request, target ids)``, optimised together: every request's prompt variants sit
     in one batch (its δ reaches only its own rows), the loss is the sum of the requests' losses, so
@@ -434,18 +480,57 @@ def optimise_deltas(
     edited MLP's output) or ``"resid"`` (MEMIT's ``compute_z``: the residual stream after the block,
     which δ is added to). They differ where the MLP's output is small next to the residual: then δ
     clamped to a multiple of ‖v₀‖ cannot move the prediction (see
-    analyses/results/mass_editing_window/gpt2-facts)."""
+    analyses/results/mass_editing_window/gpt2-facts).
+
+    ``progress`` (None: on a terminal or in a notebook, see :mod:`~gpt2_interp.core.progress`): a bar
+    over the Adam steps of every chunk (its time left is the estimate for the whole optimisation) showing
+    the current loss and P(target) (averaged over the prompt variants; over the requests still
+    optimised when there are several) and how many requests are done; ``desc`` labels it."""
     if norm_reference not in ("mlp_out", "resid"):
         raise ValueError(f"norm_reference must be 'mlp_out' (ROME) or 'resid' (MEMIT), got {norm_reference!r}")
     chunk = chunk or (len(items) if model.device.type != "cpu" else 32)
+    n_chunks = -(-len(items) // chunk) if items else 0
     out: list[dict[str, Any]] = []
-    bar = progress_bar(total=len(items), desc=f"δ at layer {layer}", enabled=progress and len(items) > 1)
+    bar = progress_bar(
+        total=hp.v_steps * n_chunks or None,
+        unit="step",
+        desc=desc or f"δ at layer {layer}",
+        enabled=progress,
+        leave=False,
+    )
     with torch.inference_mode(False), torch.enable_grad():  # works inside a caller's no_grad/inference_mode
         for s in range(0, len(items), chunk):
-            out += _optimise_deltas(model, items[s : s + chunk], layer, prefixes, hp, solve, norm_reference)
-            bar.update(len(items[s : s + chunk]))
+            report = _StepReport(bar, len(items), len(out), hp.v_steps)
+            out += _optimise_deltas(model, items[s : s + chunk], layer, prefixes, hp, solve, norm_reference, report)
+            report.finish()
     bar.close()
     return out
+
+
+class _StepReport:
+    """Feeds :func:`optimise_deltas`' bar from one chunk's steps: one tick per Adam step, the rest of the
+    chunk's ticks when it stops early, and a postfix with the loss, P(target) and the requests done."""
+
+    def __init__(self, bar: Any, n_total: int, n_before: int, v_steps: int) -> None:
+        self.bar, self.n_total, self.n_before, self.v_steps, self.ticks = bar, n_total, n_before, v_steps, 0
+
+    def __call__(self, step: int, active: list[dict[str, float]], n_done: int) -> None:
+        """``step``: the evaluation just made (0: before any update); ``active``: the log entries of the
+        requests still optimised at it; ``n_done``: the chunk's requests finished after it."""
+        if self.bar.disable or not active:
+            return
+        loss = sum(a["loss"] for a in active) / len(active)
+        p = sum(a["p_target"] for a in active) / len(active)
+        done = "" if self.n_total == 1 else f"requests {self.n_before + n_done}/{self.n_total}, "
+        self.bar.set_postfix_str(f"{done}loss {loss:.3g}, p(target) {p:.3g}", refresh=False)
+        if step > self.ticks:
+            self.bar.update(step - self.ticks)
+            self.ticks = step
+
+    def finish(self) -> None:
+        if self.v_steps > self.ticks:
+            self.bar.update(self.v_steps - self.ticks)
+            self.ticks = self.v_steps
 
 
 @dataclass
@@ -494,7 +579,7 @@ class _Rows:
         nll: list[list[Any]] = [[], [], [], [], []]  # rows, cols, ids, request, weight
         kl: list[list[int]] = [[], [], []]  # rows, cols, request
         kp: list[list[int]] = [[], [], []]
-        for i, (b, (_, ids)) in enumerate(zip(bs, items)):
+        for i, (b, (_req, ids)) in enumerate(zip(bs, items)):
             sh, r = c - b.c, len(row_req)
             tokens[r : r + b.tokens.shape[0], sh : sh + b.tokens.shape[1]] = b.tokens
             mask[r : r + b.tokens.shape[0], sh : sh + b.tokens.shape[1]] = b.mask
@@ -564,6 +649,7 @@ def _optimise_deltas(
     hp: RomeHparams,
     solve: Callable[[torch.Tensor], torch.Tensor] | None,
     norm_reference: str = "mlp_out",
+    report: Callable[[int, list[dict[str, float]], int], None] | None = None,
 ) -> list[dict[str, Any]]:
     dev, n_layer, n = model.device, model.cfg.n_layer, len(items)
     bs = [_build_batch(model, req, ids, prefixes, hp.kl_prompt) for req, ids in items]
@@ -657,7 +743,10 @@ def _optimise_deltas(
                     and (hp.bare_early_stop is None or last["bare_nll"] < hp.bare_early_stop)
                 ):
                     done[i] = True
-            if bool(done.all()) or step == hp.v_steps:
+            if report is not None:
+                now = active.nonzero()[:, 0].tolist()
+                report(step, [logs[i][-1] for i in now], n - len(now) + int(done[now].sum()) if now else n)
+            if not bool((active & ~done).any()) or step == hp.v_steps:  # every request has stopped
                 break
             (grad,) = torch.autograd.grad(loss[active].sum(), delta)
             with torch.no_grad():
@@ -700,11 +789,11 @@ def _adam_step(
 
 
 # ---------------------------------------------------------------- layer choice
-def choose_layer(model: HookedGPT2, request: RequestLike) -> int:
+def choose_layer(model: HookedGPT2, request: RequestLike, progress: bool | None = None) -> int:
     """The layer whose MLP has the largest indirect effect at the subject's last token in the
     causal trace of the request's prompt (``layer="auto"``; window: ``tracing.default_window``)."""
     req = Request.of(request)
-    trace = causal_trace(model, req.text, req.subject, kind="mlp")
+    trace = causal_trace(model, req.text, req.subject, kind="mlp", progress=progress)
     last = trace.subject_range[1] - 1  # indexes the trace's tokens
     return int(trace.indirect_effect[last].argmax())  # indirect_effect: [n_tokens, n_layer]
 
@@ -715,6 +804,7 @@ def compute_edit(
     request: RequestLike,
     layer: int | str | None = None,
     stats: KeyStats | None = None,
+    progress: bool | None = None,
     **hparams: Any,
 ) -> Edit:
     """Compute (not apply) the ROME edit writing ``request`` into ``model``.
@@ -722,7 +812,25 @@ def compute_edit(
     ``layer``: an int, None (:func:`default_layer`) or ``"auto"`` (:func:`choose_layer`).
     ``stats``: key statistics for that layer (:func:`~.stats.key_second_moment`; computed and
     cached when None). ``hparams`` override :class:`RomeHparams` (see :func:`hparams_for`). Apply with
-    ``edit.apply(model)`` or ``with model.edited(edit):``.
+    ``edit.apply(model)`` or ``with model.edited(edit):``. ``progress`` (None: on a terminal or in a
+    notebook): bars for the key statistics, the causal trace (``"auto"``) and the δ steps (loss and
+    P(target) as they go).
+
+    ``request``: a :class:`~.edit.Request` or a dict (``prompt`` with ``{}``, ``subject``, ``target``;
+    see :meth:`~.edit.Request.of`). Returns a rank-one :class:`~.edit.Edit` (``u [d_mlp]``,
+    ``v [d_model]``, ``k`` = k*, ``v_star``) whose ``metrics`` hold P(target) before and after, the
+    δ and ΔW norms, the optimisation steps and losses, and ``weak``. The model is left unchanged.
+
+    A target unlikely to follow the prompt as written warns before any work
+    (:class:`~.edit.TargetSpacingWarning`). Whether the edit took is measured on the edited model:
+    ``edit.succeeded`` / ``edit.metrics["took"]`` (:data:`~.edit.EDIT_TOOK_RULE`); an edit that did not
+    take also warns (:class:`~.edit.EditFailedWarning`).
+
+    Refused before the optimisation: a malformed request (TypeError/ValueError naming the field), a
+    subject that does not occur in the prompt, an empty target, an unknown hyperparameter or one out
+    of range, a ``layer`` string other than ``"auto"`` (ValueError), a layer out of range
+    (IndexError), ``stats`` that are not :class:`~.stats.KeyStats` (TypeError) or were computed for
+    another layer or other weights (ValueError).
     """
     t0 = time.perf_counter()
     req, ids = validate_request(model, request)
@@ -730,13 +838,13 @@ def compute_edit(
     if layer is None:
         layer = default_layer(model)
     elif layer == "auto":
-        layer = choose_layer(model, req)
+        layer = choose_layer(model, req, progress=progress)
     elif isinstance(layer, str):
         raise ValueError(f"layer must be an int, None or 'auto', got {layer!r}")
     layer = model.check_layer(layer)
     digests = parameter_digests(model)
     if stats is None:
-        stats = key_second_moment(model, layer, corpus=hp.corpus, n_samples=hp.n_samples)
+        stats = key_second_moment(model, layer, corpus=hp.corpus, n_samples=hp.n_samples, progress=progress)
     elif not isinstance(stats, KeyStats):
         raise TypeError(
             f"stats must be the KeyStats of layer {layer} (key_second_moment(model, {layer})) or None, "
@@ -744,19 +852,22 @@ def compute_edit(
         )
     stats.check(model, layer, digests)
     prefixes = context_prefixes(model, hp.prefix_lengths, hp.prefixes_per_length, hp.prefix_seed)
-    p_before = _target_logprob(model, req.text, ids)
-    opt = optimise_delta(model, req, ids, layer, prefixes, hp, stats.solve)
+    (before,) = target_outcomes(model, [req.text], [ids])
+    opt = optimise_delta(model, req, ids, layer, prefixes, hp, stats.solve, progress=progress)
     mlp = model.blocks[layer].mlp
     k_star = opt["k_star"]
     b_out = None if mlp.b_out is None else mlp.b_out.detach()
     v_star = k_star @ mlp.W_out.detach().float() + (0.0 if b_out is None else b_out.float()) + opt["delta"]
     u, v = rank_one_update(mlp.W_out.detach(), b_out, k_star, v_star, stats.solve)
-    p_after = _target_logprob(model, req.text, ids, _delta_hooks(layer, u, v))
+    with model.hooks(_delta_hooks(layer, u, v)):
+        (after,) = target_outcomes(model, [req.text], [ids])
     metrics = {
-        "p_target_before": float(torch.tensor(p_before).exp()),
-        "p_target_after": float(torch.tensor(p_after).exp()),
-        "logp_target_before": p_before,
-        "logp_target_after": p_after,
+        "p_target_before": float(torch.tensor(before.logprob).exp()),
+        "p_target_after": float(torch.tensor(after.logprob).exp()),
+        "logp_target_before": before.logprob,
+        "logp_target_after": after.logprob,
+        "took": after.took,
+        "top1_after": after.top1,
         "delta_norm": float(opt["delta"].norm()),
         "v0_norm": float(opt["v0"].norm()),
         "dW_norm": float(u.norm() * v.norm()),
@@ -767,7 +878,8 @@ def compute_edit(
         "final_loss": opt["log"][-1],
         "seconds": time.perf_counter() - t0,
     }
-    metrics["weak"] = bool(weak_requests([req], [metrics["p_target_before"]], [metrics["p_target_after"]]))
+    metrics["weak"] = is_weak(metrics["p_target_before"], metrics["p_target_after"])
+    report_failed([req], [after.took], [metrics["p_target_before"]], [metrics["p_target_after"]], [after.top1])
     return Edit(
         layer=layer,
         u=u,
@@ -776,7 +888,9 @@ def compute_edit(
         base_fingerprint=weights_fingerprint(model, digests=digests),
         k=k_star,
         v_star=v_star,
-        hparams=asdict(hp) | {"layer": layer, "stats_corpus": stats.key["corpus"], "stats_count": stats.count},
+        hparams=asdict(hp)
+        | {"layer": layer, "stats_corpus": stats.key["corpus"], "stats_count": stats.count}
+        | {"stats_corpus_default": DEFAULT_CORPUS_RULE},
         metrics=metrics,
         model_name=model.cfg.name,
         shape=(model.cfg.d_mlp, model.cfg.d_model),
@@ -802,17 +916,28 @@ def apply_rome(
     requests: RequestLike | Sequence[RequestLike],
     layer: int | str | None = None,
     stats: KeyStats | None = None,
+    progress: bool | None = None,
     **hparams: Any,
 ) -> list[Edit]:
     """Compute and apply edits for several requests, one after another (each on the model edited
-    by the previous ones). Undo with ``gpt2_interp.editing.undo_all(model)``."""
+    by the previous ones). Undo with ``gpt2_interp.editing.undo_all(model)``.
+
+    ``requests``: one request or a list; ``layer``, ``stats`` and ``hparams`` are passed to
+    :func:`compute_edit` for each (so ``stats`` must be for ``layer``). ``progress``: as in
+    :func:`compute_edit`, plus a bar over the requests (with the time left). Returns the applied edits
+    in order; refusals as in :func:`compute_edit` (a request's position is named in its error)."""
     if isinstance(requests, (Request, Mapping)):
         requests = [requests]
     requests = [Request.of(r, i) for i, r in enumerate(requests)]
     edits = []
+    bar = progress_bar(
+        total=len(requests), unit="req", desc="ROME edits", enabled=progress if len(requests) > 1 else False
+    )
     for r in requests:
-        e = compute_edit(model, r, layer=layer, stats=stats, **hparams)
+        e = compute_edit(model, r, layer=layer, stats=stats, progress=progress, **hparams)
         edits.append(e.apply(model, verify=False))
+        bar.update(1)
+    bar.close()
     return edits
 
 
@@ -821,6 +946,7 @@ __all__ = [
     "MODEL_HPARAMS",
     "Request",
     "RomeHparams",
+    "TargetOutcome",
     "apply_rome",
     "choose_layer",
     "compute_edit",
@@ -832,5 +958,6 @@ __all__ = [
     "rank_one_update",
     "subject_states",
     "target_logprobs",
+    "target_outcomes",
     "validate_request",
 ]

@@ -20,8 +20,9 @@ Corpora (``corpus=``):
   natural contexts are under-weighted and the model's favourite phrasings over-weighted;
   ``u = C⁻¹k*`` then protects the model's typical outputs rather than typical text.
 
-Default (``corpus=None``): ``"facts"`` for gpt2-facts; for other models ``"brown"`` when it is on disk,
-else ``"generated"`` with a warning (:func:`default_text_corpus`).
+Default (``corpus=None``), :data:`DEFAULT_CORPUS_RULE`: ``"facts"`` for gpt2-facts; for every other model
+``"brown"`` when it is on disk, else ``"generated"`` with a warning (:func:`default_text_corpus`). Computing
+statistics prints one line naming the corpus read (unless ``progress`` is off).
 
 Results are cached on disk (``~/.cache/gpt2-interp/stats/``, or ``$GPT2_INTERP_STATS_DIR``)
 keyed by (upstream weight fingerprint, layer, corpus id, n_samples, dtype), and in memory. A corpus
@@ -45,7 +46,7 @@ import torch
 from ..core import distributed
 from ..core.checks import check_count
 from ..core.finite import require_finite
-from ..core.progress import progress_bar
+from ..core.progress import note, progress_bar
 from ..io.integrity import load_checked, save_checked
 from ..model.fingerprint import parameter_digests, tensor_digest, weights_fingerprint
 from ..model.hooks import reads_only
@@ -62,6 +63,13 @@ HF_ALIASES = {
     "wikipedia": ("wikimedia/wikipedia", "20231101.en"),
 }
 _MEMORY: dict[str, KeyStats] = {}
+
+#: Which text key statistics are computed from when no corpus is given: the one statement of the rule
+#: (CLI help, edit records, docs and notebooks quote it).
+DEFAULT_CORPUS_RULE = (
+    "gpt2-facts: its own training texts ('facts'); any other model: the Brown Corpus ('brown') when it is "
+    "on disk (scripts/setup.sh fetches it), else text the model generates itself ('generated', with a warning)"
+)
 HF_DIGEST_ROWS = 256  # a Hugging Face dataset's corpus id digests its first rows
 
 
@@ -103,7 +111,9 @@ def base_fingerprint(model: HookedGPT2) -> str:
 # ---------------------------------------------------------------- the statistics
 @dataclass(eq=False)
 class KeyStats:
-    """``C: [d_mlp, d_mlp]`` = E[k kᵀ] over ``count`` keys; ``key`` says what it was computed on."""
+    """``C: [d_mlp, d_mlp]`` = E[k kᵀ] over ``count`` keys; ``key`` says what it was computed on
+    (weights fingerprint upstream of the keys, layer, corpus id, sample size, dtype, model name);
+    ``path``: the cache file it was read from or written to (None if none)."""
 
     C: torch.Tensor
     count: int
@@ -113,6 +123,7 @@ class KeyStats:
 
     @property
     def layer(self) -> int:
+        """The layer whose keys these statistics describe."""
         return int(self.key["layer"])
 
     def __repr__(self) -> str:
@@ -128,7 +139,9 @@ class KeyStats:
         """Raise unless these statistics were computed for ``model``'s keys at ``layer`` — or, with
         ``allow_unedited``, for the same model with its applied edits taken out (sequential MEMIT
         keeps the unedited model's statistics for upper layers after editing lower ones, as MEMIT
-        and AlphaEdit do; ROME edits at the statistics' own layer never change them)."""
+        and AlphaEdit do; ROME edits at the statistics' own layer never change them). ``digests``:
+        the model's parameter digests when the caller already has them (saves hashing again).
+        Another layer, ``d_mlp`` or upstream weights raise ValueError; a layer out of range IndexError."""
         layer = model.check_layer(layer)
         if self.layer != layer:
             raise ValueError(
@@ -383,7 +396,7 @@ def key_second_moment(
     cache_dir: str | os.PathLike | Literal[False] | None = None,
     max_len: int = 128,
     seed: int = 0,
-    progress: bool = True,
+    progress: bool | None = None,
     recompute: bool = False,
     group: Any = None,
 ) -> KeyStats: ...
@@ -400,7 +413,7 @@ def key_second_moment(
     cache_dir: str | os.PathLike | Literal[False] | None = None,
     max_len: int = 128,
     seed: int = 0,
-    progress: bool = True,
+    progress: bool | None = None,
     recompute: bool = False,
     group: Any = None,
 ) -> dict[int, KeyStats]: ...
@@ -416,7 +429,7 @@ def key_second_moment(
     cache_dir: str | os.PathLike | Literal[False] | None = None,
     max_len: int = 128,
     seed: int = 0,
-    progress: bool = True,
+    progress: bool | None = None,
     recompute: bool = False,
     group: Any = None,
 ) -> KeyStats | dict[int, KeyStats]:
@@ -433,6 +446,15 @@ def key_second_moment(
     Distributed (an initialised process group, or ``group``): the ranks share the corpus batches
     and all-reduce the sums and counts, so every rank gets the single-process ``C`` (same cache key;
     equal up to float64 summation order); rank 0 writes the cache files.
+
+    ``corpus``: see the module doc (None: :data:`DEFAULT_CORPUS_RULE`); ``n_samples`` (default
+    100 000) key positions; ``batch_size`` (default 64) rows of at most ``max_len`` (default 128,
+    capped at the context) tokens per forward pass; ``seed``: the sampling seed of a
+    ``"generated"`` corpus; ``progress`` (None: on a terminal or in a notebook): when statistics are
+    computed (not read from the cache), one line naming the corpus and a bar over the tokens.
+
+    Refused: no layer, ``n_samples`` or ``batch_size`` < 1, ``max_len`` < 2 (ValueError); a layer out
+    of range (IndexError); a corpus path that does not exist (FileNotFoundError).
     """
     single = not isinstance(layer, Sequence)
     requested = list(layer) if isinstance(layer, Sequence) else [layer]
@@ -472,6 +494,13 @@ def key_second_moment(
         else:
             todo[lay] = (key, path)
     if todo:
+        show = progress if distributed.is_main(group) else False
+        why = "as given" if corpus is not None else f"the default — {DEFAULT_CORPUS_RULE}"
+        note(
+            f"key statistics of layer(s) {','.join(map(str, sorted(todo)))} from {n_samples:,} tokens of "
+            f"corpus {src.id} ({why})",
+            show,
+        )
         sums = _accumulate(model, sorted(todo), src, n_samples, batch_size, max_len, progress, group)
         for lay, (C, count) in sums.items():
             key, path = todo[lay]
@@ -489,7 +518,7 @@ def _accumulate(
     n_samples: int,
     batch_size: int,
     max_len: int,
-    progress: bool,
+    progress: bool | None,
     group: Any = None,
 ) -> dict[int, tuple[torch.Tensor, int]]:
     """``{layer: (C [d_mlp, d_mlp] float64 on CPU, count)}``: one pass, every layer's keys from the same
@@ -511,7 +540,7 @@ def _accumulate(
         rows = _rank_rows(rows, n_samples, batch_size, group)
     desc = f"key stats L{layers[0]}" if len(layers) == 1 else f"key stats L{','.join(map(str, layers))}"
     bar = progress_bar(
-        total=n_samples, unit="tok", desc=desc, enabled=progress and distributed.is_main(group), leave=False
+        total=n_samples, unit="tok", desc=desc, enabled=progress if distributed.is_main(group) else False, leave=False
     )
     with model.hooks([(f"blocks.{lay}.mlp.hook_post", grabber(lay)) for lay in layers]):
         while count < n_samples:
@@ -567,6 +596,7 @@ def clear_memory_cache() -> None:
 
 
 __all__ = [
+    "DEFAULT_CORPUS_RULE",
     "KeyStats",
     "clear_memory_cache",
     "default_cache_dir",

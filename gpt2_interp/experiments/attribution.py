@@ -101,13 +101,13 @@ class Config(ExperimentConfig):
         for name, given, valid in (("hooks", self.hooks, list(HOOKS)), ("methods", self.methods, METHODS)):
             bad = [x for x in given if x not in valid]
             if bad or not given:
-                raise ValueError(f"Config.{name}: {bad or 'empty'} — choose from {', '.join(valid)}")
+                raise ValueError(f"attribution setting {name}: {bad or 'empty'} — choose from {', '.join(valid)}")
         for name in ("pairs", "ig_steps", "k"):
             if getattr(self, name) < 1:
-                raise ValueError(f"Config.{name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"attribution setting {name} must be >= 1, got {getattr(self, name)}")
         for name in ("keep", "exact_pairs"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"Config.{name} must be >= 1 or none, got {getattr(self, name)}")
+                raise ValueError(f"attribution setting {name} must be >= 1 or none, got {getattr(self, name)}")
 
 
 # ---------------------------------------------------------------- shared steps (attribution_diagnosis uses them)
@@ -226,10 +226,13 @@ def previous_rows(ctx: RunContext, cfg: Config, fp: FactPairs) -> list[dict]:
         return []
     old = ctx.previous
     if old is None:
-        raise ValueError("Config.keep_previous: there is no earlier result in this run's folder to keep rows from")
+        raise ValueError(
+            "attribution setting keep_previous: there is no earlier result in this run's folder to keep rows from"
+        )
     if old.get("prompt_pairs") != [[c, k] for c, k in zip(fp.clean, fp.corrupted)]:
         raise ValueError(
-            "Config.keep_previous: the earlier result holds other prompt pairs; run without it to replace it"
+            "attribution setting keep_previous: the earlier result holds other prompt pairs; "
+            "run without it to replace it"
         )
     redo = {(HOOKS[h][0], m) for h, m in row_order(cfg)}
     return [r for r in old["rows"] if (r["hook"], r["method"]) not in redo]
@@ -314,7 +317,7 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     model.eval()
     fp = fact_pairs(model, cfg.pairs, cfg.keep)
     if len(fp) == 0:
-        raise ValueError(f"Config.pairs: the model knows none of the {cfg.pairs} drawn pairs; draw more")
+        raise ValueError(f"attribution setting pairs: the model knows none of the {cfg.pairs} drawn pairs; draw more")
     sub = fp if cfg.exact_pairs is None or cfg.exact_pairs >= len(fp) else fp.subset(range(cfg.exact_pairs))
     rows = previous_rows(ctx, cfg, fp)
     exacts: dict[str, tuple[PatchResult, float, bool]] = {}

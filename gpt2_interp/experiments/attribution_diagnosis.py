@@ -56,10 +56,12 @@ class Config(ExperimentConfig):
         super().__post_init__()
         for name in ("pairs", "steps", "ig_steps", "top"):
             if getattr(self, name) < 1:
-                raise ValueError(f"Config.{name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"attribution_diagnosis setting {name} must be >= 1, got {getattr(self, name)}")
         for name in ("keep", "ig_pairs"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"Config.{name} must be >= 1 or none, got {getattr(self, name)}")
+                raise ValueError(
+                    f"attribution_diagnosis setting {name} must be >= 1 or none, got {getattr(self, name)}"
+                )
 
 
 def layer_ig(model: HookedGPT2, fp: FactPairs, hook: str, steps: int) -> torch.Tensor:
@@ -168,7 +170,9 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
         p.requires_grad_(False)
     fp = fact_pairs(model, cfg.pairs, cfg.keep)
     if len(fp) == 0:
-        raise ValueError(f"Config.pairs: the model knows none of the {cfg.pairs} drawn pairs; draw more")
+        raise ValueError(
+            f"attribution_diagnosis setting pairs: the model knows none of the {cfg.pairs} drawn pairs; draw more"
+        )
     exact, _, _ = exact_sweep(model, fp, cfg.hook, None, ctx)
     pe_all = pair_effects(exact)
     atp_all = pair_effects(attribute(model, fp.clean, fp.corrupted, pair_metric(fp), hook=cfg.hook, method="atp"))

@@ -109,7 +109,8 @@ def type_name(tp: Any) -> str:
 def parse_value(text: str, tp: Any, what: str) -> Any:
     """Parse the text of a ``key=value`` setting as type ``tp`` (int, float, bool, str, Path, a
     ``Literal``, an optional ``X | None`` where ``none`` is None, or a list/tuple of those written
-    ``a,b,c``, empty for an empty list)."""
+    ``a,b,c``, empty for an empty list). ``what`` names the setting in errors: text that does not
+    parse as ``tp``, a non-finite float, or a type that cannot be given as text raises ValueError."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
@@ -160,7 +161,10 @@ RunFn = Callable[["HookedGPT2", Any, Any], dict]
 
 @dataclass(frozen=True)
 class Experiment:
-    """A registered experiment: its name, config class, ``run`` and renderers."""
+    """A registered experiment: its name, config class, ``run`` and renderers.
+
+    ``tables(data) -> {name: markdown}`` and ``figures(data) -> {name: Figure}`` render the data
+    ``run`` returned (None: none); ``summary``: one line describing the experiment (``run --list``)."""
 
     name: str
     config: type[ExperimentConfig]
@@ -189,8 +193,10 @@ def register(
     figures: Callable[[dict], dict[str, Figure]] | None = None,
     summary: str | None = None,
 ) -> Callable[[RunFn], RunFn]:
-    """Decorator: register ``run(model, config, ctx) -> dict`` as experiment ``name``. ``summary``
-    defaults to the first line of the defining module's docstring."""
+    """Decorator: register ``run(model, config, ctx) -> dict`` as experiment ``name`` with its
+    ``config`` class (an :class:`ExperimentConfig` dataclass, else TypeError) and the renderers
+    ``tables`` and ``figures`` (see :class:`Experiment`). ``summary`` defaults to the first line of
+    the defining module's docstring. A name registered by another module raises ValueError."""
     if not (dataclasses.is_dataclass(config) and issubclass(config, ExperimentConfig)):
         raise TypeError(f"experiment {name!r}: config must be an ExperimentConfig dataclass, got {config!r}")
 

@@ -97,6 +97,8 @@ def tables(data: dict) -> dict[str, str]:
 def figures(data: dict) -> dict[str, Figure]:
     from matplotlib.figure import Figure
 
+    from ..plots.layout import finish_layout
+
     layers = data["layers"]
     fig = Figure(figsize=(12, 7.5))
     axes = fig.subplots(2, 2, sharex=True)
@@ -122,7 +124,7 @@ def figures(data: dict) -> dict[str, Figure]:
             ax.set_xticks(ticks, [layers[i] for i in ticks])
     axes[0, 1].legend(fontsize=7, loc="upper left")
     fig.suptitle(f"Logit lens on {data['model']}: rank of the correct object's first token at the last prompt token")
-    fig.tight_layout()
+    finish_layout(fig)
     return {"logit_lens": fig}
 
 

@@ -150,16 +150,16 @@ class Config(DeltaConfig):
             if getattr(self, name) < 1:
                 raise ValueError(f"mass_editing.{name} must be >= 1, got {getattr(self, name)}")
         if self.tune_n < 0:
-            raise ValueError(f"mass_editing.tune_n must be >= 0, got {self.tune_n}")
+            raise ValueError(f"mass_editing setting tune_n must be >= 0, got {self.tune_n}")
         bad = sorted(set(self.only or ()) - set(PARTS))
         if bad or self.only == []:
             raise ValueError(
-                f"mass_editing.only: unknown part(s) {bad or '(none given)'}; choose from {', '.join(PARTS)}"
+                f"mass_editing setting only: unknown part(s) {bad or '(none given)'}; choose from {', '.join(PARTS)}"
             )
         bad = sorted(set(self.null_rules) - set(NULLSPACE_RULES))
         if bad:
             raise ValueError(
-                f"mass_editing.null_rules: unknown rule(s) {bad}; choose from {', '.join(NULLSPACE_RULES)}"
+                f"mass_editing setting null_rules: unknown rule(s) {bad}; choose from {', '.join(NULLSPACE_RULES)}"
             )
 
 
@@ -241,7 +241,7 @@ class MassEditing:
             "errors": {},
         }
         if cfg.only is not None:
-            report = earlier_report(ctx.previous, name, cfg)
+            report = earlier_report(ctx, name, cfg)
             for part in only:
                 report["errors"].pop(part, None)
             report.setdefault("part_devices", {}).update(
@@ -528,19 +528,15 @@ class MassEditing:
         )
 
 
-def earlier_report(previous: dict | None, model_name: str, cfg: Config) -> dict:
+def earlier_report(ctx: RunContext, model_name: str, cfg: Config) -> dict:
     """The earlier result's data to merge parts into; it must be for the same model, ``n`` and ``batch_size``."""
+    previous = ctx.previous_matching("only", {"model": model_name, "n": cfg.n, "batch_size": cfg.batch_size})
     if previous is None:
         raise ValueError(
-            f"mass_editing.only={','.join(cfg.only or [])}: no earlier result in this folder to merge "
+            f"mass_editing setting only={','.join(cfg.only or [])}: no earlier result in this folder to merge "
             "into; run all parts first (without only=), with the same --out and --tag"
         )
     report = json.loads(json.dumps(previous))
-    if (report["model"], report["n"], report["batch_size"]) != (model_name, cfg.n, cfg.batch_size):
-        raise ValueError(
-            f"mass_editing.only: the earlier result is for {report['model']}, n={report['n']}, "
-            f"batch_size={report['batch_size']}; rerun with the same model, n and batch_size"
-        )
     report.setdefault("errors", {})
     return report
 

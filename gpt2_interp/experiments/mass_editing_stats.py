@@ -76,7 +76,7 @@ def batch_keys_and_targets(model: HookedGPT2, cases: list, layer: int, lam: floa
     _, V = base.factors[layer]
     if V is None:  # a dense ΔW does not keep the targets
         raise ValueError(
-            f"mass_editing_stats.n={cfg.n}: use n below d_model ({model.cfg.d_model}) so that the "
+            f"mass_editing_stats setting n={cfg.n}: use n below d_model ({model.cfg.d_model}) so that the "
             "edit keeps its targets R"
         )
     return {

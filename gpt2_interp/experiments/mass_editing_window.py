@@ -69,9 +69,9 @@ class Config(ExperimentConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.tops or min(self.tops) < 0:
-            raise ValueError(f"mass_editing_window.tops must be layer indices >= 0, got {self.tops}")
+            raise ValueError(f"mass_editing_window setting tops must be layer indices >= 0, got {self.tops}")
         if not self.lambdas:
-            raise ValueError("mass_editing_window.lambdas: give at least one λ")
+            raise ValueError("mass_editing_window setting lambdas: give at least one λ")
         if self.sub < 0 or self.tune_n < 1 or self.n < 0:
             raise ValueError(
                 f"mass_editing_window: need sub >= 0, tune_n >= 1, n >= 0; got sub={self.sub}, "
@@ -92,17 +92,11 @@ def run_settings(model: HookedGPT2, cfg: Config) -> dict[str, Any]:
     }
 
 
-def earlier_report(previous: dict | None, settings: dict) -> dict:
+def earlier_report(ctx: RunContext, settings: dict) -> dict:
     """The earlier result's data to merge into (a new one when there is none); refused when its settings differ."""
+    previous = ctx.previous_matching(None, {"settings": settings})
     if previous is None:
         return {"model": settings["model"], "rows": [], "targets": [], "settings": settings}
-    if previous.get("settings") != settings:
-        differ = sorted(k for k in settings if (previous.get("settings") or {}).get(k, "(not recorded)") != settings[k])
-        raise ValueError(
-            f"mass_editing_window: the earlier result in this folder ran with other settings ({', '.join(differ)}"
-            f": {[(previous.get('settings') or {}).get(k, 'not recorded') for k in differ]}); "
-            "write this run to another --tag or --out"
-        )
     return previous
 
 
@@ -245,10 +239,10 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     """One δ optimisation per top layer, every window × λ re-solved from it, merged into the earlier rows."""
     if max(cfg.tops) >= model.cfg.n_layer:
         raise ValueError(
-            f"mass_editing_window.tops: {model.cfg.name} has layers 0 … {model.cfg.n_layer - 1}, got {cfg.tops}"
+            f"mass_editing_window setting tops: {model.cfg.name} has layers 0 … {model.cfg.n_layer - 1}, got {cfg.tops}"
         )
     settings = run_settings(model, cfg)
-    report = earlier_report(ctx.previous, settings)
+    report = earlier_report(ctx, settings)
     with torch.no_grad():
         cases = known_cases(model, cfg.n, cfg.seed)
         tune = known_cases(model, cfg.tune_n, cfg.seed + 1, {(c.relation, c.request.subject) for c in cases})

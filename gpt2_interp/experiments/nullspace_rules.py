@@ -52,9 +52,11 @@ class Config(ExperimentConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.rules or set(self.rules) - set(NULLSPACE_RULES):
-            raise ValueError(f"nullspace_rules.rules: choose from {', '.join(NULLSPACE_RULES)}, got {self.rules}")
+            raise ValueError(
+                f"nullspace_rules setting rules: choose from {', '.join(NULLSPACE_RULES)}, got {self.rules}"
+            )
         if not self.thresholds or any(not 0 < t < 1 for t in self.thresholds):
-            raise ValueError(f"nullspace_rules.thresholds: values in (0, 1), got {self.thresholds}")
+            raise ValueError(f"nullspace_rules setting thresholds: values in (0, 1), got {self.thresholds}")
         if self.n < 1 or self.n_samples < 1:
             raise ValueError(f"nullspace_rules: n and n_samples must be >= 1, got {self.n}, {self.n_samples}")
 
@@ -92,6 +94,8 @@ def figures(report: dict) -> dict[str, Figure]:
     """``nullspace_rules``: the edit keys' energy in the null space against τ, one panel per rule."""
     from matplotlib.figure import Figure
 
+    from ..plots.layout import finish_layout
+
     layers, rows = report["layers"], report["rows"]
     by = {(r["rule"], r["tau"], r["layer"]): r for r in rows}
     rules = sorted({r["rule"] for r in rows}, key=lambda r: r != "relative")
@@ -108,7 +112,7 @@ def figures(report: dict) -> dict[str, Figure]:
     axes[0][0].set_ylabel("edit keys' energy in the null space (%)")
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"{report['model']}: where AlphaEdit's update can act")
-    fig.tight_layout()
+    finish_layout(fig)
     return {"nullspace_rules": fig}
 
 

@@ -50,7 +50,10 @@ def code_state() -> dict[str, Any]:
     ``None`` when the package is not a git checkout (an installed wheel)."""
     from .. import __version__
 
-    inside = _git("rev-parse", "--is-inside-work-tree") == "true" and (SOURCE_ROOT / "gpt2_interp").is_dir()
+    top = _git("rev-parse", "--show-toplevel")
+    # the package is a checkout's own source only when that checkout's root is the package's parent folder
+    # (an installed wheel in a venv that happens to sit inside some git repository is not that repository's code)
+    inside = top is not None and Path(top).resolve() == SOURCE_ROOT
     if not inside:
         return {"version": __version__, "commit": None, "dirty": None, "changed": []}
     status = _git("status", "--porcelain", "--untracked-files=all", "--", "gpt2_interp", "pyproject.toml") or ""
@@ -142,7 +145,8 @@ def carried_over(
     """The provenance record of a result that the runner did not produce: ``known`` holds what can be
     established (e.g. the command recorded in the file, the commit that last wrote it), ``unknown``
     names what cannot (e.g. ``"weights_fingerprint"``, ``"machine load"``), ``reproduce`` the runner
-    command that would regenerate it. Such a record is never equivalent to a fresh run."""
+    command that would regenerate it. Such a record is never equivalent to a fresh run.
+    ``result_files``: the files it describes; ``note``: free text kept with the record."""
     return {
         "carried_over": True,
         "files": [str(p) for p in result_files],

@@ -88,11 +88,13 @@ class Config(ExperimentConfig):
         super().__post_init__()
         for name in ("n", "sequential_n", "tune_n", "offset", "trace_facts"):
             if getattr(self, name) < 0:
-                raise ValueError(f"Config.{name} must be >= 0, got {getattr(self, name)}")
+                raise ValueError(f"rome_counterfact setting {name} must be >= 0, got {getattr(self, name)}")
         if self.n_samples < 1:
-            raise ValueError(f"Config.n_samples must be >= 1, got {self.n_samples}")
+            raise ValueError(f"rome_counterfact setting n_samples must be >= 1, got {self.n_samples}")
         if self.layer == "trace" and not self.trace_facts and not self.merge:
-            raise ValueError("Config.layer=trace takes the layer choice's argmax: give trace_facts > 0")
+            raise ValueError(
+                "rome_counterfact setting layer=trace takes the layer choice's argmax: give trace_facts > 0"
+            )
         parse_hparams(self.hparams)  # refuse malformed overrides before any work
 
 
@@ -103,7 +105,7 @@ def parse_hparams(items: list[str]) -> dict[str, Any]:
     for item in items:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise ValueError(f"Config.hparams: overrides are KEY=VALUE, got {item!r}")
+            raise ValueError(f"rome_counterfact setting hparams: overrides are KEY=VALUE, got {item!r}")
         try:
             v = json.loads(value)
         except json.JSONDecodeError:
@@ -154,7 +156,7 @@ def edit_layer(model: HookedGPT2, cfg: Config, choice: dict | None) -> int:
         assert choice is not None, "layer='trace' reads the layer choice"
         return int(choice["argmax"])
     if not 0 <= cfg.layer < model.cfg.n_layer:
-        raise ValueError(f"Config.layer={cfg.layer}: the model has layers 0..{model.cfg.n_layer - 1}")
+        raise ValueError(f"rome_counterfact setting layer={cfg.layer}: the model has layers 0..{model.cfg.n_layer - 1}")
     return cfg.layer
 
 
@@ -169,7 +171,9 @@ def check_parts(folders: list[str], datas: list[dict]) -> None:
     for f, d in zip(folders[1:], datas[1:]):
         for what, get in same.items():
             if get(d) != get(datas[0]):
-                raise ValueError(f"Config.merge: {f} differs from {folders[0]} in its {what}: cannot merge")
+                raise ValueError(
+                    f"rome_counterfact setting merge: {f} differs from {folders[0]} in its {what}: cannot merge"
+                )
 
 
 def merge_parts(folders: list[str]) -> dict:
@@ -177,14 +181,14 @@ def merge_parts(folders: list[str]) -> dict:
     distinct case ids): rows sorted by case id, summaries recomputed, each part's command and settings kept."""
     parts = [ExperimentResult.load(Path(f)) for f in folders]
     if any(p.experiment != "rome_counterfact" for p in parts):
-        raise ValueError(f"Config.merge: {folders} must all be rome_counterfact result folders")
+        raise ValueError(f"rome_counterfact setting merge: {folders} must all be rome_counterfact result folders")
     datas = [p.data for p in parts]
     first = datas[0]
     check_parts(folders, datas)
     rows = sorted((CaseRow.from_dict(r) for d in datas for r in d["one_at_a_time"]["rows"]), key=lambda r: r.case_id)
     ids = [r.case_id for r in rows]
     if len(set(ids)) != len(ids):
-        raise ValueError(f"Config.merge: the parts {folders} overlap (repeated case ids)")
+        raise ValueError(f"rome_counterfact setting merge: the parts {folders} overlap (repeated case ids)")
     ev = EditEvaluation(
         "rome",
         False,

@@ -79,10 +79,14 @@ class RunContext:
 
     ``progress``: whether to show progress bars (pass it to the library's ``progress=``).
     ``previous``: the data of an earlier result in the same place, for experiments that merge parts
-    (reading it marks the new provenance as merged with the earlier one).
+    (reading it marks the new provenance as merged with the earlier one); ``previous_matching`` reads it
+    only if it was made with the same values of the given fields.
     ``record(key, value)``: add resolved settings (e.g. per-model hyperparameters) to the provenance.
     ``cached(key, compute)``: a partial result kept on disk under the run's folder, keyed by the config,
     the weights and ``key``, so an interrupted or repeated run resumes instead of recomputing.
+    ``out_dir``: the run's folder (None: nothing is written or cached); ``settings``: what
+    ``record`` collected; ``cache_key``: the digest of experiment, config and weights; ``weights``:
+    the model's weights fingerprint; ``experiment``: the experiment's name.
     """
 
     out_dir: Path | None = None
@@ -101,6 +105,40 @@ class RunContext:
             self._earlier, self._read_earlier = _earlier(self.out_dir, self.experiment), True
         return None if self._earlier is None else self._earlier.data
 
+    def previous_matching(
+        self, setting: str | None, expected: dict[str, Any], unrecorded: dict[str, Any] | None = None
+    ) -> dict | None:
+        """The earlier result's data (None if there is none), refused with one message naming every
+        field whose recorded value differs from ``expected`` (``{field: value}``, compared with the
+        earlier result's top-level fields; a dict value is compared key by key). ``unrecorded`` gives
+        the value a field had when an older result did not record it. ``setting`` names the setting
+        that asked for the merge, for the message (None: the experiment always merges)."""
+        old = self.previous
+        if old is None:
+            return None
+        unrecorded = unrecorded or {}
+
+        differ: list[tuple[str, Any, Any]] = []
+        for key, want in expected.items():
+            had = old.get(key, unrecorded.get(key, "not recorded"))
+            if isinstance(want, dict) and isinstance(had, dict):
+                differ += [
+                    (f"{key}.{k}", had.get(k, "not recorded"), v)
+                    for k, v in want.items()
+                    if had.get(k, "not recorded") != v
+                ]
+            elif had != want:
+                differ.append((key, had, want))
+        if differ:
+            was = ", ".join(f"{k}={a!r}" for k, a, _ in differ)
+            now = ", ".join(f"{k}={b!r}" for k, _, b in differ)
+            who = self.experiment + (f" setting {setting}" if setting else "")
+            raise ValueError(
+                f"{who}: the earlier result in this folder has {was}; this run has "
+                f"{now}: rerun with the same settings, or write to another --tag or --out"
+            )
+        return old
+
     def record(self, key: str, value: Any) -> None:
         """Record a resolved setting in the provenance under ``settings[key]``."""
         self.settings[key] = to_jsonable(value)
@@ -109,7 +147,8 @@ class RunContext:
         """``compute()``, or its saved value from an earlier run with the same weights and the same
         whole config — or, with ``depends`` (JSON-able), the same ``depends`` instead of the whole
         config: an exact sweep that does not depend on the estimators' settings is then reused when
-        only those change (``torch.save`` format; tensors, dicts and lists)."""
+        only those change (``torch.save`` format; tensors, dicts and lists). ``key`` names the partial
+        result (a file ``.cache/<key>-<digest>.pt``); without an ``out_dir`` nothing is kept."""
         if self.out_dir is None:
             return compute()
         digest = (
@@ -244,7 +283,17 @@ def run_experiment(
 ) -> ExperimentResult:
     """Run experiment ``name`` on ``model`` (a name/path, or a loaded model) and return its result with
     provenance; with ``out``, also write it to ``<out>/<name>/<model>[/<tag>]`` (``tag`` defaults to
-    ``"quick"`` for quick runs). ``settings``: ``{field: value}`` over the config's defaults."""
+    ``"quick"`` for quick runs). ``settings``: ``{field: value}`` over the config's defaults.
+
+    ``quick``: start from the config's ``QUICK`` overrides (a small version); ``threads``: torch's
+    CPU threads for the run (None: unchanged); ``device``/``dtype``: as for :func:`gpt2_interp.load`
+    when ``model`` is a name; ``progress`` (default True): progress bars; ``argv``: the command
+    recorded in the provenance (default ``sys.argv``). Every generator is seeded with the config's
+    ``seed`` before the run.
+
+    Refused before any work (ValueError): an unknown experiment or setting (with the closest name),
+    a setting that does not parse as its type, ``threads`` < 1; an unwritable ``out`` raises
+    OSError."""
     exp = get(name)
     settings = dict(settings or {})
     config = resolve_config(exp, quick, settings)

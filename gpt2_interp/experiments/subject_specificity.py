@@ -71,13 +71,13 @@ class Config(ExperimentConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.n < 1:
-            raise ValueError(f"Config.n must be >= 1, got {self.n}")
+            raise ValueError(f"subject_specificity setting n must be >= 1, got {self.n}")
         if not self.methods:
-            raise ValueError("Config.methods: name at least one of rome, memit")
+            raise ValueError("subject_specificity setting methods: name at least one of rome, memit")
         if not self.keep_templates or min(self.keep_templates) < 1:
             raise ValueError(
-                f"Config.keep_templates: give indices >= 1 (subject specificity is scored on training "
-                f"prompt 0), got {self.keep_templates}"
+                "subject_specificity setting keep_templates: give indices >= 1 (subject specificity is scored on "
+                f"training prompt 0), got {self.keep_templates}"
             )
         parse_hparams(self.hparams)
 
@@ -111,13 +111,10 @@ def earlier_report(ctx: RunContext, cfg: Config, model_name: str, n: int) -> dic
     """With ``append``: the earlier result of this folder, checked to be about the same requests."""
     if not cfg.append:
         return None
-    old = ctx.previous
+    old = ctx.previous_matching("append", {"model": model_name, "n": n, "seed": cfg.seed}, unrecorded={"seed": 0})
     if old is None:
-        raise ValueError("Config.append: there is no earlier result in this run's folder to add to")
-    if (old["model"], old["n"], old.get("seed", 0)) != (model_name, n, cfg.seed):
         raise ValueError(
-            f"Config.append: the earlier result is for {old['model']}, n={old['n']}, seed "
-            f"{old.get('seed', 0)}; this run is {model_name}, n={n}, seed {cfg.seed}"
+            "subject_specificity setting append: there is no earlier result in this run's folder to add to"
         )
     return old
 
@@ -159,6 +156,8 @@ def tables(data: dict) -> dict[str, str]:
 def figures(data: dict) -> dict[str, Figure]:
     from matplotlib.figure import Figure
 
+    from ..plots.layout import finish_layout
+
     runs = data["runs"]
     names = [
         f"{r['method']}\n"
@@ -188,7 +187,7 @@ def figures(data: dict) -> dict[str, Figure]:
     ax.set_ylim(0, 105)
     ax.legend(ncol=len(metrics), fontsize=8, loc="lower center")
     ax.set_title(f"{data['model']}: does an edit keep the subject's other facts? (SS)")
-    fig.tight_layout()
+    finish_layout(fig)
     return {"subject_specificity": fig}
 
 

@@ -74,6 +74,10 @@ def lens_curve(model, fb: FactBase, limit: int | None = None) -> dict[str, Any]:
 
 
 def measure(model, fb: FactBase | None = None, limit: int | None = None) -> dict[str, Any]:
+    """The fact model's measurements for its model card: first-token accuracy on the training and the
+    held-out templates (overall, per template and per relation; :func:`first_token_accuracy`), the
+    logit-lens curve (:func:`lens_curve`) and six greedy generations. ``fb``: the fact base (default:
+    the shipped one); ``limit``: measure on that many facts, sampled with a fixed seed (None: all)."""
     fb = fb or FactBase.load()
     train = first_token_accuracy(model, fb, "train", limit)
     held = first_token_accuracy(model, fb, "heldout", limit)

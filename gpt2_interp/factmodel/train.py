@@ -59,6 +59,8 @@ def build_examples(fb: FactBase, split: str = "train") -> list[Example]:
 
 
 def corpus_hash(examples: list[Example]) -> str:
+    """A short digest (16 hex digits, sha256) of the token sequences of ``examples``, in order: names
+    the training corpus in ``training.json``."""
     h = hashlib.sha256()
     for ex in examples:
         h.update(json.dumps(ex.tokens).encode())

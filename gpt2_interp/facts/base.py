@@ -24,7 +24,9 @@ SPLITS = ("train", "heldout")
 
 @dataclass(frozen=True, order=True)
 class Fact:
-    """One fact, e.g. ``Fact("country_capital", "France", "Paris")``."""
+    """One fact, e.g. ``Fact("country_capital", "France", "Paris")``: the ``relation`` (a name of
+    :mod:`~gpt2_interp.facts.templates`), the ``subject`` and the ``object`` (without a leading space;
+    :attr:`target` adds it)."""
 
     relation: str
     subject: str
@@ -101,8 +103,9 @@ class FactBase:
     def cases(
         self, facts: list[Fact] | None = None, split: str = "train", template: int = 0
     ) -> list[tuple[str, str, str]]:
-        """``(prompt, subject, target)`` for each fact (default: all), prompted with template
-        ``template`` of ``split`` — the plain cases ``average_trace`` and friends take."""
+        """``(prompt, subject, target)`` for each of ``facts`` (default: all), prompted with template
+        ``template`` of ``split`` (``"train"`` or ``"heldout"``) — the plain cases ``average_trace``
+        and friends take. Another split raises ValueError, a template index a relation lacks IndexError."""
         _check_split(split)
         out = []
         for f in self.facts() if facts is None else facts:

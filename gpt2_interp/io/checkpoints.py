@@ -104,7 +104,9 @@ def read_hf_dir(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
 
 
 def write_hf_dir(path: Path, config: dict[str, Any], sd: Mapping[str, torch.Tensor]) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` to the directory ``path``."""
+    """Write ``config`` as ``config.json`` and the state dict ``sd`` (name → tensor, made contiguous) as
+    ``model.safetensors`` to the directory ``path`` (created if missing; existing files are
+    overwritten). Returns ``path``."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in sd.items()}, str(path / "model.safetensors"), metadata={"format": "pt"})
@@ -134,4 +136,6 @@ def hf_cache_dirs(repo: str, need: tuple[str, ...] = WEIGHT_FILES) -> list[Path]
 
 
 def embedded_path(name: str = "gpt2-facts") -> Path:
+    """The directory of a model shipped inside the package (``gpt2_interp/models/<name>``; default
+    ``gpt2-facts``). The path is returned whether or not it exists."""
     return Path(str(resources.files("gpt2_interp").joinpath(f"models/{name}")))

@@ -56,7 +56,8 @@ class TensorInfo:
 
 @dataclass
 class GGUFFile:
-    """A parsed GGUF: ``metadata`` (key → Python value; arrays as lists) and ``tensors`` (name → info).
+    """A parsed GGUF (made by :func:`read_gguf`): the file's ``path``, its format ``version``,
+    ``metadata`` (key → Python value; arrays as lists) and ``tensors`` (name → where and how it is stored).
     :meth:`tensor` reads and dequantizes one tensor to float32."""
 
     path: Path
@@ -66,10 +67,13 @@ class GGUFFile:
 
     @property
     def architecture(self) -> str:
+        """The ``general.architecture`` metadata (``"llama"``, ``"gpt2"``, …; ``"?"`` when absent)."""
         return str(self.metadata.get("general.architecture", "?"))
 
     def tensor(self, name: str) -> np.ndarray:
-        """Tensor ``name`` as float32 numpy, in torch order."""
+        """Tensor ``name`` as float32 numpy, in torch order (a linear weight is ``[out, in]``); the types
+        of ``SUPPORTED_TYPES`` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) are read. A name the file lacks raises
+        :class:`GGUFError`."""
         import gguf.quants
 
         info = self.tensors.get(name)

@@ -55,8 +55,10 @@ def content_digest(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, s
 
 
 def save_checked(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> Path:
-    """Write ``tensors`` + string ``metadata`` as one safetensors file with a ``sha256`` digest field.
-    Written to a temporary file first and renamed, so a crash never leaves a half-written file."""
+    """Write ``tensors`` (moved to CPU) + string ``metadata`` as one safetensors file at ``path`` with a
+    ``sha256`` digest field over both (a ``sha256`` key in ``metadata`` is replaced). Written to a
+    temporary file first and renamed, so a crash never leaves a half-written file; parent directories
+    are created. Returns the path; :func:`load_checked` reads and verifies it."""
     from safetensors.torch import save_file
 
     path = Path(path)

@@ -94,12 +94,18 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ one implementation per family
     def encode_ids(self, text: str) -> list[int]:
+        """Token ids of ``text``, without BOS and without a warning (the package's own calls); text
+        spelling a special token (e.g. ``<|endoftext|>``) becomes that token."""
         raise NotImplementedError
 
     def decode_ids(self, ids: list[int]) -> str:
+        """The text of a list of token ids, special tokens included, exactly as their bytes spell it
+        (invalid UTF-8 becomes U+FFFD)."""
         raise NotImplementedError
 
     def token_str(self, token_id: int) -> str:
+        """The text of one token (``" fox"``; a token holding part of a multi-byte character decodes
+        to U+FFFD), as opposed to the vocabulary spelling of :meth:`id_to_token`."""
         raise NotImplementedError
 
     def char_spans(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
@@ -119,8 +125,10 @@ class Tokenizer:
     def encode(
         self, text: str, add_special_tokens: bool = True, return_tensors: str | None = None, **kwargs: Any
     ) -> Any:
-        """Token ids of ``text`` (a list; ``[1, n]`` with ``return_tensors="pt"``); BOS first only
-        with ``add_bos_token`` (see the class docstring)."""
+        """Token ids of ``text`` (a list; a ``[1, n]`` long tensor with ``return_tensors="pt"``, the only
+        tensor kind accepted: any other value raises ValueError). BOS comes first only with
+        ``add_bos_token`` set and ``add_special_tokens`` true (see the class docstring). A batch
+        (non-string ``text``) raises TypeError: call the tokenizer for one."""
         if not isinstance(text, str):
             raise TypeError(f"encode takes one string, got {type(text).__name__}; call the tokenizer for a batch")
         ids = self._bos(add_special_tokens, "encode") + self.encode_ids(text)
@@ -133,8 +141,10 @@ class Tokenizer:
         clean_up_tokenization_spaces: bool = False,
         **kwargs: Any,
     ) -> str:
-        """The text of token ids (an int, a list or a 0-d/1-d tensor), exactly as their bytes spell it
-        (``clean_up_tokenization_spaces`` is ignored, as transformers ignores it for BPE tokenizers)."""
+        """The text of ``token_ids`` (an int, a list or a 0-d/1-d tensor), exactly as their bytes spell it;
+        ``skip_special_tokens`` drops BOS/EOS/pad ids first (default False).
+        ``clean_up_tokenization_spaces`` is ignored, as transformers ignores it for BPE tokenizers.
+        A batch (nested lists, a 2-d tensor) raises ValueError: use :meth:`batch_decode`."""
         ids = _ids(token_ids)
         ids = [ids] if isinstance(ids, int) else ids
         if ids and isinstance(ids[0], list):
@@ -239,30 +249,37 @@ class Tokenizer:
     # ------------------------------------------------------------------ Hugging Face's names
     @property
     def special_ids(self) -> set[int]:
+        """The BOS, EOS and pad ids (those that are set)."""
         return {i for i in (self.bos_id, self.eos_id, self.pad_id) if i is not None}
 
     @property
     def bos_token_id(self) -> int | None:
+        """Hugging Face's name for ``bos_id`` (None: the model prepends no BOS)."""
         return self.bos_id
 
     @property
     def eos_token_id(self) -> int:
+        """Hugging Face's name for ``eos_id``, the id that stops generation."""
         return self.eos_id
 
     @property
     def pad_token_id(self) -> int:
+        """Hugging Face's name for ``pad_id``, the id that fills padding."""
         return self.pad_id
 
     @property
     def bos_token(self) -> str | None:
+        """The vocabulary spelling of the BOS token (None when there is none)."""
         return None if self.bos_id is None else self.id_to_token(self.bos_id)
 
     @property
     def eos_token(self) -> str:
+        """The vocabulary spelling of the EOS token (``<|endoftext|>`` for GPT-2)."""
         return self.id_to_token(self.eos_id)
 
     @property
     def pad_token(self) -> str:
+        """The vocabulary spelling of the pad token."""
         return self.id_to_token(self.pad_id)
 
     @property
@@ -388,7 +405,12 @@ def token_str(token_id: int) -> str:
 
 class HFTokenizer(Tokenizer):
     """A tokenizer backed by the ``tokenizers`` library (e.g. a byte-level BPE read from a GGUF file,
-    :func:`gpt2_interp.io.gguf.gguf_tokenizer`). Special tokens written in the text are matched whole."""
+    :func:`gpt2_interp.io.gguf.gguf_tokenizer`). Special tokens written in the text are matched whole.
+
+    ``backend`` is the ``tokenizers.Tokenizer``; ``name`` names the tokenizer (shown in its repr);
+    ``bos_id`` is prepended by ``model.to_tokens(prepend_bos=True)`` (None: nothing is), ``eos_id``
+    stops generation and ``pad_id`` fills padding (default: ``eos_id``). ``vocab_size`` counts the
+    added tokens too."""
 
     def __init__(self, backend, name: str, bos_id: int | None, eos_id: int, pad_id: int | None = None) -> None:
         self.backend = backend  # tokenizers.Tokenizer

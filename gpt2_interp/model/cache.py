@@ -13,9 +13,12 @@ out ``w`` (its weights are usually folded into ``W_U``).
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from einops import einsum
 
@@ -27,7 +30,12 @@ class ActivationCache(Mapping[str, torch.Tensor]):
 
     Index by full name (``cache["blocks.3.hook_resid_pre"]``) or TransformerLens style
     (``cache["resid_pre", 3]``, ``cache["resid_post", -1]``, ``cache["scale", 3, "ln2"]``,
-    ``cache["pattern", 3, "attn"]``, ``cache["embed"]``, ``cache["k6"]``).
+    ``cache["pattern", 3, "attn"]``, ``cache["embed"]``, ``cache["k6"]``). A name not in the cache
+    raises KeyError (with the closest cached names); a layer out of range IndexError.
+
+    ``store``: ``{hook name: activation}``; ``model``: the model it was recorded from (the per-layer
+    and decomposition methods read its config and weights); ``has_batch_dim``: whether each
+    activation starts with a batch dimension.
     """
 
     def __init__(self, store: dict[str, torch.Tensor], model: Any = None, has_batch_dim: bool = True) -> None:
@@ -38,6 +46,7 @@ class ActivationCache(Mapping[str, torch.Tensor]):
     # ------------------------------------------------------------------ mapping
     @property
     def n_layers(self) -> int:
+        """The model's number of blocks (a cache without a model raises ValueError)."""
         if self.model is None or not hasattr(self.model, "cfg"):
             raise ValueError("this cache has no model with a config; per-layer methods need one")
         return self.model.cfg.n_layer
@@ -88,10 +97,11 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         return self._store
 
     def to(self, device: torch.device | str) -> ActivationCache:
+        """A new cache with every activation moved to ``device``."""
         return ActivationCache({k: v.to(device) for k, v in self._store.items()}, self.model, self.has_batch_dim)
 
     def remove_batch_dim(self) -> ActivationCache:
-        """The cache of a batch of one without its batch dimension."""
+        """The cache of a batch of one without its batch dimension (a larger batch raises ValueError)."""
         if not self.has_batch_dim:
             return self
         sizes = {v.shape[0] for v in self._store.values()}
@@ -99,12 +109,66 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             raise ValueError(f"remove_batch_dim needs a batch of one; the cache holds batch sizes {sorted(sizes)}")
         return ActivationCache({k: v[0] for k, v in self._store.items()}, self.model, has_batch_dim=False)
 
+    def apply_slice_to_batch_dim(self, batch_slice: Any) -> ActivationCache:
+        """A cache of the batch rows ``batch_slice`` selects (an int, ``(start, stop[, step])``, a
+        slice, a list/tensor of rows, ``utils.Slice`` or None): as TransformerLens, an int drops the batch
+        dimension, and entries whose first dimension is not the batch size are kept whole."""
+        rows = _as_index(batch_slice)
+        if not self.has_batch_dim and rows != slice(None):
+            raise ValueError("this cache has no batch dimension (remove_batch_dim was applied) to slice")
+        sizes = Counter(v.shape[0] for v in self._store.values() if v.ndim > 0)
+        batch = sizes.most_common(1)[0][0] if sizes else 1
+        store = {k: v[rows] if v.ndim > 0 and v.shape[0] == batch else v for k, v in self._store.items()}
+        return ActivationCache(store, self.model, has_batch_dim=self.has_batch_dim and not isinstance(rows, int))
+
+    def toggle_autodiff(self, mode: bool = False) -> None:
+        """``torch.set_grad_enabled(mode)`` for the whole process, as TransformerLens's (global state:
+        prefer ``with torch.inference_mode():``)."""
+        logging.warning("Changed the global state, set autodiff to %s", mode)
+        torch.set_grad_enabled(mode)
+
+    def compute_head_results(self) -> None:
+        """Add each head's result ``z @ W_O`` (no ``b_O``) as ``blocks.{l}.attn.hook_result``
+        ``[batch, pos, head, d_model]`` to the cache, as TransformerLens (nothing when they are
+        cached already). :meth:`stack_head_results` needs no such entries."""
+        if "blocks.0.attn.hook_result" in self._store:
+            return
+        for i in range(self.n_layers):
+            z = self["z", i]  # [..., head, d_head]
+            W_O = self.model.blocks[i].attn.W_O  # [head, d_head, d_model]
+            self._store[f"blocks.{i}.attn.hook_result"] = einsum(z, W_O.to(z.dtype), "... h dh, h dh d -> ... h d")
+
+    def get_neuron_results(
+        self,
+        layer: int,
+        neuron_slice: Any = None,
+        pos_slice: Any = None,
+        project_output_onto: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Each neuron's write ``post[n] · W_out[n]`` in block ``layer``: ``[batch, pos, neuron, d_model]``
+        (an int ``pos_slice``/``neuron_slice`` drops that dimension, as TransformerLens);
+        ``project_output_onto`` ``[d_model]`` or ``[d_model, k]`` projects each write (last dim dropped or ``k``)."""
+        post = self["post", layer]  # [..., pos, d_mlp]
+        W_out = self.model.blocks[self._layer(layer)].mlp.W_out.to(post.dtype)  # [d_mlp, d_model]
+        if pos_slice is not None:
+            index: list[Any] = [slice(None)] * post.ndim
+            index[-2] = _as_index(pos_slice)
+            post = post[tuple(index)]
+        neurons = _as_index(neuron_slice)
+        post, W_out = post[..., neurons], W_out[neurons]
+        if project_output_onto is None:
+            return post[..., None] * W_out
+        projected = W_out @ project_output_onto.to(W_out.dtype)
+        return post * projected if projected.ndim == 1 else post[..., None] * projected
+
     def stack(self, family: str) -> torch.Tensor:
         """Stack a per-layer family over layers: ``[n_layer, *shape]``."""
         return torch.stack([self[family, i] for i in range(self.n_layers)])
 
     def stack_activation(self, activation_name: str, layer: int = -1, sublayer_type: str | None = None) -> torch.Tensor:
-        """``[layers, ...]`` of one family for the layers before ``layer`` (-1: all)."""
+        """``[layers, ...]``: the activations of family ``activation_name`` (e.g. ``"resid_pre"``,
+        ``"pattern"``) for the layers before ``layer`` (-1, the default: all); ``sublayer_type`` names
+        the sublayer where the family needs one (``"ln1"``/``"ln2"`` for ``"scale"``)."""
         end = self.n_layers if layer == -1 else layer
         return torch.stack(
             [self[(activation_name, i) + ((sublayer_type,) if sublayer_type else ())] for i in range(end)]
@@ -153,7 +217,13 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         return_labels: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, list[str]]:
         """The residual stream entering each block up to ``layer`` (and the final one when ``layer``
-        is None): ``[n, batch, pos, d_model]``; labels ``0_pre``, ``0_mid``, …, ``final_post``."""
+        is None): ``[n, batch, pos, d_model]``; labels ``0_pre``, ``0_mid``, …, ``final_post``.
+
+        ``incl_mid`` adds each block's ``resid_mid``; ``mlp_input`` ends at the input of ``layer``'s
+        MLP (its ``resid_mid``) instead of its attention; ``apply_ln`` puts the stack through
+        :meth:`apply_ln_to_stack` at ``layer``; ``pos_slice`` (an int drops the position dimension, or
+        a slice/list) selects positions; ``return_labels`` returns ``(stack, labels)``. A layer out
+        of range raises IndexError."""
         end = self._end(layer)
         resids, labels = [], []
         for i in range(end):
@@ -186,8 +256,13 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         incl_embeds: bool = True,
         return_labels: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, list[str]]:
-        """The residual stream at ``layer`` as the sum of its parts: ``embed``, ``pos_embed`` and each
-        block's ``attn_out`` and ``mlp_out`` (``mode`` "attn"/"mlp" keeps one kind)."""
+        """The residual stream at ``layer`` (None: the final one) as the sum of its parts,
+        ``[n, batch, pos, d_model]``: ``embed``, ``pos_embed`` and each block's ``attn_out`` and
+        ``mlp_out`` (``mode`` "attn"/"mlp" keeps one kind; any other mode raises ValueError).
+
+        ``mlp_input`` decomposes the input of ``layer``'s MLP (adding that block's ``attn_out``);
+        ``incl_embeds`` (default True) includes the embeddings; ``apply_ln``, ``pos_slice`` and
+        ``return_labels`` as in :meth:`accumulated_resid`."""
         if mode not in ("all", "attn", "mlp"):
             raise ValueError(f"mode must be 'all', 'attn' or 'mlp', got {mode!r}")
         end = self._end(layer)
@@ -223,7 +298,8 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         """Each head's write to the residual stream, ``z @ W_O`` per head (no ``b_O``), for the blocks
         before ``layer``: ``[layers·heads, batch, pos, d_model]``, labels ``L{l}H{h}``. Computed from
         ``hook_z`` and ``W_O``; nothing is materialised during the forward pass.
-        ``incl_remainder`` appends the residual minus all heads (``remainder``)."""
+        ``incl_remainder`` appends the residual minus all heads (``remainder``); ``pos_slice``,
+        ``apply_ln`` and ``return_labels`` as in :meth:`accumulated_resid`."""
         end = self._end(layer)
         parts, labels = [], []
         for i in range(end):
@@ -253,7 +329,10 @@ class ActivationCache(Mapping[str, torch.Tensor]):
     ) -> torch.Tensor | tuple[torch.Tensor, list[str]]:
         """Each MLP neuron's write ``post[n] · W_out[n]`` for the blocks before ``layer``:
         ``[layers·neurons, batch, pos, d_model]``, labels ``L{l}N{n}`` (``project_output_onto``
-        ``[d_model, k]`` projects each write instead of returning it whole)."""
+        ``[d_model, k]`` projects each write instead of returning it whole). ``neuron_slice`` (a
+        slice or list) keeps those neurons of each layer; ``incl_remainder`` appends the residual
+        minus all neurons (``remainder``); ``pos_slice``, ``apply_ln`` and ``return_labels`` as in
+        :meth:`accumulated_resid`."""
         end = self._end(layer)
         parts, labels = [], []
         ns = getattr(neuron_slice, "slice", neuron_slice)
@@ -296,8 +375,12 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         project_output_onto: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, list[str]]:
         """Every head, every neuron (or each ``mlp_out`` without ``expand_neurons``), the embeddings
-        and one ``bias`` term (the sum of ``b_O`` and ``b_out``): components that sum to the
-        residual stream at ``layer`` exactly."""
+        and one ``bias`` term (the sum of ``b_O`` and ``b_out``): components ``[n, batch, pos, d_model]``
+        that sum to the residual stream at ``layer`` (None: the final one) exactly.
+
+        ``mlp_input`` decomposes the input of ``layer``'s MLP (adding that block's heads);
+        ``project_output_onto`` ``[d_model, k]`` projects the components; ``apply_ln``, ``pos_slice``
+        and ``return_labels`` as in :meth:`accumulated_resid`."""
         end = self._end(layer)
         heads, labels = self.stack_head_results(end if end < self.n_layers else -1, True, pos_slice=pos_slice)
         parts = [heads]
@@ -359,7 +442,13 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         applied to each component: ``w ⊙ (c − mean c) / scale`` (no bias ``b``: it is added once, not
         per component; see :meth:`ln_bias_logits`). ``residual_stack: [n, batch, pos, d_model]`` (or
         ``[n, batch, d_model]`` after an int ``pos_slice``). ``recompute_ln`` uses each component's
-        own scale instead (a per-component LayerNorm, not a decomposition)."""
+        own scale instead (a per-component LayerNorm, not a decomposition).
+
+        ``mlp_input``: the norm before ``layer``'s MLP (``ln2``) instead of before its attention;
+        ``pos_slice``/``batch_slice`` select the recorded scale's positions/rows to match a stack that
+        was sliced; ``centre_each`` and ``has_batch_dim`` are TransformerLens's keywords (each
+        component is always centred when the norm centres). Without the norm's ``hook_scale`` in the
+        cache (and no ``recompute_ln``) it raises KeyError."""
         norm, scale_name = self._norm(layer, mlp_input)
         x = residual_stack
         if getattr(norm, "centred", True):
@@ -393,11 +482,14 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         has_batch_dim: bool = True,
     ) -> torch.Tensor:
         """Each component's contribution to the logit of ``tokens`` (minus that of
-        ``incorrect_tokens``): ``residual_stack @ W_U[:, tokens]`` — pass a stack that went through
-        :meth:`apply_ln_to_stack`. ``tokens``: a string, an id, ``[batch]`` or ``[batch, pos]``.
-        As in TransformerLens the stack (the residual at the end, e.g. ``pos_slice=-1``) goes through
-        :meth:`apply_ln_to_stack` first — ours includes the norm's gain, so the attributions plus
-        ``ln_bias_logits()`` sum to the logit (difference) exactly."""
+        ``incorrect_tokens``): ``apply_ln_to_stack(residual_stack) @ W_U[:, tokens]``, ``[n, *tokens
+        shape]``. ``residual_stack``: components of the final residual stream ``[n, batch, pos,
+        d_model]`` (or ``[n, batch, d_model]`` with an int ``pos_slice``), not yet normalised: as in
+        TransformerLens they go through :meth:`apply_ln_to_stack` with ``ln_final`` here (``pos_slice``
+        and ``batch_slice`` select the matching recorded scales) — ours includes the norm's gain, so
+        the attributions plus ``ln_bias_logits()`` sum to the logit (difference) exactly.
+        ``tokens``: a string (one token, else ValueError), an id, ``[batch]`` or ``[batch, pos]``.
+        ``has_batch_dim`` is TransformerLens's keyword, unused here."""
 
         def ids(t: Any) -> torch.Tensor:
             if isinstance(t, str):
@@ -410,3 +502,16 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         if incorrect_tokens is not None:
             dirs = dirs - W_U[:, ids(incorrect_tokens)].movedim(0, -1)
         return (residual_stack * dirs).sum(-1)
+
+
+def _as_index(selection: Any) -> Any:
+    """TransformerLens's ``Slice`` input as an index for one dimension: an int, ``(start, stop[, step])``,
+    a slice, a list/array/tensor of indices, a ``utils.Slice`` or None (everything)."""
+    selection = getattr(selection, "slice", selection)
+    if selection is None:
+        return slice(None)
+    if isinstance(selection, tuple):
+        return slice(*selection)
+    if isinstance(selection, (int, slice)):
+        return selection
+    return torch.as_tensor(np.asarray(selection) if not isinstance(selection, torch.Tensor) else selection)

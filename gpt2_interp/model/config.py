@@ -28,7 +28,22 @@ from ..core.checks import check_count
 
 @dataclass(frozen=True)
 class GPT2Config:
-    """The shape of a GPT-2. Every released GPT-2 differs only in these numbers."""
+    """The shape of a GPT-2. Every released GPT-2 differs only in these numbers (the defaults are
+    gpt2-small's); the other fields describe Llama-style variants (:func:`llama_config`).
+
+    - ``n_layer`` blocks, residual width ``d_model``, ``n_head`` attention heads (``d_head =
+      d_model // n_head``), MLP width ``d_mlp``, context ``n_ctx`` tokens, vocabulary ``d_vocab``;
+    - ``layer_norm_eps``: the norms' epsilon; ``name``: the model's name (shown in errors and reprs);
+    - ``norm``: ``"layernorm"`` or ``"rmsnorm"``; ``positional``: ``"learned"`` or ``"rotary"``
+      (base ``rope_theta``); ``mlp``: ``"gelu"`` or ``"swiglu"``;
+    - ``n_kv_heads``: key/value heads for grouped-query attention (None: ``n_head``);
+    - ``bias``: whether linear layers have biases; ``tied_embeddings``: whether ``W_U = W_E.T``.
+
+    Checked when made: sizes must be positive integers, ``n_head`` must divide ``d_model`` and
+    ``n_kv_heads`` divide ``n_head``, rotary positions need an even ``d_head``, ``layer_norm_eps`` and
+    ``rope_theta`` must be finite and > 0, and the three kinds must be one of those listed (ValueError;
+    TypeError for a value of the wrong type). The config is frozen: :meth:`replace` makes a changed copy.
+    """
 
     n_layer: int = 12
     d_model: int = 768
@@ -92,6 +107,7 @@ class GPT2Config:
 
     @property
     def d_head(self) -> int:
+        """The width of one attention head, ``d_model // n_head``."""
         return self.d_model // self.n_head
 
     @property
@@ -111,24 +127,30 @@ class GPT2Config:
     # TransformerLens's names for the same numbers (read-only)
     @property
     def n_layers(self) -> int:
+        """TransformerLens's name for ``n_layer``."""
         return self.n_layer
 
     @property
     def n_heads(self) -> int:
+        """TransformerLens's name for ``n_head``."""
         return self.n_head
 
     @property
     def d_vocab_out(self) -> int:
+        """TransformerLens's name for the output vocabulary size (``d_vocab``)."""
         return self.d_vocab
 
     @property
     def model_name(self) -> str:
+        """TransformerLens's name for ``name``."""
         return self.name
 
     def replace(self, **changes: Any) -> GPT2Config:
+        """A copy with the fields in ``changes`` replaced (checked like a new config)."""
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict (``GPT2Config(**d)`` rebuilds the config)."""
         return asdict(self)
 
     # --- Hugging Face config.json -------------------------------------------------
@@ -277,7 +299,8 @@ class GPT2Config:
 
 
 def llama_config(**kw: Any) -> GPT2Config:
-    """A Llama-family config (RMSNorm, RoPE, SwiGLU, no biases); ``kw`` sets the sizes."""
+    """A Llama-family config (RMSNorm, RoPE, SwiGLU, no biases, name ``"llama"``); ``kw`` sets the sizes
+    and may override any other :class:`GPT2Config` field (e.g. ``n_kv_heads``, ``tied_embeddings``)."""
     base: dict[str, Any] = dict(norm="rmsnorm", positional="rotary", mlp="swiglu", bias=False, name="llama")
     return GPT2Config(**{**base, **kw})
 

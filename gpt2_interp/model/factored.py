@@ -10,7 +10,10 @@ import torch
 
 class FactoredMatrix:
     """``A @ B`` without forming it: ``.AB`` forms it, ``.svd()``/``.eigenvalues``/``.norm()`` use the
-    small ``k × k`` core, ``@`` multiplies on either side, indexing selects leading (layer, head) dims."""
+    small ``k × k`` core, ``@`` multiplies on either side, indexing selects leading (layer, head) dims.
+
+    ``A`` ``[..., m, k]`` and ``B`` ``[..., k, n]`` (leading dimensions broadcast); inner dimensions
+    that differ raise ValueError."""
 
     def __init__(self, A: torch.Tensor, B: torch.Tensor) -> None:
         if A.shape[-1] != B.shape[-2]:
@@ -19,24 +22,29 @@ class FactoredMatrix:
 
     @property
     def AB(self) -> torch.Tensor:
+        """The product ``A @ B`` ``[..., m, n]``, formed."""
         return self.A @ self.B
 
     @property
     def BA(self) -> torch.Tensor:
+        """The product ``B @ A`` ``[..., k, k]`` (needs ``m == n``)."""
         return self.B @ self.A
 
     @property
     def shape(self) -> torch.Size:
+        """The shape of ``A @ B``: broadcast leading dimensions, then ``m, n``."""
         return torch.Size(
             (*torch.broadcast_shapes(self.A.shape[:-2], self.B.shape[:-2]), self.A.shape[-2], self.B.shape[-1])
         )
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions of ``A @ B``."""
         return len(self.shape)
 
     @property
     def T(self) -> FactoredMatrix:
+        """The transpose, ``Bᵀ @ Aᵀ``, still factored."""
         return FactoredMatrix(self.B.transpose(-2, -1), self.A.transpose(-2, -1))
 
     def __matmul__(self, other: Any) -> Any:
@@ -66,6 +74,7 @@ class FactoredMatrix:
 
     @property
     def S(self) -> torch.Tensor:
+        """The singular values of ``A @ B`` ``[..., k]`` (descending; see :meth:`svd`)."""
         return self.svd()[1]
 
     @property

@@ -10,6 +10,7 @@ and TransformerLens's hook names. TransformerLens's name for it, ``HookedTransfo
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,9 +24,9 @@ from ..core.checks import check_index, check_prompts
 from ..io import tokenizer as tok
 from .config import KNOWN_CONFIGS, GPT2Config, ModelConfig
 from .hooks import HookPoint, note_input, warn_if_nonfinite, warn_port, watch_replacements
-from .modules import Block, KVCache, norm, rotary_cos_sin
+from .modules import Block, Embed, KVCache, PosEmbed, Unembed, norm, rotary_cos_sin
 from .root import HookedRootModule
-from .tl_aliases import TransformerLensAliases
+from .tl_aliases import StateDict, TransformerLensAliases, is_tl_state_dict
 
 Input = str | Sequence[str] | torch.Tensor
 
@@ -67,6 +68,11 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
     with a Llama-style config (:func:`.config.llama_config`) RMSNorm, rotary positions, SwiGLU,
     grouped-query attention, no biases and an optionally untied ``unembed.W_U``. TransformerLens hook names.
 
+    ``cfg``: a :class:`GPT2Config` or the name of one in :data:`KNOWN_CONFIGS` (default ``"gpt2"``; an
+    unknown name raises KeyError). The weights are freshly initialised (:meth:`init_weights`, seeded
+    by ``seed`` when given); :func:`gpt2_interp.load` builds a model with trained weights.
+    ``tokenizer``: the model's own :class:`~gpt2_interp.io.Tokenizer` (default: a new GPT-2 BPE).
+
     >>> model = HookedGPT2(GPT2Config(n_layer=2, d_model=64, n_head=4, d_mlp=256, n_ctx=32))
     >>> logits, cache = model.run_with_cache("Hello world", names_filter="blocks.0.hook_resid_post")
     """
@@ -81,32 +87,37 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             if cfg not in KNOWN_CONFIGS:
                 raise KeyError(f"unknown config {cfg!r}; known: {', '.join(KNOWN_CONFIGS)}")
             cfg = KNOWN_CONFIGS[cfg]
-        self.embed = nn.Module()
-        self.embed.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
+        self.embed = Embed(cfg)
         # the model's own view of the shared config: TL's cfg.device / cfg.use_attn_result (config.ModelConfig)
         self.cfg = cfg = ModelConfig.of(cfg, self.embed)
+        self.hook_tokens = HookPoint()  # [batch, pos] token ids; hooked only after set_use_hook_tokens(True)
         self.hook_embed = HookPoint()
         if cfg.positional == "learned":
-            self.pos_embed = nn.Module()
-            self.pos_embed.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
+            self.pos_embed = PosEmbed(cfg)
             self.hook_pos_embed = HookPoint()
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.ln_final = norm(cfg)
-        if not cfg.tied_embeddings:
-            # state-dict key "unembed.W_U" as in TransformerLens (the attribute name is the unembed() method)
-            unembed = nn.Module()
-            unembed.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
-            self._modules["unembed"] = unembed
+        self.unembed = Unembed(cfg, self.embed)  # state-dict key "unembed.W_U" when untied, as in TransformerLens
         self.setup()  # names every HookPoint (HookedRootModule); then put them in forward order
         found = self.hook_dict
-        order = ["hook_embed", "hook_pos_embed"]
+        order = ["hook_tokens", "hook_embed", "hook_pos_embed"]
         for i in range(cfg.n_layer):
             order += [f"blocks.{i}.{n}" for n in _BLOCK_HOOK_ORDER]
-        order += ["ln_final.hook_scale", "ln_final.hook_normalized"]
+        order += ["ln_final.hook_scale", "ln_final.hook_normalized", "unembed.hook_in", "unembed.hook_out"]
         order = [n for n in order if n in found]
         assert sorted(order) == sorted(found), "every hook point must have a place in the forward order"
-        self.hook_dict: dict[str, HookPoint] = {n: found[n] for n in order}
+        self.hook_dict: dict[str, HookPoint] = {n: found[n] for n in order if n != "hook_tokens"}
         self.init_weights(seed)
+
+    def set_use_hook_tokens(self, use_hook_tokens: bool) -> None:
+        """Run the hook point ``hook_tokens`` on the token ids ``[batch, pos]`` of every forward pass
+        (a hook may read or replace them), and list it in ``hook_dict``: TransformerLens's
+        ``cfg.use_hook_tokens``, off by default (as there, the name is unknown while off)."""
+        if use_hook_tokens and "hook_tokens" not in self.hook_dict:
+            self.hook_dict = {"hook_tokens": self.hook_tokens, **self.hook_dict}
+        elif not use_hook_tokens:
+            self.hook_tokens.remove_hooks("both", including_permanent=True)
+            self.hook_dict.pop("hook_tokens", None)
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
@@ -125,23 +136,66 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
 
     @property
     def W_E(self) -> torch.Tensor:  # [d_vocab, d_model]
-        return _weight(self.embed, "W_E")
+        """The token embedding ``[d_vocab, d_model]`` (the parameter itself, not a copy)."""
+        return self.embed.W_E
 
     @property
     def W_pos(self) -> torch.Tensor | None:  # [n_ctx, d_model]; None with rotary positions
-        return _weight(self.pos_embed, "W_pos") if self.cfg.positional == "learned" else None
+        """The learned position embedding ``[n_ctx, d_model]``; None with rotary positions."""
+        return self.pos_embed.W_pos if self.cfg.positional == "learned" else None
 
     @property
     def W_U(self) -> torch.Tensor:  # [d_model, d_vocab]: W_Eᵀ when tied
-        return self.W_E.T if self.cfg.tied_embeddings else _weight(self._modules["unembed"], "W_U")
+        """The unembedding ``[d_model, d_vocab]``: ``W_E.T`` (a view) when the embeddings are tied."""
+        return self.unembed.W_U
 
     @property
     def device(self) -> torch.device:
-        return self.W_E.device
+        """The device of the model's parameters (that of ``W_E``)."""
+        return self.embed.W_E.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.W_E.dtype
+        """The dtype of the model's parameters (that of ``W_E``)."""
+        return self.embed.W_E.dtype
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """The parameters by name (ours: ``blocks.{l}.attn.W_QKV`` fused), in which TransformerLens's
+        names (``blocks.{l}.attn.W_Q``, ``unembed.W_U``, …) are found too (:class:`.tl_aliases.StateDict`)."""
+        sd = super().state_dict(*args, **kwargs)
+        if args or kwargs.get("destination") is not None or kwargs.get("prefix"):
+            return sd
+        view = StateDict(sd)
+        view._metadata = getattr(sd, "_metadata", None)
+        view.cfg = self.cfg.config
+        return view
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True) -> Any:
+        """``nn.Module.named_parameters``. Called from user code, once per model a :class:`PortingWarning`
+        says that the attention's query/key/value weights are one fused ``attn.W_QKV``/``b_QKV`` per
+        block, not TransformerLens's ``W_Q``/``W_K``/``W_V`` parameters (calls from torch, e.g. an
+        optimizer's ``parameters()``, and from gpt2-interp itself stay quiet). ``prefix``, ``recurse`` and
+        ``remove_duplicate`` are torch's."""
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if not self.__dict__.get("_noted_fused_names") and not caller.startswith(("torch", "gpt2_interp")):
+            self.__dict__["_noted_fused_names"] = True
+            warn_port(
+                "named_parameters(): each block's query/key/value weights are one fused parameter "
+                "blocks.{l}.attn.W_QKV (and b_QKV), not TransformerLens's W_Q/W_K/W_V/b_Q/b_K/b_V; read those by "
+                "TL's names from model.state_dict() (views, e.g. state_dict()['blocks.0.attn.W_Q']) or as "
+                "model.blocks[l].attn.W_Q (writable views of W_QKV)"
+            )
+        return super().named_parameters(prefix, recurse, remove_duplicate)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """``nn.Module.load_state_dict``; a TransformerLens state dict (unfused ``attn.W_Q``…, not
+        folded) is converted first, its buffers skipped and its zero biases checked, as TL loads its own.
+        ``state_dict``: ours or TransformerLens's; ``strict`` and ``assign`` are torch's."""
+        if is_tl_state_dict(state_dict):
+            from .loading import tl_to_native
+
+            state_dict = tl_to_native(state_dict, self.cfg.config)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def n_params(self) -> int:
         """Number of distinct parameters (a tied W_U is W_E, counted once): 124,439,808 for gpt2."""
@@ -156,10 +210,15 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         move_to_device: bool = True,
         truncate: bool = True,
     ) -> torch.Tensor:
-        """Token ids ``[batch, pos]`` (a string gives batch 1); a list is padded with <|endoftext|>
-        on the LEFT unless ``padding_side="right"`` (TransformerLens pads right; see docs/porting.md):
-        every row's last token is then in the last column. A ``model.tokenizer.padding_side`` that was
-        set is honoured, as in TransformerLens."""
+        """Token ids ``[batch, pos]`` of ``text`` (a string gives batch 1), BOS first when ``prepend_bos``
+        (default True) and the tokenizer has one; a list is padded with the pad token (``<|endoftext|>``
+        for GPT-2) on the LEFT unless ``padding_side="right"`` (TransformerLens pads right; see
+        docs/porting.md): every row's last token is then in the last column. A
+        ``model.tokenizer.padding_side`` that was set is honoured, as in TransformerLens; padding a
+        list with neither given emits a ``PortingWarning``. The tokens are on the model's device
+        (``move_to_device`` and ``truncate`` are TransformerLens's keywords and are ignored: input
+        longer than the context raises when it is run). Empty text with no BOS, an empty list or a
+        non-string raise ValueError/TypeError."""
         padding_side = padding_side or self.tokenizer.chosen_padding_side
         tokens, mask = self.tokenize(text, prepend_bos, padding_side or "left")
         if padding_side is None and mask is not None:
@@ -174,8 +233,10 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
     def tokenize(
         self, text: str | Sequence[str], prepend_bos: bool = True, padding_side: str = "left", what: str = "text"
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(tokens [batch, pos], attention_mask [batch, pos] or None)``; the mask marks real tokens
-        and is None when no row needed padding. ``what`` names ``text`` in errors (e.g. ``"input"``)."""
+        """``(tokens [batch, pos], attention_mask [batch, pos] or None)`` of ``text`` (a string or a list
+        of strings), BOS first when ``prepend_bos``, padded on ``padding_side`` (default ``"left"``);
+        the mask marks real tokens and is None when no row needed padding. ``what`` names ``text`` in
+        errors (e.g. ``"input"``). A row with no tokens raises ValueError."""
         texts = check_prompts(text, what)
         bos = [self.tokenizer.bos_id] if prepend_bos and self.tokenizer.bos_id is not None else []
         rows = [bos + self.tokenizer.encode_ids(t) for t in texts]
@@ -249,7 +310,12 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         self, input: Input, attention_mask: torch.Tensor | None, prepend_bos: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Any model input (text, texts, token ids ``[pos]`` or ``[batch, pos]``) as
-        ``(tokens [batch, pos] on the model's device, attention_mask or None)``, range-checked."""
+        ``(tokens [batch, pos] on the model's device, attention_mask or None)``, range-checked.
+
+        Text is tokenized with BOS when ``prepend_bos`` and gets its mask from the padding (giving an
+        ``attention_mask`` with text raises ValueError); a given ``attention_mask`` for tokens is
+        moved to the model's device. Non-integer tokens raise TypeError; empty tokens or an id
+        outside the vocabulary raise ValueError."""
         if isinstance(input, torch.Tensor):
             tokens = input if input.ndim == 2 else input[None]
             if tokens.dtype not in (torch.long, torch.int, torch.int32, torch.int64):
@@ -274,7 +340,8 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         return tokens, attention_mask
 
     def check_layer(self, layer: Any, what: str = "layer", allow_end: bool = False) -> int:
-        """``layer`` (integer-like, negative from the end) as a block index, else a clear error;
+        """``layer`` (integer-like, negative from the end) as a block index, else a clear error naming
+        ``what`` (default ``"layer"``): TypeError for a non-integer, IndexError out of range.
         ``allow_end`` also accepts ``n_layer`` (an exclusive bound). The one layer check of the package."""
         n = self.cfg.n_layer
         return check_index(layer, n, what, f"the model has {n} layers", allow_end)
@@ -304,8 +371,9 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         return torch.ones(q_len, past + q_len, dtype=torch.bool, device=self.device).tril(past)
 
     def positions(self, q_len: int, past: int, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """Position of each query ``[batch|1, q_len]``: counted over real tokens only when a mask is
-        given (a left-padded row starts at position 0, as it would alone)."""
+        """Position of each of ``q_len`` queries ``[batch|1, q_len]`` after ``past`` cached tokens:
+        counted over real tokens only when an ``attention_mask`` ``[batch, past + q_len]`` is given (a
+        left-padded row starts at position 0, as it would alone)."""
         if attention_mask is None:
             return torch.arange(past, past + q_len, device=self.device)[None]
         return (attention_mask.to(self.device).cumsum(-1) - 1).clamp(min=0)[:, past : past + q_len]
@@ -333,10 +401,18 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         ``[batch, pos]``; with ``start_at_layer`` it is the residual stream
         ``[batch, pos, d_model]`` entering that block. ``stop_at_layer`` returns the
         residual stream entering that block instead of logits. ``return_type``:
-        ``"logits"`` ``[batch, pos, d_vocab]``, ``"loss"`` (mean next-token
-        cross-entropy over real tokens; ``[batch, pos - 1]`` with ``loss_per_token``), ``"both"`` or
-        None (no unembedding; ``ln_final``'s hooks still fire, as in TransformerLens).
-        ``prepend_bos`` applies to text input.
+        ``"logits"`` ``[batch, pos, d_vocab]`` (the default), ``"loss"`` (mean next-token
+        cross-entropy over real tokens; ``[batch, pos - 1]`` with ``loss_per_token``), ``"both"``
+        (``(logits, loss)``) or None (no unembedding; ``ln_final``'s hooks still fire, as in
+        TransformerLens). ``prepend_bos`` (default True) applies to text input.
+
+        ``attention_mask`` ``[batch, pos]`` (1 = real token) goes with token input; text input makes
+        its own (giving one with text raises ValueError). ``past_kv``: a :class:`KVCache` holding the
+        keys and values of earlier positions; the input continues after them and is appended.
+
+        Refused: a layer out of range (IndexError), input longer than the context, token ids
+        outside the vocabulary, a residual of the wrong shape with ``start_at_layer``, and a loss
+        with ``start_at_layer`` (ValueError).
         """
         with watch_replacements() as replaced:
             out = self._forward(
@@ -367,6 +443,8 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         past = past_kv.length if past_kv is not None else 0
         if start_at_layer is None:
             tokens, attention_mask = self.as_tokens(input, attention_mask, prepend_bos)
+            if "hook_tokens" in self.hook_dict:
+                tokens = self.hook_tokens(tokens)
             q_len = tokens.shape[1]
             self.check_length(past + q_len)
             pos = self.positions(q_len, past, attention_mask)
@@ -410,15 +488,13 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         resid = self(input, attention_mask=attention_mask, stop_at_layer=self.cfg.n_layer, **kwargs)
         return self.unembed(self.ln_final(resid[:, -1]))
 
-    def unembed(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits ``[..., d_vocab]`` of normalised residuals ``[..., d_model]`` (``x @ W_U``; tied: W_U = W_Eᵀ)."""
-        return x @ self.W_U
-
     @staticmethod
     def loss(
         logits: torch.Tensor, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None, per_token: bool = False
     ) -> torch.Tensor:
-        """Mean next-token cross-entropy (fp32), over positions whose target is a real token;
+        """Mean next-token cross-entropy (fp32) of ``logits`` ``[batch, pos, d_vocab]`` predicting
+        ``tokens`` ``[batch, pos]`` (position ``i`` predicts token ``i + 1``), over positions whose
+        target is a real token in ``attention_mask`` ``[batch, pos]`` (None: all are);
         ``per_token``: ``[batch, pos - 1]`` unreduced (0 where the target is padding)."""
         lp = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
         if per_token:
@@ -463,15 +539,22 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         verbose: bool = False,
         return_type: Literal["input", "str", "tokens"] = "input",
     ) -> Any:
-        """Continue text. TransformerLens's defaults: samples at ``temperature`` 1.0 for 10 tokens
+        """Continue ``input`` (text, a list of texts, or tokens ``[pos]``/``[batch, pos]``).
+        TransformerLens's defaults: samples at ``temperature`` 1.0 for ``max_new_tokens`` 10 tokens
         (``top_k``/``top_p`` optional; ``seed`` makes it reproducible on any device). **Greedy** with
         ``do_sample=False`` or ``temperature=0``. TransformerLens's keywords: ``do_sample``,
-        ``use_past_kv_cache`` (= ``use_kv_cache``), ``verbose`` (ignored: no progress bar),
-        ``return_type`` "str"/"tokens".
-        ``suppress_eos`` forbids the end-of-text token (the text always runs ``max_new_tokens``).
+        ``use_past_kv_cache`` (= ``use_kv_cache``, default True), ``verbose`` (ignored: no progress bar),
+        ``return_type`` "str"/"tokens". ``prepend_bos`` (default True) applies to text input.
+        ``stop_at_eos`` (default True) stops once every row produced the end-of-text token (and cuts
+        the returned text there); ``suppress_eos`` forbids that token (the text always runs
+        ``max_new_tokens``).
 
-        Text in gives text out (a list for a list, left-padded and batched); tokens in
-        gives tokens ``[batch, pos + new]`` out. Rows that reached <|endoftext|> are padded with it.
+        Text in gives text out (a list for a list, left-padded and batched, BOS removed); tokens in
+        gives tokens ``[batch, pos + new]`` out. Rows that reached ``<|endoftext|>`` are padded with it.
+
+        Refused (ValueError): prompt plus ``max_new_tokens`` longer than the context, a negative
+        ``max_new_tokens``, ``temperature`` < 0 or not finite, ``top_p`` outside (0, 1], ``top_k`` < 1
+        and an unknown ``return_type``.
         """
         from .generate import generate
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import difflib
+import inspect
 import re
 import warnings
 from collections.abc import Callable, Iterator
@@ -27,36 +28,61 @@ NameFilter = Union[None, str, Callable[[str], bool], "list[str]", "tuple[str, ..
 class _Hook:
     """One registered hook function and its bookkeeping (direction, permanence, context level)."""
 
-    __slots__ = ("active", "dir", "fn", "is_permanent", "level")
+    __slots__ = ("active", "by_keyword", "dir", "fn", "is_permanent", "level")
+    fn: Callable[..., Any]  # a HookFn, called as fn(x, hook) or as fn(x, hook=hook)
 
     def __init__(self, fn: HookFn, dir: str, is_permanent: bool, level: int | None) -> None:
         self.fn, self.dir, self.is_permanent, self.level, self.active = fn, dir, is_permanent, level, True
+        self.by_keyword = _takes_hook_keyword(fn)
 
     def __call__(self, x: torch.Tensor, hook: HookPoint) -> Any:
-        return self.fn(x, hook)
+        return self.fn(x, hook=hook) if self.by_keyword else self.fn(x, hook)
 
     def __repr__(self) -> str:
         return f"<{self.dir} hook {getattr(self.fn, '__name__', self.fn)!r}{' permanent' if self.is_permanent else ''}>"
+
+
+def _takes_hook_keyword(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is called as TransformerLens calls hooks, ``fn(activation, hook=hook_point)``: it has a
+    parameter named ``hook`` (keyword-only included), or takes ``**kwargs`` and at most one positional
+    parameter. Otherwise (a second parameter with another name) the hook point is passed by position.
+    Decided once, when the hook is added."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: by position
+        return False
+    if any(p.name == "hook" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    return any(p.kind == p.VAR_KEYWORD for p in params) and len(positional) <= 1
 
 
 class HookPoint:
     """An activation point with a name. Calling it runs its forward hooks in order.
 
     Forward hooks ``fn(activation, hook)`` may return a tensor of the same shape to
-    replace the activation. Backward hooks ``fn(grad, hook)`` see the gradient of the
+    replace the activation. A hook with a parameter named ``hook`` is called as TransformerLens
+    calls it, ``fn(activation, hook=hook_point)``; any other gets the hook point by position. Backward hooks
+    ``fn(grad, hook)`` see the gradient of the
     loss with respect to this activation during ``backward()`` (and may return a
     replacement gradient). ``fwd_hooks``/``bwd_hooks`` list what is registered.
     """
 
-    __slots__ = ("bwd_hooks", "fwd_hooks", "name")
+    __slots__ = ("bwd_hooks", "ctx", "fwd_hooks", "name")
 
     def __init__(self, name: str = "") -> None:
         self.name = name
         self.fwd_hooks: list[_Hook] = []
         self.bwd_hooks: list[_Hook] = []
+        self.ctx: dict[Any, Any] = {}  # hooks' own state (TransformerLens's ``hook.ctx``), emptied by reset_hooks()
+
+    def clear_context(self) -> None:
+        """Empty :attr:`ctx`."""
+        self.ctx = {}
 
     @property
     def has_hooks(self) -> bool:
+        """Whether any forward or backward hook is attached."""
         return bool(self.fwd_hooks or self.bwd_hooks)
 
     def layer(self) -> int:
@@ -74,8 +100,11 @@ class HookPoint:
         level: int | None = None,
         prepend: bool = False,
     ) -> Callable[[], None]:
-        """Add a hook (``dir`` "fwd" or "bwd"; ``prepend`` runs it before the others; permanent hooks
-        survive ``reset_hooks()``). Returns a function that removes exactly this hook."""
+        """Add the hook ``fn(activation, hook)`` (``dir`` "fwd", the default, or "bwd"; ``prepend`` runs it
+        before the others; hooks added with ``is_permanent`` survive ``reset_hooks()``; ``level`` tags
+        the hook so that ``remove_hooks(level=...)`` removes only that context's hooks). Returns a
+        function that removes exactly this hook. Another ``dir`` raises ValueError, a non-callable
+        ``fn`` TypeError."""
         if dir not in ("fwd", "bwd"):
             raise ValueError(f"dir must be 'fwd' or 'bwd', got {dir!r}")
         if not callable(fn):
@@ -93,11 +122,16 @@ class HookPoint:
 
         return remove
 
+    def add_perma_hook(self, fn: HookFn, dir: Literal["fwd", "bwd"] = "fwd") -> Callable[[], None]:
+        """:meth:`add_hook` with ``is_permanent=True`` (TransformerLens's name)."""
+        return self.add_hook(fn, dir, is_permanent=True)
+
     def remove_hooks(
-        self, dir: Literal["fwd", "bwd", "both"] = "both", including_permanent: bool = True, level: int | None = None
+        self, dir: Literal["fwd", "bwd", "both"] = "fwd", including_permanent: bool = False, level: int | None = None
     ) -> None:
-        """Remove hooks in direction ``dir`` (permanent ones only with ``including_permanent``;
-        only those added at context ``level`` when given)."""
+        """Remove hooks in direction ``dir`` (TransformerLens's defaults: forward hooks that are not
+        permanent); ``including_permanent`` removes every hook in that direction, whatever its level,
+        else only non-permanent ones added at context ``level`` (any level when None)."""
         if dir not in ("fwd", "bwd", "both"):
             raise ValueError(f"dir must be 'fwd', 'bwd' or 'both', got {dir!r}")
         for d, hooks in (("fwd", self.fwd_hooks), ("bwd", self.bwd_hooks)):
@@ -105,7 +139,7 @@ class HookPoint:
                 continue
             keep = []
             for h in hooks:
-                if (h.is_permanent and not including_permanent) or (level is not None and h.level != level):
+                if not including_permanent and (h.is_permanent or (level is not None and h.level != level)):
                     keep.append(h)
                 else:
                     h.active = False
@@ -309,8 +343,10 @@ def hook_name(family: str, layer: int | None = None, sub: str | None = None) -> 
 
     TransformerLens's ``utils.get_act_name`` spellings are accepted too: ``hook_name("k6")``,
     ``hook_name("pattern", 3, "attn")`` (a sublayer that the family already implies is ignored),
-    ``hook_name("scale", 3, "ln2")``. A negative ``layer`` is kept as given (the cache and the
-    model count it from the end).
+    ``hook_name("scale", 3, "ln2")``: ``sub`` names the sublayer (``attn``, ``mlp``, ``ln1``, ``ln2``,
+    ``ln_final``). A negative ``layer`` is kept as given (the cache and the model count it from the
+    end). A full hook name is returned unchanged. An unknown family or sublayer, or a per-block
+    family without ``layer``, raises KeyError.
     """
     if layer is None and family not in _SHORT and re.fullmatch(r"[a-z_]+\d+[a-z0-9]*", family):
         m = re.fullmatch(r"([a-z_]+?)(\d+)([a-z0-9]*)", family)  # TL's "k6", "scale4ln1"

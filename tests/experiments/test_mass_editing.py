@@ -79,7 +79,7 @@ def test_quick_run_parts_merge_and_marks(facts_model, tmp_path):
     assert all(v <= energy["nullspace_threshold"] for v in energy["leak"].values())
     assert "(energy)" in (d / "mass_editing.md").read_text()
     _rewrite(d, n=999)  # a result for other requests is not merged into
-    with pytest.raises(ValueError, match="same model, n and batch_size"):
+    with pytest.raises(ValueError, match=r"setting only: the earlier result in this folder has n=999; this run has n="):
         run(only="rome_sequential")
     with pytest.raises(ValueError, match="no earlier result"):
         run_experiment(

@@ -183,3 +183,23 @@ def test_a_partial_result_with_named_dependencies_survives_other_settings(tiny, 
         assert len(calls) == 2  # n is
     finally:
         REGISTRY.pop("toy_dep")
+
+
+def test_code_state_names_a_commit_only_for_the_checkout_the_package_is_in(tmp_path, monkeypatch):
+    """An installed copy of the package inside some other git repository (e.g. a venv in a checkout) has no
+    commit of its own; the checkout the package belongs to reports its HEAD."""
+    import subprocess
+
+    from gpt2_interp.experiments import provenance
+
+    head = subprocess.run(
+        ["git", "-C", str(provenance.SOURCE_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    if head:
+        assert provenance.code_state()["commit"] == head
+    repo = tmp_path / "repo"
+    installed = repo / ".venv" / "lib" / "site-packages"
+    (installed / "gpt2_interp").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    monkeypatch.setattr(provenance, "SOURCE_ROOT", installed)
+    assert provenance.code_state()["commit"] is None

@@ -157,7 +157,9 @@ def test_info_json_lists_hooks_and_is_line_oriented(capsys):
     assert code == 0
     data = json.loads(out)
     # 18 per block: the 17 that fire in every forward pass and the opt-in attn.hook_result
-    assert "blocks.0.hook_resid_pre" in data["hooks"] and len(data["hooks"]) == 6 * 18 + 4
+    assert (
+        "blocks.0.hook_resid_pre" in data["hooks"] and len(data["hooks"]) == 6 * 18 + 6
+    )  # + embed, pos_embed, ln_final x2, unembed.hook_in/hook_out
     assert len(out.strip().splitlines()) == len(data)  # one line per top-level field
 
 

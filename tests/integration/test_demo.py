@@ -26,6 +26,7 @@ def test_writes_the_report_folder(report):
     assert {"report.md", "results.json", "logit_lens.png", "causal_trace.png"} <= {p.name for p in out.iterdir()}
     text = (out / "report.md").read_text()
     assert "Logit lens" in text and "Causal trace" in text and "ROME edit" in text
+    assert "- Attention: restoring its output at the subject recovers" in text  # the figure's attention panel, read
 
 
 def test_edit_flips_the_fact_moves_paraphrases_and_keeps_neighbours(report):

@@ -52,7 +52,7 @@ def test_every_hook_matches_transformer_lens(hf_gpt2, gpt2, tl_from_hf):
     finally:
         gpt2.set_use_attn_result(False)
     shared = [n for n in cache if n in ref_cache]
-    assert len(shared) == len(gpt2.hook_names()) == 12 * 18 + 4
+    assert len(shared) == len(gpt2.hook_names()) == 12 * 18 + 6  # with unembed.hook_in/hook_out
     worst = max((cache[n] - ref_cache[n]).abs().max().item() for n in shared)
     assert worst <= 1e-4
     assert (logits - ref_logits).abs().max().item() <= 1e-4
@@ -62,9 +62,11 @@ def test_every_hook_matches_transformer_lens(hf_gpt2, gpt2, tl_from_hf):
 
 def test_hook_names_and_shapes(tiny):
     names = tiny.hook_names()
-    assert names[:2] == ["hook_embed", "hook_pos_embed"] and names[-2:] == [
+    assert names[:2] == ["hook_embed", "hook_pos_embed"] and names[-4:] == [
         "ln_final.hook_scale",
         "ln_final.hook_normalized",
+        "unembed.hook_in",
+        "unembed.hook_out",
     ]
     _, cache = tiny.run_with_cache("The cat sat on the mat")  # 7 tokens with BOS
     c = tiny.cfg

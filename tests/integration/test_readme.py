@@ -9,9 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.slow  # a ROME edit and a causal trace on the embedded model: seconds
 
-
+@pytest.mark.slow  # a ROME edit and a causal trace on the embedded model: seconds
 def test_the_tour_runs_and_the_edit_is_undone(tmp_path, monkeypatch, capsys):
     text = (ROOT / "README.md").read_text()
     tour = re.search(r"## A tour in 15 lines\n\n```python\n(.*?)```", text, re.S).group(1)
@@ -29,3 +28,12 @@ def test_the_tour_runs_and_the_edit_is_undone(tmp_path, monkeypatch, capsys):
     again = load_edit(tmp_path / "france-rome.edit", model)
     with model.edited(again):
         assert "Rome" in model.generate("The capital of France is", max_new_tokens=3, do_sample=False)
+
+
+def test_every_relative_link_in_the_readme_resolves():
+    """The capability table and the documentation section point at pages that exist (anchors aside)."""
+    text = (ROOT / "README.md").read_text()
+    links = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in t and not t.startswith("#")]
+    assert len(links) > 15
+    missing = sorted({t for t in links if t and not (ROOT / t).exists()})
+    assert not missing, f"README links to files that do not exist: {missing}"

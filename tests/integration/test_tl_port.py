@@ -205,6 +205,17 @@ def ablate_head_hook(model, utils):
     return model.run_with_hooks(TEXT, fwd_hooks=[(utils.get_act_name("z", 0), ablate)], return_type="loss")
 
 
+def keyword_only_hook(model, utils):
+    """TransformerLens calls a hook as ``fn(activation, hook=hook_point)``: a keyword-only ``hook`` works."""
+    names = []
+
+    def scale(act, *, hook):
+        names.append(hook.name)
+        return act * 0.5
+
+    return [model.run_with_hooks(TEXT, fwd_hooks=[("blocks.0.hook_mlp_out", scale)]), names]
+
+
 def hook_layer_and_filter(model, utils):
     seen = []
 
@@ -424,6 +435,120 @@ def attn_result_via_cfg(model, utils):
     return [sorted(cache.keys()), [cache[k] for k in sorted(cache.keys())], logits]
 
 
+def hook_point_add_hook_directly(model, utils):
+    """Hooks added on a HookPoint itself: backward, prepended, permanent; TL's remove_hooks() defaults."""
+    grads, order = [], []
+    hp = model.blocks[0].hook_resid_post
+    hp.add_hook(lambda g, hook: grads.append(g.detach().clone()), dir="bwd")
+    hp.add_hook(lambda a, hook: order.append("perm"), is_permanent=True)
+    hp.add_hook(lambda a, hook: order.append("first"), prepend=True)
+    model(TEXT, return_type="loss").backward()
+    model.zero_grad()
+    counts = [len(hp.fwd_hooks), len(hp.bwd_hooks)]
+    hp.remove_hooks()  # TL's defaults: forward hooks that are not permanent
+    counts += [len(hp.fwd_hooks), len(hp.bwd_hooks)]
+    hp.remove_hooks("both", including_permanent=True)
+    counts += [len(hp.fwd_hooks), len(hp.bwd_hooks)]
+    return [grads, order, counts]
+
+
+def hook_ctx_and_reset(model, utils):
+    """State kept in ``hook.ctx`` between calls, emptied by reset_hooks()."""
+
+    def remember(act, hook):
+        hook.ctx["norm"] = act.norm()
+
+    model.add_hook(utils.get_act_name("resid_mid", 1), remember)
+    model(TEXT)
+    hp = model.hook_dict["blocks.1.hook_resid_mid"]
+    kept = hp.ctx["norm"]
+    model.reset_hooks()
+    return [kept, len(hp.ctx)]
+
+
+def unembed_hooks_and_module(model, utils):
+    """``unembed.hook_in``/``hook_out`` in the cache and as hooks; ``model.unembed(x)`` as a function."""
+    logits, cache = model.run_with_cache(TEXT, names_filter=lambda n: n.startswith("unembed"))
+    halved = model.run_with_hooks(TEXT, fwd_hooks=[("unembed.hook_out", lambda a, hook: a / 2)])
+    zeroed = model.run_with_hooks(TEXT, fwd_hooks=[("unembed.hook_in", lambda a, hook: a * 0)])
+    return [
+        sorted(cache.keys()),
+        cache["unembed.hook_in"],
+        cache["unembed.hook_out"] - logits,
+        halved,
+        zeroed,
+        model.unembed(cache["unembed.hook_in"]),
+        model.unembed.W_U,
+        model.unembed.b_U,
+    ]
+
+
+def embed_modules_called(model, utils):
+    """``model.embed(tokens)`` and ``model.pos_embed(tokens, past_kv_pos_offset=, attention_mask=)``."""
+    tokens = model.to_tokens(["Hello world", TEXT], padding_side="right")
+    mask = (tokens != model.tokenizer.pad_token_id).long()
+    mask[:, 0] = 1
+    return [
+        model.embed(tokens),
+        model.pos_embed(tokens),
+        model.pos_embed(tokens[:, :3], past_kv_pos_offset=2),
+        model.pos_embed(tokens, attention_mask=mask),
+        model.embed(tokens) + model.pos_embed(tokens) - model.run_with_cache(tokens)[1]["resid_pre", 0],
+    ]
+
+
+def cache_helpers(model, utils):
+    """get_neuron_results, compute_head_results, apply_slice_to_batch_dim, toggle_autodiff."""
+    tokens = model.to_tokens([TEXT, "A lazy dog jumps over the quick brown fox"], padding_side="right")
+    _, cache = model.run_with_cache(tokens)
+    direction = model.W_U[:, model.to_single_token(" dog")]
+    out = [
+        cache.get_neuron_results(1),
+        cache.get_neuron_results(0, neuron_slice=[0, 3, 7], pos_slice=-1),
+        cache.get_neuron_results(-1, neuron_slice=(2, 10), pos_slice=(1, 4), project_output_onto=direction),
+        cache.get_neuron_results(1, neuron_slice=5),
+        cache.get_neuron_results(0, pos_slice=2, project_output_onto=model.W_U[:, :3]),
+    ]
+    cache.compute_head_results()
+    out += [cache["result", 0], cache[utils.get_act_name("result", 1)]]
+    first = cache.apply_slice_to_batch_dim(0)
+    pair = cache.apply_slice_to_batch_dim((0, 2))
+    out += [first["resid_post", 1], first.has_batch_dim, pair["pattern", 0], pair.has_batch_dim, len(first)]
+    cache.toggle_autodiff(False)
+    off = torch.is_grad_enabled()
+    cache.toggle_autodiff(True)
+    return [*out, off, torch.is_grad_enabled()]
+
+
+def utils_helpers(model, utils):
+    """utils.get_act_name, utils.to_numpy and the printed report of utils.test_prompt."""
+    import contextlib
+    import io
+
+    _, cache = model.run_with_cache(TEXT)
+    printed = []
+    for args in (("The quick brown fox jumps over the lazy", "dog"), ("The quick brown", [" fox", "cat", " dog"])):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            utils.test_prompt(*args, model, top_k=5)
+        printed.append(" ".join(out.getvalue().split()))  # TL prints through rich (which may wrap lines)
+    return [
+        utils.get_act_name("resid_post", 1),
+        utils.get_act_name("scale", 0, "ln2"),
+        torch.as_tensor(utils.to_numpy(cache["resid_post", 1])),
+        torch.as_tensor(utils.to_numpy([1.0, 2.0])),
+        torch.as_tensor(utils.to_numpy(model.W_E.bfloat16()[:3])),
+        printed,
+    ]
+
+
+def state_dict_by_transformer_lens_names(model, utils):
+    """TransformerLens's names read from ``model.state_dict()`` (unfused W_Q/W_K/W_V, unembed)."""
+    sd = model.state_dict()
+    names = [f"blocks.{i}.attn.{w}_{x}" for i in range(2) for w in "Wb" for x in "QKVO"]
+    return [sd[n] for n in names] + [sd["unembed.W_U"], sd["unembed.b_U"], sd["embed.W_E"], sd["blocks.1.mlp.W_in"]]
+
+
 IDIOMS = [
     cfg_names,
     tokens_and_strings,
@@ -431,6 +556,7 @@ IDIOMS = [
     cache_shorthands,
     cache_filter_and_keys,
     ablate_head_hook,
+    keyword_only_hook,
     hook_layer_and_filter,
     hooks_context,
     add_and_reset_hooks,
@@ -453,6 +579,13 @@ IDIOMS = [
     tokenizer_object,
     attn_result_opt_in,
     attn_result_via_cfg,
+    hook_point_add_hook_directly,
+    hook_ctx_and_reset,
+    unembed_hooks_and_module,
+    embed_modules_called,
+    cache_helpers,
+    utils_helpers,
+    state_dict_by_transformer_lens_names,
 ]
 
 
@@ -824,3 +957,98 @@ def test_stacked_weights_and_zero_biases_on_a_grouped_query_llama_match_transfor
     assert [g.shape for g in got] == [w.shape for w in want]
     MAX_DELTA[f"llama_{idiom.__name__}"] = max((g - w).abs().max().item() for g, w in zip(got, want))
     assert MAX_DELTA[f"llama_{idiom.__name__}"] <= ATOL
+
+
+# ---------------------------------------------------------------------------------------------------- one line differs
+def test_hook_tokens_matches_transformer_lens_use_hook_tokens(pair):
+    """TransformerLens adds ``hook_tokens`` with ``HookedTransformerConfig(use_hook_tokens=True)``;
+    ours with ``model.set_use_hook_tokens(True)``. Off (both defaults), neither model has the name."""
+    tl = pytest.importorskip("transformer_lens")
+    ours, ref, _ = pair
+    assert "hook_tokens" not in ours.hook_dict and "hook_tokens" not in ref.hook_dict
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ref_tok = tl.HookedTransformer(ref.cfg.to_dict() | {"use_hook_tokens": True})
+    ref_tok.load_state_dict(ref.state_dict())
+    ref_tok.eval()
+
+    def swap(tokens, hook):  # " fox" -> " cat" wherever it occurs
+        return torch.where(tokens == 21831, 3797, tokens)
+
+    tokens = ours.to_tokens(TEXT)
+    ours.set_use_hook_tokens(True)
+    try:
+        assert ours.hook_names()[0] == "hook_tokens"
+        results = []
+        for model in (ref_tok, ours):
+            _, cache = model.run_with_cache(tokens, names_filter="hook_tokens")
+            results.append([cache["hook_tokens"], model.run_with_hooks(tokens, fwd_hooks=[("hook_tokens", swap)])])
+    finally:
+        ours.set_use_hook_tokens(False)
+    (want_tokens, want), (got_tokens, got) = results
+    assert torch.equal(got_tokens, tokens) and torch.equal(got_tokens, want_tokens)
+    assert (got - want).abs().max().item() <= ATOL
+    assert (got - ours(TEXT.replace(" fox", " cat"))).abs().max().item() <= ATOL  # the swap took effect
+    assert "hook_tokens" not in ours.hook_dict and not ours.hook_tokens.fwd_hooks
+
+
+def test_a_transformer_lens_state_dict_loads_into_our_model_with_equal_logits(pair):
+    ours, ref, _ = pair
+    fresh = gi.HookedGPT2(ours.cfg.config, seed=5).eval()
+    fresh.load_state_dict(ref.state_dict())  # TL's own names: unfused W_Q…, unembed.W_U/b_U, masks
+    tokens = ours.to_tokens(TEXT)
+    assert (fresh(tokens) - ref(tokens)).abs().max().item() <= ATOL
+    bad = dict(ref.state_dict())
+    bad["unembed.b_U"] = torch.ones_like(bad["unembed.b_U"])
+    with pytest.raises(ValueError, match=r"unembed\.b_U"):
+        fresh.load_state_dict(bad)
+
+
+def test_state_dict_keeps_our_names_and_saves_as_a_plain_dict(pair, tmp_path):
+    """Iterating ``state_dict()`` gives our (fused) names; ``torch.save`` writes a plain OrderedDict that
+    ``torch.load(weights_only=True)`` reads and ``load_state_dict`` takes back."""
+    ours, _, _ = pair
+    sd = ours.state_dict()
+    assert "blocks.0.attn.W_QKV" in sd and "blocks.0.attn.W_Q" not in list(sd)
+    torch.save(sd, tmp_path / "sd.pt")
+    back = torch.load(tmp_path / "sd.pt", weights_only=True)
+    assert type(back).__name__ == "OrderedDict" and list(back) == list(sd)
+    fresh = gi.HookedGPT2(ours.cfg.config, seed=5).eval()
+    fresh.load_state_dict(back)
+    assert torch.equal(fresh(TEXT), ours(TEXT))
+
+
+def test_named_parameters_differ_from_transformer_lens_only_by_the_fused_attention_weights(pair):
+    """What does not port: parameter *names* in ``named_parameters()``. Ours fuse each block's query, key
+    and value weights into ``attn.W_QKV``/``b_QKV`` and the unembedding is tied (no ``unembed.*``);
+    a PortingWarning (once per model) names where TransformerLens's names are read instead."""
+    ours, ref, _ = pair
+    theirs = {n for n, _ in ref.named_parameters()}
+    fresh = gi.from_transformer_lens(ref)
+    with pytest.warns(PortingWarning, match=r"fused.*state_dict\(\)\['blocks\.0\.attn\.W_Q'\]"):
+        mine = {n for n, _ in fresh.named_parameters()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PortingWarning)  # said once per model; torch's own calls stay quiet
+        assert {n for n, _ in fresh.named_parameters()} == mine
+        torch.optim.SGD(ours.parameters(), lr=0.1)
+    unfused = {f"blocks.{i}.attn.{w}_{x}" for i in range(2) for w in "Wb" for x in "QKV"}
+    assert theirs - mine == unfused | {"unembed.W_U", "unembed.b_U"}
+    assert mine - theirs == {f"blocks.{i}.attn.{w}_QKV" for i in range(2) for w in "Wb"}
+    for name in unfused:
+        block, _, w = name.partition(".attn.")
+        assert torch.equal(getattr(ours.blocks[int(block[-1])].attn, w), ref.get_parameter(name))
+
+
+def test_new_hook_points_pass_activations_through_untouched_when_unused(pair):
+    """``unembed.hook_in``/``hook_out`` with no hook return the very tensor they get (no copy, no
+    work), and ``hook_tokens`` is not called at all while off."""
+    ours, _, _ = pair
+    x = torch.randn(2, 3, ours.cfg.d_model)
+    assert ours.unembed.hook_in(x) is x and ours.unembed.hook_out(x) is x
+    calls = []
+    ours.hook_tokens.add_hook(lambda t, hook: calls.append(t))  # on the point, but the point is off
+    try:
+        ours(TEXT)
+    finally:
+        ours.hook_tokens.remove_hooks("both", including_permanent=True)
+    assert calls == []

@@ -490,7 +490,7 @@ def test_cli_attribute(small, tmp_path, capsys):
         ]
     )
     text = capsys.readouterr().out
-    assert rc == 0 and "ig (2 steps, input path) estimate" in text and "largest" in text
+    assert rc == 0 and "ig (2 steps, input path) estimate" in text and "highest-ranked cells" in text
     rc = main(
         [
             "attribute",

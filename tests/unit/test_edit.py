@@ -196,6 +196,7 @@ def test_cli_edit_verify_stats(tiny, tmp_path, monkeypatch, capsys):
         "500",
         "--hparam",
         "v_steps=2",
+        "--allow-failed",  # two δ steps on a random model: the edit need not take (exit 3 without it)
         "--paraphrase",
         "The {} stands in",
         "--save",

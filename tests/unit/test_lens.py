@@ -131,7 +131,7 @@ def test_lens_on_a_hand_built_model_matches_hand_computation():
 def test_lens_result_table_json_and_plot(tiny, tmp_path):
     r = logit_lens(tiny, PROMPTS[:2], targets=" Paris", positions=[-2, -1], k=3)
     text = r.table(k=2)
-    assert "' Paris'" in text and "rank=" in text and text.count("L1 ") == 4
+    assert "' Paris'" in text and "rank(target)" in text and text.count("L1 ") == 4
     d = json.loads(r.to_json())
     assert d["layers"] == ["embed", "L0", "L1"] and "logits" not in d
     assert len(d["top_tokens"]) == 3 and len(d["top_tokens"][0][0][0]) == 3
@@ -239,10 +239,10 @@ def test_cli_lens_and_dla_smoke(facts_model, tmp_path, capsys):
     fig = tmp_path / "lens.png"
     assert cli.main(["lens", "The capital of France is", "--target", " Paris", "--out", str(fig)]) == 0
     out = capsys.readouterr().out
-    assert "' Paris'" in out and "rank=" in out and fig.stat().st_size > 5000
+    assert "' Paris'" in out and "rank(target)" in out and fig.stat().st_size > 5000
     assert cli.main(["lens", "The capital of France is", "--positions", "all", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["layers"][0] == "embed"
     assert cli.main(["dla", "The capital of France is", "--target", " Paris", "--baseline", " Rome"]) == 0
-    assert "= sum" in capsys.readouterr().out
+    assert "  sum  " in capsys.readouterr().out
     assert cli.main(["dla", "The capital of France is", "--target", " Ouagadougou"]) == 2
     assert "' Ou', 'ag'" in capsys.readouterr().err

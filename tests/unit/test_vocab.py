@@ -146,11 +146,13 @@ def test_subupdate_effects_add_up_to_the_mlp_attribution(model):
 
 def test_results_render(model, tmp_path):
     nv = neuron_vocab(model, -1, [1, 2, 3], k=4)
-    assert nv.layer == model.cfg.n_layer - 1 and nv.table().count("L1.N") == 3
+    assert (
+        nv.layer == model.cfg.n_layer - 1 and nv.table().count("L1.N") == 2 * 3
+    )  # a promoted and a suppressed row each
     assert json.loads(nv.to_json())["neurons"] == [1, 2, 3]
     assert nv.strongest(2).neurons == [nv.neurons[i] for i in nv.top_scores[:, 0].argsort(descending=True)[:2]]
     su = top_subupdates(model, PROMPT, k=5, target=" Paris")
-    assert "→' Paris'" in su.table()
+    assert "logit(' Paris') effect" in su.table()
     for name, res in {"nv": nv, "su": su, "fn": find_neurons(model, " Paris", k=4)}.items():
         assert res.save_plot(tmp_path / f"{name}.png").stat().st_size > 3000
 

@@ -14,9 +14,18 @@ import pytest
 import torch
 
 from gpt2_interp.cli import main
-from gpt2_interp.editing.edit import Edit, EditWarning, Request, is_weak, load_edit
+from gpt2_interp.editing import rome
+from gpt2_interp.editing.edit import (
+    Edit,
+    EditFailedWarning,
+    EditWarning,
+    Request,
+    TargetSpacingWarning,
+    is_weak,
+    load_edit,
+)
 from gpt2_interp.editing.memit import MemitHparams, NullSpace, compute_edits, validate_requests
-from gpt2_interp.editing.rome import RomeHparams, compute_edit, validate_request
+from gpt2_interp.editing.rome import RomeHparams, compute_edit, target_outcomes, validate_request
 from gpt2_interp.editing.stats import KeyStats, key_second_moment
 from gpt2_interp.model import HookedGPT2
 
@@ -155,15 +164,49 @@ def test_memit_records_how_far_each_target_moved_and_flags_weak_edits(tiny, stat
     assert m["weak"] == want
 
 
-def test_an_edit_that_does_not_move_the_target_warns_for_memit_and_rome(tiny, stats):
-    """v_steps=0: δ stays 0, so the target cannot move."""
-    with pytest.warns(EditWarning, match="3 of 3 edits barely moved the target"):
+def _top1(model, text: str) -> str:
+    with torch.no_grad():
+        return model.tokenizer.token_str(int(model.last_logits([text]).argmax()))
+
+
+def test_an_edit_that_did_not_take_is_reported_for_memit_and_rome(tiny, stats, tmp_path):
+    """v_steps=0: δ stays 0, so no target can become the answer; the edit says so (metrics, ``failed``,
+    ``succeeded``, an EditFailedWarning naming what the model says instead), also after a save and load."""
+    with pytest.warns(EditFailedWarning, match="3 of 3 edits did not take"):
         edit = compute_edits(tiny, REQS, layers=[0], stats=stats, hparams={**FAST, "v_steps": 0})
     assert edit.metrics["weak"] == [0, 1, 2]
-    with pytest.warns(EditWarning, match=r"request 0 \('Eiffel Tower is located in the city of' → ' Rome'\)"):
+    with tiny.edited(edit):
+        tops = [_top1(tiny, r.text) for r in edit.requests]
+    assert all(t != r.target for t, r in zip(tops, edit.requests))  # independent: none is the top-1
+    assert edit.metrics["top1_after"] == tops
+    assert edit.failed == [0, 1, 2] and edit.succeeded is False
+    assert load_edit(edit.save(tmp_path / "m.edit")).failed == [0, 1, 2]
+    with pytest.warns(EditFailedWarning) as got:
         edit = compute_edit(tiny, REQS[0], layer=0, stats=stats[0], **{**FAST, "v_steps": 0})
-    assert edit.metrics["weak"] is True
+    with tiny.edited(edit):
+        top = _top1(tiny, REQS[0]["prompt"].format(REQS[0]["subject"]))
+    msg = str(got[0].message)
+    assert "request 0 ('Eiffel Tower is located in the city of' → ' Rome')" in msg and f"top-1 now {top!r}" in msg
+    assert edit.metrics["weak"] is True and edit.metrics["took"] is False and edit.succeeded is False
     assert is_weak(0.01, 0.05) and not is_weak(0.01, 0.2) and not is_weak(0.45, 0.6)
+
+
+def test_an_edit_took_when_the_target_is_the_greedy_continuation(facts_model):
+    """The rule (EDIT_TOOK_RULE) against the model's own greedy generation, for one- and two-token targets."""
+    tk = facts_model.tokenizer
+    cases = [
+        ("The capital of France is", " Paris"),
+        ("The capital of France is", " Rome"),
+        ("The capital of Japan is", " Tokyo"),
+    ]
+    greedy = [facts_model.generate(p, max_new_tokens=3, do_sample=False)[len(p) :] for p, _ in cases]
+    two = (cases[0][0], greedy[0][: len(tk.decode(tk.encode_ids(greedy[0])[:2]))])  # its first two tokens
+    wrong = (two[0], tk.decode(tk.encode_ids(greedy[0])[:1]) + " of")  # right first token, wrong second
+    cases += [two, wrong]
+    got = target_outcomes(facts_model, [p for p, _ in cases], [tk.encode_ids(t) for _, t in cases])
+    want = [greedy[0].startswith(t) if p == cases[0][0] else greedy[2].startswith(t) for p, t in cases]
+    assert [o.took for o in got] == want and want[0] and not want[1] and want[3] and not want[4]
+    assert [o.top1 for o in got[:2]] == [_top1(facts_model, cases[0][0])] * 2
 
 
 # ------------------------------------------------------------------ 3. objects checked where they meet
@@ -237,25 +280,46 @@ def test_prompts_without_a_placeholder_are_refused(tiny):
         Request("{} is", "France", " x", keep=["The language is"])
 
 
-def test_an_unspaced_target_after_an_unspaced_prompt_warns_with_both_spellings(tiny):
-    tk = tiny.tokenizer
+def _first_token_probs(model, text: str, target: str) -> tuple[float, float]:
+    """P(target's first token) and P(" " + target's first token) after ``text``, from the last logits."""
+    tk = model.tokenizer
+    with torch.no_grad():
+        p = model.last_logits([text]).float().softmax(-1)[0]
+    return float(p[tk.encode_ids(target)[0]]), float(p[tk.encode_ids(" " + target)[0]])
+
+
+def test_a_target_the_model_expects_after_a_space_warns_before_any_work_with_both_spellings(facts_model, monkeypatch):
+    tk = facts_model.tokenizer
     plain, spaced = tk.encode_ids("Paris")[0], tk.encode_ids(" Paris")[0]
-    assert plain != spaced
+    p_plain, p_spaced = _first_token_probs(facts_model, "The capital of France is", "Paris")
+    assert plain != spaced and p_spaced > p_plain  # the rule's conditions hold
     req = {"prompt": "The capital of {} is", "subject": "France", "target": "Paris"}
-    with pytest.warns(EditWarning) as got:
-        validate_request(tiny, req, 3)
+    with pytest.warns(TargetSpacingWarning) as got:
+        validate_request(facts_model, req, 3)
     msg = str(got[0].message)
     for needle in (
         "request 3",
-        f"{tk.token_str(plain)!r} (id {plain})",
-        f"{tk.token_str(spaced)!r} (id {spaced})",
+        f"{tk.token_str(plain)!r} (id {plain}, P = {p_plain:.2g} after the prompt)",
+        f"{tk.token_str(spaced)!r} (id {spaced}, P = {p_spaced:.2g})",
         "' Paris'",
     ):
         assert needle in msg, (needle, msg)
+
+    def no_work_yet(*args, **kwargs):
+        raise RuntimeError("no work yet")
+
+    monkeypatch.setattr(rome, "key_second_moment", no_work_yet)  # the first work of an edit
+    with pytest.warns(TargetSpacingWarning), pytest.raises(RuntimeError, match="no work yet"):
+        compute_edit(facts_model, req)
+    # no warning: a spaced target, a prompt ending in a space, a word the prompt really continues
+    glued = {"prompt": "The capital of {} is Ber", "subject": "Germany", "target": "lin"}
+    p_plain, p_spaced = _first_token_probs(facts_model, "The capital of Germany is Ber", "lin")
+    assert tk.encode_ids("lin")[0] != tk.encode_ids(" lin")[0] and p_plain > p_spaced
     with warnings.catch_warnings():
         warnings.simplefilter("error", EditWarning)
-        validate_request(tiny, req | {"target": " Paris"})
-        validate_request(tiny, req | {"prompt": "The capital of {} is "})
+        validate_request(facts_model, req | {"target": " Paris"})
+        validate_request(facts_model, req | {"prompt": "The capital of {} is "})
+        validate_request(facts_model, glued)
 
 
 # ------------------------------------------------------------------ 5. the CLI
@@ -289,8 +353,11 @@ def test_cli_refuses_an_empty_requests_file_naming_it(capsys, tmp_path):
     assert code not in (0, None) and f"{path} line 2" in err and "not a request object" in err
 
 
-def test_cli_edit_flags_weak_edits_and_states_the_rule(tiny, tmp_path, monkeypatch, capsys):
-    """v_steps=0: no edit moves its target; the table says so per request and states the threshold."""
+def test_cli_edit_says_plainly_when_an_edit_did_not_take_and_exits_3_unless_allowed(
+    tiny, tmp_path, monkeypatch, capsys
+):
+    """v_steps=0: no edit takes; the output says so per request, states the rule, and the exit status is 3
+    (0 with --allow-failed)."""
     monkeypatch.setenv("GPT2_INTERP_STATS_DIR", str(tmp_path / "stats"))
     tiny.save(tmp_path / "tiny")
     corpus = tmp_path / "c.txt"
@@ -312,13 +379,19 @@ def test_cli_edit_flags_weak_edits_and_states_the_rule(tiny, tmp_path, monkeypat
         "prefixes_per_length=1",
         "--hparam",
         "prefix_lengths=[3]",
+        "--quiet",
     ]
-    assert main(["edit", *common, "--requests", str(reqs)]) == 0
+    for method in ("memit", "rome"):
+        assert main(["edit", *common, "--requests", str(reqs), "--method", method]) == 3
+        out, err = capsys.readouterr()
+        assert "the edit took for 0/3" in out and "3 EDIT(S) DID NOT TAKE" in out and out.count("[did not take:") == 3
+        assert "greedy continuation of the rewrite prompt is the target" in out
+        assert "3 of 3 edit(s) did not take; exit status 3" in err
+        assert "3 weak (P(target) after < 0.5 and up by < 0.1)" in out and out.count("[weak]") == 3
+    single = ["--subject", "France", "--prompt", "The capital of {} is", "--target", " Berlin"]
+    assert main(["edit", *common, *single]) == 3
     out, err = capsys.readouterr()
-    assert "3 weak (P(target) after < 0.5 and up by < 0.1)" in out and out.count("[weak]") == 3
-    assert "warning: 3 of 3 edits barely moved the target" in err
-    assert (
-        main(["edit", *common, "--subject", "France", "--prompt", "The capital of {} is", "--target", " Berlin"]) == 0
-    )
-    out, err = capsys.readouterr()
-    assert "(weak: P(target) after < 0.5 and up by < 0.1)" in out and "barely moved" in err
+    assert "THE EDIT DID NOT TAKE: the edited model continues 'The capital of France is' with" in out
+    assert "warning: 1 of 1 edits did not take" in err and "exit status 3" in err
+    assert main(["edit", *common, *single, "--allow-failed"]) == 0
+    assert main(["edit", *common, "--requests", str(reqs), "--allow-failed"]) == 0

@@ -16,7 +16,9 @@ the unpatched ("base") run. For a cell ``c`` whose activation goes from ``a`` (b
   paths can hide it, so the estimate is also taken with the gradient through each layer's residual
   contribution (its ``attn_out`` and ``mlp_out``) dropped in turn, ``Î_ℓ``, and the node is ranked by
   ``(1/(L−1)) Σ_ℓ |Î_ℓ|`` (their equation 11) — a magnitude used to rank (``score``), not a signed
-  estimate; ``values`` stay the QK-fixed signed estimate.
+  estimate; ``values`` stay the QK-fixed signed estimate. The QK fix touches only ``q``/``k``;
+  GradDrop applies to every family (MLPs included), but a pass whose dropped layer lies upstream of
+  every attributed activation equals the undropped estimate and is not run (:mod:`.atp`).
 * **IG** (integrated gradients, EAP-IG of Hanna et al. 2024): the gradient is averaged along the
   straight path from the base input embeddings to the source ones (``ig_steps`` midpoints,
   ``α = (i + ½)/m``), then multiplied by the activation difference:
@@ -61,6 +63,9 @@ its types (``Sweep``, ``Chunk``, ``Family``), and the public import path stays
 - ``plan``: the sweep's settings, a chunk of pairs, their unpatched runs
 - ``grad_hooks``: hooks that capture activations for autograd, and GradDrop's gradient gate
 - ``atp``: AtP and AtP* (with GradDrop) on a chunk; ``qk``: AtP*'s closed-form QK fix
+- ``cost``: the passes an estimate costs against the exact sweep, counted before running
+  (:class:`~.cost.CostWarning` when the exact sweep is no dearer), and the GradDrop passes that can
+  change a result
 - ``ig``: integrated gradients on the input path or each layer's activation path
 - ``result``: :class:`AttributionResult`; ``compare``: :func:`spearman` (scipy), :func:`agreement`;
   ``verification``: :func:`verify` by exact patching
@@ -68,6 +73,7 @@ its types (``Sweep``, ``Chunk``, ``Family``), and the public import path stays
 
 from .cells import FAMILIES
 from .compare import Agreement, agreement, recall, spearman, top_cells
+from .cost import CostWarning
 from .estimate import ATTRIBUTION_METHODS, attribute
 from .result import AttributionResult
 from .verification import Verification, cell_label, verify
@@ -77,6 +83,7 @@ __all__ = [
     "FAMILIES",
     "Agreement",
     "AttributionResult",
+    "CostWarning",
     "Verification",
     "agreement",
     "attribute",

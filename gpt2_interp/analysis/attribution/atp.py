@@ -3,6 +3,19 @@
 AtP: ``ΔM ≈ (a' − a) · ∂M/∂a`` per cell. AtP*: queries and keys through the QK fix (:mod:`.qk`),
 and with GradDrop each layer's residual contribution (``attn_out``, ``mlp_out``) has its gradient
 dropped in turn; the cell's rank score is ``(1/(L−1)) Σ_ℓ |Î_ℓ|`` (one backward pass per layer).
+
+Where each part of AtP* can change the result (Kramár et al. 2024, section 3):
+
+* The QK fix replaces the linear step through the attention softmax, so it concerns queries and
+  keys alone (``q``/``k``); every other family takes plain AtP's estimate, at AtP's cost.
+* GradDrop concerns every family: cancellation between a node's direct and indirect paths happens
+  through any later layer, MLPs included, so an ``mlp_out`` sweep keeps its passes (``graddrop=False``
+  ranks by ``|Î|`` alone). What cannot change the result is a pass ``ℓ`` whose dropped contribution
+  lies *upstream* of every attributed activation (:func:`~.cost.graddrop_layers`): no path from an
+  attributed activation to the metric crosses layer ``ℓ``'s outputs, so ``Î_ℓ`` is the undropped
+  estimate itself. Those passes are not run; ``|Î|`` enters the sum in their place (the same
+  values: the backward graph is the same). A sweep of late layers skips most passes; a sweep of
+  the last layer's ``resid_post`` skips them all.
 """
 
 from __future__ import annotations
@@ -12,6 +25,7 @@ from collections.abc import Sequence
 import torch
 
 from .cells import cell_effects, rot_name, stack
+from .cost import backward_share, graddrop_layers
 from .grad_hooks import capture, gate
 from .plan import Chunk, ChunkEstimate, Runs, Sweep
 from .qk import check_scale, qk_fixed
@@ -85,20 +99,33 @@ def _estimate(
     return stack(fam, out, sweep.together and not qk)
 
 
-def _graddrop(sweep: Sweep, run: _BaseRun, src: dict[str, torch.Tensor], m: torch.Tensor) -> torch.Tensor:
+def _graddrop(
+    sweep: Sweep, run: _BaseRun, src: dict[str, torch.Tensor], m: torch.Tensor, eff: torch.Tensor, b: int
+) -> torch.Tensor:
     """GradDrop's rank score ``(1/(L−1)) Σ_ℓ |Î_ℓ|``: the estimate with layer ℓ's residual
-    contribution cut from the backward pass, for every ℓ (the graph is kept until the last)."""
+    contribution cut from the backward pass, for every ℓ (the graph is kept until the last). For
+    ℓ outside :func:`~.cost.graddrop_layers` ``Î_ℓ`` is ``eff`` (the undropped estimate) exactly,
+    and no pass runs."""
     n = sweep.model.cfg.n_layer
+    live = graddrop_layers(sweep)
     total: torch.Tensor | None = None
     for l in range(n):
-        run.keeps[l][0] = 0.0
-        try:
-            part = _estimate(
-                sweep, run, src, torch.autograd.grad(m.sum(), run.acts, retain_graph=l < n - 1, allow_unused=True)
-            ).abs()
-        finally:
-            run.keeps[l][0] = 1.0
+        if l not in live:
+            part = eff.abs()
+        else:
+            run.keeps[l][0] = 0.0
+            try:
+                part = _estimate(
+                    sweep,
+                    run,
+                    src,
+                    torch.autograd.grad(m.sum(), run.acts, retain_graph=l < live[-1], allow_unused=True),
+                ).abs()
+            finally:
+                run.keeps[l][0] = 1.0
+            sweep.tick(backward_share(sweep) * b)
         total = part if total is None else total + part
+    assert total is not None
     return total / max(n - 1, 1)
 
 
@@ -114,8 +141,10 @@ def estimate_atp(sweep: Sweep, chunk: Chunk, runs: Runs) -> ChunkEstimate:
         return ChunkEstimate(
             _estimate(sweep, run, runs.src, torch.autograd.grad(m.sum(), run.acts)), None, base_m, src_m
         )
-    eff = _estimate(sweep, run, runs.src, torch.autograd.grad(m.sum(), run.acts, retain_graph=True))
-    return ChunkEstimate(eff, _graddrop(sweep, run, runs.src, m), base_m, src_m)
+    eff = _estimate(
+        sweep, run, runs.src, torch.autograd.grad(m.sum(), run.acts, retain_graph=len(graddrop_layers(sweep)) > 0)
+    )
+    return ChunkEstimate(eff, _graddrop(sweep, run, runs.src, m, eff, chunk.b), base_m, src_m)
 
 
 __all__ = ["estimate_atp", "qk_names", "uses_qk_fix"]

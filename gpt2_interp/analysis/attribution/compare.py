@@ -44,7 +44,13 @@ def recall(predicted: Sequence[tuple[int, ...]], truth: Sequence[tuple[int, ...]
 
 @dataclass
 class Agreement(Result):
-    """How an attribution estimate agrees with an exact patching sweep over all cells."""
+    """How an attribution estimate agrees with an exact patching sweep over all cells.
+
+    ``method`` and ``hook``: the estimate's; ``n_cells``: cells compared; ``spearman``: rank
+    correlation of the signed effects (value − baseline); ``spearman_abs``: of the exact
+    ``|effect|`` against the estimate's ranking score; ``recall``: the share of the exact top-``k``
+    (by ``|effect|``) among the estimate's top-``k`` (by score); ``estimate``/``exact``
+    ``[n_cells]``: the flattened effects."""
 
     method: str
     hook: str
@@ -67,6 +73,7 @@ class Agreement(Result):
         )
 
     def table(self) -> str:
+        """One line: cells, Spearman ρ (signed and of ``|effect|``) and top-``k`` recall."""
         return (
             f"{self.method} on {self.hook}: {self.n_cells} cells, Spearman ρ {self.spearman:.3f} "
             f"(|effect| {self.spearman_abs:.3f}), top-{self.k} recall {self.recall:.0%}"
@@ -75,7 +82,9 @@ class Agreement(Result):
 
 def agreement(estimate: AttributionResult, exact: PatchResult, k: int = 20) -> Agreement:
     """Compare an estimate with an exact sweep of the same cells: Spearman ρ of the effects and the
-    share of the exact top-``k`` cells (largest ``|effect|``) among the estimate's top-``k``."""
+    share of the exact top-``k`` cells (largest ``|effect|``) among the estimate's top-``k`` (default
+    20). ``estimate`` and ``exact`` must cover the same cells (ValueError otherwise); ``k`` < 1
+    raises ValueError."""
     k = check_count(k, "k")
     if estimate.values.shape != exact.values.shape:
         raise ValueError(

@@ -12,11 +12,13 @@ import torch
 
 from ...core.checks import as_selection, check_count
 from ...core.finite import NonFiniteWarning, is_finite, nonfinite_summary
-from ...core.progress import progress_bar
+from ...core.progress import note, progress_bar
+from ..engine import timed
 from ..metrics import Metric, bind_metric, metric_name, refuse_degenerate
-from ..patching import Prompts, normalize_effects, pair_tokens, position_labels, result_fields
+from ..patching import Prompts, normalize_effects, pair_tokens, position_labels, result_fields, sweep_work
 from .atp import estimate_atp, qk_names
 from .cells import resolve_family, select
+from .cost import check_cost, estimate_passes, estimate_work
 from .ig import estimate_ig, ig_names
 from .plan import Chunk, ChunkEstimate, Sweep, unpatched_runs
 from .readout import Readout
@@ -56,6 +58,21 @@ def attribute(
     ``ig_path="activations"`` on each layer's own activations; see the package docstring).
     ``batch_size``: prompt pairs per pass (default: all at once). ``metric`` must be finite on the
     clean and corrupted runs and differentiable in the logits (else a ValueError naming it).
+    ``progress``: a progress bar over the chunks of pairs.
+
+    Returns an :class:`~.result.AttributionResult`: ``values`` ``[layer, pos]``, ``[layer, head]`` or
+    ``[layer, pos, head]`` as ``patch`` would give, holding estimates; :meth:`~.result.AttributionResult.verify`
+    checks its top cells by exact patching. Cells whose estimate is not finite are kept as NaN/inf
+    with a ``NonFiniteWarning``.
+
+    Refused before any work (ValueError): an unknown ``method``, ``direction`` or ``ig_path``,
+    ``ig_steps`` < 1, ``ig_path`` without ``method="ig"``, ``graddrop`` without ``"atp*"``,
+    ``batch_size`` < 1, and the prompt, hook and metric refusals of ``patch``.
+
+    Before any pass the estimate's cost and the exact sweep's are counted (:mod:`.cost`, in forward
+    passes); when the exact sweep costs no more, a :class:`~.cost.CostWarning` says so with both
+    numbers. With ``progress`` the work and its expected time (from the timed unpatched runs of the
+    first chunk) are written beside the progress bar, which counts forward passes.
     """
     ig_steps, graddrop = _check_options(method, direction, ig_steps, ig_path, graddrop)
     refuse_degenerate(bind_metric(metric, model), model)  # token strings checked on every pair, before any work
@@ -66,9 +83,29 @@ def attribute(
     positions, heads = as_selection(positions, "positions"), as_selection(heads, "heads")
     together = fam.kind != "pos" and (positions is None or positions == "all")  # heads patched at every position
     sweep = Sweep(model, fam, layers_, method, direction, ig_steps, ig_path, graddrop, together)
+    P = clean_t.shape[1]
+    work = estimate_work(sweep, P, n_pairs)
+    exact = sweep_work(model, P, hook, layers, positions, heads)
+    exact.passes, exact.runs, exact.tokens = exact.passes * n_pairs, exact.runs * n_pairs, exact.tokens * n_pairs
+    check_cost(work, exact)
     base_t, src_t = (corr_t, clean_t) if direction == "denoise" else (clean_t, corr_t)
     chunks = []
-    bar = progress_bar(total=-(-n_pairs // bs), desc=f"attribution ({method}) {hook}", leave=False, enabled=progress)
+    per_pair = estimate_passes(sweep)[0]
+    bar = progress_bar(
+        total=round(work.passes, 1), desc=f"attribution ({method}) {hook}", unit="pass", leave=False, enabled=progress
+    )
+    done = [0.0]
+
+    def tick(passes: float) -> None:
+        done[0] += passes
+        bar.update(passes)
+
+    sweep.tick = tick
+
+    def announce(seconds: float, forwards: int, b: int) -> None:
+        work.seconds = work.passes * seconds / (forwards * b)
+        note(f"{work.line()} (exact patching: ≈ {exact.passes:.1f})", enabled=progress)
+
     for a in range(0, n_pairs, bs):
         b = min(n_pairs, a + bs)
         chunk = Chunk(
@@ -78,8 +115,8 @@ def attribute(
             (a, n_pairs),
             Readout(model, metric, (a, n_pairs), b - a),
         )
-        chunks.append(_estimate_chunk(sweep, chunk))
-        bar.update()
+        chunks.append(_estimate_chunk(sweep, chunk, announce if a == 0 else None))
+        tick(per_pair * b - done[0])  # the rest of the chunk's passes (pairs 0…b done)
     bar.close()
     spec = dict(
         model=model,
@@ -116,12 +153,15 @@ def _check_options(method: str, direction: str, ig_steps: Any, ig_path: str, gra
     return ig_steps, method == "atp*" if graddrop is None else bool(graddrop)
 
 
-def _estimate_chunk(sweep: Sweep, chunk: Chunk) -> ChunkEstimate:
+def _estimate_chunk(sweep: Sweep, chunk: Chunk, timed_runs: Any = None) -> ChunkEstimate:
     """One chunk through its method's estimator: the unpatched runs without autograd, then the
-    estimator with autograd (also inside a caller's ``no_grad`` / ``inference_mode``)."""
+    estimator with autograd (also inside a caller's ``no_grad`` / ``inference_mode``).
+    ``timed_runs(seconds, forwards, pairs)``: told how long the unpatched runs took."""
     ig = sweep.method == "ig"
     names = sweep.names + (ig_names(sweep) if ig else qk_names(sweep))
-    runs, chunk = unpatched_runs(sweep.model, chunk, names, with_base=ig)
+    (runs, chunk), seconds = timed(sweep.model, lambda: unpatched_runs(sweep.model, chunk, names, with_base=ig))
+    if timed_runs is not None:
+        timed_runs(seconds, 2 if ig else 1, chunk.b)
     with torch.inference_mode(False), torch.enable_grad():
         return (estimate_ig if ig else estimate_atp)(sweep, chunk, runs)
 

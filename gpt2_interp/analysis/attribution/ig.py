@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from einops import rearrange, reduce, repeat
 
+from ..engine import BACKWARD
 from .cells import cell_effects, stack
+from .cost import backward_share
 from .grad_hooks import capture
 from .plan import Chunk, ChunkEstimate, Runs, Sweep
 from .readout import Readout
@@ -75,6 +77,7 @@ def _input_path_grads(sweep: Sweep, chunk: Chunk, e0: torch.Tensor, e1: torch.Te
             part = reduce(rearrange(g.float(), "(s b) ... -> s b ...", s=k), "s b ... -> b ...", "sum") / steps
             prev = grads[nm]
             grads[nm] = part if prev is None else prev + part
+        sweep.tick(k * b * (1 + backward_share(sweep)))
     out = {nm: g for nm, g in grads.items() if g is not None}
     assert len(out) == len(grads), "every pass adds to every gradient"
     return out
@@ -91,6 +94,7 @@ def _activation_path_grads(
         out[nm] = _activation_path_grad(
             sweep.model, chunk.readout, nm, l, base[nm], src[nm], resid0, chunk.base_t, chunk.mask, sweep.ig_steps
         )
+        sweep.tick(chunk.b * sweep.ig_steps * (1 + BACKWARD) * (n - max(l, 0)) / n)
     return out
 
 

@@ -5,8 +5,8 @@ computed without autograd and handed back as normal tensors that autograd may us
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 @dataclass
 class Sweep:
     """The settings of one attribution: model, attributed family and layers, method and its options;
-    ``together``: per-head cells patched at every position at once."""
+    ``together``: per-head cells patched at every position at once; ``tick(passes)``: told the
+    forward passes (one prompt each) done as the expensive loops advance (a progress bar)."""
 
     model: HookedGPT2
     fam: Family
@@ -32,6 +33,7 @@ class Sweep:
     ig_path: str
     graddrop: bool
     together: bool
+    tick: Callable[[float], None] = field(default=lambda passes: None, repr=False)
 
     @property
     def names(self) -> list[str]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ...core.checks import check_count
+from ...core.tables import format_table
 from ..patching import PatchResult
 from .verification import Verification, verify
 
@@ -20,7 +21,8 @@ class AttributionResult(PatchResult):
     normalised like ``patch``). ``score`` (same shape as ``values``): what the cells are ranked by —
     ``|values − baseline|``, or for ``atp*`` with GradDrop the GradDrop magnitude
     ``mean_pairs (1/(L−1)) Σ_ℓ |Î_ℓ|`` (in the units of the effect). ``method``: ``atp``, ``atp*``
-    or ``ig``; ``ig_steps`` for IG; ``graddrop``: whether ``score`` is GradDrop's.
+    or ``ig``; ``ig_steps`` and ``ig_path`` (``"input"`` or ``"activations"``) for IG, else None;
+    ``graddrop``: whether ``score`` is GradDrop's. The other fields are :class:`~.patching.PatchResult`'s.
     """
 
     method: str = "atp"
@@ -31,11 +33,25 @@ class AttributionResult(PatchResult):
     _spec: dict | None = field(default=None, repr=False, compare=False)
 
     def table(self, k: int = 8) -> str:
-        """Like ``PatchResult.table``, the ``k`` highest-ranked cells, marked as an estimate."""
+        """Like ``PatchResult.table``, the ``k`` highest-ranked cells, the columns named as estimates
+        (with GradDrop, its score as one more column)."""
         k = check_count(k, "k", minimum=0)
         steps = f" ({self.ig_steps} steps, {self.ig_path} path)" if self.method == "ig" else ""
-        rank = "; ranked by GradDrop" if self.graddrop else ""
-        return f"{self.method}{steps} estimate{rank} — " + super().table(k)
+        rank = "GradDrop score" if self.graddrop else "|estimated effect|"
+        title = f"{self.method}{steps} estimate — " + self.heading("patching") + f"; highest-ranked cells (by {rank}):"
+        if not self.graddrop or self.score is None:
+            return "\n".join([title, *self.effect_rows(k, "estimated ")])
+        header = [
+            "cell (" + ", ".join("position" if n == "pos" else n for n in self.index_names) + ")",
+            "estimated patched metric",
+            "estimated effect (patched − baseline)",
+            "GradDrop score",
+        ]
+        rows = [
+            [self.label(idx), f"{v:+.4f}", f"{v - self.baseline:+.4f}", f"{float(self.score[idx]):.4f}"]
+            for idx, v in self.top(k)
+        ]
+        return "\n".join([title, *format_table(header, rows, right=[False, True, True, True])])
 
     def top(self, k: int = 5) -> list[tuple[tuple[int, ...], float]]:
         """The ``k`` cells ranked highest by :attr:`score`, as ``((layer, pos|head, ...), value)``."""
@@ -55,7 +71,8 @@ class AttributionResult(PatchResult):
         progress: bool | None = None,
         exact: PatchResult | None = None,
     ) -> Verification:
-        """Exact batched patching of this estimate's top cells and a random control sample; see :func:`verify`."""
+        """Exact batched patching of this estimate's top cells and a random control sample; see :func:`verify`
+        (``k``, ``candidates``, ``controls``, ``seed``, ``batch_size``, ``progress`` and ``exact`` as there)."""
         return verify(
             self,
             k=k,

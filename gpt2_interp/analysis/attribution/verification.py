@@ -4,16 +4,21 @@ of its top cells and a random control sample (:func:`verify`), compared in a :cl
 from __future__ import annotations
 
 import random
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ...core.checks import check_count
+from ...core.progress import note, progress_bar
 from ...core.result import Result
+from ...core.tables import format_table
+from ..engine import Work
 from ..hook_targets import is_full_name
-from ..patching import PatchResult, patch
+from ..patching import PatchResult, pair_tokens, patch, sweep_work
 from .compare import recall, spearman, top_cells
+from .cost import CostWarning
 
 if TYPE_CHECKING:
     from .result import AttributionResult
@@ -30,6 +35,7 @@ class Verification(Result):
     of estimate and exact over every verified cell; ``recall``: the share of ``verified_top`` already
     in the estimate's top-``k``; ``controls_above``: controls whose exact ``|effect|`` beats the
     ``k``-th of ``verified_top`` (a false-negative warning: the estimate missed them).
+    ``method`` and ``hook``: the estimate's; ``labels``: a readable label per cell (:func:`cell_label`).
     """
 
     method: str
@@ -60,19 +66,21 @@ class Verification(Result):
         )
 
     def table(self) -> str:
-        lines = [
+        """The agreement, then the ``k`` cells with the largest exact effect under a header naming the
+        columns: the cell, its effect by the estimate and by exact patching (patched − baseline, in
+        the metric's units), and whether it was a top cell of the estimate or a random control."""
+        title = (
             f"verified {self.kind.count('top')} top cells + {self.kind.count('control')} controls of {self.method} "
             f"on {self.hook}: Spearman ρ {self.spearman:.3f}, top-{self.k} recall {self.recall:.0%}, "
-            f"{self.controls_above} control(s) above the {self.k}-th exact effect",
-            f"  {'cell':<28} {'estimate':>10} {'exact':>10}",
-        ]
+            f"{self.controls_above} control(s) above the {self.k}-th exact effect"
+        )
         order = self.exact.abs().argsort(descending=True)
-        for i in order[: self.k].tolist():
-            lines.append(
-                f"  {self.labels[i]:<28} {float(self.estimate[i]):>+10.4f} {float(self.exact[i]):>+10.4f}"
-                f"{'  (control)' if self.kind[i] == 'control' else ''}"
-            )
-        return "\n".join(lines)
+        rows = [
+            [self.labels[i], f"{float(self.estimate[i]):+.4f}", f"{float(self.exact[i]):+.4f}", self.kind[i]]
+            for i in order[: self.k].tolist()
+        ]
+        header = ["cell", "estimated effect", "exact effect", "chosen as"]
+        return "\n".join([title, *format_table(header, rows, right=[False, True, True, False])])
 
 
 def cell_label(result: PatchResult, cell: tuple[int, ...]) -> str:
@@ -100,7 +108,18 @@ def verify(
     Cells are patched one layer at a time (``patch`` restricted to that layer and the positions and
     heads of its cells), on the same prompt pairs, metric, direction and normalisation. ``exact``:
     a full exact sweep of the same cells (``patch`` with the same arguments) when one is at hand —
-    the cells are then looked up in it instead of patched again (the same values, no extra runs)."""
+    the cells are then looked up in it instead of patched again (the same values, no extra runs).
+
+    ``result``: an :class:`~.result.AttributionResult` returned by ``attribute`` in this process;
+    ``k`` (default 20): the size of the verified top set; ``controls`` (default 20) random cells
+    drawn with ``seed``; ``batch_size`` and ``progress`` go to ``patch``. Refused (ValueError):
+    ``k`` or ``candidates`` < 1, negative ``controls``, an ``exact`` sweep of other cells, and a
+    result that carries no run (loaded from JSON) without ``exact``.
+
+    Before patching, the verification's work (:func:`verification_work`) is compared with the full
+    exact sweep's (:func:`~.patching.sweep_work`): when the full sweep costs no more — few cells
+    per group, each group paying its own two unpatched runs — it runs instead (the cells are
+    looked up in it) and a :class:`~.cost.CostWarning` states both costs."""
     k = check_count(k, "k")
     cand = 2 * k if candidates is None else max(k, check_count(candidates, "candidates"))
     controls = check_count(controls, "controls", minimum=0)
@@ -126,6 +145,8 @@ def verify(
     ctrl = random.Random(seed).sample(rest, min(controls, len(rest)))
     cells = top + ctrl
     if exact is None:
+        exact = _full_sweep_if_cheaper(result, cells, batch_size, progress)
+    if exact is None:
         ex = torch.tensor(_exact_cells(result, cells, batch_size, progress)) - result.baseline
     else:
         ex = torch.stack([exact.values[c] for c in cells]).float() - exact.baseline
@@ -150,14 +171,75 @@ def verify(
     )
 
 
+def verification_work(result: AttributionResult, cells: list[tuple[int, ...]]) -> tuple[Work, Work]:
+    """``(verification, full sweep)``: the :class:`~..engine.Work` of exactly patching ``cells`` (one
+    ``patch`` call per group, :func:`_groups`) and of the full exact sweep of the estimate's cells,
+    over all its prompt pairs, counted before running."""
+    spec = result._spec
+    assert spec is not None
+    model = spec["model"]
+    n_pairs, P = pair_tokens(model, spec["clean"], spec["corrupted"])[0].shape
+    parts = [
+        sweep_work(
+            model, P, **{k: v for k, v in _patch_args(result, key, cs).items() if k not in ("direction", "normalize")}
+        )
+        for key, cs in _groups(result.index_names, cells).items()
+    ]
+    full = sweep_work(model, P, spec["hook"], spec["layers"], spec["positions"], spec["heads"])
+    ver = Work(
+        f"exact patching of {len(cells)} cells",
+        n_pairs * sum(w.runs for w in parts),
+        n_pairs * sum(w.tokens for w in parts),
+        n_pairs * sum(w.passes for w in parts),
+    )
+    return ver, Work(
+        f"the full exact sweep of {spec['hook']}", n_pairs * full.runs, n_pairs * full.tokens, n_pairs * full.passes
+    )
+
+
+def _full_sweep_if_cheaper(
+    result: AttributionResult, cells: list[tuple[int, ...]], batch_size: int | None, progress: bool | None
+) -> PatchResult | None:
+    """The full exact sweep when it costs no more than patching ``cells`` group by group (warned, with
+    both costs); else None (the cells are patched by :func:`_exact_cells`)."""
+    ver, full = verification_work(result, cells)
+    note(f"{ver.line()}; {full.what}: ≈ {full.passes:.1f} forward passes", enabled=progress)
+    if full.passes > ver.passes:
+        return None
+    warnings.warn(
+        f"{ver.what} costs ≈ {ver.passes:.1f} forward passes, {full.what} ≈ {full.passes:.1f} "
+        f"({ver.passes / max(full.passes, 1e-9):.1f}× as much): running the full sweep instead",
+        CostWarning,
+        stacklevel=4,
+    )
+    spec = result._spec
+    assert spec is not None
+    return patch(
+        spec["model"],
+        spec["clean"],
+        spec["corrupted"],
+        spec["metric"],
+        hook=spec["hook"],
+        layers=spec["layers"],
+        positions=spec["positions"],
+        heads=spec["heads"],
+        direction=spec["direction"],
+        normalize=spec["normalize"],
+        batch_size=batch_size,
+        progress=progress,
+    )
+
+
 def _exact_cells(
     result: AttributionResult, cells: list[tuple[int, ...]], batch_size: int | None, progress: bool | None
 ) -> list[float]:
-    """Exact patched metric of each cell, by one ``patch`` call per group of cells (:func:`_groups`)."""
+    """Exact patched metric of each cell, by one ``patch`` call per group of cells (:func:`_groups`),
+    under one progress bar over the groups."""
     spec = result._spec
     assert spec is not None, "verify refuses a result without its run's arguments"
     got: dict[tuple[int, ...], float] = {}
-    for key, cs in _groups(result.index_names, cells).items():
+    groups = _groups(result.index_names, cells)
+    for key, cs in progress_bar(groups.items(), total=len(groups), desc="verifying", leave=False, enabled=progress):
         kw = _patch_args(result, key, cs)
         r = patch(
             spec["model"],
@@ -165,7 +247,7 @@ def _exact_cells(
             spec["corrupted"],
             spec["metric"],
             batch_size=batch_size,
-            progress=progress,
+            progress=False,
             **kw,
         )
         for c in cs:
@@ -223,4 +305,4 @@ def _index_in(result: AttributionResult, cell: tuple[int, ...], kw: dict[str, An
     return tuple(j)
 
 
-__all__ = ["Verification", "cell_label", "verify"]
+__all__ = ["Verification", "cell_label", "verification_work", "verify"]

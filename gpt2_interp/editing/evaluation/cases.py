@@ -26,7 +26,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class CounterfactCase:
-    """One counterfactual request with the prompts that test it (prompts are filled-in text)."""
+    """One counterfactual request with the prompts that test it (prompts are filled-in text).
+
+    ``case_id``: its number; ``request``: the rewrite (prompt, subject, new ``target``);
+    ``target_true``: the object the model should forget (``""`` when unknown); ``paraphrases``:
+    other prompts of the same fact (efficacy under rewording); ``neighbourhood``: prompts about
+    other subjects with the same true object (should keep it); ``relation``: the fact base's
+    relation (``""`` for a case from elsewhere)."""
 
     case_id: int
     request: Request
@@ -65,7 +71,10 @@ def counterfact_requests(
     (``FactBase.counterfactual``); the rewrite prompt is the relation's first training template,
     the paraphrases its held-out templates, the neighbourhood up to ``n_neighbours`` prompts about
     other subjects with the same true object (none exist for one-to-one relations such as
-    element symbols: those cases have no neighbourhood score)."""
+    element symbols: those cases have no neighbourhood score).
+
+    ``fb``: the fact base (default: the shipped one); ``seed``: the draw of facts and new objects.
+    ``n`` larger than the number of facts raises ValueError."""
     fb = fb or FactBase.load()
     rng = random.Random(seed)
     pools = {r: rng.sample(fb.facts(r), len(fb.facts(r))) for r in fb.relations}
@@ -111,7 +120,9 @@ def keep_other_relations(
     """Copies of ``cases`` whose requests keep the subject's other facts (:attr:`Request.keep`): the
     fact base's ``template``-th training prompt (or each of several: ``template=(1, 2, 3)``) of every
     other relation the subject has. Subject specificity is scored on the 0th
-    (:func:`related_prompts`), so with the default the scored prompts are not the ones optimised."""
+    (:func:`related_prompts`), so with the default the scored prompts are not the ones optimised.
+    ``fb``: the fact base (default: the shipped one). No template index, or one a relation does not
+    have, raises ValueError."""
     idx = [template] if isinstance(template, int) else list(template)
     if not idx:
         raise ValueError("template: give at least one training-prompt index")
@@ -141,7 +152,8 @@ def known_cases(
     shuffle spread over relations) whose fact the unedited ``model`` knows on the rewrite prompt
     (:func:`~gpt2_interp.analysis.known.knows`: top-1 next token = the true object's first token,
     a token that holds more than whitespace), none with a ``(relation, subject)`` in ``exclude``.
-    Fewer when the model knows fewer."""
+    Fewer when the model knows fewer. ``seed``: the shuffle; ``batch_size`` (default 256) cases are
+    checked per batch of forward passes."""
     fb = FactBase.load()
     pool = [c for c in counterfact_requests(fb, n=len(fb), seed=seed) if (c.relation, c.request.subject) not in exclude]
     out: list[CounterfactCase] = []
@@ -176,7 +188,10 @@ def unrelated_prompts(n: int = 30, seed: int = 1) -> list[tuple[str, str, str]]:
 @dataclass
 class RelatedPrompt:
     """A fact the edit should leave alone: ``kind`` "subject" (another relation of the edited
-    subject) or "shared" (a subject whose last token is the edited subject's)."""
+    subject) or "shared" (a subject whose last token is the edited subject's).
+
+    ``prompt``: the filled-in prompt; ``target_true``: the object the model should still give;
+    ``subject`` and ``relation``: the fact's."""
 
     prompt: str
     target_true: str
@@ -202,7 +217,8 @@ def related_prompts(
     """Per case: the edited subject's facts of the other relations, and up to ``n_max`` facts of
     subjects that share the edited subject's last token in its rewrite prompt (the position the
     edit writes to), facts of the edited relation first. Facts that any case edits are left out.
-    Cases whose subject/relation are not in the fact base get none."""
+    Cases whose subject/relation are not in the fact base get none. ``cases``: the edited cases;
+    ``fb``: the fact base (default: the shipped one); ``seed``: the draw among shared-token subjects."""
     fb = fb or FactBase.load()
     rng = random.Random(seed)
     edited = {(c.relation, c.request.subject) for c in cases}
@@ -237,7 +253,8 @@ def known_related(
 ) -> list[list[RelatedPrompt]]:
     """:func:`related_prompts` of ``cases``, keeping only the facts the model knows
     (:func:`~gpt2_interp.analysis.known.knows`); none for any case without a relation (cases not
-    from the fact base)."""
+    from the fact base). ``seed`` as in :func:`related_prompts`; ``batch_size`` (default 64) prompts
+    per forward pass."""
     if not all(c.relation for c in cases):
         return [[] for _ in cases]
     rel = related_prompts(model, cases, seed=seed)

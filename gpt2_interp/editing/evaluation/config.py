@@ -27,13 +27,19 @@ class EvalConfig:
     default, "auto") or MEMIT's layers (ints, None, "auto"). ``stats``: key statistics (computed
     when None). ``fluency_tokens``: greedy tokens per fluency prompt. ``n_unrelated``: prompts for
     the drift. ``checkpoints``: sequential ROME's curve marks. ``batch_size``: MEMIT/AlphaEdit
-    requests per edit (None: all at once). ``progress``: a progress bar. ``seed``: of the cases
-    drawn for an int ``requests`` and of the related facts. ``score_batch_size``: prompts per forward
-    pass when scoring. ``preserve``: AlphaEdit's :class:`~..memit.NullSpace` or statistics to
+    requests per edit (None: all at once). ``progress``: bars for the baseline, the edits (done out
+    of total, time left) and each edit's own work (None: on a terminal or in a notebook; False: none).
+    ``seed``: of the cases drawn for an int ``requests`` and of the related facts. ``score_batch_size``:
+    prompts per forward pass when scoring. ``preserve``: AlphaEdit's :class:`~..memit.NullSpace` or statistics to
     preserve (None: the edit layers' statistics). ``related``: score subject specificity and
     shared-token neighbours. ``time_limit``: seconds (sequential only). ``targets``: target
     residuals of an earlier edit of the same one batch (MEMIT/AlphaEdit). ``hparams``: the editor's
-    hyperparameters (ROME's or MEMIT's)."""
+    hyperparameters (ROME's or MEMIT's).
+
+    Refused when made: an unknown method; ``n_unrelated``, ``score_batch_size``, ``batch_size`` or
+    a checkpoint < 1, negative ``fluency_tokens``, a non-integer seed; ``batch_size`` > 1 with ROME;
+    ``time_limit`` without ``sequential`` or negative; ``targets`` with ROME or sequential editing
+    (ValueError/TypeError, naming the field); ``hparams`` that is not a mapping (TypeError)."""
 
     method: str = "rome"
     sequential: bool = False
@@ -43,7 +49,7 @@ class EvalConfig:
     n_unrelated: int = 30
     checkpoints: Sequence[int] | None = None
     batch_size: int | None = None
-    progress: bool = True
+    progress: bool | None = None
     seed: int = 0
     score_batch_size: int = 64
     preserve: Any = None

@@ -36,23 +36,32 @@ class Editor(Protocol):
     max_batch: ClassVar[int | None]
 
     @property
-    def layer(self) -> int | list[int] | None: ...
+    def layer(self) -> int | list[int] | None:
+        """The layer(s) the editor edits, as reported (None: chosen per request)."""
 
     @property
-    def hparams(self) -> dict[str, Any]: ...
+    def hparams(self) -> dict[str, Any]:
+        """The editor's settings, as reported."""
 
-    def compute(self, model: HookedGPT2, requests: Sequence[Request]) -> Edit: ...
+    def compute(self, model: HookedGPT2, requests: Sequence[Request]) -> Edit:
+        """ONE edit (not applied) that writes ``requests`` into ``model`` as it is now."""
 
 
 @dataclass
 class RomeEditor:
     """ROME, one request per edit, at one fixed layer (with its key statistics) or at a layer chosen
-    per request (``fixed_layer`` None: ``layer="auto"``)."""
+    per request (``fixed_layer`` None: ``layer="auto"``).
+
+    ``stats``: the key statistics of ``fixed_layer`` (None with ``"auto"``: computed per edit);
+    ``overrides``: the hyperparameters given by the caller (passed to every
+    :func:`~..rome.compute_edit`); ``settings``: the full resolved :class:`~..rome.RomeHparams`, as
+    reported; ``progress``: the δ-step bars of each edit (None: on a terminal or in a notebook)."""
 
     fixed_layer: int | None
     stats: KeyStats | None
     overrides: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    progress: bool | None = False
     name: ClassVar[str] = "rome"
     max_batch: ClassVar[int | None] = 1
 
@@ -62,13 +71,15 @@ class RomeEditor:
         model: HookedGPT2,
         layer: int | str | None = None,
         stats: KeyStats | Mapping[int, KeyStats] | None = None,
-        progress: bool = True,
+        progress: bool | None = None,
         group: Any = None,
         **hparams: Any,
     ) -> RomeEditor:
         """Resolve the layer (None: :func:`~..rome.default_layer`) and its key statistics (given, or
         computed once — by the ranks of ``group`` together when distributed); ``hparams`` override
-        :class:`~..rome.RomeHparams`."""
+        :class:`~..rome.RomeHparams`. ``stats``: one :class:`~..stats.KeyStats` or ``{layer: KeyStats}``;
+        ``progress``: for the statistics and each edit (:func:`~..rome.compute_edit`). A ``layer`` that is
+        not an int, None or ``"auto"`` raises TypeError; an unknown hyperparameter ValueError."""
         hp = hparams_for(model, **hparams)
         if layer is None:
             fixed: int | None = default_layer(model)
@@ -83,21 +94,25 @@ class RomeEditor:
                 st = key_second_moment(
                     model, fixed, corpus=hp.corpus, n_samples=hp.n_samples, progress=progress, group=group
                 )
-        return cls(fixed, st, dict(hparams), dict(vars(hp)))
+        return cls(fixed, st, dict(hparams), dict(vars(hp)), progress)
 
     @property
     def layer(self) -> int | None:
+        """The fixed edit layer (None: chosen per request)."""
         return self.fixed_layer
 
     @property
     def hparams(self) -> dict[str, Any]:
+        """The resolved ROME hyperparameters."""
         return self.settings
 
     def compute(self, model: HookedGPT2, requests: Sequence[Request]) -> Edit:
+        """The ROME edit (:func:`~..rome.compute_edit`, not applied) of the one request in ``requests``
+        (any other number raises ValueError)."""
         if len(requests) != 1:
             raise ValueError(f"requests: ROME edits one request at a time, got {len(requests)}")
         layer = "auto" if self.fixed_layer is None else self.fixed_layer
-        return compute_edit(model, requests[0], layer=layer, stats=self.stats, **self.overrides)
+        return compute_edit(model, requests[0], layer=layer, stats=self.stats, progress=self.progress, **self.overrides)
 
 
 _MemitE = TypeVar("_MemitE", bound="MemitEditor")  # MemitEditor.prepare builds the class it is called on
@@ -108,14 +123,15 @@ class MemitEditor:
     """MEMIT: one edit for a batch of requests, spread over ``layers`` with their key statistics.
     ``remember`` (sequential editing): an AlphaEdit null space remembers each batch's keys.
     ``targets``: the target residuals of an earlier edit of the same one batch (the δ optimisation
-    is skipped)."""
+    is skipped). ``stats``: ``{layer: KeyStats}``; ``hp``: the resolved :class:`~..memit.MemitHparams`;
+    ``progress``: progress bars while computing; ``null_space``: AlphaEdit's (None for MEMIT)."""
 
     layers: list[int]
     stats: dict[int, KeyStats]
     hp: MemitHparams
     remember: bool = False
     targets: TargetResiduals | None = None
-    progress: bool = False
+    progress: bool | None = False
     null_space: NullSpace | None = None
     name: ClassVar[str] = "memit"
     max_batch: ClassVar[int | None] = None
@@ -129,12 +145,14 @@ class MemitEditor:
         stats: KeyStats | Mapping[int, KeyStats] | None = None,
         remember: bool = False,
         targets: TargetResiduals | None = None,
-        progress: bool = True,
+        progress: bool | None = None,
         **hparams: Any,
     ) -> _MemitE:
         """Resolve the layers (None: the model's defaults; "auto": chosen from ``requests``' traces)
         and their key statistics (given, or computed once) as :func:`~..memit.compute_edits` does;
-        ``hparams`` override :class:`~..memit.MemitHparams`."""
+        ``hparams`` override :class:`~..memit.MemitHparams`. ``layer``: None, an int, a list or
+        ``"auto"``; ``stats``: a :class:`~..stats.KeyStats` or ``{layer: KeyStats}``; ``remember``,
+        ``targets`` and ``progress`` are kept for :meth:`compute`. Refusals as in ``compute_edits``."""
         hp = MemitHparams.of(model, **hparams)
         layers = _resolve_layers(model, layer, hp, list(requests))
         st = _resolve_stats(model, layers, stats, hp, parameter_digests(model), progress)
@@ -142,13 +160,17 @@ class MemitEditor:
 
     @property
     def layer(self) -> list[int]:
+        """The edit layers, ascending."""
         return self.layers
 
     @property
     def hparams(self) -> dict[str, Any]:
+        """The resolved MEMIT hyperparameters as a dict."""
         return self.hp.to_dict()
 
     def compute(self, model: HookedGPT2, requests: Sequence[Request]) -> Edit:
+        """One edit (:func:`~..memit.compute_edits`, not applied) of every request in ``requests``, at
+        the prepared layers with the prepared statistics (and null space)."""
         return compute_edits(
             model,
             list(requests),
@@ -178,13 +200,14 @@ class AlphaEditEditor(MemitEditor):
         stats: KeyStats | Mapping[int, KeyStats] | None = None,
         remember: bool = False,
         targets: TargetResiduals | None = None,
-        progress: bool = True,
+        progress: bool | None = None,
         preserve: Any = None,
         **hparams: Any,
     ) -> AlphaEditEditor:
         """:meth:`MemitEditor.prepare`, then the null space: ``preserve`` as a
         :class:`~..memit.NullSpace`, else built from ``preserve``'s statistics (None or True: the
-        edit layers' own) with the hyperparameters' threshold and rule."""
+        edit layers' own) with the hyperparameters' threshold and rule. ``requests``, ``layer``,
+        ``stats``, ``remember``, ``targets``, ``progress`` and ``hparams`` as in :meth:`MemitEditor.prepare`."""
         editor = super().prepare(model, requests, layer, stats, remember, targets, progress, **hparams)
         if not isinstance(preserve, NullSpace):
             own = preserve is None or preserve is True

@@ -18,6 +18,7 @@ over the ranks (key statistics computed together); the rows are gathered in requ
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,7 @@ import torch
 from ...core import distributed
 from ...core.progress import progress_bar
 from ...model.fingerprint import tensor_digest, weights_fingerprint
-from ..edit import Edit, undo_all
+from ..edit import Edit, EditFailedWarning, undo_all
 from .cases import CounterfactCase, RelatedPrompt, as_cases, known_flags, known_related, unrelated_prompts
 from .config import DEFAULT_CHECKPOINTS, EvalConfig
 from .editors import Editor, make_editor
@@ -52,7 +53,11 @@ if TYPE_CHECKING:
 @dataclass
 class Baseline:
     """The unedited model's measurements: one row per case (pre-edit scores, known flag, fluency),
-    the related facts it knows per case, and the unrelated prompts with their next-token log-probs."""
+    the related facts it knows per case, and the unrelated prompts with their next-token log-probs.
+
+    ``rows``: one :class:`~.metrics.CaseRow` per case (pre-edit); ``related``: per case, the related
+    facts the model knows; ``unrelated``: ``(relation, subject, prompt)`` triples; ``unrelated_pre``
+    ``[n_unrelated, d_vocab]``: the unedited next-token log-probabilities after each."""
 
     rows: list[CaseRow]
     related: list[list[RelatedPrompt]]
@@ -61,6 +66,7 @@ class Baseline:
 
     @property
     def unrelated_texts(self) -> list[str]:
+        """The unrelated prompts' texts, in order."""
         return [p for *_, p in self.unrelated]
 
     def unrelated_for(self, case: CounterfactCase) -> list[int]:
@@ -71,11 +77,19 @@ class Baseline:
 
 
 def baseline(model: HookedGPT2, cases: Sequence[CounterfactCase], config: EvalConfig) -> Baseline:
-    """Measure the unedited ``model`` on ``cases`` (batched, ``config.score_batch_size`` prompts a pass)."""
+    """Measure the unedited ``model`` on ``cases`` (batched, ``config.score_batch_size`` prompts a pass),
+    with a bar over the measurements (``config.progress``)."""
     sb = config.score_batch_size
+    bar = progress_bar(total=4, unit="step", desc="baseline (unedited model)", enabled=config.progress, leave=False)
+    bar.set_postfix_str("scores", refresh=False)
     pre = case_scores(model, cases, sb)
+    bar.update(1)
+    bar.set_postfix_str("known facts", refresh=False)
     known = known_flags(model, cases, sb)
+    bar.update(1)
+    bar.set_postfix_str("fluency", refresh=False)
     fl = fluency(model, cases, config.fluency_tokens, sb)
+    bar.update(1)
     rows = [
         CaseRow(
             c.case_id,
@@ -90,9 +104,13 @@ def baseline(model: HookedGPT2, cases: Sequence[CounterfactCase], config: EvalCo
         )
         for c, s, k, f in zip(cases, pre, known, fl)
     ]
+    bar.set_postfix_str("related facts", refresh=False)
     unrel = unrelated_prompts(config.n_unrelated)
     related = known_related(model, cases, config.seed, sb) if config.related else [[] for _ in cases]
-    return Baseline(rows, related, unrel, next_logprobs(model, [p for *_, p in unrel]))
+    out = Baseline(rows, related, unrel, next_logprobs(model, [p for *_, p in unrel]))
+    bar.update(1)
+    bar.close()
+    return out
 
 
 def score_after(
@@ -148,9 +166,12 @@ def _units(n: int, editor: Editor, batch_size: int | None) -> list[list[int]]:
 def _edit(
     model: HookedGPT2, editor: Editor, cases: Sequence[CounterfactCase], rows: Sequence[CaseRow], unit: Sequence[int]
 ) -> tuple[Edit, float]:
-    """The edit of ``unit``'s cases and its time; their rows get their share of the time and the layer(s)."""
+    """The edit of ``unit``'s cases and its time; their rows get their share of the time and the layer(s).
+    An edit that did not take does not warn here: the evaluation's efficacy score counts it."""
     t0 = time.perf_counter()
-    edit = editor.compute(model, [cases[i].request for i in unit])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EditFailedWarning)
+        edit = editor.compute(model, [cases[i].request for i in unit])
     secs = time.perf_counter() - t0
     for i in unit:
         rows[i].edit_seconds = secs / len(unit)
@@ -219,7 +240,11 @@ def evaluate_local(
     config: EvalConfig,
     t_start: float | None = None,
 ) -> EditEvaluation:
-    """Edit and score ``cases`` in this process (module doc); the weights are restored (checked)."""
+    """Edit and score ``cases`` in this process (module doc); the weights are restored (checked).
+    ``editor``: a prepared :class:`~.editors.Editor`; ``config``: the :class:`~.config.EvalConfig`
+    (sequential or not, batch size, scoring sizes, progress); ``t_start``: when the evaluation began
+    (``time.perf_counter``; default now), for the reported seconds. Returns an
+    :class:`~.result.EditEvaluation`; sequential edits that do not undo bit-exactly raise RuntimeError."""
     t_start = time.perf_counter() if t_start is None else t_start
     cases = list(cases)
     base_fp = weights_fingerprint(model)
@@ -271,7 +296,7 @@ def _evaluate_sharded(
 ) -> EditEvaluation:
     """Each rank edits and scores its share of the cases; every rank returns all rows in order."""
     mine = distributed.shard(cases, group)
-    local_config = replace(config, progress=config.progress and distributed.is_main(group))
+    local_config = replace(config, progress=config.progress if distributed.is_main(group) else False)
     local = evaluate_local(model, mine, editor, local_config, t_start) if mine else None
     rows = distributed.gather_in_order(local.rows if local else [], len(cases), group)
     restored = bool(distributed.all_reduce_number(int(local.restored_exactly if local else True), group, "min"))
@@ -293,7 +318,12 @@ def run_evaluation(
     ``editor``: an :class:`~.editors.Editor` to evaluate instead of the one ``config.method`` names.
     Distributed (an initialised process group, or ``group``; not with ``local=True``): independent
     one-request edits are sharded over the ranks; sequential runs and batch edits are not (each rank
-    runs them whole)."""
+    runs them whole).
+
+    Returns an :class:`~.result.EditEvaluation`; the model's weights are restored bit-exactly
+    afterwards. ``local=True`` keeps the evaluation in this process. Refused: no requests, a
+    malformed request, ``targets`` with a ``batch_size`` other than all cases, and the refusals of
+    the editor's ``compute_edit``/``compute_edits`` (ValueError/TypeError)."""
     t_start = time.perf_counter()
     config = config or EvalConfig()
     cases = as_cases(requests, config.seed)
@@ -323,7 +353,13 @@ def evaluate_edits(
     together, then each edits and scores its share of the requests on its own copy of the model;
     every rank returns all rows in request order (those of one process, up to float rounding of
     differently batched prompts) and the summaries over them. ``sequential=True`` and MEMIT/AlphaEdit
-    batch edits are not sharded (each rank runs them whole)."""
+    batch edits are not sharded (each rank runs them whole).
+
+    ``requests``: CounterFact cases, Requests/dicts, or an int n (that many cases from the embedded
+    fact base). Defaults (:class:`EvalConfig`): ROME at the model's default layer, each edit made on
+    the unedited model, scored and undone. Refused: settings given both as ``config`` and as
+    arguments, or twice (TypeError), every :class:`EvalConfig` refusal, and those of
+    :func:`run_evaluation`."""
     return run_evaluation(model, requests, _config(config, args, kwargs), group=group)
 
 

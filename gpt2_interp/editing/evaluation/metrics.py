@@ -37,7 +37,9 @@ if TYPE_CHECKING:
 def target_logprobs(
     model: HookedGPT2, prompts: Sequence[str], targets: Sequence[str], batch_size: int = 64
 ) -> torch.Tensor:
-    """``[n]``: log P(target | BOS + prompt), summed over the target's tokens, batched."""
+    """``[n]``: log P(target | BOS + prompt), summed over the target's tokens, batched (``batch_size``
+    rows per forward pass, default 64); ``prompts`` and ``targets``: one target per prompt. Lists of
+    different lengths, an empty target or a row longer than the context raise ValueError."""
     if len(prompts) != len(targets):
         raise ValueError(f"{len(prompts)} prompts but {len(targets)} targets")
     out = torch.empty(len(prompts))
@@ -92,7 +94,8 @@ class Scores:
 
 @dataclass
 class CaseScores(Scores):
-    """One case's :class:`Scores` on the model as it is, and P(new) / P(true) on its rewrite prompt."""
+    """One case's :class:`Scores` on the model as it is, and ``p_new`` = P(new) / ``p_true`` = P(true) on
+    its rewrite prompt (``p_true`` None for a case without a true target)."""
 
     p_new: float | None = None
     p_true: float | None = None
@@ -145,7 +148,8 @@ def n_gram_entropy(
     texts: str | Sequence[str], ns: Sequence[int] = (2, 3), weights: Sequence[float] = (2 / 3, 4 / 3)
 ) -> float:
     """ROME's fluency measure: per text the weighted mean of its 2- and 3-gram entropies (bits,
-    word n-grams), averaged over texts. Repetitive text scores low."""
+    word n-grams), averaged over texts. Repetitive text scores low. ``ns``: the n-gram sizes
+    (default 2 and 3), ``weights`` their weights (default 2/3 and 4/3, ROME's); 0 for no texts."""
     texts = [texts] if isinstance(texts, str) else list(texts)
     return sum(_ngram_entropy(t, ns, weights) for t in texts) / max(len(texts), 1)
 
@@ -153,8 +157,9 @@ def n_gram_entropy(
 def greedy_continuations(
     model: HookedGPT2, prompts: Sequence[str], n_tokens: int = 40, suppress_eos: bool = True
 ) -> list[str]:
-    """Prompt + greedy continuation of each prompt (``model.generate``: batched, KV cache). With
-    ``suppress_eos`` the model cannot end the text (the fact model would stop after one sentence)."""
+    """Prompt + greedy continuation of each of ``prompts`` (``model.generate``: batched, KV cache), up to
+    ``n_tokens`` new tokens (default 40, fewer where the context ends). With ``suppress_eos``
+    (default True) the model cannot end the text (the fact model would stop after one sentence)."""
     longest = model.tokenize(list(prompts))[0].shape[1]
     return model.generate(
         list(prompts),
@@ -174,8 +179,9 @@ def fluency_prompts(case: CounterfactCase) -> list[str]:
 def fluency(
     model: HookedGPT2, cases: Sequence[CounterfactCase], n_tokens: int = 40, batch_size: int = 64
 ) -> list[float]:
-    """Per case: :func:`n_gram_entropy` of the greedy continuations of its :func:`fluency_prompts`
-    (all prompts batched together, ``batch_size`` at a time)."""
+    """Per case of ``cases``: :func:`n_gram_entropy` of the greedy continuations (``n_tokens`` new
+    tokens, default 40) of its :func:`fluency_prompts` (all prompts batched together, ``batch_size``
+    at a time)."""
     groups = [fluency_prompts(c) for c in cases]
     flat = [p for g in groups for p in g]
     texts = [
@@ -243,7 +249,8 @@ def choose_setting(rows: Sequence[Any], unedited_ns: float, ns_tolerance: float 
     The row with the largest ES + PS among those whose NS stays within ``ns_tolerance`` of the
     unedited model's ``unedited_ns`` (0.05 = 5 points); when none does, the row with the best
     CounterFact S (:func:`harmonic_score` of ES, PS, NS) — the best NS alone would pick a setting
-    that edits nothing (a huge ridge keeps NS at 100 % with ES 0). Ties keep the earlier row."""
+    that edits nothing (a huge ridge keeps NS at 100 % with ES 0). Ties keep the earlier row.
+    No ``rows``, or ``ns_tolerance`` outside [0, 1], raises ValueError."""
     rows = list(rows)
     if not rows:
         raise ValueError("rows: give at least one scored setting")
@@ -264,7 +271,14 @@ class CaseRow:
     """One evaluated case: what was asked, whether the unedited model knew it, its scores before and
     after the edit, the other facts it kept (subject specificity ``ss`` over ``ss_n`` facts of the
     edited subject's other relations; shared-token neighbours ``stn`` over ``stn_n`` facts of subjects
-    ending in the same token), fluency, drift on unrelated prompts, and the edit's time and layer(s)."""
+    ending in the same token), fluency, drift on unrelated prompts, and the edit's time and layer(s).
+
+    ``case_id``, ``relation``, ``subject``, ``prompt`` (the rewrite prompt), ``target_new`` and
+    ``target_true``: the case; ``known``: whether the unedited model knew the fact; ``pre``/``post``:
+    its :class:`CaseScores` before and after (``post`` None until edited); ``fluency_pre`` and
+    ``fluency_post``: :func:`n_gram_entropy` of its continuations; ``ss_hits``/``stn_hits``: related
+    facts still known after the edit; ``kl_drift``: mean KL(unedited ‖ edited) on unrelated prompts;
+    ``edit_seconds``: the time to compute the edit."""
 
     case_id: int
     relation: str
@@ -296,10 +310,12 @@ class CaseRow:
 
     @property
     def ss(self) -> float | None:
+        """Subject specificity: the share of the edited subject's other facts still known (None without any)."""
         return self.ss_hits / self.ss_n if self.ss_n else None
 
     @property
     def stn(self) -> float | None:
+        """The share of shared-token neighbours' facts still known (None without any)."""
         return self.stn_hits / self.stn_n if self.stn_n else None
 
 
@@ -312,6 +328,7 @@ class MeanScores(Scores):
 
     @classmethod
     def over(cls, scores: Sequence[Scores | None]) -> MeanScores:
+        """The mean of each score over ``scores`` (None entries and undefined scores skipped) and S."""
         got = [s for s in scores if s is not None]
         out = cls(**{k: _mean([getattr(s, k) for s in got]) for k in SCORES})
         out.S = harmonic_score(out.es, out.ps, out.ns)
@@ -323,7 +340,11 @@ class Summary:
     """A set of :class:`CaseRow` summarised: mean scores before and after the edits; subject
     specificity ``ss`` and shared-token neighbours ``stn`` pooled over the related facts (``n_ss``,
     ``n_stn`` of them; after the edits — before, they are 1 by construction); mean fluency, drift and
-    edit time."""
+    edit time.
+
+    ``n``: rows summarised; ``pre``/``post``: :class:`MeanScores` before and after; ``n_neighbourhood``:
+    rows with a neighbourhood score after the edit; ``fluency_pre``/``fluency_post``, ``kl_drift``,
+    ``edit_seconds`` (mean) and ``edit_seconds_median``: means over the rows that have them."""
 
     n: int
     pre: MeanScores
@@ -365,7 +386,8 @@ def summarize(rows: Sequence[CaseRow]) -> Summary:
 @dataclass
 class CurvePoint(MeanScores):
     """Scores of the edits made so far, after ``n_edits`` of them (sequential editing), their subject
-    specificity ``ss`` and shared-token neighbours ``stn``, and the drift on unrelated prompts."""
+    specificity ``ss`` and shared-token neighbours ``stn``, and the drift on unrelated prompts:
+    ``kl_drift`` the mean KL(unedited ‖ edited) over those prompts, ``kl_max`` the largest."""
 
     n_edits: int = 0
     ss: float | None = None
@@ -377,7 +399,8 @@ class CurvePoint(MeanScores):
 @dataclass
 class StepDrift:
     """KL(unedited ‖ edited) of the next-token distribution on fixed unrelated prompts after one
-    editing step (one ROME edit or one MEMIT batch), mean and max over the prompts."""
+    editing step (one ROME edit or one MEMIT batch), mean (``kl_mean``) and max (``kl_max``) over the
+    prompts; ``step``: the step's number, ``n_edits``: edits made so far, ``seconds``: the step's time."""
 
     step: int
     n_edits: int

@@ -12,7 +12,16 @@ from .metrics import SCORES, CaseRow, CurvePoint, MeanScores, StepDrift, Summary
 @dataclass
 class EditEvaluation(Result):
     """Per-case rows, summaries over all cases and the known subset, and (sequential) the decay
-    curve and the drift after every step."""
+    curve and the drift after every step.
+
+    ``method``: ``"rome"``, ``"memit"`` or ``"alphaedit"``; ``sequential``: whether edits stayed
+    applied; ``layer``: the edited layer(s) (None: chosen per request); ``rows``: one
+    :class:`~.metrics.CaseRow` per case; ``summary``: ``{"all": Summary, "known": Summary}``
+    (:class:`~.metrics.Summary`; ``known``: the cases whose fact the unedited model knew);
+    ``curve``: sequential scores after k edits (:class:`~.metrics.CurvePoint`, None otherwise);
+    ``hparams``: the editor's settings; ``seconds``: the whole evaluation's time;
+    ``restored_exactly``: whether the weights came back bit-exactly; ``batch_size``: requests per
+    edit; ``steps``: the drift after every step (:class:`~.metrics.StepDrift`, sequential only)."""
 
     method: str
     sequential: bool
