@@ -189,6 +189,7 @@ def _lens_section(model: Any, prompt: str, true_target: str, out: Path) -> Secti
     answer = target_ids(model, true_target)[0]
     lens = logit_lens(model, [prompt], targets=[answer], positions="all")
     lens.save_plot(out / "logit_lens.png")
+    assert lens.target_rank is not None and lens.target_prob is not None, "the lens scores the target it is given"
     ranks = lens.target_rank[:, 0, -1].tolist()
     first_top1 = next((lens.layers[i] for i, r in enumerate(ranks) if r == 1), None)
     res = {
@@ -293,7 +294,8 @@ def _edit_section(model: Any, fb: Any, fact: Any, new_target: str, layer: int, s
     before = parameter_digests(model)
     w_before = model.blocks[layer].mlp.W_out.detach().clone()
     t_edit = time.time()
-    edit = compute_edit(model, request, layer=layer, **({} if stats_tokens is None else {"n_samples": stats_tokens}))
+    hparams: dict[str, Any] = {} if stats_tokens is None else {"n_samples": stats_tokens}
+    edit = compute_edit(model, request, layer=layer, **hparams)
     edit_seconds = time.time() - t_edit
     checks = (
         [("rewrite", prompt)]

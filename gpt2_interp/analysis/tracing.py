@@ -23,7 +23,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 
@@ -218,7 +218,7 @@ def embedding_std(model: HookedGPT2, texts: Sequence[str] | None = None, ids: Se
         if texts is None or isinstance(texts, str):
             raise TypeError("embedding_std takes a list of texts (e.g. subjects) or ids=[token ids]")
         ids = [i for t in texts for i in model.tokenizer.encode_ids(t)]
-    ids = sorted(set(int(i) for i in ids))
+    ids = sorted({int(i) for i in ids})
     if not ids:
         raise ValueError("no tokens in the given texts")
     return float(model.W_E.detach()[ids].float().std())
@@ -617,7 +617,8 @@ def causal_trace_all(
     """:func:`causal_trace` of ``prompt`` (``subject``, ``target`` as there) for each of ``kinds``
     (default: hidden, mlp, attn) → a :class:`TraceSet` (three-panel plot); ``kwargs`` go to each
     trace (``noise``, ``samples``, ``window``, ``seed``, …)."""
-    return TraceSet([causal_trace(model, prompt, subject, target, kind=k, **kwargs) for k in kinds])
+    # each kind is checked by causal_trace
+    return TraceSet([causal_trace(model, prompt, subject, target, kind=cast(Kind, k), **kwargs) for k in kinds])
 
 
 # =============================================================== averaging over facts
@@ -816,7 +817,8 @@ def average_trace(
     sums = torch.zeros(len(kinds), len(BUCKETS), n)
     effect = torch.zeros_like(sums)
     counts = [0] * len(BUCKETS)
-    clean, low = [], [[] for _ in kinds]
+    clean: list[float] = []
+    low: list[list[float]] = [[] for _ in kinds]
     batches = [known[a : a + facts_per_batch] for a in range(0, len(known), facts_per_batch)]
     if shown(progress and distributed.is_main(group)):
         note(_average_work(model, cases, batches, kinds, samples, window, group).line(), enabled=True)

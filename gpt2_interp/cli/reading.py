@@ -131,10 +131,10 @@ def neurons(args: argparse.Namespace) -> int:
             n_tokens=args.k,
         )
         return emit(args, r, lambda: r.table(k=args.k))
-    r = neuron_vocab(model, args.layer, args.neurons, k=args.k, apply_ln=not args.raw)
+    proj = neuron_vocab(model, args.layer, args.neurons, k=args.k, apply_ln=not args.raw)
     if args.neurons is None:
-        r = r.strongest(args.top)
-    return emit(args, r)
+        proj = proj.strongest(args.top)
+    return emit(args, proj)
 
 
 def subupdates(args: argparse.Namespace) -> int:

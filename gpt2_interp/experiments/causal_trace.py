@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
@@ -50,7 +50,7 @@ class Config(ExperimentConfig):
     )
     known_only: bool = field(default=False, metadata={"help": "trace only facts the model knows"})
 
-    QUICK = {"facts": 8, "samples": 3}
+    QUICK: ClassVar[dict[str, Any]] = {"facts": 8, "samples": 3}
 
     def __post_init__(self) -> None:
         super().__post_init__()

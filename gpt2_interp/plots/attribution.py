@@ -69,7 +69,9 @@ def plot_verification(
     finish(fig)
     ex, est = np.asarray(exact, dtype=float), np.asarray(estimate, dtype=float)
     order = np.argsort(-np.abs(ex))[:n_labels]
-    place_labels(ax, ex[order], est[order], [labels[i] for i in order], avoid=[legend.get_window_extent()])
+    place_labels(
+        ax, ex[order].tolist(), est[order].tolist(), [labels[i] for i in order], avoid=[legend.get_window_extent()]
+    )
     return fig
 
 

@@ -65,6 +65,7 @@ def plot_patch(result: PatchResult, cmap: str = "RdBu") -> Figure:
     )
     if v.ndim == 2:
         cols = result.position_labels if result.index_names[1] == "pos" else result.head_labels
+        assert cols is not None, "a result labels the axes it has"
         fig = Figure(figsize=grid_size(len(result.layer_labels), len(cols), (0.45, 0.3), (2.6, 1.6), lo=(5.0, 3.0)))
         ax = fig.add_subplot()
         _heatmap(fig, ax, v, result.layer_labels, [repr(c)[1:-1] for c in cols], cmap, lo, hi, label)
@@ -73,6 +74,7 @@ def plot_patch(result: PatchResult, cmap: str = "RdBu") -> Figure:
         ax.set_title(title, fontsize=10)
         return finish_layout(fig)
     heads = result.head_labels
+    assert heads is not None and result.position_labels is not None, "a [layer, pos, head] result labels both"
     ncols = min(4, len(heads))
     nrows = -(-len(heads) // ncols)
     panel = grid_size(len(result.layer_labels), len(result.position_labels), (0.35, 0.3), (1.8, 1.5), lo=(4.2, 2.5))

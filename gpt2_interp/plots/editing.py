@@ -67,7 +67,10 @@ def plot_edit_evaluation(ev: EditEvaluation, title: str | None = None) -> Figure
     how = "sequential" if ev.sequential else ("one at a time" if ev.method == "rome" else "one batch")
     fig.suptitle(title or f"{ev.method.upper()} at layer {ev.layer}: {ev.summary['all'].n} requests ({how})")
     s = ev.summary["all"]
-    fmt = lambda x, f: format(x, f) if x is not None else "–"  # noqa: E731
+
+    def fmt(x, f):
+        return format(x, f) if x is not None else "–"
+
     fig.text(
         0.5,
         0.005,

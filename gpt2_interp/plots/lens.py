@@ -44,6 +44,7 @@ def plot_lens(result: LensResult, prompt: int = 0, position: int = -1, max_layer
     layers = result.layers
     has_t = result.target_prob is not None
     if has_t:
+        assert result.target_prob is not None and result.targets is not None
         values = result.target_prob[:, b, cols].clamp_min(1e-12).log().numpy()  # [n_layers, n_cols]
         cbar_label = f"log p({result.targets[b]!r})"
     else:
@@ -100,6 +101,7 @@ def plot_lens(result: LensResult, prompt: int = 0, position: int = -1, max_layer
     ax2 = fig.add_subplot(gs[1])
     x = np.arange(n_l)
     if has_t:
+        assert result.target_prob is not None and result.target_rank is not None and result.targets is not None
         ax2.plot(x, result.target_prob[:, b, j].numpy(), "o-", color="tab:blue", label="probability")
         ax2.set_ylabel(f"p({result.targets[b]!r})", color="tab:blue")
         ax2.set_ylim(0, 1)
@@ -148,6 +150,7 @@ def plot_attribution(result: DLAResult) -> Figure:
         f"{result.prompt!r}[{result.position}] · total {result.total:+.3f} (model {result.logit:+.3f})", fontsize=9
     )
     if heads:
+        assert result.head_parts is not None
         ax2 = fig.add_subplot(gs[1])
         h = result.head_parts.numpy()
         m = float(np.abs(h).max()) or 1.0
@@ -222,6 +225,7 @@ def plot_subupdates(result: SubupdateResult) -> Figure:
     ax.set_xlabel("|m_i| · ‖v_i‖ (blue: m > 0)")
     ax.set_title(f"MLP sub-updates at {result.token!r} of {result.prompt!r}", fontsize=9)
     if has_t:
+        assert result.target_effects is not None
         ax2 = fig.add_subplot(1, 2, 2, sharey=ax)
         e = result.target_effects.numpy()
         ax2.barh(y, e, color=["tab:green" if v > 0 else "tab:red" for v in e])

@@ -31,12 +31,13 @@ def plot_probe(result: ProbeResult, title: str | None = None) -> Figure:
     mean, ci = result.mean.numpy(), result.ci.numpy()
     ax.plot(x, mean, "o-", color="C0", label=f"{result.task or 'task'} {result.metric}")
     ax.fill_between(x, mean - ci, mean + ci, color="C0", alpha=0.2)
-    if result.control_scores is not None:
-        cm = result.control_mean.numpy()
-        cc = result.control_ci.numpy()
+    control_mean, control_ci, selectivity = result.control_mean, result.control_ci, result.selectivity
+    if control_mean is not None and control_ci is not None and selectivity is not None:  # with a control task
+        cm = control_mean.numpy()
+        cc = control_ci.numpy()
         ax.plot(x, cm, "s--", color="C1", label=f"control ({result.control})")
         ax.fill_between(x, cm - cc, cm + cc, color="C1", alpha=0.2)
-        ax.bar(x, result.selectivity.numpy(), width=0.5, color="C2", alpha=0.35, label="selectivity")
+        ax.bar(x, selectivity.numpy(), width=0.5, color="C2", alpha=0.35, label="selectivity")
     ax.axhline(result.chance, color="grey", lw=0.8, ls=":", label=f"chance {result.chance:.2f}")
     ax.set_xticks(x[:: _step(len(x))], list(result.layers)[:: _step(len(x))])
     ax.set_xlabel(f"layer ({result.hook} at {result.position})")

@@ -67,7 +67,7 @@ def test_each_file_names_only_dataclass_fields_and_justifies_each_with_a_documen
 
 def test_a_malformed_file_is_refused_naming_it():
     bad = {"settings": {"v_lr": 1.0}, "justified_by": [{"settings": ["v_lr"], "run": "results/x", "why": "w"}]}
-    with pytest.raises(ValueError, match="rome/x.json.*not of the form"):
+    with pytest.raises(ValueError, match=r"rome/x\.json.*not of the form"):
         hp_data._check_file(bad, "rome/x.json")
     bad["justified_by"][0]["run"] = "analyses/results/rome_counterfact/gpt2-facts"
     bad["settings"]["v_steps"] = 3
@@ -168,5 +168,5 @@ def test_a_model_without_a_file_gets_the_defaults_and_a_third_of_its_depth():
 
 
 def test_memit_refuses_romes_layer_setting_naming_layers():
-    with pytest.raises(ValueError, match="unknown MEMIT hyperparameter.*'layer'.*layers"):
+    with pytest.raises(ValueError, match=r"unknown MEMIT hyperparameter.*'layer'.*layers"):
         MemitHparams.of(_model("gpt2-facts", 2), layer=0)
