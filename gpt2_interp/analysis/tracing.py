@@ -705,7 +705,7 @@ class AverageTrace(Result):
             for b, bucket in enumerate(self.buckets):
                 if self.counts[b] and (skip := self.clean_layers(kind, bucket)):
                     left = ", ".join(self.layer_labels[l] for l in skip)
-                    lines.append(f"    ({bucket}: {left} left out: the clean run by construction)")
+                    lines.append(f"  (note: in {bucket}, {left} left out: the clean run by construction)")
         return "\n".join(lines)
 
     def plot(self, **kwargs: Any):
