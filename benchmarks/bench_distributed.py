@@ -39,11 +39,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import gpt2_interp as gi  # noqa: E402
-from gpt2_interp.core import distributed  # noqa: E402
-from gpt2_interp.editing.rome import default_layer  # noqa: E402
-from gpt2_interp.editing.stats import clear_memory_cache, key_second_moment  # noqa: E402
-from gpt2_interp.experiments.provenance import standalone, write_beside
+import gpt2_interp as gi  # noqa: E402 (imported once the checkout is on sys.path)
+from gpt2_interp.core import distributed  # noqa: E402 (imported once the checkout is on sys.path)
+from gpt2_interp.editing.rome import default_layer  # noqa: E402 (imported once the checkout is on sys.path)
+from gpt2_interp.editing.stats import clear_memory_cache, key_second_moment  # noqa: E402 (imported once the checkout is on sys.path)
+from gpt2_interp.experiments.provenance import standalone, write_beside  # noqa: E402 (as above)
 
 
 def stats_seconds(model, tokens: int, group=None) -> tuple[float, torch.Tensor]:
@@ -131,8 +131,10 @@ def main(argv: list[str] | None = None) -> dict:
         "",
         f"2 ranks: speed-up {speedup:.2f}×, efficiency {speedup / 2:.0%} (bound: 2 cores). "
         f"C on 2 ranks vs 1 process: max |Δ| ÷ max |C| = {diff:.1e} (float64 sums, summation order). "
-        f"Process start + imports + model load per rank: {r['ready']:.1f} s (whole spawn {spawn_total:.1f} s, not in the times above). "
-        f"All-reduce of the {d_mlp}×{d_mlp} float64 sum ({d_mlp * d_mlp * 8 / 2**20:.0f} MiB) on 2 ranks: {ar * 1e3:.1f} ms.",
+        f"Process start + imports + model load per rank: {r['ready']:.1f} s (whole spawn {spawn_total:.1f} s, not in "
+        "the times above). "
+        f"All-reduce of the {d_mlp}×{d_mlp} float64 sum ({d_mlp * d_mlp * 8 / 2**20:.0f} MiB) on 2 ranks: "
+        f"{ar * 1e3:.1f} ms.",
         "",
     ]
     lines += [
@@ -155,7 +157,8 @@ def main(argv: list[str] | None = None) -> dict:
         "(RESULTS_gpu.md), over 1000× this CPU rank, so there the all-reduce (NCCL, not measured here) "
         "weighs more and the linear range is shorter.)",
     ]
-    env = f"torch {torch.__version__}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), shared machine"
+    cpu = platform.processor() or platform.machine()
+    env = f"torch {torch.__version__}, {os.cpu_count()} CPUs ({cpu}), shared machine"
     text = "\n".join(lines) + f"\n\n({env}; `python benchmarks/bench_distributed.py --tokens {a.tokens}`)\n"
     print(text)
     if a.out:

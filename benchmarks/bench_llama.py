@@ -167,7 +167,10 @@ def main(argv: list[str] | None = None) -> dict:
     n_hooks = len(ours.hook_names())
     rows = []
     with torch.inference_mode():
-        t = interleaved({"ours": lambda: ours(tokens), "hf": lambda: hf(tokens, use_cache=False).logits}, a.repeats)
+        # the models are bound as default arguments: `del hf, ours` below then frees them
+        t = interleaved(
+            {"ours": lambda m=ours: m(tokens), "hf": lambda m=hf: m(tokens, use_cache=False).logits}, a.repeats
+        )
         rows.append(
             (
                 f"forward {shape}, ours ÷ transformers",
@@ -176,7 +179,9 @@ def main(argv: list[str] | None = None) -> dict:
                 f"ours {t['ours'] * 1e3:.0f} ms, transformers {t['hf'] * 1e3:.0f} ms",
             )
         )
-        t = interleaved({"cache": lambda: ours.run_with_cache(tokens), "plain": lambda: ours(tokens)}, a.repeats)
+        t = interleaved(
+            {"cache": lambda m=ours: m.run_with_cache(tokens), "plain": lambda m=ours: m(tokens)}, a.repeats
+        )
         rows.append(
             (
                 f"run_with_cache (all {n_hooks} names) ÷ forward",
@@ -199,7 +204,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(text)
     if a.out:
         cmd = (
-            f"python benchmarks/bench_llama.py --batch {a.batch} --pos {a.pos} --repeats {a.repeats} --layers {a.layers} "
+            f"python benchmarks/bench_llama.py --batch {a.batch} --pos {a.pos} --repeats {a.repeats} --layers "
+            f"{a.layers} "
             f"--sweep-layers {a.sweep_layers} --sweep-pos {a.sweep_pos}{' --small' * a.small} --out {a.out}"
         )
         a.out.write_text(f"# Llama-family benchmarks\n\n`{cmd}`\n\n" + text)

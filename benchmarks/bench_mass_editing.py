@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     alpha_s = time.perf_counter() - t
     load1 = os.getloadavg()[0]
 
-    mark = lambda ok: "met" if ok else "**not met**"  # noqa: E731
+    def mark(ok):
+        return "met" if ok else "**not met**"
+
     variants = 1 + len(hp.rome.prefix_lengths) * hp.rome.prefixes_per_length
     lines = [
         "# Mass-editing cost",

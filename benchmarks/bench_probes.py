@@ -49,7 +49,7 @@ def main() -> None:
         f"forward pass over the prompts {fwd:.2f} s; ratio {p / fwd:.1f}×; load average {os.getloadavg()[0]:.1f}"
     )
     texts = corpus_texts(model, "generated", 16, seed=0)
-    tokens, mask = token_rows(model, texts, model.cfg.n_ctx)
+    tokens, _ = token_rows(model, texts, model.cfg.n_ctx)
     with torch.no_grad():
         t = time.perf_counter()
         model(tokens[:4])

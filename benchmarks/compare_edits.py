@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
             for which, x, y in zip("UV", factors, got[1][name][layer]):
                 if x is not None:
                     print(
-                        f"| {name} | {layer} | {which} | {(x - y).abs().max().item():.3g} | {x.abs().max().item():.3g} |"
+                        f"| {name} | {layer} | {which} | {(x - y).abs().max().item():.3g} | "
+                        f"{x.abs().max().item():.3g} |"
                     )
     return 0
 

@@ -1,6 +1,7 @@
 """GPU check: fp32 parity with the CPU, bf16/fp16 throughput, written to one results file.
 
-    python benchmarks/gpu_check.py                      # on a CUDA machine: ~6 min, writes benchmarks/RESULTS_gpu.{md,json}
+    python benchmarks/gpu_check.py                      # on a CUDA machine: ~6 min,
+                                                        # writes benchmarks/RESULTS_gpu.{md,json}
     python benchmarks/gpu_check.py --budget 300         # a tighter time budget (seconds)
     python benchmarks/gpu_check.py --device cpu --quick # seconds, tiny sizes: the test suite runs this
 
@@ -49,10 +50,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-import gpt2_interp as gi  # noqa: E402
-from gpt2_interp.analysis.patching import logit_diff, patch  # noqa: E402
-from gpt2_interp.analysis.tracing import causal_trace  # noqa: E402
-from gpt2_interp.model import GPT2Config, HookedGPT2  # noqa: E402
+import gpt2_interp as gi  # noqa: E402 (imported once the checkout is on sys.path)
+from gpt2_interp.analysis.patching import logit_diff, patch  # noqa: E402 (imported once the checkout is on sys.path)
+from gpt2_interp.analysis.tracing import causal_trace  # noqa: E402 (imported once the checkout is on sys.path)
+from gpt2_interp.model import GPT2Config, HookedGPT2  # noqa: E402 (imported once the checkout is on sys.path)
 
 PATCH_PAIR = ("The capital of France is", "The capital of Italy is", " Paris", " Rome")
 TRACE_CASE = ("The capital of France is", "France")
@@ -216,7 +217,7 @@ def parity(dev: torch.device, quick: bool, budget: Budget) -> dict[str, Any]:
             out["logits"] = diff(cpu(PROMPTS), gpu(PROMPTS))
             _, c_ref = cpu.run_with_cache(PROMPTS)
             _, c_got = gpu.run_with_cache(PROMPTS)
-            worst = max(((n, diff(c_ref[n], c_got[n])) for n in c_ref.keys()), key=lambda t: t[1]["max_rel_diff"])
+            worst = max(((n, diff(c_ref[n], c_got[n])) for n in c_ref), key=lambda t: t[1]["max_rel_diff"])
             out["run_with_cache"] = worst[1] | {"worst_hook": worst[0], "n_hooks": len(list(c_ref.keys()))}
         clean, corrupt, ans, wrong = PATCH_PAIR
         args = dict(metric=logit_diff(ans, wrong), hook="resid_pre")
@@ -348,8 +349,18 @@ def throughput(
     name: str, master: HookedGPT2, dtype_name: str, dev: torch.device, quick: bool, budget: Budget, share: float
 ) -> dict[str, Any]:
     """All throughput items for one model (an fp32 CPU master, copied) and dtype, within ``share`` seconds."""
+    model = copy.deepcopy(master).to(dev, DTYPES[dtype_name])
+    res = measure(name, model, dtype_name, dev, quick, budget, share)
+    del model  # the measurements' closures are gone with measure's frame: this frees the copy
+    free_memory(dev)
+    return res
+
+
+def measure(
+    name: str, model: HookedGPT2, dtype_name: str, dev: torch.device, quick: bool, budget: Budget, share: float
+) -> dict[str, Any]:
+    """The throughput items of :func:`throughput` on ``model`` (already on ``dev`` in that dtype)."""
     dtype = DTYPES[dtype_name]
-    model = copy.deepcopy(master).to(dev, dtype)
     mine = Budget(min(share, budget.left()))
     res: dict[str, Any] = {
         "model": name,
@@ -406,7 +417,7 @@ def throughput(
         x = tokens(best)
         with inf():
             t_ours = timed(lambda: model(x), dev, 0.0 if quick else 0.5, 1 if quick else 20)
-            t_hf = timed(lambda: hf(x).logits, dev, 0.0 if quick else 0.5, 1 if quick else 20)
+            t_hf = timed(lambda m=hf: m(x).logits, dev, 0.0 if quick else 0.5, 1 if quick else 20)
             t_ours2 = timed(lambda: model(x), dev, 0.0 if quick else 0.5, 1 if quick else 20)
         t_ours = min(t_ours, t_ours2)
         impl = getattr(hf.config, "_attn_implementation", None)
@@ -446,8 +457,6 @@ def throughput(
 
     item("patch_sweep_resid_pre", lambda b: runs_result(fill(sweep, batch_sizes(quick, 16, 65536), dev, b, quick)))
     item("causal_trace_hidden", lambda b: runs_result(fill(trace, batch_sizes(quick, 32, 262144), dev, b, quick)))
-    del model
-    free_memory(dev)
     return res
 
 
@@ -516,7 +525,8 @@ def markdown(results: dict[str, Any], argv: list[str]) -> str:
         lines += [
             "| what (gpt2-facts unless named) | max \\|Δ\\| | max \\|Δ\\| ÷ max \\|ref\\| | notes |",
             "|---|---|---|---|",
-        ] + rows
+            *rows,
+        ]
     hs = par.get("host_syncs")
     if hs:
         lines += [
@@ -575,7 +585,8 @@ def markdown(results: dict[str, Any], argv: list[str]) -> str:
         for r, pr in peers:
             if "ours_s" in pr:
                 lines.append(
-                    f"| {r['model']} | {r['dtype']} | {pr['batch']} × {pr['seq_len']} | {pr['ours_tokens_per_s']:,.0f} | "
+                    f"| {r['model']} | {r['dtype']} | {pr['batch']} × {pr['seq_len']} | "
+                    f"{pr['ours_tokens_per_s']:,.0f} | "
                     f"{pr['transformers_tokens_per_s']:,.0f} | {pr['ours_over_transformers']:.2f}× |"
                 )
             else:
@@ -618,7 +629,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="markdown results; the JSON goes beside it (.json)",
     )
     a = ap.parse_args(argv)
-    argv_shown = [x for x in (argv if argv is not None else sys.argv[1:])]
+    argv_shown = list(argv if argv is not None else sys.argv[1:])
     dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())

@@ -189,6 +189,7 @@ def _lens_section(model: Any, prompt: str, true_target: str, out: Path) -> Secti
     answer = target_ids(model, true_target)[0]
     lens = logit_lens(model, [prompt], targets=[answer], positions="all")
     lens.save_plot(out / "logit_lens.png")
+    assert lens.target_rank is not None and lens.target_prob is not None, "the lens scores the target it is given"
     ranks = lens.target_rank[:, 0, -1].tolist()
     first_top1 = next((lens.layers[i] for i, r in enumerate(ranks) if r == 1), None)
     res = {
@@ -232,10 +233,13 @@ def _trace_section(model: Any, prompt: str, subject: str, samples: int, out: Pat
             "clean": traces[kind].clean_score,
             "corrupted": traces[kind].corrupted_score,
             "peak": traces[kind].peak(),
+            "subject_peak": traces[kind].subject_peak(),
+            "late_peak": traces[kind].late_peak(),
         }
         for kind in ("hidden", "mlp", "attn")
     }
     res["mlp_indirect_effect_last_subject_token"] = ie.tolist()
+    res["attn_indirect_effect_last_subject_token"] = traces["attn"].indirect_effect[last_subject].tolist()
     res["edit_layer"] = trace_layer
     return res, [
         "## 4. Causal trace",
@@ -245,9 +249,38 @@ def _trace_section(model: Any, prompt: str, subject: str, samples: int, out: Pat
         f"({mlp.tokens[last_subject]!r}) recovers most at **layer {trace_layer}** "
         f"(indirect effect {float(ie[trace_layer]):+.3f}), so the edit goes there.",
         "",
+        *trace_reading(traces, trace_layer, float(ie[trace_layer])),
+        "",
         "![causal trace](causal_trace.png)",
         "",
     ]
+
+
+def trace_reading(traces: Any, mlp_layer: int, mlp_effect: float) -> list[str]:
+    """What the three panels of the trace figure show, from the traces' own numbers (a
+    :class:`~gpt2_interp.analysis.tracing.TraceSet` of hidden, mlp and attn): the hidden state's
+    site at the subject and at the last token, and attention beside the MLP (at the subject, and at the
+    last token). Cells that are the clean run by construction are never named."""
+
+    def site(p: tuple[str, str, float] | None, r: Any) -> str:
+        return "none" if p is None else f"{p[0]!r} at {p[1]} (indirect effect {p[2] - r.corrupted_score:+.3f})"
+
+    hidden, attn = traces["hidden"], traces["attn"]
+    lines = [
+        f"- Hidden state: the subject's peak is {site(hidden.subject_peak(), hidden)}; at the last token, "
+        f"{site(hidden.late_peak(), hidden)} (its final layer is the clean run by construction and is not counted)."
+    ]
+    a_subj = attn.subject_peak()
+    if a_subj is not None:
+        a_effect = a_subj[2] - attn.corrupted_score
+        notes = ["the MLP's layer"] if attn.layer_labels.index(a_subj[1]) == mlp_layer else []
+        notes += [f"{a_effect / mlp_effect:.0%} of the MLP's {mlp_effect:+.3f}"] if mlp_effect > 0 else []
+        beside = f" ({'; '.join(notes)})" if notes else ""
+        lines.append(
+            f"- Attention: restoring its output at the subject recovers {a_effect:+.3f} at {a_subj[0]!r} at "
+            f"{a_subj[1]}{beside}; at the last token its peak is {site(attn.late_peak(), attn)}."
+        )
+    return lines
 
 
 def _edit_section(model: Any, fb: Any, fact: Any, new_target: str, layer: int, stats_tokens: int | None) -> Section:
@@ -261,7 +294,8 @@ def _edit_section(model: Any, fb: Any, fact: Any, new_target: str, layer: int, s
     before = parameter_digests(model)
     w_before = model.blocks[layer].mlp.W_out.detach().clone()
     t_edit = time.time()
-    edit = compute_edit(model, request, layer=layer, **({} if stats_tokens is None else {"n_samples": stats_tokens}))
+    hparams: dict[str, Any] = {} if stats_tokens is None else {"n_samples": stats_tokens}
+    edit = compute_edit(model, request, layer=layer, **hparams)
     edit_seconds = time.time() - t_edit
     checks = (
         [("rewrite", prompt)]

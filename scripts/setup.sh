@@ -2,6 +2,7 @@
 # Create .venv and install gpt2-interp with the given extras (default: none).
 #   bash scripts/setup.sh            # the package
 #   bash scripts/setup.sh test       # + transformers, transformer-lens 3.9, notebook runner
+#   bash scripts/setup.sh test,lint  # + ruff, mypy and pre-commit (what scripts/test.sh installs)
 # torch is pinned to 2.13.0 first: on our CPU-only machines pip takes that CPU build from local
 # disk instead of downloading a multi-GB CUDA build; elsewhere it is an ordinary torch install.
 # An existing torch in the venv (any version >= 2.1, CPU or CUDA) is kept.

@@ -1,9 +1,23 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh test) and run the whole test suite, notebooks included.
+# Set up (scripts/setup.sh test,lint), lint and type-check, and run the whole test suite, notebooks included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh test
+bash scripts/setup.sh test,lint
 . .venv/bin/activate
+# Lint, format and types first: seconds, and a failure stops before the slow suite (config: pyproject.toml).
+lint_paths=(gpt2_interp tests benchmarks scripts docs/conf.py docs/_ext)
+ruff check "${lint_paths[@]}"
+ruff format --check "${lint_paths[@]}"
+mypy
 # No kernel is installed anywhere: tests/integration/test_notebooks.py writes a throwaway kernel spec that runs
 # this venv's python (JUPYTER_PATH, a temporary folder), so the user's own Jupyter kernels are never touched.
 python -m pytest -p no:cacheprovider "$@"
+# The documentation site, strict, after the full suite (whose notebook test writes the executed notebooks it shows).
+# Sphinx 9 needs Python >= 3.11: on 3.10 the site is not built (the guide examples still run in the suite).
+if [ $# -eq 0 ]; then
+  if python -c "import sys; sys.exit(sys.version_info < (3, 11))"; then
+    bash scripts/docs.sh
+  else
+    echo "docs: not built: Sphinx 9 needs Python >= 3.11 (this is $(python -V))" >&2
+  fi
+fi

@@ -455,6 +455,7 @@ def _run_chunk(
     for e in patches:
         sub = e.select(a, b, p0, keys[id(e)]) if isinstance(e.where, str) else None
         if sub is not None:
+            assert isinstance(sub.where, str), "a selected patch keeps its hook name"
             hooks[sub.where].append(sub)
     steps = [bisect_left(plan.start, s, a, b) - a for s in range(n + 2)]  # first local row per stage
     x: torch.Tensor | None = None

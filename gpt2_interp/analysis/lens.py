@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import torch
 from einops import einsum
@@ -32,9 +32,9 @@ if TYPE_CHECKING:
 
     from ..model import HookedGPT2
 
-Prompts = Union[str, Sequence[str], torch.Tensor]
-Positions = Union[int, Sequence[int], str]
-Target = Union[str, int]
+Prompts = str | Sequence[str] | torch.Tensor
+Positions = int | Sequence[int] | str
+Target = str | int
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -187,7 +187,7 @@ class LensResult(Result):
                         f"{self.top_tokens[li][b][j][i]!r} {float(self.top_probs[li, b, j, i]):.3f}"
                         for i in range(n_top)
                     ]
-                    if self.target_prob is not None:
+                    if self.target_prob is not None and self.target_rank is not None:
                         row += [f"{float(self.target_prob[li, b, j]):.3f}", str(int(self.target_rank[li, b, j]))]
                     rows.append(row)
                 right = [False] * (1 + n_top) + [True, True][: len(header) - 1 - n_top]
@@ -450,10 +450,13 @@ def logit_attribution(
     logits, cache = model.run_with_cache(tokens, names_filter=names)
     direction = logit_direction(model, target, baseline).float()  # [d_model]
     scale = cache["ln_final.hook_scale"][0, pos].float()  # [1]
-    at = lambda name: cache[name][0, pos].float()  # [d_model] (or [n_head, d_head] for z)
+
+    def at(name: str) -> torch.Tensor:
+        return cache[name][0, pos].float()  # [d_model] (or [n_head, d_head] for z)
+
     comps, labels = [at("hook_embed")], ["embed"]
     if learned:
-        comps, labels = comps + [at("hook_pos_embed")], labels + ["pos_embed"]
+        comps, labels = [*comps, at("hook_pos_embed")], [*labels, "pos_embed"]
     centre = model.ln_final.centred
     for i in range(n):
         comps += [at(hook_name("attn_out", i)), at(hook_name("mlp_out", i))]

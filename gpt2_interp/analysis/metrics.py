@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from ..model import HookedGPT2
 
 Metric = Callable[[torch.Tensor], torch.Tensor]
-Ids = Union[str, int, Sequence[str | int], torch.Tensor]
+_M = TypeVar("_M", bound=Metric)  # a metric, returned as the type it came in
+Ids = str | int | Sequence[str | int] | torch.Tensor
 
 
 def _ids(x: Ids, model: HookedGPT2 | None, what: str = "token") -> torch.Tensor | Ids:
@@ -28,6 +29,7 @@ def _ids(x: Ids, model: HookedGPT2 | None, what: str = "token") -> torch.Tensor 
     until a model (its tokenizer) resolves them. ``what`` names the argument in errors (``"logit_diff answer"``)."""
     if isinstance(x, torch.Tensor):
         return x.long()
+    items: list[Any]
     if isinstance(x, (str, int)) or hasattr(x, "__index__"):
         items, one = [x], True
     elif isinstance(x, Sequence) and len(x) > 0:
@@ -182,15 +184,18 @@ def apply_metric(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
     return out.float()
 
 
-def refuse_degenerate(metric: Metric, model: HookedGPT2 | None = None) -> Metric:
+def refuse_degenerate(metric: _M, model: HookedGPT2 | None = None) -> _M:
     """``metric``, unless it is 0 on every run whatever the model: a logit difference whose answer
     and wrong are the same token for every pair (a ValueError naming the metric and the token,
     through ``model``'s tokenizer when given). Checked on the whole set of pairs (``patch`` and
     ``attribute`` check before they shard or chunk it), since some equal pairs among others are fine."""
-    if not isinstance(metric, LogitDiff) or not all(isinstance(x, torch.Tensor) for x in (metric.answer, metric.wrong)):
+    if not isinstance(metric, LogitDiff):
         return metric
-    if _same_everywhere(metric.answer, metric.wrong):
-        ids = metric.answer.flatten().unique().tolist()
+    answer, wrong = metric.answer, metric.wrong
+    if not (isinstance(answer, torch.Tensor) and isinstance(wrong, torch.Tensor)):
+        return metric
+    if _same_everywhere(answer, wrong):
+        ids = answer.flatten().unique().tolist()
         token = f" {model.tokenizer.token_str(ids[0])!r}" if model is not None and len(ids) == 1 else ""
         raise ValueError(
             f"{metric.name}: answer and wrong are the same token (id {', '.join(map(str, ids))}{token}) for "

@@ -17,7 +17,7 @@ import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -56,7 +56,7 @@ from .metrics import (
 if TYPE_CHECKING:
     from ..model import HookedGPT2
 
-Prompts = Union[str, Sequence[str], torch.Tensor]
+Prompts = str | Sequence[str] | torch.Tensor
 
 
 # =============================================================== patch targets
@@ -77,7 +77,7 @@ class _Target:
         return max(layer, 0) + (self.entry_offset or 0)
 
 
-def _classify(name: str, n: int) -> tuple[str, int | None, bool]:
+def _classify(name: str, n: int) -> tuple[Literal["pos", "head", "pattern"], int | None, bool]:
     if name.endswith(_HEAD_SUFFIXES):
         return "head", None, False
     if name.endswith(_PATTERN_SUFFIXES):
@@ -117,13 +117,14 @@ def pair_tokens(
         raise ValueError(
             f"{len(c)} clean prompts but {len(k)} corrupted prompts; pass one corrupted prompt per clean prompt"
         )
-    if isinstance(c, torch.Tensor):
+    if isinstance(c, torch.Tensor) and isinstance(k, torch.Tensor):
         if c.shape != k.shape:
             raise ValueError(
                 f"clean tokens {tuple(c.shape)} and corrupted tokens {tuple(k.shape)} differ in shape; "
                 "patching needs aligned positions"
             )
         return model.as_tokens(c, None)[0], model.as_tokens(k, None)[0], None
+    assert isinstance(c, list) and isinstance(k, list), "both are text (checked above)"
     for a, b in zip(c, k):
         ta, tb = model.to_str_tokens(a), model.to_str_tokens(b)
         if len(ta) != len(tb):
@@ -220,8 +221,9 @@ class PatchResult(Result):
     def label(self, idx: tuple[int, ...]) -> str:
         """``"L3 ' Paris' H2"``-style label of the cell at ``idx`` (an index into :attr:`values`)."""
         parts = [self.layer_labels[idx[0]]]
+        pos_labels, head_labels = self.position_labels or [], self.head_labels or []  # set where indexed
         for name, i in zip(self.index_names[1:], idx[1:]):
-            parts.append(repr(self.position_labels[i]) if name == "pos" else self.head_labels[i])
+            parts.append(repr(pos_labels[i]) if name == "pos" else head_labels[i])
         return " ".join(parts)
 
     def effect_rows(self, k: int, estimated: str = "") -> list[str]:
@@ -338,7 +340,8 @@ def patch(
     """
     if direction not in ("denoise", "noise"):
         raise ValueError(
-            f"direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not {direction!r}"
+            "direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not "
+            f"{direction!r}"
         )
     n = model.cfg.n_layer
     metric = refuse_degenerate(
@@ -410,6 +413,7 @@ def patch(
         per_pair, clean_m, corr_m = (
             torch.stack(distributed.gather_in_order(list(x), n_all, group)) for x in (per_pair, clean_m, corr_m)
         )
+    index_names: tuple[str, ...]
     if target.kind == "pos":
         index_names, per_pair = ("layer", "pos"), per_pair[..., 0]
     elif pos_axis is None:
@@ -506,6 +510,7 @@ def _unpatched(
     if target.embed:
         base_names.add(target.names[-1])
     src_names = set(target.names.values())
+    src_cache: Mapping[str, torch.Tensor]  # the run's ActivationCache, or the ln_final activations alone
     with torch.inference_mode():
         base_final, base_cache = model.run_with_cache(
             base_t, names_filter=list(base_names), attention_mask=mask, stop_at_layer=n
@@ -647,22 +652,19 @@ def _layer_edit(
         idx, pos_dim = (pos[:, :, None], hd[:, None, :]), 0
     else:  # act [b, head, q_pos, k_pos]: patch the rows of the query positions
         idx, pos_dim = (hd[:, :, None], pos[:, None, :]), 1
-    return Patch(name, rows[:, None, None], idx, src[(j[:, None, None], *idx)], pos_dim)
+    at = (j[:, None, None], *idx)
+    return Patch(name, rows[:, None, None], idx, src[at], pos_dim)
 
 
 __all__ = [
-    "patch",
-    "sweep_work",
     "PatchResult",
-    "pair_tokens",
-    "position_labels",
-    "normalize_effects",
-    "result_fields",
     "Prompts",
-    # the metrics, re-exported: patching code usually wants them in one import
-    "Metric",
-    "logit_diff",
-    "prob",
-    "kl_to",
-    "metric_name",
+    "normalize_effects",
+    "pair_tokens",
+    "patch",
+    "position_labels",
+    "result_fields",
+    "sweep_work",
 ]
+# the metrics, re-exported: patching code usually wants them in one import
+__all__ += ["Metric", "kl_to", "logit_diff", "metric_name", "prob"]

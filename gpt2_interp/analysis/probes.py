@@ -29,7 +29,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 POSITIONS = ("last-subject", "last", "mean-subject")
 CONTROLS = ("random-labels", "by-type", None)
-Layers = Union[str, int, Sequence[int]]
+Layers = str | int | Sequence[int]
 
 
 # ---------------------------------------------------------------------------- activations
@@ -65,10 +65,12 @@ def probe_hooks(model: HookedGPT2, hook: str, layers: Layers = "all") -> tuple[l
     if hook == "resid":  # every layer boundary, as the logit lens reads them: embeddings, then after each block
         names = [hook_name("resid_pre", 0)] + [hook_name("resid_post", i) for i in range(n)]
         labels = ["embed"] + [f"L{i}" for i in range(n)]
-        if layers == "all":
+        if isinstance(layers, str):
+            if layers != "all":
+                raise ValueError(f"layers must be 'all', an int or a list of ints, got {layers!r}")
             return names, labels
-        idx = [layers] if isinstance(layers, int) else list(layers)
-        return [names[i + 1] for i in idx], [labels[i + 1] for i in idx]
+        picked = [layers] if isinstance(layers, int) else list(layers)
+        return [names[i + 1] for i in picked], [labels[i + 1] for i in picked]
     try:
         template = hook_name(hook, 0)
     except KeyError as e:
@@ -258,7 +260,8 @@ class ProbeResult(Result):
     @property
     def selectivity(self) -> torch.Tensor | None:
         """Task score − control score per layer ``[n_layers]`` (Hewitt & Liang)."""
-        return None if self.control_scores is None else self.mean - self.control_mean
+        control_mean = self.control_mean
+        return None if control_mean is None else self.mean - control_mean
 
     @property
     def selectivity_ci(self) -> torch.Tensor | None:
@@ -302,11 +305,9 @@ class ProbeResult(Result):
         rows = []
         for i, name in enumerate(self.layers):
             row = [name, f"{float(self.mean[i]):.3f} ± {float(self.ci[i]):.3f}"]
-            if self.control_scores is not None:
-                row += [
-                    f"{float(self.control_mean[i]):.3f} ± {float(self.control_ci[i]):.3f}",
-                    f"{float(self.selectivity[i]):.3f} ± {float(self.selectivity_ci[i]):.3f}",
-                ]
+            cm, cc, sel, sel_ci = self.control_mean, self.control_ci, self.selectivity, self.selectivity_ci
+            if cm is not None and cc is not None and sel is not None and sel_ci is not None:  # with a control task
+                row += [f"{float(cm[i]):.3f} ± {float(cc[i]):.3f}", f"{float(sel[i]):.3f} ± {float(sel_ci[i]):.3f}"]
             rows.append(row)
         return "\n".join([head, *format_table(header, rows, right=[False] + [True] * (len(header) - 1))])
 
@@ -339,8 +340,8 @@ class ProbeResult(Result):
         if model is not None:
             self.check(model)
         est = self.estimators[self._layer_index(layer)]
-        scaler, model = est.named_steps["scale"], est.named_steps["probe"]
-        coef = np.atleast_2d(model.coef_)  # [n_classes or 1, d]
+        scaler, fitted = est.named_steps["scale"], est.named_steps["probe"]
+        coef = np.atleast_2d(fitted.coef_)  # [n_classes or 1, d]
         if self.kind == "classification" and coef.shape[0] > 1:
             if cls is None:
                 raise ValueError(f"the probe has {coef.shape[0]} classes; pass cls= one of {self.classes}")
@@ -581,7 +582,7 @@ def probe(
     """
     task = ""
     if labels is None and hasattr(prompts, "labels") and hasattr(prompts, "prompts"):
-        ds = prompts
+        ds: Any = prompts  # a ProbingSet
         prompts, labels, task = ds.prompts, ds.labels, ds.task
         subjects = ds.subjects if subjects is None else subjects
         groups = ds.groups if groups is None else groups

@@ -146,7 +146,9 @@ def get_act_patch_attn_head_pattern_dest_src_pos(
             clean = clean_cache["pattern", layer]
             for head, dest, src in itertools.product(range(H), range(P), range(P)):
 
-                def put(pattern: torch.Tensor, hook: Any) -> torch.Tensor:
+                def put(
+                    pattern: torch.Tensor, hook: Any, head: int = head, dest: int = dest, src: int = src, clean=clean
+                ) -> torch.Tensor:
                     pattern = pattern.clone()
                     pattern[:, head, dest, src] = clean[:, head, dest, src].to(pattern.dtype)
                     return pattern
@@ -176,7 +178,7 @@ def _heads_every(
     out = [fn(model, corrupted_tokens, clean_cache, metric) for fn in (z, q)]
     H = out[-1].shape[-1]
     out += [_pad_heads(fn(model, corrupted_tokens, clean_cache, metric), H) for fn in (k, v)]
-    return torch.stack(out + [pattern])
+    return torch.stack([*out, pattern])
 
 
 def get_act_patch_attn_head_all_pos_every(

@@ -23,7 +23,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 
@@ -103,11 +103,44 @@ class TraceResult(Result):
 
         return plot_trace(self, **kwargs)
 
+    def clean_cells(self) -> torch.Tensor:
+        """``[n_tokens, n_layers]`` bool: the cells whose restoration reproduces the clean run by construction
+        (:func:`clean_by_construction`), which say nothing about where the fact is stored."""
+        return clean_by_construction(self.kind, len(self.tokens), self.subject_range, self.scores.shape[1], self.window)
+
+    def _best(self, rows: Sequence[int]) -> tuple[str, str, float] | None:
+        """``(token, layer label, score)`` of the best cell in ``rows`` that is not clean by construction."""
+        if not rows:
+            return None
+        scores = self.scores[list(rows)].masked_fill(self.clean_cells()[list(rows)], float("-inf"))
+        i = int(scores.argmax())
+        t, l = divmod(i, scores.shape[1])
+        if scores[t, l] == float("-inf"):
+            return None
+        return self.tokens[rows[t]], self.layer_labels[l], float(scores[t, l])
+
     def peak(self) -> tuple[str, str, float]:
-        """``(token, layer label, score)`` of the highest-scoring cell."""
-        i = int(self.scores.argmax())
-        t, l = divmod(i, self.scores.shape[1])
-        return self.tokens[t], self.layer_labels[l], float(self.scores[t, l])
+        """``(token, layer label, score)`` of the highest-scoring cell that is not clean by construction
+        (:meth:`clean_cells`: e.g. the final layer's hidden state at the last token, which *is* the clean
+        output); the most informative single cell."""
+        best = self._best(list(range(len(self.tokens))))
+        if best is None:  # every cell is the clean run (a one-layer model's last token): report it as such
+            i = int(self.scores.argmax())
+            t, l = divmod(i, self.scores.shape[1])
+            return self.tokens[t], self.layer_labels[l], float(self.scores[t, l])
+        return best
+
+    def subject_peak(self) -> tuple[str, str, float] | None:
+        """The best cell among the subject's tokens (ROME's early site, usually its last token), clean-by-
+        construction cells left out; None when every subject cell is one."""
+        return self._best(list(range(*self.subject_range)))
+
+    def late_peak(self) -> tuple[str, str, float] | None:
+        """The best cell at the last token (ROME's late site), clean-by-construction cells left out; None
+        when the last token is a subject token (then it is the subject's peak) or every cell there is clean
+        by construction."""
+        last = len(self.tokens) - 1
+        return None if self.subject_range[1] > last else self._best([last])
 
     def header(self) -> str:
         """Prompt, target, clean and corrupted probability, and the noise: the trace's baselines."""
@@ -118,12 +151,24 @@ class TraceResult(Result):
         )
 
     def peak_line(self) -> str:
-        """One line: the kind, the peak cell (:meth:`peak`) and its indirect effect."""
-        tok_, layer, score = self.peak()
-        return (
-            f"  {self.kind:<6} peak: restoring {tok_!r} at {layer} gives p = {score:.4f} "
-            f"(indirect effect {score - self.corrupted_score:+.4f})"
-        )
+        """The subject's peak and the last token's peak, each with its indirect effect; cells that are the
+        clean run by construction are never named (the line says which were left out)."""
+
+        def site(p: tuple[str, str, float]) -> str:
+            effect = p[2] - self.corrupted_score
+            return f"restoring {p[0]!r} at {p[1]} gives p = {p[2]:.4f} (indirect effect {effect:+.4f})"
+
+        subj, late = self.subject_peak(), self.late_peak()
+        parts = [f"subject peak: {site(subj)}" if subj else "subject peak: none (every subject cell is the clean run)"]
+        if late is not None:
+            parts.append(f"last-token peak: {site(late)}")
+        clean = self.clean_cells().nonzero().tolist()
+        line = f"  {self.kind:<6} " + "; ".join(parts)
+        if clean:
+            cells = ", ".join(f"{self.tokens[t]!r} at {self.layer_labels[l]}" for t, l in clean[:3])
+            more = f" and {len(clean) - 3} more" if len(clean) > 3 else ""
+            line += f" ({cells}{more} left out: the clean run by construction)"
+        return line
 
     def table(self) -> str:
         """:meth:`header` and :meth:`peak_line`."""
@@ -173,7 +218,7 @@ def embedding_std(model: HookedGPT2, texts: Sequence[str] | None = None, ids: Se
         if texts is None or isinstance(texts, str):
             raise TypeError("embedding_std takes a list of texts (e.g. subjects) or ids=[token ids]")
         ids = [i for t in texts for i in model.tokenizer.encode_ids(t)]
-    ids = sorted(set(int(i) for i in ids))
+    ids = sorted({int(i) for i in ids})
     if not ids:
         raise ValueError("no tokens in the given texts")
     return float(model.W_E.detach()[ids].float().std())
@@ -225,6 +270,31 @@ def default_window(n_layer: int) -> int:
 
 def _window(layer: int, window: int, n: int) -> range:
     return range(max(0, layer - window // 2), min(n, layer + math.ceil(window / 2)))
+
+
+def clean_by_construction(
+    kind: str, n_tokens: int, subject_range: tuple[int, int], n_layers: int, window: int
+) -> torch.Tensor:
+    """``[n_tokens, n_layers]`` bool: the trace cells whose restoration reproduces the clean run exactly,
+    whatever the model: restoring them measures nothing about where a fact lives.
+
+    * ``hidden``: the last token's state after the final layer (all the unembedding reads); and the last
+      token's state after any layer when the subject is the last token alone (nothing else is corrupted).
+    * ``attn``: the last token's attention outputs when the window spans every layer and the last token is
+      not a subject token (its embedding is clean, so every later state at it is too).
+    * ``mlp``: none (the attention at the last token still reads the corrupted subject).
+    """
+    mask = torch.zeros(n_tokens, n_layers, dtype=torch.bool)
+    last = n_tokens - 1
+    if kind == "hidden":
+        mask[last, n_layers - 1] = True
+        if subject_range[0] == last:
+            mask[last] = True
+    elif kind == "attn" and subject_range[1] <= last:
+        for l in range(n_layers):
+            if len(_window(l, window, n_layers)) == n_layers:
+                mask[last, l] = True
+    return mask
 
 
 # =============================================================== the batched trace
@@ -547,7 +617,8 @@ def causal_trace_all(
     """:func:`causal_trace` of ``prompt`` (``subject``, ``target`` as there) for each of ``kinds``
     (default: hidden, mlp, attn) → a :class:`TraceSet` (three-panel plot); ``kwargs`` go to each
     trace (``noise``, ``samples``, ``window``, ``seed``, …)."""
-    return TraceSet([causal_trace(model, prompt, subject, target, kind=k, **kwargs) for k in kinds])
+    # each kind is checked by causal_trace
+    return TraceSet([causal_trace(model, prompt, subject, target, kind=cast(Kind, k), **kwargs) for k in kinds])
 
 
 # =============================================================== averaging over facts
@@ -594,17 +665,31 @@ class AverageTrace(Result):
         """``scores`` of one kind, ``[6, n_layers]``."""
         return self.scores[self.kinds.index(kind)]
 
+    def clean_layers(self, kind: str, bucket: str) -> list[int]:
+        """The layers at which ``bucket``'s cells of ``kind`` are the clean run by construction
+        (:func:`clean_by_construction`, for a subject that does not end the prompt): for ``hidden`` the
+        last token's final layer; for ``attn`` the last token's windows that span every layer."""
+        if bucket != "last token":
+            return []
+        n = len(self.layer_labels)
+        return clean_by_construction(kind, 2, (0, 1), n, self.window)[1].nonzero()[:, 0].tolist()
+
     def peak(self, kind: str, bucket: str, effect: bool = True) -> tuple[int, float]:
-        """``(layer, value)`` of the largest average indirect effect (or score) of ``kind`` in ``bucket``."""
+        """``(layer, value)`` of the largest average indirect effect (or score) of ``kind`` in ``bucket``,
+        leaving out the layers where the bucket is the clean run by construction (:meth:`clean_layers`)."""
         row = (self.indirect_effect if effect else self.scores)[self.kinds.index(kind), self.buckets.index(bucket)]
+        row = row.clone()
+        skip = self.clean_layers(kind, bucket)
+        if len(skip) < len(row):
+            row[skip] = float("-inf")
         layer = int(row.argmax())
         return layer, float(row[layer])
 
     def table(self) -> str:
         """The baselines, then per kind the peak average indirect effect in each position bucket."""
         lines = [
-            f"average causal trace over {self.n_known} known of {self.n_facts} facts: clean p = {self.clean_score:.4f}, "
-            f"corrupted p = "
+            f"average causal trace over {self.n_known} known of {self.n_facts} facts: "
+            f"clean p = {self.clean_score:.4f}, corrupted p = "
             + ", ".join(f"{k} {c:.4f}" for k, c in zip(self.kinds, self.corrupted_score))
             + f" (noise std {self.noise_std:.4g}, {self.samples} samples)"
         ]
@@ -617,6 +702,10 @@ class AverageTrace(Result):
                     rows.append([bucket, self.layer_labels[layer], f"{value:+.4f}", str(self.counts[b])])
             header = ["bucket", "peak layer", "average indirect effect (Δp)", "cells"]
             lines += format_table(header, rows, right=[False, True, True, True], indent="    ")
+            for b, bucket in enumerate(self.buckets):
+                if self.counts[b] and (skip := self.clean_layers(kind, bucket)):
+                    left = ", ".join(self.layer_labels[l] for l in skip)
+                    lines.append(f"  (note: in {bucket}, {left} left out: the clean run by construction)")
         return "\n".join(lines)
 
     def plot(self, **kwargs: Any):
@@ -728,7 +817,8 @@ def average_trace(
     sums = torch.zeros(len(kinds), len(BUCKETS), n)
     effect = torch.zeros_like(sums)
     counts = [0] * len(BUCKETS)
-    clean, low = [], [[] for _ in kinds]
+    clean: list[float] = []
+    low: list[list[float]] = [[] for _ in kinds]
     batches = [known[a : a + facts_per_batch] for a in range(0, len(known), facts_per_batch)]
     if shown(progress and distributed.is_main(group)):
         note(_average_work(model, cases, batches, kinds, samples, window, group).line(), enabled=True)

@@ -37,7 +37,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from ..model import HookedGPT2
 
 FORMAT = "gpt2-interp/tuned-lens/1"
-Corpus = Union[str, Path, Sequence[str]]
+Corpus = str | Path | Sequence[str]
 
 
 def boundary_names(model: HookedGPT2) -> tuple[list[str], list[str]]:
@@ -174,7 +174,7 @@ class TunedLens:
 def _weights_state(model: HookedGPT2) -> tuple:
     """What identifies the model's weights as they are now without hashing them: the model, and each
     parameter's storage and in-place version counter."""
-    return (id(model),) + tuple((p.data_ptr(), p._version) for p in model.parameters())
+    return (id(model), *((p.data_ptr(), p._version) for p in model.parameters()))
 
 
 def _lens_from_file(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> TunedLens:
@@ -217,8 +217,8 @@ def corpus_texts(
     length: int | None = None,
     group: Any = None,
 ) -> list[str]:
-    """Texts to train or evaluate a lens on: a list of texts as given (e.g. the fact base's sentences); a path to a text file or a
-    folder of ``*.txt`` (documents split at blank lines); or ``"generated"``: ``n_texts`` samples of
+    """Texts to train or evaluate a lens on: a list of texts as given (e.g. the fact base's sentences); a path
+    to a text file or a folder of ``*.txt`` (documents split at blank lines); or ``"generated"``: ``n_texts`` samples of
     the model itself from BOS (temperature 1, ``length`` new tokens, default :func:`default_seq_len` − 1;
     ``seed``: a different seed gives held-out text). Distributed (a process group, or ``group``), the
     ranks generate their share of the samples and every rank gets them all, in the single-process order."""
@@ -429,7 +429,7 @@ def train_tuned_lens(
     t0 = time.perf_counter()
     texts = corpus_texts(model, corpus, n_texts, seed, length=seq_len - 1, group=group)
     tokens, mask = token_rows(model, texts, seq_len)
-    names, labels = boundary_names(model)
+    names, _ = boundary_names(model)
     n_b, d = len(names), model.cfg.d_model
     lens = TunedLens.identity(model)
     if init == "least-squares":
@@ -468,7 +468,7 @@ def train_tuned_lens(
             losses = torch.zeros(n_b - 1, dtype=torch.float64)
             for i in range(n_b - 1):  # independent translators: one layer's vocabulary-sized logits at a time
                 sync = ddp is None or i == n_b - 2  # one all-reduce per step, after the last backward
-                with contextlib.nullcontext() if sync else ddp.no_sync():
+                with contextlib.nullcontext() if sync or ddp is None else ddp.no_sync():
                     kl = _kl(final, decode_resid(model, step_fn(resid[i], i))).sum()
                     (kl * scale).backward()
                 losses[i] = float(kl.detach()) / max(n_global, 1)

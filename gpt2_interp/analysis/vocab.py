@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from ..model import HookedGPT2
 
-Token = Union[str, int]
+Token = str | int
 CHUNK = 1024  # vectors per [chunk, d_vocab] score matmul (1024 × 50257 fp32 ≈ 206 MB)
 
 
@@ -73,7 +73,8 @@ def _top_bottom(
         ts, ti = scores.topk(k, dim=-1)
         bs, bi = scores.topk(k, dim=-1, largest=False)
         outs.append((ts, ti, bs, bi))
-    return tuple(torch.cat(parts).cpu() for parts in zip(*outs))  # type: ignore[return-value]
+    ts, ti, bs, bi = (torch.cat(parts).cpu() for parts in zip(*outs))
+    return ts, ti, bs, bi
 
 
 def _strs(model: HookedGPT2, ids: torch.Tensor) -> list[list[str]]:
@@ -106,7 +107,10 @@ class VocabProjection(Result):
     def select(self, rows: Sequence[int]) -> VocabProjection:
         """The given rows only, in that order."""
         rows = list(rows)
-        pick = lambda xs: [xs[i] for i in rows]
+
+        def pick(xs: Sequence[Any]) -> list[Any]:
+            return [xs[i] for i in rows]
+
         return VocabProjection(
             pick(self.labels),
             self.top_ids[rows],
@@ -127,8 +131,8 @@ class VocabProjection(Result):
     def table(self, k: int | None = None, rows: int | None = None) -> str:
         """A header row naming the columns, then two rows per vector: its ``k`` highest-scoring
         tokens (promoted) and its ``k`` lowest (suppressed), each with its score — the vector's dot
-        product with the token's unembedding (through ``ln_final``'s gain when ``apply_ln``). ``k``: tokens per row (default: all
-        kept); ``rows``: the first vectors shown (default: all)."""
+        product with the token's unembedding (through ``ln_final``'s gain when ``apply_ln``). ``k``: tokens per
+        row (default: all kept); ``rows``: the first vectors shown (default: all)."""
         k = k or self.top_scores.shape[1]
         body = []
         for r in range(len(self.labels) if rows is None else min(rows, len(self.labels))):
@@ -371,7 +375,7 @@ class SubupdateResult(Result):
             ]
             if self.target_effects is not None:
                 row.append(f"{float(self.target_effects[r]):+.3f}")
-            rows.append(row + [" ".join(map(repr, self.top_tokens[r][:k]))])
+            rows.append([*row, " ".join(map(repr, self.top_tokens[r][:k]))])
         right = [False, True, True] + ([True] if self.target_effects is not None else []) + [False]
         return "\n".join(lines + format_table(header, rows, right=right, indent=""))
 

@@ -17,7 +17,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import __version__
 
@@ -28,7 +28,7 @@ DEFAULT_MODEL = "gpt2-facts"
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is ONE line on stderr (exit 2), naming the command and pointing to --help."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

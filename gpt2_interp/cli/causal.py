@@ -9,7 +9,8 @@ from . import add_model_args, add_output_args, count, emit, int_list, load_model
 
 
 def _ints(text: str | None, option: str) -> list[int] | None:
-    """``--layers 0,3,-1`` parsed by :func:`int_list` (the CLI's one list-of-int parser), else an error naming ``option``."""
+    """``--layers 0,3,-1`` parsed by :func:`int_list` (the CLI's one list-of-int parser), else an error naming
+    ``option``."""
     if text is None:
         return None
     try:
@@ -40,7 +41,8 @@ def _add_patch_args(p: argparse.ArgumentParser, dataset: bool = False) -> None:
             metavar="FILE|facts[:N]",
             help="prompt pairs instead of --clean/--corrupted: "
             + DATASET_HELP.format(
-                fields=': {"clean": …, "corrupted": …, "answer": …, "wrong": …}, wrong optional but on every line or none; '
+                fields=': {"clean": …, "corrupted": …, "answer": …, "wrong": …}, '
+                "wrong optional but on every line or none; "
                 "facts: subject swaps"
             ),
         )
@@ -176,6 +178,7 @@ def _metric(args: argparse.Namespace):
     from ..analysis import patching as pt
 
     kind = args.metric if args.metric != "auto" else ("logit_diff" if args.wrong else "prob")
+    metric: pt.Metric
     if kind == "logit_diff":
         if not args.wrong:
             raise ValueError("--metric logit_diff needs --wrong (the corrupted answer)")

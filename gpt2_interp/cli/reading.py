@@ -29,7 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("prompt", nargs="+", help="one or more prompts (batched)")
     p.add_argument("--target", default=None, help="a single-token target, e.g. ' Paris' (mind the leading space)")
     p.add_argument(
-        "--positions", type=_positions, default=-1, help="'all', an int or a list like 0,-1 (default -1: last token)"
+        "--positions",
+        type=_positions,
+        default="all",
+        help="'all', an int or a list like 0,-1 (default all: the heatmap has a column per token; -1 is the last)",
     )
     p.add_argument("-k", "--top", type=count(1), default=5, help="top tokens per layer (default 5)")
     p.add_argument("--mid", action="store_true", help="also decode the mid-block residuals")
@@ -128,10 +131,10 @@ def neurons(args: argparse.Namespace) -> int:
             n_tokens=args.k,
         )
         return emit(args, r, lambda: r.table(k=args.k))
-    r = neuron_vocab(model, args.layer, args.neurons, k=args.k, apply_ln=not args.raw)
+    proj = neuron_vocab(model, args.layer, args.neurons, k=args.k, apply_ln=not args.raw)
     if args.neurons is None:
-        r = r.strongest(args.top)
-    return emit(args, r)
+        proj = proj.strongest(args.top)
+    return emit(args, proj)
 
 
 def subupdates(args: argparse.Namespace) -> int:

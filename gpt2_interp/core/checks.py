@@ -10,7 +10,7 @@ from typing import Any
 def as_int(x: Any, what: str) -> int:
     """``x`` as a Python int when it is integer-like (int, numpy integer, 0-d integer tensor);
     bools, floats, strings and the rest raise a TypeError naming ``what``."""
-    if isinstance(x, bool) or isinstance(x, str):
+    if isinstance(x, (bool, str)):
         raise TypeError(f"{what} must be an int, got {type(x).__name__} {x!r}")
     try:
         return operator.index(x)

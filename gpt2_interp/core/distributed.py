@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 T = TypeVar("T")
+_Number = TypeVar("_Number", int, float)  # all_reduce_number returns the type it is given
 ENV_TIMEOUT = "GPT2_INTERP_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 1800
 
@@ -95,7 +96,7 @@ def all_reduce_sum(t: torch.Tensor, group: Any = None) -> torch.Tensor:
     return x.to(t.device)
 
 
-def all_reduce_number(x: float | int, group: Any = None, op: str = "sum") -> float | int:
+def all_reduce_number(x: _Number, group: Any = None, op: str = "sum") -> _Number:
     """A Python number reduced over the ranks: ``op`` is ``sum``, ``min`` or ``max``."""
     if not is_distributed(group):
         return x

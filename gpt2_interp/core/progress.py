@@ -18,7 +18,7 @@ def _bar_class() -> type:
     "IProgress not found" warning in every cell)."""
     if "ipykernel" in sys.modules:
         try:
-            import ipywidgets  # noqa: F401
+            import ipywidgets  # noqa: F401 (only whether it is installed: tqdm.notebook needs it)
             from tqdm.notebook import tqdm as notebook_tqdm
         except ImportError:
             return _console_tqdm

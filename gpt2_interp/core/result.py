@@ -34,6 +34,7 @@ class Result:
     def to_dict(self) -> dict[str, Any]:
         """The public fields (names not starting with ``_``) as JSON-ready values: tensors and arrays
         become nested lists, floats are rounded to 6 significant digits (:func:`to_jsonable`)."""
+        assert dataclasses.is_dataclass(self), f"{type(self).__name__} must be a dataclass to be a Result"
         return {
             f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if not f.name.startswith("_")
         }

@@ -11,9 +11,11 @@ reversible ``Edit`` value (``edit``) and CounterFact-style evaluation (``evaluat
 
 from .edit import (
     Edit,
+    EditFailedWarning,
     EditWarning,
     Request,
     TargetResiduals,
+    TargetSpacingWarning,
     applied_edits,
     load_edit,
     undo_all,
@@ -27,6 +29,7 @@ from .stats import KeyStats, key_second_moment
 __all__ = [
     "DEFAULT_LAYERS",
     "Edit",
+    "EditFailedWarning",
     "EditWarning",
     "KeyStats",
     "MemitHparams",
@@ -34,6 +37,7 @@ __all__ = [
     "Request",
     "RomeHparams",
     "TargetResiduals",
+    "TargetSpacingWarning",
     "applied_edits",
     "apply_memit",
     "apply_rome",

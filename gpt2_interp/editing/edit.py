@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -141,7 +141,8 @@ class Request:
         if missing:
             raise ValueError(f"request dict lacks {missing}; give prompt ('{{}} …'), subject and target")
         keep = x.get("keep")
-        return cls(x["prompt"], x["subject"], target, () if keep is None else keep)
+        # target: a string unless given as None (the constructor refuses that)
+        return cls(x["prompt"], x["subject"], cast(str, target), () if keep is None else keep)
 
 
 #: An edit of a request is reported as weak (``edit.metrics["weak"]``, the CLI's tables) when
@@ -335,7 +336,8 @@ class Edit:
                 f"of rank {[self.rank(l) for l in self.layers]}: use edit.factors or edit.delta(layer)"
             )
         U, V = next(iter(self.factors.values()))
-        return U[:, 0], V[0]  # type: ignore[index]
+        assert V is not None, "a rank-one edit keeps its factors (U, V), not a dense ΔW"
+        return U[:, 0], V[0]
 
     @property
     def u(self) -> torch.Tensor:

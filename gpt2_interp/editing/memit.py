@@ -405,7 +405,8 @@ def validate_requests(model: HookedGPT2, requests: Sequence[RequestLike]) -> tup
         raise TypeError(f"requests must be a list of requests, got {type(requests).__name__}")
     if not requests:
         raise ValueError("the request list is empty; give at least one {'prompt', 'subject', 'target'}")
-    out, ids, seen = [], [], {}
+    out, ids = [], []
+    seen: dict[tuple[str, str], tuple[int, Request]] = {}  # (subject, prompt) → its first request
     for i, r in enumerate(requests):
         req, t = validate_request(model, r, i)
         key = (req.subject, req.prompt)
@@ -555,6 +556,7 @@ def compute_edits(
     _, h0 = subject_states(
         model, reqs, [], prefixes, resid_layer=top, resid_weights=weights.resid, prepend_bos=hp.rome.prepend_bos
     )
+    assert h0 is not None, "subject_states returns the residual of resid_layer"
     if given is None:
         opt = optimise_deltas(
             model,
@@ -752,6 +754,7 @@ def _solve_layers(
                 resid_weights=w.resid,
                 prepend_bos=hp.rome.prepend_bos,
             )
+            assert h_now is not None, "subject_states returns the residual of resid_layer"
             K = K_all[lay].double().cpu()  # [n, d_mlp]
             R = (z - h_now.double().cpu()) / (len(layers) - j)  # [n, d_model]
             if ns is None:

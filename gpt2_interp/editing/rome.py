@@ -780,7 +780,10 @@ class _Rows:
                 ),
             ):
                 part += x
-        L = lambda x, dt=torch.long: torch.tensor(x, dtype=dt, device=dev)  # noqa: E731
+
+        def L(x, dt=torch.long):
+            return torch.tensor(x, dtype=dt, device=dev)
+
         row_req_t = L(row_req)
         rw_rows = L([r + j for r, b in zip(r0, bs) for j in range(b.n_rewrite)])
         kl_req, keep_req = L(kl[2]), L(kp[2])
@@ -899,7 +902,7 @@ def _optimise_deltas(
             lp_t = lp[: len(e_nll)].gather(-1, nll_ids_t[e_nll, None])[:, 0]  # [entries]
             kl_lp = lp[len(e_nll) : len(e_nll) + len(e_kl)]
             keep_lp = lp[len(e_nll) + len(e_kl) :]
-            if kl_init is None:  # step 0: every request is active
+            if kl_init is None or keep_init is None:  # step 0 (both set together): every request is active
                 kl_init, keep_init = kl_lp.detach(), keep_lp.detach()
             nll = torch.zeros(n, device=dev).index_add(0, nll_req_t[e_nll], -lp_t * nll_w_t[e_nll])
             kl_pos = (kl_lp.exp() * (kl_lp - kl_init[e_kl])).sum(-1)  # KL(edited || unedited) per position

@@ -39,7 +39,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 
@@ -385,6 +385,40 @@ def _cache_name(key: dict[str, Any]) -> str:
 
 
 @torch.no_grad()
+@overload
+def key_second_moment(
+    model: HookedGPT2,
+    layer: int,
+    corpus: str | os.PathLike | None = None,
+    n_samples: int = 100_000,
+    batch_size: int = 64,
+    dtype: torch.dtype = torch.float32,
+    cache_dir: str | os.PathLike | Literal[False] | None = None,
+    max_len: int = 128,
+    seed: int = 0,
+    progress: bool | None = None,
+    recompute: bool = False,
+    group: Any = None,
+) -> KeyStats: ...
+
+
+@overload
+def key_second_moment(
+    model: HookedGPT2,
+    layer: Sequence[int],
+    corpus: str | os.PathLike | None = None,
+    n_samples: int = 100_000,
+    batch_size: int = 64,
+    dtype: torch.dtype = torch.float32,
+    cache_dir: str | os.PathLike | Literal[False] | None = None,
+    max_len: int = 128,
+    seed: int = 0,
+    progress: bool | None = None,
+    recompute: bool = False,
+    group: Any = None,
+) -> dict[int, KeyStats]: ...
+
+
 def key_second_moment(
     model: HookedGPT2,
     layer: int | Sequence[int],
@@ -392,7 +426,7 @@ def key_second_moment(
     n_samples: int = 100_000,
     batch_size: int = 64,
     dtype: torch.dtype = torch.float32,
-    cache_dir: str | os.PathLike | None = None,
+    cache_dir: str | os.PathLike | Literal[False] | None = None,
     max_len: int = 128,
     seed: int = 0,
     progress: bool | None = None,
@@ -423,7 +457,8 @@ def key_second_moment(
     of range (IndexError); a corpus path that does not exist (FileNotFoundError).
     """
     single = not isinstance(layer, Sequence)
-    layers = sorted({model.check_layer(lay) for lay in ([layer] if single else layer)})  # type: ignore[list-item]
+    requested = list(layer) if isinstance(layer, Sequence) else [layer]
+    layers = sorted({model.check_layer(lay) for lay in requested})
     if not layers:
         raise ValueError("give at least one layer")
     n_samples = check_count(n_samples, "n_samples")
@@ -454,6 +489,7 @@ def key_second_moment(
                 cached = cached if cached is not None and cached.key == key else None
         # distributed: use a cached result only if every rank has it (else all compute together)
         if distributed.all_reduce_number(int(cached is not None), group, "min"):
+            assert cached is not None, "every rank has it cached, this one included"
             _MEMORY[json.dumps(key, sort_keys=True)] = out[lay] = cached
         else:
             todo[lay] = (key, path)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -94,7 +94,7 @@ class Config(ExperimentConfig):
         metadata={"help": "keep the earlier result's rows (same folder, same pairs) that this run does not redo"},
     )
 
-    QUICK = {"pairs": 8}
+    QUICK: ClassVar[dict[str, Any]] = {"pairs": 8}
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from einops import rearrange, reduce
@@ -50,7 +50,7 @@ class Config(ExperimentConfig):
     ig_steps: int = field(default=5, metadata={"help": "steps of the input-path IG"})
     top: int = field(default=60, metadata={"help": "the largest exact cells ρ is also computed on"})
 
-    QUICK = {"pairs": 6, "keep": 6, "steps": 2}
+    QUICK: ClassVar[dict[str, Any]] = {"pairs": 6, "keep": 6, "steps": 2}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -86,7 +86,11 @@ def layer_ig(model: HookedGPT2, fp: FactPairs, hook: str, steps: int) -> torch.T
         leaf.requires_grad_(True)
         x0 = rearrange(kc[rp[l]][None].expand(steps, -1, -1, -1), "s b p d -> (s b) p d")
         mk = None if mask is None else mask.repeat(steps, 1)
-        with torch.enable_grad(), model.hooks([(names[l], lambda act, hook: leaf)]):
+
+        def use_leaf(act: torch.Tensor, hook: Any, leaf: torch.Tensor = leaf) -> torch.Tensor:
+            return leaf
+
+        with torch.enable_grad(), model.hooks([(names[l], use_leaf)]):
             resid = model(x0, start_at_layer=l, stop_at_layer=n, attention_mask=mk)
             logit = model.ln_final(resid[:, -1]) @ model.W_U
             met = logit.gather(1, a_ids.repeat(steps)[:, None]) - logit.gather(1, w_ids.repeat(steps)[:, None])

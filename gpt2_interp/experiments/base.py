@@ -103,7 +103,7 @@ class ExperimentConfig:
 
 def type_name(tp: Any) -> str:
     """``int``, ``list[str]``, ``float | None`` …: a type as a user reads it."""
-    return getattr(tp, "__name__", None) if isinstance(tp, type) else str(tp).replace("typing.", "")
+    return tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
 
 
 def parse_value(text: str, tp: Any, what: str) -> Any:

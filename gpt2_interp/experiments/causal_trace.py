@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
@@ -50,7 +50,7 @@ class Config(ExperimentConfig):
     )
     known_only: bool = field(default=False, metadata={"help": "trace only facts the model knows"})
 
-    QUICK = {"facts": 8, "samples": 3}
+    QUICK: ClassVar[dict[str, Any]] = {"facts": 8, "samples": 3}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -122,19 +122,17 @@ def finding(avg: AverageTrace, model_name: str) -> str:
 
 def peaks(avg: AverageTrace) -> dict[str, Any]:
     """Per kind, the (bucket, layer) cell of largest average indirect effect, and per kind and bucket
-    the peak layer — the numbers to set beside ROME's GPT-2 XL finding."""
+    the peak layer — the numbers to set beside ROME's GPT-2 XL finding. Cells that are the clean run by
+    construction (:meth:`~gpt2_interp.analysis.tracing.AverageTrace.clean_layers`) are left out."""
     out: dict[str, Any] = {}
-    for i, k in enumerate(avg.kinds):
-        ie = avg.indirect_effect[i]  # [bucket, layer]
-        b, l = divmod(int(ie.argmax()), ie.shape[1])
+    for k in avg.kinds:
+        by = {bk: avg.peak(k, bk) for bk in avg.buckets}  # (layer, indirect effect)
+        best = max(avg.buckets, key=lambda bk: by[bk][1])
         out[k] = {
-            "bucket": avg.buckets[b],
-            "layer": l,
-            "indirect_effect": round(float(ie[b, l]), 4),
-            "by_bucket": {
-                bk: {"layer": int(ie[j].argmax()), "indirect_effect": round(float(ie[j].max()), 4)}
-                for j, bk in enumerate(avg.buckets)
-            },
+            "bucket": best,
+            "layer": by[best][0],
+            "indirect_effect": round(by[best][1], 4),
+            "by_bucket": {bk: {"layer": l, "indirect_effect": round(v, 4)} for bk, (l, v) in by.items()},
         }
     return out
 

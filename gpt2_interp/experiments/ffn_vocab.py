@@ -13,7 +13,7 @@ of the tokens that occur in the fact base's training corpus.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -33,7 +33,7 @@ class Config(ExperimentConfig):
     search: int = field(default=10, metadata={"help": "find_neurons hits per relation"})
     last_layers: int | None = field(default=None, metadata={"help": "only the last this many layers (none: all)"})
 
-    QUICK = {"last_layers": 2, "search": 3}
+    QUICK: ClassVar[dict[str, Any]] = {"last_layers": 2, "search": 3}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -75,6 +75,7 @@ def concept_neurons(
     concept, per_layer = [], {r: [0] * model.cfg.n_layer for r in rels}
     for layer in layers:
         proj = neuron_vocab(model, layer, k=cfg.k)
+        assert proj.neurons is not None, "a projection of neurons lists them"
         best, which = coherence(proj.top_ids, classes).max(-1)  # [d_mlp]
         for i in (best >= cfg.min_coherence).nonzero()[:, 0].tolist():
             rel = rels[int(which[i])]

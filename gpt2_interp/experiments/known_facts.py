@@ -17,7 +17,7 @@ The data keeps the list of known facts, ``[[relation, subject, object], …]``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..analysis.known import informative, knows, top1_tokens, whole_object
 from ..facts.base import Fact, FactBase
@@ -55,7 +55,7 @@ class Config(ExperimentConfig):
     )
     batch_size: int = field(default=64, metadata={"help": "prompts per forward pass"})
 
-    QUICK = {"per_relation": 8}
+    QUICK: ClassVar[dict[str, Any]] = {"per_relation": 8}
 
 
 def chat_prompt(prompt: str) -> str:
@@ -139,7 +139,8 @@ def tables(data: dict) -> dict[str, str]:
         "of the object. Held-out = the known rule over the relation's held-out paraphrases (of the facts the chat "
         "column uses)"
         + (
-            ". Chat = the known rule under the instruct chat template (the prompt as the user's turn and as the start of the "
+            ". Chat = the known rule under the instruct chat template (the prompt as the user's turn and as the "
+            "start of the "
             "reply) on the first facts of each relation, beside the plain known rule on the same facts."
             if chat
             else "."
@@ -149,7 +150,7 @@ def tables(data: dict) -> dict[str, str]:
         + (" chat template (plain on the same facts) |" if chat else ""),
         "|---|---:|---:|---:|---:|" + ("---:|" if chat else ""),
     ]
-    for r, d in list(data["per_relation"].items()) + [("**all**", data["total"])]:
+    for r, d in [*data["per_relation"].items(), ("**all**", data["total"])]:
         lines.append(
             f"| {r} | {d['facts']} | {pc(d['known'], d['facts'])} | {pc(d['whole_object'], d['facts'])} | "
             f"{pc(d['heldout_hits'], d['heldout_prompts'])} |"

@@ -11,7 +11,7 @@ and the lens of a fact it does not know says little.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -34,7 +34,7 @@ class Config(ExperimentConfig):
     known_only: bool = field(default=False, metadata={"help": "only the facts the model knows"})
     batch_size: int = field(default=128, metadata={"help": "prompts per forward pass"})
 
-    QUICK = {"per_relation": 8}
+    QUICK: ClassVar[dict[str, Any]] = {"per_relation": 8}
 
 
 def prompt_set(
@@ -66,6 +66,7 @@ def split_metrics(
     """The lens over one split's prompts: layer names and the split's metrics, overall and per relation."""
     prompts, targets, relations = prompt_set(model, fb, split, cfg.per_relation, among)
     lens = logit_lens(model, prompts, targets=targets, k=1, batch_size=cfg.batch_size, progress=progress)
+    assert lens.target_rank is not None, "the lens ranks the targets it is given"
     ranks = lens.target_rank[:, :, 0]  # [n_layers, n_prompts]
     rel_idx = {r: [i for i, x in enumerate(relations) if x == r] for r in fb.relations}
     return list(lens.layers), {
@@ -96,6 +97,8 @@ def tables(data: dict) -> dict[str, str]:
 def figures(data: dict) -> dict[str, Figure]:
     from matplotlib.figure import Figure
 
+    from ..plots.layout import finish_layout
+
     layers = data["layers"]
     fig = Figure(figsize=(12, 7.5))
     axes = fig.subplots(2, 2, sharex=True)
@@ -121,7 +124,7 @@ def figures(data: dict) -> dict[str, Figure]:
             ax.set_xticks(ticks, [layers[i] for i in ticks])
     axes[0, 1].legend(fontsize=7, loc="upper left")
     fig.suptitle(f"Logit lens on {data['model']}: rank of the correct object's first token at the last prompt token")
-    fig.tight_layout()
+    finish_layout(fig)
     return {"logit_lens": fig}
 
 

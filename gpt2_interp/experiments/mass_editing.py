@@ -34,7 +34,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -132,7 +132,7 @@ class Config(DeltaConfig):
     n_samples: int = field(default=100_000, metadata={"help": "tokens for the key statistics"})
     fluency_tokens: int = field(default=40, metadata={"help": "generated tokens per fluency prompt"})
 
-    QUICK = {
+    QUICK: ClassVar[dict[str, Any]] = {
         "n": 4,
         "batch_size": 2,
         "tune_n": 4,
@@ -213,7 +213,7 @@ class MassEditing:
     stats: dict[int, Any] = field(default_factory=dict)
     chosen: dict[str, Any] = field(default_factory=dict)
     delta: dict[str, Any] = field(default_factory=dict)
-    batch_targets: dict[str, torch.Tensor] = field(default_factory=dict)
+    batch_targets: dict[str, TargetResiduals] = field(default_factory=dict)
     t0: float = field(default_factory=time.perf_counter)
     base_fp: str = ""
 
@@ -400,7 +400,10 @@ class MassEditing:
         old = self.report.get("tuning", {})
         lam_rows, tau_rows = t["mom2_weight"], t["nullspace_threshold"]
         if tau_rows:
-            ident = lambda r: (r.get("nullspace_rule", "relative"), r["nullspace_threshold"], r.get("alpha"))  # noqa: E731
+
+            def ident(r):
+                return (r.get("nullspace_rule", "relative"), r["nullspace_threshold"], r.get("alpha"))
+
             new = {ident(r) for r in tau_rows}
             tau_rows = [r for r in old.get("nullspace_threshold", []) if ident(r) not in new] + tau_rows
         if lam_rows:
@@ -453,7 +456,7 @@ class MassEditing:
             }
         }
 
-    def shared_targets(self) -> torch.Tensor:
+    def shared_targets(self) -> TargetResiduals:
         """The batch's target residuals (one δ optimisation), shared by MEMIT's and AlphaEdit's batch edits."""
         if "z" not in self.batch_targets:
             self.batch_targets["z"] = self.ctx.cached(
@@ -481,7 +484,7 @@ class MassEditing:
 
         def compute() -> dict:
             if kw.get("method") != "rome":
-                shared = {} if kw.get("sequential") else {"targets": self.shared_targets()}
+                shared: dict[str, Any] = {} if kw.get("sequential") else {"targets": self.shared_targets()}
                 ev = evaluate_edits(self.model, self.cases, **common, **shared, **kw)
             else:  # ROME's own hyperparameters (MODEL_HPARAMS), its layer's statistics
                 rome_kw = {k: v for k, v in common.items() if k not in ("stats", *self.chosen)}
@@ -643,7 +646,10 @@ def _tuning_table(report: dict) -> list[str]:
     if "tuning" not in report:
         return []
     t = report["tuning"]
-    f3 = lambda r, k: f"{r[k]:.3g}" if r.get(k) is not None else "–"  # noqa: E731
+
+    def f3(r, k):
+        return f"{r[k]:.3g}" if r.get(k) is not None else "–"
+
     how = " (one δ optimisation; each setting re-solves the update)" if t.get("method") else ""
     lines = [
         f"Tuning on {t['n']} other requests, one batch{how} (NS unedited {_pc(t['ns_unedited'])}); "

@@ -14,9 +14,10 @@ set would reach ROME-like efficacy.
 from __future__ import annotations
 
 import collections
+import functools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..editing.evaluate import known_cases
 from ..editing.memit import compute_edits, default_layers
@@ -37,7 +38,7 @@ class Config(DeltaConfig):
     pool: int = field(default=1200, metadata={"help": "known requests to draw the two sets from"})
     n_samples: int = field(default=100_000, metadata={"help": "tokens for the key statistics"})
 
-    QUICK = {"n": 3, "pool": 40, "n_samples": 3000, **QUICK_DELTA}
+    QUICK: ClassVar[dict[str, Any]] = {"n": 3, "pool": 40, "n_samples": 3000, **QUICK_DELTA}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -99,7 +100,10 @@ def batch_row(model: HookedGPT2, name: str, cases: list, stats: dict, cfg: Confi
 
 def tables(report: dict) -> dict[str, str]:
     """``mass_editing_keys``: the two batches side by side."""
-    pc = lambda x: f"{100 * x:.1f}" if x is not None else "–"  # noqa: E731
+
+    def pc(x):
+        return f"{100 * x:.1f}" if x is not None else "–"
+
     fbk, kp = report["fact_base"], report["known_pool"]
     lines = [
         f"# Shared keys in batched editing ({report['model']}, layer(s) {report['layers']}, λ = {report['lambda']:g})",
@@ -135,6 +139,9 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     stats = key_second_moment(model, report["layers"], n_samples=cfg.n_samples, progress=False)
     for name, cases in (("as drawn", pool[: cfg.n]), ("distinct key tokens", distinct[: cfg.n])):
         report["runs"].append(
-            ctx.cached(f"batch-{name.replace(' ', '-')}", lambda: batch_row(model, name, cases, stats, cfg))
+            ctx.cached(
+                f"batch-{name.replace(' ', '-')}",
+                functools.partial(batch_row, model, name, cases, stats, cfg),
+            )
         )
     return report

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -48,7 +48,7 @@ class Config(DeltaConfig):
         metadata={"help": "statistics tokens for the one δ optimisation that gives the batch's targets"},
     )
 
-    QUICK = {"n": 3, "sizes": [500, 2000], **QUICK_DELTA}
+    QUICK: ClassVar[dict[str, Any]] = {"n": 3, "sizes": [500, 2000], **QUICK_DELTA}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -122,7 +122,10 @@ def score_size(
 
 def tables(report: dict) -> dict[str, str]:
     """``mass_editing_stats``: one row per statistics size."""
-    pc = lambda x: f"{100 * x:.1f}" if x is not None else "–"  # noqa: E731
+
+    def pc(x):
+        return f"{100 * x:.1f}" if x is not None else "–"
+
     runs, tg, u = report["runs"], report["targets"], report["unedited"]
     lines = [
         f"# Key statistics size vs MEMIT scores ({report['model']}, layers {report['layers']}, "

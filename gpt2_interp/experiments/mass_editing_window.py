@@ -23,9 +23,10 @@ settings differ (``settings`` in the data) are refused, so the table never mixes
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
@@ -40,7 +41,7 @@ from .runner import RunContext
 if TYPE_CHECKING:
     from ..model import HookedGPT2
 
-CTX = {
+CTX: dict[str, dict[str, Any]] = {
     "memit": {"prefix_lengths": (10,), "prefixes_per_length": 5},
     "rome": {"prefix_lengths": (5, 10), "prefixes_per_length": 5},
 }
@@ -63,7 +64,7 @@ class Config(ExperimentConfig):
     n_samples: int = field(default=100_000, metadata={"help": "tokens for the key statistics"})
     v_steps: int | None = field(default=None, metadata={"help": "δ optimisation steps (none: the model's)"})
 
-    QUICK = {"n": 8, "tune_n": 4, "lambdas": [100.0], "n_samples": 3000, "v_steps": 3}
+    QUICK: ClassVar[dict[str, Any]] = {"n": 8, "tune_n": 4, "lambdas": [100.0], "n_samples": 3000, "v_steps": 3}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -147,12 +148,15 @@ def top_targets(model: HookedGPT2, tune: list, top: int, stats: dict, hp: dict) 
 
 def put(report: dict, row: dict) -> None:
     """Add ``row``, replacing an earlier one of the same window, context, λ and sub-batch size."""
-    key = lambda r: (list(r["window"]), r["ctx"], r["lambda"], r.get("sub"))  # noqa: E731
+
+    def key(r):
+        return (list(r["window"]), r["ctx"], r["lambda"], r.get("sub"))
+
     report["rows"] = [r for r in report["rows"] if key(r) != key(row)] + [row]
 
 
 def window_rows(
-    model: HookedGPT2, cfg: Config, tune: list, window: list[int], z: torch.Tensor, stats: dict, hp: dict
+    model: HookedGPT2, cfg: Config, tune: list, window: list[int], z: TargetResiduals, stats: dict, hp: dict
 ) -> list[dict]:
     """Every λ on the whole batch, and (``sub``) on sub-batches averaged."""
     rows = [
@@ -179,7 +183,10 @@ def window_rows(
 
 def tables(report: dict) -> dict[str, str]:
     """``mass_editing_window``: the δ optimisations, the windows × λ, the sub-batches."""
-    pc = lambda x: f"{100 * x:.1f}"  # noqa: E731
+
+    def pc(x):
+        return f"{100 * x:.1f}"
+
     n_ctx = {k: 1 + v["prefixes_per_length"] * len(v["prefix_lengths"]) for k, v in CTX.items()}
     lines = [
         f"# MEMIT edit-layer window on {report['model']}",
@@ -247,7 +254,7 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
         ctx.record("delta", hp)
         report.update(n_tune=len(tune), ns_unedited=ns_pre, threads=torch.get_num_threads(), delta_norm=cfg.delta_norm)
         for top in cfg.tops:
-            got = ctx.cached(f"targets-{cfg.ctx}-top{top}", lambda: top_targets(model, tune, top, stats, hp))
+            got = ctx.cached(f"targets-{cfg.ctx}-top{top}", functools.partial(top_targets, model, tune, top, stats, hp))
             report["targets"] = [r for r in report["targets"] if (r["top"], r["ctx"]) != (top, cfg.ctx)] + [
                 {"top": top, "ctx": cfg.ctx, **got["record"]}
             ]

@@ -20,7 +20,7 @@ is made.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..editing.evaluate import known_cases
 from ..editing.memit import NULLSPACE_RULES, MemitHparams, NullSpace, default_layers
@@ -47,7 +47,7 @@ class Config(ExperimentConfig):
     )
     n_samples: int = field(default=100_000, metadata={"help": "tokens for the key statistics"})
 
-    QUICK = {"n": 12, "n_samples": 3000, "thresholds": [1e-3, 1e-1]}
+    QUICK: ClassVar[dict[str, Any]] = {"n": 12, "n_samples": 3000, "thresholds": [1e-3, 1e-1]}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -66,8 +66,13 @@ def tables(report: dict) -> dict[str, str]:
     layers, rows = report["layers"], report["rows"]
     by = {(r["rule"], r["tau"], r["layer"]): r for r in rows}
     settings = sorted({(r["rule"], r["tau"]) for r in rows}, key=lambda x: (x[0] != "relative", x[1]))
-    pc = lambda x: f"{100 * x:.0f}%" if x >= 0.1 else f"{100 * x:.2g}%"  # noqa: E731
-    cell = lambda r: f"{r['null_dim']} / {pc(r['leak'])} / {pc(r['edit_key_energy'])}"  # noqa: E731
+
+    def pc(x):
+        return f"{100 * x:.0f}%" if x >= 0.1 else f"{100 * x:.2g}%"
+
+    def cell(r):
+        return f"{r['null_dim']} / {pc(r['leak'])} / {pc(r['edit_key_energy'])}"
+
     lines = [
         f"# AlphaEdit's null space per layer on {report['model']}",
         "",
@@ -75,7 +80,9 @@ def tables(report: dict) -> dict[str, str]:
         f"requests the model knows, averaged over {report['context_variants']} context variants, unedited model. "
         "Each cell: null-space dimension / preserved keys' energy inside it (leak) / edit keys' energy inside it.",
         "",
-        "| rule | τ | " + " | ".join(f"layer {l} (d = {by[(*settings[0], l)]['d_mlp']})" for l in layers) + " |",
+        "| rule | τ | "
+        + " | ".join(f"layer {l} (d = {by[(settings[0][0], settings[0][1], l)]['d_mlp']})" for l in layers)
+        + " |",
         "|---|---|" + "---|" * len(layers),
     ]
     for rule, tau in settings:
@@ -86,6 +93,8 @@ def tables(report: dict) -> dict[str, str]:
 def figures(report: dict) -> dict[str, Figure]:
     """``nullspace_rules``: the edit keys' energy in the null space against τ, one panel per rule."""
     from matplotlib.figure import Figure
+
+    from ..plots.layout import finish_layout
 
     layers, rows = report["layers"], report["rows"]
     by = {(r["rule"], r["tau"], r["layer"]): r for r in rows}
@@ -103,7 +112,7 @@ def figures(report: dict) -> dict[str, Figure]:
     axes[0][0].set_ylabel("edit keys' energy in the null space (%)")
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"{report['model']}: where AlphaEdit's update can act")
-    fig.tight_layout()
+    finish_layout(fig)
     return {"nullspace_rules": fig}
 
 

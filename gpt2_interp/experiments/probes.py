@@ -17,7 +17,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -76,7 +76,7 @@ class Config(ExperimentConfig):
         },
     )
 
-    QUICK = {"tasks": ["continent", "period"], "per_subject": 2}
+    QUICK: ClassVar[dict[str, Any]] = {"tasks": ["continent", "period"], "per_subject": 2}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -129,8 +129,8 @@ def trace_source(cfg: Config, ctx: RunContext, model_name: str) -> Path | None:
     if ctx.out_dir is None:
         return None
     root = next((p.parent for p in (ctx.out_dir, *ctx.out_dir.parents) if p.name == "probes"), None)
-    path = None if root is None else root / "causal_trace" / model_name / "result.json"
-    return path if path is not None and path.exists() else None
+    found = None if root is None else root / "causal_trace" / model_name / "result.json"
+    return found if found is not None and found.exists() else None
 
 
 def read_trace(path: Path | None) -> dict | None:
@@ -142,7 +142,8 @@ def read_trace(path: Path | None) -> dict | None:
 
 
 def task_summary(r: ProbeResult) -> dict[str, Any]:
-    """The numbers of one probe kept in the data."""
+    """The numbers of one probe kept in the data (every probe here has a control task)."""
+    assert r.control_mean is not None and r.selectivity is not None and r.selectivity_ci is not None
     return {
         "kind": r.kind,
         "metric": r.metric,

@@ -27,7 +27,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ..analysis.tracing import average_trace
 from ..core.result import to_jsonable
@@ -76,7 +76,13 @@ class Config(ExperimentConfig):
     trace_facts: int = field(default=64, metadata={"help": "facts in the layer-choice trace (0: skip)"})
     n_samples: int = field(default=100_000, metadata={"help": "tokens for the key statistics"})
 
-    QUICK = {"n": 3, "sequential_n": 3, "trace_facts": 0, "n_samples": 4000, "hparams": ["v_steps=5"]}
+    QUICK: ClassVar[dict[str, Any]] = {
+        "n": 3,
+        "sequential_n": 3,
+        "trace_facts": 0,
+        "n_samples": 4000,
+        "hparams": ["v_steps=5"],
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -147,6 +153,7 @@ def edit_layer(model: HookedGPT2, cfg: Config, choice: dict | None) -> int:
     if cfg.layer == "default":
         return default_layer(model)
     if cfg.layer == "trace":
+        assert choice is not None, "layer='trace' reads the layer choice"
         return int(choice["argmax"])
     if not 0 <= cfg.layer < model.cfg.n_layer:
         raise ValueError(f"rome_counterfact setting layer={cfg.layer}: the model has layers 0..{model.cfg.n_layer - 1}")

@@ -327,7 +327,7 @@ def run_experiment(
     record = {
         "experiment": name,
         "command": prov.command_line(
-            name, model_name, {k: v for k, v in settings.items()}, quick, given_tag, None if out is None else str(out)
+            name, model_name, dict(settings), quick, given_tag, None if out is None else str(out)
         ),
         "argv": argv if argv is not None else list(sys.argv),
         "config": config_json,

@@ -1,4 +1,5 @@
-"""Subject specificity: does an edit keep the edited subject's OTHER facts? ROME and MEMIT, with and without keep prompts.
+"""Subject specificity: does an edit keep the edited subject's OTHER facts? ROME and MEMIT, with and without
+keep prompts.
 
 CounterFact's neighbourhood score checks other subjects; it never checks the edited subject's other
 relations, and locate-and-edit methods write to the subject's representation, which every relation
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
@@ -61,7 +62,11 @@ class Config(ExperimentConfig):
         metadata={"help": "editor hyperparameter overrides k=v for both methods (JSON values, e.g. v_steps=3)"},
     )
 
-    QUICK = {"n": 3, "fluency_tokens": 6, "hparams": ["v_steps=3", "prefixes_per_length=1", "prefix_lengths=[3]"]}
+    QUICK: ClassVar[dict[str, Any]] = {
+        "n": 3,
+        "fluency_tokens": 6,
+        "hparams": ["v_steps=3", "prefixes_per_length=1", "prefix_lengths=[3]"],
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -124,7 +129,8 @@ def tables(data: dict) -> dict[str, str]:
         "other relations' training prompts of the listed indices (1 = the second; the count is per request, on "
         "average); SS is scored on their first (index 0), never optimised.",
         "",
-        "| method | keep factor | keep prompts | ES | PS | NS (unedited) | SS (facts) | STN (facts) | fluency pre → post | time (s) |",
+        "| method | keep factor | keep prompts | ES | PS | NS (unedited) | SS (facts) | STN (facts) | fluency pre → "
+        "post | time (s) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["runs"]:
@@ -149,6 +155,8 @@ def tables(data: dict) -> dict[str, str]:
 
 def figures(data: dict) -> dict[str, Figure]:
     from matplotlib.figure import Figure
+
+    from ..plots.layout import finish_layout
 
     runs = data["runs"]
     names = [
@@ -179,7 +187,7 @@ def figures(data: dict) -> dict[str, Figure]:
     ax.set_ylim(0, 105)
     ax.legend(ncol=len(metrics), fontsize=8, loc="lower center")
     ax.set_title(f"{data['model']}: does an edit keep the subject's other facts? (SS)")
-    fig.tight_layout()
+    finish_layout(fig)
     return {"subject_specificity": fig}
 
 

@@ -12,11 +12,12 @@ each phase.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
@@ -58,7 +59,13 @@ class Config(ExperimentConfig):
     compare_start: bool = field(default=False, metadata={"help": "also measure the least-squares start alone"})
     save: Path | None = field(default=None, metadata={"help": "also save the trained lens to this file"})
 
-    QUICK = {"steps": 3, "train_texts": 8, "heldout_texts": 4, "batch_tokens": 256, "paraphrases": 8}
+    QUICK: ClassVar[dict[str, Any]] = {
+        "steps": 3,
+        "train_texts": 8,
+        "heldout_texts": 4,
+        "batch_tokens": 256,
+        "paraphrases": 8,
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -95,13 +102,18 @@ def finding(model_name: str, labels: list[str], main: dict, steps: int, train: d
     ratio = [t / l if l > 0 else None for t, l in zip(kl_t, kl_l)]
     goal_kl = all(r is not None and r <= 0.5 for r in ratio[:-1])
     goal_top1 = all(t > l for t, l in zip(ag_t[:-1], ag_l[:-1]))
-    worst = max(range(len(ratio) - 1), key=lambda i: ratio[i])
+    ranked = [-math.inf if r is None else r for r in ratio[:-1]]  # None: the logit lens's KL is 0 there
+    worst = max(range(len(ranked)), key=ranked.__getitem__)
+
+    def pct(r: float | None) -> str:
+        return "–" if r is None else f"{100 * r:.0f}%"
+
     sentence = (
         f"{model_name}: on held-out generations ({main['tuned lens']['n_tokens']} tokens), the tuned lens's "
         f"KL(final ‖ lens) is "
-        + ", ".join(f"{lab} {100 * r:.0f}%" for lab, r in zip(labels[:-1], ratio[:-1]))
+        + ", ".join(f"{lab} {pct(r)}" for lab, r in zip(labels[:-1], ratio[:-1]))
         + f" of the logit lens's ({'≤' if goal_kl else 'not ≤'} 50% at every boundary but the last; worst "
-        f"{labels[worst]} {100 * ratio[worst]:.0f}%), and its top-1 agreement with the final prediction is "
+        f"{labels[worst]} {pct(ratio[worst])}), and its top-1 agreement with the final prediction is "
         f"{'higher' if goal_top1 else 'not higher'} at every boundary but the last ("
         + ", ".join(f"{lab} {100 * l:.0f}→{100 * t:.0f}%" for lab, l, t in zip(labels[:-1], ag_l, ag_t))
         + f"). Training took {train['train_seconds']:.0f} s (least-squares start on {train['least_squares_tokens']} "

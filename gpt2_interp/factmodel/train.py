@@ -53,7 +53,7 @@ def build_examples(fb: FactBase, split: str = "train") -> list[Example]:
     for fact in fb.facts():
         target = encode(fact.target)
         for prompt in fb.prompts(fact, split=split):
-            p = [EOT_ID] + encode(prompt)
+            p = [EOT_ID, *encode(prompt)]
             out.append(Example(p + target + period + [EOT_ID], (len(p), len(p) + len(target))))
     return out
 
@@ -72,7 +72,7 @@ def full_vocab(compact: HookedGPT2, used: list[int], cfg: GPT2Config, seed: int)
     scattered into a freshly initialised ``W_E`` (the same seed, so unused rows are reproducible)."""
     full = HookedGPT2(cfg, seed=seed)
     sd = {k: v.detach().cpu() for k, v in compact.state_dict().items()}
-    w_e = full.embed.W_E.detach().clone()
+    w_e = full.W_E.detach().clone()
     w_e[torch.tensor(used)] = sd.pop("embed.W_E")
     sd["embed.W_E"] = w_e
     full.load_state_dict(sd)
@@ -137,7 +137,8 @@ def train(
     rng = random.Random(seed)
     print(
         f"{len(fb.facts())} facts, {len(examples)} sequences, {len(used)} token ids used; "
-        f"{sum(p.numel() for p in full_vocab(model, used, cfg, seed).parameters()):,} parameters; {total} steps on {device}"
+        f"{sum(p.numel() for p in full_vocab(model, used, cfg, seed).parameters()):,} parameters; {total} steps on "
+        f"{device}"
     )
     history, step, n_tokens, t0 = [], 0, 0, time.time()
     bar = tqdm(total=total, desc="train", mininterval=10)

@@ -151,6 +151,7 @@ def probing_set(
         raise ValueError(f"which must be 'all', 'own' or 'others', got {which!r}")
     fb = fb or FactBase.load()
     facts = fb.facts(t.relation)
+    pairs: list[tuple[str, str | float]]
     if t.label == "continent":
         continent = {f.subject: f.object for f in fb.facts("country_continent")}
         pairs = [(f.subject, continent[f.object]) for f in facts if f.object in continent]

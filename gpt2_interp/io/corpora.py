@@ -69,7 +69,9 @@ def fetch_brown(folder: str | os.PathLike | None = None, url: str = BROWN_URL) -
         for m in tar.getmembers():
             name = Path(m.name).name
             if m.isfile() and (_SAMPLE.match(name) or name in ("README", "CONTENTS")):
-                (folder / name).write_bytes(tar.extractfile(m).read())  # type: ignore[union-attr]
+                member = tar.extractfile(m)
+                assert member is not None, "a regular file has contents"
+                (folder / name).write_bytes(member.read())
     if len(_samples(folder)) != 500:
         raise ValueError(f"{url} did not hold the 500 Brown samples (found {len(_samples(folder))})")
     return folder

@@ -37,7 +37,7 @@ class UnverifiedFileWarning(UserWarning):
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The raw bytes of a tensor (CPU, contiguous), for hashing."""
     flat = t.detach().to("cpu").contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
+    return flat.view(torch.uint8).numpy().data
 
 
 def content_digest(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> str:
@@ -90,7 +90,7 @@ def load_checked(
     try:
         with safe_open(str(path), framework="pt") as f:
             metadata = dict(f.metadata() or {})
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safetensors safe_open handles have keys() but are not iterable)
     except Exception as e:  # safetensors raises its own error types (SafetensorError, OSError, …)
         raise IntegrityError(
             f"{path} is damaged or not {_a(kind)} {kind} file: safetensors could not read it "
@@ -99,7 +99,8 @@ def load_checked(
     stored = metadata.pop(DIGEST_KEY, None)
     if stored is None:
         msg = (
-            f"{path} has no integrity digest ({_a(kind)} {kind} file written before gpt2-interp checked file integrity, "
+            f"{path} has no integrity digest ({_a(kind)} {kind} file written before gpt2-interp checked file "
+            "integrity, "
             "or one whose digest was removed)"
         )
         if not allow_unverified:

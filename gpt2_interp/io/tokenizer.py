@@ -174,7 +174,7 @@ class Tokenizer:
         ``"max_length"`` to ``max_length``, on :attr:`padding_side` with ``pad_token_id``;
         ``truncation`` cuts rows to ``max_length``; ``return_tensors="pt"`` gives tensors."""
         single = isinstance(text, str)
-        texts = [text] if single else list(text)
+        texts: list[str] = [text] if isinstance(text, str) else list(text)
         if not all(isinstance(t, str) for t in texts):
             raise TypeError("the tokenizer takes a string or a list of strings")
         bos = self._bos(add_special_tokens, "tokenizer(...)")

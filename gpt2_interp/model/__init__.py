@@ -10,19 +10,18 @@ from .root import HookedRootModule
 from .tl_names import HookedTransformer, TransformerConfig  # TransformerLens's names (compatibility layer)
 
 __all__ = [
-    "GPT2Config",
-    "llama_config",
     "KNOWN_CONFIGS",
-    "HookedGPT2",
     "ActivationCache",
-    "HookPoint",
-    "hook_name",
-    "KVCache",
-    "HookedRootModule",
     "FactoredMatrix",
+    "GPT2Config",
+    "HookPoint",
+    "HookedGPT2",
+    "HookedRootModule",
+    "KVCache",
     "PortingWarning",
     "get_act_name",
-    # TransformerLens's names for HookedGPT2 and GPT2Config (compatibility layer: tl_names)
-    "HookedTransformer",
-    "TransformerConfig",
+    "hook_name",
+    "llama_config",
 ]
+# TransformerLens's names for HookedGPT2 and GPT2Config (compatibility layer: tl_names)
+__all__ += ["HookedTransformer", "TransformerConfig"]

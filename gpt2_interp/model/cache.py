@@ -88,7 +88,8 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         return len(self._store)
 
     def __repr__(self) -> str:
-        return f"ActivationCache({len(self._store)} names: {', '.join(list(self._store)[:4])}{', ...' if len(self) > 4 else ''})"
+        first = ", ".join(list(self._store)[:4])
+        return f"ActivationCache({len(self._store)} names: {first}{', ...' if len(self) > 4 else ''})"
 
     @property
     def cache_dict(self) -> dict[str, torch.Tensor]:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
     flat = t.detach().to("cpu").contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
+    return flat.view(torch.uint8).numpy().data
 
 
 def tensor_digest(t: torch.Tensor) -> str:

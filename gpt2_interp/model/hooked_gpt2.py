@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,16 @@ from .modules import Block, Embed, KVCache, PosEmbed, Unembed, norm, rotary_cos_
 from .root import HookedRootModule
 from .tl_aliases import StateDict, TransformerLensAliases, is_tl_state_dict
 
-Input = Union[str, Sequence[str], torch.Tensor]
+Input = str | Sequence[str] | torch.Tensor
+
+
+def _weight(module: nn.Module | None, name: str) -> torch.Tensor:
+    """The parameter ``name`` set on a plain ``nn.Module`` (``embed.W_E``, ``pos_embed.W_pos``, ``unembed.W_U``)."""
+    w = getattr(module, name)
+    assert isinstance(w, torch.Tensor), f"{name} must be a parameter"
+    return w
+
+
 _BLOCK_HOOK_ORDER = (
     "hook_resid_pre",
     "ln1.hook_scale",
@@ -439,13 +448,14 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             q_len = tokens.shape[1]
             self.check_length(past + q_len)
             pos = self.positions(q_len, past, attention_mask)
-            x = self.hook_embed(self.embed.W_E[tokens])
+            x = self.hook_embed(self.W_E[tokens])
             if self.cfg.positional == "learned":
-                x = x + self.hook_pos_embed(self.pos_embed.W_pos[pos].expand(tokens.shape[0], -1, -1))
+                x = x + self.hook_pos_embed(_weight(self.pos_embed, "W_pos")[pos].expand(tokens.shape[0], -1, -1))
         else:
-            if input.ndim != 3 or input.shape[-1] != self.cfg.d_model:
+            if not isinstance(input, torch.Tensor) or input.ndim != 3 or input.shape[-1] != self.cfg.d_model:
+                got = tuple(input.shape) if isinstance(input, torch.Tensor) else type(input).__name__
                 raise ValueError(
-                    f"with start_at_layer, input is the residual [batch, pos, {self.cfg.d_model}]; got {tuple(input.shape)}"
+                    f"with start_at_layer, input is the residual [batch, pos, {self.cfg.d_model}]; got {got}"
                 )
             if return_type in ("loss", "both"):
                 raise ValueError("loss needs tokens; with start_at_layer use return_type='logits'")
@@ -467,6 +477,7 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         logits = self.unembed(self.ln_final(x))
         if return_type == "logits":
             return logits
+        assert tokens is not None, "a loss is computed only from tokens (start_at_layer refuses return_type='loss')"
         loss = self.loss(logits, tokens, attention_mask, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import difflib
+import inspect
 import re
 import warnings
 from collections.abc import Callable, Iterator
@@ -27,23 +28,42 @@ NameFilter = Union[None, str, Callable[[str], bool], "list[str]", "tuple[str, ..
 class _Hook:
     """One registered hook function and its bookkeeping (direction, permanence, context level)."""
 
-    __slots__ = ("active", "dir", "fn", "is_permanent", "level")
+    __slots__ = ("active", "by_keyword", "dir", "fn", "is_permanent", "level")
+    fn: Callable[..., Any]  # a HookFn, called as fn(x, hook) or as fn(x, hook=hook)
 
     def __init__(self, fn: HookFn, dir: str, is_permanent: bool, level: int | None) -> None:
         self.fn, self.dir, self.is_permanent, self.level, self.active = fn, dir, is_permanent, level, True
+        self.by_keyword = _takes_hook_keyword(fn)
 
     def __call__(self, x: torch.Tensor, hook: HookPoint) -> Any:
-        return self.fn(x, hook)
+        return self.fn(x, hook=hook) if self.by_keyword else self.fn(x, hook)
 
     def __repr__(self) -> str:
         return f"<{self.dir} hook {getattr(self.fn, '__name__', self.fn)!r}{' permanent' if self.is_permanent else ''}>"
+
+
+def _takes_hook_keyword(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is called as TransformerLens calls hooks, ``fn(activation, hook=hook_point)``: it has a
+    parameter named ``hook`` (keyword-only included), or takes ``**kwargs`` and at most one positional
+    parameter. Otherwise (a second parameter with another name) the hook point is passed by position.
+    Decided once, when the hook is added."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: by position
+        return False
+    if any(p.name == "hook" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    return any(p.kind == p.VAR_KEYWORD for p in params) and len(positional) <= 1
 
 
 class HookPoint:
     """An activation point with a name. Calling it runs its forward hooks in order.
 
     Forward hooks ``fn(activation, hook)`` may return a tensor of the same shape to
-    replace the activation. Backward hooks ``fn(grad, hook)`` see the gradient of the
+    replace the activation. A hook with a parameter named ``hook`` is called as TransformerLens
+    calls it, ``fn(activation, hook=hook_point)``; any other gets the hook point by position. Backward hooks
+    ``fn(grad, hook)`` see the gradient of the
     loss with respect to this activation during ``backward()`` (and may return a
     replacement gradient). ``fwd_hooks``/``bwd_hooks`` list what is registered.
     """
@@ -193,7 +213,7 @@ def _record(name: str, what: str, x: torch.Tensor) -> None:
 def reads_only(fn: HookFn) -> HookFn:
     """Mark a hook that only reads its activation (never writes into it), such as one that caches it:
     the non-finite check then skips it, so reading activations costs nothing extra."""
-    fn.reads_only = True  # type: ignore[attr-defined]
+    fn.reads_only = True  # type: ignore[attr-defined]  # a marker attribute on the function object
     return fn
 
 
@@ -246,19 +266,21 @@ def warn_if_nonfinite(record: list[tuple[str, str, torch.Tensor]], output: torch
     flags = torch.where(scores, sums.isnan(), ~sums.isfinite())
     if output is not None:
         flags = torch.cat([flags, ~output.sum(dtype=torch.float32).isfinite()[None]])
-    flags = flags.tolist()
-    first = next((i for i, bad in enumerate(flags[: len(record)]) if bad), None)
+    bad_flags = flags.tolist()
+    first = next((i for i, bad in enumerate(bad_flags[: len(record)]) if bad), None)
     if first is not None:
         name, by, _ = record[first]
         where = (
             f"they first appeared in {by} at {name!r} (NaN/inf, or values so large "
             "that they overflow); check what computes it"
         )
-        if output is not None and not flags[-1]:
+        if output is not None and not bad_flags[-1]:
             where += (
                 " (the output is finite, but computed from them: a fused kernel can hide NaN, so it is not trustworthy)"
             )
-    elif output is not None and flags[-1] and not is_finite(output):  # the float32 sum can overflow on finite values
+    elif (
+        output is not None and bad_flags[-1] and not is_finite(output)
+    ):  # the float32 sum can overflow on finite values
         names = list(dict.fromkeys(name for name, _, _ in record))
         where = (
             f"the hooks that wrote activations ({', '.join(names[:4])}{', …' if len(names) > 4 else ''}) "

@@ -107,6 +107,8 @@ def _hf_to_native(sd: Mapping[str, torch.Tensor], cfg: GPT2Config) -> dict[str, 
     lm_head = sd.pop("lm_head.weight", None)
     out = {"embed.W_E": sd.pop("wte.weight"), "pos_embed.W_pos": sd.pop("wpe.weight")}
     if not cfg.tied_embeddings:
+        if lm_head is None:
+            raise ValueError("the checkpoint has no lm_head.weight, but its config says the embeddings are untied")
         out["unembed.W_U"] = lm_head.T
     out["ln_final.w"], out["ln_final.b"] = sd.pop("ln_f.weight"), sd.pop("ln_f.bias")
     for i in range(cfg.n_layer):
@@ -498,7 +500,7 @@ def _gguf_config(g: GGUFFile, name: str | None) -> GPT2Config:
         else len(md.get("tokenizer.ggml.tokens", []))
     )
     tied = "output.weight" not in g.tensors
-    common = dict(
+    common: dict[str, Any] = dict(
         n_layer=int(get("block_count")),
         d_model=d_model,
         n_head=n_head,
@@ -740,7 +742,7 @@ def from_transformers(hf_model: Any, tokenizer: tok.Tokenizer | None = None) -> 
     sd = {k: v.detach().cpu() for k, v in hf_model.state_dict().items()}
     if cfg.family == "gpt2":
         wte = sd.get("transformer.wte.weight", sd.get("wte.weight"))
-        if "lm_head.weight" in sd and not torch.equal(sd["lm_head.weight"], wte):
+        if "lm_head.weight" in sd and (wte is None or not torch.equal(sd["lm_head.weight"], wte)):
             raise ValueError("this model's lm_head is not tied to wte; GPT-2 ties them")
     elif "lm_head.weight" not in sd:
         cfg = cfg.replace(tied_embeddings=True)  # a bare LlamaModel: no head; unembed with W_Eᵀ
@@ -755,11 +757,11 @@ def to_transformers(model: HookedGPT2) -> Any:
         import transformers
     except ImportError:
         raise ImportError("to_transformers needs transformers: pip install 'gpt2-interp[transformers]'") from None
+    hf: Any  # a GPT2LMHeadModel or a LlamaForCausalLM
     if model.cfg.family == "llama":
-        cls, hf_cfg = transformers.LlamaForCausalLM, transformers.LlamaConfig(**model.cfg.to_hf_dict())
+        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**model.cfg.to_hf_dict()))
     else:
-        cls, hf_cfg = transformers.GPT2LMHeadModel, transformers.GPT2Config(**model.cfg.to_hf_dict())
-    hf = cls(hf_cfg)
+        hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**model.cfg.to_hf_dict()))
     missing, unexpected = hf.load_state_dict(native_to_hf(model), strict=False)
     if unexpected or any(not k.endswith(("lm_head.weight", *ckpt.IGNORED_SUFFIXES)) for k in missing):
         raise RuntimeError(f"weight conversion mismatch: missing={missing}, unexpected={unexpected}")

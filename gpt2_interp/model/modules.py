@@ -125,7 +125,7 @@ class Unembed(nn.Module):
         if cfg.tied_embeddings:
             self.__dict__["_embed"] = embed  # read, not owned: not a submodule, not in the state dict
         else:
-            self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
+            self.register_parameter("W_U", nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab)))  # W_U: a property
         self.hook_in = HookPoint()
         self.hook_out = HookPoint()
 
@@ -212,6 +212,17 @@ class Attention(nn.Module):
     results ``hook_result`` ``[batch, pos, head, d_model]`` are computed only when the model's
     ``cfg.use_attn_result`` is on (as in TransformerLens); otherwise ``hook_result`` never fires.
     """
+
+    # set in __init__ by name (hook_rot_q, hook_rot_k with rotary positions only)
+    hook_q: HookPoint
+    hook_k: HookPoint
+    hook_v: HookPoint
+    hook_attn_scores: HookPoint
+    hook_pattern: HookPoint
+    hook_z: HookPoint
+    hook_result: HookPoint
+    hook_rot_q: HookPoint
+    hook_rot_k: HookPoint
 
     def __init__(self, cfg: GPT2Config, layer: int) -> None:
         super().__init__()
@@ -352,6 +363,13 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     """A pre-norm transformer block: ``x + attn(ln1(x))``, then ``+ mlp(ln2(·))``."""
+
+    # set in __init__ by name
+    hook_resid_pre: HookPoint
+    hook_attn_out: HookPoint
+    hook_resid_mid: HookPoint
+    hook_mlp_out: HookPoint
+    hook_resid_post: HookPoint
 
     def __init__(self, cfg: GPT2Config, layer: int) -> None:
         super().__init__()

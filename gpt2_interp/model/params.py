@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..core.result import Result
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -46,7 +50,10 @@ def parameter_table(model) -> ParameterTable:
             part("mlp W_out + b_out", b0.mlp.W_out, b0.mlp.b_out),
         ]
     )
-    shape = lambda ps: " + ".join("×".join(map(str, p.shape)) for p in ps)
+
+    def shape(ps: list[torch.Tensor]) -> str:
+        return " + ".join("×".join(map(str, p.shape)) for p in ps)
+
     rows = [("W_E (token embedding)", shape([model.W_E]), model.W_E.numel())]
     if model.W_pos is not None:
         rows.append(("W_pos (position embedding)", shape([model.W_pos]), model.W_pos.numel()))

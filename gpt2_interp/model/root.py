@@ -114,7 +114,11 @@ class HookedRootModule(nn.Module):
         is not a pair raises TypeError, an unknown hook name KeyError."""
         removers: list[Callable[[], None]] = []
         try:
-            for specs, dir in ((fwd_hooks, "fwd"), (bwd_hooks, "bwd")):
+            directions: tuple[tuple[Sequence[HookSpec], Literal["fwd", "bwd"]], ...] = (
+                (fwd_hooks, "fwd"),
+                (bwd_hooks, "bwd"),
+            )
+            for specs, dir in directions:
                 for spec in specs:
                     if not (isinstance(spec, (tuple, list)) and len(spec) == 2):
                         raise TypeError(f"{dir}_hooks takes (name or predicate, fn) pairs; got {spec!r}")
@@ -150,7 +154,8 @@ class HookedRootModule(nn.Module):
         (or use ``with model.hooks(bwd_hooks=...)``); ``bwd_hooks`` with ``reset_hooks_end=True``
         warns. ``clear_contexts`` has no effect (TransformerLens's keyword)."""
         if len(model_args) == 2 and not fwd_hooks and _is_hook_list(model_args[1]):
-            model_args, fwd_hooks = model_args[:1], model_args[1]  # our earlier positional form (input, fwd_hooks)
+            fwd_hooks = model_args[1]  # our earlier positional form (input, fwd_hooks)
+            model_args = model_args[:1]
         if bwd_hooks and reset_hooks_end:
             warnings.warn(
                 "run_with_hooks with bwd_hooks removes them when it returns, before you can call backward(); "
@@ -196,10 +201,8 @@ class HookedRootModule(nn.Module):
                 or (isinstance(model_args[1], str) and model_args[1] in self.hook_dict)
             )
         ):
-            model_args, names_filter = (
-                model_args[:1],
-                model_args[1],
-            )  # our earlier positional form (input, names_filter)
+            names_filter = model_args[1]  # our earlier positional form (input, names_filter)
+            model_args = model_args[:1]
         keep = name_filter_fn(names_filter, self.hook_names())
         store: dict[str, torch.Tensor] = {}
         pos = None if pos_slice is None else getattr(pos_slice, "slice", pos_slice)

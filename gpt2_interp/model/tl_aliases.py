@@ -49,6 +49,7 @@ class StateDict(OrderedDict):
     Iterating lists our names only; pickled (``torch.save``) it is a plain ``OrderedDict``."""
 
     cfg: Any = None
+    _metadata: Any  # torch's per-module version info, carried over from the state dict it views
 
     def __missing__(self, key: str) -> torch.Tensor:
         m = _TL_ENTRY.fullmatch(key) if isinstance(key, str) and self.cfg is not None else None
@@ -246,7 +247,7 @@ class TransformerLensAliases:
     @property
     def b_U(self) -> torch.Tensor:
         """``[d_vocab]`` zeros: GPT-2's unembedding has no bias."""
-        W_U = self.W_U  # type: ignore[attr-defined]
+        W_U = self.W_U  # type: ignore[attr-defined]  # mixin: HookedGPT2 provides it
         return W_U.new_zeros(W_U.shape[-1])
 
     @property
@@ -263,9 +264,9 @@ class TransformerLensAliases:
         """The unembedding direction(s) ``W_U[:, token]``: ``[d_model]`` for one token, ``[*shape, d_model]``
         for a tensor of ids."""
         if isinstance(tokens, str):
-            tokens = self.to_single_token(tokens)  # type: ignore[attr-defined]
-        ids = torch.as_tensor(tokens, device=self.W_U.device)  # type: ignore[attr-defined]
-        return self.W_U[:, ids].movedim(0, -1)  # type: ignore[attr-defined]
+            tokens = self.to_single_token(tokens)  # type: ignore[attr-defined]  # mixin: HookedGPT2 provides it
+        ids = torch.as_tensor(tokens, device=self.W_U.device)  # type: ignore[attr-defined]  # mixin: HookedGPT2 provides it
+        return self.W_U[:, ids].movedim(0, -1)  # type: ignore[attr-defined]  # mixin: HookedGPT2 provides it
 
     def get_token_position(
         self,
@@ -280,8 +281,8 @@ class TransformerLensAliases:
         token, or a token that does not occur raise ValueError."""
         if mode not in ("first", "last"):
             raise ValueError(f"mode must be 'first' or 'last', got {mode!r}")
-        tok = self.to_single_token(single_token)  # type: ignore[attr-defined]
-        tokens = self.to_tokens(input, prepend_bos=prepend_bos) if isinstance(input, str) else torch.as_tensor(input)  # type: ignore[attr-defined]
+        tok = self.to_single_token(single_token)  # type: ignore[attr-defined]  # mixin: HookedGPT2 provides it
+        tokens = self.to_tokens(input, prepend_bos=prepend_bos) if isinstance(input, str) else torch.as_tensor(input)  # type: ignore[attr-defined]  # mixin: HookedGPT2 provides it
         if tokens.ndim == 2:
             if tokens.shape[0] != 1:
                 raise ValueError(f"get_token_position takes one sequence; got a batch of {tokens.shape[0]}")

@@ -1,5 +1,6 @@
-"""Every figure of gpt2-interp, one module per area (``lens``, ``causal``, ``attribution``, ``editing``, ``probes``; ``figure`` holds
-the common finishing touches), each building
+"""Every figure of gpt2-interp, one module per area (``lens``, ``causal``, ``attribution``, ``editing``,
+``probes``; ``figure`` holds the common finishing touches, ``layout`` the geometry that keeps text legible:
+sizes from the data's shape, labels placed apart, titles fitted), each building
 ``matplotlib.figure.Figure`` objects from result objects — never pyplot state, never a backend
 switch, so a notebook's backend is left alone. Results call these through their ``.plot()``."""
 

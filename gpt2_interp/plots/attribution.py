@@ -10,18 +10,13 @@ from collections.abc import Sequence
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from .figure import finish
+from .layout import grid_size, place_labels
 
 
-def _scatter(
-    ax: Axes,
-    estimate: np.ndarray,
-    exact: np.ndarray,
-    highlight: Sequence[bool] | None = None,
-    labels: Sequence[str] | None = None,
-    n_labels: int = 5,
-) -> None:
+def _scatter(ax: Axes, estimate: np.ndarray, exact: np.ndarray, highlight: Sequence[bool] | None = None) -> None:
     est, ex = np.asarray(estimate, dtype=float), np.asarray(exact, dtype=float)
     lim = float(max(np.abs(est).max(initial=0), np.abs(ex).max(initial=0))) * 1.08 or 1.0
     ax.axhline(0, color="0.85", lw=0.8)
@@ -33,15 +28,14 @@ def _scatter(
         h = np.asarray(highlight, dtype=bool)
         ax.scatter(ex[h], est[h], s=14, alpha=0.8, color="tab:red", lw=0, label="estimate's top cells")
         ax.scatter(ex[~h], est[~h], s=14, alpha=0.8, color="tab:gray", lw=0, label="random controls")
-    if labels is not None:
-        for i in np.argsort(-np.abs(ex))[:n_labels]:
-            ax.annotate(labels[i], (ex[i], est[i]), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xlim(-lim, lim)
     ax.set_ylim(-lim, lim)
-    ax.set_aspect("equal")
+    # equal limits (no fixed aspect, which a tight layout cannot account for): the diagonal runs corner to corner
     ax.set_xlabel("exact patching effect", fontsize=8)
     ax.set_ylabel("estimated effect", fontsize=8)
     ax.tick_params(labelsize=7)
+    for axis in (ax.xaxis, ax.yaxis):  # few enough tick labels that they never run into each other
+        axis.set_major_locator(MaxNLocator(5, symmetric=True))
 
 
 def plot_estimate_vs_exact(estimate: np.ndarray, exact: np.ndarray, title: str = "") -> Figure:
@@ -51,22 +45,33 @@ def plot_estimate_vs_exact(estimate: np.ndarray, exact: np.ndarray, title: str =
     ax = fig.add_subplot()
     _scatter(ax, estimate, exact)
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def plot_verification(
-    estimate: np.ndarray, exact: np.ndarray, top: Sequence[bool], labels: Sequence[str], title: str = ""
+    estimate: np.ndarray,
+    exact: np.ndarray,
+    top: Sequence[bool],
+    labels: Sequence[str],
+    title: str = "",
+    n_labels: int = 5,
 ) -> Figure:
-    """Verified cells: the estimate's top cells (red) and random controls (grey), the largest exact
-    effects labelled. ``estimate``, ``exact``, ``top`` (True for a top cell) and ``labels``: one entry
-    per verified cell (as in :class:`~gpt2_interp.analysis.Verification`); ``title`` above it."""
+    """Verified cells: the estimate's top cells (red) and random controls (grey); the ``n_labels`` cells
+    of largest exact effect are labelled where a label fits inside the axes without covering another
+    label or the legend (:func:`~gpt2_interp.plots.layout.place_labels`). ``estimate``, ``exact``, ``top``
+    (True for a top cell) and ``labels``: one entry per verified cell (as in
+    :class:`~gpt2_interp.analysis.Verification`); ``title`` above it."""
     fig = Figure(figsize=(5.0, 5.0))
     ax = fig.add_subplot()
-    _scatter(ax, estimate, exact, top, labels)
-    ax.legend(fontsize=7, loc="upper left")
+    _scatter(ax, estimate, exact, top)
+    legend = ax.legend(fontsize=7, loc="upper left")
     ax.set_title(title, fontsize=8)
-    fig.tight_layout()
+    finish(fig)
+    ex, est = np.asarray(exact, dtype=float), np.asarray(estimate, dtype=float)
+    order = np.argsort(-np.abs(ex))[:n_labels]
+    place_labels(
+        ax, ex[order].tolist(), est[order].tolist(), [labels[i] for i in order], avoid=[legend.get_window_extent()]
+    )
     return fig
 
 
@@ -80,7 +85,7 @@ def plot_agreement_grid(
     hook families, columns: methods), titled by ``row_labels[row]`` and ``col_labels[col]``; ``title``
     above the grid."""
     rows, cols = len(panels), max(len(r) for r in panels)
-    fig = Figure(figsize=(3.0 * cols, 3.0 * rows))
+    fig = Figure(figsize=grid_size(rows, cols, (3.2, 3.2), (0.4, 0.8), lo=(4.5, 3.5), hi=(22.0, 24.0)))
     for i, row in enumerate(panels):
         for j, (est, ex, caption) in enumerate(row):
             ax = fig.add_subplot(rows, cols, i * cols + j + 1)

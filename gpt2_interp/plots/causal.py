@@ -11,7 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.colorbar import Colorbar
 from matplotlib.figure import Figure
+
+from .layout import finish_layout, grid_size, spaced_ticks
 
 if TYPE_CHECKING:
     from ..analysis.patching import PatchResult
@@ -62,17 +65,20 @@ def plot_patch(result: PatchResult, cmap: str = "RdBu") -> Figure:
     )
     if v.ndim == 2:
         cols = result.position_labels if result.index_names[1] == "pos" else result.head_labels
-        fig = Figure(figsize=(max(4.0, 0.45 * len(cols) + 2), max(2.5, 0.3 * len(result.layer_labels) + 1.2)))
+        assert cols is not None, "a result labels the axes it has"
+        fig = Figure(figsize=grid_size(len(result.layer_labels), len(cols), (0.45, 0.3), (2.6, 1.6), lo=(5.0, 3.0)))
         ax = fig.add_subplot()
         _heatmap(fig, ax, v, result.layer_labels, [repr(c)[1:-1] for c in cols], cmap, lo, hi, label)
         ax.set_xlabel("position (clean/corrupted token)" if result.index_names[1] == "pos" else "head")
         ax.set_ylabel("layer")
         ax.set_title(title, fontsize=10)
-        return fig
+        return finish_layout(fig)
     heads = result.head_labels
+    assert heads is not None and result.position_labels is not None, "a [layer, pos, head] result labels both"
     ncols = min(4, len(heads))
     nrows = -(-len(heads) // ncols)
-    fig = Figure(figsize=(4.2 * ncols, 0.3 * len(result.layer_labels) * nrows + 1.5 * nrows))
+    panel = grid_size(len(result.layer_labels), len(result.position_labels), (0.35, 0.3), (1.8, 1.5), lo=(4.2, 2.5))
+    fig = Figure(figsize=(min(panel[0] * ncols, 24.0), min(panel[1] * nrows + 0.5, 30.0)))
     for i, h in enumerate(heads):
         ax = fig.add_subplot(nrows, ncols, i + 1)
         _heatmap(
@@ -90,11 +96,10 @@ def plot_patch(result: PatchResult, cmap: str = "RdBu") -> Figure:
         ax.set_xlabel("position")
         ax.set_ylabel("layer")
     fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return finish_layout(fig)
 
 
-def _trace_axes(fig: Figure, ax: Axes, r: TraceResult) -> None:
+def _trace_axes(fig: Figure, ax: Axes, r: TraceResult) -> tuple[Colorbar, list[tuple[float, str]]]:
     """One trace panel. The colour scale is absolute, from 0 to the clean probability (or the best
     restored cell), with the corrupted and clean probabilities marked on the colour bar: a weak
     corruption shows as a dark background instead of being stretched to white."""
@@ -116,12 +121,11 @@ def _trace_axes(fig: Figure, ax: Axes, r: TraceResult) -> None:
     )
     for value, style in ((r.corrupted_score, "--"), (r.clean_score, "-")):
         cbar.ax.axhline(value, color="black", lw=1.2, ls=style)
-    ticks = {
-        0.0: "0",
-        r.corrupted_score: f"corrupted {r.corrupted_score:.2f}",
-        r.clean_score: f"clean {r.clean_score:.2f}",
-    }
-    cbar.set_ticks(list(ticks), labels=list(ticks.values()), fontsize=7)
+    # most important first: a tick that would overprint one before it is left out after the layout
+    ticks = [(r.clean_score, f"clean {r.clean_score:.2f}"), (r.corrupted_score, f"corrupted {r.corrupted_score:.2f}")]
+    ticks += [(0.0, "0"), (hi, f"{hi:.2f}")]
+    shown = dict(reversed(ticks))  # every candidate for now, so the layout makes room for the widest label
+    cbar.set_ticks(list(shown), labels=list(shown.values()), fontsize=7)
     what = TRACE_NAMES[r.kind]
     weak = r.clean_score > 0 and r.corrupted_score > 0.5 * r.clean_score
     ax.set_title(
@@ -139,33 +143,46 @@ def _trace_axes(fig: Figure, ax: Axes, r: TraceResult) -> None:
         else f"center of interval of {r.window} restored {what} layers",
         fontsize=8,
     )
+    return cbar, ticks
+
+
+def _trace_size(r: TraceResult) -> tuple[float, float]:
+    """One trace panel's size: a column per layer, a row per token."""
+    return grid_size(len(r.tokens), r.scores.shape[1], (0.16, 0.3), (3.2, 1.8), lo=(5.0, 3.0), hi=(7.5, 16.0))
+
+
+def _finish_traces(fig: Figure, bars: list[tuple[Colorbar, list[tuple[float, str]]]]) -> Figure:
+    finish_layout(fig)
+    for cbar, ticks in bars:
+        spaced_ticks(cbar, ticks)
+    return fig
 
 
 def plot_trace(result: TraceResult) -> Figure:
     """ROME's heatmap: tokens down (subject tokens marked ``*``), layers across, p(target) with the
     cell restored; the colour scale runs from 0, with the corrupted and clean scores marked on it."""
-    fig = Figure(figsize=(5.0, 0.35 * len(result.tokens) + 1.5))
-    _trace_axes(fig, fig.add_subplot(), result)
-    fig.tight_layout()
-    return fig
+    fig = Figure(figsize=_trace_size(result))
+    return _finish_traces(fig, [_trace_axes(fig, fig.add_subplot(), result)])
 
 
 def plot_traces(traces: Sequence[TraceResult]) -> Figure:
     """Several traces of one prompt side by side (ROME: hidden, MLP, attention)."""
     if not traces:
         raise ValueError("no traces to plot")
-    fig = Figure(figsize=(5.0 * len(traces), 0.35 * len(traces[0].tokens) + 1.8))
-    for i, r in enumerate(traces):
-        _trace_axes(fig, fig.add_subplot(1, len(traces), i + 1), r)
+    w, h = _trace_size(traces[0])
+    fig = Figure(figsize=(min(w * len(traces), 24.0), h + 0.3))
+    bars = [_trace_axes(fig, fig.add_subplot(1, len(traces), i + 1), r) for i, r in enumerate(traces)]
     fig.suptitle(f"{traces[0].prompt!r} → {traces[0].target!r} (clean p = {traces[0].clean_score:.3f})", fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish_traces(fig, bars)
 
 
 def plot_average_trace(result: AverageTrace, **_: Any) -> Figure:
     """ROME Figure 2: average indirect effect per position bucket × layer, one panel per kind."""
     k = len(result.kinds)
-    fig = Figure(figsize=(5.0 * k, 3.0))
+    w, h = grid_size(
+        len(result.buckets), len(result.layer_labels), (0.14, 0.35), (3.6, 1.4), lo=(5.0, 3.0), hi=(7.5, 8.0)
+    )
+    fig = Figure(figsize=(min(w * k, 24.0), h))
     for i, kind in enumerate(result.kinds):
         ax = fig.add_subplot(1, k, i + 1)
         data = result.indirect_effect[i].detach().float().cpu().numpy()
@@ -189,5 +206,4 @@ def plot_average_trace(result: AverageTrace, **_: Any) -> Figure:
         f"clean p = {result.clean_score:.3f}",
         fontsize=10,
     )
-    fig.tight_layout()
-    return fig
+    return finish_layout(fig)

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from .layout import finish_layout
+
 if TYPE_CHECKING:
     from ..editing.compare import TopKComparison
     from ..editing.evaluate import EditEvaluation
@@ -65,7 +67,10 @@ def plot_edit_evaluation(ev: EditEvaluation, title: str | None = None) -> Figure
     how = "sequential" if ev.sequential else ("one at a time" if ev.method == "rome" else "one batch")
     fig.suptitle(title or f"{ev.method.upper()} at layer {ev.layer}: {ev.summary['all'].n} requests ({how})")
     s = ev.summary["all"]
-    fmt = lambda x, f: format(x, f) if x is not None else "–"  # noqa: E731
+
+    def fmt(x, f):
+        return format(x, f) if x is not None else "–"
+
     fig.text(
         0.5,
         0.005,
@@ -77,8 +82,7 @@ def plot_edit_evaluation(ev: EditEvaluation, title: str | None = None) -> Figure
         va="bottom",
         fontsize=7.5,
     )
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    return fig
+    return finish_layout(fig, rect=(0, 0.04, 1, 1))
 
 
 def plot_decay(
@@ -115,8 +119,7 @@ def plot_decay(
     axes[0].legend(fontsize=8)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return finish_layout(fig)
 
 
 def plot_topk_comparison(cmp: TopKComparison, title: str | None = None) -> Figure:
@@ -138,12 +141,11 @@ def plot_topk_comparison(cmp: TopKComparison, title: str | None = None) -> Figur
             colours = ["C3" if t == first else "C0" for t, _ in rows][::-1]
             ax.barh(labels, probs, color=colours)
             ax.set_xlim(0, 1)
-            shown = repr(prompt) if len(prompt) < 50 else repr(prompt[:47]) + "…"
+            shown = repr(prompt)
             extra = f"   P(target)={p_t[j]:.3g}" if p_t[j] is not None else ""
             ax.set_title(f"{side}: {shown}{extra}", fontsize=8)
             ax.tick_params(labelsize=7)
             if i == n - 1:
                 ax.set_xlabel("next-token probability")
     fig.suptitle(title or f"edit → {cmp.target!r}")
-    fig.tight_layout()
-    return fig
+    return finish_layout(fig)

@@ -1,4 +1,4 @@
-"""What every figure ends with: line panels styled alike, an optional title, a tight layout."""
+"""What every figure ends with: line panels styled alike, an optional title, a layout whose text fits."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from collections.abc import Iterable
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+
+from .layout import finish_layout
 
 
 def style_line_axes(axes: Iterable[Axes], legend_size: float = 8) -> None:
@@ -16,8 +18,8 @@ def style_line_axes(axes: Iterable[Axes], legend_size: float = 8) -> None:
 
 
 def finish(fig: Figure, title: str | None = None, fontsize: float = 10) -> Figure:
-    """Give ``fig`` its title (if any) and a tight layout; returns it."""
+    """Give ``fig`` its title (if any) and a layout in which every title and label fits its panel
+    (:func:`~gpt2_interp.plots.layout.finish_layout`); returns it."""
     if title:
         fig.suptitle(title, fontsize=fontsize)
-    fig.tight_layout()
-    return fig
+    return finish_layout(fig)

@@ -16,6 +16,7 @@ from matplotlib.ticker import MaxNLocator
 
 from ..core.checks import check_count
 from .figure import finish, style_line_axes
+from .layout import chars_that_fit, finish_layout, fit_text, grid_size
 
 if TYPE_CHECKING:
     from ..analysis.lens import DLAResult, LensResult
@@ -35,42 +36,57 @@ def plot_lens(result: LensResult, prompt: int = 0, position: int = -1, max_layer
     and rank per layer at column ``position`` (top-1 probability without a target).
 
     ``result``: a :class:`~gpt2_interp.analysis.LensResult`; ``prompt``: which of its prompts (default
-    0); ``max_layers`` has no effect (every boundary is drawn)."""
+    0); ``max_layers`` has no effect (every boundary is drawn). The figure is sized to the data: a column
+    per analysed position and a row per layer boundary (within sane bounds); cell texts and tick labels
+    are shortened to fit their cells, and left out where a cell is too small to hold any."""
     b = prompt
     cols = [j for j in range(result.positions.shape[1]) if result.valid[b, j]]
     layers = result.layers
     has_t = result.target_prob is not None
     if has_t:
+        assert result.target_prob is not None and result.targets is not None
         values = result.target_prob[:, b, cols].clamp_min(1e-12).log().numpy()  # [n_layers, n_cols]
         cbar_label = f"log p({result.targets[b]!r})"
     else:
         values = result.top_probs[:, b, cols, 0].numpy()
         cbar_label = "p(top-1 token)"
     n_l, n_c = values.shape
+    heat_w, heat_h = grid_size(n_l, n_c, (0.7, 0.3), lo=(0.7, 1.8), hi=(16.0, 16.0))
+    cell_w, cell_h = heat_w / max(n_c, 1), heat_h / max(n_l, 1)
+    size = 7.0
+    cell_chars = chars_that_fit(0.9 * cell_w, size) if cell_h * 72 >= 1.4 * size else 0
+    step = next(s for s in range(1, n_c + 2) if chars_that_fit(0.9 * cell_w * s, size) >= 4 or s > n_c)
+    tick_chars = chars_that_fit(0.9 * cell_w * step, size)
+    ystep = max(1, -(-int(1.4 * 8) // max(1, int(cell_h * 72))))  # y tick labels (8 pt) one row apart at least
     # constrained layout reserves room for the colour bar's label and the curve's axis labels (no overlap)
-    fig = Figure(figsize=(min(3 + 1.0 * n_c, 22) + 5.0, 1.4 + 0.38 * n_l), layout="constrained")
-    gs = fig.add_gridspec(1, 2, width_ratios=[max(n_c, 1.5), 3.2])
+    fig = Figure(figsize=(heat_w + 3.2 + 3.8, heat_h + 1.8), layout="constrained")
+    gs = fig.add_gridspec(1, 2, width_ratios=[heat_w, 3.2])
     ax = fig.add_subplot(gs[0])
     vmin, vmax = (None, 0.0) if has_t else (0.0, 1.0)
     im = ax.imshow(values, aspect="auto", origin="lower", cmap="viridis" if has_t else "Blues", vmin=vmin, vmax=vmax)
-    for li in range(n_l):
+    cell_texts = []
+    for li in range(n_l if cell_chars >= 2 else 0):
         for ci, j in enumerate(cols):
             p = float(result.top_probs[li, b, j, 0])
-            ax.text(
-                ci,
-                li,
-                _show(result.top_tokens[li][b][j][0]),
-                ha="center",
-                va="center",
-                fontsize=7,
-                color="white"
-                if (has_t and values[li, ci] < (np.nanmin(values) + 0.5 * (0 - np.nanmin(values))))
-                or (not has_t and p > 0.6)
-                else "black",
+            dark = (has_t and values[li, ci] < (np.nanmin(values) + 0.5 * (0 - np.nanmin(values)))) or (
+                not has_t and p > 0.6
             )
-    ax.set_yticks(range(n_l), layers)
+            cell_texts.append(
+                ax.text(
+                    ci,
+                    li,
+                    _show(result.top_tokens[li][b][j][0], cell_chars),
+                    ha="center",
+                    va="center",
+                    fontsize=size,
+                    color="white" if dark else "black",
+                )
+            )
+    ax.set_yticks(range(0, n_l, ystep), layers[::ystep])
     ax.set_xticks(
-        range(n_c), [f"{_show(result.input_token(b, j), 12)}\n{int(result.positions[b, j])}" for j in cols], fontsize=7
+        range(0, n_c, step),
+        [f"{_show(result.input_token(b, j), tick_chars)}\n{int(result.positions[b, j])}" for j in cols[::step]],
+        fontsize=size,
     )
     ax.set_xlabel("input token (position)")
     ax.set_ylabel(
@@ -78,13 +94,14 @@ def plot_lens(result: LensResult, prompt: int = 0, position: int = -1, max_layer
         if result.lens == "logit lens"
         else "layer boundary (translator, ln_final + W_U)"
     )
-    ax.set_title(f"{result.lens}: {result.prompts[b]!r}"[:80], fontsize=9)
+    ax.set_title(f"{result.lens}: {result.prompts[b]!r}", fontsize=9)
     fig.colorbar(im, ax=ax, label=cbar_label, fraction=0.05, pad=0.02)
 
     j = cols[position] if cols else 0
     ax2 = fig.add_subplot(gs[1])
     x = np.arange(n_l)
     if has_t:
+        assert result.target_prob is not None and result.target_rank is not None and result.targets is not None
         ax2.plot(x, result.target_prob[:, b, j].numpy(), "o-", color="tab:blue", label="probability")
         ax2.set_ylabel(f"p({result.targets[b]!r})", color="tab:blue")
         ax2.set_ylim(0, 1)
@@ -99,8 +116,14 @@ def plot_lens(result: LensResult, prompt: int = 0, position: int = -1, max_layer
         ax2.set_ylabel("p(top-1 token)")
         ax2.set_ylim(0, 1)
         ax2.set_title(f"top-1 probability at {result.input_token(b, j)!r}", fontsize=9)
-    ax2.set_xticks(x, layers, rotation=90, fontsize=7)
+    xstep = max(1, -(-n_l // 24))
+    ax2.set_xticks(x[::xstep], layers[::xstep], rotation=90, fontsize=7)
     ax2.set_xlabel("layer boundary")
+    finish_layout(fig)
+    fig.draw_without_rendering()
+    cell_px = ax.get_window_extent().width / max(n_c, 1)
+    for t in cell_texts:  # the planned cell width is an estimate: make sure each text fits its cell
+        fit_text(t, 0.92 * cell_px, min_size=5.0, max_lines=1)
     return fig
 
 
@@ -108,10 +131,12 @@ def plot_attribution(result: DLAResult) -> Figure:
     """Bars of the direct contributions (embeddings, attention, MLP per layer; LN bias apart),
     and a layer × head heatmap when per-head parts exist."""
     heads = result.head_parts is not None
-    fig = Figure(figsize=(11 if heads else 8, 4.2))
-    gs = fig.add_gridspec(1, 2 if heads else 1, width_ratios=[2.2, 1] if heads else [1], wspace=0.3)
+    labels = [*result.labels, "ln_final.b"]
+    bars_w = grid_size(1, len(labels), (0.2, 0.0), (1.4, 0.0), lo=(5.0, 0.0), hi=(20.0, 0.0))[0]
+    heads_w = 3.5 if heads else 0.0
+    fig = Figure(figsize=(bars_w + heads_w, 4.6))
+    gs = fig.add_gridspec(1, 2 if heads else 1, width_ratios=[bars_w, heads_w] if heads else [1])
     ax = fig.add_subplot(gs[0])
-    labels = list(result.labels) + ["ln_final.b"]
     vals = np.append(result.parts.numpy(), result.ln_bias)
     colours = [
         "tab:gray" if "embed" in l else "tab:blue" if "attn" in l else "tab:orange" if "mlp" in l else "tab:green"
@@ -122,9 +147,10 @@ def plot_attribution(result: DLAResult) -> Figure:
     ax.set_xticks(range(len(vals)), labels, rotation=90, fontsize=7)
     ax.set_ylabel(f"direct contribution to {result.what}")
     ax.set_title(
-        f"{result.prompt!r}[{result.position}] · total {result.total:+.3f} (model {result.logit:+.3f})"[:90], fontsize=9
+        f"{result.prompt!r}[{result.position}] · total {result.total:+.3f} (model {result.logit:+.3f})", fontsize=9
     )
     if heads:
+        assert result.head_parts is not None
         ax2 = fig.add_subplot(gs[1])
         h = result.head_parts.numpy()
         m = float(np.abs(h).max()) or 1.0
@@ -134,7 +160,7 @@ def plot_attribution(result: DLAResult) -> Figure:
         ax2.set_yticks(range(h.shape[0]))
         ax2.set_title("per-head direct contribution (b_O excluded)", fontsize=9)
         fig.colorbar(im, ax=ax2, fraction=0.05)
-    return fig
+    return finish_layout(fig)
 
 
 def _token_bars(ax, tokens: Sequence[str], scores: torch.Tensor, colour: str, title: str) -> None:
@@ -160,8 +186,7 @@ def plot_vocab(result: VocabProjection, rows: int | None = None, max_rows: int =
         _token_bars(ax, result.bottom_tokens[r], result.bottom_scores[r], "tab:red", f"{result.labels[r]}: bottom")
     shown = f" (first {n} of {len(result.labels)})" if n < len(result.labels) else ""
     fig.supxlabel("score = v · " + ("(w ⊙ W_U)" if result.apply_ln else "W_U") + shown, fontsize=8)
-    fig.tight_layout()
-    return fig
+    return finish_layout(fig)
 
 
 def plot_neuron_search(result: NeuronSearch, **_: object) -> Figure:
@@ -180,8 +205,7 @@ def plot_neuron_search(result: NeuronSearch, **_: object) -> Figure:
     )
     ax.set_xlabel("score")
     ax.set_title("neurons promoting " + ", ".join(map(repr, result.tokens[:4])), fontsize=9)
-    fig.tight_layout()
-    return fig
+    return finish_layout(fig)
 
 
 def plot_subupdates(result: SubupdateResult) -> Figure:
@@ -199,8 +223,9 @@ def plot_subupdates(result: SubupdateResult) -> Figure:
     ax.barh(y, result.norms.numpy(), color=["tab:blue" if a > 0 else "tab:purple" for a in result.activations])
     ax.set_yticks(y, labels, fontsize=7)
     ax.set_xlabel("|m_i| · ‖v_i‖ (blue: m > 0)")
-    ax.set_title(f"MLP sub-updates at {result.token!r} of {result.prompt!r}"[:70], fontsize=9)
+    ax.set_title(f"MLP sub-updates at {result.token!r} of {result.prompt!r}", fontsize=9)
     if has_t:
+        assert result.target_effects is not None
         ax2 = fig.add_subplot(1, 2, 2, sharey=ax)
         e = result.target_effects.numpy()
         ax2.barh(y, e, color=["tab:green" if v > 0 else "tab:red" for v in e])
@@ -208,8 +233,7 @@ def plot_subupdates(result: SubupdateResult) -> Figure:
         ax2.tick_params(labelleft=False)
         ax2.xaxis.set_major_locator(MaxNLocator(4))
         ax2.set_xlabel(f"direct effect on logit({result.target!r})")
-    fig.tight_layout()
-    return fig
+    return finish_layout(fig)
 
 
 def plot_lens_divergence(

@@ -17,23 +17,29 @@ if TYPE_CHECKING:
     from ..analysis.probes import ProbeResult
 
 
+def _step(n: int, most: int = 12) -> int:
+    """Label every k-th layer so that at most ``most`` tick labels share an axis."""
+    return max(1, -(-n // most))
+
+
 def plot_probe(result: ProbeResult, title: str | None = None) -> Figure:
     """One panel: the task score and the control score by layer (95% fold intervals as bands), the
     chance level, and the selectivity (task − control) as bars on the same axis."""
     x = np.arange(len(result.layers))
-    fig = Figure(figsize=(max(5.0, 0.6 * len(x) + 2.5), 3.6))
+    fig = Figure(figsize=(min(max(5.0, 0.3 * len(x) + 2.5), 14.0), 3.6))
     ax = fig.add_subplot()
     mean, ci = result.mean.numpy(), result.ci.numpy()
     ax.plot(x, mean, "o-", color="C0", label=f"{result.task or 'task'} {result.metric}")
     ax.fill_between(x, mean - ci, mean + ci, color="C0", alpha=0.2)
-    if result.control_scores is not None:
-        cm = result.control_mean.numpy()
-        cc = result.control_ci.numpy()
+    control_mean, control_ci, selectivity = result.control_mean, result.control_ci, result.selectivity
+    if control_mean is not None and control_ci is not None and selectivity is not None:  # with a control task
+        cm = control_mean.numpy()
+        cc = control_ci.numpy()
         ax.plot(x, cm, "s--", color="C1", label=f"control ({result.control})")
         ax.fill_between(x, cm - cc, cm + cc, color="C1", alpha=0.2)
-        ax.bar(x, result.selectivity.numpy(), width=0.5, color="C2", alpha=0.35, label="selectivity")
+        ax.bar(x, selectivity.numpy(), width=0.5, color="C2", alpha=0.35, label="selectivity")
     ax.axhline(result.chance, color="grey", lw=0.8, ls=":", label=f"chance {result.chance:.2f}")
-    ax.set_xticks(x, result.layers)
+    ax.set_xticks(x[:: _step(len(x))], list(result.layers)[:: _step(len(x))])
     ax.set_xlabel(f"layer ({result.hook} at {result.position})")
     ax.set_ylabel(result.metric)
     ax.set_ylim(min(0.0, float(np.nanmin(mean - ci)) - 0.05), 1.02)
@@ -45,7 +51,7 @@ def plot_probe(result: ProbeResult, title: str | None = None) -> Figure:
     )
     ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3)
-    return fig
+    return finish(fig)
 
 
 def plot_probe_summary(
@@ -64,7 +70,7 @@ def plot_probe_summary(
     x = np.arange(len(layers))
     for i, (name, vals) in enumerate(selectivity.items()):
         ax.plot(x, vals, "o-", color=f"C{i}", label=name)
-    ax.set_xticks(x, layers)
+    ax.set_xticks(x[:: _step(len(x))], list(layers)[:: _step(len(x))])
     ax.set_xlabel("layer")
     ax.set_ylabel("selectivity (task − control)")
     ax.set_title("where each attribute is linearly decodable", fontsize=9)
@@ -75,7 +81,8 @@ def plot_probe_summary(
         xt = np.arange(len(trace_layers or next(iter(trace.values()))))
         for i, (name, vals) in enumerate(trace.items()):
             ax2.plot(xt, vals, "o-", color=f"C{i + 5}", label=name)
-        ax2.set_xticks(xt, trace_layers or [str(i) for i in xt])
+        names = list(trace_layers or [str(i) for i in xt])
+        ax2.set_xticks(xt[:: _step(len(xt))], names[:: _step(len(xt))])
         ax2.set_xlabel("layer (centre of the restored window)")
         ax2.set_ylabel("average indirect effect")
         ax2.set_title("averaged causal trace (indirect effects)", fontsize=9)

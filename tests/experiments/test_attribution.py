@@ -89,7 +89,7 @@ def test_keep_previous_adds_a_method_to_the_earlier_rows(facts_model, tmp_path):
 def test_settings_are_checked_by_name():
     from gpt2_interp.experiments.attribution import Config
 
-    with pytest.raises(ValueError, match="hooks.*z-pos"):
+    with pytest.raises(ValueError, match=r"hooks.*z-pos"):
         Config.from_settings({"hooks": "z,heads"})
     with pytest.raises(ValueError, match="methods"):
         Config.from_settings({"methods": "atp,eap"})

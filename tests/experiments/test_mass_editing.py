@@ -15,9 +15,9 @@ from gpt2_interp.model.fingerprint import weights_fingerprint
 
 
 def test_bad_settings_name_the_setting():
-    with pytest.raises(ValueError, match="only.*rome_seq"):
+    with pytest.raises(ValueError, match=r"only.*rome_seq"):
         Config(only=["rome_seq"])
-    with pytest.raises(ValueError, match="null_rules.*absolute"):
+    with pytest.raises(ValueError, match=r"null_rules.*absolute"):
         Config(null_rules=["absolute"])
 
 
@@ -32,14 +32,10 @@ def _rewrite(folder, **changes):
 @pytest.mark.slow
 def test_quick_run_parts_merge_and_marks(facts_model, tmp_path):
     before = weights_fingerprint(facts_model)
-    run = lambda **s: run_experiment(
-        "mass_editing",
-        facts_model,
-        quick=True,
-        settings=s,
-        out=tmp_path,
-        progress=False,
-    )
+
+    def run(**s):
+        return run_experiment("mass_editing", facts_model, quick=True, settings=s, out=tmp_path, progress=False)
+
     d = tmp_path / "mass_editing" / "gpt2-facts" / "quick"
     report = run().data
     # independent checks: the weights are those before the run, and the statistics' spectrum recomputed here

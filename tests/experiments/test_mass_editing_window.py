@@ -15,14 +15,10 @@ pytestmark = pytest.mark.slow  # two δ optimisations and a dozen re-solved edit
 
 
 def test_windows_sub_batches_and_the_layer0_row_equal_a_direct_edit(facts_model, tmp_path):
-    run = lambda **s: run_experiment(
-        "mass_editing_window",
-        facts_model,
-        quick=True,
-        settings=s,
-        out=tmp_path,
-        progress=False,
-    )
+
+    def run(**s):
+        return run_experiment("mass_editing_window", facts_model, quick=True, settings=s, out=tmp_path, progress=False)
+
     report = run(tops="0,1", sub="2").data
     assert {(t["top"], t["ctx"]) for t in report["targets"]} == {(0, "memit"), (1, "memit")}
     # every window ending at each top layer, whole batch and sub-batches

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -28,7 +29,7 @@ class ToyConfig(ExperimentConfig):
     layers: tuple[int, ...] = (0, 1)
     name: str | None = None
 
-    QUICK = {"n": 2}
+    QUICK: ClassVar[dict[str, Any]] = {"n": 2}
 
 
 CALLS: list[int] = []

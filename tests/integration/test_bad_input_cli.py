@@ -131,7 +131,7 @@ def test_missing_and_damaged_files_are_one_line(capsys, tmp_path):
 
 
 def test_debug_shows_the_traceback():
-    with pytest.raises(FileNotFoundError, match="x.edit"):
+    with pytest.raises(FileNotFoundError, match=r"x\.edit"):
         main(["verify", "/nonexistent/x.edit", "--debug"])
     with pytest.raises(ValueError, match="unknown ROME hyperparameter"):
         main(
@@ -189,13 +189,15 @@ def test_neurons_figure_draws_every_requested_neuron(capsys, tmp_path, facts_mod
         ("patch", '{"clean": "a b", "corrupted": "c d", "answer": 7}\n', ["line 1", "'answer'", "non-empty strings"]),
         (
             "patch",
-            '{"clean": "The capital of France is", "corrupted": "The capital of Italy is", "answer": " Paris", "wrong": " Rome"}\n'
+            '{"clean": "The capital of France is", "corrupted": "The capital of Italy is", "answer": " Paris", '
+            '"wrong": " Rome"}\n'
             '{"clean": "The capital of Spain is", "corrupted": "The capital of Japan is", "answer": " Madrid"}\n',
             ["1 of 2 pairs", '"wrong"', "every line"],
         ),
         (
             "patch",
-            '{"clean": "The capital of France is", "corrupted": "The capital of the United Kingdom is", "answer": " Paris"}\n',
+            '{"clean": "The capital of France is", "corrupted": "The capital of the United Kingdom is", "answer": " '
+            'Paris"}\n',
             ["same number of tokens"],
         ),
     ],

@@ -69,7 +69,7 @@ def test_missing_name_explains_offline_route(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(FileNotFoundError, match="config.json and model.safetensors"):
+    with pytest.raises(FileNotFoundError, match=r"config\.json and model\.safetensors"):
         gi.load("gpt2-medium")
 
 
@@ -83,7 +83,7 @@ def test_errors_name_the_fix(tiny_hf, tmp_path):
     _, path = tiny_hf
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         gi.load(empty)
     shutil.copy(path / "config.json", empty / "config.json")
     with pytest.raises(FileNotFoundError, match="no weights"):

@@ -26,13 +26,14 @@ def test_writes_the_report_folder(report):
     assert {"report.md", "results.json", "logit_lens.png", "causal_trace.png"} <= {p.name for p in out.iterdir()}
     text = (out / "report.md").read_text()
     assert "Logit lens" in text and "Causal trace" in text and "ROME edit" in text
+    assert "- Attention: restoring its output at the subject recovers" in text  # the figure's attention panel, read
 
 
 def test_edit_flips_the_fact_moves_paraphrases_and_keeps_neighbours(report):
     _, r = report
     checks = r["edit"]["checks"]
     true, new = r["edit"]["true_target"], r["edit"]["request"]["target"]
-    rewrite = [c for c in checks if c["role"] == "rewrite"][0]
+    rewrite = next(c for c in checks if c["role"] == "rewrite")
     assert rewrite["top1_before"] == true.split()[0] or true.startswith(rewrite["top1_before"])
     assert new.startswith(rewrite["top1_after"])
     paraphrases = [c for c in checks if c["role"] == "paraphrase"]
@@ -87,7 +88,7 @@ def test_a_changed_report_file_counts_as_the_users(report, capsys):
 
     prepare_output(out)  # unchanged since the demo wrote it: refreshable
     (out / "report.md").write_text((out / "report.md").read_text() + "\nmy annotation\n")
-    with pytest.raises(FileExistsError, match="report.md"):
+    with pytest.raises(FileExistsError, match=r"report\.md"):
         prepare_output(out)
 
 
@@ -117,5 +118,5 @@ def test_demo_on_smollm2_tells_the_story_with_its_own_tokenizer(tmp_path):
     assert int(model.last_logits(fact["prompt"])[0].argmax()) == answer
     assert model.tokenizer.bos_id == 0 and r["generation"].startswith(fact["prompt"])
     assert 0 <= r["edit"]["layer"] < 30 and r["edit"]["weights_restored_bit_exact"] is True
-    rewrite = [c for c in r["edit"]["checks"] if c["role"] == "rewrite"][0]
+    rewrite = next(c for c in r["edit"]["checks"] if c["role"] == "rewrite")
     assert r["edit"]["request"]["target"].startswith(rewrite["top1_after"])  # the edit took on its prompt

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import subprocess
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -320,7 +321,6 @@ def test_torchrun_cli_stats_on_two_ranks_writes_the_single_process_statistics_an
 
 
 def _cli(args: list[str], nproc: int = 1) -> subprocess.CompletedProcess[str]:
-    import subprocess
     import sys
 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
@@ -401,7 +401,8 @@ def test_torchrun_cli_tuned_lens_writes_the_single_process_lens(tmp_path):
     assert a.meta["world_size"] == 2 and b.meta["world_size"] == 1
     # equal up to summation order — except that Adam divides each element's step by its gradient's size, so an
     # element whose gradient is at round-off level (its sign set by the summation order) may move by ±lr on one
-    # run and not the other (about 1 in 10,000 elements here), each by at most a few lr per step; what the lens reads does not change
+    # run and not the other (about 1 in 10,000 elements here), each by at most a few lr per step; what the lens
+    # reads does not change
     diff = torch.cat([(a.weight - b.weight).abs().flatten(), (a.bias - b.bias).abs().flatten()])
     assert float(diff.max()) <= 2 * 2 * a.meta["lr"]
     assert float((diff > 1e-5).float().mean()) < 1e-3

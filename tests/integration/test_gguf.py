@@ -34,8 +34,10 @@ def tiny_vocab() -> list[str]:
     return [gg.bytes_to_unicode()[b] for b in range(256)] + ["".join(m) for m in MERGES] + [EOT]
 
 
-@pytest.fixture(scope="module")
-def hf_gpt2():
+@pytest.fixture(scope="module", name="hf_gpt2")
+def gguf_hf_gpt2():
+    """A 2-layer transformers GPT-2 over the tiny vocabulary (as ``hf_gpt2`` in this module and the modules
+    that import it: it replaces the session-wide ``hf_gpt2`` of tests/conftest.py)."""
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(
         n_layer=2, n_embd=64, n_head=4, vocab_size=len(tiny_vocab())
@@ -212,7 +214,7 @@ def test_bad_gguf_files_fail_clearly_before_any_weight_is_read(hf_gpt2, tmp_path
         gi.load(no_tok)
     with pytest.raises(GGUFError, match=r"GGML type Q2_K \(e.g. blk.1.ffn_down.weight\).*dequantizes F32"):
         gi.load(q2k)
-    with pytest.raises(GGUFError, match="truncated: tensor .* needs bytes up to"):
+    with pytest.raises(GGUFError, match=r"truncated: tensor .* needs bytes up to"):
         gi.load(tmp_path / "cut.gguf")
     with pytest.raises(GGUFError, match="truncated"):
         gi.load(tmp_path / "cut_header.gguf")

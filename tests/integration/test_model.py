@@ -100,7 +100,7 @@ def test_cache_filter_stores_only_requested_names(tiny):
 def test_left_padded_batch_equals_individual_runs(tiny):
     prompts = ["Hi", "The quick brown fox jumps over", "A longer prompt that has quite a few more tokens in it"]
     batched = tiny(prompts)
-    tokens, mask = tiny.tokenize(prompts)
+    _, mask = tiny.tokenize(prompts)
     assert mask is not None and mask.sum(1).tolist() == [len(tiny.to_tokens(p)[0]) for p in prompts]
     for i, p in enumerate(prompts):
         alone = tiny(p)[0]
@@ -131,7 +131,10 @@ def test_sampling_is_seeded(tiny):
 def test_replacement_hook_changes_downstream(tiny):
     tokens = random_tokens(1, 8)
     _, clean = tiny.run_with_cache(tokens)
-    zero = lambda act, hook: torch.zeros_like(act)
+
+    def zero(act, hook):
+        return torch.zeros_like(act)
+
     logits, cache = tiny.run_with_cache(tokens, fwd_hooks=[("blocks.0.hook_mlp_out", zero)])
     assert cache["blocks.0.hook_mlp_out"].abs().max() == 0
     # resid_mid of block 0 is untouched, resid_post is resid_mid + 0
@@ -174,7 +177,7 @@ def test_half_precision_runs_close_to_fp32(tiny, dtype):
 
 # ---------------------------------------------------------------- errors that say what to do
 def test_unknown_hook_name_suggests_close_names(tiny):
-    with pytest.raises(KeyError, match="blocks.0.hook_resid_pre"):
+    with pytest.raises(KeyError, match=r"blocks\.0\.hook_resid_pre"):
         tiny.run_with_hooks("Hi", fwd_hooks=[("blocks.0.hook_resid_pr", lambda a, h: None)])
     with pytest.raises(KeyError, match="hook_names"):
         tiny.run_with_cache("Hi", names_filter=["blocks.0.hook_resid_pr"])

@@ -42,7 +42,10 @@ def _hf_gpt2_tokenizer():
             n += 1
     byte_char = {b: chr(c) for b, c in zip(bs, cs)}
     ranks = enc._mergeable_ranks
-    uni = lambda t: "".join(byte_char[b] for b in t)  # noqa: E731
+
+    def uni(t):
+        return "".join(byte_char[b] for b in t)
+
     vocab = {uni(t): r for t, r in ranks.items()}
     vocab["<|endoftext|>"] = 50256
     merges = []
@@ -200,6 +203,17 @@ def ablate_head_hook(model, utils):
         return z
 
     return model.run_with_hooks(TEXT, fwd_hooks=[(utils.get_act_name("z", 0), ablate)], return_type="loss")
+
+
+def keyword_only_hook(model, utils):
+    """TransformerLens calls a hook as ``fn(activation, hook=hook_point)``: a keyword-only ``hook`` works."""
+    names = []
+
+    def scale(act, *, hook):
+        names.append(hook.name)
+        return act * 0.5
+
+    return [model.run_with_hooks(TEXT, fwd_hooks=[("blocks.0.hook_mlp_out", scale)]), names]
 
 
 def hook_layer_and_filter(model, utils):
@@ -542,6 +556,7 @@ IDIOMS = [
     cache_shorthands,
     cache_filter_and_keys,
     ablate_head_hook,
+    keyword_only_hook,
     hook_layer_and_filter,
     hooks_context,
     add_and_reset_hooks,
@@ -734,7 +749,7 @@ def test_cfg_device_and_dtype_follow_the_model_and_the_config_stays_a_shared_val
     assert copy.deepcopy(ours).double().cfg.dtype == torch.float64 and ours.cfg.dtype == torch.float32
     twin = gi.HookedGPT2(ours.cfg)  # a config read off one model builds another, with its own view
     assert twin.cfg == ours.cfg and twin.cfg.use_attn_result is False
-    with pytest.raises(AttributeError, match="model.to"):
+    with pytest.raises(AttributeError, match=r"model\.to"):
         ours.cfg.device = "cuda"
     with pytest.raises(AttributeError, match="no such switch"):
         ours.cfg.use_hook_mlp_in = True  # a TransformerLens flag we lack must not be a silent no-op
@@ -839,7 +854,6 @@ def test_generate_defaults_are_transformer_lens_sampling_and_greedy_is_asked_for
 def test_from_pretrained_loads_through_load_and_says_it_never_folds(pair):
     import transformers
 
-    ours, _, _ = pair
     with pytest.warns(PortingWarning, match="never folds"):
         model = gi.HookedTransformer.from_pretrained("gpt2-facts")
     with warnings.catch_warnings():
@@ -867,7 +881,8 @@ def test_from_pretrained_loads_through_load_and_says_it_never_folds(pair):
 # ---------------------------------------------------------------------------------------------------- Llama / GQA
 @pytest.fixture(scope="module")
 def llama_pair():
-    """(ours, TransformerLens) on one random Llama-style model: RMSNorm, RoPE, SwiGLU, GQA (4 heads, 2 kv), no biases."""
+    """(ours, TransformerLens) on one random Llama-style model: RMSNorm, RoPE, SwiGLU, GQA (4 heads, 2 kv), no
+    biases."""
     transformers = pytest.importorskip("transformers")
     tl = pytest.importorskip("transformer_lens")
     from transformer_lens.pretrained.weight_conversions.llama import convert_llama_weights

@@ -247,18 +247,18 @@ def reference_input_ig(model, clean, corrupt, answers, wrongs, names, steps):
         c, k = ct[i : i + 1], kt[i : i + 1]
         am = None if mask is None else mask[i : i + 1]
         with torch.no_grad():
-            _, cc = model.run_with_cache(c, attention_mask=am, names_filter=names + ["hook_embed"])
-            _, kc = model.run_with_cache(k, attention_mask=am, names_filter=names + ["hook_embed"])
+            _, cc = model.run_with_cache(c, attention_mask=am, names_filter=[*names, "hook_embed"])
+            _, kc = model.run_with_cache(k, attention_mask=am, names_filter=[*names, "hook_embed"])
         grads = dict.fromkeys(names, 0.0)
         for s in range(steps):
             alpha = (s + 0.5) / steps
             emb = (kc["hook_embed"] + alpha * (cc["hook_embed"] - kc["hook_embed"])).requires_grad_(True)
             acts = {}
 
-            def grab(act, hook):
+            def grab(act, hook, acts=acts):
                 acts[hook.name] = act
 
-            with model.hooks([("hook_embed", lambda act, hook: emb)] + [(x, grab) for x in names]):
+            with model.hooks([("hook_embed", lambda act, hook, emb=emb: emb)] + [(x, grab) for x in names]):
                 logits = model.last_logits(k, attention_mask=am)[0]
             metric = logits[answers[i]] - logits[wrongs[i]]
             for x, g in zip(names, torch.autograd.grad(metric, [acts[x] for x in names])):
@@ -297,7 +297,7 @@ def test_graddrop_scores_equal_a_slow_loop_that_detaches_each_layer(small, pairs
     for drop in range(n):
         acts = {}
 
-        def grab(act, hook):
+        def grab(act, hook, acts=acts):
             act = act if act.requires_grad else act.detach().requires_grad_(True)
             acts[hook.name] = act
             return act
@@ -307,7 +307,7 @@ def test_graddrop_scores_equal_a_slow_loop_that_detaches_each_layer(small, pairs
 
         hooks = [(f"blocks.{l}.hook_mlp_out", grab) for l in range(n)]
         hooks += [(f"blocks.{drop}.hook_attn_out", stop), (f"blocks.{drop}.hook_mlp_out", stop)]
-        with small.hooks([("hook_embed", lambda a, h: a.detach().requires_grad_(True))] + hooks):
+        with small.hooks([("hook_embed", lambda a, h: a.detach().requires_grad_(True)), *hooks]):
             out = bound(small.last_logits(kt, attention_mask=mask)[None])[0]
         names = [f"blocks.{l}.hook_mlp_out" for l in range(n)]
         grads = torch.autograd.grad(out.sum(), [acts[x] for x in names], allow_unused=True)

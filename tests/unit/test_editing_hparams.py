@@ -67,7 +67,7 @@ def test_each_file_names_only_dataclass_fields_and_justifies_each_with_a_documen
 
 def test_a_malformed_file_is_refused_naming_it():
     bad = {"settings": {"v_lr": 1.0}, "justified_by": [{"settings": ["v_lr"], "run": "results/x", "why": "w"}]}
-    with pytest.raises(ValueError, match=r"rome/x.json.*not of the form"):
+    with pytest.raises(ValueError, match=r"rome/x\.json.*not of the form"):
         hp_data._check_file(bad, "rome/x.json")
     bad["justified_by"][0]["run"] = "analyses/results/rome_counterfact/gpt2-facts"
     bad["settings"]["v_steps"] = 3

@@ -319,9 +319,9 @@ class ShiftEditor:
     name = "shift"
     max_batch = None
     layer = 1
-    hparams = {"scale": 0.5}
 
     def __init__(self):
+        self.hparams = {"scale": 0.5}
         self.calls: list[list[str]] = []
 
     def edit(self, model, requests, n):

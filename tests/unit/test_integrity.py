@@ -43,7 +43,7 @@ def _rewrite(path, tensors=None, meta_change=None, keep_digest=True):
     editor of the file would)."""
     with safe_open(str(path), framework="pt") as f:
         meta = dict(f.metadata())
-        ts = {k: f.get_tensor(k) for k in f.keys()}
+        ts = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safetensors safe_open handles have keys() but are not iterable)
     ts.update(tensors or {})
     if meta_change:
         meta_change(meta)
@@ -58,7 +58,7 @@ def test_edit_file_round_trips_and_carries_a_digest_of_tensors_and_header(tiny, 
     path = e.save(tmp_path / "e.edit")
     with safe_open(str(path), framework="pt") as f:
         meta = dict(f.metadata())
-        ts = {k: f.get_tensor(k) for k in f.keys()}
+        ts = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safetensors safe_open handles have keys() but are not iterable)
     stored = meta.pop("sha256")
     assert stored == content_digest(ts, meta) and set(ts) == {"L1.U", "L1.V", "k"}  # layer 1's factors, the key
     loaded = Edit.load(path, tiny)
@@ -125,11 +125,11 @@ def test_edit_with_nan_tensor_is_refused_even_with_a_valid_digest(tiny, tmp_path
     path = e.save(tmp_path / "nan.edit")
     with safe_open(str(path), framework="pt") as f:  # … so write one by hand, with a digest that matches it
         meta = dict(f.metadata())
-        ts = {k: f.get_tensor(k) for k in f.keys()}
+        ts = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safetensors safe_open handles have keys() but are not iterable)
     meta.pop("sha256")
     ts["L1.V"].view(-1)[3] = float("nan")
     save_checked(path, ts, meta)
-    with pytest.raises(ValueError, match="tensor 'L1.V'.*not finite"):  # v is layer 1's V factor
+    with pytest.raises(ValueError, match=r"tensor 'L1\.V'.*not finite"):  # v is layer 1's V factor
         Edit.load(path)
 
 
@@ -205,7 +205,7 @@ def test_damaged_checkpoint_and_config_name_the_file(tiny, tmp_path):
 
 
 def test_unknown_dtype_and_device_are_named():
-    with pytest.raises(ValueError, match="unknown dtype 'fp64'.*fp32"):
+    with pytest.raises(ValueError, match=r"unknown dtype 'fp64'.*fp32"):
         gi.load("gpt2-facts", dtype="fp64")
     with pytest.raises(ValueError, match="unknown device 'gpu'"):
         gi.load("gpt2-facts", device="gpu")
@@ -240,9 +240,12 @@ def test_overflow_downstream_of_a_finite_hook_is_reported_as_downstream(tiny):
 
 
 def test_logit_lens_refuses_to_rank_nan_logits(tiny):
-    with tiny.hooks([("blocks.0.hook_mlp_out", _nan_everywhere)]), pytest.warns(NonFiniteWarning):
-        with pytest.raises(ValueError, match=r"blocks\.0\.hook_resid_post.*non-finite"):
-            logit_lens(tiny, "The cat sat", targets=" mat")
+    with (
+        tiny.hooks([("blocks.0.hook_mlp_out", _nan_everywhere)]),
+        pytest.warns(NonFiniteWarning),
+        pytest.raises(ValueError, match=r"blocks\.0\.hook_resid_post.*non-finite"),
+    ):
+        logit_lens(tiny, "The cat sat", targets=" mat")
 
 
 def test_patching_refuses_a_nan_metric(tiny):

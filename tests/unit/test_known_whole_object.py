@@ -17,7 +17,7 @@ def _cases(model, n: int = 2) -> list[tuple[str, str]]:
     multi = [f for f in facts if len(target_ids(model, f.target)) > 1][:n]
     single = [f for f in facts if len(target_ids(model, f.target)) == 1][:n]
     cases = [(fb.prompts(f)[0], f.target) for f in multi + single]
-    return cases + [("The capital of France is", " Moon Base"), (fb.prompts(multi[0])[0], multi[0].target + " Moon")]
+    return [*cases, ("The capital of France is", " Moon Base"), (fb.prompts(multi[0])[0], multi[0].target + " Moon")]
 
 
 @pytest.mark.slow

@@ -75,7 +75,10 @@ def test_least_squares_update_fits_every_key_and_is_the_ridge_optimum():
     torch.testing.assert_close(K.double() @ dW, R.double(), atol=1e-4, rtol=1e-4)  # k_i ΔW = r_i
     lam = 3.0
     dW = least_squares_update(K, R, C, lam) @ R.double()
-    cost = lambda M: ((K.double() @ M - R.double()) ** 2).sum() + lam * torch.trace(M.T @ C @ M)  # noqa: E731
+
+    def cost(M):
+        return ((K.double() @ M - R.double()) ** 2).sum() + lam * torch.trace(M.T @ C @ M)
+
     for _ in range(5):  # the normal equations' solution is the minimum
         assert cost(dW + 1e-3 * torch.randn(d_mlp, d_model, generator=g, dtype=torch.float64)) > cost(dW)
 
@@ -246,7 +249,10 @@ def test_projected_edit_leaves_preserved_keys_outputs_unchanged(tiny, corpus, tm
             remember=False,
             preserve=NullSpace.from_stats({0: small}, threshold=1e-6),
         )
-    moved = lambda e: float((first.keys[0] @ e.delta(0)).norm())  # noqa: E731
+
+    def moved(e):
+        return float((first.keys[0] @ e.delta(0)).norm())
+
     assert moved(second) < 0.5 * moved(forgetful)
 
 

@@ -76,7 +76,7 @@ def test_scaler_is_fitted_on_the_training_folds_only():
 
 
 def test_direction_points_along_the_planted_class_direction_in_raw_activation_space():
-    feats, labels, groups, dirs = planted(n_classes=2, d=16)
+    feats, labels, groups, _ = planted(n_classes=2, d=16)
     r = probe_features(feats, labels, groups, control=None)
     X = feats[1]
     w = r.direction(1, "c1")
@@ -115,9 +115,9 @@ def test_bad_input_is_refused_with_the_fix():
 
 
 def test_unknown_hook_and_bad_layers_are_refused(tiny):
-    with pytest.raises(ValueError, match="unknown hook 'resid_psot'.*resid_post"):
+    with pytest.raises(ValueError, match=r"unknown hook 'resid_psot'.*resid_post"):
         probe_hooks(tiny, "resid_psot")
-    with pytest.raises(ValueError, match="layers 0..1"):
+    with pytest.raises(ValueError, match=r"layers 0\.\.1"):
         probe_hooks(tiny, "resid_post", layers=[5])
     with pytest.raises(ValueError, match="not by position"):
         probe_hooks(tiny, "pattern")
@@ -156,9 +156,9 @@ def test_probing_sets_are_grouped_by_subject_with_the_fact_base_labels():
     for p, s, y in zip(ds.prompts, ds.subjects, ds.labels):
         assert s in p and continent[s] == y
     own = probing_set("continent", fb, per_subject=None, which="own")
-    assert len(own) == len(continent) * len({t for t in own.templates})
+    assert len(own) == len(continent) * len(set(own.templates))
     others = probing_set("continent", fb, which="others")
-    assert not {t for t in others.templates} & {t for t in own.templates}
+    assert not set(others.templates) & set(own.templates)
     number = {f.subject: int(f.object) for f in fb.facts("element_number")}
     per = probing_set("period", fb, per_subject=1)
     assert all(y == str(period(number[s])) for s, y in zip(per.subjects, per.labels))

@@ -63,8 +63,11 @@ def test_rank_one_update_inserts_the_association_with_minimal_c_norm():
     k_perp = torch.randn(d_mlp, generator=g, dtype=torch.float64)
     k_perp -= (k_perp @ Cinv_k) / (Cinv_k @ Cinv_k) * Cinv_k  # k_perp · C⁻¹k* = 0
     assert (k_perp @ dW).abs().max() < 1e-6 * k_perp.norm() * dW.norm()
+
     # minimal in tr(ΔWᵀ C ΔW) among all updates with k @ ΔW = r: add any Z with k @ Z = 0
-    cost = lambda M: torch.trace(M.T @ C @ M)  # noqa: E731
+    def cost(M):
+        return torch.trace(M.T @ C @ M)
+
     for _ in range(5):
         Z = torch.randn(d_mlp, d_model, generator=g, dtype=torch.float64)
         Z -= torch.outer(k.double(), k.double() @ Z) / (k.double() @ k.double())
@@ -151,7 +154,7 @@ def test_stats_survive_edits_at_their_layer_but_not_upstream(tiny, corpus, tmp_p
 def test_corpus_errors(tiny, tmp_path):
     with pytest.raises(FileNotFoundError):
         key_second_moment(tiny, 0, corpus=str(tmp_path / "missing.txt"), cache_dir=False)
-    with pytest.raises(IndexError, match="0..1"):
+    with pytest.raises(IndexError, match=r"0\.\.1"):
         key_second_moment(tiny, 5, corpus="facts", cache_dir=False)
 
 
@@ -161,7 +164,7 @@ def test_k_star_is_the_mean_key_over_context_variants(tiny, stats):
     prefixes = context_prefixes(tiny, (5,), 3, 0)
     assert len(prefixes) >= 1
     keys = []
-    for prefix in [""] + prefixes:  # slow reference: one forward per variant
+    for prefix in ["", *prefixes]:  # slow reference: one forward per variant
         text, lo, hi = _filled(REQ["prompt"], REQ["subject"], prefix)
         _, cache = tiny.run_with_cache(text, names_filter="blocks.0.mlp.hook_post")
         keys.append(cache["blocks.0.mlp.hook_post"][0, (token_span(tiny, text, lo, hi)[1] - 1)])
@@ -177,9 +180,9 @@ def _variant_probs(model, req, ids, prefixes, hooks_for=lambda text, lo, hi: [])
     from gpt2_interp.io import tokenizer as tok
 
     probs = []
-    for prefix in [""] + prefixes:
+    for prefix in ["", *prefixes]:
         text, lo, hi = _filled(req.prompt, req.subject, prefix)
-        tokens = torch.tensor([[tok.EOT_ID] + tok.encode(text) + ids[:-1]])
+        tokens = torch.tensor([[tok.EOT_ID, *tok.encode(text), *ids[:-1]]])
         with torch.no_grad():
             lp = model.run_with_hooks(tokens, fwd_hooks=hooks_for(text, lo, hi))[0].log_softmax(-1)
         n = tokens.shape[1]
@@ -311,7 +314,7 @@ def test_bad_requests(tiny, stats):
         compute_edit(tiny, REQ | {"target": ""}, 0, stats)
     with pytest.raises(ValueError, match="empty"):
         compute_edit(tiny, REQ | {"subject": " "}, 0, stats)
-    with pytest.raises(IndexError, match="0..1"):
+    with pytest.raises(IndexError, match=r"0\.\.1"):
         compute_edit(tiny, REQ, layer=2, stats=stats)
     with pytest.raises(ValueError, match="layer 0, not layer 1"):
         compute_edit(tiny, REQ, layer=1, stats=stats)

@@ -133,7 +133,7 @@ def test_explicit_target_and_result_surface(sharp, tmp_path):
 
 
 def test_bad_input(sharp):
-    with pytest.raises(ValueError, match="does not occur in the prompt.*tokenizes as"):
+    with pytest.raises(ValueError, match=r"does not occur in the prompt.*tokenizes as"):
         causal_trace(sharp, PROMPT, "Colosseum")
     with pytest.raises(ValueError, match="kind must be one of"):
         causal_trace(sharp, PROMPT, SUBJECT, kind="mlp_out")
@@ -227,7 +227,10 @@ def test_fact_model_recalls_at_the_last_subject_token(facts_model):
         recovered.append(r.scores[last_subject, middle].max().item())
         clean.append(r.clean_score)
         corrupted.append(r.corrupted_score)
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+
+    def mean(xs):
+        return sum(xs) / len(xs)
+
     assert mean(corrupted) <= 0.5 * mean(clean)  # the noise really removes the facts...
     assert mean([r / c for r, c in zip(recovered, clean)]) >= 0.5  # ...and the last subject token brings them back
 

@@ -42,7 +42,7 @@ def test_bad_layers_name_the_argument(tiny, layer, error):
 
 
 def test_string_layer_to_forward_is_named(tiny):
-    with pytest.raises(TypeError, match="stop_at_layer must be an int.*'1'"):
+    with pytest.raises(TypeError, match=r"stop_at_layer must be an int.*'1'"):
         tiny("Hello", stop_at_layer="1")
 
 
@@ -69,28 +69,28 @@ def test_non_string_subjects_are_refused_not_converted(tiny, subject):
 
 @pytest.mark.parametrize("subject", ["", "   ", "\t"])
 def test_blank_subjects_are_refused(tiny, subject):
-    with pytest.raises(ValueError, match="subject.*(empty|blank)"):
+    with pytest.raises(ValueError, match=r"subject.*(empty|blank)"):
         subject_span(tiny, "The  Eiffel Tower is  located in", subject)
-    with pytest.raises(ValueError, match="subject.*(empty|blank)"):
+    with pytest.raises(ValueError, match=r"subject.*(empty|blank)"):
         causal_trace(tiny, "The  Eiffel Tower is  located in", subject)
 
 
 @pytest.mark.parametrize("prompt", [None, 42, b"bytes"])
 def test_non_string_prompts_are_refused(tiny, prompt):
-    with pytest.raises(TypeError, match="prompt|text"):
+    with pytest.raises(TypeError, match=r"prompt|text"):
         logit_attribution(tiny, prompt, " Paris")
-    with pytest.raises(TypeError, match="prompt|text"):
+    with pytest.raises(TypeError, match=r"prompt|text"):
         causal_trace(tiny, prompt, SUBJECT)
-    with pytest.raises(TypeError, match="text|string"):
+    with pytest.raises(TypeError, match=r"text|string"):
         tiny.to_tokens([PROMPT, prompt])
 
 
 def test_targets_name_themselves(tiny):
     with pytest.raises(TypeError, match="target must be a string"):
         target_ids(tiny, 3.5)
-    with pytest.raises(ValueError, match="target.*empty"):
+    with pytest.raises(ValueError, match=r"target.*empty"):
         target_ids(tiny, "  ")
-    with pytest.raises(TypeError, match="string.*int id|single token"):
+    with pytest.raises(TypeError, match=r"string.*int id|single token"):
         tiny.to_single_token(None)
     with pytest.raises(ValueError, match="not one"):
         logit_lens(tiny, PROMPT, targets=" Parisian")
@@ -110,7 +110,7 @@ def test_metrics_and_positions(tiny):
 def test_rome_hparams_are_checked_by_name(tiny):
     with pytest.raises((TypeError, ValueError), match="lr"):
         RomeHparams.of(lr="fast")
-    with pytest.raises((TypeError, ValueError), match="unknown|no hyper|not a"):
+    with pytest.raises((TypeError, ValueError), match=r"unknown|no hyper|not a"):
         RomeHparams.of(learning_rate=1.0)
-    with pytest.raises(TypeError, match="request|Request|dict"):
+    with pytest.raises(TypeError, match=r"request|Request|dict"):
         compute_edit(tiny, "France → Rome", layer=0)

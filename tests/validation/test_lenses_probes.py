@@ -96,10 +96,10 @@ def test_probes_refuse_another_model_and_missing_labels(models):
         result.direction(1, model=beta)
     assert result.direction(1, model=alpha).shape == (CFG.d_model,)
     with pytest.raises(ValueError, match=r"labels\[2\] is missing \(None\)"):
-        probe(alpha, PROMPTS, LABELS[:2] + [None] + LABELS[3:], layers=[1], n_folds=2)
+        probe(alpha, PROMPTS, [*LABELS[:2], None, *LABELS[3:]], layers=[1], n_folds=2)
     with pytest.raises(ValueError, match=r"labels\[0\] is missing \(nan\)"):
         probe(alpha, PROMPTS, [float("nan")] + [1.0] * 7, layers=[1], n_folds=2)
     with pytest.raises(ValueError, match=r"n_folds must be ≥ 2, got 1"):
         probe(alpha, PROMPTS, LABELS, layers=[1], n_folds=1)
     with pytest.raises(TypeError, match=r"prompts\[3\] must be a string, got int"):
-        probe(alpha, PROMPTS[:3] + [4] + PROMPTS[4:], LABELS, layers=[1], n_folds=2)
+        probe(alpha, [*PROMPTS[:3], 4, *PROMPTS[4:]], LABELS, layers=[1], n_folds=2)

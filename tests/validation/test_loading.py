@@ -13,7 +13,7 @@ from gpt2_interp.io.gguf import GGUFError
 from gpt2_interp.model import GPT2Config, HookedGPT2
 from gpt2_interp.model.config import llama_config
 
-from ..integration.test_gguf import hf_gpt2, write_gpt2_gguf  # noqa: F401  (the fixture: a 2-layer transformers GPT-2)
+from ..integration.test_gguf import gguf_hf_gpt2, write_gpt2_gguf  # noqa: F401  (gguf_hf_gpt2 is the hf_gpt2 fixture here: a 2-layer transformers GPT-2)
 
 TINY = GPT2Config(n_layer=2, d_model=32, n_head=4, d_mlp=64, n_ctx=16, d_vocab=50, name="tiny")
 

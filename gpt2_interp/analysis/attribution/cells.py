@@ -39,7 +39,7 @@ def resolve_family(model: HookedGPT2, hook: str, layers: Sequence[int] | None) -
     per-position activation (not ``ln_final``'s, which runs on the last position only, nor scores)."""
     if not is_full_name(hook):
         hook = "pattern" if hook == "attn" else hook
-        if hook not in FAMILIES + ("embed", "pos_embed"):
+        if hook not in (*FAMILIES, "embed", "pos_embed"):
             raise KeyError(
                 f"attribution covers the hook families {', '.join(FAMILIES)}, embed, pos_embed and full hook "
                 f"names of per-position activations, not {hook!r}.{suggest(hook, list(FAMILIES))}"
@@ -55,7 +55,9 @@ def resolve_family(model: HookedGPT2, hook: str, layers: Sequence[int] | None) -
         family = next((f for f in FAMILIES if lay >= 0 and name == hook_name(f, lay)), None)
         if family is None:  # any other per-position activation [batch, pos, ...]: embeddings, MLP neurons
             return Family("pos", name, names), [lay]
-    kind = "pos" if family in POS_FAMILIES else "head" if family in HEAD_FAMILIES else "pattern"
+    kind: Literal["pos", "head", "pattern"] = (
+        "pos" if family in POS_FAMILIES else "head" if family in HEAD_FAMILIES else "pattern"
+    )
     return Family(kind, family, names), list(names)
 
 

@@ -139,7 +139,8 @@ def _check_options(method: str, direction: str, ig_steps: Any, ig_path: str, gra
         raise ValueError(f"method must be one of {', '.join(repr(m) for m in ATTRIBUTION_METHODS)}, not {method!r}")
     if direction not in ("denoise", "noise"):
         raise ValueError(
-            f"direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not {direction!r}"
+            "direction must be 'denoise' (patch clean into corrupted) or 'noise' (corrupted into clean), not "
+            f"{direction!r}"
         )
     if method == "ig":
         ig_steps = check_count(ig_steps, "ig_steps (points on the interpolation path)")
@@ -185,11 +186,9 @@ def _assemble(
     P = tokens[0].shape[1]
     n_heads = model.cfg.n_head if fam.kind == "pos" else eff.shape[-1]  # k/v: the key/value heads (fewer under GQA)
     per_pair, index_names, pos_axis, head_axis = select(fam, eff, positions, heads, P, n_heads)
-    drop = (
-        select(fam, torch.cat([c.graddrop for c in chunks]), positions, heads, P, n_heads)[0]
-        if sweep.graddrop
-        else None
-    )
+    graddrops = [c.graddrop for c in chunks if c.graddrop is not None]
+    assert not sweep.graddrop or len(graddrops) == len(chunks), "every chunk computes GradDrop when the sweep does"
+    drop = select(fam, torch.cat(graddrops), positions, heads, P, n_heads)[0] if sweep.graddrop else None
     per_pair = per_pair + base_m.view((-1,) + (1,) * (per_pair.ndim - 1))
     if not is_finite(per_pair):
         warnings.warn(

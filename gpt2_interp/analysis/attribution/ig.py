@@ -10,7 +10,7 @@ everything upstream at the base run. Either way ``ΔM ≈ (a' − a) · mean_α 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from einops import rearrange, reduce, repeat
@@ -40,6 +40,7 @@ def ig_names(sweep: Sweep) -> list[str]:
 def estimate_ig(sweep: Sweep, chunk: Chunk, runs: Runs) -> ChunkEstimate:
     """IG of one chunk (run with autograd enabled), from its unpatched base and source runs ``runs``."""
     readout = chunk.readout
+    assert runs.base is not None and runs.base_logits is not None, "IG runs the base alongside the source"
     readout.bind(runs.src_logits if sweep.direction == "denoise" else runs.base_logits)
     base_m, src_m = readout(runs.base_logits).detach().cpu(), readout(runs.src_logits).detach().cpu()
     readout.check_finite(base_m, src_m, sweep.direction)
@@ -58,7 +59,7 @@ def _input_path_grads(sweep: Sweep, chunk: Chunk, e0: torch.Tensor, e1: torch.Te
     model, names, steps, readout = sweep.model, sweep.names, sweep.ig_steps, chunk.readout
     n = model.cfg.n_layer
     b, P = chunk.base_t.shape
-    grads = dict.fromkeys(names)
+    grads: dict[str, torch.Tensor | None] = dict.fromkeys(names)
     per_pass = max(1, min(steps, int(IG_BUDGET // max(1, b * P * model.cfg.d_model * n))))
     alphas = (torch.arange(steps, dtype=torch.float32, device=e0.device) + 0.5) / steps  # midpoints
     for first in range(0, steps, per_pass):  # steps folded into the batch axis: (s b) rows per pass
@@ -71,12 +72,15 @@ def _input_path_grads(sweep: Sweep, chunk: Chunk, e0: torch.Tensor, e1: torch.Te
         with model.hooks(hooks):
             resid = model(repeat(chunk.base_t, "b p -> (s b) p", s=k), attention_mask=rows_mask, stop_at_layer=n)
         logits = rearrange(readout.logits(resid), "(s b) v -> s b v", s=k)
-        total = sum(readout(logits[i]).sum() for i in range(k))
+        total = cast(torch.Tensor, sum(readout(logits[i]).sum() for i in range(k)))  # k ≥ 1 tensors
         for nm, g in zip(names, torch.autograd.grad(total, [store[nm] for nm in names])):
             part = reduce(rearrange(g.float(), "(s b) ... -> s b ...", s=k), "s b ... -> b ...", "sum") / steps
-            grads[nm] = part if grads[nm] is None else grads[nm] + part
+            prev = grads[nm]
+            grads[nm] = part if prev is None else prev + part
         sweep.tick(k * b * (1 + backward_share(sweep)))
-    return grads
+    out = {nm: g for nm, g in grads.items() if g is not None}
+    assert len(out) == len(grads), "every pass adds to every gradient"
+    return out
 
 
 def _activation_path_grads(
@@ -123,7 +127,11 @@ def _activation_path_grad(
         path = a0.float()[None] + al.view(-1, *([1] * a0.ndim)) * (a1.float() - a0.float())[None]
         leaf = rearrange(path.to(a0.dtype), "s b ... -> (s b) ...").requires_grad_(True)
         m_rows = None if mask is None else repeat(mask, "b p -> (s b) p", s=s)
-        with model.hooks([(name, lambda act, hook: leaf)]):
+
+        def use_leaf(act: torch.Tensor, hook: Any, leaf: torch.Tensor = leaf) -> torch.Tensor:
+            return leaf
+
+        with model.hooks([(name, use_leaf)]):
             if resid0 is None:
                 resid = model(repeat(base_t, "b p -> (s b) p", s=s), attention_mask=m_rows, stop_at_layer=n)
             else:
@@ -134,7 +142,7 @@ def _activation_path_grad(
                     stop_at_layer=n,
                 )
         logits = rearrange(readout.logits(resid), "(s b) k -> s b k", s=s)
-        total = sum(readout(logits[i]).sum() for i in range(s))
+        total = cast(torch.Tensor, sum(readout(logits[i]).sum() for i in range(s)))  # s ≥ 1 tensors
         (g,) = torch.autograd.grad(total, [leaf])
         grad += reduce(rearrange(g.float(), "(s b) ... -> s b ...", s=s), "s b ... -> b ...", "sum") / steps
     return grad

@@ -5,7 +5,7 @@ computed without autograd and handed back as normal tensors that autograd may us
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -84,6 +84,7 @@ def unpatched_runs(model: HookedGPT2, chunk: Chunk, names: list[str], with_base:
     tokens = torch.cat([chunk.src_t, chunk.base_t]) if with_base else chunk.src_t
     mask = chunk.mask
     rmask = None if mask is None else (torch.cat([mask, mask]) if with_base else mask)
+    cache: Mapping[str, torch.Tensor]  # the ActivationCache, then its tensors cloned out of inference mode
     with torch.inference_mode():
         resid, cache = model.run_with_cache(
             tokens, names_filter=list(dict.fromkeys(names)), attention_mask=rmask, stop_at_layer=n

@@ -51,6 +51,7 @@ class Readout:
         pre = bind_metric(metric, model)
         ids = chunk_ids(pre, rows, b) if isinstance(pre, LogitDiff) else None
         if ids is not None:
+            assert isinstance(pre, LogitDiff), "token ids come from a logit difference"
             with torch.inference_mode(False):  # normal tensors: autograd saves these indices
                 cols, inv = torch.unique(torch.cat(ids), return_inverse=True)
             self.cols = cols.to(model.device)

@@ -86,8 +86,9 @@ class Verification(Result):
 def cell_label(result: PatchResult, cell: tuple[int, ...]) -> str:
     """``"L3 ' Paris' H2"``-style label of a cell of a patching/attribution result."""
     parts = [result.layer_labels[cell[0]]]
+    pos_labels, head_labels = result.position_labels or [], result.head_labels or []  # set where indexed
     for name, i in zip(result.index_names[1:], cell[1:]):
-        parts.append(repr(result.position_labels[i]) if name == "pos" else result.head_labels[i])
+        parts.append(repr(pos_labels[i]) if name == "pos" else head_labels[i])
     return " ".join(parts)
 
 
@@ -235,6 +236,7 @@ def _exact_cells(
     """Exact patched metric of each cell, by one ``patch`` call per group of cells (:func:`_groups`),
     under one progress bar over the groups."""
     spec = result._spec
+    assert spec is not None, "verify refuses a result without its run's arguments"
     got: dict[tuple[int, ...], float] = {}
     groups = _groups(result.index_names, cells)
     for key, cs in progress_bar(groups.items(), total=len(groups), desc="verifying", leave=False, enabled=progress):
@@ -277,6 +279,7 @@ def _patch_args(result: AttributionResult, key: tuple[int, ...], cs: list[tuple[
     """The ``patch`` arguments that sweep the cells ``cs`` (of layer ``key[0]``): the estimate's own
     hook, direction and normalisation, restricted to that layer and the cells' positions and heads."""
     spec, names = result._spec, result.index_names
+    assert spec is not None, "verify refuses a result without its run's arguments"
     kw: dict[str, Any] = dict(hook=spec["hook"], direction=spec["direction"], normalize=spec["normalize"])
     if not is_full_name(spec["hook"]) and result.layers[key[0]] >= 0:
         kw["layers"] = [result.layers[key[0]]]
@@ -285,7 +288,8 @@ def _patch_args(result: AttributionResult, key: tuple[int, ...], cs: list[tuple[
     elif names == ("layer", "head"):
         kw["heads"] = "all" if result.heads is None else sorted({result.heads[c[1]] for c in cs})
     else:
-        kw["positions"] = sorted({result.positions[c[1]] for c in cs})
+        positions = result.positions
+        kw["positions"] = "all" if positions is None else sorted({positions[c[1]] for c in cs})
         kw["heads"] = "all" if result.heads is None else sorted({result.heads[c[2]] for c in cs})
     return kw
 

@@ -227,7 +227,7 @@ def related_prompts(
     for f in fb.facts():
         by_subject.setdefault(f.subject, []).append(f)
         by_last.setdefault(_last_token(model, f.subject, f.relation), []).append(f)
-    out = []
+    out: list[list[RelatedPrompt]] = []
     for c in cases:
         rel, subj = c.relation, c.request.subject
         if subj not in by_subject:

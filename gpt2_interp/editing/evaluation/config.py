@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ...core.checks import as_int, check_count
 
 if TYPE_CHECKING:
-    import torch
-
+    from ..edit import TargetResiduals
     from ..stats import KeyStats
 
 #: The editing methods an evaluation can run: ROME (one request per edit), MEMIT and AlphaEdit (batches).
@@ -56,7 +55,7 @@ class EvalConfig:
     preserve: Any = None
     related: bool = True
     time_limit: float | None = None
-    targets: torch.Tensor | None = None
+    targets: TargetResiduals | None = None
     hparams: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -9,19 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from ...core.checks import as_int
 from ...model.fingerprint import parameter_digests
-from ..edit import Edit, Request
+from ..edit import Edit, Request, TargetResiduals
 from ..memit import MemitHparams, NullSpace, _resolve_layers, _resolve_stats, compute_edits
 from ..rome import compute_edit, default_layer, hparams_for
 from ..stats import KeyStats, key_second_moment
 from .config import EvalConfig
 
 if TYPE_CHECKING:
-    import torch
-
     from ...model import HookedGPT2
 
 
@@ -34,8 +32,8 @@ class Editor(Protocol):
     ``hparams``: its settings, as reported. ``compute(model, requests)``: ONE edit (not applied) that
     writes ``requests`` into ``model`` as it is now."""
 
-    name: str
-    max_batch: int | None
+    name: ClassVar[str]
+    max_batch: ClassVar[int | None]
 
     @property
     def layer(self) -> int | list[int] | None:
@@ -117,6 +115,9 @@ class RomeEditor:
         return compute_edit(model, requests[0], layer=layer, stats=self.stats, progress=self.progress, **self.overrides)
 
 
+_MemitE = TypeVar("_MemitE", bound="MemitEditor")  # MemitEditor.prepare builds the class it is called on
+
+
 @dataclass
 class MemitEditor:
     """MEMIT: one edit for a batch of requests, spread over ``layers`` with their key statistics.
@@ -129,7 +130,7 @@ class MemitEditor:
     stats: dict[int, KeyStats]
     hp: MemitHparams
     remember: bool = False
-    targets: torch.Tensor | None = None
+    targets: TargetResiduals | None = None
     progress: bool | None = False
     null_space: NullSpace | None = None
     name: ClassVar[str] = "memit"
@@ -137,16 +138,16 @@ class MemitEditor:
 
     @classmethod
     def prepare(
-        cls,
+        cls: type[_MemitE],
         model: HookedGPT2,
         requests: Sequence[Request],
         layer: int | Sequence[int] | str | None = None,
         stats: KeyStats | Mapping[int, KeyStats] | None = None,
         remember: bool = False,
-        targets: torch.Tensor | None = None,
+        targets: TargetResiduals | None = None,
         progress: bool | None = None,
         **hparams: Any,
-    ) -> MemitEditor:
+    ) -> _MemitE:
         """Resolve the layers (None: the model's defaults; "auto": chosen from ``requests``' traces)
         and their key statistics (given, or computed once) as :func:`~..memit.compute_edits` does;
         ``hparams`` override :class:`~..memit.MemitHparams`. ``layer``: None, an int, a list or
@@ -198,7 +199,7 @@ class AlphaEditEditor(MemitEditor):
         layer: int | Sequence[int] | str | None = None,
         stats: KeyStats | Mapping[int, KeyStats] | None = None,
         remember: bool = False,
-        targets: torch.Tensor | None = None,
+        targets: TargetResiduals | None = None,
         progress: bool | None = None,
         preserve: Any = None,
         **hparams: Any,

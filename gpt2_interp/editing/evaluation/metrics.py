@@ -173,7 +173,7 @@ def greedy_continuations(
 def fluency_prompts(case: CounterfactCase) -> list[str]:
     """The prompts whose continuations measure a case's fluency: the rewrite prompt and the first
     two paraphrases."""
-    return [case.request.text] + case.paraphrases[:2]
+    return [case.request.text, *case.paraphrases[:2]]
 
 
 def fluency(
@@ -260,7 +260,7 @@ def choose_setting(rows: Sequence[Any], unedited_ns: float, ns_tolerance: float 
     def get(r: Any, k: str) -> float | None:
         return r.get(k) if isinstance(r, Mapping) else getattr(r, k, None)
 
-    ok = [r for r in rows if get(r, "ns") is not None and get(r, "ns") >= unedited_ns - ns_tolerance]
+    ok = [r for r in rows if (ns := get(r, "ns")) is not None and ns >= unedited_ns - ns_tolerance]
     if ok:
         return max(ok, key=lambda r: (get(r, "es") or 0) + (get(r, "ps") or 0))
     return max(rows, key=lambda r: harmonic_score(get(r, "es"), get(r, "ps"), get(r, "ns")) or 0)

@@ -79,8 +79,13 @@ class EditEvaluation(Result):
                     + " ".join(f"{100 * v:7.1f}" if v is not None else f"{'–':>7}" for v in vals)
                 )
         s = self.summary["all"]
-        fmt = lambda x, f: format(x, f) if x is not None else "–"  # noqa: E731
-        pc = lambda x: f"{100 * x:.1f}%" if x is not None else "–"  # noqa: E731
+
+        def fmt(x, f):
+            return format(x, f) if x is not None else "–"
+
+        def pc(x):
+            return f"{100 * x:.1f}%" if x is not None else "–"
+
         lines.append(
             f"subject specificity {pc(s.ss)} of {s.n_ss} other facts of the edited "
             f"subjects; shared-token neighbours {pc(s.stn)} of {s.n_stn} facts"
@@ -93,7 +98,10 @@ class EditEvaluation(Result):
             f"{self.restored_exactly}"
         )
         if self.curve:
-            pct = lambda x: f"{100 * x:.0f}" if x is not None else "–"  # noqa: E731
+
+            def pct(x):
+                return f"{100 * x:.0f}" if x is not None else "–"
+
             lines.append(
                 "after k edits:  "
                 + "  ".join(f"k={c.n_edits}: ES {pct(c.es)} PS {pct(c.ps)} NS {pct(c.ns)}" for c in self.curve)

@@ -84,7 +84,7 @@ def _read(method: str, name: str) -> dict[str, Any] | None:
     """The parsed file ``<method>/<name>.json`` (checked), or None when there is none."""
     if not _NAME.fullmatch(name):
         return None
-    path = resources.files(__package__).joinpath(method, f"{name}.json")
+    path = resources.files(__package__).joinpath(method).joinpath(f"{name}.json")  # one part per call (3.10)
     if not path.is_file():
         return None
     where = f"gpt2_interp/editing/hparams/{method}/{name}.json"
