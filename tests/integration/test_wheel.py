@@ -148,7 +148,7 @@ def test_sdist_contents(dist: Path) -> None:
         "gpt2_interp",
         "gpt2_interp.egg-info",
     }, top
-    assert {"README.md", "LICENSE", "CHANGELOG.md", "pyproject.toml", "docs/guide/README.md"} <= rel
+    assert {"README.md", "LICENSE", "CHANGELOG.md", "pyproject.toml", "docs/guide/index.md"} <= rel
     assert _source_files() <= rel  # the wheel is built from the sdist, so it must hold the whole package
     assert not [m for m in rel if JUNK.search(m)]
 
