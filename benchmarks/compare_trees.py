@@ -1,4 +1,4 @@
-"""Is a change a speed regression? Time two checkouts of gpt2-interp alternately in one session.
+"""Is a change a speed regression? Time two checkouts of gpt2-interp alternately in one run.
 
     git worktree add --detach /tmp/old <commit>
     python benchmarks/compare_trees.py /tmp/old . [--rounds 3] [--repeats 5]

@@ -37,7 +37,7 @@ def tiny_vocab() -> list[str]:
 @pytest.fixture(scope="module", name="hf_gpt2")
 def gguf_hf_gpt2():
     """A 2-layer transformers GPT-2 over the tiny vocabulary (as ``hf_gpt2`` in this module and the modules
-    that import it: it replaces the session-wide ``hf_gpt2`` of tests/conftest.py)."""
+    that import it: it replaces tests/conftest.py's ``hf_gpt2``, which the whole test run shares)."""
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(
         n_layer=2, n_embd=64, n_head=4, vocab_size=len(tiny_vocab())
