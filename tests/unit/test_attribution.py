@@ -445,72 +445,18 @@ def test_cli_attribute(small, tmp_path, capsys):
 
     small.save(tmp_path / "m")
     out = tmp_path / "fig.png"
+    pair = ["attribute", "--model", str(tmp_path / "m"), "--clean", "The capital of France is"]
+    pair += ["--corrupted", "The capital of Italy is", "--answer", " Paris"]
     rc = main(
-        [
-            "attribute",
-            "--model",
-            str(tmp_path / "m"),
-            "--clean",
-            "The capital of France is",
-            "--corrupted",
-            "The capital of Italy is",
-            "--answer",
-            " Paris",
-            "--wrong",
-            " Rome",
-            "--hook",
-            "k",
-            "--method",
-            "atp*",
-            "--verify",
-            "3",
-            "--out",
-            str(out),
-            "--json",
-        ]
+        [*pair, "--wrong", " Rome", "--hook", "k", "--method", "atp*", "--verify", "3", "--out", str(out), "--json"]
     )
     assert rc == 0 and out.exists()
     d = json.loads(capsys.readouterr().out)
     assert d["method"] == "atp*" and d["hook"] == "k" and len(d["values"]) == 4
-    rc = main(
-        [
-            "attribute",
-            "--model",
-            str(tmp_path / "m"),
-            "--clean",
-            "The capital of France is",
-            "--corrupted",
-            "The capital of Italy is",
-            "--answer",
-            " Paris",
-            "--method",
-            "ig",
-            "--ig-steps",
-            "2",
-        ]
-    )
+    rc = main([*pair, "--method", "ig", "--ig-steps", "2"])
     text = capsys.readouterr().out
     assert rc == 0 and "ig (2 steps, input path) estimate" in text and "highest-ranked cells" in text
-    rc = main(
-        [
-            "attribute",
-            "--model",
-            str(tmp_path / "m"),
-            "--clean",
-            "The capital of France is",
-            "--corrupted",
-            "The capital of Italy is",
-            "--answer",
-            " Paris",
-            "--method",
-            "ig",
-            "--ig-steps",
-            "2",
-            "--ig-path",
-            "activations",
-            "--json",
-        ]
-    )
+    rc = main([*pair, "--method", "ig", "--ig-steps", "2", "--ig-path", "activations", "--json"])
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and d["method"] == "ig" and d["ig_path"] == "activations"
 
