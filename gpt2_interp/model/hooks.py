@@ -330,6 +330,23 @@ _SHORT = {
 }
 
 
+# hook points that fire only while one of the model's TransformerLens switches is on (name suffix → switch)
+_SWITCHED = {
+    "attn.hook_result": "use_attn_result",
+    "hook_q_input": "use_split_qkv_input",
+    "hook_k_input": "use_split_qkv_input",
+    "hook_v_input": "use_split_qkv_input",
+    "hook_attn_in": "use_attn_in",
+    "hook_mlp_in": "use_hook_mlp_in",
+}
+
+
+def switch_of(name: str) -> str | None:
+    """The model switch (``cfg.use_…``) without which hook point ``name`` never fires, or None if it always
+    may: ``switch_of("blocks.0.hook_q_input") == "use_split_qkv_input"``."""
+    return next((switch for suffix, switch in _SWITCHED.items() if name.endswith("." + suffix)), None)
+
+
 _SUBLAYERS = {
     "attn": "attn",
     "a": "attn",

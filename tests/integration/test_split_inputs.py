@@ -9,7 +9,7 @@ import torch
 
 import gpt2_interp as gi
 from gpt2_interp.analysis.patching import logit_diff, patch
-from gpt2_interp.model import HookedGPT2
+from gpt2_interp.model import HookedGPT2, llama_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -353,3 +353,26 @@ def test_patching_engine_with_split_inputs_equals_without(gpt2_64, hook):
     finally:
         _switch(model)
     assert _close(split.values, base.values, 1e-10)
+
+
+@pytest.mark.parametrize("family", ["q", "k", "v"])
+def test_patching_a_heads_input_equals_patching_its_projection_gqa(family):
+    """A head's query/key/value at every position is a function of its own input copy alone, so the
+    patching sweep over ``{family}_input`` equals the sweep over ``{family}`` (key/value heads under GQA)."""
+    cfg = llama_config(n_layer=2, d_model=64, n_head=4, n_kv_heads=2, d_mlp=96, n_ctx=64, d_vocab=VOCAB)
+    model = HookedGPT2(cfg, seed=0).double().eval()
+    metric = logit_diff(torch.tensor([5, 6]), torch.tensor([7, 8]))
+    on_projection = patch(model, TOKENS, OTHER, metric, hook=family, progress=False)
+    model.set_use_split_qkv_input(True)
+    on_input = patch(model, TOKENS, OTHER, metric, hook=f"{family}_input", progress=False)
+    assert on_input.values.shape == on_projection.values.shape == (2, 4 if family == "q" else 2)
+    assert _close(on_input.values, on_projection.values, 1e-10)
+    assert on_input.values.abs().max() > 1e-3  # the patches do something
+
+
+def test_cache_names_the_switch_of_a_hook_that_did_not_fire(gpt2_pair):
+    _, cache = gpt2_pair[0].run_with_cache(TOKENS)
+    with pytest.raises(KeyError, match=r"model\.set_use_split_qkv_input\(True\)"):
+        cache["q_input", 0]
+    with pytest.raises(KeyError, match=r"model\.set_use_hook_mlp_in\(True\)"):
+        cache["blocks.1.hook_mlp_in"]
