@@ -1,6 +1,6 @@
 """What TransformerLens's receiver-input switches cost, as ratios measured in one run.
 
-    python benchmarks/bench_split_inputs.py [--baseline /path/to/other/checkout] [--repeats 15]
+    python benchmarks/bench_split_inputs.py [--baseline /path/to/other/checkout] [--repeats 15] [--out RESULTS.md]
 
 Two models, fp32, inference mode, the blocks of the forward pass (``stop_at_layer=n_layer``: the
 unembedding, which the switches do not touch, is left out) on one batch of 4 × 32 random tokens:
@@ -17,7 +17,8 @@ shape (30 layers, d_model 576, 9 heads over 3 key/value heads, SwiGLU 1536, voca
    projection's arithmetic.
 
 Forwards of all variants are interleaved (one of each per round) and each variant's median over
-the rounds (and of the best rounds) is reported, so a shared machine's load affects them alike. Prints a markdown table.
+the rounds (and of the best rounds) is reported, so a shared machine's load affects them alike. Prints a
+markdown table; ``--out`` also writes it, with its provenance beside it.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--baseline", type=Path, default=None, help="another checkout to compare with, switches off")
     p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--out", type=Path, default=None, help="write the table here (and <out>.provenance.json)")
     a = p.parse_args(argv)
     torch.manual_seed(0)
     rows = []
@@ -140,6 +142,12 @@ def main(argv: list[str] | None = None) -> str:
         ]
     )
     print(table)
+    if a.out is not None:
+        from gpt2_interp.experiments.provenance import standalone, write_beside
+
+        title = "# Receiver-input switches: cost off and on\n\n"
+        a.out.write_text(title + f"`{' '.join(['python', *sys.argv])}`\n\n" + table + "\n")
+        write_beside(a.out, standalone(sys.argv))
     return table
 
 

@@ -162,6 +162,27 @@ def test_gpt2_hooks_equal_transformer_lens(gpt2_pair, on):
     )
 
 
+def test_receiver_input_gradients_equal_transformer_lens(gpt2_pair):
+    """The gradients at the per-head inputs (what edge attribution reads) equal TransformerLens's."""
+    ours, ref = gpt2_pair
+    names = [f"blocks.1.hook_{x}_input" for x in "qkv"] + ["blocks.0.hook_mlp_in"]
+    for model in (ours, ref):
+        model.set_use_split_qkv_input(True)
+        model.set_use_hook_mlp_in(True)
+    try:
+        _, ref_cache = ref.run_with_cache(TOKENS, return_type="loss", incl_bwd=True, names_filter=names)
+        _, cache = ours.run_with_cache(TOKENS, return_type="loss", incl_bwd=True, names_filter=names)
+    finally:
+        for model in (ours, ref):
+            model.set_use_split_qkv_input(False)
+            model.set_use_hook_mlp_in(False)
+            model.zero_grad(set_to_none=True)
+    for n in names:
+        got, want = cache[n + "_grad"], ref_cache[n + "_grad"]
+        assert got.shape == want.shape and want.abs().max() > 0, n
+        assert _close(got, want, 1e-5 * want.abs().max().item()), f"{n}: {(got - want).abs().max():.2e}"
+
+
 def test_gqa_hooks_equal_transformer_lens_kv_inputs_per_kv_head(llama_pair):
     ours, ref = llama_pair
     for model in (ours, ref):
