@@ -85,7 +85,8 @@ def view_experiment(
 ) -> View:
     """An experiment's result (``result.json`` as a dict): its finding, the view of every result found in
     its data, then ``tables`` (``{name: HTML}``) and ``figures`` (``{name: PNG as base64}``) the experiment
-    renders itself, where given; without any of these, the data as indented JSON."""
+    renders itself, where given (the figures only where no interactive view was found); without any of
+    these, the data as indented JSON."""
     data = d.get("data", {})
     name = d.get("experiment", "experiment")
     parts: list[Part] = [text_part(f"model {d.get('model', '?')}; config {json.dumps(d.get('config', {}))}")]
@@ -94,10 +95,10 @@ def view_experiment(
     found = _found(data, "")
     for where, sub in found:
         inner = view(sub)
-        parts += [text_part(f"{inner.title} (data.{where})", "h3", "g2v-title"), *inner.parts]
+        parts += [text_part(f"{inner.title} (data{'.' + where if where else ''})", "h3", "g2v-title"), *inner.parts]
     for tname, table in (tables or {}).items():
         parts.append(Part(f"<h3>{html.escape(tname)}</h3>{table}"))
-    for fname, png in (figures or {}).items():
+    for fname, png in (figures or {}).items() if not found else ():
         img = f'<img alt="{html.escape(fname)}" src="data:image/png;base64,{png}" style="max-width:100%">'
         parts.append(Part(f"<h3>{html.escape(fname)}</h3>{img}"))
     if not found and not tables and not figures:

@@ -182,12 +182,13 @@ def _inline(text: str) -> str:
 
 def markdown_html(lines: Sequence[str]) -> str:
     """The small Markdown the reports are written in — headings, paragraphs, ``-`` lists, pipe tables,
-    inline code, bold, italic — as HTML. Image lines (``![alt](file)``) are left out: a page shows its
-    interactive views in their place."""
+    fenced code blocks, inline code, bold, italic — as HTML. Image lines (``![alt](file)``) are left out:
+    a page shows its interactive views in their place."""
     out: list[str] = []
     para: list[str] = []
     table: list[list[str]] = []
     items: list[str] = []
+    code: list[str] | None = None
 
     def flush() -> None:
         if para:
@@ -208,6 +209,17 @@ def markdown_html(lines: Sequence[str]) -> str:
 
     for raw in lines:
         line = raw.rstrip()
+        if line.startswith("```"):
+            flush()
+            if code is None:
+                code = []
+            else:
+                out.append("<pre>" + _html.escape("\n".join(code)) + "</pre>")
+                code = None
+            continue
+        if code is not None:
+            code.append(raw)
+            continue
         if not line or line.startswith("!["):
             flush()
             continue
