@@ -57,7 +57,9 @@ class AttentionPatterns(Result):
 
 def attention_patterns(model: HookedGPT2, prompt: str, layers: Sequence[int] | None = None) -> AttentionPatterns:
     """Run ``model`` on ``prompt`` (BOS prepended, as ``to_tokens`` does) caching only each layer's
-    ``attn.hook_pattern`` (``layers``: which, default all) and return them as :class:`AttentionPatterns`."""
+    ``attn.hook_pattern`` (``layers``: which, default all) and return them as :class:`AttentionPatterns`.
+    A layer whose pattern is not asked for runs the fused attention kernel, which may differ from the
+    explicit softmax by a few ulps downstream: the values are those of a run that reads these hooks."""
     n = model.cfg.n_layer
     kept = (
         list(range(n)) if layers is None else [check_index(l, n, "layer", f"the model has {n} layers") for l in layers]

@@ -118,7 +118,7 @@ class View:
 
     def html(self) -> str:
         """The whole page: self-contained (plotly.js inside, once), opens from a file with no network."""
-        return page([self], self.title)
+        return html_page([self], self.title)
 
     def save(self, path: str | Path) -> Path:
         """Write :meth:`html` to ``path`` (UTF-8); returns the path."""
@@ -153,15 +153,14 @@ class View:
         webbrowser.open(self.save(path).resolve().as_uri())
 
 
-def page(views: Sequence[View] | Iterable[View], title: str, intro: str = "") -> str:
-    """One self-contained HTML page holding ``views`` (plotly.js once), titled ``title``, with ``intro``
-    HTML (trusted, e.g. from :func:`markdown_html`) above them."""
-    views = list(views)
-    body = "".join(v.fragment(include_plotlyjs=False) for v in views)
+def html_page(items: Iterable[View | str], title: str) -> str:
+    """One self-contained HTML page titled ``title`` holding ``items`` in order: views, and HTML strings
+    (trusted, e.g. from :func:`markdown_html`) between them; plotly.js is inside the page once."""
+    body = "".join(x if isinstance(x, str) else x.fragment(include_plotlyjs=False) for x in items)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{_html.escape(title)}</title><style>{STYLE}</style>\n"
-        f"<script>{plotly_js()}</script></head>\n<body>\n{intro}\n{body}</body></html>\n"
+        f"<script>{plotly_js()}</script></head>\n<body>\n{body}</body></html>\n"
     )
 
 
