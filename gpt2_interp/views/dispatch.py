@@ -83,7 +83,7 @@ def view(result: Any, **kwargs: Any) -> View:
 def view_experiment(
     d: Mapping[str, Any], figures: Mapping[str, str] | None = None, tables: Mapping[str, str] | None = None
 ) -> View:
-    """An experiment's result (``result.json`` as a dict): its finding, the view of every result found in
+    """An experiment's result ``d`` (``result.json`` as a dict): its finding, the view of every result found in
     its data, then ``tables`` (``{name: HTML}``) and ``figures`` (``{name: PNG as base64}``) the experiment
     renders itself, where given (the figures only where no interactive view was found); without any of
     these, the data as indented JSON."""

@@ -15,7 +15,7 @@ SCORE_NAMES = {"es": "ES", "ps": "PS", "ns": "NS", "S": "S", "em": "EM", "pm": "
 
 
 def view_topk(result: Any, roles: Sequence[str] | None = None, scores: Mapping[str, Any] | None = None) -> View:
-    """A :class:`~gpt2_interp.editing.compare.TopKComparison` (or its dict): for every prompt, the top-k
+    """``result``, a :class:`~gpt2_interp.editing.compare.TopKComparison` (or its dict): for every prompt, the top-k
     next tokens and their probabilities before (left) and after (right) the edit, the target's first token
     in red; hover gives the exact probability. ``roles``: one word per prompt (``"rewrite"``,
     ``"paraphrase"``, ``"neighbour"``, …) shown beside it; ``scores``: the edit's scores (e.g. ``{"ES": 1.0,

@@ -75,7 +75,9 @@ def heatmap(
     if zmid is not None:
         kw["zmid"] = zmid
     return go.Heatmap(
-        z=np.where(np.isfinite(z), z, None).tolist() if not np.isfinite(z).all() else z,
+        z=[
+            [v if np.isfinite(v) else None for v in row] for row in np.asarray(z, dtype=float).tolist()
+        ],  # plain lists: the drawn figure's data read back as they are
         x=list(x),
         y=list(y),
         colorscale=colorscale,

@@ -13,11 +13,12 @@ from .page import View, figure_part, text_part
 
 
 def view_lens(result: Any, prompt: int = 0, k: int = 5) -> View:
-    """A :class:`~gpt2_interp.analysis.LensResult` (or its dict) as a layer × position map of one
-    ``prompt``: layer boundaries up (the output at the top), the analysed positions across (input tokens on
-    the axis), the top-1 token written in each cell; colour = the target's log-probability with a target,
-    else the top-1 probability. Hover: the layer, the input token, the lens's top-``k`` tokens with their
-    probabilities and, with a target, its probability and rank (1 = top)."""
+    """``result``, a :class:`~gpt2_interp.analysis.LensResult` (or its dict), as a layer × position map of
+    one ``prompt``: layer boundaries up (the output at the top), the analysed positions across (input
+    tokens on the axis), the top-1 token written in each cell (up to 32 positions; wider maps show it on
+    hover); colour = the target's log-probability with a target, else the top-1 probability. Hover: the
+    layer, the input token, the lens's top-``k`` tokens with their probabilities and, with a target, its
+    probability and rank (1 = top)."""
     import plotly.graph_objects as go
 
     d = as_dict(result)
@@ -62,7 +63,7 @@ def view_lens(result: Any, prompt: int = 0, k: int = 5) -> View:
         x,
         layers,
         hover=hover,
-        text=text,
+        text=text if len(cols) <= 32 else None,  # cell texts only where cells are wide enough to read them
         colorscale=scale,
         zmin=None if has_t else 0.0,
         zmax=0.0 if has_t else 1.0,

@@ -155,12 +155,15 @@ class View:
 
 def html_page(items: Iterable[View | str], title: str) -> str:
     """One self-contained HTML page titled ``title`` holding ``items`` in order: views, and HTML strings
-    (trusted, e.g. from :func:`markdown_html`) between them; plotly.js is inside the page once."""
+    (trusted, e.g. from :func:`markdown_html`) between them; plotly.js is inside the page once. The
+    performance marks ``g2v-views-start`` and ``g2v-views-end`` bracket the drawing of the views (after
+    plotly.js has loaded): ``performance.measure`` between them is the time the views take to appear."""
     body = "".join(x if isinstance(x, str) else x.fragment(include_plotlyjs=False) for x in items)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{_html.escape(title)}</title><style>{STYLE}</style>\n"
-        f"<script>{plotly_js()}</script></head>\n<body>\n{body}</body></html>\n"
+        f"<script>{plotly_js()}</script></head>\n<body>\n<script>performance.mark('g2v-views-start')</script>\n"
+        f"{body}<script>performance.mark('g2v-views-end')</script>\n</body></html>\n"
     )
 
 
