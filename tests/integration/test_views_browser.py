@@ -137,7 +137,7 @@ def test_token_view_colours_the_prompt_by_attention_from_the_clicked_token(brows
     )
     expected = seen["blocks.0.attn.hook_pattern"][0, 4, 3]  # layer 0 (the first shown), head 4, from position 3
     alphas = [float(s.rsplit(",", 1)[1].rstrip(")")) if s.startswith("rgba") else 1.0 for s in shades]
-    assert np.allclose(alphas, expected.numpy(), atol=3e-3)  # to the browser's 8-bit alpha; nothing after position 3
+    assert np.allclose(alphas, expected.numpy(), atol=6e-3)  # as the browser keeps alpha (8 bits, 2-3 decimals)
     assert alphas[4:] == [0.0, 0.0] and "g2v-sel" in browser.find_elements(By.CSS_SELECTOR, ".g2v-tok")[
         3
     ].get_attribute("class")
