@@ -142,6 +142,13 @@ def test_cli_view_writes_the_page_of_a_saved_result(facts_model, tmp_path, capsy
     assert "logit lens: &#x27;The capital of France is&#x27;" in html and "Plotly.newPlot" in html
     assert main(["view", str(tmp_path / "missing.json")]) == 2
     assert "missing.json does not exist" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{not json")
+    assert main(["view", str(tmp_path / "bad.json")]) == 2
+    assert "bad.json is not JSON" in capsys.readouterr().err
+    (tmp_path / "other.json").write_text('{"x": 1}')
+    assert main(["view", str(tmp_path / "other.json")]) == 2
+    err = capsys.readouterr().err
+    assert "no view for a result with fields ['x']" in err and len(err.strip().splitlines()) == 1
 
 
 def test_markdown_html_renders_the_report_markdown():
