@@ -8,7 +8,7 @@ Requires Plotly (``pip install gpt2-interp[views]``); importing the library load
 from ..core.lazy import lazy_face
 
 _FACE = {
-    "page": ("View", "html_page", "markdown_html", "plotly_js"),
+    "page": ("View", "html_page", "markdown_html", "plotly_js", "reset_notebook"),
     "dispatch": ("view", "view_experiment", "load_result", "kind_of"),
     "attention": ("AttentionPatterns", "attention_patterns", "view_attention"),
     "lens": ("view_lens", "view_dla", "view_vocab", "view_neuron_search", "view_subupdates"),

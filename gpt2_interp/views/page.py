@@ -47,6 +47,13 @@ def plotly_js() -> str:
     return get_plotlyjs()
 
 
+def reset_notebook() -> None:
+    """Send plotly.js again with the next view displayed in this kernel (after the output holding it was
+    cleared, or in a new notebook served by the same kernel)."""
+    global _notebook_loaded
+    _notebook_loaded = False
+
+
 def _new_id() -> str:
     return f"g2v{next(_ids)}"
 
@@ -111,9 +118,18 @@ class View:
         the plotly.js bundle first."""
         bodies, scripts = zip(*(p.render() for p in self.parts)) if self.parts else ((), ())
         lib = f"<script>{plotly_js()}</script>\n" if include_plotlyjs else ""
-        run = "\n".join(f"<script>(function(){{{s}}})();</script>" for s in scripts if s)
+        uid = _new_id()
+        # without plotly.js (a notebook whose first view's output was cleared) the view says what to do
+        missing = (
+            f"if (typeof Plotly === 'undefined') {{document.getElementById('{uid}').insertAdjacentHTML('beforeend',"
+            '\'<p class="g2v-note">plotly.js is not loaded on this page: run the view again with '
+            "gpt2_interp.views.reset_notebook() first</p>'); return;}"
+        )
+        run = "\n".join(f"<script>(function(){{{missing}{s}}})();</script>" for s in scripts if s)
         return (
-            f'{lib}<div class="g2v-view"><h2>{_html.escape(self.title)}</h2>\n' + "\n".join(bodies) + f"</div>\n{run}"
+            f'{lib}<div class="g2v-view" id="{uid}"><h2>{_html.escape(self.title)}</h2>\n'
+            + "\n".join(bodies)
+            + f"</div>\n{run}"
         )
 
     def html(self) -> str:

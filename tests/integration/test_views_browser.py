@@ -101,7 +101,9 @@ def gqa_patterns():
     return attention_patterns(model, PROMPT), seen
 
 
-def test_attention_page_shows_nine_heads_with_kv_groups_and_hook_pattern_exactly(browser, gqa_patterns, tmp_path):
+def test_attention_page_shows_nine_heads_with_kv_groups_hook_pattern_exactly_and_the_token_view(
+    browser, gqa_patterns, tmp_path
+):
     result, seen = gqa_patterns
     path = view_attention(result, layer=3).save(tmp_path / "attention.html")
     assert open_page(browser, path) == []
@@ -122,25 +124,20 @@ def test_attention_page_shows_nine_heads_with_kv_groups_and_hook_pattern_exactly
     value = float(seen["blocks.1.attn.hook_pattern"][0, 0, 5, 2])
     assert "destination 5:␣is" in text and "source 2:␣capital" in text and f"{value:.4f}" in text, text
     assert not_blank(browser) > 10
-
-
-def test_token_view_colours_the_prompt_by_attention_from_the_clicked_token(browser, gqa_patterns, tmp_path):
-    result, seen = gqa_patterns
-    assert open_page(browser, view_attention(result).save(tmp_path / "tokens.html")) == []
+    # the token view: head 4 of the layer shown (1), attention from the clicked token ' of' (position 3)
     browser.execute_script(
         "arguments[0].value = 4; arguments[0].onchange()",
         browser.find_element(By.CSS_SELECTOR, "select[aria-label=head]"),
     )
-    browser.find_elements(By.CSS_SELECTOR, ".g2v-tok")[3].click()  # attend from ' of'
+    browser.find_elements(By.CSS_SELECTOR, ".g2v-tok")[3].click()
     shades = browser.execute_script(
         "return Array.from(document.querySelectorAll('.g2v-tok')).map(s => s.style.background)"
     )
-    expected = seen["blocks.0.attn.hook_pattern"][0, 4, 3]  # layer 0 (the first shown), head 4, from position 3
+    expected = seen["blocks.1.attn.hook_pattern"][0, 4, 3]
     alphas = [float(s.rsplit(",", 1)[1].rstrip(")")) if s.startswith("rgba") else 1.0 for s in shades]
     assert np.allclose(alphas, expected.numpy(), atol=6e-3)  # as the browser keeps alpha (8 bits, 2-3 decimals)
-    assert alphas[4:] == [0.0, 0.0] and "g2v-sel" in browser.find_elements(By.CSS_SELECTOR, ".g2v-tok")[
-        3
-    ].get_attribute("class")
+    assert alphas[4:] == [0.0, 0.0]  # nothing after the destination
+    assert "g2v-sel" in browser.find_elements(By.CSS_SELECTOR, ".g2v-tok")[3].get_attribute("class")
 
 
 def _big_lens(n_layers: int = 30, n_pos: int = 64, k: int = 3) -> dict:
@@ -171,6 +168,7 @@ def _views_ms(driver) -> float:
     )
 
 
+@pytest.mark.slow  # two pages of 5 and 11 MB
 def test_a_30_layer_by_64_position_map_and_a_30_by_9_attention_grid(browser, tmp_path, record_property):
     lens = view(_big_lens())
     path = lens.save(tmp_path / "lens.html")
@@ -207,6 +205,10 @@ def test_two_notebook_outputs_share_one_plotly_and_both_draw(browser, gqa_patter
         "return Array.from(document.querySelectorAll('.g2v-attn .g2v-fig')).map(g => g.data.length)"
     )
     assert counts == [9, 9]
+    # a later output alone (the first one's cleared): the view says how to reload plotly.js, and nothing fails
+    path.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>" + cells[1] + "</body></html>")
+    assert open_page(browser, path) == []
+    assert "reset_notebook()" in browser.find_element(By.CSS_SELECTOR, ".g2v-view").text
 
 
 @pytest.mark.slow
