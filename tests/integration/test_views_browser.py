@@ -1,34 +1,19 @@
 """The views in a real browser: headless Chromium (Debian's ``chromium`` and ``chromedriver``, installed by
 scripts/setup.sh) driven by Selenium, one browser for the module. The pages open from files with no console
 errors, hold the expected panels and cells, show values and tokens on hover, draw something (a screenshot is
-not blank), and carry the model's ``hook_pattern`` values exactly."""
+not blank), and carry the model's ``hook_pattern`` values exactly. (The demo's ``index.html`` is opened by
+tests/integration/test_demo.py, on the report its fixture writes.)"""
 
 from __future__ import annotations
-
-import io
-import shutil
-import time
 
 import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("plotly", reason="the views need Plotly: pip install gpt2-interp[views]")
-pytest.importorskip(
-    "selenium", reason="the browser tests drive Chromium with Selenium: pip install gpt2-interp[browser]"
-)
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
-if not (CHROMIUM and DRIVER):
-    pytest.skip(
-        "no headless browser: install Debian's chromium and chromium-driver (scripts/setup.sh does, as root)",
-        allow_module_level=True,
-    )
+from .browser import chromium, hover_cell, not_blank, open_page, skip_without_browser
 
-from PIL import Image  # noqa: E402
-from selenium import webdriver  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+skip_without_browser()
+
 from selenium.webdriver.common.by import By  # noqa: E402
 
 from gpt2_interp.model import HookedGPT2, llama_config  # noqa: E402
@@ -40,51 +25,8 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def browser():
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1280,1000",
-    ):
-        opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
-    driver.set_page_load_timeout(120)
-    yield driver
-    driver.quit()
-
-
-def open_page(driver, path) -> list[str]:
-    """Load ``path`` from disk; the console's errors and warnings (none expected)."""
-    driver.get(path.resolve().as_uri())
-    assert driver.execute_script("return document.readyState") == "complete"
-    return [e["message"] for e in driver.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
-
-
-def not_blank(driver) -> float:
-    """The grey-level standard deviation of a screenshot (a blank page: 0)."""
-    img = Image.open(io.BytesIO(driver.get_screenshot_as_png())).convert("L")
-    return float(np.asarray(img, dtype=float).std())
-
-
-def hover_cell(driver, fig, row: int, col: int, n_rows: int, n_cols: int, top_down: bool) -> str:
-    """Move the mouse over cell (row, col) of the first heatmap of ``fig``; the hover label's text."""
-    drag = fig.find_element(By.CSS_SELECTOR, ".nsewdrag")
-    w, h = drag.size["width"], drag.size["height"]
-    y_frac = (row + 0.5) / n_rows if top_down else 1 - (row + 0.5) / n_rows
-    dx, dy = int((col + 0.5) / n_cols * w - w / 2), int(y_frac * h - h / 2)
-    ActionChains(driver).move_to_element_with_offset(drag, dx, dy).perform()
-    for _ in range(50):
-        text = driver.execute_script(
-            "var h = arguments[0].querySelector('.hoverlayer'); return h && h.textContent", fig
-        )
-        if text:
-            return text
-        time.sleep(0.05)
-    return ""
+    with chromium() as driver:
+        yield driver
 
 
 @pytest.fixture(scope="module")
@@ -209,37 +151,3 @@ def test_two_notebook_outputs_share_one_plotly_and_both_draw(browser, gqa_patter
     path.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>" + cells[1] + "</body></html>")
     assert open_page(browser, path) == []
     assert "reset_notebook()" in browser.find_element(By.CSS_SELECTOR, ".g2v-view").text
-
-
-@pytest.mark.slow
-def test_demo_index_html_opens_offline_with_every_view_working(browser, tmp_path):
-    from gpt2_interp.demo import run_demo
-
-    run_demo("gpt2-facts", tmp_path / "report", samples=2)
-    browser.execute_cdp_cmd("Network.enable", {})
-    browser.execute_cdp_cmd(
-        "Network.emulateNetworkConditions",
-        {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1},
-    )
-    try:
-        assert open_page(browser, tmp_path / "report" / "index.html") == []
-        traces = browser.execute_script(
-            "return Array.from(document.querySelectorAll('.g2v-fig')).map(g => (g.data || []).length)"
-        )
-        titles = browser.execute_script(
-            "return Array.from(document.querySelectorAll('.g2v-view > h2')).map(h => h.textContent)"
-        )
-    finally:
-        browser.execute_cdp_cmd(
-            "Network.emulateNetworkConditions",
-            {"offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1},
-        )
-    assert len(titles) == 5 and titles[0].startswith("Attention patterns") and titles[1].startswith("logit lens")
-    assert (
-        titles[2].startswith("MLP sub-updates")
-        and titles[3].startswith("Causal trace")
-        and titles[4].startswith("Edit →")
-    )
-    assert all(n > 0 for n in traces) and traces[3] == 3  # every figure drawn; hidden, MLP and attention traces
-    assert browser.execute_script("return document.body.innerText").count("ROME edit") >= 1
-    assert not_blank(browser) > 10
