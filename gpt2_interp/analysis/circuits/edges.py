@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from einops import einsum, rearrange
 
-from ..attribution.readout import chunk_metric
+from ..attribution.readout import Readout, chunk_metric
 from ..engine import Patch, base_kv_from, entry_name, final_logits, kv_names, run_staircase
 from ..metrics import Metric, apply_metric, bind_metric, refuse_degenerate, require_finite_metric
 from ..patching import Prompts, pair_tokens
@@ -270,7 +270,10 @@ def edge_patch(
         group_of = torch.empty(graph.n_receivers, dtype=torch.long)
         for i, g in enumerate(graph.groups):
             group_of[g.first : g.first + g.count] = i
-        metric = pairs.metric
+        # a logit difference reads only its tokens' columns of the unembedding (rows × d_vocab would dominate)
+        cols = Readout(model, pairs.metric, (0, n), n)
+        metric = pairs.metric if cols.cols is None or cols.bound is None else cols.bound
+        unembed = None if cols.cols is None else _columns(model, cols.cols)
 
         def readout(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
             return apply_metric(metric, logits.view(-1, n, logits.shape[-1])).flatten()
@@ -285,14 +288,12 @@ def edge_patch(
                     graph,
                     pairs,
                     part,
-                    es,
-                    er,
-                    group_of,
+                    (es, er, group_of),
                     cache,
                     entries,
                     base_kv,
                     diff,
-                    readout,
+                    (readout, unembed),
                     batch_size,
                     progress,
                 )
@@ -306,18 +307,19 @@ def _edge_rows(
     graph: Graph,
     pairs: Pairs,
     part: torch.Tensor,
-    es: torch.Tensor,
-    er: torch.Tensor,
-    group_of: torch.Tensor,
+    index: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     cache: dict,
     entries: dict,
     base_kv: Any,
     diff: torch.Tensor,
-    readout: Any,
+    read: tuple[Any, Any],
     batch_size: int | None,
     progress: bool | None,
 ) -> torch.Tensor:
-    """Engine rows for edges ``part`` (row ``i·n + j``: edge ``part[i]``, pair ``j``) → metric ``[len(part)·n]``."""
+    """Engine rows for edges ``part`` (row ``i·n + j``: edge ``part[i]``, pair ``j``) → metric ``[len(part)·n]``.
+    ``index``: each edge's sender and receiver and each receiver's group; ``read``: ``(readout, unembed)``."""
+    es, er, group_of = index
+    readout, unembed = read
     n, P, f = pairs.n, pairs.n_pos, pairs.first
     n_layer = model.cfg.n_layer
     dev = model.device
@@ -363,7 +365,17 @@ def _edge_rows(
         desc="edge patching",
         first_pos=torch.full((k * n,), f),
         base_kv=base_kv,
+        unembed=unembed,
     )
+
+
+def _columns(model: HookedGPT2, cols: torch.Tensor) -> Any:
+    """The unembedding restricted to columns ``cols``: ``[r, d_model]`` → ``[r, len(cols)]``."""
+
+    def unembed(x: torch.Tensor) -> torch.Tensor:
+        return x @ model.W_U[:, cols]
+
+    return unembed
 
 
 def chunked_metric(metric: Metric, logits: torch.Tensor, first: int, n: int) -> torch.Tensor:
