@@ -168,7 +168,8 @@ def run_with_edges(
     n_receivers]``, 1 where the edge is patched (fractions interpolate: ``in_r += m · (s_corrupted −
     s_current)``). Every row runs the clean prompts with its edges patched, all layers at once (each
     receiver's input is corrected from the senders' outputs *in that run*). Returns ``[rows, n]``
-    (float32, CPU). ``batch_rows``: mask rows per forward pass (None: sized from :data:`EDGE_MEMORY`).
+    (float32, CPU). ``graph``: the model's :class:`Graph`; ``pairs``: from :func:`pairs_of`;
+    ``batch_rows``: mask rows per forward pass (None: sized from :data:`EDGE_MEMORY`).
     """
     graph.fits(model)
     masks = _check_masks(graph, patched.to(model.device))
@@ -250,7 +251,9 @@ def edge_patch(
     prefix-reuse engine (:func:`~gpt2_interp.analysis.engine.run_staircase`): it starts at the
     receiver's layer from the clean run's residual stream and computes only the positions from the
     first one where the pairs differ, its receiver's input set to the clean input plus the sender's
-    corrupted − clean output. ``max_rows``: rows per engine call (bounds the patch values' memory).
+    corrupted − clean output. ``graph``: the model's :class:`Graph`; ``pairs``: from :func:`pairs_of`;
+    ``batch_size``: engine rows per chunk (None: from memory); ``progress``: a progress bar (None: on a
+    terminal); ``max_rows``: rows per engine call (bounds the patch values' memory).
     """
     graph.fits(model)
     n_layer, n = model.cfg.n_layer, pairs.n
