@@ -1,6 +1,6 @@
 """Edge scores checked against exact edge patching, and the cost of scoring every edge.
 
-    python benchmarks/bench_circuits.py [--part agreement|speed|both] [--out benchmarks/RESULTS_circuits.md]
+    python benchmarks/bench_edge_scores.py [--part agreement|speed|both] [--out benchmarks/RESULTS_edge_scores.md]
 
 1. Agreement (gpt2-facts): subject-swap fact-recall pairs the model knows (``experiments.attribution.fact_pairs``,
    ``--pairs`` of them), metric logit[clean object] − logit[corrupted object]. Every edge is patched exactly
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(text)
     if a.out:
         a.out.write_text(
-            "# Edge-level circuits\n\n`python benchmarks/bench_circuits.py`\n\n"
+            "# Edge-level circuits\n\n`python benchmarks/bench_edge_scores.py`\n\n"
             + (__doc__.split("\n\n", 2)[2].strip() + "\n\n")
             + text
         )
