@@ -116,6 +116,19 @@ def test_exact_edge_patching_equals_a_hand_written_hook_loop(kind):
     torch.testing.assert_close(general, exact, atol=1e-5, rtol=0)
 
 
+def test_edges_patched_in_chunks_of_rows_and_pairs_give_the_same_metric(monkeypatch):
+    from gpt2_interp.analysis.circuits import edges as edges_module
+
+    model = _model("gqa")
+    clean, corrupted, metric = _pairs()
+    pairs = pairs_of(model, clean, corrupted, metric)
+    graph = graph_of(model)
+    masks = (torch.rand(5, graph.n_edges, generator=torch.Generator().manual_seed(0)) > 0.5).float()
+    whole = run_with_edges(model, graph, pairs, masks)
+    monkeypatch.setattr(edges_module, "EDGE_MEMORY", 1)  # one mask row and one pair per pass
+    torch.testing.assert_close(run_with_edges(model, graph, pairs, masks), whole, atol=1e-5, rtol=0)
+
+
 def test_exact_edge_patching_of_a_full_vocabulary_metric_equals_the_general_primitive():
     """A metric that reads every logit (a probability) takes the engine's full unembedding path."""
     model = _model("gpt2")

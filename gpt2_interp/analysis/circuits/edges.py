@@ -169,29 +169,41 @@ def run_with_edges(
     s_current)``). Every row runs the clean prompts with its edges patched, all layers at once (each
     receiver's input is corrected from the senders' outputs *in that run*). Returns ``[rows, n]``
     (float32, CPU). ``graph``: the model's :class:`Graph`; ``pairs``: from :func:`pairs_of`;
-    ``batch_rows``: mask rows per forward pass (None: sized from :data:`EDGE_MEMORY`).
+    ``batch_rows``: mask rows per forward pass (None: sized from :data:`EDGE_MEMORY`; when one row of
+    every pair would not fit, the pairs are run in chunks too).
     """
     graph.fits(model)
     masks = _check_masks(graph, patched.to(model.device))
     with torch.no_grad():
         corr = sender_outputs(model, _cache(model, pairs.corrupted, pairs.mask, sender_hooks(model)))
     n, P = pairs.n, pairs.n_pos
-    d = model.cfg.d_model
-    per_row = n * P * graph.n_senders * d * 4 * 2
+    per_pair = P * graph.n_senders * model.cfg.d_model * 4 * 2  # sender differences and corrupted outputs
+    per_chunk = max(1, min(n, EDGE_MEMORY // per_pair))  # pairs per pass
     if batch_rows is None:
-        batch_rows = max(1, EDGE_MEMORY // per_row)
-    out = []
+        batch_rows = max(1, EDGE_MEMORY // (per_pair * per_chunk))
+    out = torch.empty(masks.shape[0], n)
     with split_inputs(model), torch.inference_mode():
         for a in range(0, masks.shape[0], batch_rows):
-            out.append(_patched_metric(model, graph, pairs, corr, masks[a : a + batch_rows]))
-    return torch.cat(out).cpu()
+            for p0 in range(0, n, per_chunk):
+                p1 = min(n, p0 + per_chunk)
+                m = _patched_metric(model, graph, pairs, corr, masks[a : a + batch_rows], (p0, p1))
+                out[a : a + batch_rows, p0:p1] = m.cpu()
+    return out
 
 
 def _patched_metric(
-    model: HookedGPT2, graph: Graph, pairs: Pairs, corr: torch.Tensor, masks: torch.Tensor
+    model: HookedGPT2,
+    graph: Graph,
+    pairs: Pairs,
+    corr: torch.Tensor,
+    masks: torch.Tensor,
+    span: tuple[int, int],
 ) -> torch.Tensor:
-    """One chunk of :func:`run_with_edges`: ``masks [k, S, R]`` → metric ``[k, n]``."""
-    k, n, P = masks.shape[0], pairs.n, pairs.n_pos
+    """One chunk of :func:`run_with_edges`: ``masks [k, S, R]`` and the pairs ``span = (first, end)`` →
+    metric ``[k, end − first]``."""
+    p0, p1 = span
+    k, n, P = masks.shape[0], p1 - p0, pairs.n_pos
+    corr = corr[p0:p1]
     S = graph.n_senders
     b = k * n
     # diff[row] = corrupted − current sender outputs of row (k masks × n pairs, pair fastest)
@@ -227,12 +239,14 @@ def _patched_metric(
 
         hooks.append((g.name, patch_in))
     n_layer = model.cfg.n_layer
-    tokens = pairs.clean.repeat(k, 1)
-    mask = None if pairs.mask is None else pairs.mask.repeat(k, 1)
+    tokens = pairs.clean[p0:p1].repeat(k, 1)
+    mask = None if pairs.mask is None else pairs.mask[p0:p1].repeat(k, 1)
     with model.hooks(hooks):
         resid = model(tokens, attention_mask=mask, stop_at_layer=n_layer)
-    logits = final_logits(model, resid)
-    return apply_metric(pairs.metric, rearrange(logits, "(k n) v -> k n v", k=k))
+    logits = rearrange(final_logits(model, resid), "(k n) v -> k n v", k=k)
+    if (p0, p1) == (0, pairs.n):
+        return apply_metric(pairs.metric, logits)
+    return torch.stack([chunk_metric(pairs.metric, logits[i], (p0, pairs.n)) for i in range(k)])
 
 
 def edge_patch(
