@@ -1,6 +1,6 @@
 """Edge scores checked against exact edge patching, and the cost of scoring every edge.
 
-    python benchmarks/bench_edge_scores.py [--part agreement|speed|both] [--out benchmarks/RESULTS_edge_scores.md]
+    python benchmarks/bench_edge_scores.py [--part agreement|speed|curve|all] [--out benchmarks/RESULTS_edge_scores.md]
 
 1. Agreement (gpt2-facts): subject-swap fact-recall pairs the model knows (``experiments.attribution.fact_pairs``,
    ``--pairs`` of them), metric logit[clean object] − logit[corrupted object]. Every edge is patched exactly
@@ -12,6 +12,9 @@
    ``edge_scores`` and the process's CPU time over it (pairs tokenised, unpatched runs and all gradient passes
    included; the model load is not). On a shared machine the CPU time is the measure: with one torch thread it
    is what an idle single core would take.
+3. Faithfulness curves (gpt2-facts, the pairs of part 1): circuits of the top edges by EAP, EAP-IG (inputs) and
+   EAP-IG (activations), 20 sizes from 0.1% to all edges, dangling edges pruned, faithfulness exact
+   (``faithfulness_curve``); the smallest circuit reaching 80% per method, as a share of all edges.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 from scipy.stats import spearmanr
 
 import gpt2_interp as gi
-from gpt2_interp.analysis.circuits import edge_scores, graph_of
+from gpt2_interp.analysis.circuits import edge_scores, faithfulness_curve, graph_of
 from gpt2_interp.analysis.metrics import logit_diff
 from gpt2_interp.experiments.attribution import fact_pairs, pair_metric
 from gpt2_interp.experiments.provenance import standalone, write_beside
@@ -95,20 +98,52 @@ def speed(n_pairs: int) -> tuple[list[str], dict]:
     return [line], {"pairs": len(fp), "edges": n_edges, "seconds": secs, "cpu_seconds": cpu, "load": [load0, load1]}
 
 
+def curve(pairs: int) -> tuple[list[str], dict]:
+    model = gi.load("gpt2-facts")
+    fp = fact_pairs(model, 4 * pairs, pairs)
+    metric = pair_metric(fp)
+    scores = [
+        edge_scores(model, fp.clean, fp.corrupted, metric, progress=False, **kw)
+        for kw in (
+            {"method": "eap"},
+            {"method": "eap-ig", "ig_steps": 5},
+            {"method": "eap-ig", "ig_steps": 5, "ig_path": "activations"},
+        )
+    ]
+    t, cpu = time.perf_counter(), time.process_time()
+    c = faithfulness_curve(model, scores, fp.clean, fp.corrupted, metric, sizes=20)
+    secs, cpu = time.perf_counter() - t, time.process_time() - cpu
+    small = c.smallest(0.8)
+    lines = [
+        f"Faithfulness curves, gpt2-facts, {len(fp)} pairs, {len(c.sizes)} sizes × {len(c.methods)} methods: "
+        f"{secs:.0f} s wall, {cpu:.0f} s CPU",
+        "",
+        "| method | smallest circuit with faithfulness ≥ 80% (edges, share of all) |",
+        "|---|---|",
+    ]
+    for m, k in small.items():
+        lines.append(f"| {m} | {'none' if k is None else f'{k} ({100 * k / c.total_edges:.1f}%)'} |")
+    lines += ["", "```", c.table(), "```"]
+    return lines, {"smallest": small, "faithfulness": c.faithfulness.tolist(), "kept": c.kept.tolist()}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("agreement", "speed", "both"), default="both")
+    ap.add_argument("--part", choices=("agreement", "speed", "curve", "all"), default="all")
     ap.add_argument("--pairs", type=int, default=16, help="gpt2-facts pairs for the agreement part")
     ap.add_argument("--speed-pairs", type=int, default=100, help="SmolLM2 pairs for the speed part")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     torch.manual_seed(0)
     lines, data = [], {}
-    if a.part in ("agreement", "both"):
+    if a.part in ("agreement", "all"):
         part, data["agreement"] = agreement(a.pairs)
         lines += [*part, ""]
-    if a.part in ("speed", "both"):
+    if a.part in ("speed", "all"):
         part, data["speed"] = speed(a.speed_pairs)
+        lines += [*part, ""]
+    if a.part in ("curve", "all"):
+        part, data["curve"] = curve(a.pairs)
         lines += part
     now = datetime.now(timezone.utc)
     env = f"{os.cpu_count()} cores, {torch.get_num_threads()} torch threads, {now:%Y-%m-%d %H:%M} UTC"
