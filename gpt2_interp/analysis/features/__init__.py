@@ -12,5 +12,7 @@ from ...core.lazy import lazy_face
 
 _FACE: dict[str, tuple[str, ...]] = {
     "sae": ("SAE", "SAEConfig", "load_sae"),
+    "sae_train": ("train_sae", "SAETrainConfig", "TrainingLog", "ActivationBuffer", "token_windows", "text_source"),
+    "sae_eval": ("evaluate_sae", "SAEEvaluation"),
 }
 __all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

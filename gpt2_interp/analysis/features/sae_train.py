@@ -343,7 +343,7 @@ def train_sae(
         pending: list[torch.Tensor] = [first]
     else:
         pending = []
-    forward_before = buffer.forward_seconds
+    forward_before = 0.0  # the buffer's forward seconds already counted in log.forward_seconds
     bar = progress_bar(total=total_steps, initial=step, enabled=progress, desc=f"SAE {cfg.hook_name}", unit="step")
     warm, decay_from = max(1, int(cfg.lr_warmup * total_steps)), int((1 - cfg.lr_decay) * total_steps)
     while step < total_steps:
