@@ -14,5 +14,6 @@ _FACE: dict[str, tuple[str, ...]] = {
     "sae": ("SAE", "SAEConfig", "load_sae"),
     "sae_train": ("train_sae", "SAETrainConfig", "TrainingLog", "ActivationBuffer", "token_windows", "text_source"),
     "sae_eval": ("evaluate_sae", "SAEEvaluation"),
+    "sae_views": ("feature_view", "FeatureView", "latents_promoting", "latents_firing", "LatentSearch", "logit_effect"),
 }
 __all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

@@ -39,6 +39,7 @@ Architecture = Literal["topk", "batchtopk", "relu"]
 ARCHITECTURES: tuple[str, ...] = ("topk", "batchtopk", "relu")
 CFG_FILE, WEIGHTS_FILE = "cfg.json", "sae_weights.safetensors"
 FORMAT = "gpt2-interp-sae/1"
+SAELENS_FORMAT = "6.0.0"  # the SAELens version whose cfg.json layout SAE.save writes
 
 
 @dataclass
@@ -223,6 +224,7 @@ class SAE(nn.Module):
             "normalize_activations": "none",
             "reshape_activations": "none",
             "metadata": {
+                "sae_lens_version": SAELENS_FORMAT,  # the config layout written (SAELens ≥ 6 reads it as such)
                 "hook_name": self.cfg.hook_name,
                 "model_name": self.cfg.model_name,
                 "gpt2_interp": asdict(self.cfg),

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 
 from ...core.checks import check_choice, check_count, check_number
 from ...core.progress import progress_bar
@@ -255,8 +256,14 @@ def _step_loss(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss, latents, fvu)`` of one batch ``x`` ``[batch, d_in]``; ``dead`` ``[d_sae]`` marks dead latents."""
     pre = sae.pre_acts(x)
-    z = sae.activate(pre, batch=True)
-    recons = z @ sae.W_dec + sae.b_dec
+    if cfg.architecture == "topk":  # decode the k active rows only (a gather, not a [batch, d_sae] product)
+        vals, idx = pre.topk(cfg.k, dim=-1, sorted=False)
+        vals = vals.relu()
+        recons = F.embedding_bag(idx, sae.W_dec, per_sample_weights=vals, mode="sum") + sae.b_dec
+        z = torch.zeros_like(pre).scatter(-1, idx, vals.detach())
+    else:
+        z = sae.activate(pre, batch=True)
+        recons = z @ sae.W_dec + sae.b_dec
     var = (x - x.mean(0)).pow(2).sum()
     err = x - recons
     fvu = err.pow(2).sum() / var
@@ -268,8 +275,7 @@ def _step_loss(
         aux_k = min(cfg.aux_k or sae.cfg.d_in // 2, n_dead)
         dead_pre = pre.masked_fill(~dead, float("-inf"))
         vals, idx = dead_pre.topk(aux_k, dim=-1, sorted=False)
-        z_aux = torch.zeros_like(pre).scatter(-1, idx, vals.relu())
-        e_hat = z_aux @ sae.W_dec
+        e_hat = F.embedding_bag(idx, sae.W_dec, per_sample_weights=vals.relu(), mode="sum")
         e = err.detach()
         aux = (e - e_hat).pow(2).sum() / (e - e.mean(0)).pow(2).sum().clamp_min(1e-12)
         loss = loss + cfg.aux_coefficient * aux.nan_to_num(0.0)
