@@ -64,7 +64,8 @@ def evaluate_sae(
     model: HookedGPT2, sae: SAE, windows: torch.Tensor, batch: int = 16, dense_above: float = 0.1
 ) -> SAEEvaluation:
     """Measure ``sae`` on ``model`` over token ``windows`` ``[n, pos]`` (held out from training; see
-    :func:`.sae_train.token_windows`), ``batch`` windows per forward pass. See the module's docstring."""
+    :func:`.sae_train.token_windows`), ``batch`` windows per forward pass; a latent firing on more than ``dense_above``
+    of the tokens counts as dense. See the module's docstring."""
     sae.check_model(model)
     site = sae.cfg.hook_name
     skip = int(model.tokenizer.bos_id is not None)

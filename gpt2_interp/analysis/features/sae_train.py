@@ -40,9 +40,9 @@ if TYPE_CHECKING:
 
 # ---------------------------------------------------------------------- text and token windows
 def text_source(model: HookedGPT2, source: str | Sequence[str], n_generated: int = 64, seed: int = 0) -> list[str]:
-    """Documents to train on: ``"brown"`` (the Brown corpus, :mod:`gpt2_interp.io.corpora`),
-    ``"generated"`` (``n_generated`` samples of the model itself from its BOS token, seeded), a path to a
-    folder of ``.txt`` files (or one file), or a list of strings (as given)."""
+    """Documents to train on, from ``source``: ``"brown"`` (the Brown corpus, :mod:`gpt2_interp.io.corpora`),
+    ``"generated"`` (``n_generated`` samples of the model itself from its BOS token, sampled with
+    ``seed``), a path to a folder of ``.txt`` files (or one file), or a list of strings (as given)."""
     if not isinstance(source, str):
         docs = list(source)
         if not docs or not all(isinstance(d, str) for d in docs):
@@ -117,8 +117,8 @@ class ActivationBuffer:
     """Activations ``[batch_size, d_in]`` at ``hook_name`` for token ``windows`` ``[n, pos]``, shuffled:
     ``buffer_tokens`` activations are held; each refill runs ``forward_batch`` windows at a time until the
     store is full again, shuffles it, and hands out its first half as batches. BOS positions are
-    skipped. ``start``: the first window to read (a resumed run). Iterating yields batches until the
-    windows run out (``windows_read``: how many were read so far)."""
+    skipped. ``start``: the first window to read (a resumed run); ``seed`` seeds the shuffling.
+    Iterating yields batches until the windows run out (``windows_read``: how many were read so far)."""
 
     def __init__(
         self,

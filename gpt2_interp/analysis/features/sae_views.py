@@ -98,7 +98,7 @@ def feature_view(
     bins: int = 30,
     batch: int = 32,
 ) -> FeatureView:
-    """The view of ``latent`` over token ``windows`` ``[n, pos]`` (see :func:`.sae_train.token_windows`):
+    """The view of ``latent`` of ``sae`` over token ``windows`` ``[n, pos]`` (see :func:`.sae_train.token_windows`):
     its ``top`` contexts (up to ``context`` tokens before the firing token, and the token), its
     ``n_tokens`` most promoted and suppressed tokens, a ``bins``-bin histogram and its density.
     ``batch`` windows per forward pass. A latent out of range raises IndexError."""
@@ -168,7 +168,7 @@ class LatentSearch(Result):
 
 
 def latents_promoting(model: HookedGPT2, sae: SAE, token: str, top: int = 10) -> LatentSearch:
-    """The ``top`` latents whose logit effect (:func:`logit_effect`) on ``token`` (a string that is one
+    """The ``top`` latents of ``sae`` whose logit effect (:func:`logit_effect`) on ``token`` (a string that is one
     token, e.g. ``" Paris"``) is largest. A string of several tokens raises ValueError."""
     check_str(token, "token", " Paris")
     ids = model.tokenizer.encode_ids(token)
@@ -181,7 +181,7 @@ def latents_promoting(model: HookedGPT2, sae: SAE, token: str, top: int = 10) ->
 
 @torch.no_grad()
 def latents_firing(model: HookedGPT2, sae: SAE, prompt: str, top: int = 10, position: int | None = -1) -> LatentSearch:
-    """The ``top`` latents most active on ``prompt`` at token ``position`` (default the last; None: the
+    """The ``top`` latents of ``sae`` most active on ``prompt`` at token ``position`` (default the last; None: the
     maximum over the prompt's tokens, BOS excluded)."""
     check_str(prompt, "prompt", "The capital of France is")
     tokens = model.to_tokens(prompt)
