@@ -30,7 +30,7 @@ TEXTS = [
     "The quick brown fox jumps over the lazy dog. " * 24,
     "Paris is the capital of France and Rome is the capital of Italy. " * 20,
     "One two three four five six seven eight nine ten eleven twelve. " * 20,
-]  # 52 windows of 16 tokens: 780 activations after the BOS positions
+]  # ~52 windows of 16 tokens: ~780 activations after the BOS positions
 
 
 def exact_sae(d_in: int, hook: str = HOOK) -> SAE:

@@ -59,7 +59,9 @@ def text_source(model: HookedGPT2, source: str | Sequence[str], n_generated: int
         assert bos is not None, "generating from nothing needs a BOS token"
         start = torch.full((n_generated, 1), bos, dtype=torch.long, device=model.device)
         out = model.generate(start, max_new_tokens=model.cfg.n_ctx - 1, seed=seed, stop_at_eos=False)
-        return [model.tokenizer.decode(row[1:].tolist()) for row in out]
+        eos = model.tokenizer.eos_id
+        rows = [row[1:].tolist() for row in out]
+        return [model.tokenizer.decode(r[: r.index(eos)] if eos in r else r) for r in rows]  # each up to its EOS
     path = Path(source)
     if path.is_file():
         return [path.read_text(errors="replace")]
@@ -72,17 +74,16 @@ def text_source(model: HookedGPT2, source: str | Sequence[str], n_generated: int
 
 
 def token_windows(model: HookedGPT2, docs: Sequence[str], context_size: int) -> torch.Tensor:
-    """Documents as token windows ``[n, context_size]``: each document's tokens, split into runs of
-    ``context_size − 1`` after a BOS token (a shorter tail is dropped), in order."""
+    """Documents as token windows ``[n, context_size]``: the documents' tokens packed in order, an
+    end-of-text token after each, split into runs of ``context_size − 1`` after a BOS token (a shorter
+    tail is dropped)."""
     context_size = check_count(context_size, "context_size", 2)
     if context_size > model.cfg.n_ctx:
         raise ValueError(f"context_size {context_size} exceeds {model.cfg.name}'s context of {model.cfg.n_ctx}")
     bos = model.tokenizer.bos_id
     body = context_size - (bos is not None)
-    rows: list[list[int]] = []
-    for d in docs:
-        ids = model.tokenizer.encode_ids(d)
-        rows += [([bos] if bos is not None else []) + ids[i : i + body] for i in range(0, len(ids) - body + 1, body)]
+    ids = [i for d in docs for i in [*model.tokenizer.encode_ids(d), model.tokenizer.eos_id]]
+    rows = [([bos] if bos is not None else []) + ids[i : i + body] for i in range(0, len(ids) - body + 1, body)]
     if not rows:
         raise ValueError(f"the texts give no window of {context_size} tokens; give more or longer texts")
     return torch.tensor(rows, dtype=torch.long)
@@ -282,6 +283,75 @@ def _step_loss(
     return loss, z, fvu.detach()
 
 
+class SAETrainer:
+    """One SAE's optimisation, a step at a time (what :func:`train_sae` loops over): Adam with
+    ``cfg``'s learning-rate schedule over ``total_steps``, the unit-norm decoder constraint, dead-latent
+    tracking for the auxiliary loss and BatchTopK's threshold. ``sae``: the SAE to train (in place)."""
+
+    def __init__(self, sae: SAE, cfg: SAETrainConfig, total_steps: int) -> None:
+        self.sae, self.cfg, self.total_steps = sae, cfg, check_count(total_steps, "total_steps")
+        self.lr = cfg.lr if cfg.lr is not None else 2e-4 / math.sqrt(sae.cfg.d_sae / 16384)
+        self.opt = torch.optim.Adam(sae.parameters(), lr=self.lr, betas=(0.9, 0.999), eps=6.25e-10)
+        self.since_fired = torch.zeros(sae.cfg.d_sae, dtype=torch.long, device=sae.W_dec.device)
+        self.steps = 0
+        self.warm = max(1, int(cfg.lr_warmup * total_steps))
+        self.decay_from = int((1 - cfg.lr_decay) * total_steps)
+
+    @torch.no_grad()
+    def init_b_dec(self, x: torch.Tensor) -> None:
+        """Set ``b_dec`` from a first batch ``x`` ``[batch, d_in]`` as ``cfg.b_dec_init`` says."""
+        if self.cfg.b_dec_init != "zeros":
+            self.sae.b_dec.copy_(geometric_median(x) if self.cfg.b_dec_init == "geometric_median" else x.mean(0))
+
+    def step(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One optimisation step on activations ``x`` ``[batch, d_in]``: ``(fvu, latents, dead)``, the
+        batch's FVU before the step, its latents ``[batch, d_sae]`` and the dead-latent mask ``[d_sae]``."""
+        cfg, sae, step = self.cfg, self.sae, self.steps
+        scale = min(1.0, (step + 1) / self.warm)
+        if step >= self.decay_from:
+            scale = min(scale, (self.total_steps - step) / max(1, self.total_steps - self.decay_from))
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr * scale
+        dead = self.since_fired >= cfg.dead_after
+        loss, z, fvu = _step_loss(sae, x, cfg, dead)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        with torch.no_grad():
+            w, g = sae.W_dec, sae.W_dec.grad
+            assert g is not None, "the decoder has a gradient after backward()"
+            g -= (g * w).sum(-1, keepdim=True) * w  # no step along a row: rows stay unit norm
+        self.opt.step()
+        sae.normalize_decoder()
+        with torch.no_grad():
+            self.since_fired += len(x)
+            self.since_fired[(z > 0).any(0)] = 0
+            if cfg.architecture == "batchtopk":
+                assert sae.threshold is not None, "a BatchTopK SAE has a threshold buffer"
+                positive = z[z > 0]
+                if positive.numel():
+                    sae.threshold.lerp_(positive.min().expand_as(sae.threshold), 0.01)
+        self.steps += 1
+        return fvu, z, dead
+
+
+def new_sae(model: HookedGPT2, cfg: SAETrainConfig) -> SAE:
+    """A freshly initialised SAE for ``model`` at ``cfg.hook_name`` (width read from the model), seeded
+    by ``cfg.seed``, carrying the model's weights fingerprint."""
+    d_in = hook_width(model, cfg.hook_name)
+    return SAE(
+        SAEConfig(
+            d_in=d_in,
+            d_sae=cfg.d_sae if cfg.d_sae is not None else cfg.expansion * d_in,
+            hook_name=cfg.hook_name,
+            architecture=cfg.architecture,
+            k=cfg.k,
+            model_name=model.cfg.name,
+            base_fingerprint=weights_fingerprint(model),
+        ),
+        seed=cfg.seed,
+    ).to(model.device)
+
+
 def train_sae(
     model: HookedGPT2,
     cfg: SAETrainConfig,
@@ -295,39 +365,24 @@ def train_sae(
     directly). ``checkpoint``: a folder for resumable checkpoints. ``progress``: a bar with the live FVU,
     L0 and dead fraction. An unknown hook raises KeyError; a budget the texts cannot fill is trained on
     what they give (``log.tokens`` says how much)."""
-    d_in = hook_width(model, cfg.hook_name)
-    d_sae = cfg.d_sae if cfg.d_sae is not None else cfg.expansion * d_in
     torch.manual_seed(cfg.seed)
-    sae = SAE(
-        SAEConfig(
-            d_in=d_in,
-            d_sae=d_sae,
-            hook_name=cfg.hook_name,
-            architecture=cfg.architecture,
-            k=cfg.k,
-            model_name=model.cfg.name,
-            base_fingerprint=weights_fingerprint(model),
-        ),
-        seed=cfg.seed,
-    ).to(model.device)
+    sae = new_sae(model, cfg)
     if windows is None:
         windows = token_windows(model, text_source(model, texts, seed=cfg.seed), cfg.context_size)
-    lr = cfg.lr if cfg.lr is not None else 2e-4 / math.sqrt(d_sae / 16384)
-    opt = torch.optim.Adam(sae.parameters(), lr=lr, betas=(0.9, 0.999), eps=6.25e-10)
     total_steps = max(1, cfg.tokens // cfg.batch_size)
+    trainer = SAETrainer(sae, cfg, total_steps)
     log = TrainingLog(every=max(1, total_steps // 200))
-    since_fired = torch.zeros(d_sae, dtype=torch.long, device=model.device)
-    start_window, step = 0, 0
+    start_window = 0
     ckpt = Path(checkpoint) / "train_state.pt" if checkpoint is not None else None
     if ckpt is not None and ckpt.is_file():
         state = torch.load(ckpt, map_location=model.device, weights_only=False)
         if state["config"] != asdict(cfg) or state["weights"] != sae.cfg.base_fingerprint:
             raise ValueError(f"{ckpt} was written by a run with other settings or base weights; use another folder")
         sae.load_state_dict(state["sae"])
-        opt.load_state_dict(state["optimizer"])
-        since_fired, start_window, step = state["since_fired"], state["windows_read"], state["step"]
+        trainer.opt.load_state_dict(state["optimizer"])
+        trainer.since_fired, start_window, trainer.steps = state["since_fired"], state["windows_read"], state["step"]
         log = TrainingLog(**state["log"])
-        log.resumed_from = step
+        log.resumed_from = trainer.steps
     buffer = ActivationBuffer(
         model,
         cfg.hook_name,
@@ -335,90 +390,56 @@ def train_sae(
         cfg.batch_size,
         cfg.buffer_tokens,
         cfg.forward_batch,
-        cfg.seed + step,
+        cfg.seed + trainer.steps,
         start_window,
     )
     batches = iter(buffer)
-    if step == 0:
+    pending: list[torch.Tensor] = []
+    if trainer.steps == 0:
         first = next(batches, None)
         if first is None:
             raise ValueError(f"the texts give fewer than batch_size={cfg.batch_size} activations")
-        with torch.no_grad():
-            if cfg.b_dec_init != "zeros":
-                sae.b_dec.copy_(geometric_median(first) if cfg.b_dec_init == "geometric_median" else first.mean(0))
-        pending: list[torch.Tensor] = [first]
-    else:
-        pending = []
+        trainer.init_b_dec(first)
+        pending.append(first)
     forward_before = 0.0  # the buffer's forward seconds already counted in log.forward_seconds
-    bar = progress_bar(total=total_steps, initial=step, enabled=progress, desc=f"SAE {cfg.hook_name}", unit="step")
-    warm, decay_from = max(1, int(cfg.lr_warmup * total_steps)), int((1 - cfg.lr_decay) * total_steps)
-    while step < total_steps:
+    bar = progress_bar(
+        total=total_steps, initial=trainer.steps, enabled=progress, desc=f"SAE {cfg.hook_name}", unit="step"
+    )
+    while trainer.steps < total_steps:
         x = pending.pop() if pending else next(batches, None)
         if x is None:
             break
         t = time.perf_counter()
-        scale = min(1.0, (step + 1) / warm)
-        if step >= decay_from:
-            scale = min(scale, (total_steps - step) / max(1, total_steps - decay_from))
-        for group in opt.param_groups:
-            group["lr"] = lr * scale
-        dead = since_fired >= cfg.dead_after
-        loss, z, fvu = _step_loss(sae, x, cfg, dead)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        with torch.no_grad():
-            w, g = sae.W_dec, sae.W_dec.grad
-            assert g is not None, "the decoder has a gradient after backward()"
-            g -= (g * w).sum(-1, keepdim=True) * w  # no step along a row: rows stay unit norm
-        opt.step()
-        sae.normalize_decoder()
-        with torch.no_grad():
-            fired = (z > 0).any(0)
-            since_fired += len(x)
-            since_fired[fired] = 0
-            if cfg.architecture == "batchtopk":
-                assert sae.threshold is not None, "a BatchTopK SAE has a threshold buffer"
-                positive = z[z > 0]
-                if positive.numel():
-                    sae.threshold.lerp_(positive.min().expand_as(sae.threshold), 0.01)
+        fvu, z, dead = trainer.step(x)
         log.step_seconds += time.perf_counter() - t
-        step += 1
-        log.steps, log.tokens = step, log.tokens + len(x)
+        step = log.steps = trainer.steps
+        log.tokens += len(x)
         if step % log.every == 0 or step == total_steps:
-            l0 = float((z > 0).sum(-1).float().mean())
+            l0, dead_frac = float((z > 0).sum(-1).float().mean()), float(dead.float().mean())
             log.fvu.append(float(fvu))
             log.l0.append(l0)
-            log.dead.append(float(dead.float().mean()))
-            bar.set_postfix(fvu=f"{float(fvu):.3f}", l0=f"{l0:.1f}", dead=f"{float(dead.float().mean()):.3f}")
+            log.dead.append(dead_frac)
+            bar.set_postfix(fvu=f"{float(fvu):.3f}", l0=f"{l0:.1f}", dead=f"{dead_frac:.3f}")
         bar.update(1)
         if ckpt is not None and (step % cfg.checkpoint_every == 0 or step == total_steps):
             log.forward_seconds += buffer.forward_seconds - forward_before
             forward_before = buffer.forward_seconds
-            _save_state(ckpt, sae, opt, since_fired, buffer.windows_read, step, cfg, log)
+            _save_state(ckpt, trainer, buffer.windows_read, log)
     bar.close()
     log.forward_seconds += buffer.forward_seconds - forward_before
     return sae.eval(), log
 
 
-def _save_state(
-    path: Path,
-    sae: SAE,
-    opt: torch.optim.Optimizer,
-    since_fired: torch.Tensor,
-    windows_read: int,
-    step: int,
-    cfg: SAETrainConfig,
-    log: TrainingLog,
-) -> None:
+def _save_state(path: Path, trainer: SAETrainer, windows_read: int, log: TrainingLog) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {
-        "sae": sae.state_dict(),
-        "optimizer": opt.state_dict(),
-        "since_fired": since_fired,
+        "sae": trainer.sae.state_dict(),
+        "optimizer": trainer.opt.state_dict(),
+        "since_fired": trainer.since_fired,
         "windows_read": windows_read,
-        "step": step,
-        "config": asdict(cfg),
-        "weights": sae.cfg.base_fingerprint,
+        "step": trainer.steps,
+        "config": asdict(trainer.cfg),
+        "weights": trainer.sae.cfg.base_fingerprint,
         "log": asdict(log),
     }
     tmp = path.with_name(path.name + ".tmp")
@@ -429,9 +450,11 @@ def _save_state(
 __all__ = [
     "ActivationBuffer",
     "SAETrainConfig",
+    "SAETrainer",
     "TrainingLog",
     "geometric_median",
     "hook_width",
+    "new_sae",
     "run_to_hook",
     "text_source",
     "token_windows",
