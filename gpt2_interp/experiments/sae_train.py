@@ -3,7 +3,7 @@
 Trains a sparse autoencoder (TopK by default, 8 × d_model latents) on one hook point — the residual
 stream after the middle block unless ``hook`` says otherwise — from text streamed through the
 shuffling activation buffer, then measures it on held-out text (the last ``heldout`` fraction of the
-documents, never trained on): L0, variance explained, cross-entropy loss recovered, dead and dense
+documents, never trained on, or ``eval_texts``): L0, variance explained, cross-entropy loss recovered, dead and dense
 latents. Also measured, same run: the buffer's throughput against a plain forward pass up to the hook
 over the same windows, and the cost of a training step as a ratio of the forward that made its
 activations. The SAE is saved under the run's folder (``sae/``, SAELens's layout); training checkpoints
@@ -51,6 +51,13 @@ class Config(ExperimentConfig):
     texts: str = field(default="brown", metadata={"help": "brown, generated, or a folder of .txt files"})
     heldout: float = field(default=0.1, metadata={"help": "fraction of the documents held out for evaluation"})
     eval_windows: int = field(default=256, metadata={"help": "held-out windows evaluated"})
+    eval_texts: str = field(
+        default="heldout",
+        metadata={
+            "help": "text to evaluate on: heldout (the held-out documents of texts), or another source (generated: "
+            "the model's own samples, where CE loss recovered means most for a model trained on narrow text)"
+        },
+    )
     timing_windows: int = field(default=256, metadata={"help": "windows for the buffer-vs-forward timing"})
 
     QUICK: ClassVar[dict[str, Any]] = {
@@ -119,7 +126,12 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     if n_held >= len(docs):
         raise ValueError(f"sae_train: {len(docs)} documents cannot be split into training and held-out text")
     train_windows = token_windows(model, docs[:-n_held], cfg.context_size)
-    held = token_windows(model, docs[-n_held:], cfg.context_size)[: cfg.eval_windows]
+    held_docs = (
+        docs[-n_held:]
+        if cfg.eval_texts == "heldout"
+        else text_source(model, cfg.eval_texts, n_generated=5 * cfg.eval_windows, seed=cfg.seed + 1)
+    )
+    held = token_windows(model, held_docs, cfg.context_size)[: cfg.eval_windows]
     tcfg = SAETrainConfig(
         hook_name=hook,
         expansion=cfg.expansion,
@@ -147,6 +159,7 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
         "model": model.cfg.name,
         "method": f"{cfg.architecture} SAE, {sae.cfg.d_sae} latents, k={cfg.k}",
         "evaluation": ev.summary(),
+        "eval_texts": cfg.eval_texts,
         "training": {
             "steps": log.steps,
             "tokens": log.tokens,
