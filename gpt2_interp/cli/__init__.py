@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 from .. import __version__
 
-AREAS = ("model_cmds", "reading", "probing", "causal", "editing", "demo", "experiments", "view")
+AREAS = ("model_cmds", "reading", "probing", "causal", "editing", "features", "demo", "experiments", "view")
 DEFAULT_MODEL = "gpt2-facts"
 
 

@@ -525,6 +525,14 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             for e in reversed(done):
                 e.undo(self)
 
+    def splice(self, module: Any, use_error_term: bool = False) -> Any:
+        """Splice ``module`` (e.g. an SAE) in at its hook point until the returned handle is removed
+        (it is also a context manager); its hook points join the model's. See :mod:`.splice`.
+        ``use_error_term`` adds the module's error term, so the model's output is unchanged."""
+        from .splice import splice
+
+        return splice(self, module, use_error_term)
+
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
     def generate(

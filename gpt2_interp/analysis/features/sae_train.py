@@ -1,0 +1,462 @@
+"""Training sparse autoencoders on a hook point's activations, streamed from text.
+
+Text (the Brown corpus, a folder of ``.txt`` files, the model's own generations, or any list of
+strings) is tokenized into windows of ``context_size`` tokens (BOS first); the model runs each batch of
+windows only as far as the hook point (``stop_at_layer``), and the activations (BOS positions left out:
+their norm is an outlier that no dictionary should spend latents on) go into a shuffling buffer, which
+hands out batches mixed across many windows (:class:`ActivationBuffer`).
+
+Training (:func:`train_sae`) follows Gao et al. (2024): Adam, decoder rows kept at unit norm (the
+gradient's component along each row removed before the step, the rows renormalised after it), ``b_dec``
+initialised at the data's geometric median (or mean), and an auxiliary top-``aux_k`` loss that makes
+dead latents (none firing over the last ``dead_after`` tokens) reconstruct the main loss's residual.
+The loss is normalised: squared error over the batch's total variance, so that a loss of 0.2 is a
+fraction of variance unexplained (FVU) of 0.2. ReLU SAEs add ``l1_coefficient × Σ z``.
+With ``checkpoint`` the SAE, the optimizer and the step are saved every ``checkpoint_every`` steps,
+and a run given the same folder resumes after the last checkpoint (on the next unread windows).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from ...core.checks import check_choice, check_count, check_number
+from ...core.progress import progress_bar
+from ...model.fingerprint import weights_fingerprint
+from ...model.hooks import layer_of
+from .sae import ARCHITECTURES, SAE, Architecture, SAEConfig
+
+if TYPE_CHECKING:
+    from ...model.hooked_gpt2 import HookedGPT2
+
+
+# ---------------------------------------------------------------------- text and token windows
+def text_source(model: HookedGPT2, source: str | Sequence[str], n_generated: int = 64, seed: int = 0) -> list[str]:
+    """Documents to train on, from ``source``: ``"brown"`` (the Brown corpus, :mod:`gpt2_interp.io.corpora`),
+    ``"generated"`` (``n_generated`` samples of the model itself from its BOS token, sampled with
+    ``seed``), a path to a folder of ``.txt`` files (or one file), or a list of strings (as given)."""
+    if not isinstance(source, str):
+        docs = list(source)
+        if not docs or not all(isinstance(d, str) for d in docs):
+            raise TypeError(
+                "texts must be 'brown', 'generated', a folder of .txt files, or a non-empty list of strings"
+            )
+        return docs
+    if source == "brown":
+        from ...io.corpora import brown_texts
+
+        return brown_texts()
+    if source == "generated":
+        bos = model.tokenizer.bos_id
+        assert bos is not None, "generating from nothing needs a BOS token"
+        start = torch.full((n_generated, 1), bos, dtype=torch.long, device=model.device)
+        out = model.generate(start, max_new_tokens=model.cfg.n_ctx - 1, seed=seed, stop_at_eos=False)
+        eos = model.tokenizer.eos_id
+        rows = [row[1:].tolist() for row in out]
+        return [model.tokenizer.decode(r[: r.index(eos)] if eos in r else r) for r in rows]  # each up to its EOS
+    path = Path(source)
+    if path.is_file():
+        return [path.read_text(errors="replace")]
+    if path.is_dir():
+        docs = [p.read_text(errors="replace") for p in sorted(path.rglob("*.txt"))]
+        if docs:
+            return docs
+        raise FileNotFoundError(f"no .txt files under {path}")
+    raise ValueError(f"texts {source!r} is not 'brown', 'generated', a file or a folder of .txt files")
+
+
+def token_windows(model: HookedGPT2, docs: Sequence[str], context_size: int) -> torch.Tensor:
+    """Documents as token windows ``[n, context_size]``: the documents' tokens packed in order, an
+    end-of-text token after each, split into runs of ``context_size − 1`` after a BOS token (a shorter
+    tail is dropped)."""
+    context_size = check_count(context_size, "context_size", 2)
+    if context_size > model.cfg.n_ctx:
+        raise ValueError(f"context_size {context_size} exceeds {model.cfg.name}'s context of {model.cfg.n_ctx}")
+    bos = model.tokenizer.bos_id
+    body = context_size - (bos is not None)
+    ids = [i for d in docs for i in [*model.tokenizer.encode_ids(d), model.tokenizer.eos_id]]
+    rows = [([bos] if bos is not None else []) + ids[i : i + body] for i in range(0, len(ids) - body + 1, body)]
+    if not rows:
+        raise ValueError(f"the texts give no window of {context_size} tokens; give more or longer texts")
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def run_to_hook(model: HookedGPT2, tokens: torch.Tensor, hook_name: str) -> torch.Tensor:
+    """The activation at ``hook_name`` ``[batch, pos, ...]`` for token windows ``[batch, pos]``, the model
+    run only as far as it needs to (the block holding the hook)."""
+    got: list[torch.Tensor] = []
+
+    def grab(x: torch.Tensor, hook: Any) -> None:
+        got.append(x.detach())
+
+    grab.reads_only = True  # type: ignore[attr-defined]  # hooks.reads_only's marker: the hook never writes
+    layer = layer_of(hook_name)
+    stop = None if hook_name.startswith(("ln_final", "unembed")) else (0 if layer is None else layer + 1)
+    with model.hooks([(hook_name, grab)]):
+        model(tokens.to(model.device), return_type=None, stop_at_layer=stop)
+    return got[-1]
+
+
+def hook_width(model: HookedGPT2, hook_name: str) -> int:
+    """The width of one position's activation at ``hook_name`` (heads and ``d_head`` flattened); an
+    unknown hook name raises KeyError with the closest names."""
+    model.hook_points(hook_name)
+    bos = model.tokenizer.bos_id if model.tokenizer.bos_id is not None else 0
+    act = run_to_hook(model, torch.tensor([[bos]]), hook_name)
+    return int(act[0, 0].numel())
+
+
+class ActivationBuffer:
+    """Activations ``[batch_size, d_in]`` at ``hook_name`` for token ``windows`` ``[n, pos]``, shuffled:
+    ``buffer_tokens`` activations are held; each refill runs ``forward_batch`` windows at a time until the
+    store is full again, shuffles it, and hands out its first half as batches. BOS positions are
+    skipped. ``start``: the first window to read (a resumed run); ``seed`` seeds the shuffling.
+    Iterating yields batches until the windows run out (``windows_read``: how many were read so far)."""
+
+    def __init__(
+        self,
+        model: HookedGPT2,
+        hook_name: str,
+        windows: torch.Tensor,
+        batch_size: int,
+        buffer_tokens: int,
+        forward_batch: int = 32,
+        seed: int = 0,
+        start: int = 0,
+    ) -> None:
+        self.model, self.hook_name, self.windows = model, hook_name, windows
+        self.batch_size = check_count(batch_size, "batch_size")
+        self.buffer_tokens = max(check_count(buffer_tokens, "buffer_tokens"), 2 * self.batch_size)
+        self.forward_batch = check_count(forward_batch, "forward_batch")
+        self.windows_read = start
+        self.g = torch.Generator().manual_seed(seed)
+        self.skip_first = model.tokenizer.bos_id is not None
+        self.forward_seconds = 0.0
+
+    def _read(self, n_tokens: int) -> list[torch.Tensor]:
+        out, have = [], 0
+        with torch.no_grad():
+            while have < n_tokens and self.windows_read < len(self.windows):
+                rows = self.windows[self.windows_read : self.windows_read + self.forward_batch]
+                self.windows_read += len(rows)
+                t = time.perf_counter()
+                act = run_to_hook(self.model, rows, self.hook_name)
+                act = act[:, int(self.skip_first) :].reshape(-1, act[0, 0].numel()).float()
+                self.forward_seconds += time.perf_counter() - t
+                out.append(act)
+                have += len(act)
+        return out
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        store = torch.cat(self._read(self.buffer_tokens) or [torch.empty(0)])
+        while len(store) >= self.batch_size:
+            store = store[torch.randperm(len(store), generator=self.g).to(store.device)]
+            half = max(self.batch_size, (len(store) // 2) // self.batch_size * self.batch_size)
+            if self.windows_read >= len(self.windows):
+                half = len(store) // self.batch_size * self.batch_size
+            for i in range(0, half, self.batch_size):
+                yield store[i : i + self.batch_size]
+            store = store[half:]
+            fresh = self._read(self.buffer_tokens - len(store))
+            if fresh:
+                store = torch.cat([store, *fresh])
+
+
+# ---------------------------------------------------------------------- training
+@dataclass
+class SAETrainConfig:
+    """How to train an SAE. ``hook_name`` (e.g. ``blocks.3.hook_resid_post``); ``expansion``: latents
+    per input dimension (``d_sae = expansion × d_in`` unless ``d_sae`` is given); ``architecture``:
+    ``"topk"`` (default), ``"batchtopk"`` or ``"relu"``; ``k``: active latents per token (top-k kinds);
+    ``l1_coefficient``: the ReLU SAE's sparsity penalty. ``tokens``: the training budget;
+    ``batch_size``: activations per step; ``lr``: Adam's step (None: Gao et al.'s ``2e-4 /
+    sqrt(d_sae / 16384)``); ``context_size``: tokens per window; ``buffer_tokens``: the shuffling
+    buffer's size; ``forward_batch``: windows per forward pass; ``b_dec_init``: ``"geometric_median"``,
+    ``"mean"`` or ``"zeros"``; ``aux_k`` (None: ``d_in // 2``), ``aux_coefficient`` and ``dead_after``
+    (tokens without firing before a latent counts as dead, for the auxiliary loss); ``lr_warmup`` and
+    ``lr_decay``: fractions of the steps with a linear warm-up and a final linear decay to 0;
+    ``checkpoint_every``: steps between checkpoints; ``seed``."""
+
+    hook_name: str
+    expansion: int = 8
+    d_sae: int | None = None
+    architecture: Architecture = "topk"
+    k: int = 32
+    l1_coefficient: float = 5.0
+    tokens: int = 2_000_000
+    batch_size: int = 4096
+    lr: float | None = None
+    context_size: int = 64
+    buffer_tokens: int = 65_536
+    forward_batch: int = 32
+    b_dec_init: str = "geometric_median"
+    aux_k: int | None = None
+    aux_coefficient: float = 1 / 32
+    dead_after: int = 200_000
+    lr_warmup: float = 0.01
+    lr_decay: float = 0.2
+    checkpoint_every: int = 200
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_choice(self.architecture, "architecture", ARCHITECTURES)
+        check_choice(self.b_dec_init, "b_dec_init", ("geometric_median", "mean", "zeros"))
+        for name in ("expansion", "k", "tokens", "batch_size", "context_size", "buffer_tokens", "forward_batch"):
+            check_count(getattr(self, name), name)
+        check_count(self.dead_after, "dead_after")
+        check_count(self.checkpoint_every, "checkpoint_every")
+        check_number(self.l1_coefficient, "l1_coefficient", 0)
+        check_number(self.aux_coefficient, "aux_coefficient", 0)
+        check_number(self.lr_warmup, "lr_warmup", 0, 1)
+        check_number(self.lr_decay, "lr_decay", 0, 1)
+        if self.lr is not None:
+            check_number(self.lr, "lr", 0, low_open=True)
+
+
+@dataclass
+class TrainingLog:
+    """What a training run did: ``steps``, ``tokens`` trained on, per-step ``fvu``, ``l0`` and ``dead``
+    (the fraction of latents dead by the ``dead_after`` rule) every ``every`` steps, the seconds spent
+    in the model's forward passes (``forward_seconds``) and in SAE steps (``step_seconds``), and
+    ``resumed_from`` (the step a checkpoint resumed at, else 0)."""
+
+    steps: int = 0
+    tokens: int = 0
+    every: int = 10
+    fvu: list[float] = field(default_factory=list)
+    l0: list[float] = field(default_factory=list)
+    dead: list[float] = field(default_factory=list)
+    forward_seconds: float = 0.0
+    step_seconds: float = 0.0
+    resumed_from: int = 0
+
+
+@torch.no_grad()
+def geometric_median(x: torch.Tensor, iterations: int = 50, eps: float = 1e-6) -> torch.Tensor:
+    """The geometric median ``[d]`` of points ``x`` ``[n, d]`` (Weiszfeld's iterations from the mean)."""
+    m = x.mean(0)
+    for _ in range(iterations):
+        w = 1 / (x - m).norm(dim=-1).clamp_min(eps)
+        new = (w[:, None] * x).sum(0) / w.sum()
+        if (new - m).norm() < eps * (1 + m.norm()):
+            return new
+        m = new
+    return m
+
+
+def _step_loss(
+    sae: SAE, x: torch.Tensor, cfg: SAETrainConfig, dead: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, latents, fvu)`` of one batch ``x`` ``[batch, d_in]``; ``dead`` ``[d_sae]`` marks dead latents."""
+    pre = sae.pre_acts(x)
+    if cfg.architecture == "topk":  # decode the k active rows only (a gather, not a [batch, d_sae] product)
+        vals, idx = pre.topk(cfg.k, dim=-1, sorted=False)
+        vals = vals.relu()
+        recons = F.embedding_bag(idx, sae.W_dec, per_sample_weights=vals, mode="sum") + sae.b_dec
+        z = torch.zeros_like(pre).scatter(-1, idx, vals.detach())
+    else:
+        z = sae.activate(pre, batch=True)
+        recons = z @ sae.W_dec + sae.b_dec
+    var = (x - x.mean(0)).pow(2).sum()
+    err = x - recons
+    fvu = err.pow(2).sum() / var
+    loss = fvu
+    if cfg.architecture == "relu":
+        loss = loss + cfg.l1_coefficient * z.sum(-1).mean() / (var / len(x)).sqrt()  # L1 in units of the data's scale
+    n_dead = int(dead.sum())
+    if n_dead and cfg.aux_coefficient > 0:
+        aux_k = min(cfg.aux_k or sae.cfg.d_in // 2, n_dead)
+        dead_pre = pre.masked_fill(~dead, float("-inf"))
+        vals, idx = dead_pre.topk(aux_k, dim=-1, sorted=False)
+        e_hat = F.embedding_bag(idx, sae.W_dec, per_sample_weights=vals.relu(), mode="sum")
+        e = err.detach()
+        aux = (e - e_hat).pow(2).sum() / (e - e.mean(0)).pow(2).sum().clamp_min(1e-12)
+        loss = loss + cfg.aux_coefficient * aux.nan_to_num(0.0)
+    return loss, z, fvu.detach()
+
+
+class SAETrainer:
+    """One SAE's optimisation, a step at a time (what :func:`train_sae` loops over): Adam with
+    ``cfg``'s learning-rate schedule over ``total_steps``, the unit-norm decoder constraint, dead-latent
+    tracking for the auxiliary loss and BatchTopK's threshold. ``sae``: the SAE to train (in place)."""
+
+    def __init__(self, sae: SAE, cfg: SAETrainConfig, total_steps: int) -> None:
+        self.sae, self.cfg, self.total_steps = sae, cfg, check_count(total_steps, "total_steps")
+        self.lr = cfg.lr if cfg.lr is not None else 2e-4 / math.sqrt(sae.cfg.d_sae / 16384)
+        self.opt = torch.optim.Adam(sae.parameters(), lr=self.lr, betas=(0.9, 0.999), eps=6.25e-10)
+        self.since_fired = torch.zeros(sae.cfg.d_sae, dtype=torch.long, device=sae.W_dec.device)
+        self.steps = 0
+        self.warm = max(1, int(cfg.lr_warmup * total_steps))
+        self.decay_from = int((1 - cfg.lr_decay) * total_steps)
+
+    @torch.no_grad()
+    def init_b_dec(self, x: torch.Tensor) -> None:
+        """Set ``b_dec`` from a first batch ``x`` ``[batch, d_in]`` as ``cfg.b_dec_init`` says."""
+        if self.cfg.b_dec_init != "zeros":
+            self.sae.b_dec.copy_(geometric_median(x) if self.cfg.b_dec_init == "geometric_median" else x.mean(0))
+
+    def step(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One optimisation step on activations ``x`` ``[batch, d_in]``: ``(fvu, latents, dead)``, the
+        batch's FVU before the step, its latents ``[batch, d_sae]`` and the dead-latent mask ``[d_sae]``."""
+        cfg, sae, step = self.cfg, self.sae, self.steps
+        scale = min(1.0, (step + 1) / self.warm)
+        if step >= self.decay_from:
+            scale = min(scale, (self.total_steps - step) / max(1, self.total_steps - self.decay_from))
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr * scale
+        dead = self.since_fired >= cfg.dead_after
+        loss, z, fvu = _step_loss(sae, x, cfg, dead)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        with torch.no_grad():
+            w, g = sae.W_dec, sae.W_dec.grad
+            assert g is not None, "the decoder has a gradient after backward()"
+            g -= (g * w).sum(-1, keepdim=True) * w  # no step along a row: rows stay unit norm
+        self.opt.step()
+        sae.normalize_decoder()
+        with torch.no_grad():
+            self.since_fired += len(x)
+            self.since_fired[(z > 0).any(0)] = 0
+            if cfg.architecture == "batchtopk":
+                assert sae.threshold is not None, "a BatchTopK SAE has a threshold buffer"
+                positive = z[z > 0]
+                if positive.numel():
+                    sae.threshold.lerp_(positive.min().expand_as(sae.threshold), 0.01)
+        self.steps += 1
+        return fvu, z, dead
+
+
+def new_sae(model: HookedGPT2, cfg: SAETrainConfig) -> SAE:
+    """A freshly initialised SAE for ``model`` at ``cfg.hook_name`` (width read from the model), seeded
+    by ``cfg.seed``, carrying the model's weights fingerprint."""
+    d_in = hook_width(model, cfg.hook_name)
+    return SAE(
+        SAEConfig(
+            d_in=d_in,
+            d_sae=cfg.d_sae if cfg.d_sae is not None else cfg.expansion * d_in,
+            hook_name=cfg.hook_name,
+            architecture=cfg.architecture,
+            k=cfg.k,
+            model_name=model.cfg.name,
+            base_fingerprint=weights_fingerprint(model),
+        ),
+        seed=cfg.seed,
+    ).to(model.device)
+
+
+def train_sae(
+    model: HookedGPT2,
+    cfg: SAETrainConfig,
+    texts: str | Sequence[str] = "brown",
+    checkpoint: str | Path | None = None,
+    progress: bool | None = True,
+    windows: torch.Tensor | None = None,
+) -> tuple[SAE, TrainingLog]:
+    """Train an SAE on ``model``'s activations at ``cfg.hook_name`` (see the module's docstring):
+    ``(sae, log)``. ``texts``: see :func:`text_source` (or give token ``windows`` ``[n, pos]``
+    directly). ``checkpoint``: a folder for resumable checkpoints. ``progress``: a bar with the live FVU,
+    L0 and dead fraction. An unknown hook raises KeyError; a budget the texts cannot fill is trained on
+    what they give (``log.tokens`` says how much)."""
+    torch.manual_seed(cfg.seed)
+    sae = new_sae(model, cfg)
+    if windows is None:
+        windows = token_windows(model, text_source(model, texts, seed=cfg.seed), cfg.context_size)
+    total_steps = max(1, cfg.tokens // cfg.batch_size)
+    trainer = SAETrainer(sae, cfg, total_steps)
+    log = TrainingLog(every=max(1, total_steps // 200))
+    start_window = 0
+    ckpt = Path(checkpoint) / "train_state.pt" if checkpoint is not None else None
+    if ckpt is not None and ckpt.is_file():
+        state = torch.load(ckpt, map_location=model.device, weights_only=False)
+        if state["config"] != asdict(cfg) or state["weights"] != sae.cfg.base_fingerprint:
+            raise ValueError(f"{ckpt} was written by a run with other settings or base weights; use another folder")
+        sae.load_state_dict(state["sae"])
+        trainer.opt.load_state_dict(state["optimizer"])
+        trainer.since_fired, start_window, trainer.steps = state["since_fired"], state["windows_read"], state["step"]
+        log = TrainingLog(**state["log"])
+        log.resumed_from = trainer.steps
+    buffer = ActivationBuffer(
+        model,
+        cfg.hook_name,
+        windows,
+        cfg.batch_size,
+        cfg.buffer_tokens,
+        cfg.forward_batch,
+        cfg.seed + trainer.steps,
+        start_window,
+    )
+    batches = iter(buffer)
+    pending: list[torch.Tensor] = []
+    if trainer.steps == 0:
+        first = next(batches, None)
+        if first is None:
+            raise ValueError(f"the texts give fewer than batch_size={cfg.batch_size} activations")
+        trainer.init_b_dec(first)
+        pending.append(first)
+    forward_before = 0.0  # the buffer's forward seconds already counted in log.forward_seconds
+    bar = progress_bar(
+        total=total_steps, initial=trainer.steps, enabled=progress, desc=f"SAE {cfg.hook_name}", unit="step"
+    )
+    while trainer.steps < total_steps:
+        x = pending.pop() if pending else next(batches, None)
+        if x is None:
+            break
+        t = time.perf_counter()
+        fvu, z, dead = trainer.step(x)
+        log.step_seconds += time.perf_counter() - t
+        step = log.steps = trainer.steps
+        log.tokens += len(x)
+        if step % log.every == 0 or step == total_steps:
+            l0, dead_frac = float((z > 0).sum(-1).float().mean()), float(dead.float().mean())
+            log.fvu.append(float(fvu))
+            log.l0.append(l0)
+            log.dead.append(dead_frac)
+            bar.set_postfix(fvu=f"{float(fvu):.3f}", l0=f"{l0:.1f}", dead=f"{dead_frac:.3f}")
+        bar.update(1)
+        if ckpt is not None and (step % cfg.checkpoint_every == 0 or step == total_steps):
+            log.forward_seconds += buffer.forward_seconds - forward_before
+            forward_before = buffer.forward_seconds
+            _save_state(ckpt, trainer, buffer.windows_read, log)
+    bar.close()
+    log.forward_seconds += buffer.forward_seconds - forward_before
+    return sae.eval(), log
+
+
+def _save_state(path: Path, trainer: SAETrainer, windows_read: int, log: TrainingLog) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {
+        "sae": trainer.sae.state_dict(),
+        "optimizer": trainer.opt.state_dict(),
+        "since_fired": trainer.since_fired,
+        "windows_read": windows_read,
+        "step": trainer.steps,
+        "config": asdict(trainer.cfg),
+        "weights": trainer.sae.cfg.base_fingerprint,
+        "log": asdict(log),
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+__all__ = [
+    "ActivationBuffer",
+    "SAETrainConfig",
+    "SAETrainer",
+    "TrainingLog",
+    "geometric_median",
+    "hook_width",
+    "new_sae",
+    "run_to_hook",
+    "text_source",
+    "token_windows",
+    "train_sae",
+]
