@@ -1,7 +1,8 @@
 """Interactive views of gpt2-interp's results: self-contained HTML pages (plotly.js inside, once per
 page, no network when viewed) that also display themselves in Jupyter. One module per area (``attention``,
-``lens``, ``causal``, ``attribution``, ``editing``); ``page`` holds the :class:`View` they all return,
-``dispatch`` the :func:`view` that finds the right one for any result or saved result file.
+``lens``, ``causal``, ``attribution``, ``editing``, ``circuits``, ``features``); ``page`` holds the
+:class:`View` they all return, ``dispatch`` the :func:`view` that finds the right one for any result or saved
+result file.
 
 Requires Plotly (``pip install gpt2-interp[views]``); importing the library loads none of it."""
 
@@ -15,5 +16,7 @@ _FACE = {
     "causal": ("view_patch", "view_traces", "view_average_trace"),
     "attribution": ("view_attribution", "view_verification", "view_agreement"),
     "editing": ("view_topk", "view_edit_evaluation", "view_probe"),
+    "circuits": ("view_circuit", "view_faithfulness"),
+    "features": ("view_feature",),
 }
 __all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

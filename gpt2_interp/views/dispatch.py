@@ -16,7 +16,9 @@ from typing import Any
 from .attention import AttentionPatterns, view_attention
 from .attribution import view_agreement, view_verification
 from .causal import view_average_trace, view_patch, view_traces
+from .circuits import view_circuit, view_faithfulness
 from .editing import view_edit_evaluation, view_probe, view_topk
+from .features import view_feature
 from .heatmap import as_dict
 from .lens import view_dla, view_lens, view_neuron_search, view_subupdates, view_vocab
 from .page import Part, View, text_part
@@ -38,6 +40,10 @@ KINDS: list[tuple[str, frozenset[str], Callable[..., View]]] = [
     ("vocabulary projection", frozenset({"top_scores", "bottom_scores", "bottom_tokens"}), view_vocab),
     ("MLP sub-updates", frozenset({"norms", "activations", "neurons", "token"}), view_subupdates),
     ("neuron search", frozenset({"neurons", "scores", "top_tokens", "tokens"}), view_neuron_search),
+    ("circuit", frozenset({"edges", "scores", "n_layer", "n_head", "n_kv", "total_edges"}), view_circuit),
+    ("edge scores", frozenset({"edges", "scores", "method", "n_pairs", "clean_metric"}), view_circuit),
+    ("faithfulness curve", frozenset({"faithfulness", "sizes", "kept", "methods"}), view_faithfulness),
+    ("feature", frozenset({"latent", "contexts", "promoted", "suppressed", "histogram", "density"}), view_feature),
 ]
 
 
@@ -63,7 +69,8 @@ def _found(data: Any, where: str, depth: int = 0) -> list[tuple[str, dict[str, A
 def view(result: Any, **kwargs: Any) -> View:
     """The interactive :class:`~gpt2_interp.views.View` of ``result``: a result object (lens, patching,
     attribution, trace, average trace, verification, agreement, top-k comparison, edit evaluation, probe,
-    vocabulary, neuron search, sub-updates, attention patterns), its ``to_dict()``, or an experiment
+    vocabulary, neuron search, sub-updates, attention patterns, circuit, edge scores, faithfulness curve,
+    feature), its ``to_dict()``, or an experiment
     result (``ExperimentResult`` or its ``result.json`` as a dict), whose data is searched for the
     results it holds. ``kwargs`` go to the kind's view function. A dict of no known kind raises
     ValueError naming the kinds."""

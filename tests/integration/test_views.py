@@ -164,3 +164,44 @@ def test_views_add_up_to_one_page():
     a, b = View("a", [page_module.text_part("first")]), View("b", [page_module.text_part("second")])
     html = (a + b).html()
     assert html.index('"g2v-note">first') < html.index('<h2 class="g2v-title">b</h2>') < html.index('"g2v-note">second')
+
+
+def test_circuit_and_feature_results_find_their_views_and_saved_ones_view_the_same(tmp_path):
+    from gpt2_interp.views.circuits import circuit_figure
+
+    from .view_results import edge_scores_2x4x2, small_circuit, small_curve, small_feature
+
+    c, scores = small_circuit(), edge_scores_2x4x2()
+    kinds = [kind_of(r.to_dict()) for r in (c, scores, small_curve(), small_feature())]
+    assert kinds == ["circuit", "edge scores", "faithfulness curve", "feature"]
+    back = load_result(c.save(tmp_path / "c.json"))
+    live, saved = circuit_figure(c.to_dict()), circuit_figure(back)
+    assert live.to_plotly_json() == saved.to_plotly_json()
+    drawn = [t.name[5:] for t in live.data if (t.name or "").startswith("edge:")]
+    assert drawn == c.edges  # every edge of the circuit, largest |score| first
+    exact = {"input->a0.h1<q>": 2.75}
+    hover = list(next(t for t in circuit_figure(c.to_dict(), exact=exact).data if t.name == "edges").customdata)
+    assert hover[0] == "<b>input->a0.h1<q></b><br>eap score +3<br>exact effect +2.75"
+    assert hover[1].endswith("exact effect: not measured")
+    # edge scores: the largest |score| edges; a sign shows as a dashed line
+    fig = circuit_figure(scores.to_dict(), max_edges=3)
+    lines = [t for t in fig.data if (t.name or "").startswith("edge:")]
+    assert [t.name for t in lines] == ["edge:input->a0.h1<q>", "edge:input->a0.h1<k>", "edge:a1.h2->logits"]
+    assert [t.line.dash for t in lines] == ["solid", "dash", "solid"]
+    with pytest.raises(ValueError, match="one score per edge"):
+        view({"edges": ["input->logits"], "scores": [1.0, 2.0], "method": "eap", "n_pairs": 1, "clean_metric": 0})
+
+
+def test_feature_page_colours_each_token_by_its_activation_over_the_largest():
+    from gpt2_interp.views import view_feature
+
+    from .view_results import small_feature
+
+    html = view(small_feature()).html()
+    spans = re.findall(r'data-act="([^"]+)" style="background:rgba\(214,39,40,([0-9.]+)\)', html)
+    acts = [a for c in small_feature().contexts for a in c["acts"]]
+    assert [float(a) for a, _ in spans] == acts
+    assert [float(alpha) for _, alpha in spans] == pytest.approx([a / 4.0 for a in acts], abs=5.1e-4)  # 3 decimals
+    assert html.count("g2v-tok g2v-sel") == 3  # each context's firing token outlined
+    with pytest.raises(ValueError, match="needs contexts"):
+        view_feature({k: v for k, v in small_feature().to_dict().items() if k != "contexts"})

@@ -1,0 +1,310 @@
+"""Views of edge-level circuits: the circuit as a graph (nodes by layer, edges by score, the query, key
+and value inputs marked, hover for each edge's score and exact effect), and faithfulness curves per
+scoring method.
+
+Everything is read from the result's fields (a circuit's or edge scores' ``edges`` and ``scores``, a
+curve's ``faithfulness``/``kept``/``methods``), so a saved JSON views the same as the live result. Edge
+names are the circuits graph's: senders ``input``, ``a{l}.h{h}``, ``m{l}``; receivers ``a{l}.h{h}<q>``,
+``a{l}.h{g}<k>``/``<v>`` (``g``: the key/value head), ``m{l}``, ``logits``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..core.checks import check_count
+from .heatmap import array, as_dict
+from .page import View, figure_part, text_part
+
+#: Colour of an edge by the input it enters: a head's query, key or value input, an MLP, the logits.
+KIND_COLOURS = {"q": "#1f77b4", "k": "#2ca02c", "v": "#ff7f0e", "mlp": "#9467bd", "logits": "#595959"}
+
+_HEAD = re.compile(r"a(\d+)\.h(\d+)")
+_RECEIVER = re.compile(r"a(\d+)\.h(\d+)<([qkv])>")
+
+
+def graph_sizes(edges: Sequence[str]) -> tuple[int, int, int]:
+    """``(n_layer, n_head, n_kv)`` read off edge names (the largest layer, head and key/value head index
+    they mention, plus one): the sizes of the smallest graph holding them."""
+    layers, heads, kv = [0], [0], [0]
+    for e in edges:
+        for part in e.split("->"):
+            m = _RECEIVER.fullmatch(part) or _HEAD.fullmatch(part)
+            if m:
+                layers.append(int(m.group(1)) + 1)
+                (kv if m.lastindex == 3 and m.group(3) in "kv" else heads).append(int(m.group(2)) + 1)
+            elif re.fullmatch(r"m\d+", part):
+                layers.append(int(part[1:]) + 1)
+    return max(layers), max(heads), max(kv) or max(heads)
+
+
+def node_xy(name: str, n_layer: int, n_head: int) -> tuple[float, float]:
+    """Where a node sits: rows in forward order (``input`` at the bottom, each layer's heads then its MLP,
+    ``logits`` on top), the heads spread across their row, the input, MLPs and logits centred."""
+    mid = (n_head - 1) / 2
+    if name == "input":
+        return mid, 0.0
+    if name == "logits":
+        return mid, 2.0 * n_layer + 1
+    m = _HEAD.fullmatch(name)
+    if m:
+        return float(m.group(2)), 2.0 * int(m.group(1)) + 1
+    return mid, 2.0 * int(name[1:]) + 2
+
+
+def receiver_port(receiver: str, n_layer: int, n_head: int, n_kv: int) -> tuple[str, float, float]:
+    """``(kind, x, y)`` where an edge into ``receiver`` ends: a head's query port just below-left of the head,
+    a key/value head's key and value ports below the middle of its query heads (left and right), an MLP
+    or the logits at the node."""
+    m = _RECEIVER.fullmatch(receiver)
+    if m is None:
+        kind = "logits" if receiver == "logits" else "mlp"
+        return (kind, *node_xy(receiver, n_layer, n_head))
+    layer, idx, kind = int(m.group(1)), int(m.group(2)), m.group(3)
+    y = 2.0 * layer + 1 - 0.32
+    if kind == "q":
+        return kind, idx - 0.18, y
+    per = n_head // max(n_kv, 1)
+    return kind, idx * per + (per - 1) / 2 + (-0.06 if kind == "k" else 0.3), y
+
+
+def _edge_list(d: Mapping[str, Any], max_edges: int) -> tuple[list[str], np.ndarray]:
+    """The edges to draw, largest ``|score|`` first, at most ``max_edges``; NaN scores left out. Edge scores
+    ``[n_pos, n_edges]`` are summed over positions."""
+    edges = list(d["edges"])
+    scores = array(d["scores"])
+    if scores.ndim == 2:
+        scores = np.nansum(scores, 0)
+    if scores.shape != (len(edges),):
+        raise ValueError(f"scores of shape {scores.shape} for {len(edges)} edges; give one score per edge")
+    order = [i for i in np.argsort(-np.abs(np.nan_to_num(scores, nan=-1.0)), kind="stable") if np.isfinite(scores[i])]
+    order = order[:max_edges]
+    return [edges[i] for i in order], scores[order]
+
+
+def _exact_of(exact: Any) -> dict[str, float]:
+    """``{edge: exact effect}`` from an :class:`~gpt2_interp.analysis.circuits.EdgeScores` (method
+    ``exact``), its dict, or a mapping of edge names to values; NaN entries (edges not patched) left out."""
+    if isinstance(exact, Mapping) and "edges" not in exact:
+        return {str(k): float(v) for k, v in exact.items()}
+    d = as_dict(exact)
+    if d.get("method", "exact") != "exact":
+        raise ValueError(f"exact effects come from edge scores with method 'exact', got method {d.get('method')!r}")
+    values = array(d["scores"])
+    if values.ndim == 2:
+        values = np.nansum(values, 0)
+    return {e: float(v) for e, v in zip(d["edges"], values) if np.isfinite(v)}
+
+
+def circuit_figure(
+    d: Mapping[str, Any], max_edges: int = 300, exact: Mapping[str, float] | None = None, title: str = ""
+) -> Any:
+    """The Plotly figure of a circuit's (or edge scores') dict ``d``: one line trace per edge (named
+    ``edge:<name>``; width and opacity by ``|score|``, colour by the input it enters, dashed where the
+    score is negative), a trace of edge midpoints carrying each edge's hover text (score, and its exact
+    effect where ``exact`` has it), the nodes (named ``nodes``: the input, the logits, every sender and
+    every head or MLP reading a receiver input; hover: name, KV group under GQA), and the q/k/v ports."""
+    import plotly.graph_objects as go
+
+    edges, scores = _edge_list(d, max_edges)
+    seen = graph_sizes(d["edges"])
+    L, H, K = (int(d.get(k) or v) for k, v in zip(("n_layer", "n_head", "n_kv"), seen))
+    method = str(d.get("method", "score"))
+    label = "exact effect" if method == "exact" else f"{method} score"
+    top = float(np.abs(scores).max(initial=0.0)) or 1.0
+    fig = go.Figure()
+    nodes: set[str] = {"input", "logits"}
+    ports: dict[tuple[float, float], str] = {}
+    mids: tuple[list[float], list[float], list[str]] = ([], [], [])
+    for e, s in zip(edges, scores.tolist()):
+        sender, receiver = e.split("->")
+        x0, y0 = node_xy(sender, L, H)
+        kind, x1, y1 = receiver_port(receiver, L, H, K)
+        w = abs(s) / top
+        fig.add_trace(
+            go.Scatter(
+                x=[x0, x1],
+                y=[y0, y1],
+                mode="lines",
+                line={"color": KIND_COLOURS[kind], "width": 0.6 + 4.5 * w, "dash": "solid" if s >= 0 else "dash"},
+                opacity=0.3 + 0.65 * w,
+                hoverinfo="skip",
+                showlegend=False,
+                name=f"edge:{e}",
+            )
+        )
+        nodes.add(sender)
+        m = _RECEIVER.fullmatch(receiver)
+        if m is None:
+            nodes.add(receiver)
+        else:
+            layer, idx, kind_ = m.group(1), int(m.group(2)), m.group(3)
+            ports[(x1, y1)] = kind_
+            per = 1 if kind_ == "q" else H // max(K, 1)  # a key/value input is read by its group's query heads
+            nodes.update(f"a{layer}.h{h}" for h in range(idx * per, (idx + 1) * per))
+        hover = f"<b>{e}</b><br>{label} {s:+.5g}"
+        if exact is not None and method != "exact":
+            hover += f"<br>exact effect {exact[e]:+.5g}" if e in exact else "<br>exact effect: not measured"
+        mids[0].append((x0 + x1) / 2)
+        mids[1].append((y0 + y1) / 2)
+        mids[2].append(hover)
+    fig.add_trace(
+        go.Scatter(
+            x=mids[0],
+            y=mids[1],
+            mode="markers",
+            marker={"size": 7, "color": "rgba(0,0,0,0.25)"},
+            customdata=mids[2],
+            hovertemplate="%{customdata}<extra></extra>",
+            name="edges",
+            showlegend=False,
+        )
+    )
+    names = sorted(nodes, key=lambda n: node_xy(n, L, H)[::-1])
+    xy = [node_xy(n, L, H) for n in names]
+
+    def node_hover(n: str) -> str:
+        m = _HEAD.fullmatch(n)
+        if m is None or K == H:
+            return n
+        return f"{n} (KV group {int(m.group(2)) // (H // K)})"
+
+    fig.add_trace(
+        go.Scatter(
+            x=[p[0] for p in xy],
+            y=[p[1] for p in xy],
+            mode="markers+text",
+            marker={"size": 14, "color": "white", "line": {"color": "#333", "width": 1.5}},
+            text=names,
+            textposition="top center",
+            textfont={"size": 9},
+            customdata=[node_hover(n) for n in names],
+            hovertemplate="%{customdata}<extra></extra>",
+            name="nodes",
+            showlegend=False,
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=[p[0] for p in ports],
+            y=[p[1] for p in ports],
+            mode="markers+text",
+            marker={"size": 6, "color": [KIND_COLOURS[k] for k in ports.values()], "symbol": "triangle-up"},
+            text=list(ports.values()),
+            textposition="bottom center",
+            textfont={"size": 8},
+            hoverinfo="skip",
+            name="ports",
+            showlegend=False,
+        )
+    )
+    for kind, colour in KIND_COLOURS.items():
+        fig.add_trace(
+            go.Scatter(x=[None], y=[None], mode="lines", line={"color": colour, "width": 3}, name=f"into {kind}")
+        )
+    fig.update_layout(
+        title={"text": title, "font": {"size": 13}} if title else None,
+        height=int(min(max(70 * (2 * L + 2), 420), 2400)),
+        margin={"l": 60, "r": 10, "t": 40 if title else 20, "b": 30},
+        hovermode="closest",
+        plot_bgcolor="white",
+        legend={"orientation": "h", "y": -0.01, "x": 0.5, "xanchor": "center", "yanchor": "top"},
+        xaxis={"visible": False, "range": [-1, H]},
+        yaxis={
+            "range": [-0.8, 2 * L + 1.8],
+            "tickvals": [0, *[2 * l + 1 for l in range(L)], 2 * L + 1],
+            "ticktext": ["input", *[f"L{l}" for l in range(L)], "logits"],
+            "showgrid": True,
+            "gridcolor": "#eee",
+            "zeroline": False,
+        },
+    )
+    return fig
+
+
+def view_circuit(result: Any, exact: Any | None = None, max_edges: int = 300) -> View:
+    """The graph of ``result``: a :class:`~gpt2_interp.analysis.circuits.Circuit` (its edges) or
+    :class:`~gpt2_interp.analysis.circuits.EdgeScores` (its ``max_edges`` largest ``|score|`` edges), or
+    either's dict. Nodes by layer (input, heads, MLPs, logits), edges with width by ``|score|`` and colour
+    by the input they enter (query, key, value — marked ``q``/``k``/``v`` below the heads —, MLP, logits),
+    negative scores dashed. Hovering an edge's midpoint shows its score and, where ``exact`` (edge scores
+    of method ``exact``, their dict, or ``{edge: value}``) has it, its exact patching effect; a circuit
+    scored by ``exact`` shows its scores as exact effects. At most ``max_edges`` edges are drawn."""
+    d = as_dict(result)
+    if not {"edges", "scores"} <= set(d):
+        raise ValueError(f"a circuit view needs 'edges' and 'scores'; the result has fields {sorted(d)[:12]}")
+    max_edges = check_count(max_edges, "max_edges")
+    ex = _exact_of(exact) if exact is not None else None
+    method, metric = d.get("method", "?"), d.get("metric", "?")
+    is_circuit = "total_edges" in d
+    n = min(len(d["edges"]), max_edges)
+    if is_circuit:
+        f, c = d.get("faithfulness"), d.get("completeness")
+        measured = ("" if f is None else f", faithfulness {f:.3f}") + ("" if c is None else f", completeness {c:.3f}")
+        title = f"Circuit ({method}): {len(d['edges'])} of {d['total_edges']} edges{measured}"
+        what = f"{n} edges drawn" + (f" (the {n} largest)" if n < len(d["edges"]) else "")
+    else:
+        title = f"Edge scores ({method}): the {n} largest |score| of {len(d['edges'])} edges"
+        what = f"{n} edges drawn"
+    note = text_part(
+        f"{what}; metric {metric}; width and opacity by |{method} score|, colour by the input the edge enters, "
+        "dashed: negative score. Hover an edge's midpoint for its score"
+        + (" and exact effect" if ex is not None or method == "exact" else "")
+        + "."
+    )
+    fig = circuit_figure(d, max_edges, ex)
+    return View(title, [note, figure_part(fig)])
+
+
+def view_faithfulness(result: Any, target: float | None = 0.8) -> View:
+    """A :class:`~gpt2_interp.analysis.circuits.FaithfulnessCurve` (or its dict): exact faithfulness against
+    the circuit's edges after pruning (log scale), one line per scoring method; hover: the method, the
+    requested and kept edge counts and the faithfulness. Dotted lines at 1 (the whole model), 0 (the empty
+    circuit) and ``target`` (None: none), which the note's smallest-circuit counts refer to."""
+    import plotly.graph_objects as go
+
+    d = as_dict(result)
+    f, kept = array(d["faithfulness"]), array(d["kept"])
+    methods, sizes = list(d["methods"]), [int(s) for s in d["sizes"]]
+    if f.shape != (len(methods), len(sizes)) or kept.shape != f.shape:
+        raise ValueError(
+            f"faithfulness {f.shape} and kept {kept.shape} must both be [methods, sizes] = {(len(methods), len(sizes))}"
+        )
+    fig = go.Figure()
+    smallest = []
+    for i, m in enumerate(methods):
+        ok = kept[i] > 0
+        fig.add_trace(
+            go.Scatter(
+                x=kept[i][ok],
+                y=f[i][ok],
+                mode="lines+markers",
+                name=m,
+                customdata=[[sizes[j], m] for j in np.flatnonzero(ok)],
+                hovertemplate="%{customdata[1]}: top %{customdata[0]} edges, %{x:.0f} kept after pruning"
+                "<br>faithfulness %{y:.4f}<extra></extra>",
+            )
+        )
+        if target is not None:
+            hit = kept[i][f[i] >= target]
+            smallest.append(f"{m}: {int(hit.min())} edges" if hit.size else f"{m}: none of the sizes")
+    for y, dash, colour in ((1.0, "dot", "#888"), (0.0, "dot", "#888")) + (
+        ((target, "dot", "#d62728"),) if target is not None else ()
+    ):
+        fig.add_hline(y=y, line={"dash": dash, "color": colour, "width": 1})
+    fig.update_layout(
+        height=420,
+        xaxis={"type": "log", "title": f"edges in the circuit (of {d.get('total_edges', '?')})"},
+        yaxis={"title": f"faithfulness ({d.get('metric', '?')})"},
+        margin={"t": 30},
+    )
+    reach = f"; the smallest circuit reaching {target:.0%}: " + ", ".join(smallest) if target is not None else ""
+    note = text_part(
+        "Faithfulness (exact: every edge outside the circuit patched to the corrupted run, normalised to 1 for "
+        f"the whole model and 0 for the empty circuit) per scoring method{reach}."
+    )
+    return View(f"Faithfulness over circuit size ({', '.join(methods)})", [note, figure_part(fig)])
