@@ -280,8 +280,8 @@ def view_faithfulness(result: Any, target: float | None = 0.8) -> View:
         ok = kept[i] > 0
         fig.add_trace(
             go.Scatter(
-                x=kept[i][ok],
-                y=f[i][ok],
+                x=kept[i][ok].tolist(),  # plain lists: the drawn figure's data read back as they are
+                y=f[i][ok].tolist(),
                 mode="lines+markers",
                 name=m,
                 customdata=[[sizes[j], m] for j in np.flatnonzero(ok)],

@@ -80,11 +80,11 @@ def _histogram_figure(hist: Mapping[str, Any], density: float) -> Any:
         raise ValueError(f"a histogram of {counts.size} counts needs {counts.size + 1} bin edges, got {edges.size}")
     fig = go.Figure(
         go.Bar(
-            x=(edges[:-1] + edges[1:]) / 2,
-            y=counts,
-            width=np.diff(edges),
+            x=((edges[:-1] + edges[1:]) / 2).tolist(),
+            y=counts.tolist(),  # plain lists: the drawn figure's data read back as they are
+            width=np.diff(edges).tolist(),
             marker_color="#d62728",
-            customdata=np.stack([edges[:-1], edges[1:]], 1),
+            customdata=np.stack([edges[:-1], edges[1:]], 1).tolist(),
             hovertemplate="activation %{customdata[0]:.4g} – %{customdata[1]:.4g}<br>%{y:.0f} tokens<extra></extra>",
         )
     )

@@ -6,6 +6,8 @@ tests/integration/test_demo.py, on the report its fixture writes.)"""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -151,3 +153,58 @@ def test_two_notebook_outputs_share_one_plotly_and_both_draw(browser, gqa_patter
     path.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>" + cells[1] + "</body></html>")
     assert open_page(browser, path) == []
     assert "reset_notebook()" in browser.find_element(By.CSS_SELECTOR, ".g2v-view").text
+
+
+def _hover_point(driver, fig, trace_name: str, point: int) -> str:
+    """Plotly's hover label for point ``point`` of the trace named ``trace_name`` (Plotly.Fx.hover, as a mouse does;
+    Plotly ignores a hover within 50 ms of the last)."""
+    time.sleep(0.1)
+    return driver.execute_script(
+        "var gd = arguments[0], i = gd.data.findIndex(t => t.name === arguments[1]);"
+        "Plotly.Fx.hover(gd, [{curveNumber: i, pointNumber: arguments[2]}]);"
+        "var h = gd.querySelector('.hoverlayer'); return h && h.textContent",
+        fig,
+        trace_name,
+        point,
+    )
+
+
+def test_circuit_page_draws_every_edge_and_node_with_scores_and_exact_effects_on_hover(browser, tmp_path):
+    from .view_results import small_circuit, small_curve
+
+    c = small_circuit()
+    page = view(c, exact={"input->a0.h1<q>": 2.75}) + view(small_curve())
+    assert open_page(browser, page.save(tmp_path / "circuit.html")) == []
+    graph, curve = browser.find_elements(By.CSS_SELECTOR, ".g2v-fig")
+    names = browser.execute_script("return arguments[0].data.map(t => t.name)", graph)
+    assert [n[5:] for n in names if n.startswith("edge:")] == c.edges  # one line per edge, as drawn
+    nodes = browser.execute_script("return arguments[0].data.find(t => t.name === 'nodes').text", graph)
+    assert sorted(nodes) == sorted(c.nodes())  # the circuit's own node list (input and logits among them)
+    ports = browser.execute_script("return arguments[0].data.find(t => t.name === 'ports').text", graph)
+    assert sorted(ports) == ["q", "q", "v"]  # a0.h1 and a1.h3 queries, KV head 1's value input of layer 1
+    text = _hover_point(browser, graph, "edges", 0)
+    assert "input->a0.h1<q>" in text and "eap score +3" in text and "exact effect +2.75" in text, text
+    assert "a1.h2->logits" in _hover_point(browser, graph, "edges", 1)
+    methods = browser.execute_script("return arguments[0].data.map(t => [t.name, t.x.length])", curve)
+    assert methods == [["eap", 3], ["eap-ig", 3]]  # the size that kept no edge is left off the log axis
+    assert "eap-ig: top 40 edges, 37 kept" in _hover_point(browser, curve, "eap-ig", 1)
+    assert not_blank(browser) > 10
+
+
+def test_feature_page_colours_tokens_by_activation_as_the_data_say(browser, tmp_path):
+    from .view_results import small_feature
+
+    f = small_feature()
+    assert open_page(browser, view(f).save(tmp_path / "feature.html")) == []
+    shades = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.g2v-context .g2v-tok')).map(s => s.style.background)"
+    )
+    alphas = [float(s.rsplit(",", 1)[1].rstrip(")")) if s.count(",") == 3 else 1.0 for s in shades]
+    acts = [a for c in f.contexts for a in c["acts"]]
+    assert np.allclose(alphas, np.array(acts) / max(acts), atol=6e-3)  # as the browser keeps alpha (8 bits)
+    figs = browser.find_elements(By.CSS_SELECTOR, ".g2v-fig")
+    bars = browser.execute_script("return arguments[0].data.map(t => t.x)", figs[0])
+    assert bars == [[v for _, v in f.promoted], [v for _, v in f.suppressed]]
+    counts = browser.execute_script("return Array.from(arguments[0].data[0].y)", figs[1])
+    assert counts == f.histogram["counts"]
+    assert not_blank(browser) > 10
