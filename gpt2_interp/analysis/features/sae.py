@@ -239,7 +239,8 @@ class SAE(nn.Module):
         """An SAE from a folder of ``cfg.json`` + ``sae_weights.safetensors``: ours (digest verified,
         refused with :class:`~gpt2_interp.io.integrity.IntegrityError` when damaged or when its
         ``cfg.json`` was changed) or SAELens's (architectures ``topk``, ``standard``, ``jumprelu``
-        without input normalisation; no digest to verify). With ``model``, also refused (ValueError)
+        without input normalisation; no digest to verify; a TopK SAE that rescales by the decoder norm has
+        the norms folded in, so the latents are SAELens's). With ``model``, also refused (ValueError)
         when the model cannot host it (:meth:`check_model`: hook, width, base weights)."""
         folder = Path(path)
         cfg_path, w_path = folder / CFG_FILE, folder / WEIGHTS_FILE
@@ -271,6 +272,12 @@ class SAE(nn.Module):
                         f"{w_path}: {n} has shape {tuple(tensors[n].shape)}, the config says {tuple(t.shape)}"
                     )
                 t.copy_(tensors[n].to(t.dtype))
+            if not ours and json.loads(cfg_path.read_text()).get("rescale_acts_by_decoder_norm"):
+                # SAELens selects and scales latents by h·‖W_dec row‖: fold the norms in (its fold_W_dec_norm)
+                norm = sae.W_dec.norm(dim=-1).clamp_min(1e-8)
+                sae.W_dec.div_(norm[:, None])
+                sae.W_enc.mul_(norm)
+                sae.b_enc.mul_(norm)
         if model is not None:
             sae.check_model(model)
         return sae

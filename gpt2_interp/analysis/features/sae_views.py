@@ -71,15 +71,9 @@ class FeatureView(Result):
 
     def plot(self, **kwargs: Any) -> Figure:
         """The histogram of the latent's non-zero activations (``kwargs`` go to ``Axes.stairs``)."""
-        from matplotlib.figure import Figure
+        from ...plots.features import plot_feature_histogram
 
-        fig = Figure(figsize=(5, 3))
-        ax = fig.subplots()
-        ax.stairs(self.histogram["counts"], self.histogram["edges"], fill=True, **kwargs)
-        ax.set_xlabel("activation (non-zero)")
-        ax.set_ylabel("tokens")
-        ax.set_title(f"latent {self.latent}: density {self.density:.4f}", fontsize=10)
-        return fig
+        return plot_feature_histogram(self, **kwargs)
 
 
 def _tokens(model: HookedGPT2, ids: list[int]) -> list[str]:
