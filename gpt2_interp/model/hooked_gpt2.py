@@ -520,6 +520,16 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             for e in reversed(done):
                 e.undo(self)
 
+    def steer(
+        self, direction: torch.Tensor, at: str, scale: float = 1.0, positions: Sequence[int] | None = None
+    ) -> Any:
+        """Context manager: add ``scale · direction`` to the activation at hook point ``at`` (e.g.
+        ``blocks.6.hook_resid_post``; ``direction`` ``[d_model]`` there) for the ``with`` block, at every
+        position or at ``positions`` (negatives from the end), removed on exit (:mod:`.steer`)."""
+        from .steer import Steer, steering
+
+        return steering(self, Steer(direction, at, scale, None if positions is None else tuple(positions)))
+
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
     def generate(
@@ -538,6 +548,7 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         use_past_kv_cache: bool | None = None,
         verbose: bool = False,
         return_type: Literal["input", "str", "tokens"] = "input",
+        steer: Any = None,
     ) -> Any:
         """Continue ``input`` (text, a list of texts, or tokens ``[pos]``/``[batch, pos]``).
         TransformerLens's defaults: samples at ``temperature`` 1.0 for ``max_new_tokens`` 10 tokens
@@ -547,7 +558,8 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         ``return_type`` "str"/"tokens". ``prepend_bos`` (default True) applies to text input.
         ``stop_at_eos`` (default True) stops once every row produced the end-of-text token (and cuts
         the returned text there); ``suppress_eos`` forbids that token (the text always runs
-        ``max_new_tokens``).
+        ``max_new_tokens``). ``steer``: a :class:`.steer.Steer` or a list of them, active while generating
+        (positions are the prompt's; without positions every token is steered).
 
         Text in gives text out (a list for a list, left-padded and batched, BOS removed); tokens in
         gives tokens ``[batch, pos + new]`` out. Rows that reached ``<|endoftext|>`` are padded with it.
@@ -578,6 +590,7 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             use_kv_cache,
             prepend_bos,
             suppress_eos,
+            steer,
         )
         if return_type == "str" and isinstance(out, torch.Tensor):
             out = self.to_string(out[0] if out.shape[0] == 1 else out)
