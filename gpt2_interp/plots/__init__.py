@@ -19,5 +19,6 @@ _FACE = {
     "attribution": ("plot_estimate_vs_exact", "plot_verification", "plot_agreement_grid"),
     "editing": ("plot_edit_evaluation", "plot_decay", "plot_topk_comparison"),
     "probes": ("plot_probe", "plot_probe_summary"),
+    "steering": ("plot_steering_curve",),
 }
 __all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())
