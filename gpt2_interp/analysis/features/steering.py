@@ -331,7 +331,10 @@ def steering_curve(
             logps = []
             for j, (tokens, mask) in enumerate(text_batches):
                 logp = model(tokens, attention_mask=mask).float().log_softmax(-1)[:, :-1]  # [b, pos-1, vocab]
-                real = (mask[:, 1:] if mask is not None else torch.ones_like(tokens[:, 1:])).to(logp.dtype)
+                # a prediction counts when both its position and its target are real tokens (left padding)
+                real = (mask[:, :-1] * mask[:, 1:] if mask is not None else torch.ones_like(tokens[:, 1:])).to(
+                    logp.dtype
+                )
                 nll += float(-(logp.gather(-1, tokens[:, 1:, None])[..., 0] * real).sum())
                 count += float(real.sum())
                 if base is None:
