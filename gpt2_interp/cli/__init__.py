@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 from .. import __version__
 
-AREAS = ("model_cmds", "reading", "probing", "causal", "editing", "demo", "experiments")
+AREAS = ("model_cmds", "reading", "probing", "steering", "causal", "editing", "demo", "experiments")
 DEFAULT_MODEL = "gpt2-facts"
 
 
