@@ -14,9 +14,10 @@ if TYPE_CHECKING:
 
 
 def plot_steering_curve(result: SteeringCurve, title: str | None = None, max_loss_change: float = 0.05) -> Figure:
-    """Two panels against the scale: P(target) (± standard error over prompts, the unsteered level
-    dotted); and the fluency cost (relative loss change on unrelated text, the ``max_loss_change``
-    budget dashed) with the KL drift on a second axis."""
+    """Two panels of a :class:`~gpt2_interp.analysis.features.SteeringCurve` ``result`` against the scale:
+    P(target) (± standard error over prompts, the unsteered level dotted); and the fluency cost (relative
+    loss change on unrelated text, the ``max_loss_change`` budget dashed) with the KL drift on a second
+    axis. ``title`` replaces the default title (model, hook, method)."""
     x = result.scales.numpy()
     fig = Figure(figsize=(9.0, 3.4))
     ax1, ax2 = fig.subplots(1, 2)

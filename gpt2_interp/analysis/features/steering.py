@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -72,7 +72,7 @@ def probe_direction(
     normalize: bool = True,
     model: HookedGPT2 | None = None,
 ) -> torch.Tensor:
-    """The weight vector ``[d]`` of the probe at ``layer`` for class ``cls`` (see
+    """The weight vector ``[d]`` of the probe ``result`` at ``layer`` for class ``cls`` (see
     :meth:`~gpt2_interp.analysis.probes.ProbeResult.direction`): adding it raises that class's logit.
     ``normalize`` (default True) makes it unit-norm; ``model`` is checked to be the probed one."""
     return result.direction(layer, cls, normalize=normalize, model=model)
@@ -100,10 +100,11 @@ def activations_at(
     batch_size: int = 32,
     prepend_bos: bool = True,
 ) -> torch.Tensor:
-    """Activations ``[n_prompts, *shape]`` (float32, CPU) at hook point ``at``, one per prompt:
+    """Activations ``[n_prompts, *shape]`` (float32, CPU) at hook point ``at``, one per prompt of ``prompts``:
     ``position`` ``"last"`` (the prompt's last token), ``"mean"`` (the mean over its tokens, BOS left
     out) or an int (a token index of the prompt, BOS = 0 when prepended; negatives from the end).
-    Prompts run ``batch_size`` at a time, left-padded, caching only ``at``."""
+    Prompts run ``batch_size`` at a time, left-padded, caching only ``at``; ``prepend_bos`` (default True)
+    puts the tokenizer's BOS first, as ``model.to_tokens`` does."""
     prompts = check_prompts(prompts, "prompts")
     batch_size = check_count(batch_size, "batch_size")
     if isinstance(position, str) and position not in POSITIONS:
@@ -170,7 +171,11 @@ class SteeringCurve(Result):
 
     ``baseline_prob``, ``baseline_loss``: the unsteered values; ``direction_norm``: the direction's norm;
     ``method``: how the direction was made (e.g. ``"mean difference at last token"``); ``positions``: the
-    steered positions (None: all)."""
+    steered positions (None: all); ``model_name``: the steered model; ``n_prompts``: the held-out prompts;
+    ``n_tokens``: the predicted tokens of the unrelated texts.
+
+    Steering only some positions (e.g. ``[-1]``) leaves the loss of the text before them unchanged: the
+    fluency cost then shows in what the model goes on to generate, not in this loss."""
 
     model_name: str
     at: str
@@ -188,7 +193,6 @@ class SteeringCurve(Result):
     n_unrelated: int
     n_tokens: int
     positions: list[int] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def loss_change(self) -> torch.Tensor:
