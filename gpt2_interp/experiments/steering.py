@@ -1,19 +1,19 @@
 """Steering with a difference-of-means direction: how much it moves a behaviour, and at what cost in fluency.
 
-For one concept (``french``: French versus English versions of 40 sentences; ``sentiment``: positive versus
-negative versions of 30 sentences) the direction is the difference of means of the residual stream after
-block ``layer`` over the contrast pairs (the mean over each sentence's tokens, or its last token). Added at
-every position with a range of scales (:meth:`HookedGPT2.steer`), it is measured on prompts it was not
-built from: the target behaviour is the summed next-token probability of the concept's words (French
-function words; positive adjectives) after 20 held-out English openings; the cost is the steered model's
-loss on unrelated natural text (Brown Corpus passages) and the KL drift of its predictions there
+For one concept (``sentiment``, the default: positive versus negative versions of 30 sentences; ``french``:
+French versus English versions of 40 sentences) the direction is the difference of means of the residual
+stream after block ``layer`` over the contrast pairs (each sentence's last token, or the mean over its
+tokens). Added at every position with a range of scales (:meth:`HookedGPT2.steer`), it is measured on
+prompts it was not built from: the target behaviour is the summed next-token probability of the concept's
+words (positive adjectives; French function words) after 20 held-out openings; the cost is the steered
+model's loss on unrelated natural text (Brown Corpus passages) and the KL drift of its predictions there
 (:func:`gpt2_interp.analysis.features.steering_curve`). The headline is the largest probability reached
 while the loss on unrelated text rises less than ``max_loss_change``.
 
 With ``compare=true`` the ``steering-vectors`` package (on the same weights converted to transformers,
 reading the same tokens) builds the last-token vector from the same pairs: the two vectors are compared
-(max |difference|), and both are applied at two scales to the held-out prompts, ours on our model and
-theirs on the transformers model, comparing the target probabilities.
+(max |difference|), and both are applied at ``compare_scales`` to the held-out prompts, ours on our model
+and theirs on the transformers model, comparing the target probabilities.
 """
 
 from __future__ import annotations
@@ -39,16 +39,16 @@ if TYPE_CHECKING:
 @dataclass
 class Config(ExperimentConfig):
     concept: Literal["french", "sentiment"] = field(
-        default="french", metadata={"help": "the contrast pairs, held-out prompts and target words"}
+        default="sentiment", metadata={"help": "the contrast pairs, held-out prompts and target words"}
     )
     layer: int | None = field(
         default=None, metadata={"help": "steer the residual stream after this block (none: n_layer // 3)"}
     )
     position: Literal["mean", "last"] = field(
-        default="mean", metadata={"help": "read each sentence's mean over tokens or its last token"}
+        default="last", metadata={"help": "read each sentence's mean over tokens or its last token"}
     )
     scales: list[float] = field(
-        default_factory=lambda: [0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0],
+        default_factory=lambda: [0.0, 1.0, 2.0, 3.0, 4.0, 6.0],
         metadata={"help": "multiples of the difference of means to add"},
     )
     pairs: int | None = field(default=None, metadata={"help": "use the first N contrast pairs (none: all)"})
@@ -62,7 +62,7 @@ class Config(ExperimentConfig):
         default=True, metadata={"help": "compare with the steering-vectors package (skipped if not installed)"}
     )
     compare_scales: list[float] = field(
-        default_factory=lambda: [0.5, 1.0], metadata={"help": "scales at which the two packages' effects are compared"}
+        default_factory=lambda: [2.0, 4.0], metadata={"help": "scales at which the two packages' effects are compared"}
     )
 
     QUICK: ClassVar[dict[str, Any]] = {

@@ -18,16 +18,17 @@ def test_quick_run_measures_the_steered_models_target_probability(facts_model, t
     data = res.data
     curve = data["curve"]
     assert curve["scales"] == [0.0, 0.5] and curve["kl"][0] == 0.0
-    # independent check: the same direction built by hand from the first four pairs (mean over tokens,
-    # BOS left out, each sentence alone), added at scale 0.5, and the target words' probability read off
-    pairs, prompts, words = CONCEPTS["french"]
+    # independent check: the same direction built by hand from the first four pairs (the last token of
+    # each sentence alone), added at scale 0.5, and the target words' probability read off
+    assert data["concept"] == "sentiment" and data["position"] == "last"
+    pairs, prompts, words = CONCEPTS["sentiment"]
     at = f"blocks.{data['layer']}.hook_resid_post"
 
-    def mean_act(text):
-        return facts_model.run_with_cache(text, names_filter=at)[1][at][0, 1:].mean(0)
+    def last_act(text):
+        return facts_model.run_with_cache(text, names_filter=at)[1][at][0, -1]
 
     with torch.no_grad():
-        v = torch.stack([mean_act(p) - mean_act(n) for p, n in pairs[:4]]).mean(0)
+        v = torch.stack([last_act(p) - last_act(n) for p, n in pairs[:4]]).mean(0)
         ids = sorted(
             {facts_model.tokenizer.encode_ids(w)[0] for w in words if len(facts_model.tokenizer.encode_ids(w)) == 1}
         )
@@ -35,4 +36,4 @@ def test_quick_run_measures_the_steered_models_target_probability(facts_model, t
             p = torch.stack([facts_model(x)[0, -1].softmax(-1)[ids].sum() for x in prompts[:3]]).mean()
     assert curve["direction_norm"] == pytest.approx(float(v.norm()), rel=1e-4)
     assert curve["target_prob"][1] == pytest.approx(float(p), rel=1e-3, abs=1e-7)
-    assert "Steering gpt2-facts towards french" in res.tables()["steering"]
+    assert "Steering gpt2-facts towards sentiment" in res.tables()["steering"]
