@@ -48,7 +48,7 @@ class Config(ExperimentConfig):
         default="last", metadata={"help": "read each sentence's mean over tokens or its last token"}
     )
     scales: list[float] = field(
-        default_factory=lambda: [0.0, 1.0, 2.0, 3.0, 4.0, 6.0],
+        default_factory=lambda: [0.0, 1.0, 2.0, 2.5, 3.0, 4.0, 6.0],
         metadata={"help": "multiples of the difference of means to add"},
     )
     pairs: int | None = field(default=None, metadata={"help": "use the first N contrast pairs (none: all)"})
@@ -362,7 +362,7 @@ def curve_of(data: dict) -> SteeringCurve:
     c = dict(data["curve"])
     for k in ("loss_change", "prob_shift", "best"):
         c.pop(k, None)
-    for k in ("scales", "target_prob", "target_sem", "loss", "kl"):
+    for k in ("scales", "target_prob", "target_sem", "shift_sem", "loss", "kl"):
         c[k] = torch.tensor(c[k])
     return SteeringCurve(**c)
 
@@ -376,7 +376,8 @@ def finding(data: dict) -> str:
     ratio = b["target_prob"] / c["baseline_prob"] if c["baseline_prob"] > 0 else float("inf")
     return (
         f"Adding {b['scale']:g} × the difference of means at {c['at']} raises P({data['concept']} target words) after "
-        f"held-out prompts from {c['baseline_prob']:.4f} to {b['target_prob']:.4f} (+{b['prob_shift']:.4f}, "
+        f"held-out prompts from {c['baseline_prob']:.4f} to {b['target_prob']:.4f} (+{b['prob_shift']:.4f} ± "
+        f"{b['shift_sem']:.4f} paired s.e. over {c['n_prompts']} prompts, "
         f"{ratio:.1f}×) while the loss on unrelated Brown text rises {100 * b['loss_change']:+.1f}% (budget "
         f"{budget}; KL drift {b['kl']:.3f} nats/token)."
     )

@@ -88,6 +88,9 @@ def test_steering_curve_matches_a_hand_measurement(tiny):
     base_nll = sum(-b[:-1].gather(-1, t[1:, None]).sum() for b, t in zip(plain, tokens))
     assert r.n_tokens == n
     torch.testing.assert_close(r.target_prob[1], torch.stack(p).mean(), rtol=1e-5, atol=1e-7)
+    base_p = [tiny(x)[0, -1].softmax(-1)[ids].sum() for x in prompts]
+    shift = torch.stack(p) - torch.stack(base_p)
+    torch.testing.assert_close(r.shift_sem[1], shift.std() / 2**0.5, rtol=1e-4, atol=1e-7)
     torch.testing.assert_close(r.loss[1], nll / n, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(r.kl[1], kl / n, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(r.loss[0], base_nll / n, rtol=1e-5, atol=1e-6)

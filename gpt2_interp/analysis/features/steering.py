@@ -163,7 +163,8 @@ class SteeringCurve(Result):
     """What adding ``scale · direction`` at hook ``at`` does, for each of ``scales`` ``[n_scales]``:
 
     - ``target_prob`` ``[n_scales]``: the mean over held-out ``prompts`` of the summed next-token
-      probability of the ``target`` tokens (``target_sem``: its standard error over prompts);
+      probability of the ``target`` tokens (``target_sem``: its standard error over prompts;
+      ``shift_sem``: the standard error of the per-prompt shift from the unsteered probability, paired);
     - ``loss`` ``[n_scales]``: the mean next-token cross-entropy (nats/token) on ``n_unrelated`` unrelated
       texts; ``loss_change`` = ``loss / loss(unsteered) − 1`` (the fluency cost, 0.05 = 5% worse);
     - ``kl`` ``[n_scales]``: the mean KL(unsteered ‖ steered) of the next-token distributions over the
@@ -184,6 +185,7 @@ class SteeringCurve(Result):
     target: list[str]
     target_prob: torch.Tensor
     target_sem: torch.Tensor
+    shift_sem: torch.Tensor
     loss: torch.Tensor
     kl: torch.Tensor
     baseline_prob: float
@@ -206,7 +208,7 @@ class SteeringCurve(Result):
 
     def best(self, max_loss_change: float = 0.05) -> dict[str, float] | None:
         """The scale whose target probability is highest among those whose ``loss_change`` stays below
-        ``max_loss_change`` (default 5%): ``{scale, target_prob, prob_shift, loss_change, kl}``, or None
+        ``max_loss_change`` (default 5%): ``{scale, target_prob, prob_shift, shift_sem, loss_change, kl}``, or None
         when no steered scale qualifies."""
         ok = [
             i for i in range(len(self.scales)) if float(self.scales[i]) != 0 and self.loss_change[i] < max_loss_change
@@ -218,6 +220,7 @@ class SteeringCurve(Result):
             "scale": float(self.scales[i]),
             "target_prob": float(self.target_prob[i]),
             "prob_shift": float(self.prob_shift[i]),
+            "shift_sem": float(self.shift_sem[i]),
             "loss_change": float(self.loss_change[i]),
             "kl": float(self.kl[i]),
         }
@@ -242,16 +245,16 @@ class SteeringCurve(Result):
             [
                 f"{float(s):g}",
                 f"{float(p):.4f} ± {float(e):.4f}",
-                f"{float(p) - self.baseline_prob:+.4f}",
+                f"{float(p) - self.baseline_prob:+.4f} ± {float(se):.4f}",
                 f"{float(lo):.3f}",
                 f"{100 * float(c):+.1f}%",
                 f"{float(k):.4f}",
             ]
-            for s, p, e, lo, c, k in zip(
-                self.scales, self.target_prob, self.target_sem, self.loss, self.loss_change, self.kl
+            for s, p, e, se, lo, c, k in zip(
+                self.scales, self.target_prob, self.target_sem, self.shift_sem, self.loss, self.loss_change, self.kl
             )
         ]
-        header = ["scale", "P(target)", "shift", "loss (nats)", "loss change", "KL drift"]
+        header = ["scale", "P(target) ± s.e.", "shift ± paired s.e.", "loss (nats)", "loss change", "KL drift"]
         return "\n".join([head, *format_table(header, rows, right=[True] * len(header))])
 
     def plot(self, **kwargs: Any) -> Figure:
@@ -356,6 +359,11 @@ def steering_curve(
         losses.append(lo)
         kls.append(k)
     p = torch.stack(probs)  # [n_scales, n_prompts]
+    n = p.shape[1]
+
+    def sem(x: torch.Tensor) -> torch.Tensor:
+        return x.std(1) / math.sqrt(n) if n > 1 else torch.zeros(x.shape[0])
+
     n_tokens = int(sum(len(r) - 1 for r in rows))
     return SteeringCurve(
         model_name=model.cfg.name,
@@ -364,7 +372,8 @@ def steering_curve(
         scales=torch.tensor(scale_list),
         target=[model.tokenizer.token_str(int(i)) for i in ids],
         target_prob=p.mean(1),
-        target_sem=p.std(1) / math.sqrt(p.shape[1]) if p.shape[1] > 1 else torch.zeros(len(scale_list)),
+        target_sem=sem(p),
+        shift_sem=sem(p - base_probs),
         loss=torch.tensor(losses),
         kl=torch.tensor(kls),
         baseline_prob=float(base_probs.mean()),
