@@ -11,6 +11,7 @@ from gpt2_interp.cli import main
 from gpt2_interp.model import Steer
 
 
+@pytest.mark.slow  # loads gpt2-facts twice and generates with and without the direction
 def test_steer_prints_the_continuations_with_the_files_direction(capsys, tmp_path):
     pairs = [("Paris is in France", "Berlin is in Germany"), ("Le chat", "The cat")]
     f = tmp_path / "pairs.tsv"
