@@ -58,6 +58,10 @@ class Config(ExperimentConfig):
     max_loss_change: float = field(
         default=0.05, metadata={"help": "the fluency budget: largest allowed relative rise of the loss"}
     )
+    generate_tokens: int = field(
+        default=0,
+        metadata={"help": "also score greedy steered continuations of this many tokens with the plain model (0: off)"},
+    )
     compare: bool = field(
         default=True, metadata={"help": "compare with the steering-vectors package (skipped if not installed)"}
     )
@@ -362,8 +366,8 @@ def curve_of(data: dict) -> SteeringCurve:
     c = dict(data["curve"])
     for k in ("loss_change", "prob_shift", "best"):
         c.pop(k, None)
-    for k in ("scales", "target_prob", "target_sem", "shift_sem", "loss", "kl"):
-        c[k] = torch.tensor(c[k])
+    for k in ("scales", "target_prob", "target_sem", "shift_sem", "loss", "kl", "generation_nll"):
+        c[k] = None if c.get(k) is None else torch.tensor(c[k])
     return SteeringCurve(**c)
 
 
@@ -443,6 +447,7 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
         texts,
         max_tokens=cfg.max_tokens,
         method=f"difference of means ({cfg.position})",
+        generate_tokens=cfg.generate_tokens,
     )
     out: dict[str, Any] = {
         "model": model.cfg.name,

@@ -101,3 +101,21 @@ def test_steering_curve_matches_a_hand_measurement(tiny):
         torch.testing.assert_close(getattr(batched, name), getattr(r, name), rtol=1e-4, atol=1e-6)
     assert "loss change" in r.table() and r.to_dict()["scales"] == [0.0, 3.0]
     assert all(not hp.has_hooks for hp in tiny.hook_dict.values())
+
+
+@torch.no_grad()
+def test_generation_nll_scores_the_steered_continuation_with_the_plain_model(tiny):
+    d = torch.randn(tiny.cfg.d_model, generator=torch.Generator().manual_seed(2))
+    prompts = ["The capital of France is", "Once upon a"]
+    r = steering_curve(tiny, d, AT, [0.0, 4.0], prompts, [" the"], ["Some text here"], generate_tokens=3)
+    nll = []
+    for p in prompts:
+        tokens = tiny.to_tokens(p)
+        with tiny.steer(d, at=AT, scale=4.0):
+            new = tiny.generate(tokens, max_new_tokens=3, do_sample=False, suppress_eos=True)[0, tokens.shape[1] :]
+        seq = tokens[0].tolist()
+        for t in new.tolist():  # the plain model's log-probability of each written token, token by token
+            nll.append(-float(tiny(torch.tensor([seq]))[0, -1].log_softmax(-1)[t]))
+            seq.append(t)
+    assert r.generation_nll is not None
+    assert float(r.generation_nll[1]) == pytest.approx(sum(nll) / len(nll), rel=1e-4)

@@ -173,7 +173,9 @@ class SteeringCurve(Result):
     ``baseline_prob``, ``baseline_loss``: the unsteered values; ``direction_norm``: the direction's norm;
     ``method``: how the direction was made (e.g. ``"mean difference at last token"``); ``positions``: the
     steered positions (None: all); ``model_name``: the steered model; ``n_prompts``: the held-out prompts;
-    ``n_tokens``: the predicted tokens of the unrelated texts.
+    ``n_tokens``: the predicted tokens of the unrelated texts; ``generation_nll`` ``[n_scales]`` (None
+    unless asked for): the unsteered model's mean NLL (nats/token) of the steered model's greedy
+    continuations of the prompts — the fluency of what steering makes the model write.
 
     Steering only some positions (e.g. ``[-1]``) leaves the loss of the text before them unchanged: the
     fluency cost then shows in what the model goes on to generate, not in this loss."""
@@ -195,6 +197,7 @@ class SteeringCurve(Result):
     n_unrelated: int
     n_tokens: int
     positions: list[int] | None = None
+    generation_nll: torch.Tensor | None = None
 
     @property
     def loss_change(self) -> torch.Tensor:
@@ -233,7 +236,8 @@ class SteeringCurve(Result):
 
     def table(self) -> str:
         """The setting, then one row per scale: P(target) ± s.e., its shift, the loss on unrelated text
-        and its relative change, and the KL drift."""
+        and its relative change, the KL drift (and the plain model's NLL of the steered continuations,
+        when measured)."""
         tgt = ", ".join(repr(t) for t in self.target[:6]) + (" …" if len(self.target) > 6 else "")
         head = (
             f"steering {self.model_name} at {self.at} with {self.method} (norm {self.direction_norm:.3g}), "
@@ -255,6 +259,10 @@ class SteeringCurve(Result):
             )
         ]
         header = ["scale", "P(target) ± s.e.", "shift ± paired s.e.", "loss (nats)", "loss change", "KL drift"]
+        if self.generation_nll is not None:
+            header.append("NLL of steered text")
+            for row, g in zip(rows, self.generation_nll):
+                row.append(f"{float(g):.3f}")
         return "\n".join([head, *format_table(header, rows, right=[True] * len(header))])
 
     def plot(self, **kwargs: Any) -> Figure:
@@ -288,6 +296,32 @@ def target_token_ids(model: HookedGPT2, target: Sequence[str] | Sequence[int]) -
     return sorted(set(ids))
 
 
+@torch.no_grad()
+def generation_nll(
+    model: HookedGPT2,
+    direction: torch.Tensor,
+    at: str,
+    scale: float,
+    prompts: Sequence[str],
+    positions: Sequence[int] | None,
+    n_tokens: int,
+) -> float:
+    """The unsteered model's mean NLL (nats/token) of the ``n_tokens``-token greedy continuations that the
+    model steered with ``scale · direction`` at ``at`` (``positions``: see :meth:`HookedGPT2.steer`) writes
+    after each of ``prompts`` (one at a time, the end-of-text token suppressed)."""
+    from ...model.steer import Steer
+
+    n_tokens = check_count(n_tokens, "generate_tokens")
+    steer = Steer(direction, at, scale, None if positions is None else tuple(positions))
+    total = 0.0
+    for p in prompts:
+        tokens, _ = model.tokenize(p)
+        out = model.generate(tokens, max_new_tokens=n_tokens, do_sample=False, suppress_eos=True, steer=steer)
+        logp = model(out).float().log_softmax(-1)[0, tokens.shape[1] - 1 : -1]  # predicting the new tokens
+        total += float(-logp.gather(-1, out[0, tokens.shape[1] :, None]).sum())
+    return total / (n_tokens * len(prompts))
+
+
 def _chunks(items: list[Any], size: int) -> list[list[Any]]:
     return [items[s : s + size] for s in range(0, len(items), size)]
 
@@ -305,6 +339,7 @@ def steering_curve(
     max_tokens: int = 64,
     batch_size: int = 16,
     method: str = "a given direction",
+    generate_tokens: int = 0,
 ) -> SteeringCurve:
     """Measure steering with ``direction`` at hook ``at`` over ``scales`` (:class:`SteeringCurve`).
 
@@ -313,7 +348,10 @@ def steering_curve(
     Brown passages, :func:`gpt2_interp.io.corpora.brown_texts`), each cut to its first ``max_tokens``
     tokens, on which the fluency cost (loss) and the drift (KL from the unsteered model) are measured.
     ``positions``: the steered positions (None: all; see :meth:`HookedGPT2.steer`). ``method`` says in
-    the result how the direction was made. Every forward pass runs ``batch_size`` texts."""
+    the result how the direction was made. Every forward pass runs ``batch_size`` texts.
+    ``generate_tokens`` > 0 also measures the fluency of what the steered model writes: a greedy
+    continuation of that many tokens per prompt (one prompt at a time), scored by the unsteered model
+    (``generation_nll``)."""
     prompts = check_prompts(prompts, "prompts")
     unrelated = check_prompts(unrelated, "unrelated")
     batch_size = check_count(batch_size, "batch_size")
@@ -383,6 +421,11 @@ def steering_curve(
         n_unrelated=len(unrelated),
         n_tokens=n_tokens,
         positions=None if positions is None else [int(x) for x in positions],
+        generation_nll=None
+        if not generate_tokens
+        else torch.tensor(
+            [generation_nll(model, direction, at, s, prompts, positions, generate_tokens) for s in scale_list]
+        ),
     )
 
 
