@@ -134,13 +134,8 @@ def tables(data: dict) -> dict[str, str]:
                 f"({r['tokens']} tokens at most)."
             )
             if r["groups"]:
-                md.append(
-                    "By "
-                    + GROUP_BY[name]
-                    + ": "
-                    + "; ".join(f"{g} {v['accuracy']:.0%} ({v['pairs']} pairs)" for g, v in r["groups"].items())
-                    + "."
-                )
+                shares = "; ".join(f"{g} {v['accuracy']:.0%} ({v['pairs']} pairs)" for g, v in r["groups"].items())
+                md.append(f"By {GROUP_BY[name]}: {shares}.")
         else:
             md += ["", f"**{name}** does not fit {data['model']}: {r['reason']}"]
     return {"circuit_tasks": "\n".join(md)}

@@ -295,8 +295,9 @@ def ioi(model: HookedGPT2, n: int = 100, seed: int = 0, templates: Sequence[int]
             f"ioi: only {len(names)} of the {len(IOI_NAMES)} IOI names are one token for {model.cfg.name}'s "
             "tokenizer (5 are needed: two clean names and three other corrupted ones); the task does not fit it"
         )
+    ids = {name: model.to_single_token(" " + name) for name in names}
     rng = random.Random(seed)
-    rows = []
+    rows: list[tuple[str, str, int, int, dict[str, Any]]] = []
     for i in range(n):
         t = chosen[rng.randrange(len(chosen))]
         order = "ABBA" if i % 2 == 0 else "BABA"
@@ -311,7 +312,7 @@ def ioi(model: HookedGPT2, n: int = 100, seed: int = 0, templates: Sequence[int]
         head, tail = form.rsplit("[B]", 1)
         corrupted = head.replace("[A]", c1).replace("[B]", c2) + c3 + tail
         info = {"template": t, "order": order, "io": io, "s": s, "place": place, "object": obj, "abc": [c1, c2, c3]}
-        rows.append((clean, corrupted, _single(model, " " + io), _single(model, " " + s), info))
+        rows.append((clean, corrupted, ids[io], ids[s], info))
     desc = (
         "indirect-object identification (Wang et al. 2023): clean 'When A and B …, B gave … to' -> ' A' vs ' B'; "
         "corrupted: the three names replaced by three other names (ABC); metric logit[IO] - logit[S]"
