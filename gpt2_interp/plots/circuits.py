@@ -96,8 +96,9 @@ def plot_circuit(circuit: Any, max_edges: int = 400, title: str | None = None) -
 
 
 def plot_faithfulness(curve: Any, target: float | None = 0.8, title: str | None = None) -> Figure:
-    """Faithfulness (y) against the circuit's edges after pruning (x, log scale), one line per scoring
-    method; dotted lines at 1 (the whole model), 0 and ``target`` (None: none). ``title`` replaces the default."""
+    """A ``curve`` (:class:`~gpt2_interp.analysis.circuits.FaithfulnessCurve`): faithfulness (y) against the
+    circuit's edges after pruning (x, log scale), one line per scoring method; dotted lines at 1 (the whole
+    model), 0 and ``target`` (None: none). ``title`` replaces the default."""
     fig = Figure(figsize=(5.5, 3.8))
     ax = fig.add_subplot()
     for i, m in enumerate(curve.methods):

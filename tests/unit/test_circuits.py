@@ -22,7 +22,7 @@ from gpt2_interp.analysis.circuits import (
     run_with_edges,
 )
 from gpt2_interp.analysis.circuits.graph import Graph
-from gpt2_interp.analysis.metrics import logit_diff
+from gpt2_interp.analysis.metrics import logit_diff, prob
 from gpt2_interp.model import GPT2Config, HookedGPT2
 from gpt2_interp.model.config import llama_config
 
@@ -114,6 +114,32 @@ def test_exact_edge_patching_equals_a_hand_written_hook_loop(kind):
     # the general primitive, one edge per row, agrees on every edge
     general = run_with_edges(model, graph, pairs, torch.eye(graph.n_edges)) - pairs.clean_metric
     torch.testing.assert_close(general, exact, atol=1e-5, rtol=0)
+
+
+def test_edges_patched_in_chunks_of_rows_and_pairs_give_the_same_metric(monkeypatch):
+    from gpt2_interp.analysis.circuits import edges as edges_module
+
+    model = _model("gqa")
+    clean, corrupted, metric = _pairs()
+    pairs = pairs_of(model, clean, corrupted, metric)
+    graph = graph_of(model)
+    masks = (torch.rand(5, graph.n_edges, generator=torch.Generator().manual_seed(0)) > 0.5).float()
+    whole = run_with_edges(model, graph, pairs, masks)
+    monkeypatch.setattr(edges_module, "EDGE_MEMORY", 1)  # one mask row and one pair per pass
+    torch.testing.assert_close(run_with_edges(model, graph, pairs, masks), whole, atol=1e-5, rtol=0)
+
+
+def test_exact_edge_patching_of_a_full_vocabulary_metric_equals_the_general_primitive():
+    """A metric that reads every logit (a probability) takes the engine's full unembedding path."""
+    model = _model("gpt2")
+    clean, corrupted, _ = _pairs()
+    pairs = pairs_of(model, clean, corrupted, prob(torch.tensor([1, 2, 3])))
+    graph = graph_of(model)
+    some = torch.arange(0, graph.n_edges, 5)
+    exact = edge_patch(model, graph, pairs, some)
+    general = run_with_edges(model, graph, pairs, torch.eye(graph.n_edges)[some]) - pairs.clean_metric
+    assert exact.abs().max() > 1e-4
+    torch.testing.assert_close(exact, general, atol=1e-6, rtol=1e-4)
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "gqa"])

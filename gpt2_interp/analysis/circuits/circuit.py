@@ -223,8 +223,10 @@ def evaluate(
     metric: Metric,
     completeness: bool = True,
 ) -> Circuit:
-    """The circuit with its exact ``faithfulness`` (every edge outside it patched to the corrupted run)
-    and, with ``completeness``, the normalised metric with only its own edges patched. Returns a copy."""
+    """``circ`` (a :class:`Circuit`) with its exact ``faithfulness`` (every edge outside it patched to the
+    corrupted run) and, with ``completeness``, the normalised metric with only its own edges patched, on the
+    prompt pairs ``clean``/``corrupted`` and ``metric`` (as :func:`~gpt2_interp.analysis.circuits.edge_scores`
+    takes them). Returns a copy."""
     graph = graph_of(model)
     inside = circ.mask(graph)
     rows = [~inside] + ([inside] if completeness else [])
@@ -294,8 +296,10 @@ def faithfulness_curve(
     prune_dangling: bool = True,
 ) -> FaithfulnessCurve:
     """Exact faithfulness of the top-``k`` circuit of each of ``scores`` (one per method) for every
-    ``k`` in ``sizes`` (an int: that many sizes from :func:`default_sizes`). All circuits run as rows
-    of :func:`~gpt2_interp.analysis.circuits.edges.run_with_edges`."""
+    ``k`` in ``sizes`` (an int: that many sizes from :func:`default_sizes`), on the prompt pairs
+    ``clean``/``corrupted`` and ``metric`` (as :func:`~gpt2_interp.analysis.circuits.edge_scores` takes
+    them); ``prune_dangling``: prune each circuit (:func:`prune`). All circuits run as rows of
+    :func:`~gpt2_interp.analysis.circuits.edges.run_with_edges`."""
     results = [scores] if isinstance(scores, EdgeScores) else list(scores)
     if not results:
         raise ValueError("give at least one EdgeScores")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from einops import einsum, rearrange
 
-from ..attribution.readout import chunk_metric
+from ..attribution.readout import Readout, chunk_metric
 from ..engine import Patch, base_kv_from, entry_name, final_logits, kv_names, run_staircase
 from ..metrics import Metric, apply_metric, bind_metric, refuse_degenerate, require_finite_metric
 from ..patching import Prompts, pair_tokens
@@ -168,29 +168,42 @@ def run_with_edges(
     n_receivers]``, 1 where the edge is patched (fractions interpolate: ``in_r += m · (s_corrupted −
     s_current)``). Every row runs the clean prompts with its edges patched, all layers at once (each
     receiver's input is corrected from the senders' outputs *in that run*). Returns ``[rows, n]``
-    (float32, CPU). ``batch_rows``: mask rows per forward pass (None: sized from :data:`EDGE_MEMORY`).
+    (float32, CPU). ``graph``: the model's :class:`Graph`; ``pairs``: from :func:`pairs_of`;
+    ``batch_rows``: mask rows per forward pass (None: sized from :data:`EDGE_MEMORY`; when one row of
+    every pair would not fit, the pairs are run in chunks too).
     """
     graph.fits(model)
     masks = _check_masks(graph, patched.to(model.device))
     with torch.no_grad():
         corr = sender_outputs(model, _cache(model, pairs.corrupted, pairs.mask, sender_hooks(model)))
     n, P = pairs.n, pairs.n_pos
-    d = model.cfg.d_model
-    per_row = n * P * graph.n_senders * d * 4 * 2
+    per_pair = P * graph.n_senders * model.cfg.d_model * 4 * 2  # sender differences and corrupted outputs
+    per_chunk = max(1, min(n, EDGE_MEMORY // per_pair))  # pairs per pass
     if batch_rows is None:
-        batch_rows = max(1, EDGE_MEMORY // per_row)
-    out = []
+        batch_rows = max(1, EDGE_MEMORY // (per_pair * per_chunk))
+    out = torch.empty(masks.shape[0], n)
     with split_inputs(model), torch.inference_mode():
         for a in range(0, masks.shape[0], batch_rows):
-            out.append(_patched_metric(model, graph, pairs, corr, masks[a : a + batch_rows]))
-    return torch.cat(out).cpu()
+            for p0 in range(0, n, per_chunk):
+                p1 = min(n, p0 + per_chunk)
+                m = _patched_metric(model, graph, pairs, corr, masks[a : a + batch_rows], (p0, p1))
+                out[a : a + batch_rows, p0:p1] = m.cpu()
+    return out
 
 
 def _patched_metric(
-    model: HookedGPT2, graph: Graph, pairs: Pairs, corr: torch.Tensor, masks: torch.Tensor
+    model: HookedGPT2,
+    graph: Graph,
+    pairs: Pairs,
+    corr: torch.Tensor,
+    masks: torch.Tensor,
+    span: tuple[int, int],
 ) -> torch.Tensor:
-    """One chunk of :func:`run_with_edges`: ``masks [k, S, R]`` → metric ``[k, n]``."""
-    k, n, P = masks.shape[0], pairs.n, pairs.n_pos
+    """One chunk of :func:`run_with_edges`: ``masks [k, S, R]`` and the pairs ``span = (first, end)`` →
+    metric ``[k, end − first]``."""
+    p0, p1 = span
+    k, n, P = masks.shape[0], p1 - p0, pairs.n_pos
+    corr = corr[p0:p1]
     S = graph.n_senders
     b = k * n
     # diff[row] = corrupted − current sender outputs of row (k masks × n pairs, pair fastest)
@@ -226,12 +239,14 @@ def _patched_metric(
 
         hooks.append((g.name, patch_in))
     n_layer = model.cfg.n_layer
-    tokens = pairs.clean.repeat(k, 1)
-    mask = None if pairs.mask is None else pairs.mask.repeat(k, 1)
+    tokens = pairs.clean[p0:p1].repeat(k, 1)
+    mask = None if pairs.mask is None else pairs.mask[p0:p1].repeat(k, 1)
     with model.hooks(hooks):
         resid = model(tokens, attention_mask=mask, stop_at_layer=n_layer)
-    logits = final_logits(model, resid)
-    return apply_metric(pairs.metric, rearrange(logits, "(k n) v -> k n v", k=k))
+    logits = rearrange(final_logits(model, resid), "(k n) v -> k n v", k=k)
+    if (p0, p1) == (0, pairs.n):
+        return apply_metric(pairs.metric, logits)
+    return torch.stack([chunk_metric(pairs.metric, logits[i], (p0, pairs.n)) for i in range(k)])
 
 
 def edge_patch(
@@ -250,7 +265,9 @@ def edge_patch(
     prefix-reuse engine (:func:`~gpt2_interp.analysis.engine.run_staircase`): it starts at the
     receiver's layer from the clean run's residual stream and computes only the positions from the
     first one where the pairs differ, its receiver's input set to the clean input plus the sender's
-    corrupted − clean output. ``max_rows``: rows per engine call (bounds the patch values' memory).
+    corrupted − clean output. ``graph``: the model's :class:`Graph`; ``pairs``: from :func:`pairs_of`;
+    ``batch_size``: engine rows per chunk (None: from memory); ``progress``: a progress bar (None: on a
+    terminal); ``max_rows``: rows per engine call (bounds the patch values' memory).
     """
     graph.fits(model)
     n_layer, n = model.cfg.n_layer, pairs.n
@@ -270,7 +287,10 @@ def edge_patch(
         group_of = torch.empty(graph.n_receivers, dtype=torch.long)
         for i, g in enumerate(graph.groups):
             group_of[g.first : g.first + g.count] = i
-        metric = pairs.metric
+        # a logit difference reads only its tokens' columns of the unembedding (rows × d_vocab would dominate)
+        cols = Readout(model, pairs.metric, (0, n), n)
+        metric = pairs.metric if cols.cols is None or cols.bound is None else cols.bound
+        unembed = None if cols.cols is None else _columns(model, cols.cols)
 
         def readout(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
             return apply_metric(metric, logits.view(-1, n, logits.shape[-1])).flatten()
@@ -285,14 +305,12 @@ def edge_patch(
                     graph,
                     pairs,
                     part,
-                    es,
-                    er,
-                    group_of,
+                    (es, er, group_of),
                     cache,
                     entries,
                     base_kv,
                     diff,
-                    readout,
+                    (readout, unembed),
                     batch_size,
                     progress,
                 )
@@ -306,18 +324,19 @@ def _edge_rows(
     graph: Graph,
     pairs: Pairs,
     part: torch.Tensor,
-    es: torch.Tensor,
-    er: torch.Tensor,
-    group_of: torch.Tensor,
+    index: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     cache: dict,
     entries: dict,
     base_kv: Any,
     diff: torch.Tensor,
-    readout: Any,
+    read: tuple[Any, Any],
     batch_size: int | None,
     progress: bool | None,
 ) -> torch.Tensor:
-    """Engine rows for edges ``part`` (row ``i·n + j``: edge ``part[i]``, pair ``j``) → metric ``[len(part)·n]``."""
+    """Engine rows for edges ``part`` (row ``i·n + j``: edge ``part[i]``, pair ``j``) → metric ``[len(part)·n]``.
+    ``index``: each edge's sender and receiver and each receiver's group; ``read``: ``(readout, unembed)``."""
+    es, er, group_of = index
+    readout, unembed = read
     n, P, f = pairs.n, pairs.n_pos, pairs.first
     n_layer = model.cfg.n_layer
     dev = model.device
@@ -363,7 +382,17 @@ def _edge_rows(
         desc="edge patching",
         first_pos=torch.full((k * n,), f),
         base_kv=base_kv,
+        unembed=unembed,
     )
+
+
+def _columns(model: HookedGPT2, cols: torch.Tensor) -> Any:
+    """The unembedding restricted to columns ``cols``: ``[r, d_model]`` → ``[r, len(cols)]``."""
+
+    def unembed(x: torch.Tensor) -> torch.Tensor:
+        return x @ model.W_U[:, cols]
+
+    return unembed
 
 
 def chunked_metric(metric: Metric, logits: torch.Tensor, first: int, n: int) -> torch.Tensor:

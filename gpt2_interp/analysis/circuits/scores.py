@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 #: The scoring methods :func:`edge_scores` knows.
 EDGE_METHODS = ("eap", "eap-ig", "exact")
 
-#: Rows × positions × d_model × layers one gradient pass may hold (bounds the saved activations).
-GRAD_BUDGET = 2e7
+#: Bytes of saved activations one gradient pass may hold (sets the pairs per pass).
+GRAD_MEMORY = 1 << 30
 
 
 @dataclass
@@ -115,7 +115,7 @@ def edge_scores(
     ``method``: ``"eap"``, ``"eap-ig"`` (``ig_steps`` points along ``ig_path``) or ``"exact"``
     (edge patching of every edge, or of ``edges`` — indices into the graph's edges — the rest NaN);
     ``per_position``: scores ``[n_pos, n_edges]`` (gradient methods only); ``batch_size``: pairs per
-    gradient pass (None: from :data:`GRAD_BUDGET`), engine rows per chunk for ``"exact"``;
+    gradient pass (None: from :data:`GRAD_MEMORY`), engine rows per chunk for ``"exact"``;
     ``progress``: a progress bar (None: on a terminal). Returns :class:`EdgeScores` (CPU).
     """
     method = check_choice(method, "method", EDGE_METHODS)  # type: ignore[assignment]
@@ -163,8 +163,9 @@ def gradient_scores(
     graph.fits(model)
     n, P = pairs.n, pairs.n_pos
     c = model.cfg
-    if batch_size is None:
-        batch_size = max(1, int(GRAD_BUDGET // (P * c.d_model * c.n_layer * (1 + c.n_head + 2 * c.n_kv) * steps)))
+    if batch_size is None:  # activations autograd keeps per pair: the receiver copies, the MLP, the rest
+        per_pair = 4 * P * c.n_layer * (3 * (c.n_head + 2 * c.n_kv) * c.d_model + 4 * c.d_mlp + 10 * c.d_model)
+        batch_size = max(1, int(GRAD_MEMORY // per_pair))
     acc = torch.zeros(P, graph.n_senders, graph.n_receivers, dtype=torch.float32, device=model.device)
     chunks = range(0, n, batch_size)
     bar = progress_bar(total=len(chunks), desc=f"{method} edge scores", leave=False, enabled=progress)
@@ -327,4 +328,4 @@ def _activation_path_grads(
     return out
 
 
-__all__ = ["EDGE_METHODS", "GRAD_BUDGET", "EdgeScores", "edge_scores", "gradient_scores"]
+__all__ = ["EDGE_METHODS", "GRAD_MEMORY", "EdgeScores", "edge_scores", "gradient_scores"]
