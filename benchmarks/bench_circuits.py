@@ -35,6 +35,7 @@ import platform
 import sys
 import time
 import types
+import warnings
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
@@ -89,7 +90,9 @@ def to_transformer_lens(model: Any) -> Any:
         positional_embedding_type="standard",
         default_prepend_bos=False,
     )
-    ref = tl.HookedTransformer(cfg)
+    with warnings.catch_warnings():  # TransformerLens 3.9 deprecates HookedTransformer, auto-circuit's model class
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ref = tl.HookedTransformer(cfg)
     ref.load_state_dict(convert_gpt2_weights(gi.to_transformers(model), cfg), strict=False)
     ref.set_use_split_qkv_input(True)
     ref.set_use_attn_result(True)
