@@ -58,3 +58,9 @@ def test_exact_edge_patching_equals_auto_circuits_one_edge_runs(peer):
     ours = edge_patch(model, graph, pairs_of(model, clean, corrupted, metric), edges=sample, progress=False).mean(1)
     torch.testing.assert_close(ours, ac.exact(sample), atol=1e-4, rtol=1e-3)
     assert ours.abs().max() > 1e-3  # the sample holds edges that matter
+
+
+def test_auto_circuit_has_no_grouped_query_edges(peer):
+    # why the peer comparison is on GPT-2 only: a key receiver per query head, and patching one fails
+    report = bench.gqa_check(peer[-1].ac)
+    assert report.startswith("4 key receivers per layer for 2 key/value heads") and "RuntimeError" in report
