@@ -40,6 +40,10 @@ def _weight(module: nn.Module | None, name: str) -> torch.Tensor:
 
 _BLOCK_HOOK_ORDER = (
     "hook_resid_pre",
+    "hook_attn_in",
+    "hook_q_input",
+    "hook_k_input",
+    "hook_v_input",
     "ln1.hook_scale",
     "ln1.hook_normalized",
     "attn.hook_q",
@@ -53,6 +57,7 @@ _BLOCK_HOOK_ORDER = (
     "attn.hook_result",
     "hook_attn_out",
     "hook_resid_mid",
+    "hook_mlp_in",
     "ln2.hook_scale",
     "ln2.hook_normalized",
     "mlp.hook_pre",
