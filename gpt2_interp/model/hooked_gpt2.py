@@ -498,17 +498,16 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         logits: torch.Tensor, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None, per_token: bool = False
     ) -> torch.Tensor:
         """Mean next-token cross-entropy (fp32) of ``logits`` ``[batch, pos, d_vocab]`` predicting
-        ``tokens`` ``[batch, pos]`` (position ``i`` predicts token ``i + 1``), over positions whose
-        target is a real token in ``attention_mask`` ``[batch, pos]`` (None: all are);
-        ``per_token``: ``[batch, pos - 1]`` unreduced (0 where the target is padding)."""
+        ``tokens`` ``[batch, pos]`` (position ``i`` predicts token ``i + 1``), over the predictions whose
+        position and target are both real tokens in ``attention_mask`` ``[batch, pos]`` (None: all are;
+        so left and right padding alike give each row's own loss);
+        ``per_token``: ``[batch, pos - 1]`` unreduced (0 where either is padding)."""
         lp = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
-        if per_token:
-            lp = lp.view(tokens.shape[0], -1)
-            return lp if attention_mask is None else lp * attention_mask[:, 1:].to(lp.dtype)
+        lp = lp.view(tokens.shape[0], -1)
         if attention_mask is None:
-            return lp.mean()
-        keep = attention_mask[:, 1:].flatten().to(lp.dtype)
-        return (lp * keep).sum() / keep.sum()
+            return lp if per_token else lp.mean()
+        keep = (attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()).to(lp.dtype)
+        return lp * keep if per_token else (lp * keep).sum() / keep.sum()
 
     @contextmanager
     def edited(self, *edits: Any) -> Iterator[HookedGPT2]:

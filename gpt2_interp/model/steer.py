@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.checks import as_index_list, as_int, check_number
-from .hooks import HookPoint, suggest
+from .hooks import HookPoint, suggest, switch_of
 
 if TYPE_CHECKING:
     from .hooked_gpt2 import HookedGPT2
@@ -71,7 +71,7 @@ class Steer:
     def check(self, model: HookedGPT2) -> None:
         """Raise a clear error unless ``at`` is a hook point of ``model`` that takes an added vector
         (KeyError with the closest names; ValueError for attention patterns, norm scales, token ids,
-        ``attn.hook_result`` while ``use_attn_result`` is off, or a direction of the wrong size)."""
+        a hook point whose switch (``cfg.use_…``) is off, or a direction of the wrong size)."""
         names = model.hook_names()
         if self.at not in names:
             raise KeyError(f"unknown hook name {self.at!r}.{suggest(self.at, names)} See model.hook_names().")
@@ -81,9 +81,11 @@ class Steer:
                 f"cannot steer at {self.at!r}: it holds {_NOT_STEERABLE[leaf]}, not a vector per position; steer the "
                 "residual stream (hook_resid_pre/mid/post), hook_attn_out, hook_mlp_out, mlp.hook_post or attn.hook_z"
             )
-        if self.at.endswith("attn.hook_result") and not model.cfg.use_attn_result:
+        switch = switch_of(self.at)
+        if switch is not None and not getattr(model.cfg, switch):
             raise ValueError(
-                f"{self.at!r} is computed only with model.cfg.use_attn_result = True (set it, or steer hook_attn_out)"
+                f"{self.at!r} fires only with model.cfg.{switch} = True (set it with model.set_{switch}(True)), "
+                "so steering it would change nothing"
             )
         want = expected_shape(model, self.at)
         if want is not None and tuple(self.direction.shape) != want:

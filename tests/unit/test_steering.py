@@ -78,6 +78,9 @@ def test_bad_direction_hook_or_position_is_refused_with_a_clear_error(tiny):
         tiny("Hello")
     with pytest.raises(IndexError, match="outside the input of 2 tokens"), tiny.steer(d, at=AT, positions=[5]):
         tiny("Hi")  # BOS + one token
+    for name in ("blocks.0.hook_mlp_in", "blocks.0.hook_q_input"):  # opt-in hook points, switched off: would never fire
+        with pytest.raises(ValueError, match=r"fires only with model.cfg.use_"), tiny.steer(d, at=name):
+            pass
     assert no_hooks(tiny)
 
 
