@@ -14,6 +14,7 @@ never another package's ``_private`` names). ``lint-imports`` checks this in the
 ``editing``     key statistics, ROME, the reversible ``Edit`` value, evaluation
 ``analysis``    lens, vocab, metrics, the batched engine, patching, tracing, attribution
 ``plots``       matplotlib ``Figure`` objects drawn from result objects
+``views``       interactive pages (Plotly, self-contained HTML, Jupyter display) drawn from results
 ``model``       config, hook points and cache, blocks, generation, fingerprints
 ``facts``       the fact base as data: ``(prompt, subject, target)`` cases, prompt pairs, templates, corpus
 ``io``          tokenizers and checkpoint file formats
@@ -46,7 +47,7 @@ __all__ = [
     "load_gguf",
     "to_transformers",
 ]
-_SUBPACKAGES = ("analysis", "editing", "plots", "facts", "factmodel", "io", "model", "core")
+_SUBPACKAGES = ("analysis", "editing", "plots", "views", "facts", "factmodel", "io", "model", "core")
 
 
 def __getattr__(name: str) -> Any:

@@ -5,7 +5,9 @@
 5. a causal trace (hidden / MLP / attention); 6. a ROME edit of the fact to a
 counterfactual object (layer from the trace), verified on the rewrite prompt, two
 held-out paraphrases and two neighbourhood prompts, then undone with a bit-exact check.
-Writes ``report.md``, PNG figures and ``results.json`` — and nothing else but a small manifest
+Writes ``report.md``, PNG figures, ``results.json`` and ``index.html`` (the same story with interactive
+views: attention patterns, logit lens, causal traces, the edit's before/after top-k; written when Plotly is
+installed, ``pip install gpt2-interp[views]``) — and nothing else but a small manifest
 (``.gpt2-interp-demo.json``, the sha256 of each file it wrote). Re-running into the same folder
 refreshes those files; a file of the same name that the demo did not write (or that was changed
 since) is overwritten only with ``force=True``; nothing else in the folder is ever touched.
@@ -35,7 +37,7 @@ CANDIDATES = [
 ]
 
 
-OUTPUTS = ("report.md", "results.json", "logit_lens.png", "causal_trace.png")
+OUTPUTS = ("report.md", "results.json", "logit_lens.png", "causal_trace.png", "index.html")
 MANIFEST = ".gpt2-interp-demo.json"
 
 
@@ -113,10 +115,13 @@ def run_demo(
     out = prepare_output(out, force)
     t0 = time.time()
     results: dict[str, Any] = {}
+    shown: dict[str, Any] = {}  # the result objects the HTML report shows as interactive views
+    story: list[tuple[list[str], list[str]]] = []  # (markdown of a section, the views that follow it)
 
     _step(1, f"loading {model_name}", t0)
     model = load(model_name, device=device, dtype=dtype)
     results["model"], md = _model_section(model)
+    story.append((list(md), []))
     fb = FactBase.load()
     fact, new_target = pick_fact(model, fb)
     prompt = fb.prompts(fact)[0]
@@ -124,25 +129,34 @@ def run_demo(
     results["fact"] = {"relation": fact.relation, "subject": fact.subject, "object": fact.object, "prompt": prompt}
     results["generation"], part = _generation_section(model, fact, prompt)
     md += part
+    shown["attention"] = _attention(model, prompt)
+    story.append((part, ["attention"]))
     _step(3, "logit lens", t0)
-    results["logit_lens"], part = _lens_section(model, prompt, fact.target, out)
+    results["logit_lens"], part = _lens_section(model, prompt, fact.target, out, shown)
     md += part
+    story.append((part, ["lens"]))
     _step(4, "MLP sub-updates", t0)
-    results["subupdates"], part = _subupdates_section(model, prompt, fact.target)
+    results["subupdates"], part = _subupdates_section(model, prompt, fact.target, shown)
     md += part
+    story.append((part, ["subupdates"]))
     _step(5, f"causal trace ({samples} noise samples × 3 kinds)", t0)
-    results["causal_trace"], part = _trace_section(model, prompt, fact.subject, samples, out)
+    results["causal_trace"], part = _trace_section(model, prompt, fact.subject, samples, out, shown)
     md += part
+    story.append((part, ["traces"]))
     layer = results["causal_trace"]["edit_layer"]
     _step(6, f"ROME edit {fact.subject}: {fact.target!r} → {new_target!r} at layer {layer}", t0)
-    results["edit"], part = _edit_section(model, fb, fact, new_target, layer, stats_tokens)
+    results["edit"], part = _edit_section(model, fb, fact, new_target, layer, stats_tokens, shown)
     md += part
+    story.append((part, ["edit"]))
 
     results["seconds"] = round(time.time() - t0, 1)
     (out / "results.json").write_text(json.dumps(to_jsonable(results), indent=1) + "\n")
-    (out / "report.md").write_text("\n".join(md) + f"\n_{results['seconds']} s on {model.device}._\n")
+    footer = f"_{results['seconds']} s on {model.device}._"
+    (out / "report.md").write_text("\n".join(md) + f"\n{footer}\n")
+    wrote_html = _write_index(out, story, shown, footer)
     _write_manifest(out)
-    print(f"\nWrote {out}/report.md, results.json, logit_lens.png, causal_trace.png in {results['seconds']} s")
+    html = ", index.html" if wrote_html else ""
+    print(f"\nWrote {out}/report.md{html}, results.json, logit_lens.png, causal_trace.png in {results['seconds']} s")
     for r in results["edit"]["checks"]:
         print(f"  {r['role']:<10} {r['prompt']!r}: {r['top1_before']!r} → {r['top1_after']!r}")
     print(f"  undo bit-exact: {results['edit']['weights_restored_bit_exact']}")
@@ -150,6 +164,36 @@ def run_demo(
 
 
 Section = tuple[Any, list[str]]  # (the step's results, its markdown lines)
+
+
+def _attention(model: Any, prompt: str) -> Any:
+    from .views.attention import attention_patterns
+
+    return attention_patterns(model, prompt)
+
+
+def _write_index(out: Path, story: list[tuple[list[str], list[str]]], shown: dict[str, Any], footer: str) -> bool:
+    """``index.html``: the report's sections, each followed by its interactive views (one self-contained
+    page, plotly.js inside once). Returns False (and writes nothing) where Plotly is not installed."""
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        print("index.html skipped: the interactive report needs Plotly (pip install gpt2-interp[views])")
+        return False
+    from .views import html_page, markdown_html, view, view_topk
+
+    items: list[Any] = []
+    for md, keys in story:
+        items.append(markdown_html(md))
+        for key in keys:
+            if key == "edit":
+                items.append(view_topk(shown["edit"], roles=shown["edit_roles"], scores=shown["edit_scores"]))
+            else:
+                items.append(view(shown[key]))
+    items.append(markdown_html([footer]))
+    title = story[0][0][0].lstrip("# ").replace("`", "") if story and story[0][0] else "gpt2-interp demo"
+    (out / "index.html").write_text(html_page(items, title), encoding="utf-8")
+    return True
 
 
 def _model_section(model: Any) -> Section:
@@ -183,12 +227,13 @@ def _generation_section(model: Any, fact: Any, prompt: str) -> Section:
     ]
 
 
-def _lens_section(model: Any, prompt: str, true_target: str, out: Path) -> Section:
+def _lens_section(model: Any, prompt: str, true_target: str, out: Path, shown: dict[str, Any]) -> Section:
     from .analysis.lens import logit_lens
 
     answer = target_ids(model, true_target)[0]
     lens = logit_lens(model, [prompt], targets=[answer], positions="all")
     lens.save_plot(out / "logit_lens.png")
+    shown["lens"] = lens
     assert lens.target_rank is not None and lens.target_prob is not None, "the lens scores the target it is given"
     ranks = lens.target_rank[:, 0, -1].tolist()
     first_top1 = next((lens.layers[i] for i, r in enumerate(ranks) if r == 1), None)
@@ -210,20 +255,22 @@ def _lens_section(model: Any, prompt: str, true_target: str, out: Path) -> Secti
     ]
 
 
-def _subupdates_section(model: Any, prompt: str, true_target: str) -> Section:
+def _subupdates_section(model: Any, prompt: str, true_target: str, shown: dict[str, Any]) -> Section:
     from .analysis.vocab import top_subupdates
 
     subs = top_subupdates(model, prompt, k=8, target=target_ids(model, true_target)[0])
+    shown["subupdates"] = subs
     return subs.to_dict(), ["## 3. Top MLP sub-updates at the last position", "", "```", subs.table(), "```", ""]
 
 
-def _trace_section(model: Any, prompt: str, subject: str, samples: int, out: Path) -> Section:
+def _trace_section(model: Any, prompt: str, subject: str, samples: int, out: Path, shown: dict[str, Any]) -> Section:
     from .analysis.tracing import causal_trace_all
 
     # the library defaults — ROME's noise rule (3 × the std of the subject tokens' embeddings) and the MLP
     # window — are what layer="auto" uses, so the trace's layer is the one the edit would choose
     traces = causal_trace_all(model, prompt, subject, samples=samples)
     traces.save_plot(out / "causal_trace.png")
+    shown["traces"] = traces
     mlp = traces["mlp"]
     last_subject = mlp.subject_range[1] - 1
     ie = mlp.indirect_effect[last_subject]
@@ -283,7 +330,9 @@ def trace_reading(traces: Any, mlp_layer: int, mlp_effect: float) -> list[str]:
     return lines
 
 
-def _edit_section(model: Any, fb: Any, fact: Any, new_target: str, layer: int, stats_tokens: int | None) -> Section:
+def _edit_section(
+    model: Any, fb: Any, fact: Any, new_target: str, layer: int, stats_tokens: int | None, shown: dict[str, Any]
+) -> Section:
     from .editing.compare import compare_topk
     from .editing.rome import compute_edit
     from .model.fingerprint import parameter_digests
@@ -303,6 +352,7 @@ def _edit_section(model: Any, fb: Any, fact: Any, new_target: str, layer: int, s
         + [("neighbour", p) for p in fb.neighbourhood(fact, 2)]
     )
     cmp = compare_topk(model, edit, [p for _, p in checks], k=3)
+    shown["edit"], shown["edit_roles"] = cmp, [role for role, _ in checks]
     edit.apply(model)
     generation_after = model.generate(prompt, max_new_tokens=8, do_sample=False)
     edit.undo(model)
@@ -318,6 +368,12 @@ def _edit_section(model: Any, fb: Any, fact: Any, new_target: str, layer: int, s
         }
         for (role, p), b, a in zip(checks, cmp.before, cmp.after)
     ]
+    shown["edit_scores"] = {
+        "layer": layer,
+        "edit time (s)": round(edit_seconds, 2),
+        "rewrite flipped": rows[0]["top1_after"] == new_target,
+        "weights restored bit-exactly after undo": restored,
+    }
     res = {
         "request": request,
         "true_target": true_target,

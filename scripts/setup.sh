@@ -29,3 +29,20 @@ fi
 # own generations, with a warning.
 python -c "import gpt2_interp.io.corpora as c; c.fetch_brown()" \
   || echo "note: could not fetch the Brown Corpus; key statistics of real models use the model's own samples" >&2
+# Headless Chromium for the views' browser tests (tests/integration/test_views_browser.py): Debian's chromium and
+# its driver, installed with the test or browser extra when this runs as root with apt-get (CI's fresh Debian
+# machine); elsewhere those tests skip and say why.
+case ",$extras," in
+  *,test,*|*,browser,*|*,dev,*)
+    if ! command -v chromedriver >/dev/null 2>&1; then
+      if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            chromium chromium-driver; } >/dev/null 2>&1 \
+          || echo "note: could not install chromium with apt-get; the browser tests are skipped" >&2
+      else
+        echo "note: no chromium/chromedriver (install them as root: apt-get install chromium chromium-driver);" \
+          "the browser tests are skipped" >&2
+      fi
+    fi
+    ;;
+esac

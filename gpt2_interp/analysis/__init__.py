@@ -9,6 +9,8 @@
 - ``tracing``: ROME causal tracing (``causal_trace``, ``average_trace``)
 - ``attribution``: gradient estimates of a patching sweep (AtP, AtP*, integrated gradients) and
   their exact verification (``attribute``, ``verify``, ``agreement``); a package, one module per job
+- ``circuits``: edges scored by EAP, EAP-IG and exact edge patching, circuits and their faithfulness
+  (``edge_scores``, ``circuit``, ``evaluate``, ``faithfulness_curve``); a package
 - ``tokens``: targets, subject spans and prompt positions through the model's tokenizer
 
 The public names below are this package's face (``from gpt2_interp.analysis import logit_lens,
@@ -53,6 +55,7 @@ _FACE: dict[str, tuple[str, ...]] = {
         "Agreement",
         "ATTRIBUTION_METHODS",
     ),
+    "circuits": ("edge_scores", "EdgeScores", "circuit", "Circuit", "evaluate", "faithfulness_curve", "graph_of"),
     "probes": ("probe", "ProbeResult"),
     "known": ("knows", "known_facts", "informative", "whole_object"),
     "tokens": ("target_ids", "subject_span", "token_span", "prompt_position"),

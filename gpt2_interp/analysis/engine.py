@@ -321,6 +321,7 @@ def run_staircase(
     first_pos: torch.Tensor | None = None,
     base_kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
     speed: Speed | None = None,
+    unembed: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Run ``R`` edited rows, each from the layer and position where it first differs from its base run,
     and read out one value per row.
@@ -337,6 +338,8 @@ def run_staircase(
 
     Before the rows run, their :class:`Work` is written beside the progress bar (when it shows), the
     expected time at ``speed`` (:meth:`Speed.measure`, on the caller's timed unpatched runs).
+    ``unembed``: what ``readout`` reads instead of the full logits (e.g. a few columns of ``W_U``), from
+    the final normalised residual ``[r, d_model]``; None: ``model.unembed``.
     """
     n = model.cfg.n_layer
     R = start.shape[0]
@@ -378,7 +381,7 @@ def run_staircase(
             model, plan, a, b, entries, patches, keys, at_entry, attention_mask, base_kv, bar
         )
     bar.close()
-    return _read_out(model, finals, readout, max(group, (batch_size // 2) // group * group))
+    return _read_out(model, finals, readout, max(group, (batch_size // 2) // group * group), unembed)
 
 
 @dataclass
@@ -489,7 +492,11 @@ def _run_chunk(
 
 
 def _read_out(
-    model: HookedGPT2, finals: torch.Tensor, readout: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], block: int
+    model: HookedGPT2,
+    finals: torch.Tensor,
+    readout: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    block: int,
+    unembed: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Unembed in big blocks (the ``[d_vocab, d_model]`` matrix is read once per block, not once per
     chunk) and read out one float per row: ``[R]``."""
@@ -497,7 +504,7 @@ def _read_out(
     out = torch.empty(R, dtype=torch.float32, device=dev)
     for a in range(0, R, block):
         rows = torch.arange(a, min(R, a + block), device=dev)
-        out[rows] = readout(model.unembed(finals[rows]), rows).float()
+        out[rows] = readout((unembed or model.unembed)(finals[rows]), rows).float()
     return out
 
 

@@ -60,7 +60,11 @@ Prompts = str | Sequence[str] | torch.Tensor
 
 
 # =============================================================== patch targets
-_HEAD_SUFFIXES = ("attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_z")
+_HEAD_SUFFIXES = (
+    *("attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_z"),
+    *("hook_q_input", "hook_k_input", "hook_v_input", "hook_attn_in"),  # the receiver inputs (model switches)
+)
+_KV_HEAD_SUFFIXES = ("attn.hook_k", "attn.hook_v", "hook_k_input", "hook_v_input")  # n_kv heads under GQA
 _PATTERN_SUFFIXES = ("attn.hook_pattern", "attn.hook_attn_scores")
 
 
@@ -316,11 +320,13 @@ def patch(
     :func:`kl_to`. ``values`` is its mean over pairs; ``pair_values`` keeps each pair.
 
     ``hook``: a family (``resid_pre|resid_mid|resid_post|attn_out|mlp_out`` per position,
-    ``z|q|k|v|pattern`` per head, anything ``hook_name`` knows) swept over ``layers`` (default
-    all), or one full hook name. Per-position families give ``[layer, pos]`` over ``positions``
-    (default every position; ``"all"``: all positions patched together, one column). Per-head
-    families give ``[layer, head]`` patching each head at every position, or
-    ``[layer, pos, head]`` when ``positions`` is a list; ``heads`` picks heads (``"all"``: together).
+    ``z|q|k|v|pattern`` per head, and per head the receiver inputs ``q_input|k_input|v_input|attn_in``
+    while the model's switch is on, e.g. ``model.set_use_split_qkv_input(True)``; anything
+    ``hook_name`` knows) swept over ``layers`` (default all), or one full hook name. Per-position
+    families give ``[layer, pos]`` over ``positions`` (default every position; ``"all"``: all
+    positions patched together, one column). Per-head families give ``[layer, head]`` patching each
+    head at every position, or ``[layer, pos, head]`` when ``positions`` is a list; ``heads`` picks
+    heads (``"all"``: together); ``k``, ``v``, ``k_input`` and ``v_input`` have the key/value heads.
 
     ``direction``: ``"denoise"`` (default) or ``"noise"``; ``normalize`` (default False) rescales
     the values so 0 = the corrupted run's metric and 1 = the clean run's. ``batch_size``: rows per
@@ -466,15 +472,18 @@ def _heads(model: HookedGPT2, target: Any, heads: Any, hook: str) -> tuple[list[
     (or the chosen ``heads``), or all heads together for ``"all"`` (no axis)."""
     if target.kind == "pos":
         if heads is not None:
-            raise ValueError(f"heads are for per-head hooks (z, q, k, v, pattern); {hook!r} has no head axis")
+            raise ValueError(
+                f"heads are for per-head hooks (z, q, k, v, pattern, q_input, …); {hook!r} has no head axis"
+            )
         return [[]], None
-    H = model.cfg.n_head
+    kv = next(iter(target.names.values()), hook).endswith(_KV_HEAD_SUFFIXES)
+    H = model.cfg.n_kv if kv else model.cfg.n_head
     if heads is None:
         axis: list[int] | None = list(range(H))
     elif heads == "all":
         axis = None
     else:
-        axis = check_indices(heads, H, "head", "heads", f"the model has {H} heads")
+        axis = check_indices(heads, H, "head", "heads", f"the model has {H} {'key/value ' if kv else ''}heads")
     return ([list(range(H))] if axis is None else [[h] for h in axis]), axis
 
 

@@ -18,8 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="also overwrite files named like the report's (report.md, "
-        "results.json, logit_lens.png, causal_trace.png) that the demo did not write; nothing else is touched",
+        help="also overwrite files named like the report's (report.md, results.json, logit_lens.png, "
+        "causal_trace.png, index.html) that the demo did not write; nothing else is touched",
     )
     p.add_argument("--samples", type=count(1), default=10, help="noise samples of the causal trace")
     p.add_argument(

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from einops import einsum
 
-from .hooks import hook_name, suggest
+from .hooks import hook_name, suggest, switch_of
 
 
 class ActivationCache(Mapping[str, torch.Tensor]):
@@ -76,6 +76,9 @@ class ActivationCache(Mapping[str, torch.Tensor]):
             return self._store[name]
         except KeyError:
             hint = suggest(name, list(self._store))
+            switch = switch_of(name)
+            if switch is not None:
+                hint += f" It fires only while the model's {switch} is on: model.set_{switch}(True)."
             raise KeyError(
                 f"{name!r} is not in this cache ({len(self._store)} names cached).{hint} "
                 "If it is a valid hook name, include it in run_with_cache's names_filter."

@@ -61,8 +61,11 @@ class GPT2Config:
     bias: bool = True
     tied_embeddings: bool = True
 
-    # per model, not part of the value: TransformerLens's opt-in ``hook_result`` (see ModelConfig)
+    # per model, not part of the value: TransformerLens's opt-in hook points (see ModelConfig)
     use_attn_result: ClassVar[bool] = False
+    use_split_qkv_input: ClassVar[bool] = False
+    use_attn_in: ClassVar[bool] = False
+    use_hook_mlp_in: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         self._check_sizes()
@@ -311,9 +314,19 @@ class ModelConfig(GPT2Config):
 
     - ``device`` and ``dtype``, read from the model's embedding, so they are right after ``model.to(...)``
       (read-only: move the model instead);
-    - ``use_attn_result``, the one switch that may be set: ``model.cfg.use_attn_result = True`` (or
-      ``model.set_use_attn_result(True)``) makes every attention layer compute and hook its per-head
-      results ``blocks.{l}.attn.hook_result`` ``[batch, pos, head, d_model]``.
+    - TransformerLens's opt-in hook points, the switches that may be set (all off by default; each also
+      has TL's setter on the model, e.g. ``model.set_use_attn_result(True)``):
+
+      - ``use_attn_result``: every attention layer computes and hooks its per-head results
+        ``blocks.{l}.attn.hook_result`` ``[batch, pos, head, d_model]``;
+      - ``use_split_qkv_input``: each block hooks one copy of its residual input per head and per use,
+        ``blocks.{l}.hook_q_input`` ``[batch, pos, head, d_model]`` and ``hook_k_input``/``hook_v_input``
+        ``[batch, pos, kv_head, d_model]``; ``ln1`` normalises each copy and head ``h`` reads only its own;
+      - ``use_attn_in``: one copy per head shared by its query, key and value, ``blocks.{l}.hook_attn_in``
+        ``[batch, pos, head, d_model]`` (refused under grouped-query attention, as in TL: use
+        ``use_split_qkv_input``); at most one of these two is on (setting both raises);
+      - ``use_hook_mlp_in``: ``blocks.{l}.hook_mlp_in`` ``[batch, pos, d_model]``, a copy of the residual
+        the MLP's norm ``ln2`` reads (replacing it changes the MLP's input, not the residual stream).
 
     Anything else set on it raises (a TransformerLens flag we do not have must not be a silent no-op).
     ``config`` is the plain :class:`GPT2Config`; ``replace`` returns one.
@@ -325,7 +338,8 @@ class ModelConfig(GPT2Config):
         (holding ``W_E``; a submodule, so the view makes no reference cycle with the model)."""
         view = cls(**{f.name: getattr(cfg, f.name) for f in fields(GPT2Config)})
         object.__setattr__(view, "_embed", embed)
-        object.__setattr__(view, "use_attn_result", bool(cfg.use_attn_result))
+        for switch in SWITCHES:
+            object.__setattr__(view, switch, bool(getattr(cfg, switch)))
         return view
 
     @property
@@ -350,8 +364,8 @@ class ModelConfig(GPT2Config):
         return embed.W_E
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "use_attn_result":
-            object.__setattr__(self, name, bool(value))
+        if name in SWITCHES:
+            object.__setattr__(self, name, self._checked_switch(name, value))
         elif name in ("device", "dtype"):
             raise AttributeError(f"cfg.{name} follows the model's weights; use model.to(...) to change it")
         elif name in {f.name for f in fields(GPT2Config)}:
@@ -361,9 +375,26 @@ class ModelConfig(GPT2Config):
             )
         else:
             raise AttributeError(
-                f"cfg.{name}: gpt2-interp's config has no such switch (the one settable "
-                "TransformerLens switch is use_attn_result); see docs/porting.md"
+                f"cfg.{name}: gpt2-interp's config has no such switch (the settable TransformerLens "
+                f"switches are {', '.join(SWITCHES)}); see docs/porting.md"
             )
+
+    def _checked_switch(self, name: str, value: Any) -> bool:
+        """``value`` as a bool for switch ``name``, refusing what TransformerLens refuses: ``use_attn_in``
+        under grouped-query attention, and ``use_attn_in`` with ``use_split_qkv_input`` (TL's
+        ``HookedTransformer`` would silently ignore edits to ``hook_attn_in``; its bridge refuses)."""
+        on = bool(value)
+        if on and name == "use_attn_in" and self.n_kv != self.n_head:
+            raise ValueError(
+                f"use_attn_in needs one key/value head per query head; {self.name} has n_kv_heads={self.n_kv} "
+                f"for n_head={self.n_head} (grouped-query attention): use set_use_split_qkv_input(True) instead"
+            )
+        other = {"use_attn_in": "use_split_qkv_input", "use_split_qkv_input": "use_attn_in"}.get(name)
+        if on and other is not None and getattr(self, other):
+            raise ValueError(
+                f"{name} and {other} are exclusive (both hook the attention's input); set {other} to False first"
+            )
+        return on
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, GPT2Config):
@@ -379,6 +410,9 @@ class ModelConfig(GPT2Config):
     def replace(self, **changes: Any) -> GPT2Config:
         return replace(self.config, **changes)
 
+
+#: The per-model TransformerLens switches :class:`ModelConfig` lets a user set (all off by default).
+SWITCHES = ("use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_mlp_in")
 
 # our field → the config.json key it is read from
 GPT2_JSON_KEYS = {

@@ -307,6 +307,11 @@ _SHORT = {
     "resid_post": "blocks.{}.hook_resid_post",
     "attn_out": "blocks.{}.hook_attn_out",
     "mlp_out": "blocks.{}.hook_mlp_out",
+    "attn_in": "blocks.{}.hook_attn_in",
+    "q_input": "blocks.{}.hook_q_input",
+    "k_input": "blocks.{}.hook_k_input",
+    "v_input": "blocks.{}.hook_v_input",
+    "mlp_in": "blocks.{}.hook_mlp_in",
     "q": "blocks.{}.attn.hook_q",
     "k": "blocks.{}.attn.hook_k",
     "v": "blocks.{}.attn.hook_v",
@@ -323,6 +328,23 @@ _SHORT = {
     "scale": "blocks.{}.{}.hook_scale",
     "normalized": "blocks.{}.{}.hook_normalized",
 }
+
+
+# hook points that fire only while one of the model's TransformerLens switches is on (name suffix → switch)
+_SWITCHED = {
+    "attn.hook_result": "use_attn_result",
+    "hook_q_input": "use_split_qkv_input",
+    "hook_k_input": "use_split_qkv_input",
+    "hook_v_input": "use_split_qkv_input",
+    "hook_attn_in": "use_attn_in",
+    "hook_mlp_in": "use_hook_mlp_in",
+}
+
+
+def switch_of(name: str) -> str | None:
+    """The model switch (``cfg.use_…``) without which hook point ``name`` never fires, or None if it always
+    may: ``switch_of("blocks.0.hook_q_input") == "use_split_qkv_input"``."""
+    return next((switch for suffix, switch in _SWITCHED.items() if name.endswith("." + suffix)), None)
 
 
 _SUBLAYERS = {

@@ -15,7 +15,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from einops import einsum
+from einops import einsum, repeat
 from torch import nn
 
 from .config import GPT2Config
@@ -274,6 +274,14 @@ class Attention(nn.Module):
     def b_V(self) -> torch.Tensor | None:
         return self._bias_view(2)
 
+    def _per_head(self, x: torch.Tensor, which: int) -> torch.Tensor:
+        """Head ``i``'s projection of its own input: ``x: [batch, pos, head, d_model]`` (query heads for
+        ``which`` 0, key/value heads for 1 and 2) → ``[batch, pos, head, d_head]``; the same arithmetic
+        as the fused projection (one ``d_model × d_head`` product per head and position)."""
+        out = einsum(x, self._head_view(which), "b p h d, h d e -> b p h e")
+        bias = self._bias_view(which)
+        return out if bias is None else out + bias
+
     def keys_values(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,15 +298,20 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,
+        x: torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         mask: torch.Tensor | None,
         kv: KVCache | None = None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """``x: [batch, pos, d_model]``; ``mask``: bool ``[batch|1, 1, q, k]`` (True = may attend)
-        or None for plain causal attention; ``rope``: ``(cos, sin)`` of :func:`rotary_cos_sin`."""
+        """``x: [batch, pos, d_model]``, or per-head inputs ``(query [batch, pos, head, d_model], key and
+        value [batch, pos, kv_head, d_model])`` (the block's split inputs, already normalised): head ``i``
+        projects only its own slice; ``mask``: bool ``[batch|1, 1, q, k]`` (True = may attend) or None for
+        plain causal attention; ``rope``: ``(cos, sin)`` of :func:`rotary_cos_sin`."""
         c = self.cfg
-        q, k, v = (t.unflatten(-1, (-1, c.d_head)) for t in self._split(_linear(x, self.W_QKV, self.b_QKV)))
+        if isinstance(x, tuple):
+            q, k, v = (self._per_head(t, which) for which, t in enumerate(x))
+        else:
+            q, k, v = (t.unflatten(-1, (-1, c.d_head)) for t in self._split(_linear(x, self.W_QKV, self.b_QKV)))
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)  # [batch, pos, head | kv_head, d_head]
         if rope is not None:
             q, k = self.hook_rot_q(rotate(q, *rope)), self.hook_rot_k(rotate(k, *rope))
@@ -312,7 +325,7 @@ class Attention(nn.Module):
             scores = q @ k.transpose(-1, -2) / math.sqrt(c.d_head)
             if mask is None:
                 q_len, k_len = scores.shape[-2:]
-                mask = torch.ones(q_len, k_len, dtype=torch.bool, device=x.device).tril(k_len - q_len)
+                mask = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(k_len - q_len)
             scores = self.hook_attn_scores(scores.masked_fill(~mask, float("-inf")))
             pattern = self.hook_pattern(torch.softmax(scores.float(), dim=-1).to(v.dtype))
             z = pattern @ v
@@ -361,24 +374,60 @@ class MLP(nn.Module):
         return _linear(post, self.W_out, self.b_out)
 
 
+def head_copies(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``n`` copies of ``x: [batch, pos, d_model]``, one per head: ``[batch, pos, n, d_model]`` in memory
+    of its own (so a hook may write one head's copy in place)."""
+    return repeat(x, "b p d -> b p h d", h=n).contiguous()
+
+
 class Block(nn.Module):
-    """A pre-norm transformer block: ``x + attn(ln1(x))``, then ``+ mlp(ln2(·))``."""
+    """A pre-norm transformer block: ``x + attn(ln1(x))``, then ``+ mlp(ln2(·))``.
+
+    The receiver-input hooks fire only when the model's switch is on (TransformerLens's, see
+    :class:`~.config.ModelConfig`): ``hook_q_input`` ``[batch, pos, head, d_model]``, ``hook_k_input``
+    and ``hook_v_input`` ``[batch, pos, kv_head, d_model]`` (``use_split_qkv_input``), ``hook_attn_in``
+    ``[batch, pos, head, d_model]`` (``use_attn_in``), each a copy of the residual stream *before*
+    ``ln1``, normalised per copy; ``hook_mlp_in`` ``[batch, pos, d_model]`` (``use_hook_mlp_in``), a
+    copy of the residual before ``ln2``. Off, the block computes exactly as without them.
+    """
 
     # set in __init__ by name
     hook_resid_pre: HookPoint
+    hook_attn_in: HookPoint
+    hook_q_input: HookPoint
+    hook_k_input: HookPoint
+    hook_v_input: HookPoint
     hook_attn_out: HookPoint
     hook_resid_mid: HookPoint
+    hook_mlp_in: HookPoint
     hook_mlp_out: HookPoint
     hook_resid_post: HookPoint
 
     def __init__(self, cfg: GPT2Config, layer: int) -> None:
         super().__init__()
+        self.cfg = cfg  # the model's view: its switches (use_split_qkv_input, …) are read in forward
         self.ln1 = norm(cfg)
         self.attn = Attention(cfg, layer)
         self.ln2 = norm(cfg)
         self.mlp = MLP(cfg)
-        for name in ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post"):
+        names = ("resid_pre", "attn_in", "q_input", "k_input", "v_input", "attn_out", "resid_mid", "mlp_in")
+        for name in (*names, "mlp_out", "resid_post"):
             setattr(self, f"hook_{name}", HookPoint())
+
+    def attention_input(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What the attention reads from the residual ``x: [batch, pos, d_model]``: ``ln1(x)``, or with a
+        split-input switch on, the per-head copies (hooked, then normalised one by one, as in
+        TransformerLens: ``ln1``'s hooks fire per copy)."""
+        c = self.cfg
+        if c.use_split_qkv_input:
+            q = self.hook_q_input(head_copies(x, c.n_head))
+            k = self.hook_k_input(head_copies(x, c.n_kv))
+            v = self.hook_v_input(head_copies(x, c.n_kv))
+            return self.ln1(q), self.ln1(k), self.ln1(v)
+        if c.use_attn_in:
+            shared = self.ln1(self.hook_attn_in(head_copies(x, c.n_head)))
+            return shared, shared, shared
+        return self.ln1(x)
 
     def forward(
         self,
@@ -388,5 +437,6 @@ class Block(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         x = self.hook_resid_pre(x)
-        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.ln1(x), mask, kv, rope)))
-        return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
+        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.attention_input(x), mask, kv, rope)))
+        mlp_in = self.hook_mlp_in(x.clone()) if self.cfg.use_hook_mlp_in else x
+        return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(mlp_in))))

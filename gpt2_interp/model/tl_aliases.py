@@ -183,6 +183,29 @@ class TransformerLensAliases:
         layer; :meth:`ActivationCache.stack_head_results` needs only ``hook_z``)."""
         self.cfg.use_attn_result = use_attn_result
 
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        """Give each head its own copies of the residual stream entering ``ln1`` (TransformerLens's switch,
+        off by default): ``blocks.{l}.hook_q_input`` ``[batch, pos, head, d_model]``, ``hook_k_input`` and
+        ``hook_v_input`` ``[batch, pos, kv_head, d_model]`` (the key/value heads under grouped-query
+        attention). ``ln1`` normalises each copy, so replacing head ``h``'s query input changes only head
+        ``h``'s queries. Costs ``n_head + 2·n_kv`` norms of the residual per block and ``[batch, pos, head,
+        d_model]`` copies; the projections do the same arithmetic as the fused one. Refused (ValueError)
+        while ``use_attn_in`` is on."""
+        self.cfg.use_split_qkv_input = use_split_qkv_input
+
+    def set_use_attn_in(self, use_attn_in: bool) -> None:
+        """Give each head one copy of the residual stream entering ``ln1``, shared by its query, key and
+        value: ``blocks.{l}.hook_attn_in`` ``[batch, pos, head, d_model]`` (TransformerLens's switch, off by
+        default). Refused (ValueError) under grouped-query attention, as in TL (use
+        :meth:`set_use_split_qkv_input`), and while ``use_split_qkv_input`` is on."""
+        self.cfg.use_attn_in = use_attn_in
+
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
+        """Hook a copy of the residual stream entering ``ln2``: ``blocks.{l}.hook_mlp_in`` ``[batch, pos,
+        d_model]`` (TransformerLens's switch, off by default); replacing it changes the MLP's input only,
+        not ``hook_resid_mid`` or the residual stream the MLP's output is added to."""
+        self.cfg.use_hook_mlp_in = use_hook_mlp_in
+
     @property
     def W_Q(self) -> torch.Tensor:
         """``[layer, head, d_model, d_head]``: the query weights of every block, stacked (a copy)."""

@@ -1,6 +1,6 @@
 """Every figure of gpt2-interp, one module per area (``lens``, ``causal``, ``attribution``, ``editing``,
-``probes``; ``figure`` holds the common finishing touches, ``layout`` the geometry that keeps text legible:
-sizes from the data's shape, labels placed apart, titles fitted), each building
+``probes``, ``circuits``; ``figure`` holds the common finishing touches, ``layout`` the geometry that keeps
+text legible: sizes from the data's shape, labels placed apart, titles fitted), each building
 ``matplotlib.figure.Figure`` objects from result objects — never pyplot state, never a backend
 switch, so a notebook's backend is left alone. Results call these through their ``.plot()``."""
 
@@ -19,5 +19,7 @@ _FACE = {
     "attribution": ("plot_estimate_vs_exact", "plot_verification", "plot_agreement_grid"),
     "editing": ("plot_edit_evaluation", "plot_decay", "plot_topk_comparison"),
     "probes": ("plot_probe", "plot_probe_summary"),
+    "circuits": ("plot_circuit", "plot_faithfulness", "plot_edge_scores"),
+    "steering": ("plot_steering_curve",),
 }
 __all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

@@ -156,9 +156,10 @@ def test_info_json_lists_hooks_and_is_line_oriented(capsys):
     code, out, _ = run(capsys, "info", "--json")
     assert code == 0
     data = json.loads(out)
-    # 18 per block: the 17 that fire in every forward pass and the opt-in attn.hook_result
+    # 23 per block: the 17 that fire in every forward pass and the 6 opt-in ones (attn.hook_result,
+    # hook_q_input, hook_k_input, hook_v_input, hook_attn_in, hook_mlp_in), as TransformerLens lists them
     assert (
-        "blocks.0.hook_resid_pre" in data["hooks"] and len(data["hooks"]) == 6 * 18 + 6
+        "blocks.0.hook_resid_pre" in data["hooks"] and len(data["hooks"]) == 6 * 23 + 6
     )  # + embed, pos_embed, ln_final x2, unembed.hook_in/hook_out
     assert len(out.strip().splitlines()) == len(data)  # one line per top-level field
 

@@ -120,3 +120,28 @@ def test_demo_on_smollm2_tells_the_story_with_its_own_tokenizer(tmp_path):
     assert 0 <= r["edit"]["layer"] < 30 and r["edit"]["weights_restored_bit_exact"] is True
     rewrite = next(c for c in r["edit"]["checks"] if c["role"] == "rewrite")
     assert r["edit"]["request"]["target"].startswith(rewrite["top1_after"])  # the edit took on its prompt
+
+
+def test_index_html_opens_offline_with_every_view_working(report):
+    """The HTML report in headless Chromium with the network off: no console errors, the five views drawn."""
+    from .browser import chromium, not_blank, open_page, skip_without_browser
+
+    skip_without_browser()
+    out, _ = report
+    offline = {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1}
+    with chromium() as browser:
+        browser.execute_cdp_cmd("Network.enable", {})
+        browser.execute_cdp_cmd("Network.emulateNetworkConditions", offline)
+        assert open_page(browser, out / "index.html") == []
+        drawn = browser.execute_script(
+            "return Array.from(document.querySelectorAll('.g2v-fig')).map(g => (g.data || []).length)"
+        )
+        titles = browser.execute_script(
+            "return Array.from(document.querySelectorAll('.g2v-view > h2')).map(h => h.textContent)"
+        )
+        text = browser.execute_script("return document.body.innerText")
+        assert not_blank(browser) > 10
+    kinds = ["Attention patterns", "logit lens", "MLP sub-updates", "Causal trace", "Edit →"]
+    assert len(titles) == len(kinds) and all(t.startswith(k) for t, k in zip(titles, kinds)), titles
+    assert all(n > 0 for n in drawn) and drawn[3] == 3  # every figure drawn; hidden, MLP and attention traces
+    assert "5. ROME edit, verified, then undone" in text and "Undo restored every weight bit for bit" in text

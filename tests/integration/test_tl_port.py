@@ -752,7 +752,7 @@ def test_cfg_device_and_dtype_follow_the_model_and_the_config_stays_a_shared_val
     with pytest.raises(AttributeError, match=r"model\.to"):
         ours.cfg.device = "cuda"
     with pytest.raises(AttributeError, match="no such switch"):
-        ours.cfg.use_hook_mlp_in = True  # a TransformerLens flag we lack must not be a silent no-op
+        ours.cfg.ungroup_grouped_query_attention = True  # a TransformerLens flag we lack must not be a silent no-op
     with pytest.raises(Exception, match="frozen"):
         ours.cfg.n_layer = 3
 

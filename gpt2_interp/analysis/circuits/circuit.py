@@ -1,0 +1,329 @@
+"""Circuits: a set of edges chosen from edge scores, pruned of dangling nodes, and measured.
+
+A circuit keeps the ``top`` edges by ``|score|`` (or those above a ``threshold``, or a ``fraction``
+of all edges); with ``prune`` the edges that cannot matter are dropped until none is left: an edge
+whose sender receives no circuit edge (it cannot carry anything from the input) or whose receiver's
+node sends none (nothing it computes reaches the logits). A node here is the input, a head, an MLP or
+the logits; a head reads its own query input and its key/value head's inputs.
+
+**Faithfulness** (exact): run the clean prompts with every edge *outside* the circuit patched to the
+corrupted run (:func:`~gpt2_interp.analysis.circuits.edges.run_with_edges`) and normalise the metric,
+``(M_circuit − M_corrupted) / (M_clean − M_corrupted)`` (pair means): 1 for the whole graph, 0 for
+the empty circuit. **Completeness** is the same with the circuit's own edges patched instead
+(``0`` means the rest of the graph does nothing without the circuit).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ...core.checks import check_count, check_number
+from ...core.result import Result
+from ...core.tables import format_table
+from ..metrics import Metric, metric_name
+from ..patching import Prompts
+from .edges import Pairs, pairs_of, run_with_edges
+from .graph import Graph, graph_of
+from .scores import EdgeScores
+
+if TYPE_CHECKING:
+    from ...model import HookedGPT2
+
+
+def _receiver_nodes(graph: Graph) -> torch.Tensor:
+    """``[n_receivers, n_senders]`` bool: which sender nodes read each receiver input (a query
+    input: its head; a key/value input: every head of its group; an MLP input: the MLP; logits: none)."""
+    out = torch.zeros(graph.n_receivers, graph.n_senders, dtype=torch.bool)
+    H, per = graph.n_head, graph.n_head // graph.n_kv
+    for g in graph.groups:
+        base = 1 + g.layer * (H + 1)
+        for i in range(g.count):
+            r = g.first + i
+            if g.kind == "q":
+                out[r, base + i] = True
+            elif g.kind in ("k", "v"):
+                out[r, base + i * per : base + (i + 1) * per] = True
+            elif g.kind == "mlp":
+                out[r, base + H] = True
+    return out
+
+
+def prune(graph: Graph, keep: torch.Tensor) -> torch.Tensor:
+    """``keep [n_edges]`` bool without dangling edges (see the module docstring), repeated until stable."""
+    m = graph.matrix(keep.bool().cpu(), False)  # [S, R]
+    feeds = _receiver_nodes(graph)  # [R, S]
+    logits = torch.tensor([g.kind == "logits" for g in graph.groups for _ in range(g.count)])
+    while True:
+        has_in = (m.any(0)[:, None] & feeds).any(0)  # [S]: a circuit edge reaches one of its inputs
+        has_in[0] = True  # the input embedding needs no parent
+        has_out = m.any(1)  # [S]
+        useful = logits | (feeds & has_out[None]).any(1)  # [R]
+        new = m & has_in[:, None] & useful[None]
+        if torch.equal(new, m):
+            return graph.flat(m)
+        m = new
+
+
+@dataclass
+class Circuit(Result):
+    """A set of edges of a model's graph.
+
+    - ``edges``: the circuit's edge names, by decreasing ``|score|``; ``scores``: their scores;
+    - ``method``: the scoring method the edges were chosen by; ``metric``: its metric's name;
+    - ``n_layer``, ``n_head``, ``n_kv``: the graph's sizes; ``total_edges``: edges in the whole graph;
+    - ``faithfulness``/``completeness``: filled by :func:`evaluate` (None until measured).
+    """
+
+    edges: list[str]
+    scores: list[float]
+    method: str
+    metric: str
+    n_layer: int
+    n_head: int
+    n_kv: int
+    total_edges: int
+    faithfulness: float | None = None
+    completeness: float | None = None
+    _mask: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def share(self) -> float:
+        """The circuit's edges as a share of all edges."""
+        return len(self.edges) / max(self.total_edges, 1)
+
+    @property
+    def graph(self) -> Graph:
+        """The graph the circuit lives in."""
+        return Graph(self.n_layer, self.n_head, self.n_kv)
+
+    def mask(self, graph: Graph | None = None) -> torch.Tensor:
+        """``[n_edges]`` bool, True for the circuit's edges (in ``graph``'s edge order)."""
+        graph = self.graph if graph is None else graph
+        if self._mask is not None and self._mask.shape[0] == graph.n_edges:
+            return self._mask
+        out = torch.zeros(graph.n_edges, dtype=torch.bool)
+        for e in self.edges:
+            out[graph.edge(e)] = True
+        return out
+
+    def nodes(self) -> list[str]:
+        """The nodes the circuit's edges join (``input``, ``a{l}.h{h}``, ``m{l}``, ``logits``), in forward order."""
+        graph = self.graph
+        m = graph.matrix(self.mask(graph), False)
+        feeds = _receiver_nodes(graph)
+        used = m.any(1) | (m.any(0)[:, None] & feeds).any(0)
+        out = [s for s, u in zip(graph.senders, used.tolist()) if u]
+        return out + (["logits"] if m[:, -1].any() else [])
+
+    def table(self, k: int = 20) -> str:
+        """The first ``k`` edges with their scores, and the measured faithfulness."""
+        rows = [[e, f"{s:+.4g}"] for e, s in zip(self.edges[:k], self.scores[:k])]
+        head = (
+            f"circuit ({self.method}): {len(self.edges)} of {self.total_edges} edges ({100 * self.share:.2f}%)"
+            + ("" if self.faithfulness is None else f", faithfulness {self.faithfulness:.3f}")
+            + ("" if self.completeness is None else f", completeness {self.completeness:.3f}")
+        )
+        return "\n".join([head, *format_table(["edge", "score"], rows)])
+
+    def save(self, path: str | Path) -> Path:
+        """Write the circuit as JSON (:meth:`to_json`); :meth:`load` reads it back."""
+        self.to_json(path)
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Circuit:
+        """A circuit from a JSON file written by :meth:`save`; ValueError for a file that is not one."""
+        data = json.loads(Path(path).read_text())
+        need = {"edges", "scores", "method", "metric", "n_layer", "n_head", "n_kv", "total_edges"}
+        missing = sorted(need - set(data))
+        if missing:
+            raise ValueError(f"{path}: not a circuit file (missing {', '.join(missing)})")
+        c = cls(
+            **{k: data[k] for k in need}, faithfulness=data.get("faithfulness"), completeness=data.get("completeness")
+        )
+        graph = c.graph
+        if graph.n_edges != c.total_edges:
+            raise ValueError(f"{path}: total_edges {c.total_edges} does not match its graph ({graph.n_edges} edges)")
+        c.mask(graph)  # unknown edge names raise KeyError here
+        return c
+
+    def plot(self, **kwargs: Any):
+        """The circuit graph (:func:`gpt2_interp.plots.circuits.plot_circuit`)."""
+        from ...plots.circuits import plot_circuit
+
+        return plot_circuit(self, **kwargs)
+
+
+def circuit(
+    scores: EdgeScores,
+    top: int | None = None,
+    threshold: float | None = None,
+    fraction: float | None = None,
+    prune_dangling: bool = True,
+) -> Circuit:
+    """A :class:`Circuit` of the edges with the largest ``|score|``: the ``top`` edges, those with
+    ``|score| ≥ threshold``, or the top ``fraction`` of all edges (exactly one of the three), then
+    with ``prune_dangling`` the dangling edges removed (:func:`prune`). NaN scores are never chosen."""
+    if sum(x is not None for x in (top, threshold, fraction)) != 1:
+        raise ValueError("give exactly one of top (an edge count), threshold (a |score|) or fraction (of all edges)")
+    graph = scores.graph
+    s = scores.total().float()
+    mag = s.abs().nan_to_num(-1.0)
+    if threshold is not None:
+        keep = mag >= check_number(threshold, "threshold", low=0.0)
+    else:
+        k = (
+            check_count(top, "top", minimum=0)
+            if top is not None
+            else round(check_number(fraction, "fraction", low=0.0, high=1.0) * graph.n_edges)
+        )
+        keep = torch.zeros(graph.n_edges, dtype=torch.bool)
+        keep[mag.argsort(descending=True)[: min(k, graph.n_edges)]] = True
+        keep &= mag >= 0
+    if prune_dangling:
+        keep = prune(graph, keep)
+    return _circuit_of(graph, keep, s, scores.method, scores.metric)
+
+
+def _circuit_of(graph: Graph, keep: torch.Tensor, s: torch.Tensor, method: str, metric: str) -> Circuit:
+    idx = keep.nonzero()[:, 0]
+    idx = idx[s[idx].abs().argsort(descending=True)]
+    return Circuit(
+        [graph.edges[i] for i in idx.tolist()],
+        [float(s[i]) for i in idx.tolist()],
+        method,
+        metric,
+        graph.n_layer,
+        graph.n_head,
+        graph.n_kv,
+        graph.n_edges,
+        _mask=keep.clone(),
+    )
+
+
+def _normalise(m: torch.Tensor, pairs: Pairs) -> torch.Tensor:
+    """Pair-mean metric ``[rows, n]`` → ``(mean − corrupted) / (clean − corrupted)`` ``[rows]``."""
+    clean, corr = float(pairs.clean_metric.mean()), float(pairs.corrupted_metric.mean())
+    if clean == corr:
+        raise ValueError("the clean and corrupted runs give the same metric: faithfulness is undefined")
+    return (m.mean(1) - corr) / (clean - corr)
+
+
+def evaluate(
+    model: HookedGPT2,
+    circ: Circuit,
+    clean: Prompts,
+    corrupted: Prompts,
+    metric: Metric,
+    completeness: bool = True,
+) -> Circuit:
+    """``circ`` (a :class:`Circuit`) with its exact ``faithfulness`` (every edge outside it patched to the
+    corrupted run) and, with ``completeness``, the normalised metric with only its own edges patched, on the
+    prompt pairs ``clean``/``corrupted`` and ``metric`` (as :func:`~gpt2_interp.analysis.circuits.edge_scores`
+    takes them). Returns a copy."""
+    graph = graph_of(model)
+    inside = circ.mask(graph)
+    rows = [~inside] + ([inside] if completeness else [])
+    pairs = pairs_of(model, clean, corrupted, metric)
+    values = _normalise(run_with_edges(model, graph, pairs, torch.stack(rows)), pairs)
+    out = Circuit(**{k: getattr(circ, k) for k in Circuit.__dataclass_fields__})
+    out.faithfulness = float(values[0])
+    out.completeness = float(values[1]) if completeness else None
+    return out
+
+
+@dataclass
+class FaithfulnessCurve(Result):
+    """Faithfulness of circuits of growing size, per scoring method.
+
+    - ``faithfulness`` ``[n_methods, n_sizes]``; ``sizes``: requested edge counts; ``kept``
+      ``[n_methods, n_sizes]``: edges left after pruning; ``methods``: labels (``eap``, ``eap-ig``, …);
+    - ``total_edges``; ``metric``; ``clean_metric``/``corrupted_metric`` (pair means).
+    """
+
+    faithfulness: torch.Tensor
+    sizes: list[int]
+    kept: torch.Tensor
+    methods: list[str]
+    total_edges: int
+    metric: str
+    clean_metric: float
+    corrupted_metric: float
+
+    def smallest(self, target: float = 0.8) -> dict[str, int | None]:
+        """Per method, the fewest kept edges whose faithfulness reaches ``target`` (None: no size does)."""
+        out: dict[str, int | None] = {}
+        for i, m in enumerate(self.methods):
+            ok = (self.faithfulness[i] >= target).nonzero()
+            out[m] = None if ok.numel() == 0 else int(self.kept[i, ok[:, 0]].min())
+        return out
+
+    def table(self) -> str:
+        """Faithfulness per size (rows) and method (columns)."""
+        rows = [
+            [f"{s}", *[f"{self.faithfulness[i, j]:.3f} ({int(self.kept[i, j])})" for i in range(len(self.methods))]]
+            for j, s in enumerate(self.sizes)
+        ]
+        return "\n".join(format_table(["top edges", *[f"{m} (kept)" for m in self.methods]], rows))
+
+    def plot(self, **kwargs: Any):
+        """The curves (:func:`gpt2_interp.plots.circuits.plot_faithfulness`)."""
+        from ...plots.circuits import plot_faithfulness
+
+        return plot_faithfulness(self, **kwargs)
+
+
+def default_sizes(n_edges: int, points: int = 20) -> list[int]:
+    """``points`` edge counts spaced evenly in log scale from ~0.1% of ``n_edges`` to all of them."""
+    lo = max(1.0, n_edges / 1000)
+    raw = torch.logspace(torch.log10(torch.tensor(lo)), torch.log10(torch.tensor(float(n_edges))), points)
+    return sorted({max(1, round(float(x))) for x in raw})
+
+
+def faithfulness_curve(
+    model: HookedGPT2,
+    scores: EdgeScores | Sequence[EdgeScores],
+    clean: Prompts,
+    corrupted: Prompts,
+    metric: Metric,
+    sizes: Sequence[int] | int = 20,
+    prune_dangling: bool = True,
+) -> FaithfulnessCurve:
+    """Exact faithfulness of the top-``k`` circuit of each of ``scores`` (one per method) for every
+    ``k`` in ``sizes`` (an int: that many sizes from :func:`default_sizes`), on the prompt pairs
+    ``clean``/``corrupted`` and ``metric`` (as :func:`~gpt2_interp.analysis.circuits.edge_scores` takes
+    them); ``prune_dangling``: prune each circuit (:func:`prune`). All circuits run as rows of
+    :func:`~gpt2_interp.analysis.circuits.edges.run_with_edges`."""
+    results = [scores] if isinstance(scores, EdgeScores) else list(scores)
+    if not results:
+        raise ValueError("give at least one EdgeScores")
+    graph = graph_of(model)
+    ks = default_sizes(graph.n_edges, check_count(sizes, "sizes")) if isinstance(sizes, int) else list(sizes)
+    masks, kept = [], []
+    for r in results:
+        for k in ks:
+            m = circuit(r, top=int(k), prune_dangling=prune_dangling).mask(graph)
+            masks.append(~m)
+            kept.append(int(m.sum()))
+    pairs = pairs_of(model, clean, corrupted, metric)
+    f = _normalise(run_with_edges(model, graph, pairs, torch.stack(masks)), pairs)
+    shape = (len(results), len(ks))
+    return FaithfulnessCurve(
+        f.view(shape),
+        [int(k) for k in ks],
+        torch.tensor(kept).view(shape),
+        [r.method + (f"-{r.ig_path}" if r.ig_path == "activations" else "") for r in results],
+        graph.n_edges,
+        metric_name(pairs.metric),
+        float(pairs.clean_metric.mean()),
+        float(pairs.corrupted_metric.mean()),
+    )
+
+
+__all__ = ["Circuit", "FaithfulnessCurve", "circuit", "default_sizes", "evaluate", "faithfulness_curve", "prune"]

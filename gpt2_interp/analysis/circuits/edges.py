@@ -1,0 +1,414 @@
+"""Running the model with edges patched: the prompt pairs, the senders' outputs, and two ways to
+patch — a general forward pass with any set of edges patched per row (:func:`run_with_edges`, for
+circuits and faithfulness) and exact single-edge patching through the prefix-reuse engine
+(:func:`edge_patch`, the ground truth the gradient scores are checked against).
+
+Patching an edge ``s → r`` replaces sender ``s``'s term in receiver ``r``'s input by its value in the
+corrupted run: ``in_r ← in_r + (s_corrupted − s_current)``, where ``s_current`` is the sender's
+output in the run being patched (with several edges patched, a sender may itself have changed).
+Every other receiver, and the residual stream itself, keep their values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from einops import einsum, rearrange
+
+from ..attribution.readout import Readout, chunk_metric
+from ..engine import Patch, base_kv_from, entry_name, final_logits, kv_names, run_staircase
+from ..metrics import Metric, apply_metric, bind_metric, refuse_degenerate, require_finite_metric
+from ..patching import Prompts, pair_tokens
+from .graph import Graph
+
+if TYPE_CHECKING:
+    from ...model import HookedGPT2
+
+#: Activation memory (bytes) one chunk of patched rows may hold in sender differences.
+EDGE_MEMORY = 1 << 29
+
+
+@contextmanager
+def split_inputs(model: HookedGPT2) -> Iterator[None]:
+    """Turn on the model's receiver-input hooks (``use_split_qkv_input``, ``use_hook_mlp_in``) for the
+    block, and restore the switches after it."""
+    cfg = model.cfg
+    if not hasattr(cfg, "use_split_qkv_input"):
+        raise RuntimeError("this model has no split receiver inputs (use_split_qkv_input); edges cannot be patched")
+    before = (cfg.use_split_qkv_input, cfg.use_hook_mlp_in, getattr(cfg, "use_attn_in", False))
+    try:
+        if before[2]:
+            cfg.use_attn_in = False
+        cfg.use_split_qkv_input = True
+        cfg.use_hook_mlp_in = True
+        yield
+    finally:
+        cfg.use_split_qkv_input = before[0]
+        cfg.use_hook_mlp_in = before[1]
+        if before[2]:
+            cfg.use_attn_in = True
+
+
+def sender_hooks(model: HookedGPT2) -> list[str]:
+    """The hooks the senders' outputs are read from: the residual entering block 0 (``input``), each
+    layer's ``attn.hook_z`` (head ``h``'s output is ``z_h · W_O[h]``) and ``hook_mlp_out``."""
+    out = ["blocks.0.hook_resid_pre"]
+    for l in range(model.cfg.n_layer):
+        out += [f"blocks.{l}.attn.hook_z", f"blocks.{l}.hook_mlp_out"]
+    return out
+
+
+def head_outputs(model: HookedGPT2, layer: int, z: torch.Tensor) -> torch.Tensor:
+    """Each head's output ``z_h · W_O[h]``, ``[batch, pos, n_head, d_model]``, of ``z [batch, pos, n_head, d_head]``."""
+    return einsum(z, model.blocks[layer].attn.W_O, "b p h e, h e d -> b p h d")
+
+
+def sender_outputs(model: HookedGPT2, cache: Any) -> torch.Tensor:
+    """Every sender's output ``[batch, pos, n_senders, d_model]`` from a cache holding :func:`sender_hooks`."""
+    parts = [cache["blocks.0.hook_resid_pre"][:, :, None]]
+    for l in range(model.cfg.n_layer):
+        parts += [
+            head_outputs(model, l, cache[f"blocks.{l}.attn.hook_z"]),
+            cache[f"blocks.{l}.hook_mlp_out"][:, :, None],
+        ]
+    return torch.cat(parts, 2)
+
+
+@dataclass
+class Pairs:
+    """Prompt pairs ready to score: ``clean``/``corrupted`` tokens ``[n, pos]``, ``mask`` ``[n, pos]``
+    (None without padding), the bound ``metric`` and its values on the unpatched runs
+    (``clean_metric``/``corrupted_metric`` ``[n]``, CPU), and ``first``: the first position where any
+    pair differs (every sender's output is the same in both runs before it)."""
+
+    clean: torch.Tensor
+    corrupted: torch.Tensor
+    mask: torch.Tensor | None
+    metric: Metric
+    clean_metric: torch.Tensor
+    corrupted_metric: torch.Tensor
+    first: int
+
+    @property
+    def n(self) -> int:
+        """Number of pairs."""
+        return self.clean.shape[0]
+
+    @property
+    def n_pos(self) -> int:
+        """Positions per prompt (after padding)."""
+        return self.clean.shape[1]
+
+
+def pairs_of(model: HookedGPT2, clean: Prompts, corrupted: Prompts, metric: Metric) -> Pairs:
+    """Tokenize prompt pairs as :func:`~gpt2_interp.analysis.patching.patch` does and bind ``metric``.
+
+    ``clean``/``corrupted``: a prompt, a list of prompts or token tensors ``[n, pos]`` (each pair of
+    equal length); ``metric``: last-position logits ``[..., n, d_vocab]`` → ``[..., n]``. Refused: pairs
+    that are identical (no position differs), a degenerate logit difference, a non-finite metric."""
+    metric = refuse_degenerate(bind_metric(metric, model), model)
+    c, k, mask = pair_tokens(model, clean, corrupted)
+    diff = (c != k).any(0).nonzero()
+    if diff.numel() == 0:
+        raise ValueError("every clean prompt equals its corrupted prompt: no edge can change anything")
+    with torch.inference_mode():
+        n = model.cfg.n_layer
+        cl = final_logits(model, model(c, attention_mask=mask, stop_at_layer=n))
+        co = final_logits(model, model(k, attention_mask=mask, stop_at_layer=n))
+    metric = bind_metric(metric, model, cl)
+    cm, km = apply_metric(metric, cl[None])[0].cpu(), apply_metric(metric, co[None])[0].cpu()
+    require_finite_metric(metric, {"clean": cm, "corrupted": km})
+    return Pairs(c, k, mask, metric, cm, km, int(diff.min()))
+
+
+def _cache(model: HookedGPT2, tokens: torch.Tensor, mask: torch.Tensor | None, names: Sequence[str]) -> dict:
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, attention_mask=mask, names_filter=list(names), return_type=None)
+    return {k: cache[k] for k in names}
+
+
+def sender_differences(model: HookedGPT2, pairs: Pairs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(clean, corrupted − clean)`` sender outputs, ``[n, pos, n_senders, d_model]`` each."""
+    names = sender_hooks(model)
+    with torch.no_grad():
+        clean = sender_outputs(model, _cache(model, pairs.clean, pairs.mask, names))
+        corr = sender_outputs(model, _cache(model, pairs.corrupted, pairs.mask, names))
+    return clean, corr - clean
+
+
+def _check_masks(graph: Graph, patched: torch.Tensor) -> torch.Tensor:
+    if patched.ndim == 1:
+        patched = graph.matrix(patched[None].float())[0] if patched.shape[0] == graph.n_edges else patched
+    if patched.shape[-1] == graph.n_edges and patched.ndim == 2:
+        patched = graph.matrix(patched.float())
+    if patched.ndim == 2:
+        patched = patched[None]
+    if patched.ndim != 3 or tuple(patched.shape[1:]) != (graph.n_senders, graph.n_receivers):
+        raise ValueError(
+            f"patched edges: [rows, {graph.n_edges}] edge masks or [rows, {graph.n_senders}, {graph.n_receivers}] "
+            f"sender × receiver masks, got {tuple(patched.shape)}"
+        )
+    return patched.float() * graph.valid.to(patched.device)
+
+
+def run_with_edges(
+    model: HookedGPT2,
+    graph: Graph,
+    pairs: Pairs,
+    patched: torch.Tensor,
+    batch_rows: int | None = None,
+) -> torch.Tensor:
+    """The metric with a set of edges patched to the corrupted run, for each row of masks and each pair.
+
+    ``patched``: ``[rows, n_edges]`` (in :attr:`Graph.edges` order) or ``[rows, n_senders,
+    n_receivers]``, 1 where the edge is patched (fractions interpolate: ``in_r += m · (s_corrupted −
+    s_current)``). Every row runs the clean prompts with its edges patched, all layers at once (each
+    receiver's input is corrected from the senders' outputs *in that run*). Returns ``[rows, n]``
+    (float32, CPU). ``graph``: the model's :class:`Graph`; ``pairs``: from :func:`pairs_of`;
+    ``batch_rows``: mask rows per forward pass (None: sized from :data:`EDGE_MEMORY`; when one row of
+    every pair would not fit, the pairs are run in chunks too).
+    """
+    graph.fits(model)
+    masks = _check_masks(graph, patched.to(model.device))
+    with torch.no_grad():
+        corr = sender_outputs(model, _cache(model, pairs.corrupted, pairs.mask, sender_hooks(model)))
+    n, P = pairs.n, pairs.n_pos
+    per_pair = P * graph.n_senders * model.cfg.d_model * 4 * 2  # sender differences and corrupted outputs
+    per_chunk = max(1, min(n, EDGE_MEMORY // per_pair))  # pairs per pass
+    if batch_rows is None:
+        batch_rows = max(1, EDGE_MEMORY // (per_pair * per_chunk))
+    out = torch.empty(masks.shape[0], n)
+    with split_inputs(model), torch.inference_mode():
+        for a in range(0, masks.shape[0], batch_rows):
+            for p0 in range(0, n, per_chunk):
+                p1 = min(n, p0 + per_chunk)
+                m = _patched_metric(model, graph, pairs, corr, masks[a : a + batch_rows], (p0, p1))
+                out[a : a + batch_rows, p0:p1] = m.cpu()
+    return out
+
+
+def _patched_metric(
+    model: HookedGPT2,
+    graph: Graph,
+    pairs: Pairs,
+    corr: torch.Tensor,
+    masks: torch.Tensor,
+    span: tuple[int, int],
+) -> torch.Tensor:
+    """One chunk of :func:`run_with_edges`: ``masks [k, S, R]`` and the pairs ``span = (first, end)`` →
+    metric ``[k, end − first]``."""
+    p0, p1 = span
+    k, n, P = masks.shape[0], p1 - p0, pairs.n_pos
+    corr = corr[p0:p1]
+    S = graph.n_senders
+    b = k * n
+    # diff[row] = corrupted − current sender outputs of row (k masks × n pairs, pair fastest)
+    diff = torch.zeros(b, P, S, model.cfg.d_model, dtype=model.dtype, device=model.device)
+    corr_rows = corr.repeat(k, 1, 1, 1)
+    m_rows = masks.repeat_interleave(n, 0).to(model.dtype)  # [b, S, R]
+    H = model.cfg.n_head
+    hooks: list[tuple[str, Any]] = []
+
+    def put(lo: int, hi: int, layer: int | None) -> Any:
+        def fn(act: torch.Tensor, hook: Any) -> None:
+            cur = act[:, :, None] if layer is None else head_outputs(model, layer, act)
+            diff[:, :, lo:hi] = corr_rows[:, :, lo:hi] - cur
+            return None
+
+        return fn
+
+    hooks.append(("blocks.0.hook_resid_pre", put(0, 1, None)))
+    for l in range(model.cfg.n_layer):
+        s0 = 1 + l * (H + 1)
+        hooks.append((f"blocks.{l}.attn.hook_z", put(s0, s0 + H, l)))
+        hooks.append((f"blocks.{l}.hook_mlp_out", put(s0 + H, s0 + H + 1, None)))
+
+    stage = graph.sender_stage.tolist()
+    for g in graph.groups:
+        rst = int(graph.receiver_stage[g.first])
+        ns = sum(1 for s in stage if s < rst)  # senders are in stage order: a prefix writes before g reads
+
+        def patch_in(act: torch.Tensor, hook: Any, g: Any = g, ns: int = ns) -> torch.Tensor:
+            m = m_rows[:, :ns, g.first : g.first + g.count]
+            delta = einsum(diff[:, :, :ns], m, "b p s d, b s r -> b p r d")
+            return act + (delta if act.ndim == 4 else delta[:, :, 0])
+
+        hooks.append((g.name, patch_in))
+    n_layer = model.cfg.n_layer
+    tokens = pairs.clean[p0:p1].repeat(k, 1)
+    mask = None if pairs.mask is None else pairs.mask[p0:p1].repeat(k, 1)
+    with model.hooks(hooks):
+        resid = model(tokens, attention_mask=mask, stop_at_layer=n_layer)
+    logits = rearrange(final_logits(model, resid), "(k n) v -> k n v", k=k)
+    if (p0, p1) == (0, pairs.n):
+        return apply_metric(pairs.metric, logits)
+    return torch.stack([chunk_metric(pairs.metric, logits[i], (p0, pairs.n)) for i in range(k)])
+
+
+def edge_patch(
+    model: HookedGPT2,
+    graph: Graph,
+    pairs: Pairs,
+    edges: torch.Tensor | Sequence[int] | None = None,
+    batch_size: int | None = None,
+    progress: bool | None = None,
+    max_rows: int = 4096,
+) -> torch.Tensor:
+    """Exact edge patching: the metric's change ``[n_edges_chosen, n]`` (patched − clean, CPU) when one
+    edge at a time carries its sender's corrupted output into its receiver, every pair.
+
+    ``edges``: indices into :attr:`Graph.edges` (None: all). Each (edge, pair) is a row of the
+    prefix-reuse engine (:func:`~gpt2_interp.analysis.engine.run_staircase`): it starts at the
+    receiver's layer from the clean run's residual stream and computes only the positions from the
+    first one where the pairs differ, its receiver's input set to the clean input plus the sender's
+    corrupted − clean output. ``graph``: the model's :class:`Graph`; ``pairs``: from :func:`pairs_of`;
+    ``batch_size``: engine rows per chunk (None: from memory); ``progress``: a progress bar (None: on a
+    terminal); ``max_rows``: rows per engine call (bounds the patch values' memory).
+    """
+    graph.fits(model)
+    n_layer, n = model.cfg.n_layer, pairs.n
+    es, er = graph.edge_index
+    chosen = torch.arange(graph.n_edges) if edges is None else torch.as_tensor(edges, dtype=torch.long).flatten()
+    if chosen.numel() and (chosen.min() < 0 or chosen.max() >= graph.n_edges):
+        raise IndexError(f"edge indices must lie in [0, {graph.n_edges}) for this graph")
+    f = pairs.first
+    with split_inputs(model):
+        _, diff = sender_differences(model, pairs)
+        resid = [f"blocks.{l}.hook_resid_pre" for l in range(n_layer)]
+        mids = [f"blocks.{l}.hook_resid_mid" for l in range(n_layer)]
+        names = list(dict.fromkeys(resid + mids + [entry_name(model, n_layer)] + kv_names(model, 0)))
+        cache = _cache(model, pairs.clean, pairs.mask, names)
+        entries = {s: cache[entry_name(model, s)] for s in range(n_layer + 1)}
+        base_kv = base_kv_from(cache, model, 0) if f > 0 else None
+        group_of = torch.empty(graph.n_receivers, dtype=torch.long)
+        for i, g in enumerate(graph.groups):
+            group_of[g.first : g.first + g.count] = i
+        # a logit difference reads only its tokens' columns of the unembedding (rows × d_vocab would dominate)
+        cols = Readout(model, pairs.metric, (0, n), n)
+        metric = pairs.metric if cols.cols is None or cols.bound is None else cols.bound
+        unembed = None if cols.cols is None else _columns(model, cols.cols)
+
+        def readout(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            return apply_metric(metric, logits.view(-1, n, logits.shape[-1])).flatten()
+
+        out = []
+        per_call = max(1, max_rows // n)
+        for a in range(0, chosen.numel(), per_call):
+            part = chosen[a : a + per_call]
+            out.append(
+                _edge_rows(
+                    model,
+                    graph,
+                    pairs,
+                    part,
+                    (es, er, group_of),
+                    cache,
+                    entries,
+                    base_kv,
+                    diff,
+                    (readout, unembed),
+                    batch_size,
+                    progress,
+                )
+            )
+    flat = torch.cat(out) if out else torch.empty(0)
+    return flat.view(-1, n).cpu() - pairs.clean_metric[None]
+
+
+def _edge_rows(
+    model: HookedGPT2,
+    graph: Graph,
+    pairs: Pairs,
+    part: torch.Tensor,
+    index: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    cache: dict,
+    entries: dict,
+    base_kv: Any,
+    diff: torch.Tensor,
+    read: tuple[Any, Any],
+    batch_size: int | None,
+    progress: bool | None,
+) -> torch.Tensor:
+    """Engine rows for edges ``part`` (row ``i·n + j``: edge ``part[i]``, pair ``j``) → metric ``[len(part)·n]``.
+    ``index``: each edge's sender and receiver and each receiver's group; ``read``: ``(readout, unembed)``."""
+    es, er, group_of = index
+    readout, unembed = read
+    n, P, f = pairs.n, pairs.n_pos, pairs.first
+    n_layer = model.cfg.n_layer
+    dev = model.device
+    k = part.numel()
+    pos = torch.arange(f, P, device=dev)[None]  # [1, P − f]
+    pair = torch.arange(n).repeat(k)
+    rcv = er[part]
+    groups = group_of[rcv]
+    start = torch.tensor([graph.groups[int(g)].layer for g in groups]).repeat_interleave(n)
+    patches = []
+    for gi in groups.unique().tolist():
+        g = graph.groups[gi]
+        which = (groups == gi).nonzero()[:, 0]  # positions in part
+        rows = (which[:, None] * n + torch.arange(n)[None]).flatten()  # [m]
+        e = part[which].repeat_interleave(n)
+        p_idx = torch.arange(n).repeat(which.numel())
+        if g.kind == "mlp":
+            base_in = cache[f"blocks.{g.layer}.hook_resid_mid"]
+        elif g.kind == "logits":
+            base_in = entries[n_layer]
+        else:
+            base_in = cache[f"blocks.{g.layer}.hook_resid_pre"]
+        values = base_in[p_idx, f:] + diff[p_idx.to(diff.device), f:, es[e].to(diff.device)]  # [m, P − f, d]
+        r = rows.to(dev)[:, None]
+        if g.kind in ("q", "k", "v"):
+            head = (er[e] - g.first).to(dev)[:, None]
+            patches.append(Patch(g.name, r, (pos, head), values))
+        elif g.kind == "mlp":
+            patches.append(Patch(g.name, r, (pos,), values))
+        else:
+            patches.append(Patch(n_layer, r, (pos,), values))
+    return run_staircase(
+        model,
+        entries,
+        start,
+        pair,
+        patches,
+        readout,
+        pairs.mask,
+        batch_size,
+        n,
+        progress,
+        desc="edge patching",
+        first_pos=torch.full((k * n,), f),
+        base_kv=base_kv,
+        unembed=unembed,
+    )
+
+
+def _columns(model: HookedGPT2, cols: torch.Tensor) -> Any:
+    """The unembedding restricted to columns ``cols``: ``[r, d_model]`` → ``[r, len(cols)]``."""
+
+    def unembed(x: torch.Tensor) -> torch.Tensor:
+        return x @ model.W_U[:, cols]
+
+    return unembed
+
+
+def chunked_metric(metric: Metric, logits: torch.Tensor, first: int, n: int) -> torch.Tensor:
+    """The metric ``[b]`` of a chunk of ``b`` pairs (rows ``first…`` of ``n``), differentiable."""
+    return chunk_metric(metric, logits, (first, n))
+
+
+__all__ = [
+    "EDGE_MEMORY",
+    "Pairs",
+    "edge_patch",
+    "head_outputs",
+    "pairs_of",
+    "run_with_edges",
+    "sender_differences",
+    "sender_hooks",
+    "sender_outputs",
+    "split_inputs",
+]

@@ -1,0 +1,123 @@
+"""``view(result)``: the interactive view of any result, found from the fields the result carries.
+
+Works the same on a result object, on its ``to_dict()`` and on a saved JSON file read back (a result's
+``to_json``, or an experiment's ``result.json``, whose ``data`` is searched for results it holds), so
+``gpt2-interp view RESULT.json`` needs no model and no recomputation.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .attention import AttentionPatterns, view_attention
+from .attribution import view_agreement, view_verification
+from .causal import view_average_trace, view_patch, view_traces
+from .editing import view_edit_evaluation, view_probe, view_topk
+from .heatmap import as_dict
+from .lens import view_dla, view_lens, view_neuron_search, view_subupdates, view_vocab
+from .page import Part, View, text_part
+
+# (fields a result's dict has, its view), most specific first
+KINDS: list[tuple[str, frozenset[str], Callable[..., View]]] = [
+    ("attention patterns", frozenset({"pattern", "str_tokens", "n_kv_heads"}), view_attention),
+    ("lens", frozenset({"top_tokens", "top_probs", "str_tokens", "valid"}), view_lens),
+    ("average trace", frozenset({"kinds", "buckets", "indirect_effect", "counts"}), view_average_trace),
+    ("trace set", frozenset({"traces"}), view_traces),
+    ("causal trace", frozenset({"scores", "subject_range", "tokens", "kind"}), view_traces),
+    ("patching", frozenset({"values", "index_names", "layer_labels", "direction", "metric"}), view_patch),
+    ("verification", frozenset({"verified_top", "estimate", "exact", "labels"}), view_verification),
+    ("agreement", frozenset({"spearman_abs", "estimate", "exact", "n_cells"}), view_agreement),
+    ("top-k comparison", frozenset({"before", "after", "prompts"}), view_topk),
+    ("edit evaluation", frozenset({"summary", "rows", "method", "sequential"}), view_edit_evaluation),
+    ("probe", frozenset({"task", "scores", "chance", "classes"}), view_probe),
+    ("direct logit attribution", frozenset({"parts", "head_parts", "ln_bias"}), view_dla),
+    ("vocabulary projection", frozenset({"top_scores", "bottom_scores", "bottom_tokens"}), view_vocab),
+    ("MLP sub-updates", frozenset({"norms", "activations", "neurons", "token"}), view_subupdates),
+    ("neuron search", frozenset({"neurons", "scores", "top_tokens", "tokens"}), view_neuron_search),
+]
+
+
+def kind_of(d: Mapping[str, Any]) -> str | None:
+    """The kind of result a dict holds (``"lens"``, ``"patching"``, …; see :data:`KINDS`), or None."""
+    keys = set(d)
+    return next((name for name, need, _ in KINDS if need <= keys), None)
+
+
+def _found(data: Any, where: str, depth: int = 0) -> list[tuple[str, dict[str, Any]]]:
+    """Result dicts inside an experiment's data (two levels deep), each with the path it sits at."""
+    if depth > 2:
+        return []
+    if isinstance(data, Mapping):
+        if kind_of(data):
+            return [(where, dict(data))]
+        return [hit for k, v in data.items() for hit in _found(v, f"{where}.{k}" if where else str(k), depth + 1)]
+    if isinstance(data, list) and data and isinstance(data[0], Mapping):
+        return [hit for i, v in enumerate(data[:8]) for hit in _found(v, f"{where}[{i}]", depth + 1)]
+    return []
+
+
+def view(result: Any, **kwargs: Any) -> View:
+    """The interactive :class:`~gpt2_interp.views.View` of ``result``: a result object (lens, patching,
+    attribution, trace, average trace, verification, agreement, top-k comparison, edit evaluation, probe,
+    vocabulary, neuron search, sub-updates, attention patterns), its ``to_dict()``, or an experiment
+    result (``ExperimentResult`` or its ``result.json`` as a dict), whose data is searched for the
+    results it holds. ``kwargs`` go to the kind's view function. A dict of no known kind raises
+    ValueError naming the kinds."""
+    if isinstance(result, AttentionPatterns):
+        return view_attention(result, **kwargs)
+    d = as_dict(result)
+    kind = kind_of(d)
+    if kind is not None:
+        return next(fn for name, _, fn in KINDS if name == kind)(d, **kwargs)
+    if {"experiment", "data"} <= set(d):
+        return view_experiment(d)
+    raise ValueError(
+        f"no view for a result with fields {sorted(d)[:12]}; views exist for: " + ", ".join(n for n, _, _ in KINDS)
+    )
+
+
+def view_experiment(
+    d: Mapping[str, Any], figures: Mapping[str, str] | None = None, tables: Mapping[str, str] | None = None
+) -> View:
+    """An experiment's result ``d`` (``result.json`` as a dict): its finding, the view of every result found in
+    its data, then ``tables`` (``{name: HTML}``) and ``figures`` (``{name: PNG as base64}``) the experiment
+    renders itself, where given (the figures only where no interactive view was found); without any of
+    these, the data as indented JSON."""
+    data = d.get("data", {})
+    name = d.get("experiment", "experiment")
+    parts: list[Part] = [text_part(f"model {d.get('model', '?')}; config {json.dumps(d.get('config', {}))}")]
+    if isinstance(data, Mapping) and data.get("finding"):
+        parts.append(text_part(str(data["finding"]), "p", "g2v-finding"))
+    found = _found(data, "")
+    for where, sub in found:
+        inner = view(sub)
+        parts += [text_part(f"{inner.title} (data{'.' + where if where else ''})", "h3", "g2v-title"), *inner.parts]
+    for tname, table in (tables or {}).items():
+        parts.append(Part(f"<h3>{html.escape(tname)}</h3>{table}"))
+    for fname, png in (figures or {}).items() if not found else ():
+        img = f'<img alt="{html.escape(fname)}" src="data:image/png;base64,{png}" style="max-width:100%">'
+        parts.append(Part(f"<h3>{html.escape(fname)}</h3>{img}"))
+    if not found and not tables and not figures:
+        parts.append(Part(f"<pre>{html.escape(json.dumps(data, indent=1)[:200_000])}</pre>"))
+    return View(f"Experiment {name}", parts)
+
+
+def load_result(path: str | Path) -> dict[str, Any]:
+    """A saved result read back: a JSON file (a result's ``to_json``, an experiment's ``result.json``) or
+    a folder holding ``result.json``. A missing file or one that is not JSON raises a one-line error."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "result.json"
+    if not p.exists():
+        raise FileNotFoundError(f"{path} does not exist; give a result JSON file (or a folder holding result.json)")
+    try:
+        data = json.loads(p.read_text())
+    except ValueError as e:
+        raise ValueError(f"{p} is not JSON ({e}); give a file written by a result's to_json() or the runner") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{p} holds a JSON {type(data).__name__}, not a result object")
+    return data

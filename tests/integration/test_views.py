@@ -1,0 +1,166 @@
+"""Interactive views without a browser: the page's data are the result's (attention equals hook_pattern bit for
+bit), plotly.js is inside each page once, saved results view the same as live ones, ``gpt2-interp view``."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("plotly", reason="the views need Plotly: pip install gpt2-interp[views]")
+
+from gpt2_interp.analysis.tracing import TraceResult, TraceSet
+from gpt2_interp.cli import main
+from gpt2_interp.model import HookedGPT2, llama_config
+from gpt2_interp.views import (
+    View,
+    attention_patterns,
+    html_page,
+    kind_of,
+    load_result,
+    markdown_html,
+    view,
+    view_attention,
+)
+from gpt2_interp.views import page as page_module
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def gqa_model():
+    """9 query heads sharing 3 key/value heads (SmolLM2's shape, tiny)."""
+    cfg = llama_config(n_layer=4, d_model=72, n_head=9, n_kv_heads=3, d_mlp=96, n_ctx=64, d_vocab=50257)
+    return HookedGPT2(cfg, seed=0).eval()
+
+
+def _page_data(html: str) -> dict:
+    """The attention widget's data object, read back out of the page text."""
+    m = re.search(r"var D = (\{.*?\});\n", html)
+    assert m, "the attention page carries its data object"
+    return json.loads(m.group(1))
+
+
+def test_attention_patterns_equal_the_models_hook_pattern(gqa_model):
+    r = attention_patterns(gqa_model, PROMPT, layers=[1, 3])
+    # the independent read: a forward hook on the same hook points records what passes through them (the same
+    # points, because a layer whose pattern nobody reads runs the fused kernel, a few ulps from the explicit one)
+    seen = {}
+    hooks = [(f"blocks.{l}.attn.hook_pattern", lambda x, hook: seen.setdefault(hook.name, x.clone())) for l in (1, 3)]
+    gqa_model.run_with_hooks(PROMPT, fwd_hooks=hooks)
+    assert r.pattern.shape == (2, 9, 6, 6) and r.str_tokens[1:] == ["The", " capital", " of", " France", " is"]
+    for i, l in enumerate([1, 3]):
+        assert torch.equal(r.pattern[i], seen[f"blocks.{l}.attn.hook_pattern"][0])
+    assert r.n_kv_heads == 3 and [r.kv_group(h) for h in (0, 2, 3, 8)] == [0, 0, 1, 2]
+
+
+def test_attention_page_data_decode_to_hook_pattern_exactly(gqa_model):
+    r = attention_patterns(gqa_model, PROMPT)
+    d = _page_data(view_attention(r, layer=3).html())
+    decoded = np.frombuffer(base64.b64decode(d["b64"]), dtype="<f4").reshape(d["shape"])
+    assert d["shape"] == [4, 9, 6, 6] and d["first"] == 3 and d["kv"] == 3
+    assert np.array_equal(decoded, r.pattern.numpy())  # bit for bit, not rounded
+    assert d["tokens"] == r.str_tokens
+
+
+def test_a_page_embeds_plotly_js_once_and_loads_nothing_from_the_network(facts_model):
+    from gpt2_interp.analysis.lens import logit_lens
+
+    lens = logit_lens(facts_model, [PROMPT], targets=[" Paris"], positions="all")
+    html = html_page([view(lens), "<p>between</p>", view(attention_patterns(facts_model, PROMPT))], "two views")
+    lib = page_module.plotly_js()
+    assert html.count(lib[:200]) == 1 and len(html) > len(lib)
+    assert not re.search(r"<script[^>]+src=", html) and "<link" not in html  # every script is inside the page
+
+
+def test_notebook_display_sends_the_library_with_the_first_view_only(facts_model, monkeypatch):
+    monkeypatch.setattr(page_module, "_notebook_loaded", False)
+    v = view_attention(attention_patterns(facts_model, PROMPT))
+    lib = page_module.plotly_js()[:200]
+    first, second = v._repr_html_(), v._repr_html_()
+    assert lib in first and lib not in second and "Plotly.react" in second
+
+
+def _trace(kind: str, scores: torch.Tensor) -> TraceResult:
+    """A hand-made trace: 4 tokens (the subject "Mun ich"), 3 layers."""
+    return TraceResult(
+        prompt="Munich is in",
+        subject="Munich",
+        kind=kind,
+        tokens=["Mun", "ich", " is", " in"],
+        subject_range=(0, 2),
+        layer_labels=["L0", "L1", "L2"],
+        target=" Germany",
+        target_id=4486,
+        scores=scores,
+        indirect_effect=scores - 0.125,
+        clean_score=0.75,
+        corrupted_score=0.125,
+        noise_std=0.5,
+        samples=2,
+        window=1,
+        seed=0,
+    )
+
+
+def test_saved_results_view_as_the_live_ones(tmp_path):
+    grid = torch.arange(12, dtype=torch.float32).reshape(4, 3) / 16
+    traces = TraceSet([_trace("hidden", grid), _trace("mlp", grid.flip(0))])
+    path = tmp_path / "traces.json"
+    traces.to_json(path)
+    saved = load_result(path)
+    assert kind_of(saved) == "trace set" and kind_of(traces.to_dict()) == "trace set"
+    live, back = view(traces), view(saved)
+    assert live.title == back.title == "Causal trace: 'Munich is in' → ' Germany'"
+    # the hover carries the token, the layer, the restored probability, the effect and both baselines
+    fig = json.loads(re.search(r"var s=(\{.*?\});Plotly", back.html()).group(1))
+    cell = fig["data"][1]["customdata"][1][2]  # mlp panel, token 1 (' ich', subject), layer 2: (3 - 1) * 3 + 2 = 8
+    assert cell == (
+        "<b>1:ich*</b> · L2 (mlp)<br>p(␣Germany) restored = 0.5000<br>indirect effect = +0.3750"
+        "<br>clean p = 0.7500 · corrupted p = 0.1250"
+    )
+
+
+def test_an_unknown_result_says_which_kinds_have_views():
+    with pytest.raises(ValueError, match=r"no view for a result with fields \['a'\]; views exist for: attention"):
+        view({"a": 1})
+    with pytest.raises(TypeError, match="expected a result object"):
+        view(3)
+
+
+def test_cli_view_writes_the_page_of_a_saved_result(facts_model, tmp_path, capsys):
+    from gpt2_interp.analysis.lens import logit_lens
+
+    path = tmp_path / "lens.json"
+    logit_lens(facts_model, [PROMPT], targets=[" Paris"]).to_json(path)
+    assert main(["view", str(path), "-o", str(tmp_path / "lens.html")]) == 0
+    html = (tmp_path / "lens.html").read_text()
+    assert "logit lens: &#x27;The capital of France is&#x27;" in html and "Plotly.newPlot" in html
+    assert main(["view", str(tmp_path / "missing.json")]) == 2
+    assert "missing.json does not exist" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{not json")
+    assert main(["view", str(tmp_path / "bad.json")]) == 2
+    assert "bad.json is not JSON" in capsys.readouterr().err
+    (tmp_path / "other.json").write_text('{"x": 1}')
+    assert main(["view", str(tmp_path / "other.json")]) == 2
+    err = capsys.readouterr().err
+    assert "no view for a result with fields ['x']" in err and len(err.strip().splitlines()) == 1
+
+
+def test_markdown_html_renders_the_report_markdown():
+    html = markdown_html(["# Title", "", "| a | b |", "|---|---:|", "| `x` | **2** |", "", "- one", "![fig](f.png)"])
+    assert html == (
+        "<h1>Title</h1>\n"
+        '<table class="g2v-table"><tr><th>a</th><th>b</th></tr><tr><td><code>x</code></td>'
+        "<td><strong>2</strong></td></tr></table>\n<ul><li>one</li></ul>"
+    )
+
+
+def test_views_add_up_to_one_page():
+    a, b = View("a", [page_module.text_part("first")]), View("b", [page_module.text_part("second")])
+    html = (a + b).html()
+    assert html.index('"g2v-note">first') < html.index('<h2 class="g2v-title">b</h2>') < html.index('"g2v-note">second')

@@ -1,0 +1,258 @@
+"""Edge-level circuits checked against independent references: a hand-written per-edge hook loop,
+the corrupted run itself, a metric linear in the patched activations, and the known edge count of
+GPT-2 small's graph (the EAP-IG paper's)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from gpt2_interp.analysis.circuits import (
+    Circuit,
+    circuit,
+    edge_patch,
+    edge_scores,
+    evaluate,
+    faithfulness_curve,
+    graph_of,
+    pairs_of,
+    prune,
+    run_with_edges,
+)
+from gpt2_interp.analysis.circuits.graph import Graph
+from gpt2_interp.analysis.metrics import logit_diff, prob
+from gpt2_interp.model import GPT2Config, HookedGPT2
+from gpt2_interp.model.config import llama_config
+
+V = 64
+CONFIGS = {
+    "gpt2": GPT2Config(n_layer=2, d_model=32, n_head=4, d_mlp=64, n_ctx=16, d_vocab=V, name="tiny-gpt2"),
+    "gqa": llama_config(n_layer=2, d_model=32, n_head=4, n_kv_heads=2, d_mlp=48, n_ctx=16, d_vocab=V),
+}
+
+
+def _model(kind: str) -> HookedGPT2:
+    m = HookedGPT2(CONFIGS[kind], seed=0).eval()
+    with torch.no_grad():  # larger weights than GPT-2's init, so that edges have visible effects
+        for p in m.parameters():
+            p.mul_(4.0)
+    return m
+
+
+def _pairs() -> tuple[torch.Tensor, torch.Tensor, object]:
+    g = torch.Generator().manual_seed(1)
+    clean = torch.randint(0, V, (3, 6), generator=g)
+    corrupted = clean.clone()
+    corrupted[:, 2] = (clean[:, 2] + 1 + torch.randint(0, V - 1, (3,), generator=g)) % V
+    return clean, corrupted, logit_diff(torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6]))
+
+
+def _hand_loop(model: HookedGPT2, clean: torch.Tensor, corrupted: torch.Tensor, metric, edges: list[str]):
+    """The metric change of each edge, one forward pass per edge with one hook written out here."""
+    n = model.cfg.n_layer
+    names = ["blocks.0.hook_resid_pre"] + [f"blocks.{l}.attn.hook_{x}" for l in range(n) for x in ("z",)]
+    names += [f"blocks.{l}.hook_mlp_out" for l in range(n)]
+    with torch.no_grad():
+        _, c = model.run_with_cache(clean, names_filter=names)
+        _, k = model.run_with_cache(corrupted, names_filter=names)
+        base = metric(model(clean)[:, -1])
+
+    def out(cache, sender: str) -> torch.Tensor:  # [b, p, d_model]
+        if sender == "input":
+            return cache["blocks.0.hook_resid_pre"]
+        if sender.startswith("m"):
+            return cache[f"blocks.{int(sender[1:])}.hook_mlp_out"]
+        l, h = map(int, re.fullmatch(r"a(\d+)\.h(\d+)", sender).groups())
+        return cache[f"blocks.{l}.attn.hook_z"][:, :, h] @ model.blocks[l].attn.W_O[h]
+
+    results = []
+    model.set_use_split_qkv_input(True)
+    model.set_use_hook_mlp_in(True)
+    try:
+        for e in edges:
+            sender, receiver = e.split("->")
+            delta = out(k, sender) - out(c, sender)
+            if receiver == "logits":
+                hook, idx = f"blocks.{n - 1}.hook_resid_post", None
+            elif receiver.startswith("m"):
+                hook, idx = f"blocks.{int(receiver[1:])}.hook_mlp_in", None
+            else:
+                l, h, kind = re.fullmatch(r"a(\d+)\.h(\d+)<([qkv])>", receiver).groups()
+                hook, idx = f"blocks.{l}.hook_{kind}_input", int(h)
+
+            def fn(act, hook, delta=delta, idx=idx):
+                act = act.clone()
+                if idx is None:
+                    act += delta
+                else:
+                    act[:, :, idx] += delta
+                return act
+
+            with torch.no_grad():
+                logits = model.run_with_hooks(clean, fwd_hooks=[(hook, fn)])
+            results.append(metric(logits[:, -1]) - base)
+    finally:
+        model.set_use_split_qkv_input(False)
+        model.set_use_hook_mlp_in(False)
+    return torch.stack(results)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "gqa"])
+def test_exact_edge_patching_equals_a_hand_written_hook_loop(kind):
+    model = _model(kind)
+    clean, corrupted, metric = _pairs()
+    pairs = pairs_of(model, clean, corrupted, metric)
+    graph = graph_of(model)
+    exact = edge_patch(model, graph, pairs)
+    assert exact.shape == (graph.n_edges, 3)
+    some = list(range(0, graph.n_edges, 3))  # a third of the edges, every receiver kind among them
+    ref = _hand_loop(model, clean, corrupted, pairs.metric, [graph.edges[i] for i in some])
+    assert ref.abs().max() > 1e-2  # the edges do something
+    torch.testing.assert_close(exact[some], ref, atol=1e-5, rtol=0)
+    # the general primitive, one edge per row, agrees on every edge
+    general = run_with_edges(model, graph, pairs, torch.eye(graph.n_edges)) - pairs.clean_metric
+    torch.testing.assert_close(general, exact, atol=1e-5, rtol=0)
+
+
+def test_edges_patched_in_chunks_of_rows_and_pairs_give_the_same_metric(monkeypatch):
+    from gpt2_interp.analysis.circuits import edges as edges_module
+
+    model = _model("gqa")
+    clean, corrupted, metric = _pairs()
+    pairs = pairs_of(model, clean, corrupted, metric)
+    graph = graph_of(model)
+    masks = (torch.rand(5, graph.n_edges, generator=torch.Generator().manual_seed(0)) > 0.5).float()
+    whole = run_with_edges(model, graph, pairs, masks)
+    monkeypatch.setattr(edges_module, "EDGE_MEMORY", 1)  # one mask row and one pair per pass
+    torch.testing.assert_close(run_with_edges(model, graph, pairs, masks), whole, atol=1e-5, rtol=0)
+
+
+def test_exact_edge_patching_of_a_full_vocabulary_metric_equals_the_general_primitive():
+    """A metric that reads every logit (a probability) takes the engine's full unembedding path."""
+    model = _model("gpt2")
+    clean, corrupted, _ = _pairs()
+    pairs = pairs_of(model, clean, corrupted, prob(torch.tensor([1, 2, 3])))
+    graph = graph_of(model)
+    some = torch.arange(0, graph.n_edges, 5)
+    exact = edge_patch(model, graph, pairs, some)
+    general = run_with_edges(model, graph, pairs, torch.eye(graph.n_edges)[some]) - pairs.clean_metric
+    assert exact.abs().max() > 1e-4
+    torch.testing.assert_close(exact, general, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "gqa"])
+def test_every_edge_patched_is_the_corrupted_run_and_none_is_the_clean_run(kind):
+    model = _model(kind)
+    clean, corrupted, metric = _pairs()
+    pairs = pairs_of(model, clean, corrupted, metric)
+    graph = graph_of(model)
+    m = run_with_edges(model, graph, pairs, torch.stack([torch.ones(graph.n_edges), torch.zeros(graph.n_edges)]))
+    with torch.no_grad():
+        corr = pairs.metric(model(corrupted)[:, -1])
+        cl = pairs.metric(model(clean)[:, -1])
+    torch.testing.assert_close(m[0], corr, atol=1e-5, rtol=0)
+    torch.testing.assert_close(m[1], cl, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "gqa"])
+def test_eap_equals_exact_patching_where_the_metric_is_linear_in_the_receiver(kind):
+    """With ``ln_final`` made linear (a huge eps, gain scaled to match) the metric is linear in the final
+    residual, so for every edge into the logits EAP's first-order term is the whole effect."""
+    model = _model(kind)
+    with torch.no_grad():
+        model.ln_final.eps = 1e12
+        model.ln_final.w.mul_(1e6)
+    clean, corrupted, metric = _pairs()
+    exact = edge_scores(model, clean, corrupted, metric, method="exact")
+    eap = edge_scores(model, clean, corrupted, metric, method="eap")
+    into = torch.tensor([e.endswith("->logits") for e in exact.edges])
+    assert exact.scores[into].abs().max() > 1e-2
+    torch.testing.assert_close(eap.scores[into], exact.scores[into], atol=1e-6, rtol=1e-5)
+
+
+def test_eap_ig_scores_sum_over_positions_and_agree_with_exact_patching():
+    model = _model("gpt2")
+    clean, corrupted, metric = _pairs()
+    exact = edge_scores(model, clean, corrupted, metric, method="exact")
+    for path in ("inputs", "activations"):
+        ig = edge_scores(model, clean, corrupted, metric, method="eap-ig", ig_steps=4, ig_path=path)
+        per = edge_scores(model, clean, corrupted, metric, "eap-ig", ig_steps=4, ig_path=path, per_position=True)
+        assert per.scores.shape == (6, ig.graph.n_edges)
+        torch.testing.assert_close(per.total(), ig.scores, atol=1e-6, rtol=1e-5)
+        assert per.scores[:2].abs().max() == 0  # before the first differing token nothing differs
+        assert torch.corrcoef(torch.stack([ig.scores, exact.scores]))[0, 1] > 0.8
+
+
+def test_gpt2_small_graph_has_the_eap_ig_papers_edge_count():
+    g = Graph(12, 12, 12)  # GPT-2 small; the EAP-IG graph of Hanna et al. has 32,491 edges
+    assert (g.n_senders, g.n_receivers, g.n_edges) == (157, 445, 32491)
+    assert g.edges[0] == "input->a0.h0<q>" and g.edge("a11.h3->logits") >= 0
+    gqa = Graph(30, 9, 3)  # SmolLM2-135M: key/value receivers per KV head
+    assert gqa.n_receivers == 30 * (9 + 2 * 3 + 1) + 1
+
+
+def test_faithfulness_is_one_for_the_whole_graph_and_zero_for_the_empty_circuit():
+    model = _model("gqa")
+    clean, corrupted, metric = _pairs()
+    scores = edge_scores(model, clean, corrupted, metric, method="eap")
+    whole = evaluate(model, circuit(scores, fraction=1.0), clean, corrupted, metric)
+    empty = evaluate(model, circuit(scores, top=0), clean, corrupted, metric)
+    assert len(whole.edges) == scores.graph.n_edges
+    assert whole.faithfulness == pytest.approx(1.0, abs=1e-4) and whole.completeness == pytest.approx(0.0, abs=1e-4)
+    assert empty.faithfulness == pytest.approx(0.0, abs=1e-4) and empty.completeness == pytest.approx(1.0, abs=1e-4)
+    curve = faithfulness_curve(model, scores, clean, corrupted, metric, sizes=[0, 10, scores.graph.n_edges])
+    assert curve.faithfulness[0, 0] == pytest.approx(0.0, abs=1e-4)
+    assert curve.faithfulness[0, -1] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_pruning_drops_edges_that_cannot_reach_the_logits_or_come_from_the_input():
+    g = Graph(2, 2, 2)
+    keep = torch.zeros(g.n_edges, dtype=torch.bool)
+    for e in ("input->a0.h0<q>", "a0.h0->logits", "a0.h1->logits", "input->m1", "a1.h0->m1"):
+        keep[g.edge(e)] = True
+    kept = {g.edges[i] for i in prune(g, keep).nonzero()[:, 0].tolist()}
+    # a0.h1 reads nothing in the circuit; m1 writes nothing the circuit reads; a1.h0 reads nothing
+    assert kept == {"input->a0.h0<q>", "a0.h0->logits"}
+
+
+def test_a_circuit_saves_to_json_and_loads_back(tmp_path):
+    model = _model("gpt2")
+    clean, corrupted, metric = _pairs()
+    c = evaluate(model, circuit(edge_scores(model, clean, corrupted, metric, "eap"), top=20), clean, corrupted, metric)
+    back = Circuit.load(c.save(tmp_path / "c.json"))
+    assert back.edges == c.edges and back.faithfulness == pytest.approx(c.faithfulness, rel=1e-5)
+    assert torch.equal(back.mask(), c.mask()) and back.nodes() == c.nodes()
+    assert "faithfulness" in back.table()
+
+
+def test_bad_input_is_refused_with_a_clear_error(tmp_path):
+    model = _model("gpt2")
+    clean, corrupted, metric = _pairs()
+    with pytest.raises(ValueError, match="no edge can change"):
+        pairs_of(model, clean, clean, metric)
+    with pytest.raises(ValueError, match="method must be one of"):
+        edge_scores(model, clean, corrupted, metric, method="acdc")
+    scores = edge_scores(model, clean, corrupted, metric, "eap")
+    with pytest.raises(ValueError, match="exactly one of"):
+        circuit(scores, top=3, fraction=0.1)
+    with pytest.raises(ValueError, match="graph_of"):
+        Graph(3, 4, 4).fits(model)
+    with pytest.raises(KeyError, match="closest"):
+        scores.graph.edge("a0.h0->a1.h9<q>")
+    (tmp_path / "x.json").write_text('{"edges": []}')
+    with pytest.raises(ValueError, match="not a circuit file"):
+        Circuit.load(tmp_path / "x.json")
+
+
+def test_circuit_figures_draw_every_kept_edge_and_each_curve(tmp_path):
+    model = _model("gqa")
+    clean, corrupted, metric = _pairs()
+    scores = edge_scores(model, clean, corrupted, metric, "eap")
+    c = evaluate(model, circuit(scores, top=15), clean, corrupted, metric)
+    fig = c.plot()
+    assert len(fig.axes[0].lines) == len(c.edges) and c.faithfulness is not None
+    curve = faithfulness_curve(model, [scores], clean, corrupted, metric, sizes=[5, 20, 40])
+    assert [ln.get_label() for ln in curve.plot().axes[0].lines][:1] == ["eap"]
+    assert scores.save_plot(tmp_path / "scores.png").stat().st_size > 0
