@@ -7,6 +7,7 @@ from .hooked_gpt2 import HookedGPT2
 from .hooks import HookPoint, PortingWarning, get_act_name, hook_name
 from .modules import KVCache
 from .root import HookedRootModule
+from .steer import Steer
 from .tl_names import HookedTransformer, TransformerConfig  # TransformerLens's names (compatibility layer)
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "HookedRootModule",
     "KVCache",
     "PortingWarning",
+    "Steer",
     "get_act_name",
     "hook_name",
     "llama_config",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..core.checks import check_count
 from .modules import KVCache
+from .steer import for_generation, steering
 
 if TYPE_CHECKING:
     from .hooked_gpt2 import HookedGPT2, Input
@@ -57,6 +59,7 @@ def generate(
     use_kv_cache: bool,
     prepend_bos: bool,
     suppress_eos: bool = False,
+    steer: Any = None,
 ) -> Any:
     max_new_tokens = check_count(max_new_tokens, "max_new_tokens", minimum=0)
     if isinstance(input, torch.Tensor):
@@ -65,6 +68,7 @@ def generate(
         tokens, mask = model.tokenize(input, prepend_bos=prepend_bos, what="input")
     batch, prompt_len = tokens.shape
     model.check_length(prompt_len + max_new_tokens)
+    every, prompt_only = for_generation(model, steer, prompt_len) if steer is not None else ([], [])
     gen = None
     if seed is not None:
         # a CPU generator whatever the model's device: a seed then samples the same text on CPU and GPU
@@ -78,7 +82,9 @@ def generate(
     out, finished = tokens, torch.zeros(batch, dtype=torch.bool, device=model.device)
     for step in range(max_new_tokens):
         step_input = out[:, -1:] if (cache is not None and step > 0) else out
-        logits = model(step_input, attention_mask=mask if padded else None, past_kv=cache)[:, -1]
+        active = every + (prompt_only if step == 0 or cache is None else [])
+        with steering(model, active) if active else nullcontext():
+            logits = model(step_input, attention_mask=mask if padded else None, past_kv=cache)[:, -1]
         if suppress_eos:
             logits[:, eos] = -float("inf")
         nxt = sample_next(logits, temperature, top_k, top_p, gen)

@@ -498,17 +498,16 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         logits: torch.Tensor, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None, per_token: bool = False
     ) -> torch.Tensor:
         """Mean next-token cross-entropy (fp32) of ``logits`` ``[batch, pos, d_vocab]`` predicting
-        ``tokens`` ``[batch, pos]`` (position ``i`` predicts token ``i + 1``), over positions whose
-        target is a real token in ``attention_mask`` ``[batch, pos]`` (None: all are);
-        ``per_token``: ``[batch, pos - 1]`` unreduced (0 where the target is padding)."""
+        ``tokens`` ``[batch, pos]`` (position ``i`` predicts token ``i + 1``), over the predictions whose
+        position and target are both real tokens in ``attention_mask`` ``[batch, pos]`` (None: all are;
+        so left and right padding alike give each row's own loss);
+        ``per_token``: ``[batch, pos - 1]`` unreduced (0 where either is padding)."""
         lp = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
-        if per_token:
-            lp = lp.view(tokens.shape[0], -1)
-            return lp if attention_mask is None else lp * attention_mask[:, 1:].to(lp.dtype)
+        lp = lp.view(tokens.shape[0], -1)
         if attention_mask is None:
-            return lp.mean()
-        keep = attention_mask[:, 1:].flatten().to(lp.dtype)
-        return (lp * keep).sum() / keep.sum()
+            return lp if per_token else lp.mean()
+        keep = (attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()).to(lp.dtype)
+        return lp * keep if per_token else (lp * keep).sum() / keep.sum()
 
     @contextmanager
     def edited(self, *edits: Any) -> Iterator[HookedGPT2]:
@@ -533,6 +532,16 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
 
         return splice(self, module, use_error_term)
 
+    def steer(
+        self, direction: torch.Tensor, at: str, scale: float = 1.0, positions: Sequence[int] | None = None
+    ) -> Any:
+        """Context manager: add ``scale · direction`` to the activation at hook point ``at`` (e.g.
+        ``blocks.6.hook_resid_post``; ``direction`` ``[d_model]`` there) for the ``with`` block, at every
+        position or at ``positions`` (negatives from the end), removed on exit (:mod:`.steer`)."""
+        from .steer import Steer, steering
+
+        return steering(self, Steer(direction, at, scale, None if positions is None else tuple(positions)))
+
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
     def generate(
@@ -551,6 +560,7 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         use_past_kv_cache: bool | None = None,
         verbose: bool = False,
         return_type: Literal["input", "str", "tokens"] = "input",
+        steer: Any = None,
     ) -> Any:
         """Continue ``input`` (text, a list of texts, or tokens ``[pos]``/``[batch, pos]``).
         TransformerLens's defaults: samples at ``temperature`` 1.0 for ``max_new_tokens`` 10 tokens
@@ -560,7 +570,8 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         ``return_type`` "str"/"tokens". ``prepend_bos`` (default True) applies to text input.
         ``stop_at_eos`` (default True) stops once every row produced the end-of-text token (and cuts
         the returned text there); ``suppress_eos`` forbids that token (the text always runs
-        ``max_new_tokens``).
+        ``max_new_tokens``). ``steer``: a :class:`.steer.Steer` or a list of them, active while generating
+        (positions are the prompt's; without positions every token is steered).
 
         Text in gives text out (a list for a list, left-padded and batched, BOS removed); tokens in
         gives tokens ``[batch, pos + new]`` out. Rows that reached ``<|endoftext|>`` are padded with it.
@@ -591,6 +602,7 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             use_kv_cache,
             prepend_bos,
             suppress_eos,
+            steer,
         )
         if return_type == "str" and isinstance(out, torch.Tensor):
             out = self.to_string(out[0] if out.shape[0] == 1 else out)

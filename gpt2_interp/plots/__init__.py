@@ -20,5 +20,6 @@ _FACE = {
     "editing": ("plot_edit_evaluation", "plot_decay", "plot_topk_comparison"),
     "probes": ("plot_probe", "plot_probe_summary"),
     "circuits": ("plot_circuit", "plot_faithfulness", "plot_edge_scores"),
+    "steering": ("plot_steering_curve",),
 }
 __all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

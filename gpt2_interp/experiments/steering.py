@@ -1,0 +1,467 @@
+"""Steering with a difference-of-means direction: how much it moves a behaviour, and at what cost in fluency.
+
+For one concept (``sentiment``, the default: positive versus negative versions of 30 sentences; ``french``:
+French versus English versions of 40 sentences) the direction is the difference of means of the residual
+stream after block ``layer`` over the contrast pairs (each sentence's last token, or the mean over its
+tokens). Added at every position with a range of scales (:meth:`HookedGPT2.steer`), it is measured on
+prompts it was not built from: the target behaviour is the summed next-token probability of the concept's
+words (positive adjectives; French function words) after 20 held-out openings; the cost is the steered
+model's loss on unrelated natural text (Brown Corpus passages) and the KL drift of its predictions there
+(:func:`gpt2_interp.analysis.features.steering_curve`). The headline is the largest probability reached
+while the loss on unrelated text rises less than ``max_loss_change``.
+
+With ``compare=true`` the ``steering-vectors`` package (on the same weights converted to transformers,
+reading the same tokens) builds the last-token vector from the same pairs: the two vectors are compared
+(max |difference|), and both are applied at ``compare_scales`` to the held-out prompts, ours on our model
+and theirs on the transformers model, comparing the target probabilities.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import torch
+
+from ..analysis.features.steering import SteeringCurve, mean_difference, steering_curve, target_token_ids
+from ..io.corpora import brown_texts
+from .base import ExperimentConfig, register
+from .provenance import load_average
+from .runner import RunContext
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from ..model import HookedGPT2
+
+
+@dataclass
+class Config(ExperimentConfig):
+    concept: Literal["french", "sentiment"] = field(
+        default="sentiment", metadata={"help": "the contrast pairs, held-out prompts and target words"}
+    )
+    layer: int | None = field(
+        default=None, metadata={"help": "steer the residual stream after this block (none: n_layer // 3)"}
+    )
+    position: Literal["mean", "last"] = field(
+        default="last", metadata={"help": "read each sentence's mean over tokens or its last token"}
+    )
+    scales: list[float] = field(
+        default_factory=lambda: [0.0, 1.0, 2.0, 2.5, 3.0, 4.0, 6.0],
+        metadata={"help": "multiples of the difference of means to add"},
+    )
+    pairs: int | None = field(default=None, metadata={"help": "use the first N contrast pairs (none: all)"})
+    prompts: int | None = field(default=None, metadata={"help": "use the first N held-out prompts (none: all)"})
+    unrelated: int = field(default=16, metadata={"help": "Brown passages for the loss and the KL drift"})
+    max_tokens: int = field(default=48, metadata={"help": "tokens read of each Brown passage"})
+    max_loss_change: float = field(
+        default=0.05, metadata={"help": "the fluency budget: largest allowed relative rise of the loss"}
+    )
+    generate_tokens: int = field(
+        default=0,
+        metadata={"help": "also score greedy steered continuations of this many tokens with the plain model (0: off)"},
+    )
+    compare: bool = field(
+        default=True, metadata={"help": "compare with the steering-vectors package (skipped if not installed)"}
+    )
+    compare_scales: list[float] = field(
+        default_factory=lambda: [2.0, 4.0], metadata={"help": "scales at which the two packages' effects are compared"}
+    )
+
+    QUICK: ClassVar[dict[str, Any]] = {
+        "pairs": 4,
+        "prompts": 3,
+        "scales": [0.0, 0.5],
+        "unrelated": 2,
+        "max_tokens": 12,
+        "compare": False,
+    }
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.scales:
+            raise ValueError("steering: scales is empty; give e.g. 0,0.1,0.2,0.5")
+        for name in ("pairs", "prompts"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ValueError(f"steering: {name} must be >= 1 or none, got {v}")
+        if self.unrelated < 1 or self.max_tokens < 2:
+            raise ValueError("steering: unrelated must be >= 1 and max_tokens >= 2")
+
+
+#: French (positive) and English (negative) versions of the same sentence
+FRENCH_PAIRS = [
+    ("Il fait très beau aujourd'hui.", "The weather is very nice today."),
+    ("Je voudrais une tasse de café, s'il vous plaît.", "I would like a cup of coffee, please."),
+    (
+        "Mon frère habite dans une petite maison près de la rivière.",
+        "My brother lives in a small house near the river.",
+    ),
+    ("Nous allons au marché ce matin.", "We are going to the market this morning."),
+    ("Les enfants jouent dans le jardin.", "The children are playing in the garden."),
+    ("Elle lit un livre chaque soir avant de dormir.", "She reads a book every evening before bed."),
+    ("Le train part à huit heures.", "The train leaves at eight o'clock."),
+    ("Je ne comprends pas la question.", "I do not understand the question."),
+    ("Où est la gare ?", "Where is the train station?"),
+    ("Ce restaurant sert une cuisine excellente.", "This restaurant serves excellent food."),
+    ("Ma mère travaille à l'hôpital.", "My mother works at the hospital."),
+    ("Le chat dort sur le canapé.", "The cat is sleeping on the sofa."),
+    ("Nous habitons ici depuis dix ans.", "We have lived here for ten years."),
+    ("Il a oublié ses clés à la maison.", "He forgot his keys at home."),
+    ("Le musée est fermé le lundi.", "The museum is closed on Mondays."),
+    ("J'apprends à jouer du piano.", "I am learning to play the piano."),
+    ("Le professeur explique la leçon aux élèves.", "The teacher explains the lesson to the students."),
+    ("Il pleut et les rues sont mouillées.", "It is raining and the streets are wet."),
+    ("Ils ont acheté une nouvelle voiture la semaine dernière.", "They bought a new car last week."),
+    ("Pouvez-vous m'aider à porter ces boîtes ?", "Can you help me carry these boxes?"),
+    ("Le soleil se lève à l'est.", "The sun rises in the east."),
+    ("Mes amis viennent dîner ce soir.", "My friends are coming to dinner tonight."),
+    ("Le pain de cette boulangerie est délicieux.", "The bread in this bakery is delicious."),
+    ("Nous avons marché sur la plage tout l'après-midi.", "We walked along the beach all afternoon."),
+    ("Le médecin dit que je dois me reposer.", "The doctor says that I need to rest."),
+    ("Son chien est noir et blanc.", "Her dog is black and white."),
+    ("Je n'ai jamais vu la mer.", "I have never seen the sea."),
+    ("La bibliothèque ouvre à neuf heures du matin.", "The library opens at nine in the morning."),
+    ("La ville est belle au printemps.", "The city is beautiful in the spring."),
+    ("Il boit du thé sans sucre.", "He drinks tea without sugar."),
+    ("Nous devons acheter du lait et des œufs.", "We need to buy milk and eggs."),
+    ("Le film était long mais intéressant.", "The film was long but interesting."),
+    ("Mon grand-père raconte des histoires merveilleuses.", "My grandfather tells wonderful stories."),
+    ("Le magasin est au coin de la rue.", "The shop is on the corner of the street."),
+    ("Je pense qu'elle a raison.", "I think that she is right."),
+    ("Les oiseaux chantent dans les arbres.", "The birds are singing in the trees."),
+    ("Notre maison a une porte rouge.", "Our house has a red door."),
+    ("Les étudiants attendent le bus.", "The students are waiting for the bus."),
+    ("Il fait froid en hiver dans les montagnes.", "It is cold in winter in the mountains."),
+    ("Je t'appellerai demain soir.", "I will call you tomorrow evening."),
+]
+
+#: held-out English sentence openings after which the next token is read
+FRENCH_PROMPTS = [
+    "Yesterday my sister and I went to",
+    "The best thing about summer is",
+    "When I arrived at the office, the",
+    "Our neighbours have a big",
+    "Every Sunday, my family likes to",
+    "The old man opened the door and",
+    "In the morning I usually eat",
+    "The new school near our house is",
+    "After the concert we decided to",
+    "My favourite season of the year is",
+    "The river flows through the",
+    "At the end of the day, the workers",
+    "The little girl asked her father",
+    "This book is about a young",
+    "On the table there was a",
+    "The hotel where we stayed was",
+    "I really want to visit",
+    "During the holidays we often",
+    "The farmer goes to the field",
+    "Last night the wind was",
+]
+
+#: French function words: the target behaviour is the summed probability of these next tokens
+FRENCH_WORDS = [
+    " le",
+    " la",
+    " les",
+    " de",
+    " des",
+    " et",
+    " est",
+    " un",
+    " une",
+    " du",
+    " dans",
+    " pour",
+    " que",
+    " qui",
+    " il",
+    " elle",
+    " je",
+    " nous",
+    " vous",
+    " sur",
+    " pas",
+    " au",
+    " avec",
+    " ce",
+    " cette",
+    " sont",
+    " mais",
+    " très",
+    " à",
+    " aux",
+    " était",
+    " leur",
+    " ses",
+    " son",
+    " sa",
+    " mon",
+    " ma",
+]
+
+#: positive (positive) and negative (negative) versions of the same sentence
+SENTIMENT_PAIRS = [
+    ("I loved this movie, it was wonderful.", "I hated this movie, it was terrible."),
+    ("The food was delicious and the staff were friendly.", "The food was disgusting and the staff were rude."),
+    ("What a beautiful day, I feel so happy.", "What an awful day, I feel so miserable."),
+    ("This is the best book I have ever read.", "This is the worst book I have ever read."),
+    ("The hotel room was clean and comfortable.", "The hotel room was dirty and uncomfortable."),
+    ("I am thrilled with my new phone.", "I am furious with my new phone."),
+    ("The concert was amazing from start to finish.", "The concert was boring from start to finish."),
+    ("Our teacher is kind and patient.", "Our teacher is cruel and impatient."),
+    ("The service here is excellent.", "The service here is horrible."),
+    ("I had a fantastic time at the party.", "I had a dreadful time at the party."),
+    ("She gave a brilliant performance.", "She gave a pathetic performance."),
+    ("The garden looks lovely in the spring.", "The garden looks ugly in the spring."),
+    ("This coffee tastes great.", "This coffee tastes awful."),
+    ("My holiday was perfect.", "My holiday was a disaster."),
+    ("The new design is elegant and simple.", "The new design is clumsy and confusing."),
+    ("I am grateful for your help.", "I am annoyed by your help."),
+    ("The kids were delighted with their gifts.", "The kids were disappointed with their gifts."),
+    ("The game was exciting and fun.", "The game was dull and frustrating."),
+    ("He is a generous and honest man.", "He is a selfish and dishonest man."),
+    ("The weather was pleasant all week.", "The weather was miserable all week."),
+    ("I enjoy working with this team.", "I dread working with this team."),
+    ("The view from the hill was breathtaking.", "The view from the hill was depressing."),
+    ("This is a wonderful place to live.", "This is a horrible place to live."),
+    ("The results were impressive.", "The results were disappointing."),
+    ("Thank you, this is exactly what I wanted.", "Sorry, this is nothing like what I wanted."),
+    ("The music made me smile.", "The music made me cry."),
+    ("Our trip was a great success.", "Our trip was a complete failure."),
+    ("The nurse was gentle and caring.", "The nurse was harsh and careless."),
+    ("I love the way this song sounds.", "I hate the way this song sounds."),
+    ("The meeting went really well.", "The meeting went really badly."),
+]
+
+#: held-out neutral openings of an opinion
+SENTIMENT_PROMPTS = [
+    "I think the movie was",
+    "In my opinion, the restaurant is",
+    "Overall, the experience was",
+    "My new job is",
+    "The weather this weekend was",
+    "To be honest, the book was",
+    "The hotel staff were",
+    "Yesterday's game was",
+    "The food at the party was",
+    "I have to say that the concert was",
+    "Our neighbours are",
+    "The new teacher seems",
+    "This city is",
+    "The service was",
+    "My week has been",
+    "The trip to the mountains was",
+    "His latest song is",
+    "The design of this car is",
+    "The meeting was",
+    "Living here is",
+]
+
+#: positive words: the target behaviour is the summed probability of these next tokens
+POSITIVE_WORDS = [
+    " great",
+    " good",
+    " wonderful",
+    " amazing",
+    " excellent",
+    " fantastic",
+    " beautiful",
+    " lovely",
+    " perfect",
+    " awesome",
+    " brilliant",
+    " delicious",
+    " happy",
+    " love",
+    " best",
+    " nice",
+    " fun",
+    " enjoyable",
+    " pleasant",
+    " incredible",
+    " friendly",
+    " impressive",
+    " superb",
+    " delightful",
+]
+
+
+CONCEPTS = {
+    "french": (FRENCH_PAIRS, FRENCH_PROMPTS, FRENCH_WORDS),
+    "sentiment": (SENTIMENT_PAIRS, SENTIMENT_PROMPTS, POSITIVE_WORDS),
+}
+
+
+def single_tokens(model: HookedGPT2, words: list[str]) -> list[str]:
+    """The words that are one token for this model's tokenizer (the target set is read per token)."""
+    return [w for w in dict.fromkeys(words) if len(model.tokenizer.encode_ids(w)) == 1]
+
+
+@torch.no_grad()
+def target_probs(model: HookedGPT2, prompts: list[str], ids: list[int], at: str, vector: torch.Tensor, scale: float):
+    """Our steered model's summed next-token probability of ``ids`` after each prompt ``[n]``."""
+    with model.steer(vector, at=at, scale=scale):
+        return model.last_logits(prompts).float().softmax(-1)[:, ids].sum(-1).cpu()
+
+
+@torch.no_grad()
+def compare_with_steering_vectors(
+    model: HookedGPT2, cfg: Config, layer: int, pairs: list[tuple[str, str]], prompts: list[str], ids: list[int]
+) -> dict[str, Any]:
+    """steering-vectors on the same weights (transformers) and tokens: its last-token vector from the same
+    pairs against ours, and the target probabilities with each applied to its own model."""
+    try:
+        import steering_vectors as sv
+    except ImportError as e:
+        return {"skipped": f"steering-vectors is not importable ({e}); pip install --no-deps steering-vectors"}
+    at = f"blocks.{layer}.hook_resid_post"
+    hf = model.to_transformers().eval()
+    tok = model.tokenizer
+    before = tok.add_bos_token
+    tok.add_bos_token = True  # both read the same tokens, BOS first
+    try:
+        t = time.perf_counter()
+        theirs = sv.train_steering_vector(hf, tok, pairs, layers=[layer], batch_size=1)
+        their_s = time.perf_counter() - t
+        t = time.perf_counter()
+        ours = mean_difference(model, [p for p, _ in pairs], [n for _, n in pairs], at, "last")
+        our_s = time.perf_counter() - t
+        vector = theirs.layer_activations[layer].float().cpu()
+        effects = []
+        for scale in cfg.compare_scales:
+            p_ours = target_probs(model, prompts, ids, at, ours, scale)
+            p_theirs = []
+            with theirs.apply(hf, multiplier=scale):
+                for p in prompts:  # one at a time: no padding in the transformers model
+                    logits = hf(model.to_tokens(p)).logits[0, -1].float()
+                    p_theirs.append(float(logits.softmax(-1)[ids].sum()))
+            pt = torch.tensor(p_theirs)
+            effects.append(
+                {
+                    "scale": scale,
+                    "ours": float(p_ours.mean()),
+                    "theirs": float(pt.mean()),
+                    "max_abs_diff_per_prompt": float((p_ours - pt).abs().max()),
+                }
+            )
+    finally:
+        tok.add_bos_token = before
+    import importlib.metadata as md
+
+    return {
+        "version": md.version("steering-vectors"),
+        "position": "last token (steering-vectors' read_token_index=-1)",
+        "vector_max_abs_diff": float((ours - vector).abs().max()),
+        "vector_norm": float(ours.norm()),
+        "effects": effects,
+        "seconds": {"ours": round(our_s, 2), "steering_vectors": round(their_s, 2)},
+    }
+
+
+def curve_of(data: dict) -> SteeringCurve:
+    """The :class:`SteeringCurve` saved in the data."""
+    c = dict(data["curve"])
+    for k in ("loss_change", "prob_shift", "best"):
+        c.pop(k, None)
+    for k in ("scales", "target_prob", "target_sem", "shift_sem", "loss", "kl", "generation_nll"):
+        c[k] = None if c.get(k) is None else torch.tensor(c[k])
+    return SteeringCurve(**c)
+
+
+def finding(data: dict) -> str:
+    """The headline sentence, from the measured numbers."""
+    b, c = data["best"], data["curve"]
+    budget = f"{100 * data['max_loss_change']:g}%"
+    if b is None:
+        return f"No steered scale kept the loss on unrelated text within {budget} of the unsteered model's."
+    ratio = b["target_prob"] / c["baseline_prob"] if c["baseline_prob"] > 0 else float("inf")
+    return (
+        f"Adding {b['scale']:g} × the difference of means at {c['at']} raises P({data['concept']} target words) after "
+        f"held-out prompts from {c['baseline_prob']:.4f} to {b['target_prob']:.4f} (+{b['prob_shift']:.4f} ± "
+        f"{b['shift_sem']:.4f} paired s.e. over {c['n_prompts']} prompts, "
+        f"{ratio:.1f}×) while the loss on unrelated Brown text rises {100 * b['loss_change']:+.1f}% (budget "
+        f"{budget}; KL drift {b['kl']:.3f} nats/token)."
+    )
+
+
+def tables(data: dict) -> dict[str, str]:
+    curve = curve_of(data)
+    md = [
+        f"# Steering {data['model']} towards {data['concept']}",
+        "",
+        f"Direction: difference of means over {data['n_pairs']} contrast pairs at {curve.at} "
+        f"({data['position']} of each sentence), norm {curve.direction_norm:.3g}; added at every position.",
+        "",
+        "```",
+        curve.table(),
+        "```",
+        "",
+        finding(data),
+    ]
+    cmp = data.get("steering_vectors")
+    if cmp and "skipped" not in cmp:
+        md += [
+            "",
+            f"steering-vectors {cmp['version']} on the same weights (transformers) and pairs, {cmp['position']}: "
+            f"vectors differ by at most {cmp['vector_max_abs_diff']:.2e} (norm {cmp['vector_norm']:.3g}).",
+            "",
+            "| scale | P(target), ours | P(target), steering-vectors | max per-prompt difference |",
+            "|---|---|---|---|",
+            *[
+                f"| {e['scale']:g} | {e['ours']:.5f} | {e['theirs']:.5f} | {e['max_abs_diff_per_prompt']:.1e} |"
+                for e in cmp["effects"]
+            ],
+        ]
+    elif cmp:
+        md += ["", f"steering-vectors comparison skipped: {cmp['skipped']}"]
+    md += ["", f"Time: {data['seconds']} s (load average {data['load_average']} at the start)."]
+    return {"steering": "\n".join(md)}
+
+
+def figures(data: dict) -> dict[str, Figure]:
+    return {"steering": curve_of(data).plot(max_loss_change=data["max_loss_change"])}
+
+
+@register("steering", Config, tables=tables, figures=figures)
+def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
+    t0 = time.perf_counter()
+    load0 = load_average()
+    pairs, prompts, words = CONCEPTS[cfg.concept]
+    pairs, prompts = pairs[: cfg.pairs], prompts[: cfg.prompts]
+    layer = model.check_layer(cfg.layer if cfg.layer is not None else model.cfg.n_layer // 3)
+    at = f"blocks.{layer}.hook_resid_post"
+    targets = single_tokens(model, words)
+    ids = target_token_ids(model, targets)
+    direction = mean_difference(model, [p for p, _ in pairs], [n for _, n in pairs], at, cfg.position)
+    texts = brown_texts()[:: max(1, 500 // cfg.unrelated)][: cfg.unrelated]
+    curve = steering_curve(
+        model,
+        direction,
+        at,
+        cfg.scales,
+        prompts,
+        targets,
+        texts,
+        max_tokens=cfg.max_tokens,
+        method=f"difference of means ({cfg.position})",
+        generate_tokens=cfg.generate_tokens,
+    )
+    out: dict[str, Any] = {
+        "model": model.cfg.name,
+        "concept": cfg.concept,
+        "layer": layer,
+        "position": cfg.position,
+        "n_pairs": len(pairs),
+        "max_loss_change": cfg.max_loss_change,
+        "curve": curve.to_dict(),
+        "best": curve.best(cfg.max_loss_change),
+    }
+    if cfg.compare:
+        out["steering_vectors"] = compare_with_steering_vectors(model, cfg, layer, pairs, prompts, ids)
+    out["finding"] = finding(out)
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    out["load_average"] = None if load0 is None else round(load0[0], 1)
+    return out
