@@ -49,6 +49,7 @@ class Config(ExperimentConfig):
     lr: float | None = field(default=None, metadata={"help": "Adam's step (none: 2e-4 / sqrt(d_sae / 16384))"})
     context_size: int = field(default=64, metadata={"help": "tokens per window (BOS first)"})
     texts: str = field(default="brown", metadata={"help": "brown, generated, or a folder of .txt files"})
+    generated: int = field(default=64, metadata={"help": "samples of the model itself when texts=generated"})
     heldout: float = field(default=0.1, metadata={"help": "fraction of the documents held out for evaluation"})
     eval_windows: int = field(default=256, metadata={"help": "held-out windows evaluated"})
     eval_texts: str = field(
@@ -121,7 +122,7 @@ def tables(data: dict) -> dict[str, str]:
 @register("sae_train", Config, tables=tables)
 def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     hook = cfg.hook or f"blocks.{model.cfg.n_layer // 2}.hook_resid_pre"
-    docs = text_source(model, cfg.texts, seed=cfg.seed)
+    docs = text_source(model, cfg.texts, n_generated=cfg.generated, seed=cfg.seed)
     n_held = max(1, int(len(docs) * cfg.heldout))
     if n_held >= len(docs):
         raise ValueError(f"sae_train: {len(docs)} documents cannot be split into training and held-out text")

@@ -9,6 +9,7 @@ from gpt2_interp.analysis.features.sae import SAE
 from gpt2_interp.analysis.features.sae_eval import evaluate_sae
 from gpt2_interp.analysis.features.sae_train import text_source, token_windows
 from gpt2_interp.experiments import run_experiment
+from gpt2_interp.experiments.sae_train import Config
 
 pytestmark = pytest.mark.slow  # a few seconds: generation, a few SAE steps, three evaluation passes
 
@@ -20,7 +21,7 @@ def test_quick_run_saves_an_sae_whose_metrics_reproduce(facts_model, tmp_path):
     assert data["hook"] == "blocks.3.hook_resid_pre" and (d / "provenance.json").exists()
     sae = SAE.load(d / "sae", facts_model)
     assert sae.cfg.d_sae == 2 * facts_model.cfg.d_model and sae.cfg.k == 8
-    docs = text_source(facts_model, "generated", seed=0)
+    docs = text_source(facts_model, "generated", n_generated=Config.generated, seed=0)
     held = token_windows(facts_model, docs[-len(docs) // 4 :], 64)[:8]
     again = evaluate_sae(facts_model, sae, held).summary()
     for key in ("l0", "variance_explained", "ce_recovered", "dead_fraction"):

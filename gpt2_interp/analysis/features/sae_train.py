@@ -58,7 +58,8 @@ def text_source(model: HookedGPT2, source: str | Sequence[str], n_generated: int
         bos = model.tokenizer.bos_id
         assert bos is not None, "generating from nothing needs a BOS token"
         start = torch.full((n_generated, 1), bos, dtype=torch.long, device=model.device)
-        out = model.generate(start, max_new_tokens=model.cfg.n_ctx - 1, seed=seed, stop_at_eos=False)
+        # stops once every sample has ended: the same samples as running to n_ctx, cut at their end-of-text
+        out = model.generate(start, max_new_tokens=model.cfg.n_ctx - 1, seed=seed, stop_at_eos=True)
         eos = model.tokenizer.eos_id
         rows = [row[1:].tolist() for row in out]
         return [model.tokenizer.decode(r[: r.index(eos)] if eos in r else r) for r in rows]  # each up to its EOS
