@@ -248,3 +248,33 @@ def test_alphaedit_paper_is_the_authors_solve_with_their_null_space(facts_model,
     dW = torch.linalg.solve(P @ (K @ K.T) + 10.0 * torch.eye(K.shape[0], dtype=torch.float64), P @ K @ R.T)
     assert int((S < 0.02).sum()) > 0
     torch.testing.assert_close(e.delta(0).double(), dW, rtol=1e-4, atol=1e-4 * float(dW.abs().max()))
+
+
+# ---------------------------------------------------------------- the mode in results and files
+def test_cli_json_and_saved_files_name_the_mode(tmp_path, monkeypatch, capsys):
+    """``edit --json`` carries the edit's label, ``--layer auto`` works with the preset (AlphaEdit too: its
+    null space is built for the layers chosen), and a saved edit file records the label."""
+    import json
+
+    from gpt2_interp.cli import main
+
+    monkeypatch.setenv("GPT2_INTERP_STATS_DIR", str(tmp_path / "stats"))
+    common = ["--model", "gpt2-facts", "--n-samples", "500", "--allow-failed", "--json", "--quiet"]
+    fast = ["--hparam", "preset=paper", "--hparam", "v_steps=2"]
+    assert main(["edit", *common, *fast, "--subject", "Paris", "--prompt", "{} is located in the country of",
+                 "--target", " Japan", "--hparam", "prefix_lengths=[3]", "--hparam", "prefixes_per_length=1",
+                 "--layer", "auto"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["edit"]["label"] == "rome (paper)"
+    reqs = tmp_path / "r.jsonl"
+    reqs.write_text("\n".join(json.dumps(asdict(r)) for r in (REQ, REQ2)) + "\n")
+    saved = tmp_path / "a.edit"
+    assert main(["edit", *common, *fast, "--requests", str(reqs), "--method", "alphaedit", "--layer", "auto",
+                 "--save", str(saved)]) == 0  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert out["label"] == "alphaedit (paper)" and out["method"] == "alphaedit" and out["layers"]
+    loaded = Edit.load(saved)
+    assert loaded.label == "alphaedit (paper)" and repr(loaded).startswith("Edit(alphaedit (paper), 2 requests")
+    from safetensors import safe_open
+
+    with safe_open(str(saved), "pt") as f:
+        assert json.loads(f.metadata()["edit"])["label"] == "alphaedit (paper)"
