@@ -1,0 +1,56 @@
+"""The paper_departures experiment, quick mode through the runner: which options it flips, and its reference and
+defaults rows against MEMIT edits made directly with the same settings."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from gpt2_interp.editing import memit
+from gpt2_interp.editing.evaluate import known_cases
+from gpt2_interp.editing.stats import key_second_moment
+from gpt2_interp.experiments import run_experiment
+from gpt2_interp.experiments.mass_editing import mean_scores
+from gpt2_interp.experiments.paper_departures import flips
+
+
+def test_flips_take_our_value_or_the_other_choice():
+    paper = {"key_weighting": "per_context_type", "exact_edit": False, "clamp_factor": 4.0, "a": 1, "b": 2}
+    ours = {"key_weighting": "per_context_type", "exact_edit": True, "clamp_factor": 4.0, "a": 1, "b": 3}
+    got = flips(paper, ours, [("key_weighting",), ("exact_edit",), ("clamp_factor",), ("a", "b")])
+    # equal two-valued option: its other choice; differing: ours; equal number: no row; a group: all its names
+    assert got == [{"key_weighting": "uniform"}, {"exact_edit": True}, {"a": 1, "b": 3}]
+
+
+@pytest.mark.slow  # a dozen two-request MEMIT batches
+def test_memit_rows_equal_direct_edits(facts_model, tmp_path):
+    res = run_experiment(
+        "paper_departures", facts_model, quick=True, settings={"methods": ["memit"]}, out=tmp_path, progress=False
+    )
+    rows = res.data["rows"]["memit"]
+    assert rows[0]["row"] == "reference (paper)" and rows[0]["label"] == "memit (paper)"
+    assert rows[-1]["row"] == "defaults (no preset)" and rows[-1]["label"] == "memit"
+    paper = memit.MemitHparams.of(facts_model, preset="paper", v_steps=2)
+    ours = memit.MemitHparams.of(facts_model, v_steps=2)
+    differ = [
+        k
+        for k in ("target_state", "exact_edit", "kl_positions", "step_count", "prepend_bos")
+        if getattr(paper.rome, k) != getattr(ours.rome, k)
+    ]
+    names = [r["row"] for r in rows]
+    for k in differ:  # every δ option where the modes differ has its row, flipped to our value
+        assert f"{k}={getattr(ours.rome, k)}" in names
+    assert any(n.startswith("key_weighting=") for n in names)
+    assert all(r["label"] == "memit (paper)" for r in rows[:-1])
+    # independent check: the reference and defaults rows are what a direct edit of the same requests scores
+    cases = known_cases(facts_model, 2, 0)
+    stats = key_second_moment(facts_model, memit.default_layers(facts_model), n_samples=2000, progress=False)
+    for hp, row in ((paper, rows[0]), (ours, rows[-1])):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            e = memit.compute_edits(facts_model, [c.request for c in cases], stats=stats, hparams=hp, progress=False)
+        with facts_model.edited(e):
+            direct = mean_scores(facts_model, cases)
+        assert {k: row[k] for k in ("es", "ps", "ns")} == pytest.approx(direct)
+    assert "| reference (paper) |" in res.tables()["paper_departures"]
