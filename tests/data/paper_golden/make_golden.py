@@ -102,6 +102,31 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, map(chr, cs)))
 
 
+def rome_hparams(model, layer: int = LAYER) -> types.SimpleNamespace:
+    """ROME's hparams/ROME/gpt2-xl.json with the edit layer ``layer`` and the loss layer the model's last."""
+    return types.SimpleNamespace(
+        layers=[layer],
+        fact_token="subject_last",
+        v_num_grad_steps=20,
+        v_lr=5e-1,
+        v_loss_layer=model.cfg.n_layer - 1,
+        v_weight_decay=0.5,
+        clamp_norm_factor=4,
+        kl_factor=0.0625,
+        mom2_adjustment=True,
+        context_template_length_params=[[5, 10], [10, 10]],
+        rewrite_module_tmp="transformer.h.{}.mlp.c_proj",
+        layer_module_tmp="transformer.h.{}",
+        mlp_module_tmp="transformer.h.{}.mlp",
+        attn_module_tmp="transformer.h.{}.attn",
+        ln_f_module="transformer.ln_f",
+        lm_head_module="transformer.wte",
+        mom2_dataset="wikipedia",
+        mom2_n_samples=N_SAMPLES,
+        mom2_dtype="float32",
+    )
+
+
 class _CpuTorch(types.ModuleType):
     """``torch`` for their module namespace: ``device="cuda"`` becomes the CPU (their code hard-codes CUDA)."""
 
@@ -172,27 +197,7 @@ def main() -> None:
     cu.get_inv_cov = lambda *a, **k: C_inv
     cv.torch = _CpuTorch("torch")
 
-    hp = types.SimpleNamespace(
-        layers=[LAYER],
-        fact_token="subject_last",
-        v_num_grad_steps=20,
-        v_lr=5e-1,
-        v_loss_layer=model.cfg.n_layer - 1,
-        v_weight_decay=0.5,
-        clamp_norm_factor=4,
-        kl_factor=0.0625,
-        mom2_adjustment=True,
-        context_template_length_params=[[5, 10], [10, 10]],
-        rewrite_module_tmp="transformer.h.{}.mlp.c_proj",
-        layer_module_tmp="transformer.h.{}",
-        mlp_module_tmp="transformer.h.{}.mlp",
-        attn_module_tmp="transformer.h.{}.attn",
-        ln_f_module="transformer.ln_f",
-        lm_head_module="transformer.wte",
-        mom2_dataset="wikipedia",
-        mom2_n_samples=N_SAMPLES,
-        mom2_dtype="float32",
-    )
+    hp = rome_hparams(model)
     out: dict[str, torch.Tensor] = {}
     for i, req in enumerate(REQUESTS):
         k_star = repr_tools.get_reprs_at_word_tokens(
@@ -228,6 +233,32 @@ MEMIT_REQUESTS = [
     {"prompt": "The official language of {} is", "subject": "Germany", "target_new": {"str": " French"}},
     {"prompt": "{} is located in the country of", "subject": "Berlin", "target_new": {"str": " Italy"}},
 ]
+
+
+def memit_hparams(model, layers: list[int] = MEMIT_LAYERS) -> types.SimpleNamespace:
+    """MEMIT's hparams/MEMIT/gpt2-xl.json with the edit layers ``layers`` and the loss layer the model's last."""
+    return types.SimpleNamespace(
+        layers=list(layers),
+        layer_selection="all",
+        fact_token="subject_last",
+        v_num_grad_steps=20,
+        v_lr=5e-1,
+        v_loss_layer=model.cfg.n_layer - 1,
+        v_weight_decay=0.5,
+        clamp_norm_factor=0.75,
+        kl_factor=0.0625,
+        mom2_adjustment=True,
+        mom2_update_weight=20000,
+        rewrite_module_tmp="transformer.h.{}.mlp.c_proj",
+        layer_module_tmp="transformer.h.{}",
+        mlp_module_tmp="transformer.h.{}.mlp",
+        attn_module_tmp="transformer.h.{}.attn",
+        ln_f_module="transformer.ln_f",
+        lm_head_module="transformer.wte",
+        mom2_dataset="wikipedia",
+        mom2_n_samples=N_SAMPLES,
+        mom2_dtype="float32",
+    )
 
 
 def _setup(repo: Path, model):
@@ -319,28 +350,7 @@ def run_memit(repo: Path, out_dir: Path) -> None:
         return seen["z"][-1]
 
     mm.compute_ks, mm.compute_z = record_ks, record_z
-    hp = types.SimpleNamespace(
-        layers=MEMIT_LAYERS,
-        layer_selection="all",
-        fact_token="subject_last",
-        v_num_grad_steps=20,
-        v_lr=5e-1,
-        v_loss_layer=model.cfg.n_layer - 1,
-        v_weight_decay=0.5,
-        clamp_norm_factor=0.75,
-        kl_factor=0.0625,
-        mom2_adjustment=True,
-        mom2_update_weight=20000,
-        rewrite_module_tmp="transformer.h.{}.mlp.c_proj",
-        layer_module_tmp="transformer.h.{}",
-        mlp_module_tmp="transformer.h.{}.mlp",
-        attn_module_tmp="transformer.h.{}.attn",
-        ln_f_module="transformer.ln_f",
-        lm_head_module="transformer.wte",
-        mom2_dataset="wikipedia",
-        mom2_n_samples=N_SAMPLES,
-        mom2_dtype="float32",
-    )
+    hp = memit_hparams(model)
     deltas = mm.execute_memit(hf, tok, MEMIT_REQUESTS, hp)
     out: dict[str, torch.Tensor] = {"z": torch.stack(seen["z"])}  # [n, d_model]
     for l, K in zip(MEMIT_LAYERS, seen["ks"]):
