@@ -71,6 +71,14 @@ class Config(ExperimentConfig):
     v_steps: int | None = field(
         default=None, metadata={"help": "δ optimisation steps in every row (none: each mode's own)"}
     )
+    options: list[str] | None = field(
+        default=None,
+        metadata={"help": "measure only the departures of these options, e.g. key_weighting (none: every one)"},
+    )
+    from_defaults: bool = field(
+        default=True,
+        metadata={"help": "also flip each option the other way: the defaults with the authors' value of it"},
+    )
 
     QUICK: ClassVar[dict[str, Any]] = {"n": 2, "rome_n": 1, "n_samples": 2000, "v_steps": 2}
 
@@ -98,6 +106,11 @@ def flips(paper: Mapping[str, Any], ours: Mapping[str, Any], options: Sequence[t
         elif len(names) == 1 and names[0] in OTHER:
             out.append({names[0]: OTHER[names[0]][paper[names[0]]]})
     return out
+
+
+def _only(groups: Sequence[tuple[str, ...]], names: Sequence[str] | None) -> list[tuple[str, ...]]:
+    """The option groups naming one of ``names`` (all when None)."""
+    return [g for g in groups if names is None or set(g) & set(names)]
 
 
 def _describe(overrides: Mapping[str, Any]) -> str:
@@ -254,52 +267,64 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     if "rome" in cfg.methods:
         paper = rome.hparams_for(model, preset="paper").__dict__
         ours = rome.hparams_for(model).__dict__
+        opts = _only(DELTA_OPTIONS, cfg.options)
         variants = [("reference (paper)", {"preset": "paper"})]
-        variants += [(_describe(f), {"preset": "paper", **f}) for f in flips(paper, ours, DELTA_OPTIONS)]
+        variants += [(_describe(f), {"preset": "paper", **f}) for f in flips(paper, ours, opts)]
         variants.append(("defaults (no preset)", {}))
+        if cfg.from_defaults:
+            variants += [(f"defaults, {_describe(f)}", f) for f in flips(ours, paper, opts)]
         sub = _Scorer(model, cases[:rome_n], related[:rome_n])
         report["rows"]["rome"] = [
             ctx.cached(
-                f"rome-{i}",
+                "rome",
                 functools.partial(rome_row, model, name, ov, stats[rome_layer], sub, cfg.v_steps),
                 depends={**depends, "rome_n": rome_n, "hp": _hp_key(rome.hparams_for(model, **ov, **steps))},
             )
-            for i, (name, ov) in enumerate(variants)
+            for name, ov in variants
         ]
 
     if {"memit", "alphaedit"} & set(cfg.methods):
         paper_hp = memit.MemitHparams.of(model, preset="paper", **steps)
         ours_hp = memit.MemitHparams.of(model, **steps)
-        delta_flips = flips(paper_hp.rome.__dict__, ours_hp.rome.__dict__, DELTA_OPTIONS)
-        memit_flips = flips(paper_hp.to_dict(), ours_hp.to_dict(), MEMIT_OPTIONS)
+        d_opts, m_opts = _only(DELTA_OPTIONS, cfg.options), _only(MEMIT_OPTIONS, cfg.options)
+        delta_flips = flips(paper_hp.rome.__dict__, ours_hp.rome.__dict__, d_opts)
+        memit_flips = flips(paper_hp.to_dict(), ours_hp.to_dict(), m_opts)
         variants = [("reference (paper)", {"preset": "paper", **steps})]
         variants += [(_describe(f), {"preset": "paper", **steps, **f}) for f in delta_flips + memit_flips]
         variants.append(("defaults (no preset)", dict(steps)))
+        if cfg.from_defaults:
+            back = flips(ours_hp.rome.__dict__, paper_hp.rome.__dict__, d_opts)
+            back += flips(ours_hp.to_dict(), paper_hp.to_dict(), m_opts)
+            variants += [(f"defaults, {_describe(f)}", {**steps, **f}) for f in back]
         memit_rows = [
             ctx.cached(
-                f"memit-{i}",
+                "memit",
                 functools.partial(memit_row, model, name, memit.MemitHparams.of(model, **ov), stats, scorer),
                 depends={**depends, "hp": memit.MemitHparams.of(model, **ov).to_dict()},
             )
-            for i, (name, ov) in enumerate(variants)
+            for name, ov in variants
         ]
         if "memit" in cfg.methods:
             report["rows"]["memit"] = [{k: v for k, v in r.items() if k != "targets"} for r in memit_rows]
         if "alphaedit" in cfg.methods:
             paper_d, ours_d = paper_hp.to_dict(), ours_hp.to_dict()
+            a_opts = _only(ALPHAEDIT_OPTIONS, cfg.options)
+            defaults_row = [name for name, _ in variants].index("defaults (no preset)")
             a_variants = [("reference (paper)", {"preset": "paper", **steps}, 0)]
-            a_variants += [
-                (_describe(f), {"preset": "paper", **steps, **f}, 0) for f in flips(paper_d, ours_d, ALPHAEDIT_OPTIONS)
-            ]
-            a_variants.append(("defaults (no preset)", dict(steps), len(variants) - 1))
+            a_variants += [(_describe(f), {"preset": "paper", **steps, **f}, 0) for f in flips(paper_d, ours_d, a_opts)]
+            a_variants.append(("defaults (no preset)", dict(steps), defaults_row))
+            if cfg.from_defaults:
+                a_variants += [
+                    (f"defaults, {_describe(f)}", {**steps, **f}, defaults_row) for f in flips(ours_d, paper_d, a_opts)
+                ]
             rows = []
-            for i, (name, ov, from_row) in enumerate(a_variants):
+            for name, ov, from_row in a_variants:
                 hp = memit.MemitHparams.of(model, **ov)
                 ns = memit.NullSpace.from_stats(
                     {l: stats[l] for l in mem_layers}, hp.nullspace_threshold, hp.nullspace_rule
                 )
                 row = ctx.cached(
-                    f"alphaedit-{i}",
+                    "alphaedit",
                     functools.partial(
                         memit_row, model, name, hp, stats, scorer, preserve=ns, targets=memit_rows[from_row]["targets"]
                     ),

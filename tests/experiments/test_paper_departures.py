@@ -23,30 +23,32 @@ def test_flips_take_our_value_or_the_other_choice():
     assert got == [{"key_weighting": "uniform"}, {"exact_edit": True}, {"a": 1, "b": 3}]
 
 
-@pytest.mark.slow  # a dozen two-request MEMIT batches
+@pytest.mark.slow  # six two-request MEMIT batches
 def test_memit_rows_equal_direct_edits(facts_model, tmp_path):
-    res = run_experiment(
-        "paper_departures", facts_model, quick=True, settings={"methods": ["memit"]}, out=tmp_path, progress=False
-    )
-    rows = res.data["rows"]["memit"]
-    assert rows[0]["row"] == "reference (paper)" and rows[0]["label"] == "memit (paper)"
-    assert rows[-1]["row"] == "defaults (no preset)" and rows[-1]["label"] == "memit"
+    settings = {"methods": ["memit"], "options": ["key_weighting", "exact_edit"]}
+    res = run_experiment("paper_departures", facts_model, quick=True, settings=settings, out=tmp_path, progress=False)
+    rows = {r["row"]: r for r in res.data["rows"]["memit"]}
     paper = memit.MemitHparams.of(facts_model, preset="paper", v_steps=2)
     ours = memit.MemitHparams.of(facts_model, v_steps=2)
-    differ = [
-        k
-        for k in ("target_state", "exact_edit", "kl_positions", "step_count", "prepend_bos")
-        if getattr(paper.rome, k) != getattr(ours.rome, k)
+    other = {"uniform": "per_context_type", "per_context_type": "uniform"}
+    kw_paper, kw_ours = paper.rome.key_weighting, ours.rome.key_weighting
+    flipped = kw_ours if kw_ours != kw_paper else other[kw_paper]
+    back = kw_paper if kw_ours != kw_paper else flipped
+    # each option flipped on the reference (to our value, or the other choice where ours is the paper's), and back
+    assert list(rows) == [
+        "reference (paper)",
+        f"key_weighting={flipped}",
+        f"exact_edit={ours.rome.exact_edit}",
+        "defaults (no preset)",
+        f"defaults, key_weighting={back}",
+        f"defaults, exact_edit={paper.rome.exact_edit}",
     ]
-    names = [r["row"] for r in rows]
-    for k in differ:  # every δ option where the modes differ has its row, flipped to our value
-        assert f"{k}={getattr(ours.rome, k)}" in names
-    assert any(n.startswith("key_weighting=") for n in names)
-    assert all(r["label"] == "memit (paper)" for r in rows[:-1])
+    assert rows["defaults (no preset)"]["label"] == "memit"
+    assert all(r["label"] == "memit (paper)" for name, r in rows.items() if not name.startswith("defaults"))
     # independent check: the reference and defaults rows are what a direct edit of the same requests scores
     cases = known_cases(facts_model, 2, 0)
     stats = key_second_moment(facts_model, memit.default_layers(facts_model), n_samples=2000, progress=False)
-    for hp, row in ((paper, rows[0]), (ours, rows[-1])):
+    for hp, row in ((paper, rows["reference (paper)"]), (ours, rows["defaults (no preset)"])):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             e = memit.compute_edits(facts_model, [c.request for c in cases], stats=stats, hparams=hp, progress=False)
