@@ -625,7 +625,9 @@ def compute_edits(
 
 @dataclass(frozen=True)
 class _Weights:
-    """The prompt variants' weights in the keys and in the residuals (None: their mean)."""
+    """The prompt variants' weights in the keys and in the residuals (None: their mean). The residuals take the
+    keys' weights (``target_state="averaged"``: z and the residual belong to the key that carries them) or the
+    bare prompt alone (``"bare_prompt"``)."""
 
     keys: list[float] | None = None
     resid: list[float] | None = None
@@ -633,8 +635,8 @@ class _Weights:
     @classmethod
     def of(cls, hp: RomeHparams, groups: Sequence[Sequence[str]]) -> _Weights:
         n = 1 + sum(len(g) for g in groups)
-        bare = [1.0] + [0.0] * (n - 1) if hp.target_state == "bare_prompt" else None
-        return cls(variant_weights(hp, groups), bare)
+        keys = variant_weights(hp, groups)
+        return cls(keys, [1.0] + [0.0] * (n - 1) if hp.target_state == "bare_prompt" else keys)
 
 
 def _given_targets(

@@ -282,6 +282,8 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
             )
             for name, ov in variants
         ]
+        for (name, _), r in zip(variants, report["rows"]["rome"]):  # a row cached under another name
+            r["row"] = name
 
     if {"memit", "alphaedit"} & set(cfg.methods):
         paper_hp = memit.MemitHparams.of(model, preset="paper", **steps)
@@ -304,6 +306,8 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
             )
             for name, ov in variants
         ]
+        for (name, _), r in zip(variants, memit_rows):  # a row cached under another name has the same settings
+            r["row"] = name
         if "memit" in cfg.methods:
             report["rows"]["memit"] = [{k: v for k, v in r.items() if k != "targets"} for r in memit_rows]
         if "alphaedit" in cfg.methods:
@@ -330,6 +334,6 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
                     ),
                     depends={**depends, "hp": hp.to_dict(), "targets_of": variants[from_row][0]},
                 )
-                rows.append({k: v for k, v in row.items() if k != "targets"} | {"null_dim": ns.null_dim})
+                rows.append({k: v for k, v in row.items() if k != "targets"} | {"row": name, "null_dim": ns.null_dim})
             report["rows"]["alphaedit"] = rows
     return report
