@@ -8,7 +8,9 @@ batch of ``n`` requests and edit layers ``L_1 < … < L_m`` (top layer ``L_m``):
    adding ``δ_i`` to the residual stream after block ``L_m`` at the subject's last token makes
    the model say the target (adding to ``blocks.{L_m}.hook_mlp_out`` is adding to that residual).
    The target residual is ``z_i = h_i + δ_i`` with ``h_i`` the unedited residual there (averaged,
-   like the keys, over the prompt variants). δ's clamp and weight decay scale with ``‖h_i‖`` (MEMIT's
+   with the keys' weights, over the prompt variants: by default per context type, MEMIT's ``compute_ks`` —
+   the bare prompt and each prefix length weigh equally — the default chosen by measurement, see
+   docs/guide/editing.md). δ's clamp and weight decay scale with ``‖h_i‖`` (MEMIT's
    ``compute_z``; ``delta_norm="resid"``), not with the MLP output as in ROME (``"mlp_out"``): above
    the first layer an MLP's output can be tiny next to the residual it is added to.
 2. **Spread** over the layers, lowest first: at layer ``L_j`` the keys ``K: [n, d_mlp]`` (ROME's
