@@ -264,11 +264,14 @@ def edit_cmd(args: argparse.Namespace) -> int:
         f"{r.target!r} (an edit took when {_took_rule()})"
     )
     text = (
-        f"ROME edit at layer {edit.layer} in {m['seconds']:.2f} s: P({r.target!r} | "
+        f"{edit.label} edit at layer {edit.layer} in {m['seconds']:.2f} s: P({r.target!r} | "
         f"{r.text!r}) {m['p_target_before']:.4f} → {m['p_target_after']:.4f}{weak}\n{verdict}\n"
         f"top-k before | after:\n{cmp.table()}" + (f"\nsaved to {args.save}" if args.save else "")
     )
-    data = {"edit": {"layer": edit.layer, "metrics": edit.metrics, "saved": args.save}, "comparison": cmp.to_dict()}
+    data = {
+        "edit": {"label": edit.label, "layer": edit.layer, "metrics": edit.metrics, "saved": args.save},
+        "comparison": cmp.to_dict(),
+    }
     emit(args, cmp, text, data)
     return _exit_status(args, [] if edit.succeeded else [0], 1)
 
@@ -334,7 +337,8 @@ def _edit_many(args: argparse.Namespace, model: Any, requests: list[dict[str, An
                 "weak": is_weak(pb, pa),
             }
         )
-    res = _EditRun(method, len(reqs), len(edits), edits[0].layers if edits else [], seconds, rows, saved)
+    label = edits[0].label if edits else method
+    res = _EditRun(method, label, len(reqs), len(edits), edits[0].layers if edits else [], seconds, rows, saved)
     emit(args, res)
     return _exit_status(args, [i for i, row in enumerate(rows) if not row["took"]], len(rows))
 
@@ -343,7 +347,7 @@ def _apply_many(
     args: argparse.Namespace, model: Any, method: str, reqs: list[Any], hp: dict[str, Any], progress: bool
 ) -> list[Any]:
     """Apply the edits of ``reqs`` to ``model`` (``edit``'s --method/--sequential/--batch-size/--layer)."""
-    from ..editing.memit import MemitHparams, NullSpace, apply_memit, default_layers
+    from ..editing.memit import MemitHparams, NullSpace, apply_memit, choose_layers, default_layers
     from ..editing.rome import apply_rome
     from ..editing.stats import key_second_moment
 
@@ -353,6 +357,8 @@ def _apply_many(
     mhp = MemitHparams.of(model, **hp, corpus=corpus, n_samples=n_samples)
     layers = args.layer if args.layer is not None else (list(mhp.layers) if mhp.layers else default_layers(model))
     layers = [layers] if isinstance(layers, int) else layers
+    if layers == "auto" and method == "alphaedit":  # the null space is built for the layers: choose them first
+        layers = choose_layers(model, reqs, progress=progress)
     stats = (
         None
         if layers == "auto"
@@ -363,8 +369,6 @@ def _apply_many(
         if method == "alphaedit" and stats
         else None
     )
-    if method == "alphaedit" and ns is None:
-        raise ValueError("alphaedit needs explicit layers (not 'auto') to build its null space")
     return apply_memit(
         model,
         reqs,
@@ -381,9 +385,11 @@ def _apply_many(
 class _EditRun(Result):
     """What ``edit --requests`` did: per request, P(target) before and after, whether the edit took
     (:data:`~gpt2_interp.editing.edit.EDIT_TOOK_RULE`, on the model with every edit applied) and what the
-    model says instead; the files written."""
+    model says instead; the files written. ``label`` names the method and its mode (``"memit (paper)"`` with
+    ``--hparam preset=paper``)."""
 
     method: str
+    label: str  # the method and its mode: "memit", "memit (paper)"
     n_requests: int
     n_edits: int
     layers: list[int]
@@ -395,7 +401,7 @@ class _EditRun(Result):
         failed = [r for r in self.rows if not r["took"]]
         weak = sum(bool(r.get("weak")) for r in self.rows)
         lines = [
-            f"{self.method}: {self.n_requests} requests in {self.n_edits} edit(s) at layers {self.layers}, "
+            f"{self.label}: {self.n_requests} requests in {self.n_edits} edit(s) at layers {self.layers}, "
             f"{self.seconds:.1f} s; the edit took for {self.n_requests - len(failed)}/{self.n_requests}"
             + (f"; {weak} weak ({_weak_note()})" if weak else ""),
             f"(an edit took when {_took_rule()})",

@@ -384,12 +384,12 @@ class Edit:
         if len(self.requests) == 1 and len(self.factors) == 1:
             r = self.request
             return (
-                f"Edit(layer={self.layer}, {r.text!r} → {r.target!r}, model={self.model_name!r}, "
+                f"Edit({self.label}, layer={self.layer}, {r.text!r} → {r.target!r}, model={self.model_name!r}, "
                 f"‖ΔW‖={float(self.delta(self.layer).norm()):.4g})"
             )
         norms = ", ".join(f"{l}: {float(self.delta(l).norm()):.3g}" for l in self.layers)
         return (
-            f"Edit({self.method}, {len(self.requests)} requests, layers {self.layers}, "
+            f"Edit({self.label}, {len(self.requests)} requests, layers {self.layers}, "
             f"model={self.model_name!r}, ‖ΔW‖ per layer {{{norms}}})"
         )
 
@@ -685,6 +685,7 @@ def _write(edit: Edit, path: str | Path) -> Path:
         "layers": edit.layers,
         "requests": [asdict(r) for r in edit.requests],
         "method": edit.method,
+        "label": edit.label,  # the method and its mode ("memit (paper)"), for a reader of the file
         "base_fingerprint": edit.base_fingerprint,
         "hparams": edit.hparams,
         "metrics": edit.metrics,

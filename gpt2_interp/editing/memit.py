@@ -8,7 +8,9 @@ batch of ``n`` requests and edit layers ``L_1 < … < L_m`` (top layer ``L_m``):
    adding ``δ_i`` to the residual stream after block ``L_m`` at the subject's last token makes
    the model say the target (adding to ``blocks.{L_m}.hook_mlp_out`` is adding to that residual).
    The target residual is ``z_i = h_i + δ_i`` with ``h_i`` the unedited residual there (averaged,
-   like the keys, over the prompt variants). δ's clamp and weight decay scale with ``‖h_i‖`` (MEMIT's
+   with the keys' weights, over the prompt variants: by default per context type, MEMIT's ``compute_ks`` —
+   the bare prompt and each prefix length weigh equally — the default chosen by measurement, see
+   docs/guide/editing.md). δ's clamp and weight decay scale with ``‖h_i‖`` (MEMIT's
    ``compute_z``; ``delta_norm="resid"``), not with the MLP output as in ROME (``"mlp_out"``): above
    the first layer an MLP's output can be tiny next to the residual it is added to.
 2. **Spread** over the layers, lowest first: at layer ``L_j`` the keys ``K: [n, d_mlp]`` (ROME's
@@ -625,7 +627,9 @@ def compute_edits(
 
 @dataclass(frozen=True)
 class _Weights:
-    """The prompt variants' weights in the keys and in the residuals (None: their mean)."""
+    """The prompt variants' weights in the keys and in the residuals (None: their mean). The residuals take the
+    keys' weights (``target_state="averaged"``: z and the residual belong to the key that carries them) or the
+    bare prompt alone (``"bare_prompt"``)."""
 
     keys: list[float] | None = None
     resid: list[float] | None = None
@@ -633,8 +637,8 @@ class _Weights:
     @classmethod
     def of(cls, hp: RomeHparams, groups: Sequence[Sequence[str]]) -> _Weights:
         n = 1 + sum(len(g) for g in groups)
-        bare = [1.0] + [0.0] * (n - 1) if hp.target_state == "bare_prompt" else None
-        return cls(variant_weights(hp, groups), bare)
+        keys = variant_weights(hp, groups)
+        return cls(keys, [1.0] + [0.0] * (n - 1) if hp.target_state == "bare_prompt" else keys)
 
 
 def _given_targets(

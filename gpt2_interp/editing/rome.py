@@ -122,7 +122,8 @@ class RomeHparams:
 
     - ``key_weighting``: ``"uniform"`` mean of the keys over every variant (ROME's k*) or
       ``"per_context_type"`` (MEMIT's ``compute_ks``: the bare prompt and each prefix length are one
-      type each; the types' means are averaged);
+      type each; the types' means are averaged; MEMIT's default, chosen by measurement:
+      ``hparams/memit/default.json``);
     - ``target_state``: ``"averaged"`` (r-ROME: the update's residual and denominator use k*; MEMIT's
       target residual z and per-layer residual are averaged over the variants like the keys) or
       ``"bare_prompt"`` (the authors: the bare prompt's key / residual);

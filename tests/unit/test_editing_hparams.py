@@ -21,7 +21,7 @@ FOLDER = Path(hp_data.__file__).parent
 FILES = sorted(FOLDER.glob("*/*.json"))
 RUN = re.compile(
     r"analyses/results/(rome_counterfact|mass_editing|mass_editing_window|mass_editing_stats|"
-    r"nullspace_rules|subject_specificity|causal_trace)/(gpt2-facts|smollm2-135m)"
+    r"nullspace_rules|subject_specificity|causal_trace|paper_departures)/(gpt2-facts|smollm2-135m)"
 )
 ROME_FIELDS = {f.name for f in fields(RomeHparams)}
 MEMIT_OWN = {f.name for f in fields(MemitHparams)} - {"rome"}
@@ -101,7 +101,7 @@ def test_resolved_settings_equal_the_former_dictionaries():
         "gpt2-facts": {"layers": (0,), "mom2_weight": 1000.0, "prefix_lengths": (5, 10), "delta_norm": "mlp_out"},
         "smollm2-135m": {"delta_norm": "mlp_out"},
     }
-    assert DELTA_DEFAULTS == {"prefix_lengths": (10,), "prefixes_per_length": 5}
+    assert DELTA_DEFAULTS == {"prefix_lengths": (10,), "prefixes_per_length": 5, "key_weighting": "per_context_type"}
     rome_defaults = dict(
         v_steps=20,
         v_lr=0.5,
@@ -161,13 +161,15 @@ def test_resolved_settings_equal_the_former_dictionaries():
             "bare_early_stop": 0.5,
             "prefix_lengths": (5, 10),
             "layer": None,
+            "key_weighting": "per_context_type",  # MEMIT's own default (hparams/memit/default.json)
         },
     }
     m = MemitHparams.of(smol).to_dict()
     assert m == memit_defaults | {
         "layers": None,
         "delta_norm": "mlp_out",
-        "rome": rome_defaults | {"early_stop": 0.1, "prefix_lengths": (10,), "layer": None},
+        "rome": rome_defaults
+        | {"early_stop": 0.1, "prefix_lengths": (10,), "layer": None, "key_weighting": "per_context_type"},
     }
     assert default_layer(smol) == 3 and default_layers(smol) == [1, 2, 3] and default_layers(facts) == [0]
 

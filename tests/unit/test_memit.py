@@ -21,10 +21,12 @@ from gpt2_interp.editing.memit import (
 from gpt2_interp.editing.rome import (
     RomeHparams,
     compute_edit,
+    context_prefix_groups,
     context_prefixes,
     optimise_delta,
     optimise_deltas,
     subject_states,
+    variant_weights,
 )
 from gpt2_interp.editing.stats import KeyStats, key_second_moment
 from gpt2_interp.model import HookedGPT2
@@ -160,14 +162,14 @@ def test_projected_update_is_alphaedits_closed_form_and_the_constrained_optimum(
 
 # ------------------------------------------------------------------ on a model
 def test_single_request_single_layer_memit_equals_rome_algebra(tiny, stats):
-    """Same key k* (mean over the same prompt variants), same δ (the same optimiser), so
+    """Same key k* (ROME's mean over the same prompt variants), same δ (the same optimiser), so
     ΔW_MEMIT = ΔW_ROME · q/(λ + q) with q = k*ᵀC⁻¹k*."""
     lam = 2.0
     rome = compute_edit(tiny, REQS[0], layer=0, stats=stats[0], **FAST)
-    # δ scaled like ROME's (by the MLP output v₀, not MEMIT's residual): the same optimisation
-    memit = compute_edits(
-        tiny, [REQS[0]], layers=[0], stats=stats, hparams={"mom2_weight": lam, "delta_norm": "mlp_out", **FAST}
-    )
+    # δ scaled like ROME's (by the MLP output v₀, not MEMIT's residual) and keys weighted like ROME's k*
+    # (uniformly, not per context type): the same optimisation
+    same = {"mom2_weight": lam, "delta_norm": "mlp_out", "key_weighting": "uniform", **FAST}
+    memit = compute_edits(tiny, [REQS[0]], layers=[0], stats=stats, hparams=same)
     torch.testing.assert_close(memit.keys[0][0], rome.k, rtol=1e-5, atol=1e-5)
     q = float(rome.k.double() @ torch.linalg.solve(stats[0].C.double(), rome.k.double()))
     torch.testing.assert_close(memit.delta(0).double(), rome.delta().double() * q / (lam + q), rtol=1e-3, atol=1e-6)
@@ -193,18 +195,24 @@ def test_delta_clamp_scales_with_the_mlp_output_for_rome_and_the_residual_for_me
 
 
 def test_batched_edit_maps_each_key_to_its_target_residual(tiny, stats):
-    """With λ → 0 every request's mean key is carried to its target residual z_i at the top layer,
-    also across two layers (the top layer fits what the lower one left, with keys recomputed)."""
-    prefixes = context_prefixes(tiny, (5,), 2, 0)
+    """With λ → 0 every request's averaged key is carried to its target residual z_i at the top layer (the
+    residual averaged with the keys' weights), also across two layers (the top layer fits what the lower one
+    left, with keys recomputed); for either key weighting."""
+    groups = context_prefix_groups(tiny, (5,), 2, 0)
+    prefixes = [p for g in groups for p in g]
     reqs = [Request(**r) for r in REQS]
-    for layers in ([0], [0, 1]):
-        edit = compute_edits(tiny, REQS, layers=layers, stats=stats, hparams={"mom2_weight": 1e-6, **FAST})
-        assert edit.layers == layers and len(edit) == 3 and edit.v_star.shape == (3, TINY.d_model)
-        _, before = subject_states(tiny, reqs, [], prefixes, resid_layer=layers[-1])
-        assert (before - edit.v_star).norm(dim=-1).min() > 1e-3  # there is something to do
-        with tiny.edited(edit):
-            _, after = subject_states(tiny, reqs, [], prefixes, resid_layer=layers[-1])
-        torch.testing.assert_close(after, edit.v_star, atol=2e-3, rtol=1e-3)
+    per_type = [0.5] + [0.5 / len(prefixes)] * len(prefixes)  # one context type of prefixes: the bare prompt ½
+    for weighting, w in (("uniform", None), ("per_context_type", per_type)):
+        hp = MemitHparams.of(tiny, mom2_weight=1e-6, key_weighting=weighting, **FAST)
+        assert variant_weights(hp.rome, groups) == w
+        for layers in ([0], [0, 1]):
+            edit = compute_edits(tiny, REQS, layers=layers, stats=stats, hparams=hp)
+            assert edit.layers == layers and len(edit) == 3 and edit.v_star.shape == (3, TINY.d_model)
+            _, before = subject_states(tiny, reqs, [], prefixes, resid_layer=layers[-1], resid_weights=w)
+            assert (before - edit.v_star).norm(dim=-1).min() > 1e-3  # there is something to do
+            with tiny.edited(edit):
+                _, after = subject_states(tiny, reqs, [], prefixes, resid_layer=layers[-1], resid_weights=w)
+            torch.testing.assert_close(after, edit.v_star, atol=2e-3, rtol=1e-3)
 
 
 def test_given_targets_re_solve_the_same_batch_as_a_fresh_delta_optimisation(tiny, stats):

@@ -141,14 +141,24 @@ def test_per_context_type_keys_weight_the_bare_prompt_half(facts_model, stats):
     assert e.label == "memit (paper)" and e.method == "memit"
 
 
-def test_default_keys_and_target_are_the_uniform_mean(facts_model, stats):
+def test_default_keys_are_weighted_per_context_type(facts_model, stats):
+    """MEMIT's default keys (chosen by measurement, hparams/memit/default.json) weight each context type
+    equally: the bare prompt and each prefix length's mean, on the prompts as the model reads them (with BOS)."""
     hp = memit.MemitHparams.of(facts_model, v_steps=2)
-    prefixes = rome.context_prefixes(facts_model, hp.rome.prefix_lengths, hp.rome.prefixes_per_length, 0)
+    assert (hp.rome.key_weighting, hp.rome.target_state, hp.rome.prepend_bos) == ("per_context_type", "averaged", True)
+    groups = rome.context_prefix_groups(facts_model, hp.rome.prefix_lengths, hp.rome.prefixes_per_length, 0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         e = memit.compute_edits(facts_model, [REQ], layers=[0], stats=stats, hparams=hp, progress=False)
-    keys = [_at_subject_end(facts_model, t, REQ.subject, "blocks.0.mlp.hook_post") for t in _variants(REQ, prefixes)]
-    torch.testing.assert_close(e.keys[0][0], torch.stack(keys).mean(0), rtol=1e-5, atol=1e-5)
+
+    def key(text: str) -> torch.Tensor:
+        return _at_subject_end(facts_model, text, REQ.subject, "blocks.0.mlp.hook_post")
+
+    types = [key(REQ.text)] + [torch.stack([key(f"{p}. {REQ.text}") for p in g]).mean(0) for g in groups if g]
+    by_hand = torch.stack(types).mean(0)
+    torch.testing.assert_close(e.keys[0][0], by_hand, rtol=1e-5, atol=1e-5)
+    uniform = torch.stack([key(t) for t in _variants(REQ, [p for g in groups for p in g])]).mean(0)
+    assert not torch.allclose(e.keys[0][0], uniform, rtol=1e-3, atol=1e-3)
     assert e.label == "memit"
 
 
@@ -248,3 +258,34 @@ def test_alphaedit_paper_is_the_authors_solve_with_their_null_space(facts_model,
     dW = torch.linalg.solve(P @ (K @ K.T) + 10.0 * torch.eye(K.shape[0], dtype=torch.float64), P @ K @ R.T)
     assert int((S < 0.02).sum()) > 0
     torch.testing.assert_close(e.delta(0).double(), dW, rtol=1e-4, atol=1e-4 * float(dW.abs().max()))
+
+
+# ---------------------------------------------------------------- the mode in results and files
+@pytest.mark.slow  # a ROME and an AlphaEdit edit through the CLI, with the causal trace of layers="auto"
+def test_cli_json_and_saved_files_name_the_mode(tmp_path, monkeypatch, capsys):
+    """``edit --json`` carries the edit's label, ``--layer auto`` works with the preset (AlphaEdit too: its
+    null space is built for the layers chosen), and a saved edit file records the label."""
+    import json
+
+    from gpt2_interp.cli import main
+
+    monkeypatch.setenv("GPT2_INTERP_STATS_DIR", str(tmp_path / "stats"))
+    common = ["--model", "gpt2-facts", "--n-samples", "500", "--allow-failed", "--json", "--quiet"]
+    fast = ["--hparam", "preset=paper", "--hparam", "v_steps=2"]
+    assert main(["edit", *common, *fast, "--subject", "Paris", "--prompt", "{} is located in the country of",
+                 "--target", " Japan", "--hparam", "prefix_lengths=[3]", "--hparam", "prefixes_per_length=1",
+                 "--layer", "auto"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["edit"]["label"] == "rome (paper)"
+    reqs = tmp_path / "r.jsonl"
+    reqs.write_text("\n".join(json.dumps(asdict(r)) for r in (REQ, REQ2)) + "\n")
+    saved = tmp_path / "a.edit"
+    assert main(["edit", *common, *fast, "--requests", str(reqs), "--method", "alphaedit", "--layer", "auto",
+                 "--save", str(saved)]) == 0  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert out["label"] == "alphaedit (paper)" and out["method"] == "alphaedit" and out["layers"]
+    loaded = Edit.load(saved)
+    assert loaded.label == "alphaedit (paper)" and repr(loaded).startswith("Edit(alphaedit (paper), 2 requests")
+    from safetensors import safe_open
+
+    with safe_open(str(saved), "pt") as f:
+        assert json.loads(f.metadata()["edit"])["label"] == "alphaedit (paper)"

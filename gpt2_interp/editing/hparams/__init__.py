@@ -27,6 +27,7 @@ EXPERIMENTS = (
     "nullspace_rules",
     "subject_specificity",
     "causal_trace",
+    "paper_departures",
 )
 #: The documented form of a ``"run"`` entry: the results folder of one experiment on one model.
 RUN_PATTERN = re.compile(r"analyses/results/(?P<experiment>[a-z_]+)/(?P<model>[A-Za-z0-9._-]+)")
