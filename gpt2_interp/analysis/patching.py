@@ -320,6 +320,30 @@ def sweep_work(
     )
 
 
+def estimate(
+    model: HookedGPT2,
+    clean: Prompts,
+    corrupted: Prompts,
+    hook: str = "resid_pre",
+    layers: Sequence[int] | None = None,
+    positions: Sequence[int] | Literal["all"] | None = None,
+    heads: Sequence[int] | Literal["all"] | None = None,
+    batch_size: int | None = None,
+) -> Work:
+    """What :func:`patch` with these arguments would cost, before running it: :func:`sweep_work` for
+    the tokenized pairs (runs, forward passes, peak memory and the split into chunks) with the
+    expected seconds — its forward passes at the time of one unpatched forward of the pairs measured
+    here (an upper bound: batched rows run faster per pass). Arguments as in :func:`patch`."""
+    clean_t, _, mask = pair_tokens(model, clean, corrupted)
+    n_pairs, P = clean_t.shape
+    work = sweep_work(model, P, hook, layers, positions, heads, n_pairs, batch_size)
+    with torch.inference_mode():
+        model(clean_t, attention_mask=mask, stop_at_layer=model.cfg.n_layer)  # warm-up
+        _, seconds = timed(model, lambda: model(clean_t, attention_mask=mask, stop_at_layer=model.cfg.n_layer))
+    work.seconds = work.passes / n_pairs * seconds
+    return work
+
+
 def patch(
     model: HookedGPT2,
     clean: Prompts,
@@ -694,6 +718,7 @@ def _layer_edit(
 __all__ = [
     "PatchResult",
     "Prompts",
+    "estimate",
     "normalize_effects",
     "pair_tokens",
     "patch",

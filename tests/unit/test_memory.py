@@ -163,3 +163,21 @@ def test_storage_bytes_counts_a_shared_storage_once():
     x = torch.zeros(10, 10)
     assert storage_bytes([x, x[0], x[:, 1]]) == 400
     assert storage_bytes([x, torch.zeros(5)]) == 420
+
+
+def test_estimate_states_runs_time_and_memory_before_patching(tmp_path, capsys):
+    from gpt2_interp.cli import main
+
+    model = HookedGPT2(TINY, seed=0).eval()
+    clean = tokens(model, 3, 10)
+    corr = clean.flip(0)
+    work = patching.estimate(model, clean, corr, hook="mlp_out")
+    counted = patching.sweep_work(model, 10, "mlp_out", n_pairs=3)
+    assert (work.runs, work.passes, work.memory) == (counted.runs, counted.passes, counted.memory)
+    assert work.seconds > 0
+    assert work.memory > engine.weight_bytes(model)
+    model.save(tmp_path / "m")
+    args = ["patch", "--model", str(tmp_path / "m"), "--clean", "a b c d", "--corrupted", "a b c e"]
+    assert main([*args, "--answer", " x", "--dry-run"]) == 0
+    line = capsys.readouterr().out
+    assert "exact patching of resid_pre" in line and "expected ≈" in line and "peak memory ≈" in line
