@@ -495,6 +495,13 @@ def slope(xs: list[float], ys: list[float]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
 
 
+def _mem(r: dict) -> int:
+    """A record's peak memory: on the CPU above the process before its model was built (Python, torch and
+    the libraries imported), so that sizes compare; on CUDA the allocator's peak."""
+    base = r.get("rss_before_build")
+    return r["peak_bytes"] - base if base is not None else r["peak_bytes"]
+
+
 def _gb(b: float | None) -> str:
     return "—" if b is None else f"{b / 2**30:.2f}"
 
@@ -513,7 +520,8 @@ def report(store: dict, device: str, out: Path, figure: Path | None) -> str:
         + (
             "`torch.cuda.max_memory_allocated` (GB)."
             if device.startswith("cuda")
-            else "the process's peak resident set during the job with the model loaded (GB, `VmHWM`)."
+            else "the process's peak resident set (`VmHWM`) during the job with the model loaded, less the"
+            " resident set before the model was built (Python, torch and the library imported), GB."
         ),
         "Peers' patching sweeps run one forward per cell and are timed on a sample of cells, scaled to all.",
         "",
@@ -541,7 +549,7 @@ def report(store: dict, device: str, out: Path, figure: Path | None) -> str:
                 for lib in LIBS:
                     r = row[lib]
                     if r:
-                        cells.append(f"{r['seconds']:.3g} / {_gb(r['peak_bytes'])}")
+                        cells.append(f"{r['seconds']:.3g} / {_gb(_mem(r))}")
                     elif key(size, shape, job, lib, device) in failed:
                         cells.append(failed[key(size, shape, job, lib, device)]["status"])
                     else:
@@ -557,7 +565,7 @@ def report(store: dict, device: str, out: Path, figure: Path | None) -> str:
         lines += [f"- `{k}`: {v['status']} ({v.get('error', '')})" for k, v in sorted(failed.items())]
         lines.append("")
     if figure is not None and _figure(runs, device, shapes, figure):
-        lines += [f"![time and memory vs parameters]({figure.name})", ""]
+        lines += [f"![time and memory vs parameters]({os.path.relpath(figure, out.parent)})", ""]
     text = "\n".join(lines)
     out.write_text(text)
     return text
@@ -595,8 +603,8 @@ def _goals(runs: dict, device: str) -> list[str]:
                     r = g("cache_resid", lib)
                     if r:
                         lines.append(
-                            f"- {size} {shape}: the same cache's peak: ours {_gb(cache['peak_bytes'])} GB, "
-                            f"{lib} {_gb(r['peak_bytes'])} GB"
+                            f"- {size} {shape}: the same cache's peak: ours {_gb(_mem(cache))} GB, "
+                            f"{lib} {_gb(_mem(r))} GB"
                         )
             if lines[-1] != "## Goals" and len(lines) > 2:
                 break
@@ -634,7 +642,7 @@ def _growth(runs: dict, device: str, sizes: list[str], shapes: list[str]) -> lis
             cells = [r for r in rs if r.get("cells") and r["shape"] == s0 and r["size"] in gpt2]
             lines.append(
                 f"| {job} | {lib} | {fmt(slope([r['params'] for r in by_size], [r['seconds'] for r in by_size]))} | "
-                f"{fmt(slope([r['params'] for r in by_size], [r['peak_bytes'] for r in by_size]))} | "
+                f"{fmt(slope([r['params'] for r in by_size], [_mem(r) for r in by_size]))} | "
                 f"{fmt(slope([r['tokens'] for r in by_tok], [r['seconds'] for r in by_tok]))} | "
                 f"{fmt(slope([r['cells'] for r in cells], [r['seconds'] for r in cells]))} |"
             )
@@ -661,7 +669,7 @@ def _figure(runs: dict, device: str, shapes: list[str], path: Path) -> bool:
             drawn = True
             xs = [r["params"] / 1e6 for r in rs]
             axes[0].plot(xs, [r["seconds"] for r in rs], style, color=colour, marker="o", label=f"{lib} {job}")
-            axes[1].plot(xs, [r["peak_bytes"] / 2**30 for r in rs], style, color=colour, marker="o")
+            axes[1].plot(xs, [_mem(r) / 2**30 for r in rs], style, color=colour, marker="o")
     if not drawn:
         plt.close(fig)
         return False
@@ -674,6 +682,7 @@ def _figure(runs: dict, device: str, shapes: list[str], path: Path) -> bool:
     axes[0].legend(fontsize=7, ncol=2)
     fig.suptitle(f"cost vs model size, batch × seq {shape}, {device}")
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
@@ -694,7 +703,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--min-seconds", type=float, default=2.0, help="time each job repeats for (2–5 runs)")
     ap.add_argument("--json", type=Path, default=HERE / "RESULTS_scaling.json")
     ap.add_argument("--out", type=Path, default=HERE / "RESULTS_scaling.md")
-    ap.add_argument("--figure", type=Path, default=HERE / "RESULTS_scaling.png")
+    ap.add_argument(
+        "--figure", type=Path, default=ROOT / "docs" / "figures" / "scaling.png", help="the scaling figure (PNG)"
+    )
     ap.add_argument("--fresh", action="store_true", help="remeasure everything (default: resume)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the JSON")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
