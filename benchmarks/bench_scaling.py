@@ -495,6 +495,15 @@ def slope(xs: list[float], ys: list[float]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
 
 
+def _size_params(runs: dict) -> dict[str, int]:
+    """Each size's parameter count (tied embeddings once; TransformerLens's model keeps an untied
+    unembedding copy, so its own count is larger: sizes are placed by this one)."""
+    out: dict[str, int] = {}
+    for r in runs.values():
+        out[r["size"]] = min(out.get(r["size"], r["params"]), r["params"])
+    return out
+
+
 def _mem(r: dict) -> int:
     """A record's peak memory: on the CPU above the process before its model was built (Python, torch and
     the libraries imported), so that sizes compare; on CUDA the allocator's peak."""
@@ -544,7 +553,7 @@ def report(store: dict, device: str, out: Path, figure: Path | None) -> str:
                 row = {lib: runs.get(key(size, shape, job, lib, device)) for lib in LIBS}
                 if not any(row.values()):
                     continue
-                params = next(r["params"] for r in row.values() if r)
+                params = _size_params(runs)[size]
                 cells = []
                 for lib in LIBS:
                     r = row[lib]
@@ -626,6 +635,7 @@ def _growth(runs: dict, device: str, sizes: list[str], shapes: list[str]) -> lis
         "|---|---|---|---|---|---|",
     ]
     gpt2 = [s for s in sizes if SIZES[s]["family"] == "gpt2"]
+    size_params = _size_params(runs)
 
     def fmt(x: float | None) -> str:
         return "—" if x is None else f"{x:.2f}"
@@ -641,8 +651,9 @@ def _growth(runs: dict, device: str, sizes: list[str], shapes: list[str]) -> lis
             by_tok = [r for r in rs if r["size"] == big]
             cells = [r for r in rs if r.get("cells") and r["shape"] == s0 and r["size"] in gpt2]
             lines.append(
-                f"| {job} | {lib} | {fmt(slope([r['params'] for r in by_size], [r['seconds'] for r in by_size]))} | "
-                f"{fmt(slope([r['params'] for r in by_size], [_mem(r) for r in by_size]))} | "
+                f"| {job} | {lib} | "
+                f"{fmt(slope([size_params[r['size']] for r in by_size], [r['seconds'] for r in by_size]))} | "
+                f"{fmt(slope([size_params[r['size']] for r in by_size], [_mem(r) for r in by_size]))} | "
                 f"{fmt(slope([r['tokens'] for r in by_tok], [r['seconds'] for r in by_tok]))} | "
                 f"{fmt(slope([r['cells'] for r in cells], [r['seconds'] for r in cells]))} |"
             )
@@ -656,18 +667,19 @@ def _figure(runs: dict, device: str, shapes: list[str], path: Path) -> bool:
     import matplotlib.pyplot as plt
 
     shape = shapes[0] if shapes else None
+    size_params = _size_params(runs)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     drawn = False
     for job, style in (("forward", "-"), ("cache_resid", "--"), ("patch", ":")):
         for lib, colour in zip(LIBS, ("C0", "C1", "C2", "C3")):
             rs = sorted(
                 (r for r in runs.values() if r["job"] == job and r["lib"] == lib and r["shape"] == shape),
-                key=lambda r: r["params"],
+                key=lambda r: size_params[r["size"]],
             )
             if len(rs) < 1:
                 continue
             drawn = True
-            xs = [r["params"] / 1e6 for r in rs]
+            xs = [size_params[r["size"]] / 1e6 for r in rs]
             axes[0].plot(xs, [r["seconds"] for r in rs], style, color=colour, marker="o", label=f"{lib} {job}")
             axes[1].plot(xs, [_mem(r) / 2**30 for r in rs], style, color=colour, marker="o")
     if not drawn:
