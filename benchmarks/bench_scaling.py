@@ -432,6 +432,12 @@ def key(size: str, shape: str, job: str, lib: str, device: str) -> str:
 def run_ladder(a: argparse.Namespace) -> dict:
     store = json.loads(a.json.read_text()) if a.json.exists() and not a.fresh else {"runs": {}}
     runs = store["runs"]
+    store.setdefault("commands", []).append(
+        {
+            "command": "python benchmarks/bench_scaling.py " + " ".join(sys.argv[1:]),
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+    )
     versions, commit = _versions(), _commit()
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     todo = [
@@ -535,6 +541,9 @@ def report(store: dict, device: str, out: Path, figure: Path | None) -> str:
         "Peers' patching sweeps run one forward per cell and are timed on a sample of cells, scaled to all.",
         "",
     ]
+    commands = [c["command"] for c in store.get("commands", [])]
+    if commands:
+        lines += ["Measured by: " + "; ".join(f"`{c}`" for c in dict.fromkeys(commands)) + ".", ""]
     vs = next(iter(runs.values()), {}).get("versions", {})
     loads = [r["load_before"] for r in runs.values()]
     if loads:
@@ -738,9 +747,10 @@ def main(argv: list[str] | None = None) -> dict:
     store = run_ladder(a) if not a.report_only else json.loads(a.json.read_text())
     text = report(store, a.device, a.out, a.figure)
     print(text)
-    from gpt2_interp.experiments.provenance import standalone, write_beside
+    if not a.report_only:  # the provenance of the measuring run (a rewritten report keeps it)
+        from gpt2_interp.experiments.provenance import standalone, write_beside
 
-    write_beside(a.out, standalone(sys.argv))
+        write_beside(a.out, standalone(sys.argv))
     return store
 
 
