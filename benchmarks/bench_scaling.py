@@ -624,10 +624,6 @@ def _goals(runs: dict, device: str) -> list[str]:
                             f"- {size} {shape}: the same cache's peak: ours {_gb(_mem(cache))} GB, "
                             f"{lib} {_gb(_mem(r))} GB"
                         )
-            if lines[-1] != "## Goals" and len(lines) > 2:
-                break
-        if len(lines) > 2:
-            break
     if len(lines) == 2:
         lines.append("- no GPT-2 shape measured beside transformers yet")
     return [*lines, ""]
