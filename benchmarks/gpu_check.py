@@ -4,6 +4,9 @@
                                                         # writes benchmarks/RESULTS_gpu.{md,json}
     python benchmarks/gpu_check.py --budget 300         # a tighter time budget (seconds)
     python benchmarks/gpu_check.py --device cpu --quick # seconds, tiny sizes: the test suite runs this
+    python benchmarks/gpu_check.py --scaling            # instead: the scaling ladder of bench_scaling.py on
+                                                        # this GPU, RESULTS_scaling_gpu.{md,json,png}
+    python benchmarks/gpu_check.py --scaling "--quick"  # ... with bench_scaling.py's own options
 
 Needs only torch, this package and (for the peer ratios) transformers.
 
@@ -615,6 +618,20 @@ def markdown(results: dict[str, Any], argv: list[str]) -> str:
 
 
 # ---------------------------------------------------------------- main
+def scaling(device: str, options: list[str]) -> dict[str, Any]:
+    """The scaling ladder (``benchmarks/bench_scaling.py``) on ``device``, written beside the CPU's
+    results as ``RESULTS_scaling_gpu.{md,json,png}`` (``options``: bench_scaling's own, e.g. ``--quick``)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_scaling
+    finally:
+        sys.path.pop(0)
+    out = ROOT / "benchmarks" / "RESULTS_scaling_gpu"
+    return bench_scaling.main(
+        ["--device", device, "--out", f"{out}.md", "--json", f"{out}.json", "--figure", f"{out}.png", *options]
+    )
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
@@ -628,8 +645,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=ROOT / "benchmarks" / "RESULTS_gpu.md",
         help="markdown results; the JSON goes beside it (.json)",
     )
+    ap.add_argument(
+        "--scaling",
+        nargs="?",
+        const="",
+        default=None,
+        help="run benchmarks/bench_scaling.py's ladder on the device instead (its options as one quoted string)",
+    )
     a = ap.parse_args(argv)
     argv_shown = list(argv if argv is not None else sys.argv[1:])
+    if a.scaling is not None:
+        return scaling(a.device or ("cuda" if torch.cuda.is_available() else "cpu"), a.scaling.split())
     dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())

@@ -23,20 +23,22 @@ per token-layer measured on the unpatched runs that every sweep makes first (:fu
 
 Public surface: :class:`Patch`, :func:`run_staircase`, :func:`entry_name`, :func:`kv_names`,
 :func:`base_kv_from`, :func:`auto_batch_size`, :func:`final_logits`, :data:`CPU_MEMORY_BUDGET`,
-:class:`Work`, :func:`staircase_work`, :func:`timed`, :data:`BACKWARD`.
+:class:`Work`, :func:`staircase_work`, :func:`timed`, :data:`BACKWARD`; memory: :func:`memory_budget`,
+:func:`row_bytes`, :func:`weight_bytes`, :func:`staircase_memory`, :func:`check_fits`.
 """
 
 from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..core.memory import free_memory
 from ..core.progress import note, progress_bar
 from ..model.hooks import model_computed_inputs
 
@@ -46,7 +48,8 @@ if TYPE_CHECKING:
 #: A backward pass in forward passes (two matmuls per forward matmul: gradients of inputs and of weights' inputs).
 BACKWARD = 2.0
 
-#: Activation memory one chunk of patched rows may use (bytes), CPU; on CUDA a quarter of free memory.
+#: Activation memory one chunk of patched rows may use on the CPU at most (bytes); less when a quarter of
+#: the free memory is less (:func:`memory_budget`); on CUDA a quarter of the free memory.
 CPU_MEMORY_BUDGET = 1 << 30
 
 
@@ -197,18 +200,90 @@ def base_kv_from(
     }
 
 
-def auto_batch_size(model: HookedGPT2, n_pos: int, materialise_attention: bool = False) -> int:
-    """Rows per chunk so that a chunk's activations fit :data:`CPU_MEMORY_BUDGET` (CUDA: ¼ of free memory)."""
+def memory_budget(device: torch.device | str) -> int:
+    """Bytes one chunk of patched rows may use: a quarter of the device's free memory
+    (:func:`~gpt2_interp.core.memory.free_memory`), on the CPU at most :data:`CPU_MEMORY_BUDGET`
+    (bigger chunks are no faster there)."""
+    dev = torch.device(device)
+    free = free_memory(dev) // 4
+    return free if dev.type == "cuda" else min(CPU_MEMORY_BUDGET, free)
+
+
+def row_bytes(model: HookedGPT2, n_pos: int, materialise_attention: bool = False, n_keys: int | None = None) -> int:
+    """Peak activation bytes of one staircase row computing ``n_pos`` positions (attending to
+    ``n_keys``, default ``n_pos``): per position the residual, its norm, the queries, keys and values
+    (rotated and repeated for grouped-query attention) and the attention's output (``6 · d_model``)
+    and the MLP's hidden activations (``4 · d_mlp``: SwiGLU's gate, its activation, up and product) —
+    an upper bound of what a block holds at once, measured on GPT-2 and Llama shapes with
+    :class:`~gpt2_interp.core.memory.TensorMemory` — plus the attention scores per head
+    (``n_head · n_pos · n_keys``, three copies when ``materialise_attention``: scores or patterns are
+    hooked), and the row's share of the last-position logits read out afterwards (fp32: the logits
+    and two of their size, ``3 · d_vocab``)."""
+    return _block_bytes(model, n_pos, materialise_attention, n_keys) + 3 * model.cfg.d_vocab * 4
+
+
+def _block_bytes(model: HookedGPT2, n_pos: int, materialise_attention: bool, n_keys: int | None) -> int:
     c = model.cfg
     size = torch.finfo(model.dtype).bits // 8
-    per_row = n_pos * (8 * c.d_model + 2 * c.d_mlp) * size + c.n_head * n_pos * n_pos * size * (
-        3 if materialise_attention else 1
+    act = n_pos * (6 * c.d_model + 4 * c.d_mlp) * size
+    return act + c.n_head * n_pos * (n_keys or n_pos) * size * (3 if materialise_attention else 1)
+
+
+def auto_batch_size(model: HookedGPT2, n_pos: int, materialise_attention: bool = False) -> int:
+    """Rows per chunk so that a chunk's activations (:func:`row_bytes` each) fit the
+    :func:`memory_budget` of the model's device (``materialise_attention``: scores or patterns are hooked)."""
+    return max(1, int(memory_budget(model.device) // row_bytes(model, n_pos, materialise_attention)))
+
+
+def weight_bytes(model: HookedGPT2) -> int:
+    """Bytes of the model's parameters (a tied unembedding counted once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def staircase_memory(
+    model: HookedGPT2,
+    n_pos: int,
+    first_pos: Sequence[int],
+    cached: int,
+    batch_size: int | None = None,
+    materialise_attention: bool = False,
+) -> int:
+    """Expected peak bytes of staircase rows over prompts of ``n_pos`` tokens, row ``r`` computing
+    positions ``first_pos[r]…n_pos−1``: the weights, ``cached`` bytes held through the sweep (the
+    unpatched runs' activations), and the larger of the biggest chunk's block activations — chunks
+    never mix first positions, so it is ``min(rows sharing a first position, batch_size)`` rows — and
+    the last-position logits of one read-out block (``batch_size // 2`` rows, fp32, three of
+    ``d_vocab`` each); see :func:`row_bytes` (``batch_size`` None: :func:`auto_batch_size`;
+    ``materialise_attention`` as there)."""
+    b = auto_batch_size(model, n_pos, materialise_attention) if batch_size is None else batch_size
+    rows = Counter(first_pos)
+    chunk = max(
+        (min(k, b) * _block_bytes(model, n_pos - p, materialise_attention, n_pos) for p, k in rows.items()),
+        default=0,
     )
-    per_row += 3 * c.d_vocab * 4  # last-position logits and their softmax, fp32
-    budget = CPU_MEMORY_BUDGET
-    if model.device.type == "cuda":
-        budget = torch.cuda.mem_get_info(model.device)[0] // 4
-    return max(1, int(budget // per_row))
+    readout = min(len(first_pos), max(1, b // 2)) * 3 * model.cfg.d_vocab * 4
+    return weight_bytes(model) + cached + max(chunk, readout)
+
+
+def check_fits(work: Work, device: torch.device | str, resident: int = 0) -> None:
+    """Raise MemoryError, before any work, when ``work.memory`` less the ``resident`` bytes already
+    allocated (the loaded weights) exceeds what ``device`` has free now (nothing when the work has
+    no memory estimate)."""
+    if work.memory is None:
+        return
+    free = free_memory(device)
+    if work.memory - resident > free:
+        raise MemoryError(
+            f"{work.what} needs ≈ {_bytes(work.memory)} but {torch.device(device)} has {_bytes(free)} free; "
+            "run fewer prompt pairs (or layers) per call, or store activations in a lower precision"
+        )
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
 
 
 @dataclass
@@ -219,18 +294,28 @@ class Work:
     ``tokens``: token positions those runs compute (a row computing positions ``p…P−1`` counts
     ``P − p``); ``passes``: the work in forward passes of one full prompt (token-layers over
     ``n_pos · n_layer``; backward passes counted as :data:`BACKWARD` each); ``seconds``: the
-    expected time, from a measured forward (None: not measured)."""
+    expected time, from a measured forward (None: not measured); ``memory``: the expected peak
+    bytes, weights included (None: not estimated); ``split``: how the rows are split to fit memory
+    (e.g. ``"4 chunks of ≤ 512 rows"``; empty when not planned)."""
 
     what: str
     runs: int
     tokens: int
     passes: float
     seconds: float | None = None
+    memory: int | None = None
+    split: str = ""
 
     def line(self) -> str:
-        """``"patching mlp_out: 300 runs over 2 100 tokens ≈ 52.5 forward passes, expected 3.1 s"``."""
+        """``"patching mlp_out: 300 runs over 2 100 tokens ≈ 52.5 forward passes, expected 3.1 s,
+        peak memory ≈ 1.2 GB, in 2 chunks of ≤ 256 rows"``."""
         when = "" if self.seconds is None else f", expected ≈ {_duration(self.seconds)}"
-        return f"{self.what}: {self.runs} runs over {self.tokens} tokens ≈ {self.passes:.1f} forward passes{when}"
+        mem = "" if self.memory is None else f", peak memory ≈ {_bytes(self.memory)}"
+        split = f", in {self.split}" if self.split else ""
+        return (
+            f"{self.what}: {self.runs} runs over {self.tokens} tokens ≈ {self.passes:.1f} forward passes"
+            f"{when}{mem}{split}"
+        )
 
 
 def _duration(seconds: float) -> str:
@@ -364,12 +449,16 @@ def run_staircase(
     chunks = plan.chunks(batch_size)
     runs, tokens, token_layers = staircase_work(n, P, plan.start, plan.first)
     calls = sum(n - plan.start[a] for a, _ in chunks)
+    held = sum(e.numel() * e.element_size() for e in entries.values())
+    held += sum(k.numel() * k.element_size() * 2 for k, _ in (base_kv or {}).values())
     work = Work(
         desc,
         runs,
         tokens,
         token_layers / (P * n),
         None if speed is None else speed.seconds(token_layers + runs * unembed_share(model), calls),
+        staircase_memory(model, P, plan.first, held, batch_size),
+        f"{len(chunks)} chunk{'s' if len(chunks) != 1 else ''} of ≤ {batch_size} rows",
     )
     note(work.line(), enabled=progress)
     finals = torch.empty(R, model.cfg.d_model, dtype=model.dtype, device=dev)  # ln_final(resid) at the last position
@@ -522,12 +611,17 @@ __all__ = [
     "Work",
     "auto_batch_size",
     "base_kv_from",
+    "check_fits",
     "entry_name",
     "final_logits",
     "kv_names",
+    "memory_budget",
+    "row_bytes",
     "run_staircase",
     "staircase_calls",
+    "staircase_memory",
     "staircase_work",
     "timed",
     "unembed_share",
+    "weight_bytes",
 ]

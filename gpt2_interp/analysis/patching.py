@@ -32,13 +32,17 @@ from .engine import (
     Patch,
     Speed,
     Work,
+    auto_batch_size,
     base_kv_from,
+    check_fits,
     entry_name,
     final_logits,
     kv_names,
     run_staircase,
+    staircase_memory,
     staircase_work,
     timed,
+    weight_bytes,
 )
 from .hook_targets import resolve_hook
 from .metrics import (
@@ -279,19 +283,69 @@ def sweep_work(
     layers: Sequence[int] | None = None,
     positions: Sequence[int] | Literal["all"] | None = None,
     heads: Sequence[int] | Literal["all"] | None = None,
+    n_pairs: int = 1,
+    batch_size: int | None = None,
 ) -> Work:
-    """The work of :func:`patch` on one prompt pair of ``n_pos`` tokens, counted before running
-    (:class:`~.engine.Work`): the two unpatched runs, then one row per patched item, computing
-    blocks from its start stage on over positions from its first patched one on. Multiply
-    ``passes`` by the number of pairs for a dataset."""
+    """The work of :func:`patch` on ``n_pairs`` prompt pairs (default 1) of ``n_pos`` tokens,
+    counted before running (:class:`~.engine.Work`): the two unpatched runs, then one row per
+    patched item and pair, computing blocks from its start stage on over positions from its first
+    patched one on. ``memory`` is the expected peak (:func:`~.engine.staircase_memory`: the weights,
+    the unpatched runs' cached residuals, keys/values and patched-in activations, one chunk of
+    ``batch_size`` rows — None: sized from the free memory) and ``split`` the chunks it takes.
+    ``hook``, ``layers``, ``positions``, ``heads`` as in :func:`patch`."""
     positions, heads = as_selection(positions, "positions"), as_selection(heads, "heads")
-    target, _, items, _, _ = _items(model, hook, layers, positions, heads, n_pos)
+    target, layers_, items, _, _ = _items(model, hook, layers, positions, heads, n_pos)
+    n, c = model.cfg.n_layer, model.cfg
     runs, tokens, token_layers = staircase_work(
-        model.cfg.n_layer, n_pos, [target.stage(l) for l, _, _ in items], [min(p) for _, p, _ in items]
+        n, n_pos, [target.stage(l) for l, _, _ in items], [min(p) for _, p, _ in items]
     )
+    stages = sorted({target.stage(l) for l in layers_})
+    suffix = any(min(p) > 0 for _, p, _ in items) and stages[0] < n
+    per_pos = sum(1 for s in stages if s < n) * c.d_model + (2 * (n - stages[0]) * c.n_kv * c.d_head if suffix else 0)
+    per_pos += len(layers_) * (c.n_head * n_pos if "pattern" in hook or "scores" in hook else c.d_model)
+    size = torch.finfo(model.dtype).bits // 8
+    attention = "pattern" in hook or "scores" in hook
+    b = auto_batch_size(model, n_pos, attention) if batch_size is None else batch_size
+    b = max(n_pairs, b // n_pairs * n_pairs)
     return Work(
-        f"exact patching of {hook}", runs + 2, tokens + 2 * n_pos, 2 + token_layers / (n_pos * model.cfg.n_layer)
+        f"exact patching of {hook}",
+        (runs + 2) * n_pairs,
+        (tokens + 2 * n_pos) * n_pairs,
+        (2 + token_layers / (n_pos * n)) * n_pairs,
+        memory=staircase_memory(
+            model,
+            n_pos,
+            [min(p) for _, p, _ in items for _ in range(n_pairs)],
+            n_pairs * n_pos * per_pos * size,
+            b,
+            attention,
+        ),
+        split=f"chunks of ≤ {b} rows",
     )
+
+
+def estimate(
+    model: HookedGPT2,
+    clean: Prompts,
+    corrupted: Prompts,
+    hook: str = "resid_pre",
+    layers: Sequence[int] | None = None,
+    positions: Sequence[int] | Literal["all"] | None = None,
+    heads: Sequence[int] | Literal["all"] | None = None,
+    batch_size: int | None = None,
+) -> Work:
+    """What :func:`patch` with these arguments would cost, before running it: :func:`sweep_work` for
+    the tokenized pairs (runs, forward passes, peak memory and the split into chunks) with the
+    expected seconds — its forward passes at the time of one unpatched forward of the pairs measured
+    here (an upper bound: batched rows run faster per pass). Arguments as in :func:`patch`."""
+    clean_t, _, mask = pair_tokens(model, clean, corrupted)
+    n_pairs, P = clean_t.shape
+    work = sweep_work(model, P, hook, layers, positions, heads, n_pairs, batch_size)
+    with torch.inference_mode():
+        model(clean_t, attention_mask=mask, stop_at_layer=model.cfg.n_layer)  # warm-up
+        _, seconds = timed(model, lambda: model(clean_t, attention_mask=mask, stop_at_layer=model.cfg.n_layer))
+    work.seconds = work.passes / n_pairs * seconds
+    return work
 
 
 def patch(
@@ -361,6 +415,11 @@ def patch(
     target, layers_, items, pos_axis, head_axis = _items(model, hook, layers, positions, heads, P)
     base_t, src_t = (corr_t, clean_t) if direction == "denoise" else (clean_t, corr_t)
 
+    # refused before any work when the sweep's own estimate says it cannot fit (rows are chunked to fit;
+    # the unpatched runs' caches are not)
+    check_fits(
+        sweep_work(model, P, hook, layers, positions, heads, n_pairs, batch_size), model.device, weight_bytes(model)
+    )
     # a patch at positions ≥ p leaves positions < p as in the base run: rows compute only the suffix
     first = [min(p) for _, p, _ in items]
     runs, seconds = timed(model, lambda: _unpatched(model, target, layers_, base_t, src_t, mask, suffix=max(first) > 0))
@@ -668,6 +727,7 @@ def _layer_edit(
 __all__ = [
     "PatchResult",
     "Prompts",
+    "estimate",
     "normalize_effects",
     "pair_tokens",
     "patch",

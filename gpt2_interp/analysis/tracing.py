@@ -42,6 +42,7 @@ from .engine import (
     kv_names,
     run_staircase,
     staircase_calls,
+    staircase_memory,
     staircase_work,
     timed,
     unembed_share,
@@ -494,7 +495,9 @@ def trace_work(
     """The work of tracing ``cases`` — ``(prompt, subject)`` pairs traced together in one batch —
     counted before running (:class:`~.engine.Work`): the clean run and ``samples`` noised runs per
     prompt, then ``samples`` rows per cell from the subject on, each from its start stage and its
-    token; the expected time at ``speed`` when given."""
+    token; the expected time at ``speed`` when given, and the expected peak memory
+    (:func:`~.engine.staircase_memory`: the weights, the noised runs' cached residuals, keys and
+    values, the noise, the clean run's restored family and one chunk of rows sized from the free memory)."""
     window = _check_trace_args(model, kind, samples, window)
     n = model.cfg.n_layer
     spans = [subject_span(model, p, subj) for p, subj in cases]
@@ -513,7 +516,11 @@ def trace_work(
         if speed is None
         else speed.seconds(token_layers + runs * unembed_share(model), staircase_calls(n, start, first) + 2 * n)
     )
-    return Work(f"tracing {kind}", runs + unpatched, toks + unpatched * P, token_layers / (P * n), seconds)
+    c, size = model.cfg, torch.finfo(model.dtype).bits // 8
+    noised = Fn * samples * P * (((n + 1) + 1) * c.d_model + 2 * n * c.n_kv * c.d_head)  # entries, noise, k/v
+    restored = Fn * P * n * c.d_model
+    memory = staircase_memory(model, P, first, (noised + restored) * size)
+    return Work(f"tracing {kind}", runs + unpatched, toks + unpatched * P, token_layers / (P * n), seconds, memory)
 
 
 def _results(

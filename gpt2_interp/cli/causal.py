@@ -82,6 +82,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     _add_patch_args(p, dataset=True)
     p.add_argument("--batch-size", type=count(1), default=None, help="patched runs per forward (default: by memory)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the sweep's expected runs, time, peak memory and chunks, and stop before patching",
+    )
     add_output_args(p)
     p.set_defaults(func=patch_cmd)
 
@@ -232,6 +237,18 @@ def patch_cmd(args: argparse.Namespace) -> int:
         check_degenerate(pairs, args.dataset, known)  # refused when every pair is, else a warning
     else:
         (clean, corrupted), metric = _prompts(args), _metric(args)
+    if args.dry_run:
+        work = pt.estimate(
+            model,
+            clean,
+            corrupted,
+            hook=args.hook,
+            layers=_ints(args.layers, "--layers"),
+            positions=_ints(args.positions, "--positions"),
+            batch_size=args.batch_size,
+        )
+        print(work.line())
+        return 0
     r = pt.patch(
         model,
         clean,

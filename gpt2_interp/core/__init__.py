@@ -10,5 +10,6 @@ _FACE = {
     "checks": ("check_count", "check_index", "check_number", "check_choice", "check_str", "check_prompts"),
     "devices": ("resolve_device", "resolve_dtype", "available_devices"),
     "porting": ("PortingWarning",),
+    "memory": ("TensorMemory", "free_memory"),
 }
 __all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

@@ -99,9 +99,15 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         """The underlying ``{hook name: activation}`` dict."""
         return self._store
 
-    def to(self, device: torch.device | str) -> ActivationCache:
-        """A new cache with every activation moved to ``device``."""
-        return ActivationCache({k: v.to(device) for k, v in self._store.items()}, self.model, self.has_batch_dim)
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> ActivationCache:
+        """A new cache with every activation moved to ``device`` and/or its floating activations
+        converted to ``dtype`` (None: unchanged)."""
+        store = {k: v.to(device=device, dtype=dtype if v.is_floating_point() else None) for k, v in self._store.items()}
+        return ActivationCache(store, self.model, self.has_batch_dim)
+
+    def nbytes(self) -> int:
+        """Bytes the cached activations hold (each distinct storage counted once)."""
+        return storage_bytes(self._store.values())
 
     def remove_batch_dim(self) -> ActivationCache:
         """The cache of a batch of one without its batch dimension (a larger batch raises ValueError)."""
@@ -505,6 +511,25 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         if incorrect_tokens is not None:
             dirs = dirs - W_U[:, ids(incorrect_tokens)].movedim(0, -1)
         return (residual_stack * dirs).sum(-1)
+
+
+def own_storage(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a compact copy of it when it is a view into a larger storage (a slice of positions,
+    one of the fused query/key/value projection's parts): keeping the view would keep the whole
+    storage alive. A broadcast view (stride 0, storage smaller than the tensor) is kept as it is."""
+    if t.untyped_storage().nbytes() > t.numel() * t.element_size():
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+def storage_bytes(tensors: Iterator[torch.Tensor] | Any) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (an iterable of tensors): what keeping them
+    alive costs, views of one storage counted once."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
+    return sum(seen.values())
 
 
 def _as_index(selection: Any) -> Any:

@@ -10,7 +10,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .cache import ActivationCache
+from ..core.devices import resolve_device, resolve_dtype
+from .cache import ActivationCache, own_storage
 from .hooks import HookFn, HookPoint, NameFilter, name_filter_fn, reads_only, slice_positions, suggest
 
 HookSpec = tuple[str | Callable[[str], bool], HookFn]
@@ -171,6 +172,7 @@ class HookedRootModule(nn.Module):
         *model_args: Any,
         names_filter: NameFilter = None,
         device: torch.device | str | None = None,
+        dtype: torch.dtype | str | None = None,
         remove_batch_dim: bool = False,
         incl_bwd: bool = False,
         reset_hooks_end: bool = True,
@@ -185,13 +187,19 @@ class HookedRootModule(nn.Module):
         on names), detached. Each keeps its hook's shape, e.g. ``blocks.0.hook_resid_post``
         ``[batch, pos, d_model]``, ``blocks.0.attn.hook_pattern`` ``[batch, head, q_pos, k_pos]``.
 
-        ``device`` moves them as recorded; ``pos_slice`` (an int, slice, list or tensor) keeps only
-        those positions (an int keeps a position dimension of 1, as in TransformerLens);
-        ``remove_batch_dim`` drops the batch dimension (batch 1 only, else ValueError). ``incl_bwd`` runs
+        The cache holds only what was asked for: an activation that is a view of a larger tensor (a
+        ``pos_slice`` of it, or ``hook_q``/``hook_k``/``hook_v`` of the fused query/key/value
+        projection) is copied out, so the larger tensor is freed after its layer as in a plain forward.
+        ``device`` moves each activation as it is recorded (e.g. ``"cpu"`` to keep a GPU's memory for
+        the run, TransformerLens's keyword); ``dtype`` stores it in that floating type (e.g.
+        ``torch.float16`` or ``"bf16"``: half the bytes of fp32; token ids stay integers; our keyword,
+        TransformerLens has none). ``pos_slice`` (an int, slice, list or tensor) keeps only those
+        positions (an int keeps a position dimension of 1, as in TransformerLens); ``remove_batch_dim``
+        drops the batch dimension (batch 1 only, else ValueError). ``incl_bwd`` runs
         ``output.backward()`` (a scalar output, e.g. ``return_type="loss"``, else ValueError) and also
-        records gradients as ``name + "_grad"``. ``fwd_hooks``/``bwd_hooks`` are added for the run as
-        in :meth:`run_with_hooks`; ``reset_hooks_end`` and ``clear_contexts`` as there. An unknown
-        hook name in the filter raises KeyError."""
+        records gradients as ``name + "_grad"``. ``fwd_hooks``/``bwd_hooks`` are added for the run as in
+        :meth:`run_with_hooks`; ``reset_hooks_end`` and ``clear_contexts`` as there. An unknown hook
+        name in the filter raises KeyError."""
         if (
             len(model_args) == 2
             and names_filter is None
@@ -204,6 +212,8 @@ class HookedRootModule(nn.Module):
             names_filter = model_args[1]  # our earlier positional form (input, names_filter)
             model_args = model_args[:1]
         keep = name_filter_fn(names_filter, self.hook_names())
+        dtype = resolve_dtype(dtype)
+        device = resolve_device(device)
         store: dict[str, torch.Tensor] = {}
         pos = None if pos_slice is None else getattr(pos_slice, "slice", pos_slice)
         if isinstance(pos, int):  # as TransformerLens: the cache keeps a position dimension of 1
@@ -213,7 +223,9 @@ class HookedRootModule(nn.Module):
             act = act.detach()
             if pos is not None:
                 act = slice_positions(act, name, pos)
-            store[key] = act if device is None else act.to(device)
+            if device is not None or dtype is not None:
+                act = act.to(device=device, dtype=dtype if act.is_floating_point() else None)
+            store[key] = own_storage(act)
 
         @reads_only
         def save(act: torch.Tensor, hook: HookPoint) -> None:
