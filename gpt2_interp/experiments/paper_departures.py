@@ -52,7 +52,7 @@ ALPHAEDIT_OPTIONS: tuple[tuple[str, ...], ...] = (
     ("alpha", "alpha_scale"),
 )
 #: The other choice of a two-valued option, for a row where the library's default is the authors' value.
-OTHER = {
+OTHER: dict[str, dict[Any, Any]] = {
     "key_weighting": {"uniform": "per_context_type", "per_context_type": "uniform"},
     "target_state": {"averaged": "bare_prompt", "bare_prompt": "averaged"},
     "exact_edit": {True: False, False: True},
@@ -146,7 +146,11 @@ def rome_row(
     t = time.perf_counter()
     rows, label = [], ""
     for c, rel in zip(scorer.cases, scorer.related):
-        e = _quiet(lambda c=c: rome.compute_edit(model, c.request, stats=stats, progress=False, **overrides, **extra))
+
+        def one(c: Any = c) -> Any:
+            return rome.compute_edit(model, c.request, stats=stats, progress=False, **overrides, **extra)
+
+        e = _quiet(one)
         label = e.label
         with model.edited(e):
             rows.append(scorer([c], [rel] if rel else [[]]))
@@ -248,7 +252,7 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     related = known_related(model, cases, cfg.seed)
     scorer = _Scorer(model, cases, related)
     rome_n = cfg.rome_n or len(cases)
-    steps = {"v_steps": cfg.v_steps} if cfg.v_steps is not None else {}
+    steps: dict[str, Any] = {"v_steps": cfg.v_steps} if cfg.v_steps is not None else {}
     rome_layer = rome.default_layer(model)
     mem_layers = memit.default_layers(model)
     report: dict[str, Any] = {

@@ -77,6 +77,8 @@ class SAE(nn.Module):
     Spliced into a model (``model.splice(sae)`` or :func:`gpt2_interp.model.splice.spliced`) its hook
     points join the model's as ``{hook_name}.hook_sae_acts_post`` etc."""
 
+    threshold: torch.Tensor | None  # a registered buffer (BatchTopK only)
+
     def __init__(self, cfg: SAEConfig, seed: int | None = None) -> None:
         super().__init__()
         self.cfg = cfg
@@ -288,7 +290,9 @@ def _config_from_saelens(d: dict[str, Any], where: Path) -> SAEConfig:
     if isinstance(meta.get("gpt2_interp"), dict):
         ours = {f.name for f in fields(SAEConfig)}
         return SAEConfig(**{k: v for k, v in meta["gpt2_interp"].items() if k in ours})
-    arch = {"topk": "topk", "jumprelu": "batchtopk", "standard": "relu"}.get(d.get("architecture", "standard"))
+    arch: Architecture | None = {"topk": "topk", "jumprelu": "batchtopk", "standard": "relu"}.get(  # type: ignore[assignment]
+        d.get("architecture", "standard")
+    )
     if arch is None:
         raise ValueError(
             f"{where}: SAE architecture {d.get('architecture')!r} is not read here (topk, jumprelu, standard are)"
