@@ -1,7 +1,8 @@
 """``gpt2-interp``: a thin command line over the API (parse, call, print/save).
 
 Each area registers its subcommands in its own module (``model_cmds``, ``reading``, ``probing``,
-``causal``, ``editing``, ``demo``, ``experiments``, ``view``) through ``register(subparsers)``; each
+``causal``, ``circuits``, ``editing``, ``demo``, ``experiments``, ``view``) through
+``register(subparsers)``; each
 subcommand sets ``func(args)``. Commands that produce a result object print it through
 :func:`emit` (table, or ``--json``; figure with ``--out``), declared by :func:`add_output_args`.
 """
@@ -21,7 +22,7 @@ from typing import Any, NoReturn
 
 from .. import __version__
 
-AREAS = ("model_cmds", "reading", "probing", "causal", "editing", "demo", "experiments", "view")
+AREAS = ("model_cmds", "reading", "probing", "causal", "circuits", "editing", "demo", "experiments", "view")
 DEFAULT_MODEL = "gpt2-facts"
 
 

@@ -11,29 +11,63 @@ scores with dangling nodes pruned, and their faithfulness measured exactly.
 - ``scores``: :func:`edge_scores` → :class:`EdgeScores`
 - ``circuit``: :func:`circuit`, :func:`prune`, :func:`evaluate`, :func:`faithfulness_curve` →
   :class:`Circuit`, :class:`FaithfulnessCurve`
+- ``tasks``: the tasks a circuit is found on (:func:`ioi`, :func:`greater_than`, :func:`fact_recall`:
+  prompt pairs with their metric, a :class:`Task`) and the model's own :func:`performance` on them
 """
 
 from .circuit import Circuit, FaithfulnessCurve, circuit, default_sizes, evaluate, faithfulness_curve, prune
 from .edges import Pairs, edge_patch, pairs_of, run_with_edges, split_inputs
 from .graph import Graph, graph_of
 from .scores import EDGE_METHODS, EdgeScores, edge_scores
+from .tasks import (
+    GREATER_THAN_NOUNS,
+    IOI_NAMES,
+    IOI_TEMPLATES,
+    TASKS,
+    ProbMassDiff,
+    Task,
+    TaskPerformance,
+    fact_recall,
+    greater_than,
+    ioi,
+    ioi_names,
+    last_logits,
+    make_task,
+    performance,
+    year_tokens,
+)
 
 __all__ = [
     "EDGE_METHODS",
+    "GREATER_THAN_NOUNS",
+    "IOI_NAMES",
+    "IOI_TEMPLATES",
+    "TASKS",
     "Circuit",
     "EdgeScores",
     "FaithfulnessCurve",
     "Graph",
     "Pairs",
+    "ProbMassDiff",
+    "Task",
+    "TaskPerformance",
     "circuit",
     "default_sizes",
     "edge_patch",
     "edge_scores",
     "evaluate",
+    "fact_recall",
     "faithfulness_curve",
     "graph_of",
+    "greater_than",
+    "ioi",
+    "ioi_names",
+    "last_logits",
+    "make_task",
     "pairs_of",
+    "performance",
     "prune",
     "run_with_edges",
     "split_inputs",
+    "year_tokens",
 ]
