@@ -326,7 +326,7 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
         data["smallest"][m] = rec
         if rec["size"] is None:
             continue
-        c = evaluate(*args[:1], circuit(s, top=rec["size"]), *args[1:])
+        c = evaluate(model, circuit(s, top=rec["size"]), task.clean, task.corrupted, task.metric)
         chosen[m] = c
         path = None if ctx.out_dir is None else c.save(ctx.out_dir / f"circuit_{m}.json")
         data["circuits"][m] = {
