@@ -1,0 +1,63 @@
+"""The circuit_discovery experiment through the runner, in its quick mode, on gpt2-facts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpt2_interp.analysis.circuits import Circuit, evaluate, make_task
+from gpt2_interp.experiments import run_experiment
+from gpt2_interp.experiments.circuit_discovery import _positions, _role
+
+
+def test_name_positions_are_found_in_each_row():
+    tokens = torch.tensor([[0, 7, 5, 9, 7, 3], [0, 0, 5, 7, 5, 7]])
+    ids = torch.tensor([7, 5])
+    assert _positions(tokens, ids, last=False).tolist() == [1, 2]
+    assert _positions(tokens, ids, last=True).tolist() == [4, 4]
+    with pytest.raises(ValueError, match="missing"):
+        _positions(tokens, torch.tensor([8, 5]), last=False)
+
+
+def test_roles_follow_the_score_sign_and_the_attention():
+    assert _role(-0.5, 0.4, 0.1) == "name mover"  # patching it lowers logit[IO] - logit[S]
+    assert _role(+0.5, 0.4, 0.1) == "negative name mover"
+    assert _role(-0.5, 0.05, 0.3) == "writes to logits, attends to S"
+    assert _role(-0.5, 0.02, 0.01) == "writes to logits, attends elsewhere"
+    assert _role(None, 0.9, 0.0) == "feeds later queries"
+
+
+@pytest.mark.slow  # two edge scorings, a 6-point faithfulness curve and two evaluations (~10 s of CPU)
+def test_quick_fact_recall_circuit_is_saved_and_as_faithful_as_recorded(facts_model, tmp_path):
+    res = run_experiment(
+        "circuit_discovery", facts_model, quick=True, settings={"task": "fact_recall"}, out=tmp_path, progress=False
+    )
+    d = tmp_path / "circuit_discovery" / "gpt2-facts" / "quick"
+    data = res.data
+    assert data["performance"]["verdict"] == "performs it" and "refused" not in data
+    assert {p.name for p in d.glob("*.png")} >= {"faithfulness.png", "circuit_eap.png", "circuit_eap-ig.png"}
+    cv = data["curve"]
+    # the whole graph is the clean run: faithfulness 1 at the largest size, for both methods
+    assert cv["sizes"][-1] == data["total_edges"]
+    assert all(abs(f[-1] - 1.0) < 1e-4 for f in cv["faithfulness"])
+    task = make_task("fact_recall", facts_model, n=8, seed=0).subset(range(4))
+    for i, m in enumerate(("eap", "eap-ig")):
+        rec = data["smallest"][m]
+        j = cv["sizes"].index(rec["size"])
+        assert cv["faithfulness"][i][j] >= 0.8 > max([-1.0, *[cv["faithfulness"][i][k] for k in range(j)]])
+        assert rec["share"] == pytest.approx(cv["kept"][i][j] / data["total_edges"])
+        # the saved circuit loads back and, re-measured on the same pairs, has the faithfulness recorded
+        c = Circuit.load(d / data["circuits"][m]["file"])
+        assert len(c.edges) == rec["edges"]
+        again = evaluate(facts_model, c, task.clean, task.corrupted, task.metric, completeness=False)
+        assert again.faithfulness == pytest.approx(data["circuits"][m]["faithfulness"], abs=1e-4)
+
+
+def test_a_task_the_model_does_not_do_is_refused(facts_model):
+    # gpt2-facts does not do IOI (its own logit difference is ~0): no circuit is looked for
+    res = run_experiment(
+        "circuit_discovery", facts_model, quick=True, settings={"task": "ioi"}, out=None, progress=False
+    )
+    assert res.data["performance"]["verdict"] != "performs it"
+    assert "does not perform ioi" in res.data["refused"] and "curve" not in res.data
+    assert "Refused" in res.tables()["circuit_discovery"]
