@@ -29,6 +29,17 @@ fi
 # own generations, with a warning.
 python -c "import gpt2_interp.io.corpora as c; c.fetch_brown()" \
   || echo "note: could not fetch the Brown Corpus; key statistics of real models use the model's own samples" >&2
+# The peer packages that oracle tests compare with: auto-circuit (edge scores), SAELens (SAE files and latents),
+# steering-vectors (steering directions; it pins transformers<5 but runs on 5, so it comes without its
+# dependencies). Best effort: a test whose peer is missing is skipped and says why.
+case ",$extras," in
+  *,test,*|*,dev,*)
+    python -m pip install -q "sae-lens==6.54.12" "auto-circuit==1.0.1" >/dev/null 2>&1 \
+      || echo "note: could not install sae-lens / auto-circuit; their comparison tests are skipped" >&2
+    python -m pip install -q --no-deps "steering-vectors==0.12.2" >/dev/null 2>&1 \
+      || echo "note: could not install steering-vectors; its comparison test is skipped" >&2
+    ;;
+esac
 # Headless Chromium for the views' browser tests (tests/integration/test_views_browser.py): Debian's chromium and
 # its driver, installed with the test or browser extra when this runs as root with apt-get (CI's fresh Debian
 # machine); elsewhere those tests skip and say why.

@@ -11,7 +11,9 @@ ruff format --check "${lint_paths[@]}"
 mypy
 # No kernel is installed anywhere: tests/integration/test_notebooks.py writes a throwaway kernel spec that runs
 # this venv's python (JUPYTER_PATH, a temporary folder), so the user's own Jupyter kernels are never touched.
-python -m pytest -p no:cacheprovider --durations=25 "$@"
+# Two workers, one per core of the 2-core machines, each test file on one worker (its module fixtures built once);
+# one thread each, so the workers do not oversubscribe the cores.
+OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python -m pytest -p no:cacheprovider -n 2 --dist loadfile --durations=25 "$@"
 # The documentation site, strict, after the full suite (whose notebook test writes the executed notebooks it shows).
 # Sphinx 9 needs Python >= 3.11: on 3.10 the site is not built (the guide examples still run in the suite).
 if [ $# -eq 0 ]; then
