@@ -1,6 +1,6 @@
 """Interactive views of gpt2-interp's results: self-contained HTML pages (plotly.js inside, once per
 page, no network when viewed) that also display themselves in Jupyter. One module per area (``attention``,
-``lens``, ``causal``, ``attribution``, ``editing``, ``circuits``, ``features``); ``page`` holds the
+``lens``, ``causal``, ``attribution``, ``editing``, ``circuits``, ``features``, ``steering``); ``page`` holds the
 :class:`View` they all return, ``dispatch`` the :func:`view` that finds the right one for any result or saved
 result file.
 
@@ -18,5 +18,6 @@ _FACE = {
     "editing": ("view_topk", "view_edit_evaluation", "view_probe"),
     "circuits": ("view_circuit", "view_faithfulness"),
     "features": ("view_feature",),
+    "steering": ("view_steering",),
 }
 __all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

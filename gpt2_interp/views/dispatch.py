@@ -22,6 +22,7 @@ from .features import view_feature
 from .heatmap import as_dict
 from .lens import view_dla, view_lens, view_neuron_search, view_subupdates, view_vocab
 from .page import Part, View, text_part
+from .steering import view_steering
 
 # (fields a result's dict has, its view), most specific first
 KINDS: list[tuple[str, frozenset[str], Callable[..., View]]] = [
@@ -44,6 +45,7 @@ KINDS: list[tuple[str, frozenset[str], Callable[..., View]]] = [
     ("edge scores", frozenset({"edges", "scores", "method", "n_pairs", "clean_metric"}), view_circuit),
     ("faithfulness curve", frozenset({"faithfulness", "sizes", "kept", "methods"}), view_faithfulness),
     ("feature", frozenset({"latent", "contexts", "promoted", "suppressed", "histogram", "density"}), view_feature),
+    ("steering curve", frozenset({"scales", "target_prob", "loss_change", "kl", "baseline_prob"}), view_steering),
 ]
 
 

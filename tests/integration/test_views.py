@@ -205,3 +205,27 @@ def test_feature_page_colours_each_token_by_its_activation_over_the_largest():
     assert html.count("g2v-tok g2v-sel") == 3  # each context's firing token outlined
     with pytest.raises(ValueError, match="needs contexts"):
         view_feature({k: v for k, v in small_feature().to_dict().items() if k != "contexts"})
+
+
+def test_steering_curve_view_draws_the_curve_and_names_the_best_scale_within_the_loss_budget(tmp_path):
+    from gpt2_interp.analysis.features import SteeringCurve
+
+    t = torch.tensor
+    curve = SteeringCurve(
+        model_name="m", at="blocks.1.hook_resid_post", method="mean difference at last token",
+        scales=t([0.0, 1.0, 2.0, 4.0]), target=[" good"], target_prob=t([0.10, 0.20, 0.30, 0.50]),
+        target_sem=t([0.01, 0.01, 0.02, 0.02]), shift_sem=t([0.0, 0.01, 0.01, 0.02]),
+        loss=t([2.0, 2.02, 2.08, 2.5]), kl=t([0.0, 0.01, 0.05, 0.4]), baseline_prob=0.10, baseline_loss=2.0,
+        direction_norm=1.0, n_prompts=4, n_unrelated=2, n_tokens=10,
+    )  # fmt: skip
+    assert kind_of(curve.to_dict()) == "steering curve"
+    page = view(curve)
+    # loss changes +0%, +1%, +4%, +25%: within 5% the steered scale with the highest P(target) is 2
+    assert "best scale within a 5% loss rise is 2: P(target) 0.1000 → 0.3000 (loss +4.0%)" in page.html()
+    curve.to_json(tmp_path / "curve.json")
+    back = view(load_result(tmp_path / "curve.json"))
+    data = [json.loads(m) for m in re.findall(r"var s=(\{.*?\});Plotly", back.html())]
+    ys = [tr["y"] for tr in data[0]["data"]]
+    np.testing.assert_allclose(ys[0], [0.10, 0.20, 0.30, 0.50], atol=1e-7)
+    np.testing.assert_allclose(ys[1], [0.0, 0.01, 0.04, 0.25], atol=1e-6)
+    np.testing.assert_allclose(ys[2], [0.0, 0.01, 0.05, 0.4], atol=1e-7)
