@@ -4,7 +4,8 @@
 3. the logit lens on that prompt; 4. the top MLP sub-updates at the last position;
 5. a causal trace (hidden / MLP / attention); 6. a ROME edit of the fact to a
 counterfactual object (layer from the trace), verified on the rewrite prompt, two
-held-out paraphrases and two neighbourhood prompts, then undone with a bit-exact check.
+held-out paraphrases, two neighbourhood prompts and the subject's other facts, then undone with a bit-exact
+check.
 Writes ``report.md``, PNG figures, ``results.json`` and ``index.html`` (the same story with interactive
 views: attention patterns, logit lens, causal traces, the edit's before/after top-k; written when Plotly is
 installed, ``pip install gpt2-interp[views]``) — and nothing else but a small manifest
@@ -330,6 +331,11 @@ def trace_reading(traces: Any, mlp_layer: int, mlp_effect: float) -> list[str]:
     return lines
 
 
+def _other_facts(fb: Any, fact: Any, n: int) -> list[Any]:
+    """Up to ``n`` facts of ``fact``'s subject under other relations (what an edit should leave alone)."""
+    return [f for f in fb.facts() if f.subject == fact.subject and f.relation != fact.relation][:n]
+
+
 def _edit_section(
     model: Any, fb: Any, fact: Any, new_target: str, layer: int, stats_tokens: int | None, shown: dict[str, Any]
 ) -> Section:
@@ -350,6 +356,7 @@ def _edit_section(
         [("rewrite", prompt)]
         + [("paraphrase", p) for p in fb.prompts(fact, "heldout")[:2]]
         + [("neighbour", p) for p in fb.neighbourhood(fact, 2)]
+        + [("other fact", fb.prompts(f)[0]) for f in _other_facts(fb, fact, 2)]
     )
     cmp = compare_topk(model, edit, [p for _, p in checks], k=3)
     shown["edit"], shown["edit_roles"] = cmp, [role for role, _ in checks]

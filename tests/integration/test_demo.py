@@ -7,6 +7,7 @@ import json
 import pytest
 
 from gpt2_interp.cli import main
+from gpt2_interp.facts.base import FactBase
 
 pytestmark = pytest.mark.slow  # runs notebooks / the whole demo: minutes
 
@@ -40,6 +41,10 @@ def test_edit_flips_the_fact_moves_paraphrases_and_keeps_neighbours(report):
     assert len(paraphrases) == 2 and sum(new.startswith(c["top1_after"]) for c in paraphrases) >= 1
     neighbours = [c for c in checks if c["role"] == "neighbour"]
     assert len(neighbours) == 2 and all(c["top1_after"] == c["top1_before"] for c in neighbours)
+    # the subject's other facts (none for a city: the fact base holds one relation of cities), as the fact base has them
+    fb, subject, relation = FactBase.load(), r["fact"]["subject"], r["fact"]["relation"]
+    expected = [fb.prompts(f)[0] for f in fb.facts() if f.subject == subject and f.relation != relation][:2]
+    assert [c["prompt"] for c in checks if c["role"] == "other fact"] == expected
     assert r["edit"]["weights_restored_bit_exact"] is True
 
 
