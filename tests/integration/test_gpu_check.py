@@ -14,6 +14,7 @@ def _load():
 
 
 @pytest.mark.slow
+@pytest.mark.full  # every section of the GPU check on the CPU (~50 s); what it checks is tested module by module
 def test_gpu_check_quick_cpu_runs_every_section_and_writes_results(tmp_path):
     # a generous budget: on a busy CI machine no item may be skipped for lack of time
     out = tmp_path / "RESULTS_gpu.md"
