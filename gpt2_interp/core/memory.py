@@ -60,7 +60,7 @@ def free_memory(device: torch.device | str = "cpu") -> int:
 
 class TensorMemory(TorchDispatchMode):
     """Inside ``with TensorMemory() as mem:``, the bytes of the storages that operations create are
-    counted while those storages are alive: :attr:`current` now, :attr:`peak` the most at any moment
+    counted while those storages are alive: ``current`` now, ``peak`` the most at any moment
     (views of one storage are counted once; tensors that exist before the block, such as the
     weights, and views of them are not counted). Slows every operation a little: a measuring tool for tests and
     benchmarks, not for production runs."""

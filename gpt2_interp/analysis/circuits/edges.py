@@ -164,7 +164,7 @@ def run_with_edges(
 ) -> torch.Tensor:
     """The metric with a set of edges patched to the corrupted run, for each row of masks and each pair.
 
-    ``patched``: ``[rows, n_edges]`` (in :attr:`Graph.edges` order) or ``[rows, n_senders,
+    ``patched``: ``[rows, n_edges]`` (in ``Graph.edges`` order) or ``[rows, n_senders,
     n_receivers]``, 1 where the edge is patched (fractions interpolate: ``in_r += m · (s_corrupted −
     s_current)``). Every row runs the clean prompts with its edges patched, all layers at once (each
     receiver's input is corrected from the senders' outputs *in that run*). Returns ``[rows, n]``
@@ -261,7 +261,7 @@ def edge_patch(
     """Exact edge patching: the metric's change ``[n_edges_chosen, n]`` (patched − clean, CPU) when one
     edge at a time carries its sender's corrupted output into its receiver, every pair.
 
-    ``edges``: indices into :attr:`Graph.edges` (None: all). Each (edge, pair) is a row of the
+    ``edges``: indices into ``Graph.edges`` (None: all). Each (edge, pair) is a row of the
     prefix-reuse engine (:func:`~gpt2_interp.analysis.engine.run_staircase`): it starts at the
     receiver's layer from the clean run's residual stream and computes only the positions from the
     first one where the pairs differ, its receiver's input set to the clean input plus the sender's

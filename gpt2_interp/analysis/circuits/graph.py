@@ -16,7 +16,7 @@ The receivers' inputs are the model's split hook points (TransformerLens's
 ``hook_mlp_in`` ``[batch, pos, d_model]``, and ``blocks.{n-1}.hook_resid_post`` for the logits.
 
 Scores and masks are ``[n_senders, n_receivers]`` matrices, ``-inf``/False where no edge exists
-(:attr:`Graph.valid`); :meth:`Graph.flat` lists the edges' values in :attr:`Graph.edges` order.
+(``Graph.valid``); :meth:`Graph.flat` lists the edges' values in ``Graph.edges`` order.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Graph:
     - ``receivers``: names, per layer ``<q>`` of each head, ``<k>``/``<v>`` of each KV head, ``m{l}``, then ``logits``;
     - ``sender_stage``/``receiver_stage`` ``[n]``: position in the forward pass (``input`` 0, the
       heads of layer ``l`` read at and write after ``2l + 1``, its MLP at ``2l + 2``); an edge exists
-      where the sender's stage is below the receiver's (:attr:`valid` ``[n_senders, n_receivers]``);
+      where the sender's stage is below the receiver's (``valid`` ``[n_senders, n_receivers]``);
     - ``groups``: the receivers by hook point (:class:`Receivers`), in forward order;
     - ``n_layer``, ``n_head``, ``n_kv``: the model's sizes.
     """
