@@ -34,7 +34,7 @@ def skip_without_browser() -> None:
 
 @contextlib.contextmanager
 def chromium() -> Iterator[Any]:
-    """A headless Chromium session (1280 × 1000) that keeps the console log; quit on exit."""
+    """A headless Chromium browser (1280 × 1000) that keeps the console log; quit on exit."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
