@@ -190,12 +190,19 @@ def _blocks(model):
     return model.transformer.h if hasattr(model._module, "transformer") else model.model.layers
 
 
+def _corrupted(tokens: torch.Tensor, spec: dict) -> torch.Tensor:
+    """The patching jobs' corrupted prompt: the middle token replaced by the next id."""
+    corrupt = tokens.clone()
+    P = tokens.shape[1]
+    corrupt[:, P // 2] = (corrupt[:, P // 2] + 1) % spec["d_vocab"]
+    return corrupt
+
+
 def _job(lib: str, job: str, model, tokens: torch.Tensor, spec: dict):
     """``(fn, cells, note)``: a function doing ``job`` once with ``lib``'s ``model``; ``cells`` the
     patching cells it covers (to scale a peer's sample up), a note on what it does."""
     n, P = spec["n_layer"], tokens.shape[1]
-    corrupt = tokens.clone()
-    corrupt[:, P // 2] = (corrupt[:, P // 2] + 1) % spec["d_vocab"]
+    corrupt = _corrupted(tokens, spec)
     ans, wrong = 1, 2
     if job == "forward":
         if lib == "ours":
@@ -338,6 +345,12 @@ def measure_one(size: str, shape: str, job: str, lib: str, device: str, min_seco
     params = sum(p.numel() for p in (model._module if lib == "nnsight" else model).parameters())
     weights = sum(p.numel() * p.element_size() for p in (model._module if lib == "nnsight" else model).parameters())
     fn, cells, note = _job(lib, job, model, tokens, spec)
+    planned = None
+    if lib == "ours" and job == "patch":  # the plan patch() makes before it runs, to set beside what it used
+        from gpt2_interp.analysis.patching import estimate
+
+        w = estimate(model, tokens[:1], _corrupted(tokens, spec)[:1])
+        planned = dict(seconds=w.seconds, memory=w.memory, split=w.split, line=w.line())
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     out = fn()  # warm-up
     kept = _kept_bytes(out)
@@ -378,6 +391,7 @@ def measure_one(size: str, shape: str, job: str, lib: str, device: str, min_seco
         rss_loaded=rss_loaded if dev.type == "cpu" else None,
         kept_bytes=kept,
         note=note,
+        estimate=planned,
     )
 
 
