@@ -638,9 +638,39 @@ def _goals(runs: dict, device: str) -> list[str]:
                             f"- {size} {shape}: the same cache's peak: ours {_gb(_mem(cache))} GB, "
                             f"{lib} {_gb(_mem(r))} GB"
                         )
+    lines += _patch_goals(runs, device)
     if len(lines) == 2:
         lines.append("- no GPT-2 shape measured beside transformers yet")
     return [*lines, ""]
+
+
+def _patch_goals(runs: dict, device: str) -> list[str]:
+    """Per size: the patching sweep against each peer, and the plan ``patch`` made beside what it used."""
+    lines = []
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for size in SIZES:
+        for shape in sorted({r["shape"] for r in runs.values() if r["size"] == size and r["job"] == "patch"}):
+            ours = runs.get(key(size, shape, "patch", "ours", device))
+            if not ours:
+                continue
+            peers = [
+                f"{lib} {r['seconds']:.3g} s ({r['seconds'] / ours['seconds']:.1f}× ours)"
+                for lib in ("transformer_lens", "nnsight")
+                if (r := runs.get(key(size, shape, "patch", lib, device)))
+            ]
+            lines.append(
+                f"- {size} {shape}: patching sweep ({ours['cells']} cells) ours {ours['seconds']:.3g} s"
+                + (f"; {', '.join(peers)}" if peers else "")
+            )
+            plan = ours.get("estimate")
+            if plan and plan.get("memory") is not None:
+                fits = "fits" if plan["memory"] <= total else "does not fit"
+                lines.append(
+                    f"- {size} {shape}: patch's plan before the run: peak ≈ {_gb(plan['memory'])} GB ({fits} in "
+                    f"the machine's {_gb(total)} GB{', ' + plan['split'] if plan.get('split') else ''}); "
+                    f"measured peak over the empty process {_gb(_mem(ours))} GB; the run finished"
+                )
+    return lines
 
 
 def _growth(runs: dict, device: str, sizes: list[str], shapes: list[str]) -> list[str]:
