@@ -719,18 +719,28 @@ def _figure(runs: dict, device: str, shapes: list[str], path: Path) -> bool:
     size_params = _size_params(runs)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     drawn = False
-    for job, style in (("forward", "-"), ("cache_resid", "--"), ("patch", ":")):
-        for lib, colour in zip(LIBS, ("C0", "C1", "C2", "C3")):
-            rs = sorted(
-                (r for r in runs.values() if r["job"] == job and r["lib"] == lib and r["shape"] == shape),
-                key=lambda r: size_params[r["size"]],
-            )
-            if len(rs) < 1:
-                continue
-            drawn = True
-            xs = [size_params[r["size"]] / 1e6 for r in rs]
-            axes[0].plot(xs, [r["seconds"] for r in rs], style, color=colour, marker="o", label=f"{lib} {job}")
-            axes[1].plot(xs, [_mem(r) / 2**30 for r in rs], style, color=colour, marker="o")
+    # one line per family (GPT-2: circles, Llama-family with grouped-query attention: triangles)
+    for family, marker in (("gpt2", "o"), ("llama", "^")):
+        for job, style in (("forward", "-"), ("cache_resid", "--"), ("patch", ":")):
+            for lib, colour in zip(LIBS, ("C0", "C1", "C2", "C3")):
+                rs = sorted(
+                    (
+                        r
+                        for r in runs.values()
+                        if r["job"] == job
+                        and r["lib"] == lib
+                        and r["shape"] == shape
+                        and SIZES[r["size"]]["family"] == family
+                    ),
+                    key=lambda r: size_params[r["size"]],
+                )
+                if len(rs) < 1:
+                    continue
+                drawn = True
+                xs = [size_params[r["size"]] / 1e6 for r in rs]
+                label = f"{lib} {job}" + (" (Llama)" if family == "llama" else "")
+                axes[0].plot(xs, [r["seconds"] for r in rs], style, color=colour, marker=marker, label=label)
+                axes[1].plot(xs, [_mem(r) / 2**30 for r in rs], style, color=colour, marker=marker)
     if not drawn:
         plt.close(fig)
         return False

@@ -32,7 +32,9 @@ from pathlib import Path
 TEXT = (
     "The old lighthouse stood at the edge of the harbour, its white paint peeling after decades of salt "
     "and wind. Every evening the keeper climbed the spiral stairs, trimmed the wick and watched the ships "
-    "come home across the grey water, counting them one by one until the last had passed the rocks."
+    "come home across the grey water, counting them one by one until the last had passed the rocks. "
+    "In winter the storms came early, and "
+    "the town below shuttered its windows against the spray."
 )
 
 MARKS = (
@@ -75,6 +77,7 @@ def pages(folder: Path) -> dict[str, Path]:
     with torch.inference_mode():
         lens = logit_lens(model, prompt, positions="all", k=5, progress=False)
         att = attention_patterns(model, prompt)
+    assert tuple(att.pattern.shape) == (30, 9, 64, 64), att.pattern.shape
     out = {
         "lens 31 × 64": folder / "lens.html",
         "attention 30 × 9 × 64²": folder / "attention.html",
