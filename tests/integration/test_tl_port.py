@@ -693,9 +693,13 @@ def test_return_type_none_fires_ln_final_hooks_like_transformer_lens(pair):
 @pytest.mark.slow  # TransformerLens's unbatched sweeps
 @pytest.mark.parametrize(
     "fn",
-    sorted(
-        n for n in dir(__import__("gpt2_interp.analysis.tl_patching", fromlist=["x"])) if n.startswith("get_act_patch_")
-    ),
+    [
+        # TransformerLens's pattern sweep runs one forward per (layer, head, destination, source) cell: the
+        # longest of these oracle runs, so in the full lane only
+        pytest.param(n, marks=pytest.mark.full) if n.endswith("pattern_dest_src_pos") else n
+        for n in sorted(dir(__import__("gpt2_interp.analysis.tl_patching", fromlist=["x"])))
+        if n.startswith("get_act_patch_")
+    ],
 )
 def test_tl_patching_call_shape_matches_transformer_lens(pair, fn):
     ours, ref, _ = pair
