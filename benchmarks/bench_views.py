@@ -5,7 +5,8 @@
 Two views of SmolLM2-135M (the real weights) on one 64-token prompt: the logit lens (31 layer
 boundaries × 64 positions, top tokens and the target's rank on hover) and the attention grid (30
 layers × 9 query heads over 3 key/value groups, 64 × 64 each). Each page is written to disk and
-opened from the file in Debian's headless Chromium (Selenium), two ways:
+opened from the file in Debian's headless Chromium, started as the browser tests start it
+(``tests/integration/browser.py``, Selenium), two ways:
 
 - **in a running browser**: one browser loads the page ``--loads`` times; the first load is the
   browser's warm-up and is reported apart, the median of the others is the figure;
@@ -29,6 +30,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.integration.browser import chromium  # noqa: E402 (the browser tests' own headless Chromium)
+
 TEXT = (
     "The old lighthouse stood at the edge of the harbour, its white paint peeling after decades of salt "
     "and wind. Every evening the keeper climbed the spiral stairs, trimmed the wick and watched the ships "
@@ -41,24 +48,6 @@ MARKS = (
     "return [performance.getEntriesByName('g2v-views-start')[0].startTime,"
     " performance.getEntriesByName('g2v-views-end')[0].startTime]"
 )
-
-
-def browser():  # type: ignore[no-untyped-def]
-    """A headless Chromium as the browser tests start it."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = shutil.which("chromium") or "chromium"
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1280,1000",
-    ):
-        opts.add_argument(arg)
-    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
 
 
 def pages(folder: Path) -> dict[str, Path]:
@@ -99,22 +88,16 @@ def main(argv: list[str] | None = None) -> str:
     load0 = os.getloadavg()
     rows = []
     for name, f in files.items():
-        d = browser()
-        try:
+        with chromium() as d:
             running = []
             for _ in range(a.loads):
                 d.get(f.as_uri())
                 running.append(d.execute_script(MARKS))
-        finally:
-            d.quit()
         fresh = []
         for _ in range(a.loads):
-            d = browser()
-            try:
+            with chromium() as d:
                 d.get(f.as_uri())
                 fresh.append(d.execute_script(MARKS))
-            finally:
-                d.quit()
         warm = running[1:]
         rows.append(
             f"| {name} | {f.stat().st_size / 1e6:.1f} MB "
