@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokens", type=count(1), default=2_000_000, help="training tokens (default 2,000,000)")
     p.add_argument("--batch-size", type=count(1), default=4096, help="activations per step (default 4096)")
     p.add_argument("--lr", type=number(0.0, open_min=True), default=None, help="Adam step (default by size)")
+    p.add_argument(
+        "--epochs", type=count(1), default=1, help="passes over the text (later ones from memory; default 1)"
+    )
     p.add_argument("--checkpoint", default=None, metavar="DIR", help="resumable checkpoints here")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=train)
@@ -74,6 +77,7 @@ def train(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         lr=args.lr,
         context_size=args.context,
+        epochs=args.epochs,
         seed=args.seed,
     )
     windows = token_windows(model, text_source(model, args.texts, seed=args.seed), args.context)
