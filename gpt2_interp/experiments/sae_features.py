@@ -62,7 +62,7 @@ class Config(ExperimentConfig):
         "per_subject": 2,
         "n_folds": 3,
         "train_tokens": 4096,
-        "generated": 32,
+        "generated": 64,
         "k": 8,
     }
 
@@ -86,12 +86,13 @@ def find_sae(model: HookedGPT2, cfg: Config, ctx: RunContext) -> tuple[SAE, str]
         if found is not None and (found / "cfg.json").exists():
             return SAE.load(found, model), str(found)
     hook = f"blocks.{model.cfg.n_layer // 2}.hook_resid_pre"
+    batch = max(1, min(2048, cfg.train_tokens // 8))
     tcfg = SAETrainConfig(
         hook_name=hook,
         k=cfg.k,
         tokens=cfg.train_tokens,
-        batch_size=min(2048, cfg.train_tokens),
-        buffer_tokens=max(4 * min(2048, cfg.train_tokens), min(65_536, cfg.train_tokens)),
+        batch_size=batch,
+        buffer_tokens=max(4 * batch, min(65_536, cfg.train_tokens)),
         seed=cfg.seed,
     )
     docs = text_source(model, cfg.texts, n_generated=cfg.generated, seed=cfg.seed)
@@ -100,8 +101,8 @@ def find_sae(model: HookedGPT2, cfg: Config, ctx: RunContext) -> tuple[SAE, str]
 
 
 def top_subjects(latent: torch.Tensor, subjects: list[str], labels: list[str], top: int) -> list[list]:
-    """The ``top`` subjects by their mean activation of a latent ``[n]`` over their prompts:
-    ``[subject, label, mean activation]``."""
+    """The ``top`` subjects by their mean activation of a ``latent`` ``[n]`` over their prompts (``subjects``
+    and ``labels``: one per prompt): ``[subject, label, mean activation]``."""
     by: dict[str, list[float]] = {}
     label_of = dict(zip(subjects, labels))
     for s, a in zip(subjects, latent.tolist()):
@@ -111,7 +112,8 @@ def top_subjects(latent: torch.Tensor, subjects: list[str], labels: list[str], t
 
 
 def run_task(model: HookedGPT2, sae: SAE, cfg: Config, task: str, promoted: torch.Tensor) -> dict[str, Any]:
-    """One task: the latent probe, the sparse, all-latent and residual probes, and what each picked latent is."""
+    """One ``task`` for ``sae``: the latent probe, the sparse, all-latent and residual probes, and what each
+    picked latent is (``promoted``: the SAE's logit effect ``[d_sae, d_vocab]``); ``cfg``: the run's settings."""
     ds = probing_set(task, per_subject=cfg.per_subject)
     hook = sae.cfg.hook_name
     acts = collect_activations(model, ds.prompts, [hook], subjects=ds.subjects, progress=False)[hook]

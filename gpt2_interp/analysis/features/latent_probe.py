@@ -27,14 +27,22 @@ from ...core.tables import format_table
 def latent_auroc(latents: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
     """Each latent's AUROC ``[d_sae]`` as a detector of ``positive`` ``[n]`` (bool) from ``latents``
     ``[n, d_sae]`` (ties share their average rank: a latent that never fires scores 0.5)."""
+    return _auroc_from_ranks(_ranks(latents), positive)
+
+
+def _ranks(latents: torch.Tensor) -> torch.Tensor:
+    """Each column's ranks ``[n, d]`` (1-based, ties averaged)."""
     from scipy.stats import rankdata
 
-    positive = positive.bool()
+    return torch.from_numpy(rankdata(latents.detach().double().cpu().numpy(), axis=0))
+
+
+def _auroc_from_ranks(ranks: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
+    positive = positive.bool().cpu()
     n_pos, n_neg = int(positive.sum()), int((~positive).sum())
     if n_pos == 0 or n_neg == 0:
         raise ValueError(f"an AUROC needs positives and negatives; got {n_pos} positive and {n_neg} negative rows")
-    ranks = torch.from_numpy(rankdata(latents.detach().double().cpu().numpy(), axis=0))  # [n, d_sae]
-    u = ranks[positive.cpu()].sum(0) - n_pos * (n_pos + 1) / 2
+    u = ranks[positive].sum(0) - n_pos * (n_pos + 1) / 2  # Mann-Whitney U
     return (u / (n_pos * n_neg)).float()
 
 
@@ -82,7 +90,8 @@ def latent_probe(
     """Pick one latent per class on each training fold and score it on the held-out fold (see the
     module's docstring). ``latents`` ``[n, d_sae]``: an SAE's latents for ``n`` labelled prompts;
     ``labels``: one class name per prompt; ``folds``: ``(train, test)`` index arrays (e.g. a linear
-    probe's folds, split by subject); ``seed``: the sparse probe's. A class missing from a training or
+    probe's folds, split by subject); ``task`` and ``hook_name``: names kept in the result; ``seed``: the
+    sparse probe's. A class missing from a training or
     held-out fold is scored on the folds that have it."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
@@ -101,11 +110,12 @@ def latent_probe(
     for train, test in folds:
         tr, te = torch.from_numpy(np.asarray(train)), torch.from_numpy(np.asarray(test))
         chosen = []
+        ranks = _ranks(z[tr])  # one ranking per fold serves every class
         for c, cls in enumerate(classes):
             pos_tr, pos_te = torch.from_numpy(y[train] == cls), torch.from_numpy(y[test] == cls)
             if pos_tr.all() or not pos_tr.any():
                 continue
-            best = int(latent_auroc(z[tr], pos_tr).argmax())
+            best = int(_auroc_from_ranks(ranks, pos_tr).argmax())
             picks[c].append(best)
             chosen.append(best)
             if pos_te.any() and not pos_te.all():
