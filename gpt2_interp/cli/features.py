@@ -11,7 +11,8 @@ def _texts_arg(p: argparse.ArgumentParser, default: str = "brown") -> None:
     p.add_argument(
         "--texts",
         default=default,
-        help=f"'brown' (the Brown corpus), 'generated' (the model's samples) or a .txt file/folder (default {default})",
+        help=f"'brown' (the Brown corpus), 'generated' (the model's samples), 'facts' (the fact corpus) or a .txt "
+        f"file/folder (default {default})",
     )
     p.add_argument("--context", type=count(2), default=64, help="tokens per window, BOS first (default 64)")
     p.add_argument("--windows", type=count(1), default=256, help="windows to read (default 256)")
@@ -27,7 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("--hook", required=True, help="hook point, e.g. blocks.3.hook_resid_pre")
     p.add_argument("--save", required=True, metavar="DIR", help="folder to write the SAE to")
-    p.add_argument("--texts", default="brown", help="'brown', 'generated' or a .txt file/folder (default brown)")
+    p.add_argument(
+        "--texts", default="brown", help="'brown', 'generated', 'facts' or a .txt file/folder (default brown)"
+    )
     p.add_argument("--context", type=count(2), default=64, help="tokens per window, BOS first (default 64)")
     p.add_argument("--architecture", choices=list(ARCHITECTURES), default="topk")
     p.add_argument("--expansion", type=count(1), default=8, help="latents per input dimension (default 8)")

@@ -52,9 +52,12 @@ class Config(ExperimentConfig):
         },
     )
     train_tokens: int = field(default=400_000, metadata={"help": "training tokens of an SAE trained here"})
-    texts: str = field(default="generated", metadata={"help": "text of an SAE trained here (see sae_train)"})
+    texts: str = field(
+        default="facts", metadata={"help": "text of an SAE trained here: facts (the fact corpus), brown, generated…"}
+    )
     generated: int = field(default=512, metadata={"help": "samples of the model itself when texts=generated"})
     k: int = field(default=32, metadata={"help": "active latents per token of an SAE trained here"})
+    epochs: int = field(default=1, metadata={"help": "passes over the text of an SAE trained here"})
     top: int = field(default=5, metadata={"help": "subjects and promoted tokens shown per picked latent"})
 
     QUICK: ClassVar[dict[str, Any]] = {
@@ -71,7 +74,14 @@ class Config(ExperimentConfig):
         unknown = [t for t in self.tasks if t not in TASKS]
         if unknown or not self.tasks:
             raise ValueError(f"sae_features: tasks must be among {', '.join(TASKS)}; got {self.tasks}")
-        for name, low in (("per_subject", 1), ("n_folds", 2), ("train_tokens", 1), ("generated", 2), ("top", 1)):
+        for name, low in (
+            ("per_subject", 1),
+            ("n_folds", 2),
+            ("train_tokens", 1),
+            ("generated", 2),
+            ("top", 1),
+            ("epochs", 1),
+        ):
             if getattr(self, name) < low:
                 raise ValueError(f"sae_features: {name} must be >= {low}, got {getattr(self, name)}")
 
@@ -93,11 +103,12 @@ def find_sae(model: HookedGPT2, cfg: Config, ctx: RunContext) -> tuple[SAE, str]
         tokens=cfg.train_tokens,
         batch_size=batch,
         buffer_tokens=max(4 * batch, min(65_536, cfg.train_tokens)),
+        epochs=cfg.epochs,
         seed=cfg.seed,
     )
     docs = text_source(model, cfg.texts, n_generated=cfg.generated, seed=cfg.seed)
     sae, log = train_sae(model, tcfg, windows=token_windows(model, docs, tcfg.context_size), progress=ctx.progress)
-    return sae, f"trained here: {cfg.texts}, {log.tokens} tokens, k={cfg.k}"
+    return sae, f"trained here: {cfg.texts}, {log.tokens} tokens ({cfg.epochs} epoch(s)), k={cfg.k}"
 
 
 def top_subjects(latent: torch.Tensor, subjects: list[str], labels: list[str], top: int) -> list[list]:

@@ -53,7 +53,9 @@ class Config(ExperimentConfig):
         default=1,
         metadata={"help": "passes over the training text (later passes reuse the first pass's activations, in memory)"},
     )
-    texts: str = field(default="brown", metadata={"help": "brown, generated, or a folder of .txt files"})
+    texts: str = field(
+        default="brown", metadata={"help": "brown, generated, facts (the fact corpus), or a folder of .txt files"}
+    )
     generated: int = field(default=64, metadata={"help": "samples of the model itself when texts=generated"})
     heldout: float = field(default=0.1, metadata={"help": "fraction of the documents held out for evaluation"})
     eval_windows: int = field(default=256, metadata={"help": "held-out windows evaluated"})

@@ -19,6 +19,7 @@ from gpt2_interp.analysis.features.sae_train import (
     hook_width,
     norm_outliers,
     run_to_hook,
+    text_source,
     token_windows,
     train_sae,
 )
@@ -169,6 +170,16 @@ def test_geometric_median_of_points_with_an_outlier_is_the_middle_point():
     assert m[1].abs() < 1e-4 and 1.0 < m[0] < 1.5
     sym = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]]) + torch.tensor([3.0, -2.0])
     assert torch.allclose(geometric_median(sym), torch.tensor([3.0, -2.0]), atol=1e-5)
+
+
+def test_the_facts_text_source_is_the_fact_models_training_corpus(tiny):
+    from gpt2_interp.facts.base import FactBase
+    from gpt2_interp.facts.corpus import training_texts
+
+    docs = text_source(tiny, "facts")
+    assert docs == training_texts(FactBase.load()) and len(docs) > 1000
+    with pytest.raises(ValueError, match="'facts'"):
+        text_source(tiny, "no-such-source")
 
 
 def test_the_buffer_hands_out_every_activation_once_bos_left_out(tiny):

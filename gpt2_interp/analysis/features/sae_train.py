@@ -42,18 +42,25 @@ if TYPE_CHECKING:
 def text_source(model: HookedGPT2, source: str | Sequence[str], n_generated: int = 64, seed: int = 0) -> list[str]:
     """Documents to train on, from ``source``: ``"brown"`` (the Brown corpus, :mod:`gpt2_interp.io.corpora`),
     ``"generated"`` (``n_generated`` samples of the model itself from its BOS token, sampled with
-    ``seed``), a path to a folder of ``.txt`` files (or one file), or a list of strings (as given)."""
+    ``seed``), ``"facts"`` (the fact base's training corpus, :func:`gpt2_interp.facts.corpus.training_texts`:
+    the text gpt2-facts was trained on), a path to a folder of ``.txt`` files (or one file), or a list of
+    strings (as given)."""
     if not isinstance(source, str):
         docs = list(source)
         if not docs or not all(isinstance(d, str) for d in docs):
             raise TypeError(
-                "texts must be 'brown', 'generated', a folder of .txt files, or a non-empty list of strings"
+                "texts must be 'brown', 'generated', 'facts', a folder of .txt files, or a non-empty list of strings"
             )
         return docs
     if source == "brown":
         from ...io.corpora import brown_texts
 
         return brown_texts()
+    if source == "facts":
+        from ...facts.base import FactBase
+        from ...facts.corpus import training_texts
+
+        return training_texts(FactBase.load())
     if source == "generated":
         bos = model.tokenizer.bos_id
         assert bos is not None, "generating from nothing needs a BOS token"
@@ -71,7 +78,7 @@ def text_source(model: HookedGPT2, source: str | Sequence[str], n_generated: int
         if docs:
             return docs
         raise FileNotFoundError(f"no .txt files under {path}")
-    raise ValueError(f"texts {source!r} is not 'brown', 'generated', a file or a folder of .txt files")
+    raise ValueError(f"texts {source!r} is not 'brown', 'generated', 'facts', a file or a folder of .txt files")
 
 
 def token_windows(model: HookedGPT2, docs: Sequence[str], context_size: int) -> torch.Tensor:
