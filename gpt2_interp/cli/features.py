@@ -11,7 +11,8 @@ def _texts_arg(p: argparse.ArgumentParser, default: str = "brown") -> None:
     p.add_argument(
         "--texts",
         default=default,
-        help=f"'brown' (the Brown corpus), 'generated' (the model's samples) or a .txt file/folder (default {default})",
+        help=f"'brown' (the Brown corpus), 'generated' (the model's samples), 'facts' (the fact corpus) or a .txt "
+        f"file/folder (default {default})",
     )
     p.add_argument("--context", type=count(2), default=64, help="tokens per window, BOS first (default 64)")
     p.add_argument("--windows", type=count(1), default=256, help="windows to read (default 256)")
@@ -27,7 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("--hook", required=True, help="hook point, e.g. blocks.3.hook_resid_pre")
     p.add_argument("--save", required=True, metavar="DIR", help="folder to write the SAE to")
-    p.add_argument("--texts", default="brown", help="'brown', 'generated' or a .txt file/folder (default brown)")
+    p.add_argument(
+        "--texts", default="brown", help="'brown', 'generated', 'facts' or a .txt file/folder (default brown)"
+    )
     p.add_argument("--context", type=count(2), default=64, help="tokens per window, BOS first (default 64)")
     p.add_argument("--architecture", choices=list(ARCHITECTURES), default="topk")
     p.add_argument("--expansion", type=count(1), default=8, help="latents per input dimension (default 8)")
@@ -36,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokens", type=count(1), default=2_000_000, help="training tokens (default 2,000,000)")
     p.add_argument("--batch-size", type=count(1), default=4096, help="activations per step (default 4096)")
     p.add_argument("--lr", type=number(0.0, open_min=True), default=None, help="Adam step (default by size)")
+    p.add_argument(
+        "--epochs", type=count(1), default=1, help="passes over the text (later ones from memory; default 1)"
+    )
     p.add_argument("--checkpoint", default=None, metavar="DIR", help="resumable checkpoints here")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=train)
@@ -74,6 +80,7 @@ def train(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         lr=args.lr,
         context_size=args.context,
+        epochs=args.epochs,
         seed=args.seed,
     )
     windows = token_windows(model, text_source(model, args.texts, seed=args.seed), args.context)

@@ -17,7 +17,9 @@ from gpt2_interp.analysis.features.sae_train import (
     SAETrainConfig,
     geometric_median,
     hook_width,
+    norm_outliers,
     run_to_hook,
+    text_source,
     token_windows,
     train_sae,
 )
@@ -170,6 +172,16 @@ def test_geometric_median_of_points_with_an_outlier_is_the_middle_point():
     assert torch.allclose(geometric_median(sym), torch.tensor([3.0, -2.0]), atol=1e-5)
 
 
+def test_the_facts_text_source_is_the_fact_models_training_corpus(tiny):
+    from gpt2_interp.facts.base import FactBase
+    from gpt2_interp.facts.corpus import training_texts
+
+    docs = text_source(tiny, "facts")
+    assert docs == training_texts(FactBase.load()) and len(docs) > 1000
+    with pytest.raises(ValueError, match="'facts'"):
+        text_source(tiny, "no-such-source")
+
+
 def test_the_buffer_hands_out_every_activation_once_bos_left_out(tiny):
     windows = token_windows(tiny, [" ".join(str(i) for i in range(200))], 16)  # no two windows alike
     assert (windows[:, 0] == tiny.tokenizer.bos_id).all()
@@ -180,6 +192,24 @@ def test_the_buffer_hands_out_every_activation_once_bos_left_out(tiny):
     dist = torch.cdist(got, acts)
     assert dist.min(1).values.max() < 1e-3  # batch-size rounding; distinct activations are ~0.3 apart
     assert len(set(dist.argmin(1).tolist())) == len(got)
+
+
+def test_several_epochs_hand_out_every_activation_once_per_pass_and_the_cache_runs_the_model_once(tiny):
+    windows = token_windows(tiny, [" ".join(str(i) for i in range(200))], 16)
+    acts = run_to_hook(tiny, windows, HOOK)[:, 1:].reshape(-1, 64)
+    calls: list[int] = []
+    for cache in (False, True):
+        buf = ActivationBuffer(
+            tiny, HOOK, windows, batch_size=5, buffer_tokens=60, forward_batch=3, epochs=3, cache=cache
+        )
+        calls.clear()
+        with tiny.hooks([(HOOK, lambda x, hook: calls.append(len(x)))]):
+            got = torch.cat(list(buf))
+        # three passes: 3 × the activations, each handed out three times (batch size 5 divides 3 × 15 × n)
+        assert len(got) == 3 * len(acts) and buf.windows_read == 3 * len(windows)
+        counts = torch.bincount(torch.cdist(got, acts).argmin(1), minlength=len(acts))
+        assert (counts == 3).all()
+        assert sum(calls) == (1 if cache else 3) * len(windows)  # the cache runs the model over each window once
 
 
 def test_training_lowers_the_reconstruction_error_keeps_decoder_rows_unit_norm_and_resumes(tiny, tmp_path):
@@ -229,6 +259,34 @@ def test_metrics_of_an_exact_sae_recover_all_loss_and_variance(tiny):
     )
     assert ev.ce_zero == pytest.approx(float(ablated[:, 1:].mean().detach()), rel=1e-5)
     assert "ce_recovered" in ev.table()
+
+
+def test_norm_outliers_are_left_out_of_training_data_and_metrics_and_kept_clean_in_the_ablations(tiny):
+    assert norm_outliers(torch.tensor([[1.0, 0], [0, 1.1], [0.9, 0], [30.0, 0]]), 10).tolist() == [0, 0, 0, 1]
+    windows = token_windows(tiny, TEXTS, 16)
+
+    def massive(x, hook):  # a massive activation at the first position after BOS, as Llama-family models make
+        x = x.clone()
+        x[:, 1] *= 1000
+        return x
+
+    with tiny.hooks([("blocks.0.hook_resid_pre", massive)]):
+        acts = run_to_hook(tiny, windows, HOOK)[:, 2:].reshape(-1, 64)
+        buf = ActivationBuffer(tiny, HOOK, windows, batch_size=14, buffer_tokens=56, forward_batch=4, outlier_ratio=10)
+        got = torch.cat(list(buf))
+        assert buf.outliers == len(windows) and len(got) == len(acts)  # 14 per window: every position 2..15
+        assert torch.cdist(got, acts).min(1).values.max() < 1e-3
+        ev = evaluate_sae(tiny, exact_sae(64), windows, batch=4, outlier_ratio=10)
+        assert ev.outliers == len(windows) and ev.tokens == len(acts)
+        assert ev.ce_recovered == pytest.approx(1.0, abs=1e-4)
+        # the zero ablation keeps positions 0 and 1 clean
+        ablated = tiny.run_with_hooks(
+            windows,
+            fwd_hooks=[(HOOK, lambda x, hook: torch.cat([x[:, :2], torch.zeros_like(x[:, 2:])], 1))],
+            return_type="loss",
+            loss_per_token=True,
+        )
+    assert ev.ce_zero == pytest.approx(float(ablated[:, 1:].mean().detach()), rel=1e-5)
 
 
 def test_an_sae_whose_hook_the_model_lacks_is_refused(tiny):

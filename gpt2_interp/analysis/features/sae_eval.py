@@ -8,6 +8,10 @@
   their clean activation in both ablations (an SAE is trained without them; see :mod:`.sae_train`).
 - **Dead** and **dense** latents: the fractions that never fire on the evaluated tokens, and that fire on
   more than ``dense_above`` of them (default 10%).
+
+With ``outlier_ratio`` (an SAE trained without norm outliers, see
+:func:`~gpt2_interp.analysis.features.sae_train.norm_outliers`) those positions are treated as BOS is: left
+out of every metric but the cross-entropies, and kept at their clean activation in both ablations.
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ...core.checks import check_number
 from ...core.result import Result
 from ...core.tables import format_table
 from .sae import SAE
+from .sae_train import norm_outliers
 
 if TYPE_CHECKING:
     from ...model.hooked_gpt2 import HookedGPT2
@@ -30,7 +36,8 @@ class SAEEvaluation(Result):
     """An SAE's quality on ``tokens`` held-out tokens (BOS positions excluded): ``l0``,
     ``variance_explained``, ``ce_clean``/``ce_spliced``/``ce_zero`` (mean next-token cross-entropy, nats)
     and ``ce_recovered``, ``dead_fraction``, ``dense_fraction`` (``dense_above``), ``frequency``
-    ``[d_sae]`` (each latent's firing rate), ``hook_name`` and ``architecture``."""
+    ``[d_sae]`` (each latent's firing rate), ``hook_name`` and ``architecture``; ``outliers``: positions
+    left out as norm outliers (``outlier_ratio``)."""
 
     hook_name: str
     architecture: str
@@ -46,6 +53,7 @@ class SAEEvaluation(Result):
     dense_fraction: float
     dense_above: float
     frequency: torch.Tensor
+    outliers: int = 0
 
     def summary(self) -> dict[str, Any]:
         """The scalar metrics by name (no per-latent frequencies)."""
@@ -61,12 +69,21 @@ class SAEEvaluation(Result):
 
 @torch.no_grad()
 def evaluate_sae(
-    model: HookedGPT2, sae: SAE, windows: torch.Tensor, batch: int = 16, dense_above: float = 0.1
+    model: HookedGPT2,
+    sae: SAE,
+    windows: torch.Tensor,
+    batch: int = 16,
+    dense_above: float = 0.1,
+    outlier_ratio: float | None = None,
 ) -> SAEEvaluation:
     """Measure ``sae`` on ``model`` over token ``windows`` ``[n, pos]`` (held out from training; see
     :func:`.sae_train.token_windows`), ``batch`` windows per forward pass; a latent firing on more than ``dense_above``
-    of the tokens counts as dense. See the module's docstring."""
+    of the tokens counts as dense; ``outlier_ratio``: positions whose norm exceeds this × the batch's median are
+    left out as BOS is (None: none). See the module's docstring."""
     sae.check_model(model)
+    if outlier_ratio is not None:
+        check_number(outlier_ratio, "outlier_ratio", 1)
+    n_out = 0
     site = sae.cfg.hook_name
     skip = int(model.tokenizer.bos_id is not None)
     n_tok = 0
@@ -80,21 +97,31 @@ def evaluate_sae(
         stats: dict[str, Any] = {}
 
         def replace(x: torch.Tensor, hook: Any) -> torch.Tensor | None:
+            body = x[:, skip:].reshape(-1, sae.cfg.d_in)
             if mode == "clean":
-                stats["x"] = x[:, skip:].reshape(-1, sae.cfg.d_in).float()
+                keep = torch.ones(len(body), dtype=torch.bool, device=x.device)
+                if outlier_ratio is not None:
+                    keep = ~norm_outliers(body, outlier_ratio)
+                stats["keep"] = keep
+                stats["x"] = body[keep].float()
                 return None
-            out = x.clone()
+            keep = run.keep  # type: ignore[attr-defined]  # the clean run's, same tokens
+            new = body.clone()
             if mode == "zero":
-                out[:, skip:] = 0
+                new[keep] = 0
             else:
-                z = sae.encode(x[:, skip:].reshape(-1, sae.cfg.d_in))
+                z = sae.encode(body[keep])
                 stats["z"] = z
-                out[:, skip:] = sae.decode(z).reshape(out[:, skip:].shape).to(x.dtype)
+                new[keep] = sae.decode(z).to(x.dtype)
+            out = x.clone()
+            out[:, skip:] = new.reshape(out[:, skip:].shape)
             return out
 
         with model.hooks([(site, replace)]):
             loss = model(tokens, return_type="loss", loss_per_token=True)
         run.stats = stats  # type: ignore[attr-defined]
+        if mode == "clean":
+            run.keep = stats["keep"]  # type: ignore[attr-defined]
         return loss
 
     for i in range(0, len(windows), batch):
@@ -104,6 +131,7 @@ def evaluate_sae(
             losses[mode] = run(tokens, mode)
             if mode == "clean":
                 x = run.stats["x"]  # type: ignore[attr-defined]
+                n_out += int((~run.stats["keep"]).sum())  # type: ignore[attr-defined]
             elif mode == "spliced":
                 z = run.stats["z"]  # type: ignore[attr-defined]
         # the first predicted position (from BOS) is not changed by the SAE: count from position `skip`
@@ -139,6 +167,7 @@ def evaluate_sae(
         dense_fraction=float((freq > dense_above).float().mean()),
         dense_above=dense_above,
         frequency=freq,
+        outliers=n_out,
     )
 
 

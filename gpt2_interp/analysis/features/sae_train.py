@@ -42,18 +42,25 @@ if TYPE_CHECKING:
 def text_source(model: HookedGPT2, source: str | Sequence[str], n_generated: int = 64, seed: int = 0) -> list[str]:
     """Documents to train on, from ``source``: ``"brown"`` (the Brown corpus, :mod:`gpt2_interp.io.corpora`),
     ``"generated"`` (``n_generated`` samples of the model itself from its BOS token, sampled with
-    ``seed``), a path to a folder of ``.txt`` files (or one file), or a list of strings (as given)."""
+    ``seed``), ``"facts"`` (the fact base's training corpus, :func:`gpt2_interp.facts.corpus.training_texts`:
+    the text gpt2-facts was trained on), a path to a folder of ``.txt`` files (or one file), or a list of
+    strings (as given)."""
     if not isinstance(source, str):
         docs = list(source)
         if not docs or not all(isinstance(d, str) for d in docs):
             raise TypeError(
-                "texts must be 'brown', 'generated', a folder of .txt files, or a non-empty list of strings"
+                "texts must be 'brown', 'generated', 'facts', a folder of .txt files, or a non-empty list of strings"
             )
         return docs
     if source == "brown":
         from ...io.corpora import brown_texts
 
         return brown_texts()
+    if source == "facts":
+        from ...facts.base import FactBase
+        from ...facts.corpus import training_texts
+
+        return training_texts(FactBase.load())
     if source == "generated":
         bos = model.tokenizer.bos_id
         assert bos is not None, "generating from nothing needs a BOS token"
@@ -71,7 +78,7 @@ def text_source(model: HookedGPT2, source: str | Sequence[str], n_generated: int
         if docs:
             return docs
         raise FileNotFoundError(f"no .txt files under {path}")
-    raise ValueError(f"texts {source!r} is not 'brown', 'generated', a file or a folder of .txt files")
+    raise ValueError(f"texts {source!r} is not 'brown', 'generated', 'facts', a file or a folder of .txt files")
 
 
 def token_windows(model: HookedGPT2, docs: Sequence[str], context_size: int) -> torch.Tensor:
@@ -106,6 +113,15 @@ def run_to_hook(model: HookedGPT2, tokens: torch.Tensor, hook_name: str) -> torc
     return got[-1]
 
 
+def norm_outliers(acts: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Which rows of ``acts`` ``[n, d]`` are norm outliers ``[n]`` (bool): a norm above ``ratio`` × the median
+    norm of the rows. Such are the *massive activations* of Llama-family models (Sun et al. 2024): a few
+    positions near the start of a window (a newline or a comma right after BOS) whose residual norm is ~100 ×
+    the others' and would dominate any squared-error loss or variance."""
+    norms = acts.float().norm(dim=-1)
+    return norms > ratio * norms.median()
+
+
 def hook_width(model: HookedGPT2, hook_name: str) -> int:
     """The width of one position's activation at ``hook_name`` (heads and ``d_head`` flattened); an
     unknown hook name raises KeyError with the closest names."""
@@ -119,8 +135,13 @@ class ActivationBuffer:
     """Activations ``[batch_size, d_in]`` at ``hook_name`` for token ``windows`` ``[n, pos]``, shuffled:
     ``buffer_tokens`` activations are held; each refill runs ``forward_batch`` windows at a time until the
     store is full again, shuffles it, and hands out its first half as batches. BOS positions are
-    skipped. ``start``: the first window to read (a resumed run); ``seed`` seeds the shuffling.
-    Iterating yields batches until the windows run out (``windows_read``: how many were read so far)."""
+    skipped. ``epochs``: passes over the windows (each pass reshuffled); with ``cache`` the activations of
+    the first pass are kept in memory (``n × (pos − 1) × d_in`` floats) and later passes read them
+    instead of running the model again. ``outlier_ratio``: positions whose norm exceeds this × the median of
+    their forward batch are left out too (:func:`norm_outliers`; ``outliers`` counts them); None keeps all.
+    ``start``: the first window to read, counted over all passes (a resumed run); ``seed`` seeds the
+    shuffling. Iterating yields batches until the passes run out
+    (``windows_read``: how many windows were read so far, over all passes)."""
 
     def __init__(
         self,
@@ -132,26 +153,43 @@ class ActivationBuffer:
         forward_batch: int = 32,
         seed: int = 0,
         start: int = 0,
+        epochs: int = 1,
+        cache: bool = False,
+        outlier_ratio: float | None = None,
     ) -> None:
         self.model, self.hook_name, self.windows = model, hook_name, windows
         self.batch_size = check_count(batch_size, "batch_size")
         self.buffer_tokens = max(check_count(buffer_tokens, "buffer_tokens"), 2 * self.batch_size)
         self.forward_batch = check_count(forward_batch, "forward_batch")
+        self.epochs = check_count(epochs, "epochs")
+        self.total_windows = self.epochs * len(windows)
         self.windows_read = start
         self.g = torch.Generator().manual_seed(seed)
         self.skip_first = model.tokenizer.bos_id is not None
         self.forward_seconds = 0.0
+        self.cache: dict[int, torch.Tensor] | None = {} if cache else None
+        self.outlier_ratio = None if outlier_ratio is None else check_number(outlier_ratio, "outlier_ratio", 1)
+        self.outliers = 0
 
     def _read(self, n_tokens: int) -> list[torch.Tensor]:
-        out, have = [], 0
+        out, have, n = [], 0, len(self.windows)
         with torch.no_grad():
-            while have < n_tokens and self.windows_read < len(self.windows):
-                rows = self.windows[self.windows_read : self.windows_read + self.forward_batch]
+            while have < n_tokens and self.windows_read < self.total_windows:
+                first = self.windows_read % n
+                rows = self.windows[first : min(first + self.forward_batch, n)]  # a read never spans two passes
                 self.windows_read += len(rows)
-                t = time.perf_counter()
-                act = run_to_hook(self.model, rows, self.hook_name)
-                act = act[:, int(self.skip_first) :].reshape(-1, act[0, 0].numel()).float()
-                self.forward_seconds += time.perf_counter() - t
+                act = self.cache.get(first) if self.cache is not None else None
+                if act is None:
+                    t = time.perf_counter()
+                    act = run_to_hook(self.model, rows, self.hook_name)
+                    act = act[:, int(self.skip_first) :].reshape(-1, act[0, 0].numel()).float()
+                    if self.outlier_ratio is not None:
+                        out_rows = norm_outliers(act, self.outlier_ratio)
+                        self.outliers += int(out_rows.sum())
+                        act = act[~out_rows]
+                    self.forward_seconds += time.perf_counter() - t
+                    if self.cache is not None and self.epochs > 1:
+                        self.cache[first] = act
                 out.append(act)
                 have += len(act)
         return out
@@ -161,7 +199,7 @@ class ActivationBuffer:
         while len(store) >= self.batch_size:
             store = store[torch.randperm(len(store), generator=self.g).to(store.device)]
             half = max(self.batch_size, (len(store) // 2) // self.batch_size * self.batch_size)
-            if self.windows_read >= len(self.windows):
+            if self.windows_read >= self.total_windows:
                 half = len(store) // self.batch_size * self.batch_size
             for i in range(0, half, self.batch_size):
                 yield store[i : i + self.batch_size]
@@ -184,6 +222,9 @@ class SAETrainConfig:
     ``"mean"`` or ``"zeros"``; ``aux_k`` (None: ``d_in // 2``), ``aux_coefficient`` and ``dead_after``
     (tokens without firing before a latent counts as dead, for the auxiliary loss); ``lr_warmup`` and
     ``lr_decay``: fractions of the steps with a linear warm-up and a final linear decay to 0;
+    ``epochs``: passes over the token windows (a corpus smaller than ``tokens`` is read again; the
+    activations of the first pass are kept in memory and reused); ``outlier_ratio``: leave out positions
+    whose norm exceeds this × their batch's median (:func:`norm_outliers`; None: keep every position);
     ``checkpoint_every``: steps between checkpoints; ``seed``."""
 
     hook_name: str
@@ -204,13 +245,24 @@ class SAETrainConfig:
     dead_after: int = 200_000
     lr_warmup: float = 0.01
     lr_decay: float = 0.2
+    epochs: int = 1
+    outlier_ratio: float | None = None
     checkpoint_every: int = 200
     seed: int = 0
 
     def __post_init__(self) -> None:
         check_choice(self.architecture, "architecture", ARCHITECTURES)
         check_choice(self.b_dec_init, "b_dec_init", ("geometric_median", "mean", "zeros"))
-        for name in ("expansion", "k", "tokens", "batch_size", "context_size", "buffer_tokens", "forward_batch"):
+        for name in (
+            "expansion",
+            "k",
+            "tokens",
+            "batch_size",
+            "context_size",
+            "buffer_tokens",
+            "forward_batch",
+            "epochs",
+        ):
             check_count(getattr(self, name), name)
         check_count(self.dead_after, "dead_after")
         check_count(self.checkpoint_every, "checkpoint_every")
@@ -220,14 +272,17 @@ class SAETrainConfig:
         check_number(self.lr_decay, "lr_decay", 0, 1)
         if self.lr is not None:
             check_number(self.lr, "lr", 0, low_open=True)
+        if self.outlier_ratio is not None:
+            check_number(self.outlier_ratio, "outlier_ratio", 1)
 
 
 @dataclass
 class TrainingLog:
     """What a training run did: ``steps``, ``tokens`` trained on, per-step ``fvu``, ``l0`` and ``dead``
     (the fraction of latents dead by the ``dead_after`` rule) every ``every`` steps, the seconds spent
-    in the model's forward passes (``forward_seconds``) and in SAE steps (``step_seconds``), and
-    ``resumed_from`` (the step a checkpoint resumed at, else 0)."""
+    in the model's forward passes (``forward_seconds``) and in SAE steps (``step_seconds``),
+    ``resumed_from`` (the step a checkpoint resumed at, else 0) and ``outliers`` (positions left out as
+    norm outliers, see :attr:`SAETrainConfig.outlier_ratio`)."""
 
     steps: int = 0
     tokens: int = 0
@@ -238,6 +293,7 @@ class TrainingLog:
     forward_seconds: float = 0.0
     step_seconds: float = 0.0
     resumed_from: int = 0
+    outliers: int = 0
 
 
 @torch.no_grad()
@@ -393,6 +449,9 @@ def train_sae(
         cfg.forward_batch,
         cfg.seed + trainer.steps,
         start_window,
+        epochs=cfg.epochs,
+        cache=cfg.epochs > 1,
+        outlier_ratio=cfg.outlier_ratio,
     )
     batches = iter(buffer)
     pending: list[torch.Tensor] = []
@@ -425,9 +484,11 @@ def train_sae(
         if ckpt is not None and (step % cfg.checkpoint_every == 0 or step == total_steps):
             log.forward_seconds += buffer.forward_seconds - forward_before
             forward_before = buffer.forward_seconds
+            log.outliers = buffer.outliers
             _save_state(ckpt, trainer, buffer.windows_read, log)
     bar.close()
     log.forward_seconds += buffer.forward_seconds - forward_before
+    log.outliers = buffer.outliers
     return sae.eval(), log
 
 
@@ -456,6 +517,7 @@ __all__ = [
     "geometric_median",
     "hook_width",
     "new_sae",
+    "norm_outliers",
     "run_to_hook",
     "text_source",
     "token_windows",
