@@ -198,11 +198,13 @@ def _corrupted(model: HookedGPT2, graph: Graph, pairs: Pairs) -> _Corrupted:
 class _Term:
     """How one mask row corrects one receiver group: its input is ``base`` (``"run"``: the patched run's
     own input; ``"corrupted"``: the corrupted run's) plus ``Σ_s weights[s] · (current − corrupted)[s]``
-    over the senders ``senders`` (``weights`` ``[a, count]``, or ``[a, pos, count]`` per position)."""
+    over the senders ``senders`` (``weights`` ``[a, count]``, or ``[a, pos, count]`` per position);
+    ``prefix``: the senders are the first ``a`` (their differences are read in place, not gathered)."""
 
     base: str
     senders: torch.Tensor
     weights: torch.Tensor
+    prefix: bool = False
 
 
 def _terms(graph: Graph, masks: torch.Tensor) -> list[list[_Term]]:
@@ -222,12 +224,14 @@ def _terms(graph: Graph, masks: torch.Tensor) -> list[list[_Term]]:
                 m = rearrange(m, "p s c -> s p c")
             used_p = (m != 0).flatten(1).any(1)
             used_k = (m != 1).flatten(1).any(1)
-            if int(used_p.sum()) <= int(used_k.sum()):
-                idx = used_p.nonzero()[:, 0]
-                terms.append(_Term("run", idx, -m[idx]))
+            base, used, w = (
+                ("run", used_p, -m) if int(used_p.sum()) <= int(used_k.sum()) else ("corrupted", used_k, 1 - m)
+            )
+            idx = used.nonzero()[:, 0]
+            if 2 * idx.numel() > ns:  # most senders: read all of them in place rather than gather
+                terms.append(_Term(base, torch.arange(ns, device=m.device), w, prefix=True))
             else:
-                idx = used_k.nonzero()[:, 0]
-                terms.append(_Term("corrupted", idx, 1 - m[idx]))
+                terms.append(_Term(base, idx, w[idx]))
         out.append(terms)
     return out
 
@@ -334,9 +338,12 @@ def _patched_metric(
             if t.senders.numel() == 0:
                 out[rows] = base
                 continue
-            dd = diff[:, rows].index_select(0, t.senders)  # [a, m, P, d]
-            eq = "a c, a m p d -> m p c d" if t.weights.ndim == 2 else "a p c, a m p d -> m p c d"
-            delta = einsum(t.weights, dd, eq)
+            a = t.senders.numel()
+            dd = diff[:a, rows] if t.prefix else diff[:, rows].index_select(0, t.senders)  # [a, m, P, d]
+            if t.weights.ndim == 2:  # one matmul: [count, a] @ [a, m·P·d]
+                delta = rearrange(t.weights.T @ dd.reshape(a, -1), "c (m p d) -> m p c d", m=m, p=P)
+            else:
+                delta = einsum(t.weights, dd, "a p c, a m p d -> m p c d")
             out[rows] = base + (delta if act.ndim == 4 else delta[:, :, 0])
         return out
 
