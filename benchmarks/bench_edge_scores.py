@@ -1,6 +1,6 @@
 """Edge scores checked against exact edge patching, and the cost of scoring every edge.
 
-    python benchmarks/bench_edge_scores.py [--part agreement|speed|curve|all] [--out benchmarks/RESULTS_edge_scores.md]
+    python benchmarks/bench_edge_scores.py [--part agreement|speed|curve|smollm2|all] [--out FILE.md]
 
 1. Agreement (gpt2-facts): subject-swap fact-recall pairs the model knows (``experiments.attribution.fact_pairs``,
    ``--pairs`` of them), metric logit[clean object] − logit[corrupted object]. Every edge is patched exactly
@@ -15,6 +15,10 @@
 3. Faithfulness curves (gpt2-facts, the pairs of part 1): circuits of the top edges by EAP, EAP-IG (inputs) and
    EAP-IG (activations), 20 sizes from 0.1% to all edges, dangling edges pruned, faithfulness exact
    (``faithfulness_curve``); the smallest circuit reaching 80% per method, as a share of all edges.
+4. SmolLM2-135M on IOI (``--part smollm2``): the pairs of ``experiments/circuit_discovery`` (``ioi``, seed 0,
+   ``--speed-pairs`` of them), wall-clock seconds of EAP-IG (inputs, 5 steps) over all edges and of the exact
+   faithfulness curve of its top-k circuits at 20 sizes (dangling edges pruned), with the load average
+   before and after each (run it alone on the machine: the wall time is the measure).
 """
 
 from __future__ import annotations
@@ -127,11 +131,56 @@ def curve(pairs: int) -> tuple[list[str], dict]:
     return lines, {"smallest": small, "faithfulness": c.faithfulness.tolist(), "kept": c.kept.tolist()}
 
 
+def smollm2(n_pairs: int) -> tuple[list[str], dict]:
+    from gpt2_interp.analysis.circuits.tasks import ioi
+
+    model = gi.load("smollm2-135m")
+    task = ioi(model, n=n_pairs, seed=0)
+    n_edges = graph_of(model).n_edges
+    load = [os.getloadavg()[0]]
+    t = time.perf_counter()
+    scores = edge_scores(model, task.clean, task.corrupted, task.metric, method="eap-ig", ig_steps=5, progress=False)
+    ig_secs = time.perf_counter() - t
+    load.append(os.getloadavg()[0])
+    t = time.perf_counter()
+    c = faithfulness_curve(model, scores, task.clean, task.corrupted, task.metric, sizes=20)
+    curve_secs = time.perf_counter() - t
+    load.append(os.getloadavg()[0])
+    small = c.smallest(0.8)["eap-ig"]
+    lines = [
+        f"SmolLM2-135M, IOI, {len(task)} pairs (padded to {task.clean_tokens.shape[1]} tokens), all {n_edges} edges, "
+        f"{torch.get_num_threads()} torch threads; load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} "
+        "(start / after EAP-IG / after the curve)",
+        "",
+        "| step | wall seconds | goal |",
+        "|---|---|---|",
+        f"| EAP-IG (inputs, 5 steps), every edge | {ig_secs:.1f} | ≤ 120 |",
+        f"| faithfulness curve, {len(c.sizes)} sizes (exact) | {curve_secs:.1f} | ≤ 300 |",
+        "",
+        f"Smallest EAP-IG circuit with faithfulness ≥ 80%: {'none' if small is None else f'{small} edges'}",
+        "",
+        "```",
+        c.table(),
+        "```",
+    ]
+    data = {
+        "pairs": len(task),
+        "edges": n_edges,
+        "eap_ig_seconds": ig_secs,
+        "curve_seconds": curve_secs,
+        "load": load,
+        "sizes": c.sizes,
+        "faithfulness": c.faithfulness.tolist(),
+        "kept": c.kept.tolist(),
+    }
+    return lines, data
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("agreement", "speed", "curve", "all"), default="all")
+    ap.add_argument("--part", choices=("agreement", "speed", "curve", "smollm2", "all"), default="all")
     ap.add_argument("--pairs", type=int, default=16, help="gpt2-facts pairs for the agreement part")
-    ap.add_argument("--speed-pairs", type=int, default=100, help="SmolLM2 pairs for the speed part")
+    ap.add_argument("--speed-pairs", type=int, default=100, help="SmolLM2 pairs for the speed and smollm2 parts")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     torch.manual_seed(0)
@@ -144,6 +193,9 @@ def main(argv: list[str] | None = None) -> dict:
         lines += [*part, ""]
     if a.part in ("curve", "all"):
         part, data["curve"] = curve(a.pairs)
+        lines += [*part, ""]
+    if a.part in ("smollm2", "all"):
+        part, data["smollm2"] = smollm2(a.speed_pairs)
         lines += part
     now = datetime.now(timezone.utc)
     env = f"{os.cpu_count()} cores, {torch.get_num_threads()} torch threads, {now:%Y-%m-%d %H:%M} UTC"

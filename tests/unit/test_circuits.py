@@ -116,6 +116,152 @@ def test_exact_edge_patching_equals_a_hand_written_hook_loop(kind):
     torch.testing.assert_close(general, exact, atol=1e-5, rtol=0)
 
 
+def _hand_masked(model: HookedGPT2, clean: torch.Tensor, corrupted: torch.Tensor, metric, patched: dict):
+    """The metric with several edges patched in one run, written out edge by edge: ``patched`` maps an
+    edge name to the positions it is patched at (None: all). Each receiver's input gets ``corrupted −
+    current`` of each of its patched senders, the current output read in the same run."""
+    n = model.cfg.n_layer
+    with torch.no_grad():
+        _, k = model.run_with_cache(corrupted)
+
+    def out(cache, sender: str) -> torch.Tensor:  # [b, p, d_model]
+        if sender == "input":
+            return cache["blocks.0.hook_resid_pre"]
+        if sender.startswith("m"):
+            return cache[f"blocks.{int(sender[1:])}.hook_mlp_out"]
+        l, h = map(int, re.fullmatch(r"a(\d+)\.h(\d+)", sender).groups())
+        return cache[f"blocks.{l}.attn.hook_z"][:, :, h] @ model.blocks[l].attn.W_O[h]
+
+    current: dict = {}
+
+    def keep(act, hook):
+        current[hook.name] = act.clone()
+
+    def receive(act, hook):
+        act = act.clone()
+        for e, pos in patched.items():
+            sender, receiver = e.split("->")
+            if receiver == "logits":
+                name, idx = f"blocks.{n - 1}.hook_resid_post", None
+            elif receiver.startswith("m"):
+                name, idx = f"blocks.{int(receiver[1:])}.hook_mlp_in", None
+            else:
+                l, h, kind = re.fullmatch(r"a(\d+)\.h(\d+)<([qkv])>", receiver).groups()
+                name, idx = f"blocks.{l}.hook_{kind}_input", int(h)
+            if name != hook.name:
+                continue
+            delta = out(k, sender) - out(current, sender)
+            at = slice(None) if pos is None else pos
+            if idx is None:
+                act[:, at] += delta[:, at]
+            else:
+                act[:, at, idx] += delta[:, at]
+        return act
+
+    senders = ["blocks.0.hook_resid_pre"] + [
+        f"blocks.{l}.{x}" for l in range(n) for x in ("attn.hook_z", "hook_mlp_out")
+    ]
+    receivers = [f"blocks.{l}.hook_{x}" for l in range(n) for x in ("q_input", "k_input", "v_input", "mlp_in")]
+    receivers.append(f"blocks.{n - 1}.hook_resid_post")
+    model.set_use_split_qkv_input(True)
+    model.set_use_hook_mlp_in(True)
+    try:
+        with torch.no_grad():
+            logits = model.run_with_hooks(
+                clean, fwd_hooks=[(s, keep) for s in senders] + [(r, receive) for r in receivers]
+            )
+    finally:
+        model.set_use_split_qkv_input(False)
+        model.set_use_hook_mlp_in(False)
+    return metric(logits[:, -1])
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "gqa"])
+def test_circuits_of_every_size_equal_a_hand_written_hook_loop(kind):
+    """Rows from a few edges patched to all but a few (each row takes the cheaper of its two sums)."""
+    model = _model(kind)
+    clean, corrupted, metric = _pairs()
+    pairs = pairs_of(model, clean, corrupted, metric)
+    graph = graph_of(model)
+    g = torch.Generator().manual_seed(2)
+    masks = torch.stack([torch.rand(graph.n_edges, generator=g) < p for p in (0.02, 0.3, 0.7, 0.98)])
+    got = run_with_edges(model, graph, pairs, masks)
+    ref = torch.stack(
+        [
+            _hand_masked(
+                model, clean, corrupted, pairs.metric, {graph.edges[i]: None for i in m.nonzero()[:, 0].tolist()}
+            )
+            for m in masks
+        ]
+    )
+    assert (ref - pairs.clean_metric).abs().amax(1).min() > 1e-3  # every row changes the metric
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "gqa"])
+def test_per_position_edges_equal_a_hand_written_hook_loop(kind):
+    model = _model(kind)
+    clean, corrupted, metric = _pairs()
+    pairs = pairs_of(model, clean, corrupted, metric)
+    graph = graph_of(model)
+    some = torch.arange(0, graph.n_edges, 7)  # every receiver kind among them
+    exact = edge_patch(model, graph, pairs, some, per_position=True)  # [edges, pos, pairs]
+    assert exact.shape == (some.numel(), 6, 3)
+    assert exact[:, :2].abs().max() == 0  # nothing differs before the corrupted token (position 2)
+    for i in range(0, some.numel(), 5):
+        for p in (2, 4, 5):
+            ref = _hand_masked(model, clean, corrupted, pairs.metric, {graph.edges[int(some[i])]: [p]})
+            torch.testing.assert_close(exact[i, p], ref - pairs.clean_metric, atol=1e-5, rtol=0)
+    assert exact[:, 2:].abs().max() > 1e-2
+    # the general primitive with per-position masks: random (edge, position) sets, and an edge at every
+    # position, which is the position-free edge
+    g = torch.Generator().manual_seed(3)
+    masks = torch.rand(2, 6, graph.n_edges, generator=g) < 0.2
+    got = run_with_edges(model, graph, pairs, masks)
+    for row, m in zip(got, masks):
+        patched = {graph.edges[e]: m[:, e].nonzero()[:, 0].tolist() for e in m.any(0).nonzero()[:, 0].tolist()}
+        torch.testing.assert_close(row, _hand_masked(model, clean, corrupted, pairs.metric, patched), atol=1e-5, rtol=0)
+    flat = (torch.rand(3, graph.n_edges, generator=g) < 0.3).float()
+    torch.testing.assert_close(
+        run_with_edges(model, graph, pairs, flat[:, None].expand(3, 6, -1)),
+        run_with_edges(model, graph, pairs, flat),
+        atol=1e-5,
+        rtol=0,
+    )
+
+
+def test_per_position_eap_equals_exact_patching_where_the_metric_is_linear_in_the_receiver():
+    """Edges into the logits, linear final norm: per position, EAP is the whole effect; only the last
+    position (where the metric reads the logits) has one, equal to the position-free edge's."""
+    model = _model("gqa")
+    with torch.no_grad():
+        model.ln_final.eps = 1e12
+        model.ln_final.w.mul_(1e6)
+    clean, corrupted, metric = _pairs()
+    exact = edge_scores(model, clean, corrupted, metric, method="exact", per_position=True)
+    eap = edge_scores(model, clean, corrupted, metric, method="eap", per_position=True)
+    whole = edge_scores(model, clean, corrupted, metric, method="exact")
+    into = torch.tensor([e.endswith("->logits") for e in exact.edges])
+    assert exact.scores.shape == (6, exact.graph.n_edges) and exact.scores[-1, into].abs().max() > 1e-2
+    torch.testing.assert_close(eap.scores[:, into], exact.scores[:, into], atol=1e-6, rtol=1e-5)
+    assert exact.scores[:-1, into].abs().max() < 1e-6
+    torch.testing.assert_close(exact.total()[into], whole.scores[into], atol=1e-5, rtol=0)
+
+
+def test_per_position_edges_refuse_padded_prompts():
+    model = _model("gpt2")
+    clean = torch.tensor([[0, 5, 7, 9], [5, 6, 7, 8]])
+    corrupted = clean.clone()
+    corrupted[:, 2] += 1
+    pairs = pairs_of(model, clean, corrupted, logit_diff(1, 2))
+    pairs.mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    graph = graph_of(model)
+    with pytest.raises(ValueError, match="one token length"):
+        edge_patch(model, graph, pairs, [0], per_position=True)
+    with pytest.raises(ValueError, match="one token length"):
+        run_with_edges(model, graph, pairs, torch.zeros(1, 4, graph.n_edges))
+
+
 def test_edges_patched_in_chunks_of_rows_and_pairs_give_the_same_metric(monkeypatch):
     from gpt2_interp.analysis.circuits import edges as edges_module
 

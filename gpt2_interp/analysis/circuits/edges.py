@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -140,19 +141,99 @@ def sender_differences(model: HookedGPT2, pairs: Pairs) -> tuple[torch.Tensor, t
     return clean, corr - clean
 
 
-def _check_masks(graph: Graph, patched: torch.Tensor) -> torch.Tensor:
-    if patched.ndim == 1:
-        patched = graph.matrix(patched[None].float())[0] if patched.shape[0] == graph.n_edges else patched
-    if patched.shape[-1] == graph.n_edges and patched.ndim == 2:
-        patched = graph.matrix(patched.float())
-    if patched.ndim == 2:
-        patched = patched[None]
-    if patched.ndim != 3 or tuple(patched.shape[1:]) != (graph.n_senders, graph.n_receivers):
+def _check_masks(graph: Graph, patched: torch.Tensor, n_pos: int) -> torch.Tensor:
+    """Edge masks as ``[rows, S, R]`` (or ``[rows, n_pos, S, R]`` per position), zero where no edge exists."""
+    S, R, E = graph.n_senders, graph.n_receivers, graph.n_edges
+    x = patched.float()
+    if x.ndim >= 1 and x.shape[-1] == E and x.ndim <= 3:
+        x = graph.matrix(x)
+    if x.ndim == 2:
+        x = x[None]
+    ok = x.ndim in (3, 4) and tuple(x.shape[-2:]) == (S, R) and (x.ndim == 3 or x.shape[1] == n_pos)
+    if not ok:
         raise ValueError(
-            f"patched edges: [rows, {graph.n_edges}] edge masks or [rows, {graph.n_senders}, {graph.n_receivers}] "
-            f"sender × receiver masks, got {tuple(patched.shape)}"
+            f"patched edges: [rows, {E}] edge masks or [rows, {S}, {R}] sender × receiver masks (per position: "
+            f"[rows, {n_pos}, {E}] or [rows, {n_pos}, {S}, {R}]), got {tuple(patched.shape)}"
         )
-    return patched.float() * graph.valid.to(patched.device)
+    return x * graph.valid.to(x.device)
+
+
+def _one_length(pairs: Pairs) -> None:
+    if pairs.mask is not None and not bool(pairs.mask.all()):
+        raise ValueError(
+            "per-position edges need prompts of one token length (these are padded): choose pairs of one length"
+        )
+
+
+@dataclass
+class _Corrupted:
+    """The corrupted run's pieces :func:`run_with_edges` reads, every pair: the input embedding
+    ``input [n, pos, d_model]``, per layer the heads' ``z [n, pos, n_head, d_head]`` and ``mlp`` outputs
+    ``[n, pos, d_model]``, and each receiver group's corrupted input ``[n, pos, d_model]`` (by hook name)."""
+
+    input: torch.Tensor
+    z: list[torch.Tensor]
+    mlp: list[torch.Tensor]
+    inputs: dict[str, torch.Tensor]
+
+
+def _corrupted(model: HookedGPT2, graph: Graph, pairs: Pairs) -> _Corrupted:
+    L = model.cfg.n_layer
+    where = {"q": "hook_resid_pre", "k": "hook_resid_pre", "v": "hook_resid_pre", "mlp": "hook_resid_mid"}
+    source = {
+        g.name: f"blocks.{g.layer}.{where[g.kind]}" if g.kind != "logits" else f"blocks.{L - 1}.hook_resid_post"
+        for g in graph.groups
+    }
+    names = list(dict.fromkeys([*sender_hooks(model), *source.values()]))
+    c = _cache(model, pairs.corrupted, pairs.mask, names)
+    return _Corrupted(
+        c["blocks.0.hook_resid_pre"],
+        [c[f"blocks.{l}.attn.hook_z"] for l in range(L)],
+        [c[f"blocks.{l}.hook_mlp_out"] for l in range(L)],
+        {g: c[s] for g, s in source.items()},
+    )
+
+
+@dataclass
+class _Term:
+    """How one mask row corrects one receiver group: its input is ``base`` (``"run"``: the patched run's
+    own input; ``"corrupted"``: the corrupted run's) plus ``Σ_s weights[s] · (current − corrupted)[s]``
+    over the senders ``senders`` (``weights`` ``[a, count]``, or ``[a, pos, count]`` per position);
+    ``prefix``: the senders are the first ``a`` (their differences are read in place, not gathered)."""
+
+    base: str
+    senders: torch.Tensor
+    weights: torch.Tensor
+    prefix: bool = False
+
+
+def _terms(graph: Graph, masks: torch.Tensor) -> list[list[_Term]]:
+    """Per mask row (``[rows, S, R]`` or ``[rows, pos, S, R]``) and receiver group, the cheaper of two
+    equal forms of the patched input: the run's input with the patched edges' ``corrupted − current``
+    added (weights ``−m``), or the corrupted input with the kept edges' ``current − corrupted`` added
+    (weights ``1 − m``) — whichever has fewer senders with a non-zero weight."""
+    stage = graph.sender_stage
+    out = []
+    for row in masks:
+        per = row.ndim == 3  # [pos, S, R]
+        terms = []
+        for g in graph.groups:
+            ns = int((stage < graph.receiver_stage[g.first]).sum())  # senders (a prefix) written before g reads
+            m = row[..., :ns, g.first : g.first + g.count]  # [(pos,) ns, count]
+            if per:
+                m = rearrange(m, "p s c -> s p c")
+            used_p = (m != 0).flatten(1).any(1)
+            used_k = (m != 1).flatten(1).any(1)
+            base, used, w = (
+                ("run", used_p, -m) if int(used_p.sum()) <= int(used_k.sum()) else ("corrupted", used_k, 1 - m)
+            )
+            idx = used.nonzero()[:, 0]
+            if 2 * idx.numel() > ns:  # most senders: read all of them in place rather than gather
+                terms.append(_Term(base, torch.arange(ns, device=m.device), w, prefix=True))
+            else:
+                terms.append(_Term(base, idx, w[idx]))
+        out.append(terms)
+    return out
 
 
 def run_with_edges(
@@ -164,29 +245,40 @@ def run_with_edges(
 ) -> torch.Tensor:
     """The metric with a set of edges patched to the corrupted run, for each row of masks and each pair.
 
-    ``patched``: ``[rows, n_edges]`` (in ``Graph.edges`` order) or ``[rows, n_senders,
-    n_receivers]``, 1 where the edge is patched (fractions interpolate: ``in_r += m · (s_corrupted −
-    s_current)``). Every row runs the clean prompts with its edges patched, all layers at once (each
-    receiver's input is corrected from the senders' outputs *in that run*). Returns ``[rows, n]``
-    (float32, CPU). ``graph``: the model's :class:`Graph`; ``pairs``: from :func:`pairs_of`;
-    ``batch_rows``: mask rows per forward pass (None: sized from :data:`EDGE_MEMORY`; when one row of
-    every pair would not fit, the pairs are run in chunks too).
+    ``patched``: ``[rows, n_edges]`` (in ``Graph.edges`` order) or ``[rows, n_senders, n_receivers]``,
+    1 where the edge is patched (fractions interpolate: ``in_r += m · (s_corrupted − s_current)``); per
+    position, ``[rows, n_pos, n_edges]`` or ``[rows, n_pos, n_senders, n_receivers]``: the edge from a
+    sender at position ``p`` to a receiver at ``p`` (the residual stream carries nothing across
+    positions; attention does, inside its node). Every row runs the clean prompts with its edges patched,
+    all layers at once: each receiver's input is corrected from the senders' outputs *in that run*. The
+    corrupted run is computed once for all rows. Per row and receiver the input is built from whichever
+    of two equal sums holds fewer senders: the run's own input plus ``m · (corrupted − current)`` over
+    the patched edges, or the corrupted run's input plus ``(1 − m) · (current − corrupted)`` over the
+    kept ones (a small circuit reads few senders, a large one patches few edges).
+
+    Returns ``[rows, n]`` (float32, CPU). ``graph``: the model's :class:`Graph`; ``pairs``: from
+    :func:`pairs_of`; ``batch_rows``: mask rows per forward pass (None: sized from :data:`EDGE_MEMORY`;
+    when one row of every pair would not fit, the pairs are run in chunks too).
     """
     graph.fits(model)
-    masks = _check_masks(graph, patched.to(model.device))
+    masks = _check_masks(graph, patched.to(model.device), pairs.n_pos)
+    if masks.ndim == 4:
+        _one_length(pairs)
+    terms = _terms(graph, masks.to(model.dtype))
     with torch.no_grad():
-        corr = sender_outputs(model, _cache(model, pairs.corrupted, pairs.mask, sender_hooks(model)))
+        corr = _corrupted(model, graph, pairs)
     n, P = pairs.n, pairs.n_pos
-    per_pair = P * graph.n_senders * model.cfg.d_model * 4 * 2  # sender differences and corrupted outputs
+    per_pair = P * graph.n_senders * model.cfg.d_model * torch.finfo(model.dtype).bits // 8  # current − corrupted
     per_chunk = max(1, min(n, EDGE_MEMORY // per_pair))  # pairs per pass
+    per_chunk = -(-n // -(-n // per_chunk))  # even chunks
     if batch_rows is None:
         batch_rows = max(1, EDGE_MEMORY // (per_pair * per_chunk))
-    out = torch.empty(masks.shape[0], n)
+    out = torch.empty(len(terms), n)
     with split_inputs(model), torch.inference_mode():
-        for a in range(0, masks.shape[0], batch_rows):
+        for a in range(0, len(terms), batch_rows):
             for p0 in range(0, n, per_chunk):
                 p1 = min(n, p0 + per_chunk)
-                m = _patched_metric(model, graph, pairs, corr, masks[a : a + batch_rows], (p0, p1))
+                m = _patched_metric(model, graph, pairs, corr, terms[a : a + batch_rows], (p0, p1))
                 out[a : a + batch_rows, p0:p1] = m.cpu()
     return out
 
@@ -195,54 +287,71 @@ def _patched_metric(
     model: HookedGPT2,
     graph: Graph,
     pairs: Pairs,
-    corr: torch.Tensor,
-    masks: torch.Tensor,
+    corr: _Corrupted,
+    terms: list[list[_Term]],
     span: tuple[int, int],
 ) -> torch.Tensor:
-    """One chunk of :func:`run_with_edges`: ``masks [k, S, R]`` and the pairs ``span = (first, end)`` →
-    metric ``[k, end − first]``."""
+    """One chunk of :func:`run_with_edges`: the terms of ``k`` mask rows and the pairs ``span = (first,
+    end)`` → metric ``[k, end − first]`` (batch row ``i·m + j``: mask row ``i``, pair ``first + j``)."""
     p0, p1 = span
-    k, n, P = masks.shape[0], p1 - p0, pairs.n_pos
-    corr = corr[p0:p1]
-    S = graph.n_senders
-    b = k * n
-    # diff[row] = corrupted − current sender outputs of row (k masks × n pairs, pair fastest)
-    diff = torch.zeros(b, P, S, model.cfg.d_model, dtype=model.dtype, device=model.device)
-    corr_rows = corr.repeat(k, 1, 1, 1)
-    m_rows = masks.repeat_interleave(n, 0).to(model.dtype)  # [b, S, R]
-    H = model.cfg.n_head
-    hooks: list[tuple[str, Any]] = []
+    k, m, P = len(terms), p1 - p0, pairs.n_pos
+    H, d, b = model.cfg.n_head, model.cfg.d_model, k * (p1 - p0)
+    needed = torch.zeros(graph.n_senders, dtype=torch.bool)
+    for row in terms:
+        for t in row:
+            needed[t.senders.cpu()] = True
+    # current − corrupted output of every sender, sender-major so that a receiver's sum is one matmul
+    diff = torch.zeros(graph.n_senders, b, P, d, dtype=model.dtype, device=model.device)
+
+    def minus(act: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:  # [b, ...] − [m, ...] per mask row
+        return (act.view(k, m, *act.shape[1:]) - ref[p0:p1]).view(act.shape)
 
     def put(lo: int, hi: int, layer: int | None) -> Any:
         def fn(act: torch.Tensor, hook: Any) -> None:
-            cur = act[:, :, None] if layer is None else head_outputs(model, layer, act)
-            diff[:, :, lo:hi] = corr_rows[:, :, lo:hi] - cur
+            if not bool(needed[lo:hi].any()):
+                return None
+            if layer is None:
+                ref = corr.input if lo == 0 else corr.mlp[(lo - 1) // (H + 1)]
+                diff[lo] = minus(act, ref)
+            else:
+                out = head_outputs(model, layer, minus(act, corr.z[layer]))
+                diff[lo:hi] = rearrange(out, "b p h d -> h b p d")
             return None
 
         return fn
 
-    hooks.append(("blocks.0.hook_resid_pre", put(0, 1, None)))
+    hooks: list[tuple[str, Any]] = [("blocks.0.hook_resid_pre", put(0, 1, None))]
     for l in range(model.cfg.n_layer):
         s0 = 1 + l * (H + 1)
         hooks.append((f"blocks.{l}.attn.hook_z", put(s0, s0 + H, l)))
         hooks.append((f"blocks.{l}.hook_mlp_out", put(s0 + H, s0 + H + 1, None)))
 
-    stage = graph.sender_stage.tolist()
-    for g in graph.groups:
-        rst = int(graph.receiver_stage[g.first])
-        ns = sum(1 for s in stage if s < rst)  # senders are in stage order: a prefix writes before g reads
+    def patch_in(act: torch.Tensor, hook: Any, gi: int) -> torch.Tensor | None:
+        row_terms = [row[gi] for row in terms]
+        if all(t.base == "run" and t.senders.numel() == 0 for t in row_terms):
+            return None
+        cin = corr.inputs[hook.name][p0:p1]  # [m, P, d]
+        out = torch.empty(act.shape, dtype=act.dtype, device=act.device)
+        for i, t in enumerate(row_terms):
+            rows = slice(i * m, (i + 1) * m)
+            base = act[rows] if t.base == "run" else (cin if act.ndim == 3 else cin[:, :, None])
+            if t.senders.numel() == 0:
+                out[rows] = base
+                continue
+            a = t.senders.numel()
+            dd = diff[:a, rows] if t.prefix else diff[:, rows].index_select(0, t.senders)  # [a, m, P, d]
+            if t.weights.ndim == 2:  # one matmul: [count, a] @ [a, m·P·d]
+                delta = rearrange(t.weights.T @ dd.reshape(a, -1), "c (m p d) -> m p c d", m=m, p=P)
+            else:
+                delta = einsum(t.weights, dd, "a p c, a m p d -> m p c d")
+            out[rows] = base + (delta if act.ndim == 4 else delta[:, :, 0])
+        return out
 
-        def patch_in(act: torch.Tensor, hook: Any, g: Any = g, ns: int = ns) -> torch.Tensor:
-            m = m_rows[:, :ns, g.first : g.first + g.count]
-            delta = einsum(diff[:, :, :ns], m, "b p s d, b s r -> b p r d")
-            return act + (delta if act.ndim == 4 else delta[:, :, 0])
-
-        hooks.append((g.name, patch_in))
-    n_layer = model.cfg.n_layer
+    hooks += [(g.name, partial(patch_in, gi=gi)) for gi, g in enumerate(graph.groups)]
     tokens = pairs.clean[p0:p1].repeat(k, 1)
     mask = None if pairs.mask is None else pairs.mask[p0:p1].repeat(k, 1)
     with model.hooks(hooks):
-        resid = model(tokens, attention_mask=mask, stop_at_layer=n_layer)
+        resid = model(tokens, attention_mask=mask, stop_at_layer=model.cfg.n_layer)
     logits = rearrange(final_logits(model, resid), "(k n) v -> k n v", k=k)
     if (p0, p1) == (0, pairs.n):
         return apply_metric(pairs.metric, logits)
@@ -257,9 +366,12 @@ def edge_patch(
     batch_size: int | None = None,
     progress: bool | None = None,
     max_rows: int = 4096,
+    per_position: bool = False,
 ) -> torch.Tensor:
     """Exact edge patching: the metric's change ``[n_edges_chosen, n]`` (patched − clean, CPU) when one
-    edge at a time carries its sender's corrupted output into its receiver, every pair.
+    edge at a time carries its sender's corrupted output into its receiver, every pair; with
+    ``per_position``, ``[n_edges_chosen, n_pos, n]``: the edge patched at one position at a time (zero
+    before the first position where any pair differs, where no sender differs).
 
     ``edges``: indices into ``Graph.edges`` (None: all). Each (edge, pair) is a row of the
     prefix-reuse engine (:func:`~gpt2_interp.analysis.engine.run_staircase`): it starts at the
@@ -267,7 +379,8 @@ def edge_patch(
     first one where the pairs differ, its receiver's input set to the clean input plus the sender's
     corrupted − clean output. ``graph``: the model's :class:`Graph`; ``pairs``: from :func:`pairs_of`;
     ``batch_size``: engine rows per chunk (None: from memory); ``progress``: a progress bar (None: on a
-    terminal); ``max_rows``: rows per engine call (bounds the patch values' memory).
+    terminal); ``max_rows``: rows per engine call (bounds the patch values' memory). A row patched at
+    position ``p`` computes only the positions from ``p`` (the clean run's keys and values before it).
     """
     graph.fits(model)
     n_layer, n = model.cfg.n_layer, pairs.n
@@ -276,6 +389,8 @@ def edge_patch(
     if chosen.numel() and (chosen.min() < 0 or chosen.max() >= graph.n_edges):
         raise IndexError(f"edge indices must lie in [0, {graph.n_edges}) for this graph")
     f = pairs.first
+    if per_position:
+        _one_length(pairs)
     with split_inputs(model):
         _, diff = sender_differences(model, pairs)
         resid = [f"blocks.{l}.hook_resid_pre" for l in range(n_layer)]
@@ -283,7 +398,6 @@ def edge_patch(
         names = list(dict.fromkeys(resid + mids + [entry_name(model, n_layer)] + kv_names(model, 0)))
         cache = _cache(model, pairs.clean, pairs.mask, names)
         entries = {s: cache[entry_name(model, s)] for s in range(n_layer + 1)}
-        base_kv = base_kv_from(cache, model, 0) if f > 0 else None
         group_of = torch.empty(graph.n_receivers, dtype=torch.long)
         for i, g in enumerate(graph.groups):
             group_of[g.first : g.first + g.count] = i
@@ -295,16 +409,21 @@ def edge_patch(
         def readout(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
             return apply_metric(metric, logits.view(-1, n, logits.shape[-1])).flatten()
 
+        P = pairs.n_pos
+        # the (edge, position) items: position −1 patches every position from the first differing one
+        at = torch.arange(f, P).repeat(chosen.numel()) if per_position else torch.full((chosen.numel(),), -1)
+        items = chosen.repeat_interleave(P - f) if per_position else chosen
+        base_kv = base_kv_from(cache, model, 0) if f > 0 or per_position else None
         out = []
         per_call = max(1, max_rows // n)
-        for a in range(0, chosen.numel(), per_call):
-            part = chosen[a : a + per_call]
+        for a in range(0, items.numel(), per_call):
+            part = items[a : a + per_call]
             out.append(
                 _edge_rows(
                     model,
                     graph,
                     pairs,
-                    part,
+                    (part, at[a : a + per_call]),
                     (es, er, group_of),
                     cache,
                     entries,
@@ -316,14 +435,19 @@ def edge_patch(
                 )
             )
     flat = torch.cat(out) if out else torch.empty(0)
-    return flat.view(-1, n).cpu() - pairs.clean_metric[None]
+    change = flat.view(-1, n).cpu() - pairs.clean_metric[None]
+    if not per_position:
+        return change
+    full = torch.zeros(chosen.numel(), P, n)
+    full[:, f:] = change.view(chosen.numel(), P - f, n)
+    return full
 
 
 def _edge_rows(
     model: HookedGPT2,
     graph: Graph,
     pairs: Pairs,
-    part: torch.Tensor,
+    items: tuple[torch.Tensor, torch.Tensor],
     index: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     cache: dict,
     entries: dict,
@@ -333,8 +457,10 @@ def _edge_rows(
     batch_size: int | None,
     progress: bool | None,
 ) -> torch.Tensor:
-    """Engine rows for edges ``part`` (row ``i·n + j``: edge ``part[i]``, pair ``j``) → metric ``[len(part)·n]``.
+    """Engine rows for ``items = (edges, at)`` (row ``i·n + j``: edge ``edges[i]`` patched at position
+    ``at[i]``, −1 for every position from the first differing one, pair ``j``) → metric ``[len(edges)·n]``.
     ``index``: each edge's sender and receiver and each receiver's group; ``read``: ``(readout, unembed)``."""
+    part, at = items
     es, er, group_of = index
     readout, unembed = read
     n, P, f = pairs.n, pairs.n_pos, pairs.first
@@ -359,15 +485,22 @@ def _edge_rows(
             base_in = entries[n_layer]
         else:
             base_in = cache[f"blocks.{g.layer}.hook_resid_pre"]
-        values = base_in[p_idx, f:] + diff[p_idx.to(diff.device), f:, es[e].to(diff.device)]  # [m, P − f, d]
+        where = at[which].repeat_interleave(n)  # [m]
+        if bool((where < 0).all()):
+            p = pos
+            values = base_in[p_idx, f:] + diff[p_idx.to(diff.device), f:, es[e].to(diff.device)]  # [m, P − f, d]
+        else:
+            p = where.to(dev)[:, None]  # [m, 1]
+            d_idx = p_idx.to(diff.device)[:, None], where.to(diff.device)[:, None], es[e].to(diff.device)[:, None]
+            values = base_in[p_idx[:, None], where[:, None]] + diff[d_idx]  # [m, 1, d]
         r = rows.to(dev)[:, None]
         if g.kind in ("q", "k", "v"):
             head = (er[e] - g.first).to(dev)[:, None]
-            patches.append(Patch(g.name, r, (pos, head), values))
+            patches.append(Patch(g.name, r, (p, head), values))
         elif g.kind == "mlp":
-            patches.append(Patch(g.name, r, (pos,), values))
+            patches.append(Patch(g.name, r, (p,), values))
         else:
-            patches.append(Patch(n_layer, r, (pos,), values))
+            patches.append(Patch(n_layer, r, (p,), values))
     return run_staircase(
         model,
         entries,
@@ -380,7 +513,7 @@ def _edge_rows(
         n,
         progress,
         desc="edge patching",
-        first_pos=torch.full((k * n,), f),
+        first_pos=torch.where(at < 0, f, at).repeat_interleave(n),
         base_kv=base_kv,
         unembed=unembed,
     )

@@ -114,7 +114,9 @@ def edge_scores(
     ``metric``: last-position logits ``[..., n, d_vocab]`` → ``[..., n]`` (e.g. ``logit_diff``);
     ``method``: ``"eap"``, ``"eap-ig"`` (``ig_steps`` points along ``ig_path``) or ``"exact"``
     (edge patching of every edge, or of ``edges`` — indices into the graph's edges — the rest NaN);
-    ``per_position``: scores ``[n_pos, n_edges]`` (gradient methods only); ``batch_size``: pairs per
+    ``per_position``: scores ``[n_pos, n_edges]``, each edge from a sender at one position to its receiver
+    at that position (``"exact"``: patched at that position alone; prompts of one length);
+    ``batch_size``: pairs per
     gradient pass (None: from :data:`GRAD_MEMORY`), engine rows per chunk for ``"exact"``;
     ``progress``: a progress bar (None: on a terminal). Returns :class:`EdgeScores` (CPU).
     """
@@ -123,12 +125,10 @@ def edge_scores(
     graph = graph_of(model)
     pairs = pairs_of(model, clean, corrupted, metric)
     if method == "exact":
-        if per_position:
-            raise ValueError("per_position scores come from the gradient methods (eap, eap-ig), not exact patching")
         chosen = torch.arange(graph.n_edges) if edges is None else torch.as_tensor(edges).long().flatten()
-        values = edge_patch(model, graph, pairs, chosen, batch_size, progress).mean(1)
-        scores = torch.full((graph.n_edges,), float("nan"))
-        scores[chosen] = values
+        values = edge_patch(model, graph, pairs, chosen, batch_size, progress, per_position=per_position).mean(-1)
+        scores = torch.full((pairs.n_pos, graph.n_edges) if per_position else (graph.n_edges,), float("nan"))
+        scores[..., chosen] = values.T if per_position else values
     else:
         steps = check_count(ig_steps, "ig_steps") if method == "eap-ig" else 1
         scores = gradient_scores(model, graph, pairs, method, steps, ig_path, per_position, batch_size, progress)
