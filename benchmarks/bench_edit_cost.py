@@ -212,19 +212,36 @@ def main(argv: list[str] | None = None) -> int:
     codes = {"this": ROOT} | ({"baseline": a.baseline.resolve()} if a.baseline is not None else {})
     rome: dict[str, Any] = {}
     mem: dict[str, Any] = {}
-    for name in ("baseline", "this"):
-        if name not in codes:
-            continue
+    order = [n for n in ("this", "baseline") if n in codes]
+    for name in order:
         gi = import_package(codes[name])
         print(f"{name}: ROME on smollm2-135m …", flush=True)
         rome[name] = rome_part(gi, a.rome_edits)
+        x = rome[name]
+        print(
+            f"  times {[round(t, 2) for t in x['times']]} steps {x['steps']} "
+            f"floor s {[round(f / rate, 2) for f in x['floor']]} scores {scores(x['rows'])}",
+            flush=True,
+        )
+    for name in order:
+        gi = import_package(codes[name])
         print(f"{name}: MEMIT on gpt2-facts, {a.compare_n} requests …", flush=True)
         mem[name] = memit_part(gi, a.compare_n)
+        x = mem[name]
+        print(
+            f"  {x['time']:.1f} s, δ {x['delta_time']:.1f} s, floor {x['floor_delta'] / rate:.1f} s, {x['scores']}",
+            flush=True,
+        )
     big = None
     if a.memit_n:
         gi = import_package(ROOT)
         print(f"this: MEMIT on gpt2-facts, {a.memit_n} requests …", flush=True)
-        big = memit_part(gi, a.memit_n, progress=True)
+        big = memit_part(gi, a.memit_n)
+        print(
+            f"  {big['time']:.1f} s, δ {big['delta_time']:.1f} s, floor {big['floor_delta'] / rate:.1f} s, "
+            f"{big['scores']}",
+            flush=True,
+        )
     load1 = os.getloadavg()[0]
 
     def fmt_scores(s: dict[str, float]) -> str:
