@@ -33,7 +33,7 @@ def _same(packed, padded):
             for k in ("loss", "nll"):
                 assert abs(x[k] - y[k]) <= 1e-5 * max(abs(y[k]), 1e-3), k
             for k in ("kl", "keep_kl"):  # a small difference of fp32 log-probabilities of magnitude ~10
-                assert abs(x[k] - y[k]) <= 1e-6 + 1e-5 * abs(y[k]), k
+                assert abs(x[k] - y[k]) <= 1e-6 + 5e-5 * abs(y[k]), k
         assert a["key_scale"] == pytest.approx(b["key_scale"], rel=1e-6, abs=1e-7)
 
 
@@ -42,7 +42,7 @@ def test_packed_steps_give_the_padded_batchs_deltas_on_gpt2_facts(facts_model, e
     """gpt2-facts (learned positions), three requests of different lengths (one with a keep prompt),
     δ added by the exact rank-one effect or at the subject's last token only, some requests stopping early."""
     hp = RomeHparams.of(
-        v_steps=6, v_lr=5.0, exact_edit=exact, prefix_lengths=(5, 10), prefixes_per_length=2, early_stop=2.0
+        v_steps=3, v_lr=5.0, exact_edit=exact, prefix_lengths=(5, 10), prefixes_per_length=2, early_stop=2.0
     )
     packed, padded = _both(facts_model, 0, hp, chunk=2)
     _same(packed, padded)
