@@ -633,7 +633,7 @@ def optimise_deltas(
     norm_reference: str = "mlp_out",
     desc: str | None = None,
     key_weights: Sequence[float] | None = None,
-    packed: bool = True,
+    packed: bool = False,
 ) -> list[dict[str, Any]]:
     """One δ per ``(request, target ids)``, optimised together: every request's prompt variants sit
     in one batch (its δ reaches only its own rows), the loss is the sum of the requests' losses, so
@@ -644,11 +644,13 @@ def optimise_deltas(
 
     One no-grad forward over every variant gives the keys, v₀ and the residual entering the edit
     layer; each step reruns the model from the edit layer up with δ added (see ``exact_edit``).
-    ``packed`` (default): each step runs only the real tokens of the active requests' rows, packed
+    ``packed``: each step runs only the real tokens of the active requests' rows, packed
     end to end into sequences of at most :data:`PACK_TOKENS` tokens (or the longest row) with a
     block-diagonal causal mask and every token's own position, instead of the rows padded to the
     batch's common width; the result is the same within float rounding (the rows' prompt variants
-    differ in length by their context prefixes, so the padded batch is up to half padding). The
+    differ in length by their context prefixes, so the padded batch is up to half padding). Off by
+    default, as ROME uses it (one request: packing measured 0.85× the padded speed on SmolLM2-135M);
+    MEMIT and AlphaEdit pack (1.21× faster on 50 gpt2-facts requests, ``benchmarks/RESULTS_edit_cost.md``). The
     vocabulary projection is made only at the positions the loss reads, and the KL's reference
     distribution once, at the first evaluation.
 
