@@ -870,9 +870,11 @@ class _Packing:
                 bins.append([r])
                 room.append(cap - length[r])
         L = max(cap - left for left in room) if bins else 1
-        src, seg = [], []
+        src: list[list[int]] = []
+        seg: list[list[int]] = []
         for rs in bins:
-            s_b, g_b = [], []
+            s_b: list[int] = []
+            g_b: list[int] = []
             for j, r in enumerate(rs):
                 s_b += range(r * width + start[r], r * width + start[r] + length[r])
                 g_b += [j] * length[r]
