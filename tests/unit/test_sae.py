@@ -294,3 +294,41 @@ def test_an_sae_whose_hook_the_model_lacks_is_refused(tiny):
     sae = SAE(SAEConfig(d_in=64, d_sae=64, hook_name="blocks.1.hook_resid_post", k=4))
     with pytest.raises(ValueError, match="no hook point"):
         sae.check_model(other)
+
+
+def test_attribution_and_patching_run_on_the_latents_and_atp_equals_its_hand_computation(facts_model):
+    """AtP over the spliced latents: per position, the sum over latents of (clean − corrupted activation) ×
+    ∂metric/∂activation at the corrupted run, computed here by hand with a gradient hook; exact patching of
+    the latent hook point finds the same position (the subject's) carrying the difference."""
+    from gpt2_interp.analysis.attribution import attribute
+    from gpt2_interp.analysis.patching import logit_diff, patch
+
+    m = facts_model
+    hook = "blocks.3.hook_resid_pre"
+    name = f"{hook}.hook_sae_acts_post"
+    sae = SAE(SAEConfig(d_in=m.cfg.d_model, d_sae=512, hook_name=hook, k=16), seed=0)
+    clean, corr = "The capital of France is", "The capital of Italy is"
+    ans, wrong = m.to_single_token(" Paris"), m.to_single_token(" Rome")
+    metric = logit_diff(ans, wrong)
+    with m.splice(sae, use_error_term=True):
+        atp = attribute(m, [clean], [corr], metric, hook=name, progress=False)
+        exact = patch(m, [clean], [corr], metric, hook=name, progress=False)
+        with torch.no_grad():
+            _, cache = m.run_with_cache(m.to_tokens(clean), names_filter=name)
+        kept: dict[str, torch.Tensor] = {}
+
+        def keep(a: torch.Tensor, hook) -> torch.Tensor:
+            a.retain_grad()
+            kept["a"] = a
+            return a
+
+        with torch.enable_grad(), m.hooks([(name, keep)]):
+            logits = m(m.to_tokens(corr))
+            (logits[0, -1, ans] - logits[0, -1, wrong]).backward()
+        m.zero_grad()
+    by_hand = ((cache[name][0] - kept["a"][0].detach()) * kept["a"].grad[0]).sum(-1)
+    # attribute() reports the estimated metric of the patched run: the corrupted metric plus the estimate
+    torch.testing.assert_close(atp.values[0] - atp.corrupted_metric, by_hand, rtol=1e-4, atol=1e-4)
+    # the subject position carries the difference: patching it alone moves the metric most
+    assert int(exact.values[0].argmax()) == int(by_hand.argmax()) == 4
+    assert exact.values[0, 4] > exact.corrupted_metric + 1.0  # (the error term stays the corrupted run's)
