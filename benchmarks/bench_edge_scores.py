@@ -2,11 +2,17 @@
 
     python benchmarks/bench_edge_scores.py [--part agreement|speed|curve|smollm2|all] [--out FILE.md]
 
-1. Agreement (gpt2-facts): subject-swap fact-recall pairs the model knows (``experiments.attribution.fact_pairs``,
-   ``--pairs`` of them), metric logit[clean object] − logit[corrupted object]. Every edge is patched exactly
-   (``edge_scores(method="exact")``, the prefix-reuse engine); EAP, EAP-IG (inputs, 5 steps) and EAP-IG
-   (activations, 5 steps) score every edge. Spearman ρ of each against exact over all edges and over a sample
-   of 1,000 edges (the top 200 by |exact| and 800 drawn at random from the rest, seeded).
+1. Agreement (``--model gpt2-facts``: subject-swap fact-recall pairs the model knows,
+   ``experiments.attribution.fact_pairs``, metric logit[clean object] − logit[corrupted object];
+   ``--model smollm2-135m``: IOI pairs, seed 0, metric logit[IO] − logit[S]; ``--pairs`` of them). EAP,
+   EAP-IG (inputs, 5 and 20 steps) and EAP-IG (activations, 5 steps) score every edge; edges are patched
+   exactly (``edge_scores(method="exact")``, the prefix-reuse engine, noising: one edge at a time carries the
+   corrupted sender into the clean run) — on gpt2-facts every edge; on SmolLM2 (70,651 edges, ≈ 0.5 s each)
+   the union of each method's top 200 and 800 edges drawn uniformly from the rest. Spearman ρ of each method
+   against exact over the patched edges and over a sample of 1,000 (the top 200 by |exact| among the patched
+   and 800 drawn at random: from the rest on gpt2-facts, the uniform draw on SmolLM2). ``--denoise`` also
+   patches every edge the other way (restored to clean in the corrupted run) and reports each method's ρ
+   against the noising effect, the negated denoising effect and their mean.
 2. Speed (SmolLM2-135M): EAP-IG, 5 steps, input path, over all edges for ``--speed-pairs`` subject-swap pairs
    (short fact prompts, not filtered by knowledge: only the time is measured), wall-clock seconds of
    ``edge_scores`` and the process's CPU time over it (pairs tokenised, unpatched runs and all gradient passes
@@ -42,44 +48,108 @@ from gpt2_interp.facts import FactBase
 from gpt2_interp.facts.pairs import subject_swaps
 
 
-def sample(exact: torch.Tensor, top: int = 200, total: int = 1000, seed: int = 0) -> torch.Tensor:
-    """The ``top`` edges by |exact| and ``total − top`` others drawn at random (seeded)."""
-    order = exact.abs().argsort(descending=True)
+def sample(
+    exact: torch.Tensor, top: int = 200, total: int = 1000, seed: int = 0, drawn: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The ``top`` edges by |exact| among those patched (not NaN), and ``total − top`` others drawn at
+    random (seeded) from the rest of them — or, given ``drawn`` (edges drawn uniformly at random from
+    the whole graph), those of ``drawn`` not already in the top."""
+    known = (~exact.isnan()).nonzero()[:, 0]
+    order = known[exact[known].abs().argsort(descending=True)]
+    if drawn is not None:
+        return torch.cat([order[:top], drawn[~torch.isin(drawn, order[:top])][: total - top]])
     rest = order[top:]
     g = torch.Generator().manual_seed(seed)
     return torch.cat([order[:top], rest[torch.randperm(rest.numel(), generator=g)[: total - top]]])
 
 
-def agreement(pairs: int) -> tuple[list[str], dict]:
-    model = gi.load("gpt2-facts")
-    fp = fact_pairs(model, 4 * pairs, pairs)
-    metric = pair_metric(fp)
+METHODS = (
+    ("eap", {"method": "eap"}),
+    ("eap-ig (inputs, 5 steps)", {"method": "eap-ig", "ig_steps": 5}),
+    ("eap-ig (inputs, 20 steps)", {"method": "eap-ig", "ig_steps": 20}),
+    ("eap-ig (activations, 5 steps)", {"method": "eap-ig", "ig_steps": 5, "ig_path": "activations"}),
+)
+
+
+def _rho(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(spearmanr(a.numpy(), b.numpy()).statistic)
+
+
+def agreement(
+    model_name: str, pairs: int, candidates: int = 200, denoise: bool = False, all_up_to: int = 5000
+) -> tuple[list[str], dict]:
+    """Spearman ρ of each gradient method against exact edge patching (noising: one edge at a time
+    carries the corrupted sender into the clean run). gpt2-facts: every edge patched exactly; a larger
+    graph (over ``all_up_to`` edges): the union of each method's top ``candidates`` edges and 800 others
+    drawn at random."""
+    model = gi.load(model_name)
+    if model_name == "gpt2-facts":
+        fp = fact_pairs(model, 4 * pairs, pairs)
+        clean, corrupted, metric, what = fp.clean, fp.corrupted, pair_metric(fp), "fact-recall pairs it knows"
+    else:
+        from gpt2_interp.analysis.circuits.tasks import ioi
+
+        task = ioi(model, n=pairs, seed=0)
+        clean, corrupted, metric, what = task.clean, task.corrupted, task.metric, "IOI pairs (seed 0)"
     n_edges = graph_of(model).n_edges
-    out, secs = {}, {}
-    for label, kw in (
-        ("exact", {"method": "exact"}),
-        ("eap", {"method": "eap"}),
-        ("eap-ig (inputs, 5 steps)", {"method": "eap-ig", "ig_steps": 5}),
-        ("eap-ig (activations, 5 steps)", {"method": "eap-ig", "ig_steps": 5, "ig_path": "activations"}),
-    ):
+    est, secs = {}, {}
+    for label, kw in METHODS:
         t = time.perf_counter()
-        out[label] = edge_scores(model, fp.clean, fp.corrupted, metric, progress=False, **kw).scores
+        est[label] = edge_scores(model, clean, corrupted, metric, progress=False, **kw).scores
         secs[label] = time.perf_counter() - t
-    exact = out.pop("exact")
-    idx = sample(exact)
+    drawn = None
+    if n_edges <= all_up_to:
+        chosen, how = None, f"every edge ({n_edges}) patched exactly"
+    else:
+        g = torch.Generator().manual_seed(1)
+        tops = torch.cat([s.abs().argsort(descending=True)[:candidates] for s in est.values()]).unique()
+        others = torch.ones(n_edges, dtype=torch.bool)
+        others[tops] = False
+        pool = others.nonzero()[:, 0]
+        drawn = pool[torch.randperm(pool.numel(), generator=g)[: min(800, all_up_to)]]
+        chosen = torch.cat([tops, drawn])
+        how = (
+            f"{chosen.numel()} of {n_edges} edges patched exactly: the union of each method's top {candidates} "
+            f"by |score| ({tops.numel()}) and {drawn.numel()} drawn at random from the rest (seeded)"
+        )
+    t = time.perf_counter()
+    exact = edge_scores(model, clean, corrupted, metric, method="exact", edges=chosen, progress=False).scores
+    secs["exact"] = time.perf_counter() - t
+    idx = sample(exact, drawn=drawn)
+    done = (~exact.isnan()).nonzero()[:, 0]
     lines = [
-        f"gpt2-facts, {len(fp)} fact-recall pairs, {n_edges} edges; exact edge patching of every edge "
-        f"took {secs['exact']:.0f} s",
+        f"{model_name}, {len(clean)} {what}; {how} in {secs['exact']:.0f} s (load average "
+        f"{os.getloadavg()[0]:.1f} at the end)",
         "",
-        "| method | Spearman ρ, all edges | ρ, 1,000 sampled (top 200 incl.) | seconds |",
+        "| method | Spearman ρ, all patched edges | ρ, 1,000 sampled (top 200 by exact incl.) | seconds |",
         "|---|---|---|---|",
     ]
-    data = {"pairs": len(fp), "edges": n_edges, "exact_seconds": secs["exact"]}
-    for label, s in out.items():
-        rho_all = spearmanr(s.numpy(), exact.numpy()).statistic
-        rho_s = spearmanr(s[idx].numpy(), exact[idx].numpy()).statistic
+    data: dict = {"model": model_name, "pairs": len(clean), "edges": n_edges, "patched": int(done.numel())}
+    data["exact_seconds"] = secs["exact"]
+    for label, s in est.items():
+        rho_all, rho_s = _rho(s[done], exact[done]), _rho(s[idx], exact[idx])
         lines.append(f"| {label} | {rho_all:.3f} | {rho_s:.3f} | {secs[label]:.1f} |")
-        data[label] = {"rho_all": float(rho_all), "rho_sample": float(rho_s), "seconds": secs[label]}
+        data[label] = {"rho_all": rho_all, "rho_sample": rho_s, "seconds": secs[label]}
+    if denoise:  # the other direction: one edge at a time carries the clean sender into the corrupted run
+        t = time.perf_counter()
+        back = edge_scores(model, corrupted, clean, metric, method="exact", edges=chosen, progress=False).scores
+        secs["denoise"] = time.perf_counter() - t
+        both = (exact - back) / 2
+        lines += [
+            "",
+            f"Denoising (every edge alone restored to its clean sender in the corrupted run; {secs['denoise']:.0f} s): "
+            "ρ over all patched edges against the noising effect N, the negated denoising effect −D, and their "
+            "mean (N − D)/2",
+            "",
+            "| method | ρ vs N | ρ vs −D | ρ vs (N − D)/2 |",
+            "|---|---|---|---|",
+        ]
+        data["denoise"] = {"seconds": secs["denoise"], "rho_noise_denoise": _rho(exact[done], -back[done])}
+        for label, s in est.items():
+            r = [_rho(s[done], x[done]) for x in (exact, -back, both)]
+            lines.append(f"| {label} | {r[0]:.3f} | {r[1]:.3f} | {r[2]:.3f} |")
+            data["denoise"][label] = r
+        lines += ["", f"ρ(N, −D) = {data['denoise']['rho_noise_denoise']:.3f}"]
     return lines, data
 
 
@@ -179,14 +249,16 @@ def smollm2(n_pairs: int) -> tuple[list[str], dict]:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=("agreement", "speed", "curve", "smollm2", "all"), default="all")
-    ap.add_argument("--pairs", type=int, default=16, help="gpt2-facts pairs for the agreement part")
+    ap.add_argument("--pairs", type=int, default=16, help="prompt pairs for the agreement part")
+    ap.add_argument("--model", default="gpt2-facts", help="the agreement part's model (gpt2-facts, smollm2-135m)")
+    ap.add_argument("--denoise", action="store_true", help="agreement: also patch each edge the other way")
     ap.add_argument("--speed-pairs", type=int, default=100, help="SmolLM2 pairs for the speed and smollm2 parts")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     torch.manual_seed(0)
     lines, data = [], {}
     if a.part in ("agreement", "all"):
-        part, data["agreement"] = agreement(a.pairs)
+        part, data["agreement"] = agreement(a.model, a.pairs, denoise=a.denoise)
         lines += [*part, ""]
     if a.part in ("speed", "all"):
         part, data["speed"] = speed(a.speed_pairs)
