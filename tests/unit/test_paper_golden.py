@@ -82,15 +82,32 @@ def memit_paper(facts_model):
 
 def test_memit_paper_mode_equals_the_authors_code(facts_model, memit_paper):
     """MEMIT's execute_memit (compute_ks, compute_z, the per-layer solve) on three requests at layers 0 and 4:
-    the keys of each layer, the target residuals z and each layer's ΔW within 1e-4 relative."""
+    the keys of each layer, the target residuals z and each layer's ΔW within 1e-4 relative — or, where the
+    layer's solve is ill-conditioned, within what rounding the statistics alone moves our own ΔW.
+
+    Layer 4's ``λC + KKᵀ`` amplifies float32 rounding ~10⁵-fold: statistics accumulated from the same corpus
+    on another CPU (other matrix-product kernels, differences ~1e-7) move its ΔW by ~1e-2 relative, as does
+    the same statistics rounded to float32 or kept in float64 here. The bound is that distance, measured on
+    this machine (three times it, plus 1e-4), so the test holds on any CPU and still fails on a wrong
+    algorithm (the default mode's ΔW is ~1 relative away)."""
     golden = torch.load(DATA / "memit_gpt2-facts_layers0-4.pt")
-    meta, _, _, e = memit_paper
+    meta, _, reqs, e = memit_paper
     assert rome.context_prefixes(facts_model, (10,), 5, 0, style="memit") == meta["prefixes"]
     assert _rel(e.v_star, golden["z"]) < 1e-4
+    stats64 = key_second_moment(
+        facts_model, meta["layers"], n_samples=meta["n_samples"], progress=False, dtype=torch.float64
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        e64 = memit.compute_edits(
+            facts_model, reqs, layers=meta["layers"], stats=stats64, hparams={"preset": "paper"}, progress=False
+        )
     for layer in meta["layers"]:
         assert _rel(e.keys[layer], golden[f"keys.{layer}"]) < 1e-4
         dW = golden[f"adj_k.{layer}"].double() @ golden[f"resid.{layer}"].double().T  # as apply_memit_to_model
-        assert _rel(e.delta(layer), dW) < 1e-4
+        rounding = _rel(e.delta(layer), e64.delta(layer))
+        assert _rel(e.delta(layer), dW) < 1e-4 + 3 * rounding, (layer, rounding)
+    assert _rel(e.delta(0), golden["adj_k.0"].double() @ golden["resid.0"].double().T) < 1e-4  # well-conditioned
     assert e.label == "memit (paper)"
 
 

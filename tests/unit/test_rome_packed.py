@@ -28,7 +28,9 @@ def _same(packed, padded):
     for a, b in zip(packed, padded):
         assert [len(a["log"])] == [len(b["log"])]  # the same early stop
         scale = float(b["delta"].norm()) or 1.0
-        assert float((a["delta"] - b["delta"]).norm()) <= 1e-5 * scale
+        # Adam divides each gradient component by its own magnitude, so the rounding of a small component
+        # (the packed and padded batches sum in other orders) reaches δ undamped: 1e-5 on some CPUs
+        assert float((a["delta"] - b["delta"]).norm()) <= 3e-5 * scale
         for x, y in zip(a["log"], b["log"]):
             for k in ("loss", "nll"):
                 assert abs(x[k] - y[k]) <= 1e-5 * max(abs(y[k]), 1e-3), k
