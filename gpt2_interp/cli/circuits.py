@@ -33,6 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--top", type=count(1), default=None, help="keep this many edges (default 100)")
     size.add_argument("--fraction", type=number(0, 1, open_min=True), default=None, help="keep this share of edges")
+    p.add_argument(
+        "--selection",
+        choices=("top", "greedy"),
+        default="top",
+        help="top: the edges with the largest |score|; greedy: grown from the logits up (default top)",
+    )
     p.add_argument("--no-faithfulness", action="store_true", help="skip the exact faithfulness run")
     p.add_argument("--edges", type=count(1), default=20, help="edges listed in the table (default 20)")
     p.add_argument("--save", default=None, help="write the circuit as JSON here (Circuit.load reads it back)")
@@ -82,9 +88,9 @@ def circuit_cmd(args: argparse.Namespace) -> int:
         progress=False if args.quiet else None,
     )
     if args.fraction is not None:
-        circ = circuit(scores, fraction=args.fraction)
+        circ = circuit(scores, fraction=args.fraction, selection=args.selection)
     else:
-        circ = circuit(scores, top=args.top or 100)
+        circ = circuit(scores, top=args.top or 100, selection=args.selection)
     if not args.no_faithfulness:
         circ = evaluate(model, circ, clean, corrupted, metric)
     if args.save:

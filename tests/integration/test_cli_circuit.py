@@ -28,6 +28,9 @@ def test_circuit_command_saves_the_apis_circuit_with_its_faithfulness(facts_mode
     assert main([*argv, "--json", "--no-faithfulness"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["edges"] == ref.edges and data["faithfulness"] is None
+    assert main([*argv, "--selection", "greedy", "--json", "--no-faithfulness"]) == 0
+    greedy = circuit(scores, top=30, selection="greedy")
+    assert json.loads(capsys.readouterr().out)["edges"] == greedy.edges
 
 
 def test_circuit_command_without_pairs_is_one_line_error(capsys):

@@ -17,6 +17,7 @@ from gpt2_interp.analysis.circuits import (
     evaluate,
     faithfulness_curve,
     graph_of,
+    greedy_order,
     pairs_of,
     prune,
     run_with_edges,
@@ -361,6 +362,59 @@ def test_pruning_drops_edges_that_cannot_reach_the_logits_or_come_from_the_input
     kept = {g.edges[i] for i in prune(g, keep).nonzero()[:, 0].tolist()}
     # a0.h1 reads nothing in the circuit; m1 writes nothing the circuit reads; a1.h0 reads nothing
     assert kept == {"input->a0.h0<q>", "a0.h0->logits"}
+
+
+def _greedy_by_definition(g: Graph, scores: torch.Tensor) -> list[int]:
+    """The greedy rule written out by its definition: over and over, the highest-|score| edge not yet
+    taken whose receiver is read by the logits or by a node that is the sender of an edge already taken."""
+    es, _ = g.edge_index
+    kv_share = g.n_head // g.n_kv
+    sender_name = {int(es[e]): g.edges[e].split("->")[0] for e in range(g.n_edges)}
+    taken: list[int] = []
+    in_circuit = {"logits"}
+    while len(taken) < g.n_edges:
+        best = None
+        for e in range(g.n_edges):
+            if e in taken:
+                continue
+            dst = g.edges[e].split("->")[1]
+            node, kind = dst.split("<")[0], dst[-2] if dst.endswith(">") else ""
+            reading = {node}
+            if kind in ("k", "v"):  # key/value head j's input: read by the query heads of its group
+                layer, j = node[1:].split(".h")
+                reading = {f"a{layer}.h{h}" for h in range(int(j) * kv_share, (int(j) + 1) * kv_share)}
+            if reading & in_circuit and (best is None or abs(scores[e]) > abs(scores[best])):
+                best = e
+        taken.append(best)
+        in_circuit.add(sender_name[int(es[best])])
+    return taken
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2), (3, 4, 2)])
+def test_greedy_selection_follows_its_definition_from_the_logits_up(shape):
+    g = Graph(*shape)
+    scores = torch.randn(g.n_edges, generator=torch.Generator().manual_seed(0))
+    order = greedy_order(g, scores).tolist()
+    assert sorted(order) == list(range(g.n_edges))  # every edge is reached
+    assert order == _greedy_by_definition(g, scores)
+    assert g.edges[order[0]].endswith("->logits")  # the first edge can only go into the logits
+
+
+def test_a_greedy_circuit_reaches_the_logits_and_is_measured():
+    model = _model("gqa")
+    clean, corrupted, metric = _pairs()
+    scores = edge_scores(model, clean, corrupted, metric, method="eap")
+    g = scores.graph
+    c = circuit(scores, top=12, selection="greedy", prune_dangling=False)
+    assert set(c.edges) == {g.edges[i] for i in greedy_order(g, scores.total())[:12].tolist()}
+    curve = faithfulness_curve(model, scores, clean, corrupted, metric, sizes=[0, g.n_edges], selection="greedy")
+    assert curve.methods == ["eap-greedy"]
+    assert curve.faithfulness[0, 0] == pytest.approx(0.0, abs=1e-4)
+    assert curve.faithfulness[0, -1] == pytest.approx(1.0, abs=1e-4)
+    with pytest.raises(ValueError, match="not threshold"):
+        circuit(scores, threshold=0.1, selection="greedy")
+    with pytest.raises(ValueError, match="selection must be one of"):
+        circuit(scores, top=3, selection="best")
 
 
 def test_a_circuit_saves_to_json_and_loads_back(tmp_path):

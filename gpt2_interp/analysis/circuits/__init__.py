@@ -9,13 +9,23 @@ scores with dangling nodes pruned, and their faithfulness measured exactly.
 - ``graph``: :class:`Graph` and :func:`graph_of` (senders, receivers, edges; GPT-2 and GQA alike)
 - ``edges``: :func:`pairs_of`, :func:`run_with_edges` (any set of edges patched), :func:`edge_patch` (exact)
 - ``scores``: :func:`edge_scores` → :class:`EdgeScores`
-- ``circuit``: :func:`circuit`, :func:`prune`, :func:`evaluate`, :func:`faithfulness_curve` →
+- ``circuit``: :func:`circuit` (top edges or :func:`greedy_order`), :func:`prune`, :func:`evaluate`,
+  :func:`faithfulness_curve` →
   :class:`Circuit`, :class:`FaithfulnessCurve`
 - ``tasks``: the tasks a circuit is found on (:func:`ioi`, :func:`greater_than`, :func:`fact_recall`:
   prompt pairs with their metric, a :class:`Task`) and the model's own :func:`performance` on them
 """
 
-from .circuit import Circuit, FaithfulnessCurve, circuit, default_sizes, evaluate, faithfulness_curve, prune
+from .circuit import (
+    Circuit,
+    FaithfulnessCurve,
+    circuit,
+    default_sizes,
+    evaluate,
+    faithfulness_curve,
+    greedy_order,
+    prune,
+)
 from .edges import Pairs, edge_patch, pairs_of, run_with_edges, split_inputs
 from .graph import Graph, graph_of
 from .scores import EDGE_METHODS, EdgeScores, edge_scores
@@ -60,6 +70,7 @@ __all__ = [
     "faithfulness_curve",
     "graph_of",
     "greater_than",
+    "greedy_order",
     "ioi",
     "ioi_names",
     "last_logits",

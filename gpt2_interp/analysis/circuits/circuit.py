@@ -1,7 +1,10 @@
 """Circuits: a set of edges chosen from edge scores, pruned of dangling nodes, and measured.
 
 A circuit keeps the ``top`` edges by ``|score|`` (or those above a ``threshold``, or a ``fraction``
-of all edges); with ``prune`` the edges that cannot matter are dropped until none is left: an edge
+of all edges) — or, with ``selection="greedy"``, grows from the logits up as the EAP-IG authors' greedy
+rule does: it takes the highest-``|score|`` edge into a node already in the circuit (at first only the
+logits), and a new sender joins with its own inputs as candidates, so every edge it takes reaches the
+logits through the circuit. With ``prune`` the edges that cannot matter are dropped until none is left: an edge
 whose sender receives no circuit edge (it cannot carry anything from the input) or whose receiver's
 node sends none (nothing it computes reaches the logits). A node here is the input, a head, an MLP or
 the logits; a head reads its own query input and its key/value head's inputs.
@@ -15,15 +18,16 @@ the empty circuit. **Completeness** is the same with the circuit's own edges pat
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from ...core.checks import check_count, check_number
+from ...core.checks import check_choice, check_count, check_number
 from ...core.result import Result
 from ...core.tables import format_table
 from ..metrics import Metric, metric_name
@@ -160,22 +164,70 @@ class Circuit(Result):
         return plot_circuit(self, **kwargs)
 
 
+SELECTIONS = ("top", "greedy")
+
+
+def greedy_order(graph: Graph, scores: torch.Tensor) -> torch.Tensor:
+    """Edge indices in the order the greedy rule takes them: from the logits up, always the
+    highest-``|score|`` edge whose receiver a node already in the circuit reads (the logits' at first);
+    when its sender is new to the circuit, the sender's own inputs become candidates. NaN scores are
+    never taken. Every edge taken reaches the logits through the ones taken before it."""
+    feeds = _receiver_nodes(graph)  # [R, S]: which sender nodes read each receiver
+    es, er = graph.edge_index
+    mag = scores.float().abs().cpu()
+    into: list[list[int]] = [[] for _ in range(graph.n_receivers)]
+    for e, r in enumerate(er.tolist()):
+        if not bool(mag[e].isnan()):
+            into[r].append(e)
+    inputs_of = [feeds[:, n].nonzero()[:, 0].tolist() for n in range(graph.n_senders)]
+    logits = [g.first + i for g in graph.groups if g.kind == "logits" for i in range(g.count)]
+    opened = torch.zeros(graph.n_receivers, dtype=torch.bool)
+    joined = torch.zeros(graph.n_senders, dtype=torch.bool)
+    heap: list[tuple[float, int]] = []
+    m = mag.tolist()
+
+    def open_receivers(rs: list[int]) -> None:
+        for r in rs:
+            if not opened[r]:
+                opened[r] = True
+                for e in into[r]:
+                    heapq.heappush(heap, (-m[e], e))
+
+    open_receivers(logits)
+    order: list[int] = []
+    senders = es.tolist()
+    while heap:
+        _, e = heapq.heappop(heap)
+        order.append(e)
+        n = senders[e]
+        if not joined[n]:
+            joined[n] = True
+            open_receivers(inputs_of[n])
+    return torch.tensor(order, dtype=torch.long)
+
+
 def circuit(
     scores: EdgeScores,
     top: int | None = None,
     threshold: float | None = None,
     fraction: float | None = None,
     prune_dangling: bool = True,
+    selection: Literal["top", "greedy"] = "top",
 ) -> Circuit:
     """A :class:`Circuit` of the edges with the largest ``|score|``: the ``top`` edges, those with
     ``|score| ≥ threshold``, or the top ``fraction`` of all edges (exactly one of the three), then
-    with ``prune_dangling`` the dangling edges removed (:func:`prune`). NaN scores are never chosen."""
+    with ``prune_dangling`` the dangling edges removed (:func:`prune`). NaN scores are never chosen.
+    ``selection="greedy"``: the first ``top`` (or ``fraction``) edges of :func:`greedy_order` instead of
+    the global top (no ``threshold``)."""
     if sum(x is not None for x in (top, threshold, fraction)) != 1:
         raise ValueError("give exactly one of top (an edge count), threshold (a |score|) or fraction (of all edges)")
+    check_choice(selection, "selection", SELECTIONS)
     graph = scores.graph
     s = scores.total().float()
     mag = s.abs().nan_to_num(-1.0)
     if threshold is not None:
+        if selection == "greedy":
+            raise ValueError("selection='greedy' takes top or fraction (an edge count), not threshold")
         keep = mag >= check_number(threshold, "threshold", low=0.0)
     else:
         k = (
@@ -184,7 +236,8 @@ def circuit(
             else round(check_number(fraction, "fraction", low=0.0, high=1.0) * graph.n_edges)
         )
         keep = torch.zeros(graph.n_edges, dtype=torch.bool)
-        keep[mag.argsort(descending=True)[: min(k, graph.n_edges)]] = True
+        order = greedy_order(graph, s) if selection == "greedy" else mag.argsort(descending=True)
+        keep[order[: min(k, graph.n_edges)]] = True
         keep &= mag >= 0
     if prune_dangling:
         keep = prune(graph, keep)
@@ -294,11 +347,13 @@ def faithfulness_curve(
     metric: Metric,
     sizes: Sequence[int] | int = 20,
     prune_dangling: bool = True,
+    selection: Literal["top", "greedy"] = "top",
 ) -> FaithfulnessCurve:
     """Exact faithfulness of the top-``k`` circuit of each of ``scores`` (one per method) for every
     ``k`` in ``sizes`` (an int: that many sizes from :func:`default_sizes`), on the prompt pairs
     ``clean``/``corrupted`` and ``metric`` (as :func:`~gpt2_interp.analysis.circuits.edge_scores` takes
-    them); ``prune_dangling``: prune each circuit (:func:`prune`). All circuits run as rows of
+    them); ``prune_dangling``: prune each circuit (:func:`prune`); ``selection``: how each circuit takes
+    its edges (:func:`circuit`). All circuits run as rows of
     :func:`~gpt2_interp.analysis.circuits.edges.run_with_edges`."""
     results = [scores] if isinstance(scores, EdgeScores) else list(scores)
     if not results:
@@ -308,7 +363,7 @@ def faithfulness_curve(
     masks, kept = [], []
     for r in results:
         for k in ks:
-            m = circuit(r, top=int(k), prune_dangling=prune_dangling).mask(graph)
+            m = circuit(r, top=int(k), prune_dangling=prune_dangling, selection=selection).mask(graph)
             masks.append(~m)
             kept.append(int(m.sum()))
     pairs = pairs_of(model, clean, corrupted, metric)
@@ -318,7 +373,12 @@ def faithfulness_curve(
         f.view(shape),
         [int(k) for k in ks],
         torch.tensor(kept).view(shape),
-        [r.method + (f"-{r.ig_path}" if r.ig_path == "activations" else "") for r in results],
+        [
+            r.method
+            + (f"-{r.ig_path}" if r.ig_path == "activations" else "")
+            + ("-greedy" if selection == "greedy" else "")
+            for r in results
+        ],
         graph.n_edges,
         metric_name(pairs.metric),
         float(pairs.clean_metric.mean()),
@@ -326,4 +386,13 @@ def faithfulness_curve(
     )
 
 
-__all__ = ["Circuit", "FaithfulnessCurve", "circuit", "default_sizes", "evaluate", "faithfulness_curve", "prune"]
+__all__ = [
+    "Circuit",
+    "FaithfulnessCurve",
+    "circuit",
+    "default_sizes",
+    "evaluate",
+    "faithfulness_curve",
+    "greedy_order",
+    "prune",
+]
