@@ -20,11 +20,13 @@
    is what an idle single core would take.
 3. Faithfulness curves (gpt2-facts, the pairs of part 1): circuits of the top edges by EAP, EAP-IG (inputs) and
    EAP-IG (activations), 20 sizes from 0.1% to all edges, dangling edges pruned, faithfulness exact
-   (``faithfulness_curve``); the smallest circuit reaching 80% per method, as a share of all edges.
+   (``faithfulness_curve``), then the same with the greedy selection (``selection="greedy"``: grown from the
+   logits up); the smallest circuit reaching 80% per method, as a share of all edges.
 4. SmolLM2-135M on IOI (``--part smollm2``): the pairs of ``experiments/circuit_discovery`` (``ioi``, seed 0,
    ``--speed-pairs`` of them), wall-clock seconds of EAP-IG (inputs, 5 steps) over all edges and of the exact
    faithfulness curve of its top-k circuits at 20 sizes (dangling edges pruned), with the load average
-   before and after each (run it alone on the machine: the wall time is the measure).
+   before and after each (run it alone on the machine: the wall time is the measure); then the curve of its
+   greedy circuits (not timed).
 """
 
 from __future__ import annotations
@@ -187,18 +189,20 @@ def curve(pairs: int) -> tuple[list[str], dict]:
     t, cpu = time.perf_counter(), time.process_time()
     c = faithfulness_curve(model, scores, fp.clean, fp.corrupted, metric, sizes=20)
     secs, cpu = time.perf_counter() - t, time.process_time() - cpu
-    small = c.smallest(0.8)
+    greedy = faithfulness_curve(model, scores, fp.clean, fp.corrupted, metric, sizes=20, selection="greedy")
+    small = c.smallest(0.8) | greedy.smallest(0.8)
     lines = [
         f"Faithfulness curves, gpt2-facts, {len(fp)} pairs, {len(c.sizes)} sizes × {len(c.methods)} methods: "
-        f"{secs:.0f} s wall, {cpu:.0f} s CPU",
+        f"{secs:.0f} s wall, {cpu:.0f} s CPU (the top edges; the same again with the greedy selection)",
         "",
         "| method | smallest circuit with faithfulness ≥ 80% (edges, share of all) |",
         "|---|---|",
     ]
     for m, k in small.items():
         lines.append(f"| {m} | {'none' if k is None else f'{k} ({100 * k / c.total_edges:.1f}%)'} |")
-    lines += ["", "```", c.table(), "```"]
-    return lines, {"smallest": small, "faithfulness": c.faithfulness.tolist(), "kept": c.kept.tolist()}
+    lines += ["", "```", c.table(), "```", "", "```", greedy.table(), "```"]
+    data = {"smallest": small, "faithfulness": c.faithfulness.tolist(), "kept": c.kept.tolist()}
+    return lines, data | {"greedy_faithfulness": greedy.faithfulness.tolist(), "greedy_kept": greedy.kept.tolist()}
 
 
 def smollm2(n_pairs: int) -> tuple[list[str], dict]:
@@ -216,7 +220,9 @@ def smollm2(n_pairs: int) -> tuple[list[str], dict]:
     c = faithfulness_curve(model, scores, task.clean, task.corrupted, task.metric, sizes=20)
     curve_secs = time.perf_counter() - t
     load.append(os.getloadavg()[0])
+    greedy = faithfulness_curve(model, scores, task.clean, task.corrupted, task.metric, sizes=20, selection="greedy")
     small = c.smallest(0.8)["eap-ig"]
+    small_greedy = greedy.smallest(0.8)["eap-ig-greedy"]
     lines = [
         f"SmolLM2-135M, IOI, {len(task)} pairs (padded to {task.clean_tokens.shape[1]} tokens), all {n_edges} edges, "
         f"{torch.get_num_threads()} torch threads; load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} "
@@ -227,10 +233,15 @@ def smollm2(n_pairs: int) -> tuple[list[str], dict]:
         f"| EAP-IG (inputs, 5 steps), every edge | {ig_secs:.1f} | ≤ 120 |",
         f"| faithfulness curve, {len(c.sizes)} sizes (exact) | {curve_secs:.1f} | ≤ 300 |",
         "",
-        f"Smallest EAP-IG circuit with faithfulness ≥ 80%: {'none' if small is None else f'{small} edges'}",
+        f"Smallest EAP-IG circuit with faithfulness ≥ 80%: {'none' if small is None else f'{small} edges'} "
+        f"(the top edges); {'none' if small_greedy is None else f'{small_greedy} edges'} (greedy selection)",
         "",
         "```",
         c.table(),
+        "```",
+        "",
+        "```",
+        greedy.table(),
         "```",
     ]
     data = {
@@ -242,6 +253,8 @@ def smollm2(n_pairs: int) -> tuple[list[str], dict]:
         "sizes": c.sizes,
         "faithfulness": c.faithfulness.tolist(),
         "kept": c.kept.tolist(),
+        "greedy_faithfulness": greedy.faithfulness.tolist(),
+        "greedy_kept": greedy.kept.tolist(),
     }
     return lines, data
 
