@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
-from ..analysis.features.latent_probe import latent_probe
+from ..analysis.features.latent_probes import latent_probe
 from ..analysis.features.sae import SAE
 from ..analysis.features.sae_train import SAETrainConfig, text_source, token_windows, train_sae
 from ..analysis.features.sae_views import logit_effect

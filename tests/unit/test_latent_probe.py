@@ -7,7 +7,7 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from gpt2_interp.analysis.features.latent_probe import latent_auroc, latent_probe
+from gpt2_interp.analysis.features.latent_probes import latent_auroc, latent_probe
 
 
 def test_latent_auroc_equals_sklearn_with_ties_and_silent_latents():

@@ -4,7 +4,7 @@
 - ``sae_train``: activations streamed from text through a shuffling buffer, and SAE training
 - ``sae_eval``: L0, variance explained, cross-entropy loss recovered, dead and dense latents
 - ``sae_views``: a latent's top contexts, logit effect and activation histogram; latent search
-- ``latent_probe``: the latents that best detect each class of a labelled attribute (held-out AUROC) and a
+- ``latent_probes``: the latents that best detect each class of a labelled attribute (held-out AUROC) and a
   sparse probe on them, to set beside a linear probe
 - ``steering``: steering directions (difference of means over contrast pairs, probe weights, SAE decoder
   rows, any vector) and their measured effect over a range of scales (``steering_curve``)
@@ -21,7 +21,7 @@ _FACE: dict[str, tuple[str, ...]] = {
     "sae_train": ("train_sae", "SAETrainConfig", "TrainingLog", "ActivationBuffer", "token_windows", "text_source"),
     "sae_eval": ("evaluate_sae", "SAEEvaluation"),
     "sae_views": ("feature_view", "FeatureView", "latents_promoting", "latents_firing", "LatentSearch", "logit_effect"),
-    "latent_probe": ("latent_probe", "latent_auroc", "LatentProbe"),
+    "latent_probes": ("latent_probe", "latent_auroc", "LatentProbe"),
     "steering": (
         "mean_difference",
         "probe_direction",
