@@ -50,6 +50,27 @@ def _pairs() -> tuple[torch.Tensor, torch.Tensor, object]:
     return clean, corrupted, logit_diff(torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6]))
 
 
+def _sender_out(model: HookedGPT2, cache, sender: str) -> torch.Tensor:
+    """A sender's output ``[b, p, d_model]`` in ``cache``, written out from its name (the input embedding, an
+    MLP's output, or one head's ``z @ W_O``)."""
+    if sender == "input":
+        return cache["blocks.0.hook_resid_pre"]
+    if sender.startswith("m"):
+        return cache[f"blocks.{int(sender[1:])}.hook_mlp_out"]
+    l, h = map(int, re.fullmatch(r"a(\d+)\.h(\d+)", sender).groups())
+    return cache[f"blocks.{l}.attn.hook_z"][:, :, h] @ model.blocks[l].attn.W_O[h]
+
+
+def _receiver_hook(n_layer: int, receiver: str) -> tuple[str, int | None]:
+    """The hook point a receiver's input passes through, and its head (or key/value head) index there."""
+    if receiver == "logits":
+        return f"blocks.{n_layer - 1}.hook_resid_post", None
+    if receiver.startswith("m"):
+        return f"blocks.{int(receiver[1:])}.hook_mlp_in", None
+    l, h, kind = re.fullmatch(r"a(\d+)\.h(\d+)<([qkv])>", receiver).groups()
+    return f"blocks.{l}.hook_{kind}_input", int(h)
+
+
 def _hand_loop(model: HookedGPT2, clean: torch.Tensor, corrupted: torch.Tensor, metric, edges: list[str]):
     """The metric change of each edge, one forward pass per edge with one hook written out here."""
     n = model.cfg.n_layer
@@ -60,28 +81,14 @@ def _hand_loop(model: HookedGPT2, clean: torch.Tensor, corrupted: torch.Tensor, 
         _, k = model.run_with_cache(corrupted, names_filter=names)
         base = metric(model(clean)[:, -1])
 
-    def out(cache, sender: str) -> torch.Tensor:  # [b, p, d_model]
-        if sender == "input":
-            return cache["blocks.0.hook_resid_pre"]
-        if sender.startswith("m"):
-            return cache[f"blocks.{int(sender[1:])}.hook_mlp_out"]
-        l, h = map(int, re.fullmatch(r"a(\d+)\.h(\d+)", sender).groups())
-        return cache[f"blocks.{l}.attn.hook_z"][:, :, h] @ model.blocks[l].attn.W_O[h]
-
     results = []
     model.set_use_split_qkv_input(True)
     model.set_use_hook_mlp_in(True)
     try:
         for e in edges:
             sender, receiver = e.split("->")
-            delta = out(k, sender) - out(c, sender)
-            if receiver == "logits":
-                hook, idx = f"blocks.{n - 1}.hook_resid_post", None
-            elif receiver.startswith("m"):
-                hook, idx = f"blocks.{int(receiver[1:])}.hook_mlp_in", None
-            else:
-                l, h, kind = re.fullmatch(r"a(\d+)\.h(\d+)<([qkv])>", receiver).groups()
-                hook, idx = f"blocks.{l}.hook_{kind}_input", int(h)
+            delta = _sender_out(model, k, sender) - _sender_out(model, c, sender)
+            hook, idx = _receiver_hook(n, receiver)
 
             def fn(act, hook, delta=delta, idx=idx):
                 act = act.clone()
@@ -125,14 +132,6 @@ def _hand_masked(model: HookedGPT2, clean: torch.Tensor, corrupted: torch.Tensor
     with torch.no_grad():
         _, k = model.run_with_cache(corrupted)
 
-    def out(cache, sender: str) -> torch.Tensor:  # [b, p, d_model]
-        if sender == "input":
-            return cache["blocks.0.hook_resid_pre"]
-        if sender.startswith("m"):
-            return cache[f"blocks.{int(sender[1:])}.hook_mlp_out"]
-        l, h = map(int, re.fullmatch(r"a(\d+)\.h(\d+)", sender).groups())
-        return cache[f"blocks.{l}.attn.hook_z"][:, :, h] @ model.blocks[l].attn.W_O[h]
-
     current: dict = {}
 
     def keep(act, hook):
@@ -142,16 +141,10 @@ def _hand_masked(model: HookedGPT2, clean: torch.Tensor, corrupted: torch.Tensor
         act = act.clone()
         for e, pos in patched.items():
             sender, receiver = e.split("->")
-            if receiver == "logits":
-                name, idx = f"blocks.{n - 1}.hook_resid_post", None
-            elif receiver.startswith("m"):
-                name, idx = f"blocks.{int(receiver[1:])}.hook_mlp_in", None
-            else:
-                l, h, kind = re.fullmatch(r"a(\d+)\.h(\d+)<([qkv])>", receiver).groups()
-                name, idx = f"blocks.{l}.hook_{kind}_input", int(h)
+            name, idx = _receiver_hook(n, receiver)
             if name != hook.name:
                 continue
-            delta = out(k, sender) - out(current, sender)
+            delta = _sender_out(model, k, sender) - _sender_out(model, current, sender)
             at = slice(None) if pos is None else pos
             if idx is None:
                 act[:, at] += delta[:, at]
@@ -407,8 +400,10 @@ def test_a_greedy_circuit_reaches_the_logits_and_is_measured():
     g = scores.graph
     c = circuit(scores, top=12, selection="greedy", prune_dangling=False)
     assert set(c.edges) == {g.edges[i] for i in greedy_order(g, scores.total())[:12].tolist()}
-    curve = faithfulness_curve(model, scores, clean, corrupted, metric, sizes=[0, g.n_edges], selection="greedy")
+    sizes = [0, 12, 40, g.n_edges]
+    curve = faithfulness_curve(model, scores, clean, corrupted, metric, sizes=sizes, selection="greedy")
     assert curve.methods == ["eap-greedy"]
+    assert curve.kept[0].tolist() == [len(circuit(scores, top=k, selection="greedy").edges) for k in sizes]
     assert curve.faithfulness[0, 0] == pytest.approx(0.0, abs=1e-4)
     assert curve.faithfulness[0, -1] == pytest.approx(1.0, abs=1e-4)
     with pytest.raises(ValueError, match="not threshold"):
