@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,17 +175,16 @@ def greedy_order(graph: Graph, scores: torch.Tensor) -> torch.Tensor:
     never taken. Every edge taken reaches the logits through the ones taken before it."""
     feeds = _receiver_nodes(graph)  # [R, S]: which sender nodes read each receiver
     es, er = graph.edge_index
-    mag = scores.float().abs().cpu()
+    m = scores.float().abs().cpu().tolist()
     into: list[list[int]] = [[] for _ in range(graph.n_receivers)]
     for e, r in enumerate(er.tolist()):
-        if not bool(mag[e].isnan()):
+        if not math.isnan(m[e]):
             into[r].append(e)
     inputs_of = [feeds[:, n].nonzero()[:, 0].tolist() for n in range(graph.n_senders)]
     logits = [g.first + i for g in graph.groups if g.kind == "logits" for i in range(g.count)]
-    opened = torch.zeros(graph.n_receivers, dtype=torch.bool)
-    joined = torch.zeros(graph.n_senders, dtype=torch.bool)
+    opened = [False] * graph.n_receivers
+    joined = [False] * graph.n_senders
     heap: list[tuple[float, int]] = []
-    m = mag.tolist()
 
     def open_receivers(rs: list[int]) -> None:
         for r in rs:
@@ -235,13 +235,22 @@ def circuit(
             if top is not None
             else round(check_number(fraction, "fraction", low=0.0, high=1.0) * graph.n_edges)
         )
-        keep = torch.zeros(graph.n_edges, dtype=torch.bool)
-        order = greedy_order(graph, s) if selection == "greedy" else mag.argsort(descending=True)
-        keep[order[: min(k, graph.n_edges)]] = True
-        keep &= mag >= 0
+        keep = _first(s, _order(graph, s, selection), k)
     if prune_dangling:
         keep = prune(graph, keep)
     return _circuit_of(graph, keep, s, scores.method, scores.metric)
+
+
+def _order(graph: Graph, s: torch.Tensor, selection: str) -> torch.Tensor:
+    """Every edge index, in the order ``selection`` takes them (NaN scores last; greedy: never)."""
+    return greedy_order(graph, s) if selection == "greedy" else s.abs().nan_to_num(-1.0).argsort(descending=True)
+
+
+def _first(s: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:
+    """``[n_edges]`` bool: the first ``k`` edges of ``order`` that have a score (not NaN)."""
+    keep = torch.zeros(s.shape[0], dtype=torch.bool)
+    keep[order[:k]] = True
+    return keep & ~s.isnan()
 
 
 def _circuit_of(graph: Graph, keep: torch.Tensor, s: torch.Tensor, method: str, metric: str) -> Circuit:
@@ -360,10 +369,15 @@ def faithfulness_curve(
         raise ValueError("give at least one EdgeScores")
     graph = graph_of(model)
     ks = default_sizes(graph.n_edges, check_count(sizes, "sizes")) if isinstance(sizes, int) else list(sizes)
+    check_choice(selection, "selection", SELECTIONS)
     masks, kept = [], []
     for r in results:
+        s = r.total().float()
+        order = _order(graph, s, selection)  # once per method: each size takes its first k edges
         for k in ks:
-            m = circuit(r, top=int(k), prune_dangling=prune_dangling, selection=selection).mask(graph)
+            m = _first(s, order, check_count(int(k), "size", minimum=0))
+            if prune_dangling:
+                m = prune(graph, m)
             masks.append(~m)
             kept.append(int(m.sum()))
     pairs = pairs_of(model, clean, corrupted, metric)
