@@ -42,18 +42,10 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_split_inputs import import_package  # one checkout's gpt2_interp, replacing any imported before
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def import_package(root: Path) -> Any:
-    """``gpt2_interp`` from checkout ``root``, replacing any copy imported before (its models keep working)."""
-    for name in [m for m in sys.modules if m == "gpt2_interp" or m.startswith("gpt2_interp.")]:
-        del sys.modules[name]
-    sys.path.insert(0, str(root))
-    try:
-        return importlib.import_module("gpt2_interp")
-    finally:
-        sys.path.remove(str(root))
 
 
 def gemm_rate(m: int, k: int, n: int, repeats: int = 20) -> float:
