@@ -134,7 +134,7 @@ class MemitHparams:
     nullspace_threshold: float = 1e-3  # τ: P keeps eigen-directions of C₀ with λ ≤ τ·λ_max
     nullspace_rule: str = "relative"  # "relative" (as above) or "energy": the smallest directions
     # holding ≤ τ of tr C₀ (see NullSpace.from_stats)
-    alpha: float = 1e-2  # AlphaEdit's ridge, × tr(C)/d_mlp
+    alpha: float = 0.1  # AlphaEdit's ridge, × tr(C)/d_mlp
     alpha_scale: str = "trace"  # ridge = alpha·tr(C)/d_mlp (scale-free); "absolute": alpha itself (AlphaEdit's L2)
     chunk: int | None = None  # requests per δ-optimisation batch (None: 32 on CPU, all on GPU)
     delta_norm: str = "resid"  # δ's clamp/weight-decay scale: the residual after the top layer

@@ -190,6 +190,8 @@ def edit_settings(model: HookedGPT2, hp: Mapping[str, Any]) -> dict[str, Any]:
         "nullspace_threshold": h.nullspace_threshold,
         "nullspace_rule": h.nullspace_rule,
         "alpha": h.alpha,
+        "alpha_scale": h.alpha_scale,
+        "key_weighting": h.rome.key_weighting,
     }
 
 
@@ -325,6 +327,7 @@ class MassEditing:
             "nullspace_threshold": d.nullspace_threshold,
             "nullspace_rule": d.nullspace_rule,
             "alpha": d.alpha,
+            "alpha_scale": d.alpha_scale,
         }
         if self.cfg.only is not None:  # earlier rows may have run with older settings: marked †
             self.chosen.update(self.report.get("tuning", {}).get("chosen") or self.report.get("chosen", {}))
@@ -336,7 +339,9 @@ class MassEditing:
         exclude = {(c.relation, c.request.subject) for c in self.cases}
         tune = known_cases(model, cfg.tune_n, cfg.seed + 1, exclude)
         ns_pre = mean_scores(model, tune, self.sb)["ns"] or 1.0
+        # the grid's ridges are × tr(C)/d_mlp; without a grid, the model's own ridge and its scale
         alphas = list(cfg.alphas) if cfg.alphas else [self.chosen["alpha"]]
+        scale = "trace" if cfg.alphas else self.chosen.get("alpha_scale", "trace")
         reqs = [c.request for c in tune]
         t = time.perf_counter()
         # one δ optimisation: the target residuals do not depend on λ, τ or α, so each setting re-solves
@@ -350,7 +355,10 @@ class MassEditing:
                 ns = NullSpace.from_stats({l: self.stats[l] for l in self.layers}, tau, rule)
                 for alpha in alphas:
                     row, keys = self.tuning_score(
-                        tune, z, {"nullspace_threshold": tau, "nullspace_rule": rule, "alpha": alpha}, preserve=ns
+                        tune,
+                        z,
+                        {"nullspace_threshold": tau, "nullspace_rule": rule, "alpha": alpha, "alpha_scale": scale},
+                        preserve=ns,
                     )
                     energy = ns.key_energy(keys)  # the edit keys' energy in the null space, averaged over the layers
                     tau_rows.append(
@@ -358,6 +366,7 @@ class MassEditing:
                             "nullspace_threshold": tau,
                             "nullspace_rule": rule,
                             "alpha": alpha,
+                            "alpha_scale": scale,
                             "null_dim": ns.null_dim,
                             "leak": ns.leak,
                             "key_energy_in_null_space": sum(energy.values()) / len(energy),
@@ -397,7 +406,7 @@ class MassEditing:
     def apply_tuning(self, t: dict) -> None:
         """Merge the tuning rows with the earlier run's rows of other rules/thresholds/ridges (same requests
         and targets) and choose λ and (rule, τ, α)."""
-        old = self.report.get("tuning", {})
+        old = self.report.get("tuning", {}) if self.same_delta_settings("tuning") else {}
         lam_rows, tau_rows = t["mom2_weight"], t["nullspace_threshold"]
         if tau_rows:
 
@@ -424,6 +433,14 @@ class MassEditing:
             "nullspace_threshold": tau_rows or old.get("nullspace_threshold", []),
             "chosen": dict(self.chosen),
         }
+
+    def same_delta_settings(self, part: str) -> bool:
+        """Whether the earlier run's ``part`` computed its targets as this run does (edit layers, context
+        variants, δ's scale, key weighting): only then are its rows comparable with this run's."""
+        tuned = ("mom2_weight", "nullspace_threshold", "nullspace_rule", "alpha", "alpha_scale")
+        before = self.report.get("part_settings", {}).get(part)
+        now = edit_settings(self.model, self.hp)
+        return before is not None and all(before.get(k) == v for k, v in now.items() if k not in tuned)
 
     # -- one batch
     def batch_edit_part(self) -> dict:

@@ -34,6 +34,7 @@ import torch
 
 from ..core import progress as _progress
 from ..core.result import Result, to_jsonable
+from ..editing.hparams import defaults_digest
 from . import provenance as prov
 from .base import REGISTRY, Experiment, ExperimentConfig
 
@@ -311,8 +312,8 @@ def run_experiment(
     m = _load_model(model, device, dtype)
     identity = prov.model_identity(m)
     config_json = to_jsonable(dataclasses.asdict(config))
-    cache_key = hashlib.sha256(
-        json.dumps([name, config_json, identity["weights_fingerprint"]], sort_keys=True).encode()
+    cache_key = hashlib.sha256(  # the editors' per-model default files change what a cached part holds
+        json.dumps([name, config_json, identity["weights_fingerprint"], defaults_digest()], sort_keys=True).encode()
     ).hexdigest()
     ctx = RunContext(
         out_dir=directory,

@@ -27,8 +27,8 @@ ROME_FIELDS = {f.name for f in fields(RomeHparams)}
 MEMIT_OWN = {f.name for f in fields(MemitHparams)} - {"rome"}
 ALLOWED = {
     "rome": ROME_FIELDS,
-    "memit": MEMIT_OWN - {"nullspace_threshold", "nullspace_rule", "alpha"} | (ROME_FIELDS - {"layer"}),
-    "alphaedit": {"nullspace_threshold", "nullspace_rule", "alpha"},
+    "memit": MEMIT_OWN - {"nullspace_threshold", "nullspace_rule", "alpha", "alpha_scale"} | (ROME_FIELDS - {"layer"}),
+    "alphaedit": {"nullspace_threshold", "nullspace_rule", "alpha", "alpha_scale"},
 }
 
 
@@ -99,7 +99,7 @@ def test_resolved_settings_equal_the_former_dictionaries():
     }
     assert MEMIT_MODEL_HPARAMS == {
         "gpt2-facts": {"layers": (0,), "mom2_weight": 1000.0, "prefix_lengths": (5, 10), "delta_norm": "mlp_out"},
-        "smollm2-135m": {"delta_norm": "mlp_out"},
+        "smollm2-135m": {"delta_norm": "mlp_out", "mom2_weight": 100.0},
     }
     assert DELTA_DEFAULTS == {"prefix_lengths": (10,), "prefixes_per_length": 5, "key_weighting": "per_context_type"}
     rome_defaults = dict(
@@ -143,13 +143,15 @@ def test_resolved_settings_equal_the_former_dictionaries():
         mom2_weight=1000.0,
         nullspace_threshold=1e-3,
         nullspace_rule="relative",
-        alpha=1e-2,
+        alpha=0.1,
         chunk=None,
         preset=None,
         alpha_scale="trace",
     )
     m = MemitHparams.of(facts).to_dict()
     assert m == memit_defaults | {
+        "alpha": 10.0,
+        "alpha_scale": "absolute",
         "layers": (0,),
         "delta_norm": "mlp_out",
         "rome": rome_defaults
@@ -166,6 +168,8 @@ def test_resolved_settings_equal_the_former_dictionaries():
     }
     m = MemitHparams.of(smol).to_dict()
     assert m == memit_defaults | {
+        "mom2_weight": 100.0,
+        "nullspace_threshold": 1e-2,
         "layers": None,
         "delta_norm": "mlp_out",
         "rome": rome_defaults

@@ -12,6 +12,7 @@ settings of a model without a file of its own; a model's file lists only what di
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from functools import cache
@@ -32,6 +33,27 @@ EXPERIMENTS = (
 #: The documented form of a ``"run"`` entry: the results folder of one experiment on one model.
 RUN_PATTERN = re.compile(r"analyses/results/(?P<experiment>[a-z_]+)/(?P<model>[A-Za-z0-9._-]+)")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@cache
+def defaults_digest() -> str:
+    """A digest of every settings file here: what a cached editing result depends on besides its config."""
+    h = hashlib.sha256()
+    root = resources.files(__package__)
+    for path in sorted(_json_files(root), key=lambda p: p[0]):
+        h.update(path[0].encode())
+        h.update(path[1].read_bytes())
+    return h.hexdigest()
+
+
+def _json_files(folder: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for entry in folder.iterdir():
+        if entry.is_dir():
+            out += _json_files(entry, f"{prefix}{entry.name}/")
+        elif entry.name.endswith(".json"):
+            out.append((prefix + entry.name, entry))
+    return out
 
 
 def _check_method(method: str) -> str:
