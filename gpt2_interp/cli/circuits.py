@@ -39,6 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="top",
         help="top: the edges with the largest |score|; greedy: grown from the logits up (default top)",
     )
+    p.add_argument(
+        "--per-position",
+        action="store_true",
+        help="score and keep (position, edge) items: an edge at some positions and not others (prompts of one "
+        "token length; --top/--fraction count items)",
+    )
     p.add_argument("--no-faithfulness", action="store_true", help="skip the exact faithfulness run")
     p.add_argument("--edges", type=count(1), default=20, help="edges listed in the table (default 20)")
     p.add_argument("--save", default=None, help="write the circuit as JSON here (Circuit.load reads it back)")
@@ -85,6 +91,7 @@ def circuit_cmd(args: argparse.Namespace) -> int:
         metric,
         method=args.method,
         ig_steps=args.ig_steps,
+        per_position=args.per_position,
         progress=False if args.quiet else None,
     )
     if args.fraction is not None:

@@ -18,13 +18,22 @@ Wang et al.'s GPT-2 small circuit.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..analysis.circuits import Circuit, FaithfulnessCurve, circuit, edge_scores, evaluate, faithfulness_curve
+from ..analysis.circuits import (
+    Circuit,
+    EdgeScores,
+    FaithfulnessCurve,
+    circuit,
+    edge_scores,
+    evaluate,
+    faithfulness_curve,
+)
 from ..analysis.circuits.tasks import TASKS, Task, make_task, performance
 from .base import ExperimentConfig, register
 from .circuit_tasks import verdict
@@ -63,6 +72,14 @@ class Config(ExperimentConfig):
     target: float = field(default=0.8, metadata={"help": "the faithfulness the smallest circuit must reach"})
     top_heads: int = field(default=10, metadata={"help": "IOI: heads listed by attention to the IO"})
     force: bool = field(default=False, metadata={"help": "find a circuit even when the model does not do the task"})
+    per_position: bool = field(
+        default=False,
+        metadata={
+            "help": "score and keep (position, edge) items instead of whole edges; the prompts must align "
+            "(IOI: one template, ioi_template)"
+        },
+    )
+    ioi_template: int = field(default=0, metadata={"help": "IOI with per_position: the one template (0-14)"})
 
     QUICK: ClassVar[dict[str, Any]] = {"n": 4, "n_performance": 8, "ig_steps": 2, "sizes": 6, "top_heads": 4}
 
@@ -81,10 +98,14 @@ class Config(ExperimentConfig):
 # =============================================================== performance
 def _performance(model: HookedGPT2, cfg: Config) -> tuple[Task | None, dict[str, Any]]:
     """The task's pairs and the model's performance record (``fits``/``verdict``), or why it does not fit."""
+    kwargs = {"templates": [cfg.ioi_template]} if cfg.per_position and cfg.task == "ioi" else {}
     try:
-        task = make_task(cfg.task, model, n=cfg.n_performance, seed=cfg.seed)
+        task = make_task(cfg.task, model, n=cfg.n_performance, seed=cfg.seed, **kwargs)
     except ValueError as e:
         return None, {"fits": False, "reason": str(e), "verdict": "does not fit the tokenizer"}
+    if cfg.per_position and not task.aligned:
+        reason = f"per_position needs prompts of one token length; {cfg.task}'s pairs differ in length"
+        return None, {"fits": False, "reason": reason, "verdict": "prompts not aligned"}
     perf = performance(model, task)
     rec: dict[str, Any] = {
         "fits": True,
@@ -122,14 +143,14 @@ def smallest_record(curve: FaithfulnessCurve, i: int, target: float) -> dict[str
     }
 
 
-def share_text(rec: dict[str, Any], target: float) -> str:
-    """How a table states a method's smallest faithful circuit."""
+def share_text(rec: dict[str, Any], target: float, unit: str = "edges") -> str:
+    """How a table states a method's smallest faithful circuit (``unit``: what it counts)."""
     if rec["share"] is None:
         return (
-            f"not reached (best {rec['best_faithfulness']:.2f} at {rec['best_edges']} edges): "
+            f"not reached (best {rec['best_faithfulness']:.2f} at {rec['best_edges']} {unit}): "
             f"no tested size reaches {target:.0%}"
         )
-    s = f"{rec['edges']} edges, {100 * rec['share']:.2f}% of all (faithfulness {rec['faithfulness']:.3f})"
+    s = f"{rec['edges']} {unit}, {100 * rec['share']:.2f}% of all (faithfulness {rec['faithfulness']:.3f})"
     return f"needs > 10%: {s}" if rec["needs_more_than_10pct"] else s
 
 
@@ -297,13 +318,16 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     scores, seconds = [], {}
     for m in METHODS:
         t0 = time.perf_counter()
-        scores.append(edge_scores(*args, method=m, ig_steps=cfg.ig_steps, progress=ctx.progress))  # type: ignore[arg-type]
+        scores.append(
+            edge_scores(*args, method=m, ig_steps=cfg.ig_steps, per_position=cfg.per_position, progress=ctx.progress)  # type: ignore[arg-type]
+        )
         seconds[m] = time.perf_counter() - t0
     t0 = time.perf_counter()
     curve = faithfulness_curve(model, scores, *args[1:], sizes=cfg.sizes)
     seconds["faithfulness_curve"] = time.perf_counter() - t0
     data |= {
         "pairs": len(task),
+        "per_position": cfg.per_position,
         "ig_steps": cfg.ig_steps,
         "total_edges": curve.total_edges,
         "clean_metric": curve.clean_metric,
@@ -316,7 +340,7 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
         },
         "target": cfg.target,
         "seconds": seconds,
-        "top_edges": {m: s.top(15) for m, s in zip(METHODS, scores)},
+        "top_edges": {m: _top(s, 15) for m, s in zip(METHODS, scores)},
         "smallest": {},
         "circuits": {},
     }
@@ -335,16 +359,38 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
             "faithfulness": c.faithfulness,
             "completeness": c.completeness,
             "nodes": len(c.nodes()),
+            "whole_edges": len(c.collapsed().edges),
             "file": None if path is None else path.name,
-            "plot": {"edges": c.edges[:300], "scores": c.scores[:300]},
+            "plot": {"edges": c.collapsed().edges[:300], "scores": c.collapsed().scores[:300]},
             "n_layer": c.n_layer,
             "n_head": c.n_head,
             "n_kv": c.n_kv,
         }
     if cfg.task == "ioi":
         best = chosen.get("eap-ig") or chosen.get("eap")
+        if best is not None and best.per_position:  # the heads it holds at the last position
+            best = _at_last_position(best)
         data["ioi_mechanism"] = None if best is None else ioi_mechanism(model, task, best, cfg.top_heads)
     return data
+
+
+def _at_last_position(c: Circuit) -> Circuit:
+    """A per-position circuit's items at the last position, as a circuit of whole edges."""
+    assert c.positions is not None and c.n_pos is not None
+    at = [(e, v) for e, p, v in zip(c.edges, c.positions, c.scores) if p == c.n_pos - 1]
+    return dataclasses.replace(
+        c, edges=[e for e, _ in at], scores=[v for _, v in at], positions=None, n_pos=None, _mask=None
+    )
+
+
+def _top(scores: EdgeScores, k: int) -> list[tuple[str, float]]:
+    """The ``k`` largest-``|score|`` edges (per position: ``edge@position`` items)."""
+    if not scores.per_position:
+        return scores.top(k)
+    s = scores.scores.float().reshape(-1)
+    E = scores.scores.shape[1]
+    idx = s.abs().nan_to_num(-1.0).argsort(descending=True)[:k].tolist()
+    return [(f"{scores.edges[i % E]}@{i // E}", float(s[i])) for i in idx]
 
 
 # =============================================================== rendering
@@ -369,9 +415,10 @@ def tables(data: dict) -> dict[str, str]:
     if data.get("flag"):
         md += ["", f"**Flag: {data['flag']}.** The circuit below explains a behaviour the model does not have."]
     s = data["seconds"]
+    unit = "(position, edge) items" if data.get("per_position") else "edges"
     md += [
         "",
-        f"{data['pairs']} pairs, {data['total_edges']} edges; clean metric {data['clean_metric']:.3f}, corrupted "
+        f"{data['pairs']} pairs, {data['total_edges']} {unit}; clean metric {data['clean_metric']:.3f}, corrupted "
         f"{data['corrupted_metric']:.3f}. EAP {s['eap']:.0f} s, EAP-IG ({data['ig_steps']} steps, inputs path) "
         f"{s['eap-ig']:.0f} s, faithfulness curves ({len(data['curve']['sizes'])} sizes × {len(METHODS)} methods, "
         f"exact) {s['faithfulness_curve']:.0f} s (wall clock on a shared machine).",
@@ -384,9 +431,8 @@ def tables(data: dict) -> dict[str, str]:
     for m in METHODS:
         c = data["circuits"].get(m)
         fc = "–" if c is None else f"{c['faithfulness']:.3f} / {c['completeness']:.3f}"
-        md.append(
-            f"| {m} | {share_text(data['smallest'][m], data['target'])} | {fc} | {'–' if c is None else c['file']} |"
-        )
+        file = "–" if c is None else c["file"]
+        md.append(f"| {m} | {share_text(data['smallest'][m], data['target'], unit)} | {fc} | {file} |")
     cv = data["curve"]
     md += ["", "## Faithfulness curves (exact; edges kept after pruning in brackets)", ""]
     md += ["| top edges | " + " | ".join(cv["methods"]) + " |", "|---|" + "---|" * len(cv["methods"])]

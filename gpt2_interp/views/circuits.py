@@ -241,11 +241,19 @@ def view_circuit(result: Any, exact: Any | None = None, max_edges: int = 300) ->
     ex = _exact_of(exact) if exact is not None else None
     method, metric = d.get("method", "?"), d.get("metric", "?")
     is_circuit = "total_edges" in d
+    items = len(d["edges"])
+    if d.get("positions") is not None:  # a per-position circuit is drawn by its edges, scores summed over positions
+        d = _collapsed(d)
     n = min(len(d["edges"]), max_edges)
     if is_circuit:
         f, c = d.get("faithfulness"), d.get("completeness")
         measured = ("" if f is None else f", faithfulness {f:.3f}") + ("" if c is None else f", completeness {c:.3f}")
         title = f"Circuit ({method}): {len(d['edges'])} of {d['total_edges']} edges{measured}"
+        if "n_pos_items" in d:
+            title = (
+                f"Circuit ({method}, per position): {items} of {d['n_pos_items']} (position, edge) items on "
+                f"{len(d['edges'])} edges{measured}"
+            )
         what = f"{n} edges drawn" + (f" (the {n} largest)" if n < len(d["edges"]) else "")
     else:
         title = f"Edge scores ({method}): the {n} largest |score| of {len(d['edges'])} edges"
@@ -258,6 +266,23 @@ def view_circuit(result: Any, exact: Any | None = None, max_edges: int = 300) ->
     )
     fig = circuit_figure(d, max_edges, ex)
     return View(title, [note, figure_part(fig)])
+
+
+def _collapsed(d: dict) -> dict:
+    """A per-position circuit's dict with one entry per edge, its score summed over its positions."""
+    total: dict[str, float] = {}
+    for e, v in zip(d["edges"], d["scores"]):
+        total[e] = total.get(e, 0.0) + float(v)
+    order = sorted(total, key=lambda e: -abs(total[e]))
+    n_edges = int(d["total_edges"]) // max(int(d.get("n_pos") or 1), 1)
+    return {
+        **d,
+        "edges": order,
+        "scores": [total[e] for e in order],
+        "positions": None,
+        "total_edges": n_edges,
+        "n_pos_items": d["total_edges"],
+    }
 
 
 def view_faithfulness(result: Any, target: float | None = 0.8) -> View:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpt2_interp.analysis.circuits import Circuit, evaluate, make_task
+from gpt2_interp.analysis.circuits import Circuit, evaluate, graph_of, make_task
 from gpt2_interp.experiments import run_experiment
 from gpt2_interp.experiments.circuit_discovery import _positions, _role
 
@@ -61,3 +61,33 @@ def test_a_task_the_model_does_not_do_is_refused(facts_model):
     assert res.data["performance"]["verdict"] != "performs it"
     assert "does not perform ioi" in res.data["refused"] and "curve" not in res.data
     assert "Refused" in res.tables()["circuit_discovery"]
+
+
+@pytest.mark.slow  # per-position scores, curve and circuits on IOI (forced: gpt2-facts does not do it)
+def test_a_per_position_run_keeps_position_edge_items_and_refuses_unaligned_prompts(facts_model, tmp_path):
+    settings = {"task": "ioi", "per_position": True, "force": True}
+    res = run_experiment("circuit_discovery", facts_model, quick=True, settings=settings, out=tmp_path, progress=False)
+    data = res.data
+    task = make_task("ioi", facts_model, n=8, seed=0, templates=[0]).subset(range(4))
+    n_pos, n_edges = task.clean_tokens.shape[1], graph_of(facts_model).n_edges
+    assert data["per_position"] and data["total_edges"] == n_pos * n_edges
+    cv = data["curve"]
+    assert cv["methods"] == ["eap-per-position", "eap-ig-per-position"]
+    assert all(abs(f[-1] - 1.0) < 1e-4 for f in cv["faithfulness"])  # every item kept: the clean run
+    assert set(data["circuits"]) == {"eap", "eap-ig"}
+    for rec in data["circuits"].values():
+        c = Circuit.load(tmp_path / "circuit_discovery" / "gpt2-facts" / "quick" / rec["file"])
+        assert c.per_position and c.n_pos == n_pos and rec["whole_edges"] == len(set(c.edges))
+        again = evaluate(facts_model, c, task.clean, task.corrupted, task.metric, completeness=False)
+        assert again.faithfulness == pytest.approx(rec["faithfulness"], abs=1e-4)
+    assert "(position, edge) items" in res.tables()["circuit_discovery"]
+    # fact recall mixes relations whose prompts differ in length: refused, saying why
+    res = run_experiment(
+        "circuit_discovery",
+        facts_model,
+        quick=True,
+        settings={"task": "fact_recall", "per_position": True},
+        out=None,
+        progress=False,
+    )
+    assert "one token length" in res.data["refused"]

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from gpt2_interp.analysis.circuits import Circuit, circuit, edge_scores, evaluate, make_task
+from gpt2_interp.analysis.metrics import logit_diff
 from gpt2_interp.cli import main
 
 
@@ -41,3 +42,17 @@ def test_circuit_command_without_pairs_is_one_line_error(capsys):
     assert "unknown task 'iol'; tasks: ioi, greater_than, fact_recall" in capsys.readouterr().err
     assert main(["circuit", "--task", "ioi", "--clean", "A B"]) == 2
     assert "give --task or --clean/--corrupted/--answer/--wrong, not both" in capsys.readouterr().err
+
+
+def test_circuit_command_per_position_keeps_the_apis_position_edge_items(facts_model, capsys):
+    clean, corrupted = "The capital of France is", "The capital of Italy is"
+    argv = ["circuit", "--clean", clean, "--corrupted", corrupted, "--answer", " Paris", "--wrong", " Rome"]
+    argv += ["--method", "eap", "--top", "25", "--per-position", "--quiet", "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    metric = logit_diff(" Paris", " Rome", model=facts_model)
+    ref = circuit(edge_scores(facts_model, [clean], [corrupted], metric, method="eap", per_position=True), top=25)
+    assert ref.per_position and data["edges"] == ref.edges and data["positions"] == ref.positions
+    assert abs(data["faithfulness"] - evaluate(facts_model, ref, [clean], [corrupted], metric).faithfulness) < 1e-5
+    assert main([*argv, "--selection", "greedy"]) == 2
+    assert "greedy" in capsys.readouterr().err

@@ -4,6 +4,7 @@ GPT-2 small's graph (the EAP-IG paper's)."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -451,3 +452,99 @@ def test_circuit_figures_draw_every_kept_edge_and_each_curve(tmp_path):
     curve = faithfulness_curve(model, [scores], clean, corrupted, metric, sizes=[5, 20, 40])
     assert [ln.get_label() for ln in curve.plot().axes[0].lines][:1] == ["eap"]
     assert scores.save_plot(tmp_path / "scores.png").stat().st_size > 0
+
+
+def _normalised(pairs, value: torch.Tensor) -> float:
+    clean, corr = float(pairs.clean_metric.mean()), float(pairs.corrupted_metric.mean())
+    return (float(value.mean()) - corr) / (clean - corr)
+
+
+def test_per_position_pruning_follows_attention_across_positions():
+    """Written out by hand on a 2-layer graph: a head's key input at position 2 matters when the head sends
+    at a later position; its query input at 3 does not when the head sends nothing at 3; only the logits
+    at the last position are read."""
+    graph = graph_of(_model("gpt2"))
+    keep = torch.zeros(6, graph.n_edges, dtype=torch.bool)
+    for e, p in [
+        ("input->a1.h0<k>", 2),
+        ("a1.h0->logits", 5),
+        ("input->a1.h0<q>", 3),
+        ("a1.h1->logits", 4),
+        ("input->a1.h1<v>", 4),
+    ]:
+        keep[p, graph.edge(e)] = True
+    got = prune(graph, keep)
+    kept = {(graph.edges[e], p) for p, e in got.nonzero().tolist()}
+    assert kept == {("input->a1.h0<k>", 2), ("a1.h0->logits", 5)}
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "gqa"])
+def test_per_position_pruning_drops_only_items_that_cannot_change_the_metric(kind):
+    model = _model(kind)
+    clean, corrupted, metric = _pairs()
+    pairs = pairs_of(model, clean, corrupted, metric)
+    graph = graph_of(model)
+    g = torch.Generator().manual_seed(5)
+    keeps = torch.rand(4, 6, graph.n_edges, generator=g) < torch.tensor([0.02, 0.05, 0.1, 0.3])[:, None, None]
+    pruned = torch.stack([prune(graph, k) for k in keeps])
+    assert not (pruned & ~keeps).any()  # pruning only removes
+    assert (pruned.sum((1, 2)) < keeps.sum((1, 2))).all()  # and removes something from each
+    for p in pruned:
+        assert torch.equal(prune(graph, p), p)  # stable
+    torch.testing.assert_close(
+        run_with_edges(model, graph, pairs, ~pruned), run_with_edges(model, graph, pairs, ~keeps), atol=1e-5, rtol=0
+    )
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "gqa"])
+def test_a_per_position_circuit_is_measured_against_a_hand_written_hook_loop(kind):
+    model = _model(kind)
+    clean, corrupted, metric = _pairs()
+    pairs = pairs_of(model, clean, corrupted, metric)
+    scores = edge_scores(model, clean, corrupted, metric, method="eap", per_position=True)
+    c = evaluate(model, circuit(scores, top=80), clean, corrupted, metric)
+    assert c.per_position and c.n_pos == 6 and c.total_edges == 6 * scores.graph.n_edges
+    assert 0 < len(c.edges) <= 80 and all(2 <= p < 6 for p in c.positions)  # nothing differs before position 2
+    mask = c.mask()
+    patched = {}
+    for p, e in (~mask).nonzero().tolist():
+        patched.setdefault(c.graph.edges[e], []).append(p)
+    ref = _hand_masked(model, clean, corrupted, pairs.metric, patched)
+    assert c.faithfulness == pytest.approx(_normalised(pairs, ref), abs=1e-4)
+    assert abs(c.faithfulness) > 0.05 and abs(c.faithfulness - 1) > 0.01  # a circuit between empty and whole
+    # the whole graph at every position is the clean run, none of it the corrupted one
+    every = circuit(scores, fraction=1.0, prune_dangling=False)
+    assert evaluate(model, every, clean, corrupted, metric).faithfulness == pytest.approx(1.0, abs=1e-5)
+    assert evaluate(model, circuit(scores, top=0), clean, corrupted, metric).faithfulness == pytest.approx(
+        0.0, abs=1e-5
+    )
+
+
+def test_a_per_position_curve_equals_its_circuits_and_refuses_mixed_or_greedy_scores(tmp_path):
+    model = _model("gqa")
+    clean, corrupted, metric = _pairs()
+    per = edge_scores(model, clean, corrupted, metric, method="eap", per_position=True)
+    curve = faithfulness_curve(model, per, clean, corrupted, metric, sizes=[5, 30, 200])
+    assert curve.methods == ["eap-per-position"] and curve.total_edges == 6 * per.graph.n_edges
+    for j, k in enumerate([5, 30, 200]):
+        c = evaluate(model, circuit(per, top=k), clean, corrupted, metric, completeness=False)
+        assert curve.faithfulness[0, j] == pytest.approx(c.faithfulness, abs=1e-5)
+        assert int(curve.kept[0, j]) == len(c.edges)
+    whole = edge_scores(model, clean, corrupted, metric, method="eap")
+    with pytest.raises(ValueError, match="all per position or all of whole edges"):
+        faithfulness_curve(model, [per, whole], clean, corrupted, metric, sizes=[5])
+    with pytest.raises(ValueError, match="greedy"):
+        circuit(per, top=5, selection="greedy")
+    # saved and loaded with its positions; the collapsed circuit holds each edge once, scores summed
+    c = circuit(per, top=30)
+    back = Circuit.load(c.save(tmp_path / "c.json"))
+    assert back.positions == c.positions and torch.equal(back.mask(), c.mask())
+    whole_c = c.collapsed()
+    assert sorted(whole_c.edges) == sorted(set(c.edges)) and whole_c.positions is None
+    assert sum(whole_c.scores) == pytest.approx(sum(c.scores), abs=1e-5)
+    c.plot().savefig(tmp_path / "c.png")
+    data = json.loads((tmp_path / "c.json").read_text())
+    data.pop("positions")
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="positions and n_pos"):
+        Circuit.load(tmp_path / "bad.json")

@@ -9,6 +9,12 @@ whose sender receives no circuit edge (it cannot carry anything from the input) 
 node sends none (nothing it computes reaches the logits). A node here is the input, a head, an MLP or
 the logits; a head reads its own query input and its key/value head's inputs.
 
+**Per position** (scores from ``edge_scores(..., per_position=True)``): the items are (position, edge)
+pairs — the edge from a sender at position ``p`` to its receiver at ``p`` — and a circuit keeps some
+positions of an edge and not others. Pruning follows attention across positions: a head at ``p`` reads its
+query input at ``p`` and its key/value inputs at every position up to ``p``; an MLP reads its input at
+``p``; the metric reads the logits at the last position only.
+
 **Faithfulness** (exact): run the clean prompts with every edge *outside* the circuit patched to the
 corrupted run (:func:`~gpt2_interp.analysis.circuits.edges.run_with_edges`) and normalise the metric,
 ``(M_circuit − M_corrupted) / (M_clean − M_corrupted)`` (pair means): 1 for the whole graph, 0 for
@@ -60,7 +66,10 @@ def _receiver_nodes(graph: Graph) -> torch.Tensor:
 
 
 def prune(graph: Graph, keep: torch.Tensor) -> torch.Tensor:
-    """``keep [n_edges]`` bool without dangling edges (see the module docstring), repeated until stable."""
+    """``keep [n_edges]`` (or per position ``[n_pos, n_edges]``) bool without dangling edges (see the
+    module docstring), repeated until stable."""
+    if keep.ndim == 2:
+        return _prune_per_position(graph, keep)
     m = graph.matrix(keep.bool().cpu(), False)  # [S, R]
     feeds = _receiver_nodes(graph)  # [R, S]
     logits = torch.tensor([g.kind == "logits" for g in graph.groups for _ in range(g.count)])
@@ -75,6 +84,30 @@ def prune(graph: Graph, keep: torch.Tensor) -> torch.Tensor:
         m = new
 
 
+def _prune_per_position(graph: Graph, keep: torch.Tensor) -> torch.Tensor:
+    """:func:`prune` for ``keep [n_pos, n_edges]``: a head's output at ``p`` depends on its query input at
+    ``p`` and its key/value inputs at positions ≤ ``p``; an MLP's on its input at ``p``; only the logits at
+    the last position are read."""
+    m = torch.stack([graph.matrix(k, False) for k in keep.bool().cpu()])  # [P, S, R]
+    feeds = _receiver_nodes(graph).float()  # [R, S]
+    kinds = [g.kind for g in graph.groups for _ in range(g.count)]
+    across = torch.tensor([k in ("k", "v") for k in kinds])  # [R]: read at every later position
+    logits = torch.zeros(m.shape[0], graph.n_receivers, dtype=torch.bool)  # [P, R]
+    logits[-1] = torch.tensor([k == "logits" for k in kinds])
+    while True:
+        into = m.any(1)  # [P, R]: a circuit edge reaches receiver r at p
+        into = torch.where(across, into.int().cummax(0).values.bool(), into)  # k/v: at some position ≤ p
+        has_in = (into.float() @ feeds) > 0  # [P, S]
+        has_in[:, 0] = True  # the input embedding needs no parent
+        out = m.any(2).float() @ feeds.T > 0  # [P, R]: r's node sends a circuit edge at p
+        later = out.int().flip(0).cummax(0).values.flip(0).bool()  # ... at some position ≥ p
+        useful = logits | torch.where(across, later, out)  # [P, R]
+        new = m & has_in[:, :, None] & useful[:, None, :]
+        if torch.equal(new, m):
+            return torch.stack([graph.flat(x) for x in m])
+        m = new
+
+
 @dataclass
 class Circuit(Result):
     """A set of edges of a model's graph.
@@ -82,7 +115,9 @@ class Circuit(Result):
     - ``edges``: the circuit's edge names, by decreasing ``|score|``; ``scores``: their scores;
     - ``method``: the scoring method the edges were chosen by; ``metric``: its metric's name;
     - ``n_layer``, ``n_head``, ``n_kv``: the graph's sizes; ``total_edges``: edges in the whole graph;
-    - ``faithfulness``/``completeness``: filled by :func:`evaluate` (None until measured).
+    - ``faithfulness``/``completeness``: filled by :func:`evaluate` (None until measured);
+    - ``positions``: per position, each edge's position (parallel to ``edges``; None for a circuit of whole
+      edges) and ``n_pos`` the prompts' length; ``total_edges`` then counts (position, edge) items.
     """
 
     edges: list[str]
@@ -95,7 +130,14 @@ class Circuit(Result):
     total_edges: int
     faithfulness: float | None = None
     completeness: float | None = None
+    positions: list[int] | None = None
+    n_pos: int | None = None
     _mask: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def per_position(self) -> bool:
+        """Whether the circuit keeps (position, edge) items rather than whole edges."""
+        return self.positions is not None
 
     @property
     def share(self) -> float:
@@ -108,19 +150,50 @@ class Circuit(Result):
         return Graph(self.n_layer, self.n_head, self.n_kv)
 
     def mask(self, graph: Graph | None = None) -> torch.Tensor:
-        """``[n_edges]`` bool, True for the circuit's edges (in ``graph``'s edge order)."""
+        """``[n_edges]`` bool, True for the circuit's edges (in ``graph``'s edge order); per position
+        ``[n_pos, n_edges]``."""
         graph = self.graph if graph is None else graph
-        if self._mask is not None and self._mask.shape[0] == graph.n_edges:
+        if self._mask is not None and self._mask.shape[-1] == graph.n_edges:
             return self._mask
-        out = torch.zeros(graph.n_edges, dtype=torch.bool)
-        for e in self.edges:
-            out[graph.edge(e)] = True
+        if self.positions is None:
+            out = torch.zeros(graph.n_edges, dtype=torch.bool)
+            for e in self.edges:
+                out[graph.edge(e)] = True
+            return out
+        assert self.n_pos is not None
+        out = torch.zeros(self.n_pos, graph.n_edges, dtype=torch.bool)
+        for e, p in zip(self.edges, self.positions):
+            if not 0 <= p < self.n_pos:
+                raise ValueError(f"edge {e} at position {p}: outside the circuit's {self.n_pos} positions")
+            out[p, graph.edge(e)] = True
         return out
 
-    def nodes(self) -> list[str]:
-        """The nodes the circuit's edges join (``input``, ``a{l}.h{h}``, ``m{l}``, ``logits``), in forward order."""
+    def collapsed(self) -> Circuit:
+        """The circuit of whole edges: every edge kept at some position, its score summed over them
+        (itself when it is not per position)."""
+        if self.positions is None:
+            return self
+        total: dict[str, float] = {}
+        for e, v in zip(self.edges, self.scores):
+            total[e] = total.get(e, 0.0) + v
+        order = sorted(total, key=lambda e: -abs(total[e]))
         graph = self.graph
-        m = graph.matrix(self.mask(graph), False)
+        return Circuit(
+            order,
+            [total[e] for e in order],
+            self.method,
+            self.metric,
+            self.n_layer,
+            self.n_head,
+            self.n_kv,
+            graph.n_edges,
+        )
+
+    def nodes(self) -> list[str]:
+        """The nodes the circuit's edges join (``input``, ``a{l}.h{h}``, ``m{l}``, ``logits``), in forward
+        order (at any position)."""
+        graph = self.graph
+        m = graph.matrix(self.collapsed().mask(graph), False)
         feeds = _receiver_nodes(graph)
         used = m.any(1) | (m.any(0)[:, None] & feeds).any(0)
         out = [s for s, u in zip(graph.senders, used.tolist()) if u]
@@ -128,13 +201,18 @@ class Circuit(Result):
 
     def table(self, k: int = 20) -> str:
         """The first ``k`` edges with their scores, and the measured faithfulness."""
-        rows = [[e, f"{s:+.4g}"] for e, s in zip(self.edges[:k], self.scores[:k])]
+        what = "(position, edge) items" if self.per_position else "edges"
+        if self.positions is None:
+            cols, rows = ["edge", "score"], [[e, f"{s:+.4g}"] for e, s in zip(self.edges[:k], self.scores[:k])]
+        else:
+            cols = ["edge", "position", "score"]
+            rows = [[e, str(p), f"{s:+.4g}"] for e, p, s in zip(self.edges[:k], self.positions[:k], self.scores[:k])]
         head = (
-            f"circuit ({self.method}): {len(self.edges)} of {self.total_edges} edges ({100 * self.share:.2f}%)"
+            f"circuit ({self.method}): {len(self.edges)} of {self.total_edges} {what} ({100 * self.share:.2f}%)"
             + ("" if self.faithfulness is None else f", faithfulness {self.faithfulness:.3f}")
             + ("" if self.completeness is None else f", completeness {self.completeness:.3f}")
         )
-        return "\n".join([head, *format_table(["edge", "score"], rows)])
+        return "\n".join([head, *format_table(cols, rows)])
 
     def save(self, path: str | Path) -> Path:
         """Write the circuit as JSON (:meth:`to_json`); :meth:`load` reads it back."""
@@ -150,11 +228,18 @@ class Circuit(Result):
         if missing:
             raise ValueError(f"{path}: not a circuit file (missing {', '.join(missing)})")
         c = cls(
-            **{k: data[k] for k in need}, faithfulness=data.get("faithfulness"), completeness=data.get("completeness")
+            **{k: data[k] for k in need},
+            faithfulness=data.get("faithfulness"),
+            completeness=data.get("completeness"),
+            positions=data.get("positions"),
+            n_pos=data.get("n_pos"),
         )
         graph = c.graph
-        if graph.n_edges != c.total_edges:
-            raise ValueError(f"{path}: total_edges {c.total_edges} does not match its graph ({graph.n_edges} edges)")
+        items = graph.n_edges * (c.n_pos or 1) if c.positions is not None else graph.n_edges
+        if (c.positions is None) != (c.n_pos is None) or (c.positions is not None and len(c.positions) != len(c.edges)):
+            raise ValueError(f"{path}: positions and n_pos go together, one position per edge")
+        if items != c.total_edges:
+            raise ValueError(f"{path}: total_edges {c.total_edges} does not match its graph ({items} items)")
         c.mask(graph)  # unknown edge names raise KeyError here
         return c
 
@@ -162,7 +247,14 @@ class Circuit(Result):
         """The circuit graph (:func:`gpt2_interp.plots.circuits.plot_circuit`)."""
         from ...plots.circuits import plot_circuit
 
-        return plot_circuit(self, **kwargs)
+        if self.positions is not None and "title" not in kwargs:
+            f = "" if self.faithfulness is None else f", faithfulness {self.faithfulness:.2f}"
+            whole = self.collapsed()
+            kwargs["title"] = (
+                f"circuit ({self.method}, per position): {len(self.edges)} of {self.total_edges} (position, edge) "
+                f"items on {len(whole.edges)} edges{f}"
+            )
+        return plot_circuit(self.collapsed(), **kwargs)
 
 
 SELECTIONS = ("top", "greedy")
@@ -218,11 +310,17 @@ def circuit(
     ``|score| ≥ threshold``, or the top ``fraction`` of all edges (exactly one of the three), then
     with ``prune_dangling`` the dangling edges removed (:func:`prune`). NaN scores are never chosen.
     ``selection="greedy"``: the first ``top`` (or ``fraction``) edges of :func:`greedy_order` instead of
-    the global top (no ``threshold``)."""
+    the global top (no ``threshold``).
+
+    Per-position scores (``edge_scores(..., per_position=True)``) give a per-position circuit: ``top``,
+    ``threshold`` and ``fraction`` count (position, edge) items, pruned per position (module docstring);
+    greedy selection takes scores of whole edges."""
     if sum(x is not None for x in (top, threshold, fraction)) != 1:
         raise ValueError("give exactly one of top (an edge count), threshold (a |score|) or fraction (of all edges)")
     check_choice(selection, "selection", SELECTIONS)
     graph = scores.graph
+    if scores.per_position:
+        return _circuit_per_position(scores, top, threshold, fraction, prune_dangling, selection)
     s = scores.total().float()
     mag = s.abs().nan_to_num(-1.0)
     if threshold is not None:
@@ -241,6 +339,34 @@ def circuit(
     return _circuit_of(graph, keep, s, scores.method, scores.metric)
 
 
+def _circuit_per_position(
+    scores: EdgeScores,
+    top: int | None,
+    threshold: float | None,
+    fraction: float | None,
+    prune_dangling: bool,
+    selection: str,
+) -> Circuit:
+    if selection == "greedy":
+        raise ValueError("selection='greedy' takes scores of whole edges; these are per position (use 'top')")
+    graph = scores.graph
+    s = scores.scores.float().cpu()  # [P, E]
+    flat = s.reshape(-1)
+    if threshold is not None:
+        keep = flat.abs().nan_to_num(-1.0) >= check_number(threshold, "threshold", low=0.0)
+    else:
+        k = (
+            check_count(top, "top", minimum=0)
+            if top is not None
+            else round(check_number(fraction, "fraction", low=0.0, high=1.0) * flat.numel())
+        )
+        keep = _first(flat, flat.abs().nan_to_num(-1.0).argsort(descending=True), k)
+    keep = keep.view(s.shape)
+    if prune_dangling:
+        keep = prune(graph, keep)
+    return _circuit_of(graph, keep, s, scores.method, scores.metric)
+
+
 def _order(graph: Graph, s: torch.Tensor, selection: str) -> torch.Tensor:
     """Every edge index, in the order ``selection`` takes them (NaN scores last; greedy: never)."""
     return greedy_order(graph, s) if selection == "greedy" else s.abs().nan_to_num(-1.0).argsort(descending=True)
@@ -254,17 +380,23 @@ def _first(s: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _circuit_of(graph: Graph, keep: torch.Tensor, s: torch.Tensor, method: str, metric: str) -> Circuit:
-    idx = keep.nonzero()[:, 0]
-    idx = idx[s[idx].abs().argsort(descending=True)]
+    """The circuit of ``keep`` (``[n_edges]``, or ``[n_pos, n_edges]`` per position) with scores ``s`` of the
+    same shape, its items by decreasing ``|score|``."""
+    flat_keep, flat_s = keep.reshape(-1), s.reshape(-1)
+    idx = flat_keep.nonzero()[:, 0]
+    idx = idx[flat_s[idx].abs().argsort(descending=True)]
+    E = graph.n_edges
     return Circuit(
-        [graph.edges[i] for i in idx.tolist()],
-        [float(s[i]) for i in idx.tolist()],
+        [graph.edges[i % E] for i in idx.tolist()],
+        [float(flat_s[i]) for i in idx.tolist()],
         method,
         metric,
         graph.n_layer,
         graph.n_head,
         graph.n_kv,
-        graph.n_edges,
+        keep.numel(),
+        positions=[i // E for i in idx.tolist()] if keep.ndim == 2 else None,
+        n_pos=keep.shape[0] if keep.ndim == 2 else None,
         _mask=keep.clone(),
     )
 
@@ -293,6 +425,10 @@ def evaluate(
     inside = circ.mask(graph)
     rows = [~inside] + ([inside] if completeness else [])
     pairs = pairs_of(model, clean, corrupted, metric)
+    if circ.per_position and circ.n_pos != pairs.n_pos:
+        raise ValueError(
+            f"a per-position circuit of {circ.n_pos} positions cannot be evaluated on prompts of {pairs.n_pos} tokens"
+        )
     values = _normalise(run_with_edges(model, graph, pairs, torch.stack(rows)), pairs)
     out = Circuit(**{k: getattr(circ, k) for k in Circuit.__dataclass_fields__})
     out.faithfulness = float(values[0])
@@ -306,7 +442,8 @@ class FaithfulnessCurve(Result):
 
     - ``faithfulness`` ``[n_methods, n_sizes]``; ``sizes``: requested edge counts; ``kept``
       ``[n_methods, n_sizes]``: edges left after pruning; ``methods``: labels (``eap``, ``eap-ig``, …);
-    - ``total_edges``; ``metric``; ``clean_metric``/``corrupted_metric`` (pair means).
+    - ``total_edges`` ((position, edge) items for per-position scores); ``metric``;
+      ``clean_metric``/``corrupted_metric`` (pair means).
     """
 
     faithfulness: torch.Tensor
@@ -362,20 +499,30 @@ def faithfulness_curve(
     ``k`` in ``sizes`` (an int: that many sizes from :func:`default_sizes`), on the prompt pairs
     ``clean``/``corrupted`` and ``metric`` (as :func:`~gpt2_interp.analysis.circuits.edge_scores` takes
     them); ``prune_dangling``: prune each circuit (:func:`prune`); ``selection``: how each circuit takes
-    its edges (:func:`circuit`). All circuits run as rows of
+    its edges (:func:`circuit`). Per-position scores (all of them, or none) give per-position circuits of
+    the top ``k`` (position, edge) items. All circuits run as rows of
     :func:`~gpt2_interp.analysis.circuits.edges.run_with_edges`."""
     results = [scores] if isinstance(scores, EdgeScores) else list(scores)
     if not results:
         raise ValueError("give at least one EdgeScores")
     graph = graph_of(model)
-    ks = default_sizes(graph.n_edges, check_count(sizes, "sizes")) if isinstance(sizes, int) else list(sizes)
+    per = {r.per_position for r in results}
+    if len(per) > 1:
+        raise ValueError("give scores that are all per position or all of whole edges, not both")
+    per_position = per.pop()
+    if per_position and selection == "greedy":
+        raise ValueError("selection='greedy' takes scores of whole edges; these are per position (use 'top')")
+    n_items = graph.n_edges * (results[0].scores.shape[0] if per_position else 1)
+    ks = default_sizes(n_items, check_count(sizes, "sizes")) if isinstance(sizes, int) else list(sizes)
     check_choice(selection, "selection", SELECTIONS)
     masks, kept = [], []
     for r in results:
-        s = r.total().float()
-        order = _order(graph, s, selection)  # once per method: each size takes its first k edges
-        for k in ks:
+        s = r.scores.float().cpu().reshape(-1) if per_position else r.total().float()
+        order = _order(graph, s, selection) if not per_position else s.abs().nan_to_num(-1.0).argsort(descending=True)
+        for k in ks:  # once per method: each size takes its first k edges (or (position, edge) items)
             m = _first(s, order, check_count(int(k), "size", minimum=0))
+            if per_position:
+                m = m.view(r.scores.shape)
             if prune_dangling:
                 m = prune(graph, m)
             masks.append(~m)
@@ -391,9 +538,10 @@ def faithfulness_curve(
             r.method
             + (f"-{r.ig_path}" if r.ig_path == "activations" else "")
             + ("-greedy" if selection == "greedy" else "")
+            + ("-per-position" if per_position else "")
             for r in results
         ],
-        graph.n_edges,
+        n_items,
         metric_name(pairs.metric),
         float(pairs.clean_metric.mean()),
         float(pairs.corrupted_metric.mean()),
