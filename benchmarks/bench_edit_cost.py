@@ -15,8 +15,9 @@ baseline's time and scores beside this checkout's, and the relative difference o
 ``‖ΔW − ΔW_base‖ / ‖ΔW_base‖``.
 
 **The FLOP floor** of an edit is the arithmetic its algorithm cannot avoid, counted on the real tokens
-of its prompt batch (no padding): each δ evaluation is a forward of the blocks from the edit layer up
-(their matrix products, ``2 · params`` per token, and the attention's ``4 · d_model`` per query-key
+of its prompt batch (no padding): each δ evaluation is a forward of the blocks above the edit layer
+(δ enters after the edit layer's MLP, so that layer and those below do not change between steps; their
+matrix products, ``2 · params`` per token, and the attention's ``4 · d_model`` per query-key
 pair within a prompt) plus the vocabulary projection at the positions the loss reads (``2 · d_model ·
 d_vocab`` each); each Adam update adds the backward to δ, which with frozen weights is the same
 matrix products again (the input gradients). ``evaluations = updates + 1``. The keys (one forward of
@@ -87,7 +88,7 @@ def row_lengths(model: Any, req: Any, prefixes: list[str], hp: Any) -> tuple[lis
 
 def step_flops(cfg: Any, layer: int, lengths: list[int], reads: int) -> tuple[float, float]:
     """(forward FLOPs of one δ evaluation, FLOPs of one backward to δ) for rows of ``lengths`` tokens."""
-    layers = cfg.n_layer - layer
+    layers = cfg.n_layer - layer - 1  # the blocks above the edit layer
     tokens = sum(lengths)
     pairs = sum(n * (n + 1) // 2 for n in lengths)
     mm = 2 * block_params(cfg) * tokens * layers

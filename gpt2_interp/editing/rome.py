@@ -643,7 +643,8 @@ def optimise_deltas(
     edit layer: adding δ to that layer's MLP output is adding it to the residual stream after it).
 
     One no-grad forward over every variant gives the keys, v₀ and the residual entering the edit
-    layer; each step reruns the model from the edit layer up with δ added (see ``exact_edit``).
+    layer; each step adds δ to the residual stream after the edit layer (whose attention and MLP do not change)
+    and reruns the layers above it (see ``exact_edit``).
     ``packed``: each step runs only the real tokens of the active requests' rows, packed
     end to end into sequences of at most :data:`PACK_TOKENS` tokens (or the longest row) with a
     block-diagonal causal mask and every token's own position, instead of the rows padded to the
@@ -915,13 +916,11 @@ def _optimise_deltas(
     keep_rows_t, keep_cols_t, keep_req_t, keep_count = R.keep_rows, R.keep_cols, R.keep_req, R.keep_count
     rw_rows_t, rw_req_t, n_rw_t, n_tok_t = R.rw_rows, R.rw_req, R.n_rw, R.n_tok
 
-    pre, post, mlp_out, resid = (
-        f"blocks.{layer}.{x}" for x in ("hook_resid_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post")
-    )
+    post, mlp_out, resid = (f"blocks.{layer}.{x}" for x in ("mlp.hook_post", "hook_mlp_out", "hook_resid_post"))
     with torch.no_grad():
         _, cache = model.run_with_cache(
             tokens,
-            names_filter=[pre, post, mlp_out, resid],
+            names_filter=[post, mlp_out, resid],
             attention_mask=mask,
             stop_at_layer=layer + 1,
             return_type=None,
@@ -944,7 +943,9 @@ def _optimise_deltas(
         scale[:, c] = 1.0
     del keys
     v0 = cache[mlp_out][torch.tensor(r0, device=dev), c].float()  # [n, d_model], the bare prompts'
-    resid0 = cache[pre]  # [rows, width, d_model], entering the edit layer
+    # δ enters after the edit layer's MLP, so that layer's attention and MLP are the same at every step:
+    # each step starts from the residual stream after the edit layer with δ added, and runs the layers above
+    resid0 = cache[resid]  # [rows, width, d_model], leaving the edit layer (without δ)
     delta = torch.zeros(n, model.cfg.d_model, device=dev, requires_grad=True)
     ref = v0 if norm_reference == "mlp_out" else cache[resid][torch.tensor(r0, device=dev), c].float()
     v0_norm = ref.norm(dim=-1)  # [n]: the clamp's and the weight decay's scale
@@ -953,47 +954,43 @@ def _optimise_deltas(
     active = torch.ones(n, dtype=torch.bool, device=dev)
     logs: list[list[dict[str, float]]] = [[] for _ in range(n)]
     kl_init = keep_init = None
-    cur: dict[str, torch.Tensor] = {}
 
-    def add_delta(act: torch.Tensor, hook: Any) -> torch.Tensor:  # act: [rows|packs, width, d_model]
-        return act + (cur["scale"][:, :, None] * delta[cur["row_req"]]).to(act.dtype)
+    def with_delta(x: torch.Tensor, sc: torch.Tensor, req: torch.Tensor) -> torch.Tensor:  # x: [rows|packs, width, d]
+        return x + (sc[:, :, None] * delta[req]).to(x.dtype)
 
     width = tokens.shape[1]
     pack: _Packing | None = None
-    with _frozen(model), model.hooks([(mlp_out, add_delta)]):
+    with _frozen(model):
         for step in range(n_upd + 1):
             rows = active[row_req_t].nonzero()[:, 0]  # the active requests' rows
             if packed:
                 if pack is None or pack.n_rows != len(rows):  # the active rows only ever shrink
                     pack = _Packing.of(model, mask, rows)
-                cur["scale"] = scale.reshape(-1)[pack.src] * pack.real  # [packs, L]
-                cur["row_req"] = row_req_t[pack.src // width]  # [packs, L]
                 x = resid0.reshape(-1, resid0.shape[-1])[pack.src]  # [packs, L, d_model]
-                for block in model.blocks[layer:n_layer]:
+                x = with_delta(x, scale.reshape(-1)[pack.src] * pack.real, row_req_t[pack.src // width])
+                for block in model.blocks[layer + 1 : n_layer]:
                     x = block(x, pack.mask, None, pack.rope)
                 flat, index_of = x.reshape(-1, x.shape[-1]), pack.slot  # (row · width + col) → flat slot
             else:
                 new_row = torch.full((len(row_req),), -1, dtype=torch.long, device=dev)
                 new_row[rows] = torch.arange(len(rows), device=dev)
-                cur["scale"], cur["row_req"] = scale[rows], row_req_t[rows][:, None]
-                resid = model(resid0[rows], start_at_layer=layer, stop_at_layer=n_layer, attention_mask=mask[rows])
+                resid = with_delta(resid0[rows], scale[rows], row_req_t[rows][:, None])
+                if layer + 1 < n_layer:
+                    resid = model(resid, start_at_layer=layer + 1, stop_at_layer=n_layer, attention_mask=mask[rows])
                 flat = resid.reshape(-1, resid.shape[-1])
                 index_of = (new_row[:, None] * width + torch.arange(width, device=dev)).reshape(-1)
 
             e_nll = active[nll_req_t].nonzero()[:, 0]
             e_kl = active[kl_req_t].nonzero()[:, 0]
             e_keep = active[keep_req_t].nonzero()[:, 0]
-            picked = torch.cat(  # only the positions the loss reads are unembedded
-                [
-                    flat[index_of[nll_rows_t[e_nll] * width + nll_cols_t[e_nll]]],
-                    flat[index_of[kl_rows_t[e_kl] * width + kl_cols_t[e_kl]]],
-                    flat[index_of[keep_rows_t[e_keep] * width + keep_cols_t[e_keep]]],
-                ]
-            )
-            lp = model.unembed(model.ln_final(picked)).float().log_softmax(-1)
-            lp_t = lp[: len(e_nll)].gather(-1, nll_ids_t[e_nll, None])[:, 0]  # [entries]
-            kl_lp = lp[len(e_nll) : len(e_nll) + len(e_kl)]
-            keep_lp = lp[len(e_nll) + len(e_kl) :]
+            # only the positions the loss reads are unembedded, each group on its own (slices of one
+            # vocabulary-wide tensor would each build a vocabulary-wide gradient in the backward)
+            lp_t = model.unembed(model.ln_final(flat[index_of[nll_rows_t[e_nll] * width + nll_cols_t[e_nll]]]))
+            lp_t = lp_t.float().log_softmax(-1).gather(-1, nll_ids_t[e_nll, None])[:, 0]  # [entries]
+            kl_lp = model.unembed(model.ln_final(flat[index_of[kl_rows_t[e_kl] * width + kl_cols_t[e_kl]]]))
+            kl_lp = kl_lp.float().log_softmax(-1)
+            keep_lp = model.unembed(model.ln_final(flat[index_of[keep_rows_t[e_keep] * width + keep_cols_t[e_keep]]]))
+            keep_lp = keep_lp.float().log_softmax(-1)
             if kl_init is None or keep_init is None:  # step 0 (both set together): every request is active
                 kl_init, keep_init = kl_lp.detach(), keep_lp.detach()
             nll = torch.zeros(n, device=dev).index_add(0, nll_req_t[e_nll], -lp_t * nll_w_t[e_nll])
