@@ -229,3 +229,29 @@ def test_steering_curve_view_draws_the_curve_and_names_the_best_scale_within_the
     np.testing.assert_allclose(ys[0], [0.10, 0.20, 0.30, 0.50], atol=1e-7)
     np.testing.assert_allclose(ys[1], [0.0, 0.01, 0.04, 0.25], atol=1e-6)
     np.testing.assert_allclose(ys[2], [0.0, 0.01, 0.05, 0.4], atol=1e-7)
+
+
+def test_a_per_position_circuit_is_drawn_by_its_edges_with_scores_summed_over_positions(tmp_path):
+    from gpt2_interp.analysis.circuits import Circuit
+    from gpt2_interp.views.circuits import view_circuit
+
+    graph_edges = 116  # the 2-layer, 4-head, 2-KV-head graph of the small results
+    c = Circuit(
+        ["input->a0.h1<q>", "a1.h2->logits", "input->a0.h1<q>", "input->logits"],
+        [2.0, -1.5, 0.5, 0.25],
+        "eap",
+        "logit_diff",
+        2,
+        4,
+        2,
+        3 * graph_edges,
+        positions=[1, 2, 2, 0],
+        n_pos=3,
+    )
+    page = view_circuit(load_result(c.save(tmp_path / "c.json")))
+    assert page.title == "Circuit (eap, per position): 4 of 348 (position, edge) items on 3 edges"
+    from gpt2_interp.views.circuits import _collapsed
+
+    d = _collapsed(c.to_dict())
+    assert d["edges"] == ["input->a0.h1<q>", "a1.h2->logits", "input->logits"]
+    assert d["scores"] == [2.5, -1.5, 0.25] and d["total_edges"] == graph_edges
