@@ -1,13 +1,15 @@
 """ROME's and MEMIT's cost against their FLOP floor, and the same edits' scores before and after a change.
 
     python benchmarks/bench_edit_cost.py [--baseline /path/to/other/checkout] [--rome-edits 8]
-        [--compare-n 100] [--memit-n 1000] [--out benchmarks/RESULTS_edit_cost.md]
+        [--compare-n 100] [--memit-n 1000] [--pack-sizes 64,128,256 --pack-n 32] [--out benchmarks/RESULTS_edit_cost.md]
 
 1. **ROME on SmolLM2-135M** (the model's default layer, key statistics read from the cache — computed
    and cached before the clock starts): ``--rome-edits`` CounterFact cases the model knows, each edit
    timed alone after a warm-up edit, scored (ES/PS/NS) on the edited model and undone.
 2. **MEMIT on gpt2-facts**, ``--compare-n`` known cases in one batch, timed and scored.
 3. **MEMIT on gpt2-facts**, ``--memit-n`` known cases in one batch (this checkout only), timed and scored.
+4. With ``--pack-sizes``, MEMIT's δ optimisation on ``--pack-n`` requests for each pack length of its
+   packed steps (``PACK_TOKENS``), interleaved, this checkout only.
 
 With ``--baseline`` (another checkout of the package, e.g. ``git archive main | tar -x -C DIR``),
 parts 1 and 2 run with both codes in this process on the same requests and statistics: the
@@ -192,12 +194,44 @@ def memit_part(gi: Any, n: int, progress: bool = False) -> dict[str, Any]:
     }
 
 
+def pack_part(gi: Any, n: int, sizes: list[int], repeats: int = 2) -> dict[int, list[float]]:
+    """MEMIT's δ optimisation time on ``n`` gpt2-facts requests for each pack length, interleaved."""
+    if not sizes:
+        return {}
+    mm = importlib.import_module(gi.__name__ + ".editing.memit")
+    ed = importlib.import_module(gi.__name__ + ".editing.rome")
+    ev = importlib.import_module(gi.__name__ + ".editing.evaluation")
+    st = importlib.import_module(gi.__name__ + ".editing.stats")
+    model = gi.load("gpt2-facts")
+    hp = mm.MemitHparams.of(model)
+    stats = st.key_second_moment(model, mm.default_layers(model), n_samples=hp.rome.n_samples, progress=False)
+    reqs = [c.request for c in ev.known_cases(model, n)]
+    out: dict[int, list[float]] = {k: [] for k in sizes}
+    default = ed.PACK_TOKENS
+    try:
+        for _ in range(repeats):
+            for k in sizes:
+                ed.PACK_TOKENS = k
+                e = mm.compute_edits(model, reqs, stats=stats, hparams=hp, progress=False)
+                out[k].append(e.metrics["delta_seconds"])
+                print(f"  PACK_TOKENS {k}: δ {out[k][-1]:.1f} s", flush=True)
+    finally:
+        ed.PACK_TOKENS = default
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--baseline", type=Path, default=None, help="another checkout to compare with (before)")
     p.add_argument("--rome-edits", type=int, default=8)
     p.add_argument("--compare-n", type=int, default=100, help="MEMIT batch run by both codes")
     p.add_argument("--memit-n", type=int, default=1000, help="MEMIT batch run by this checkout (0: skip)")
+    p.add_argument(
+        "--pack-sizes",
+        default="",
+        help="e.g. 64,128,256: MEMIT's δ time on --pack-n requests for each PACK_TOKENS, interleaved (this checkout)",
+    )
+    p.add_argument("--pack-n", type=int, default=32)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "RESULTS_edit_cost.md")
     a = p.parse_args(argv)
     load0 = os.getloadavg()[0]
@@ -235,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{big['scores']}",
             flush=True,
         )
+    packs = pack_part(import_package(ROOT), a.pack_n, [int(x) for x in a.pack_sizes.split(",") if x])
     load1 = os.getloadavg()[0]
 
     def fmt_scores(s: dict[str, float]) -> str:
@@ -312,6 +347,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{big['floor_other'] / rate:.1f} s |",
             f"| ES / PS / NS | {fmt_scores(big['scores'])} |",
         ]
+    if packs:
+        base = statistics.median(packs[min(packs)])
+        lines += [
+            "",
+            f"## Pack length of the δ steps (`PACK_TOKENS`), MEMIT on {a.pack_n} gpt2-facts requests",
+            "",
+            "Each length run twice, interleaved; δ optimisation time (median) and its ratio to the shortest length's.",
+            "",
+            "| PACK_TOKENS | δ s | ÷ shortest |",
+            "|---|---|---|",
+        ]
+        lines += [f"| {k} | {statistics.median(v):.1f} | {statistics.median(v) / base:.2f} |" for k, v in packs.items()]
     lines.append("")
     a.out.write_text("\n".join(lines))
     gi = import_package(ROOT)
