@@ -975,10 +975,10 @@ def _optimise_deltas(
             else:
                 new_row = torch.full((len(row_req),), -1, dtype=torch.long, device=dev)
                 new_row[rows] = torch.arange(len(rows), device=dev)
-                resid = with_delta(resid0[rows], scale[rows], row_req_t[rows][:, None])
+                x = with_delta(resid0[rows], scale[rows], row_req_t[rows][:, None])
                 if layer + 1 < n_layer:
-                    resid = model(resid, start_at_layer=layer + 1, stop_at_layer=n_layer, attention_mask=mask[rows])
-                flat = resid.reshape(-1, resid.shape[-1])
+                    x = model(x, start_at_layer=layer + 1, stop_at_layer=n_layer, attention_mask=mask[rows])
+                flat = x.reshape(-1, x.shape[-1])
                 index_of = (new_row[:, None] * width + torch.arange(width, device=dev)).reshape(-1)
 
             e_nll = active[nll_req_t].nonzero()[:, 0]
