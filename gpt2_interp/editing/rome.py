@@ -830,7 +830,7 @@ class _Rows:
 #: Tokens per packed sequence of the δ optimisation's steps (:func:`optimise_deltas`, ``packed``); a
 #: longer prompt variant gets a sequence of its own. Attention inside a pack costs ∝ its length² (every
 #: query-key pair of the pack is computed, then masked), the rest ∝ its tokens: on 32 gpt2-facts requests
-#: 64 took 0.91× the time of 128 and 0.86× that of 256, with 32 and 48 no faster (benchmarks/RESULTS_edit_cost.md).
+#: 128 took 1.08× and 256 1.17× the time of 64 (benchmarks/RESULTS_edit_cost.md, idle machine).
 PACK_TOKENS = 64
 
 
