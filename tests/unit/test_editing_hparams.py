@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from dataclasses import asdict, fields
 from pathlib import Path
 from types import SimpleNamespace
@@ -190,3 +191,23 @@ def test_a_model_without_a_file_gets_the_defaults_and_a_third_of_its_depth():
 def test_memit_refuses_romes_layer_setting_naming_layers():
     with pytest.raises(ValueError, match=r"unknown MEMIT hyperparameter.*'layer'.*layers"):
         MemitHparams.of(_model("gpt2-facts", 2), layer=0)
+
+
+def test_the_cache_digest_follows_the_settings_and_ignores_the_justifications(tmp_path):
+    """A cached editing result is keyed by the files' settings: rewording a justification keeps the key,
+    changing a value (or adding a model's file) changes it."""
+    root = tmp_path / "hparams"
+    shutil.copytree(FOLDER, root, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    path = root / "alphaedit" / "gpt2-facts.json"
+    base = hp_data.settings_digest(root)
+    assert base == hp_data.defaults_digest()
+    data = json.loads(path.read_text())
+    data["justified_by"][0]["why"] += " (reworded)"
+    path.write_text(json.dumps(data, indent=1))
+    assert hp_data.settings_digest(root) == base
+    data["settings"]["alpha"] = data["settings"]["alpha"] * 2
+    path.write_text(json.dumps(data))
+    changed = hp_data.settings_digest(root)
+    assert changed != base
+    (root / "rome" / "another-model.json").write_text(json.dumps({"settings": {"v_steps": 5}}))
+    assert hp_data.settings_digest(root) not in (base, changed)

@@ -37,12 +37,18 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 @cache
 def defaults_digest() -> str:
-    """A digest of every settings file here: what a cached editing result depends on besides its config."""
+    """A digest of the package's settings files (:func:`settings_digest`): what a cached editing result
+    depends on besides its config."""
+    return settings_digest(resources.files(__package__))
+
+
+def settings_digest(root: Any) -> str:
+    """A digest of the ``"settings"`` of every settings file under the folder ``root``. The justifications
+    are left out, so rewording one does not discard cached results."""
     h = hashlib.sha256()
-    root = resources.files(__package__)
-    for path in sorted(_json_files(root), key=lambda p: p[0]):
-        h.update(path[0].encode())
-        h.update(path[1].read_bytes())
+    for name, entry in sorted(_json_files(root), key=lambda p: p[0]):
+        settings = json.loads(entry.read_text()).get("settings")
+        h.update(json.dumps([name, settings], sort_keys=True).encode())
     return h.hexdigest()
 
 
