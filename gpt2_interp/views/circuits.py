@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..core.checks import check_count
+from ..core.ranking import totals_by_size
 from .heatmap import array, as_dict
 from .page import View, figure_part, text_part
 
@@ -269,16 +270,14 @@ def view_circuit(result: Any, exact: Any | None = None, max_edges: int = 300) ->
 
 
 def _collapsed(d: dict) -> dict:
-    """A per-position circuit's dict with one entry per edge, its score summed over its positions."""
-    total: dict[str, float] = {}
-    for e, v in zip(d["edges"], d["scores"]):
-        total[e] = total.get(e, 0.0) + float(v)
-    order = sorted(total, key=lambda e: -abs(total[e]))
+    """A per-position circuit's dict with one entry per edge, its score summed over its positions (as
+    :meth:`Circuit.collapsed <gpt2_interp.analysis.circuits.Circuit.collapsed>` does)."""
+    edges, scores = totals_by_size(list(d["edges"]), d["scores"])
     n_edges = int(d["total_edges"]) // max(int(d.get("n_pos") or 1), 1)
     return {
         **d,
-        "edges": order,
-        "scores": [total[e] for e in order],
+        "edges": edges,
+        "scores": scores,
         "positions": None,
         "total_edges": n_edges,
         "n_pos_items": d["total_edges"],

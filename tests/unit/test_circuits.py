@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -49,6 +50,13 @@ def _pairs() -> tuple[torch.Tensor, torch.Tensor, object]:
     corrupted = clean.clone()
     corrupted[:, 2] = (clean[:, 2] + 1 + torch.randint(0, V - 1, (3,), generator=g)) % V
     return clean, corrupted, logit_diff(torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6]))
+
+
+def _setup(kind: str) -> tuple[HookedGPT2, torch.Tensor, torch.Tensor, Any, Any]:
+    """The model of ``kind``, the prompt pairs (clean, corrupted, and as ``pairs_of`` holds them) and its graph."""
+    model = _model(kind)
+    clean, corrupted, metric = _pairs()
+    return model, clean, corrupted, pairs_of(model, clean, corrupted, metric), graph_of(model)
 
 
 def _sender_out(model: HookedGPT2, cache, sender: str) -> torch.Tensor:
@@ -110,10 +118,7 @@ def _hand_loop(model: HookedGPT2, clean: torch.Tensor, corrupted: torch.Tensor, 
 
 @pytest.mark.parametrize("kind", ["gpt2", "gqa"])
 def test_exact_edge_patching_equals_a_hand_written_hook_loop(kind):
-    model = _model(kind)
-    clean, corrupted, metric = _pairs()
-    pairs = pairs_of(model, clean, corrupted, metric)
-    graph = graph_of(model)
+    model, clean, corrupted, pairs, graph = _setup(kind)
     exact = edge_patch(model, graph, pairs)
     assert exact.shape == (graph.n_edges, 3)
     some = list(range(0, graph.n_edges, 3))  # a third of the edges, every receiver kind among them
@@ -174,10 +179,7 @@ def _hand_masked(model: HookedGPT2, clean: torch.Tensor, corrupted: torch.Tensor
 @pytest.mark.parametrize("kind", ["gpt2", "gqa"])
 def test_circuits_of_every_size_equal_a_hand_written_hook_loop(kind):
     """Rows from a few edges patched to all but a few (each row takes the cheaper of its two sums)."""
-    model = _model(kind)
-    clean, corrupted, metric = _pairs()
-    pairs = pairs_of(model, clean, corrupted, metric)
-    graph = graph_of(model)
+    model, clean, corrupted, pairs, graph = _setup(kind)
     g = torch.Generator().manual_seed(2)
     masks = torch.stack([torch.rand(graph.n_edges, generator=g) < p for p in (0.02, 0.3, 0.7, 0.98)])
     got = run_with_edges(model, graph, pairs, masks)
@@ -195,10 +197,7 @@ def test_circuits_of_every_size_equal_a_hand_written_hook_loop(kind):
 
 @pytest.mark.parametrize("kind", ["gpt2", "gqa"])
 def test_per_position_edges_equal_a_hand_written_hook_loop(kind):
-    model = _model(kind)
-    clean, corrupted, metric = _pairs()
-    pairs = pairs_of(model, clean, corrupted, metric)
-    graph = graph_of(model)
+    model, clean, corrupted, pairs, graph = _setup(kind)
     some = torch.arange(0, graph.n_edges, 7)  # every receiver kind among them
     exact = edge_patch(model, graph, pairs, some, per_position=True)  # [edges, pos, pairs]
     assert exact.shape == (some.numel(), 6, 3)
@@ -260,10 +259,7 @@ def test_per_position_edges_refuse_padded_prompts():
 def test_edges_patched_in_chunks_of_rows_and_pairs_give_the_same_metric(monkeypatch):
     from gpt2_interp.analysis.circuits import edges as edges_module
 
-    model = _model("gqa")
-    clean, corrupted, metric = _pairs()
-    pairs = pairs_of(model, clean, corrupted, metric)
-    graph = graph_of(model)
+    model, _, _, pairs, graph = _setup("gqa")
     masks = (torch.rand(5, graph.n_edges, generator=torch.Generator().manual_seed(0)) > 0.5).float()
     whole = run_with_edges(model, graph, pairs, masks)
     monkeypatch.setattr(edges_module, "EDGE_MEMORY", 1)  # one mask row and one pair per pass
@@ -285,10 +281,7 @@ def test_exact_edge_patching_of_a_full_vocabulary_metric_equals_the_general_prim
 
 @pytest.mark.parametrize("kind", ["gpt2", "gqa"])
 def test_every_edge_patched_is_the_corrupted_run_and_none_is_the_clean_run(kind):
-    model = _model(kind)
-    clean, corrupted, metric = _pairs()
-    pairs = pairs_of(model, clean, corrupted, metric)
-    graph = graph_of(model)
+    model, clean, corrupted, pairs, graph = _setup(kind)
     m = run_with_edges(model, graph, pairs, torch.stack([torch.ones(graph.n_edges), torch.zeros(graph.n_edges)]))
     with torch.no_grad():
         corr = pairs.metric(model(corrupted)[:, -1])
@@ -480,10 +473,7 @@ def test_per_position_pruning_follows_attention_across_positions():
 
 @pytest.mark.parametrize("kind", ["gpt2", "gqa"])
 def test_per_position_pruning_drops_only_items_that_cannot_change_the_metric(kind):
-    model = _model(kind)
-    clean, corrupted, metric = _pairs()
-    pairs = pairs_of(model, clean, corrupted, metric)
-    graph = graph_of(model)
+    model, _, _, pairs, graph = _setup(kind)
     g = torch.Generator().manual_seed(5)
     keeps = torch.rand(4, 6, graph.n_edges, generator=g) < torch.tensor([0.02, 0.05, 0.1, 0.3])[:, None, None]
     pruned = torch.stack([prune(graph, k) for k in keeps])

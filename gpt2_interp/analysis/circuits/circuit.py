@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from ...core.checks import check_choice, check_count, check_number
+from ...core.ranking import totals_by_size
 from ...core.result import Result
 from ...core.tables import format_table
 from ..metrics import Metric, metric_name
@@ -173,20 +174,16 @@ class Circuit(Result):
         (itself when it is not per position)."""
         if self.positions is None:
             return self
-        total: dict[str, float] = {}
-        for e, v in zip(self.edges, self.scores):
-            total[e] = total.get(e, 0.0) + v
-        order = sorted(total, key=lambda e: -abs(total[e]))
-        graph = self.graph
+        edges, scores = totals_by_size(self.edges, self.scores)
         return Circuit(
-            order,
-            [total[e] for e in order],
+            edges,
+            scores,
             self.method,
             self.metric,
             self.n_layer,
             self.n_head,
             self.n_kv,
-            graph.n_edges,
+            self.graph.n_edges,
         )
 
     def nodes(self) -> list[str]:
