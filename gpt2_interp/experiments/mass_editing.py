@@ -246,9 +246,6 @@ class MassEditing:
             report = earlier_report(ctx, name, cfg)
             for part in only:
                 report["errors"].pop(part, None)
-            report.setdefault("part_devices", {}).update(
-                {part: f"{model.device}, {torch.get_num_threads()} thread(s)" for part in only}
-            )
         job = cls(model, cfg, ctx, report, only, delta=cfg.delta_overrides())
         job.base_fp = weights_fingerprint(model)
         job.cases = known_cases(model, cfg.n, cfg.seed)
@@ -266,7 +263,9 @@ class MassEditing:
 
         def timed() -> dict:
             t = time.perf_counter()
-            return {"data": compute(), "seconds": time.perf_counter() - t}
+            data = compute()
+            where = f"{self.model.device}, {torch.get_num_threads()} thread(s)"
+            return {"data": data, "seconds": time.perf_counter() - t, "device": where}
 
         try:
             got = self.ctx.cached(f"part-{name}" + (f"-{_digest(key)}" if key is not None else ""), timed)
@@ -274,6 +273,8 @@ class MassEditing:
             if name in MEMIT_PARTS:  # the settings it ran with (a failed part keeps its earlier row and settings)
                 self.report.setdefault("part_settings", {})[name] = edit_settings(self.model, self.hp)
             self.report.setdefault("part_seconds", {})[name] = got["seconds"]
+            if self.cfg.only is not None:  # where each merged part was computed (a cached part: where it was)
+                self.report.setdefault("part_devices", {})[name] = got.get("device", "not recorded")
         except Exception as e:  # keep what the other parts measured
             self.report["errors"][name] = f"{type(e).__name__}: {e}"
             traceback.print_exc()

@@ -57,6 +57,24 @@ def test_quick_run_parts_merge_and_marks(facts_model, tmp_path):
     assert merged["evaluations"]["rome_sequential"]["summary"]["all"]["n"] == 1
     assert "stopped at its time limit" in (d / "mass_editing.md").read_text()
     assert "merged_with" in json.loads((d / "provenance.json").read_text())
+    # each merged part records where it was computed; taken from the cache, it keeps that record
+    threads = torch.get_num_threads()
+    where = merged["part_devices"]["rome_sequential"]
+    assert where == f"cpu, {threads} thread(s)"
+    try:
+        cached = run_experiment(
+            "mass_editing",
+            facts_model,
+            quick=True,
+            settings={"only": "rome_sequential", "rome_seconds": "0"},
+            out=tmp_path,
+            progress=False,
+            threads=threads + 1,
+        ).data
+    finally:
+        torch.set_num_threads(threads)
+    assert cached["part_devices"]["rome_sequential"] == where
+    assert cached["evaluations"]["rome_sequential"] == merged["evaluations"]["rome_sequential"]
     # a row whose recorded settings differ from the report's is marked, in the table
     marked = {
         **merged,
