@@ -35,6 +35,9 @@ class ExperimentConfig:
     seed: int = field(default=0, metadata={"help": "seed of every random choice (torch, numpy, random)"})
 
     QUICK: ClassVar[dict[str, Any]] = {}
+    #: Settings that choose which work runs but not what any cached partial result holds: left out of the
+    #: cache key, so a rerun that changes only these reuses what was kept (e.g. ``mass_editing``'s ``only``).
+    NOT_IN_CACHE_KEY: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

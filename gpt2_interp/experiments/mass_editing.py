@@ -132,6 +132,7 @@ class Config(DeltaConfig):
     n_samples: int = field(default=100_000, metadata={"help": "tokens for the key statistics"})
     fluency_tokens: int = field(default=40, metadata={"help": "generated tokens per fluency prompt"})
 
+    NOT_IN_CACHE_KEY: ClassVar[tuple[str, ...]] = ("only",)  # each part's key holds the settings it ran with
     QUICK: ClassVar[dict[str, Any]] = {
         "n": 4,
         "batch_size": 2,

@@ -312,8 +312,9 @@ def run_experiment(
     m = _load_model(model, device, dtype)
     identity = prov.model_identity(m)
     config_json = to_jsonable(dataclasses.asdict(config))
+    keyed = {k: v for k, v in config_json.items() if k not in type(config).NOT_IN_CACHE_KEY}
     cache_key = hashlib.sha256(  # the editors' per-model default files change what a cached part holds
-        json.dumps([name, config_json, identity["weights_fingerprint"], defaults_digest()], sort_keys=True).encode()
+        json.dumps([name, keyed, identity["weights_fingerprint"], defaults_digest()], sort_keys=True).encode()
     ).hexdigest()
     ctx = RunContext(
         out_dir=directory,

@@ -49,6 +49,10 @@ def test_quick_run_parts_merge_and_marks(facts_model, tmp_path):
     assert (d / "mass_editing_decay.png").stat().st_size > 0
     assert "| memit_batch |" in (d / "mass_editing.md").read_text()  # one run: no row marked as older
     assert report["part_settings"]["memit_batch"] == report["settings"] and report["settings"]["layers"] == [0]
+    # only= chooses the parts, not what a part holds: a part already computed is taken from the cache
+    memit_again = run(only="memit_batch").data
+    assert memit_again["part_seconds"]["memit_batch"] == report["part_seconds"]["memit_batch"]
+    assert memit_again["evaluations"] == report["evaluations"]
     # only= reruns one part and merges it: here ROME with a time limit already passed (one edit made)
     merged = run(only="rome_sequential", rome_seconds="0").data
     assert {k: v for k, v in merged["evaluations"].items() if k != "rome_sequential"} == {
