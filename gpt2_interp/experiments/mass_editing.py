@@ -641,7 +641,7 @@ def _relevant(name: str, settings: dict | None) -> dict | None:
 def _header(report: dict) -> list[str]:
     c = report["chosen"]
     lines = [
-        f"# Mass editing on {report['model']} ({report['device']})",
+        f"# Mass editing on {report['model']} ({'; '.join(_places(report))})",
         "",
         f"{report['n_known_cases']} requests the unedited model knows; edit layers {report['layers']}; "
         f"chosen λ = {c['mom2_weight']}, τ = {c['nullspace_threshold']}{_rule(c)}"
@@ -764,15 +764,22 @@ def _runs_table(report: dict) -> list[str]:
             "",
         ]
     if report.get("part_devices"):
+        others = [k for k in report.get("part_seconds", {}) if k not in report["part_devices"]]
         lines += [
             "Parts (re)run separately (`only=`) and merged: "
             + "; ".join(f"{k} on {v}" for k, v in report["part_devices"].items())
-            + "; the others on "
-            + report["device"]
+            + (f"; the others ({', '.join(others)}) on {report['device']}" if others else "")
             + ".",
             "",
         ]
     return lines
+
+
+def _places(report: dict) -> list[str]:
+    """Where the report's parts ran, each place once: a merged part's own record, else the first run's device."""
+    merged = report.get("part_devices", {})
+    ran = report.get("part_seconds") or {"": None}
+    return list(dict.fromkeys(merged.get(k, report["device"]) for k in ran))
 
 
 def _curves(report: dict) -> list[str]:

@@ -21,6 +21,27 @@ def test_bad_settings_name_the_setting():
         Config(null_rules=["absolute"])
 
 
+def test_table_names_where_each_part_ran():
+    # a report first run on a GPU whose parts were all re-run on the CPU and merged names the CPU only
+    cpu = "cpu, 1 thread(s)"
+    report = {
+        "model": "m",
+        "device": "cuda:0",
+        "n_known_cases": 2,
+        "layers": [0],
+        "chosen": {"mom2_weight": 10.0, "nullspace_threshold": 0.01},
+        "part_seconds": {"stats": 1.0, "memit_sequential": 2.0},
+        "part_devices": {"stats": cpu, "memit_sequential": cpu},
+    }
+    text = tables(report)["mass_editing"]
+    assert text.startswith(f"# Mass editing on m ({cpu})\n") and "cuda" not in text
+    # one part not re-run: both places, and the table says which part ran where
+    report["part_seconds"]["tuning"] = 3.0
+    text = tables(report)["mass_editing"]
+    assert text.startswith(f"# Mass editing on m ({cpu}; cuda:0)\n")
+    assert "the others (tuning) on cuda:0." in text
+
+
 def _rewrite(folder, **changes):
     """Change the data of the result in ``folder`` (what the next ``only=`` run merges into)."""
     body = json.loads((folder / "result.json").read_text())
