@@ -776,10 +776,11 @@ def _runs_table(report: dict) -> list[str]:
 
 
 def _places(report: dict) -> list[str]:
-    """Where the report's parts ran, each place once: a merged part's own record, else the first run's device."""
+    """The devices the report's parts ran on, each once: a merged part's own record (``"cpu, 1 thread(s)"``
+    → ``"cpu"``), else the first run's device."""
     merged = report.get("part_devices", {})
     ran = report.get("part_seconds") or {"": None}
-    return list(dict.fromkeys(merged.get(k, report["device"]) for k in ran))
+    return list(dict.fromkeys(merged.get(k, report["device"]).split(",")[0] for k in ran))
 
 
 def _curves(report: dict) -> list[str]:
