@@ -7,8 +7,8 @@ counterfactual object (layer from the trace), verified on the rewrite prompt, tw
 held-out paraphrases, two neighbourhood prompts and the subject's other facts, then undone with a bit-exact
 check.
 Writes ``report.md``, PNG figures, ``results.json`` and ``index.html`` (the same story with interactive
-views: attention patterns, logit lens, causal traces, the edit's before/after top-k; written when Plotly is
-installed, ``pip install gpt2-interp[views]``) — and nothing else but a small manifest
+views: attention patterns, logit lens, causal traces, the edit's before/after top-k; Plotly, a dependency of
+the package, draws them) — and nothing else but a small manifest
 (``.gpt2-interp-demo.json``, the sha256 of each file it wrote). Re-running into the same folder
 refreshes those files; a file of the same name that the demo did not write (or that was changed
 since) is overwritten only with ``force=True``; nothing else in the folder is ever touched.
@@ -144,8 +144,9 @@ def run_demo(
     results["causal_trace"], part = _trace_section(model, prompt, fact.subject, samples, out, shown)
     md += part
     story.append((part, ["traces"]))
-    layer = results["causal_trace"]["edit_layer"]
-    _step(6, f"ROME edit {fact.subject}: {fact.target!r} → {new_target!r} at layer {layer}", t0)
+    layer, tied = results["causal_trace"]["edit_layer"], results["causal_trace"]["tied_layers"]
+    among = f" (of the tied layers {_layer_span(tied)}: the largest mean effect)" if len(tied) > 1 else ""
+    _step(6, f"ROME edit {fact.subject}: {fact.target!r} → {new_target!r} at layer {layer}{among}", t0)
     results["edit"], part = _edit_section(model, fb, fact, new_target, layer, stats_tokens, shown)
     md += part
     story.append((part, ["edit"]))
@@ -175,11 +176,12 @@ def _attention(model: Any, prompt: str) -> Any:
 
 def _write_index(out: Path, story: list[tuple[list[str], list[str]]], shown: dict[str, Any], footer: str) -> bool:
     """``index.html``: the report's sections, each followed by its interactive views (one self-contained
-    page, plotly.js inside once). Returns False (and writes nothing) where Plotly is not installed."""
+    page, plotly.js inside once). Returns False (and writes nothing, saying why) in an environment that lacks
+    Plotly, a dependency of the package (e.g. installed with ``--no-deps``)."""
     try:
         import plotly  # noqa: F401
     except ImportError:
-        print("index.html skipped: the interactive report needs Plotly (pip install gpt2-interp[views])")
+        print("index.html not written: Plotly, a dependency of gpt2-interp, is missing (pip install 'plotly>=7,<8')")
         return False
     from .views import html_page, markdown_html, view, view_topk
 
@@ -276,6 +278,7 @@ def _trace_section(model: Any, prompt: str, subject: str, samples: int, out: Pat
     last_subject = mlp.subject_range[1] - 1
     ie = mlp.indirect_effect[last_subject]
     trace_layer = int(ie.argmax())
+    tied = tied_layers(ie, mlp.clean_score - mlp.corrupted_score)
     res: dict[str, Any] = {
         kind: {
             "clean": traces[kind].clean_score,
@@ -289,19 +292,57 @@ def _trace_section(model: Any, prompt: str, subject: str, samples: int, out: Pat
     res["mlp_indirect_effect_last_subject_token"] = ie.tolist()
     res["attn_indirect_effect_last_subject_token"] = traces["attn"].indirect_effect[last_subject].tolist()
     res["edit_layer"] = trace_layer
+    res["tied_layers"] = tied
+    res["edit_layer_rule"] = LAYER_RULE
+    if len(tied) > 1:
+        ceiling = " — restoring any of them brings back the clean probability" if _at_ceiling(mlp, ie, tied) else ""
+        why = (
+            f"Layers {_layer_span(tied)} tie at the peak (within {TIE_FRACTION:.0%} of the clean − corrupted gap, "
+            f"which {mlp.samples} noise samples do not resolve){ceiling}; the edit takes **layer {trace_layer}**, "
+            f"{LAYER_RULE}."
+        )
+    else:
+        why = f"The edit goes there ({LAYER_RULE})."
     return res, [
         "## 4. Causal trace",
         "",
         f"Noise on the subject's embeddings drops P({mlp.target!r}) from {mlp.clean_score:.3f} to "
         f"{mlp.corrupted_score:.3f}. Restoring the MLP output at the last subject token "
         f"({mlp.tokens[last_subject]!r}) recovers most at **layer {trace_layer}** "
-        f"(indirect effect {float(ie[trace_layer]):+.3f}), so the edit goes there.",
+        f"(indirect effect {float(ie[trace_layer]):+.3f}). {why}",
         "",
         *trace_reading(traces, trace_layer, float(ie[trace_layer])),
         "",
         "![causal trace](causal_trace.png)",
         "",
     ]
+
+
+#: Layers whose MLP indirect effect is within this fraction of the clean − corrupted gap of the peak's tie with it.
+TIE_FRACTION = 0.01
+#: How the demo picks the edit layer from the MLP trace at the last subject token (ROME's ``layer="auto"``).
+LAYER_RULE = "the layer with the largest mean indirect effect, as ROME's layer='auto' picks"
+
+
+def tied_layers(effect: Any, gap: float, fraction: float = TIE_FRACTION) -> list[int]:
+    """The layers whose indirect effect (``effect``, one value per layer) is within ``fraction`` × ``gap`` (the
+    clean − corrupted probability) of the largest: the peak's layer and those the trace cannot tell from it."""
+    values = torch.as_tensor(effect, dtype=torch.float64)
+    tol = fraction * abs(float(gap))
+    return [int(i) for i in torch.nonzero(values >= values.max() - tol).flatten()]
+
+
+def _at_ceiling(trace: Any, effect: Any, layers: list[int]) -> bool:
+    """Every one of ``layers`` restores the clean probability (to the tie tolerance)."""
+    tol = TIE_FRACTION * abs(trace.clean_score - trace.corrupted_score)
+    return all(trace.corrupted_score + float(effect[l]) >= trace.clean_score - tol for l in layers)
+
+
+def _layer_span(layers: list[int]) -> str:
+    """``3–5`` for consecutive layers, ``3, 5, 6`` otherwise."""
+    if layers == list(range(layers[0], layers[-1] + 1)):
+        return f"{layers[0]}–{layers[-1]}"
+    return ", ".join(map(str, layers))
 
 
 def trace_reading(traces: Any, mlp_layer: int, mlp_effect: float) -> list[str]:

@@ -24,7 +24,9 @@ def report(tmp_path_factory, facts_model):
 
 def test_writes_the_report_folder(report):
     out, _ = report
-    assert {"report.md", "results.json", "logit_lens.png", "causal_trace.png"} <= {p.name for p in out.iterdir()}
+    # index.html too: the README's set-up command (scripts/setup.sh, no extras) installs Plotly, a core dependency
+    names = {p.name for p in out.iterdir()}
+    assert {"report.md", "results.json", "logit_lens.png", "causal_trace.png", "index.html"} <= names
     text = (out / "report.md").read_text()
     assert "Logit lens" in text and "Causal trace" in text and "ROME edit" in text
     assert "- Attention: restoring its output at the subject recovers" in text  # the figure's attention panel, read
@@ -53,6 +55,30 @@ def test_lens_and_trace_are_consistent(report):
     assert r["logit_lens"]["target_rank"][-1] == 1  # the answer is the model's top token at the end
     trace = r["causal_trace"]
     assert trace["hidden"]["clean"] > trace["hidden"]["corrupted"]
+
+
+def test_the_edit_layer_and_its_rule_are_stated_with_any_tied_layers(report):
+    from gpt2_interp.demo import LAYER_RULE, tied_layers
+
+    out, r = report
+    trace = r["causal_trace"]
+    ie = trace["mlp_indirect_effect_last_subject_token"]
+    gap = trace["mlp"]["clean"] - trace["mlp"]["corrupted"]
+    assert trace["tied_layers"] == tied_layers(ie, gap) and trace["edit_layer"] in trace["tied_layers"]
+    assert trace["edit_layer"] == max(range(len(ie)), key=ie.__getitem__) == r["edit"]["layer"]
+    assert trace["edit_layer_rule"] == LAYER_RULE
+    text = (out / "report.md").read_text()
+    assert LAYER_RULE in text
+    assert ("tie at the peak" in text) == (len(trace["tied_layers"]) > 1)
+
+
+def test_tied_layers_are_those_within_the_tolerance_of_the_peak():
+    from gpt2_interp.demo import _layer_span, tied_layers
+
+    ie = [0.1, 0.495, 0.5, 0.499, 0.2, 0.4945]
+    assert tied_layers(ie, gap=0.6) == [1, 2, 3, 5]  # 1% of 0.6: within 0.006 of the peak 0.5
+    assert tied_layers(ie, gap=0.1) == [2, 3]
+    assert _layer_span([1, 2, 3]) == "1–3" and _layer_span([1, 2, 5]) == "1, 2, 5"
 
 
 def test_rerun_refreshes_its_own_report_and_keeps_the_users_files(report, capsys):

@@ -37,3 +37,22 @@ def test_every_relative_link_in_the_readme_resolves():
     assert len(links) > 15
     missing = sorted({t for t in links if t and not (ROOT / t).exists()})
     assert not missing, f"README links to files that do not exist: {missing}"
+
+
+def test_the_readme_set_up_command_installs_what_the_main_job_writes():
+    """The README's first command is scripts/setup.sh with no extras, then the demo: the base install (pyproject's
+    ``dependencies``) holds Plotly, which the demo's index.html needs, so the main job is whole after it."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    from packaging.requirements import Requirement
+
+    text = (ROOT / "README.md").read_text()
+    first = re.search(r"```bash\n(.*?)\n```", text, re.S).group(1)
+    assert first == "bash scripts/setup.sh && .venv/bin/gpt2-interp demo --out demo-report"
+    base = {
+        Requirement(r).name for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
+    assert "plotly" in base, "the demo's index.html needs Plotly: it must be a base dependency"
+    assert "index.html" in text.split("## A tour")[0] or "index.html" in (ROOT / "gpt2_interp" / "demo.py").read_text()
