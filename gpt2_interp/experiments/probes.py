@@ -13,7 +13,6 @@ peer, same run).
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 
 from ..analysis.probes import ProbeResult, probe
 from ..facts.probing import probing_set
+from ..io.files import read_json
 from ..plots.probes import plot_probe_summary
 from .base import ExperimentConfig, register
 from .provenance import load_average
@@ -137,7 +137,7 @@ def read_trace(path: Path | None) -> dict | None:
     """The trace data in ``path``: a runner ``result.json`` (its ``data``) or a bare JSON of the same fields."""
     if path is None:
         return None
-    body = json.loads(path.read_text())
+    body = read_json(path, "causal trace result")
     return body["data"] if "data" in body and "experiment" in body else body
 
 

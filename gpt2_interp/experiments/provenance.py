@@ -173,8 +173,6 @@ def standalone(argv: Sequence[str], models: Sequence[HookedGPT2] = (), device: s
 
 def write_beside(path: str | Path, record: Mapping[str, Any]) -> Path:
     """Write ``record`` as ``<path without suffix>.provenance.json`` (e.g. ``RESULTS_forward.provenance.json``)."""
-    import json
+    from ..io.files import write_json
 
-    out = Path(path).with_suffix(".provenance.json")
-    out.write_text(json.dumps(dict(record), indent=1) + "\n")
-    return out
+    return write_json(Path(path).with_suffix(".provenance.json"), dict(record))

@@ -12,6 +12,12 @@ fixed layout::
         <table>.md         each table the experiment renders
         <figure>.png       each figure it renders
         .cache/            partial results a rerun with the same config and weights resumes from (not committed)
+
+Only the experiments that ask :meth:`RunContext.cached` for their slow parts resume; the others compute
+everything on every run. The run says which on stderr as it starts (``resuming: N cached parts found in …`` or
+``no cached parts: computing everything …``), and saving over an earlier ``result.json`` says so too
+(``overwriting <dir>/result.json (previous run from <date>, commit <sha>; …)``). A study that declines the run
+(:class:`~gpt2_interp.experiments.base.Refused`) writes nothing.
 """
 
 from __future__ import annotations
@@ -35,8 +41,9 @@ import torch
 from ..core import progress as _progress
 from ..core.result import Result, to_jsonable
 from ..editing.hparams import defaults_digest
+from ..io.files import load_tree, read_json, save_tree, write_json
 from . import provenance as prov
-from .base import REGISTRY, Experiment, ExperimentConfig
+from .base import REGISTRY, Experiment, ExperimentConfig, Refused
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -148,8 +155,10 @@ class RunContext:
         """``compute()``, or its saved value from an earlier run with the same weights and the same
         whole config — or, with ``depends`` (JSON-able), the same ``depends`` instead of the whole
         config: an exact sweep that does not depend on the estimators' settings is then reused when
-        only those change (``torch.save`` format; tensors, dicts and lists). ``key`` names the partial
-        result (a file ``.cache/<key>-<digest>.pt``); without an ``out_dir`` nothing is kept."""
+        only those change. ``key`` names the partial result (a file ``.cache/<key>-<digest>.safetensors``,
+        written by :func:`~gpt2_interp.io.files.save_tree`: tensors, dicts, lists, numbers, strings and result
+        objects, read back without unpickling and refused when its digest does not match); without an
+        ``out_dir`` nothing is kept."""
         if self.out_dir is None:
             return compute()
         digest = (
@@ -159,14 +168,11 @@ class RunContext:
                 json.dumps([self.weights, to_jsonable(depends)], sort_keys=True, default=str).encode()
             ).hexdigest()
         )
-        path = self.out_dir / ".cache" / f"{key}-{digest[:16]}.pt"
+        path = self.out_dir / ".cache" / f"{key}-{digest[:16]}.safetensors"
         if path.exists():
-            return torch.load(path, weights_only=False)
+            return load_tree(path, kind="experiment cache")
         value = compute()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save(value, tmp)
-        tmp.replace(path)
+        save_tree(path, value, kind="experiment cache", finite=False)
         return value
 
 
@@ -210,19 +216,20 @@ class ExperimentResult(Result):
             "config": self.config,
             "data": to_jsonable(self.data),
         }
-        (d / "result.json").write_text(json.dumps(body, indent=1) + "\n")
-        (d / "provenance.json").write_text(json.dumps(self.provenance, indent=1) + "\n")
+        write_json(d / "result.json", body)
+        write_json(d / "provenance.json", self.provenance)
         render(self, d)
         return d
 
     @classmethod
     def load(cls, directory: str | Path) -> ExperimentResult:
-        """Read a result folder written by :meth:`save`."""
+        """Read a result folder written by :meth:`save` (each file's digest checked, a missing field or a
+        damaged file refused naming it: :func:`~gpt2_interp.io.files.read_json`)."""
         d = Path(directory)
         if not (d / "result.json").exists():
             raise FileNotFoundError(f"{d} holds no result.json (a folder written by the experiment runner)")
-        body = json.loads((d / "result.json").read_text())
-        provenance = json.loads((d / "provenance.json").read_text()) if (d / "provenance.json").exists() else {}
+        body = read_json(d / "result.json", "experiment result", required=("experiment", "model", "data"))
+        provenance = read_json(d / "provenance.json", "provenance") if (d / "provenance.json").exists() else {}
         return cls(body["experiment"], body["model"], body.get("config", {}), body["data"], provenance)
 
 
@@ -305,6 +312,7 @@ def run_experiment(
     model_name = model if isinstance(model, str) else model.cfg.name
     given_tag, tag = tag, (tag if tag is not None else ("quick" if quick else None))
     directory = result_dir(out, name, model_name, tag) if out is not None else None
+    created = directory is not None and not directory.exists()
     if directory is not None:
         directory.mkdir(parents=True, exist_ok=True)  # refuse an unwritable place before the work
     started, t0 = prov.now_utc(), time.perf_counter()
@@ -323,9 +331,16 @@ def run_experiment(
         weights=identity["weights_fingerprint"],
         experiment=name,
     )
+    if directory is not None:
+        say(resume_line(exp, directory))
     seed_everything(config.seed)
-    with _progress.enabled(progress):
-        data = exp.run(m, config, ctx)
+    try:
+        with _progress.enabled(progress):
+            data = exp.run(m, config, ctx)
+    except Refused:
+        if created and directory is not None and out is not None:
+            remove_empty(directory, Path(out))  # a refused run leaves no folder behind
+        raise
     record = {
         "experiment": name,
         "command": prov.command_line(
@@ -349,5 +364,61 @@ def run_experiment(
         record["merged_with"] = ctx._earlier.provenance
     result = ExperimentResult(name, model_name, config_json, to_jsonable(data), record)  # as saved
     if directory is not None:
+        if (directory / "result.json").exists():
+            say(overwrite_line(directory, merged=ctx._earlier is not None))
         result.save(directory)
     return result
+
+
+def say(line: str) -> None:
+    """A line about the run (what it reuses, what it replaces) on stderr."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def caches_parts(exp: Experiment) -> bool:
+    """Whether the experiment's module asks :meth:`RunContext.cached` for any part (read from its source)."""
+    import inspect
+
+    try:
+        return ".cached(" in inspect.getsource(sys.modules[exp.run.__module__])
+    except (OSError, TypeError, KeyError):
+        return True  # unknown: say what is on disk
+
+
+def resume_line(exp: Experiment, directory: Path) -> str:
+    """What a run in ``directory`` starts from: ``"resuming: N cached parts found in …"`` or
+    ``"no cached parts: computing everything …"`` (saying when the experiment caches none at all)."""
+    cache = directory / ".cache"
+    parts = [p for p in cache.iterdir() if p.is_file() and not p.name.endswith(".tmp")] if cache.is_dir() else []
+    if parts:
+        return (
+            f"resuming: {len(parts)} cached part{'s' if len(parts) != 1 else ''} found in {cache} (each reused when "
+            "this run's config and weights match the run that stored it; every other part is computed)"
+        )
+    if caches_parts(exp):
+        return f"no cached parts: computing everything ({exp.name} keeps its slow parts in {cache} for a rerun)"
+    return f"no cached parts: computing everything ({exp.name} caches no parts: a rerun computes everything again)"
+
+
+def overwrite_line(directory: Path, merged: bool = False) -> str:
+    """``"overwriting <dir>/result.json (previous run from <date>, commit <sha>)"``: what saving over an
+    earlier result replaces (``merged``: the new result holds the earlier one's parts)."""
+    when = "an unrecorded time"
+    try:
+        prov_old = json.loads((directory / "provenance.json").read_text())
+        code = prov_old.get("code", {})
+        when = f"{prov_old['time']['started']}, commit {str(code.get('commit'))[:10]}" + (
+            " with uncommitted changes" if code.get("dirty") else ""
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    what = "merged with this run" if merged else "its tables and figures are replaced too"
+    return f"overwriting {directory / 'result.json'} (previous run from {when}; {what})"
+
+
+def remove_empty(directory: Path, root: Path) -> None:
+    """Remove ``directory`` and its parents below ``root`` while they are empty."""
+    d = directory
+    while d != root and root in d.parents and d.is_dir() and not any(d.iterdir()):
+        d.rmdir()
+        d = d.parent

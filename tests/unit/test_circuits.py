@@ -26,6 +26,7 @@ from gpt2_interp.analysis.circuits import (
 )
 from gpt2_interp.analysis.circuits.graph import Graph
 from gpt2_interp.analysis.metrics import logit_diff, prob
+from gpt2_interp.io.integrity import IntegrityError, UnverifiedFileWarning
 from gpt2_interp.model import GPT2Config, HookedGPT2
 from gpt2_interp.model.config import llama_config
 
@@ -535,6 +536,10 @@ def test_a_per_position_curve_equals_its_circuits_and_refuses_mixed_or_greedy_sc
     c.plot().savefig(tmp_path / "c.png")
     data = json.loads((tmp_path / "c.json").read_text())
     data.pop("positions")
+    (tmp_path / "edited.json").write_text(json.dumps(data))
+    with pytest.raises(IntegrityError, match="integrity check"):  # an edited file fails its digest first
+        Circuit.load(tmp_path / "edited.json")
+    data.pop("sha256")  # written by hand (no digest): read with a warning, then checked field by field
     (tmp_path / "bad.json").write_text(json.dumps(data))
-    with pytest.raises(ValueError, match="positions and n_pos"):
+    with pytest.warns(UnverifiedFileWarning), pytest.raises(ValueError, match="positions and n_pos"):
         Circuit.load(tmp_path / "bad.json")

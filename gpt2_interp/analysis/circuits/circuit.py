@@ -20,12 +20,15 @@ corrupted run (:func:`~gpt2_interp.analysis.circuits.edges.run_with_edges`) and 
 ``(M_circuit − M_corrupted) / (M_clean − M_corrupted)`` (pair means): 1 for the whole graph, 0 for
 the empty circuit. **Completeness** is the same with the circuit's own edges patched instead
 (``0`` means the rest of the graph does nothing without the circuit).
+
+A circuit whose faithfulness is below :data:`FAITHFUL_ENOUGH` (0.8) does not reproduce the behaviour it was
+scored on, so it is no evidence of the mechanism: :meth:`Circuit.table`, the command line and the plot's title
+flag it (:attr:`Circuit.caveat`).
 """
 
 from __future__ import annotations
 
 import heapq
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,6 +41,7 @@ from ...core.checks import check_choice, check_count, check_number
 from ...core.ranking import totals_by_size
 from ...core.result import Result
 from ...core.tables import format_table
+from ...io.files import read_json, write_json
 from ..metrics import Metric, metric_name
 from ..patching import Prompts
 from .edges import Pairs, pairs_of, run_with_edges
@@ -107,6 +111,21 @@ def _prune_per_position(graph: Graph, keep: torch.Tensor) -> torch.Tensor:
         if torch.equal(new, m):
             return torch.stack([graph.flat(x) for x in m])
         m = new
+
+
+#: the faithfulness a circuit needs before it is read as explaining the behaviour (a common bar in the
+#: circuit-discovery literature, and the ``target`` of :meth:`FaithfulnessCurve.smallest`); below it the circuit
+#: is printed with a caveat
+FAITHFUL_ENOUGH = 0.8
+
+
+def faithfulness_text(faithfulness: float | None, digits: int = 3) -> str:
+    """``", faithfulness 0.905"``, with ``" (below 0.8: not faithful)"`` when under :data:`FAITHFUL_ENOUGH`;
+    empty when not measured (None)."""
+    if faithfulness is None:
+        return ""
+    low = f" (below {FAITHFUL_ENOUGH:g}: not faithful)" if faithfulness < FAITHFUL_ENOUGH else ""
+    return f", faithfulness {faithfulness:.{digits}f}{low}"
 
 
 @dataclass
@@ -196,8 +215,30 @@ class Circuit(Result):
         out = [s for s, u in zip(graph.senders, used.tolist()) if u]
         return out + (["logits"] if m[:, -1].any() else [])
 
+    @property
+    def caveat(self) -> str | None:
+        """Why the circuit should not be read as the mechanism — its faithfulness is below
+        :data:`FAITHFUL_ENOUGH` — or None when it reaches it (or was not measured)."""
+        if self.faithfulness is None or self.faithfulness >= FAITHFUL_ENOUGH:
+            return None
+        return (
+            f"caveat: faithfulness {self.faithfulness:.3f} is below {FAITHFUL_ENOUGH:g} (FAITHFUL_ENOUGH): this "
+            "circuit does not reproduce the behaviour, so it is no evidence of the mechanism; keep more edges "
+            "(top/fraction) until it reaches it"
+        )
+
+    def __repr__(self) -> str:
+        what = "items" if self.per_position else "edges"
+        return (
+            f"Circuit({self.method}, {len(self.edges)} of {self.total_edges} {what}"
+            f"{faithfulness_text(self.faithfulness)}"
+            + ("" if self.completeness is None else f", completeness {self.completeness:.3f}")
+            + ")"
+        )
+
     def table(self, k: int = 20) -> str:
-        """The first ``k`` edges with their scores, and the measured faithfulness."""
+        """The first ``k`` edges with their scores, and the measured faithfulness and completeness; a
+        circuit below :data:`FAITHFUL_ENOUGH` is flagged in the first line and ends with its :attr:`caveat`."""
         what = "(position, edge) items" if self.per_position else "edges"
         if self.positions is None:
             cols, rows = ["edge", "score"], [[e, f"{s:+.4g}"] for e, s in zip(self.edges[:k], self.scores[:k])]
@@ -206,24 +247,22 @@ class Circuit(Result):
             rows = [[e, str(p), f"{s:+.4g}"] for e, p, s in zip(self.edges[:k], self.positions[:k], self.scores[:k])]
         head = (
             f"circuit ({self.method}): {len(self.edges)} of {self.total_edges} {what} ({100 * self.share:.2f}%)"
-            + ("" if self.faithfulness is None else f", faithfulness {self.faithfulness:.3f}")
+            + faithfulness_text(self.faithfulness)
             + ("" if self.completeness is None else f", completeness {self.completeness:.3f}")
         )
-        return "\n".join([head, *format_table(cols, rows)])
+        return "\n".join([head, *format_table(cols, rows), *([self.caveat] if self.caveat else [])])
 
     def save(self, path: str | Path) -> Path:
-        """Write the circuit as JSON (:meth:`to_json`); :meth:`load` reads it back."""
-        self.to_json(path)
-        return Path(path)
+        """Write the circuit as JSON (:meth:`to_dict` with a sha256 digest,
+        :func:`~gpt2_interp.io.files.write_json`); :meth:`load` reads it back."""
+        return write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> Circuit:
-        """A circuit from a JSON file written by :meth:`save`; ValueError for a file that is not one."""
-        data = json.loads(Path(path).read_text())
-        need = {"edges", "scores", "method", "metric", "n_layer", "n_head", "n_kv", "total_edges"}
-        missing = sorted(need - set(data))
-        if missing:
-            raise ValueError(f"{path}: not a circuit file (missing {', '.join(missing)})")
+        """A circuit from a JSON file written by :meth:`save` (its digest checked); ValueError naming the
+        file for one that is not a circuit file, is damaged or does not fit its own graph."""
+        need = ("edges", "scores", "method", "metric", "n_layer", "n_head", "n_kv", "total_edges")
+        data = read_json(path, "circuit", required=need)
         c = cls(
             **{k: data[k] for k in need},
             faithfulness=data.get("faithfulness"),
@@ -245,7 +284,7 @@ class Circuit(Result):
         from ...plots.circuits import plot_circuit
 
         if self.positions is not None and "title" not in kwargs:
-            f = "" if self.faithfulness is None else f", faithfulness {self.faithfulness:.2f}"
+            f = faithfulness_text(self.faithfulness, 2)
             whole = self.collapsed()
             kwargs["title"] = (
                 f"circuit ({self.method}, per position): {len(self.edges)} of {self.total_edges} (position, edge) "
@@ -546,12 +585,14 @@ def faithfulness_curve(
 
 
 __all__ = [
+    "FAITHFUL_ENOUGH",
     "Circuit",
     "FaithfulnessCurve",
     "circuit",
     "default_sizes",
     "evaluate",
     "faithfulness_curve",
+    "faithfulness_text",
     "greedy_order",
     "prune",
 ]

@@ -20,7 +20,7 @@ model's weights fingerprint: a damaged file, or one meant for other weights, is 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ...core.checks import check_choice, check_count
+from ...io.files import FileFormatError, check_finite, read_json
 from ...io.integrity import IntegrityError, load_checked
 from ...model.fingerprint import weights_fingerprint
 from ...model.hooks import HookPoint
@@ -200,6 +201,7 @@ class SAE(nn.Module):
         folder.mkdir(parents=True, exist_ok=True)
         cfg_text = json.dumps(self.saelens_config(), indent=1, sort_keys=True)
         tensors = self.saelens_state_dict()
+        check_finite(tensors, folder, "SAE")
         save_checked(folder / WEIGHTS_FILE, tensors, {"format": FORMAT, "cfg": cfg_text})
         (folder / CFG_FILE).write_text(cfg_text + "\n")
         return folder
@@ -253,20 +255,35 @@ class SAE(nn.Module):
                 )
         from safetensors import safe_open
 
-        with safe_open(str(w_path), framework="pt") as f:
-            ours = (f.metadata() or {}).get("format") == FORMAT
+        try:
+            with safe_open(str(w_path), framework="pt") as f:
+                ours = (f.metadata() or {}).get("format") == FORMAT
+        except Exception as e:  # safetensors' own error types: not a safetensors file (a pickle, truncated, …)
+            raise FileFormatError(f"{w_path} is not a safetensors file of SAE weights ({type(e).__name__})") from e
+        cfg_json = read_json(cfg_path, "SAE config", digest=False)
         if ours:
             tensors, meta, _ = load_checked(w_path, kind="SAE", allow_unverified=False)
-            if json.loads(meta["cfg"]) != json.loads(cfg_path.read_text()):
+            if json.loads(meta["cfg"]) != cfg_json:
                 raise IntegrityError(f"{cfg_path} differs from the config the SAE was saved with; restore it")
         else:
-            from safetensors.torch import load_file
+            try:
+                from safetensors.torch import load_file
 
-            tensors = load_file(str(w_path))
-        sae = SAE(_config_from_saelens(json.loads(cfg_path.read_text()), cfg_path))
-        missing = [n for n in sae.saelens_state_dict() if n not in tensors]
+                tensors = load_file(str(w_path))
+            except Exception as e:  # safetensors' own error types
+                raise FileFormatError(f"{w_path} is not a safetensors file of SAE weights ({type(e).__name__})") from e
+        sae = SAE(_config_from_saelens(cfg_json, cfg_path))
+        expected = sae.saelens_state_dict()
+        missing = [n for n in expected if n not in tensors]
         if missing:
-            raise ValueError(f"{w_path} lacks the SAE weights {missing} ({sae.cfg.architecture} SAE)")
+            raise FileFormatError(f"{w_path} lacks the SAE weights {missing} ({sae.cfg.architecture} SAE)")
+        extra = sorted(set(tensors) - set(expected))
+        if extra:
+            raise FileFormatError(
+                f"{w_path} holds tensors a {sae.cfg.architecture} SAE does not have: {extra} "
+                f"(expected {sorted(expected)}); the file is not this config's SAE"
+            )
+        check_finite(tensors, w_path, "SAE")
         with torch.no_grad():
             for n, t in sae.saelens_state_dict().items():
                 if tensors[n].shape != t.shape:
@@ -274,7 +291,7 @@ class SAE(nn.Module):
                         f"{w_path}: {n} has shape {tuple(tensors[n].shape)}, the config says {tuple(t.shape)}"
                     )
                 t.copy_(tensors[n].to(t.dtype))
-            if not ours and json.loads(cfg_path.read_text()).get("rescale_acts_by_decoder_norm"):
+            if not ours and cfg_json.get("rescale_acts_by_decoder_norm"):
                 # SAELens selects and scales latents by h·‖W_dec row‖: fold the norms in (its fold_W_dec_norm)
                 norm = sae.W_dec.norm(dim=-1).clamp_min(1e-8)
                 sae.W_dec.div_(norm[:, None])
@@ -289,6 +306,10 @@ def _config_from_saelens(d: dict[str, Any], where: Path) -> SAEConfig:
     meta = d.get("metadata") or {}
     if isinstance(meta.get("gpt2_interp"), dict):
         ours = {f.name for f in fields(SAEConfig)}
+        need = [f.name for f in fields(SAEConfig) if f.default is MISSING and f.default_factory is MISSING]
+        missing = [k for k in need if k not in meta["gpt2_interp"]]
+        if missing:
+            raise FileFormatError(f"{where}: metadata.gpt2_interp lacks the field(s) {', '.join(missing)}")
         return SAEConfig(**{k: v for k, v in meta["gpt2_interp"].items() if k in ours})
     arch: Architecture | None = {"topk": "topk", "jumprelu": "batchtopk", "standard": "relu"}.get(  # type: ignore[assignment]
         d.get("architecture", "standard")
@@ -304,6 +325,12 @@ def _config_from_saelens(d: dict[str, Any], where: Path) -> SAEConfig:
     hook = meta.get("hook_name") or d.get("hook_name")
     if not hook:
         raise ValueError(f"{where}: the config names no hook point (metadata.hook_name)")
+    missing = [f for f in ("d_in", "d_sae") if f not in d]
+    if missing:
+        raise FileFormatError(f"{where}: the SAE config lacks the field(s) {', '.join(missing)}")
+    for f in ("d_in", "d_sae", *(("k",) if arch == "topk" and "k" in d else ())):
+        if isinstance(d[f], bool) or not isinstance(d[f], int) or d[f] < 1:
+            raise FileFormatError(f"{where}: the SAE config's {f} is {d[f]!r}; a positive integer is expected")
     k = int(d.get("k", 1)) if arch == "topk" else 1
     return SAEConfig(
         d_in=int(d["d_in"]),

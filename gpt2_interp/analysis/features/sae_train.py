@@ -30,9 +30,12 @@ import torch.nn.functional as F
 
 from ...core.checks import check_choice, check_count, check_number
 from ...core.progress import progress_bar
+from ...io.files import load_tree, save_tree
 from ...model.fingerprint import weights_fingerprint
 from ...model.hooks import layer_of
 from .sae import ARCHITECTURES, SAE, Architecture, SAEConfig
+
+CHECKPOINT_FILE = "train_state.safetensors"  # written by save_tree: no pickle, digest-checked
 
 if TYPE_CHECKING:
     from ...model.hooked_gpt2 import HookedGPT2
@@ -430,9 +433,9 @@ def train_sae(
     trainer = SAETrainer(sae, cfg, total_steps)
     log = TrainingLog(every=max(1, total_steps // 200))
     start_window = 0
-    ckpt = Path(checkpoint) / "train_state.pt" if checkpoint is not None else None
+    ckpt = Path(checkpoint) / CHECKPOINT_FILE if checkpoint is not None else None
     if ckpt is not None and ckpt.is_file():
-        state = torch.load(ckpt, map_location=model.device, weights_only=False)
+        state = load_tree(ckpt, kind="SAE training checkpoint", map_location=model.device)
         if state["config"] != asdict(cfg) or state["weights"] != sae.cfg.base_fingerprint:
             raise ValueError(f"{ckpt} was written by a run with other settings or base weights; use another folder")
         sae.load_state_dict(state["sae"])
@@ -504,9 +507,7 @@ def _save_state(path: Path, trainer: SAETrainer, windows_read: int, log: Trainin
         "weights": trainer.sae.cfg.base_fingerprint,
         "log": asdict(log),
     }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
+    save_tree(path, state, kind="SAE training checkpoint")
 
 
 __all__ = [
