@@ -54,8 +54,9 @@ def json_digest(data: Mapping[str, Any]) -> str:
 
 
 def write_json(path: str | os.PathLike, data: Mapping[str, Any], indent: int | None = 1) -> Path:
-    """Write the JSON object ``data`` with a ``sha256`` field over the rest, atomically (a temporary file
-    renamed into place; parent folders created). :func:`read_json` checks the digest."""
+    """Write the JSON object ``data`` to ``path`` with a ``sha256`` field over the rest, atomically (a
+    temporary file renamed into place; parent folders created), ``indent`` as for :func:`json.dumps`.
+    :func:`read_json` checks the digest."""
     path = Path(path)
     body = {k: v for k, v in data.items() if k != DIGEST_KEY}
     # round-trip first, so the digest is over exactly what a reader will parse (tuples become lists, …)
@@ -121,7 +122,8 @@ def read_json(
 
 # ------------------------------------------------------------------------------------------ tensors
 def check_finite(tensors: Mapping[str, torch.Tensor], where: str | os.PathLike, kind: str) -> None:
-    """Refuse (ValueError naming the file or object and the tensor) a floating tensor holding NaN or ±inf."""
+    """Refuse (ValueError) a floating tensor among ``tensors`` (name → tensor) holding NaN or ±inf; the
+    message names ``where`` (the file or object), the ``kind`` of file and the tensor."""
     for name, t in tensors.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
@@ -242,8 +244,9 @@ def _hashable(k: Any) -> Any:
 
 
 def save_tree(path: str | os.PathLike, value: Any, kind: str, finite: bool = True) -> Path:
-    """Write ``value`` (see the module's docstring for what it may hold) as one digest-checked safetensors
-    file: its tensors as tensors, its structure as JSON in the header. With ``finite``, a non-finite tensor
+    """Write ``value`` (see the module's docstring for what it may hold) to ``path`` as one digest-checked
+    safetensors file: its tensors as tensors, its structure as JSON in the header; ``kind`` names the file
+    kind in the header and in messages. With ``finite``, a non-finite tensor
     is refused (ValueError naming it). :func:`load_tree` reads it back."""
     enc = _Encoder()
     tree = enc(value)
@@ -260,7 +263,7 @@ def load_tree(
     map_location: str | torch.device | None = None,
 ) -> Any:
     """The value :func:`save_tree` wrote to ``path``, its digest checked first (a file without one is
-    refused). Dataclasses are rebuilt only for the library's result types and ``types``; anything else is
+    refused); ``kind`` names the file kind in messages. Dataclasses are rebuilt only for the library's result types and ``types``; anything else is
     refused (:class:`FileFormatError`), as are non-finite tensors with ``finite``. Tensors are moved to
     ``map_location`` when given."""
     path = Path(path)
