@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_model_args, add_output_args, count, emit, load_model, number
+from . import DEFAULT_MODEL, add_model_args, add_output_args, count, emit, load_model, number
 
 
 def _texts_arg(p: argparse.ArgumentParser, default: str = "brown") -> None:
@@ -47,14 +47,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=train)
 
     p = cmds.add_parser("eval", help="L0, variance explained, CE loss recovered, dead/dense latents")
-    add_model_args(p)
+    _sae_model_args(p)
     p.add_argument("sae", metavar="SAE_DIR", help="an SAE folder (ours or SAELens's)")
     _texts_arg(p)
     add_output_args(p, figure=False)
     p.set_defaults(func=evaluate)
 
     p = cmds.add_parser("features", help="a latent's view, or latents by promoted token or by prompt")
-    add_model_args(p)
+    _sae_model_args(p)
     p.add_argument("sae", metavar="SAE_DIR", help="an SAE folder (ours or SAELens's)")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--latent", type=count(0), help="show this latent's view")
@@ -64,6 +64,60 @@ def register(sub: argparse._SubParsersAction) -> None:
     _texts_arg(p)
     add_output_args(p)
     p.set_defaults(func=features)
+
+
+def _sae_model_args(p: argparse.ArgumentParser) -> None:
+    """``--model``/``--device``/``--dtype`` of a command that reads an SAE file: the model defaults to the one
+    the SAE's ``cfg.json`` records (its ``model_name``)."""
+    add_model_args(p)
+    p.set_defaults(model=None)
+    for action in p._actions:
+        if action.dest == "model":
+            action.help = "model name or path (default: the model the SAE's cfg.json records, else gpt2-facts)"
+
+
+def load_model_and_sae(args: argparse.Namespace):
+    """``(model, sae)`` for ``args.sae``: the model is ``--model`` when given, else the one the SAE was trained on
+    (``model_name`` in its ``cfg.json``), else the default; the SAE is then checked against it."""
+    from ..analysis.features.sae import SAE
+
+    sae = SAE.load(args.sae)
+    recorded = sae.cfg.model_name
+    if args.model is None:
+        args.model = recorded or DEFAULT_MODEL
+        try:
+            model = load_model(args)
+        except Exception as e:
+            if not recorded:
+                raise
+            raise ValueError(
+                f"{args.sae} records the model {recorded!r} (cfg.json), which could not be loaded "
+                f"({' '.join(str(e).split())}); give --model"
+            ) from e
+    else:
+        model = load_model(args)
+    try:
+        sae.check_model(model)
+        _check_width(model, sae)
+    except ValueError as e:
+        trained = f" (it was trained on {recorded}: --model {recorded})" if recorded and recorded != args.model else ""
+        raise ValueError(f"{e}{trained}") from None
+    return model, sae.to(model.device)
+
+
+def _check_width(model, sae) -> None:
+    """Refuse (ValueError) an SAE whose input width is not the activation width at its hook point (one
+    token run as far as the hook)."""
+    import torch
+
+    from ..analysis.features.sae_train import run_to_hook
+
+    with torch.no_grad():
+        width = run_to_hook(model, model.to_tokens("a")[:, :1], sae.cfg.hook_name)[0, 0].numel()
+    if width != sae.cfg.d_in:
+        raise ValueError(
+            f"{model.cfg.name}'s activations at {sae.cfg.hook_name} have width {width}; this SAE reads {sae.cfg.d_in}"
+        )
 
 
 def train(args: argparse.Namespace) -> int:
@@ -100,21 +154,17 @@ def _windows(model, args: argparse.Namespace):
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    from ..analysis.features.sae import SAE
     from ..analysis.features.sae_eval import evaluate_sae
 
-    model = load_model(args)
-    sae = SAE.load(args.sae, model).to(model.device)
+    model, sae = load_model_and_sae(args)
     r = evaluate_sae(model, sae, _windows(model, args))
     return emit(args, r, data=r.summary())
 
 
 def features(args: argparse.Namespace) -> int:
-    from ..analysis.features.sae import SAE
     from ..analysis.features.sae_views import feature_view, latents_firing, latents_promoting
 
-    model = load_model(args)
-    sae = SAE.load(args.sae, model).to(model.device)
+    model, sae = load_model_and_sae(args)
     if args.token is not None:
         return emit(args, latents_promoting(model, sae, args.token, args.top))
     if args.prompt is not None:

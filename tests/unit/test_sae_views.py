@@ -65,3 +65,16 @@ def test_latent_search_by_promoted_token_and_by_prompt(tiny, sae):
         latents_promoting(tiny, sae, " Parisians of France")
     with pytest.raises(IndexError, match="latent 96"):
         feature_view(tiny, sae, 96, token_windows(tiny, ["a b c d e f g h"], 8))
+
+
+def test_each_latent_a_search_returns_comes_with_the_tokens_it_promotes(tiny, sae):
+    """``sae features --prompt`` lists latent ids: each with the tokens its decoder row promotes most (the row of
+    :func:`logit_effect`), so the list says what each latent writes."""
+    for found in (latents_firing(tiny, sae, "The capital of France is", top=3), latents_promoting(tiny, sae, " Paris")):
+        effect = logit_effect(tiny, sae)[found.latents]
+        expected = [[tiny.tokenizer.decode([i]) for i in row] for row in effect.topk(5, dim=-1).indices.tolist()]
+        assert found.promotes == expected and len(found.promotes) == len(found.latents)
+        table = found.table()
+        assert "promotes" in table.splitlines()[1] and len(table.splitlines()) == 2 + len(found.latents)
+        assert all(repr(toks[0]) in line for toks, line in zip(found.promotes, table.splitlines()[2:]))
+    torch.testing.assert_close(logit_effect(tiny, sae, [4, 1]), logit_effect(tiny, sae)[[4, 1]])

@@ -7,13 +7,16 @@
 - :func:`latents_promoting`: latents ranked by their logit effect on a token.
 - :func:`latents_firing`: latents ranked by their activation on a prompt.
 
+Each latent a search returns comes with the tokens it promotes most (:func:`top_tokens`), so a list of ids
+says what each latent writes.
+
 Results are data (:class:`~gpt2_interp.core.result.Result` objects with ``table()``, ``plot()`` and
 JSON); an interactive page renders them elsewhere.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,11 +32,16 @@ if TYPE_CHECKING:
 
     from ...model.hooked_gpt2 import HookedGPT2
 
+#: Tokens shown for each latent a search returns (what its decoder row promotes most).
+PROMOTED_TOKENS = 5
 
-def logit_effect(model: HookedGPT2, sae: SAE) -> torch.Tensor:
+
+def logit_effect(model: HookedGPT2, sae: SAE, latents: list[int] | None = None) -> torch.Tensor:
     """``[d_sae, d_vocab]``: each decoder row, scaled by the final norm's gain where the model has one,
-    through the unembedding (no norm bias, no unembedding bias: the latent's own direction)."""
-    w_dec = sae.W_dec.detach().to(model.dtype)
+    through the unembedding (no norm bias, no unembedding bias: the latent's own direction). With
+    ``latents``, only their rows (``[len(latents), d_vocab]``)."""
+    w_dec = sae.W_dec.detach() if latents is None else sae.W_dec.detach()[list(latents)]
+    w_dec = w_dec.to(model.dtype)
     gain = getattr(model.ln_final, "w", None)
     if gain is not None:
         w_dec = w_dec * gain.detach()
@@ -147,18 +155,34 @@ def feature_view(
 @dataclass
 class LatentSearch(Result):
     """Latents ranked for a query: ``query`` (what was searched), ``by`` (``"logit effect"`` or
-    ``"activation"``), ``latents`` and their ``scores`` (best first)."""
+    ``"activation"``), ``latents`` and their ``scores`` (best first); ``promotes``: for each latent, the
+    tokens its decoder row promotes most (:func:`logit_effect`, largest first), what the latent writes."""
 
     query: str
     by: str
     latents: list[int]
     scores: list[float]
+    promotes: list[list[str]] = field(default_factory=list)
 
     def table(self) -> str:
-        """One row per latent: its index and score."""
+        """One row per latent: its index, score and (where known) the tokens it promotes most."""
         rows = [[str(i), f"{s:.4f}"] for i, s in zip(self.latents, self.scores)]
-        head = f"latents by {self.by} for {self.query!r}"
-        return "\n".join([head, *format_table(["latent", self.by], rows, right=[True, True])])
+        head, right = ["latent", self.by], [True, True]
+        if self.promotes:
+            rows = [[*r, "  ".join(repr(t) for t in toks)] for r, toks in zip(rows, self.promotes)]
+            head, right = [*head, "promotes (decoder row through the unembedding)"], [*right, False]
+        title = f"latents by {self.by} for {self.query!r}"
+        return "\n".join([title, *format_table(head, rows, right=right)])
+
+
+def top_tokens(model: HookedGPT2, sae: SAE, latents: list[int], n: int = PROMOTED_TOKENS) -> list[list[str]]:
+    """For each of ``latents``, the ``n`` tokens its decoder row promotes most (:func:`logit_effect`,
+    largest first): what writing the latent does to the logits."""
+    if not latents:
+        return []
+    effect = logit_effect(model, sae, latents).float()
+    ids = effect.topk(min(check_count(n, "n"), effect.shape[-1]), dim=-1).indices.tolist()
+    return [_tokens(model, row) for row in ids]
 
 
 def latents_promoting(model: HookedGPT2, sae: SAE, token: str, top: int = 10) -> LatentSearch:
@@ -170,7 +194,8 @@ def latents_promoting(model: HookedGPT2, sae: SAE, token: str, top: int = 10) ->
         raise ValueError(f"token {token!r} is {len(ids)} tokens for this tokenizer; give one token")
     scores = logit_effect(model, sae)[:, ids[0]].float()
     best = scores.topk(min(check_count(top, "top"), sae.cfg.d_sae))
-    return LatentSearch(token, "logit effect", best.indices.tolist(), best.values.tolist())
+    latents = best.indices.tolist()
+    return LatentSearch(token, "logit effect", latents, best.values.tolist(), top_tokens(model, sae, latents))
 
 
 @torch.no_grad()
@@ -186,7 +211,16 @@ def latents_firing(model: HookedGPT2, sae: SAE, prompt: str, top: int = 10, posi
     else:
         z = z[check_index(position, tokens.shape[1], "position", f"the prompt has {tokens.shape[1]} tokens")]
     best = z.float().topk(min(check_count(top, "top"), sae.cfg.d_sae))
-    return LatentSearch(prompt, "activation", best.indices.tolist(), best.values.tolist())
+    latents = best.indices.tolist()
+    return LatentSearch(prompt, "activation", latents, best.values.tolist(), top_tokens(model, sae, latents))
 
 
-__all__ = ["FeatureView", "LatentSearch", "feature_view", "latents_firing", "latents_promoting", "logit_effect"]
+__all__ = [
+    "FeatureView",
+    "LatentSearch",
+    "feature_view",
+    "latents_firing",
+    "latents_promoting",
+    "logit_effect",
+    "top_tokens",
+]
