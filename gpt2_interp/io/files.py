@@ -263,9 +263,9 @@ def load_tree(
     map_location: str | torch.device | None = None,
 ) -> Any:
     """The value :func:`save_tree` wrote to ``path``, its digest checked first (a file without one is
-    refused); ``kind`` names the file kind in messages. Dataclasses are rebuilt only for the library's result types and ``types``; anything else is
-    refused (:class:`FileFormatError`), as are non-finite tensors with ``finite``. Tensors are moved to
-    ``map_location`` when given."""
+    refused); ``kind`` names the file kind in messages. Dataclasses are rebuilt only for the library's
+    result types and ``types``; anything else is refused (:class:`FileFormatError`), as are non-finite
+    tensors with ``finite``. Tensors are moved to ``map_location`` when given."""
     path = Path(path)
     tensors, meta, _ = load_checked(path, kind=kind, allow_unverified=False)
     if TREE_KEY not in meta:
