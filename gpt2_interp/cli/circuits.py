@@ -16,7 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "greater_than, fact_recall) or your own --clean/--corrupted pairs, keep the edges with the largest |score| "
         "(dangling ones pruned) and measure the circuit's faithfulness exactly (every other edge patched to the "
         "corrupted run: 1 = the clean metric, 0 = the corrupted one). The model's own performance on the task is "
-        "printed first: a circuit of a task the model cannot do means nothing.",
+        "printed first: a circuit of a task the model cannot do means nothing, so such a task is refused (exit 2) "
+        "unless --force. A circuit whose faithfulness is below 0.8 (FAITHFUL_ENOUGH) is flagged: it does not "
+        "reproduce the behaviour.",
     )
     add_model_args(p)
     p.add_argument("--task", default=None, help="ioi, greater_than or fact_recall (or give --clean/--corrupted)")
@@ -46,6 +48,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "token length; --top/--fraction count items)",
     )
     p.add_argument("--no-faithfulness", action="store_true", help="skip the exact faithfulness run")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="--task: find a circuit even when the model does not perform the task (flagged in the output)",
+    )
     p.add_argument("--edges", type=count(1), default=20, help="edges listed in the table (default 20)")
     p.add_argument("--save", default=None, help="write the circuit as JSON here (Circuit.load reads it back)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -68,14 +75,30 @@ def _check_pairs(args: argparse.Namespace) -> None:
 
 
 def _pairs(args: argparse.Namespace, model):
-    """``(clean, corrupted, metric, performance line or None)`` from ``--task`` or ``--clean``/``--corrupted``."""
+    """``(clean, corrupted, metric, performance line or None)`` from ``--task`` or ``--clean``/``--corrupted``;
+    a task the model does not perform (the verdict of the ``circuit_tasks`` study) is refused unless ``--force``,
+    and then flagged in the performance line."""
     from ..analysis.circuits import make_task, performance
     from ..analysis.metrics import logit_diff
+    from ..experiments.circuit_tasks import verdict
 
     if args.task is not None:
         task = make_task(args.task, model, n=args.pairs, seed=args.seed)
-        return task.clean, task.corrupted, task.metric, performance(model, task).summary()
+        perf = performance(model, task)
+        said = verdict({"fits": True, **{k: getattr(perf, k) for k in _VERDICT_FIELDS}})
+        line = f"{perf.summary()}: {said}"
+        if said != "performs it":
+            if not args.force:
+                raise ValueError(
+                    f"{line}; a circuit of a task the model does not do means nothing, so none is looked for "
+                    "(--force finds one anyway)"
+                )
+            line += " (--force: the circuit below explains a behaviour the model does not have)"
+        return task.clean, task.corrupted, task.metric, line
     return args.clean, args.corrupted, logit_diff(args.answer, args.wrong, model=model), None
+
+
+_VERDICT_FIELDS = ("accuracy", "clean_metric", "clean_metric_sem", "corrupted_metric")
 
 
 def circuit_cmd(args: argparse.Namespace) -> int:
@@ -106,4 +129,4 @@ def circuit_cmd(args: argparse.Namespace) -> int:
     lines.append(circ.table(args.edges))
     if args.save:
         lines.append(f"circuit saved to {args.save}")
-    return emit(args, circ, "\n".join(lines))
+    return emit(args, circ, "\n".join(lines), data={**circ.to_dict(), "caveat": circ.caveat})

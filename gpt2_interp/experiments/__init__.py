@@ -10,7 +10,7 @@ Each module of this package except the framework (``base``, ``provenance``, ``ru
 experiment; it registers itself with :func:`register`.
 """
 
-from .base import REGISTRY, Experiment, ExperimentConfig, parse_value, register
+from .base import REGISTRY, Experiment, ExperimentConfig, Refused, parse_value, register
 from .provenance import carried_over, code_state
 from .runner import ExperimentResult, RunContext, get, load_all, render, result_dir, run_experiment
 
@@ -19,6 +19,7 @@ __all__ = [
     "Experiment",
     "ExperimentConfig",
     "ExperimentResult",
+    "Refused",
     "RunContext",
     "carried_over",
     "code_state",

@@ -158,6 +158,12 @@ def parse_value(text: str, tp: Any, what: str) -> Any:
     raise ValueError(f"{what}: settings of type {type_name(tp)} cannot be given as text")
 
 
+class Refused(ValueError):
+    """A study declines the run it was asked for (a task the model does not perform, prompts that do not fit
+    its tokenizer): raised from its ``run``, it leaves no result behind — the runner writes nothing and
+    ``gpt2-interp run`` exits with status 2, the message on one line."""
+
+
 C = TypeVar("C", bound=ExperimentConfig)
 RunFn = Callable[["HookedGPT2", Any, Any], dict]
 

@@ -2,7 +2,9 @@
 
 For one task (:mod:`gpt2_interp.analysis.circuits.tasks`: IOI, greater-than, fact recall) the model's own
 performance comes first (``n_performance`` pairs; the verdict of :mod:`.circuit_tasks`): a task the model
-does not perform is refused unless ``force`` is set, and then flagged in every table. On the first ``n``
+does not perform (or whose prompts do not fit its tokenizer) is refused unless ``force`` is set — the run raises
+:class:`~gpt2_interp.experiments.base.Refused`, writes no result and ``gpt2-interp run`` exits non-zero — and a
+forced run is flagged in every table. On the first ``n``
 of those pairs every edge of the model's graph is scored by EAP and by EAP-IG (inputs path, ``ig_steps``
 steps); for each method the exact faithfulness of its top-``k`` circuit (dangling edges pruned) is measured
 for ``sizes`` edge counts from 0.1% of the edges to all of them, and the smallest circuit reaching
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from ..analysis.circuits import (
+    FAITHFUL_ENOUGH,
     Circuit,
     EdgeScores,
     FaithfulnessCurve,
@@ -33,9 +36,10 @@ from ..analysis.circuits import (
     edge_scores,
     evaluate,
     faithfulness_curve,
+    faithfulness_text,
 )
 from ..analysis.circuits.tasks import TASKS, Task, make_task, performance
-from .base import ExperimentConfig, register
+from .base import ExperimentConfig, Refused, register
 from .circuit_tasks import verdict
 from .runner import RunContext
 
@@ -304,14 +308,14 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     data: dict[str, Any] = {"model": model.cfg.name, "task": cfg.task, "seed": cfg.seed}
     full, perf = _performance(model, cfg)
     data["performance"] = perf
-    if full is None or (perf["verdict"] != "performs it" and not cfg.force):
-        data["refused"] = (
-            perf["reason"]
-            if full is None
-            else f"{model.cfg.name} does not perform {cfg.task} ({perf['verdict']}): no circuit is found "
-            "(force=true finds one anyway)"
+    if full is None:
+        raise Refused(f"circuit_discovery: {cfg.task} on {model.cfg.name}: {perf['reason']}")
+    if perf["verdict"] != "performs it" and not cfg.force:
+        raise Refused(
+            f"circuit_discovery: {model.cfg.name} does not perform {cfg.task} ({_perf_line(perf).replace('**', '')}): "
+            "a circuit of a task the model does not do means nothing, so none is looked for (--set force=true finds "
+            "one anyway, flagged)"
         )
-        return data
     data["flag"] = None if perf["verdict"] == "performs it" else f"forced: the model {perf['verdict']}"
     task = full.subset(range(cfg.n))
     args = (model, task.clean, task.corrupted, task.metric)
@@ -410,7 +414,7 @@ def tables(data: dict) -> dict[str, str]:
         "",
         f"Performance: {_perf_line(data['performance'])}",
     ]
-    if "refused" in data:
+    if "refused" in data:  # a result saved before refusals raised
         return {"circuit_discovery": "\n".join([*md, "", f"Refused: {data['refused']}"])}
     if data.get("flag"):
         md += ["", f"**Flag: {data['flag']}.** The circuit below explains a behaviour the model does not have."]
@@ -431,6 +435,8 @@ def tables(data: dict) -> dict[str, str]:
     for m in METHODS:
         c = data["circuits"].get(m)
         fc = "–" if c is None else f"{c['faithfulness']:.3f} / {c['completeness']:.3f}"
+        if c is not None and c["faithfulness"] < FAITHFUL_ENOUGH:
+            fc += f" (below {FAITHFUL_ENOUGH:g}: not faithful)"
         file = "–" if c is None else c["file"]
         md.append(f"| {m} | {share_text(data['smallest'][m], data['target'], unit)} | {fc} | {file} |")
     cv = data["curve"]
@@ -527,6 +533,7 @@ def figures(data: dict) -> dict[str, Figure]:
         out[f"circuit_{m}"] = plot_circuit(
             circ,
             title=f"{data['task']} on {data['model']}, {m}: {c['edges']} edges ({100 * c['share']:.2f}%), "
-            f"faithfulness {c['faithfulness']:.2f}" + (f"; largest {shown} drawn" if shown < c["edges"] else ""),
+            f"{faithfulness_text(c['faithfulness'], 2)[2:]}"
+            + (f"; largest {shown} drawn" if shown < c["edges"] else ""),
         )
     return out

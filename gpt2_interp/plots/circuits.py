@@ -89,7 +89,9 @@ def plot_circuit(circuit: Any, max_edges: int = 400, title: str | None = None) -
     handles = [Line2D([], [], color=c, lw=2, label=k) for k, c in KIND_COLOURS.items()]
     ax.legend(handles=handles, fontsize=6, loc="upper right", ncol=5)
     if title is None:
-        f = "" if circuit.faithfulness is None else f", faithfulness {circuit.faithfulness:.2f}"
+        from ..analysis.circuits.circuit import faithfulness_text
+
+        f = faithfulness_text(circuit.faithfulness, 2)
         title = f"circuit ({circuit.method}): {len(circuit.edges)} of {circuit.total_edges} edges{f}"
     ax.set_title(title, fontsize=9)
     return finish(fig)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gpt2_interp.analysis.circuits import Circuit, evaluate, graph_of, make_task
-from gpt2_interp.experiments import run_experiment
+from gpt2_interp.experiments import Refused, run_experiment
 from gpt2_interp.experiments.circuit_discovery import _positions, _role
 
 
@@ -53,14 +53,13 @@ def test_quick_fact_recall_circuit_is_saved_and_as_faithful_as_recorded(facts_mo
         assert again.faithfulness == pytest.approx(data["circuits"][m]["faithfulness"], abs=1e-4)
 
 
-def test_a_task_the_model_does_not_do_is_refused(facts_model):
-    # gpt2-facts does not do IOI (its own logit difference is ~0): no circuit is looked for
-    res = run_experiment(
-        "circuit_discovery", facts_model, quick=True, settings={"task": "ioi"}, out=None, progress=False
-    )
-    assert res.data["performance"]["verdict"] != "performs it"
-    assert "does not perform ioi" in res.data["refused"] and "curve" not in res.data
-    assert "Refused" in res.tables()["circuit_discovery"]
+def test_a_task_the_model_does_not_do_is_refused(facts_model, tmp_path):
+    # gpt2-facts does not do IOI (its own logit difference is ~0): no circuit is looked for, no result written
+    with pytest.raises(Refused, match=r"does not perform ioi \(.*does not perform it reliably\).*force=true"):
+        run_experiment(
+            "circuit_discovery", facts_model, quick=True, settings={"task": "ioi"}, out=tmp_path, progress=False
+        )
+    assert not (tmp_path / "circuit_discovery").exists()
 
 
 @pytest.mark.slow  # per-position scores, curve and circuits on IOI (forced: gpt2-facts does not do it)
@@ -82,12 +81,12 @@ def test_a_per_position_run_keeps_position_edge_items_and_refuses_unaligned_prom
         assert again.faithfulness == pytest.approx(rec["faithfulness"], abs=1e-4)
     assert "(position, edge) items" in res.tables()["circuit_discovery"]
     # fact recall mixes relations whose prompts differ in length: refused, saying why
-    res = run_experiment(
-        "circuit_discovery",
-        facts_model,
-        quick=True,
-        settings={"task": "fact_recall", "per_position": True},
-        out=None,
-        progress=False,
-    )
-    assert "one token length" in res.data["refused"]
+    with pytest.raises(Refused, match="one token length"):
+        run_experiment(
+            "circuit_discovery",
+            facts_model,
+            quick=True,
+            settings={"task": "fact_recall", "per_position": True},
+            out=None,
+            progress=False,
+        )

@@ -17,12 +17,14 @@ scores with dangling nodes pruned, and their faithfulness measured exactly.
 """
 
 from .circuit import (
+    FAITHFUL_ENOUGH,
     Circuit,
     FaithfulnessCurve,
     circuit,
     default_sizes,
     evaluate,
     faithfulness_curve,
+    faithfulness_text,
     greedy_order,
     prune,
 )
@@ -49,6 +51,7 @@ from .tasks import (
 
 __all__ = [
     "EDGE_METHODS",
+    "FAITHFUL_ENOUGH",
     "GREATER_THAN_NOUNS",
     "IOI_NAMES",
     "IOI_TEMPLATES",
@@ -68,6 +71,7 @@ __all__ = [
     "evaluate",
     "fact_recall",
     "faithfulness_curve",
+    "faithfulness_text",
     "graph_of",
     "greater_than",
     "greedy_order",
