@@ -34,14 +34,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="The direction is mean(positive) − mean(negative) of the residual stream after --layer, over "
         "built-in contrast pairs (--concept) or a file of them (--pairs: one 'positive<TAB>negative' per line). "
         "With --prompt, greedy continuations without and with the direction at --scale; with --scales, the "
-        "measured curve: P(target words) after held-out prompts, loss and KL drift on Brown passages.",
+        "measured curve: P(target words) after held-out prompts, loss and KL drift on Brown passages, and the best "
+        "scale within --max-loss-change (or that none raises the target within it).",
     )
     add_model_args(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--concept", choices=list(CONCEPTS), help="built-in contrast pairs, prompts and target words")
     src.add_argument("--pairs", metavar="FILE", help="contrast pairs, one 'positive<TAB>negative' per line")
     p.add_argument("--layer", type=int, default=None, help="steer after this block (default: n_layer // 3)")
-    p.add_argument("--position", choices=["mean", "last"], default="mean", help="read each text's mean or last token")
+    p.add_argument(
+        "--position",
+        choices=["last", "mean"],
+        default="last",
+        help="read each text's last token (default, as the steering study and steering-vectors) or its mean",
+    )
     p.add_argument("--normalize", action="store_true", help="unit-norm direction (scales are then absolute norms)")
     p.add_argument("--prompt", action="append", default=None, help="a prompt to continue (repeatable)")
     p.add_argument("--scale", type=number(), default=1.0, help="multiple of the direction added (default 1)")
@@ -50,6 +56,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", nargs="+", default=None, help="target tokens for the curve (default: the concept's)")
     p.add_argument("--eval-prompts", metavar="FILE", help="held-out prompts for the curve, one per line")
     p.add_argument("--unrelated", type=count(1), default=16, help="Brown passages for loss and KL (default 16)")
+    p.add_argument(
+        "--max-loss-change",
+        type=number(0, open_min=True),
+        default=0.05,
+        help="the fluency budget for the best scale: largest relative rise of the loss (default 0.05)",
+    )
     add_output_args(p)
     p.set_defaults(func=steer)
 
@@ -102,4 +114,4 @@ def steer(args: argparse.Namespace) -> int:
     r = steering_curve(
         model, v, at, args.scales, prompts, targets, texts, method=f"difference of means ({args.position})"
     )
-    return emit(args, r)
+    return emit(args, r, lambda: f"{r.table()}\n\n{r.finding(args.max_loss_change)}")

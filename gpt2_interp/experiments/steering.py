@@ -8,7 +8,9 @@ prompts it was not built from: the target behaviour is the summed next-token pro
 words (positive adjectives; French function words) after 20 held-out openings; the cost is the steered
 model's loss on unrelated natural text (Brown Corpus passages) and the KL drift of its predictions there
 (:func:`gpt2_interp.analysis.features.steering_curve`). The headline is the largest probability reached
-while the loss on unrelated text rises less than ``max_loss_change``.
+while the loss on unrelated text rises less than ``max_loss_change``, among the scales that raise it;
+when none does, the finding says so and names no best scale. Shifts come with their paired standard error
+(of the per-prompt differences from the unsteered model).
 
 With ``compare=true`` the ``steering-vectors`` package (on the same weights converted to transformers,
 reading the same tokens) builds the last-token vector from the same pairs: the two vectors are compared
@@ -45,7 +47,11 @@ class Config(ExperimentConfig):
         default=None, metadata={"help": "steer the residual stream after this block (none: n_layer // 3)"}
     )
     position: Literal["mean", "last"] = field(
-        default="last", metadata={"help": "read each sentence's mean over tokens or its last token"}
+        default="last",
+        metadata={
+            "help": "read each sentence's last token (default, as `gpt2-interp steer` and steering-vectors) or "
+            "its mean over tokens"
+        },
     )
     scales: list[float] = field(
         default_factory=lambda: [0.0, 1.0, 2.0, 2.5, 3.0, 4.0, 6.0],
@@ -372,18 +378,13 @@ def curve_of(data: dict) -> SteeringCurve:
 
 
 def finding(data: dict) -> str:
-    """The headline sentence, from the measured numbers."""
-    b, c = data["best"], data["curve"]
-    budget = f"{100 * data['max_loss_change']:g}%"
-    if b is None:
-        return f"No steered scale kept the loss on unrelated text within {budget} of the unsteered model's."
-    ratio = b["target_prob"] / c["baseline_prob"] if c["baseline_prob"] > 0 else float("inf")
-    return (
-        f"Adding {b['scale']:g} × the difference of means at {c['at']} raises P({data['concept']} target words) after "
-        f"held-out prompts from {c['baseline_prob']:.4f} to {b['target_prob']:.4f} (+{b['prob_shift']:.4f} ± "
-        f"{b['shift_sem']:.4f} paired s.e. over {c['n_prompts']} prompts, "
-        f"{ratio:.1f}×) while the loss on unrelated Brown text rises {100 * b['loss_change']:+.1f}% (budget "
-        f"{budget}; KL drift {b['kl']:.3f} nats/token)."
+    """The headline sentence, derived from the saved curve (:meth:`SteeringCurve.finding`): the best scale
+    within the loss budget with its paired standard error, its verbs from the signs of the numbers, or
+    that no scale stays within the budget or none within it raises the target (then no best scale)."""
+    return curve_of(data).finding(
+        data["max_loss_change"],
+        target=f"P({data['concept']} target words) after held-out prompts",
+        unrelated="unrelated Brown text",
     )
 
 

@@ -15,18 +15,19 @@ if TYPE_CHECKING:
 
 def plot_steering_curve(result: SteeringCurve, title: str | None = None, max_loss_change: float = 0.05) -> Figure:
     """Two panels of a :class:`~gpt2_interp.analysis.features.SteeringCurve` ``result`` against the scale:
-    P(target) (± standard error over prompts, the unsteered level dotted); and the fluency cost (relative
-    loss change on unrelated text, the ``max_loss_change`` budget dashed) with the KL drift on a second
-    axis. ``title`` replaces the default title (model, hook, method)."""
+    the change of P(target) from the unsteered model's (± the paired standard error over prompts, the
+    standard error of the per-prompt differences; zero dotted, so a scale that lowers the target shows
+    below it); and the fluency cost (relative loss change on unrelated text, the ``max_loss_change`` budget
+    dashed) with the KL drift on a second axis. ``title`` replaces the default title (model, hook, method)."""
     x = result.scales.numpy()
     fig = Figure(figsize=(9.0, 3.4))
     ax1, ax2 = fig.subplots(1, 2)
-    p, e = result.target_prob.numpy(), result.target_sem.numpy()
-    ax1.plot(x, p, "o-", color="C0", label="P(target)")
-    ax1.fill_between(x, p - e, p + e, color="C0", alpha=0.2)
-    ax1.axhline(result.baseline_prob, color="grey", lw=0.8, ls=":", label=f"unsteered {result.baseline_prob:.3f}")
+    d, e = result.prob_shift.numpy(), result.shift_sem.numpy()
+    ax1.plot(x, d, "o-", color="C0", label="P(target) − unsteered")
+    ax1.fill_between(x, d - e, d + e, color="C0", alpha=0.2, label="± paired s.e.")
+    ax1.axhline(0, color="grey", lw=0.8, ls=":", label=f"no change (unsteered P = {result.baseline_prob:.4f})")
     ax1.set_xlabel("scale")
-    ax1.set_ylabel("P(target tokens)")
+    ax1.set_ylabel("change of P(target tokens)")
     ax1.set_title(f"target behaviour ({result.n_prompts} held-out prompts)", fontsize=9)
     ax1.legend(fontsize=7)
     ax1.grid(alpha=0.3)

@@ -32,8 +32,21 @@ def test_quick_run_measures_the_steered_models_target_probability(facts_model, t
         ids = sorted(
             {facts_model.tokenizer.encode_ids(w)[0] for w in words if len(facts_model.tokenizer.encode_ids(w)) == 1}
         )
+        plain = torch.stack([facts_model(x)[0, -1].softmax(-1)[ids].sum() for x in prompts[:3]])
         with facts_model.steer(v, at=at, scale=0.5):
-            p = torch.stack([facts_model(x)[0, -1].softmax(-1)[ids].sum() for x in prompts[:3]]).mean()
+            steered = torch.stack([facts_model(x)[0, -1].softmax(-1)[ids].sum() for x in prompts[:3]])
+    p = steered.mean()
     assert curve["direction_norm"] == pytest.approx(float(v.norm()), rel=1e-4)
     assert curve["target_prob"][1] == pytest.approx(float(p), rel=1e-3, abs=1e-7)
-    assert "Steering gpt2-facts towards sentiment" in res.tables()["steering"]
+    md = res.tables()["steering"]
+    assert "Steering gpt2-facts towards sentiment" in md
+    # the paired standard error: of the per-prompt differences, not of either arm
+    paired = float((steered - plain).std() / 3**0.5)
+    assert curve["shift_sem"][1] == pytest.approx(paired, rel=1e-3, abs=1e-7)
+    assert f"± {paired:.3g} paired s.e. over 3 prompts" in data["finding"]
+    # the finding's verb follows the sign of the shift, and a best scale is named only when it raises the target
+    shift = float(p) - curve["baseline_prob"]
+    assert ("raises it" in data["finding"] or "which raises" in data["finding"]) == (shift > 0)
+    assert ("lowers it" in data["finding"]) == (shift < 0)
+    assert (data["best"] is None) == (shift <= 0 or curve["loss_change"][1] >= data["max_loss_change"])
+    assert data["finding"] in md

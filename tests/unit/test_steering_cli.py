@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -33,9 +35,30 @@ def test_steer_prints_the_continuations_with_the_files_direction(capsys, tmp_pat
     out = capsys.readouterr().out
     model = gi.load("gpt2-facts")
     at = "blocks.1.hook_resid_post"
-    v = mean_difference(model, [a for a, _ in pairs], [b for _, b in pairs], at, "mean")
+    v = mean_difference(model, [a for a, _ in pairs], [b for _, b in pairs], at, "last")  # the default, as the study
     want = model.generate("Rome is in", max_new_tokens=4, do_sample=False, steer=Steer(v, at, 2.0))
     assert f"norm {float(v.norm()):.3g}" in out and f"steered:   {want!r}" in out
+
+
+@pytest.mark.slow  # loads gpt2-facts and measures the curve at two scales on three prompts
+def test_steer_curve_names_the_best_scale_or_says_none_helps(capsys, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("I think the movie was\nThe food was\nMy week has been\n")
+    argv = ["steer", "--concept", "sentiment", "--scales", "0,0.5", "--eval-prompts", str(prompts), "--unrelated", "2"]
+    assert main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "difference of means (last)" in out  # the study's default position
+    last = out.strip().splitlines()[-1]
+    # the verb follows the sign of the measured shift at 0.5
+    shift, within = data["prob_shift"][1], data["loss_change"][1] < 0.05
+    if shift > 0 and within:
+        assert data["best"]["scale"] == 0.5 and last.startswith(
+            "Best scale within the 5% loss budget: 0.5, which raises"
+        )
+    else:
+        assert data["best"] is None and "raises" not in last and last.endswith("no best scale.")
 
 
 @pytest.mark.parametrize(

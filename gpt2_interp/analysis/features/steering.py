@@ -209,16 +209,13 @@ class SteeringCurve(Result):
         """``target_prob − baseline_prob`` ``[n_scales]``."""
         return self.target_prob - self.baseline_prob
 
-    def best(self, max_loss_change: float = 0.05) -> dict[str, float] | None:
-        """The scale whose target probability is highest among those whose ``loss_change`` stays below
-        ``max_loss_change`` (default 5%): ``{scale, target_prob, prob_shift, shift_sem, loss_change, kl}``, or None
-        when no steered scale qualifies."""
-        ok = [
+    def within_budget(self, max_loss_change: float = 0.05) -> list[int]:
+        """Indices of the steered scales (scale ≠ 0) whose ``loss_change`` stays below ``max_loss_change``."""
+        return [
             i for i in range(len(self.scales)) if float(self.scales[i]) != 0 and self.loss_change[i] < max_loss_change
         ]
-        if not ok:
-            return None
-        i = max(ok, key=lambda j: float(self.target_prob[j]))
+
+    def _record(self, i: int) -> dict[str, float]:
         return {
             "scale": float(self.scales[i]),
             "target_prob": float(self.target_prob[i]),
@@ -227,6 +224,60 @@ class SteeringCurve(Result):
             "loss_change": float(self.loss_change[i]),
             "kl": float(self.kl[i]),
         }
+
+    def best(self, max_loss_change: float = 0.05) -> dict[str, float] | None:
+        """The scale whose target probability is highest among those whose ``loss_change`` stays below
+        ``max_loss_change`` (default 5%) and that raise it (``prob_shift`` > 0): ``{scale, target_prob,
+        prob_shift, shift_sem, loss_change, kl}``, or None when no steered scale qualifies — none within the
+        budget, or none of those raises the target (see :meth:`finding` for which)."""
+        ok = [i for i in self.within_budget(max_loss_change) if float(self.prob_shift[i]) > 0]
+        if not ok:
+            return None
+        return self._record(max(ok, key=lambda j: float(self.target_prob[j])))
+
+    def finding(
+        self, max_loss_change: float = 0.05, target: str = "P(target)", unrelated: str = "unrelated text"
+    ) -> str:
+        """One sentence from the numbers, its verbs from their signs: the best scale within the
+        ``max_loss_change`` budget (:meth:`best`) with its shift ± the paired standard error and the loss
+        change it costs — or, when there is none, that no steered scale stays within the budget, or that
+        none within it lifts ``target`` above its unsteered value (the closest one's shift is given), so no
+        best scale is named.
+        ``target`` and ``unrelated`` name the target probability and the fluency text in the sentence."""
+        budget = f"{100 * max_loss_change:g}%"
+        n = f"over {self.n_prompts} prompt{'s' if self.n_prompts != 1 else ''}"
+        steered = [i for i in range(len(self.scales)) if float(self.scales[i]) != 0]
+        if not steered:
+            return "No steered scale was measured (every scale is 0): no best scale."
+        within = self.within_budget(max_loss_change)
+        if not within:
+            i = min(steered, key=lambda j: float(self.loss_change[j]))
+            return (
+                f"No steered scale keeps the loss on {unrelated} within {budget} of the unsteered model's (the "
+                f"gentlest, {float(self.scales[i]):g}, {_change(float(self.loss_change[i]))}): no best scale."
+            )
+        b = self.best(max_loss_change)
+        if b is None:
+            r = self._record(max(within, key=lambda j: float(self.target_prob[j])))
+            of = f" of {len(within)}" if len(within) > 1 else ""
+            return (
+                f"No steered scale within the {budget} loss budget lifts {target} above its unsteered "
+                f"{self.baseline_prob:.3g}: the closest{of}, {r['scale']:g}, "
+                f"{_moves(r['prob_shift'], self.baseline_prob, r['target_prob'])} ({r['prob_shift']:+.3g} ± "
+                f"{r['shift_sem']:.3g} paired s.e. {n}): no best scale."
+            )
+        ratio = f", {b['target_prob'] / self.baseline_prob:.1f}×" if self.baseline_prob > 0 else ""
+        weak = (
+            "; within two paired standard errors of no change"
+            if b["prob_shift"] <= 2 * b["shift_sem"] and self.n_prompts > 1
+            else ""
+        )
+        return (
+            f"Best scale within the {budget} loss budget: {b['scale']:g}, which raises {target} from "
+            f"{self.baseline_prob:.3g} to {b['target_prob']:.3g} ({b['prob_shift']:+.3g} ± {b['shift_sem']:.3g} "
+            f"paired s.e. {n}{ratio}{weak}) while the loss on {unrelated} {_change(b['loss_change'])} "
+            f"(KL drift {b['kl']:.3f} nats/token)."
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The fields plus ``loss_change``, ``prob_shift`` and ``best`` (at a 5% loss rise), JSON-ready."""
@@ -271,6 +322,21 @@ class SteeringCurve(Result):
         from ...plots.steering import plot_steering_curve
 
         return plot_steering_curve(self, **kwargs)
+
+
+def _moves(shift: float, before: float, after: float) -> str:
+    """``"raises it from A to B"``, ``"lowers it from A to B"`` or ``"leaves it at A"``, by the sign of ``shift``."""
+    if shift == 0:
+        return f"leaves it at {before:.3g}"
+    return f"{'raises' if shift > 0 else 'lowers'} it from {before:.3g} to {after:.3g}"
+
+
+def _change(loss_change: float) -> str:
+    """``"rises 4.3%"``, ``"falls 0.5%"`` or ``"is unchanged"`` for a relative loss change."""
+    pct = 100 * loss_change
+    if round(pct, 1) == 0:
+        return f"is unchanged ({pct:+.1f}%)"
+    return f"{'rises' if pct > 0 else 'falls'} {abs(pct):.1f}%"
 
 
 def target_token_ids(model: HookedGPT2, target: Sequence[str] | Sequence[int]) -> list[int]:
