@@ -14,6 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from ..core.circuit_layout import node_xy, row_ticks, x_range
 from .figure import finish, style_line_axes
 from .layout import grid_size
 
@@ -22,17 +23,9 @@ KIND_COLOURS = {"q": "tab:blue", "k": "tab:green", "v": "tab:orange", "mlp": "ta
 
 
 def _node_xy(name: str, n_layer: int, n_head: int) -> tuple[float, float]:
-    """Where a node sits: rows by forward order (input at the bottom, each layer's heads then its MLP,
-    the logits on top), heads spread across, the input, MLPs and logits centred."""
-    mid = (n_head - 1) / 2
-    if name == "input":
-        return mid, 0.0
-    if name == "logits":
-        return mid, 2.0 * n_layer + 1
-    m = re.fullmatch(r"a(\d+)\.h(\d+)", name)
-    if m:
-        return float(m.group(2)), 2.0 * int(m.group(1)) + 1
-    return mid, 2.0 * int(name[1:]) + 2
+    """Where a node sits: :func:`gpt2_interp.core.circuit_layout.node_xy` (the interactive view's layout), rows by
+    forward order, heads spread across each attention row, the MLPs in a column of their own."""
+    return node_xy(name, n_layer, n_head)
 
 
 def _receiver_target(receiver: str, n_layer: int, n_head: int, n_kv: int) -> tuple[str, float, float]:
@@ -54,7 +47,7 @@ def plot_circuit(circuit: Any, max_edges: int = 400, title: str | None = None) -
     :data:`KIND_COLOURS`); negative scores dashed. At most ``max_edges`` edges (the largest) are drawn;
     ``title`` replaces the default one (method, edge count, faithfulness when measured)."""
     L, H, K = circuit.n_layer, circuit.n_head, circuit.n_kv
-    fig = Figure(figsize=grid_size(1, 1, (max(4.0, 0.45 * H + 1.5), max(4.0, 0.32 * (2 * L + 2) + 1.0))))
+    fig = Figure(figsize=grid_size(1, 1, (max(4.0, 0.45 * (H + 1) + 1.5), max(4.0, 0.32 * (2 * L + 2) + 1.0))))
     ax = fig.add_subplot()
     edges, scores = list(circuit.edges[:max_edges]), np.abs(np.asarray(circuit.scores[:max_edges], dtype=float))
     top = float(scores.max(initial=0.0)) or 1.0
@@ -80,14 +73,26 @@ def plot_circuit(circuit: Any, max_edges: int = 400, title: str | None = None) -
     for name in sorted(nodes):
         x, y = _node_xy(name, L, H)
         ax.scatter([x], [y], s=60, color="white", edgecolor="0.2", zorder=2)
-        ax.annotate(name, (x, y), xytext=(0, 6), textcoords="offset points", fontsize=6, ha="center", zorder=3)
-    ax.set_yticks([0, *[2 * l + 1 for l in range(L)], 2 * L + 1])
-    ax.set_yticklabels(["input", *[f"L{l}" for l in range(L)], "logits"], fontsize=7)
+        below = name == "input"  # the input's label under it, clear of the first layer's heads
+        ax.annotate(
+            name,
+            (x, y),
+            xytext=(0, -6 if below else 6),
+            textcoords="offset points",
+            fontsize=6,
+            ha="center",
+            va="top" if below else "bottom",
+            zorder=3,
+            gid=f"node:{name}",
+        )
+    ticks, labels = row_ticks(L)
+    ax.set_yticks(ticks)
+    ax.set_yticklabels(labels, fontsize=7)
     ax.set_xticks([])
-    ax.set_xlim(-1, H)
+    ax.set_xlim(*x_range(H))
     ax.set_ylim(-1, 2 * L + 2)
     handles = [Line2D([], [], color=c, lw=2, label=k) for k, c in KIND_COLOURS.items()]
-    ax.legend(handles=handles, fontsize=6, loc="upper right", ncol=5)
+    ax.legend(handles=handles, fontsize=6, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=5, frameon=False)
     if title is None:
         from ..analysis.circuits.circuit import faithfulness_text
 

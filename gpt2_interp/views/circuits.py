@@ -5,7 +5,9 @@ scoring method.
 Everything is read from the result's fields (a circuit's or edge scores' ``edges`` and ``scores``, a
 curve's ``faithfulness``/``kept``/``methods``), so a saved JSON views the same as the live result. Edge
 names are the circuits graph's: senders ``input``, ``a{l}.h{h}``, ``m{l}``; receivers ``a{l}.h{h}<q>``,
-``a{l}.h{g}<k>``/``<v>`` (``g``: the key/value head), ``m{l}``, ``logits``.
+``a{l}.h{g}<k>``/``<v>`` (``g``: the key/value head), ``m{l}``, ``logits``. The nodes sit where
+:mod:`gpt2_interp.core.circuit_layout` puts them (the PNG figure's layout too): heads by layer, the MLPs in a
+column of their own.
 """
 
 from __future__ import annotations
@@ -17,12 +19,16 @@ from typing import Any
 import numpy as np
 
 from ..core.checks import check_count
+from ..core.circuit_layout import node_xy, receiver_port, row_ticks, x_range
 from ..core.ranking import totals_by_size
 from .heatmap import array, as_dict
 from .page import View, figure_part, text_part
 
 #: Colour of an edge by the input it enters: a head's query, key or value input, an MLP, the logits.
 KIND_COLOURS = {"q": "#1f77b4", "k": "#2ca02c", "v": "#ff7f0e", "mlp": "#9467bd", "logits": "#595959"}
+
+#: The node markers' diameter and their labels' font size, in pixels.
+NODE_SIZE, LABEL_SIZE = 14, 9
 
 _HEAD = re.compile(r"a(\d+)\.h(\d+)")
 _RECEIVER = re.compile(r"a(\d+)\.h(\d+)<([qkv])>")
@@ -41,36 +47,6 @@ def graph_sizes(edges: Sequence[str]) -> tuple[int, int, int]:
             elif re.fullmatch(r"m\d+", part):
                 layers.append(int(part[1:]) + 1)
     return max(layers), max(heads), max(kv) or max(heads)
-
-
-def node_xy(name: str, n_layer: int, n_head: int) -> tuple[float, float]:
-    """Where a node sits: rows in forward order (``input`` at the bottom, each layer's heads then its MLP,
-    ``logits`` on top), the heads spread across their row, the input, MLPs and logits centred."""
-    mid = (n_head - 1) / 2
-    if name == "input":
-        return mid, 0.0
-    if name == "logits":
-        return mid, 2.0 * n_layer + 1
-    m = _HEAD.fullmatch(name)
-    if m:
-        return float(m.group(2)), 2.0 * int(m.group(1)) + 1
-    return mid, 2.0 * int(name[1:]) + 2
-
-
-def receiver_port(receiver: str, n_layer: int, n_head: int, n_kv: int) -> tuple[str, float, float]:
-    """``(kind, x, y)`` where an edge into ``receiver`` ends: a head's query port just below-left of the head,
-    a key/value head's key and value ports below the middle of its query heads (left and right), an MLP
-    or the logits at the node."""
-    m = _RECEIVER.fullmatch(receiver)
-    if m is None:
-        kind = "logits" if receiver == "logits" else "mlp"
-        return (kind, *node_xy(receiver, n_layer, n_head))
-    layer, idx, kind = int(m.group(1)), int(m.group(2)), m.group(3)
-    y = 2.0 * layer + 1 - 0.32
-    if kind == "q":
-        return kind, idx - 0.18, y
-    per = n_head // max(n_kv, 1)
-    return kind, idx * per + (per - 1) / 2 + (-0.06 if kind == "k" else 0.3), y
 
 
 def _edge_list(d: Mapping[str, Any], max_edges: int) -> tuple[list[str], np.ndarray]:
@@ -179,10 +155,10 @@ def circuit_figure(
             x=[p[0] for p in xy],
             y=[p[1] for p in xy],
             mode="markers+text",
-            marker={"size": 14, "color": "white", "line": {"color": "#333", "width": 1.5}},
+            marker={"size": NODE_SIZE, "color": "white", "line": {"color": "#333", "width": 1.5}},
             text=names,
-            textposition="top center",
-            textfont={"size": 9},
+            textposition=["bottom center" if n == "input" else "top center" for n in names],
+            textfont={"size": LABEL_SIZE},
             customdata=[node_hover(n) for n in names],
             hovertemplate="%{customdata}<extra></extra>",
             name="nodes",
@@ -214,11 +190,11 @@ def circuit_figure(
         hovermode="closest",
         plot_bgcolor="white",
         legend={"orientation": "h", "y": -0.01, "x": 0.5, "xanchor": "center", "yanchor": "top"},
-        xaxis={"visible": False, "range": [-1, H]},
+        xaxis={"visible": False, "range": list(x_range(H))},
         yaxis={
             "range": [-0.8, 2 * L + 1.8],
-            "tickvals": [0, *[2 * l + 1 for l in range(L)], 2 * L + 1],
-            "ticktext": ["input", *[f"L{l}" for l in range(L)], "logits"],
+            "tickvals": row_ticks(L)[0],
+            "ticktext": row_ticks(L)[1],
             "showgrid": True,
             "gridcolor": "#eee",
             "zeroline": False,
