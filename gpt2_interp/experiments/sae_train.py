@@ -24,6 +24,7 @@ from ..analysis.features.sae_train import (
     ActivationBuffer,
     SAETrainConfig,
     run_to_hook,
+    source_name,
     text_source,
     token_windows,
     train_sae,
@@ -165,11 +166,27 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     ctx.record("train_config", asdict(tcfg))
     t = time.perf_counter()
     checkpoint = ctx.out_dir / "checkpoint" if ctx.out_dir is not None else None
-    sae, log = train_sae(model, tcfg, windows=train_windows, checkpoint=checkpoint, progress=ctx.progress)
+    record = {  # the split, stored in the SAE: `gpt2-interp sae eval` reads the same held-out documents
+        "texts": source_name(cfg.texts),
+        "seed": cfg.seed,
+        "n_generated": cfg.generated,
+        "context_size": cfg.context_size,
+        "documents": len(docs) - n_held,
+        "train_windows": len(train_windows),
+        "heldout_windows": len(token_windows(model, docs[-n_held:], cfg.context_size)),
+    }
+    sae, log = train_sae(
+        model, tcfg, windows=train_windows, checkpoint=checkpoint, progress=ctx.progress, record=record
+    )
     train_seconds = time.perf_counter() - t
     if ctx.out_dir is not None:
         sae.save(ctx.out_dir / "sae")
-    ev = evaluate_sae(model, sae, held, outlier_ratio=cfg.outlier_ratio)
+    ev = evaluate_sae(model, sae, held, outlier_ratio=cfg.outlier_ratio, progress=ctx.progress)
+    ev.text = (
+        f"held out: the last {n_held} of {len(docs)} documents of {cfg.texts}, never trained on"
+        if cfg.eval_texts == "heldout"
+        else f"{cfg.eval_texts} (not the training text)"
+    )
     timing = buffer_timing(model, hook, train_windows[: cfg.timing_windows], min(cfg.batch_size, 1024))
     return {
         "hook": hook,
@@ -186,6 +203,7 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
             "dead": log.dead,
             "every": log.every,
             "outliers": log.outliers,
+            "bos": log.bos,
         },
         "train_seconds": train_seconds,
         "step_cost_ratio": log.step_seconds / max(log.forward_seconds, 1e-9),

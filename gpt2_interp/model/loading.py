@@ -724,6 +724,34 @@ def load(
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
+def model_config(name_or_path: str | os.PathLike) -> GPT2Config | None:
+    """The config of the model :func:`load` would return for ``name_or_path``, read without its weights
+    where that is cheap (an embedded model's or a directory's ``config.json``, a GGUF file's header, a
+    known GPT-2 size, a weights file's sibling ``config.json``), so that a command can check its inputs
+    against the model (hook names, context size) before loading it; None where it cannot (a name not
+    found offline, a file without config): the load then says why."""
+    key = str(name_or_path)
+    path = Path(key).expanduser()
+    name = canonical_model_name(key) if not path.exists() else None
+    try:
+        if name in ckpt.EMBEDDED:
+            return GPT2Config.from_hf_dict(ckpt.read_config_json(ckpt.embedded_path(name) / "config.json"), name=name)
+        if name in GGUF_MODELS:
+            found = GGUF_MODELS[name].find()
+            return None if found is None else gguf_config(read_gguf(found), name=name)
+        if name in HUB_REPOS:
+            return KNOWN_CONFIGS.get(name)
+        if path.is_dir() and (path / "config.json").is_file():
+            return GPT2Config.from_hf_dict(ckpt.read_config_json(path / "config.json"))
+        if path.is_file() and path.suffix == ".gguf":
+            return gguf_config(read_gguf(path))
+        if path.is_file() and (path.parent / "config.json").is_file():
+            return GPT2Config.from_hf_dict(ckpt.read_config_json(path.parent / "config.json"))
+    except (OSError, ValueError, TypeError, KeyError, GGUFError):
+        return None  # the load itself reports what is wrong with the files
+    return None
+
+
 # ---------------------------------------------------------------- other libraries
 def from_transformers(hf_model: Any, tokenizer: tok.Tokenizer | None = None) -> HookedGPT2:
     """A model with the weights of ``hf_model``, a ``transformers`` GPT2LMHeadModel/GPT2Model or

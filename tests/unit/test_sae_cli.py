@@ -44,11 +44,12 @@ def test_sae_train_eval_and_features_commands(tmp_path, capsys):
     sae = SAE.load(folder)
     assert sae.cfg.k == 4 and sae.cfg.d_sae == 256
 
-    assert main(["sae", "eval", str(folder), *args, "--windows", "4", "--json"]) == 0
+    assert main(["sae", "eval", str(folder), "--windows", "4", "--json"]) == 0  # the held-out windows
     ev = json.loads(capsys.readouterr().out)
+    assert ev["text"].startswith("held out")
     assert ev["l0"] == 4 and 0 < ev["variance_explained"] <= 1 and ev["hook_name"] == "blocks.2.hook_resid_post"
 
     assert main(["sae", "features", str(folder), "--token", " Paris", "--top", "3"]) == 0
     assert "latents by logit effect for ' Paris'" in capsys.readouterr().out
-    assert main(["sae", "features", str(folder), "--latent", "0", *args, "--windows", "4", "--top", "2"]) == 0
+    assert main(["sae", "features", str(folder), "--latent", "0", "--windows", "4", "--top", "2"]) == 0
     assert "latent 0 at blocks.2.hook_resid_post" in capsys.readouterr().out

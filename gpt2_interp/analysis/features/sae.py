@@ -49,7 +49,9 @@ class SAEConfig:
     ``hook_name`` (where it reads, e.g. ``blocks.3.hook_resid_post``), ``architecture`` (``"topk"``,
     ``"batchtopk"`` or ``"relu"``), ``k`` (active latents per token for the top-k kinds), and
     ``model_name`` (the base model, for messages). ``base_fingerprint``: the base model's weights
-    fingerprint (empty: unknown, e.g. a file from SAELens)."""
+    fingerprint (empty: unknown, e.g. a file from SAELens). ``training``: what it was trained on, as
+    :func:`~gpt2_interp.analysis.features.sae_train.train_sae` records it (the text source, the windows
+    read and the ones held out, the positions left out; None: unknown)."""
 
     d_in: int
     d_sae: int
@@ -58,6 +60,7 @@ class SAEConfig:
     k: int = 32
     model_name: str = ""
     base_fingerprint: str = ""
+    training: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         check_count(self.d_in, "d_in")

@@ -2,15 +2,23 @@
 
 Text (the Brown corpus, a folder of ``.txt`` files, the model's own generations, or any list of
 strings) is tokenized into windows of ``context_size`` tokens (BOS first); the model runs each batch of
-windows only as far as the hook point (``stop_at_layer``), and the activations (BOS positions left out:
-their norm is an outlier that no dictionary should spend latents on) go into a shuffling buffer, which
-hands out batches mixed across many windows (:class:`ActivationBuffer`).
+windows only as far as the hook point (``stop_at_layer``), and the activations of the positions
+:func:`kept_positions` keeps (BOS left out, its norm an outlier no dictionary should spend latents on;
+optionally the massive activations too) go into a shuffling buffer, which hands out batches mixed across
+many windows (:class:`ActivationBuffer`).
+
+Held-out text: :func:`split_windows` keeps the last ``heldout`` share of a source's windows out of training
+and returns a record of the split (which source, which windows), which :func:`train_sae` stores in the
+SAE's config (``SAEConfig.training``, with the windows it read and the outlier rule);
+:func:`heldout_windows` rebuilds the held-out windows from it and :func:`trained_overlap` says whether
+windows of a source overlap what was trained on.
 
 Training (:func:`train_sae`) follows Gao et al. (2024): Adam, decoder rows kept at unit norm (the
 gradient's component along each row removed before the step, the rows renormalised after it), ``b_dec``
 initialised at the data's geometric median (or mean), and an auxiliary top-``aux_k`` loss that makes
 dead latents (none firing over the last ``dead_after`` tokens) reconstruct the main loss's residual.
-The loss is normalised: squared error over the batch's total variance, so that a loss of 0.2 is a
+The loss is normalised: squared error over the batch's total variance (:func:`fvu`, the same definition
+that :func:`~gpt2_interp.analysis.features.sae_eval.evaluate_sae` reports), so that a loss of 0.2 is a
 fraction of variance unexplained (FVU) of 0.2. ReLU SAEs add ``l1_coefficient × Σ z``.
 With ``checkpoint`` the SAE, the optimizer and the step are saved every ``checkpoint_every`` steps,
 and a run given the same folder resumes after the last checkpoint (on the next unread windows).
@@ -20,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,16 +96,113 @@ def token_windows(model: HookedGPT2, docs: Sequence[str], context_size: int) -> 
     """Documents as token windows ``[n, context_size]``: the documents' tokens packed in order, an
     end-of-text token after each, split into runs of ``context_size − 1`` after a BOS token (a shorter
     tail is dropped)."""
+    return _windows_of(model, _token_stream(model, docs), context_size)
+
+
+def _token_stream(model: HookedGPT2, docs: Sequence[str]) -> list[int]:
+    """The documents' tokens packed in order, an end-of-text token after each."""
+    return [i for d in docs for i in [*model.tokenizer.encode_ids(d), model.tokenizer.eos_id]]
+
+
+def _body(model: HookedGPT2, context_size: int) -> int:
+    """Tokens of the text in one window of ``context_size`` (all but the BOS token, where there is one)."""
+    return context_size - (model.tokenizer.bos_id is not None)
+
+
+def _windows_of(model: HookedGPT2, ids: list[int], context_size: int, allow_empty: bool = False) -> torch.Tensor:
     context_size = check_count(context_size, "context_size", 2)
     if context_size > model.cfg.n_ctx:
         raise ValueError(f"context_size {context_size} exceeds {model.cfg.name}'s context of {model.cfg.n_ctx}")
     bos = model.tokenizer.bos_id
-    body = context_size - (bos is not None)
-    ids = [i for d in docs for i in [*model.tokenizer.encode_ids(d), model.tokenizer.eos_id]]
+    body = _body(model, context_size)
     rows = [([bos] if bos is not None else []) + ids[i : i + body] for i in range(0, len(ids) - body + 1, body)]
     if not rows:
+        if allow_empty:
+            return torch.empty(0, context_size, dtype=torch.long)
         raise ValueError(f"the texts give no window of {context_size} tokens; give more or longer texts")
     return torch.tensor(rows, dtype=torch.long)
+
+
+def source_name(texts: str | Sequence[str]) -> str:
+    """How a training record names a text source: ``"brown"``, ``"generated"``, ``"facts"``, a path made
+    absolute, or ``"<N strings>"`` for a list of strings (which no later command can name again)."""
+    if not isinstance(texts, str):
+        return f"<{len(list(texts))} strings>"
+    if texts in ("brown", "generated", "facts"):
+        return texts
+    return str(Path(texts).expanduser().resolve())
+
+
+def split_windows(
+    model: HookedGPT2,
+    texts: str | Sequence[str],
+    context_size: int,
+    heldout: float = 0.1,
+    seed: int = 0,
+    n_generated: int = 64,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The token windows of ``texts`` (:func:`text_source`, :func:`token_windows`) split for training:
+    ``(train_windows, record)``. The last ``heldout`` share of the windows (at least one; 0: none) is kept
+    out of training; ``record`` says which source (``texts``, ``seed``, ``n_generated``), the
+    ``context_size``, ``documents`` (None: every document of the source), ``train_windows`` (the
+    training text is windows ``[0, train_windows)``) and ``heldout_windows`` (how many follow): give it to
+    :func:`train_sae` (``record=``), which stores it in the SAE, and :func:`heldout_windows` returns the
+    held-out windows from it."""
+    check_number(heldout, "heldout", 0, 1, high_open=True)
+    windows = token_windows(model, text_source(model, texts, n_generated=n_generated, seed=seed), context_size)
+    n_held = max(1, math.ceil(heldout * len(windows))) if heldout > 0 else 0
+    if n_held >= len(windows):
+        raise ValueError(
+            f"the texts give {len(windows)} windows of {context_size} tokens: too few to hold {heldout:g} of them out"
+        )
+    n_train = len(windows) - n_held
+    record = {
+        "texts": source_name(texts),
+        "seed": seed,
+        "n_generated": n_generated,
+        "context_size": context_size,
+        "documents": None,
+        "train_windows": n_train,
+        "heldout_windows": n_held,
+    }
+    return windows[:n_train], record
+
+
+def heldout_windows(model: HookedGPT2, record: dict[str, Any], context_size: int | None = None) -> torch.Tensor:
+    """The windows ``[n, context_size]`` of an SAE's training record (``sae.cfg.training``) that training
+    never read: the source's text after the ``train_windows`` training windows of its first ``documents``
+    documents, then the documents after those. ``context_size``: None for the record's; another size cuts
+    the same held-out text (it starts at the same token) into windows of that size."""
+    ctx = int(record["context_size"]) if context_size is None else context_size
+    docs = text_source(model, record["texts"], n_generated=int(record.get("n_generated", 64)), seed=int(record["seed"]))
+    n_docs = len(docs) if record.get("documents") is None else int(record["documents"])
+    stream = _token_stream(model, docs[:n_docs])
+    first = int(record["train_windows"]) * _body(model, int(record["context_size"]))
+    parts = [_windows_of(model, stream[first:], ctx, allow_empty=True)]
+    if n_docs < len(docs):
+        parts.append(_windows_of(model, _token_stream(model, docs[n_docs:]), ctx, allow_empty=True))
+    held = torch.cat(parts)
+    if not len(held):
+        raise ValueError(
+            f"the SAE was trained on all of {record['texts']!r} (no held-out windows of {ctx} tokens): evaluate it "
+            "on other text (--texts)"
+        )
+    return held
+
+
+def trained_overlap(
+    model: HookedGPT2, record: dict[str, Any] | None, texts: str, context_size: int, start: int, n: int
+) -> int:
+    """How many of the windows ``[start, start + n)`` of ``texts`` (cut at ``context_size``) hold text the
+    SAE whose training record is ``record`` was trained on (0 for another source or no record; the
+    record's ``windows_read``, else all its ``train_windows``, counted as read)."""
+    if record is None or n <= 0 or source_name(texts) != record["texts"]:
+        return 0
+    trained = min(int(record.get("windows_read", record["train_windows"])), int(record["train_windows"]))
+    end_token = trained * _body(model, int(record["context_size"]))  # training read the stream's tokens [0, end)
+    body = _body(model, context_size)
+    first_clear = -(-end_token // body)  # the first window starting at or after end_token
+    return max(0, min(start + n, first_clear) - start)
 
 
 def run_to_hook(model: HookedGPT2, tokens: torch.Tensor, hook_name: str) -> torch.Tensor:
@@ -125,6 +230,30 @@ def norm_outliers(acts: torch.Tensor, ratio: float) -> torch.Tensor:
     return norms > ratio * norms.median()
 
 
+def kept_positions(act: torch.Tensor, skip_first: bool, outlier_ratio: float | None) -> torch.Tensor:
+    """Which positions of an activation ``act`` ``[batch, pos, ...]`` are trained on and measured ``[batch,
+    pos]`` (bool) — the one rule of training (:class:`ActivationBuffer`) and of the metrics
+    (:func:`~gpt2_interp.analysis.features.sae_eval.evaluate_sae`): every position but the first when
+    ``skip_first`` (BOS), and with ``outlier_ratio`` not those whose norm exceeds ``outlier_ratio`` × the
+    median norm of their own window's other positions (:func:`norm_outliers` per window: the massive
+    activations), so that the rule does not depend on how windows are batched."""
+    keep = torch.ones(act.shape[:2], dtype=torch.bool, device=act.device)
+    if skip_first:
+        keep[:, 0] = False
+    if outlier_ratio is not None:
+        body = act[:, int(skip_first) :].flatten(2).float().norm(dim=-1)  # [batch, pos - skip]
+        if body.shape[1]:
+            keep[:, int(skip_first) :] &= ~(body > outlier_ratio * body.median(dim=-1, keepdim=True).values)
+    return keep
+
+
+def fvu(x: torch.Tensor, recons: torch.Tensor) -> torch.Tensor:
+    """The fraction of variance unexplained of rows ``x`` ``[n, d]`` by ``recons``: ``Σ‖x − x̂‖² / Σ‖x − x̄‖²``,
+    ``x̄`` the mean row of ``x`` — a training step's loss on its batch, and ``1 − variance explained`` of
+    :func:`~gpt2_interp.analysis.features.sae_eval.evaluate_sae` over all the evaluated rows."""
+    return (x - recons).pow(2).sum() / (x - x.mean(0)).pow(2).sum()
+
+
 def hook_width(model: HookedGPT2, hook_name: str) -> int:
     """The width of one position's activation at ``hook_name`` (heads and ``d_head`` flattened); an
     unknown hook name raises KeyError with the closest names."""
@@ -140,11 +269,14 @@ class ActivationBuffer:
     store is full again, shuffles it, and hands out its first half as batches. BOS positions are
     skipped. ``epochs``: passes over the windows (each pass reshuffled); with ``cache`` the activations of
     the first pass are kept in memory (``n × (pos − 1) × d_in`` floats) and later passes read them
-    instead of running the model again. ``outlier_ratio``: positions whose norm exceeds this × the median of
-    their forward batch are left out too (:func:`norm_outliers`; ``outliers`` counts them); None keeps all.
+    instead of running the model again. Positions are kept by :func:`kept_positions`: BOS left out
+    (``bos`` counts them) and, with ``outlier_ratio``, positions whose norm exceeds this × the median of
+    their window (``outliers`` counts them); None keeps all but BOS.
     ``start``: the first window to read, counted over all passes (a resumed run); ``seed`` seeds the
     shuffling. Iterating yields batches until the passes run out
-    (``windows_read``: how many windows were read so far, over all passes)."""
+    (``windows_read``: how many windows were read so far, over all passes). ``on_forward``: called after
+    each forward pass of the model (a progress bar counts them); :meth:`forward_passes` estimates how many
+    are still to come."""
 
     def __init__(
         self,
@@ -173,6 +305,23 @@ class ActivationBuffer:
         self.cache: dict[int, torch.Tensor] | None = {} if cache else None
         self.outlier_ratio = None if outlier_ratio is None else check_number(outlier_ratio, "outlier_ratio", 1)
         self.outliers = 0
+        self.bos = 0
+        self.on_forward: Callable[[], None] | None = None
+
+    def forward_passes(self, tokens: int) -> int:
+        """An estimate of the model's forward passes (of up to ``forward_batch`` windows) this buffer will
+        run to hand out ``tokens`` more activations: the windows they take (BOS and none of the outliers left
+        out) plus one buffer fill of read-ahead, up to the end of the passes, less those a cache will serve."""
+        n, per = len(self.windows), max(1, self.windows.shape[1] - int(self.skip_first))
+        end = min(self.total_windows, self.windows_read + math.ceil((tokens + self.buffer_tokens) / per))
+        passes, w = 0, self.windows_read
+        while w < end:
+            first = w % n
+            take = min(n - first, end - w)
+            if not (self.cache is not None and w >= n and self.windows_read < n):  # a later pass, from memory
+                passes += math.ceil(take / self.forward_batch)
+            w += take
+        return passes
 
     def _read(self, n_tokens: int) -> list[torch.Tensor]:
         out, have, n = [], 0, len(self.windows)
@@ -185,12 +334,13 @@ class ActivationBuffer:
                 if act is None:
                     t = time.perf_counter()
                     act = run_to_hook(self.model, rows, self.hook_name)
-                    act = act[:, int(self.skip_first) :].reshape(-1, act[0, 0].numel()).float()
-                    if self.outlier_ratio is not None:
-                        out_rows = norm_outliers(act, self.outlier_ratio)
-                        self.outliers += int(out_rows.sum())
-                        act = act[~out_rows]
+                    keep = kept_positions(act, self.skip_first, self.outlier_ratio)
+                    self.bos += len(rows) if self.skip_first else 0
+                    self.outliers += int((~keep).sum()) - (len(rows) if self.skip_first else 0)
+                    act = act.reshape(*act.shape[:2], -1)[keep].float()
                     self.forward_seconds += time.perf_counter() - t
+                    if self.on_forward is not None:
+                        self.on_forward()
                     if self.cache is not None and self.epochs > 1:
                         self.cache[first] = act
                 out.append(act)
@@ -227,7 +377,7 @@ class SAETrainConfig:
     ``lr_decay``: fractions of the steps with a linear warm-up and a final linear decay to 0;
     ``epochs``: passes over the token windows (a corpus smaller than ``tokens`` is read again; the
     activations of the first pass are kept in memory and reused); ``outlier_ratio``: leave out positions
-    whose norm exceeds this × their batch's median (:func:`norm_outliers`; None: keep every position);
+    whose norm exceeds this × their window's median (:func:`kept_positions`; None: keep every position but BOS);
     ``checkpoint_every``: steps between checkpoints; ``seed``."""
 
     hook_name: str
@@ -284,8 +434,9 @@ class TrainingLog:
     """What a training run did: ``steps``, ``tokens`` trained on, per-step ``fvu``, ``l0`` and ``dead``
     (the fraction of latents dead by the ``dead_after`` rule) every ``every`` steps, the seconds spent
     in the model's forward passes (``forward_seconds``) and in SAE steps (``step_seconds``),
-    ``resumed_from`` (the step a checkpoint resumed at, else 0) and ``outliers`` (positions left out as
-    norm outliers, see :attr:`SAETrainConfig.outlier_ratio`)."""
+    ``resumed_from`` (the step a checkpoint resumed at, else 0), ``outliers`` (positions left out as
+    norm outliers, see :attr:`SAETrainConfig.outlier_ratio`) and ``bos`` (BOS positions left out), both
+    counted over the windows this run read. ``fvu`` is each logged batch's :func:`fvu` before its step."""
 
     steps: int = 0
     tokens: int = 0
@@ -297,6 +448,7 @@ class TrainingLog:
     step_seconds: float = 0.0
     resumed_from: int = 0
     outliers: int = 0
+    bos: int = 0
 
 
 @torch.no_grad()
@@ -327,8 +479,8 @@ def _step_loss(
         recons = z @ sae.W_dec + sae.b_dec
     var = (x - x.mean(0)).pow(2).sum()
     err = x - recons
-    fvu = err.pow(2).sum() / var
-    loss = fvu
+    batch_fvu = fvu(x, recons)
+    loss = batch_fvu
     if cfg.architecture == "relu":
         loss = loss + cfg.l1_coefficient * z.sum(-1).mean() / (var / len(x)).sqrt()  # L1 in units of the data's scale
     n_dead = int(dead.sum())
@@ -340,7 +492,7 @@ def _step_loss(
         e = err.detach()
         aux = (e - e_hat).pow(2).sum() / (e - e.mean(0)).pow(2).sum().clamp_min(1e-12)
         loss = loss + cfg.aux_coefficient * aux.nan_to_num(0.0)
-    return loss, z, fvu.detach()
+    return loss, z, batch_fvu.detach()
 
 
 class SAETrainer:
@@ -419,16 +571,24 @@ def train_sae(
     checkpoint: str | Path | None = None,
     progress: bool | None = True,
     windows: torch.Tensor | None = None,
+    record: dict[str, Any] | None = None,
 ) -> tuple[SAE, TrainingLog]:
     """Train an SAE on ``model``'s activations at ``cfg.hook_name`` (see the module's docstring):
     ``(sae, log)``. ``texts``: see :func:`text_source` (or give token ``windows`` ``[n, pos]``
-    directly). ``checkpoint``: a folder for resumable checkpoints. ``progress``: a bar with the live FVU,
-    L0 and dead fraction. An unknown hook raises KeyError; a budget the texts cannot fill is trained on
-    what they give (``log.tokens`` says how much)."""
+    directly, with ``record``, the split :func:`split_windows` made them by). ``checkpoint``: a folder for
+    resumable checkpoints. ``progress``: a bar with the live FVU, L0 and dead fraction (None: on a terminal,
+    else plain lines at a steady interval, :mod:`gpt2_interp.core.progress`); it counts the training steps
+    and the model's forward passes that fill the activation buffer, so its ETA includes both. The SAE's
+    ``cfg.training`` records the training text (``record``, or ``texts`` read whole), ``windows_read`` and
+    ``outlier_ratio``: :func:`heldout_windows` and the CLI's ``sae eval`` read it. An unknown hook raises
+    KeyError; a budget the texts cannot fill is trained on what they give (``log.tokens`` says how much)."""
     torch.manual_seed(cfg.seed)
     sae = new_sae(model, cfg)
     if windows is None:
         windows = token_windows(model, text_source(model, texts, seed=cfg.seed), cfg.context_size)
+        if record is None:
+            record = {"texts": source_name(texts), "seed": cfg.seed, "n_generated": 64, "documents": None}
+            record |= {"context_size": cfg.context_size, "train_windows": len(windows)}
     total_steps = max(1, cfg.tokens // cfg.batch_size)
     trainer = SAETrainer(sae, cfg, total_steps)
     log = TrainingLog(every=max(1, total_steps // 200))
@@ -456,18 +616,28 @@ def train_sae(
         cache=cfg.epochs > 1,
         outlier_ratio=cfg.outlier_ratio,
     )
+    # one bar over all the work: the training steps and the forward passes that fill the buffer (a refill
+    # can take minutes), so that its rate and ETA count both
+    forwards = buffer.forward_passes((total_steps - trainer.steps) * cfg.batch_size)
+    bar = progress_bar(
+        total=total_steps + forwards,
+        initial=trainer.steps,
+        enabled=progress,
+        desc=f"SAE {cfg.hook_name} (steps + forward passes)",
+        unit="batch",
+        smoothing=0,
+    )
+    buffer.on_forward = lambda: bar.update(1)
     batches = iter(buffer)
     pending: list[torch.Tensor] = []
     if trainer.steps == 0:
         first = next(batches, None)
         if first is None:
+            bar.close()
             raise ValueError(f"the texts give fewer than batch_size={cfg.batch_size} activations")
         trainer.init_b_dec(first)
         pending.append(first)
     forward_before = 0.0  # the buffer's forward seconds already counted in log.forward_seconds
-    bar = progress_bar(
-        total=total_steps, initial=trainer.steps, enabled=progress, desc=f"SAE {cfg.hook_name}", unit="step"
-    )
     while trainer.steps < total_steps:
         x = pending.pop() if pending else next(batches, None)
         if x is None:
@@ -489,9 +659,19 @@ def train_sae(
             forward_before = buffer.forward_seconds
             log.outliers = buffer.outliers
             _save_state(ckpt, trainer, buffer.windows_read, log)
+    bar.total = bar.n  # the forward passes were an estimate: the work is done
     bar.close()
     log.forward_seconds += buffer.forward_seconds - forward_before
-    log.outliers = buffer.outliers
+    log.outliers, log.bos = buffer.outliers, buffer.bos
+    if record is not None:
+        sae.cfg.training = {
+            **record,
+            "windows_read": min(buffer.windows_read, len(windows)),
+            "outlier_ratio": cfg.outlier_ratio,
+            "left_out": "BOS"
+            if cfg.outlier_ratio is None
+            else f"BOS and positions above {cfg.outlier_ratio:g} × their window's median norm",
+        }
     return sae.eval(), log
 
 
@@ -515,12 +695,18 @@ __all__ = [
     "SAETrainConfig",
     "SAETrainer",
     "TrainingLog",
+    "fvu",
     "geometric_median",
+    "heldout_windows",
     "hook_width",
+    "kept_positions",
     "new_sae",
     "norm_outliers",
     "run_to_hook",
+    "source_name",
+    "split_windows",
     "text_source",
     "token_windows",
     "train_sae",
+    "trained_overlap",
 ]
