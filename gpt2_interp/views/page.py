@@ -1,10 +1,12 @@
 """The page every view is: HTML sections and Plotly figures, with plotly.js inside the page once.
 
 A :class:`View` is a list of parts (a heading or paragraph, a Plotly figure, a small interactive widget
-with its own script). :meth:`View.html` writes one self-contained page — plotly.js (from the installed
-``plotly`` package) is embedded a single time, however many figures the page holds, so the file opens
-from disk with no network. In Jupyter a view displays itself through ``_repr_html_``; the library is
-sent to the notebook with the first view of the kernel and reused by every later one.
+with its own script). :meth:`View.html` writes one self-contained page — plotly.js is embedded a single
+time, however many figures the page holds, so the file opens from disk with no network: its cartesian
+bundle shipped with the package (1.5 MB, every trace type the views draw), or the whole library of the
+installed ``plotly`` package (4.8 MB) for a page with a figure of another trace type. In Jupyter a view
+displays itself through ``_repr_html_``; the library is sent to the notebook with the first view of the
+kernel and reused by every later one.
 """
 
 from __future__ import annotations
@@ -37,21 +39,46 @@ code{background:#f3f3f3;padding:0 3px;border-radius:3px}
 """
 
 _ids = itertools.count()
-_notebook_loaded = False  # plotly.js sent to this kernel's notebook already
+_notebook_loaded: str | None = None  # the plotly.js bundle sent to this kernel's notebook ("cartesian", "full")
+
+#: plotly.js's cartesian partial bundle (npm ``plotly.js-cartesian-dist-min``, MIT; the version in its first
+#: lines), shipped beside this module: 1.5 MB where the whole library is 4.8 MB, and about half its start-up
+#: time in a freshly started browser. It draws every trace type in :data:`CARTESIAN_TRACES`.
+CARTESIAN_BUNDLE = Path(__file__).with_name("data") / "plotly-cartesian.min.js"
+#: The trace types plotly.js's cartesian bundle holds: all that the views draw.
+CARTESIAN_TRACES = frozenset(
+    {"scatter", "bar", "box", "heatmap", "histogram", "histogram2d", "histogram2dcontour", "contour", "pie", "violin"}
+    | {"image"}
+)
 
 
-def plotly_js() -> str:
-    """The plotly.js bundle of the installed ``plotly`` package (minified, about 4.6 MB)."""
+def _cartesian_js() -> str | None:
+    """The shipped cartesian bundle when it is there and of the plotly.js version the installed ``plotly``
+    writes figures for; else None (the pages then carry the whole library)."""
+    from plotly.offline import get_plotlyjs_version
+
+    try:
+        head = CARTESIAN_BUNDLE.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return head if f"v{get_plotlyjs_version()}\n" in head[:200] else None
+
+
+def plotly_js(full: bool = False) -> str:
+    """The plotly.js a page embeds: the cartesian bundle (:data:`CARTESIAN_BUNDLE`, 1.5 MB) unless ``full`` or
+    it is missing or of another version than the installed ``plotly``'s, then the whole library of the
+    installed ``plotly`` package (minified, about 4.8 MB)."""
     from plotly.offline import get_plotlyjs
 
-    return get_plotlyjs()
+    cartesian = None if full else _cartesian_js()
+    return cartesian if cartesian is not None else get_plotlyjs()
 
 
 def reset_notebook() -> None:
     """Send plotly.js again with the next view displayed in this kernel (after the output holding it was
     cleared, or in a new notebook served by the same kernel)."""
     global _notebook_loaded
-    _notebook_loaded = False
+    _notebook_loaded = None
 
 
 def _new_id() -> str:
@@ -70,6 +97,7 @@ class Part:
 
     body: str
     script: str = ""
+    full_plotlyjs: bool = False  # draws a trace type outside CARTESIAN_TRACES: the page needs all of plotly.js
 
     def render(self) -> tuple[str, str]:
         """``(html, script)`` with this rendering's unique id filled in."""
@@ -96,7 +124,8 @@ def figure_part(fig: Any, height: int | None = None) -> Part:
         "(function(){var s=" + payload + ";"
         "Plotly.newPlot('{id}',s.data,s.layout,{responsive:true,displaylogo:false});})();"
     )
-    return Part('<div id="{id}" class="g2v-fig"></div>', script)
+    full = any(t.get("type", "scatter") not in CARTESIAN_TRACES for t in spec.get("data", []))
+    return Part('<div id="{id}" class="g2v-fig"></div>', script, full_plotlyjs=full)
 
 
 @dataclass
@@ -117,7 +146,7 @@ class View:
         """The view as an HTML fragment: its title, its parts, their scripts; with ``include_plotlyjs``
         the plotly.js bundle first."""
         bodies, scripts = zip(*(p.render() for p in self.parts)) if self.parts else ((), ())
-        lib = f"<script>{plotly_js()}</script>\n" if include_plotlyjs else ""
+        lib = f"<script>{plotly_js(self.needs_full_plotlyjs())}</script>\n" if include_plotlyjs else ""
         uid = _new_id()
         # without plotly.js (a notebook whose first view's output was cleared) the view says what to do
         missing = (
@@ -132,6 +161,10 @@ class View:
             + f"</div>\n{run}"
         )
 
+    def needs_full_plotlyjs(self) -> bool:
+        """Whether a part draws a trace type that plotly.js's cartesian bundle lacks (:data:`CARTESIAN_TRACES`)."""
+        return any(p.full_plotlyjs for p in self.parts)
+
     def html(self) -> str:
         """The whole page: self-contained (plotly.js inside, once), opens from a file with no network."""
         return html_page([self], self.title)
@@ -144,9 +177,11 @@ class View:
 
     def _repr_html_(self) -> str:
         global _notebook_loaded
-        first = not _notebook_loaded
-        _notebook_loaded = True
-        return f"<style>{STYLE.replace('body{', '.g2v-none{')}</style>" + self.fragment(include_plotlyjs=first)
+        need = "full" if self.needs_full_plotlyjs() else "cartesian"
+        send = not _notebook_loaded or (need == "full" and _notebook_loaded != "full")
+        if send:
+            _notebook_loaded = need
+        return f"<style>{STYLE.replace('body{', '.g2v-none{')}</style>" + self.fragment(include_plotlyjs=send)
 
     def show(self, path: str | Path | None = None) -> None:
         """Display the view: inline in Jupyter (IPython's ``display``), otherwise saved to ``path`` (default:
@@ -174,11 +209,13 @@ def html_page(items: Iterable[View | str], title: str) -> str:
     (trusted, e.g. from :func:`markdown_html`) between them; plotly.js is inside the page once. The
     performance marks ``g2v-views-start`` and ``g2v-views-end`` bracket the drawing of the views (after
     plotly.js has loaded): ``performance.measure`` between them is the time the views take to appear."""
+    items = list(items)
     body = "".join(x if isinstance(x, str) else x.fragment(include_plotlyjs=False) for x in items)
+    full = any(not isinstance(x, str) and x.needs_full_plotlyjs() for x in items)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{_html.escape(title)}</title><style>{STYLE}</style>\n"
-        f"<script>{plotly_js()}</script></head>\n<body>\n<script>performance.mark('g2v-views-start')</script>\n"
+        f"<script>{plotly_js(full)}</script></head>\n<body>\n<script>performance.mark('g2v-views-start')</script>\n"
         f"{body}<script>performance.mark('g2v-views-end')</script>\n</body></html>\n"
     )
 
