@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import add_model_args, add_output_args, count, emit, load_model, number
+from . import DEFAULT_MODEL, add_model_args, add_output_args, count, emit, load_model, number
 
 if TYPE_CHECKING:
     import torch
@@ -111,7 +111,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Measure an SAE on windows its training held out (by default: the ones its training record "
         "names), with the positions its training left out (BOS, norm outliers) left out of the metrics.",
     )
-    add_model_args(p)
+    _sae_model_args(p)
     p.add_argument("sae", metavar="SAE_DIR", help="an SAE folder (ours or SAELens's)")
     _eval_text_args(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
@@ -119,7 +119,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=evaluate)
 
     p = cmds.add_parser("features", help="a latent's view, or latents by promoted token or by prompt")
-    add_model_args(p)
+    _sae_model_args(p)
     p.add_argument("sae", metavar="SAE_DIR", help="an SAE folder (ours or SAELens's)")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--latent", type=count(0), help="show this latent's view (top contexts: held-out windows)")
@@ -129,6 +129,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     _eval_text_args(p)
     add_output_args(p)
     p.set_defaults(func=features)
+
+
+def _sae_model_args(p: argparse.ArgumentParser) -> None:
+    """``--model``/``--device``/``--dtype`` of a command that reads an SAE file: the model defaults to the one
+    the SAE's ``cfg.json`` records (its ``model_name``)."""
+    add_model_args(p)
+    p.set_defaults(model=None)
+    for action in p._actions:
+        if action.dest == "model":
+            action.help = "model name or path (default: the model the SAE's cfg.json records, else gpt2-facts)"
 
 
 # ---------------------------------------------------------------------- checks before the model loads
@@ -164,13 +174,56 @@ def _load_sae_checked(args: argparse.Namespace) -> SAE:
 
     _check_texts(args.texts)
     sae = SAE.load(args.sae)
+    recorded = sae.cfg.model_name
+    if args.model is None:  # the model the SAE was trained on (its cfg.json), else the default
+        args.model = recorded or DEFAULT_MODEL
+    args.recorded_model = recorded
     latent = getattr(args, "latent", None)
     if latent is not None and latent >= sae.cfg.d_sae:
         raise IndexError(f"--latent {latent}: this SAE has {sae.cfg.d_sae} latents (0 … {sae.cfg.d_sae - 1})")
     record = sae.cfg.training
     context = args.context or (int(record["context_size"]) if record else None)
-    check_before_loading(args, sae.cfg.hook_name, context)
+    try:
+        check_before_loading(args, sae.cfg.hook_name, context)
+    except (KeyError, ValueError) as e:
+        raise type(e)(_naming_recorded(e, args)) from None
     return sae
+
+
+def _naming_recorded(e: Exception, args: argparse.Namespace) -> str:
+    """``e``'s message, with the model the SAE records named when ``--model`` chose another."""
+    msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    recorded = getattr(args, "recorded_model", "")
+    return (
+        f"{msg} (the SAE was trained on {recorded}: --model {recorded})" if recorded and recorded != args.model else msg
+    )
+
+
+def _load_model_for(args: argparse.Namespace, sae: SAE):
+    """The model of ``args`` with ``sae`` checked against it (hook, base weights, activation width); a refusal
+    names the model the SAE records."""
+    model = load_model(args)
+    try:
+        sae.check_model(model)
+        _check_width(model, sae)
+    except ValueError as e:
+        raise ValueError(_naming_recorded(e, args)) from None
+    return model
+
+
+def _check_width(model, sae: SAE) -> None:
+    """Refuse (ValueError) an SAE whose input width is not the activation width at its hook point (one token
+    run as far as the hook)."""
+    import torch
+
+    from ..analysis.features.sae_train import run_to_hook
+
+    with torch.no_grad():
+        width = run_to_hook(model, model.to_tokens("a")[:, :1], sae.cfg.hook_name)[0, 0].numel()
+    if width != sae.cfg.d_in:
+        raise ValueError(
+            f"{model.cfg.name}'s activations at {sae.cfg.hook_name} have width {width}; this SAE reads {sae.cfg.d_in}"
+        )
 
 
 # ---------------------------------------------------------------------- commands
@@ -284,8 +337,7 @@ def evaluate(args: argparse.Namespace) -> int:
     from ..analysis.features.sae_eval import evaluate_sae
 
     sae = _load_sae_checked(args)
-    model = load_model(args)
-    sae.check_model(model)
+    model = _load_model_for(args, sae)
     sae = sae.to(model.device)
     windows, text = _windows(model, sae, args)
     r = evaluate_sae(
@@ -299,8 +351,7 @@ def features(args: argparse.Namespace) -> int:
     from ..analysis.features.sae_views import feature_view, latents_firing, latents_promoting
 
     sae = _load_sae_checked(args)
-    model = load_model(args)
-    sae.check_model(model)
+    model = _load_model_for(args, sae)
     sae = sae.to(model.device)
     if args.token is not None:
         return emit(args, latents_promoting(model, sae, args.token, args.top))
