@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..core.boundary import boundary
 from ..core.checks import check_count
 from ..facts.base import Fact, FactBase
 from .tokens import target_ids
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from ..model import HookedGPT2
 
 
+@boundary
 def informative(model: HookedGPT2, target: str) -> bool:
     """Whether ``target``'s first token (in ``model``'s tokenizer) holds more than whitespace.
 
@@ -64,6 +66,7 @@ def _pairs(prompts: Sequence[str], targets: Sequence[str]) -> tuple[list[str], l
     return prompts, targets
 
 
+@boundary
 def knows(
     model: HookedGPT2, prompts: Sequence[str], targets: Sequence[str], batch_size: int = 64, prepend_bos: bool = True
 ) -> list[bool]:
@@ -85,6 +88,7 @@ def knows(
     return out
 
 
+@boundary
 def known_facts(
     model: HookedGPT2,
     fb: FactBase | None = None,
@@ -106,6 +110,7 @@ def known_facts(
 __all__ = ["informative", "known_facts", "knows", "top1_tokens"]
 
 
+@boundary
 @torch.no_grad()
 def whole_object(model: HookedGPT2, prompts: Sequence[str], targets: Sequence[str], batch_size: int = 64) -> list[bool]:
     """Per ``(prompt, target)``: whether greedy decoding after BOS + prompt produces every token of the

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from einops import einsum
 
+from ..core.boundary import boundary
 from ..core.checks import check_count, check_prompts
 from ..core.finite import nonfinite_summary
 from ..core.progress import progress_bar
@@ -38,6 +39,7 @@ Target = str | int
 
 
 # ---------------------------------------------------------------------------- helpers
+@boundary
 def decode_resid(model: HookedGPT2, resid: torch.Tensor) -> torch.Tensor:
     """Logit-lens logits ``[..., d_vocab]`` of residuals ``[..., d_model]``: ln_final
     (recomputed on ``resid``, with its ``w``, ``b`` and ``eps``; LayerNorm or RMSNorm), then ``W_U``."""
@@ -116,6 +118,7 @@ def _rank(logits: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 
 # ---------------------------------------------------------------------------- logit lens
+@boundary
 @dataclass
 class LensResult(Result):
     """Logit lens over ``layers`` (boundaries), prompts and positions.
@@ -244,6 +247,7 @@ def _lens_chunk(
     return out
 
 
+@boundary
 @torch.no_grad()
 def logit_lens(
     model: HookedGPT2,
@@ -341,6 +345,7 @@ def logit_lens(
 
 
 # ---------------------------------------------------------------------------- direct logit attribution
+@boundary
 @dataclass
 class DLAResult(Result):
     """A logit (or logit difference) split into the direct contributions of each component.
@@ -402,6 +407,7 @@ class DLAResult(Result):
         return plot_attribution(self, **kwargs)
 
 
+@boundary
 def logit_direction(model: HookedGPT2, target: Target, baseline: Target | None = None) -> torch.Tensor:
     """``w ⊙ (W_U[:, t] - W_U[:, b])`` ``[d_model]``: what a centred, scaled residual is dotted with
     (``t``: the single-token ``target``, ``b``: the ``baseline``, left out when None)."""
@@ -411,6 +417,7 @@ def logit_direction(model: HookedGPT2, target: Target, baseline: Target | None =
     return model.ln_final.w * u
 
 
+@boundary
 def direct_effect(
     component: torch.Tensor, direction: torch.Tensor, scale: torch.Tensor | float, centre: bool = True
 ) -> torch.Tensor:
@@ -420,6 +427,7 @@ def direct_effect(
     return (c @ direction) / scale
 
 
+@boundary
 @torch.no_grad()
 def logit_attribution(
     model: HookedGPT2,

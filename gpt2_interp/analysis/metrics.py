@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 import torch.nn.functional as F
 
+from ..core.boundary import boundary
 from ..core.finite import require_finite
 
 if TYPE_CHECKING:
@@ -134,6 +135,7 @@ class KLTo:
         return F.kl_div(logits.float().log_softmax(-1), ref, log_target=True, reduction="none").sum(-1)
 
 
+@boundary
 def logit_diff(answer: Ids, wrong: Ids, model: HookedGPT2 | None = None) -> LogitDiff:
     """Metric ``logit[answer] − logit[wrong]``; tokens as strings (one token each) or ids, one or one
     per pair. Strings are resolved by ``model``'s tokenizer (now, or when ``patch`` binds it)."""
@@ -143,11 +145,13 @@ def logit_diff(answer: Ids, wrong: Ids, model: HookedGPT2 | None = None) -> Logi
     )
 
 
+@boundary
 def prob(answer: Ids, model: HookedGPT2 | None = None) -> Prob:
     """Metric: next-token probability of ``answer`` (strings resolved as in :func:`logit_diff`)."""
     return Prob(_ids(answer, model, "prob answer"), f"prob({answer!r})" if isinstance(answer, str) else "prob")
 
 
+@boundary
 def kl_to(clean: torch.Tensor | None = None) -> KLTo:
     """Metric: KL divergence from the clean next-token distribution (``clean`` logits ``[n_pairs, d_vocab]``,
     default: the clean run of the patch it is used in)."""

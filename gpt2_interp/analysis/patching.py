@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from ..core import distributed
+from ..core.boundary import boundary
 from ..core.checks import as_selection, check_count, check_indices
 from ..core.finite import NonFiniteWarning, is_finite, nonfinite_summary
 from ..core.progress import shown
@@ -161,6 +162,7 @@ def position_labels(
 
 
 # =============================================================== the result
+@boundary
 @dataclass
 class PatchResult(Result):
     """Patching metric per patched component.
@@ -348,6 +350,7 @@ def estimate(
     return work
 
 
+@boundary
 def patch(
     model: HookedGPT2,
     clean: Prompts,

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..core.boundary import boundary
 from ..core.checks import check_count, check_prompts
 from ..core.progress import progress_bar
 from ..core.result import Result, to_jsonable
@@ -166,6 +167,7 @@ def collect_activations(
 
 
 # ---------------------------------------------------------------------------- the result
+@boundary
 @dataclass
 class ProbeResult(Result):
     """Per-layer probe scores over folds (``scores [n_layers, n_folds]``: accuracy, or R² for
@@ -542,6 +544,7 @@ def _majority(y: np.ndarray) -> str:
     return vals[counts.argmax()]
 
 
+@boundary
 def probe(
     model: HookedGPT2,
     prompts: Sequence[str] | Any,

@@ -8,10 +8,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..core.boundary import boundary
+
 if TYPE_CHECKING:
     from ..model import HookedGPT2
 
 
+@boundary
 def target_ids(model: HookedGPT2, target: str) -> list[int]:
     """Token ids of a (possibly multi-token) target string; a non-string or empty target raises."""
     if not isinstance(target, str):
@@ -21,6 +24,7 @@ def target_ids(model: HookedGPT2, target: str) -> list[int]:
     return model.tokenizer.encode_ids(target)
 
 
+@boundary
 def token_span(model: HookedGPT2, text: str, lo: int, hi: int, prepend_bos: bool = True) -> tuple[int, int]:
     """``(start, end)`` positions (end exclusive) in ``model.to_tokens(text, prepend_bos)`` of every
     token that overlaps characters ``[lo, hi)`` of ``text`` (GPT-2 merges a leading space into a
@@ -33,6 +37,7 @@ def token_span(model: HookedGPT2, text: str, lo: int, hi: int, prepend_bos: bool
     return bos + hit[0], bos + hit[-1] + 1
 
 
+@boundary
 def subject_span(model: HookedGPT2, prompt: str, subject: str, prepend_bos: bool = True) -> tuple[int, int]:
     """``(start, end)`` token positions of the first occurrence of ``subject`` in
     ``model.to_tokens(prompt)`` (end exclusive): every token that overlaps the subject's characters.
@@ -57,6 +62,7 @@ def subject_span(model: HookedGPT2, prompt: str, subject: str, prepend_bos: bool
     return token_span(model, prompt, idx, idx + len(subject), prepend_bos)
 
 
+@boundary
 def prompt_position(model: HookedGPT2, prompt: str, position: int, what: str) -> tuple[torch.Tensor, int]:
     """Tokens ``[1, pos]`` of one prompt and ``position`` as a non-negative index (BOS included);
     a non-string prompt or non-integer position raises TypeError (naming ``what``, the calling

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import torch
 
 from ..core import distributed
+from ..core.boundary import boundary
 from ..core.checks import check_count
 from ..core.finite import require_finite
 from ..core.progress import note, progress_bar, shown
@@ -67,6 +68,7 @@ BUCKETS: tuple[str, ...] = (
 
 
 # =============================================================== results
+@boundary
 @dataclass
 class TraceResult(Result):
     """One causal trace.
@@ -176,6 +178,7 @@ class TraceResult(Result):
         return self.header() + "\n" + self.peak_line()
 
 
+@boundary
 @dataclass
 class TraceSet(Result):
     """Traces of one prompt for several kinds; ``.plot()`` draws ROME's side-by-side panels."""
@@ -576,6 +579,7 @@ def _results(
     return results
 
 
+@boundary
 def causal_trace(
     model: HookedGPT2,
     prompt: str,
@@ -613,6 +617,7 @@ def causal_trace(
     return r
 
 
+@boundary
 def causal_trace_all(
     model: HookedGPT2,
     prompt: str,
@@ -638,6 +643,7 @@ def _as_case(c: Any) -> tuple[str, str, str]:
     )
 
 
+@boundary
 @dataclass
 class AverageTrace(Result):
     """Causal traces averaged over facts by ROME's position buckets (their Figure 2).
@@ -775,6 +781,7 @@ def bucket_cells(n_tokens: int, subject_range: tuple[int, int]) -> list[list[int
     ]
 
 
+@boundary
 def average_trace(
     model: HookedGPT2,
     cases: Sequence[tuple[str, str, str]],

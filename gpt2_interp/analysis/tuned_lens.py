@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core import distributed
+from ..core.boundary import boundary
 from ..core.checks import check_count, check_prompts
 from ..core.finite import require_finite
 from ..core.progress import progress_bar
@@ -66,6 +67,7 @@ def boundary_names(model: HookedGPT2) -> tuple[list[str], list[str]]:
     )
 
 
+@boundary
 @dataclass
 class TunedLens:
     """Affine translators ``T_ℓ(h) = h + h @ weight[ℓ] + bias[ℓ]`` for the ``labels`` boundaries
@@ -378,6 +380,7 @@ def least_squares_translators(
     return weight, bias, n_tok
 
 
+@boundary
 def train_tuned_lens(
     model: HookedGPT2,
     corpus: Corpus = "generated",
@@ -503,6 +506,7 @@ def train_tuned_lens(
 
 
 # ---------------------------------------------------------------------------- evaluation
+@boundary
 @torch.no_grad()
 def lens_divergence(
     model: HookedGPT2,

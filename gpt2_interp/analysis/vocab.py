@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..core.boundary import boundary
 from ..core.checks import check_count
 from ..core.progress import progress_bar
 from ..core.result import Result
@@ -55,6 +56,7 @@ def _readout_in(model: HookedGPT2, vectors: torch.Tensor, apply_ln: bool) -> tor
     return vectors * model.ln_final.w if apply_ln else vectors
 
 
+@boundary
 def vocab_scores(model: HookedGPT2, vectors: torch.Tensor, apply_ln: bool = True) -> torch.Tensor:
     """Vocabulary scores ``[n, d_vocab]`` of ``vectors [n, d_model]`` (see the module doc)."""
     return model.unembed(_readout_in(model, vectors, apply_ln))
@@ -81,6 +83,7 @@ def _strs(model: HookedGPT2, ids: torch.Tensor) -> list[list[str]]:
     return [[model.tokenizer.token_str(int(i)) for i in row] for row in ids]
 
 
+@boundary
 @dataclass
 class VocabProjection(Result):
     """Top-``k`` and bottom-``k`` tokens (and scores) of vectors projected onto the vocabulary,
@@ -166,6 +169,7 @@ def _projection(
     return VocabProjection(labels, ti, _strs(model, ti), ts, bi, _strs(model, bi), bs, apply_ln, **kw)
 
 
+@boundary
 @torch.no_grad()
 def neuron_vocab(
     model: HookedGPT2,
@@ -194,6 +198,7 @@ def neuron_vocab(
     )
 
 
+@boundary
 @torch.no_grad()
 def project(
     model: HookedGPT2, vector: torch.Tensor, k: int = 10, apply_ln: bool = True, labels: Sequence[str] | None = None
@@ -216,6 +221,7 @@ def project(
 
 
 # ---------------------------------------------------------------------------- neuron search
+@boundary
 @dataclass
 class NeuronSearch(Result):
     """Neurons ranked by how much their value vectors promote ``tokens``; iterates as
@@ -279,6 +285,7 @@ def _layers(model: HookedGPT2, layers: int | Sequence[int] | None) -> list[int]:
     return [model.check_layer(l) for l in ([layers] if not isinstance(layers, (list, tuple, range)) else layers)]
 
 
+@boundary
 @torch.no_grad()
 def find_neurons(
     model: HookedGPT2,
@@ -332,6 +339,7 @@ def find_neurons(
 
 
 # ---------------------------------------------------------------------------- sub-updates on a prompt
+@boundary
 @dataclass
 class SubupdateResult(Result):
     """The largest MLP sub-updates ``m_i · v_i`` at one position of a prompt, largest norm first.
@@ -385,6 +393,7 @@ class SubupdateResult(Result):
         return plot_subupdates(self, **kwargs)
 
 
+@boundary
 @torch.no_grad()
 def top_subupdates(
     model: HookedGPT2,

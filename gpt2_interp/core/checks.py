@@ -6,6 +6,8 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+from .boundary import boundary
+
 
 def as_int(x: Any, what: str) -> int:
     """``x`` as a Python int when it is integer-like (int, numpy integer, 0-d integer tensor);
@@ -18,6 +20,7 @@ def as_int(x: Any, what: str) -> int:
         raise TypeError(f"{what} must be an int, got {type(x).__name__} {x!r:.40}") from None
 
 
+@boundary
 def check_index(i: Any, n: int, what: str, context: str, allow_end: bool = False) -> int:
     """``i`` (integer-like; negative counts from the end) as an index into ``n`` items, else an
     IndexError: ``"{what} {i} is out of range: {context} (0..n-1), negatives count from the end"``.
@@ -31,6 +34,7 @@ def check_index(i: Any, n: int, what: str, context: str, allow_end: bool = False
     return k
 
 
+@boundary
 def check_count(k: Any, what: str, minimum: int = 1) -> int:
     """A count such as ``k``/``top``/``samples`` as an int ≥ ``minimum`` (default 1), else a clear error
     naming ``what``: anything not integer-like (bool, float, string) raises ``TypeError``, a value
@@ -41,6 +45,7 @@ def check_count(k: Any, what: str, minimum: int = 1) -> int:
     return j
 
 
+@boundary
 def check_str(x: Any, what: str, example: str, allow_blank: bool = False) -> str:
     """``x`` if it is a string (non-blank unless ``allow_blank``), else a clear error naming ``what`` and
     showing ``example``: a non-string raises ``TypeError``, an empty or blank one ``ValueError``."""
@@ -51,6 +56,7 @@ def check_str(x: Any, what: str, example: str, allow_blank: bool = False) -> str
     return x
 
 
+@boundary
 def check_number(
     x: Any,
     what: str,
@@ -80,6 +86,7 @@ def check_number(
     return value
 
 
+@boundary
 def check_choice(x: Any, what: str, choices: tuple[str, ...]) -> str:
     """``x`` if it is one of ``choices``, else a ValueError naming ``what`` and listing them."""
     if not isinstance(x, str) or x not in choices:
@@ -115,6 +122,7 @@ def as_selection(x: Any, argument: str) -> Any:
     return as_index_list(x, argument, "a list of ints, None or 'all'")
 
 
+@boundary
 def check_prompts(prompts: Any, what: str = "prompts") -> list[str]:
     """``prompts`` (one string, or a sequence of strings) as a list of strings, else a TypeError naming
     ``what``, the index of the first bad element and its type (an empty sequence is a ValueError)."""
@@ -129,3 +137,21 @@ def check_prompts(prompts: Any, what: str = "prompts") -> list[str]:
         if not isinstance(p, str):
             raise TypeError(f"{what}[{i}] must be a string, got {type(p).__name__} {p!r:.40}")
     return items
+
+
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-+=,@")
+
+
+def check_path_name(x: Any, what: str) -> str:
+    """``x`` if it can be one folder or file name inside a folder the library writes to (a tag, a key):
+    letters, digits and ``. _ - + = , @``, not ``.`` or ``..``; else a ValueError naming ``what``, so that
+    no name places a file outside its folder."""
+    check_str(x, what, "run-1")
+    bad = sorted(set(x) - _NAME_CHARS)
+    if bad or x in (".", ".."):
+        raise ValueError(
+            f"{what} {x!r} cannot name a folder inside the output folder"
+            + (f" (it holds {''.join(bad)!r})" if bad else "")
+            + "; use letters, digits and . _ - + = , @"
+        )
+    return x

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from .boundary import boundary
+
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
     "float32": torch.float32,
@@ -15,6 +17,7 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 
+@boundary
 def available_devices() -> list[str]:
     """Devices this machine can run on, e.g. ``['cpu', 'cuda', 'cuda:0', 'cuda:1']``."""
     out = ["cpu"]
@@ -26,6 +29,7 @@ def available_devices() -> list[str]:
     return out
 
 
+@boundary
 def resolve_device(device: torch.device | str | None) -> torch.device | None:
     """``device`` as a ``torch.device`` that exists on this machine (None stays None = the current device).
 
@@ -65,6 +69,7 @@ def resolve_device(device: torch.device | str | None) -> torch.device | None:
     return dev
 
 
+@boundary
 def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     """``dtype`` as a floating ``torch.dtype``: a torch dtype or one of ``fp32 bf16 fp16`` (or their long
     names, with or without ``torch.``); None stays None. A non-floating torch dtype or an unknown name

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .boundary import boundary
+
 
 class NonFiniteWarning(RuntimeWarning):
     """NaN or inf values appeared where a number was expected (e.g. introduced by a user's hook)."""
@@ -21,6 +23,7 @@ def nonfinite_summary(t: torch.Tensor) -> str:
     return f"{', '.join(parts)} of {t.numel()} values"
 
 
+@boundary
 def is_finite(t: torch.Tensor) -> bool:
     """True when every value of ``t`` is finite (always True for integer tensors).
 
@@ -36,6 +39,7 @@ def is_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t).all())
 
 
+@boundary
 def require_finite(t: torch.Tensor, what: str, hint: str = "") -> torch.Tensor:
     """Return ``t`` unchanged, or raise a ValueError saying that ``what`` holds NaN/inf (and how many),
     followed by ``hint`` (what to try) when one is given.

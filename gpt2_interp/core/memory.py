@@ -18,6 +18,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from .boundary import boundary
+
 __all__ = ["TensorMemory", "free_memory"]
 
 
@@ -37,6 +39,7 @@ def _cgroup_free() -> int | None:
     return None
 
 
+@boundary
 def free_memory(device: torch.device | str = "cpu") -> int:
     """Bytes that ``device`` can still allocate now: CUDA's free memory (``torch.cuda.mem_get_info``),
     else the host's available memory (``MemAvailable`` of ``/proc/meminfo``, capped by the cgroup's
@@ -58,6 +61,7 @@ def free_memory(device: torch.device | str = "cpu") -> int:
     return free if free is not None else 4 << 30
 
 
+@boundary
 class TensorMemory(TorchDispatchMode):
     """Inside ``with TensorMemory() as mem:``, the bytes of the storages that operations create are
     counted while those storages are alive: ``current`` now, ``peak`` the most at any moment

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from .boundary import boundary
 
+
+@boundary
 def to_jsonable(x: Any) -> Any:
     """Tensors/arrays to nested lists (floats rounded to 6 significant digits), recursively."""
     if isinstance(x, torch.Tensor):
@@ -58,3 +62,7 @@ class Result:
         ``Figure`` objects (no pyplot state), so nothing needs closing."""
         self.plot(**kwargs).savefig(path, dpi=130, bbox_inches="tight")
         return Path(path)
+
+
+#: What the views and other readers of results take: a result object, or its ``to_dict()`` (read back from JSON).
+ResultLike = Result | Mapping[str, Any]

@@ -28,13 +28,14 @@ import json
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from ..core.boundary import boundary
 from ..core.finite import require_finite
 from ..io.integrity import load_checked, save_checked
 from ..model.fingerprint import tensor_digest, weights_fingerprint
@@ -47,6 +48,7 @@ FORMATS_READ = ("gpt2-interp-edit/1", FORMAT)
 
 
 # ---------------------------------------------------------------- the request
+@boundary
 @dataclass(frozen=True)
 class Request:
     """What to write: ``prompt`` holds ``{}`` where ``subject`` goes, ``target`` is the new continuation.
@@ -63,7 +65,7 @@ class Request:
     prompt: str
     subject: str
     target: str
-    keep: tuple[str, ...] = ()
+    keep: Sequence[str] = ()  # stored as a tuple
 
     def __post_init__(self) -> None:
         for name in ("prompt", "subject", "target"):
@@ -219,6 +221,7 @@ def is_weak(p_before: float, p_after: float) -> bool:
 Factor = tuple[torch.Tensor, "torch.Tensor | None"]  # (U [d_mlp, r], V [r, d_model]) or (ΔW [d_mlp, d_model], None)
 
 
+@boundary
 class Edit:
     """A change of ``blocks[l].mlp.W_out`` for each layer ``l`` in ``edit.layers``.
 
@@ -540,6 +543,7 @@ class Edit:
         return load_edit(path, model)
 
 
+@boundary
 @dataclass(frozen=True)
 class TargetResiduals:
     """MEMIT's target residuals ``z: [n, d_model]`` after the top edit ``layer``, with the weights
@@ -641,11 +645,13 @@ def _rebuild(model: HookedGPT2, layer: int, check_digests: bool) -> None:
         del originals[layer]
 
 
+@boundary
 def applied_edits(model: HookedGPT2) -> list[Edit]:
     """The edits applied to ``model``, oldest first."""
     return [a.edit for a in _stack(model)]
 
 
+@boundary
 @torch.no_grad()
 def undo_all(model: HookedGPT2) -> int:
     """Undo every applied edit at once (restores each edited layer's original ``W_out``);
@@ -696,6 +702,7 @@ def _write(edit: Edit, path: str | Path) -> Path:
     return save_checked(path, tensors, {"format": FORMAT, "edit": json.dumps(meta, default=_json_default)})
 
 
+@boundary
 def load_edit(path: str | Path, model: HookedGPT2 | None = None) -> Edit:
     """Read an edit written by :meth:`Edit.save` (or a rank-one ``/1`` file of earlier versions);
     with ``model``, also check it fits that model.

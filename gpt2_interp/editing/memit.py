@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..core.boundary import boundary
 from ..core.checks import check_choice, check_count, check_number
 from ..core.progress import progress_bar
 from ..model.fingerprint import parameter_digests, weights_fingerprint
@@ -102,6 +103,7 @@ ALPHA_SCALES = ("trace", "absolute")
 DELTA_NORMS = ("resid", "mlp_out")
 
 
+@boundary
 @dataclass
 class MemitHparams:
     """MEMIT/AlphaEdit settings; ``rome`` holds the δ optimisation's (:class:`.rome.RomeHparams`).
@@ -265,6 +267,7 @@ def choose_layers(
 
 
 # ---------------------------------------------------------------- the null space
+@boundary
 @dataclass(eq=False)
 class NullSpace:
     """AlphaEdit's projections ``P_l: [d_mlp, d_mlp]`` per layer plus the keys of the edits made so
@@ -487,6 +490,7 @@ def _resolve_layers(
 
 
 # ---------------------------------------------------------------- the entry point
+@boundary
 def compute_edits(
     model: HookedGPT2,
     requests: Sequence[RequestLike],
@@ -789,6 +793,7 @@ def _solve_layers(
     return factors, keys_used, fit, after
 
 
+@boundary
 def apply_memit(
     model: HookedGPT2,
     requests: Sequence[RequestLike],

@@ -55,6 +55,7 @@ import torch
 
 from ..analysis.tokens import subject_span, target_ids, token_span
 from ..analysis.tracing import causal_trace
+from ..core.boundary import boundary
 from ..core.checks import check_choice, check_number
 from ..core.progress import progress_bar
 from ..model.fingerprint import parameter_digests, weights_fingerprint
@@ -95,6 +96,7 @@ PREFIX_STYLES = ("sampled", "rome", "memit")
 MEMIT_PREFIX_SEEDS = ("The", "Therefore", "Because", "I", "You")
 
 
+@boundary
 @dataclass
 class RomeHparams:
     """ROME's hyperparameters (defaults: ROME's gpt2-medium/-xl settings; per model: ``hparams/rome/``).
@@ -397,6 +399,7 @@ def _frozen(model: HookedGPT2) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------- the maths
+@boundary
 def rank_one_update(
     W_out: torch.Tensor,
     b_out: torch.Tensor | None,
@@ -1074,6 +1077,7 @@ def choose_layer(model: HookedGPT2, request: RequestLike, progress: bool | None 
 
 
 # ---------------------------------------------------------------- the entry point
+@boundary
 def compute_edit(
     model: HookedGPT2,
     request: RequestLike,
@@ -1191,6 +1195,7 @@ def _delta_hooks(layer: int, u: torch.Tensor, v: torch.Tensor) -> list:
     return [(f"blocks.{layer}.mlp.hook_post", grab), (f"blocks.{layer}.hook_mlp_out", add)]
 
 
+@boundary
 def apply_rome(
     model: HookedGPT2,
     requests: RequestLike | Sequence[RequestLike],

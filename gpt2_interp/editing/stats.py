@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 import torch
 
 from ..core import distributed
+from ..core.boundary import boundary
 from ..core.checks import check_count
 from ..core.finite import require_finite
 from ..core.progress import note, progress_bar
@@ -109,6 +110,7 @@ def base_fingerprint(model: HookedGPT2) -> str:
 
 
 # ---------------------------------------------------------------- the statistics
+@boundary
 @dataclass(eq=False)
 class KeyStats:
     """``C: [d_mlp, d_mlp]`` = E[k kᵀ] over ``count`` keys; ``key`` says what it was computed on
@@ -419,6 +421,7 @@ def key_second_moment(
 ) -> dict[int, KeyStats]: ...
 
 
+@boundary
 def key_second_moment(
     model: HookedGPT2,
     layer: int | Sequence[int],

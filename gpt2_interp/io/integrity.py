@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from ..core.boundary import boundary
+
 DIGEST_KEY = "sha256"
 _DOMAIN = b"gpt2-interp-file-digest/1\n"
 
@@ -54,6 +56,7 @@ def content_digest(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, s
     return h.hexdigest()
 
 
+@boundary
 def save_checked(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> Path:
     """Write ``tensors`` (moved to CPU) + string ``metadata`` as one safetensors file at ``path`` with a
     ``sha256`` digest field over both (a ``sha256`` key in ``metadata`` is replaced). Written to a
@@ -72,6 +75,7 @@ def save_checked(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], m
     return path
 
 
+@boundary
 def load_checked(
     path: str | os.PathLike, kind: str = "gpt2-interp", allow_unverified: bool = True
 ) -> tuple[dict[str, torch.Tensor], dict[str, str], bool]:

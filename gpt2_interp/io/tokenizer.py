@@ -21,6 +21,7 @@ from typing import Any
 import tiktoken
 import torch
 
+from ..core.boundary import boundary
 from ..core.porting import PortingWarning
 
 BPE_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -403,6 +404,7 @@ def token_str(token_id: int) -> str:
     return gpt2_encoding().decode_single_token_bytes(token_id).decode("utf-8", errors="replace")
 
 
+@boundary
 class HFTokenizer(Tokenizer):
     """A tokenizer backed by the ``tokenizers`` library (e.g. a byte-level BPE read from a GGUF file,
     :func:`gpt2_interp.io.gguf.gguf_tokenizer`). Special tokens written in the text are matched whole.

@@ -22,9 +22,11 @@ import numpy as np
 import torch
 from einops import einsum
 
+from ..core.boundary import boundary
 from .hooks import hook_name, suggest, switch_of
 
 
+@boundary
 class ActivationCache(Mapping[str, torch.Tensor]):
     """Activations by hook name, as recorded by ``run_with_cache``.
 

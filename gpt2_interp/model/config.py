@@ -23,9 +23,11 @@ import numbers
 from dataclasses import FrozenInstanceError, asdict, dataclass, fields, replace
 from typing import Any, ClassVar
 
+from ..core.boundary import boundary
 from ..core.checks import check_count
 
 
+@boundary
 @dataclass(frozen=True)
 class GPT2Config:
     """The shape of a GPT-2. Every released GPT-2 differs only in these numbers (the defaults are
@@ -301,6 +303,7 @@ class GPT2Config:
         )
 
 
+@boundary
 def llama_config(**kw: Any) -> GPT2Config:
     """A Llama-family config (RMSNorm, RoPE, SwiGLU, no biases, name ``"llama"``); ``kw`` sets the sizes
     and may override any other :class:`GPT2Config` field (e.g. ``n_kv_heads``, ``tied_embeddings``)."""

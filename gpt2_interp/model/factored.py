@@ -7,7 +7,10 @@ from typing import Any
 
 import torch
 
+from ..core.boundary import boundary
 
+
+@boundary
 class FactoredMatrix:
     """``A @ B`` without forming it: ``.AB`` forms it, ``.svd()``/``.eigenvalues``/``.norm()`` use the
     small ``k × k`` core, ``@`` multiplies on either side, indexing selects leading (layer, head) dims.

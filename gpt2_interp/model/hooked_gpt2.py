@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.boundary import boundary
 from ..core.checks import check_index, check_prompts
 from ..io import tokenizer as tok
 from .config import KNOWN_CONFIGS, GPT2Config, ModelConfig
@@ -68,6 +69,7 @@ _BLOCK_HOOK_ORDER = (
 )  # the forward order; hooks a config lacks (rot_q/rot_k, pre_linear, pos_embed) are skipped
 
 
+@boundary
 class HookedGPT2(HookedRootModule, TransformerLensAliases):
     """Exactly GPT-2 (pre-LN, fused QKV, GELU-new, learned positions, tied unembedding) by default;
     with a Llama-style config (:func:`.config.llama_config`) RMSNorm, rotary positions, SwiGLU,

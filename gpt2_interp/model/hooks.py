@@ -18,6 +18,7 @@ from typing import Any, Literal, Union
 
 import torch
 
+from ..core.boundary import boundary
 from ..core.finite import NonFiniteWarning, is_finite
 from ..core.porting import PortingWarning
 
@@ -57,6 +58,7 @@ def _takes_hook_keyword(fn: Callable[..., Any]) -> bool:
     return any(p.kind == p.VAR_KEYWORD for p in params) and len(positional) <= 1
 
 
+@boundary
 class HookPoint:
     """An activation point with a name. Calling it runs its forward hooks in order.
 
@@ -360,6 +362,7 @@ _SUBLAYERS = {
 }
 
 
+@boundary
 def hook_name(family: str, layer: int | None = None, sub: str | None = None) -> str:
     """Full hook name of a short family name and layer: ``hook_name("resid_pre", 3)``.
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from einops import rearrange
 
+from ..core.boundary import boundary
 from ..core.checks import check_count
 from ..core.devices import resolve_device, resolve_dtype
 from ..core.finite import is_finite, nonfinite_summary
@@ -310,6 +311,7 @@ def infer_config(sd: Mapping[str, torch.Tensor], name: str = "gpt2") -> GPT2Conf
     )
 
 
+@boundary
 def from_state_dict(
     sd: Mapping[str, torch.Tensor],
     cfg: GPT2Config | None = None,
@@ -618,6 +620,7 @@ def _gguf_state_dict(g: GGUFFile, cfg: GPT2Config) -> dict[str, torch.Tensor]:
     return sd
 
 
+@boundary
 def load_gguf(path: str | Path, name: str | None = None) -> HookedGPT2:
     """A model from the GGUF file ``path`` (``llama`` or ``gpt2`` architecture) with the tokenizer it
     embeds; quantized weights are dequantized to float32. ``name``: the model's name (None: the file's
@@ -662,6 +665,7 @@ def _named_gguf(key: str, asked: str | None = None) -> HookedGPT2:
 
 
 # ---------------------------------------------------------------- the one entry point
+@boundary
 def load(
     name_or_path: str | os.PathLike,
     device: torch.device | str | None = None,
@@ -753,6 +757,7 @@ def model_config(name_or_path: str | os.PathLike) -> GPT2Config | None:
 
 
 # ---------------------------------------------------------------- other libraries
+@boundary
 def from_transformers(hf_model: Any, tokenizer: tok.Tokenizer | None = None) -> HookedGPT2:
     """A model with the weights of ``hf_model``, a ``transformers`` GPT2LMHeadModel/GPT2Model or
     LlamaForCausalLM/LlamaModel already in memory (copied to the CPU; a bare LlamaModel unembeds with
@@ -777,6 +782,7 @@ def from_transformers(hf_model: Any, tokenizer: tok.Tokenizer | None = None) -> 
     return from_state_dict(sd, cfg, tokenizer).eval()
 
 
+@boundary
 def to_transformers(model: HookedGPT2) -> Any:
     """An equivalent ``transformers.GPT2LMHeadModel`` or ``LlamaForCausalLM`` on the model's device and
     dtype, in eval mode. Needs ``transformers`` (ImportError otherwise); a config that mixes GPT-2 and
@@ -798,6 +804,7 @@ def to_transformers(model: HookedGPT2) -> Any:
     return hf.to(model.device, model.dtype).eval()
 
 
+@boundary
 def from_transformer_lens(tl_model_or_state_dict: Any, config: GPT2Config | None = None) -> HookedGPT2:
     """A model from a TransformerLens ``HookedTransformer`` (loaded without processing) or its state dict
     (a Llama-style one needs ``config``; None: inferred from the tensors). Refusals as in

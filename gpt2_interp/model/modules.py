@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from einops import einsum, repeat
 from torch import nn
 
+from ..core.boundary import boundary
 from .config import GPT2Config
 from .hooks import HookPoint
 
@@ -176,6 +177,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+@boundary
 class KVCache:
     """Keys and values of past positions for incremental decoding, preallocated per layer.
 

@@ -10,6 +10,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from ..core.boundary import boundary
 from ..core.devices import resolve_device, resolve_dtype
 from .cache import ActivationCache, own_storage
 from .hooks import HookFn, HookPoint, NameFilter, name_filter_fn, reads_only, slice_positions, suggest
@@ -17,6 +18,7 @@ from .hooks import HookFn, HookPoint, NameFilter, name_filter_fn, reads_only, sl
 HookSpec = tuple[str | Callable[[str], bool], HookFn]
 
 
+@boundary
 class HookedRootModule(nn.Module):
     """A module whose :class:`HookPoint` attributes (at any depth) are named and hookable, with
     TransformerLens's hook API: ``hooks()``, ``run_with_hooks``, ``run_with_cache``, ``add_hook``,

@@ -69,7 +69,12 @@ def splice(model: HookedRootModule, module: Splice, use_error_term: bool = False
     ``module.splice_forward(activation, use_error_term)``, and the module's hook points are the model's
     under ``{hook_name}.{local name}`` until the returned handle is removed (it is a context manager).
 
-    An unknown hook name raises KeyError; a second splice at the same site raises ValueError."""
+    A module with a ``check_model(model)`` method (an SAE) is first asked whether it was made for this model
+    (ValueError naming both models when not). An unknown hook name raises KeyError; a second splice at the
+    same site raises ValueError."""
+    check = getattr(module, "check_model", None)
+    if check is not None:  # a module made for one model (an SAE: its hook, width and base weights) refuses another
+        check(model)
     site = module.hook_name
     (point,) = model.hook_points(site)
     points = module.splice_hook_points()

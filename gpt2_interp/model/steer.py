@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..core.boundary import boundary
 from ..core.checks import as_index_list, as_int, check_number
 from .hooks import HookPoint, suggest, switch_of
 
@@ -37,6 +38,7 @@ _NOT_STEERABLE = {
 }
 
 
+@boundary
 @dataclass(frozen=True)
 class Steer:
     """``scale · direction`` added at the hook point ``at`` (a full hook name such as

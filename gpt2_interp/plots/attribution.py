@@ -12,6 +12,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from ..core.boundary import boundary
 from .figure import finish
 from .layout import grid_size, place_labels
 
@@ -38,6 +39,7 @@ def _scatter(ax: Axes, estimate: np.ndarray, exact: np.ndarray, highlight: Seque
         axis.set_major_locator(MaxNLocator(5, symmetric=True))
 
 
+@boundary
 def plot_estimate_vs_exact(estimate: np.ndarray, exact: np.ndarray, title: str = "") -> Figure:
     """One scatter of every cell's ``estimate`` effect (y) against its ``exact`` patching effect (x), both
     ``[n_cells]``, with the diagonal estimate = exact; ``title`` above it."""
@@ -48,6 +50,7 @@ def plot_estimate_vs_exact(estimate: np.ndarray, exact: np.ndarray, title: str =
     return finish(fig)
 
 
+@boundary
 def plot_verification(
     estimate: np.ndarray,
     exact: np.ndarray,
@@ -75,6 +78,7 @@ def plot_verification(
     return fig
 
 
+@boundary
 def plot_agreement_grid(
     panels: Sequence[Sequence[tuple[np.ndarray, np.ndarray, str]]],
     row_labels: Sequence[str],

@@ -14,6 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.colorbar import Colorbar
 from matplotlib.figure import Figure
 
+from ..core.boundary import boundary
 from .layout import finish_layout, grid_size, spaced_ticks
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ def _heatmap(
     return cbar
 
 
+@boundary
 def plot_patch(result: PatchResult, cmap: str = "RdBu") -> Figure:
     """Heatmap of a patching sweep: layers down, positions (or heads) across; a ``[layer, pos, head]``
     result gets one panel per head. Diverging colours centred on the unpatched run's metric
@@ -158,6 +160,7 @@ def _finish_traces(fig: Figure, bars: list[tuple[Colorbar, list[tuple[float, str
     return fig
 
 
+@boundary
 def plot_trace(result: TraceResult) -> Figure:
     """ROME's heatmap: tokens down (subject tokens marked ``*``), layers across, p(target) with the
     cell restored; the colour scale runs from 0, with the corrupted and clean scores marked on it."""
@@ -165,6 +168,7 @@ def plot_trace(result: TraceResult) -> Figure:
     return _finish_traces(fig, [_trace_axes(fig, fig.add_subplot(), result)])
 
 
+@boundary
 def plot_traces(traces: Sequence[TraceResult]) -> Figure:
     """Several traces of one prompt side by side (ROME: hidden, MLP, attention)."""
     if not traces:
@@ -176,6 +180,7 @@ def plot_traces(traces: Sequence[TraceResult]) -> Figure:
     return _finish_traces(fig, bars)
 
 
+@boundary
 def plot_average_trace(result: AverageTrace, **_: Any) -> Figure:
     """ROME Figure 2: average indirect effect per position bucket × layer, one panel per kind."""
     k = len(result.kinds)

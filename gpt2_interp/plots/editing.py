@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..core.boundary import boundary
 from .layout import finish_layout
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ def _val(x: Any) -> float:
     return float("nan") if x is None else 100 * float(x)
 
 
+@boundary
 def plot_edit_evaluation(ev: EditEvaluation, title: str | None = None) -> Figure:
     """Scores (ES/PS/NS/S) and magnitudes before/after editing, over all cases and the known
     subset; with a sequential curve, a third panel of scores against the number of edits."""
@@ -85,6 +87,7 @@ def plot_edit_evaluation(ev: EditEvaluation, title: str | None = None) -> Figure
     return finish_layout(fig, rect=(0, 0.04, 1, 1))
 
 
+@boundary
 def plot_decay(
     n_edits: Mapping[str, Sequence[int]],
     scores: Mapping[str, Mapping[str, Sequence[float | None]]],
@@ -122,6 +125,7 @@ def plot_decay(
     return finish_layout(fig)
 
 
+@boundary
 def plot_topk_comparison(cmp: TopKComparison, title: str | None = None) -> Figure:
     """For each prompt, the top-k next-token probabilities before (left) and after (right) the edit;
     the target's first token is drawn in red."""

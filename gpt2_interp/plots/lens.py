@@ -6,7 +6,7 @@ Figures are built as ``matplotlib.figure.Figure`` objects (no pyplot state, any 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -14,6 +14,7 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from ..core.boundary import boundary
 from ..core.checks import check_count
 from .figure import finish, style_line_axes
 from .layout import chars_that_fit, finish_layout, fit_text, grid_size
@@ -29,6 +30,7 @@ def _show(token: str, width: int = 10) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
+@boundary
 def plot_lens(result: LensResult, prompt: int = 0, position: int = -1, max_layers: int | None = None) -> Figure:
     """nostalgebraist-style heatmap of one prompt: rows = layer boundaries (output at the top),
     columns = analysed positions, text = top-1 token, colour = its probability (or the
@@ -127,6 +129,7 @@ def plot_lens(result: LensResult, prompt: int = 0, position: int = -1, max_layer
     return fig
 
 
+@boundary
 def plot_attribution(result: DLAResult) -> Figure:
     """Bars of the direct contributions (embeddings, attention, MLP per layer; LN bias apart),
     and a layer × head heatmap when per-head parts exist."""
@@ -170,6 +173,7 @@ def _token_bars(ax, tokens: Sequence[str], scores: torch.Tensor, colour: str, ti
     ax.set_title(title, fontsize=8)
 
 
+@boundary
 def plot_vocab(result: VocabProjection, rows: int | None = None, max_rows: int = 64) -> Figure:
     """For the first ``rows`` vectors of ``result`` (a :class:`~gpt2_interp.analysis.VocabProjection`;
     default: all, at most ``max_rows``): bars of their top and bottom tokens' scores. ``rows`` < 1 or
@@ -189,6 +193,7 @@ def plot_vocab(result: VocabProjection, rows: int | None = None, max_rows: int =
     return finish_layout(fig)
 
 
+@boundary
 def plot_neuron_search(result: NeuronSearch, **_: object) -> Figure:
     """One bar per neuron (its score), labelled with the neuron's own top tokens."""
     fig = Figure(figsize=(7, 0.28 * len(result) + 1.4))
@@ -208,6 +213,7 @@ def plot_neuron_search(result: NeuronSearch, **_: object) -> Figure:
     return finish_layout(fig)
 
 
+@boundary
 def plot_subupdates(result: SubupdateResult) -> Figure:
     """The largest MLP sub-updates: norm ``|m|·‖v‖`` and (with a target) direct effect, labelled
     with each one's top promoted tokens."""
@@ -236,8 +242,12 @@ def plot_subupdates(result: SubupdateResult) -> Figure:
     return finish_layout(fig)
 
 
+@boundary
 def plot_lens_divergence(
-    labels: Sequence[str], kl_bits: dict[str, Sequence[float]], top1: dict[str, Sequence[float]], title: str = ""
+    labels: Sequence[str],
+    kl_bits: Mapping[str, Sequence[float] | np.ndarray],
+    top1: Mapping[str, Sequence[float] | np.ndarray],
+    title: str = "",
 ) -> Figure:
     """Two panels by layer boundary: KL(final ‖ lens) in bits (log scale; values below 1e-6 bits, the
     last boundary's round-off, are left out) and top-1 agreement with the model's final prediction, one

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..core.boundary import boundary
 from .figure import finish, style_line_axes
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ def _step(n: int, most: int = 12) -> int:
     return max(1, -(-n // most))
 
 
+@boundary
 def plot_probe(result: ProbeResult, title: str | None = None) -> Figure:
     """One panel: the task score and the control score by layer (95% fold intervals as bands), the
     chance level, and the selectivity (task − control) as bars on the same axis."""
@@ -54,6 +56,7 @@ def plot_probe(result: ProbeResult, title: str | None = None) -> Figure:
     return finish(fig)
 
 
+@boundary
 def plot_probe_summary(
     layers: Sequence[str],
     selectivity: dict[str, Sequence[float]],

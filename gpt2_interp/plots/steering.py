@@ -7,12 +7,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..core.boundary import boundary
 from .figure import finish
 
 if TYPE_CHECKING:
     from ..analysis.features.steering import SteeringCurve
 
 
+@boundary
 def plot_steering_curve(result: SteeringCurve, title: str | None = None, max_loss_change: float = 0.05) -> Figure:
     """Two panels of a :class:`~gpt2_interp.analysis.features.SteeringCurve` ``result`` against the scale:
     the change of P(target) from the unsteered model's (± the paired standard error over prompts, the

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..core.boundary import boundary
 from ..core.checks import check_index
 from ..core.result import Result
 from .heatmap import axis_labels
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from ..model import HookedGPT2
 
 
+@boundary
 @dataclass
 class AttentionPatterns(Result):
     """The attention patterns of one prompt.
@@ -55,6 +57,7 @@ class AttentionPatterns(Result):
         return view_attention(self, layer=layer)
 
 
+@boundary
 def attention_patterns(model: HookedGPT2, prompt: str, layers: Sequence[int] | None = None) -> AttentionPatterns:
     """Run ``model`` on ``prompt`` (BOS prepended, as ``to_tokens`` does) caching only each layer's
     ``attn.hook_pattern`` (``layers``: which, default all) and return them as :class:`AttentionPatterns`.
@@ -166,6 +169,7 @@ def _attention_data(d: Mapping[str, Any]) -> tuple[np.ndarray, list[str], list[i
     return arr, list(d["str_tokens"]), [int(l) for l in d["layers"]], int(d.get("n_kv_heads") or arr.shape[1])
 
 
+@boundary
 def view_attention(result: AttentionPatterns | Mapping[str, Any], layer: int | None = None, panel: int = 260) -> View:
     """The attention page of ``result`` (an :class:`AttentionPatterns` or its ``to_dict()``).
 

@@ -7,12 +7,17 @@ from typing import Any
 
 import numpy as np
 
+from ..core.boundary import boundary
+from ..core.result import ResultLike
 from .causal import patch_figure
 from .heatmap import array, as_dict
 from .page import View, figure_part, text_part
 
 
-def view_attribution(estimate: Any, exact: Any | None = None, verification: Any | None = None) -> View:
+@boundary
+def view_attribution(
+    estimate: ResultLike, exact: ResultLike | None = None, verification: ResultLike | None = None
+) -> View:
     """An attribution estimate (:class:`~gpt2_interp.analysis.AttributionResult` or its dict) beside the
     exact patching sweep of the same cells (``exact``, a :class:`~gpt2_interp.analysis.PatchResult`, if
     given), each on its own colour scale; the cells a :class:`~gpt2_interp.analysis.Verification` patched
@@ -83,7 +88,8 @@ def _scatter(estimate: np.ndarray, exact: np.ndarray, labels: list[str], groups:
     return fig
 
 
-def view_verification(result: Any) -> View:
+@boundary
+def view_verification(result: ResultLike) -> View:
     """A :class:`~gpt2_interp.analysis.Verification` (or its dict): every verified cell's estimated effect
     against its exact one, the estimate's top cells in red, random controls in grey; hover names the cell."""
     d = as_dict(result)
@@ -95,7 +101,8 @@ def view_verification(result: Any) -> View:
     return View(f"Verification of {d['method']} by exact patching, {d['hook']}", [note, figure_part(fig)])
 
 
-def view_agreement(result: Any) -> View:
+@boundary
+def view_agreement(result: ResultLike) -> View:
     """An :class:`~gpt2_interp.analysis.Agreement` (or its dict): a scatter of every cell's estimated
     effect against its exact patching effect, with the diagonal estimate = exact."""
     d = as_dict(result)

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from ..core.boundary import boundary
+from ..core.result import ResultLike
 from .heatmap import KIND_COLOURS, array, as_dict, heatmap, token_label
 from .page import View, figure_part, text_part
 
@@ -99,7 +101,8 @@ def patch_figure(
     return fig
 
 
-def view_patch(result: Any) -> View:
+@boundary
+def view_patch(result: ResultLike) -> View:
     """A :class:`~gpt2_interp.analysis.PatchResult` (or an attribution estimate, or either's dict) as a
     layer × position (or head) heatmap; a ``[layer, pos, head]`` sweep has a head menu. Hover: the cell's
     labels, its metric value and its effect."""
@@ -157,7 +160,8 @@ def trace_figure(traces: Sequence[dict[str, Any]]) -> Any:
     return fig
 
 
-def view_traces(result: Any) -> View:
+@boundary
+def view_traces(result: ResultLike) -> View:
     """A :class:`~gpt2_interp.analysis.TraceResult`, a ``TraceSet`` (hidden, MLP, attention) or their
     dicts: ROME's causal-trace heatmaps of one prompt side by side, with the clean and corrupted
     probabilities of the target (see :func:`trace_figure` for the hover)."""
@@ -174,7 +178,8 @@ def view_traces(result: Any) -> View:
     return View(f"Causal trace: {t0['prompt']!r} → {t0['target']!r}", [note, figure_part(trace_figure(traces))])
 
 
-def view_average_trace(result: Any) -> View:
+@boundary
+def view_average_trace(result: ResultLike) -> View:
     """An :class:`~gpt2_interp.analysis.AverageTrace` (or its dict — the ``causal_trace`` experiment's
     data): ROME's Figure 2, the average indirect effect per position bucket × layer, one panel per kind;
     the rows name each bucket's count of facts, hover gives the effect, the restored probability and the

@@ -18,9 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from ..core.boundary import boundary
 from ..core.checks import check_count
 from ..core.circuit_layout import node_xy, receiver_port, row_ticks, x_range
 from ..core.ranking import totals_by_size
+from ..core.result import ResultLike
 from .heatmap import array, as_dict
 from .page import View, figure_part, text_part
 
@@ -63,7 +65,7 @@ def _edge_list(d: Mapping[str, Any], max_edges: int) -> tuple[list[str], np.ndar
     return [edges[i] for i in order], scores[order]
 
 
-def _exact_of(exact: Any) -> dict[str, float]:
+def _exact_of(exact: ResultLike) -> dict[str, float]:
     """``{edge: exact effect}`` from an :class:`~gpt2_interp.analysis.circuits.EdgeScores` (method
     ``exact``), its dict, or a mapping of edge names to values; NaN entries (edges not patched) left out."""
     if isinstance(exact, Mapping) and "edges" not in exact:
@@ -203,7 +205,8 @@ def circuit_figure(
     return fig
 
 
-def view_circuit(result: Any, exact: Any | None = None, max_edges: int = 300) -> View:
+@boundary
+def view_circuit(result: ResultLike, exact: ResultLike | None = None, max_edges: int = 300) -> View:
     """The graph of ``result``: a :class:`~gpt2_interp.analysis.circuits.Circuit` (its edges) or
     :class:`~gpt2_interp.analysis.circuits.EdgeScores` (its ``max_edges`` largest ``|score|`` edges), or
     either's dict. Nodes by layer (input, heads, MLPs, logits), edges with width by ``|score|`` and colour
@@ -260,7 +263,8 @@ def _collapsed(d: dict) -> dict:
     }
 
 
-def view_faithfulness(result: Any, target: float | None = 0.8) -> View:
+@boundary
+def view_faithfulness(result: ResultLike, target: float | None = 0.8) -> View:
     """A :class:`~gpt2_interp.analysis.circuits.FaithfulnessCurve` (or its dict): exact faithfulness against
     the circuit's edges after pruning (log scale), one line per scoring method; hover: the method, the
     requested and kept edge counts and the faithfulness. Dotted lines at 1 (the whole model), 0 (the empty

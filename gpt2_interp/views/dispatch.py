@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..core.boundary import boundary
+from ..core.result import ResultLike
 from .attention import AttentionPatterns, view_attention
 from .attribution import view_agreement, view_verification
 from .causal import view_average_trace, view_patch, view_traces
@@ -49,6 +51,7 @@ KINDS: list[tuple[str, frozenset[str], Callable[..., View]]] = [
 ]
 
 
+@boundary
 def kind_of(d: Mapping[str, Any]) -> str | None:
     """The kind of result a dict holds (``"lens"``, ``"patching"``, …; see :data:`KINDS`), or None."""
     keys = set(d)
@@ -68,7 +71,8 @@ def _found(data: Any, where: str, depth: int = 0) -> list[tuple[str, dict[str, A
     return []
 
 
-def view(result: Any, **kwargs: Any) -> View:
+@boundary
+def view(result: ResultLike, **kwargs: Any) -> View:
     """The interactive :class:`~gpt2_interp.views.View` of ``result``: a result object (lens, patching,
     attribution, trace, average trace, verification, agreement, top-k comparison, edit evaluation, probe,
     vocabulary, neuron search, sub-updates, attention patterns, circuit, edge scores, faithfulness curve,
@@ -89,6 +93,7 @@ def view(result: Any, **kwargs: Any) -> View:
     )
 
 
+@boundary
 def view_experiment(
     d: Mapping[str, Any], figures: Mapping[str, str] | None = None, tables: Mapping[str, str] | None = None
 ) -> View:
@@ -115,6 +120,7 @@ def view_experiment(
     return View(f"Experiment {name}", parts)
 
 
+@boundary
 def load_result(path: str | Path) -> dict[str, Any]:
     """A saved result read back: a JSON file (a result's ``to_json``, an experiment's ``result.json``) or
     a folder holding ``result.json``. A missing file or one that is not JSON raises a one-line error."""

@@ -8,13 +8,16 @@ from typing import Any
 
 import numpy as np
 
+from ..core.boundary import boundary
+from ..core.result import ResultLike
 from .heatmap import array, as_dict, token_label
 from .page import Part, View, figure_part, text_part
 
 SCORE_NAMES = {"es": "ES", "ps": "PS", "ns": "NS", "S": "S", "em": "EM", "pm": "PM", "nm": "NM"}
 
 
-def view_topk(result: Any, roles: Sequence[str] | None = None, scores: Mapping[str, Any] | None = None) -> View:
+@boundary
+def view_topk(result: ResultLike, roles: Sequence[str] | None = None, scores: Mapping[str, Any] | None = None) -> View:
     """``result``, a :class:`~gpt2_interp.editing.compare.TopKComparison` (or its dict): for every prompt, the top-k
     next tokens and their probabilities before (left) and after (right) the edit, the target's first token
     in red; hover gives the exact probability. ``roles``: one word per prompt (``"rewrite"``,
@@ -75,7 +78,8 @@ def _fmt(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
-def view_edit_evaluation(result: Any) -> View:
+@boundary
+def view_edit_evaluation(result: ResultLike) -> View:
     """An :class:`~gpt2_interp.editing.evaluation.EditEvaluation` (or its dict): CounterFact scores
     (ES/PS/NS/S) and magnitudes before and after editing, over all cases and the known subset (hover: the
     exact value and the number of cases); with a sequential curve, the scores against the edits applied."""
@@ -132,7 +136,8 @@ def view_edit_evaluation(result: Any) -> View:
     return View(f"Edit evaluation: {str(d['method']).upper()}", [note, *parts])
 
 
-def view_probe(result: Any) -> View:
+@boundary
+def view_probe(result: ResultLike) -> View:
     """A :class:`~gpt2_interp.analysis.ProbeResult` (or its dict): the probe's score by layer (mean over
     folds, every fold's score on hover), the control task's, and the chance level."""
     import plotly.graph_objects as go

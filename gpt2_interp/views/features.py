@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from ..core.boundary import boundary
+from ..core.result import ResultLike
 from .heatmap import as_dict, token_label
 from .page import Part, View, figure_part, text_part
 
@@ -99,7 +101,8 @@ def _histogram_figure(hist: Mapping[str, Any], density: float) -> Any:
     return fig
 
 
-def view_feature(result: Any) -> View:
+@boundary
+def view_feature(result: ResultLike) -> View:
     """The dashboard of one latent: a :class:`~gpt2_interp.analysis.features.FeatureView` or its dict. Its
     top contexts with every token coloured by the activation (hover: the value), the tokens its logit
     effect promotes and suppresses most (bars; hover: the exact effect), and the histogram of its non-zero

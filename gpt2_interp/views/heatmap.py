@@ -8,12 +8,14 @@ from typing import Any
 
 import numpy as np
 
+from ..core.result import ResultLike
+
 WHITE_BLUE = [[0.0, "#ffffff"], [1.0, "#08306b"]]
 DIVERGING = "RdBu"
 KIND_COLOURS = {"hidden": "Purples", "mlp": "Greens", "attn": "Reds"}
 
 
-def as_dict(result: Any) -> dict[str, Any]:
+def as_dict(result: ResultLike) -> dict[str, Any]:
     """A result object's ``to_dict()``, or the mapping itself (a saved result read back from JSON)."""
     if isinstance(result, Mapping):
         return dict(result)

@@ -7,12 +7,15 @@ from typing import Any
 
 import numpy as np
 
+from ..core.boundary import boundary
 from ..core.checks import check_index
+from ..core.result import ResultLike
 from .heatmap import WHITE_BLUE, array, as_dict, heatmap, token_label
 from .page import View, figure_part, text_part
 
 
-def view_lens(result: Any, prompt: int = 0, k: int = 5) -> View:
+@boundary
+def view_lens(result: ResultLike, prompt: int = 0, k: int = 5) -> View:
     """``result``, a :class:`~gpt2_interp.analysis.LensResult` (or its dict), as a layer × position map of
     one ``prompt``: layer boundaries up (the output at the top), the analysed positions across (input
     tokens on the axis), the top-1 token written in each cell (up to 32 positions; wider maps show it on
@@ -82,7 +85,8 @@ def view_lens(result: Any, prompt: int = 0, k: int = 5) -> View:
     return View(f"{lens}: {d['prompts'][b]!r}", [note, figure_part(fig)])
 
 
-def view_dla(result: Any) -> View:
+@boundary
+def view_dla(result: ResultLike) -> View:
     """A :class:`~gpt2_interp.analysis.DLAResult` (or its dict): a bar per component's direct contribution
     (embeddings, attention and MLP per layer, the final LayerNorm's bias), hover for its exact value; and a
     layer × head heatmap where per-head parts exist."""
@@ -158,7 +162,8 @@ def _token_bars(title: str, tokens: list[list[str]], scores: np.ndarray, labels:
     return fig
 
 
-def view_vocab(result: Any) -> View:
+@boundary
+def view_vocab(result: ResultLike) -> View:
     """A :class:`~gpt2_interp.analysis.VocabProjection` (or its dict): for the vector chosen in the menu,
     bars of its top and bottom tokens' scores (hover: the exact score)."""
     d = as_dict(result)
@@ -169,7 +174,8 @@ def view_vocab(result: Any) -> View:
     return View(f"Vocabulary projection of {len(labels)} vectors", [figure_part(top), figure_part(bottom)])
 
 
-def view_neuron_search(result: Any) -> View:
+@boundary
+def view_neuron_search(result: ResultLike) -> View:
     """A :class:`~gpt2_interp.analysis.NeuronSearch` (or its dict): a bar per neuron (its score); hover for
     the neuron's own top tokens."""
     import plotly.graph_objects as go
@@ -191,7 +197,8 @@ def view_neuron_search(result: Any) -> View:
     return View(f"Neurons promoting {toks}", [figure_part(fig)])
 
 
-def view_subupdates(result: Any) -> View:
+@boundary
+def view_subupdates(result: ResultLike) -> View:
     """A :class:`~gpt2_interp.analysis.SubupdateResult` (or its dict): the largest MLP sub-updates by norm
     ``|m|·‖v‖`` and, with a target, their direct effect on its logit; hover for each one's activation and
     top promoted tokens."""

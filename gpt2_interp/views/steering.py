@@ -3,13 +3,14 @@ behaviour, against what it costs in fluency and drift (:class:`~gpt2_interp.anal
 
 from __future__ import annotations
 
-from typing import Any
-
+from ..core.boundary import boundary
+from ..core.result import ResultLike
 from .heatmap import array, as_dict
 from .page import View, figure_part, text_part
 
 
-def view_steering(result: Any, max_loss_change: float = 0.05) -> View:
+@boundary
+def view_steering(result: ResultLike, max_loss_change: float = 0.05) -> View:
     """A :class:`~gpt2_interp.analysis.features.SteeringCurve` (or its dict) as three panels over the
     scale: P(target) with its standard error, the relative loss change on unrelated text, and the KL
     drift; hover: the scale and each value. A dotted line marks ``max_loss_change`` (the fluency budget)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from gpt2_interp.editing.edit import weights_fingerprint
+from gpt2_interp.editing.edit import TargetResiduals, weights_fingerprint
 from gpt2_interp.editing.evaluate import (
     CaseRow,
     CaseScores,
@@ -281,7 +281,7 @@ def test_choose_setting_maximises_es_plus_ps_within_the_ns_tolerance_else_the_be
         choose_setting(rows, unedited_ns=0.9, ns_tolerance=5.0)
 
 
-def test_eval_config_checks_each_field_by_name_and_maps_evaluate_edits_arguments():
+def test_eval_config_checks_each_field_by_name_and_maps_evaluate_edits_arguments(tiny):
     from gpt2_interp.editing.evaluation import EvalConfig
 
     for kw, field in (
@@ -301,7 +301,7 @@ def test_eval_config_checks_each_field_by_name_and_maps_evaluate_edits_arguments
     with pytest.raises(TypeError, match="seed"):
         EvalConfig(seed="zero")
     with pytest.raises(ValueError, match="batch_size must be None"):
-        EvalConfig(method="memit", batch_size=2, targets=torch.zeros(3, 4)).check_cases(3)
+        EvalConfig(method="memit", batch_size=2, targets=TargetResiduals(torch.zeros(3, 4), 0, "", ())).check_cases(3)
     # positional settings in the old parameter order, named ones, and the rest as editor hyperparameters
     cfg = EvalConfig.of("memit", True, [0], None, 5, v_steps=3, batch_size=2, hparams={"mom2_weight": 10.0})
     assert (cfg.method, cfg.sequential, cfg.layer, cfg.fluency_tokens, cfg.batch_size) == ("memit", True, [0], 5, 2)
@@ -309,7 +309,7 @@ def test_eval_config_checks_each_field_by_name_and_maps_evaluate_edits_arguments
     with pytest.raises(TypeError, match="both"):
         EvalConfig.of("memit", method="rome")
     with pytest.raises(TypeError, match="config"):
-        evaluate_edits(None, [], config=cfg, batch_size=3)
+        evaluate_edits(tiny, [], config=cfg, batch_size=3)
 
 
 class ShiftEditor:

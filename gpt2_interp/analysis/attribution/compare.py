@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ...core.boundary import boundary
 from ...core.checks import check_count
 from ...core.result import Result
 from ..patching import PatchResult
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from .result import AttributionResult
 
 
+@boundary
 def spearman(x: torch.Tensor, y: torch.Tensor) -> float:
     """Spearman rank correlation of two flat tensors (``scipy.stats.spearmanr``: ties get their
     average rank); NaN for fewer than two values or a constant input."""
@@ -30,6 +32,7 @@ def spearman(x: torch.Tensor, y: torch.Tensor) -> float:
     return float(spearmanr(x.cpu().numpy(), y.cpu().numpy())[0])
 
 
+@boundary
 def top_cells(score: torch.Tensor, k: int) -> list[tuple[int, ...]]:
     """The ``k`` cells with the largest ``score`` (index tuples into its shape)."""
     k = check_count(k, "k", minimum=0)
@@ -37,11 +40,13 @@ def top_cells(score: torch.Tensor, k: int) -> list[tuple[int, ...]]:
     return [tuple(int(i) for i in torch.unravel_index(j, score.shape)) for j in idx]
 
 
+@boundary
 def recall(predicted: Sequence[tuple[int, ...]], truth: Sequence[tuple[int, ...]]) -> float:
     """Share of the ``truth`` cells found among ``predicted``."""
     return len(set(predicted) & set(truth)) / max(len(truth), 1)
 
 
+@boundary
 @dataclass
 class Agreement(Result):
     """How an attribution estimate agrees with an exact patching sweep over all cells.
@@ -80,6 +85,7 @@ class Agreement(Result):
         )
 
 
+@boundary
 def agreement(estimate: AttributionResult, exact: PatchResult, k: int = 20) -> Agreement:
     """Compare an estimate with an exact sweep of the same cells: Spearman ρ of the effects and the
     share of the exact top-``k`` cells (largest ``|effect|``) among the estimate's top-``k`` (default

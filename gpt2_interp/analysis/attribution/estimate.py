@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from ...core.boundary import boundary
 from ...core.checks import as_selection, check_count
 from ...core.finite import NonFiniteWarning, is_finite, nonfinite_summary
 from ...core.progress import note, progress_bar
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 ATTRIBUTION_METHODS = ("atp", "atp*", "ig")
 
 
+@boundary
 def attribute(
     model: HookedGPT2,
     clean: Prompts,

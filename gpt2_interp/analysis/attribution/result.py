@@ -7,12 +7,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...core.boundary import boundary
 from ...core.checks import check_count
 from ...core.tables import format_table
 from ..patching import PatchResult
 from .verification import Verification, verify
 
 
+@boundary
 @dataclass
 class AttributionResult(PatchResult):
     """An attribution estimate, shaped and labelled exactly like :class:`~.patching.PatchResult`.

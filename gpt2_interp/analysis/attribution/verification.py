@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ...core.boundary import boundary
 from ...core.checks import check_count
 from ...core.progress import note, progress_bar
 from ...core.result import Result
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from .result import AttributionResult
 
 
+@boundary
 @dataclass
 class Verification(Result):
     """Exact patching of an estimate's top cells (and random controls).
@@ -83,6 +85,7 @@ class Verification(Result):
         return "\n".join([title, *format_table(header, rows, right=[False, True, True, False])])
 
 
+@boundary
 def cell_label(result: PatchResult, cell: tuple[int, ...]) -> str:
     """``"L3 ' Paris' H2"``-style label of a cell of a patching/attribution result."""
     parts = [result.layer_labels[cell[0]]]
@@ -92,6 +95,7 @@ def cell_label(result: PatchResult, cell: tuple[int, ...]) -> str:
     return " ".join(parts)
 
 
+@boundary
 def verify(
     result: AttributionResult,
     k: int = 20,

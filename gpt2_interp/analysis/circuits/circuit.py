@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from ...core.boundary import boundary
 from ...core.checks import check_choice, check_count, check_number
 from ...core.ranking import totals_by_size
 from ...core.result import Result
@@ -70,6 +71,7 @@ def _receiver_nodes(graph: Graph) -> torch.Tensor:
     return out
 
 
+@boundary
 def prune(graph: Graph, keep: torch.Tensor) -> torch.Tensor:
     """``keep [n_edges]`` (or per position ``[n_pos, n_edges]``) bool without dangling edges (see the
     module docstring), repeated until stable."""
@@ -128,6 +130,7 @@ def faithfulness_text(faithfulness: float | None, digits: int = 3) -> str:
     return f", faithfulness {faithfulness:.{digits}f}{low}"
 
 
+@boundary
 @dataclass
 class Circuit(Result):
     """A set of edges of a model's graph.
@@ -296,6 +299,7 @@ class Circuit(Result):
 SELECTIONS = ("top", "greedy")
 
 
+@boundary
 def greedy_order(graph: Graph, scores: torch.Tensor) -> torch.Tensor:
     """Edge indices in the order the greedy rule takes them: from the logits up, always the
     highest-``|score|`` edge whose receiver a node already in the circuit reads (the logits' at first);
@@ -334,6 +338,7 @@ def greedy_order(graph: Graph, scores: torch.Tensor) -> torch.Tensor:
     return torch.tensor(order, dtype=torch.long)
 
 
+@boundary
 def circuit(
     scores: EdgeScores,
     top: int | None = None,
@@ -445,6 +450,7 @@ def _normalise(m: torch.Tensor, pairs: Pairs) -> torch.Tensor:
     return (m.mean(1) - corr) / (clean - corr)
 
 
+@boundary
 def evaluate(
     model: HookedGPT2,
     circ: Circuit,
@@ -472,6 +478,7 @@ def evaluate(
     return out
 
 
+@boundary
 @dataclass
 class FaithfulnessCurve(Result):
     """Faithfulness of circuits of growing size, per scoring method.
@@ -514,6 +521,7 @@ class FaithfulnessCurve(Result):
         return plot_faithfulness(self, **kwargs)
 
 
+@boundary
 def default_sizes(n_edges: int, points: int = 20) -> list[int]:
     """``points`` edge counts spaced evenly in log scale from ~0.1% of ``n_edges`` to all of them."""
     lo = max(1.0, n_edges / 1000)
@@ -521,6 +529,7 @@ def default_sizes(n_edges: int, points: int = 20) -> list[int]:
     return sorted({max(1, round(float(x))) for x in raw})
 
 
+@boundary
 def faithfulness_curve(
     model: HookedGPT2,
     scores: EdgeScores | Sequence[EdgeScores],

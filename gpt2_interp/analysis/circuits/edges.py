@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from einops import einsum, rearrange
 
+from ...core.boundary import boundary
 from ..attribution.readout import Readout, chunk_metric
 from ..engine import Patch, base_kv_from, entry_name, final_logits, kv_names, run_staircase
 from ..metrics import Metric, apply_metric, bind_metric, refuse_degenerate, require_finite_metric
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 EDGE_MEMORY = 1 << 29
 
 
+@boundary
 @contextmanager
 def split_inputs(model: HookedGPT2) -> Iterator[None]:
     """Turn on the model's receiver-input hooks (``use_split_qkv_input``, ``use_hook_mlp_in``) for the
@@ -79,6 +81,7 @@ def sender_outputs(model: HookedGPT2, cache: Any) -> torch.Tensor:
     return torch.cat(parts, 2)
 
 
+@boundary
 @dataclass
 class Pairs:
     """Prompt pairs ready to score: ``clean``/``corrupted`` tokens ``[n, pos]``, ``mask`` ``[n, pos]``
@@ -105,6 +108,7 @@ class Pairs:
         return self.clean.shape[1]
 
 
+@boundary
 def pairs_of(model: HookedGPT2, clean: Prompts, corrupted: Prompts, metric: Metric) -> Pairs:
     """Tokenize prompt pairs as :func:`~gpt2_interp.analysis.patching.patch` does and bind ``metric``.
 
@@ -236,6 +240,7 @@ def _terms(graph: Graph, masks: torch.Tensor) -> list[list[_Term]]:
     return out
 
 
+@boundary
 def run_with_edges(
     model: HookedGPT2,
     graph: Graph,
@@ -358,6 +363,7 @@ def _patched_metric(
     return torch.stack([chunk_metric(pairs.metric, logits[i], (p0, pairs.n)) for i in range(k)])
 
 
+@boundary
 def edge_patch(
     model: HookedGPT2,
     graph: Graph,

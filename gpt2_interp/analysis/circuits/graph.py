@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ...core.boundary import boundary
+
 if TYPE_CHECKING:
     from ...model import HookedGPT2
 
@@ -46,6 +48,7 @@ class Receivers:
     first: int
 
 
+@boundary
 class Graph:
     """The sender/receiver graph of a model (:func:`graph_of` builds it).
 
@@ -166,6 +169,7 @@ class Graph:
         return f"Graph({self.describe()})"
 
 
+@boundary
 def graph_of(model: HookedGPT2) -> Graph:
     """The sender/receiver :class:`Graph` of ``model`` (GPT-2 and Llama-family configs alike; under
     grouped-query attention the key and value receivers are the ``n_kv`` KV heads)."""

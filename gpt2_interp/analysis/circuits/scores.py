@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from einops import einsum, rearrange, repeat
 
+from ...core.boundary import boundary
 from ...core.checks import check_choice, check_count
 from ...core.progress import progress_bar
 from ...core.result import Result
@@ -44,6 +45,7 @@ EDGE_METHODS = ("eap", "eap-ig", "exact")
 GRAD_MEMORY = 1 << 30
 
 
+@boundary
 @dataclass
 class EdgeScores(Result):
     """Scores of a model's edges for prompt pairs.
@@ -95,6 +97,7 @@ class EdgeScores(Result):
         return plot_edge_scores(self, **kwargs)
 
 
+@boundary
 def edge_scores(
     model: HookedGPT2,
     clean: Prompts,

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ...core.boundary import boundary
 from ...core.checks import check_count, check_indices
 from ...core.result import Result
 from ...facts.base import FactBase
@@ -97,6 +98,7 @@ GREATER_THAN_TEMPLATE = "The {noun} lasted from the year {century}{yy:02d} to th
 
 
 # =============================================================== metric of greater-than
+@boundary
 @dataclass
 class ProbMassDiff:
     """Hanna et al.'s probability difference: ``Σ p(year > threshold) − Σ p(year ≤ threshold)`` over
@@ -131,6 +133,7 @@ class ProbMassDiff:
 
 
 # =============================================================== the task
+@boundary
 @dataclass
 class Task:
     """Prompt pairs of one task, tokenized for one model.
@@ -265,11 +268,13 @@ def _logit_diff(name: str) -> Callable[[torch.Tensor, torch.Tensor], Metric]:
 
 
 # =============================================================== IOI
+@boundary
 def ioi_names(model: HookedGPT2) -> list[str]:
     """The IOI names (:data:`IOI_NAMES`) that ``model``'s tokenizer makes one token after a space."""
     return [n for n in IOI_NAMES if _single(model, " " + n) is not None]
 
 
+@boundary
 def ioi(model: HookedGPT2, n: int = 100, seed: int = 0, templates: Sequence[int] | None = None) -> Task:
     """Indirect-object identification (Wang et al. 2023), ``n`` pairs drawn with ``seed``.
 
@@ -321,6 +326,7 @@ def ioi(model: HookedGPT2, n: int = 100, seed: int = 0, templates: Sequence[int]
 
 
 # =============================================================== greater-than
+@boundary
 def year_tokens(model: HookedGPT2, century: int = 17) -> tuple[int, list[int]]:
     """``(century token, [100] two-digit token ids)``: the ids of ``" 17"`` and of ``"00"`` … ``"99"``
     for ``model``'s tokenizer. A tokenizer without them (one that splits numbers into digits, such as
@@ -337,6 +343,7 @@ def year_tokens(model: HookedGPT2, century: int = 17) -> tuple[int, list[int]]:
     return head, [int(y) for y in years if y is not None]
 
 
+@boundary
 def greater_than(model: HookedGPT2, n: int = 100, seed: int = 0, century: int = 17) -> Task:
     """Greater-than over years (Hanna et al. 2023), ``n`` pairs drawn with ``seed``: "The {noun} lasted
     from the year {century}{YY} to the year {century}" with a noun of :data:`GREATER_THAN_NOUNS` that is
@@ -371,6 +378,7 @@ def greater_than(model: HookedGPT2, n: int = 100, seed: int = 0, century: int = 
 
 
 # =============================================================== fact recall
+@boundary
 def fact_recall(
     model: HookedGPT2, n: int = 100, seed: int = 0, relations: Sequence[str] | None = None, template: int = 0
 ) -> Task:
@@ -405,6 +413,7 @@ def fact_recall(
 TASKS: dict[str, Callable[..., Task]] = {"ioi": ioi, "greater_than": greater_than, "fact_recall": fact_recall}
 
 
+@boundary
 def make_task(name: str, model: HookedGPT2, n: int = 100, seed: int = 0, **kwargs: Any) -> Task:
     """The task called ``name`` (one of :data:`TASKS`) for ``model``, ``n`` pairs drawn with ``seed``;
     ``kwargs`` go to its builder (e.g. ``templates=[0, 1]`` for IOI)."""
@@ -414,6 +423,7 @@ def make_task(name: str, model: HookedGPT2, n: int = 100, seed: int = 0, **kwarg
 
 
 # =============================================================== performance
+@boundary
 @dataclass
 class TaskPerformance(Result):
     """How well a model does a task, on its clean and its corrupted prompts.
@@ -449,6 +459,7 @@ class TaskPerformance(Result):
         )
 
 
+@boundary
 @torch.no_grad()
 def last_logits(
     model: HookedGPT2, tokens: torch.Tensor, mask: torch.Tensor | None, batch_size: int = 32
@@ -463,6 +474,7 @@ def last_logits(
     return torch.cat(out)
 
 
+@boundary
 def performance(model: HookedGPT2, task: Task, batch_size: int = 32) -> TaskPerformance:
     """The model's own metric and accuracy on ``task`` (a :class:`Task` built for this model), on the
     clean and the corrupted prompts; ``batch_size`` rows per forward pass."""

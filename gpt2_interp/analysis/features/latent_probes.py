@@ -20,10 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...core.boundary import boundary
 from ...core.result import Result
 from ...core.tables import format_table
 
 
+@boundary
 def latent_auroc(latents: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
     """Each latent's AUROC ``[d_sae]`` as a detector of ``positive`` ``[n]`` (bool) from ``latents``
     ``[n, d_sae]`` (ties share their average rank: a latent that never fires scores 0.5)."""
@@ -46,6 +48,7 @@ def _auroc_from_ranks(ranks: torch.Tensor, positive: torch.Tensor) -> torch.Tens
     return (u / (n_pos * n_neg)).float()
 
 
+@boundary
 @dataclass
 class LatentProbe(Result):
     """Per class of ``task``: the latent picked on the training folds (``latent``: the one picked most
@@ -79,6 +82,7 @@ class LatentProbe(Result):
         return "\n".join(format_table(head, rows, right=[False, True, True, True]))
 
 
+@boundary
 def latent_probe(
     latents: torch.Tensor,
     labels: list[str],

@@ -27,11 +27,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import nn
 
+from ...core.boundary import boundary
 from ...core.checks import check_choice, check_count
 from ...io.files import FileFormatError, check_finite, read_json
 from ...io.integrity import IntegrityError, load_checked
 from ...model.fingerprint import weights_fingerprint
 from ...model.hooks import HookPoint
+from .activations import hook_width
 
 if TYPE_CHECKING:
     from ...model.hooked_gpt2 import HookedGPT2
@@ -43,6 +45,7 @@ FORMAT = "gpt2-interp-sae/1"
 SAELENS_FORMAT = "6.0.0"  # the SAELens version whose cfg.json layout SAE.save writes
 
 
+@boundary
 @dataclass
 class SAEConfig:
     """What an SAE is: ``d_in`` (the activation's width), ``d_sae`` (the number of latents),
@@ -70,6 +73,7 @@ class SAEConfig:
             raise ValueError(f"k must be in [1, d_sae={self.d_sae}] for a {self.architecture} SAE, got {self.k}")
 
 
+@boundary
 class SAE(nn.Module):
     """A sparse autoencoder (see the module's docstring for the maths) with SAELens's parameters
     ``W_enc [d_in, d_sae]``, ``b_enc [d_sae]``, ``W_dec [d_sae, d_in]``, ``b_dec [d_in]`` (and a
@@ -184,8 +188,17 @@ class SAE(nn.Module):
         """Raise a ValueError when ``model`` cannot host this SAE: no hook point ``hook_name``, an
         activation width that is not ``d_in``, or (for an SAE saved with one) weights whose
         fingerprint differs from the base model's."""
+        made_for = self.cfg.model_name or "another model"
         if self.cfg.hook_name not in model.hook_dict:
-            raise ValueError(f"{model.cfg.name} has no hook point {self.cfg.hook_name!r} for this SAE")
+            raise ValueError(
+                f"this SAE was made for {made_for} at {self.cfg.hook_name!r}; {model.cfg.name} has no such hook point"
+            )
+        width = hook_width(model, self.cfg.hook_name)
+        if width is not None and width != self.cfg.d_in:
+            raise ValueError(
+                f"this SAE was made for {made_for}, whose {self.cfg.hook_name} is {self.cfg.d_in} wide; "
+                f"{model.cfg.name}'s is {width}: load it with the model it was trained on"
+            )
         fp = self.cfg.base_fingerprint
         if fp and weights_fingerprint(model) != fp:
             raise ValueError(
@@ -345,6 +358,7 @@ def _config_from_saelens(d: dict[str, Any], where: Path) -> SAEConfig:
     )
 
 
+@boundary
 def load_sae(path: str | Path, model: HookedGPT2 | None = None) -> SAE:
     """:meth:`SAE.load`: an SAE from a folder (ours or SAELens's), checked against ``model`` when given."""
     return SAE.load(path, model)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ...core.boundary import boundary
 from ...core.checks import check_number
 from ...core.progress import progress_bar
 from ...core.result import Result
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from ...model.hooked_gpt2 import HookedGPT2
 
 
+@boundary
 @dataclass
 class SAEEvaluation(Result):
     """An SAE's quality on ``tokens`` held-out tokens (BOS positions excluded): ``l0``,
@@ -74,6 +76,7 @@ class SAEEvaluation(Result):
         return "\n".join(format_table(["metric", "value"], rows, right=[False, True]))
 
 
+@boundary
 @torch.no_grad()
 def evaluate_sae(
     model: HookedGPT2,

@@ -40,7 +40,7 @@ from ...core.checks import check_choice, check_count, check_number
 from ...core.progress import progress_bar
 from ...io.files import load_tree, save_tree
 from ...model.fingerprint import weights_fingerprint
-from ...model.hooks import layer_of
+from .activations import hook_width, run_to_hook
 from .sae import ARCHITECTURES, SAE, Architecture, SAEConfig
 
 CHECKPOINT_FILE = "train_state.safetensors"  # written by save_tree: no pickle, digest-checked
@@ -205,22 +205,6 @@ def trained_overlap(
     return max(0, min(start + n, first_clear) - start)
 
 
-def run_to_hook(model: HookedGPT2, tokens: torch.Tensor, hook_name: str) -> torch.Tensor:
-    """The activation at ``hook_name`` ``[batch, pos, ...]`` for token windows ``[batch, pos]``, the model
-    run only as far as it needs to (the block holding the hook)."""
-    got: list[torch.Tensor] = []
-
-    def grab(x: torch.Tensor, hook: Any) -> None:
-        got.append(x.detach())
-
-    grab.reads_only = True  # type: ignore[attr-defined]  # hooks.reads_only's marker: the hook never writes
-    layer = layer_of(hook_name)
-    stop = None if hook_name.startswith(("ln_final", "unembed")) else (0 if layer is None else layer + 1)
-    with model.hooks([(hook_name, grab)]):
-        model(tokens.to(model.device), return_type=None, stop_at_layer=stop)
-    return got[-1]
-
-
 def norm_outliers(acts: torch.Tensor, ratio: float) -> torch.Tensor:
     """Which rows of ``acts`` ``[n, d]`` are norm outliers ``[n]`` (bool): a norm above ``ratio`` × the median
     norm of the rows. Such are the *massive activations* of Llama-family models (Sun et al. 2024): a few
@@ -252,15 +236,6 @@ def fvu(x: torch.Tensor, recons: torch.Tensor) -> torch.Tensor:
     ``x̄`` the mean row of ``x`` — a training step's loss on its batch, and ``1 − variance explained`` of
     :func:`~gpt2_interp.analysis.features.sae_eval.evaluate_sae` over all the evaluated rows."""
     return (x - recons).pow(2).sum() / (x - x.mean(0)).pow(2).sum()
-
-
-def hook_width(model: HookedGPT2, hook_name: str) -> int:
-    """The width of one position's activation at ``hook_name`` (heads and ``d_head`` flattened); an
-    unknown hook name raises KeyError with the closest names."""
-    model.hook_points(hook_name)
-    bos = model.tokenizer.bos_id if model.tokenizer.bos_id is not None else 0
-    act = run_to_hook(model, torch.tensor([[bos]]), hook_name)
-    return int(act[0, 0].numel())
 
 
 class ActivationBuffer:

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ...core.checks import check_count, check_index, check_str
+from ...core.boundary import boundary
+from ...core.checks import check_count, check_index, check_indices, check_str
 from ...core.result import Result
 from ...core.tables import format_table
 from .sae import SAE
@@ -36,11 +37,15 @@ if TYPE_CHECKING:
 PROMOTED_TOKENS = 5
 
 
+@boundary
 def logit_effect(model: HookedGPT2, sae: SAE, latents: list[int] | None = None) -> torch.Tensor:
     """``[d_sae, d_vocab]``: each decoder row, scaled by the final norm's gain where the model has one,
     through the unembedding (no norm bias, no unembedding bias: the latent's own direction). With
     ``latents``, only their rows (``[len(latents), d_vocab]``)."""
-    w_dec = sae.W_dec.detach() if latents is None else sae.W_dec.detach()[list(latents)]
+    sae.check_model(model)
+    if latents is not None:
+        latents = check_indices(latents, sae.cfg.d_sae, "latent", "latents", f"this SAE has {sae.cfg.d_sae} latents")
+    w_dec = sae.W_dec.detach() if latents is None else sae.W_dec.detach()[latents]
     w_dec = w_dec.to(model.dtype)
     gain = getattr(model.ln_final, "w", None)
     if gain is not None:
@@ -48,6 +53,7 @@ def logit_effect(model: HookedGPT2, sae: SAE, latents: list[int] | None = None) 
     return w_dec @ model.W_U.detach()
 
 
+@boundary
 @dataclass
 class FeatureView(Result):
     """One latent of an SAE: ``latent``, ``hook_name``; ``contexts`` (top first: each a dict with
@@ -88,6 +94,7 @@ def _tokens(model: HookedGPT2, ids: list[int]) -> list[str]:
     return [model.tokenizer.decode([i]) for i in ids]
 
 
+@boundary
 @torch.no_grad()
 def feature_view(
     model: HookedGPT2,
@@ -152,6 +159,7 @@ def feature_view(
     )
 
 
+@boundary
 @dataclass
 class LatentSearch(Result):
     """Latents ranked for a query: ``query`` (what was searched), ``by`` (``"logit effect"`` or
@@ -178,6 +186,7 @@ class LatentSearch(Result):
 def top_tokens(model: HookedGPT2, sae: SAE, latents: list[int], n: int = PROMOTED_TOKENS) -> list[list[str]]:
     """For each of ``latents``, the ``n`` tokens its decoder row promotes most (:func:`logit_effect`,
     largest first): what writing the latent does to the logits."""
+    sae.check_model(model)
     if not latents:
         return []
     effect = logit_effect(model, sae, latents).float()
@@ -185,9 +194,11 @@ def top_tokens(model: HookedGPT2, sae: SAE, latents: list[int], n: int = PROMOTE
     return [_tokens(model, row) for row in ids]
 
 
+@boundary
 def latents_promoting(model: HookedGPT2, sae: SAE, token: str, top: int = 10) -> LatentSearch:
     """The ``top`` latents of ``sae`` whose logit effect (:func:`logit_effect`) on ``token`` (a string that is one
     token, e.g. ``" Paris"``) is largest. A string of several tokens raises ValueError."""
+    sae.check_model(model)
     check_str(token, "token", " Paris")
     ids = model.tokenizer.encode_ids(token)
     if len(ids) != 1:
@@ -198,10 +209,12 @@ def latents_promoting(model: HookedGPT2, sae: SAE, token: str, top: int = 10) ->
     return LatentSearch(token, "logit effect", latents, best.values.tolist(), top_tokens(model, sae, latents))
 
 
+@boundary
 @torch.no_grad()
 def latents_firing(model: HookedGPT2, sae: SAE, prompt: str, top: int = 10, position: int | None = -1) -> LatentSearch:
     """The ``top`` latents of ``sae`` most active on ``prompt`` at token ``position`` (default the last; None: the
     maximum over the prompt's tokens, BOS excluded)."""
+    sae.check_model(model)
     check_str(prompt, "prompt", "The capital of France is")
     tokens = model.to_tokens(prompt)
     z = sae.encode(run_to_hook(model, tokens, sae.cfg.hook_name)[0].reshape(tokens.shape[1], -1))

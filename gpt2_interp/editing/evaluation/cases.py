@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...analysis.known import knows
 from ...analysis.tokens import subject_span
+from ...core.boundary import boundary
 from ...facts.base import Fact, FactBase
 from ...facts.templates import templates
 from ..edit import Request
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from ...model import HookedGPT2
 
 
+@boundary
 @dataclass
 class CounterfactCase:
     """One counterfactual request with the prompts that test it (prompts are filled-in text).
@@ -62,6 +64,7 @@ class CounterfactCase:
         )
 
 
+@boundary
 def counterfact_requests(
     fb: FactBase | None = None, n: int = 200, seed: int = 0, n_neighbours: int = 10
 ) -> list[CounterfactCase]:
@@ -101,6 +104,7 @@ def counterfact_requests(
     return cases
 
 
+@boundary
 def as_cases(requests: Sequence[Any] | int, seed: int = 0) -> list[CounterfactCase]:
     """``requests`` as cases: an int n is that many :func:`counterfact_requests` (``seed``); cases,
     Requests or dicts are converted one by one (:meth:`CounterfactCase.of`, ids in order)."""
@@ -114,6 +118,7 @@ def as_cases(requests: Sequence[Any] | int, seed: int = 0) -> list[CounterfactCa
     return cases
 
 
+@boundary
 def keep_other_relations(
     cases: Sequence[CounterfactCase], template: int | Sequence[int] = 1, fb: FactBase | None = None
 ) -> list[CounterfactCase]:
@@ -141,6 +146,7 @@ def keep_other_relations(
     return out
 
 
+@boundary
 def known_cases(
     model: HookedGPT2,
     n: int,
@@ -166,6 +172,7 @@ def known_cases(
     return out[:n]
 
 
+@boundary
 def known_flags(model: HookedGPT2, cases: Sequence[CounterfactCase], batch_size: int = 64) -> list[bool]:
     """Per case: whether the model knows its fact on the rewrite prompt
     (:func:`~gpt2_interp.analysis.known.knows`); False for a case without ``target_true``."""
@@ -179,12 +186,14 @@ def known_flags(model: HookedGPT2, cases: Sequence[CounterfactCase], batch_size:
     return out
 
 
+@boundary
 def unrelated_prompts(n: int = 30, seed: int = 1) -> list[tuple[str, str, str]]:
     """A fixed set of ``(relation, subject, prompt)`` from the fact base, spread over relations."""
     cases = counterfact_requests(n=n, seed=seed, n_neighbours=0)
     return [(c.relation, c.request.subject, c.request.text) for c in cases]
 
 
+@boundary
 @dataclass
 class RelatedPrompt:
     """A fact the edit should leave alone: ``kind`` "subject" (another relation of the edited
@@ -211,6 +220,7 @@ def _related_prompt(f: Fact, kind: str) -> RelatedPrompt:
     return RelatedPrompt(templates(f.relation, "train")[0].format(f.subject), f.target, kind, f.subject, f.relation)
 
 
+@boundary
 def related_prompts(
     model: HookedGPT2, cases: Sequence[CounterfactCase], fb: FactBase | None = None, n_max: int = 10, seed: int = 0
 ) -> list[list[RelatedPrompt]]:
@@ -248,6 +258,7 @@ def related_prompts(
     return out
 
 
+@boundary
 def known_related(
     model: HookedGPT2, cases: Sequence[CounterfactCase], seed: int = 0, batch_size: int = 64
 ) -> list[list[RelatedPrompt]]:

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from ...core.boundary import boundary
 from ...core.checks import as_int, check_count
 
 if TYPE_CHECKING:
@@ -18,6 +19,7 @@ EDIT_METHODS = ("rome", "memit", "alphaedit")
 DEFAULT_CHECKPOINTS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 
 
+@boundary
 @dataclass
 class EvalConfig:
     """How an evaluation edits and scores (``evaluate_edits``' keywords, in its positional order).

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
+from ...core.boundary import boundary
 from ...core.checks import as_int
 from ...model.fingerprint import parameter_digests
 from ..edit import Edit, Request, TargetResiduals
@@ -47,6 +48,7 @@ class Editor(Protocol):
         """ONE edit (not applied) that writes ``requests`` into ``model`` as it is now."""
 
 
+@boundary
 @dataclass
 class RomeEditor:
     """ROME, one request per edit, at one fixed layer (with its key statistics) or at a layer chosen
@@ -118,6 +120,7 @@ class RomeEditor:
 _MemitE = TypeVar("_MemitE", bound="MemitEditor")  # MemitEditor.prepare builds the class it is called on
 
 
+@boundary
 @dataclass
 class MemitEditor:
     """MEMIT: one edit for a batch of requests, spread over ``layers`` with their key statistics.
@@ -184,6 +187,7 @@ class MemitEditor:
         )
 
 
+@boundary
 @dataclass
 class AlphaEditEditor(MemitEditor):
     """AlphaEdit: MEMIT's batches with each update confined to the null space of preserved keys
@@ -220,6 +224,7 @@ class AlphaEditEditor(MemitEditor):
         return editor
 
 
+@boundary
 def make_editor(model: HookedGPT2, config: EvalConfig, requests: Sequence[Request], group: Any = None) -> Editor:
     """The editor ``config.method`` names, prepared for ``requests`` (their layers chosen when
     ``config.layer`` is "auto") with ``config``'s layer, statistics and hyperparameters. ``group``:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ...core import distributed
+from ...core.boundary import boundary
 from ...core.progress import progress_bar
 from ...model.fingerprint import tensor_digest, weights_fingerprint
 from ..edit import Edit, EditFailedWarning, undo_all
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from ...model import HookedGPT2
 
 
+@boundary
 @dataclass
 class Baseline:
     """The unedited model's measurements: one row per case (pre-edit scores, known flag, fluency),
@@ -76,6 +78,7 @@ class Baseline:
         ]
 
 
+@boundary
 def baseline(model: HookedGPT2, cases: Sequence[CounterfactCase], config: EvalConfig) -> Baseline:
     """Measure the unedited ``model`` on ``cases`` (batched, ``config.score_batch_size`` prompts a pass),
     with a bar over the measurements (``config.progress``)."""
@@ -233,6 +236,7 @@ def _sequential(
     return n_done, curve, steps
 
 
+@boundary
 def evaluate_local(
     model: HookedGPT2,
     cases: Sequence[CounterfactCase],
@@ -303,6 +307,7 @@ def _evaluate_sharded(
     return _result(editor, config, rows, [], [], restored, t_start)
 
 
+@boundary
 def run_evaluation(
     model: HookedGPT2,
     requests: Sequence[Any] | int,
@@ -337,6 +342,7 @@ def run_evaluation(
     return evaluate_local(model, cases, editor, config, t_start)
 
 
+@boundary
 def evaluate_edits(
     model: HookedGPT2,
     requests: Sequence[Any] | int,
@@ -363,6 +369,7 @@ def evaluate_edits(
     return run_evaluation(model, requests, _config(config, args, kwargs), group=group)
 
 
+@boundary
 def evaluate_edits_local(
     model: HookedGPT2, requests: Sequence[Any] | int, *args: Any, config: EvalConfig | None = None, **kwargs: Any
 ) -> EditEvaluation:

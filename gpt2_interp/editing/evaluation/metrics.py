@@ -26,6 +26,7 @@ import torch
 
 from ...analysis.known import knows
 from ...analysis.tokens import target_ids
+from ...core.boundary import boundary
 from .cases import CounterfactCase, RelatedPrompt
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 
 # ---------------------------------------------------------------- probabilities and scores
+@boundary
 @torch.no_grad()
 def target_logprobs(
     model: HookedGPT2, prompts: Sequence[str], targets: Sequence[str], batch_size: int = 64
@@ -79,6 +81,7 @@ def _case_pairs(case: CounterfactCase) -> list[tuple[str, str, str]]:
 SCORES = ("es", "em", "ps", "pm", "ns", "nm")
 
 
+@boundary
 @dataclass
 class Scores:
     """CounterFact's efficacy / paraphrase / neighbourhood scores (``es``/``ps``/``ns``) and
@@ -92,6 +95,7 @@ class Scores:
     nm: float | None = None
 
 
+@boundary
 @dataclass
 class CaseScores(Scores):
     """One case's :class:`Scores` on the model as it is, and ``p_new`` = P(new) / ``p_true`` = P(true) on
@@ -123,6 +127,7 @@ def _scores_of(case: CounterfactCase, by_part: Mapping[str, list[float]]) -> Cas
     return row
 
 
+@boundary
 def case_scores(model: HookedGPT2, cases: Sequence[CounterfactCase], batch_size: int = 64) -> list[CaseScores]:
     """Efficacy/paraphrase/neighbourhood scores and magnitudes of each case on the model as it is."""
     pairs = [(i, *row) for i, c in enumerate(cases) for row in _case_pairs(c)]
@@ -144,6 +149,7 @@ def _ngram_entropy(text: str, ns: Sequence[int] = (2, 3), weights: Sequence[floa
     return sum(w * e for w, e in zip(weights, ents)) / len(ents)
 
 
+@boundary
 def n_gram_entropy(
     texts: str | Sequence[str], ns: Sequence[int] = (2, 3), weights: Sequence[float] = (2 / 3, 4 / 3)
 ) -> float:
@@ -154,6 +160,7 @@ def n_gram_entropy(
     return sum(_ngram_entropy(t, ns, weights) for t in texts) / max(len(texts), 1)
 
 
+@boundary
 def greedy_continuations(
     model: HookedGPT2, prompts: Sequence[str], n_tokens: int = 40, suppress_eos: bool = True
 ) -> list[str]:
@@ -170,12 +177,14 @@ def greedy_continuations(
     )
 
 
+@boundary
 def fluency_prompts(case: CounterfactCase) -> list[str]:
     """The prompts whose continuations measure a case's fluency: the rewrite prompt and the first
     two paraphrases."""
     return [case.request.text, *case.paraphrases[:2]]
 
 
+@boundary
 def fluency(
     model: HookedGPT2, cases: Sequence[CounterfactCase], n_tokens: int = 40, batch_size: int = 64
 ) -> list[float]:
@@ -196,17 +205,20 @@ def fluency(
     return out
 
 
+@boundary
 @torch.no_grad()
 def next_logprobs(model: HookedGPT2, prompts: Sequence[str]) -> torch.Tensor:
     """``[n, d_vocab]``: log-probabilities of the next token after each prompt (float32)."""
     return model.last_logits(list(prompts)).float().log_softmax(-1)
 
 
+@boundary
 def kl_rows(pre: torch.Tensor, post: torch.Tensor) -> torch.Tensor:
     """``[n]``: KL(pre ‖ post) per row of next-token log-probabilities ``[n, d_vocab]``."""
     return (pre.exp() * (pre - post)).sum(-1)
 
 
+@boundary
 def related_hits(
     model: HookedGPT2, related: Sequence[list[RelatedPrompt]], batch_size: int = 64
 ) -> list[dict[str, tuple[int, int]]]:
@@ -233,6 +245,7 @@ def _mean(xs: Sequence[Any]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+@boundary
 def harmonic_score(*scores: float | None) -> float | None:
     """CounterFact's S: the harmonic mean of the defined scores (ES, PS, NS); 0 if any is 0,
     None if none is defined."""
@@ -242,6 +255,7 @@ def harmonic_score(*scores: float | None) -> float | None:
     return len(parts) / sum(1 / x for x in parts) if min(parts) > 0 else 0.0
 
 
+@boundary
 def choose_setting(rows: Sequence[Any], unedited_ns: float, ns_tolerance: float = 0.05) -> Any:
     """The tuning choice among settings scored on the same requests: each row (a mapping or an
     object) has ``es``, ``ps``, ``ns`` (fractions; None where undefined).
@@ -266,6 +280,7 @@ def choose_setting(rows: Sequence[Any], unedited_ns: float, ns_tolerance: float 
     return max(rows, key=lambda r: harmonic_score(get(r, "es"), get(r, "ps"), get(r, "ns")) or 0)
 
 
+@boundary
 @dataclass
 class CaseRow:
     """One evaluated case: what was asked, whether the unedited model knew it, its scores before and
@@ -319,6 +334,7 @@ class CaseRow:
         return self.stn_hits / self.stn_n if self.stn_n else None
 
 
+@boundary
 @dataclass
 class MeanScores(Scores):
     """Means of :class:`Scores` over cases (those without a score skipped) and CounterFact's ``S``
@@ -335,6 +351,7 @@ class MeanScores(Scores):
         return out
 
 
+@boundary
 @dataclass
 class Summary:
     """A set of :class:`CaseRow` summarised: mean scores before and after the edits; subject
@@ -361,6 +378,7 @@ class Summary:
     edit_seconds_median: float | None = None
 
 
+@boundary
 def summarize(rows: Sequence[CaseRow]) -> Summary:
     """Means of every score over ``rows`` (cases without a score are skipped) + S, before and after;
     subject specificity and shared-token neighbours pooled over the related facts."""
@@ -383,6 +401,7 @@ def summarize(rows: Sequence[CaseRow]) -> Summary:
     )
 
 
+@boundary
 @dataclass
 class CurvePoint(MeanScores):
     """Scores of the edits made so far, after ``n_edits`` of them (sequential editing), their subject
@@ -396,6 +415,7 @@ class CurvePoint(MeanScores):
     kl_max: float = 0.0  # max over those prompts
 
 
+@boundary
 @dataclass
 class StepDrift:
     """KL(unedited ‖ edited) of the next-token distribution on fixed unrelated prompts after one

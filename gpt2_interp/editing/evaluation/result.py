@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...core.boundary import boundary
 from ...core.result import Result
 from .metrics import SCORES, CaseRow, CurvePoint, MeanScores, StepDrift, Summary, _mean
 
 
+@boundary
 @dataclass
 class EditEvaluation(Result):
     """Per-case rows, summaries over all cases and the known subset, and (sequential) the decay

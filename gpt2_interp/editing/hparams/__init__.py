@@ -19,6 +19,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from ...core.boundary import boundary
+
 METHODS = ("rome", "memit", "alphaedit")
 EXPERIMENTS = (
     "rome_counterfact",
@@ -125,18 +127,21 @@ def _read(method: str, name: str) -> dict[str, Any] | None:
     return data
 
 
+@boundary
 def hparams_file(method: str, model_name: str) -> dict[str, Any] | None:
     """The whole file of ``model_name`` (``"default"`` for the default file) as parsed JSON, or None."""
     data = _read(_check_method(method), model_name)
     return None if data is None else json.loads(json.dumps(data))
 
 
+@boundary
 def model_hparams(method: str, model_name: str) -> dict[str, Any]:
     """The settings that differ for ``model_name`` (its own file; empty when it has none)."""
     data = _read(_check_method(method), model_name)
     return {} if data is None or model_name == "default" else _tuples(data["settings"])
 
 
+@boundary
 def load_hparams(method: str, model_name: str) -> dict[str, Any]:
     """The settings of ``method`` for ``model_name``: ``default.json`` updated by the model's own file."""
     default = _read(_check_method(method), "default")
@@ -161,6 +166,7 @@ def _read_preset(preset: str) -> dict[str, Any]:
     return data
 
 
+@boundary
 def preset_hparams(preset: str, method: str, model_name: str) -> dict[str, Any]:
     """The settings of ``preset`` for ``method`` on ``model_name``: the method's preset settings updated by
     the model's entry (its published size class) when the preset has one.
@@ -173,6 +179,7 @@ def preset_hparams(preset: str, method: str, model_name: str) -> dict[str, Any]:
     return _tuples(block["settings"]) | _tuples(own["settings"])
 
 
+@boundary
 def models_with_hparams(method: str) -> list[str]:
     """The model names that have a file of their own for ``method``."""
     folder = resources.files(__package__).joinpath(_check_method(method))
