@@ -67,7 +67,7 @@ class _Checked:
 
     def __init__(self, fn: Callable[..., Any], owner: str | None = None):
         self.fn, self.sig = fn, inspect.signature(fn)
-        self.name = owner or getattr(fn, "__qualname__", getattr(fn, "__name__", "function"))
+        self.name: str = owner or str(getattr(fn, "__qualname__", getattr(fn, "__name__", "function")))
         self.hints: dict[str, Any] | None = None
 
     def wrap(self) -> Callable[..., Any]:
@@ -266,7 +266,7 @@ def _widen(hint: Any) -> Any:
         return cabc.Callable if origin is cabc.Callable else hint
     try:
         if origin is tuple and len(args) == 2 and args[1] is Ellipsis:  # any length: a list is taken as well
-            widened = tuple[_widen(args[0]), ...] | list[_widen(args[0])]  # type: ignore[misc]
+            widened = tuple[_widen(args[0]), ...] | list[_widen(args[0])]  # type: ignore[misc,valid-type]
         else:
             widened = origin[tuple(_widen(a) for a in args)]
     except TypeError:

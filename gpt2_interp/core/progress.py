@@ -24,6 +24,8 @@ from typing import Any
 
 from tqdm.std import tqdm as _console_tqdm
 
+from .boundary import boundary
+
 _SHOWN = [True]  # False inside ``enabled(False)``: every bar of the library stays silent
 INTERVAL_ENV = "GPT2_INTERP_PROGRESS_SECONDS"
 DEFAULT_INTERVAL = 30.0
@@ -170,6 +172,7 @@ class PlainProgress(_console_tqdm):
         super().close()
 
 
+@boundary
 def progress_bar(
     iterable: Iterable | None = None, *, enabled: bool | None = True, interval: float | None = None, **kwargs: Any
 ) -> _console_tqdm:

@@ -20,12 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, Union
 
+from ..core.boundary import boundary
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from ..model import HookedGPT2
 
 
+@boundary
 @dataclass
 class ExperimentConfig:
     """The settings every experiment has. Subclasses add their own fields (with a ``help`` in the
@@ -109,6 +112,7 @@ def type_name(tp: Any) -> str:
     return tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
 
 
+@boundary
 def parse_value(text: str, tp: Any, what: str) -> Any:
     """Parse the text of a ``key=value`` setting as type ``tp`` (int, float, bool, str, Path, a
     ``Literal``, an optional ``X | None`` where ``none`` is None, or a list/tuple of those written
@@ -168,6 +172,7 @@ C = TypeVar("C", bound=ExperimentConfig)
 RunFn = Callable[["HookedGPT2", Any, Any], dict]
 
 
+@boundary
 @dataclass(frozen=True)
 class Experiment:
     """A registered experiment: its name, config class, ``run`` and renderers.
@@ -194,6 +199,7 @@ class Experiment:
 REGISTRY: dict[str, Experiment] = {}
 
 
+@boundary
 def register(
     name: str,
     config: type[C],

@@ -14,6 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from ..core.boundary import boundary
 from ..core.circuit_layout import node_xy, row_ticks, x_range
 from .figure import finish, style_line_axes
 from .layout import grid_size
@@ -41,6 +42,7 @@ def _receiver_target(receiver: str, n_layer: int, n_head: int, n_kv: int) -> tup
     return kind, idx * per + (per - 1) / 2, 2.0 * layer + 1
 
 
+@boundary
 def plot_circuit(circuit: Any, max_edges: int = 400, title: str | None = None) -> Figure:
     """The circuit's nodes by layer (heads spread across each attention row) and its edges, their width by
     ``|score|`` and their colour by the input they enter (query, key, value, MLP, logits;
@@ -102,6 +104,7 @@ def plot_circuit(circuit: Any, max_edges: int = 400, title: str | None = None) -
     return finish(fig)
 
 
+@boundary
 def plot_faithfulness(curve: Any, target: float | None = 0.8, title: str | None = None) -> Figure:
     """A ``curve`` (:class:`~gpt2_interp.analysis.circuits.FaithfulnessCurve`): faithfulness (y) against the
     circuit's edges after pruning (x, log scale), one line per scoring method; dotted lines at 1 (the whole
@@ -125,6 +128,7 @@ def plot_faithfulness(curve: Any, target: float | None = 0.8, title: str | None 
     return finish(fig)
 
 
+@boundary
 def plot_edge_scores(scores: Any, title: str | None = None) -> Figure:
     """Edge scores as a senders (rows) × receivers (columns) heatmap, a diverging scale centred at 0,
     blank where no edge exists; ``title`` replaces the default (method and metric)."""

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.boundary import boundary
+
 STYLE = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:1.2em auto;max-width:1200px;padding:0 1em;
 color:#222;line-height:1.45}
@@ -64,6 +66,7 @@ def _cartesian_js() -> str | None:
     return head if f"v{get_plotlyjs_version()}\n" in head[:200] else None
 
 
+@boundary
 def plotly_js(full: bool = False) -> str:
     """The plotly.js a page embeds: the cartesian bundle (:data:`CARTESIAN_BUNDLE`, 1.5 MB) unless ``full`` or
     it is missing or of another version than the installed ``plotly``'s, then the whole library of the
@@ -74,6 +77,7 @@ def plotly_js(full: bool = False) -> str:
     return cartesian if cartesian is not None else get_plotlyjs()
 
 
+@boundary
 def reset_notebook() -> None:
     """Send plotly.js again with the next view displayed in this kernel (after the output holding it was
     cleared, or in a new notebook served by the same kernel)."""
@@ -128,6 +132,7 @@ def figure_part(fig: Any, height: int | None = None) -> Part:
     return Part('<div id="{id}" class="g2v-fig"></div>', script, full_plotlyjs=full)
 
 
+@boundary
 @dataclass
 class View:
     """An interactive page: a title, parts (text, Plotly figures, widgets), plotly.js embedded once.
@@ -204,6 +209,7 @@ class View:
         webbrowser.open(self.save(path).resolve().as_uri())
 
 
+@boundary
 def html_page(items: Iterable[View | str], title: str) -> str:
     """One self-contained HTML page titled ``title`` holding ``items`` in order: views, and HTML strings
     (trusted, e.g. from :func:`markdown_html`) between them; plotly.js is inside the page once. The
@@ -235,6 +241,7 @@ def _inline(text: str) -> str:
     return "".join(out)
 
 
+@boundary
 def markdown_html(lines: Sequence[str]) -> str:
     """The small Markdown the reports are written in — headings, paragraphs, ``-`` lists, pipe tables,
     fenced code blocks, inline code, bold, italic — as HTML. Image lines (``![alt](file)``) are left out:

@@ -121,6 +121,7 @@ def _prune_per_position(graph: Graph, keep: torch.Tensor) -> torch.Tensor:
 FAITHFUL_ENOUGH = 0.8
 
 
+@boundary
 def faithfulness_text(faithfulness: float | None, digits: int = 3) -> str:
     """``", faithfulness 0.905"``, with ``" (below 0.8: not faithful)"`` when under :data:`FAITHFUL_ENOUGH`;
     empty when not measured (None)."""

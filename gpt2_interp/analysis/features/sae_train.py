@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from ...core.boundary import boundary
 from ...core.checks import check_choice, check_count, check_number
 from ...core.progress import progress_bar
 from ...io.files import load_tree, save_tree
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 
 
 # ---------------------------------------------------------------------- text and token windows
+@boundary
 def text_source(model: HookedGPT2, source: str | Sequence[str], n_generated: int = 64, seed: int = 0) -> list[str]:
     """Documents to train on, from ``source``: ``"brown"`` (the Brown corpus, :mod:`gpt2_interp.io.corpora`),
     ``"generated"`` (``n_generated`` samples of the model itself from its BOS token, sampled with
@@ -92,6 +94,7 @@ def text_source(model: HookedGPT2, source: str | Sequence[str], n_generated: int
     raise ValueError(f"texts {source!r} is not 'brown', 'generated', 'facts', a file or a folder of .txt files")
 
 
+@boundary
 def token_windows(model: HookedGPT2, docs: Sequence[str], context_size: int) -> torch.Tensor:
     """Documents as token windows ``[n, context_size]``: the documents' tokens packed in order, an
     end-of-text token after each, split into runs of ``context_size − 1`` after a BOS token (a shorter
@@ -238,6 +241,7 @@ def fvu(x: torch.Tensor, recons: torch.Tensor) -> torch.Tensor:
     return (x - recons).pow(2).sum() / (x - x.mean(0)).pow(2).sum()
 
 
+@boundary
 class ActivationBuffer:
     """Activations ``[batch_size, d_in]`` at ``hook_name`` for token ``windows`` ``[n, pos]``, shuffled:
     ``buffer_tokens`` activations are held; each refill runs ``forward_batch`` windows at a time until the
@@ -338,6 +342,7 @@ class ActivationBuffer:
 
 
 # ---------------------------------------------------------------------- training
+@boundary
 @dataclass
 class SAETrainConfig:
     """How to train an SAE. ``hook_name`` (e.g. ``blocks.3.hook_resid_post``); ``expansion``: latents
@@ -404,6 +409,7 @@ class SAETrainConfig:
             check_number(self.outlier_ratio, "outlier_ratio", 1)
 
 
+@boundary
 @dataclass
 class TrainingLog:
     """What a training run did: ``steps``, ``tokens`` trained on, per-step ``fvu``, ``l0`` and ``dead``
@@ -539,6 +545,7 @@ def new_sae(model: HookedGPT2, cfg: SAETrainConfig) -> SAE:
     ).to(model.device)
 
 
+@boundary
 def train_sae(
     model: HookedGPT2,
     cfg: SAETrainConfig,

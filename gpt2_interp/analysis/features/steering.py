@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from ...core.boundary import boundary
 from ...core.checks import check_count, check_index, check_number, check_prompts
 from ...core.result import Result, to_jsonable
 from ...core.tables import format_table
@@ -45,6 +46,7 @@ POSITIONS = ("last", "mean")
 
 
 # ---------------------------------------------------------------------------- directions
+@boundary
 def as_direction(vector: Any, normalize: bool = False, what: str = "direction") -> torch.Tensor:
     """``vector`` (a tensor, array or list of numbers, ``[d]`` or ``[*shape]``) as a float32 CPU tensor,
     unit-norm with ``normalize`` (a zero vector then raises). NaN/inf, an empty or a 0-d value raise
@@ -65,6 +67,7 @@ def as_direction(vector: Any, normalize: bool = False, what: str = "direction") 
     return v
 
 
+@boundary
 def probe_direction(
     result: ProbeResult,
     layer: int | str,
@@ -78,6 +81,7 @@ def probe_direction(
     return result.direction(layer, cls, normalize=normalize, model=model)
 
 
+@boundary
 def decoder_direction(sae: Any, latent: int, normalize: bool = False) -> torch.Tensor:
     """The decoder row ``W_dec[latent]`` ``[d_in]`` of a sparse autoencoder: ``sae`` is an object with a
     ``W_dec`` ``[d_sae, d_in]`` attribute (ours, SAELens's) or that matrix itself. ``normalize``: unit-norm
@@ -91,6 +95,7 @@ def decoder_direction(sae: Any, latent: int, normalize: bool = False) -> torch.T
     return as_direction(w[i], normalize, what=f"decoder row {i}")
 
 
+@boundary
 @torch.no_grad()
 def activations_at(
     model: HookedGPT2,
@@ -137,6 +142,7 @@ def activations_at(
     return torch.cat(out)
 
 
+@boundary
 def mean_difference(
     model: HookedGPT2,
     positive: Sequence[str],
@@ -158,6 +164,7 @@ def mean_difference(
 
 
 # ---------------------------------------------------------------------------- the measured effect
+@boundary
 @dataclass
 class SteeringCurve(Result):
     """What adding ``scale · direction`` at hook ``at`` does, for each of ``scales`` ``[n_scales]``:
@@ -339,6 +346,7 @@ def _change(loss_change: float) -> str:
     return f"{'rises' if pct > 0 else 'falls'} {abs(pct):.1f}%"
 
 
+@boundary
 def target_token_ids(model: HookedGPT2, target: Sequence[str] | Sequence[int]) -> list[int]:
     """Token ids of a set of target tokens: ints as they are (checked against the vocabulary), strings
     each of exactly one token (``" le"``, ``" great"``; a string of several tokens raises ValueError
@@ -392,6 +400,7 @@ def _chunks(items: list[Any], size: int) -> list[list[Any]]:
     return [items[s : s + size] for s in range(0, len(items), size)]
 
 
+@boundary
 @torch.no_grad()
 def steering_curve(
     model: HookedGPT2,
