@@ -81,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--architecture", choices=list(ARCHITECTURES), default="topk")
     p.add_argument("--expansion", type=count(1), default=8, help="latents per input dimension (default 8)")
-    p.add_argument("--k", type=count(1), default=32, help="active latents per token, top-k kinds (default 32)")
+    p.add_argument("--k", type=count(1), default=None, help="active latents per token, top-k kinds only (default 32)")
     p.add_argument("--l1", type=number(0.0), default=5.0, help="L1 coefficient of a relu SAE (default 5)")
     p.add_argument("--tokens", type=count(1), default=2_000_000, help="training tokens (default 2,000,000)")
     p.add_argument("--batch-size", type=count(1), default=4096, help="activations per step (default 4096)")
@@ -154,6 +154,7 @@ def check_before_loading(args: argparse.Namespace, hook: str, context: int | Non
     weights (:func:`gpt2_interp.model.loading.model_config`); otherwise the load checks them."""
     import torch
 
+    from ..io.tokenizer import Tokenizer
     from ..model.hooked_gpt2 import HookedGPT2
     from ..model.loading import model_config
 
@@ -161,7 +162,7 @@ def check_before_loading(args: argparse.Namespace, hook: str, context: int | Non
     if cfg is None:
         return
     with torch.device("meta"):  # the module tree alone: its hook points, no weights
-        skeleton = HookedGPT2(cfg, tokenizer=object())  # type: ignore[arg-type]  # the hook names need none
+        skeleton = HookedGPT2(cfg, tokenizer=Tokenizer())  # the hook names need no vocabulary: the bare base class
     skeleton.hook_points(hook)
     if context is not None and context > cfg.n_ctx:
         raise ValueError(f"--context {context} exceeds {cfg.name}'s context of {cfg.n_ctx} tokens")

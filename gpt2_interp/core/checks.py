@@ -155,3 +155,40 @@ def check_path_name(x: Any, what: str) -> str:
             + "; use letters, digits and . _ - + = , @"
         )
     return x
+
+
+def check_index_list(items: Any, n: int, what: str, argument: str, context: str) -> list[int]:
+    """A non-empty list of indices (:func:`check_indices`) that is not a boolean mask: a bool array or tensor
+    (or a list of bools) is refused with a TypeError naming ``argument`` and how to turn the mask into
+    indices, an empty list with a ValueError naming ``argument``."""
+    dtype = getattr(items, "dtype", None)
+    if dtype is not None and str(dtype) in ("bool", "torch.bool"):
+        raise TypeError(
+            f"{argument} must be a list of {what} indices, got a boolean mask of shape {tuple(items.shape)}; "
+            "give the indices where it is true (mask.nonzero())"
+        )
+    given = as_index_list(items, argument)
+    if not given:
+        raise ValueError(f"{argument} is empty: give at least one {what} ({context})")
+    if any(isinstance(i, (bool,)) or str(getattr(i, "dtype", "")) in ("bool", "torch.bool") for i in given):
+        raise TypeError(f"{argument} must be a list of {what} indices, got booleans {given!r:.60}")
+    return check_indices(given, n, what, argument, context)
+
+
+def check_token_windows(windows: Any, what: str = "windows") -> Any:
+    """``windows`` if it is a 2-d integer tensor of token ids ``[n, pos]`` with at least one row and one
+    column, else an error naming ``what``: a TypeError for anything but an integer tensor (texts, floats), a
+    ValueError for another number of dimensions or an empty tensor."""
+    import torch
+
+    if not isinstance(windows, torch.Tensor) or windows.is_floating_point() or windows.dtype == torch.bool:
+        got = type(windows).__name__ if not isinstance(windows, torch.Tensor) else f"a {windows.dtype} tensor"
+        raise TypeError(f"{what} must be an integer tensor of token ids [n, pos] (token_windows), got {got}")
+    if windows.ndim != 2:
+        raise ValueError(
+            f"{what} must be token windows [n, pos], got shape {tuple(windows.shape)}"
+            + ("; one window is windows[None]" if windows.ndim == 1 else "")
+        )
+    if not windows.numel():
+        raise ValueError(f"{what} is empty (shape {tuple(windows.shape)}): give at least one window of tokens")
+    return windows

@@ -15,6 +15,7 @@ given positions steer those prompt tokens only (the new tokens see them through 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,6 +39,11 @@ _NOT_STEERABLE = {
 }
 
 
+class ZeroDirectionWarning(UserWarning):
+    """A steering direction is the zero vector: adding any multiple of it changes nothing (e.g. a difference of
+    means over identical positive and negative texts, or a dead SAE latent's decoder row)."""
+
+
 @boundary
 @dataclass(frozen=True)
 class Steer:
@@ -46,7 +52,8 @@ class Steer:
     the input (negatives from the end; ``-1`` is each left-padded row's last token).
 
     ``direction``: ``[*per_position_shape]`` — ``[d_model]`` for the residual stream and the
-    attention/MLP outputs, ``[d_mlp]`` for ``mlp.hook_post``, ``[head, d_head]`` for ``attn.hook_z``."""
+    attention/MLP outputs, ``[d_mlp]`` for ``mlp.hook_post``, ``[head, d_head]`` for ``attn.hook_z``. NaN/inf
+    in it is refused; a zero direction warns (:class:`ZeroDirectionWarning`)."""
 
     direction: torch.Tensor
     at: str
@@ -63,6 +70,12 @@ class Steer:
             )
         if not bool(torch.isfinite(self.direction).all()):
             raise ValueError("direction holds NaN or inf")
+        if not bool(self.direction.any()):
+            warnings.warn(
+                f"steering at {self.at} with a zero direction: adding it (at any scale) changes nothing",
+                ZeroDirectionWarning,
+                stacklevel=4,
+            )
         object.__setattr__(self, "scale", check_number(self.scale, "scale"))
         if self.positions is not None:
             given = as_index_list(self.positions, "positions", "a list of ints or None")

@@ -79,18 +79,39 @@ def view(result: ResultLike, **kwargs: Any) -> View:
     feature), its ``to_dict()``, or an experiment
     result (``ExperimentResult`` or its ``result.json`` as a dict), whose data is searched for the
     results it holds. ``kwargs`` go to the kind's view function. A dict of no known kind raises
-    ValueError naming the kinds."""
+    ValueError naming the kinds; a dict of a known kind that lacks a field or holds one of the wrong type
+    raises ValueError naming the kind and the field."""
     if isinstance(result, AttentionPatterns):
         return view_attention(result, **kwargs)
     d = as_dict(result)
     kind = kind_of(d)
     if kind is not None:
-        return next(fn for name, _, fn in KINDS if name == kind)(d, **kwargs)
+        fn = next(fn for name, _, fn in KINDS if name == kind)
+        if isinstance(result, Mapping):  # a dict read back: a missing or malformed field is named, not a raw error
+            return _view_dict(kind, fn, d, **kwargs)
+        return fn(d, **kwargs)
     if {"experiment", "data"} <= set(d):
         return view_experiment(d)
     raise ValueError(
         f"no view for a result with fields {sorted(d)[:12]}; views exist for: " + ", ".join(n for n, _, _ in KINDS)
     )
+
+
+def _view_dict(kind: str, fn: Callable[..., View], d: dict[str, Any], **kwargs: Any) -> View:
+    """``fn(d)`` for a dict of the ``kind`` (a result read back), a missing field or a field of the wrong
+    shape answered with a ValueError naming the kind and the field (or the error) instead of a raw one."""
+    try:
+        return fn(d, **kwargs)
+    except KeyError as e:
+        raise ValueError(
+            f"this {kind} result lacks the field {e.args[0]!r} (it has {', '.join(sorted(d))[:200]}); "
+            "give the dict or file its to_dict()/to_json() wrote"
+        ) from None
+    except (TypeError, IndexError, AttributeError) as e:
+        raise ValueError(
+            f"this {kind} result has a field of the wrong type or shape ({type(e).__name__}: {e}); "
+            "give the dict or file its to_dict()/to_json() wrote"
+        ) from None
 
 
 @boundary

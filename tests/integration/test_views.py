@@ -128,7 +128,7 @@ def test_saved_results_view_as_the_live_ones(tmp_path):
 def test_an_unknown_result_says_which_kinds_have_views():
     with pytest.raises(ValueError, match=r"no view for a result with fields \['a'\]; views exist for: attention"):
         view({"a": 1})
-    with pytest.raises(TypeError, match="expected a result object"):
+    with pytest.raises(TypeError, match="result must be Result or a dict"):
         view(3)
 
 

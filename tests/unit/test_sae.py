@@ -235,7 +235,8 @@ def test_training_lowers_the_reconstruction_error_keeps_decoder_rows_unit_norm_a
 def test_relu_and_batchtopk_train_and_batchtopk_learns_a_threshold(tiny):
     windows = token_windows(tiny, TEXTS, 16)
     for arch in ("relu", "batchtopk"):
-        cfg = SAETrainConfig(hook_name=HOOK, expansion=2, k=8, tokens=300, batch_size=50, lr=3e-3, architecture=arch)
+        k = None if arch == "relu" else 8  # a relu SAE has no k
+        cfg = SAETrainConfig(hook_name=HOOK, expansion=2, k=k, tokens=300, batch_size=50, lr=3e-3, architecture=arch)
         sae, log = train_sae(tiny, cfg, windows=windows, progress=False)
         assert log.fvu[-1] < log.fvu[0], arch
     assert sae.threshold is not None and float(sae.threshold.min()) > 0

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 
 from ...core.boundary import boundary
+from ...core.checks import check_index_list
+from ...core.finite import nonfinite_summary
 from ...core.result import Result
 from ...core.tables import format_table
 
@@ -82,6 +84,30 @@ class LatentProbe(Result):
         return "\n".join(format_table(head, rows, right=[False, True, True, True]))
 
 
+def _checked_folds(folds: list[tuple[np.ndarray, np.ndarray]], n: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``folds`` as ``(train, test)`` integer index arrays into ``n`` prompts, each part non-empty and the
+    two disjoint, else an error naming the fold (a boolean mask, an index out of range, an overlap)."""
+    if not folds:
+        raise ValueError("folds is empty: give (train, test) index arrays, e.g. a linear probe's folds")
+    out = []
+    for f, fold in enumerate(folds):
+        if len(fold) != 2:
+            raise ValueError(f"folds[{f}] must be a (train, test) pair of index arrays, got {len(fold)} items")
+        parts = []
+        for name, part in zip(("train", "test"), fold):
+            parts.append(
+                np.asarray(check_index_list(part, n, "prompt", f"folds[{f}] {name}", f"there are {n} prompts"))
+            )
+        shared = np.intersect1d(parts[0], parts[1])
+        if len(shared):
+            raise ValueError(
+                f"folds[{f}]: train and test share {len(shared)} prompt(s) (e.g. {shared[:5].tolist()}); a held-out "
+                "score needs disjoint folds"
+            )
+        out.append((parts[0], parts[1]))
+    return out
+
+
 @boundary
 def latent_probe(
     latents: torch.Tensor,
@@ -96,17 +122,27 @@ def latent_probe(
     ``labels``: one class name per prompt; ``folds``: ``(train, test)`` index arrays (e.g. a linear
     probe's folds, split by subject); ``task`` and ``hook_name``: names kept in the result; ``seed``: the
     sparse probe's. A class missing from a training or
-    held-out fold is scored on the folds that have it."""
+    held-out fold is scored on the folds that have it. Refused, naming the argument: latents that are not
+    ``[n, d_sae]`` or hold NaN/inf, labels of one class, folds that are boolean masks, reach past the
+    prompts, are empty or whose train and test parts overlap."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
+    if latents.ndim != 2:
+        raise ValueError(f"latents must be [n_prompts, d_sae], got shape {tuple(latents.shape)}")
+    if not bool(torch.isfinite(latents).all()):
+        raise ValueError(f"latents holds {nonfinite_summary(latents.detach())}: an AUROC needs finite activations")
     y = np.asarray(labels, dtype=str)
     if len(y) != len(latents):
         raise ValueError(f"got {len(y)} labels for {len(latents)} rows of latents; give one label per row")
-    if not folds:
-        raise ValueError("no folds to score on")
     classes = sorted(set(y.tolist()))
+    if len(classes) < 2:
+        raise ValueError(
+            f"labels hold {len(classes)} class(es) ({', '.join(map(repr, classes))} for all {len(y)} prompts): "
+            "a probe separates at least two"
+        )
+    folds = _checked_folds(folds, len(y))
     picks: list[list[int]] = [[] for _ in classes]
     held: list[list[float]] = [[] for _ in classes]
     sparse, chance = [], []

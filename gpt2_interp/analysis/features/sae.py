@@ -69,6 +69,7 @@ class SAEConfig:
         check_count(self.d_in, "d_in")
         check_count(self.d_sae, "d_sae")
         check_choice(self.architecture, "architecture", ARCHITECTURES)
+        check_count(self.k, "k")
         if self.architecture != "relu" and not 1 <= self.k <= self.d_sae:
             raise ValueError(f"k must be in [1, d_sae={self.d_sae}] for a {self.architecture} SAE, got {self.k}")
 
@@ -191,7 +192,8 @@ class SAE(nn.Module):
         made_for = self.cfg.model_name or "another model"
         if self.cfg.hook_name not in model.hook_dict:
             raise ValueError(
-                f"this SAE was made for {made_for} at {self.cfg.hook_name!r}; {model.cfg.name} has no such hook point"
+                f"this SAE was made for {made_for} at {self.cfg.hook_name!r}; {model.cfg.name} has no hook point of "
+                "that name"
             )
         width = hook_width(model, self.cfg.hook_name)
         if width is not None and width != self.cfg.d_in:

@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ...core.boundary import boundary
-from ...core.checks import check_number
+from ...core.checks import check_count, check_number, check_token_windows
 from ...core.progress import progress_bar
 from ...core.result import Result
 from ...core.tables import format_table
+from .activations import check_precision
 from .sae import SAE
 from .sae_train import kept_positions
 
@@ -94,6 +95,9 @@ def evaluate_sae(
     module's docstring. ``progress``: a bar over the batches (None: on a terminal, else plain lines at a
     steady interval; :func:`~gpt2_interp.core.progress.progress_bar`)."""
     sae.check_model(model)
+    windows = check_token_windows(windows, "windows")
+    batch = check_count(batch, "batch")
+    dense_above = check_number(dense_above, "dense_above", 0, 1)
     if outlier_ratio is not None:
         check_number(outlier_ratio, "outlier_ratio", 1)
     n_out = n_bos = 0
@@ -112,6 +116,7 @@ def evaluate_sae(
         def replace(x: torch.Tensor, hook: Any) -> torch.Tensor | None:
             flat = x.reshape(*x.shape[:2], sae.cfg.d_in)
             if mode == "clean":
+                check_precision(x, site)
                 keep = kept_positions(x, bool(skip), outlier_ratio)  # [batch, pos]: training's rule
                 stats["keep"] = keep
                 stats["x"] = flat[keep].float()

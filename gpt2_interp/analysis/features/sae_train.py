@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from ...core.boundary import boundary
-from ...core.checks import check_choice, check_count, check_number
+from ...core.checks import check_choice, check_count, check_number, check_str, check_token_windows
 from ...core.progress import progress_bar
 from ...io.files import load_tree, save_tree
 from ...model.fingerprint import weights_fingerprint
@@ -45,6 +45,7 @@ from .activations import hook_width, run_to_hook
 from .sae import ARCHITECTURES, SAE, Architecture, SAEConfig
 
 CHECKPOINT_FILE = "train_state.safetensors"  # written by save_tree: no pickle, digest-checked
+TOPK_DEFAULT = 32  # k of a top-k SAE when SAETrainConfig.k is not given
 
 if TYPE_CHECKING:
     from ...model.hooked_gpt2 import HookedGPT2
@@ -347,7 +348,8 @@ class ActivationBuffer:
 class SAETrainConfig:
     """How to train an SAE. ``hook_name`` (e.g. ``blocks.3.hook_resid_post``); ``expansion``: latents
     per input dimension (``d_sae = expansion × d_in`` unless ``d_sae`` is given); ``architecture``:
-    ``"topk"`` (default), ``"batchtopk"`` or ``"relu"``; ``k``: active latents per token (top-k kinds);
+    ``"topk"`` (default), ``"batchtopk"`` or ``"relu"``; ``k``: active latents per token (top-k kinds; None:
+    32; a relu SAE refuses one, as a ``k`` above ``d_sae``);
     ``l1_coefficient``: the ReLU SAE's sparsity penalty. ``tokens``: the training budget;
     ``batch_size``: activations per step; ``lr``: Adam's step (None: Gao et al.'s ``2e-4 /
     sqrt(d_sae / 16384)``); ``context_size``: tokens per window; ``buffer_tokens``: the shuffling
@@ -364,7 +366,7 @@ class SAETrainConfig:
     expansion: int = 8
     d_sae: int | None = None
     architecture: Architecture = "topk"
-    k: int = 32
+    k: int | None = None
     l1_coefficient: float = 5.0
     tokens: int = 2_000_000
     batch_size: int = 4096
@@ -384,11 +386,28 @@ class SAETrainConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_str(self.hook_name, "hook_name", "blocks.3.hook_resid_post")
         check_choice(self.architecture, "architecture", ARCHITECTURES)
         check_choice(self.b_dec_init, "b_dec_init", ("geometric_median", "mean", "zeros"))
+        if self.architecture == "relu":
+            if self.k is not None:
+                raise ValueError(
+                    f"k={self.k} applies to the top-k architectures (topk, batchtopk); a relu SAE's sparsity is set by "
+                    "l1_coefficient: leave k unset (None)"
+                )
+        elif self.k is None:
+            self.k = TOPK_DEFAULT
+        if self.d_sae is not None:
+            check_count(self.d_sae, "d_sae")
+            if self.k is not None and self.k > self.d_sae:
+                raise ValueError(
+                    f"k={self.k} exceeds d_sae={self.d_sae}: a {self.architecture} SAE keeps k of its d_sae latents"
+                )
+        if self.aux_k is not None:
+            check_count(self.aux_k, "aux_k")
+        check_count(self.context_size, "context_size", 2)
         for name in (
             "expansion",
-            "k",
             "tokens",
             "batch_size",
             "context_size",
@@ -397,6 +416,8 @@ class SAETrainConfig:
             "epochs",
         ):
             check_count(getattr(self, name), name)
+        if self.k is not None:
+            check_count(self.k, "k")
         check_count(self.dead_after, "dead_after")
         check_count(self.checkpoint_every, "checkpoint_every")
         check_number(self.l1_coefficient, "l1_coefficient", 0)
@@ -451,7 +472,7 @@ def _step_loss(
     """``(loss, latents, fvu)`` of one batch ``x`` ``[batch, d_in]``; ``dead`` ``[d_sae]`` marks dead latents."""
     pre = sae.pre_acts(x)
     if cfg.architecture == "topk":  # decode the k active rows only (a gather, not a [batch, d_sae] product)
-        vals, idx = pre.topk(cfg.k, dim=-1, sorted=False)
+        vals, idx = pre.topk(sae.cfg.k, dim=-1, sorted=False)
         vals = vals.relu()
         recons = F.embedding_bag(idx, sae.W_dec, per_sample_weights=vals, mode="sum") + sae.b_dec
         z = torch.zeros_like(pre).scatter(-1, idx, vals.detach())
@@ -537,7 +558,7 @@ def new_sae(model: HookedGPT2, cfg: SAETrainConfig) -> SAE:
             d_sae=cfg.d_sae if cfg.d_sae is not None else cfg.expansion * d_in,
             hook_name=cfg.hook_name,
             architecture=cfg.architecture,
-            k=cfg.k,
+            k=cfg.k if cfg.k is not None else TOPK_DEFAULT,  # a relu SAE's k is unused
             model_name=model.cfg.name,
             base_fingerprint=weights_fingerprint(model),
         ),
@@ -571,6 +592,7 @@ def train_sae(
         if record is None:
             record = {"texts": source_name(texts), "seed": cfg.seed, "n_generated": 64, "documents": None}
             record |= {"context_size": cfg.context_size, "train_windows": len(windows)}
+    windows = check_token_windows(windows, "windows")
     total_steps = max(1, cfg.tokens // cfg.batch_size)
     trainer = SAETrainer(sae, cfg, total_steps)
     log = TrainingLog(every=max(1, total_steps // 200))
@@ -578,7 +600,8 @@ def train_sae(
     ckpt = Path(checkpoint) / CHECKPOINT_FILE if checkpoint is not None else None
     if ckpt is not None and ckpt.is_file():
         state = load_tree(ckpt, kind="SAE training checkpoint", map_location=model.device)
-        if state["config"] != asdict(cfg) or state["weights"] != sae.cfg.base_fingerprint:
+        saved = state["config"] | ({"k": None} if cfg.architecture == "relu" else {})  # k was stored for relu too
+        if saved != asdict(cfg) or state["weights"] != sae.cfg.base_fingerprint:
             raise ValueError(f"{ckpt} was written by a run with other settings or base weights; use another folder")
         sae.load_state_dict(state["sae"])
         trainer.opt.load_state_dict(state["optimizer"])

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ...core.boundary import boundary
-from ...core.checks import check_count, check_index, check_indices, check_str
+from ...core.checks import check_count, check_index, check_index_list, check_str, check_token_windows
 from ...core.result import Result
 from ...core.tables import format_table
 from .sae import SAE
@@ -41,10 +41,10 @@ PROMOTED_TOKENS = 5
 def logit_effect(model: HookedGPT2, sae: SAE, latents: list[int] | None = None) -> torch.Tensor:
     """``[d_sae, d_vocab]``: each decoder row, scaled by the final norm's gain where the model has one,
     through the unembedding (no norm bias, no unembedding bias: the latent's own direction). With
-    ``latents``, only their rows (``[len(latents), d_vocab]``)."""
+    ``latents`` (a non-empty list of indices, not a boolean mask), only their rows (``[len(latents), d_vocab]``)."""
     sae.check_model(model)
     if latents is not None:
-        latents = check_indices(latents, sae.cfg.d_sae, "latent", "latents", f"this SAE has {sae.cfg.d_sae} latents")
+        latents = check_index_list(latents, sae.cfg.d_sae, "latent", "latents", f"this SAE has {sae.cfg.d_sae} latents")
     w_dec = sae.W_dec.detach() if latents is None else sae.W_dec.detach()[latents]
     w_dec = w_dec.to(model.dtype)
     gain = getattr(model.ln_final, "w", None)
@@ -113,6 +113,8 @@ def feature_view(
     ``batch`` windows per forward pass. A latent out of range raises IndexError."""
     latent = check_index(latent, sae.cfg.d_sae, "latent", f"the SAE has {sae.cfg.d_sae} latents")
     top, context = check_count(top, "top"), check_count(context, "context", 0)
+    n_tokens, bins, batch = check_count(n_tokens, "n_tokens"), check_count(bins, "bins"), check_count(batch, "batch")
+    windows = check_token_windows(windows, "windows")
     sae.check_model(model)
     skip = int(model.tokenizer.bos_id is not None)
     acts = []
@@ -140,7 +142,6 @@ def feature_view(
             }
         )
     effect = logit_effect(model, sae)[latent].float()
-    n_tokens = check_count(n_tokens, "n_tokens")
     up, down = effect.topk(n_tokens), (-effect).topk(n_tokens)
     fired = flat[flat > 0]
     counts, edges = (
@@ -183,12 +184,10 @@ class LatentSearch(Result):
         return "\n".join([title, *format_table(head, rows, right=right)])
 
 
+@boundary
 def top_tokens(model: HookedGPT2, sae: SAE, latents: list[int], n: int = PROMOTED_TOKENS) -> list[list[str]]:
-    """For each of ``latents``, the ``n`` tokens its decoder row promotes most (:func:`logit_effect`,
-    largest first): what writing the latent does to the logits."""
-    sae.check_model(model)
-    if not latents:
-        return []
+    """For each of ``latents`` (a non-empty list of indices), the ``n`` tokens its decoder row promotes most
+    (:func:`logit_effect`, largest first): what writing the latent does to the logits."""
     effect = logit_effect(model, sae, latents).float()
     ids = effect.topk(min(check_count(n, "n"), effect.shape[-1]), dim=-1).indices.tolist()
     return [_tokens(model, row) for row in ids]

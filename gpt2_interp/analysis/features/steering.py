@@ -23,6 +23,7 @@ distribution, averaged over its positions).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -32,9 +33,10 @@ import torch
 import torch.nn.functional as F
 
 from ...core.boundary import boundary
-from ...core.checks import check_count, check_index, check_number, check_prompts
+from ...core.checks import as_int, check_count, check_index, check_number, check_prompts
 from ...core.result import Result, to_jsonable
 from ...core.tables import format_table
+from ...model.steer import ZeroDirectionWarning
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -49,7 +51,8 @@ POSITIONS = ("last", "mean")
 @boundary
 def as_direction(vector: Any, normalize: bool = False, what: str = "direction") -> torch.Tensor:
     """``vector`` (a tensor, array or list of numbers, ``[d]`` or ``[*shape]``) as a float32 CPU tensor,
-    unit-norm with ``normalize`` (a zero vector then raises). NaN/inf, an empty or a 0-d value raise
+    unit-norm with ``normalize`` (a zero vector then raises; without it, a zero vector warns with
+    :class:`~gpt2_interp.model.steer.ZeroDirectionWarning`). NaN/inf, an empty or a 0-d value raise
     ValueError naming ``what``."""
     try:
         v = torch.as_tensor(vector).detach().to("cpu", torch.float32)
@@ -59,11 +62,14 @@ def as_direction(vector: Any, normalize: bool = False, what: str = "direction") 
         raise ValueError(f"{what} must be a non-empty vector such as [d_model], got shape {tuple(v.shape)}")
     if not bool(torch.isfinite(v).all()):
         raise ValueError(f"{what} holds NaN or inf")
-    if normalize:
-        n = v.norm()
-        if float(n) == 0:
+    if float(v.norm()) == 0:
+        if normalize:
             raise ValueError(f"{what} is the zero vector: it has no direction to normalise")
-        v = v / n
+        warnings.warn(
+            f"{what} is the zero vector: steering with it changes nothing", ZeroDirectionWarning, stacklevel=3
+        )
+    if normalize:
+        v = v / v.norm()
     return v
 
 
@@ -112,8 +118,11 @@ def activations_at(
     puts the tokenizer's BOS first, as ``model.to_tokens`` does."""
     prompts = check_prompts(prompts, "prompts")
     batch_size = check_count(batch_size, "batch_size")
-    if isinstance(position, str) and position not in POSITIONS:
-        raise ValueError(f"position must be one of {POSITIONS} or an int, got {position!r}")
+    if isinstance(position, str):
+        if position not in POSITIONS:
+            raise ValueError(f"position must be one of {POSITIONS} or an int, got {position!r}")
+    else:
+        position = as_int(position, "position")
     model.hook_points(at)  # an unknown name raises, with the closest names
     bos = 1 if prepend_bos and model.tokenizer.bos_id is not None else 0
     out = []
@@ -424,6 +433,7 @@ def steering_curve(
     tokens, on which the fluency cost (loss) and the drift (KL from the unsteered model) are measured.
     ``positions``: the steered positions (None: all; see :meth:`HookedGPT2.steer`). ``method`` says in
     the result how the direction was made. Every forward pass runs ``batch_size`` texts.
+    A zero ``direction`` is refused (the curve would be flat).
     ``generate_tokens`` > 0 also measures the fluency of what the steered model writes: a greedy
     continuation of that many tokens per prompt (one prompt at a time), scored by the unsteered model
     (``generation_nll``)."""
@@ -434,6 +444,8 @@ def steering_curve(
     scale_list = [check_number(s, "scale") for s in scales]
     if not scale_list:
         raise ValueError("scales is empty: give the scales to measure, e.g. [0, 2, 4, 8]")
+    if direction.numel() and not bool(direction.any()):
+        raise ValueError(f"direction is the zero vector: steering at {at} with it changes nothing at any scale")
     ids = torch.tensor(target_token_ids(model, target), device=model.device)
     direction = as_direction(direction)
     bos = [model.tokenizer.bos_id] if model.tokenizer.bos_id is not None else []
