@@ -278,6 +278,7 @@ def _items(
     return target, layers_, items, pos_axis, head_axis
 
 
+@boundary
 def sweep_work(
     model: HookedGPT2,
     n_pos: int,
@@ -294,7 +295,10 @@ def sweep_work(
     patched one on. ``memory`` is the expected peak (:func:`~.engine.staircase_memory`: the weights,
     the unpatched runs' cached residuals, keys/values and patched-in activations, one chunk of
     ``batch_size`` rows — None: sized from the free memory) and ``split`` the chunks it takes.
-    ``hook``, ``layers``, ``positions``, ``heads`` as in :func:`patch`."""
+    ``hook``, ``layers``, ``positions``, ``heads`` as in :func:`patch`. ``n_pos``, ``n_pairs`` and
+    ``batch_size`` below 1 are refused (ValueError naming the argument)."""
+    check_count(n_pos, "n_pos")
+    check_count(n_pairs, "n_pairs")
     positions, heads = as_selection(positions, "positions"), as_selection(heads, "heads")
     target, layers_, items, _, _ = _items(model, hook, layers, positions, heads, n_pos)
     n, c = model.cfg.n_layer, model.cfg
@@ -326,6 +330,7 @@ def sweep_work(
     )
 
 
+@boundary
 def estimate(
     model: HookedGPT2,
     clean: Prompts,

@@ -108,48 +108,21 @@ FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".jpg", ".jpeg", ".eps", ".p
 def check_output_path(path: str, flag: str, kind: str = "file") -> None:
     """Refuse, before any work, an output path that cannot be written: ``kind`` ``"file"`` (its
     folder is created if missing: the nearest existing one must be writable), ``"figure"`` (a file
-    in an existing folder, with a suffix matplotlib writes) or ``"dir"`` (a folder, created if missing)."""
+    in an existing folder, with a suffix matplotlib writes) or ``"dir"`` (a folder, created if missing);
+    the writability test is :func:`~gpt2_interp.core.checks.check_writable`'s."""
     from pathlib import Path
 
+    from ..core.checks import check_writable
+
     p = Path(path).expanduser()
-    if kind == "figure" and p.suffix and p.suffix.lower() not in FIGURE_SUFFIXES:
-        raise ValueError(
-            f"{flag} {path}: a figure is saved as {', '.join(FIGURE_SUFFIXES[:3])} (by suffix), not {p.suffix!r}"
-        )
-    if p.exists():
-        if kind != "dir" and p.is_dir():
-            raise ValueError(f"{flag} {path} is a directory; give a file path")
-        if kind == "dir" and not p.is_dir():
-            raise ValueError(f"{flag} {path} is a file; give a folder for the report")
-        if p.is_file():
-            try:
-                with open(p, "ab"):  # opened for writing, nothing written
-                    pass
-            except OSError as e:
-                raise ValueError(f"{flag} {path} cannot be written ({e.strerror})") from None
-            return
-        parent = p  # an existing folder given as "dir"
-    else:
-        parent = p.parent
-        if kind == "figure" and not parent.is_dir():
-            raise ValueError(f"{flag} {path}: the folder {parent} does not exist")
-        while not parent.exists():
-            parent = parent.parent
-        if not parent.is_dir():
-            raise ValueError(f"{flag} {path} cannot be written: {parent} is a file, not a folder")
-    _try_create_in(parent, flag, path)
-
-
-def _try_create_in(folder: os.PathLike[str], flag: str, path: str) -> None:
-    """Create and remove a file in ``folder``: the one test of writability that holds for every user
-    (root included) and file system (read-only mounts, /proc)."""
-    import tempfile
-
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".gpt2-interp-write-check-"):
-            pass
-    except OSError as e:
-        raise ValueError(f"{flag} {path} cannot be written: cannot create files in {folder} ({e.strerror})") from None
+    if kind == "figure":
+        if p.suffix and p.suffix.lower() not in FIGURE_SUFFIXES:
+            raise ValueError(
+                f"{flag} {path}: a figure is saved as {', '.join(FIGURE_SUFFIXES[:3])} (by suffix), not {p.suffix!r}"
+            )
+        if not p.exists() and not p.parent.is_dir():
+            raise ValueError(f"{flag} {path}: the folder {p.parent} does not exist")
+    check_writable(path, flag, "dir" if kind == "dir" else "file")
 
 
 def check_outputs(args: argparse.Namespace) -> None:

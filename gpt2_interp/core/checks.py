@@ -4,7 +4,9 @@ so that every error names the argument, what was given and what is accepted."""
 from __future__ import annotations
 
 import operator
-from typing import Any
+import os
+from pathlib import Path
+from typing import Any, Literal
 
 from .boundary import boundary
 
@@ -192,3 +194,39 @@ def check_token_windows(windows: Any, what: str = "windows") -> Any:
     if not windows.numel():
         raise ValueError(f"{what} is empty (shape {tuple(windows.shape)}): give at least one window of tokens")
     return windows
+
+
+@boundary
+def check_writable(path: str | os.PathLike[str], what: str, kind: Literal["file", "dir"] = "file") -> Path:
+    """``path`` as a :class:`~pathlib.Path` if the library can write there, else a ValueError naming ``what``
+    (the argument or flag, e.g. ``"--out"``) and the reason — checked before any work, creating nothing.
+    ``kind`` ``"file"``: a file (an existing one must be writable; else the nearest existing folder above it,
+    where the missing folders would be created); ``"dir"``: a folder (created if missing, likewise)."""
+    p = Path(path).expanduser()
+    if p.exists():
+        if kind == "file" and p.is_dir():
+            raise ValueError(f"{what} {path} is a directory; give a file path")
+        if kind == "dir" and not p.is_dir():
+            raise ValueError(f"{what} {path} is a file; give a folder")
+        if p.is_file():
+            try:
+                with open(p, "ab"):  # opened for writing, nothing written
+                    pass
+            except OSError as e:
+                raise ValueError(f"{what} {path} cannot be written ({e.strerror})") from None
+            return p
+        parent = p  # an existing folder
+    else:
+        parent = p.parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            raise ValueError(f"{what} {path} cannot be written: {parent} is a file, not a folder")
+    import tempfile
+
+    try:  # the one test that holds for every user (root too) and file system (read-only mounts, /proc)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".gpt2-interp-write-check-"):
+            pass
+    except OSError as e:
+        raise ValueError(f"{what} {path} cannot be written: cannot create files in {parent} ({e.strerror})") from None
+    return p

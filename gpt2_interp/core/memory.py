@@ -43,8 +43,12 @@ def _cgroup_free() -> int | None:
 def free_memory(device: torch.device | str = "cpu") -> int:
     """Bytes that ``device`` can still allocate now: CUDA's free memory (``torch.cuda.mem_get_info``),
     else the host's available memory (``MemAvailable`` of ``/proc/meminfo``, capped by the cgroup's
-    limit; 4 GiB where neither can be read, e.g. off Linux)."""
-    dev = torch.device(device)
+    limit; 4 GiB where neither can be read, e.g. off Linux). A device this machine does not have is refused
+    (ValueError naming it and the devices it has)."""
+    from .devices import resolve_device
+
+    dev = resolve_device(device)
+    assert dev is not None, "a device was given"
     if dev.type == "cuda":
         return int(torch.cuda.mem_get_info(dev)[0])
     free: int | None = None

@@ -40,7 +40,7 @@ import torch
 
 from ..core import progress as _progress
 from ..core.boundary import boundary
-from ..core.checks import check_path_name
+from ..core.checks import check_path_name, check_writable
 from ..core.result import Result, to_jsonable
 from ..editing.hparams import defaults_digest
 from ..io.files import load_tree, read_json, save_tree, write_json
@@ -310,25 +310,28 @@ def run_experiment(
     recorded in the provenance (default ``sys.argv``). Every generator is seeded with the config's
     ``seed`` before the run.
 
-    Refused before any work (ValueError): an unknown experiment or setting (with the closest name),
-    a setting that does not parse as its type, ``threads`` < 1; an unwritable ``out`` raises
-    OSError."""
+    Refused before any work — before the model loads — with a ValueError: an unknown experiment or setting
+    (with the closest name), a setting that does not parse as its type, ``threads`` < 1, a ``tag`` that would
+    leave ``out``, and an ``out`` that cannot be written (:func:`~gpt2_interp.core.checks.check_writable`,
+    naming ``out``). The run's folder is created after the model has loaded."""
     exp = get(name)
     settings = dict(settings or {})
     config = resolve_config(exp, quick, settings)
-    if threads is not None:
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
     model_name = model if isinstance(model, str) else model.cfg.name
     given_tag, tag = tag, (tag if tag is not None else ("quick" if quick else None))
     directory = result_dir(out, name, model_name, tag) if out is not None else None
-    created = directory is not None and not directory.exists()
     if directory is not None:
-        directory.mkdir(parents=True, exist_ok=True)  # refuse an unwritable place before the work
+        check_writable(directory, "out", "dir")  # refuse an unwritable place before the model loads
+    if threads is not None:
+        torch.set_num_threads(threads)
     started, t0 = prov.now_utc(), time.perf_counter()
     load_start, code = prov.load_average(), prov.code_state()  # the code as the run starts
     m = _load_model(model, device, dtype)
+    created = directory is not None and not directory.exists()
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
     identity = prov.model_identity(m)
     config_json = to_jsonable(dataclasses.asdict(config))
     keyed = {k: v for k, v in config_json.items() if k not in type(config).NOT_IN_CACHE_KEY}
