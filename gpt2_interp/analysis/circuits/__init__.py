@@ -6,7 +6,8 @@ scores with dangling nodes pruned, and their faithfulness measured exactly.
 >>> c = evaluate(model, circuit(scores, top=200), clean, corrupted, logit_diff(" Paris", " Rome"))
 >>> c.faithfulness, c.save("circuit.json")
 
-- ``graph``: :class:`Graph` and :func:`graph_of` (senders, receivers, edges; GPT-2 and GQA alike)
+- ``graph``: :class:`Graph` and :func:`graph_of` (senders, receivers, edges; GPT-2 and GQA alike);
+  :class:`CircuitWarning` for degenerate results (no edges, fewer pairs, non-finite scores)
 - ``edges``: :func:`pairs_of`, :func:`run_with_edges` (any set of edges patched), :func:`edge_patch` (exact)
 - ``scores``: :func:`edge_scores` → :class:`EdgeScores`
 - ``circuit``: :func:`circuit` (top edges or :func:`greedy_order`), :func:`prune`, :func:`evaluate`,
@@ -29,7 +30,7 @@ from .circuit import (
     prune,
 )
 from .edges import Pairs, edge_patch, pairs_of, run_with_edges, split_inputs
-from .graph import Graph, graph_of
+from .graph import CircuitWarning, Graph, graph_of
 from .scores import EDGE_METHODS, EdgeScores, edge_scores
 from .tasks import (
     GREATER_THAN_NOUNS,
@@ -57,6 +58,7 @@ __all__ = [
     "IOI_TEMPLATES",
     "TASKS",
     "Circuit",
+    "CircuitWarning",
     "EdgeScores",
     "FaithfulnessCurve",
     "Graph",

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,16 +38,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from ...core.boundary import boundary
+from ...core.boundary import ArgumentError, boundary
 from ...core.checks import check_choice, check_count, check_number
 from ...core.ranking import totals_by_size
 from ...core.result import Result
 from ...core.tables import format_table
-from ...io.files import read_json, write_json
+from ...io.files import FileFormatError, read_json, write_json
 from ..metrics import Metric, metric_name
 from ..patching import Prompts
 from .edges import Pairs, pairs_of, run_with_edges
-from .graph import Graph, graph_of
+from .graph import CircuitWarning, Graph, graph_of, refuse_other_model
 from .scores import EdgeScores
 
 if TYPE_CHECKING:
@@ -141,7 +142,9 @@ class Circuit(Result):
     - ``n_layer``, ``n_head``, ``n_kv``: the graph's sizes; ``total_edges``: edges in the whole graph;
     - ``faithfulness``/``completeness``: filled by :func:`evaluate` (None until measured);
     - ``positions``: per position, each edge's position (parallel to ``edges``; None for a circuit of whole
-      edges) and ``n_pos`` the prompts' length; ``total_edges`` then counts (position, edge) items.
+      edges) and ``n_pos`` the prompts' length; ``total_edges`` then counts (position, edge) items;
+    - ``model_name``, ``weights``: the model the circuit was found on and its weights fingerprint (None: not
+      recorded, as in older files); :meth:`check_model` refuses another model.
     """
 
     edges: list[str]
@@ -156,6 +159,8 @@ class Circuit(Result):
     completeness: float | None = None
     positions: list[int] | None = None
     n_pos: int | None = None
+    model_name: str | None = None
+    weights: str | None = None
     _mask: torch.Tensor | None = field(default=None, repr=False)
 
     @property
@@ -171,7 +176,12 @@ class Circuit(Result):
     @property
     def graph(self) -> Graph:
         """The graph the circuit lives in."""
-        return Graph(self.n_layer, self.n_head, self.n_kv)
+        return Graph(self.n_layer, self.n_head, self.n_kv, model=self.model_name)
+
+    def check_model(self, model: HookedGPT2) -> None:
+        """Refuse (ValueError naming both models) a model this circuit was not found on: other sizes than its
+        graph's, or other weights (when the fingerprint was recorded)."""
+        refuse_other_model("this circuit", self.model_name, self.weights, model, self.graph)
 
     def mask(self, graph: Graph | None = None) -> torch.Tensor:
         """``[n_edges]`` bool, True for the circuit's edges (in ``graph``'s edge order); per position
@@ -188,7 +198,9 @@ class Circuit(Result):
         out = torch.zeros(self.n_pos, graph.n_edges, dtype=torch.bool)
         for e, p in zip(self.edges, self.positions):
             if not 0 <= p < self.n_pos:
-                raise ValueError(f"edge {e} at position {p}: outside the circuit's {self.n_pos} positions")
+                raise ValueError(
+                    f"edge {e} at position {p}: outside the circuit's {self.n_pos} positions (0..{self.n_pos - 1})"
+                )
             out[p, graph.edge(e)] = True
         return out
 
@@ -207,6 +219,8 @@ class Circuit(Result):
             self.n_head,
             self.n_kv,
             self.graph.n_edges,
+            model_name=self.model_name,
+            weights=self.weights,
         )
 
     def nodes(self) -> list[str]:
@@ -263,24 +277,36 @@ class Circuit(Result):
 
     @classmethod
     def load(cls, path: str | Path) -> Circuit:
-        """A circuit from a JSON file written by :meth:`save` (its digest checked); ValueError naming the
-        file for one that is not a circuit file, is damaged or does not fit its own graph."""
+        """A circuit from a JSON file written by :meth:`save` (its digest checked); a ValueError naming the
+        file (and the field) for one that is not a circuit file, is damaged, holds a field of the wrong type or
+        does not fit its own graph. Files written before circuits recorded their model load with
+        ``model_name``/``weights`` None."""
         need = ("edges", "scores", "method", "metric", "n_layer", "n_head", "n_kv", "total_edges")
+        optional = ("faithfulness", "completeness", "positions", "n_pos", "model_name", "weights")
         data = read_json(path, "circuit", required=need)
-        c = cls(
-            **{k: data[k] for k in need},
-            faithfulness=data.get("faithfulness"),
-            completeness=data.get("completeness"),
-            positions=data.get("positions"),
-            n_pos=data.get("n_pos"),
-        )
-        graph = c.graph
+        fields: dict[str, Any] = {k: data[k] for k in need} | {k: data.get(k) for k in optional}
+        try:
+            c = cls(**fields)
+            graph = c.graph
+        except ArgumentError as e:  # a field of the wrong type or value: name the file and the field
+            raise FileFormatError(
+                f"{path}: not a valid circuit file: {str(e).replace('Circuit(): ', 'field ')}"
+            ) from None
+        except ValueError as e:  # the graph's sizes
+            raise FileFormatError(
+                f"{path}: not a valid circuit file: {str(e).replace('Graph(): ', 'field ')}"
+            ) from None
+        if len(c.scores) != len(c.edges):
+            raise FileFormatError(f"{path}: field scores holds {len(c.scores)} scores for {len(c.edges)} edges")
         items = graph.n_edges * (c.n_pos or 1) if c.positions is not None else graph.n_edges
         if (c.positions is None) != (c.n_pos is None) or (c.positions is not None and len(c.positions) != len(c.edges)):
-            raise ValueError(f"{path}: positions and n_pos go together, one position per edge")
+            raise FileFormatError(f"{path}: positions and n_pos go together, one position per edge")
         if items != c.total_edges:
-            raise ValueError(f"{path}: total_edges {c.total_edges} does not match its graph ({items} items)")
-        c.mask(graph)  # unknown edge names raise KeyError here
+            raise FileFormatError(f"{path}: total_edges {c.total_edges} does not match its graph ({items} items)")
+        try:
+            c.mask(graph)
+        except (KeyError, ValueError) as e:  # an unknown edge name, a position outside n_pos
+            raise FileFormatError(f"{path}: field edges/positions: {str(e).strip(chr(34))}") from None
         return c
 
     def plot(self, **kwargs: Any):
@@ -378,7 +404,7 @@ def circuit(
         keep = _first(s, _order(graph, s, selection), k)
     if prune_dangling:
         keep = prune(graph, keep)
-    return _circuit_of(graph, keep, s, scores.method, scores.metric)
+    return _circuit_of(graph, keep, s, scores, asked(top, threshold, fraction))
 
 
 def _circuit_per_position(
@@ -406,7 +432,7 @@ def _circuit_per_position(
     keep = keep.view(s.shape)
     if prune_dangling:
         keep = prune(graph, keep)
-    return _circuit_of(graph, keep, s, scores.method, scores.metric)
+    return _circuit_of(graph, keep, s, scores, asked(top, threshold, fraction), depth=1)
 
 
 def _order(graph: Graph, s: torch.Tensor, selection: str) -> torch.Tensor:
@@ -421,9 +447,35 @@ def _first(s: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:
     return keep & ~s.isnan()
 
 
-def _circuit_of(graph: Graph, keep: torch.Tensor, s: torch.Tensor, method: str, metric: str) -> Circuit:
+def asked(top: int | None, threshold: float | None, fraction: float | None) -> str:
+    """What a circuit was asked to keep, for a message (``"top=0"``)."""
+    return (
+        f"top={top}"
+        if top is not None
+        else f"threshold={threshold}"
+        if threshold is not None
+        else f"fraction={fraction}"
+    )
+
+
+def _circuit_of(
+    graph: Graph, keep: torch.Tensor, s: torch.Tensor, scores: EdgeScores, how: str, depth: int = 0
+) -> Circuit:
     """The circuit of ``keep`` (``[n_edges]``, or ``[n_pos, n_edges]`` per position) with scores ``s`` of the
-    same shape, its items by decreasing ``|score|``."""
+    same shape, its items by decreasing ``|score|``; a circuit of no edge warns (:class:`CircuitWarning`,
+    ``how``: what was asked for; ``depth``: calls between circuit() and here)."""
+    if not bool(keep.any()):
+        if how.startswith("threshold"):
+            why = "no edge's |score| reaches the threshold"
+        elif how == "top=0" or (how.startswith("fraction") and round(float(how[9:]) * keep.numel()) == 0):
+            why = "none was asked for"
+        else:
+            why = "every edge taken was dangling (pruned) or had no score"
+        warnings.warn(
+            f"the circuit ({how}) has no edges: {why}; its faithfulness is 0 by definition (the corrupted run)",
+            CircuitWarning,
+            stacklevel=4 + depth,  # the caller of circuit() (past the boundary's wrapper)
+        )
     flat_keep, flat_s = keep.reshape(-1), s.reshape(-1)
     idx = flat_keep.nonzero()[:, 0]
     idx = idx[flat_s[idx].abs().argsort(descending=True)]
@@ -431,14 +483,16 @@ def _circuit_of(graph: Graph, keep: torch.Tensor, s: torch.Tensor, method: str, 
     return Circuit(
         [graph.edges[i % E] for i in idx.tolist()],
         [float(flat_s[i]) for i in idx.tolist()],
-        method,
-        metric,
+        scores.method,
+        scores.metric,
         graph.n_layer,
         graph.n_head,
         graph.n_kv,
         keep.numel(),
         positions=[i // E for i in idx.tolist()] if keep.ndim == 2 else None,
         n_pos=keep.shape[0] if keep.ndim == 2 else None,
+        model_name=scores.model_name,
+        weights=scores.weights,
         _mask=keep.clone(),
     )
 
@@ -463,7 +517,9 @@ def evaluate(
     """``circ`` (a :class:`Circuit`) with its exact ``faithfulness`` (every edge outside it patched to the
     corrupted run) and, with ``completeness``, the normalised metric with only its own edges patched, on the
     prompt pairs ``clean``/``corrupted`` and ``metric`` (as :func:`~gpt2_interp.analysis.circuits.edge_scores`
-    takes them). Returns a copy."""
+    takes them). Returns a copy. A model the circuit was not found on (other sizes, or other weights when the
+    circuit records them) is refused, naming both models."""
+    circ.check_model(model)
     graph = graph_of(model)
     inside = circ.mask(graph)
     rows = [~inside] + ([inside] if completeness else [])
@@ -550,7 +606,9 @@ def faithfulness_curve(
     :func:`~gpt2_interp.analysis.circuits.edges.run_with_edges`."""
     results = [scores] if isinstance(scores, EdgeScores) else list(scores)
     if not results:
-        raise ValueError("give at least one EdgeScores")
+        raise ValueError("scores is empty: give at least one EdgeScores")
+    for r in results:
+        r.check_model(model)
     graph = graph_of(model)
     per = {r.per_position for r in results}
     if len(per) > 1:
@@ -559,14 +617,19 @@ def faithfulness_curve(
     if per_position and selection == "greedy":
         raise ValueError("selection='greedy' takes scores of whole edges; these are per position (use 'top')")
     n_items = graph.n_edges * (results[0].scores.shape[0] if per_position else 1)
-    ks = default_sizes(n_items, check_count(sizes, "sizes")) if isinstance(sizes, int) else list(sizes)
+    if isinstance(sizes, int):
+        ks = default_sizes(n_items, check_count(sizes, "sizes"))
+    else:
+        ks = [check_count(k, f"sizes[{i}]", minimum=0) for i, k in enumerate(sizes)]
+        if not ks:
+            raise ValueError("sizes is empty: give the edge counts to measure (or an int: that many sizes)")
     check_choice(selection, "selection", SELECTIONS)
     masks, kept = [], []
     for r in results:
         s = r.scores.float().cpu().reshape(-1) if per_position else r.total().float()
         order = _order(graph, s, selection) if not per_position else s.abs().nan_to_num(-1.0).argsort(descending=True)
         for k in ks:  # once per method: each size takes its first k edges (or (position, edge) items)
-            m = _first(s, order, check_count(int(k), "size", minimum=0))
+            m = _first(s, order, k)
             if per_position:
                 m = m.view(r.scores.shape)
             if prune_dangling:

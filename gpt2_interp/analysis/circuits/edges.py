@@ -17,15 +17,17 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from einops import einsum, rearrange
 
 from ...core.boundary import boundary
+from ...core.checks import check_indices
 from ..attribution.readout import Readout, chunk_metric
 from ..engine import Patch, base_kv_from, entry_name, final_logits, kv_names, run_staircase
 from ..metrics import Metric, apply_metric, bind_metric, refuse_degenerate, require_finite_metric
 from ..patching import Prompts, pair_tokens
-from .graph import Graph
+from .graph import Graph, model_identity, refuse_other_model
 
 if TYPE_CHECKING:
     from ...model import HookedGPT2
@@ -87,7 +89,9 @@ class Pairs:
     """Prompt pairs ready to score: ``clean``/``corrupted`` tokens ``[n, pos]``, ``mask`` ``[n, pos]``
     (None without padding), the bound ``metric`` and its values on the unpatched runs
     (``clean_metric``/``corrupted_metric`` ``[n]``, CPU), and ``first``: the first position where any
-    pair differs (every sender's output is the same in both runs before it)."""
+    pair differs (every sender's output is the same in both runs before it); ``model_name`` and ``weights``
+    (its weights fingerprint): the model the metric values were computed on (None: not recorded), which
+    :func:`run_with_edges` requires of its model."""
 
     clean: torch.Tensor
     corrupted: torch.Tensor
@@ -96,6 +100,8 @@ class Pairs:
     clean_metric: torch.Tensor
     corrupted_metric: torch.Tensor
     first: int
+    model_name: str | None = None
+    weights: str | None = None
 
     @property
     def n(self) -> int:
@@ -127,7 +133,8 @@ def pairs_of(model: HookedGPT2, clean: Prompts, corrupted: Prompts, metric: Metr
     metric = bind_metric(metric, model, cl)
     cm, km = apply_metric(metric, cl[None])[0].cpu(), apply_metric(metric, co[None])[0].cpu()
     require_finite_metric(metric, {"clean": cm, "corrupted": km})
-    return Pairs(c, k, mask, metric, cm, km, int(diff.min()))
+    name, weights = model_identity(model)
+    return Pairs(c, k, mask, metric, cm, km, int(diff.min()), name, weights)
 
 
 def _cache(model: HookedGPT2, tokens: torch.Tensor, mask: torch.Tensor | None, names: Sequence[str]) -> dict:
@@ -266,6 +273,7 @@ def run_with_edges(
     when one row of every pair would not fit, the pairs are run in chunks too).
     """
     graph.fits(model)
+    refuse_other_model("these prompt pairs", pairs.model_name, pairs.weights, model)
     masks = _check_masks(graph, patched.to(model.device), pairs.n_pos)
     if masks.ndim == 4:
         _one_length(pairs)
@@ -363,6 +371,31 @@ def _patched_metric(
     return torch.stack([chunk_metric(pairs.metric, logits[i], (p0, pairs.n)) for i in range(k)])
 
 
+def edge_indices(edges: Sequence[int] | torch.Tensor, graph: Graph) -> torch.Tensor:
+    """``edges`` (indices into ``graph.edges``; negatives count from the end) as a long tensor: a boolean
+    mask, a float, an index out of range or an empty list is refused naming ``edges``."""
+    what = f"this graph has {graph.n_edges} edges"
+    if isinstance(edges, (torch.Tensor, np.ndarray)):
+        t = torch.as_tensor(edges).flatten()
+        if t.dtype == torch.bool:
+            raise TypeError(
+                "edges must be edge indices, got a boolean mask; pass mask.nonzero().flatten() for the edges it marks"
+            )
+        if t.is_floating_point() or t.is_complex():
+            raise TypeError(f"edges must be integer edge indices, got a tensor of {t.dtype}")
+        if t.numel() and (int(t.min()) < -graph.n_edges or int(t.max()) >= graph.n_edges):
+            bad = int(t[(t < -graph.n_edges) | (t >= graph.n_edges)][0])
+            raise IndexError(
+                f"edge {bad} is out of range: {what} (0..{graph.n_edges - 1}), negatives count from the end (in edges)"
+            )
+        idx = t.long() % graph.n_edges if t.numel() else t.long()
+    else:
+        idx = torch.tensor(check_indices(edges, graph.n_edges, "edge", "edges", what), dtype=torch.long)
+    if not idx.numel():
+        raise ValueError("edges is empty: give edge indices to score, or None for every edge")
+    return idx
+
+
 @boundary
 def edge_patch(
     model: HookedGPT2,
@@ -391,9 +424,7 @@ def edge_patch(
     graph.fits(model)
     n_layer, n = model.cfg.n_layer, pairs.n
     es, er = graph.edge_index
-    chosen = torch.arange(graph.n_edges) if edges is None else torch.as_tensor(edges, dtype=torch.long).flatten()
-    if chosen.numel() and (chosen.min() < 0 or chosen.max() >= graph.n_edges):
-        raise IndexError(f"edge indices must lie in [0, {graph.n_edges}) for this graph")
+    chosen = torch.arange(graph.n_edges) if edges is None else edge_indices(edges, graph)
     f = pairs.first
     if per_position:
         _one_length(pairs)

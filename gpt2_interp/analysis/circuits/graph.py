@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ...core.boundary import boundary
+from ...core.checks import check_count
 
 if TYPE_CHECKING:
     from ...model import HookedGPT2
@@ -58,11 +59,16 @@ class Graph:
       heads of layer ``l`` read at and write after ``2l + 1``, its MLP at ``2l + 2``); an edge exists
       where the sender's stage is below the receiver's (``valid`` ``[n_senders, n_receivers]``);
     - ``groups``: the receivers by hook point (:class:`Receivers`), in forward order;
-    - ``n_layer``, ``n_head``, ``n_kv``: the model's sizes.
+    - ``n_layer``, ``n_head``, ``n_kv``: the model's sizes (each ≥ 1); ``model``: the name of the model the
+      graph was built for (None: not known), named when another model does not fit it.
     """
 
-    def __init__(self, n_layer: int, n_head: int, n_kv: int) -> None:
-        self.n_layer, self.n_head, self.n_kv = n_layer, n_head, n_kv
+    def __init__(self, n_layer: int, n_head: int, n_kv: int, model: str | None = None) -> None:
+        for what, value in (("n_layer", n_layer), ("n_head", n_head), ("n_kv", n_kv)):
+            check_count(value, f"Graph(): {what}")
+        if n_head % n_kv:
+            raise ValueError(f"Graph(): n_kv {n_kv} must divide n_head {n_head} (each KV head serves a group of heads)")
+        self.n_layer, self.n_head, self.n_kv, self.model = n_layer, n_head, n_kv, model
         self.senders = ["input"]
         stages = [0]
         for l in range(n_layer):
@@ -149,13 +155,23 @@ class Graph:
                 f"got {tuple(m.shape)}"
             )
 
-    def fits(self, model: HookedGPT2) -> None:
-        """Refuse (ValueError, one line) a model whose sizes are not this graph's."""
+    def fits(self, model: HookedGPT2, what: str = "this graph", made_for: str | None = None) -> None:
+        """Refuse (ValueError, one line naming both models) a model whose sizes are not this graph's;
+        ``what`` names the object made for the graph (``"this circuit"``), ``made_for`` its model (default:
+        the graph's)."""
         c = model.cfg
         if (c.n_layer, c.n_head, c.n_kv) != (self.n_layer, self.n_head, self.n_kv):
+            made_for = made_for or self.model or "a model whose name was not recorded"
             raise ValueError(
-                f"this graph is for {self.n_layer} layers × {self.n_head} heads ({self.n_kv} KV heads); the model "
-                f"has {c.n_layer} × {c.n_head} ({c.n_kv} KV heads): build the graph with graph_of(model)"
+                f"{what} {_was(what)} made for {made_for} ({self.n_layer} layers × {self.n_head} heads, {self.n_kv} "
+                f"KV heads); the model is {c.name} ({c.n_layer} × {c.n_head}, {c.n_kv} KV heads): "
+                + (
+                    "build the graph with graph_of(model)"
+                    if what == "this graph"
+                    else "use them with their own model"
+                    if _was(what) == "were"
+                    else "use it with its own model"
+                )
             )
 
     def describe(self) -> str:
@@ -174,7 +190,51 @@ def graph_of(model: HookedGPT2) -> Graph:
     """The sender/receiver :class:`Graph` of ``model`` (GPT-2 and Llama-family configs alike; under
     grouped-query attention the key and value receivers are the ``n_kv`` KV heads)."""
     c = model.cfg
-    return Graph(c.n_layer, c.n_head, c.n_kv)
+    return Graph(c.n_layer, c.n_head, c.n_kv, model=c.name)
 
 
-__all__ = ["INPUT_KINDS", "Graph", "Receivers", "graph_of"]
+class CircuitWarning(UserWarning):
+    """A circuit result that is degenerate (no edges, fewer prompt pairs than asked for, scores that are
+    not finite): computed, but the warning says why it may mean nothing."""
+
+
+@boundary
+def refuse_other_model(
+    what: str, made_for: str | None, weights: str | None, model: HookedGPT2, graph: Graph | None = None
+) -> None:
+    """Refuse (ValueError naming both models) ``model`` where an object ``what`` (``"this circuit"``, ``"these
+    edge scores"``) made for the model ``made_for`` with weights fingerprint ``weights`` meets it: other sizes than
+    ``graph``'s (when given), or other weights (when the fingerprint was recorded)."""
+    if graph is not None:
+        graph.fits(model, what, made_for)
+    if not weights:
+        return
+    from ...model.fingerprint import weights_fingerprint
+
+    fp = weights_fingerprint(model)
+    if fp != weights:
+        it = (
+            "they hold only for the weights they were"
+            if _was(what) == "were"
+            else "it holds only for the weights it was"
+        )
+        raise ValueError(
+            f"{what} {_was(what)} made for {made_for or 'another model'} (weights {weights[:12]}…); the model is "
+            f"{model.cfg.name} (weights {fp[:12]}…): {it} computed on, so use them with that model"
+        )
+
+
+def _was(what: str) -> str:
+    return "were" if what.startswith("these") else "was"
+
+
+@boundary
+def model_identity(model: HookedGPT2) -> tuple[str, str]:
+    """``(name, weights fingerprint)`` of ``model``: what a circuit, edge scores and prompt pairs record
+    of the model they were made for."""
+    from ...model.fingerprint import weights_fingerprint
+
+    return model.cfg.name, weights_fingerprint(model)
+
+
+__all__ = ["INPUT_KINDS", "CircuitWarning", "Graph", "Receivers", "graph_of", "model_identity", "refuse_other_model"]

@@ -17,6 +17,7 @@ sender value raises or lowers the metric; circuits rank edges by ``|score|``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -32,8 +33,8 @@ from ...core.tables import format_table
 from ..attribution.readout import Readout
 from ..metrics import Metric, metric_name
 from ..patching import Prompts
-from .edges import Pairs, edge_patch, pairs_of, sender_differences, split_inputs
-from .graph import Graph, graph_of
+from .edges import Pairs, edge_indices, edge_patch, pairs_of, sender_differences, split_inputs
+from .graph import CircuitWarning, Graph, graph_of, refuse_other_model
 
 if TYPE_CHECKING:
     from ...model import HookedGPT2
@@ -54,7 +55,9 @@ class EdgeScores(Result):
       or ``[n_pos, n_edges]`` with ``per_position``; ``edges``: the edge names (``"a0.h1->a2.h3<q>"``);
     - ``method`` (``eap``, ``eap-ig``, ``exact``), ``ig_steps``/``ig_path`` (EAP-IG), ``metric``'s name;
     - ``clean_metric``/``corrupted_metric``: pair means of the metric on the unpatched runs;
-    - ``n_pairs``; ``graph``: the :class:`~gpt2_interp.analysis.circuits.graph.Graph` (not in JSON).
+    - ``n_pairs``; ``graph``: the :class:`~gpt2_interp.analysis.circuits.graph.Graph` (not in JSON);
+    - ``model_name``, ``weights``: the model the scores were computed on and its weights fingerprint (None:
+      not recorded); :meth:`check_model` refuses another model.
     """
 
     scores: torch.Tensor
@@ -67,6 +70,8 @@ class EdgeScores(Result):
     ig_steps: int | None = None
     ig_path: str | None = None
     per_position: bool = False
+    model_name: str | None = None
+    weights: str | None = None
     _graph: Graph | None = field(default=None, repr=False)
 
     @property
@@ -74,6 +79,11 @@ class EdgeScores(Result):
         """The graph the scores are for."""
         assert self._graph is not None, "scores carry their graph"
         return self._graph
+
+    def check_model(self, model: HookedGPT2) -> None:
+        """Refuse (ValueError naming both models) a model these scores were not computed on: other sizes than
+        their graph's, or other weights (when the fingerprint was recorded)."""
+        refuse_other_model("these edge scores", self.model_name, self.weights, model, self.graph)
 
     def total(self) -> torch.Tensor:
         """``[n_edges]`` scores summed over positions (the scores themselves without ``per_position``)."""
@@ -126,15 +136,31 @@ def edge_scores(
     method = check_choice(method, "method", EDGE_METHODS)  # type: ignore[assignment]
     check_choice(ig_path, "ig_path", ("inputs", "activations"))
     graph = graph_of(model)
+    chosen = torch.arange(graph.n_edges) if edges is None else edge_indices(edges, graph)
+    if edges is not None and method != "exact":
+        raise ValueError(f"edges picks the edges of method='exact'; {method} scores every edge at once (drop edges)")
     pairs = pairs_of(model, clean, corrupted, metric)
     if method == "exact":
-        chosen = torch.arange(graph.n_edges) if edges is None else torch.as_tensor(edges).long().flatten()
         values = edge_patch(model, graph, pairs, chosen, batch_size, progress, per_position=per_position).mean(-1)
         scores = torch.full((pairs.n_pos, graph.n_edges) if per_position else (graph.n_edges,), float("nan"))
         scores[..., chosen] = values.T if per_position else values
     else:
         steps = check_count(ig_steps, "ig_steps") if method == "eap-ig" else 1
         scores = gradient_scores(model, graph, pairs, method, steps, ig_path, per_position, batch_size, progress)
+    if method != "exact" and not bool(scores.isfinite().all()):
+        bad = int((~scores.isfinite()).sum())
+        warnings.warn(
+            f"{bad} of {scores.numel()} {method} edge scores are NaN or inf although the metric "
+            f"{metric_name(pairs.metric)!r} is finite on the clean and corrupted runs: "
+            + (
+                "it is not finite somewhere on the integration path between them (or its gradient is not); "
+                "a circuit never takes these edges"
+                if method == "eap-ig"
+                else "its gradient at the clean run is not finite; a circuit never takes these edges"
+            ),
+            CircuitWarning,
+            stacklevel=3,  # the caller of edge_scores (past the boundary's wrapper)
+        )
     return EdgeScores(
         scores,
         graph.edges,
@@ -146,7 +172,9 @@ def edge_scores(
         ig_steps if method == "eap-ig" else None,
         ig_path if method == "eap-ig" else None,
         per_position,
-        graph,
+        model_name=pairs.model_name,
+        weights=pairs.weights,
+        _graph=graph,
     )
 
 

@@ -25,6 +25,7 @@ report, since a circuit of a task the model cannot do means nothing:
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from ...core.result import Result
 from ...facts.base import FactBase
 from ...facts.pairs import subject_swaps
 from ..metrics import LogitDiff, Metric, apply_metric, metric_name
+from .graph import CircuitWarning
 
 if TYPE_CHECKING:
     from ...model import HookedGPT2
@@ -398,6 +400,14 @@ def fact_recall(
     fp = subject_swaps(fb, model.tokenizer, n, seed=seed, template=template)
     if not len(fp):
         raise ValueError(f"fact_recall: no pair of subjects with prompts of equal length for {model.cfg.name}")
+    if len(fp) < n:
+        warnings.warn(
+            f"fact_recall: {len(fp)} prompt pairs, not the {n} asked for (n): the fact base has no more pairs of "
+            f"subjects with prompts of equal length for {model.cfg.name}"
+            + (f" among the relations {', '.join(relations)}" if relations is not None else ""),
+            CircuitWarning,
+            stacklevel=3,  # the caller of fact_recall (past the boundary's wrapper)
+        )
     rows = [
         (c, k, a, w, {"relation": f.relation, "subject": f.subject, "object": f.object, "other": [g.subject, g.object]})
         for c, k, a, w, (f, g) in zip(fp.clean, fp.corrupted, fp.answers, fp.wrongs, fp.facts)
