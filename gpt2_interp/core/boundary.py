@@ -180,20 +180,44 @@ def describe(hint: Any) -> str:
         what = {list: "a list", set: "a set", frozenset: "a set", cabc.Iterable: "an iterable"}.get(
             origin, "a list or tuple"
         )
-        return f"{what} of {describe(args[0])}" if args else what
+        return f"{what} of {_plural(args[0])}" if args else what
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
-            return f"a tuple of {describe(args[0])}"
+            return f"a tuple of {_plural(args[0])}"
         return "a tuple (" + ", ".join(describe(a) for a in args) + ")"
     if origin in (dict, cabc.Mapping, cabc.MutableMapping):
-        return f"a dict of {describe(args[0])} to {describe(args[1])}" if args else "a dict"
+        return f"a dict of {_plural(args[0])} to {_plural(args[1])}" if args else "a dict"
     if origin is type:
         return "a class"
     if origin in (cabc.Callable,) or hint is cabc.Callable:
         return "a callable"
     if isinstance(hint, type):
+        if hint in _WORDS:
+            return _WORDS[hint][0]
+        if hint.__name__ in ("ndarray", "Tensor"):
+            return "an array" if hint.__name__ == "ndarray" else "a tensor"
         return hint.__name__
     return str(hint).replace("typing.", "")
+
+
+_WORDS: dict[type, tuple[str, str]] = {
+    int: ("an integer", "integers"),
+    float: ("a number", "numbers"),
+    str: ("a string", "strings"),
+    bool: ("True or False", "bools"),
+}
+
+
+def _plural(hint: Any) -> str:
+    """The items of a container hint in words: ``float`` → "numbers", ``int | str`` → "integers or strings"."""
+    if _is_union(hint):
+        parts = [a for a in typing.get_args(hint) if not (isinstance(a, type) and issubclass(a, np.generic))]
+        if float in parts and int in parts:
+            parts.remove(int)
+        return " or ".join(dict.fromkeys(_plural(a) for a in parts))
+    if isinstance(hint, type) and hint in _WORDS:
+        return _WORDS[hint][1]
+    return describe(hint)
 
 
 # ---------------------------------------------------------------------------------------- resolution

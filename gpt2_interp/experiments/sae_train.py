@@ -152,7 +152,7 @@ def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
         hook_name=hook,
         expansion=cfg.expansion,
         architecture=cfg.architecture,  # type: ignore[arg-type]  # checked by SAETrainConfig
-        k=cfg.k,
+        k=cfg.k if cfg.architecture != "relu" else None,  # a ReLU SAE has no k (refused when given)
         l1_coefficient=cfg.l1_coefficient,
         tokens=cfg.tokens,
         batch_size=cfg.batch_size,

@@ -98,11 +98,11 @@ def _f(
 
 def test_numbers_follow_the_numeric_tower_and_strings_are_not_lists_of_numbers():
     assert _f(np.int64(3), [1, 2.5, np.float32(1)], "a") == 3
-    with pytest.raises(TypeError, match=r"_f\(\): n must be int, got float 3.0"):
+    with pytest.raises(TypeError, match=r"_f\(\): n must be an integer, got float 3.0"):
         _f(3.0, [1.0], "a")
-    with pytest.raises(TypeError, match=r"xs must be a list or tuple of float, ndarray, or Tensor, got str '1,2'"):
+    with pytest.raises(TypeError, match=r"xs must be a list or tuple of numbers, an array, or a tensor, got str '1,2'"):
         _f(1, "1,2", "a")
-    with pytest.raises(TypeError, match="texts must be str or a list or tuple of str"):
+    with pytest.raises(TypeError, match="texts must be a string or a list or tuple of strings"):
         _f(1, [1.0], 5)
 
 
