@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +22,10 @@ if TYPE_CHECKING:
 
 Metric = Callable[[torch.Tensor], torch.Tensor]
 _M = TypeVar("_M", bound=Metric)  # a metric, returned as the type it came in
-Ids = str | int | Sequence[str | int] | torch.Tensor
+Ids = Annotated[
+    str | int | Sequence[str | int] | torch.Tensor,
+    "a token (a string of one token, or its id), one per pair as a list, or a tensor of ids",
+]
 
 
 def _ids(x: Ids, model: HookedGPT2 | None, what: str = "token") -> torch.Tensor | Ids:

@@ -11,16 +11,17 @@ every public name of every face to keep it so.
 The type checks are beartype's (:func:`beartype.door.is_bearable`): constant time per argument (a container's
 type and one sampled item), no coercion or copy (values pass through unchanged, so bit-exact results stay
 bit-exact), and driven by the signatures the code already states. The hints are widened the way the library
-reads its arguments: an ``int`` hint accepts NumPy integers, a ``float`` hint ints and NumPy numbers (Python's
-numeric tower as NumPy extends it), a tuple of any length a list, a sequence of numbers an array or a tensor.
-Hints are resolved at the first call, from the function's module and the names its ``if TYPE_CHECKING:`` block
-imports (a name that cannot be resolved there is not checked).
+reads its arguments: an ``int`` hint accepts NumPy integers (and 0-d integer tensors), a ``float`` hint ints
+and NumPy numbers (Python's numeric tower as NumPy extends it), a tuple of any length a list, a sequence of
+numbers an array or a tensor. Hints are resolved at the first call, from the function's module and the names
+its ``if TYPE_CHECKING:`` block imports (a name that cannot be resolved there is not checked).
 """
 
 from __future__ import annotations
 
 import ast
 import collections.abc as cabc
+import dataclasses
 import difflib
 import functools
 import importlib
@@ -29,7 +30,7 @@ import sys
 import textwrap
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -55,7 +56,10 @@ def boundary(obj: F) -> F:
     if isinstance(obj, type):
         init = obj.__init__  # type: ignore[misc]
         if getattr(init, MARK, None) is None:
-            checked = _Checked(init, owner=obj.__qualname__)
+            # a value that validates itself (a dataclass's __post_init__) answers first, in its own words;
+            # what it lets through is then checked against the signature
+            own = dataclasses.is_dataclass(obj) and hasattr(obj, "__post_init__")
+            checked = _Checked(init, owner=obj.__qualname__, after=own)
             obj.__init__ = checked.wrap()  # type: ignore[misc]
         setattr(obj, MARK, getattr(obj.__init__, MARK))  # type: ignore[misc]
         return obj
@@ -65,18 +69,33 @@ def boundary(obj: F) -> F:
 class _Checked:
     """One function's checks: its hints resolved (once, at the first call) and each argument tested."""
 
-    def __init__(self, fn: Callable[..., Any], owner: str | None = None):
-        self.fn, self.sig = fn, inspect.signature(fn)
+    def __init__(self, fn: Callable[..., Any], owner: str | None = None, after: bool = False):
+        self.fn, self.sig, self.after = fn, inspect.signature(fn), after
         self.name: str = owner or str(getattr(fn, "__qualname__", getattr(fn, "__name__", "function")))
-        self.hints: dict[str, Any] | None = None
+        self.hints: dict[str, Any] | None = None  # what is checked (widened)
+        self.shown: dict[str, Any] = {}  # the hints as written (their descriptions), for messages
 
     def wrap(self) -> Callable[..., Any]:
         fn = self.fn
 
-        @functools.wraps(fn)
-        def checked(*args: Any, **kwargs: Any) -> Any:
-            self.check(args, kwargs)
-            return fn(*args, **kwargs)
+        if self.after:
+
+            @functools.wraps(fn)
+            def checked(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    self.sig.bind(*args, **kwargs)
+                except TypeError:
+                    self.check(args, kwargs)  # names the function and the argument
+                out = fn(*args, **kwargs)
+                self.check(args, kwargs)
+                return out
+
+        else:
+
+            @functools.wraps(fn)
+            def checked(*args: Any, **kwargs: Any) -> Any:
+                self.check(args, kwargs)
+                return fn(*args, **kwargs)
 
         setattr(checked, MARK, self)
         return checked
@@ -99,6 +118,7 @@ class _Checked:
                 elif p.kind is p.VAR_KEYWORD:
                     hint = dict[str, hint]  # type: ignore[valid-type]
                 self.hints[p.name] = _widen(hint)
+                self.shown[p.name] = hint
         return self.hints
 
     # ----------------------------------------------------------------- checks
@@ -113,7 +133,7 @@ class _Checked:
         for name, value in bound.arguments.items():
             hint = hints.get(name)
             if hint is not None and not is_bearable(value, hint, conf=_conf()):
-                raise _violation(self.name, name, value, hint)
+                raise _violation(self.name, name, value, self.shown[name])
             if name in COUNTS and isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value < 1:
                 raise ArgumentError(f"{self.name}(): {name} must be an integer ≥ 1, got {value}")
 
@@ -132,15 +152,42 @@ def _strategy() -> Any:
 
 
 def _violation(func: str, name: str, value: Any, hint: Any) -> Exception:
+    """The error for ``value`` refused by ``hint``, in the library's words: the argument first, then what is
+    accepted and what was given; for a list whose container is right, the first item at fault."""
+    from beartype.door import is_bearable
+
+    where = f" — {func}()"
     literal = _literal_values(hint)
     if literal and isinstance(value, str):
         choices = [v for v in literal if isinstance(v, str)]
         close = difflib.get_close_matches(value, choices, n=1)
         hint_text = f"; did you mean {close[0]!r}?" if close else ""
-        return ValueError(f"{func}(): {name} must be one of {', '.join(map(repr, literal))}; got {value!r}{hint_text}")
+        return ArgumentError(f"{name} must be one of {', '.join(map(repr, literal))}; got {value!r}{hint_text}{where}")
+    for container, item in _sequences(hint):
+        if isinstance(value, container) and not isinstance(value, (str, bytes)):
+            for i, x in enumerate(typing.cast(Iterable[Any], value)):
+                if not is_bearable(x, _widen(item), conf=_conf()):
+                    one = name[:-1] if name.endswith("s") and len(name) > 2 else f"{name}[{i}]"
+                    got = f"got {type(x).__name__} {_shown(x)} (in {name}={_shown(value)})"
+                    return ArgumentError(f"{one} must be {describe(item)}, {got}{where}")
+    return ArgumentError(f"{name} must be {describe(hint)}, got {type(value).__name__} {_shown(value)}{where}")
+
+
+def _shown(value: Any) -> str:
     shown = repr(value)
-    shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    return ArgumentError(f"{func}(): {name} must be {describe(hint)}, got {_kind(value)} {shown}")
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+def _sequences(hint: Any) -> list[tuple[type, Any]]:
+    """The ``(container type, item hint)`` alternatives of a hint (``list[int] | None`` → ``[(list, int)]``)."""
+    found = []
+    for h in typing.get_args(hint) if _is_union(hint) else (hint,):
+        origin, args = typing.get_origin(h), typing.get_args(h)
+        if origin in (list, cabc.Sequence, cabc.MutableSequence, set, frozenset, cabc.Collection) and args:
+            found.append((origin, args[0]))
+        elif origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+            found.append((tuple, args[0]))
+    return found
 
 
 def _kind(value: Any) -> str:
@@ -162,28 +209,29 @@ def _is_union(hint: Any) -> bool:
 
 
 def describe(hint: Any) -> str:
-    """A hint in words: ``list[str] | None`` → "a list of str, or None"."""
+    """A hint in words: ``list[str] | None`` → "a list of strings or None"; ``Annotated[hint, "words"]`` →
+    "words"."""
     if hint is type(None) or hint is None:
         return "None"
     if _is_union(hint):
         parts = [a for a in typing.get_args(hint) if not (isinstance(a, type) and issubclass(a, np.generic))]
         if float in parts and int in parts:  # a widened float: any real number
             parts.remove(int)
+        if _sequences(hint):  # arrays and tensors, taken quietly for lists of numbers, go unsaid
+            parts = [a for a in parts if getattr(a, "__name__", "") not in ("ndarray", "Tensor") or len(parts) == 1]
         words = list(dict.fromkeys(describe(a) for a in parts))
         return ", or ".join([", ".join(words[:-1]), words[-1]]) if len(words) > 2 else " or ".join(words)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Literal:
         return "one of " + ", ".join(map(repr, args))
-    if origin is typing.Annotated:
-        return describe(args[0])
+    if origin is typing.Annotated:  # Annotated[hint, "in words"]: the signature's own description
+        return next((m for m in args[1:] if isinstance(m, str)), None) or describe(args[0])
     if origin in (list, cabc.Sequence, cabc.MutableSequence, set, frozenset, cabc.Iterable, cabc.Collection):
-        what = {list: "a list", set: "a set", frozenset: "a set", cabc.Iterable: "an iterable"}.get(
-            origin, "a list or tuple"
-        )
+        what = {set: "a set", frozenset: "a set", cabc.Iterable: "an iterable"}.get(origin, "a list")
         return f"{what} of {_plural(args[0])}" if args else what
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
-            return f"a tuple of {_plural(args[0])}"
+            return f"a list of {_plural(args[0])}"
         return "a tuple (" + ", ".join(describe(a) for a in args) + ")"
     if origin in (dict, cabc.Mapping, cabc.MutableMapping):
         return f"a dict of {_plural(args[0])} to {_plural(args[1])}" if args else "a dict"
@@ -201,7 +249,7 @@ def describe(hint: Any) -> str:
 
 
 _WORDS: dict[type, tuple[str, str]] = {
-    int: ("an integer", "integers"),
+    int: ("an int", "ints"),
     float: ("a number", "numbers"),
     str: ("a string", "strings"),
     bool: ("True or False", "bools"),
@@ -275,16 +323,20 @@ def _resolve(annotation: Any, ns: dict[str, Any]) -> Any:
 
 
 def _widen(hint: Any) -> Any:
-    """``int`` also accepts NumPy integers, ``float`` ints and NumPy numbers, a tuple of any length a list, a
-    sequence of numbers a NumPy array or a tensor."""
+    """``int`` also accepts NumPy integers and 0-d integer tensors, ``float`` ints and NumPy numbers, a tuple of
+    any length a list, a sequence of numbers a NumPy array or a tensor."""
     if hint is int:
-        return int | np.integer
+        return int | np.integer | _int_tensor()
     if hint is float:
         return float | int | np.floating | np.integer
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if _is_union(hint):
         return functools.reduce(lambda a, b: a | b, [_widen(a) for a in args])
-    if origin is typing.Literal or origin is typing.Annotated or not args:
+    if origin is typing.Annotated:  # words for messages stay out of what beartype checks
+        checks = tuple(m for m in hint.__metadata__ if not isinstance(m, str))
+        inner = _widen(args[0])
+        return typing.Annotated.__class_getitem__((inner, *checks)) if checks else inner
+    if origin is typing.Literal or not args:
         return hint
     if origin in (cabc.Callable, type):
         return cabc.Callable if origin is cabc.Callable else hint
@@ -298,6 +350,15 @@ def _widen(hint: Any) -> Any:
     numbers = origin in (list, tuple, cabc.Sequence) and all(a in (int, float, Ellipsis) for a in args)
     # an array or a tensor is a sequence of numbers too (the library reads it as one)
     return widened | np.ndarray | _tensor_type() if numbers else widened
+
+
+@functools.cache
+def _int_tensor() -> Any:
+    """A 0-d integer tensor: an int as a tensor holds it (the library reads it with ``operator.index``)."""
+    import torch
+    from beartype.vale import Is
+
+    return typing.Annotated[torch.Tensor, Is[lambda t: t.ndim == 0 and not t.is_floating_point()]]
 
 
 @functools.cache

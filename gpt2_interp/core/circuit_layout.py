@@ -1,4 +1,5 @@
-"""Where the nodes of an edge-level circuit graph sit: one layout for the circuit's figure (plots) and its
+"""How an edge-level circuit is shown: when its faithfulness is too low for a claim (:data:`FAITHFUL_ENOUGH`), and
+where the nodes of its graph sit: one layout for the circuit's figure (plots) and its
 interactive view (views), which sit side by side below the analysis layer.
 
 Rows in forward order: ``input`` at the bottom, layer ``l``'s attention heads on row ``2l + 1`` spread across
@@ -12,6 +13,24 @@ away, so a label above its node never runs into the node above it; edge names ar
 from __future__ import annotations
 
 import re
+
+from .boundary import boundary
+
+#: the faithfulness a circuit needs before it is read as explaining the behaviour (a common bar in the
+#: circuit-discovery literature, and the ``target`` of :meth:`FaithfulnessCurve.smallest`); below it the circuit
+#: is printed with a caveat
+FAITHFUL_ENOUGH = 0.8
+
+
+@boundary
+def faithfulness_text(faithfulness: float | None, digits: int = 3) -> str:
+    """``", faithfulness 0.905"``, with ``" (below 0.8: not faithful)"`` when under :data:`FAITHFUL_ENOUGH`;
+    empty when not measured (None)."""
+    if faithfulness is None:
+        return ""
+    low = f" (below {FAITHFUL_ENOUGH:g}: not faithful)" if faithfulness < FAITHFUL_ENOUGH else ""
+    return f", faithfulness {faithfulness:.{digits}f}{low}"
+
 
 _HEAD = re.compile(r"a(\d+)\.h(\d+)")
 _RECEIVER = re.compile(r"a(\d+)\.h(\d+)<([qkv])>")

@@ -60,7 +60,7 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import torch
 
@@ -500,7 +500,10 @@ def compute_edits(
     preserve: NullSpace | KeyStats | Mapping[int, KeyStats] | bool | None = None,
     remember: bool = True,
     progress: bool | None = None,
-    targets: TargetResiduals | Edit | None = None,
+    targets: Annotated[
+        TargetResiduals | Edit | None,
+        "the targets of an earlier edit of these requests (edit.targets), that Edit, or None",
+    ] = None,
 ) -> Edit:
     """Compute (not apply) ONE edit writing every request into ``model`` (module doc: the maths).
 

@@ -1082,7 +1082,7 @@ def compute_edit(
     model: HookedGPT2,
     request: RequestLike,
     layer: int | str | None = None,
-    stats: KeyStats | None = None,
+    stats: KeyStats | Mapping[int, KeyStats] | None = None,  # a mapping is refused in the function's own words
     progress: bool | None = None,
     **hparams: Any,
 ) -> Edit:

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from ..core.boundary import boundary
-from ..core.circuit_layout import node_xy, row_ticks, x_range
+from ..core.circuit_layout import faithfulness_text, node_xy, row_ticks, x_range
 from .figure import finish, style_line_axes
 from .layout import grid_size
 
@@ -96,8 +96,6 @@ def plot_circuit(circuit: Any, max_edges: int = 400, title: str | None = None) -
     handles = [Line2D([], [], color=c, lw=2, label=k) for k, c in KIND_COLOURS.items()]
     ax.legend(handles=handles, fontsize=6, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=5, frameon=False)
     if title is None:
-        from ..analysis.circuits.circuit import faithfulness_text
-
         f = faithfulness_text(circuit.faithfulness, 2)
         title = f"circuit ({circuit.method}): {len(circuit.edges)} of {circuit.total_edges} edges{f}"
     ax.set_title(title, fontsize=9)

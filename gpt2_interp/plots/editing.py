@@ -91,7 +91,7 @@ def plot_edit_evaluation(ev: EditEvaluation, title: str | None = None) -> Figure
 def plot_decay(
     n_edits: Mapping[str, Sequence[int]],
     scores: Mapping[str, Mapping[str, Sequence[float | None]]],
-    reference: Mapping[str, float] | None = None,
+    reference: Mapping[str, float | None] | None = None,
     title: str | None = None,
     xlabel: str = "edits applied",
     log_x: bool = False,

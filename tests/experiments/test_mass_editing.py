@@ -11,6 +11,7 @@ import torch
 from gpt2_interp.editing.stats import key_second_moment
 from gpt2_interp.experiments import run_experiment
 from gpt2_interp.experiments.mass_editing import PARTS, Config, tables
+from gpt2_interp.io.files import read_json, write_json
 from gpt2_interp.model.fingerprint import weights_fingerprint
 
 
@@ -45,10 +46,10 @@ def test_table_names_where_each_part_ran():
 
 def _rewrite(folder, **changes):
     """Change the data of the result in ``folder`` (what the next ``only=`` run merges into)."""
-    body = json.loads((folder / "result.json").read_text())
+    body = read_json(folder / "result.json", "experiment result")
     for k, v in changes.items():
         body["data"][k] = v
-    (folder / "result.json").write_text(json.dumps(body))
+    write_json(folder / "result.json", body)  # as a run writes it: with its digest
 
 
 @pytest.mark.slow

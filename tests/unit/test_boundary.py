@@ -81,7 +81,7 @@ def test_a_wrong_type_is_refused_naming_a_parameter(name):
     with pytest.raises((TypeError, ValueError)) as info:
         obj(*args, **kwargs)
     message = str(info.value)
-    assert any(f"{p} must be" in message for p in params), f"{name}: {message}"
+    assert any(f"{p} must be" in message or f"{p[:-1]} must be" in message for p in params), f"{name}: {message}"
 
 
 # ------------------------------------------------------------------------------------ the rules themselves
@@ -98,11 +98,11 @@ def _f(
 
 def test_numbers_follow_the_numeric_tower_and_strings_are_not_lists_of_numbers():
     assert _f(np.int64(3), [1, 2.5, np.float32(1)], "a") == 3
-    with pytest.raises(TypeError, match=r"_f\(\): n must be an integer, got float 3.0"):
+    with pytest.raises(TypeError, match=r"^n must be an int, got float 3.0 — _f\(\)$"):
         _f(3.0, [1.0], "a")
-    with pytest.raises(TypeError, match=r"xs must be a list or tuple of numbers, an array, or a tensor, got str '1,2'"):
+    with pytest.raises(TypeError, match=r"xs must be a list of numbers, got str '1,2'"):
         _f(1, "1,2", "a")
-    with pytest.raises(TypeError, match="texts must be a string or a list or tuple of strings"):
+    with pytest.raises(TypeError, match="texts must be a string or a list of strings"):
         _f(1, [1.0], 5)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import inspect
 import io
 import tarfile
 
@@ -63,7 +64,7 @@ def test_brown_as_key_statistics_corpus(tmp_path, monkeypatch, facts_model):
     monkeypatch.setattr(corpora, "BROWN_SHA512", base64.b64encode(hashlib.sha512(blob).digest()).decode())
     monkeypatch.setattr(corpora, "BROWN_URL", (tmp_path / "brown.tgz").as_uri())
     monkeypatch.setenv(corpora.ENV_BROWN, str(tmp_path / "brown"))
-    monkeypatch.setattr(corpora.fetch_brown, "__defaults__", (None, corpora.BROWN_URL))
+    monkeypatch.setattr(inspect.unwrap(corpora.fetch_brown), "__defaults__", (None, corpora.BROWN_URL))
     a, b = resolve_corpus(facts_model, "brown", seed=0), resolve_corpus(facts_model, "brown", seed=1)
     assert a.id.startswith("brown:") and a.id != b.id  # the seed orders the documents
     assert sorted(a.texts) == sorted(b.texts) == sorted(corpora.brown_texts(tmp_path / "brown"))

@@ -201,7 +201,7 @@ def test_a_valid_logit_diff_is_the_difference_of_the_two_logits(tiny):
     "kw, error, match",
     [
         (dict(layers=[1.0]), TypeError, r"layer must be an int, got float 1\.0 \(in layers="),
-        (dict(layers=1), TypeError, r"layers must be a list of ints, got int"),
+        (dict(layers=1), TypeError, r"layers must be a list of ints or None, got int"),
         (dict(positions=[0.5]), TypeError, r"position must be an int, got float 0\.5 \(in positions="),
         (dict(positions=2), TypeError, r"positions must be a list of ints"),
         (dict(hook="z", heads=[1.0]), TypeError, r"head must be an int, got float 1\.0 \(in heads="),

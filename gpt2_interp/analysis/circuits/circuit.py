@@ -40,6 +40,7 @@ import torch
 
 from ...core.boundary import ArgumentError, boundary
 from ...core.checks import check_choice, check_count, check_number
+from ...core.circuit_layout import FAITHFUL_ENOUGH, faithfulness_text
 from ...core.ranking import totals_by_size
 from ...core.result import Result
 from ...core.tables import format_table
@@ -114,22 +115,6 @@ def _prune_per_position(graph: Graph, keep: torch.Tensor) -> torch.Tensor:
         if torch.equal(new, m):
             return torch.stack([graph.flat(x) for x in m])
         m = new
-
-
-#: the faithfulness a circuit needs before it is read as explaining the behaviour (a common bar in the
-#: circuit-discovery literature, and the ``target`` of :meth:`FaithfulnessCurve.smallest`); below it the circuit
-#: is printed with a caveat
-FAITHFUL_ENOUGH = 0.8
-
-
-@boundary
-def faithfulness_text(faithfulness: float | None, digits: int = 3) -> str:
-    """``", faithfulness 0.905"``, with ``" (below 0.8: not faithful)"`` when under :data:`FAITHFUL_ENOUGH`;
-    empty when not measured (None)."""
-    if faithfulness is None:
-        return ""
-    low = f" (below {FAITHFUL_ENOUGH:g}: not faithful)" if faithfulness < FAITHFUL_ENOUGH else ""
-    return f", faithfulness {faithfulness:.{digits}f}{low}"
 
 
 @boundary
