@@ -243,6 +243,8 @@ def test_memit_and_alphaedit_evaluation_loops_on_tiny(tiny, tmp_path):
         evaluate_edits(tiny, reqs, method="memit", time_limit=1.0, **kw)
 
 
+# ROME through the whole CounterFact loop (~3 min); the runner's quick rome_counterfact run scores it in CI's lane
+@pytest.mark.full
 @pytest.mark.slow
 def test_rome_counterfact_on_the_fact_model(facts_model):
     ev = evaluate_edits(facts_model, counterfact_requests(n=8, seed=11), progress=False, fluency_tokens=10)
