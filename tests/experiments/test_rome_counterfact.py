@@ -43,7 +43,8 @@ def test_quick_run_scores_and_restores_the_weights(facts_model, tmp_path):
         assert row["post"]["es"] in (0.0, 1.0)
 
 
-@pytest.mark.full  # two partial runs and a whole one (~2 min); merging parts is checked in the lane by mass_editing's test
+# two partial runs and a whole one (~2 min); merging parts is checked in CI's lane by mass_editing's test
+@pytest.mark.full
 def test_parts_merge_to_the_run_made_in_one_go(facts_model, tmp_path):
     common = {
         "known_only": True,
