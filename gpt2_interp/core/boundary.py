@@ -46,7 +46,12 @@ MARK = "__gpt2_interp_boundary__"
 
 class ArgumentError(TypeError, ValueError):
     """An argument refused at the boundary (its type or its value): both a ``TypeError`` and a
-    ``ValueError``, so that code catching either for a bad argument catches it."""
+    ``ValueError``, so that code catching either for a bad argument catches it. ``reason``: the message
+    without the function's name (``"k must be an int, got str '3'"``); ``function``: that name."""
+
+    def __init__(self, reason: str, function: str | None = None):
+        super().__init__(reason + (f" — {function}()" if function else ""))
+        self.reason, self.function = reason, function
 
 
 def boundary(obj: F) -> F:
@@ -129,13 +134,13 @@ class _Checked:
         try:
             bound = self.sig.bind(*args, **kwargs)
         except TypeError as e:
-            raise ArgumentError(f"{self.name}(): {e}") from None
+            raise ArgumentError(f"{self.name}(): {e}") from None  # Python's own wording names the function
         for name, value in bound.arguments.items():
             hint = hints.get(name)
             if hint is not None and not is_bearable(value, hint, conf=_conf()):
                 raise _violation(self.name, name, value, self.shown[name])
             if name in COUNTS and isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value < 1:
-                raise ArgumentError(f"{self.name}(): {name} must be an integer ≥ 1, got {value}")
+                raise ArgumentError(f"{name} must be an integer ≥ 1, got {value}", self.name)
 
 
 @functools.cache
@@ -156,21 +161,21 @@ def _violation(func: str, name: str, value: Any, hint: Any) -> Exception:
     accepted and what was given; for a list whose container is right, the first item at fault."""
     from beartype.door import is_bearable
 
-    where = f" — {func}()"
     literal = _literal_values(hint)
     if literal and isinstance(value, str):
         choices = [v for v in literal if isinstance(v, str)]
         close = difflib.get_close_matches(value, choices, n=1)
         hint_text = f"; did you mean {close[0]!r}?" if close else ""
-        return ArgumentError(f"{name} must be one of {', '.join(map(repr, literal))}; got {value!r}{hint_text}{where}")
+        return ArgumentError(f"{name} must be one of {', '.join(map(repr, literal))}; got {value!r}{hint_text}", func)
     for container, item in _sequences(hint):
         if isinstance(value, container) and not isinstance(value, (str, bytes)):
             for i, x in enumerate(typing.cast(Iterable[Any], value)):
                 if not is_bearable(x, _widen(item), conf=_conf()):
-                    one = name[:-1] if name.endswith("s") and len(name) > 2 else f"{name}[{i}]"
+                    plural = name.endswith("s") and not name.endswith(("ss", "us", "is")) and len(name) > 2
+                    one = name[:-1] if plural else f"{name}[{i}]"  # layers → layer; corpus → corpus[1]
                     got = f"got {type(x).__name__} {_shown(x)} (in {name}={_shown(value)})"
-                    return ArgumentError(f"{one} must be {describe(item)}, {got}{where}")
-    return ArgumentError(f"{name} must be {describe(hint)}, got {type(value).__name__} {_shown(value)}{where}")
+                    return ArgumentError(f"{one} must be {describe(item)}, {got}", func)
+    return ArgumentError(f"{name} must be {describe(hint)}, got {type(value).__name__} {_shown(value)}", func)
 
 
 def _shown(value: Any) -> str:

@@ -189,7 +189,7 @@ def test_a_graph_of_other_sizes_names_both_models(setup):
     [
         ("scores", "abc", "field scores must be"),
         ("n_layer", -1, "field n_layer must be ≥ 1, got -1"),
-        ("n_layer", "2", "field n_layer must be an integer"),
+        ("n_layer", "2", "field n_layer must be an int"),
         ("n_kv", 3, "n_kv 3 must divide n_head 4"),
         ("faithfulness", "high", "field faithfulness must be"),
         ("model_name", 7, "field model_name must be"),

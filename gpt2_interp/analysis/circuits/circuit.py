@@ -274,9 +274,7 @@ class Circuit(Result):
             c = cls(**fields)
             graph = c.graph
         except ArgumentError as e:  # a field of the wrong type or value: name the file and the field
-            raise FileFormatError(
-                f"{path}: not a valid circuit file: {str(e).replace('Circuit(): ', 'field ')}"
-            ) from None
+            raise FileFormatError(f"{path}: not a valid circuit file: field {e.reason}") from None
         except ValueError as e:  # the graph's sizes
             raise FileFormatError(
                 f"{path}: not a valid circuit file: {str(e).replace('Graph(): ', 'field ')}"
