@@ -14,7 +14,7 @@ an error that names the file; non-finite tensors are refused where a file is wri
   unpickled: a dataclass is rebuilt only when its class is a result type of the library or one the caller
   names in ``types``, never from a module path found in the file.
 
-``pickle`` (``torch.load(weights_only=False)``) is never used: a crafted file of any kind is read as data
+Nothing is unpickled (no ``torch.load`` outside its weights-only mode): a crafted file of any kind is read as data
 or refused.
 """
 

@@ -201,18 +201,22 @@ def test_alphaedit_paper_mode_equals_the_authors_code(facts_model, memit_paper, 
         "absolute",
     )
     ns = memit.NullSpace.from_stats(stats, hp.nullspace_threshold, hp.nullspace_rule)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        e = memit.compute_edits(
-            facts_model,
-            reqs,
-            layers=meta["layers"],
-            stats=stats,
-            hparams=hp,
-            preserve=ns,
-            targets=memit_edit,
-            progress=False,
-        )
+
+    def edit_with(preserve: memit.NullSpace) -> memit.Edit:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return memit.compute_edits(
+                facts_model,
+                reqs,
+                layers=meta["layers"],
+                stats=stats,
+                hparams=hp,
+                preserve=preserve,
+                targets=memit_edit,
+                progress=False,
+            )
+
+    e = edit_with(ns)
     assert _rel(e.v_star, golden["z"]) < 1e-4
     probe = torch.randn(
         facts_model.cfg.d_mlp,
@@ -222,18 +226,7 @@ def test_alphaedit_paper_mode_equals_the_authors_code(facts_model, memit_paper, 
     )
     # the same edit with the projections of exact statistics: how far rounding moves ΔW through P
     ns_exact = memit.NullSpace.from_stats(exact_stats, hp.nullspace_threshold, hp.nullspace_rule)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        e_exact = memit.compute_edits(
-            facts_model,
-            reqs,
-            layers=meta["layers"],
-            stats=stats,
-            hparams=hp,
-            preserve=ns_exact,
-            targets=memit_edit,
-            progress=False,
-        )
+    e_exact = edit_with(ns_exact)
     for layer in meta["layers"]:
         C, C_exact = stats[layer].C, exact_stats[layer].C
         # the null space's dimension is exact: the eigenvalues nearest τ lie ≥ 1.8e-5 from it, rounding moves
