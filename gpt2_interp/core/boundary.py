@@ -8,8 +8,8 @@ of their own wherever they appear (:data:`COUNTS`: a batch size or a number of s
 new public function inherits all of it by carrying the decorator, and ``tests/unit/test_boundary.py`` walks
 every public name of every face to keep it so.
 
-The type checks are beartype's (:func:`beartype.door.is_bearable`): constant time per argument (a container's
-type and one sampled item), no coercion or copy (values pass through unchanged, so bit-exact results stay
+The type checks are beartype's (:func:`beartype.door.is_bearable`): a container's type, then every item of a list
+or tuple (beartype alone samples one item, so a bad list would pass or fail by chance), no coercion or copy (values pass through unchanged, so bit-exact results stay
 bit-exact), and driven by the signatures the code already states. The hints are widened the way the library
 reads its arguments: an ``int`` hint accepts NumPy integers (and 0-d integer tensors), a ``float`` hint ints
 and NumPy numbers (Python's numeric tower as NumPy extends it), a tuple of any length a list, a sequence of
@@ -128,8 +128,6 @@ class _Checked:
 
     # ----------------------------------------------------------------- checks
     def check(self, args: tuple, kwargs: dict) -> None:
-        from beartype.door import is_bearable
-
         hints = self.resolved()
         try:
             bound = self.sig.bind(*args, **kwargs)
@@ -137,10 +135,27 @@ class _Checked:
             raise ArgumentError(f"{self.name}(): {e}") from None  # Python's own wording names the function
         for name, value in bound.arguments.items():
             hint = hints.get(name)
-            if hint is not None and not is_bearable(value, hint, conf=_conf()):
+            if hint is not None and not _bearable(value, hint):
                 raise _violation(self.name, name, value, self.shown[name])
             if name in COUNTS and isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value < 1:
                 raise ArgumentError(f"{name} must be an integer ≥ 1, got {value}", self.name)
+
+
+def _bearable(value: Any, hint: Any) -> bool:
+    """Whether ``value`` satisfies ``hint``, every item of a list or tuple included: beartype checks one item
+    at random, which would make the same bad list pass or fail by chance."""
+    from beartype.door import is_bearable
+
+    if not is_bearable(value, hint, conf=_conf()):
+        return False
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, set, frozenset)):
+        return True
+    alternatives = typing.get_args(hint) if _is_union(hint) else (hint,)
+    items = [item for container, item in _sequences(hint) if isinstance(value, container)]
+    others = [a for a in alternatives if not any(isinstance(value, c) for c, _ in _sequences(a))]
+    if not items or any(is_bearable(value, a, conf=_conf()) for a in others):
+        return True
+    return any(all(_bearable(x, item) for x in value) for item in items)
 
 
 @functools.cache
@@ -171,8 +186,7 @@ def _violation(func: str, name: str, value: Any, hint: Any) -> Exception:
         if isinstance(value, container) and not isinstance(value, (str, bytes)):
             for i, x in enumerate(typing.cast(Iterable[Any], value)):
                 if not is_bearable(x, _widen(item), conf=_conf()):
-                    plural = name.endswith("s") and not name.endswith(("ss", "us", "is")) and len(name) > 2
-                    one = name[:-1] if plural else f"{name}[{i}]"  # layers → layer; corpus → corpus[1]
+                    one = f"{name}[{i}]"  # the item by its place: prompts[1], layers[0]
                     got = f"got {type(x).__name__} {_shown(x)} (in {name}={_shown(value)})"
                     return ArgumentError(f"{one} must be {describe(item)}, {got}", func)
     return ArgumentError(f"{name} must be {describe(hint)}, got {type(value).__name__} {_shown(value)}", func)

@@ -81,7 +81,7 @@ def test_a_wrong_type_is_refused_naming_a_parameter(name):
     with pytest.raises((TypeError, ValueError)) as info:
         obj(*args, **kwargs)
     message = str(info.value)
-    assert any(f"{p} must be" in message or f"{p[:-1]} must be" in message for p in params), f"{name}: {message}"
+    assert any(f"{p} must be" in message or f"{p}[0] must be" in message for p in params), f"{name}: {message}"
 
 
 # ------------------------------------------------------------------------------------ the rules themselves
@@ -104,6 +104,16 @@ def test_numbers_follow_the_numeric_tower_and_strings_are_not_lists_of_numbers()
         _f(1, "1,2", "a")
     with pytest.raises(TypeError, match="texts must be a string or a list of strings"):
         _f(1, [1.0], 5)
+
+
+def test_every_item_of_a_list_is_checked_not_a_sample():
+    # one bad item among many: refused on every call, whichever item a sampling checker would have drawn
+    bad = ["a"] * 40 + [5] + ["b"] * 40
+    for _ in range(50):
+        with pytest.raises(TypeError, match=r"texts\[40\] must be a string, got int 5"):
+            _f(1, [1.0], bad)
+    with pytest.raises(TypeError, match=r"xs\[30\] must be a number, got str 'x'"):
+        _f(1, [1.0] * 30 + ["x"], "a")
 
 
 def test_a_literal_names_its_choices_and_the_closest_one():

@@ -200,11 +200,11 @@ def test_a_valid_logit_diff_is_the_difference_of_the_two_logits(tiny):
 @pytest.mark.parametrize(
     "kw, error, match",
     [
-        (dict(layers=[1.0]), TypeError, r"layer must be an int, got float 1\.0 \(in layers="),
+        (dict(layers=[1.0]), TypeError, r"layers\[0\] must be an int, got float 1\.0 \(in layers="),
         (dict(layers=1), TypeError, r"layers must be a list of ints or None, got int"),
-        (dict(positions=[0.5]), TypeError, r"position must be an int, got float 0\.5 \(in positions="),
+        (dict(positions=[0.5]), TypeError, r"positions\[0\] must be an int, got float 0\.5 \(in positions="),
         (dict(positions=2), TypeError, r"positions must be a list of ints"),
-        (dict(hook="z", heads=[1.0]), TypeError, r"head must be an int, got float 1\.0 \(in heads="),
+        (dict(hook="z", heads=[1.0]), TypeError, r"heads\[0\] must be an int, got float 1\.0 \(in heads="),
         (dict(hook="z", heads=3), TypeError, r"heads must be a list of ints"),
         (dict(layers=[5]), IndexError, r"layer 5 is out of range.*\(in layers=\[5\]\)"),
     ],

@@ -356,7 +356,7 @@ def _change(loss_change: float) -> str:
 
 
 @boundary
-def target_token_ids(model: HookedGPT2, target: Sequence[str] | Sequence[int]) -> list[int]:
+def target_token_ids(model: HookedGPT2, target: Sequence[str | int]) -> list[int]:
     """Token ids of a set of target tokens: ints as they are (checked against the vocabulary), strings
     each of exactly one token (``" le"``, ``" great"``; a string of several tokens raises ValueError
     showing its tokens)."""
