@@ -8,13 +8,14 @@ of their own wherever they appear (:data:`COUNTS`: a batch size or a number of s
 new public function inherits all of it by carrying the decorator, and ``tests/unit/test_boundary.py`` walks
 every public name of every face to keep it so.
 
-The type checks are beartype's (:func:`beartype.door.is_bearable`): a container's type, then every item of a list
-or tuple (beartype alone samples one item, so a bad list would pass or fail by chance), no coercion or copy (values pass through unchanged, so bit-exact results stay
-bit-exact), and driven by the signatures the code already states. The hints are widened the way the library
-reads its arguments: an ``int`` hint accepts NumPy integers (and 0-d integer tensors), a ``float`` hint ints
-and NumPy numbers (Python's numeric tower as NumPy extends it), a tuple of any length a list, a sequence of
-numbers an array or a tensor. Hints are resolved at the first call, from the function's module and the names
-its ``if TYPE_CHECKING:`` block imports (a name that cannot be resolved there is not checked).
+The type checks are beartype's (:func:`beartype.door.is_bearable`): a container's type, then every item of a list or
+tuple (beartype alone samples one item, so a bad list would pass or fail by chance), no coercion or copy (values
+pass through unchanged, so bit-exact results stay bit-exact), and driven by the signatures the code already states.
+The hints are widened the way the library reads its arguments: an ``int`` hint accepts NumPy integers (and 0-d
+integer tensors), a ``float`` hint ints and NumPy numbers (Python's numeric tower as NumPy extends it), a tuple of
+any length a list, a sequence of numbers an array or a tensor. Hints are resolved at the first call, from the
+function's module and the names its ``if TYPE_CHECKING:`` block imports (a name that cannot be resolved there is not
+checked).
 """
 
 from __future__ import annotations
