@@ -41,7 +41,7 @@ if str(ROOT) not in sys.path:
 
 import gpt2_interp as gi  # noqa: E402 (imported once the checkout is on sys.path)
 from gpt2_interp.core import distributed  # noqa: E402 (imported once the checkout is on sys.path)
-from gpt2_interp.editing.rome import default_layer  # noqa: E402 (imported once the checkout is on sys.path)
+from gpt2_interp.editing.rome import default_layer  # noqa: E402 imported once the checkout is on sys.path
 from gpt2_interp.editing.stats import clear_memory_cache, key_second_moment  # noqa: E402 (imported once the checkout is on sys.path)
 from gpt2_interp.experiments.provenance import standalone, write_beside  # noqa: E402 (as above)
 

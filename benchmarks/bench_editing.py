@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 import gpt2_interp as gi
-from gpt2_interp.editing.rome import compute_edit, default_layer, hparams_for
+from gpt2_interp.editing.rome import compute_edit
+from gpt2_interp.editing.settings import default_layer, hparams_for
 from gpt2_interp.editing.stats import key_second_moment
 from gpt2_interp.experiments.provenance import standalone, write_beside
 

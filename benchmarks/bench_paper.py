@@ -65,7 +65,7 @@ def _inputs(n_samples: int):
 
 def worker_authors_rome(src: Path, requests: list[dict], n_samples: int) -> dict:
     """The authors' compute_u and compute_v per request (rome/compute_u.py, compute_v.py)."""
-    from gpt2_interp.editing.rome import context_prefix_groups
+    from gpt2_interp.editing.targets import context_prefix_groups
 
     mg = _make_golden()
     model, stats = _inputs(n_samples)
@@ -93,7 +93,7 @@ def worker_authors_rome(src: Path, requests: list[dict], n_samples: int) -> dict
 
 def worker_authors_memit(src: Path, requests: list[dict], n_samples: int) -> dict:
     """The authors' execute_memit on the batch (memit/memit_main.py)."""
-    from gpt2_interp.editing.rome import context_prefix_groups
+    from gpt2_interp.editing.targets import context_prefix_groups
 
     mg = _make_golden()
     model, stats = _inputs(n_samples)

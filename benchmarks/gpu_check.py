@@ -203,7 +203,8 @@ def count_syncs(dev: torch.device):
 
 # ---------------------------------------------------------------- 1. parity
 def parity(dev: torch.device, quick: bool, budget: Budget) -> dict[str, Any]:
-    from gpt2_interp.editing.rome import compute_edit, default_layer
+    from gpt2_interp.editing.rome import compute_edit
+    from gpt2_interp.editing.settings import default_layer
     from gpt2_interp.editing.stats import key_second_moment
 
     tf32 = torch.backends.cuda.matmul.allow_tf32

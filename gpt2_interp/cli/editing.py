@@ -56,7 +56,7 @@ def _layer(x: str) -> int | str:
 def _hparams(items: list[str] | None) -> dict[str, Any]:
     """``--hparam NAME=VALUE`` items as a dict (VALUE parsed as JSON, else kept as text), checked
     against ROME's hyperparameters before any model is loaded."""
-    from ..editing.rome import RomeHparams
+    from ..editing.settings import RomeHparams
 
     out: dict[str, Any] = {}
     for item in items or []:
@@ -299,7 +299,7 @@ def _edit_many(args: argparse.Namespace, model: Any, requests: list[dict[str, An
 
     from ..editing.edit import TargetSpacingWarning, is_weak, undo_all
     from ..editing.memit import validate_requests
-    from ..editing.rome import target_outcomes, validate_request
+    from ..editing.targets import target_outcomes, validate_request
 
     method = args.method or "memit"
     progress = not args.quiet

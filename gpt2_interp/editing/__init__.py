@@ -23,7 +23,8 @@ from .edit import (
 )
 from .hparams import load_hparams
 from .memit import MemitHparams, NullSpace, apply_memit, compute_edits
-from .rome import DEFAULT_LAYERS, RomeHparams, apply_rome, compute_edit, rank_one_update
+from .rome import apply_rome, compute_edit, rank_one_update
+from .settings import DEFAULT_LAYERS, RomeHparams
 from .stats import KeyStats, key_second_moment
 
 __all__ = [

@@ -4,7 +4,7 @@ Our MLP computes ``out = k @ W_out + b_out`` (``k: [d_mlp]``, ``W_out: [d_mlp, d
 batch of ``n`` requests and edit layers ``L_1 < … < L_m`` (top layer ``L_m``):
 
 1. **Targets** (MEMIT's ``compute_z``): per request, ROME's δ optimisation
-   (:func:`.rome.optimise_deltas`, all requests in one batch) finds ``δ_i: [d_model]`` such that
+   (:func:`.targets.optimise_deltas`, all requests in one batch) finds ``δ_i: [d_model]`` such that
    adding ``δ_i`` to the residual stream after block ``L_m`` at the subject's last token makes
    the model say the target (adding to ``blocks.{L_m}.hook_mlp_out`` is adding to that residual).
    The target residual is ``z_i = h_i + δ_i`` with ``h_i`` the unedited residual there (averaged,
@@ -70,22 +70,19 @@ from ..core.progress import progress_bar
 from ..model.fingerprint import parameter_digests, weights_fingerprint
 from .edit import Edit, EditWarning, Request, TargetResiduals, is_weak, report_failed
 from .hparams import PRESETS, load_hparams, model_hparams, models_with_hparams, preset_hparams
-from .rome import (
-    MODEL_HPARAMS as ROME_MODEL_HPARAMS,
-)
-from .rome import (
+from .settings import MODEL_HPARAMS as ROME_MODEL_HPARAMS
+from .settings import RomeHparams, default_layer
+from .stats import DEFAULT_CORPUS_RULE, KeyStats, key_second_moment, keys_fingerprint, unedited_digests
+from .targets import (
     RequestLike,
-    RomeHparams,
     TargetOutcome,
     context_prefix_groups,
-    default_layer,
     optimise_deltas,
     subject_states,
     target_outcomes,
     validate_request,
     variant_weights,
 )
-from .stats import DEFAULT_CORPUS_RULE, KeyStats, key_second_moment, keys_fingerprint, unedited_digests
 
 if TYPE_CHECKING:
     from ..model import HookedGPT2
@@ -99,14 +96,14 @@ ALL_NULLSPACE_RULES = (*NULLSPACE_RULES, "alphaedit")
 #: How AlphaEdit's ridge ``alpha`` is scaled (``MemitHparams.alpha_scale``).
 ALPHA_SCALES = ("trace", "absolute")
 
-#: δ's clamp/weight-decay scale (:func:`.rome.optimise_deltas`' ``norm_reference``).
+#: δ's clamp/weight-decay scale (:func:`.targets.optimise_deltas`' ``norm_reference``).
 DELTA_NORMS = ("resid", "mlp_out")
 
 
 @boundary
 @dataclass
 class MemitHparams:
-    """MEMIT/AlphaEdit settings; ``rome`` holds the δ optimisation's (:class:`.rome.RomeHparams`).
+    """MEMIT/AlphaEdit settings; ``rome`` holds the δ optimisation's (:class:`.settings.RomeHparams`).
 
     Per model: ``hparams/memit/`` and ``hparams/alphaedit/`` (:meth:`of`). Every value is checked when
     the object is made (:meth:`__post_init__`): a wrong kind, a non-finite number or a value out of
@@ -127,7 +124,7 @@ class MemitHparams:
       :meth:`of`), recorded in the edit (:attr:`~.edit.Edit.label`).
 
     The δ optimisation's departures from the authors' code (``rome.key_weighting``, ``target_state``,
-    ``kl_positions``, ``step_count``, ``prefix_style``) are :class:`.rome.RomeHparams` options; here
+    ``kl_positions``, ``step_count``, ``prefix_style``) are :class:`.settings.RomeHparams` options; here
     ``key_weighting`` also weights the keys of every edit layer, and ``target_state`` picks the state of
     the target residual z and of the per-layer residual."""
 
@@ -739,7 +736,7 @@ def _solve_layers(
     list[TargetOutcome],
 ]:
     """Steps 2-3 of the module doc: each layer's update, lowest first, applied before the next layer's
-    keys are read, then what the model says with every update applied (:func:`.rome.target_outcomes`);
+    keys are read, then what the model says with every update applied (:func:`.targets.target_outcomes`);
     the weights are restored on return. Returns ``(factors, keys, fit, outcomes)``."""
     factors: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
     keys_used: dict[int, torch.Tensor] = {}

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..editing.evaluate import known_cases
 from ..editing.memit import NULLSPACE_RULES, MemitHparams, NullSpace, default_layers
-from ..editing.rome import context_prefixes, subject_states
 from ..editing.stats import key_second_moment
+from ..editing.targets import context_prefixes, subject_states
 from .base import ExperimentConfig, register
 from .runner import RunContext
 

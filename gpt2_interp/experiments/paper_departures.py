@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 METHODS = ("rome", "memit", "alphaedit")
 
-#: The named departures of the δ optimisation and the keys (:class:`~gpt2_interp.editing.rome.RomeHparams`),
+#: The named departures of the δ optimisation and the keys (:class:`~gpt2_interp.editing.settings.RomeHparams`),
 #: each flipped alone; the prefix settings go together (one generation rule).
 DELTA_OPTIONS: tuple[tuple[str, ...], ...] = (
     ("key_weighting",),

@@ -40,7 +40,7 @@ from ..editing.evaluate import (
     known_cases,
     summarize,
 )
-from ..editing.rome import DEFAULT_LAYERS, default_layer
+from ..editing.settings import DEFAULT_LAYERS, default_layer
 from ..editing.stats import key_second_moment
 from ..facts.base import FactBase
 from .base import ExperimentConfig, register

@@ -7,8 +7,8 @@ import torch
 
 from gpt2_interp.editing.evaluate import known_cases
 from gpt2_interp.editing.memit import MemitHparams
-from gpt2_interp.editing.rome import context_prefixes, subject_states
 from gpt2_interp.editing.stats import key_second_moment
+from gpt2_interp.editing.targets import context_prefixes, subject_states
 from gpt2_interp.experiments import run_experiment
 
 pytestmark = pytest.mark.slow  # the statistics, the keys of 12 requests and four null spaces

@@ -16,7 +16,7 @@ import pytest
 from gpt2_interp.editing import hparams as hp_data
 from gpt2_interp.editing.memit import DELTA_DEFAULTS, MemitHparams, default_layers
 from gpt2_interp.editing.memit import MODEL_HPARAMS as MEMIT_MODEL_HPARAMS
-from gpt2_interp.editing.rome import DEFAULT_LAYERS, MODEL_HPARAMS, RomeHparams, default_layer, hparams_for
+from gpt2_interp.editing.settings import DEFAULT_LAYERS, MODEL_HPARAMS, RomeHparams, default_layer, hparams_for
 
 FOLDER = Path(hp_data.__file__).parent
 FILES = sorted(FOLDER.glob("*/*.json"))

@@ -18,9 +18,10 @@ from gpt2_interp.editing.memit import (
     projected_update,
     validate_requests,
 )
-from gpt2_interp.editing.rome import (
-    RomeHparams,
-    compute_edit,
+from gpt2_interp.editing.rome import compute_edit
+from gpt2_interp.editing.settings import RomeHparams
+from gpt2_interp.editing.stats import KeyStats, key_second_moment
+from gpt2_interp.editing.targets import (
     context_prefix_groups,
     context_prefixes,
     optimise_delta,
@@ -28,7 +29,6 @@ from gpt2_interp.editing.rome import (
     subject_states,
     variant_weights,
 )
-from gpt2_interp.editing.stats import KeyStats, key_second_moment
 from gpt2_interp.model import HookedGPT2
 
 from ..conftest import TINY, script

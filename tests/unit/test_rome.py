@@ -9,15 +9,10 @@ import gpt2_interp as gi
 from gpt2_interp.analysis.tokens import token_span
 from gpt2_interp.editing import stats as stats_mod
 from gpt2_interp.editing.edit import weights_fingerprint
-from gpt2_interp.editing.rome import (
-    DEFAULT_LAYERS,
-    _filled,
-    compute_edit,
-    context_prefixes,
-    default_layer,
-    rank_one_update,
-)
+from gpt2_interp.editing.rome import _filled, compute_edit, rank_one_update
+from gpt2_interp.editing.settings import DEFAULT_LAYERS, default_layer
 from gpt2_interp.editing.stats import KeyStats, key_second_moment, keys_fingerprint
+from gpt2_interp.editing.targets import context_prefixes
 from gpt2_interp.model import HookedGPT2
 
 from ..conftest import TINY
@@ -193,7 +188,8 @@ def _variant_probs(model, req, ids, prefixes, hooks_for=lambda text, lo, hi: [])
 def test_rome_mode_optimises_delta_at_the_subjects_last_token(tiny, stats):
     """exact_edit=False is ROME: δ added at the subject's last token of every variant. The batched,
     aligned optimiser must report the probabilities of full forwards with δ added by a hook."""
-    from gpt2_interp.editing.rome import RomeHparams, optimise_delta
+    from gpt2_interp.editing.settings import RomeHparams
+    from gpt2_interp.editing.targets import optimise_delta
 
     req = gi.editing.Request("{} is located in the city of", "Eiffel Tower", " New York")  # 2 target tokens
     ids = tiny.tokenizer.encode_ids(req.target)

@@ -7,7 +7,8 @@ import torch
 
 import gpt2_interp as gi
 from gpt2_interp.editing import memit
-from gpt2_interp.editing.rome import RomeHparams, _Packing, context_prefixes, optimise_deltas
+from gpt2_interp.editing.settings import RomeHparams
+from gpt2_interp.editing.targets import _Packing, context_prefixes, optimise_deltas
 from gpt2_interp.model import HookedGPT2, llama_config
 
 REQS = [

@@ -15,7 +15,8 @@ from gpt2_interp.analysis.tokens import subject_span, target_ids
 from gpt2_interp.analysis.tracing import causal_trace
 from gpt2_interp.analysis.vocab import find_neurons, neuron_vocab, top_subupdates
 from gpt2_interp.editing import Request
-from gpt2_interp.editing.rome import RomeHparams, compute_edit
+from gpt2_interp.editing.rome import compute_edit
+from gpt2_interp.editing.settings import RomeHparams
 
 PROMPT, SUBJECT = "The Eiffel Tower is located in", "Eiffel Tower"
 

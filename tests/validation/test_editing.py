@@ -25,8 +25,10 @@ from gpt2_interp.editing.edit import (
     load_edit,
 )
 from gpt2_interp.editing.memit import MemitHparams, NullSpace, compute_edits, validate_requests
-from gpt2_interp.editing.rome import RomeHparams, compute_edit, target_outcomes, validate_request
+from gpt2_interp.editing.rome import compute_edit
+from gpt2_interp.editing.settings import RomeHparams
 from gpt2_interp.editing.stats import KeyStats, key_second_moment
+from gpt2_interp.editing.targets import target_outcomes, validate_request
 from gpt2_interp.model import HookedGPT2
 
 from ..conftest import TINY

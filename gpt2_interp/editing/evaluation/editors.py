@@ -16,7 +16,8 @@ from ...core.checks import as_int
 from ...model.fingerprint import parameter_digests
 from ..edit import Edit, Request, TargetResiduals
 from ..memit import MemitHparams, NullSpace, _resolve_layers, _resolve_stats, compute_edits
-from ..rome import compute_edit, default_layer, hparams_for
+from ..rome import compute_edit
+from ..settings import default_layer, hparams_for
 from ..stats import KeyStats, key_second_moment
 from .config import EvalConfig
 
@@ -56,7 +57,7 @@ class RomeEditor:
 
     ``stats``: the key statistics of ``fixed_layer`` (None with ``"auto"``: computed per edit);
     ``overrides``: the hyperparameters given by the caller (passed to every
-    :func:`~..rome.compute_edit`); ``settings``: the full resolved :class:`~..rome.RomeHparams`, as
+    :func:`~..rome.compute_edit`); ``settings``: the full resolved :class:`~..settings.RomeHparams`, as
     reported; ``progress``: the δ-step bars of each edit (None: on a terminal or in a notebook)."""
 
     fixed_layer: int | None
@@ -79,7 +80,7 @@ class RomeEditor:
     ) -> RomeEditor:
         """Resolve the layer (None: :func:`~..rome.default_layer`) and its key statistics (given, or
         computed once — by the ranks of ``group`` together when distributed); ``hparams`` override
-        :class:`~..rome.RomeHparams`. ``stats``: one :class:`~..stats.KeyStats` or ``{layer: KeyStats}``;
+        :class:`~..settings.RomeHparams`. ``stats``: one :class:`~..stats.KeyStats` or ``{layer: KeyStats}``;
         ``progress``: for the statistics and each edit (:func:`~..rome.compute_edit`). A ``layer`` that is
         not an int, None or ``"auto"`` raises TypeError; an unknown hyperparameter ValueError."""
         hp = hparams_for(model, **hparams)

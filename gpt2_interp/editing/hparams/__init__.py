@@ -1,6 +1,6 @@
 """Per-method, per-model editing settings as data: ``hparams/<method>/<model>.json``.
 
-Each file holds ``"settings"`` (names of :class:`~..rome.RomeHparams` / :class:`~..memit.MemitHparams`
+Each file holds ``"settings"`` (names of :class:`~..settings.RomeHparams` / :class:`~..memit.MemitHparams`
 fields and their values) and ``"justified_by"``: a list of groups ``{"settings": [names], "run":
 "analyses/results/<experiment>/<model>" | "source": "<publication>", "why": "<one line>"}`` naming
 the experiment run (or the publication) behind every setting. ``<method>/default.json`` holds the

@@ -157,8 +157,8 @@ def main() -> None:
         return run_alphaedit(args.alphaedit, args.out)
 
     import gpt2_interp
-    from gpt2_interp.editing.rome import context_prefix_groups
     from gpt2_interp.editing.stats import key_second_moment
+    from gpt2_interp.editing.targets import context_prefix_groups
 
     model = gpt2_interp.load("gpt2-facts")
     stats = key_second_moment(model, [LAYER], n_samples=N_SAMPLES, progress=False)[LAYER]
@@ -313,8 +313,8 @@ def run_memit(repo: Path, out_dir: Path) -> None:
     """MEMIT's execute_memit (memit/memit_main.py with compute_ks.py and compute_z.py) on MEMIT_REQUESTS at
     MEMIT_LAYERS: per layer the keys and ΔW, and the target residuals z."""
     import gpt2_interp
-    from gpt2_interp.editing.rome import context_prefix_groups
     from gpt2_interp.editing.stats import key_second_moment
+    from gpt2_interp.editing.targets import context_prefix_groups
 
     model = gpt2_interp.load("gpt2-facts")
     stats = key_second_moment(model, MEMIT_LAYERS, n_samples=N_SAMPLES, progress=False)
@@ -402,8 +402,8 @@ def run_alphaedit(repo: Path, out_dir: Path) -> None:
     compute_z.py) on MEMIT_REQUESTS at MEMIT_LAYERS, with the projections of experiments/evaluate.py
     get_project and an empty cache of earlier keys (the first batch): per layer P, the keys and ΔW, and z."""
     import gpt2_interp
-    from gpt2_interp.editing.rome import context_prefix_groups
     from gpt2_interp.editing.stats import key_second_moment
+    from gpt2_interp.editing.targets import context_prefix_groups
 
     model = gpt2_interp.load("gpt2-facts")
     stats = key_second_moment(model, MEMIT_LAYERS, n_samples=N_SAMPLES, progress=False)

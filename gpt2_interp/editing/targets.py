@@ -1,0 +1,815 @@
+"""The target of an edit, shared by ROME and MEMIT: the keys and context prefixes of a request, and the
+optimisation of δ (Meng et al. 2022, §3.1; 2023, eq. 16), the change of an MLP's output at the subject's last
+token that makes the model say the target.
+
+``v* = v₀ + δ`` with ``δ`` optimised (Adam) for the NLL of every target token over all prompt variants, plus
+``kl_factor`` × KL between the edited and unedited next-token distributions on ``"{subject} is a"``, plus
+``weight_decay`` × ‖δ‖/‖v₀‖², kept in the ball ‖δ‖ ≤ ``clamp_factor`` × ‖v₀‖; the settings are
+:class:`.settings.RomeHparams`. Many requests are optimised together (:func:`optimise_deltas`), each with its
+own δ and its own stopping, prompt variants packed into shared rows.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..analysis.tokens import subject_span, target_ids, token_span
+from ..core.checks import check_choice
+from ..core.progress import progress_bar
+from .edit import (
+    Request,
+    TargetSpacingWarning,
+)
+
+if TYPE_CHECKING:
+    from ..model import HookedGPT2
+
+from .settings import MEMIT_PREFIX_SEEDS, PREFIX_STYLES, RomeHparams
+
+RequestLike = Request | Mapping[str, Any]
+
+
+# ---------------------------------------------------------------- prompts and positions
+def context_prefixes(
+    model: HookedGPT2, lengths: Sequence[int] = (5, 10), per_length: int = 5, seed: int = 0, style: str = "sampled"
+) -> list[str]:
+    """Short texts sampled from the model (top-5 sampling), used as ``"{prefix}. {prompt}"`` so that k*
+    and v* hold across contexts: :func:`context_prefix_groups` flattened. Cached on the model
+    (computed once, like ROME's)."""
+    return [p for group in context_prefix_groups(model, lengths, per_length, seed, style) for p in group]
+
+
+def context_prefix_groups(
+    model: HookedGPT2, lengths: Sequence[int] = (5, 10), per_length: int = 5, seed: int = 0, style: str = "sampled"
+) -> list[list[str]]:
+    """The context prefixes per length (MEMIT's context types), ``per_length`` texts for each of ``lengths``.
+
+    ``style`` (:attr:`RomeHparams.prefix_style`): ``"sampled"`` — ``n`` new tokens after BOS, braces and
+    trailing dots removed, empty texts dropped; ``"rome"`` — ROME's ``get_context_templates``: ``n − 1``
+    new tokens after ``<|endoftext|>`` (ROME's ``max_out_len`` counts it), NFKD, ``"\\n\\n"`` → space;
+    ``"memit"`` — MEMIT's: ``per_length / 5`` texts from each seed word of :data:`MEMIT_PREFIX_SEEDS`
+    (no BOS), ``n`` tokens counting the seed, braces replaced by spaces. Sampling is top-5 at temperature
+    1 with ``seed`` (the authors' texts are unseeded). Cached on the model."""
+    style = check_choice(style, "prefix style", PREFIX_STYLES)
+    cache = model.__dict__.setdefault("_rome_prefixes", {})
+    key = (tuple(lengths), per_length, seed) + (() if style == "sampled" else (style,))
+    if key not in cache:
+        groups: list[list[str]] = []
+        for i, n in enumerate(lengths):
+            if style == "sampled":
+                texts = model.generate([""] * per_length, max_new_tokens=n, temperature=1.0, top_k=5, seed=seed + i)
+                cleaned = (" ".join(t.replace("{", " ").replace("}", " ").split()).rstrip(". ") for t in texts)
+                groups.append([t for t in cleaned if t])
+            elif style == "rome":
+                texts = model.generate(
+                    [""] * per_length, max_new_tokens=n - 1, temperature=1.0, top_k=5, seed=seed + i, stop_at_eos=False
+                )
+                groups.append([_authors_text(t) for t in texts])
+            else:
+                group = []
+                for j, word in enumerate(MEMIT_PREFIX_SEEDS):
+                    new = n - len(model.tokenizer.encode_ids(word))
+                    texts = model.generate(
+                        [word] * (per_length // len(MEMIT_PREFIX_SEEDS)),
+                        max_new_tokens=max(new, 0),
+                        temperature=1.0,
+                        top_k=5,
+                        seed=seed + i * len(MEMIT_PREFIX_SEEDS) + j,
+                        prepend_bos=False,
+                        stop_at_eos=False,
+                    )
+                    group += [_authors_text(t).replace("{", " ").replace("}", " ") for t in texts]
+                groups.append(group)
+        cache[key] = groups
+    return [list(g) for g in cache[key]]
+
+
+def _authors_text(text: str) -> str:
+    """A generated text cleaned as ROME/MEMIT's ``generate_fast`` cleans it."""
+    return unicodedata.normalize("NFKD", text).replace("\n\n", " ").replace("<|endoftext|>", "")
+
+
+def variant_weights(hp: RomeHparams, groups: Sequence[Sequence[str]]) -> list[float] | None:
+    """The weight of each prompt variant (the bare prompt, then every prefix of ``groups`` in order) in a
+    request's key k*: None for ``key_weighting="uniform"`` (a plain mean), else MEMIT's per-context-type
+    weights: ``1/G`` for the bare prompt and ``1/(G·|g|)`` for each prefix of group ``g``, with ``G`` the
+    bare prompt plus the non-empty groups (MEMIT's one group of 5: 1/2 and 1/10 each)."""
+    if hp.key_weighting == "uniform":
+        return None
+    full = [g for g in groups if g]
+    G = 1 + len(full)
+    return [1.0 / G] + [1.0 / (G * len(g)) for g in full for _ in g]
+
+
+def _filled(prompt: str, subject: str, prefix: str = "") -> tuple[str, int, int]:
+    """``(text, lo, hi)``: ``[prefix. ]prompt`` with the subject filled in, and its char range."""
+    head = f"{prefix}. " if prefix else ""
+    before, after = prompt.split("{}")
+    lo = len(head) + len(before)
+    return head + before + subject + after, lo, lo + len(subject)
+
+
+def validate_request(model: HookedGPT2, request: RequestLike, index: int | None = None) -> tuple[Request, list[int]]:
+    """The request as a :class:`Request` and its target ids; bad input raises saying what to fix (and
+    ``index``, the request's position in a list). A target whose first token is unlikely to follow the
+    prompt as written gets a :class:`~.edit.TargetSpacingWarning` (:data:`~.edit.TARGET_SPACING_RULE`)."""
+    req = Request.of(request, index)
+    where = "request" if index is None else f"request {index}"
+    try:
+        subject_span(model, req.text, req.subject)  # raises if the subject cannot be located
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{where}: {e}") from None
+    ids = target_ids(model, req.target)
+    _warn_unspaced_target(model, req, ids, where)
+    return req, ids
+
+
+def _warn_unspaced_target(model: HookedGPT2, req: Request, ids: list[int], where: str) -> None:
+    """Warn by :data:`~.edit.TARGET_SPACING_RULE`: the edit would teach a word glued to the prompt's last
+    word while the model expects a new word (one forward pass, only when the spellings differ)."""
+    if req.text[-1:].isspace() or req.target[:1].isspace():
+        return
+    spaced = model.tokenizer.encode_ids(" " + req.target)
+    if not spaced or spaced[0] == ids[0]:
+        return
+    with torch.no_grad():
+        probs = model.last_logits([req.text]).float().softmax(-1)[0]
+    p_plain, p_spaced = float(probs[ids[0]]), float(probs[spaced[0]])
+    if p_spaced <= p_plain:
+        return
+    tok = model.tokenizer.token_str
+    warnings.warn(
+        f"{where}: the target {req.target!r} has no leading space and the prompt {req.text!r} ends "
+        f"without one, so its first token {tok(ids[0])!r} (id {ids[0]}, P = {p_plain:.2g} after the prompt) "
+        f"must continue the prompt's last word; the model expects a new word, {tok(spaced[0])!r} "
+        f"(id {spaced[0]}, P = {p_spaced:.2g}). Give target {' ' + req.target!r} unless the word really "
+        "continues the prompt",
+        TargetSpacingWarning,
+        stacklevel=3,
+    )
+
+
+@contextmanager
+def _frozen(model: HookedGPT2) -> Iterator[None]:
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, f in flags:
+            p.requires_grad_(f)
+
+
+@dataclass
+class _Batch:
+    """All prompt variants, aligned at the subject's last token so that it sits in ONE column ``c``
+    for every row: ``[left pad | prefix (< subject's last token) | suffix (from it on) | right pad]``."""
+
+    tokens: torch.Tensor  # [b, c + s]
+    mask: torch.Tensor  # [b, c + s], 1 = real token
+    c: int  # column of the subject's last token
+    n_rewrite: int  # rows 0..n_rewrite-1: rewrite prompts (+ target[:-1]); then the KL prompt
+    target_pos: torch.Tensor  # [n_rewrite, T] columns predicting the target tokens
+    kl_pos: torch.Tensor  # [P] columns of the KL row (subject's last token on)
+    keep_cols: torch.Tensor  # [K] column of each keep row's last token (rows n_rewrite+1 …)
+
+
+def _build_batch(
+    model: HookedGPT2,
+    req: Request,
+    ids: list[int],
+    prefixes: list[str],
+    kl_prompt: str,
+    kl_last_only: bool = False,
+    bos: bool = True,
+) -> _Batch:
+    rows, splits = [], []
+    for prefix in ["", *prefixes]:
+        text, lo, hi = _filled(req.prompt, req.subject, prefix)
+        rows.append(model.to_tokens(text, prepend_bos=bos)[0].tolist() + ids[:-1])
+        splits.append(token_span(model, text, lo, hi, prepend_bos=bos)[1] - 1)
+    if kl_prompt.count("{}") != 1:
+        raise ValueError(f"kl_prompt must hold '{{}}' once, got {kl_prompt!r}")
+    for prompt in (kl_prompt, *req.keep):  # the essence KL row, then the keep rows
+        text, lo, hi = _filled(prompt, req.subject)
+        rows.append(model.to_tokens(text, prepend_bos=bos)[0].tolist())
+        splits.append(token_span(model, text, lo, hi, prepend_bos=bos)[1] - 1)
+    c = max(splits)
+    s = max(len(r) - i for r, i in zip(rows, splits))
+    model.check_length(c + s)
+    tokens = torch.full((len(rows), c + s), model.tokenizer.pad_id, dtype=torch.long)
+    mask = torch.zeros_like(tokens)
+    for j, (r, i) in enumerate(zip(rows, splits)):
+        tokens[j, c - i : c - i + len(r)] = torch.tensor(r)
+        mask[j, c - i : c - i + len(r)] = 1
+    T, n_rw = len(ids), len(rows) - 1 - len(req.keep)
+    ends = [len(r) - i for r, i in zip(rows, splits)]  # suffix lengths
+    target_pos = torch.tensor([[c + e - T + t for t in range(T)] for e in ends[:n_rw]])
+    dev = model.device
+    return _Batch(
+        tokens.to(dev),
+        mask.to(dev),
+        c,
+        n_rw,
+        target_pos.to(dev),
+        torch.arange(c, c + (1 if kl_last_only else ends[n_rw]), device=dev),
+        torch.tensor([c + e - 1 for e in ends[n_rw + 1 :]], dtype=torch.long, device=dev),
+    )
+
+
+@torch.no_grad()
+def subject_states(
+    model: HookedGPT2,
+    requests: Sequence[Request],
+    layers: Sequence[int],
+    prefixes: Sequence[str],
+    resid_layer: int | None = None,
+    batch_size: int = 256,
+    key_weights: Sequence[float] | None = None,
+    resid_weights: Sequence[float] | None = None,
+    prepend_bos: bool = True,
+) -> tuple[dict[int, torch.Tensor], torch.Tensor | None]:
+    """At the subject's last token, averaged over each request's prompt variants (the bare rewrite
+    prompt and ``"{prefix}. {prompt}"`` for each prefix — ROME's k*): the MLP keys
+    ``{layer: [n, d_mlp]}`` of ``layers`` and, with ``resid_layer``, the residual stream after that
+    block ``[n, d_model]`` (``blocks.{resid_layer}.hook_resid_post``). ``key_weights`` /
+    ``resid_weights`` ``[1 + len(prefixes)]``: a weighted sum over the variants instead of the mean
+    (:func:`variant_weights`; ``[1, 0, …]`` is the bare prompt's state). ``prepend_bos``: the prompts start
+    with BOS (False: as the authors' code tokenises)."""
+    rows, pos = [], []
+    for req in requests:
+        for prefix in ["", *list(prefixes)]:
+            text, lo, hi = _filled(req.prompt, req.subject, prefix)
+            rows.append(model.to_tokens(text, prepend_bos=prepend_bos)[0].tolist())
+            pos.append(token_span(model, text, lo, hi, prepend_bos=prepend_bos)[1] - 1)
+    names = [f"blocks.{l}.mlp.hook_post" for l in layers]
+    if resid_layer is not None:
+        names.append(f"blocks.{resid_layer}.hook_resid_post")
+    top = max(list(layers) + ([resid_layer] if resid_layer is not None else []))
+    sums: dict[str, torch.Tensor] = {}
+    for s in range(0, len(rows), batch_size):
+        chunk, p = rows[s : s + batch_size], torch.tensor(pos[s : s + batch_size], device=model.device)
+        width = max(map(len, chunk))
+        model.check_length(width)
+        tokens = torch.full((len(chunk), width), model.tokenizer.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(tokens)
+        for j, r in enumerate(chunk):  # right padding: positions and causal keys are unchanged
+            tokens[j, : len(r)] = torch.tensor(r)
+            mask[j, : len(r)] = 1
+        _, cache = model.run_with_cache(
+            tokens.to(model.device),
+            names_filter=names,
+            stop_at_layer=top + 1,
+            attention_mask=mask.to(model.device),
+            return_type=None,
+        )
+        for name in names:
+            got = cache[name][torch.arange(len(chunk), device=model.device), p].float()
+            sums[name] = got if name not in sums else torch.cat([sums[name], got])
+    v = 1 + len(prefixes)
+    mean = {}
+    for name, x in sums.items():
+        w = resid_weights if name.endswith("hook_resid_post") else key_weights
+        x = x.view(len(requests), v, -1)
+        mean[name] = x.mean(1) if w is None else torch.einsum("nvd,v->nd", x, _weights(w, v, x))
+    keys = {l: mean[f"blocks.{l}.mlp.hook_post"] for l in layers}
+    return keys, (mean[f"blocks.{resid_layer}.hook_resid_post"] if resid_layer is not None else None)
+
+
+def _weights(w: Sequence[float], v: int, like: torch.Tensor) -> torch.Tensor:
+    """``w`` as a ``[v]`` tensor on ``like``'s device; another length raises ValueError."""
+    if len(w) != v:
+        raise ValueError(f"variant weights must give one weight per prompt variant ({v}), got {len(w)}")
+    return torch.tensor(list(w), dtype=like.dtype, device=like.device)
+
+
+@dataclass(frozen=True)
+class TargetOutcome:
+    """What the model says after a prompt about one target: ``logprob`` = log P(target ids | BOS + prompt),
+    ``took`` = whether the target is its greedy continuation (:data:`~.edit.EDIT_TOOK_RULE`), ``top1`` =
+    its top-1 next token after the prompt (text)."""
+
+    logprob: float
+    took: bool
+    top1: str
+
+
+@torch.no_grad()
+def target_outcomes(
+    model: HookedGPT2, texts: Sequence[str], ids: Sequence[list[int]], batch_size: int = 64
+) -> list[TargetOutcome]:
+    """:class:`TargetOutcome` for each ``(text, target ids)`` under the model as it is (hooks included),
+    batched (right padding: positions and causal attention of the real tokens are unchanged)."""
+    out: list[TargetOutcome] = []
+    rows = [model.to_tokens(t)[0].tolist() + i[:-1] for t, i in zip(texts, ids)]
+    for s in range(0, len(rows), batch_size):
+        chunk, tgt = rows[s : s + batch_size], ids[s : s + batch_size]
+        tokens, mask = model.pad(chunk, padding_side="right")
+        model.check_length(tokens.shape[1])
+        resid = model(tokens, attention_mask=mask, stop_at_layer=model.cfg.n_layer)
+        for j, (r, i) in enumerate(zip(chunk, tgt)):
+            pos = torch.arange(len(r) - len(i), len(r), device=resid.device)
+            lp = model.unembed(model.ln_final(resid[j, pos])).float().log_softmax(-1)  # [len(i), d_vocab]
+            want = torch.tensor(i, device=lp.device)
+            top = lp.argmax(-1)
+            out.append(
+                TargetOutcome(
+                    float(lp[torch.arange(len(i)), want].sum()),
+                    bool((top == want).all()),
+                    model.tokenizer.token_str(int(top[0])),
+                )
+            )
+    return out
+
+
+def target_logprobs(
+    model: HookedGPT2, texts: Sequence[str], ids: Sequence[list[int]], batch_size: int = 64
+) -> list[float]:
+    """log P(target ids | BOS + text) for each ``(text, target ids)`` under the model as it is, batched
+    (:func:`target_outcomes`)."""
+    return [o.logprob for o in target_outcomes(model, texts, ids, batch_size)]
+
+
+def optimise_delta(
+    model: HookedGPT2,
+    req: Request,
+    ids: list[int],
+    layer: int,
+    prefixes: list[str],
+    hp: RomeHparams,
+    solve: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    progress: bool | None = None,
+    key_weights: Sequence[float] | None = None,
+) -> dict[str, Any]:
+    """Find δ for one request (see module doc). Returns ``k_star [d_mlp]``, ``k_bare [d_mlp]`` (the bare
+    prompt's key), ``delta [d_model]``, ``v0 [d_model]`` and a log of the losses. See
+    :func:`optimise_deltas` (``progress`` and ``key_weights`` too)."""
+    return optimise_deltas(model, [(req, ids)], layer, prefixes, hp, solve, progress=progress, key_weights=key_weights)[
+        0
+    ]
+
+
+def optimise_deltas(
+    model: HookedGPT2,
+    items: Sequence[tuple[Request, list[int]]],
+    layer: int,
+    prefixes: list[str],
+    hp: RomeHparams,
+    solve: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    chunk: int | None = None,
+    progress: bool | None = None,
+    norm_reference: str = "mlp_out",
+    desc: str | None = None,
+    key_weights: Sequence[float] | None = None,
+    packed: bool = False,
+) -> list[dict[str, Any]]:
+    """One δ per ``(request, target ids)``, optimised together: every request's prompt variants sit
+    in one batch (its δ reaches only its own rows), the loss is the sum of the requests' losses, so
+    each δ follows exactly the trajectory it would follow alone (Adam is elementwise); a request that
+    meets the early-stop rule is frozen and its rows leave the batch. ``chunk`` requests at a time
+    (default: all on an accelerator, 32 on CPU). Used by ROME (one request) and MEMIT (δ at the top
+    edit layer: adding δ to that layer's MLP output is adding it to the residual stream after it).
+
+    One no-grad forward over every variant gives the keys, v₀ and the residual entering the edit
+    layer; each step adds δ to the residual stream after the edit layer (whose attention and MLP do not change)
+    and reruns the layers above it (see ``exact_edit``).
+    ``packed``: each step runs only the real tokens of the active requests' rows, packed
+    end to end into sequences of at most :data:`PACK_TOKENS` tokens (or the longest row) with a
+    block-diagonal causal mask and every token's own position, instead of the rows padded to the
+    batch's common width; the result is the same within float rounding (the rows' prompt variants
+    differ in length by their context prefixes, so the padded batch is up to half padding). Off by
+    default, as ROME uses it (one request: packing measured 0.85× the padded speed on SmolLM2-135M);
+    MEMIT and AlphaEdit pack (1.21× faster on 50 gpt2-facts requests, ``benchmarks/RESULTS_edit_cost.md``). The
+    vocabulary projection is made only at the positions the loss reads, and the KL's reference
+    distribution once, at the first evaluation.
+
+    ``norm_reference``: the vector whose norm scales δ's clamp (``clamp_factor``·‖ref‖) and weight
+    decay (‖δ‖/‖ref‖²), at the subject's last token of the bare prompt: ``"mlp_out"`` (ROME's v₀, the
+    edited MLP's output) or ``"resid"`` (MEMIT's ``compute_z``: the residual stream after the block,
+    which δ is added to). They differ where the MLP's output is small next to the residual: then δ
+    clamped to a multiple of ‖v₀‖ cannot move the prediction (see
+    analyses/results/mass_editing_window/gpt2-facts).
+
+    ``progress`` (None: on a terminal or in a notebook, see :mod:`~gpt2_interp.core.progress`): a bar
+    over the Adam steps of every chunk (its time left is the estimate for the whole optimisation) showing
+    the current loss and P(target) (averaged over the prompt variants; over the requests still
+    optimised when there are several) and how many requests are done; ``desc`` labels it.
+
+    ``key_weights`` ``[1 + len(prefixes)]``: k* as a weighted sum over the variants instead of their mean
+    (:func:`variant_weights`). ``hp.n_updates`` Adam updates at most (:attr:`RomeHparams.step_count`);
+    ``hp.kl_positions`` picks the KL's positions."""
+    if norm_reference not in ("mlp_out", "resid"):
+        raise ValueError(f"norm_reference must be 'mlp_out' (ROME) or 'resid' (MEMIT), got {norm_reference!r}")
+    chunk = chunk or (len(items) if model.device.type != "cpu" else 32)
+    n_chunks = -(-len(items) // chunk) if items else 0
+    out: list[dict[str, Any]] = []
+    bar = progress_bar(
+        total=hp.n_updates * n_chunks or None,
+        unit="step",
+        desc=desc or f"δ at layer {layer}",
+        enabled=progress,
+        leave=False,
+    )
+    with torch.inference_mode(False), torch.enable_grad():  # works inside a caller's no_grad/inference_mode
+        for s in range(0, len(items), chunk):
+            report = _StepReport(bar, len(items), len(out), hp.n_updates)
+            out += _optimise_deltas(
+                model, items[s : s + chunk], layer, prefixes, hp, solve, norm_reference, report, key_weights, packed
+            )
+            report.finish()
+    bar.close()
+    return out
+
+
+class _StepReport:
+    """Feeds :func:`optimise_deltas`' bar from one chunk's steps: one tick per Adam step, the rest of the
+    chunk's ticks when it stops early, and a postfix with the loss, P(target) and the requests done."""
+
+    def __init__(self, bar: Any, n_total: int, n_before: int, v_steps: int) -> None:
+        self.bar, self.n_total, self.n_before, self.v_steps, self.ticks = bar, n_total, n_before, v_steps, 0
+
+    def __call__(self, step: int, active: list[dict[str, float]], n_done: int) -> None:
+        """``step``: the evaluation just made (0: before any update); ``active``: the log entries of the
+        requests still optimised at it; ``n_done``: the chunk's requests finished after it."""
+        if self.bar.disable or not active:
+            return
+        loss = sum(a["loss"] for a in active) / len(active)
+        p = sum(a["p_target"] for a in active) / len(active)
+        done = "" if self.n_total == 1 else f"requests {self.n_before + n_done}/{self.n_total}, "
+        self.bar.set_postfix_str(f"{done}loss {loss:.3g}, p(target) {p:.3g}", refresh=False)
+        if step > self.ticks:
+            self.bar.update(step - self.ticks)
+            self.ticks = step
+
+    def finish(self) -> None:
+        if self.v_steps > self.ticks:
+            self.bar.update(self.v_steps - self.ticks)
+            self.ticks = self.v_steps
+
+
+@dataclass
+class _Rows:
+    """The δ optimisation's one batch: every request's rows (rewrite variants, the KL prompt, keep
+    prompts), right-shifted so that every subject's last token is column ``c``, and the index tensors
+    that pick what the loss reads: ``nll_*`` one entry per (variant, target token), ``kl_*`` per KL
+    position, ``keep_*`` per keep prompt (its last token)."""
+
+    c: int
+    tokens: torch.Tensor  # [rows, width]
+    mask: torch.Tensor  # [rows, width]
+    r0: list[int]  # each request's first row
+    row_req: list[int]  # each row's request
+    row_req_t: torch.Tensor
+    r0_t: torch.Tensor
+    nll_rows: torch.Tensor
+    nll_cols: torch.Tensor
+    nll_ids: torch.Tensor
+    nll_req: torch.Tensor
+    nll_w: torch.Tensor
+    kl_rows: torch.Tensor
+    kl_cols: torch.Tensor
+    kl_req: torch.Tensor
+    kl_count: torch.Tensor  # [n] KL positions per request
+    keep_rows: torch.Tensor
+    keep_cols: torch.Tensor
+    keep_req: torch.Tensor
+    keep_count: torch.Tensor  # [n] keep prompts per request
+    rw_rows: torch.Tensor  # the rewrite variants' rows
+    rw_req: torch.Tensor
+    n_rw: torch.Tensor  # [n] variants per request
+    n_tok: torch.Tensor  # [n] target tokens per request
+
+    @classmethod
+    def of(cls, model: HookedGPT2, items: Sequence[tuple[Request, list[int]]], bs: list[Any], hp: RomeHparams) -> _Rows:
+        dev, n = model.device, len(items)
+        c = max(b.c for b in bs)
+        width = max(c + b.tokens.shape[1] - b.c for b in bs)
+        tokens = torch.full(
+            (sum(b.tokens.shape[0] for b in bs), width), model.tokenizer.pad_id, dtype=torch.long, device=dev
+        )
+        mask = torch.zeros_like(tokens)
+        row_req: list[int] = []
+        r0: list[int] = []
+        nll: list[list[Any]] = [[], [], [], [], []]  # rows, cols, ids, request, weight
+        kl: list[list[int]] = [[], [], []]  # rows, cols, request
+        kp: list[list[int]] = [[], [], []]
+        for i, (b, (_req, ids)) in enumerate(zip(bs, items)):
+            sh, r = c - b.c, len(row_req)
+            tokens[r : r + b.tokens.shape[0], sh : sh + b.tokens.shape[1]] = b.tokens
+            mask[r : r + b.tokens.shape[0], sh : sh + b.tokens.shape[1]] = b.mask
+            r0.append(r)
+            row_req += [i] * b.tokens.shape[0]
+            n_rw, T = b.n_rewrite, len(ids)
+            w = torch.full((n_rw,), 1.0 / n_rw)  # NLL weight of each variant
+            if hp.bare_weight is not None and n_rw > 1:
+                w.fill_((1 - hp.bare_weight) / (n_rw - 1))
+                w[0] = hp.bare_weight
+            for j in range(n_rw):
+                for part, x in zip(
+                    nll, ([r + j] * T, (b.target_pos[j] + sh).tolist(), ids, [i] * T, [float(w[j]) / T] * T)
+                ):
+                    part += x
+            for part, x in zip(kl, ([r + n_rw] * len(b.kl_pos), (b.kl_pos + sh).tolist(), [i] * len(b.kl_pos))):
+                part += x
+            for part, x in zip(
+                kp,
+                (
+                    [r + n_rw + 1 + j for j in range(len(b.keep_cols))],
+                    (b.keep_cols + sh).tolist(),
+                    [i] * len(b.keep_cols),
+                ),
+            ):
+                part += x
+
+        def L(x, dt=torch.long):
+            return torch.tensor(x, dtype=dt, device=dev)
+
+        row_req_t = L(row_req)
+        rw_rows = L([r + j for r, b in zip(r0, bs) for j in range(b.n_rewrite)])
+        kl_req, keep_req = L(kl[2]), L(kp[2])
+        return cls(
+            c,
+            tokens,
+            mask,
+            r0,
+            row_req,
+            row_req_t,
+            L(r0),
+            L(nll[0]),
+            L(nll[1]),
+            L(nll[2]),
+            L(nll[3]),
+            L(nll[4], torch.float32),
+            L(kl[0]),
+            L(kl[1]),
+            kl_req,
+            torch.bincount(kl_req, minlength=n).float(),
+            L(kp[0]),
+            L(kp[1]),
+            keep_req,
+            torch.bincount(keep_req, minlength=n).float(),
+            rw_rows,
+            row_req_t[rw_rows],
+            L([b.n_rewrite for b in bs], torch.float32),
+            L([len(ids) for _, ids in items], torch.float32),
+        )
+
+
+#: Tokens per packed sequence of the δ optimisation's steps (:func:`optimise_deltas`, ``packed``); a
+#: longer prompt variant gets a sequence of its own. Attention inside a pack costs ∝ its length² (every
+#: query-key pair of the pack is computed, then masked), the rest ∝ its tokens: on 32 gpt2-facts requests
+#: 128 took 1.08× and 256 1.17× the time of 64 (benchmarks/RESULTS_edit_cost.md, idle machine).
+PACK_TOKENS = 64
+
+
+@dataclass
+class _Packing:
+    """The real tokens of some rows of a right-/left-padded batch ``[rows, width]``, packed end to end
+    into ``[packs, L]`` sequences: ``src`` the flat index ``row · width + col`` of each slot's token
+    (0 in a pad slot), ``real`` whether a slot holds one, ``mask`` ``[packs, 1, L, L]`` causal within each
+    row's segment (a pad slot sees itself only), ``rope`` the RoPE of each token's own position (None
+    without rotary positions), ``slot`` ``[rows · width]`` each token's flat slot (−1: not packed)."""
+
+    n_rows: int
+    src: torch.Tensor
+    real: torch.Tensor
+    mask: torch.Tensor
+    rope: tuple[torch.Tensor, torch.Tensor] | None
+    slot: torch.Tensor
+
+    @classmethod
+    def of(cls, model: HookedGPT2, mask: torch.Tensor, rows: torch.Tensor) -> _Packing:
+        """Pack ``rows`` (indices into ``mask`` ``[rows, width]``, whose real tokens are contiguous) first
+        fit, longest first, into sequences of :data:`PACK_TOKENS` tokens (or the longest row's)."""
+        dev, width = mask.device, mask.shape[1]
+        m = mask.bool()
+        length = m.sum(1).tolist()
+        start = m.int().argmax(1).tolist()  # the first real column
+        pos_all = (mask.long().cumsum(-1) - 1).clamp(min=0).reshape(-1)  # as the model counts positions
+        order = sorted(rows.tolist(), key=lambda r: -length[r])
+        cap = max([PACK_TOKENS] + [length[r] for r in order])
+        bins: list[list[int]] = []
+        room: list[int] = []
+        for r in order:
+            for b, left in enumerate(room):
+                if length[r] <= left:
+                    bins[b].append(r)
+                    room[b] -= length[r]
+                    break
+            else:
+                bins.append([r])
+                room.append(cap - length[r])
+        L = max(cap - left for left in room) if bins else 1
+        src: list[list[int]] = []
+        seg: list[list[int]] = []
+        for rs in bins:
+            s_b: list[int] = []
+            g_b: list[int] = []
+            for j, r in enumerate(rs):
+                s_b += range(r * width + start[r], r * width + start[r] + length[r])
+                g_b += [j] * length[r]
+            pad = L - len(s_b)
+            src.append(s_b + [0] * pad)
+            seg.append(g_b + [-1 - i for i in range(pad)])  # each pad slot a segment of its own
+        src_t = torch.tensor(src, dtype=torch.long, device=dev).reshape(len(bins), L)
+        seg_t = torch.tensor(seg, dtype=torch.long, device=dev).reshape(len(bins), L)
+        real = seg_t >= 0
+        causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
+        att = (seg_t[:, :, None] == seg_t[:, None, :]) & causal  # [packs, L, L]
+        slot = torch.full((mask.numel(),), -1, dtype=torch.long, device=dev)
+        slot[src_t[real]] = torch.arange(src_t.numel(), device=dev).reshape(src_t.shape)[real]
+        return cls(len(rows), src_t, real, att[:, None], model.rotary(pos_all[src_t] * real), slot)
+
+
+def _optimise_deltas(
+    model: HookedGPT2,
+    items: Sequence[tuple[Request, list[int]]],
+    layer: int,
+    prefixes: list[str],
+    hp: RomeHparams,
+    solve: Callable[[torch.Tensor], torch.Tensor] | None,
+    norm_reference: str = "mlp_out",
+    report: Callable[[int, list[dict[str, float]], int], None] | None = None,
+    key_weights: Sequence[float] | None = None,
+    packed: bool = True,
+) -> list[dict[str, Any]]:
+    dev, n_layer, n = model.device, model.cfg.n_layer, len(items)
+    n_upd = hp.n_updates
+    kl_last = hp.kl_positions == "subject_last"
+    bs = [_build_batch(model, req, ids, prefixes, hp.kl_prompt, kl_last, hp.prepend_bos) for req, ids in items]
+    R = _Rows.of(model, items, bs, hp)
+    c, tokens, mask, r0, row_req = R.c, R.tokens, R.mask, R.r0, R.row_req
+    row_req_t, r0_t = R.row_req_t, R.r0_t
+    nll_rows_t, nll_cols_t, nll_ids_t, nll_req_t, nll_w_t = R.nll_rows, R.nll_cols, R.nll_ids, R.nll_req, R.nll_w
+    kl_rows_t, kl_cols_t, kl_req_t, kl_count = R.kl_rows, R.kl_cols, R.kl_req, R.kl_count
+    keep_rows_t, keep_cols_t, keep_req_t, keep_count = R.keep_rows, R.keep_cols, R.keep_req, R.keep_count
+    rw_rows_t, rw_req_t, n_rw_t, n_tok_t = R.rw_rows, R.rw_req, R.n_rw, R.n_tok
+
+    post, mlp_out, resid = (f"blocks.{layer}.{x}" for x in ("mlp.hook_post", "hook_mlp_out", "hook_resid_post"))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(
+            tokens,
+            names_filter=[post, mlp_out, resid],
+            attention_mask=mask,
+            stop_at_layer=layer + 1,
+            return_type=None,
+        )
+    keys = cache[post].float()  # [rows, width, d_mlp]
+    if key_weights is None:
+        k_star = torch.stack([keys[r : r + b.n_rewrite, c].mean(0) for r, b in zip(r0, bs)])  # [n, d_mlp]
+    else:
+        k_star = torch.stack(
+            [_weights(key_weights, b.n_rewrite, keys) @ keys[r : r + b.n_rewrite, c] for r, b in zip(r0, bs)]
+        )
+    k_bare = keys[torch.tensor(r0, device=dev), c]  # [n, d_mlp], the bare prompts'
+
+    if hp.exact_edit:  # what the rank-one update adds at each position: (k_t·u)/(k*·u) · δ
+        c_inv_k = (solve(k_star) if solve is not None else k_star).float()  # [n, d_mlp]
+        num = torch.einsum("bpk,bk->bp", keys, c_inv_k[row_req_t])
+        scale = num / (k_star * c_inv_k).sum(-1)[row_req_t][:, None] * mask  # [rows, width]
+    else:  # ROME: δ at the subject's last token
+        scale = torch.zeros(mask.shape, device=dev)
+        scale[:, c] = 1.0
+    del keys
+    v0 = cache[mlp_out][torch.tensor(r0, device=dev), c].float()  # [n, d_model], the bare prompts'
+    # δ enters after the edit layer's MLP, so that layer's attention and MLP are the same at every step:
+    # each step starts from the residual stream after the edit layer with δ added, and runs the layers above
+    resid0 = cache[resid]  # [rows, width, d_model], leaving the edit layer (without δ)
+    delta = torch.zeros(n, model.cfg.d_model, device=dev, requires_grad=True)
+    ref = v0 if norm_reference == "mlp_out" else cache[resid][torch.tensor(r0, device=dev), c].float()
+    v0_norm = ref.norm(dim=-1)  # [n]: the clamp's and the weight decay's scale
+    max_norm = hp.clamp_factor * v0_norm
+    adam = {"t": 0, "m": torch.zeros_like(delta), "v": torch.zeros_like(delta)}
+    active = torch.ones(n, dtype=torch.bool, device=dev)
+    logs: list[list[dict[str, float]]] = [[] for _ in range(n)]
+    kl_init = keep_init = None
+
+    def with_delta(x: torch.Tensor, sc: torch.Tensor, req: torch.Tensor) -> torch.Tensor:  # x: [rows|packs, width, d]
+        return x + (sc[:, :, None] * delta[req]).to(x.dtype)
+
+    width = tokens.shape[1]
+    pack: _Packing | None = None
+    with _frozen(model):
+        for step in range(n_upd + 1):
+            rows = active[row_req_t].nonzero()[:, 0]  # the active requests' rows
+            if packed:
+                if pack is None or pack.n_rows != len(rows):  # the active rows only ever shrink
+                    pack = _Packing.of(model, mask, rows)
+                x = resid0.reshape(-1, resid0.shape[-1])[pack.src]  # [packs, L, d_model]
+                x = with_delta(x, scale.reshape(-1)[pack.src] * pack.real, row_req_t[pack.src // width])
+                for block in model.blocks[layer + 1 : n_layer]:
+                    x = block(x, pack.mask, None, pack.rope)
+                flat, index_of = x.reshape(-1, x.shape[-1]), pack.slot  # (row · width + col) → flat slot
+            else:
+                new_row = torch.full((len(row_req),), -1, dtype=torch.long, device=dev)
+                new_row[rows] = torch.arange(len(rows), device=dev)
+                x = with_delta(resid0[rows], scale[rows], row_req_t[rows][:, None])
+                if layer + 1 < n_layer:
+                    x = model(x, start_at_layer=layer + 1, stop_at_layer=n_layer, attention_mask=mask[rows])
+                flat = x.reshape(-1, x.shape[-1])
+                index_of = (new_row[:, None] * width + torch.arange(width, device=dev)).reshape(-1)
+
+            e_nll = active[nll_req_t].nonzero()[:, 0]
+            e_kl = active[kl_req_t].nonzero()[:, 0]
+            e_keep = active[keep_req_t].nonzero()[:, 0]
+            # only the positions the loss reads are unembedded, each group on its own (slices of one
+            # vocabulary-wide tensor would each build a vocabulary-wide gradient in the backward)
+            lp_t = model.unembed(model.ln_final(flat[index_of[nll_rows_t[e_nll] * width + nll_cols_t[e_nll]]]))
+            lp_t = lp_t.float().log_softmax(-1).gather(-1, nll_ids_t[e_nll, None])[:, 0]  # [entries]
+            kl_lp = model.unembed(model.ln_final(flat[index_of[kl_rows_t[e_kl] * width + kl_cols_t[e_kl]]]))
+            kl_lp = kl_lp.float().log_softmax(-1)
+            keep_lp = model.unembed(model.ln_final(flat[index_of[keep_rows_t[e_keep] * width + keep_cols_t[e_keep]]]))
+            keep_lp = keep_lp.float().log_softmax(-1)
+            if kl_init is None or keep_init is None:  # step 0 (both set together): every request is active
+                kl_init, keep_init = kl_lp.detach(), keep_lp.detach()
+            nll = torch.zeros(n, device=dev).index_add(0, nll_req_t[e_nll], -lp_t * nll_w_t[e_nll])
+            kl_pos = (kl_lp.exp() * (kl_lp - kl_init[e_kl])).sum(-1)  # KL(edited || unedited) per position
+            kl = torch.zeros(n, device=dev).index_add(0, kl_req_t[e_kl], kl_pos) / kl_count.clamp(min=1)
+            keep_pos = (keep_lp.exp() * (keep_lp - keep_init[e_keep])).sum(-1)
+            keep = torch.zeros(n, device=dev).index_add(0, keep_req_t[e_keep], keep_pos) / keep_count.clamp(min=1)
+            wd = delta.norm(dim=-1) / v0_norm**2
+            loss = nll + hp.kl_factor * kl + hp.keep_factor * keep + hp.weight_decay * wd  # [n]
+            with torch.no_grad():  # log P(target | variant) per row, for the log and the early stop
+                per_row = torch.zeros(len(row_req), device=dev).index_add(0, nll_rows_t[e_nll], lp_t.detach())
+                p_tgt = torch.zeros(n, device=dev).index_add(0, rw_req_t, per_row[rw_rows_t].exp()) / n_rw_t
+                bare_nll = -per_row[r0_t] / n_tok_t
+                stat = torch.stack(
+                    [loss.detach(), nll.detach(), kl.detach(), p_tgt, bare_nll, keep.detach()], 1
+                ).tolist()
+            done = torch.zeros(n, dtype=torch.bool, device=dev)
+            for i in active.nonzero()[:, 0].tolist():
+                logs[i].append(dict(zip(("loss", "nll", "kl", "p_target", "bare_nll", "keep_kl"), stat[i])))
+                last = logs[i][-1]
+                if step == n_upd or (
+                    last["loss"] < hp.early_stop
+                    and (hp.bare_early_stop is None or last["bare_nll"] < hp.bare_early_stop)
+                ):
+                    done[i] = True
+            if report is not None:
+                now = active.nonzero()[:, 0].tolist()
+                report(step, [logs[i][-1] for i in now], n - len(now) + int(done[now].sum()) if now else n)
+            if not bool((active & ~done).any()) or step == n_upd:  # every request has stopped
+                break
+            (grad,) = torch.autograd.grad(loss[active].sum(), delta)
+            with torch.no_grad():
+                keep = delta.detach().clone()
+                _adam_step(delta, grad, adam, hp.v_lr)
+                nrm = delta.norm(dim=-1)
+                over = nrm > max_norm
+                delta[over] *= (max_norm[over] / nrm[over])[:, None]
+                delta[done | ~active] = keep[done | ~active]  # frozen requests do not move
+            active &= ~done
+    return [
+        {
+            "k_star": k_star[i],
+            "k_bare": k_bare[i],
+            "delta": delta[i].detach(),
+            "v0": v0[i],
+            "log": logs[i],
+            "n_prompts": bs[i].n_rewrite,
+            "key_scale": scale[r0[i] : r0[i] + bs[i].tokens.shape[0], c].tolist(),
+        }
+        for i in range(n)
+    ]
+
+
+def _adam_step(
+    x: torch.Tensor,
+    g: torch.Tensor,
+    state: dict[str, Any],
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> None:
+    """One Adam step on ``x`` in place (torch.optim.Adam's defaults, without importing torch.optim,
+    whose first import costs seconds)."""
+    state["t"] += 1
+    state["m"].mul_(betas[0]).add_(g, alpha=1 - betas[0])
+    state["v"].mul_(betas[1]).addcmul_(g, g, value=1 - betas[1])
+    m_hat = state["m"] / (1 - betas[0] ** state["t"])
+    v_hat = state["v"] / (1 - betas[1] ** state["t"])
+    x.sub_(lr * m_hat / (v_hat.sqrt() + eps))
+
+
+__all__ = [
+    "PACK_TOKENS",
+    "RequestLike",
+    "TargetOutcome",
+    "context_prefix_groups",
+    "context_prefixes",
+    "optimise_delta",
+    "optimise_deltas",
+    "subject_states",
+    "target_logprobs",
+    "target_outcomes",
+    "validate_request",
+    "variant_weights",
+]
