@@ -223,16 +223,16 @@ Factor = tuple[torch.Tensor, "torch.Tensor | None"]  # (U [d_mlp, r], V [r, d_mo
 
 @boundary
 class Edit:
-    """A change of ``blocks[l].mlp.W_out`` for each layer ``l`` in ``edit.layers``.
+    """A change of ``blocks[l].mlp.W_out`` for each layer ``l`` in ``edit.layers``: ``ΔW_l = U @ V``.
 
-    Two ways to build one:
+    Two constructors say which kind is built:
 
-    * ROME, rank one, one layer: ``Edit(layer, u, v, request, base_fingerprint, k=…, v_star=…)``
-      with ``ΔW = outer(u, v)``, ``u: [d_mlp]`` (unit norm, ∝ C⁻¹k*), ``v: [d_model]``; ``k`` is the
-      key k* and ``v_star`` the MLP output the edited layer now gives for it;
-    * several layers / requests (MEMIT): ``Edit(factors={l: (U, V)}, requests=[…],
-      base_fingerprint=…, keys={l: K})`` with ``ΔW_l = U @ V`` (``U: [d_mlp, r]``,
-      ``V: [r, d_model]``) or ``(ΔW_l, None)`` dense; ``keys[l]: [n, d_mlp]`` are the edited keys.
+    * :meth:`rank_one` (ROME, one layer): ``Edit.rank_one(layer, u, v, request, base_fingerprint, k=…,
+      v_star=…)`` with ``ΔW = outer(u, v)``, ``u: [d_mlp]`` (unit norm, ∝ C⁻¹k*), ``v: [d_model]``; ``k`` is
+      the key k* and ``v_star`` the MLP output the edited layer now gives for it;
+    * :meth:`factored` (MEMIT, AlphaEdit: several layers and requests): ``Edit.factored({l: (U, V)},
+      requests, base_fingerprint, keys={l: K})`` with ``U: [d_mlp, r]``, ``V: [r, d_model]``, or
+      ``(ΔW_l, None)`` dense; ``keys[l]: [n, d_mlp]`` are the edited keys. ``Edit(factors, …)`` is the same.
 
     ``base_fingerprint`` identifies the exact weights the edit was computed on (earlier edits included).
     ``hparams`` and ``metrics``: what the edit was computed with and measured at (JSON-ready dicts;
@@ -241,37 +241,25 @@ class Edit:
     ``method``: ``"rome"``, ``"memit"`` or ``"alphaedit"`` (default: ``"rome"`` for a rank-one
     one-layer edit, else ``"memit"``).
 
-    Refused (ValueError): neither or both of ``(layer, u, v)`` and ``factors``, non-vector ``u``/``v``,
-    no layer, and factors of mismatched shapes; requests are checked as :meth:`Request.of` checks them.
+    Refused (ValueError): no layer, factors of mismatched shapes, non-vector ``u``/``v``; requests are
+    checked as :meth:`Request.of` checks them.
     """
 
     def __init__(
         self,
-        layer: int | None = None,
-        u: torch.Tensor | None = None,
-        v: torch.Tensor | None = None,
-        request: Request | None = None,
+        factors: Mapping[int, Factor],
+        requests: Iterable[Request] = (),
         base_fingerprint: str = "",
+        *,
+        keys: Mapping[int, torch.Tensor] | None = None,
         k: torch.Tensor | None = None,
         v_star: torch.Tensor | None = None,
         hparams: dict[str, Any] | None = None,
         metrics: dict[str, Any] | None = None,
         model_name: str = "",
         shape: tuple[int, int] = (0, 0),
-        *,
-        factors: Mapping[int, Factor] | None = None,
-        requests: Iterable[Request] | None = None,
-        keys: Mapping[int, torch.Tensor] | None = None,
         method: str | None = None,
     ) -> None:
-        if factors is None:
-            if layer is None or u is None or v is None:
-                raise ValueError("an Edit needs either (layer, u, v) for a rank-one edit or factors={layer: (U, V)}")
-            if u.ndim != 1 or v.ndim != 1:
-                raise ValueError(f"u and v must be vectors, got shapes {tuple(u.shape)} and {tuple(v.shape)}")
-            factors = {int(layer): (u[:, None], v[None, :])}
-        elif layer is not None or u is not None or v is not None:
-            raise ValueError("give either (layer, u, v) or factors=, not both")
         if not factors:
             raise ValueError("an Edit needs at least one layer in factors")
         self.factors: dict[int, Factor] = {}
@@ -282,8 +270,7 @@ class Edit:
                     f"dense ΔW), got {tuple(U.shape)} and {None if V is None else tuple(V.shape)}"
                 )
             self.factors[int(lay)] = (U, V)
-        reqs = [request] if request is not None else list(requests or [])
-        self.requests: list[Request] = [Request.of(r) for r in reqs]
+        self.requests: list[Request] = [Request.of(r) for r in requests]
         self.base_fingerprint = base_fingerprint
         self.k, self.v_star = k, v_star
         self.keys: dict[int, torch.Tensor] = dict(keys or {})
@@ -296,6 +283,35 @@ class Edit:
             shape = (U.shape[0], U.shape[1] if V is None else V.shape[1])
         self.shape = tuple(int(x) for x in shape)
         self._dense: dict[int, torch.Tensor] = {}  # layer -> materialised ΔW (rank > 1 only)
+
+    @classmethod
+    def rank_one(
+        cls,
+        layer: int,
+        u: torch.Tensor,
+        v: torch.Tensor,
+        request: Request | None = None,
+        base_fingerprint: str = "",
+        **fields: Any,
+    ) -> Edit:
+        """The rank-one edit ``ΔW = outer(u, v)`` of one layer (``u: [d_mlp]``, ``v: [d_model]``) for one
+        request; ``fields``: the keyword fields of :class:`Edit` (``k``, ``v_star``, ``hparams``, …)."""
+        if u.ndim != 1 or v.ndim != 1:
+            raise ValueError(f"u and v must be vectors, got shapes {tuple(u.shape)} and {tuple(v.shape)}")
+        requests = [request] if request is not None else []
+        return cls({int(layer): (u[:, None], v[None, :])}, requests, base_fingerprint, **fields)
+
+    @classmethod
+    def factored(
+        cls,
+        factors: Mapping[int, Factor],
+        requests: Iterable[Request] = (),
+        base_fingerprint: str = "",
+        **fields: Any,
+    ) -> Edit:
+        """The edit ``ΔW_l = U_l @ V_l`` (or a dense ``(ΔW_l, None)``) of each layer in ``factors``, for
+        ``requests``; ``fields``: the keyword fields of :class:`Edit` (``keys``, ``hparams``, …)."""
+        return cls(factors, requests, base_fingerprint, **fields)
 
     # ------------------------------------------------------------ views
     @property
@@ -732,13 +748,13 @@ def load_edit(path: str | Path, model: HookedGPT2 | None = None) -> Edit:
             shape=tuple(meta.get("shape", (0, 0))),
         )
         if fmt == "gpt2-interp-edit/1":  # rank-one files written before multi-layer edits
-            edit = Edit(int(meta["layer"]), tensors["u"], tensors["v"], Request(**meta["request"]), **common)
+            edit = Edit.rank_one(int(meta["layer"]), tensors["u"], tensors["v"], Request(**meta["request"]), **common)
         else:
             factors = {int(l): (tensors[f"L{l}.U"], tensors.get(f"L{l}.V")) for l in meta["layers"]}
             keys = {int(l): tensors[f"L{l}.keys"] for l in meta["layers"] if f"L{l}.keys" in tensors}
-            edit = Edit(
-                factors=factors,
-                requests=[Request(**r) for r in meta["requests"]],
+            edit = Edit.factored(
+                factors,
+                [Request(**r) for r in meta["requests"]],
                 keys=keys,
                 method=meta.get("method"),
                 **common,

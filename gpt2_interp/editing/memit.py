@@ -616,9 +616,9 @@ def compute_edits(
     report_failed(reqs, [o.took for o in after], p_before, p_after, [o.top1 for o in after])
     hdict = hp.to_dict() | {"layers": layers_, "stats_corpus": st[top].key.get("corpus"), "stats_count": st[top].count}
     hdict["stats_corpus_default"] = DEFAULT_CORPUS_RULE
-    return Edit(
-        factors=factors,
-        requests=reqs,
+    return Edit.factored(
+        factors,
+        reqs,
         keys=keys_used,
         v_star=z.float(),
         base_fingerprint=base_fp,

@@ -215,11 +215,11 @@ def compute_edit(
     }
     metrics["weak"] = is_weak(metrics["p_target_before"], metrics["p_target_after"])
     report_failed([req], [after.took], [metrics["p_target_before"]], [metrics["p_target_after"]], [after.top1])
-    return Edit(
-        layer=layer,
-        u=u,
-        v=v,
-        request=req,
+    return Edit.rank_one(
+        layer,
+        u,
+        v,
+        req,
         base_fingerprint=weights_fingerprint(model, digests=digests),
         k=k_star,
         v_star=v_star,

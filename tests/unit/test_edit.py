@@ -27,7 +27,7 @@ def _edit(model: HookedGPT2, layer: int, seed: int, target: str = " Rome") -> Ed
     in test_rome; here only the bookkeeping matters)."""
     g = torch.Generator().manual_seed(seed)
     u = torch.randn(model.cfg.d_mlp, generator=g)
-    return Edit(
+    return Edit.rank_one(
         layer,
         u / u.norm(),
         torch.randn(model.cfg.d_model, generator=g) * 0.1,

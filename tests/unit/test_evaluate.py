@@ -331,7 +331,7 @@ class ShiftEditor:
 
         g = torch.Generator().manual_seed(n)
         u, v = torch.randn(model.cfg.d_mlp, generator=g), torch.randn(model.cfg.d_model, generator=g)
-        return Edit(1, u / u.norm(), 0.5 * v, requests[0] if requests else None, weights_fingerprint(model))
+        return Edit.rank_one(1, u / u.norm(), 0.5 * v, requests[0] if requests else None, weights_fingerprint(model))
 
     def compute(self, model, requests):
         self.calls.append([r.subject for r in requests])

@@ -62,7 +62,7 @@ def _refused(load, path: Path, marker: Path) -> None:
 def _edit_file(tiny, d: Path):
     g = torch.Generator().manual_seed(0)
     u = torch.randn(tiny.cfg.d_mlp, generator=g)
-    e = Edit(1, u / u.norm(), torch.randn(tiny.cfg.d_model, generator=g), Request("{} is in", "X", " Y"),
+    e = Edit.rank_one(1, u / u.norm(), torch.randn(tiny.cfg.d_model, generator=g), Request("{} is in", "X", " Y"),
              weights_fingerprint(tiny), model_name=tiny.cfg.name)  # fmt: skip
     return e.save(d / "a.edit"), lambda p: load_edit(p)
 

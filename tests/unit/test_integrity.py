@@ -27,7 +27,7 @@ from ..conftest import TINY
 def _edit(model: HookedGPT2, layer: int = 1) -> Edit:
     g = torch.Generator().manual_seed(0)
     u = torch.randn(model.cfg.d_mlp, generator=g)
-    return Edit(
+    return Edit.rank_one(
         layer,
         u / u.norm(),
         torch.randn(model.cfg.d_model, generator=g) * 0.1,

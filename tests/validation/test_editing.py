@@ -101,7 +101,9 @@ def test_a_nan_setting_is_refused_before_any_work_even_when_set_after_constructi
 def _nan_edit(tiny) -> Edit:
     u, v = torch.ones(TINY.d_mlp), torch.ones(TINY.d_model)
     v[3] = math.nan
-    return Edit(1, u, v, Request(**REQS[0]), base_fingerprint="", model_name="tiny", shape=(TINY.d_mlp, TINY.d_model))
+    return Edit.rank_one(
+        1, u, v, Request(**REQS[0]), base_fingerprint="", model_name="tiny", shape=(TINY.d_mlp, TINY.d_model)
+    )
 
 
 def test_an_edit_with_a_nan_factor_is_neither_applied_nor_saved_and_its_file_is_refused(tiny, tmp_path, monkeypatch):
