@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from .. import __version__
+from ..core.checks import check_number
 
 AREAS = (
     "model_cmds",
@@ -63,23 +64,18 @@ def count(minimum: int = 1) -> Callable[[str], int]:
 def number(
     minimum: float | None = None, maximum: float | None = None, open_min: bool = False
 ) -> Callable[[str], float]:
-    """An argparse type: a finite float within [minimum, maximum] (``open_min``: > minimum)."""
+    """An argparse type: a finite float within [minimum, maximum] (``open_min``: > minimum), by the library's
+    one number rule (:func:`~gpt2_interp.core.checks.check_number`)."""
 
     def parse(text: str) -> float:
-        import math
-
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        low_ok = minimum is None or (value > minimum if open_min else value >= minimum)
-        if not math.isfinite(value) or not low_ok or (maximum is not None and value > maximum):
-            lo = "" if minimum is None else f"{'>' if open_min else '>='} {minimum:g}"
-            hi = "" if maximum is None else f"<= {maximum:g}"
-            raise argparse.ArgumentTypeError(
-                f"expected a finite number {' and '.join(x for x in (lo, hi) if x)}, got {text}"
-            )
-        return value
+        try:
+            return check_number(value, "the value", minimum, maximum, low_open=open_min)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
 
     parse.__name__ = "number"
     return parse

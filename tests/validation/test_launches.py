@@ -92,7 +92,7 @@ def test_in_process_cli_reports_the_launch_error_before_any_process_group(no_lau
         (["lens", "x", "--positions", "0,a"], r"argument --positions: .*'a' is not an integer"),
         (["neurons", "--promotes", "x", "--layers", "0,a"], r"argument --layers: .*'a' is not an integer"),
         (["probe", "--folds", "1"], r"argument --folds: expected an integer >= 2, got 1"),
-        (["probe", "-C", "0"], r"argument -C: expected a finite number > 0"),
+        (["probe", "-C", "0"], r"argument -C: the value must be > 0, got 0"),
     ],
 )
 def test_cli_number_flags_name_the_flag(no_launch, capsys, argv, match):
