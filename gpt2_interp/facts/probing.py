@@ -32,7 +32,7 @@ PERIOD_ENDS = (2, 10, 18, 36, 54, 86, 118)
 
 
 @dataclass(frozen=True)
-class Task:
+class ProbeTask:
     """``name``: subjects of ``subject_type``, labelled by ``relation``'s object mapped through
     ``label`` (``"identity"``, ``"period"``, ``"number"``, ``"continent"``); ``kind`` is
     ``"classification"`` or ``"regression"``; ``max_classes`` keeps the classes with most subjects."""
@@ -46,42 +46,42 @@ class Task:
     description: str = ""
 
 
-TASKS: dict[str, Task] = {
+TASKS: dict[str, ProbeTask] = {
     t.name: t
     for t in (
-        Task("continent", "country", "country_continent", description="country → continent (6 classes)"),
-        Task(
+        ProbeTask("continent", "country", "country_continent", description="country → continent (6 classes)"),
+        ProbeTask(
             "language",
             "country",
             "country_language",
             max_classes=6,
             description="country → main language (the 6 most common)",
         ),
-        Task(
+        ProbeTask(
             "currency",
             "country",
             "country_currency",
             max_classes=6,
             description="country → currency name (the 6 most common)",
         ),
-        Task(
+        ProbeTask(
             "country",
             "city",
             "city_country",
             max_classes=12,
             description="city → country (the 12 countries with most cities)",
         ),
-        Task(
+        ProbeTask(
             "city_continent", "city", "city_country", label="continent", description="city → continent of its country"
         ),
-        Task(
+        ProbeTask(
             "period",
             "element",
             "element_number",
             label="period",
             description="element → period of the periodic table (1–7)",
         ),
-        Task(
+        ProbeTask(
             "atomic_number",
             "element",
             "element_number",
@@ -125,7 +125,7 @@ def period(atomic_number: int) -> int:
     raise ValueError(f"atomic number {atomic_number} is beyond the 7 periods (1–118)")
 
 
-def _check_task(task: str) -> Task:
+def _check_task(task: str) -> ProbeTask:
     if task not in TASKS:
         raise KeyError(f"unknown probing task {task!r}; known: {', '.join(TASKS)}")
     return TASKS[task]
@@ -190,4 +190,4 @@ def probing_set(
     return out
 
 
-__all__ = ["TASKS", "ProbingSet", "Task", "period", "probing_set"]
+__all__ = ["TASKS", "ProbingSet", "ProbeTask", "period", "probing_set"]
