@@ -190,4 +190,4 @@ def probing_set(
     return out
 
 
-__all__ = ["TASKS", "ProbingSet", "ProbeTask", "period", "probing_set"]
+__all__ = ["TASKS", "ProbeTask", "ProbingSet", "period", "probing_set"]
