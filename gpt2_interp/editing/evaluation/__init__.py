@@ -50,7 +50,8 @@ from .cases import (
 from .config import DEFAULT_CHECKPOINTS, EDIT_METHODS, EvalConfig
 from .editors import AlphaEditEditor, Editor, MemitEditor, RomeEditor, make_editor
 from .loop import Baseline, baseline, evaluate_edits, evaluate_edits_local, evaluate_local, run_evaluation
-from .metrics import (
+from .result import EditEvaluation
+from .scores import (
     SCORES,
     CaseRow,
     CaseScores,
@@ -72,7 +73,6 @@ from .metrics import (
     summarize,
     target_logprobs,
 )
-from .result import EditEvaluation
 
 __all__ = [
     "DEFAULT_CHECKPOINTS",

@@ -33,7 +33,8 @@ from ..edit import Edit, EditFailedWarning, undo_all
 from .cases import CounterfactCase, RelatedPrompt, as_cases, known_flags, known_related, unrelated_prompts
 from .config import DEFAULT_CHECKPOINTS, EvalConfig
 from .editors import Editor, make_editor
-from .metrics import (
+from .result import EditEvaluation
+from .scores import (
     CaseRow,
     CurvePoint,
     MeanScores,
@@ -45,7 +46,6 @@ from .metrics import (
     related_hits,
     summarize,
 )
-from .result import EditEvaluation
 
 if TYPE_CHECKING:
     from ...model import HookedGPT2

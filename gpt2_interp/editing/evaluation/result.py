@@ -7,7 +7,7 @@ from typing import Any
 
 from ...core.boundary import boundary
 from ...core.result import Result
-from .metrics import SCORES, CaseRow, CurvePoint, MeanScores, StepDrift, Summary, _mean
+from .scores import SCORES, CaseRow, CurvePoint, MeanScores, StepDrift, Summary, _mean
 
 
 @boundary
