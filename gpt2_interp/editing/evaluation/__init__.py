@@ -26,7 +26,7 @@ P of a multi-token target is the product of its token probabilities (sum of log-
 Scores are reported over all cases and over the cases whose fact the unedited model knows on the
 rewrite prompt.
 
-The parts: :mod:`.cases` (what is edited and the prompts that test it), :mod:`.metrics` (scores,
+The parts: :mod:`.cases` (what is edited and the prompts that test it), :mod:`.scores` (scores,
 rows, summaries), :mod:`.editors` (ROME, MEMIT, AlphaEdit behind one :class:`Editor` interface),
 :mod:`.config` (:class:`EvalConfig`), :mod:`.loop` (the one loop) and :mod:`.result`
 (:class:`EditEvaluation`).

@@ -57,7 +57,7 @@ class Baseline:
     """The unedited model's measurements: one row per case (pre-edit scores, known flag, fluency),
     the related facts it knows per case, and the unrelated prompts with their next-token log-probs.
 
-    ``rows``: one :class:`~.metrics.CaseRow` per case (pre-edit); ``related``: per case, the related
+    ``rows``: one :class:`~.scores.CaseRow` per case (pre-edit); ``related``: per case, the related
     facts the model knows; ``unrelated``: ``(relation, subject, prompt)`` triples; ``unrelated_pre``
     ``[n_unrelated, d_vocab]``: the unedited next-token log-probabilities after each."""
 
@@ -316,7 +316,7 @@ def run_evaluation(
     group: Any = None,
     local: bool = False,
 ) -> EditEvaluation:
-    """Edit the requests and score them (module doc; :mod:`.metrics` for the scores).
+    """Edit the requests and score them (module doc; :mod:`.scores` for the scores).
 
     ``requests``: CounterFact cases, Requests/dicts, or an int n (that many cases from the embedded
     fact base). ``config``: :class:`EvalConfig` (defaults: ROME, one request at a time).

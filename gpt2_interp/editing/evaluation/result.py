@@ -18,12 +18,12 @@ class EditEvaluation(Result):
 
     ``method``: ``"rome"``, ``"memit"`` or ``"alphaedit"``; ``sequential``: whether edits stayed
     applied; ``layer``: the edited layer(s) (None: chosen per request); ``rows``: one
-    :class:`~.metrics.CaseRow` per case; ``summary``: ``{"all": Summary, "known": Summary}``
-    (:class:`~.metrics.Summary`; ``known``: the cases whose fact the unedited model knew);
-    ``curve``: sequential scores after k edits (:class:`~.metrics.CurvePoint`, None otherwise);
+    :class:`~.scores.CaseRow` per case; ``summary``: ``{"all": Summary, "known": Summary}``
+    (:class:`~.scores.Summary`; ``known``: the cases whose fact the unedited model knew);
+    ``curve``: sequential scores after k edits (:class:`~.scores.CurvePoint`, None otherwise);
     ``hparams``: the editor's settings; ``seconds``: the whole evaluation's time;
     ``restored_exactly``: whether the weights came back bit-exactly; ``batch_size``: requests per
-    edit; ``steps``: the drift after every step (:class:`~.metrics.StepDrift`, sequential only)."""
+    edit; ``steps``: the drift after every step (:class:`~.scores.StepDrift`, sequential only)."""
 
     method: str
     sequential: bool
