@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from einops import einsum
@@ -137,6 +137,8 @@ class LensResult(Result):
     - ``logits`` ``[n_layers, batch, n_pos, d_vocab]`` with ``return_logits`` (left out of
       :meth:`to_dict`); ``lens``: ``"logit lens"`` or ``"tuned lens"``.
     """
+
+    result_kind: ClassVar[str] = "lens"
 
     prompts: list[str]
     layers: list[str]
@@ -358,6 +360,8 @@ class DLAResult(Result):
     ``target`` and ``baseline`` (None without one): the tokens as strings; ``logit``: the model's
     logit (difference) there; ``ln_bias``: ``b · (W_U[:, target] - W_U[:, baseline])``.
     """
+
+    result_kind: ClassVar[str] = "direct logit attribution"
 
     prompt: str
     str_tokens: list[str]

@@ -17,7 +17,7 @@ import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
@@ -181,6 +181,8 @@ class PatchResult(Result):
       ``metric``: the metric's name; ``normalized``: whether values are rescaled as above;
     - ``clean_pair_metric``/``corrupted_pair_metric`` ``[n_pairs]``: the metric on each unpatched run.
     """
+
+    result_kind: ClassVar[str] = "patching"
 
     values: torch.Tensor
     pair_values: torch.Tensor

@@ -29,7 +29,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -185,6 +185,8 @@ class ProbeResult(Result):
     - ``estimators``: the fitted scikit-learn pipelines, one per layer (left out of :meth:`to_dict`);
     - ``model_name`` and ``fingerprint``: the model whose activations were probed (``""`` for
       precomputed features); :meth:`check` compares them with a model."""
+
+    result_kind: ClassVar[str] = "probe"
 
     task: str
     kind: str

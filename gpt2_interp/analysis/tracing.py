@@ -23,7 +23,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import torch
 
@@ -83,6 +83,8 @@ class TraceResult(Result):
     samples); ``noise_std``: the absolute std of the embedding noise; ``samples`` noise draws,
     ``window`` layers restored together (mlp/attn), ``seed`` of the draws.
     """
+
+    result_kind: ClassVar[str] = "causal trace"
 
     prompt: str
     subject: str
@@ -182,6 +184,8 @@ class TraceResult(Result):
 @dataclass
 class TraceSet(Result):
     """Traces of one prompt for several kinds; ``.plot()`` draws ROME's side-by-side panels."""
+
+    result_kind: ClassVar[str] = "trace set"
 
     traces: list[TraceResult]
 
@@ -658,6 +662,8 @@ class AverageTrace(Result):
     runs, one per kind; ``noise_std``, ``samples`` and ``window`` as in :class:`TraceResult`;
     ``facts``: the traced (known) facts as ``"prompt →target"``.
     """
+
+    result_kind: ClassVar[str] = "average trace"
 
     kinds: list[str]
     buckets: list[str]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -92,6 +92,8 @@ class VocabProjection(Result):
     ``top_ids``/``top_scores`` and ``bottom_ids``/``bottom_scores`` ``[n, k]`` with ``top_tokens`` and
     ``bottom_tokens`` (strings); ``apply_ln``: whether ln_final's gain was applied (see the module
     doc); ``layer`` and ``neurons``: which value vectors the rows are (None for arbitrary vectors)."""
+
+    result_kind: ClassVar[str] = "vocabulary projection"
 
     labels: list[str]
     top_ids: torch.Tensor
@@ -231,6 +233,8 @@ class NeuronSearch(Result):
     neurons, best first; ``apply_ln``: whether ln_final's gain weighted the scores; ``baseline``: what
     each neuron's mean score was subtracted over (``"vocabulary"``, ``"contrast"`` or None)."""
 
+    result_kind: ClassVar[str] = "neuron search"
+
     tokens: list[str]
     layers: list[int]
     neurons: list[int]
@@ -352,6 +356,8 @@ class SubupdateResult(Result):
     and ``top_scores`` ``[k, n_tokens]``; ``target`` and ``target_effects`` ``[k]`` when a target
     was given.
     """
+
+    result_kind: ClassVar[str] = "MLP sub-updates"
 
     prompt: str
     position: int

@@ -6,7 +6,7 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -32,16 +32,27 @@ def to_jsonable(x: Any) -> Any:
     return x
 
 
+#: The key under which :meth:`Result.to_dict` records the result's kind.
+KIND_KEY = "result"
+
+
 class Result:
-    """Mixin for result dataclasses: ``to_dict()``, ``to_json(path=None)``, ``save(path)`` figure."""
+    """Mixin for result dataclasses: ``to_dict()``, ``to_json(path=None)``, ``save(path)`` figure.
+
+    Each result type declares its kind (``result_kind``, e.g. ``"lens"``, ``"patching"``), which
+    :meth:`to_dict` writes under :data:`KIND_KEY`; readers of saved results (the views, ``gpt2-interp view``)
+    find the view of a result by that name."""
+
+    result_kind: ClassVar[str] = ""
 
     def to_dict(self) -> dict[str, Any]:
-        """The public fields (names not starting with ``_``) as JSON-ready values: tensors and arrays
-        become nested lists, floats are rounded to 6 significant digits (:func:`to_jsonable`)."""
+        """``{"result": kind}`` and the public fields (names not starting with ``_``) as JSON-ready values:
+        tensors and arrays become nested lists, floats are rounded to 6 significant digits (:func:`to_jsonable`)."""
         assert dataclasses.is_dataclass(self), f"{type(self).__name__} must be a dataclass to be a Result"
-        return {
+        fields = {
             f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if not f.name.startswith("_")
         }
+        return {KIND_KEY: self.result_kind, **fields} if self.result_kind else fields
 
     def to_json(self, path: str | Path | None = None, **kwargs: Any) -> str:
         """:meth:`to_dict` as JSON text (``indent=1`` unless ``kwargs`` for :func:`json.dumps` say

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 @dataclass
 class TopKComparison(Result):
     """Top-k next tokens of prompts without and with an edit (``.table()``, ``.plot()``)."""
+
+    result_kind: ClassVar[str] = "top-k comparison"
 
     prompts: list[str]
     before: list[list[tuple[str, float]]]

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -189,6 +189,8 @@ class RunContext:
 class ExperimentResult(Result):
     """An experiment's data with the config and provenance that produced it; ``tables()``,
     ``figures()``, ``table()``/``plot()`` render it, ``save(dir)`` writes the layout above."""
+
+    result_kind: ClassVar[str] = "experiment"
 
     experiment: str
     model: str

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from ..core.result import Result
 
@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 @dataclass
 class ParameterTable(Result):
     """Rows ``(part, shape, count)``; ``total`` counts W_U = W_Eᵀ once (HF's accounting)."""
+
+    result_kind: ClassVar[str] = "parameter table"
 
     rows: list[tuple[str, str, int]]
     per_block: int

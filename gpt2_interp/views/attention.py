@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -36,6 +36,8 @@ class AttentionPatterns(Result):
     ``layers[i]`` at destination ``q`` attends to source ``k`` (rows sum to 1, zero above the diagonal);
     ``n_kv_heads``: key/value heads (fewer than ``n_head`` under grouped-query attention: query head ``h``
     reads KV group ``h // (n_head // n_kv_heads)``)."""
+
+    result_kind: ClassVar[str] = "attention patterns"
 
     prompt: str
     str_tokens: list[str]

@@ -1,4 +1,8 @@
-"""``view(result)``: the interactive view of any result, found from the fields the result carries.
+"""``view(result)``: the interactive view of any result, found from the kind the result records.
+
+A result's ``to_dict()`` names its kind (``{"result": "lens", …}``:
+:attr:`~gpt2_interp.core.result.Result.result_kind`), and :data:`VIEWS` maps each kind to its view. A dict without
+that key is recognised by the fields its kind always has (:data:`FIELDS`).
 
 Works the same on a result object, on its ``to_dict()`` and on a saved JSON file read back (a result's
 ``to_json``, or an experiment's ``result.json``, whose ``data`` is searched for results it holds), so
@@ -14,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.boundary import boundary
-from ..core.result import ResultLike
+from ..core.result import KIND_KEY, ResultLike
 from .attention import AttentionPatterns, view_attention
 from .attribution import view_agreement, view_verification
 from .causal import view_average_trace, view_patch, view_traces
@@ -26,36 +30,65 @@ from .lens import view_dla, view_lens, view_neuron_search, view_subupdates, view
 from .page import Part, View, text_part
 from .steering import view_steering
 
-# (fields a result's dict has, its view), most specific first
-KINDS: list[tuple[str, frozenset[str], Callable[..., View]]] = [
-    ("attention patterns", frozenset({"pattern", "str_tokens", "n_kv_heads"}), view_attention),
-    ("lens", frozenset({"top_tokens", "top_probs", "str_tokens", "valid"}), view_lens),
-    ("average trace", frozenset({"kinds", "buckets", "indirect_effect", "counts"}), view_average_trace),
-    ("trace set", frozenset({"traces"}), view_traces),
-    ("causal trace", frozenset({"scores", "subject_range", "tokens", "kind"}), view_traces),
-    ("patching", frozenset({"values", "index_names", "layer_labels", "direction", "metric"}), view_patch),
-    ("verification", frozenset({"verified_top", "estimate", "exact", "labels"}), view_verification),
-    ("agreement", frozenset({"spearman_abs", "estimate", "exact", "n_cells"}), view_agreement),
-    ("top-k comparison", frozenset({"before", "after", "prompts"}), view_topk),
-    ("edit evaluation", frozenset({"summary", "rows", "method", "sequential"}), view_edit_evaluation),
-    ("probe", frozenset({"task", "scores", "chance", "classes"}), view_probe),
-    ("direct logit attribution", frozenset({"parts", "head_parts", "ln_bias"}), view_dla),
-    ("vocabulary projection", frozenset({"top_scores", "bottom_scores", "bottom_tokens"}), view_vocab),
-    ("MLP sub-updates", frozenset({"norms", "activations", "neurons", "token"}), view_subupdates),
-    ("neuron search", frozenset({"neurons", "scores", "top_tokens", "tokens"}), view_neuron_search),
-    ("circuit", frozenset({"edges", "scores", "n_layer", "n_head", "n_kv", "total_edges"}), view_circuit),
-    ("edge scores", frozenset({"edges", "scores", "method", "n_pairs", "clean_metric"}), view_circuit),
-    ("faithfulness curve", frozenset({"faithfulness", "sizes", "kept", "methods"}), view_faithfulness),
-    ("feature", frozenset({"latent", "contexts", "promoted", "suppressed", "histogram", "density"}), view_feature),
-    ("steering curve", frozenset({"scales", "target_prob", "loss_change", "kl", "baseline_prob"}), view_steering),
+#: Each kind of result (its ``result_kind``) and its interactive view.
+VIEWS: dict[str, Callable[..., View]] = {
+    "attention patterns": view_attention,
+    "lens": view_lens,
+    "average trace": view_average_trace,
+    "trace set": view_traces,
+    "causal trace": view_traces,
+    "patching": view_patch,
+    "attribution": view_patch,
+    "verification": view_verification,
+    "agreement": view_agreement,
+    "top-k comparison": view_topk,
+    "edit evaluation": view_edit_evaluation,
+    "probe": view_probe,
+    "direct logit attribution": view_dla,
+    "vocabulary projection": view_vocab,
+    "MLP sub-updates": view_subupdates,
+    "neuron search": view_neuron_search,
+    "circuit": view_circuit,
+    "edge scores": view_circuit,
+    "faithfulness curve": view_faithfulness,
+    "feature": view_feature,
+    "steering curve": view_steering,
+}
+
+#: For a dict that names no kind: the fields each kind always has, most specific first.
+FIELDS: list[tuple[str, frozenset[str]]] = [
+    ("attention patterns", frozenset({"pattern", "str_tokens", "n_kv_heads"})),
+    ("lens", frozenset({"top_tokens", "top_probs", "str_tokens", "valid"})),
+    ("average trace", frozenset({"kinds", "buckets", "indirect_effect", "counts"})),
+    ("trace set", frozenset({"traces"})),
+    ("causal trace", frozenset({"scores", "subject_range", "tokens", "kind"})),
+    ("patching", frozenset({"values", "index_names", "layer_labels", "direction", "metric"})),
+    ("verification", frozenset({"verified_top", "estimate", "exact", "labels"})),
+    ("agreement", frozenset({"spearman_abs", "estimate", "exact", "n_cells"})),
+    ("top-k comparison", frozenset({"before", "after", "prompts"})),
+    ("edit evaluation", frozenset({"summary", "rows", "method", "sequential"})),
+    ("probe", frozenset({"task", "scores", "chance", "classes"})),
+    ("direct logit attribution", frozenset({"parts", "head_parts", "ln_bias"})),
+    ("vocabulary projection", frozenset({"top_scores", "bottom_scores", "bottom_tokens"})),
+    ("MLP sub-updates", frozenset({"norms", "activations", "neurons", "token"})),
+    ("neuron search", frozenset({"neurons", "scores", "top_tokens", "tokens"})),
+    ("circuit", frozenset({"edges", "scores", "n_layer", "n_head", "n_kv", "total_edges"})),
+    ("edge scores", frozenset({"edges", "scores", "method", "n_pairs", "clean_metric"})),
+    ("faithfulness curve", frozenset({"faithfulness", "sizes", "kept", "methods"})),
+    ("feature", frozenset({"latent", "contexts", "promoted", "suppressed", "histogram", "density"})),
+    ("steering curve", frozenset({"scales", "target_prob", "loss_change", "kl", "baseline_prob"})),
 ]
 
 
 @boundary
 def kind_of(d: Mapping[str, Any]) -> str | None:
-    """The kind of result a dict holds (``"lens"``, ``"patching"``, …; see :data:`KINDS`), or None."""
+    """The kind of result a dict holds that has a view (``"lens"``, ``"patching"``, …; see :data:`VIEWS`): the
+    kind it records, or for a dict that records none, the kind whose fields it has (:data:`FIELDS`); else None."""
+    named = d.get(KIND_KEY)
+    if isinstance(named, str):
+        return named if named in VIEWS else None
     keys = set(d)
-    return next((name for name, need, _ in KINDS if need <= keys), None)
+    return next((name for name, need in FIELDS if need <= keys), None)
 
 
 def _found(data: Any, where: str, depth: int = 0) -> list[tuple[str, dict[str, Any]]]:
@@ -86,15 +119,14 @@ def view(result: ResultLike, **kwargs: Any) -> View:
     d = as_dict(result)
     kind = kind_of(d)
     if kind is not None:
-        fn = next(fn for name, _, fn in KINDS if name == kind)
+        fn = VIEWS[kind]
         if isinstance(result, Mapping):  # a dict read back: a missing or malformed field is named, not a raw error
             return _view_dict(kind, fn, d, **kwargs)
         return fn(d, **kwargs)
     if {"experiment", "data"} <= set(d):
         return view_experiment(d)
-    raise ValueError(
-        f"no view for a result with fields {sorted(d)[:12]}; views exist for: " + ", ".join(n for n, _, _ in KINDS)
-    )
+    named = f"of kind {d[KIND_KEY]!r}" if isinstance(d.get(KIND_KEY), str) else f"with fields {sorted(d)[:12]}"
+    raise ValueError(f"no view for a result {named}; views exist for: " + ", ".join(VIEWS))
 
 
 def _view_dict(kind: str, fn: Callable[..., View], d: dict[str, Any], **kwargs: Any) -> View:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -56,6 +56,8 @@ class Agreement(Result):
     ``|effect|`` against the estimate's ranking score; ``recall``: the share of the exact top-``k``
     (by ``|effect|``) among the estimate's top-``k`` (by score); ``estimate``/``exact``
     ``[n_cells]``: the flattened effects."""
+
+    result_kind: ClassVar[str] = "agreement"
 
     method: str
     hook: str

@@ -4,6 +4,7 @@ are estimates, with the score its cells are ranked by and the run it came from (
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -26,6 +27,8 @@ class AttributionResult(PatchResult):
     or ``ig``; ``ig_steps`` and ``ig_path`` (``"input"`` or ``"activations"``) for IG, else None;
     ``graddrop``: whether ``score`` is GradDrop's. The other fields are :class:`~.patching.PatchResult`'s.
     """
+
+    result_kind: ClassVar[str] = "attribution"
 
     method: str = "atp"
     ig_steps: int | None = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -39,6 +39,8 @@ class Verification(Result):
     ``k``-th of ``verified_top`` (a false-negative warning: the estimate missed them).
     ``method`` and ``hook``: the estimate's; ``labels``: a readable label per cell (:func:`cell_label`).
     """
+
+    result_kind: ClassVar[str] = "verification"
 
     method: str
     hook: str

@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
@@ -131,6 +131,8 @@ class Circuit(Result):
     - ``model_name``, ``weights``: the model the circuit was found on and its weights fingerprint (None: not
       recorded, as in older files); :meth:`check_model` refuses another model.
     """
+
+    result_kind: ClassVar[str] = "circuit"
 
     edges: list[str]
     scores: list[float]
@@ -528,6 +530,8 @@ class FaithfulnessCurve(Result):
     - ``total_edges`` ((position, edge) items for per-position scores); ``metric``;
       ``clean_metric``/``corrupted_metric`` (pair means).
     """
+
+    result_kind: ClassVar[str] = "faithfulness curve"
 
     faithfulness: torch.Tensor
     sizes: list[int]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from einops import einsum, rearrange, repeat
@@ -59,6 +59,8 @@ class EdgeScores(Result):
     - ``model_name``, ``weights``: the model the scores were computed on and its weights fingerprint (None:
       not recorded); :meth:`check_model` refuses another model.
     """
+
+    result_kind: ClassVar[str] = "edge scores"
 
     scores: torch.Tensor
     edges: list[str]

@@ -28,7 +28,7 @@ import random
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -446,6 +446,8 @@ class TaskPerformance(Result):
       ``corrupted_accuracy`` the same on the corrupted prompts, scored against the clean answers;
     - ``clean_pair_metric`` / ``corrupted_pair_metric`` ``[n_pairs]``, ``correct`` ``[n_pairs]`` bool.
     """
+
+    result_kind: ClassVar[str] = "task performance"
 
     task: str
     model: str

@@ -15,7 +15,7 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -58,6 +58,8 @@ class LatentProbe(Result):
     fold's pick), and the fraction of folds that picked the same latent (``agreement``); ``sparse_accuracy``
     ``[n_folds]``: held-out accuracy of a logistic regression on the picked latents, one per class;
     ``chance``: the majority class's held-out accuracy; ``hook_name``; ``classes``; ``n_prompts``."""
+
+    result_kind: ClassVar[str] = "latent probe"
 
     task: str
     hook_name: str

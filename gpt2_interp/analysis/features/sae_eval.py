@@ -19,7 +19,7 @@ activation in both ablations. ``bos`` and ``outliers`` count what was left out.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -45,6 +45,8 @@ class SAEEvaluation(Result):
     ``[d_sae]`` (each latent's firing rate), ``hook_name`` and ``architecture``; ``bos`` and ``outliers``:
     the positions left out as BOS and as norm outliers (``outlier_ratio``: the rule, None for none);
     ``text``: what the windows were (e.g. held out from the SAE's training text; empty: not said)."""
+
+    result_kind: ClassVar[str] = "SAE evaluation"
 
     hook_name: str
     architecture: str

@@ -17,7 +17,7 @@ JSON); an interactive page renders them elsewhere.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -61,6 +61,8 @@ class FeatureView(Result):
     ``position``: where its maximum is); ``promoted``/``suppressed``: ``(token, logit effect)`` pairs;
     ``histogram`` (``counts`` and bin ``edges`` of the non-zero activations); ``density`` (the
     fraction of ``tokens`` evaluated on which it fires)."""
+
+    result_kind: ClassVar[str] = "feature"
 
     latent: int
     hook_name: str
@@ -166,6 +168,8 @@ class LatentSearch(Result):
     """Latents ranked for a query: ``query`` (what was searched), ``by`` (``"logit effect"`` or
     ``"activation"``), ``latents`` and their ``scores`` (best first); ``promotes``: for each latent, the
     tokens its decoder row promotes most (:func:`logit_effect`, largest first), what the latent writes."""
+
+    result_kind: ClassVar[str] = "latent search"
 
     query: str
     by: str

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ...core.boundary import boundary
 from ...core.result import Result
@@ -24,6 +24,8 @@ class EditEvaluation(Result):
     ``hparams``: the editor's settings; ``seconds``: the whole evaluation's time;
     ``restored_exactly``: whether the weights came back bit-exactly; ``batch_size``: requests per
     edit; ``steps``: the drift after every step (:class:`~.scores.StepDrift`, sequential only)."""
+
+    result_kind: ClassVar[str] = "edit evaluation"
 
     method: str
     sequential: bool
