@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..core.boundary import boundary
+from .tokenizer import bytes_to_unicode
 
 GGUF_MAGIC = b"GGUF"
 # GGML types we dequantize (tested); the gguf package knows more, but we accept only these.
@@ -247,14 +248,3 @@ def gguf_tokenizer(g: GGUFFile):
         bos = tokens.index("<|endoftext|>") if "<|endoftext|>" in control else None
     name = str(md.get("general.basename") or md.get("general.name") or g.path.stem)
     return HFTokenizer(backend, name, bos_id=bos, eos_id=int(eos), pad_id=md.get("tokenizer.ggml.padding_token_id"))
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte → printable character table (the alphabet of byte-level BPE vocabularies)."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {b: chr(b) for b in keep}, 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
