@@ -10,7 +10,7 @@ import pytest
 
 from gpt2_interp.cli import main
 from gpt2_interp.core import progress
-from gpt2_interp.editing import memit, rome
+from gpt2_interp.editing import memit, rome, targets
 from gpt2_interp.editing.memit import compute_edits
 from gpt2_interp.editing.rome import compute_edit
 from gpt2_interp.editing.stats import DEFAULT_CORPUS_RULE, clear_memory_cache, key_second_moment
@@ -59,6 +59,7 @@ class FakeBar:
 def bars(monkeypatch):
     FakeBar.made = []
     monkeypatch.setattr(rome, "progress_bar", FakeBar)
+    monkeypatch.setattr(targets, "progress_bar", FakeBar)
     monkeypatch.setattr(memit, "progress_bar", FakeBar)
     return FakeBar
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import gpt2_interp as gi
-from gpt2_interp.editing import memit, rome
+from gpt2_interp.editing import memit, rome, targets
 from gpt2_interp.editing.stats import KeyStats, key_second_moment
 
 DATA = Path(__file__).parents[1] / "data" / "paper_golden"
@@ -86,7 +86,7 @@ def _bound(r: float) -> float:
 def test_rome_paper_mode_equals_the_authors_code(facts_model, golden, i):
     golden, meta, stats = golden
     # the fixed prefixes the authors' code was given are the ones the paper mode generates
-    assert rome.context_prefixes(facts_model, (5, 10), 10, 0, style="rome") == meta["prefixes"]
+    assert targets.context_prefixes(facts_model, (5, 10), 10, 0, style="rome") == meta["prefixes"]
     for r in meta["requests"][i : i + 1]:
         req = {"prompt": r["prompt"], "subject": r["subject"], "target": r["target_new"]["str"]}
         with warnings.catch_warnings():
@@ -154,7 +154,7 @@ def test_memit_paper_mode_equals_the_authors_code(facts_model, memit_paper, exac
     MEMIT's keys weighted uniformly ~0.6."""
     golden = torch.load(DATA / "memit_gpt2-facts_layers0-4.pt")
     meta, stats, reqs, e = memit_paper
-    assert rome.context_prefixes(facts_model, (10,), 5, 0, style="memit") == meta["prefixes"]
+    assert targets.context_prefixes(facts_model, (10,), 5, 0, style="memit") == meta["prefixes"]
     assert _rel(e.v_star, golden["z"]) < 1e-4
     hp = memit.MemitHparams.of(facts_model, preset="paper")
     lam = hp.mom2_weight

@@ -13,7 +13,7 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from gpt2_interp.editing import memit, rome
+from gpt2_interp.editing import memit, rome, settings, targets
 from gpt2_interp.editing.edit import Edit, Request
 from gpt2_interp.editing.hparams import load_hparams
 from gpt2_interp.editing.stats import key_second_moment
@@ -44,7 +44,7 @@ def _variants(req: Request, prefixes: list[str]) -> list[str]:
 
 # ---------------------------------------------------------------- the preset
 def test_paper_preset_takes_the_authors_values_and_no_preset_is_unchanged(facts_model):
-    hp = rome.hparams_for(facts_model, preset="paper")
+    hp = settings.hparams_for(facts_model, preset="paper")
     assert (hp.v_steps, hp.step_count, hp.v_lr, hp.clamp_factor, hp.weight_decay, hp.kl_factor) == (
         20,
         "evaluations",
@@ -62,9 +62,10 @@ def test_paper_preset_takes_the_authors_values_and_no_preset_is_unchanged(facts_
         False,
     )
     assert hp.layer == 0 and hp.bare_weight is None and hp.preset == "paper"  # the model's layer stays
-    assert rome.hparams_for(facts_model, preset="paper", v_steps=7).v_steps == 7  # the user's value wins
+    assert settings.hparams_for(facts_model, preset="paper", v_steps=7).v_steps == 7  # the user's value wins
     # without a preset: the model's files, as before
-    assert asdict(rome.hparams_for(facts_model)) == asdict(rome.RomeHparams.of(**load_hparams("rome", "gpt2-facts")))
+    own = settings.RomeHparams.of(**load_hparams("rome", "gpt2-facts"))
+    assert asdict(settings.hparams_for(facts_model)) == asdict(own)
     m = memit.MemitHparams.of(facts_model, preset="paper")
     assert (m.mom2_weight, m.delta_norm, m.layers, m.preset) == (20000.0, "resid", (0,), "paper")
     assert (m.rome.clamp_factor, m.rome.prefix_style, m.rome.prefix_lengths, m.rome.prefixes_per_length) == (
@@ -80,9 +81,9 @@ def test_paper_preset_takes_the_authors_values_and_no_preset_is_unchanged(facts_
         "evaluations",
     )
     with pytest.raises(ValueError, match="preset must be one of"):
-        rome.RomeHparams(preset="mine")
+        settings.RomeHparams(preset="mine")
     with pytest.raises(ValueError, match="key_weighting must be one of"):
-        rome.RomeHparams(key_weighting="median")
+        settings.RomeHparams(key_weighting="median")
 
 
 def test_clamp_follows_the_published_size_class():
@@ -90,15 +91,15 @@ def test_clamp_follows_the_published_size_class():
         class cfg:
             name = "gpt2-medium"
 
-    assert rome.hparams_for(M, preset="paper").clamp_factor == 3.0  # hparams/ROME/gpt2-medium.json
+    assert settings.hparams_for(M, preset="paper").clamp_factor == 3.0  # hparams/ROME/gpt2-medium.json
     M.cfg.name = "gpt2-large"
-    assert rome.hparams_for(M, preset="paper").clamp_factor == 4.0
-    assert rome.hparams_for(M).clamp_factor == 4.0 and rome.hparams_for(M).preset is None
+    assert settings.hparams_for(M, preset="paper").clamp_factor == 4.0
+    assert settings.hparams_for(M).clamp_factor == 4.0 and settings.hparams_for(M).preset is None
 
 
 # ---------------------------------------------------------------- prefixes
 def test_rome_prefixes_count_the_endoftext_token_in_their_length(facts_model):
-    groups = rome.context_prefix_groups(facts_model, (5, 10), 10, seed=0, style="rome")
+    groups = targets.context_prefix_groups(facts_model, (5, 10), 10, seed=0, style="rome")
     assert [len(g) for g in groups] == [10, 10]  # [[5, 10], [10, 10]]: 20 prefixes
     for n, group in zip((5, 10), groups):
         # max_out_len n counts the '<|endoftext|>' the texts are sampled from: n - 1 tokens of text
@@ -106,25 +107,25 @@ def test_rome_prefixes_count_the_endoftext_token_in_their_length(facts_model):
 
 
 def test_memit_prefixes_start_from_its_seed_words(facts_model):
-    (group,) = rome.context_prefix_groups(facts_model, (10,), 5, seed=0, style="memit")
+    (group,) = targets.context_prefix_groups(facts_model, (10,), 5, seed=0, style="memit")
     assert len(group) == 5
     for text, word in zip(group, ("The", "Therefore", "Because", "I", "You")):
         assert text.startswith(word) and "{" not in text and "}" not in text
     with pytest.raises(ValueError, match="multiple of 5"):
-        rome.RomeHparams(prefix_style="memit", prefixes_per_length=3)
+        settings.RomeHparams(prefix_style="memit", prefixes_per_length=3)
 
 
 def test_our_prefixes_are_the_flattened_groups(facts_model):
-    flat = rome.context_prefixes(facts_model, (5, 10), 5, 0)
-    assert flat == [p for g in rome.context_prefix_groups(facts_model, (5, 10), 5, 0) for p in g]
+    flat = targets.context_prefixes(facts_model, (5, 10), 5, 0)
+    assert flat == [p for g in targets.context_prefix_groups(facts_model, (5, 10), 5, 0) for p in g]
 
 
 # ---------------------------------------------------------------- keys and states
 def test_per_context_type_keys_weight_the_bare_prompt_half(facts_model, stats):
     hp = memit.MemitHparams.of(facts_model, preset="paper", v_steps=2)
-    groups = rome.context_prefix_groups(facts_model, hp.rome.prefix_lengths, hp.rome.prefixes_per_length, 0, "memit")
+    groups = targets.context_prefix_groups(facts_model, hp.rome.prefix_lengths, hp.rome.prefixes_per_length, 0, "memit")
     (prefixes,) = groups
-    assert rome.variant_weights(hp.rome, groups) == [0.5] + [0.1] * 5
+    assert targets.variant_weights(hp.rome, groups) == [0.5] + [0.1] * 5
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         e = memit.compute_edits(facts_model, [REQ, REQ2], layers=[0], stats=stats, hparams=hp, progress=False)
@@ -148,7 +149,7 @@ def test_default_keys_are_weighted_per_context_type(facts_model, stats):
     equally: the bare prompt and each prefix length's mean, on the prompts as the model reads them (with BOS)."""
     hp = memit.MemitHparams.of(facts_model, v_steps=2)
     assert (hp.rome.key_weighting, hp.rome.target_state, hp.rome.prepend_bos) == ("per_context_type", "averaged", True)
-    groups = rome.context_prefix_groups(facts_model, hp.rome.prefix_lengths, hp.rome.prefixes_per_length, 0)
+    groups = targets.context_prefix_groups(facts_model, hp.rome.prefix_lengths, hp.rome.prefixes_per_length, 0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         e = memit.compute_edits(facts_model, [REQ], layers=[0], stats=stats, hparams=hp, progress=False)
@@ -168,7 +169,7 @@ def test_rome_paper_inserts_delta_at_the_bare_key_with_the_averaged_direction(fa
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         e = rome.compute_edit(facts_model, REQ, layer=0, stats=stats[0], progress=False, preset="paper", v_steps=3)
-    prefixes = rome.context_prefixes(facts_model, (5, 10), 10, 0, style="rome")
+    prefixes = targets.context_prefixes(facts_model, (5, 10), 10, 0, style="rome")
     keys = [
         _at_subject_end(facts_model, t, REQ.subject, "blocks.0.mlp.hook_post", bos=False)
         for t in _variants(REQ, prefixes)
@@ -223,11 +224,11 @@ def test_kl_reads_the_positions_named(facts_model, positions):
     # v_lr 2: one Adam step moves δ by 2 per coordinate (‖δ‖ = 32), which puts the KL at ~3e-4 (subject's last
     # token) and ~8e-4 (averaged on), far above float32's rounding floor (~1e-7), which a smaller δ (KL ~6e-6)
     # would leave within a few percent of the value
-    hp = rome.RomeHparams(
+    hp = settings.RomeHparams(
         v_steps=1, v_lr=2.0, early_stop=0.0, exact_edit=False, kl_positions=positions, prefix_lengths=()
     )
     ids = facts_model.tokenizer.encode_ids(REQ.target)
-    opt = rome.optimise_delta(facts_model, REQ, ids, 0, [], hp, progress=False)
+    opt = targets.optimise_delta(facts_model, REQ, ids, 0, [], hp, progress=False)
     assert len(opt["log"]) == 2 and opt["log"][0]["kl"] == pytest.approx(0.0, abs=1e-7)
     t = _kl_by_hand(facts_model, REQ.subject, opt["delta"], 0)
     last_only = positions == "subject_last"
@@ -249,15 +250,15 @@ def test_kl_reads_the_positions_named(facts_model, positions):
 def test_step_count_evaluations_is_romes_loop(facts_model):
     ids = facts_model.tokenizer.encode_ids(REQ.target)
     base = dict(early_stop=0.0, prefix_lengths=(), exact_edit=False)
-    ours = rome.optimise_delta(facts_model, REQ, ids, 0, [], rome.RomeHparams(v_steps=5, **base), progress=False)
-    theirs = rome.optimise_delta(
-        facts_model, REQ, ids, 0, [], rome.RomeHparams(v_steps=5, step_count="evaluations", **base), progress=False
+    ours = targets.optimise_delta(facts_model, REQ, ids, 0, [], settings.RomeHparams(v_steps=5, **base), progress=False)
+    theirs = targets.optimise_delta(
+        facts_model, REQ, ids, 0, [], settings.RomeHparams(v_steps=5, step_count="evaluations", **base), progress=False
     )
     # ROME: `for it in range(5)`: 5 evaluations, the last one without an update: 4 updates
     assert len(ours["log"]) == 6 and len(theirs["log"]) == 5
-    four = rome.optimise_delta(facts_model, REQ, ids, 0, [], rome.RomeHparams(v_steps=4, **base), progress=False)
+    four = targets.optimise_delta(facts_model, REQ, ids, 0, [], settings.RomeHparams(v_steps=4, **base), progress=False)
     torch.testing.assert_close(theirs["delta"], four["delta"], rtol=0, atol=0)
-    assert rome.RomeHparams(v_steps=20, step_count="evaluations").n_updates == 19
+    assert settings.RomeHparams(v_steps=20, step_count="evaluations").n_updates == 19
 
 
 def test_alphaedit_paper_is_the_authors_solve_with_their_null_space(facts_model, stats):

@@ -9,10 +9,10 @@ import gpt2_interp as gi
 from gpt2_interp.analysis.tokens import token_span
 from gpt2_interp.editing import stats as stats_mod
 from gpt2_interp.editing.edit import weights_fingerprint
-from gpt2_interp.editing.rome import _filled, compute_edit, rank_one_update
+from gpt2_interp.editing.rome import compute_edit, rank_one_update
 from gpt2_interp.editing.settings import DEFAULT_LAYERS, default_layer
 from gpt2_interp.editing.stats import KeyStats, key_second_moment, keys_fingerprint
-from gpt2_interp.editing.targets import context_prefixes
+from gpt2_interp.editing.targets import _filled, context_prefixes
 from gpt2_interp.model import HookedGPT2
 
 from ..conftest import TINY
