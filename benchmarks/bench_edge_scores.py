@@ -45,10 +45,12 @@ from scipy.stats import spearmanr
 import gpt2_interp as gi
 from gpt2_interp.analysis.circuits import edge_scores, faithfulness_curve, graph_of
 from gpt2_interp.analysis.metrics import logit_diff
-from gpt2_interp.experiments.attribution import fact_pairs, pair_metric
 from gpt2_interp.experiments.provenance import standalone, write_beside
 from gpt2_interp.facts import FactBase
 from gpt2_interp.facts.pairs import subject_swaps
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the studies (analyses/) beside the package
+from analyses.attribution import fact_pairs, pair_metric
 
 
 def sample(

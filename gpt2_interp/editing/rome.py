@@ -20,12 +20,12 @@ memory and inserts the association ``k* → v*`` with the smallest change in the
   ``δ`` at the subject's last token only (``exact_edit=False``); the difference matters when a
   variant's key differs from k* ("France" at the start of a text vs " France" after a prefix)
   and when other tokens' keys share k*'s direction: then a variant's key gets only part of the edit
-  that the optimisation assumed (see analyses/results/rome_counterfact/gpt2-facts).
+  that the optimisation assumed.
 * ``keep`` (ours, optional; :attr:`Request.keep`): prompts about the same subject whose next-token
   distribution must not move — the subject's other attributes. Their KL (edited ‖ unedited, at
   their last token, averaged over the prompts) enters the loss × ``keep_factor``. The edit writes
   to the subject's representation, which every relation reads, so without it writing one relation
-  can rewrite the subject's others (see analyses/results/subject_specificity/<model>).
+  can rewrite the subject's others.
 * the update ``ΔW = outer(C⁻¹k*, v* − (k* @ W_out + b_out)) / (k*ᵀ C⁻¹ k*)``, so
   ``k* @ (W_out + ΔW) + b_out = v*`` exactly, and any key ``k`` with ``kᵀC⁻¹k* = 0`` is untouched.
 
@@ -662,8 +662,7 @@ def optimise_deltas(
     decay (‖δ‖/‖ref‖²), at the subject's last token of the bare prompt: ``"mlp_out"`` (ROME's v₀, the
     edited MLP's output) or ``"resid"`` (MEMIT's ``compute_z``: the residual stream after the block,
     which δ is added to). They differ where the MLP's output is small next to the residual: then δ
-    clamped to a multiple of ‖v₀‖ cannot move the prediction (see
-    analyses/results/mass_editing_window/gpt2-facts).
+    clamped to a multiple of ‖v₀‖ cannot move the prediction.
 
     ``progress`` (None: on a terminal or in a notebook, see :mod:`~gpt2_interp.core.progress`): a bar
     over the Adam steps of every chunk (its time left is the estimate for the whole optimisation) showing

@@ -468,6 +468,17 @@ class TaskPerformance(Result):
             f"(corrupted {self.corrupted_accuracy:.0%})"
         )
 
+    def performs(self) -> bool:
+        """Whether the model performs the task reliably (:func:`performs_reliably` of this result)."""
+        return performs_reliably(self.accuracy, self.clean_metric, self.clean_metric_sem, self.corrupted_metric)
+
+
+@boundary
+def performs_reliably(accuracy: float, clean_metric: float, clean_metric_sem: float, corrupted_metric: float) -> bool:
+    """Whether a model performs a task reliably enough for a circuit of it to mean something: an accuracy of at
+    least 80% and a clean metric more than two standard errors above the corrupted one."""
+    return accuracy >= 0.8 and clean_metric - 2 * clean_metric_sem > corrupted_metric
+
 
 @boundary
 @torch.no_grad()
@@ -529,5 +540,6 @@ __all__ = [
     "last_logits",
     "make_task",
     "performance",
+    "performs_reliably",
     "year_tokens",
 ]
