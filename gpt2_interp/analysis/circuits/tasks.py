@@ -475,8 +475,9 @@ class TaskPerformance(Result):
 
 @boundary
 def performs_reliably(accuracy: float, clean_metric: float, clean_metric_sem: float, corrupted_metric: float) -> bool:
-    """Whether a model performs a task reliably enough for a circuit of it to mean something: an accuracy of at
-    least 80% and a clean metric more than two standard errors above the corrupted one."""
+    """Whether a model performs a task reliably enough for a circuit of it to mean something: an ``accuracy`` of at
+    least 80% on the clean prompts and a ``clean_metric`` (mean over pairs, with ``clean_metric_sem`` its standard
+    error) more than two standard errors above the ``corrupted_metric``."""
     return accuracy >= 0.8 and clean_metric - 2 * clean_metric_sem > corrupted_metric
 
 
