@@ -397,6 +397,7 @@ def run_experiment(
         torch.set_num_threads(threads)
     started, t0 = prov.now_utc(), time.perf_counter()
     load_start, code = prov.load_average(), prov.code_state()  # the code as the run starts
+    study = prov.study_state(exp.run.__module__)
     m = _load_model(model, device, dtype)
     created = directory is not None and not directory.exists()
     if directory is not None:
@@ -436,6 +437,7 @@ def run_experiment(
         "settings": ctx.settings,
         "model": identity,
         "code": code,
+        "study": study,
         "software": prov.software(),
         "machine": {
             **prov.machine(str(next(m.parameters()).device)),

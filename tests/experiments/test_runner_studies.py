@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import textwrap
@@ -71,6 +72,9 @@ def test_a_study_of_ones_own_runs_from_its_folder_with_result_and_provenance(tin
     prov = json.loads((d / "provenance.json").read_text())
     assert prov["experiment"] == "first_token_a" and prov["differs_from_defaults"]["prompt"]["used"] == "Hello"
     assert prov["code"]["commit"] and prov["model"]["weights_fingerprint"]
+    study = tmp_path / "mine" / "first_token_a.py"
+    assert prov["study"]["file"] == str(study)
+    assert prov["study"]["sha256"] == hashlib.sha256(study.read_bytes()).hexdigest()
     assert (d / "first_token.md").read_text().startswith("next after 'Hello':")
 
 
