@@ -135,10 +135,17 @@ def now_utc() -> str:
 
 
 def command_line(
-    experiment: str, model: str, settings: Mapping[str, Any], quick: bool, tag: str | None, out: str | None
+    experiment: str,
+    model: str,
+    settings: Mapping[str, Any],
+    quick: bool,
+    tag: str | None,
+    out: str | None,
+    studies: Sequence[str] = (),
 ) -> str:
-    """The ``gpt2-interp run`` command that reproduces a run with these settings."""
-    parts = ["gpt2-interp", "run", experiment, "--model", model]
+    """The ``gpt2-interp run`` command that reproduces a run with these settings (``studies``: the study
+    folders it was given, each a ``--studies``)."""
+    parts = ["gpt2-interp", "run", *(a for s in studies for a in ("--studies", s)), experiment, "--model", model]
     if quick:
         parts.append("--quick")
     for k, v in settings.items():

@@ -429,7 +429,13 @@ def run_experiment(
     record = {
         "experiment": name,
         "command": prov.command_line(
-            name, model_name, dict(settings), quick, given_tag, None if out is None else str(out)
+            name,
+            model_name,
+            dict(settings),
+            quick,
+            given_tag,
+            None if out is None else str(out),
+            [str(s) for s in studies],
         ),
         "argv": argv if argv is not None else list(sys.argv),
         "config": config_json,

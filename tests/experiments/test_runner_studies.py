@@ -71,6 +71,7 @@ def test_a_study_of_ones_own_runs_from_its_folder_with_result_and_provenance(tin
     assert saved.data == res.data and saved.config["prompt"] == "Hello"
     prov = json.loads((d / "provenance.json").read_text())
     assert prov["experiment"] == "first_token_a" and prov["differs_from_defaults"]["prompt"]["used"] == "Hello"
+    assert prov["command"].startswith(f"gpt2-interp run --studies {tmp_path / 'mine'} first_token_a --model tiny")
     assert prov["code"]["commit"] and prov["model"]["weights_fingerprint"]
     study = tmp_path / "mine" / "first_token_a.py"
     assert prov["study"]["file"] == str(study)
