@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -82,25 +83,18 @@ def study_folders(studies: Sequence[str | Path] = ()) -> list[Path]:
 
 def _import_study(path: Path) -> None:
     """Import the study file ``path``: as ``analyses.<name>`` when it lies in a folder named ``analyses`` that
-    is (or can be) the package ``analyses``; else by its location, as ``gpt2_interp_studies_<digest>.<name>``."""
+    is (or can be) the package ``analyses``; else as ``gpt2_interp_studies_<digest>.<name>``, its folder made a
+    package of that name (so the studies of one folder import each other with relative imports there too)."""
     folder = path.parent
     if folder.name == "analyses" and _as_package(folder):
         importlib.import_module(f"analyses.{path.stem}")
         return
-    digest = hashlib.sha256(str(folder).encode()).hexdigest()[:12]
-    name = f"gpt2_interp_studies_{digest}.{path.stem}"
-    if name in sys.modules:
-        return
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import the study {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
+    package = f"gpt2_interp_studies_{hashlib.sha256(str(folder).encode()).hexdigest()[:12]}"
+    if package not in sys.modules:
+        spec = importlib.machinery.ModuleSpec(package, None, is_package=True)
+        spec.submodule_search_locations = [str(folder)]
+        sys.modules[package] = importlib.util.module_from_spec(spec)
+    importlib.import_module(f"{package}.{path.stem}")
 
 
 def _as_package(folder: Path) -> bool:
@@ -124,7 +118,8 @@ def load_all(studies: Sequence[str | Path] = ()) -> dict[str, Experiment]:
     of the study folders (:func:`study_folders`: ``studies``, ``$GPT2_INTERP_STUDIES``, ``./analyses``, the
     checkout's ``analyses/``). A folder named ``analyses`` is imported as the package ``analyses`` (its parent
     goes on ``sys.path``), so studies import each other and tests import ``analyses.<name>``; any other folder
-    is imported file by file. One study name registered from two files raises ValueError naming both."""
+    (or a second ``analyses``) is imported from its location as a package of its own (``_helper.py`` files
+    shared by relative imports). One study name registered from two files raises ValueError naming both."""
     for folder in study_folders(studies):
         for path in sorted(folder.glob("*.py")):
             if not path.name.startswith("_"):

@@ -121,3 +121,18 @@ def test_one_name_from_two_folders_is_refused_naming_both_files(tmp_path, forget
     with pytest.raises(ValueError, match="registered twice") as e:
         load_all([tmp_path / "one", tmp_path / "two"])
     assert str(one) in str(e.value) and str(two) in str(e.value)
+
+
+def test_the_studies_of_one_folder_share_a_helper_by_relative_import(tmp_path, tiny, forget):
+    forget.append("first_token_e")
+    folder = tmp_path / "shared"
+    path = write_study(folder, "first_token_e")
+    (folder / "_common.py").write_text('PROMPT = "The capital of France is"\n')
+    text = path.read_text().replace('"The Eiffel Tower is in"', "PROMPT")
+    path.write_text(
+        text.replace(
+            "from dataclasses import dataclass\n", "from dataclasses import dataclass\n\nfrom ._common import PROMPT\n"
+        )
+    )
+    assert "_common" not in str(load_all([folder]).keys())  # a helper is not a study
+    assert run_experiment("first_token_e", tiny, studies=[folder]).data["prompt"] == "The capital of France is"
