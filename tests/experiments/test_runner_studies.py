@@ -136,3 +136,37 @@ def test_the_studies_of_one_folder_share_a_helper_by_relative_import(tmp_path, t
     )
     assert "_common" not in str(load_all([folder]).keys())  # a helper is not a study
     assert run_experiment("first_token_e", tiny, studies=[folder]).data["prompt"] == "The capital of France is"
+
+
+def test_a_study_declares_what_else_its_cached_parts_depend_on(tiny, tmp_path):
+    from dataclasses import dataclass
+
+    from gpt2_interp.experiments import ExperimentConfig, register
+
+    @dataclass
+    class Config(ExperimentConfig):
+        pass
+
+    calls: list[int] = []
+    depends = {"value": "a"}
+
+    def run(model, cfg, ctx):
+        return {"x": ctx.cached("part", lambda: (calls.append(1), [1.0])[1]), "key": ctx.cache_key}
+
+    register("depends_toy", Config, cache_depends=lambda: depends["value"])(run)
+    try:
+        first = run_experiment("depends_toy", tiny, out=tmp_path, progress=False)
+        assert run_experiment("depends_toy", tiny, out=tmp_path, progress=False).data["key"] == first.data["key"]
+        depends["value"] = "b"  # e.g. the editors' default files changed
+        assert run_experiment("depends_toy", tiny, out=tmp_path, progress=False).data["key"] != first.data["key"]
+        assert len(calls) == 2
+    finally:
+        REGISTRY.pop("depends_toy")
+
+
+def test_only_the_editing_studies_fold_the_editing_defaults_into_their_cache_key():
+    from gpt2_interp.editing.hparams import defaults_digest
+
+    declared = {name for name, exp in load_all().items() if exp.cache_depends is defaults_digest}
+    assert {"mass_editing", "rome_counterfact", "paper_departures"} <= declared
+    assert not declared & {"logit_lens", "causal_trace", "attribution", "steering"}
