@@ -3,7 +3,7 @@
     python benchmarks/bench_edge_scores.py [--part agreement|speed|curve|smollm2|all] [--out FILE.md]
 
 1. Agreement (``--model gpt2-facts``: subject-swap fact-recall pairs the model knows,
-   ``experiments.attribution.fact_pairs``, metric logit[clean object] − logit[corrupted object];
+   ``analyses.attribution.fact_pairs``, metric logit[clean object] − logit[corrupted object];
    ``--model smollm2-135m``: IOI pairs, seed 0, metric logit[IO] − logit[S]; ``--pairs`` of them). EAP,
    EAP-IG (inputs, 5 and 20 steps) and EAP-IG (activations, 5 steps) score every edge; edges are patched
    exactly (``edge_scores(method="exact")``, the prefix-reuse engine, noising: one edge at a time carries the
@@ -23,7 +23,7 @@
    EAP-IG (activations), 20 sizes from 0.1% to all edges, dangling edges pruned, faithfulness exact
    (``faithfulness_curve``), then the same with the greedy selection (``selection="greedy"``: grown from the
    logits up); the smallest circuit reaching 80% per method, as a share of all edges.
-4. SmolLM2-135M on IOI (``--part smollm2``): the pairs of ``experiments/circuit_discovery`` (``ioi``, seed 0,
+4. SmolLM2-135M on IOI (``--part smollm2``): the pairs of ``analyses/circuit_discovery`` (``ioi``, seed 0,
    ``--speed-pairs`` of them), wall-clock seconds of EAP-IG (inputs, 5 steps) over all edges and of the exact
    faithfulness curve of its top-k circuits at 20 sizes (dangling edges pruned), with the load average
    before and after each (run it alone on the machine: the wall time is the measure); then the curve of its
@@ -45,10 +45,12 @@ from scipy.stats import spearmanr
 import gpt2_interp as gi
 from gpt2_interp.analysis.circuits import edge_scores, faithfulness_curve, graph_of
 from gpt2_interp.analysis.metrics import logit_diff
-from gpt2_interp.experiments.attribution import fact_pairs, pair_metric
 from gpt2_interp.experiments.provenance import standalone, write_beside
 from gpt2_interp.facts import FactBase
 from gpt2_interp.facts.pairs import subject_swaps
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the studies (analyses/) beside the package
+from analyses.attribution import fact_pairs, pair_metric
 
 
 def sample(

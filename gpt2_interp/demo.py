@@ -27,6 +27,7 @@ import torch
 from .analysis.tokens import target_ids
 from .core.checks import check_count
 from .core.result import to_jsonable
+from .core.tables import markdown_rule
 
 # (relation, subject, counterfactual object): the first one the model knows is used.
 CANDIDATES = [
@@ -212,7 +213,7 @@ def _model_section(model: Any) -> Section:
         f"({'W_U tied to W_E' if c.tied_embeddings else 'untied W_U'}).",
         "",
         "| part | shape | parameters |",
-        "|---|---|---:|",
+        markdown_rule("llr"),
     ]
     md += [f"| {p} | {s} | {n:,} |" for p, s, n in table.rows] + [f"| **total** | | **{table.total:,}** |", ""]
     return {"name": c.name, "config": c.to_dict(), "n_params": table.total}, md
@@ -438,7 +439,7 @@ def _edit_section(
         f"computed in {edit_seconds:.1f} s.",
         "",
         "| role | prompt | top-1 before | top-1 after |",
-        "|---|---|---|---|",
+        markdown_rule("llll"),
     ]
     md += [
         f"| {r['role']} | {r['prompt']} | {r['top1_before']!r} ({r['p_top1_before']:.2f}) | "

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh test,lint
 . .venv/bin/activate
 # Lint, format and types first: seconds, and a failure stops before the slow suite (config: pyproject.toml).
-lint_paths=(gpt2_interp tests benchmarks scripts docs/conf.py docs/_ext)
+lint_paths=(gpt2_interp analyses tests benchmarks scripts docs/conf.py docs/_ext)
 ruff check "${lint_paths[@]}"
 ruff format --check "${lint_paths[@]}"
 mypy

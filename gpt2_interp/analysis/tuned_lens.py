@@ -18,8 +18,7 @@ forward pass over the corpus) rather than from the identity. The KL gradient cos
 vocabulary-sized product per token and layer, so on a CPU only a few tens of thousands of token
 positions fit in minutes — about 0.01% of the reference recipe's 250 steps × 2¹⁸ tokens (SGD with
 Nesterov momentum). The least-squares start uses every token of the corpus for the price of a
-forward pass and already does most of the work (see the ``tuned_lens`` experiment and
-analyses/results/tuned_lens/); the KL steps (Adam, linear decay) then correct it where the squared
+forward pass and already does most of the work; the KL steps (Adam, linear decay) then correct it where the squared
 error in the residual stream and the KL of the decoded distribution disagree.
 
 A :class:`TunedLens` is a value: tensors ``weight [n_boundaries, d_model, d_model]`` and

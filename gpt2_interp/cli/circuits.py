@@ -76,16 +76,15 @@ def _check_pairs(args: argparse.Namespace) -> None:
 
 def _pairs(args: argparse.Namespace, model):
     """``(clean, corrupted, metric, performance line or None)`` from ``--task`` or ``--clean``/``--corrupted``;
-    a task the model does not perform (the verdict of the ``circuit_tasks`` study) is refused unless ``--force``,
-    and then flagged in the performance line."""
+    a task the model does not perform (:meth:`~gpt2_interp.analysis.circuits.TaskPerformance.performs`) is
+    refused unless ``--force``, and then flagged in the performance line."""
     from ..analysis.circuits import make_task, performance
     from ..analysis.metrics import logit_diff
-    from ..experiments.circuit_tasks import verdict
 
     if args.task is not None:
         task = make_task(args.task, model, n=args.pairs, seed=args.seed)
         perf = performance(model, task)
-        said = verdict({"fits": True, **{k: getattr(perf, k) for k in _VERDICT_FIELDS}})
+        said = "performs it" if perf.performs() else "does not perform it reliably"
         line = f"{perf.summary()}: {said}"
         if said != "performs it":
             if not args.force:
@@ -96,9 +95,6 @@ def _pairs(args: argparse.Namespace, model):
             line += " (--force: the circuit below explains a behaviour the model does not have)"
         return task.clean, task.corrupted, task.metric, line
     return args.clean, args.corrupted, logit_diff(args.answer, args.wrong, model=model), None
-
-
-_VERDICT_FIELDS = ("accuracy", "clean_metric", "clean_metric_sem", "corrupted_metric")
 
 
 def circuit_cmd(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""``run``: run a registered experiment through the one runner (``gpt2-interp run --list``)."""
+"""``run``: run a study through the one runner (``gpt2-interp run --list``; ``--studies DIR`` adds a study folder)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run an experiment (the analyses behind the findings) with provenance",
         description="Run a registered experiment and write result.json, provenance.json, its tables "
         "and figures to OUT/NAME/MODEL[/TAG]. `gpt2-interp run --list` lists them; "
-        "`gpt2-interp run NAME --help-settings` lists an experiment's settings.",
+        "`gpt2-interp run NAME --help-settings` lists an experiment's settings. Studies are found in the folders "
+        "given with --studies, then in $GPT2_INTERP_STUDIES, ./analyses and the source checkout's analyses/.",
     )
     p.add_argument("name", nargs="?", help="the experiment (see --list)")
     p.add_argument("--list", action="store_true", help="list the experiments and exit")
+    p.add_argument(
+        "--studies",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder of study modules to look in first (repeatable)",
+    )
     p.add_argument("--help-settings", action="store_true", help="list the experiment's settings (--set KEY=VALUE)")
     add_model_args(p)
     p.add_argument(
@@ -32,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out",
         default="results",
-        help="results root (default: ./results); the repository's findings live in analyses/results",
+        help="results root (default: ./results)",
     )
     p.add_argument("--tag", default=None, help="a sub-folder for a variant of the run (default: 'quick' with --quick)")
     p.add_argument("--threads", type=count(1), default=None, help="torch threads (default: torch's choice)")
@@ -55,12 +63,12 @@ def run(args: argparse.Namespace) -> int:
     from ..experiments import ExperimentResult, get, load_all, render, result_dir, run_experiment
 
     if args.list:
-        for name, exp in sorted(load_all().items()):
+        for name, exp in sorted(load_all(args.studies).items()):
             print(f"{name:<24} {exp.summary}")
         return 0
     if not args.name:
         raise ValueError("name an experiment (gpt2-interp run --list shows them)")
-    exp = get(args.name)
+    exp = get(args.name, args.studies)
     if args.help_settings:
         print(f"{exp.name}: {exp.summary}\nsettings (--set KEY=VALUE):\n{exp.config.describe()}")
         return 0
@@ -82,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         progress=not args.quiet,
         argv=["gpt2-interp", *sys.argv[1:]],
+        studies=args.studies,
     )
     print(result.table())
     d = result_dir(args.out, exp.name, result.model, tag)

@@ -26,7 +26,7 @@ def float_list(text: str) -> list[float]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..experiments.steering import CONCEPTS
+    from ..analysis.features.concepts import CONCEPTS
 
     p = sub.add_parser(
         "steer",
@@ -82,8 +82,8 @@ def read_pairs(path: str) -> list[tuple[str, str]]:
 
 
 def steer(args: argparse.Namespace) -> int:
+    from ..analysis.features.concepts import CONCEPTS, single_tokens
     from ..analysis.features.steering import mean_difference, steering_curve
-    from ..experiments.steering import CONCEPTS, single_tokens
     from ..io.corpora import brown_texts
     from ..model.steer import Steer
 

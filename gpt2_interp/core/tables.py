@@ -31,4 +31,16 @@ def format_table(
     return [line(header)] + [line(r) for r in rows]
 
 
-__all__ = ["format_table"]
+def markdown_rule(align: str) -> str:
+    """The rule under a markdown table's header: one cell per character of ``align``, ``l`` (left, ``---``)
+    or ``r`` (right, ``---:``).
+
+    >>> markdown_rule("lr").split("|")
+    ['', '---', '---:', '']
+    """
+    if not align or set(align) - {"l", "r"}:
+        raise ValueError(f"align must be a string of 'l' and 'r', one per column, got {align!r}")
+    return "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"
+
+
+__all__ = ["format_table", "markdown_rule"]

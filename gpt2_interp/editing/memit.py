@@ -39,7 +39,7 @@ models). For any preserved key, ``‖k₀ P‖² ≤ τ·λ_max·‖·‖``-smal
 ``E‖k₀P‖² = tr(P C₀) = Σ_{kept} λ_i``, reported as ``NullSpace.leak`` (fraction of ``tr C₀``).
 ``nullspace_rule="energy"`` reads τ as that leak instead: ``P`` spans the smallest eigen-directions
 whose eigenvalues sum to at most ``τ·tr C₀``. A threshold relative to ``λ_max`` gives very different
-null spaces on layers with different spectra (see analyses/results/nullspace_rules/smollm2-135m); the
+null spaces on layers with different spectra (on SmolLM2, empty on one layer and large on another); the
 energy rule lets every layer leak the same share of its preserved keys' energy.
 
 The result is ONE :class:`~.edit.Edit` covering the layers (low-rank ``ΔW_l = U V`` with

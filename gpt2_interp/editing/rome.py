@@ -20,12 +20,12 @@ memory and inserts the association ``k* → v*`` with the smallest change in the
   ``δ`` at the subject's last token only (``exact_edit=False``); the difference matters when a
   variant's key differs from k* ("France" at the start of a text vs " France" after a prefix)
   and when other tokens' keys share k*'s direction: then a variant's key gets only part of the edit
-  that the optimisation assumed (see analyses/results/rome_counterfact/gpt2-facts).
+  that the optimisation assumed.
 * ``keep`` (ours, optional; :attr:`Request.keep`): prompts about the same subject whose next-token
   distribution must not move — the subject's other attributes. Their KL (edited ‖ unedited, at
   their last token, averaged over the prompts) enters the loss × ``keep_factor``. The edit writes
   to the subject's representation, which every relation reads, so without it writing one relation
-  can rewrite the subject's others (see analyses/results/subject_specificity/<model>).
+  can rewrite the subject's others.
 * the update ``ΔW = outer(C⁻¹k*, v* − (k* @ W_out + b_out)) / (k*ᵀ C⁻¹ k*)``, so
   ``k* @ (W_out + ΔW) + b_out = v*`` exactly, and any key ``k`` with ``kᵀC⁻¹k* = 0`` is untouched.
 

@@ -395,8 +395,7 @@ def optimise_deltas(
     decay (‖δ‖/‖ref‖²), at the subject's last token of the bare prompt: ``"mlp_out"`` (ROME's v₀, the
     edited MLP's output) or ``"resid"`` (MEMIT's ``compute_z``: the residual stream after the block,
     which δ is added to). They differ where the MLP's output is small next to the residual: then δ
-    clamped to a multiple of ‖v₀‖ cannot move the prediction (see
-    analyses/results/mass_editing_window/gpt2-facts).
+    clamped to a multiple of ‖v₀‖ cannot move the prediction.
 
     ``progress`` (None: on a terminal or in a notebook, see :mod:`~gpt2_interp.core.progress`): a bar
     over the Adam steps of every chunk (its time left is the estimate for the whole optimisation) showing

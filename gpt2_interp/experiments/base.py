@@ -3,9 +3,10 @@
 An experiment module defines a config dataclass (subclass of :class:`ExperimentConfig`) and registers
 its ``run(model, config, ctx) -> dict`` with :func:`register`. The dict it returns is the experiment's
 data (JSON-able); ``tables(data)`` and ``figures(data)`` render it, so a figure can be redrawn from a
-saved result without running again. The runner (:mod:`.runner`) owns everything around that: parsing
-``key=value`` settings into the config, seeding, threads, the model, progress, the output layout and the
-provenance record.
+saved result without running again. An experiment module is a study: it lives outside the package, in a
+study folder the runner discovers (:func:`~gpt2_interp.experiments.runner.load_all`). The runner
+(:mod:`.runner`) owns everything around that: parsing ``key=value`` settings into the config, seeding,
+threads, the model, progress, the output layout and the provenance record.
 """
 
 from __future__ import annotations
@@ -178,7 +179,10 @@ class Experiment:
     """A registered experiment: its name, config class, ``run`` and renderers.
 
     ``tables(data) -> {name: markdown}`` and ``figures(data) -> {name: Figure}`` render the data
-    ``run`` returned (None: none); ``summary``: one line describing the experiment (``run --list``)."""
+    ``run`` returned (None: none); ``summary``: one line describing the experiment (``run --list``);
+    ``cache_depends() -> JSON-able``: what its cached parts depend on besides its config and the weights
+    (e.g. the editing defaults' digest, :func:`gpt2_interp.editing.hparams.defaults_digest`), folded into
+    the cache key (None: nothing else)."""
 
     name: str
     config: type[ExperimentConfig]
@@ -186,6 +190,7 @@ class Experiment:
     tables: Callable[[dict], dict[str, str]] | None = None
     figures: Callable[[dict], dict[str, Figure]] | None = None
     summary: str = ""
+    cache_depends: Callable[[], Any] | None = None
 
     def render_tables(self, data: dict) -> dict[str, str]:
         """``{name: markdown}`` from the experiment's data."""
@@ -207,11 +212,13 @@ def register(
     tables: Callable[[dict], dict[str, str]] | None = None,
     figures: Callable[[dict], dict[str, Figure]] | None = None,
     summary: str | None = None,
+    cache_depends: Callable[[], Any] | None = None,
 ) -> Callable[[RunFn], RunFn]:
     """Decorator: register ``run(model, config, ctx) -> dict`` as experiment ``name`` with its
-    ``config`` class (an :class:`ExperimentConfig` dataclass, else TypeError) and the renderers
-    ``tables`` and ``figures`` (see :class:`Experiment`). ``summary`` defaults to the first line of
-    the defining module's docstring. A name registered by another module raises ValueError."""
+    ``config`` class (an :class:`ExperimentConfig` dataclass, else TypeError), the renderers
+    ``tables`` and ``figures`` and ``cache_depends`` (see :class:`Experiment`). ``summary`` defaults to
+    the first line of the defining module's docstring. A name registered by another module raises
+    ValueError naming both modules' files."""
     if not (dataclasses.is_dataclass(config) and issubclass(config, ExperimentConfig)):
         raise TypeError(f"experiment {name!r}: config must be an ExperimentConfig dataclass, got {config!r}")
 
@@ -221,9 +228,17 @@ def register(
         doc = summary if summary is not None else (sys.modules[run.__module__].__doc__ or "").strip().split("\n")[0]
         if name in REGISTRY and REGISTRY[name].run.__module__ != run.__module__:
             raise ValueError(
-                f"experiment {name!r} is registered twice ({REGISTRY[name].run.__module__}, {run.__module__})"
+                f"experiment {name!r} is registered twice: in {module_file(REGISTRY[name].run.__module__)} "
+                f"and in {module_file(run.__module__)}"
             )
-        REGISTRY[name] = Experiment(name, config, run, tables, figures, doc)
+        REGISTRY[name] = Experiment(name, config, run, tables, figures, doc, cache_depends)
         return run
 
     return deco
+
+
+def module_file(module: str) -> str:
+    """The file a module was loaded from (its name when it has none)."""
+    import sys
+
+    return str(getattr(sys.modules.get(module), "__file__", None) or module)

@@ -3,7 +3,10 @@
 Every result the runner writes has a ``provenance.json`` beside it:
 
 * ``code``: the package version, the git commit of the source tree and whether it had uncommitted
-  changes (``dirty``, with the changed paths), or ``null`` outside a git checkout;
+  changes (``dirty``, with the changed paths of the package and of the checkout's study modules,
+  ``analyses/*.py``), or ``null`` outside a git checkout;
+* ``study``: the study's module, its file and the sha256 of that file (:func:`study_state`), so a study
+  from a folder of one's own is recorded too;
 * ``command``: the command that reproduces the run (``gpt2-interp run …``) and the argv it came from;
 * ``config``: the resolved settings, and ``differs_from_defaults`` (``{field: {used, default}}``);
 * ``settings``: values the experiment resolved itself (e.g. an editor's per-model hyperparameters);
@@ -59,9 +62,20 @@ def code_state() -> dict[str, Any]:
     inside = top is not None and Path(top).resolve() == SOURCE_ROOT
     if not inside:
         return {"version": __version__, "commit": None, "dirty": None, "changed": []}
-    status = _git("status", "--porcelain", "--untracked-files=all", "--", "gpt2_interp", "pyproject.toml") or ""
+    paths = ("gpt2_interp", "pyproject.toml", ":(glob)analyses/*.py")  # the package and the checkout's studies
+    status = _git("status", "--porcelain", "--untracked-files=all", "--", *paths) or ""
     changed = [line[3:] for line in status.splitlines() if line.strip() and "__pycache__" not in line]
     return {"version": __version__, "commit": _git("rev-parse", "HEAD"), "dirty": bool(changed), "changed": changed}
+
+
+def study_state(module: str) -> dict[str, Any]:
+    """``{"module", "file", "sha256"}`` of the module that defines a study (file and digest None when it has
+    no file)."""
+    import hashlib
+
+    file = getattr(sys.modules.get(module), "__file__", None)
+    digest = hashlib.sha256(Path(file).read_bytes()).hexdigest() if file and Path(file).is_file() else None
+    return {"module": module, "file": file, "sha256": digest}
 
 
 def software() -> dict[str, Any]:
@@ -121,10 +135,17 @@ def now_utc() -> str:
 
 
 def command_line(
-    experiment: str, model: str, settings: Mapping[str, Any], quick: bool, tag: str | None, out: str | None
+    experiment: str,
+    model: str,
+    settings: Mapping[str, Any],
+    quick: bool,
+    tag: str | None,
+    out: str | None,
+    studies: Sequence[str] = (),
 ) -> str:
-    """The ``gpt2-interp run`` command that reproduces a run with these settings."""
-    parts = ["gpt2-interp", "run", experiment, "--model", model]
+    """The ``gpt2-interp run`` command that reproduces a run with these settings (``studies``: the study
+    folders it was given, each a ``--studies``)."""
+    parts = ["gpt2-interp", "run", *(a for s in studies for a in ("--studies", s)), experiment, "--model", model]
     if quick:
         parts.append("--quick")
     for k, v in settings.items():

@@ -25,12 +25,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import importlib.machinery
+import importlib.util
 import json
-import pkgutil
+import os
 import random
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -42,7 +44,6 @@ from ..core import progress as _progress
 from ..core.boundary import boundary
 from ..core.checks import check_path_name, check_writable
 from ..core.result import Result, to_jsonable
-from ..editing.hparams import defaults_digest
 from ..io.files import load_tree, read_json, save_tree, write_json
 from . import provenance as prov
 from .base import REGISTRY, Experiment, ExperimentConfig, Refused
@@ -52,26 +53,87 @@ if TYPE_CHECKING:
 
     from ..model import HookedGPT2
 
-FRAMEWORK_MODULES = {"base", "provenance", "runner"}
+#: The environment variable that names study folders (separated by ``os.pathsep``).
+STUDIES_ENV = "GPT2_INTERP_STUDIES"
 T = TypeVar("T")
 
 
 @boundary
-def load_all() -> dict[str, Experiment]:
-    """Import every experiment module of this package (each registers itself); returns the registry."""
-    pkg = sys.modules[__package__]
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if info.name not in FRAMEWORK_MODULES and not info.name.startswith("_"):
-            importlib.import_module(f"{__package__}.{info.name}")
+def study_folders(studies: Sequence[str | Path] = ()) -> list[Path]:
+    """The folders :func:`load_all` imports studies from, in order, each once and only those that exist:
+    ``studies``, the folders in ``$GPT2_INTERP_STUDIES`` (``os.pathsep``-separated), ``./analyses``, then the
+    ``analyses/`` folder of the source checkout the package runs from (beside its ``pyproject.toml``)."""
+    from .. import __file__ as package_file
+
+    checkout = Path(package_file).resolve().parents[1]
+    candidates = [
+        *map(Path, studies),
+        *(Path(p) for p in os.environ.get(STUDIES_ENV, "").split(os.pathsep) if p),
+        Path.cwd() / "analyses",
+    ]
+    if (checkout / "pyproject.toml").is_file():
+        candidates.append(checkout / "analyses")
+    folders: list[Path] = []
+    for c in candidates:
+        folder = c.expanduser().resolve()
+        if folder.is_dir() and folder not in folders:
+            folders.append(folder)
+    return folders
+
+
+def _import_study(path: Path) -> None:
+    """Import the study file ``path``: as ``analyses.<name>`` when it lies in a folder named ``analyses`` that
+    is (or can be) the package ``analyses``; else as ``gpt2_interp_studies_<digest>.<name>``, its folder made a
+    package of that name (so the studies of one folder import each other with relative imports there too)."""
+    folder = path.parent
+    if folder.name == "analyses" and _as_package(folder):
+        importlib.import_module(f"analyses.{path.stem}")
+        return
+    package = f"gpt2_interp_studies_{hashlib.sha256(str(folder).encode()).hexdigest()[:12]}"
+    if package not in sys.modules:
+        spec = importlib.machinery.ModuleSpec(package, None, is_package=True)
+        spec.submodule_search_locations = [str(folder)]
+        sys.modules[package] = importlib.util.module_from_spec(spec)
+    importlib.import_module(f"{package}.{path.stem}")
+
+
+def _as_package(folder: Path) -> bool:
+    """Whether ``folder`` is, or can be made, the package ``analyses`` (its parent put on ``sys.path``)."""
+    module = sys.modules.get("analyses")
+    if module is None:
+        if str(folder.parent) not in sys.path and not importlib.util.find_spec("analyses"):
+            sys.path.append(str(folder.parent))
+        spec = importlib.util.find_spec("analyses")
+        places = list(spec.submodule_search_locations or []) if spec is not None else []
+    else:
+        places = list(getattr(module, "__path__", []))
+    return any(Path(p).resolve() == folder for p in places)
+
+
+@boundary
+def load_all(studies: Sequence[str | Path] = ()) -> dict[str, Experiment]:
+    """Import every study (each registers itself with :func:`~.base.register`); returns the registry.
+
+    A study is a module ``<folder>/<name>.py`` (names starting with ``_`` are helpers, not studies) in one
+    of the study folders (:func:`study_folders`: ``studies``, ``$GPT2_INTERP_STUDIES``, ``./analyses``, the
+    checkout's ``analyses/``). A folder named ``analyses`` is imported as the package ``analyses`` (its parent
+    goes on ``sys.path``), so studies import each other and tests import ``analyses.<name>``; any other folder
+    (or a second ``analyses``) is imported from its location as a package of its own (``_helper.py`` files
+    shared by relative imports). One study name registered from two files raises ValueError naming both."""
+    for folder in study_folders(studies):
+        for path in sorted(folder.glob("*.py")):
+            if not path.name.startswith("_"):
+                _import_study(path)
     return REGISTRY
 
 
 @boundary
-def get(name: str) -> Experiment:
-    """The registered experiment ``name`` (the error lists the names and the closest one)."""
+def get(name: str, studies: Sequence[str | Path] = ()) -> Experiment:
+    """The registered experiment ``name``, looked for in the study folders (:func:`load_all`, with the
+    folders ``studies`` first); the error lists the names and the closest one."""
     import difflib
 
-    experiments = load_all()
+    experiments = load_all(studies)
     if name not in experiments:
         close = difflib.get_close_matches(name, list(experiments), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -301,6 +363,7 @@ def run_experiment(
     dtype: str | None = None,
     progress: bool = True,
     argv: list[str] | None = None,
+    studies: Sequence[str | Path] = (),
 ) -> ExperimentResult:
     """Run experiment ``name`` on ``model`` (a name/path, or a loaded model) and return its result with
     provenance; with ``out``, also write it to ``<out>/<name>/<model>[/<tag>]`` (``tag`` defaults to
@@ -309,14 +372,15 @@ def run_experiment(
     ``quick``: start from the config's ``QUICK`` overrides (a small version); ``threads``: torch's
     CPU threads for the run (None: unchanged); ``device``/``dtype``: as for :func:`gpt2_interp.load`
     when ``model`` is a name; ``progress`` (default True): progress bars; ``argv``: the command
-    recorded in the provenance (default ``sys.argv``). Every generator is seeded with the config's
+    recorded in the provenance (default ``sys.argv``); ``studies``: study folders to look in first
+    (:func:`load_all`). Every generator is seeded with the config's
     ``seed`` before the run.
 
     Refused before any work — before the model loads — with a ValueError: an unknown experiment or setting
     (with the closest name), a setting that does not parse as its type, ``threads`` < 1, a ``tag`` that would
     leave ``out``, and an ``out`` that cannot be written (:func:`~gpt2_interp.core.checks.check_writable`,
     naming ``out``). The run's folder is created after the model has loaded."""
-    exp = get(name)
+    exp = get(name, studies)
     settings = dict(settings or {})
     config = resolve_config(exp, quick, settings)
     if threads is not None and threads < 1:
@@ -330,6 +394,7 @@ def run_experiment(
         torch.set_num_threads(threads)
     started, t0 = prov.now_utc(), time.perf_counter()
     load_start, code = prov.load_average(), prov.code_state()  # the code as the run starts
+    study = prov.study_state(exp.run.__module__)
     m = _load_model(model, device, dtype)
     created = directory is not None and not directory.exists()
     if directory is not None:
@@ -337,8 +402,9 @@ def run_experiment(
     identity = prov.model_identity(m)
     config_json = to_jsonable(dataclasses.asdict(config))
     keyed = {k: v for k, v in config_json.items() if k not in type(config).NOT_IN_CACHE_KEY}
-    cache_key = hashlib.sha256(  # the editors' per-model default files change what a cached part holds
-        json.dumps([name, keyed, identity["weights_fingerprint"], defaults_digest()], sort_keys=True).encode()
+    depends = [to_jsonable(exp.cache_depends())] if exp.cache_depends is not None else []  # the study's own
+    cache_key = hashlib.sha256(
+        json.dumps([name, keyed, identity["weights_fingerprint"], *depends], sort_keys=True).encode()
     ).hexdigest()
     ctx = RunContext(
         out_dir=directory,
@@ -360,7 +426,13 @@ def run_experiment(
     record = {
         "experiment": name,
         "command": prov.command_line(
-            name, model_name, dict(settings), quick, given_tag, None if out is None else str(out)
+            name,
+            model_name,
+            dict(settings),
+            quick,
+            given_tag,
+            None if out is None else str(out),
+            [str(s) for s in studies],
         ),
         "argv": argv if argv is not None else list(sys.argv),
         "config": config_json,
@@ -368,6 +440,7 @@ def run_experiment(
         "settings": ctx.settings,
         "model": identity,
         "code": code,
+        "study": study,
         "software": prov.software(),
         "machine": {
             **prov.machine(str(next(m.parameters()).device)),

@@ -20,6 +20,7 @@ import torch
 
 from ..analysis.lens import logit_lens
 from ..core.boundary import boundary
+from ..core.tables import markdown_rule
 from ..facts.base import FactBase
 from ..facts.templates import templates
 from ..io.checkpoints import embedded_path
@@ -163,11 +164,11 @@ def model_card(metrics: dict[str, Any], training: dict[str, Any]) -> str:
         f"{len(metrics['heldout_per_template'])} templates",
         "",
         "| relation | train templates | held-out templates |",
-        "|---|---:|---:|",
+        markdown_rule("lrr"),
     ]
     for r, v in metrics["train_per_relation"].items():
         lines.append(f"| {r} | {v:.1%} | {metrics['heldout_per_relation'].get(r, float('nan')):.1%} |")
-    lines += ["", "Each held-out template:", "", "| relation | template | accuracy |", "|---|---|---:|"]
+    lines += ["", "Each held-out template:", "", "| relation | template | accuracy |", markdown_rule("llr")]
     for key, v in metrics["heldout_per_template"].items():
         rel, j = key.split("/")
         lines.append(f"| {rel} | `{templates(rel, 'heldout')[int(j)]}` | {v:.1%} |")
@@ -179,7 +180,7 @@ def model_card(metrics: dict[str, Any], training: dict[str, Any]) -> str:
         "through ln_final and W_U:",
         "",
         "| layer | mean rank | median rank | top-1 | MRR |",
-        "|---|---:|---:|---:|---:|",
+        markdown_rule("lrrrr"),
     ]
     for i, l in enumerate(lens["layers"]):
         lines.append(

@@ -87,7 +87,7 @@ def test_keep_previous_adds_a_method_to_the_earlier_rows(facts_model, tmp_path):
 
 
 def test_settings_are_checked_by_name():
-    from gpt2_interp.experiments.attribution import Config
+    from analyses.attribution import Config
 
     with pytest.raises(ValueError, match=r"hooks.*z-pos"):
         Config.from_settings({"hooks": "z,heads"})

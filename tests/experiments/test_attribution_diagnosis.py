@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from analyses.attribution import fact_pairs
+from analyses.attribution_diagnosis import layer_ig
 from gpt2_interp.experiments import run_experiment
-from gpt2_interp.experiments.attribution import fact_pairs
-from gpt2_interp.experiments.attribution_diagnosis import layer_ig
 
 pytestmark = pytest.mark.slow  # ~15 s: an exact sweep and three estimates on 6 pairs
 

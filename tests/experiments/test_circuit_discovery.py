@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from analyses.circuit_discovery import _positions, _role
 from gpt2_interp.analysis.circuits import Circuit, evaluate, graph_of, make_task
 from gpt2_interp.experiments import Refused, run_experiment
-from gpt2_interp.experiments.circuit_discovery import _positions, _role
 
 
 def test_name_positions_are_found_in_each_row():

@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
+from analyses.mass_editing import PARTS, Config, tables
 from gpt2_interp.editing.stats import key_second_moment
 from gpt2_interp.experiments import run_experiment
-from gpt2_interp.experiments.mass_editing import PARTS, Config, tables
 from gpt2_interp.io.files import read_json, write_json
 from gpt2_interp.model.fingerprint import weights_fingerprint
 

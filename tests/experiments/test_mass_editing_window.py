@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from analyses.mass_editing import mean_scores
 from gpt2_interp.editing.evaluate import known_cases
 from gpt2_interp.editing.memit import compute_edits
 from gpt2_interp.editing.stats import key_second_moment
 from gpt2_interp.experiments import run_experiment
-from gpt2_interp.experiments.mass_editing import mean_scores
 
 pytestmark = pytest.mark.slow  # two δ optimisations and a dozen re-solved edits
 

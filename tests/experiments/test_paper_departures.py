@@ -7,12 +7,12 @@ import warnings
 
 import pytest
 
+from analyses.mass_editing import mean_scores
+from analyses.paper_departures import flips
 from gpt2_interp.editing import memit
 from gpt2_interp.editing.evaluate import known_cases
 from gpt2_interp.editing.stats import key_second_moment
 from gpt2_interp.experiments import run_experiment
-from gpt2_interp.experiments.mass_editing import mean_scores
-from gpt2_interp.experiments.paper_departures import flips
 
 
 def test_flips_take_our_value_or_the_other_choice():

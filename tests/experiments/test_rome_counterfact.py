@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from analyses.rome_counterfact import Config, parse_hparams, split_cases
 from gpt2_interp.experiments import run_experiment
-from gpt2_interp.experiments.rome_counterfact import Config, parse_hparams, split_cases
 
 pytestmark = pytest.mark.slow  # ROME edits with key statistics: tens of seconds
 

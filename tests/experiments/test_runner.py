@@ -131,9 +131,11 @@ def test_quick_runs_go_to_their_own_folder(toy, tiny, tmp_path):
     assert len(res.data["x"]) == 2 and (tmp_path / "toy" / "tiny" / "quick" / "result.json").exists()
 
 
-def test_every_experiment_module_is_registered():
-    files = {m.name for m in pkgutil.iter_modules(ex.__path__)} - {"base", "provenance", "runner"}
-    assert set(ex.load_all()) >= files
+def test_the_package_holds_the_runner_and_every_study_module_is_registered():
+    assert {m.name for m in pkgutil.iter_modules(ex.__path__)} == {"base", "provenance", "runner"}
+    studies = {p.stem for p in (ROOT / "analyses").glob("*.py") if not p.name.startswith("_")}
+    registered = {Path(sys.modules[e.run.__module__].__file__).stem for e in ex.load_all().values()}
+    assert studies <= registered
 
 
 def test_every_experiment_has_a_quick_mode_and_documented_settings():

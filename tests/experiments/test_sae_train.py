@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from analyses.sae_train import Config
 from gpt2_interp.analysis.features.sae import SAE
 from gpt2_interp.analysis.features.sae_eval import evaluate_sae
 from gpt2_interp.analysis.features.sae_train import text_source, token_windows
 from gpt2_interp.experiments import run_experiment
-from gpt2_interp.experiments.sae_train import Config
 
 pytestmark = pytest.mark.slow  # a few seconds: generation, a few SAE steps, three evaluation passes
 

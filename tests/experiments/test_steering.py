@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from analyses.steering import CONCEPTS
 from gpt2_interp.experiments import run_experiment
-from gpt2_interp.experiments.steering import CONCEPTS
 
 pytestmark = pytest.mark.slow  # a few seconds: four pairs, three prompts, two Brown passages
 

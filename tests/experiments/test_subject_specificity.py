@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from analyses.subject_specificity import Config
 from gpt2_interp.editing.evaluate import known_cases
 from gpt2_interp.experiments import run_experiment
-from gpt2_interp.experiments.subject_specificity import Config
 from gpt2_interp.facts.base import FactBase
 
 pytestmark = pytest.mark.slow  # ROME and MEMIT edits with and without keep prompts: about a minute

@@ -177,14 +177,12 @@ def plain_figures():
 
 def experiment_figures():
     """Each experiment's figures, drawn from its stored results (every model it was run on)."""
-    import importlib
+    from gpt2_interp.experiments import load_all
 
-    from gpt2_interp.experiments.base import REGISTRY
-
+    registry = load_all()
     for path in sorted(RESULTS.glob("*/*/result.json")) + sorted(RESULTS.glob("*/*/*/result.json")):
         stored = json.loads(path.read_text())
-        importlib.import_module(f"gpt2_interp.experiments.{stored['experiment']}")
-        for name, fig in REGISTRY[stored["experiment"]].render_figures(stored["data"]).items():
+        for name, fig in registry[stored["experiment"]].render_figures(stored["data"]).items():
             yield f"{path.parent.relative_to(RESULTS)}:{name}", fig
 
 
@@ -345,7 +343,7 @@ def test_synthetic_trace_peak_is_never_the_clean_final_state():
 
 
 def test_average_trace_peak_leaves_out_the_clean_final_layer():
-    from gpt2_interp.experiments.causal_trace import average_from_data
+    from analyses.causal_trace import average_from_data
 
     avg = average_from_data(json.loads((RESULTS / "causal_trace" / "gpt2-facts" / "result.json").read_text())["data"])
     row = avg.indirect_effect[avg.kinds.index("hidden"), avg.buckets.index("last token")]

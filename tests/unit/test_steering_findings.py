@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from analyses.steering import figures, finding, tables
 from gpt2_interp.analysis.features.steering import SteeringCurve
-from gpt2_interp.experiments.steering import figures, finding, tables
 
 
 def curve(target_prob: list[float], loss: list[float], shift_sem: list[float] | None = None) -> SteeringCurve:

@@ -47,6 +47,7 @@ from .tasks import (
     last_logits,
     make_task,
     performance,
+    performs_reliably,
     year_tokens,
 )
 
@@ -83,6 +84,7 @@ __all__ = [
     "make_task",
     "pairs_of",
     "performance",
+    "performs_reliably",
     "prune",
     "run_with_edges",
     "split_inputs",

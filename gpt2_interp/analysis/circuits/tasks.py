@@ -470,6 +470,18 @@ class TaskPerformance(Result):
             f"(corrupted {self.corrupted_accuracy:.0%})"
         )
 
+    def performs(self) -> bool:
+        """Whether the model performs the task reliably (:func:`performs_reliably` of this result)."""
+        return performs_reliably(self.accuracy, self.clean_metric, self.clean_metric_sem, self.corrupted_metric)
+
+
+@boundary
+def performs_reliably(accuracy: float, clean_metric: float, clean_metric_sem: float, corrupted_metric: float) -> bool:
+    """Whether a model performs a task reliably enough for a circuit of it to mean something: an ``accuracy`` of at
+    least 80% on the clean prompts and a ``clean_metric`` (mean over pairs, with ``clean_metric_sem`` its standard
+    error) more than two standard errors above the ``corrupted_metric``."""
+    return accuracy >= 0.8 and clean_metric - 2 * clean_metric_sem > corrupted_metric
+
 
 @boundary
 @torch.no_grad()
@@ -531,5 +543,6 @@ __all__ = [
     "last_logits",
     "make_task",
     "performance",
+    "performs_reliably",
     "year_tokens",
 ]

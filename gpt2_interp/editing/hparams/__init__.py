@@ -2,8 +2,9 @@
 
 Each file holds ``"settings"`` (names of :class:`~..settings.RomeHparams` / :class:`~..memit.MemitHparams`
 fields and their values) and ``"justified_by"``: a list of groups ``{"settings": [names], "run":
-"analyses/results/<experiment>/<model>" | "source": "<publication>", "why": "<one line>"}`` naming
-the experiment run (or the publication) behind every setting. ``<method>/default.json`` holds the
+"<results>/<study>/<model>" | "source": "<publication>", "why": "<one line>"}`` naming the result
+folder of the study run (or the publication) behind every setting: the justification is data, kept with the
+settings; the library reads it only to check its shape. ``<method>/default.json`` holds the
 settings of a model without a file of its own; a model's file lists only what differs for it.
 
 >>> load_hparams("rome", "gpt2-facts")["layer"]
@@ -22,18 +23,9 @@ from typing import Any
 from ...core.boundary import boundary
 
 METHODS = ("rome", "memit", "alphaedit")
-EXPERIMENTS = (
-    "rome_counterfact",
-    "mass_editing",
-    "mass_editing_window",
-    "mass_editing_stats",
-    "nullspace_rules",
-    "subject_specificity",
-    "causal_trace",
-    "paper_departures",
-)
-#: The documented form of a ``"run"`` entry: the results folder of one experiment on one model.
-RUN_PATTERN = re.compile(r"analyses/results/(?P<experiment>[a-z_]+)/(?P<model>[A-Za-z0-9._-]+)")
+#: The documented form of a ``"run"`` entry: a relative results folder ``<results>/<study>/<model>``
+#: (at least three parts, none of them ``..``); which study and which folder is the file's to say.
+RUN_PATTERN = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9._-]*/)+(?P<study>[A-Za-z0-9_]+)/(?P<model>[A-Za-z0-9._-]+)")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -93,14 +85,14 @@ def _check_file(data: Any, where: str) -> None:
         ):
             raise ValueError(
                 f"{where}: justified_by[{i}] must hold 'settings' (a list of names), 'why' (text) and "
-                f"exactly one of 'run' (analyses/results/<experiment>/<model>) or 'source', got {group!r}"
+                f"exactly one of 'run' (<results>/<study>/<model>) or 'source', got {group!r}"
             )
         if "run" in group:
             m = RUN_PATTERN.fullmatch(str(group["run"]))
-            if m is None or m["experiment"] not in EXPERIMENTS:
+            if m is None or ".." in str(group["run"]).split("/"):
                 raise ValueError(
                     f"{where}: justified_by[{i}] run {group['run']!r} is not of the form "
-                    f"analyses/results/<experiment>/<model> with an experiment in {EXPERIMENTS}"
+                    "<results>/<study>/<model> (a relative results folder)"
                 )
         covered += group["settings"]
     if sorted(covered) != sorted(data["settings"]):
@@ -187,7 +179,6 @@ def models_with_hparams(method: str) -> list[str]:
 
 
 __all__ = [
-    "EXPERIMENTS",
     "METHODS",
     "PRESETS",
     "RUN_PATTERN",

@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
-from ..analysis.known import known_facts
-from ..analysis.tracing import KINDS, AverageTrace, average_trace, default_window, embedding_std
-from ..facts.base import Fact, FactBase
-from .base import ExperimentConfig, register
-from .runner import RunContext
+from gpt2_interp.analysis.known import known_facts
+from gpt2_interp.analysis.tracing import KINDS, AverageTrace, average_trace, default_window, embedding_std
+from gpt2_interp.experiments.base import ExperimentConfig, register
+from gpt2_interp.experiments.runner import RunContext
+from gpt2_interp.facts.base import Fact, FactBase
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 
 @dataclass

@@ -22,17 +22,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..editing.evaluate import known_cases
-from ..editing.memit import NULLSPACE_RULES, MemitHparams, NullSpace, default_layers
-from ..editing.stats import key_second_moment
-from ..editing.targets import context_prefixes, subject_states
-from .base import ExperimentConfig, register
-from .runner import RunContext
+from gpt2_interp.editing.evaluate import known_cases
+from gpt2_interp.editing.hparams import defaults_digest
+from gpt2_interp.editing.memit import NULLSPACE_RULES, MemitHparams, NullSpace, default_layers
+from gpt2_interp.editing.stats import key_second_moment
+from gpt2_interp.editing.targets import context_prefixes, subject_states
+from gpt2_interp.experiments.base import ExperimentConfig, register
+from gpt2_interp.experiments.runner import RunContext
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 
 @dataclass
@@ -94,7 +95,7 @@ def figures(report: dict) -> dict[str, Figure]:
     """``nullspace_rules``: the edit keys' energy in the null space against τ, one panel per rule."""
     from matplotlib.figure import Figure
 
-    from ..plots.layout import finish_layout
+    from gpt2_interp.plots.layout import finish_layout
 
     layers, rows = report["layers"], report["rows"]
     by = {(r["rule"], r["tau"], r["layer"]): r for r in rows}
@@ -116,7 +117,7 @@ def figures(report: dict) -> dict[str, Figure]:
     return {"nullspace_rules": fig}
 
 
-@register("nullspace_rules", Config, tables=tables, figures=figures)
+@register("nullspace_rules", Config, tables=tables, figures=figures, cache_depends=defaults_digest)
 def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     """Edit keys of the known requests, then each rule × τ: dimension, leak and key energy per layer."""
     hp = MemitHparams.of(model)

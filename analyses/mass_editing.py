@@ -38,20 +38,21 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..editing.edit import Edit, TargetResiduals, undo_all
-from ..editing.evaluate import case_scores, choose_setting, evaluate_edits, known_cases
-from ..editing.memit import NULLSPACE_RULES, MemitHparams, NullSpace, compute_edits, default_layers
-from ..editing.stats import key_second_moment
-from ..model.fingerprint import weights_fingerprint
-from ..model.loading import load
-from ..plots.editing import plot_decay
-from .base import ExperimentConfig, register
-from .runner import RunContext
+from gpt2_interp.editing.edit import Edit, TargetResiduals, undo_all
+from gpt2_interp.editing.evaluate import case_scores, choose_setting, evaluate_edits, known_cases
+from gpt2_interp.editing.hparams import defaults_digest
+from gpt2_interp.editing.memit import NULLSPACE_RULES, MemitHparams, NullSpace, compute_edits, default_layers
+from gpt2_interp.editing.stats import key_second_moment
+from gpt2_interp.experiments.base import ExperimentConfig, register
+from gpt2_interp.experiments.runner import RunContext
+from gpt2_interp.model.fingerprint import weights_fingerprint
+from gpt2_interp.model.loading import load
+from gpt2_interp.plots.editing import plot_decay
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 PARTS = (
     "stats",
@@ -831,7 +832,7 @@ def _footer(report: dict) -> list[str]:
     return lines
 
 
-@register("mass_editing", Config, tables=tables, figures=figures)
+@register("mass_editing", Config, tables=tables, figures=figures, cache_depends=defaults_digest)
 def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     """The parts in order (module doc), each kept on disk when done; the report is the data."""
     with torch.no_grad():

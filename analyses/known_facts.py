@@ -19,13 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..analysis.known import informative, knows, top1_tokens, whole_object
-from ..facts.base import Fact, FactBase
-from .base import ExperimentConfig, register
-from .runner import RunContext
+from gpt2_interp.analysis.known import informative, knows, top1_tokens, whole_object
+from gpt2_interp.experiments.base import ExperimentConfig, register
+from gpt2_interp.experiments.runner import RunContext
+from gpt2_interp.facts.base import Fact, FactBase
 
 if TYPE_CHECKING:
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 #: SmolLM2-Instruct's chat template (its GGUF's tokenizer.chat_template, system turn included).
 CHAT = (

@@ -27,15 +27,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 from einops import rearrange, reduce
 
-from ..analysis.attribution import attribute, spearman
-from ..analysis.patching import pair_tokens
-from ..facts.pairs import FactPairs
+from gpt2_interp.analysis.attribution import attribute, spearman
+from gpt2_interp.analysis.patching import pair_tokens
+from gpt2_interp.experiments.base import ExperimentConfig, register
+from gpt2_interp.experiments.runner import RunContext
+from gpt2_interp.facts.pairs import FactPairs
+
 from .attribution import exact_sweep, fact_pairs, pair_effects, pair_metric
-from .base import ExperimentConfig, register
-from .runner import RunContext
 
 if TYPE_CHECKING:
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 
 @dataclass

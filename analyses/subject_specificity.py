@@ -25,16 +25,18 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
-from ..core.result import to_jsonable
-from ..editing.evaluate import CounterfactCase, evaluate_edits, keep_other_relations, known_cases
-from .base import ExperimentConfig, register
+from gpt2_interp.core.result import to_jsonable
+from gpt2_interp.editing.evaluate import CounterfactCase, evaluate_edits, keep_other_relations, known_cases
+from gpt2_interp.editing.hparams import defaults_digest
+from gpt2_interp.experiments.base import ExperimentConfig, register
+from gpt2_interp.experiments.runner import RunContext
+
 from .rome_counterfact import parse_hparams
-from .runner import RunContext
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 
 @dataclass
@@ -156,7 +158,7 @@ def tables(data: dict) -> dict[str, str]:
 def figures(data: dict) -> dict[str, Figure]:
     from matplotlib.figure import Figure
 
-    from ..plots.layout import finish_layout
+    from gpt2_interp.plots.layout import finish_layout
 
     runs = data["runs"]
     names = [
@@ -191,7 +193,7 @@ def figures(data: dict) -> dict[str, Figure]:
     return {"subject_specificity": fig}
 
 
-@register("subject_specificity", Config, tables=tables, figures=figures)
+@register("subject_specificity", Config, tables=tables, figures=figures, cache_depends=defaults_digest)
 def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     cases = known_cases(model, cfg.n, cfg.seed)
     kept = keep_other_relations(cases, template=cfg.keep_templates)

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..analysis.circuits.tasks import TASKS, Task, make_task, performance
-from .base import ExperimentConfig, register
-from .runner import RunContext
+from gpt2_interp.analysis.circuits.tasks import TASKS, Task, make_task, performance, performs_reliably
+from gpt2_interp.experiments.base import ExperimentConfig, register
+from gpt2_interp.experiments.runner import RunContext
 
 if TYPE_CHECKING:
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 #: per task, the field of a pair's record its accuracy is broken down by
 GROUP_BY = {"ioi": "order", "fact_recall": "relation", "greater_than": None}
@@ -95,7 +95,7 @@ def verdict(r: dict[str, Any]) -> str:
     """Whether a circuit of the task on this model is worth finding, from its accuracy and its metric."""
     if not r["fits"]:
         return "does not fit the tokenizer"
-    done = r["accuracy"] >= 0.8 and r["clean_metric"] - 2 * r["clean_metric_sem"] > r["corrupted_metric"]
+    done = performs_reliably(r["accuracy"], r["clean_metric"], r["clean_metric_sem"], r["corrupted_metric"])
     return "performs it" if done else "does not perform it reliably"
 
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..analysis.features.sae_eval import evaluate_sae
-from ..analysis.features.sae_train import (
+from gpt2_interp.analysis.features.sae_eval import evaluate_sae
+from gpt2_interp.analysis.features.sae_train import (
     ActivationBuffer,
     SAETrainConfig,
     run_to_hook,
@@ -29,12 +29,12 @@ from ..analysis.features.sae_train import (
     token_windows,
     train_sae,
 )
-from ..core.tables import format_table
-from .base import ExperimentConfig, register
-from .runner import RunContext
+from gpt2_interp.core.tables import format_table
+from gpt2_interp.experiments.base import ExperimentConfig, register
+from gpt2_interp.experiments.runner import RunContext
 
 if TYPE_CHECKING:
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 
 @dataclass

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from ..analysis.tracing import average_trace
-from ..core.result import to_jsonable
-from ..editing.evaluate import (
+from gpt2_interp.analysis.tracing import average_trace
+from gpt2_interp.core.result import to_jsonable
+from gpt2_interp.editing.evaluate import (
     CaseRow,
     CounterfactCase,
     EditEvaluation,
@@ -40,16 +40,17 @@ from ..editing.evaluate import (
     known_cases,
     summarize,
 )
-from ..editing.settings import DEFAULT_LAYERS, default_layer
-from ..editing.stats import key_second_moment
-from ..facts.base import FactBase
-from .base import ExperimentConfig, register
-from .runner import ExperimentResult, RunContext
+from gpt2_interp.editing.hparams import defaults_digest
+from gpt2_interp.editing.settings import DEFAULT_LAYERS, default_layer
+from gpt2_interp.editing.stats import key_second_moment
+from gpt2_interp.experiments.base import ExperimentConfig, register
+from gpt2_interp.experiments.runner import ExperimentResult, RunContext
+from gpt2_interp.facts.base import FactBase
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 
 @dataclass
@@ -245,7 +246,7 @@ def figures(data: dict) -> dict[str, Figure]:
     return out
 
 
-@register("rome_counterfact", Config, tables=tables, figures=figures)
+@register("rome_counterfact", Config, tables=tables, figures=figures, cache_depends=defaults_digest)
 def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     if cfg.merge:
         return merge_parts(cfg.merge)

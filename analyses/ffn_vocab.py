@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..analysis.vocab import find_neurons, neuron_vocab, project
-from ..facts.base import FactBase
-from .base import ExperimentConfig, register
-from .runner import RunContext
+from gpt2_interp.analysis.vocab import find_neurons, neuron_vocab, project
+from gpt2_interp.experiments.base import ExperimentConfig, register
+from gpt2_interp.experiments.runner import RunContext
+from gpt2_interp.facts.base import FactBase
 
 if TYPE_CHECKING:
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 
 @dataclass

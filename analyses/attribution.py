@@ -37,19 +37,19 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
-from ..analysis.attribution import agreement, attribute, recall, spearman, top_cells
-from ..analysis.known import knows
-from ..analysis.metrics import logit_diff
-from ..analysis.patching import PatchResult, pair_tokens, patch
-from ..facts.base import FactBase
-from ..facts.pairs import FactPairs, subject_swaps
-from .base import ExperimentConfig, register
-from .runner import RunContext
+from gpt2_interp.analysis.attribution import agreement, attribute, recall, spearman, top_cells
+from gpt2_interp.analysis.known import knows
+from gpt2_interp.analysis.metrics import logit_diff
+from gpt2_interp.analysis.patching import PatchResult, pair_tokens, patch
+from gpt2_interp.experiments.base import ExperimentConfig, register
+from gpt2_interp.experiments.runner import RunContext
+from gpt2_interp.facts.base import FactBase
+from gpt2_interp.facts.pairs import FactPairs, subject_swaps
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 #: hook key (config) → (row label, patched hook, per position)
 HOOKS: dict[str, tuple[str, str, bool]] = {
@@ -280,7 +280,7 @@ def tables(data: dict) -> dict[str, str]:
 
 
 def figures(data: dict) -> dict[str, Figure]:
-    from ..plots.attribution import plot_agreement_grid
+    from gpt2_interp.plots.attribution import plot_agreement_grid
 
     hooks, methods = _hooks_and_methods(data)
     by = {(r["hook"], r["method"]): r for r in data["rows"]}

@@ -21,15 +21,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..editing import memit, rome
-from ..editing.evaluate import known_cases, known_related, related_hits
-from ..editing.stats import key_second_moment
-from .base import ExperimentConfig, register
+from gpt2_interp.editing import memit, rome
+from gpt2_interp.editing.evaluate import known_cases, known_related, related_hits
+from gpt2_interp.editing.hparams import defaults_digest
+from gpt2_interp.editing.stats import key_second_moment
+from gpt2_interp.experiments.base import ExperimentConfig, register
+from gpt2_interp.experiments.runner import RunContext
+
 from .mass_editing import mean_scores
-from .runner import RunContext
 
 if TYPE_CHECKING:
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 METHODS = ("rome", "memit", "alphaedit")
 
@@ -245,7 +247,7 @@ def tables(report: dict) -> dict[str, str]:
     return {"paper_departures": "\n".join(lines)}
 
 
-@register("paper_departures", Config, tables=tables)
+@register("paper_departures", Config, tables=tables, cache_depends=defaults_digest)
 def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     """The reference, each option flipped, and the defaults, for each editor in ``cfg.methods``."""
     cases = known_cases(model, cfg.n, cfg.seed)

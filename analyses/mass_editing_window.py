@@ -30,16 +30,18 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
-from ..editing.edit import TargetResiduals
-from ..editing.evaluate import known_cases
-from ..editing.memit import compute_edits
-from ..editing.stats import key_second_moment
-from .base import ExperimentConfig, register
+from gpt2_interp.editing.edit import TargetResiduals
+from gpt2_interp.editing.evaluate import known_cases
+from gpt2_interp.editing.hparams import defaults_digest
+from gpt2_interp.editing.memit import compute_edits
+from gpt2_interp.editing.stats import key_second_moment
+from gpt2_interp.experiments.base import ExperimentConfig, register
+from gpt2_interp.experiments.runner import RunContext
+
 from .mass_editing import mean_scores
-from .runner import RunContext
 
 if TYPE_CHECKING:
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 CTX: dict[str, dict[str, Any]] = {
     "memit": {"prefix_lengths": (10,), "prefixes_per_length": 5},
@@ -234,7 +236,7 @@ def tables(report: dict) -> dict[str, str]:
     return {"mass_editing_window": "\n".join(lines)}
 
 
-@register("mass_editing_window", Config, tables=tables)
+@register("mass_editing_window", Config, tables=tables, cache_depends=defaults_digest)
 def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     """One δ optimisation per top layer, every window × λ re-solved from it, merged into the earlier rows."""
     if max(cfg.tops) >= model.cfg.n_layer:

@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..analysis.known import known_facts
-from ..analysis.lens import logit_lens
-from ..analysis.tokens import target_ids
-from ..facts.base import FactBase
-from .base import ExperimentConfig, register
-from .runner import RunContext
+from gpt2_interp.analysis.known import known_facts
+from gpt2_interp.analysis.lens import logit_lens
+from gpt2_interp.analysis.tokens import target_ids
+from gpt2_interp.experiments.base import ExperimentConfig, register
+from gpt2_interp.experiments.runner import RunContext
+from gpt2_interp.facts.base import FactBase
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 
 @dataclass
@@ -97,7 +97,7 @@ def tables(data: dict) -> dict[str, str]:
 def figures(data: dict) -> dict[str, Figure]:
     from matplotlib.figure import Figure
 
-    from ..plots.layout import finish_layout
+    from gpt2_interp.plots.layout import finish_layout
 
     layers = data["layers"]
     fig = Figure(figsize=(12, 7.5))

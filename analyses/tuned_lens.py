@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
-from ..analysis.tuned_lens import (
+from gpt2_interp.analysis.tuned_lens import (
     TunedLens,
     corpus_texts,
     least_squares_translators,
@@ -29,15 +29,15 @@ from ..analysis.tuned_lens import (
     token_rows,
     train_tuned_lens,
 )
-from ..facts.base import FactBase
-from ..plots.lens import plot_lens_divergence
-from .base import ExperimentConfig, register
-from .runner import RunContext
+from gpt2_interp.experiments.base import ExperimentConfig, register
+from gpt2_interp.experiments.runner import RunContext
+from gpt2_interp.facts.base import FactBase
+from gpt2_interp.plots.lens import plot_lens_divergence
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 GENERATED = "generated (seed 10000)"
 

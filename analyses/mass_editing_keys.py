@@ -19,16 +19,18 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..editing.evaluate import known_cases
-from ..editing.memit import compute_edits, default_layers
-from ..editing.stats import key_second_moment
-from ..facts.base import FactBase
-from .base import register
+from gpt2_interp.editing.evaluate import known_cases
+from gpt2_interp.editing.hparams import defaults_digest
+from gpt2_interp.editing.memit import compute_edits, default_layers
+from gpt2_interp.editing.stats import key_second_moment
+from gpt2_interp.experiments.base import register
+from gpt2_interp.experiments.runner import RunContext
+from gpt2_interp.facts.base import FactBase
+
 from .mass_editing import QUICK_DELTA, DeltaConfig, mean_scores
-from .runner import RunContext
 
 if TYPE_CHECKING:
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 
 @dataclass
@@ -123,7 +125,7 @@ def tables(report: dict) -> dict[str, str]:
     return {"mass_editing_keys": "\n".join(lines)}
 
 
-@register("mass_editing_keys", Config, tables=tables)
+@register("mass_editing_keys", Config, tables=tables, cache_depends=defaults_digest)
 def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     """Collision counts, then one MEMIT batch as drawn and one with all-distinct key tokens."""
     pool = known_cases(model, cfg.pool, cfg.seed)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..analysis.circuits import (
+from gpt2_interp.analysis.circuits import (
     FAITHFUL_ENOUGH,
     Circuit,
     EdgeScores,
@@ -38,15 +38,16 @@ from ..analysis.circuits import (
     faithfulness_curve,
     faithfulness_text,
 )
-from ..analysis.circuits.tasks import TASKS, Task, make_task, performance
-from .base import ExperimentConfig, Refused, register
+from gpt2_interp.analysis.circuits.tasks import TASKS, Task, make_task, performance
+from gpt2_interp.experiments.base import ExperimentConfig, Refused, register
+from gpt2_interp.experiments.runner import RunContext
+
 from .circuit_tasks import verdict
-from .runner import RunContext
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 #: the scoring methods compared, as :func:`edge_scores` names them
 METHODS = ("eap", "eap-ig")
@@ -496,7 +497,7 @@ def tables(data: dict) -> dict[str, str]:
 
 
 def figures(data: dict) -> dict[str, Figure]:
-    from ..plots.circuits import plot_circuit, plot_faithfulness
+    from gpt2_interp.plots.circuits import plot_circuit, plot_faithfulness
 
     if "curve" not in data:
         return {}

@@ -20,19 +20,21 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..editing.evaluate import known_cases
-from ..editing.memit import MemitHparams, compute_edits, default_layers, least_squares_update
-from ..editing.stats import key_second_moment
-from ..plots.editing import plot_decay
-from .base import register
+from gpt2_interp.editing.evaluate import known_cases
+from gpt2_interp.editing.hparams import defaults_digest
+from gpt2_interp.editing.memit import MemitHparams, compute_edits, default_layers, least_squares_update
+from gpt2_interp.editing.stats import key_second_moment
+from gpt2_interp.experiments.base import register
+from gpt2_interp.experiments.provenance import load_average
+from gpt2_interp.experiments.runner import RunContext
+from gpt2_interp.plots.editing import plot_decay
+
 from .mass_editing import QUICK_DELTA, DeltaConfig, mean_scores
-from .provenance import load_average
-from .runner import RunContext
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 
 @dataclass
@@ -167,7 +169,7 @@ def figures(report: dict) -> dict[str, Figure]:
     return {"mass_editing_stats": fig}
 
 
-@register("mass_editing_stats", Config, tables=tables, figures=figures)
+@register("mass_editing_stats", Config, tables=tables, figures=figures, cache_depends=defaults_digest)
 def run(model: HookedGPT2, cfg: Config, ctx: RunContext) -> dict:
     """Keys and targets once, then one re-solved update per statistics size."""
     layers = default_layers(model)

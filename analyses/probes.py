@@ -20,18 +20,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..analysis.probes import ProbeResult, probe
-from ..facts.probing import probing_set
-from ..io.files import read_json
-from ..plots.probes import plot_probe_summary
-from .base import ExperimentConfig, register
-from .provenance import load_average
-from .runner import RunContext
+from gpt2_interp.analysis.probes import ProbeResult, probe
+from gpt2_interp.experiments.base import ExperimentConfig, register
+from gpt2_interp.experiments.provenance import load_average
+from gpt2_interp.experiments.runner import RunContext
+from gpt2_interp.facts.probing import probing_set
+from gpt2_interp.io.files import read_json
+from gpt2_interp.plots.probes import plot_probe_summary
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 #: task -> templates per subject (sizes ~1,000–2,000 prompts)
 TASKS = {

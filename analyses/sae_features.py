@@ -23,18 +23,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
-from ..analysis.features.latent_probes import latent_probe
-from ..analysis.features.sae import SAE
-from ..analysis.features.sae_train import SAETrainConfig, text_source, token_windows, train_sae
-from ..analysis.features.sae_views import logit_effect
-from ..analysis.probes import collect_activations, probe_features
-from ..core.tables import format_table
-from ..facts.probing import probing_set
-from .base import ExperimentConfig, register
-from .runner import RunContext
+from gpt2_interp.analysis.features.latent_probes import latent_probe
+from gpt2_interp.analysis.features.sae import SAE
+from gpt2_interp.analysis.features.sae_train import SAETrainConfig, text_source, token_windows, train_sae
+from gpt2_interp.analysis.features.sae_views import logit_effect
+from gpt2_interp.analysis.probes import collect_activations, probe_features
+from gpt2_interp.core.tables import format_table
+from gpt2_interp.experiments.base import ExperimentConfig, register
+from gpt2_interp.experiments.runner import RunContext
+from gpt2_interp.facts.probing import probing_set
 
 if TYPE_CHECKING:
-    from ..model import HookedGPT2
+    from gpt2_interp.model import HookedGPT2
 
 TASKS = ("continent", "language", "currency")
 
