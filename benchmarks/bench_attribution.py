@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from harness import interleaved
 
 import gpt2_interp as gi
 from gpt2_interp.analysis.attribution import agreement, attribute
@@ -40,17 +40,6 @@ from gpt2_interp.experiments.provenance import standalone, write_beside
 from gpt2_interp.facts.base import FactBase
 from gpt2_interp.facts.pairs import subject_swaps
 from gpt2_interp.model import GPT2Config, HookedGPT2
-
-
-def median_times(fns: dict, repeats: int) -> dict[str, float]:
-    """Median wall time of each function, runs interleaved (so load changes hit all alike)."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -87,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     for fn in fns.values():  # warm-up
         fn()
-    t = median_times(fns, a.repeats)
+    t = interleaved(fns, a.repeats, warmup=False)
     n, P = clean.shape
     rows.append(
         (

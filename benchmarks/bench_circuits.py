@@ -35,7 +35,6 @@ import argparse
 import os
 import platform
 import sys
-import time
 import types
 import warnings
 from collections import Counter
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from harness import timed
 
 import gpt2_interp as gi
 from gpt2_interp.analysis.circuits import Task, edge_patch, edge_scores, fact_recall, graph_of, pairs_of
@@ -245,12 +245,6 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     from scipy.stats import spearmanr
 
     return float(spearmanr(a.double().numpy(), b.double().numpy()).statistic)
-
-
-def timed(fn: Any) -> tuple[float, Any]:
-    t = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t, out
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
+from harness import interleaved, timed
 
 import gpt2_interp as gi
 from gpt2_interp.experiments.provenance import standalone, write_beside
@@ -33,29 +32,6 @@ SIZES = {
     "gpt2-large": dict(n_layer=36, n_embd=1280, n_head=20),
     "gpt2-xl": dict(n_layer=48, n_embd=1600, n_head=25),
 }
-
-
-def median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def interleaved(fns: dict, repeats: int) -> dict[str, float]:
-    """Median time of each function, alternating them so drift affects all alike."""
-    for f in fns.values():
-        f()
-    times = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -110,8 +86,8 @@ def main(argv: list[str] | None = None) -> dict:
         prompt = tokens[:1, :16]
         n = a.gen_tokens
         kw = dict(max_new_tokens=n, stop_at_eos=False, do_sample=False)
-        slow = median_time(lambda: ours.generate(prompt, use_kv_cache=False, **kw), max(1, a.repeats // 5))
-        fast = median_time(lambda: ours.generate(prompt, use_kv_cache=True, **kw), max(1, a.repeats // 5))
+        slow = timed(lambda: ours.generate(prompt, use_kv_cache=False, **kw), max(1, a.repeats // 5), warmup=True)[0]
+        fast = timed(lambda: ours.generate(prompt, use_kv_cache=True, **kw), max(1, a.repeats // 5), warmup=True)[0]
         rows.append(
             (
                 f"greedy {n} tokens: no cache ÷ KV cache",

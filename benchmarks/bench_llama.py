@@ -24,22 +24,10 @@ import warnings
 from pathlib import Path
 
 import torch
+from harness import interleaved
 
 import gpt2_interp as gi
 from gpt2_interp.experiments.provenance import standalone, write_beside
-
-
-def interleaved(fns: dict, repeats: int) -> dict[str, float]:
-    """Median time of each function, alternating them so drift affects all alike."""
-    for f in fns.values():
-        f()
-    times = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def llama_config(

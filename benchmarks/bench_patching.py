@@ -33,13 +33,13 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from harness import timed
 
 import gpt2_interp as gi
 from gpt2_interp.analysis.patching import logit_diff, patch
@@ -53,15 +53,6 @@ TRACES = [  # (label, prompt, subject), 15 tokens + BOS each
     ("subject first", "The Eiffel Tower is located in the heart of the French city of", "Eiffel Tower"),
     ("subject late", "After a long walk along the river we saw the Eiffel Tower in", "Eiffel Tower"),
 ]
-
-
-def timed(fn, repeats: int = 1) -> tuple[float, object]:
-    times, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
 
 
 def matmul_gflops(rows: int, d: int, d_mlp: int, repeats: int = 10) -> float:

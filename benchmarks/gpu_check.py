@@ -280,7 +280,7 @@ def parity(dev: torch.device, quick: bool, budget: Budget) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- 2. throughput
-def timed(fn: Callable[[], Any], dev: torch.device, min_time: float, max_calls: int) -> float:
+def seconds_per_call(fn: Callable[[], Any], dev: torch.device, min_time: float, max_calls: int) -> float:
     """Seconds per call: one warm-up, then calls until ``min_time`` has passed (at least one)."""
     fn()
     sync(dev)
@@ -313,7 +313,7 @@ def fill(
             break
         try:
             fn, units = make(b)
-            s = timed(fn, dev, min_time=0.0 if quick else 0.5, max_calls=1 if quick else 20)
+            s = seconds_per_call(fn, dev, min_time=0.0 if quick else 0.5, max_calls=1 if quick else 20)
         except Exception as e:
             if not is_oom(e):
                 raise
@@ -420,9 +420,9 @@ def measure(
         hf = model.to_transformers().to(dev, dtype).eval()
         x = tokens(best)
         with inf():
-            t_ours = timed(lambda: model(x), dev, 0.0 if quick else 0.5, 1 if quick else 20)
-            t_hf = timed(lambda m=hf: m(x).logits, dev, 0.0 if quick else 0.5, 1 if quick else 20)
-            t_ours2 = timed(lambda: model(x), dev, 0.0 if quick else 0.5, 1 if quick else 20)
+            t_ours = seconds_per_call(lambda: model(x), dev, 0.0 if quick else 0.5, 1 if quick else 20)
+            t_hf = seconds_per_call(lambda m=hf: m(x).logits, dev, 0.0 if quick else 0.5, 1 if quick else 20)
+            t_ours2 = seconds_per_call(lambda: model(x), dev, 0.0 if quick else 0.5, 1 if quick else 20)
         t_ours = min(t_ours, t_ours2)
         impl = getattr(hf.config, "_attn_implementation", None)
         del hf
