@@ -62,6 +62,30 @@ class GPT2Config:
     n_kv_heads: int | None = None
     bias: bool = True
     tied_embeddings: bool = True
+    # --- the options of later families (defaults: GPT-2 / Llama's; see FAMILY_FIELDS and docs/guide) ---
+    head_dim: int | None = None
+    rope_scaling: str = "none"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_ctx: int = 8192
+    rope_local_theta: float | None = None
+    rotary_dim: int | None = None
+    rotary_interleaved: bool = False
+    qkv_bias: bool | None = None
+    attn_out_bias: bool | None = None
+    unembed_bias: bool = False
+    qk_norm: str = "none"
+    norm_position: str = "pre"
+    parallel: str = "none"
+    norm_offset: bool = False
+    embed_scale: bool = False
+    attn_scale: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    sliding_window: int | None = None
+    global_every: int = 0
+    hf_type: str | None = None
 
     # per model, not part of the value: TransformerLens's opt-in hook points (see ModelConfig)
     use_attn_result: ClassVar[bool] = False
@@ -75,26 +99,43 @@ class GPT2Config:
         for field, allowed in (
             ("norm", ("layernorm", "rmsnorm")),
             ("positional", ("learned", "rotary")),
-            ("mlp", ("gelu", "swiglu")),
+            ("mlp", ("gelu", "gelu_erf", "swiglu", "geglu")),
+            ("rope_scaling", ("none", "linear", "llama3")),
+            ("qk_norm", ("none", "head", "full")),
+            ("norm_position", ("pre", "post", "sandwich")),
+            ("parallel", ("none", "two_norms", "one_norm")),
+            ("hf_type", (None, *HF_TYPES)),
         ):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"{field}={getattr(self, field)!r}; accepted: {', '.join(map(repr, allowed))}")
-        for field in ("bias", "tied_embeddings"):
+        for field in ("bias", "tied_embeddings", "rotary_interleaved", "unembed_bias", "norm_offset", "embed_scale"):
             if not isinstance(getattr(self, field), bool):
                 raise TypeError(f"{field} must be True or False, got {getattr(self, field)!r}")
         if not isinstance(self.name, str):
             raise TypeError(f"name must be a string, got {type(self.name).__name__} {self.name!r:.40}")
-        if self.positional == "rotary" and self.d_head % 2:
-            raise ValueError(f"rotary positions need an even d_head, got {self.d_head}")
+        for field in ("qkv_bias", "attn_out_bias"):
+            if getattr(self, field) is not None and not isinstance(getattr(self, field), bool):
+                raise TypeError(f"{field} must be True, False or None (as bias), got {getattr(self, field)!r}")
+        if self.positional == "rotary" and self.rotary_width % 2:
+            raise ValueError(f"rotary positions need an even rotary_dim, got {self.rotary_width}")
+        if self.rotary_width > self.d_head:
+            raise ValueError(f"rotary_dim={self.rotary_dim} is wider than the head (d_head={self.d_head})")
+        if self.parallel != "none" and self.norm_position != "pre":
+            raise ValueError(f"parallel={self.parallel!r} needs norm_position='pre', got {self.norm_position!r}")
 
     def _check_sizes(self) -> None:
         """Sizes are positive ints; n_head divides d_model and n_kv_heads divides n_head."""
         for field in ("n_layer", "d_model", "n_head", "d_mlp", "n_ctx", "d_vocab"):
             object.__setattr__(self, field, check_count(getattr(self, field), field))
-        if self.d_model % self.n_head:
+        if self.d_model % self.n_head and self.head_dim is None:
             raise ValueError(
                 f"n_head={self.n_head} must divide d_model={self.d_model} (d_model must be divisible by n_head)"
             )
+        for field, minimum in (("head_dim", 1), ("rotary_dim", 2), ("sliding_window", 1)):
+            if getattr(self, field) is not None:
+                object.__setattr__(self, field, check_count(getattr(self, field), field, minimum))
+        object.__setattr__(self, "global_every", check_count(self.global_every, "global_every", 0))
+        object.__setattr__(self, "rope_original_ctx", check_count(self.rope_original_ctx, "rope_original_ctx"))
         if self.n_kv_heads is not None:
             object.__setattr__(self, "n_kv_heads", check_count(self.n_kv_heads, "n_kv_heads"))
             if self.n_head % self.n_kv_heads:
@@ -102,8 +143,18 @@ class GPT2Config:
 
     def _check_numbers(self) -> None:
         """The norm epsilon and the rotary base are finite positive numbers."""
-        for field in ("layer_norm_eps", "rope_theta"):
+        optional = ("rope_local_theta", "attn_scale", "attn_softcap", "final_softcap")
+        for field in (
+            "layer_norm_eps",
+            "rope_theta",
+            "rope_factor",
+            "rope_low_freq_factor",
+            "rope_high_freq_factor",
+            *optional,
+        ):
             v = getattr(self, field)
+            if v is None and field in optional:
+                continue
             if isinstance(v, bool) or not isinstance(v, numbers.Real):
                 raise TypeError(f"{field} must be a number, got {type(v).__name__} {v!r:.40}")
             if not math.isfinite(v) or v <= 0:
@@ -112,8 +163,30 @@ class GPT2Config:
 
     @property
     def d_head(self) -> int:
-        """The width of one attention head, ``d_model // n_head``."""
-        return self.d_model // self.n_head
+        """The width of one attention head: ``head_dim``, else ``d_model // n_head``."""
+        return self.head_dim or self.d_model // self.n_head
+
+    @property
+    def rotary_width(self) -> int:
+        """How many dimensions of each query/key head RoPE rotates (``rotary_dim``, else all ``d_head``)."""
+        return self.rotary_dim or self.d_head
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        """Whether the query/key/value projections have biases (``qkv_bias``, else ``bias``)."""
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def has_attn_out_bias(self) -> bool:
+        """Whether the attention output projection has a bias (``attn_out_bias``, else ``bias``)."""
+        return self.bias if self.attn_out_bias is None else self.attn_out_bias
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether block ``layer`` attends within ``sliding_window`` tokens only: every layer when
+        ``global_every`` is 0, else all but every ``global_every``-th (Gemma's local/global alternation)."""
+        if self.sliding_window is None:
+            return False
+        return self.global_every == 0 or (layer + 1) % self.global_every != 0
 
     @property
     def n_kv(self) -> int:
@@ -122,7 +195,13 @@ class GPT2Config:
 
     @property
     def family(self) -> str:
-        """``"gpt2"`` (GPT-2's maths), ``"llama"`` (RMSNorm, RoPE, SwiGLU, no biases) or ``"mixed"``."""
+        """The transformers ``model_type`` of this config: ``hf_type`` when set (``"qwen2"``, ``"gemma2"``…),
+        else ``"gpt2"`` (GPT-2's maths), ``"llama"`` (RMSNorm, RoPE, SwiGLU, no biases) or ``"mixed"``."""
+        if self.hf_type is not None:
+            return self.hf_type
+        plain = {f.name: f.default for f in fields(GPT2Config) if f.name in FAMILY_FIELDS}
+        if any(getattr(self, k) != v for k, v in plain.items()):
+            return "mixed"
         if (self.norm, self.positional, self.mlp, self.bias) == ("layernorm", "learned", "gelu", True):
             return "gpt2" if self.tied_embeddings and self.n_kv == self.n_head else "mixed"
         if (self.norm, self.positional, self.mlp, self.bias) == ("rmsnorm", "rotary", "swiglu", False):
@@ -161,6 +240,10 @@ class GPT2Config:
     # --- Hugging Face config.json -------------------------------------------------
     def to_hf_dict(self) -> dict[str, Any]:
         """A ``config.json`` that ``transformers`` loads as this model (GPT2LMHeadModel or LlamaForCausalLM)."""
+        if self.family not in ("gpt2", "llama"):
+            from .families import to_hf_dict
+
+            return to_hf_dict(self)
         if self.family == "llama":
             return self._to_llama_dict()
         if self.family != "gpt2":
@@ -190,6 +273,8 @@ class GPT2Config:
         }
 
     def _to_llama_dict(self) -> dict[str, Any]:
+        from .families import rope_dict
+
         return {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -204,7 +289,7 @@ class GPT2Config:
             "vocab_size": self.d_vocab,
             "rms_norm_eps": self.layer_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "rope_parameters": rope_dict(self),
             "tie_word_embeddings": self.tied_embeddings,
             "attention_bias": False,
             "mlp_bias": False,
@@ -218,7 +303,12 @@ class GPT2Config:
         and values no model can have (naming our field and the ``config.json`` key it came from)."""
         if not isinstance(hf, dict):
             raise TypeError(f"a config.json must hold a JSON object, got {type(hf).__name__}")
+        from .families import FAMILY_READERS, from_family_dict, refuse_unsupported
+
+        refuse_unsupported(hf)
         try:
+            if hf.get("model_type", "gpt2") in FAMILY_READERS:
+                return from_family_dict(cls, hf, name)
             if hf.get("model_type", "gpt2") == "llama":
                 return cls._from_llama_dict(hf, name)
             return cls._from_gpt2_dict(hf, name)
@@ -232,7 +322,10 @@ class GPT2Config:
     @classmethod
     def _from_gpt2_dict(cls, hf: dict[str, Any], name: str | None) -> GPT2Config:
         if hf.get("model_type", "gpt2") != "gpt2":
-            raise ValueError(f"config.json has model_type={hf.get('model_type')!r}; supported: 'gpt2', 'llama'")
+            raise ValueError(
+                f"config.json has model_type={hf.get('model_type')!r}; supported: 'gpt2', 'llama', "
+                f"{', '.join(map(repr, HF_TYPES))}"
+            )
         unsupported = {
             "activation_function": ("gelu_new", hf.get("activation_function", "gelu_new")),
             "scale_attn_weights": (True, hf.get("scale_attn_weights", True)),
@@ -256,15 +349,9 @@ class GPT2Config:
 
     @classmethod
     def _from_llama_dict(cls, hf: dict[str, Any], name: str | None) -> GPT2Config:
-        rope = dict(hf.get("rope_parameters") or {})
-        scaling = hf.get("rope_scaling") or {}
-        types = {rope.get("rope_type") or "default", scaling.get("rope_type") or scaling.get("type") or "default"}
-        rope_type = ", ".join(repr(t) for t in sorted(types - {"default"}))
-        if rope_type:
-            raise ValueError(
-                f"config.json asks for rope scaling {rope_type} ({scaling or rope}); gpt2-interp implements "
-                "only plain rotary positions (rope_type 'default', no rope_scaling)"
-            )
+        from .families import read_rope
+
+        rope_fields = read_rope(hf)
         unsupported = {
             "hidden_act": ("silu", hf.get("hidden_act", "silu")),
             "attention_bias": (False, hf.get("attention_bias", False)),
@@ -279,12 +366,10 @@ class GPT2Config:
             )
         d_model = check_count(hf.get("hidden_size", 4096), "d_model")
         n_head = check_count(hf.get("num_attention_heads", 32), "n_head")
-        if hf.get("head_dim") not in (None, d_model // n_head):
-            raise ValueError(
-                f"head_dim={hf['head_dim']} differs from hidden_size/num_attention_heads="
-                f"{d_model // n_head}; gpt2-interp needs d_head = d_model / n_head"
-            )
+        head_dim = hf.get("head_dim")
         return cls(
+            **rope_fields,
+            head_dim=None if head_dim in (None, d_model // n_head) else head_dim,
             n_layer=hf.get("num_hidden_layers", 32),
             d_model=d_model,
             n_head=n_head,
@@ -293,7 +378,6 @@ class GPT2Config:
             n_ctx=hf.get("max_position_embeddings", 2048),
             d_vocab=hf.get("vocab_size", 32000),
             layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
             tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
             norm="rmsnorm",
             positional="rotary",
@@ -413,6 +497,30 @@ class ModelConfig(GPT2Config):
     def replace(self, **changes: Any) -> GPT2Config:
         return replace(self.config, **changes)
 
+
+#: The transformers ``model_type`` of each family beyond GPT-2 and Llama that a config can be (``hf_type``).
+HF_TYPES = ("qwen2", "mistral", "qwen3", "olmo2", "gpt_neox", "gptj", "gemma2", "gemma3_text", "phi3")
+
+#: The fields that make a config differ from plain GPT-2 / Llama maths (``family`` is ``"mixed"`` when one of
+#: them is set and ``hf_type`` is not); head_dim and the rope_* fields are Llama's own options.
+FAMILY_FIELDS = (
+    "rotary_dim",
+    "rotary_interleaved",
+    "qkv_bias",
+    "attn_out_bias",
+    "unembed_bias",
+    "qk_norm",
+    "norm_position",
+    "parallel",
+    "norm_offset",
+    "embed_scale",
+    "attn_scale",
+    "attn_softcap",
+    "final_softcap",
+    "sliding_window",
+    "global_every",
+    "rope_local_theta",
+)
 
 #: The per-model TransformerLens switches :class:`ModelConfig` lets a user set (all off by default).
 SWITCHES = ("use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_mlp_in")

@@ -1,0 +1,268 @@
+"""The model families as config values of the one model, each exact against its transformers class on
+tiny random weights that keep the family's features (GQA, biases, partial or interleaved rotary, q/k
+norms, sandwich and post norms, soft-caps, a sliding window shorter than the prompts): fp32 logits of a
+left-padded batch, each row equal to its prompt alone, greedy KV-cache generation token for token,
+``to_transformers`` round trip, the logit lens at the last layer, and the real models' parameter
+counts per layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gpt2_interp as gi
+from gpt2_interp.analysis.lens import decode_resid, logit_lens
+from gpt2_interp.model import KNOWN_CONFIGS, GPT2Config
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 256
+LLAMA_LIKE = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    pad_token_id=0,
+)
+
+# family → (config class, model class, config kwargs)
+CASES = {
+    "llama3-rope": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            LLAMA_LIKE,
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=10000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=16,
+            ),
+        ),
+    ),
+    "llama-linear-rope": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(LLAMA_LIKE, rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0)),
+    ),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(LLAMA_LIKE, tie_word_embeddings=True)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(LLAMA_LIKE, head_dim=24, sliding_window=5)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(LLAMA_LIKE, head_dim=24, tie_word_embeddings=True)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(LLAMA_LIKE)),
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(LLAMA_LIKE, sliding_window=6, original_max_position_embeddings=128),
+    ),
+    "gpt_neox": (
+        "GPTNeoXConfig",
+        "GPTNeoXForCausalLM",
+        dict(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=128,
+            rotary_pct=0.25,
+            use_parallel_residual=True,
+            pad_token_id=0,
+        ),
+    ),
+    "gptj": (
+        "GPTJConfig",
+        "GPTJForCausalLM",
+        dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128, rotary_dim=8),
+    ),
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(
+            LLAMA_LIKE,
+            head_dim=24,
+            query_pre_attn_scalar=20,
+            sliding_window=4,
+            attn_logit_softcapping=3.0,
+            final_logit_softcapping=2.0,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            LLAMA_LIKE,
+            num_hidden_layers=3,
+            head_dim=24,
+            query_pre_attn_scalar=20,
+            sliding_window=4,
+            sliding_window_pattern=3,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "rope_theta": 100000.0, "factor": 2.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
+            },
+            tie_word_embeddings=True,
+        ),
+    ),
+}
+
+
+def _hf_model(family: str):
+    config_class, model_class, kw = CASES[family]
+    torch.manual_seed(0)
+    cfg = getattr(transformers, config_class)(**kw)
+    cfg._attn_implementation = "eager"
+    model = getattr(transformers, model_class)(cfg).eval()
+    with torch.no_grad():  # non-trivial norm gains and biases, larger weights so attention is not uniform
+        for _name, p in model.named_parameters():
+            p.add_(torch.randn_like(p) * (0.3 if p.ndim == 1 else 0.05))
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def pair(request):
+    hf = _hf_model(request.param)
+    return request.param, hf, gi.from_transformers(hf).eval()
+
+
+PROMPTS = [torch.randint(1, VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (13, 8, 3)]
+MAX_DELTA: dict[str, float] = {}
+
+
+def _padded():
+    width = max(len(p) for p in PROMPTS)
+    tokens = torch.zeros(len(PROMPTS), width, dtype=torch.long)
+    mask = torch.zeros_like(tokens)
+    for i, p in enumerate(PROMPTS):
+        tokens[i, width - len(p) :], mask[i, width - len(p) :] = p, 1
+    return tokens, mask
+
+
+@torch.no_grad()
+def test_padded_batch_logits_match_transformers_and_each_prompt_alone(pair):
+    family, hf, ours = pair
+    tokens, mask = _padded()
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    theirs = hf(input_ids=tokens, attention_mask=mask, position_ids=pos).logits
+    mine = ours(tokens, attention_mask=mask)
+    real = mask.bool()
+    delta = (mine[real] - theirs[real]).abs().max().item()
+    MAX_DELTA[family] = delta
+    assert delta < 1e-4, f"{family}: max |Δlogit| {delta:.2e}"
+    for i, p in enumerate(PROMPTS):
+        alone = ours(p[None])[0]
+        assert (alone - mine[i, real[i]]).abs().max().item() < 1e-4
+
+
+@torch.no_grad()
+def test_greedy_generation_with_kv_cache_matches_transformers(pair):
+    family, hf, ours = pair
+    prompt = PROMPTS[1][None]
+    theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32, do_sample=False)
+    mine = ours.generate(prompt, max_new_tokens=32, do_sample=False, stop_at_eos=False, use_kv_cache=True)
+    assert mine.tolist() == theirs.tolist(), family
+
+
+@torch.no_grad()
+def test_to_transformers_round_trip_and_config_json(pair):
+    _family, hf, ours = pair
+    back = ours.to_transformers()
+    theirs, again = hf.state_dict(), back.state_dict()
+    assert sorted(theirs) == sorted(again)
+    for k in theirs:
+        assert torch.equal(theirs[k], again[k]), k
+    assert GPT2Config.from_hf_dict(ours.cfg.to_hf_dict()) == ours.cfg.config
+    tokens = PROMPTS[0][None]
+    assert (back(tokens).logits - ours(tokens)).abs().max().item() < 1e-4
+
+
+@torch.no_grad()
+def test_logit_lens_at_the_last_layer_is_the_models_logits(pair):
+    _family, _, ours = pair
+    tokens = PROMPTS[0][None]
+    logits = ours(tokens)
+    resid = ours(tokens, stop_at_layer=ours.cfg.n_layer)
+    assert (decode_resid(ours, resid) - logits).abs().max().item() < 1e-5
+    result = logit_lens(ours, tokens, k=3, return_logits=True, progress=False)
+    assert (result.logits[-1, 0, -1] - logits[0, -1]).abs().max().item() < 1e-4
+
+
+@torch.no_grad()
+def test_hook_points_follow_transformer_lens_names(pair):
+    _family, _, ours = pair
+    names = set(ours.hook_dict)
+    assert "blocks.0.attn.hook_rot_q" in names and "blocks.0.attn.hook_q" in names
+    c = ours.cfg
+    if c.qk_norm != "none":
+        assert "blocks.0.attn.q_norm.hook_normalized" in names
+    if c.norm_position == "sandwich":
+        assert {"blocks.0.ln1_post.hook_normalized", "blocks.0.ln2.hook_normalized"} <= names
+    _, cache = ours.run_with_cache(PROMPTS[1][None])
+    assert set(cache.keys()) <= names
+
+
+FAMILY_OF = {
+    "llama-3.2-1b": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2.5-0.5b": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3-0.6b": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "gemma-2-2b": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "gemma-3-1b": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "gpt-j-6b": ("GPTJConfig", "GPTJForCausalLM"),
+    "pythia-70m": ("GPTNeoXConfig", "GPTNeoXForCausalLM"),
+    "pythia-160m": ("GPTNeoXConfig", "GPTNeoXForCausalLM"),
+    "pythia-410m": ("GPTNeoXConfig", "GPTNeoXForCausalLM"),
+    "pythia-1.4b": ("GPTNeoXConfig", "GPTNeoXForCausalLM"),
+    "mistral-7b": ("MistralConfig", "MistralForCausalLM"),
+    "phi-3-mini": ("Phi3Config", "Phi3ForCausalLM"),
+    "olmo-2-1b": ("Olmo2Config", "Olmo2ForCausalLM"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_OF))
+def test_real_shapes_have_transformers_parameter_count_per_layer(name):
+    """Each real shape with 1 and 2 layers on the meta device: the per-layer and the rest count agree."""
+    config_class, model_class = FAMILY_OF[name]
+
+    def counts(n_layer):
+        cfg = KNOWN_CONFIGS[name].replace(n_layer=n_layer)
+        with torch.device("meta"):
+            ours = sum(p.numel() for p in _meta_model(cfg).parameters())
+            hf = getattr(transformers, model_class)(getattr(transformers, config_class)(**cfg.to_hf_dict()))
+        return ours, sum(p.numel() for p in hf.parameters())
+
+    (o1, h1), (o2, h2) = counts(1), counts(2)
+    assert o2 - o1 == h2 - h1, name  # one layer's parameters
+    assert o1 == h1, name
+
+
+def _meta_model(cfg):
+    from gpt2_interp.model.hooked_gpt2 import Block, Embed, Unembed, norm
+
+    embed = Embed(cfg)
+    mods = torch.nn.ModuleList([embed, *(Block(cfg, i) for i in range(cfg.n_layer)), norm(cfg), Unembed(cfg, embed)])
+    return mods
+
+
+def test_what_stays_unsupported_is_refused_before_weights():
+    base = CASES["qwen2"][2] | {"model_type": "qwen2"}
+    with pytest.raises(ValueError, match="num_experts=8: mixture-of-experts"):
+        GPT2Config.from_hf_dict({**base, "num_experts": 8})
+    with pytest.raises(ValueError, match="vision_config is set: multimodal"):
+        GPT2Config.from_hf_dict({**base, "vision_config": {"hidden_size": 8}})
+    with pytest.raises(ValueError, match="is_encoder_decoder=True"):
+        GPT2Config.from_hf_dict({**base, "is_encoder_decoder": True})
+    with pytest.raises(ValueError, match="rope_type='yarn' is not supported"):
+        GPT2Config.from_hf_dict({**base, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}})
+    with pytest.raises(ValueError, match="qk_norm='layer'"):
+        GPT2Config(qk_norm="layer")
+    with pytest.raises(ValueError, match="rotary_dim=32 is wider"):
+        GPT2Config(positional="rotary", rotary_dim=32, n_head=48)
