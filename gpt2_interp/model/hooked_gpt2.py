@@ -81,7 +81,9 @@ _BLOCK_HOOK_ORDER = (
 class HookedGPT2(HookedRootModule, TransformerLensAliases):
     """Exactly GPT-2 (pre-LN, fused QKV, GELU-new, learned positions, tied unembedding) by default;
     with a Llama-style config (:func:`.config.llama_config`) RMSNorm, rotary positions, SwiGLU,
-    grouped-query attention, no biases and an optionally untied ``unembed.W_U``. TransformerLens hook names.
+    grouped-query attention, no biases and an optionally untied ``unembed.W_U``; the later families (Qwen,
+    Mistral, OLMo 2, GPT-NeoX, GPT-J, Gemma, Phi-3) by their config values (:mod:`.families`).
+    TransformerLens hook names.
 
     ``cfg``: a :class:`GPT2Config` or the name of one in :data:`KNOWN_CONFIGS` (default ``"gpt2"``; an
     unknown name raises KeyError). The weights are freshly initialised (:meth:`init_weights`, seeded
@@ -648,4 +650,6 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         s = f"{c.name}: n_layer={c.n_layer}, d_model={c.d_model}, n_head={c.n_head}, d_mlp={c.d_mlp}, n_ctx={c.n_ctx}"
         if c.family != "gpt2":
             s += f", n_kv_heads={c.n_kv}, {c.norm}, {c.positional}, {c.mlp}, bias={c.bias}, tied={c.tied_embeddings}"
+        if c.family not in ("gpt2", "llama", "mixed"):
+            s += f", family={c.family}"
         return s

@@ -266,3 +266,26 @@ def test_what_stays_unsupported_is_refused_before_weights():
         GPT2Config(qk_norm="layer")
     with pytest.raises(ValueError, match="rotary_dim=32 is wider"):
         GPT2Config(positional="rotary", rotary_dim=32, n_head=48)
+
+
+@torch.no_grad()
+def test_opt_in_hooks_keep_the_output(pair):
+    """TransformerLens's opt-in hook points (per-head results, split inputs, mlp_in) and a hooked
+    pattern (the explicit attention path) leave every family's logits unchanged."""
+    family, _, ours = pair
+    tokens, mask = _padded()
+    plain = ours(tokens, attention_mask=mask)
+    ours.cfg.use_attn_result = True
+    ours.cfg.use_split_qkv_input = True
+    ours.cfg.use_hook_mlp_in = True
+    try:
+        _, cache = ours.run_with_cache(tokens, attention_mask=mask, names_filter=lambda n: "pattern" in n)
+        hooked = ours(tokens, attention_mask=mask)
+    finally:
+        ours.cfg.use_attn_result = ours.cfg.use_split_qkv_input = ours.cfg.use_hook_mlp_in = False
+    assert (hooked - plain).abs().max().item() < 1e-4, family
+    if ours.cfg.sliding_window is not None:  # the sliding layers' pattern is zero beyond the window
+        layer = next(i for i in range(ours.cfg.n_layer) if ours.cfg.is_sliding(i))
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0]
+        far = torch.ones(pattern.shape[-2:], dtype=torch.bool).tril(-ours.cfg.sliding_window)
+        assert pattern[:, far].abs().max().item() == 0.0
