@@ -14,6 +14,9 @@ field          GPT-2                  Llama / SmolLM2
 ``bias``       True                   False
 ``tied_embeddings`` True              either
 =============  =====================  ===========================================
+
+The later families (Qwen, Mistral, OLMo 2, GPT-NeoX, GPT-J, Gemma, Phi-3) are more fields of the same
+config, each listed in :class:`GPT2Config` and set from a ``config.json`` by :mod:`.families`.
 """
 
 from __future__ import annotations
@@ -40,6 +43,29 @@ class GPT2Config:
       (base ``rope_theta``); ``mlp``: ``"gelu"`` or ``"swiglu"``;
     - ``n_kv_heads``: key/value heads for grouped-query attention (None: ``n_head``);
     - ``bias``: whether linear layers have biases; ``tied_embeddings``: whether ``W_U = W_E.T``.
+
+    The later families' options (defaults keep GPT-2 and Llama unchanged; :mod:`.families` sets them from a
+    ``config.json``):
+
+    - ``head_dim``: the head width when it is not ``d_model // n_head`` (Qwen 3, Gemma, Mistral);
+    - ``rope_scaling``: ``"none"``, ``"linear"`` (frequencies ÷ ``rope_factor``) or ``"llama3"`` (Llama 3.1's
+      scheme with ``rope_factor``, ``rope_low_freq_factor``, ``rope_high_freq_factor`` and ``rope_original_ctx``,
+      the pre-training context); ``rope_local_theta``: the rope base of the sliding layers (Gemma 3);
+    - ``rotary_dim``: how many head dimensions RoPE rotates (None: all; GPT-NeoX, GPT-J);
+      ``rotary_interleaved``: GPT-J's pairs ``(2i, 2i+1)`` instead of the half split;
+    - ``qkv_bias``, ``attn_out_bias``: biases of the query/key/value and output projections (None: ``bias``);
+      ``unembed_bias``: an unembedding bias ``b_U`` (GPT-J);
+    - ``qk_norm``: ``"none"``, ``"head"`` (a norm over ``d_head`` per head: Qwen 3, Gemma 3) or ``"full"`` (over the
+      whole projection: OLMo 2);
+    - ``norm_position``: ``"pre"``, ``"post"`` (norms on the attention and MLP outputs only: OLMo 2) or
+      ``"sandwich"`` (both: Gemma); ``parallel``: ``"none"``, ``"two_norms"`` (attention and MLP of the same
+      residual: GPT-NeoX) or ``"one_norm"`` (sharing ``ln1``: GPT-J);
+    - ``norm_offset``: RMSNorm gains ``1 + w`` (Gemma); ``embed_scale``: embeddings × sqrt(d_model) (Gemma);
+    - ``attn_scale``: the attention score scale (None: ``d_head ** -0.5``); ``attn_softcap``, ``final_softcap``:
+      ``cap · tanh(x / cap)`` on the attention scores and on the logits (Gemma 2);
+    - ``sliding_window``: keys at most this many positions back (``i - j < window``); ``global_every``: 0 for every
+      layer sliding, else every ``global_every``-th layer is global (Gemma);
+    - ``hf_type``: the transformers ``model_type`` the config is written back as (``family``).
 
     Checked when made: sizes must be positive integers, ``n_head`` must divide ``d_model`` and
     ``n_kv_heads`` divide ``n_head``, rotary positions need an even ``d_head``, ``layer_norm_eps`` and
