@@ -413,7 +413,7 @@ def _pairs(cfg: GPT2Config) -> list[tuple[str, str]]:
     if cfg.family == "gptj":
         pairs = [("embed.W_E", "transformer.wte.weight"), ("ln_final.w", "transformer.ln_f.weight")]
         pairs += [("ln_final.b", "transformer.ln_f.bias")]
-        pairs += [("unembed.b_U", "lm_head.bias")]
+        pairs += [("unembed.b_U", "lm_head.bias")] if cfg.unembed_bias else []
         pairs += [("{b}ln1.w", "{h}ln_1.weight"), ("{b}ln1.b", "{h}ln_1.bias")]
         pairs += [("{b}mlp.b_in", "{h}mlp.fc_in.bias"), ("{b}mlp.b_out", "{h}mlp.fc_out.bias")]
         return pairs

@@ -210,6 +210,11 @@ TL_BUFFERS = ("attn.mask", "attn.IGNORE", "attn.rotary_sin", "attn.rotary_cos")
 
 
 def _tl_to_native(sd: Mapping[str, torch.Tensor], cfg: GPT2Config) -> dict[str, torch.Tensor]:
+    if cfg.family in HF_TYPES:
+        raise ValueError(
+            f"TransformerLens state dicts of the {cfg.family} family are not read; load the transformers "
+            "checkpoint (its directory or from_transformers) instead"
+        )
     if "blocks.0.ln1.w" not in sd:
         raise ValueError(
             "this TransformerLens state dict has folded LayerNorms (no blocks.0.ln1.w), so its weights no "
@@ -786,7 +791,9 @@ def from_transformers(hf_model: Any, tokenizer: tok.Tokenizer | None = None) -> 
         if "lm_head.weight" in sd and (wte is None or not torch.equal(sd["lm_head.weight"], wte)):
             raise ValueError("this model's lm_head is not tied to wte; GPT-2 ties them")
     elif cfg.family in HF_TYPES:
-        pass  # family_to_native drops a tied head and checks it equals the embedding
+        # family_to_native drops a tied head and checks it equals the embedding; a bare base model has no head
+        if not any(k.endswith(("lm_head.weight", "embed_out.weight")) for k in sd):
+            cfg = cfg.replace(tied_embeddings=True, unembed_bias=False)
     elif "lm_head.weight" not in sd:
         cfg = cfg.replace(tied_embeddings=True)  # a bare LlamaModel: no head; unembed with W_Eᵀ
     return from_state_dict(sd, cfg, tokenizer).eval()

@@ -2,8 +2,10 @@
 tiny random weights that keep the family's features (GQA, biases, partial or interleaved rotary, q/k
 norms, sandwich and post norms, soft-caps, a sliding window shorter than the prompts): fp32 logits of a
 left-padded batch, each row equal to its prompt alone, greedy KV-cache generation token for token,
-``to_transformers`` round trip, the logit lens at the last layer, and the real models' parameter
-counts per layer."""
+``to_transformers`` round trip, HF directories both ways, the logit lens at the last layer, and the
+real models' parameter counts per layer.
+
+Run: ``pytest -p no:cacheprovider -q tests/integration/test_families.py``."""
 
 from __future__ import annotations
 
@@ -135,7 +137,6 @@ def pair(request):
 
 
 PROMPTS = [torch.randint(1, VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (13, 8, 3)]
-MAX_DELTA: dict[str, float] = {}
 
 
 def _padded():
@@ -156,7 +157,6 @@ def test_padded_batch_logits_match_transformers_and_each_prompt_alone(pair):
     mine = ours(tokens, attention_mask=mask)
     real = mask.bool()
     delta = (mine[real] - theirs[real]).abs().max().item()
-    MAX_DELTA[family] = delta
     assert delta < 1e-4, f"{family}: max |Δlogit| {delta:.2e}"
     for i, p in enumerate(PROMPTS):
         alone = ours(p[None])[0]
@@ -289,3 +289,20 @@ def test_opt_in_hooks_keep_the_output(pair):
         pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0]
         far = torch.ones(pattern.shape[-2:], dtype=torch.bool).tril(-ours.cfg.sliding_window)
         assert pattern[:, far].abs().max().item() == 0.0
+
+
+@torch.no_grad()
+def test_hf_directory_both_ways_and_bare_base_model(pair, tmp_path):
+    """We write a directory transformers loads (same logits); transformers' own directory loads back equal;
+    its bare base model (no head) unembeds with W_Eᵀ."""
+    family, hf, ours = pair
+    tokens = PROMPTS[0][None]
+    ours.save(tmp_path / "ours")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours", attn_implementation="eager").eval()
+    assert (theirs(tokens).logits - ours(tokens)).abs().max().item() < 1e-4, family
+    hf.save_pretrained(tmp_path / "hf")
+    again = gi.load(tmp_path / "hf")
+    assert (again(tokens) - ours(tokens)).abs().max().item() == 0.0, family
+    bare = gi.from_transformers(hf.base_model)
+    resid = ours(tokens, stop_at_layer=ours.cfg.n_layer)
+    assert torch.equal(bare(tokens, stop_at_layer=bare.cfg.n_layer), resid)
