@@ -413,13 +413,16 @@ def dir_tokenizer(path: Path, hf: Mapping[str, Any]) -> tok.Tokenizer | None:
 
 
 def load_dir(path: Path, name: str | None = None) -> HookedGPT2:
-    """A GPT-2 or Llama Hugging Face directory (config.json + model.safetensors; tokenizer.json if any)."""
+    """A Hugging Face directory of a supported family (config.json + model.safetensors; tokenizer.json if any).
+    The config is read and checked before any weight is."""
     path = Path(path)
+    if (path / "config.json").exists():  # an unsupported family is refused before its weights are read
+        try:
+            GPT2Config.from_hf_dict(ckpt.read_config_json(path / "config.json"), name=name)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{path / 'config.json'}: {e}") from None
     hf, sd = ckpt.read_hf_dir(path)
-    try:
-        cfg = GPT2Config.from_hf_dict(hf, name=name)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"{path / 'config.json'}: {e}") from None
+    cfg = GPT2Config.from_hf_dict(hf, name=name)
     tokenizer = dir_tokenizer(path, hf) if cfg.family != "gpt2" else None
     check_vocab(tokenizer, cfg, path / "tokenizer.json")
     return from_state_dict(sd, cfg, tokenizer, source=str(path))

@@ -179,6 +179,7 @@ def _bias(cfg: GPT2Config, n: int, on: bool | None = None) -> nn.Parameter | Non
     return nn.Parameter(torch.zeros(n)) if (cfg.bias if on is None else on) else None
 
 
+@boundary
 def rope_inv_freq(
     d: int, theta: float, device: torch.device | None = None, cfg: GPT2Config | None = None
 ) -> torch.Tensor:

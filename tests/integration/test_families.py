@@ -306,3 +306,13 @@ def test_hf_directory_both_ways_and_bare_base_model(pair, tmp_path):
     bare = gi.from_transformers(hf.base_model)
     resid = ours(tokens, stop_at_layer=ours.cfg.n_layer)
     assert torch.equal(bare(tokens, stop_at_layer=bare.cfg.n_layer), resid)
+
+
+def test_an_unsupported_directory_is_refused_before_its_weights(tmp_path):
+    """The config of a mixture-of-experts directory is refused by key; its (damaged) weights are never read."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_experts": 8, **CASES["qwen2"][2]}))
+    (tmp_path / "model.safetensors").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match=r"config.json: num_experts=8: mixture-of-experts models are not supported"):
+        gi.load(tmp_path)
