@@ -78,6 +78,21 @@ CASES = {
             pad_token_id=0,
         ),
     ),
+    "gpt_neox-sequential": (
+        "GPTNeoXConfig",
+        "GPTNeoXForCausalLM",
+        dict(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=128,
+            rotary_pct=0.5,
+            use_parallel_residual=False,
+            pad_token_id=0,
+        ),
+    ),
     "gptj": (
         "GPTJConfig",
         "GPTJForCausalLM",
@@ -161,6 +176,19 @@ def test_padded_batch_logits_match_transformers_and_each_prompt_alone(pair):
     for i, p in enumerate(PROMPTS):
         alone = ours(p[None])[0]
         assert (alone - mine[i, real[i]]).abs().max().item() < 1e-4
+
+
+@torch.no_grad()
+def test_residual_stream_matches_transformers_hidden_states(pair):
+    """Every block's input residual (``hook_resid_pre``, after Gemma's embedding scale) equals transformers'
+    hidden state there."""
+    family, hf, ours = pair
+    tokens = PROMPTS[0][None]
+    states = hf(tokens, output_hidden_states=True).hidden_states
+    _, cache = ours.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_resid_pre"))
+    for i in range(ours.cfg.n_layer):
+        delta = (cache[f"blocks.{i}.hook_resid_pre"] - states[i]).abs().max().item()
+        assert delta < 1e-4, f"{family} block {i}: {delta:.2e}"
 
 
 @torch.no_grad()
