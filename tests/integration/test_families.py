@@ -344,3 +344,15 @@ def test_an_unsupported_directory_is_refused_before_its_weights(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match=r"config.json: num_experts=8: mixture-of-experts models are not supported"):
         gi.load(tmp_path)
+
+
+def test_transformer_lens_weight_names_cover_partial_biases(pair):
+    """TL's stacked weights and biases read every family: biases on some projections only (Qwen 2's q/k/v,
+    GPT-J's MLP and head) are the real ones, the others zeros."""
+    family, _, ours = pair
+    c = ours.cfg
+    assert ours.W_Q.shape == (c.n_layer, c.n_head, c.d_model, c.d_head)
+    assert ours.b_Q.shape == (c.n_layer, c.n_head, c.d_head) and ours.b_O.shape == (c.n_layer, c.d_model)
+    assert bool(ours.b_Q.any()) == c.has_qkv_bias and bool(ours.b_O.any()) == c.has_attn_out_bias, family
+    assert bool(ours.b_U.any()) == c.unembed_bias
+    assert torch.equal(ours.state_dict()["blocks.0.attn.W_Q"], ours.W_Q[0])
