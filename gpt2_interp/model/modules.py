@@ -44,6 +44,11 @@ class LayerNorm(nn.Module):
         """The norm of ``x`` without running its hooks (e.g. the logit lens on any residual)."""
         return F.layer_norm(x, x.shape[-1:], self.w, self.b, self.eps)
 
+    @property
+    def gain(self) -> torch.Tensor:
+        """The weight the normalised input is multiplied by (``w``; RMSNorm's may be ``1 + w``)."""
+        return self.w
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.hook_scale.has_hooks or self.hook_normalized.has_hooks):
             return self.unhooked(x)
