@@ -375,3 +375,32 @@ def test_direct_logit_attribution_sums_to_the_logit(pair):
         return
     dla = logit_attribution(model, "The capital of France is", " Paris", baseline=" Rome")
     assert abs(dla.total - dla.logit) < 1e-4, family
+
+
+@torch.no_grad()
+def test_patching_engine_equals_naive_patching(pair):
+    """The batched patching sweep (prefix keys reused after q/k norms and each layer's rope, windows applied)
+    equals patching one residual at a time with a hook."""
+    from gpt2_interp.analysis import patch
+
+    family, _, ours = pair
+    clean = PROMPTS[0][None]
+    corr = clean.clone()
+    corr[0, 2], corr[0, 5] = 9, 11
+
+    def metric(logits):
+        return logits[..., 5] - logits[..., 6]
+
+    res = patch(ours, clean, corr, metric, hook="resid_pre", progress=False)
+    _, cache = ours.run_with_cache(clean, names_filter=lambda n: n.endswith("hook_resid_pre"))
+    for layer in range(ours.cfg.n_layer):
+        name = f"blocks.{layer}.hook_resid_pre"
+        for p in range(clean.shape[1]):
+
+            def put(x, hook, p=p, name=name):
+                x = x.clone()
+                x[:, p] = cache[name][:, p]
+                return x
+
+            ref = metric(ours.run_with_hooks(corr, fwd_hooks=[(name, put)])[:, -1]).item()
+            assert abs(res.values[layer, p].item() - ref) < 1e-4, (family, layer, p)
