@@ -48,9 +48,11 @@ class GPT2Config:
     ``config.json``):
 
     - ``head_dim``: the head width when it is not ``d_model // n_head`` (Qwen 3, Gemma, Mistral);
-    - ``rope_scaling``: ``"none"``, ``"linear"`` (frequencies ÷ ``rope_factor``) or ``"llama3"`` (Llama 3.1's
+    - ``rope_scaling``: ``"none"``, ``"linear"`` (frequencies ÷ ``rope_factor``), ``"llama3"`` (Llama 3.1's
       scheme with ``rope_factor``, ``rope_low_freq_factor``, ``rope_high_freq_factor`` and ``rope_original_ctx``,
-      the pre-training context); ``rope_local_theta``: the rope base of the sliding layers (Gemma 3);
+      the pre-training context) or ``"yarn"`` (YaRN with ``rope_factor``, ``rope_original_ctx``,
+      ``rope_beta_fast``, ``rope_beta_slow``, ``rope_truncate``; cos and sin × ``rope_attention_factor``);
+      ``rope_local_theta``: the rope base of the sliding layers (Gemma 3);
     - ``rotary_dim``: how many head dimensions RoPE rotates (None: all; GPT-NeoX, GPT-J);
       ``rotary_interleaved``: GPT-J's pairs ``(2i, 2i+1)`` instead of the half split;
     - ``qkv_bias``, ``attn_out_bias``: biases of the query/key/value and output projections (None: ``bias``);
@@ -95,6 +97,10 @@ class GPT2Config:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_ctx: int = 8192
+    rope_attention_factor: float = 1.0
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_truncate: bool = True
     rope_local_theta: float | None = None
     rotary_dim: int | None = None
     rotary_interleaved: bool = False
@@ -126,7 +132,7 @@ class GPT2Config:
             ("norm", ("layernorm", "rmsnorm")),
             ("positional", ("learned", "rotary")),
             ("mlp", ("gelu", "gelu_erf", "swiglu", "geglu")),
-            ("rope_scaling", ("none", "linear", "llama3")),
+            ("rope_scaling", ("none", "linear", "llama3", "yarn")),
             ("qk_norm", ("none", "head", "full")),
             ("norm_position", ("pre", "post", "sandwich")),
             ("parallel", ("none", "two_norms", "one_norm")),
@@ -134,7 +140,15 @@ class GPT2Config:
         ):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"{field}={getattr(self, field)!r}; accepted: {', '.join(map(repr, allowed))}")
-        for field in ("bias", "tied_embeddings", "rotary_interleaved", "unembed_bias", "norm_offset", "embed_scale"):
+        for field in (
+            "bias",
+            "tied_embeddings",
+            "rotary_interleaved",
+            "unembed_bias",
+            "norm_offset",
+            "embed_scale",
+            "rope_truncate",
+        ):
             if not isinstance(getattr(self, field), bool):
                 raise TypeError(f"{field} must be True or False, got {getattr(self, field)!r}")
         if not isinstance(self.name, str):
@@ -176,6 +190,9 @@ class GPT2Config:
             "rope_factor",
             "rope_low_freq_factor",
             "rope_high_freq_factor",
+            "rope_attention_factor",
+            "rope_beta_fast",
+            "rope_beta_slow",
             *optional,
         ):
             v = getattr(self, field)

@@ -23,6 +23,7 @@ weight is read.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,7 +32,7 @@ import torch
 from ..core.boundary import boundary
 from .config import GPT2Config
 
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @boundary
@@ -80,7 +81,29 @@ def read_rope(hf: Mapping[str, Any], layer_type: str | None = None) -> dict[str,
             rope_high_freq_factor=p.get("high_freq_factor", 4.0),
             rope_original_ctx=p.get("original_max_position_embeddings", hf.get("max_position_embeddings", 8192)),
         )
+    elif kind == "yarn":
+        factor = p.get("factor") or hf["max_position_embeddings"] / p["original_max_position_embeddings"]
+        attention = p.get("attention_factor")
+        if attention is None:
+            mscale, mscale_all = p.get("mscale"), p.get("mscale_all_dim")
+            attention = (
+                _mscale(factor, mscale) / _mscale(factor, mscale_all) if mscale and mscale_all else _mscale(factor)
+            )
+        out.update(
+            rope_scaling="yarn",
+            rope_factor=factor,
+            rope_original_ctx=p["original_max_position_embeddings"],
+            rope_attention_factor=float(attention),
+            rope_beta_fast=float(p.get("beta_fast") or 32),
+            rope_beta_slow=float(p.get("beta_slow") or 1),
+            rope_truncate=bool(p.get("truncate", True)),
+        )
     return out
+
+
+def _mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention scale ``0.1 · mscale · ln(scale) + 1`` (1 for ``scale`` ≤ 1)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
 @boundary
@@ -89,6 +112,14 @@ def rope_dict(cfg: GPT2Config, theta: float | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta if theta is None else theta}
     if theta is None and cfg.rope_scaling != "none":
         out.update(rope_type=cfg.rope_scaling, factor=cfg.rope_factor)
+        if cfg.rope_scaling == "yarn":
+            out.update(
+                original_max_position_embeddings=cfg.rope_original_ctx,
+                attention_factor=cfg.rope_attention_factor,
+                beta_fast=cfg.rope_beta_fast,
+                beta_slow=cfg.rope_beta_slow,
+                truncate=cfg.rope_truncate,
+            )
         if cfg.rope_scaling == "llama3":
             out.update(
                 low_freq_factor=cfg.rope_low_freq_factor,

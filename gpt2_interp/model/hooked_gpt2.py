@@ -404,7 +404,10 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             return None
         d = c.rotary_width
         inv = rope_inv_freq(d, c.rope_theta, pos.device, c)
-        rope: tuple[torch.Tensor, ...] = rotary_cos_sin(pos, d, c.rope_theta, self.dtype, inv, c.rotary_interleaved)
+        scale = c.rope_attention_factor if c.rope_scaling == "yarn" else 1.0
+        rope: tuple[torch.Tensor, ...] = rotary_cos_sin(
+            pos, d, c.rope_theta, self.dtype, inv, c.rotary_interleaved, scale
+        )
         if c.rope_local_theta is not None and c.sliding_window is not None:
             local = rope_inv_freq(d, c.rope_local_theta, pos.device)
             rope += rotary_cos_sin(pos, d, c.rope_local_theta, self.dtype, local, c.rotary_interleaved)

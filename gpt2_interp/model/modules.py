@@ -184,6 +184,24 @@ def _bias(cfg: GPT2Config, n: int, on: bool | None = None) -> nn.Parameter | Non
     return nn.Parameter(torch.zeros(n)) if (cfg.bias if on is None else on) else None
 
 
+def _yarn(inv_freq: torch.Tensor, d: int, theta: float, cfg: GPT2Config) -> torch.Tensor:
+    """YaRN's frequencies (as transformers): interpolated (÷ ``rope_factor``) below the ramp between the dimensions
+    that turn ``rope_beta_fast`` and ``rope_beta_slow`` times over the original context, kept above it."""
+
+    def dim_of(rotations: float) -> float:
+        return d * math.log(cfg.rope_original_ctx / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(cfg.rope_beta_fast), dim_of(cfg.rope_beta_slow)
+    if cfg.rope_truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(d // 2, dtype=torch.float32, device=inv_freq.device) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp
+    return inv_freq / cfg.rope_factor * (1 - keep) + inv_freq * keep
+
+
 @boundary
 def rope_inv_freq(
     d: int, theta: float, device: torch.device | None = None, cfg: GPT2Config | None = None
@@ -197,6 +215,8 @@ def rope_inv_freq(
     factor = cfg.rope_factor
     if cfg.rope_scaling == "linear":
         return inv_freq / factor
+    if cfg.rope_scaling == "yarn":
+        return _yarn(inv_freq, d, theta, cfg)
     low, high, old = cfg.rope_low_freq_factor, cfg.rope_high_freq_factor, cfg.rope_original_ctx
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
@@ -213,11 +233,13 @@ def rotary_cos_sin(
     dtype: torch.dtype,
     inv_freq: torch.Tensor | None = None,
     interleaved: bool = False,
+    scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE's ``(cos, sin)`` ``[batch|1, pos, 1, d_head]`` for integer positions ``pos: [batch|1, pos]``,
     in the half-split layout of ``transformers``' Llama: frequency ``i`` rotates the pair of dimensions
     ``(i, i + d_head/2)`` by ``pos · theta^(-2i/d_head)`` (``inv_freq`` replaces those frequencies);
-    ``interleaved`` (GPT-J): the pair ``(2i, 2i + 1)``. Angles are computed in fp32."""
+    ``interleaved`` (GPT-J): the pair ``(2i, 2i + 1)``; ``scale`` multiplies cos and sin (YaRN's attention
+    factor). Angles are computed in fp32."""
     if inv_freq is None:
         inv_freq = rope_inv_freq(d_head, theta, pos.device)
     angles = pos.float()[..., None] * inv_freq.to(pos.device)  # [batch, pos, d_head/2]
@@ -225,6 +247,8 @@ def rotary_cos_sin(
         angles = angles.repeat_interleave(2, dim=-1)[:, :, None]
     else:
         angles = torch.cat([angles, angles], dim=-1)[:, :, None]
+    if scale != 1.0:
+        return (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 

@@ -55,6 +55,14 @@ CASES = {
         dict(LLAMA_LIKE, rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0)),
     ),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(LLAMA_LIKE, tie_word_embeddings=True)),
+    "qwen2-yarn": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(
+            LLAMA_LIKE,
+            rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32),
+        ),
+    ),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(LLAMA_LIKE, head_dim=24, sliding_window=5)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(LLAMA_LIKE, head_dim=24, tie_word_embeddings=True)),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(LLAMA_LIKE)),
@@ -288,8 +296,10 @@ def test_what_stays_unsupported_is_refused_before_weights():
         GPT2Config.from_hf_dict({**base, "vision_config": {"hidden_size": 8}})
     with pytest.raises(ValueError, match="is_encoder_decoder=True"):
         GPT2Config.from_hf_dict({**base, "is_encoder_decoder": True})
-    with pytest.raises(ValueError, match="rope_type='yarn' is not supported"):
-        GPT2Config.from_hf_dict({**base, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}})
+    with pytest.raises(ValueError, match="rope_type='longrope' is not supported"):
+        GPT2Config.from_hf_dict(
+            {**base, "rope_parameters": {"rope_type": "longrope", "factor": 4.0, "rope_theta": 1e4}}
+        )
     with pytest.raises(ValueError, match="qk_norm='layer'"):
         GPT2Config(qk_norm="layer")
     with pytest.raises(ValueError, match="rotary_dim=32 is wider"):

@@ -267,8 +267,10 @@ def test_gpt2_config_is_untouched_by_the_new_fields():
 
 def test_llama_configs_we_do_not_implement_are_refused():
     base = _hf_llama(True).config.to_dict()
-    with pytest.raises(ValueError, match=r"rope_type='yarn' is not supported; accepted: 'default', 'linear'"):
-        GPT2Config.from_hf_dict({**base, "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}})
+    with pytest.raises(ValueError, match=r"rope_type='longrope' is not supported; accepted: 'default', 'linear'"):
+        GPT2Config.from_hf_dict(
+            {**base, "rope_parameters": {"rope_type": "longrope", "factor": 2.0, "rope_theta": 1e4}}
+        )
     with pytest.raises(ValueError, match="rope_type='dynamic'"):
         GPT2Config.from_hf_dict({**base, "rope_scaling": {"rope_type": "dynamic", "factor": 8.0}})
     with pytest.raises(ValueError, match="attention_bias"):
