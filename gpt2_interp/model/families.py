@@ -70,6 +70,11 @@ def read_rope(hf: Mapping[str, Any], layer_type: str | None = None) -> dict[str,
     kind = p.get("rope_type") or p.get("type") or "default"
     if kind not in ROPE_TYPES:
         raise ValueError(f"rope_type={kind!r} is not supported; accepted: {', '.join(map(repr, ROPE_TYPES))}")
+    for key in {"linear": ("factor",), "llama3": ("factor",), "yarn": ("original_max_position_embeddings",)}.get(
+        kind, ()
+    ):
+        if p.get(key) is None:
+            raise ValueError(f"rope_type={kind!r} needs rope_parameters.{key}, which this config.json lacks")
     out: dict[str, Any] = {"rope_theta": p["rope_theta"]}
     if kind == "linear":
         out.update(rope_scaling="linear", rope_factor=p["factor"])
@@ -82,7 +87,7 @@ def read_rope(hf: Mapping[str, Any], layer_type: str | None = None) -> dict[str,
             rope_original_ctx=p.get("original_max_position_embeddings", hf.get("max_position_embeddings", 8192)),
         )
     elif kind == "yarn":
-        factor = p.get("factor") or hf["max_position_embeddings"] / p["original_max_position_embeddings"]
+        factor = p.get("factor") or hf.get("max_position_embeddings", 2048) / p["original_max_position_embeddings"]
         attention = p.get("attention_factor")
         if attention is None:
             mscale, mscale_all = p.get("mscale"), p.get("mscale_all_dim")

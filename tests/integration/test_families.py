@@ -414,3 +414,11 @@ def test_patching_engine_equals_naive_patching(pair):
 
             ref = metric(ours.run_with_hooks(corr, fwd_hooks=[(name, put)])[:, -1]).item()
             assert abs(res.values[layer, p].item() - ref) < 1e-4, (family, layer, p)
+
+
+def test_rope_parameters_a_type_needs_are_named_when_missing():
+    base = CASES["qwen2"][2] | {"model_type": "qwen2"}
+    with pytest.raises(ValueError, match=r"rope_type='llama3' needs rope_parameters.factor"):
+        GPT2Config.from_hf_dict({**base, "rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4}})
+    with pytest.raises(ValueError, match=r"rope_type='yarn' needs rope_parameters.original_max_position_embeddings"):
+        GPT2Config.from_hf_dict({**base, "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}})
