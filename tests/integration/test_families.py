@@ -422,3 +422,33 @@ def test_rope_parameters_a_type_needs_are_named_when_missing():
         GPT2Config.from_hf_dict({**base, "rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4}})
     with pytest.raises(ValueError, match=r"rope_type='yarn' needs rope_parameters.original_max_position_embeddings"):
         GPT2Config.from_hf_dict({**base, "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}})
+
+
+@torch.no_grad()
+def test_attention_and_mlp_outputs_match_transformers_modules(pair):
+    """``hook_attn_out`` and ``hook_mlp_out`` are what each block adds to the residual: transformers' attention
+    and MLP outputs, after the post-norm where the family has one (Gemma, OLMo 2)."""
+    family, hf, ours = pair
+    c = ours.cfg
+    attn = {"gptj": "attn", "gpt_neox": "attention"}.get(c.family, "self_attn")
+    if c.norm_position == "pre":
+        modules = {"attn_out": attn, "mlp_out": "mlp"}
+    else:
+        modules = {"attn_out": "post_attention_layernorm", "mlp_out": "post_feedforward_layernorm"}
+    got, handles = {}, []
+    for i, layer in enumerate(hf.base_model.layers if hasattr(hf.base_model, "layers") else hf.base_model.h):
+        for ours_name, theirs in modules.items():
+
+            def keep(_m, _i, out, key=f"blocks.{i}.hook_{ours_name}"):
+                got[key] = out[0] if isinstance(out, tuple) else out
+
+            handles.append(layer.get_submodule(theirs).register_forward_hook(keep))
+    tokens = PROMPTS[0][None]
+    try:
+        hf(tokens)
+    finally:
+        for h in handles:
+            h.remove()
+    _, cache = ours.run_with_cache(tokens, names_filter=lambda n: n in got)
+    for name, theirs in got.items():
+        assert (cache[name] - theirs).abs().max().item() < 1e-4, (family, name)
