@@ -1,5 +1,6 @@
 """The transformer building blocks: GPT-2's (LayerNorm, GELU MLP, learned positions) and its
-descendants' (RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention), chosen by the config.
+descendants' (RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention, and the later families'
+options: q/k norms, sliding windows, soft-caps, parallel and sandwich blocks), chosen by the config.
 
 Weights are stored so that activations multiply on the left (``x @ W``, as in
 GPT-2's Conv1D) and with TransformerLens names: ``W_E``, ``W_pos``, ``ln.w/b``,
@@ -295,12 +296,16 @@ class KVCache:
 class Attention(nn.Module):
     """Causal self-attention with a fused QKV projection; grouped-query when ``n_kv < n_head``
     (query head ``i`` reads key/value head ``i // (n_head / n_kv)``); RoPE on q and k when the
-    config is rotary (``hook_rot_q``/``hook_rot_k``).
+    config is rotary (``hook_rot_q``/``hook_rot_k``; on the first ``rotary_dim`` dimensions, interleaved for
+    GPT-J). With the config's q/k norm, ``q_norm``/``k_norm`` normalise the queries and keys after ``hook_q``/
+    ``hook_k`` and before RoPE; a sliding layer (``cfg.is_sliding``) sees keys less than ``sliding_window``
+    positions back; scores are scaled by ``attn_scale`` (default ``d_head ** -0.5``) and soft-capped by
+    ``attn_softcap``.
 
-    Uses ``scaled_dot_product_attention`` unless a hook asks for the scores or
-    the pattern, in which case they are materialised (same result within fp error). The per-head
-    results ``hook_result`` ``[batch, pos, head, d_model]`` are computed only when the model's
-    ``cfg.use_attn_result`` is on (as in TransformerLens); otherwise ``hook_result`` never fires.
+    Uses ``scaled_dot_product_attention`` unless a hook asks for the scores or the pattern, or the scores are
+    soft-capped, in which case they are materialised (same result within fp error). The per-head results
+    ``hook_result`` ``[batch, pos, head, d_model]`` are computed only when the model's ``cfg.use_attn_result`` is
+    on (as in TransformerLens); otherwise ``hook_result`` never fires.
     """
 
     # set in __init__ by name (hook_rot_q, hook_rot_k with rotary positions only)
@@ -475,10 +480,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """GPT-2: ``W_out · gelu_new(W_in · x + b_in) + b_out``; SwiGLU: ``W_out · (silu(W_gate · x) ⊙ W_in · x)``.
+    """GPT-2: ``W_out · gelu_new(W_in · x + b_in) + b_out`` (``mlp="gelu_erf"``: exact GELU, GPT-NeoX);
+    SwiGLU: ``W_out · (silu(W_gate · x) ⊙ W_in · x)`` (``mlp="geglu"``: a tanh-GELU gate, Gemma).
 
     Hooks ``[batch, pos, d_mlp]``: ``hook_pre`` (the activation function's input: GPT-2's
-    ``W_in·x``, SwiGLU's gate), ``hook_pre_linear`` (SwiGLU's up projection ``W_in·x``) and
+    ``W_in·x``, the gated MLPs' gate), ``hook_pre_linear`` (the gated MLPs' up projection ``W_in·x``) and
     ``hook_post`` (the input of ``W_out``: ROME's key).
     """
 
