@@ -429,7 +429,7 @@ class Attention(nn.Module):
         x: torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         mask: torch.Tensor | None,
         kv: KVCache | None = None,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: tuple[torch.Tensor, ...] | None = None,
     ) -> torch.Tensor:
         """``x: [batch, pos, d_model]``, or per-head inputs ``(query [batch, pos, head, d_model], key and
         value [batch, pos, kv_head, d_model])`` (the block's split inputs, already normalised): head ``i``
@@ -582,7 +582,7 @@ class Block(nn.Module):
         x: torch.Tensor,
         mask: torch.Tensor | None,
         kv: KVCache | None = None,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: tuple[torch.Tensor, ...] | None = None,
     ) -> torch.Tensor:
         c = self.cfg
         x = self.hook_resid_pre(x)
