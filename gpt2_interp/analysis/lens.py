@@ -413,12 +413,13 @@ class DLAResult(Result):
 
 @boundary
 def logit_direction(model: HookedGPT2, target: Target, baseline: Target | None = None) -> torch.Tensor:
-    """``w ⊙ (W_U[:, t] - W_U[:, b])`` ``[d_model]``: what a centred, scaled residual is dotted with
+    """``w ⊙ (W_U[:, t] - W_U[:, b])`` ``[d_model]`` (``w``: ln_final's gain, ``1 + w`` for Gemma's norm): what a
+    centred, scaled residual is dotted with
     (``t``: the single-token ``target``, ``b``: the ``baseline``, left out when None)."""
     u = model.W_U[:, model.to_single_token(target)]
     if baseline is not None:
         u = u - model.W_U[:, model.to_single_token(baseline)]
-    return model.ln_final.w * u
+    return model.ln_final.gain * u
 
 
 @boundary
@@ -445,7 +446,8 @@ def logit_attribution(
 
     Uses ln_final's scale of the actual run, so the parts (token and position embeddings,
     each attention and MLP output; per head via ``hook_z @ W_O`` with ``b_O`` apart) sum
-    exactly to the model's logit (difference) minus the LN bias term ``b · W_U[:, t]``.
+    exactly to the model's logit (difference) minus the LN bias term ``b · W_U[:, t]`` (plus GPT-J's head bias
+    ``b_U[t]``). A model whose logits are soft-capped (Gemma 2) is refused (ValueError).
 
     ``prompt``: one string (BOS is prepended); ``target``/``baseline``: single tokens (strings or
     ids); ``position``: index into the prompt's tokens, BOS = 0 (default -1, the last);
@@ -454,6 +456,11 @@ def logit_attribution(
     position out of range IndexError, a target or baseline that is not one token ValueError.
     """
     n = model.cfg.n_layer
+    if model.cfg.final_softcap is not None:
+        raise ValueError(
+            f"direct logit attribution splits a linear readout; {model.cfg.name} soft-caps its logits "
+            f"(final_softcap={model.cfg.final_softcap}), so the parts would not sum to the logit"
+        )
     tokens, pos = prompt_position(model, prompt, position, "logit_attribution")
     learned = "hook_pos_embed" in model.hook_dict  # rotary models have no position embedding
     names = ["hook_embed", "ln_final.hook_scale"] + (["hook_pos_embed"] if learned else [])
@@ -485,11 +492,12 @@ def logit_attribution(
         head_parts = direct_effect(heads, direction, scale, centre)  # [n_layer, n_head]
     tid = model.to_single_token(target)
     ln_b = zeros if model.ln_final.b is None else model.ln_final.b.float()  # RMSNorm: no bias term
-    ln_bias = ln_b @ model.W_U[:, tid].float()
+    b_U = model.unembed.b_U.float()  # zeros but for GPT-J's head bias
+    ln_bias = ln_b @ model.W_U[:, tid].float() + b_U[tid]
     logit = logits[0, pos, tid].float()
     if baseline is not None:
         bid = model.to_single_token(baseline)
-        ln_bias = ln_bias - ln_b @ model.W_U[:, bid].float()
+        ln_bias = ln_bias - ln_b @ model.W_U[:, bid].float() - b_U[bid]
         logit = logit - logits[0, pos, bid].float()
     return DLAResult(
         prompt=prompt,

@@ -53,7 +53,7 @@ def _check_neurons(model: HookedGPT2, neurons: Sequence[int] | torch.Tensor | No
 
 def _readout_in(model: HookedGPT2, vectors: torch.Tensor, apply_ln: bool) -> torch.Tensor:
     """Vectors ``[n, d_model]`` as the unembedding sees them: times ln_final's ``w`` if ``apply_ln``."""
-    return vectors * model.ln_final.w if apply_ln else vectors
+    return vectors * model.ln_final.gain if apply_ln else vectors
 
 
 @boundary
@@ -317,7 +317,7 @@ def find_neurons(
     ls = _layers(model, layers)
     if relative and contrast is not None:
         raise ValueError("give relative=True (contrast with the whole vocabulary) or contrast tokens, not both")
-    w = model.ln_final.w if apply_ln else torch.ones_like(model.ln_final.w)
+    w = model.ln_final.gain if apply_ln else torch.ones_like(model.ln_final.w)
     readout = (w[:, None] * model.W_U[:, ids]).mean(-1)  # [d_model]
     if relative:
         readout = readout - w * model.W_U.mean(-1)

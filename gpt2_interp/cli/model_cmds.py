@@ -36,6 +36,8 @@ def info(args: argparse.Namespace) -> int:
     c = model.cfg
     kv = f" ({c.n_kv} key/value heads)" if c.n_kv != c.n_head else ""
     arch = "" if c.family == "gpt2" else f"; {c.norm}, {c.positional} positions (θ {c.rope_theta:g}), {c.mlp} MLP"
+    if c.hf_type is not None:
+        arch += f"; family {c.family}"
     print(
         f"{c.name}: {c.n_layer} layers, d_model {c.d_model}, {c.n_head} heads × {c.d_head}{kv}, d_mlp {c.d_mlp}, "
         f"context {c.n_ctx}, vocabulary {c.d_vocab}{arch}; {model.device}, {model.dtype}"

@@ -581,7 +581,7 @@ class _Packing:
     src: torch.Tensor
     real: torch.Tensor
     mask: torch.Tensor
-    rope: tuple[torch.Tensor, torch.Tensor] | None
+    rope: tuple[torch.Tensor, ...] | None
     slot: torch.Tensor
 
     @classmethod

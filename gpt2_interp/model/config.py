@@ -14,6 +14,9 @@ field          GPT-2                  Llama / SmolLM2
 ``bias``       True                   False
 ``tied_embeddings`` True              either
 =============  =====================  ===========================================
+
+The later families (Qwen, Mistral, OLMo 2, GPT-NeoX, GPT-J, Gemma, Phi-3) are more fields of the same
+config, each listed in :class:`GPT2Config` and set from a ``config.json`` by :mod:`.families`.
 """
 
 from __future__ import annotations
@@ -41,6 +44,31 @@ class GPT2Config:
     - ``n_kv_heads``: key/value heads for grouped-query attention (None: ``n_head``);
     - ``bias``: whether linear layers have biases; ``tied_embeddings``: whether ``W_U = W_E.T``.
 
+    The later families' options (defaults keep GPT-2 and Llama unchanged; :mod:`.families` sets them from a
+    ``config.json``):
+
+    - ``head_dim``: the head width when it is not ``d_model // n_head`` (Qwen 3, Gemma, Mistral);
+    - ``rope_scaling``: ``"none"``, ``"linear"`` (frequencies ÷ ``rope_factor``), ``"llama3"`` (Llama 3.1's
+      scheme with ``rope_factor``, ``rope_low_freq_factor``, ``rope_high_freq_factor`` and ``rope_original_ctx``,
+      the pre-training context) or ``"yarn"`` (YaRN with ``rope_factor``, ``rope_original_ctx``,
+      ``rope_beta_fast``, ``rope_beta_slow``, ``rope_truncate``; cos and sin × ``rope_attention_factor``);
+      ``rope_local_theta``: the rope base of the sliding layers (Gemma 3);
+    - ``rotary_dim``: how many head dimensions RoPE rotates (None: all; GPT-NeoX, GPT-J);
+      ``rotary_interleaved``: GPT-J's pairs ``(2i, 2i+1)`` instead of the half split;
+    - ``qkv_bias``, ``attn_out_bias``: biases of the query/key/value and output projections (None: ``bias``);
+      ``unembed_bias``: an unembedding bias ``b_U`` (GPT-J);
+    - ``qk_norm``: ``"none"``, ``"head"`` (a norm over ``d_head`` per head: Qwen 3, Gemma 3) or ``"full"`` (over the
+      whole projection: OLMo 2);
+    - ``norm_position``: ``"pre"``, ``"post"`` (norms on the attention and MLP outputs only: OLMo 2) or
+      ``"sandwich"`` (both: Gemma); ``parallel``: ``"none"``, ``"two_norms"`` (attention and MLP of the same
+      residual: GPT-NeoX) or ``"one_norm"`` (sharing ``ln1``: GPT-J);
+    - ``norm_offset``: RMSNorm gains ``1 + w`` (Gemma); ``embed_scale``: embeddings × sqrt(d_model) (Gemma);
+    - ``attn_scale``: the attention score scale (None: ``d_head ** -0.5``); ``attn_softcap``, ``final_softcap``:
+      ``cap · tanh(x / cap)`` on the attention scores and on the logits (Gemma 2);
+    - ``sliding_window``: keys at most this many positions back (``i - j < window``); ``global_every``: 0 for every
+      layer sliding, else every ``global_every``-th layer is global (Gemma);
+    - ``hf_type``: the transformers ``model_type`` the config is written back as (``family``).
+
     Checked when made: sizes must be positive integers, ``n_head`` must divide ``d_model`` and
     ``n_kv_heads`` divide ``n_head``, rotary positions need an even ``d_head``, ``layer_norm_eps`` and
     ``rope_theta`` must be finite and > 0, and the three kinds must be one of those listed (ValueError;
@@ -62,6 +90,34 @@ class GPT2Config:
     n_kv_heads: int | None = None
     bias: bool = True
     tied_embeddings: bool = True
+    # --- the options of later families (defaults: GPT-2 / Llama's; see FAMILY_FIELDS and docs/guide) ---
+    head_dim: int | None = None
+    rope_scaling: str = "none"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_ctx: int = 8192
+    rope_attention_factor: float = 1.0
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_truncate: bool = True
+    rope_local_theta: float | None = None
+    rotary_dim: int | None = None
+    rotary_interleaved: bool = False
+    qkv_bias: bool | None = None
+    attn_out_bias: bool | None = None
+    unembed_bias: bool = False
+    qk_norm: str = "none"
+    norm_position: str = "pre"
+    parallel: str = "none"
+    norm_offset: bool = False
+    embed_scale: bool = False
+    attn_scale: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    sliding_window: int | None = None
+    global_every: int = 0
+    hf_type: str | None = None
 
     # per model, not part of the value: TransformerLens's opt-in hook points (see ModelConfig)
     use_attn_result: ClassVar[bool] = False
@@ -75,26 +131,51 @@ class GPT2Config:
         for field, allowed in (
             ("norm", ("layernorm", "rmsnorm")),
             ("positional", ("learned", "rotary")),
-            ("mlp", ("gelu", "swiglu")),
+            ("mlp", ("gelu", "gelu_erf", "swiglu", "geglu")),
+            ("rope_scaling", ("none", "linear", "llama3", "yarn")),
+            ("qk_norm", ("none", "head", "full")),
+            ("norm_position", ("pre", "post", "sandwich")),
+            ("parallel", ("none", "two_norms", "one_norm")),
+            ("hf_type", (None, *HF_TYPES)),
         ):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"{field}={getattr(self, field)!r}; accepted: {', '.join(map(repr, allowed))}")
-        for field in ("bias", "tied_embeddings"):
+        for field in (
+            "bias",
+            "tied_embeddings",
+            "rotary_interleaved",
+            "unembed_bias",
+            "norm_offset",
+            "embed_scale",
+            "rope_truncate",
+        ):
             if not isinstance(getattr(self, field), bool):
                 raise TypeError(f"{field} must be True or False, got {getattr(self, field)!r}")
         if not isinstance(self.name, str):
             raise TypeError(f"name must be a string, got {type(self.name).__name__} {self.name!r:.40}")
-        if self.positional == "rotary" and self.d_head % 2:
-            raise ValueError(f"rotary positions need an even d_head, got {self.d_head}")
+        for field in ("qkv_bias", "attn_out_bias"):
+            if getattr(self, field) is not None and not isinstance(getattr(self, field), bool):
+                raise TypeError(f"{field} must be True, False or None (as bias), got {getattr(self, field)!r}")
+        if self.positional == "rotary" and self.rotary_width % 2:
+            raise ValueError(f"rotary positions need an even rotary_dim, got {self.rotary_width}")
+        if self.rotary_width > self.d_head:
+            raise ValueError(f"rotary_dim={self.rotary_dim} is wider than the head (d_head={self.d_head})")
+        if self.parallel != "none" and self.norm_position != "pre":
+            raise ValueError(f"parallel={self.parallel!r} needs norm_position='pre', got {self.norm_position!r}")
 
     def _check_sizes(self) -> None:
         """Sizes are positive ints; n_head divides d_model and n_kv_heads divides n_head."""
         for field in ("n_layer", "d_model", "n_head", "d_mlp", "n_ctx", "d_vocab"):
             object.__setattr__(self, field, check_count(getattr(self, field), field))
-        if self.d_model % self.n_head:
+        if self.d_model % self.n_head and self.head_dim is None:
             raise ValueError(
                 f"n_head={self.n_head} must divide d_model={self.d_model} (d_model must be divisible by n_head)"
             )
+        for field, minimum in (("head_dim", 1), ("rotary_dim", 2), ("sliding_window", 1)):
+            if getattr(self, field) is not None:
+                object.__setattr__(self, field, check_count(getattr(self, field), field, minimum))
+        object.__setattr__(self, "global_every", check_count(self.global_every, "global_every", 0))
+        object.__setattr__(self, "rope_original_ctx", check_count(self.rope_original_ctx, "rope_original_ctx"))
         if self.n_kv_heads is not None:
             object.__setattr__(self, "n_kv_heads", check_count(self.n_kv_heads, "n_kv_heads"))
             if self.n_head % self.n_kv_heads:
@@ -102,8 +183,21 @@ class GPT2Config:
 
     def _check_numbers(self) -> None:
         """The norm epsilon and the rotary base are finite positive numbers."""
-        for field in ("layer_norm_eps", "rope_theta"):
+        optional = ("rope_local_theta", "attn_scale", "attn_softcap", "final_softcap")
+        for field in (
+            "layer_norm_eps",
+            "rope_theta",
+            "rope_factor",
+            "rope_low_freq_factor",
+            "rope_high_freq_factor",
+            "rope_attention_factor",
+            "rope_beta_fast",
+            "rope_beta_slow",
+            *optional,
+        ):
             v = getattr(self, field)
+            if v is None and field in optional:
+                continue
             if isinstance(v, bool) or not isinstance(v, numbers.Real):
                 raise TypeError(f"{field} must be a number, got {type(v).__name__} {v!r:.40}")
             if not math.isfinite(v) or v <= 0:
@@ -112,8 +206,30 @@ class GPT2Config:
 
     @property
     def d_head(self) -> int:
-        """The width of one attention head, ``d_model // n_head``."""
-        return self.d_model // self.n_head
+        """The width of one attention head: ``head_dim``, else ``d_model // n_head``."""
+        return self.head_dim or self.d_model // self.n_head
+
+    @property
+    def rotary_width(self) -> int:
+        """How many dimensions of each query/key head RoPE rotates (``rotary_dim``, else all ``d_head``)."""
+        return self.rotary_dim or self.d_head
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        """Whether the query/key/value projections have biases (``qkv_bias``, else ``bias``)."""
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def has_attn_out_bias(self) -> bool:
+        """Whether the attention output projection has a bias (``attn_out_bias``, else ``bias``)."""
+        return self.bias if self.attn_out_bias is None else self.attn_out_bias
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether block ``layer`` attends within ``sliding_window`` tokens only: every layer when
+        ``global_every`` is 0, else all but every ``global_every``-th (Gemma's local/global alternation)."""
+        if self.sliding_window is None:
+            return False
+        return self.global_every == 0 or (layer + 1) % self.global_every != 0
 
     @property
     def n_kv(self) -> int:
@@ -122,7 +238,13 @@ class GPT2Config:
 
     @property
     def family(self) -> str:
-        """``"gpt2"`` (GPT-2's maths), ``"llama"`` (RMSNorm, RoPE, SwiGLU, no biases) or ``"mixed"``."""
+        """The transformers ``model_type`` of this config: ``hf_type`` when set (``"qwen2"``, ``"gemma2"``…),
+        else ``"gpt2"`` (GPT-2's maths), ``"llama"`` (RMSNorm, RoPE, SwiGLU, no biases) or ``"mixed"``."""
+        if self.hf_type is not None:
+            return self.hf_type
+        plain = {f.name: f.default for f in fields(GPT2Config) if f.name in FAMILY_FIELDS}
+        if any(getattr(self, k) != v for k, v in plain.items()):
+            return "mixed"
         if (self.norm, self.positional, self.mlp, self.bias) == ("layernorm", "learned", "gelu", True):
             return "gpt2" if self.tied_embeddings and self.n_kv == self.n_head else "mixed"
         if (self.norm, self.positional, self.mlp, self.bias) == ("rmsnorm", "rotary", "swiglu", False):
@@ -161,6 +283,10 @@ class GPT2Config:
     # --- Hugging Face config.json -------------------------------------------------
     def to_hf_dict(self) -> dict[str, Any]:
         """A ``config.json`` that ``transformers`` loads as this model (GPT2LMHeadModel or LlamaForCausalLM)."""
+        if self.family not in ("gpt2", "llama"):
+            from .families import to_hf_dict
+
+            return to_hf_dict(self)
         if self.family == "llama":
             return self._to_llama_dict()
         if self.family != "gpt2":
@@ -190,6 +316,8 @@ class GPT2Config:
         }
 
     def _to_llama_dict(self) -> dict[str, Any]:
+        from .families import rope_dict
+
         return {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -204,7 +332,7 @@ class GPT2Config:
             "vocab_size": self.d_vocab,
             "rms_norm_eps": self.layer_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "rope_parameters": rope_dict(self),
             "tie_word_embeddings": self.tied_embeddings,
             "attention_bias": False,
             "mlp_bias": False,
@@ -218,7 +346,12 @@ class GPT2Config:
         and values no model can have (naming our field and the ``config.json`` key it came from)."""
         if not isinstance(hf, dict):
             raise TypeError(f"a config.json must hold a JSON object, got {type(hf).__name__}")
+        from .families import FAMILY_READERS, from_family_dict, refuse_unsupported
+
+        refuse_unsupported(hf)
         try:
+            if hf.get("model_type", "gpt2") in FAMILY_READERS:
+                return from_family_dict(cls, hf, name)
             if hf.get("model_type", "gpt2") == "llama":
                 return cls._from_llama_dict(hf, name)
             return cls._from_gpt2_dict(hf, name)
@@ -232,7 +365,10 @@ class GPT2Config:
     @classmethod
     def _from_gpt2_dict(cls, hf: dict[str, Any], name: str | None) -> GPT2Config:
         if hf.get("model_type", "gpt2") != "gpt2":
-            raise ValueError(f"config.json has model_type={hf.get('model_type')!r}; supported: 'gpt2', 'llama'")
+            raise ValueError(
+                f"config.json has model_type={hf.get('model_type')!r}; supported: 'gpt2', 'llama', "
+                f"{', '.join(map(repr, HF_TYPES))}"
+            )
         unsupported = {
             "activation_function": ("gelu_new", hf.get("activation_function", "gelu_new")),
             "scale_attn_weights": (True, hf.get("scale_attn_weights", True)),
@@ -256,15 +392,9 @@ class GPT2Config:
 
     @classmethod
     def _from_llama_dict(cls, hf: dict[str, Any], name: str | None) -> GPT2Config:
-        rope = dict(hf.get("rope_parameters") or {})
-        scaling = hf.get("rope_scaling") or {}
-        types = {rope.get("rope_type") or "default", scaling.get("rope_type") or scaling.get("type") or "default"}
-        rope_type = ", ".join(repr(t) for t in sorted(types - {"default"}))
-        if rope_type:
-            raise ValueError(
-                f"config.json asks for rope scaling {rope_type} ({scaling or rope}); gpt2-interp implements "
-                "only plain rotary positions (rope_type 'default', no rope_scaling)"
-            )
+        from .families import read_rope
+
+        rope_fields = read_rope(hf)
         unsupported = {
             "hidden_act": ("silu", hf.get("hidden_act", "silu")),
             "attention_bias": (False, hf.get("attention_bias", False)),
@@ -279,12 +409,10 @@ class GPT2Config:
             )
         d_model = check_count(hf.get("hidden_size", 4096), "d_model")
         n_head = check_count(hf.get("num_attention_heads", 32), "n_head")
-        if hf.get("head_dim") not in (None, d_model // n_head):
-            raise ValueError(
-                f"head_dim={hf['head_dim']} differs from hidden_size/num_attention_heads="
-                f"{d_model // n_head}; gpt2-interp needs d_head = d_model / n_head"
-            )
+        head_dim = hf.get("head_dim")
         return cls(
+            **rope_fields,
+            head_dim=None if head_dim in (None, d_model // n_head) else head_dim,
             n_layer=hf.get("num_hidden_layers", 32),
             d_model=d_model,
             n_head=n_head,
@@ -293,7 +421,6 @@ class GPT2Config:
             n_ctx=hf.get("max_position_embeddings", 2048),
             d_vocab=hf.get("vocab_size", 32000),
             layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
             tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
             norm="rmsnorm",
             positional="rotary",
@@ -414,6 +541,30 @@ class ModelConfig(GPT2Config):
         return replace(self.config, **changes)
 
 
+#: The transformers ``model_type`` of each family beyond GPT-2 and Llama that a config can be (``hf_type``).
+HF_TYPES = ("qwen2", "mistral", "qwen3", "olmo2", "gpt_neox", "gptj", "gemma2", "gemma3_text", "phi3")
+
+#: The fields that make a config differ from plain GPT-2 / Llama maths (``family`` is ``"mixed"`` when one of
+#: them is set and ``hf_type`` is not); head_dim and the rope_* fields are Llama's own options.
+FAMILY_FIELDS = (
+    "rotary_dim",
+    "rotary_interleaved",
+    "qkv_bias",
+    "attn_out_bias",
+    "unembed_bias",
+    "qk_norm",
+    "norm_position",
+    "parallel",
+    "norm_offset",
+    "embed_scale",
+    "attn_scale",
+    "attn_softcap",
+    "final_softcap",
+    "sliding_window",
+    "global_every",
+    "rope_local_theta",
+)
+
 #: The per-model TransformerLens switches :class:`ModelConfig` lets a user set (all off by default).
 SWITCHES = ("use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_mlp_in")
 
@@ -444,10 +595,201 @@ def _known(name: str, n_layer: int, d_model: int, n_head: int) -> GPT2Config:
     return GPT2Config(n_layer=n_layer, d_model=d_model, n_head=n_head, d_mlp=4 * d_model, name=name)
 
 
+def _llama_json(layers: int, d: int, heads: int, kv: int, mlp: int, vocab: int, ctx: int, **kw: Any) -> dict[str, Any]:
+    """The shape keys of a Llama-like ``config.json`` (``kw`` adds or overrides keys)."""
+    return {
+        "num_hidden_layers": layers,
+        "hidden_size": d,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "intermediate_size": mlp,
+        "vocab_size": vocab,
+        "max_position_embeddings": ctx,
+        "hidden_act": "silu",
+        **kw,
+    }
+
+
+def _pythia(layers: int, d: int, heads: int) -> dict[str, Any]:
+    return {
+        "model_type": "gpt_neox",
+        "num_hidden_layers": layers,
+        "hidden_size": d,
+        "num_attention_heads": heads,
+        "intermediate_size": 4 * d,
+        "vocab_size": 50304,
+        "max_position_embeddings": 2048,
+        "rotary_pct": 0.25,
+        "rotary_emb_base": 10000,
+        "hidden_act": "gelu",
+        "use_parallel_residual": True,
+        "layer_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+    }
+
+
+_GEMMA = {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256, "tie_word_embeddings": True}
+
+#: The published ``config.json`` values (the keys that shape the model) of released models of the later
+#: families, as data: :data:`KNOWN_CONFIGS` reads each with :meth:`GPT2Config.from_hf_dict`.
+PUBLISHED_CONFIG_JSON: dict[str, dict[str, Any]] = {
+    "llama-3.2-1b": _llama_json(
+        16,
+        2048,
+        32,
+        8,
+        8192,
+        128256,
+        131072,
+        model_type="llama",
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
+    "qwen2.5-0.5b": _llama_json(
+        24,
+        896,
+        14,
+        2,
+        4864,
+        151936,
+        32768,
+        model_type="qwen2",
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        sliding_window=None,
+    ),
+    "qwen3-0.6b": _llama_json(
+        28,
+        1024,
+        16,
+        8,
+        3072,
+        151936,
+        40960,
+        model_type="qwen3",
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        sliding_window=None,
+    ),
+    "gemma-2-2b": _llama_json(
+        26,
+        2304,
+        8,
+        4,
+        9216,
+        256000,
+        8192,
+        model_type="gemma2",
+        head_dim=256,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        sliding_window=4096,
+        attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+        layer_types=["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(26)],
+        **_GEMMA,
+    ),
+    "gemma-3-1b": _llama_json(
+        26,
+        1152,
+        4,
+        1,
+        6912,
+        262144,
+        32768,
+        model_type="gemma3_text",
+        head_dim=256,
+        rms_norm_eps=1e-6,
+        sliding_window=512,
+        layer_types=["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(26)],
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        **_GEMMA,
+    ),
+    "gpt-j-6b": {
+        "model_type": "gptj",
+        "n_layer": 28,
+        "n_embd": 4096,
+        "n_head": 16,
+        "rotary_dim": 64,
+        "n_inner": None,
+        "n_positions": 2048,
+        "vocab_size": 50400,
+        "layer_norm_epsilon": 1e-5,
+        "activation_function": "gelu_new",
+        "tie_word_embeddings": False,
+    },
+    "pythia-70m": _pythia(6, 512, 8),
+    "pythia-160m": _pythia(12, 768, 12),
+    "pythia-410m": _pythia(24, 1024, 16),
+    "pythia-1.4b": _pythia(24, 2048, 16),
+    "mistral-7b": _llama_json(
+        32,
+        4096,
+        32,
+        8,
+        14336,
+        32000,
+        32768,
+        model_type="mistral",
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        sliding_window=4096,
+        tie_word_embeddings=False,
+    ),
+    "phi-3-mini": _llama_json(
+        32,
+        3072,
+        32,
+        32,
+        8192,
+        32064,
+        4096,
+        model_type="phi3",
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        sliding_window=2047,
+        tie_word_embeddings=False,
+        original_max_position_embeddings=4096,
+    ),
+    "olmo-2-1b": _llama_json(
+        16,
+        2048,
+        16,
+        16,
+        8192,
+        100352,
+        4096,
+        model_type="olmo2",
+        rms_norm_eps=1e-6,
+        rope_theta=500000.0,
+        attention_bias=False,
+        tie_word_embeddings=False,
+    ),
+}
+
 KNOWN_CONFIGS: dict[str, GPT2Config] = {
     "gpt2": _known("gpt2", 12, 768, 12),
     "gpt2-medium": _known("gpt2-medium", 24, 1024, 16),
     "gpt2-large": _known("gpt2-large", 36, 1280, 20),
     "gpt2-xl": _known("gpt2-xl", 48, 1600, 25),
     "distilgpt2": _known("distilgpt2", 6, 768, 12),
+    # the shapes of later families (random weights: HookedGPT2("qwen3-0.6b"); trained ones load from a directory)
+    **{name: GPT2Config.from_hf_dict(hf, name=name) for name, hf in PUBLISHED_CONFIG_JSON.items()},
 }

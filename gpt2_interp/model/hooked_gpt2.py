@@ -25,7 +25,7 @@ from ..core.checks import check_index, check_prompts
 from ..io import tokenizer as tok
 from .config import KNOWN_CONFIGS, GPT2Config, ModelConfig
 from .hooks import HookPoint, note_input, warn_if_nonfinite, warn_port, watch_replacements
-from .modules import Block, Embed, KVCache, PosEmbed, Unembed, norm, rotary_cos_sin
+from .modules import Block, Embed, KVCache, PosEmbed, Unembed, norm, rope_inv_freq, rotary_cos_sin
 from .root import HookedRootModule
 from .tl_aliases import StateDict, TransformerLensAliases, is_tl_state_dict
 
@@ -50,12 +50,18 @@ _BLOCK_HOOK_ORDER = (
     "attn.hook_q",
     "attn.hook_k",
     "attn.hook_v",
+    "attn.q_norm.hook_scale",
+    "attn.q_norm.hook_normalized",
+    "attn.k_norm.hook_scale",
+    "attn.k_norm.hook_normalized",
     "attn.hook_rot_q",
     "attn.hook_rot_k",
     "attn.hook_attn_scores",
     "attn.hook_pattern",
     "attn.hook_z",
     "attn.hook_result",
+    "ln1_post.hook_scale",
+    "ln1_post.hook_normalized",
     "hook_attn_out",
     "hook_resid_mid",
     "hook_mlp_in",
@@ -64,6 +70,8 @@ _BLOCK_HOOK_ORDER = (
     "mlp.hook_pre",
     "mlp.hook_pre_linear",
     "mlp.hook_post",
+    "ln2_post.hook_scale",
+    "ln2_post.hook_normalized",
     "hook_mlp_out",
     "hook_resid_post",
 )  # the forward order; hooks a config lacks (rot_q/rot_k, pre_linear, pos_embed) are skipped
@@ -73,7 +81,9 @@ _BLOCK_HOOK_ORDER = (
 class HookedGPT2(HookedRootModule, TransformerLensAliases):
     """Exactly GPT-2 (pre-LN, fused QKV, GELU-new, learned positions, tied unembedding) by default;
     with a Llama-style config (:func:`.config.llama_config`) RMSNorm, rotary positions, SwiGLU,
-    grouped-query attention, no biases and an optionally untied ``unembed.W_U``. TransformerLens hook names.
+    grouped-query attention, no biases and an optionally untied ``unembed.W_U``; the later families (Qwen,
+    Mistral, OLMo 2, GPT-NeoX, GPT-J, Gemma, Phi-3) by their config values (:mod:`.families`).
+    TransformerLens hook names.
 
     ``cfg``: a :class:`GPT2Config` or the name of one in :data:`KNOWN_CONFIGS` (default ``"gpt2"``; an
     unknown name raises KeyError). The weights are freshly initialised (:meth:`init_weights`, seeded
@@ -134,8 +144,8 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         std, proj_std = 0.02, 0.02 / math.sqrt(2 * self.cfg.n_layer)
         for name, p in self.named_parameters():
             if name.endswith((".w",)):
-                p.fill_(1.0)
-            elif name.endswith((".b", "b_QKV", "b_O", "b_in", "b_out")):
+                p.fill_(0.0 if self.cfg.norm_offset and self.cfg.norm == "rmsnorm" else 1.0)
+            elif name.endswith((".b", "b_QKV", "b_O", "b_in", "b_out", "b_U")):
                 p.zero_()
             else:
                 s = proj_std if name.endswith(("W_O", "W_out")) else std
@@ -385,11 +395,23 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             return torch.arange(past, past + q_len, device=self.device)[None]
         return (attention_mask.to(self.device).cumsum(-1) - 1).clamp(min=0)[:, past : past + q_len]
 
-    def rotary(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """RoPE ``(cos, sin)`` ``[batch|1, pos, 1, d_head]`` for positions ``pos``; None without rotary positions."""
-        if self.cfg.positional != "rotary":
+    def rotary(self, pos: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+        """RoPE ``(cos, sin)`` ``[batch|1, pos, 1, rotary_dim]`` for positions ``pos`` (rescaled as the config's
+        ``rope_scaling`` says), followed by the local layers' pair when they have their own base
+        (``rope_local_theta``, Gemma 3); None without rotary positions."""
+        c = self.cfg
+        if c.positional != "rotary":
             return None
-        return rotary_cos_sin(pos, self.cfg.d_head, self.cfg.rope_theta, self.dtype)
+        d = c.rotary_width
+        inv = rope_inv_freq(d, c.rope_theta, pos.device, c)
+        scale = c.rope_attention_factor if c.rope_scaling == "yarn" else 1.0
+        rope: tuple[torch.Tensor, ...] = rotary_cos_sin(
+            pos, d, c.rope_theta, self.dtype, inv, c.rotary_interleaved, scale
+        )
+        if c.rope_local_theta is not None and c.sliding_window is not None:
+            local = rope_inv_freq(d, c.rope_local_theta, pos.device)
+            rope += rotary_cos_sin(pos, d, c.rope_local_theta, self.dtype, local, c.rotary_interleaved)
+        return rope
 
     def forward(
         self,
@@ -455,7 +477,10 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
             q_len = tokens.shape[1]
             self.check_length(past + q_len)
             pos = self.positions(q_len, past, attention_mask)
-            x = self.hook_embed(self.W_E[tokens])
+            x = self.W_E[tokens]
+            if self.cfg.embed_scale:  # Gemma: embeddings times sqrt(d_model), rounded to the model's dtype
+                x = x * torch.tensor(self.cfg.d_model**0.5, dtype=x.dtype)
+            x = self.hook_embed(x)
             if self.cfg.positional == "learned":
                 x = x + self.hook_pos_embed(_weight(self.pos_embed, "W_pos")[pos].expand(tokens.shape[0], -1, -1))
         else:
@@ -628,4 +653,6 @@ class HookedGPT2(HookedRootModule, TransformerLensAliases):
         s = f"{c.name}: n_layer={c.n_layer}, d_model={c.d_model}, n_head={c.n_head}, d_mlp={c.d_mlp}, n_ctx={c.n_ctx}"
         if c.family != "gpt2":
             s += f", n_kv_heads={c.n_kv}, {c.norm}, {c.positional}, {c.mlp}, bias={c.bias}, tied={c.tied_embeddings}"
+        if c.family not in ("gpt2", "llama", "mixed"):
+            s += f", family={c.family}"
         return s

@@ -30,11 +30,15 @@ from ..core.porting import PortingWarning
 from ..io import checkpoints as ckpt
 from ..io import tokenizer as tok
 from ..io.gguf import GGUFError, GGUFFile, gguf_tokenizer, read_gguf, unpermute_rotary
-from .config import KNOWN_CONFIGS, GPT2Config
+from .config import HF_TYPES, KNOWN_CONFIGS, GPT2Config
+from .families import HF_CLASSES, family_to_native, native_to_family
 from .hooked_gpt2 import HookedGPT2
 
+#: The GPT-2 sizes among :data:`KNOWN_CONFIGS` (the others are shapes of later families, built with random weights).
+GPT2_SIZES = [name for name, c in KNOWN_CONFIGS.items() if c.family == "gpt2"]
+
 # the Hugging Face hub repository of each GPT-2 size, read from the HF cache (then downloaded)
-HUB_REPOS = {name: f"openai-community/{name}" for name in KNOWN_CONFIGS if name != "distilgpt2"}
+HUB_REPOS = {name: f"openai-community/{name}" for name in GPT2_SIZES if name != "distilgpt2"}
 HUB_REPOS["distilgpt2"] = "distilbert/distilgpt2"
 
 
@@ -78,13 +82,13 @@ MODEL_ALIASES: dict[str, str] = {
 
 def model_names() -> list[str]:
     """Every name :func:`load` accepts for a model (ours first, then hub ids and TransformerLens's names)."""
-    return sorted(ckpt.EMBEDDED | set(KNOWN_CONFIGS) | set(GGUF_MODELS)) + sorted(MODEL_ALIASES)
+    return sorted(ckpt.EMBEDDED | set(GPT2_SIZES) | set(GGUF_MODELS)) + sorted(MODEL_ALIASES)
 
 
 def canonical_model_name(name: str) -> str | None:
     """Our name for a model name or alias (``"openai-community/gpt2"``, ``"gpt2-small"`` → ``"gpt2"``;
     ``"HuggingFaceTB/SmolLM2-135M-Instruct"`` → ``"smollm2-135m"``; any case), or None if unknown."""
-    by_lower = {n.lower(): n for n in sorted(ckpt.EMBEDDED | set(KNOWN_CONFIGS) | set(GGUF_MODELS))}
+    by_lower = {n.lower(): n for n in sorted(ckpt.EMBEDDED | set(GPT2_SIZES) | set(GGUF_MODELS))}
     by_lower.update({alias.lower(): ours for alias, ours in MODEL_ALIASES.items()})
     return by_lower.get(name.lower())
 
@@ -97,7 +101,7 @@ def unknown_model_error(name: str) -> FileNotFoundError:
     hint = f" Did you mean {', '.join(repr(by_lower[c]) for c in close)}?" if close else ""
     return FileNotFoundError(
         f"{name!r} is neither a file, a directory, nor a known model name.{hint} Known: "
-        f"{', '.join(sorted(ckpt.EMBEDDED | set(KNOWN_CONFIGS) | set(GGUF_MODELS)))} (also under their Hugging Face "
+        f"{', '.join(sorted(ckpt.EMBEDDED | set(GPT2_SIZES) | set(GGUF_MODELS)))} (also under their Hugging Face "
         "hub ids and TransformerLens names, e.g. 'openai-community/gpt2', 'gpt2-small')"
     )
 
@@ -155,6 +159,8 @@ def native_to_hf(model: HookedGPT2) -> dict[str, torch.Tensor]:
     """Our weights under transformers' names: GPT2LMHeadModel (``transformer.*``) or LlamaForCausalLM
     (``model.*``); a tied ``lm_head`` is left out."""
     sd, c = model.state_dict(), model.cfg
+    if c.family in HF_TYPES:
+        return native_to_family(sd, c)
     if c.family == "llama":
         return _native_to_llama(sd, c)
     if c.family != "gpt2":
@@ -204,6 +210,11 @@ TL_BUFFERS = ("attn.mask", "attn.IGNORE", "attn.rotary_sin", "attn.rotary_cos")
 
 
 def _tl_to_native(sd: Mapping[str, torch.Tensor], cfg: GPT2Config) -> dict[str, torch.Tensor]:
+    if cfg.family in HF_TYPES:
+        raise ValueError(
+            f"TransformerLens state dicts of the {cfg.family} family are not read; load the transformers "
+            "checkpoint (its directory or from_transformers) instead"
+        )
     if "blocks.0.ln1.w" not in sd:
         raise ValueError(
             "this TransformerLens state dict has folded LayerNorms (no blocks.0.ln1.w), so its weights no "
@@ -332,11 +343,13 @@ def from_state_dict(
             raise ValueError(f"{source}: entry {name!r} is a {type(t).__name__}, not a tensor")
     try:
         cfg = cfg or infer_config(sd)
-        fmt = ckpt.detect_format(sd)
+        fmt = "family" if cfg.family in HF_TYPES and not any(k.startswith("blocks.") for k in sd) else None
+        fmt = fmt or ckpt.detect_format(sd)
         convert = {
             "hf": _hf_to_native,
             "hf_llama": _llama_to_native,
             "tl": _tl_to_native,
+            "family": family_to_native,
             "native": lambda s, c: dict(s),
         }
         native = convert[fmt](sd, cfg)
@@ -400,13 +413,16 @@ def dir_tokenizer(path: Path, hf: Mapping[str, Any]) -> tok.Tokenizer | None:
 
 
 def load_dir(path: Path, name: str | None = None) -> HookedGPT2:
-    """A GPT-2 or Llama Hugging Face directory (config.json + model.safetensors; tokenizer.json if any)."""
+    """A Hugging Face directory of a supported family (config.json + model.safetensors; tokenizer.json if any).
+    The config is read and checked before any weight is."""
     path = Path(path)
+    if (path / "config.json").exists():  # an unsupported family is refused before its weights are read
+        try:
+            GPT2Config.from_hf_dict(ckpt.read_config_json(path / "config.json"), name=name)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{path / 'config.json'}: {e}") from None
     hf, sd = ckpt.read_hf_dir(path)
-    try:
-        cfg = GPT2Config.from_hf_dict(hf, name=name)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"{path / 'config.json'}: {e}") from None
+    cfg = GPT2Config.from_hf_dict(hf, name=name)
     tokenizer = dir_tokenizer(path, hf) if cfg.family != "gpt2" else None
     check_vocab(tokenizer, cfg, path / "tokenizer.json")
     return from_state_dict(sd, cfg, tokenizer, source=str(path))
@@ -777,6 +793,10 @@ def from_transformers(hf_model: Any, tokenizer: tok.Tokenizer | None = None) -> 
         wte = sd.get("transformer.wte.weight", sd.get("wte.weight"))
         if "lm_head.weight" in sd and (wte is None or not torch.equal(sd["lm_head.weight"], wte)):
             raise ValueError("this model's lm_head is not tied to wte; GPT-2 ties them")
+    elif cfg.family in HF_TYPES:
+        # family_to_native drops a tied head and checks it equals the embedding; a bare base model has no head
+        if not any(k.endswith(("lm_head.weight", "embed_out.weight")) for k in sd):
+            cfg = cfg.replace(tied_embeddings=True, unembed_bias=False)
     elif "lm_head.weight" not in sd:
         cfg = cfg.replace(tied_embeddings=True)  # a bare LlamaModel: no head; unembed with W_Eᵀ
     return from_state_dict(sd, cfg, tokenizer).eval()
@@ -792,7 +812,10 @@ def to_transformers(model: HookedGPT2) -> Any:
     except ImportError:
         raise ImportError("to_transformers needs transformers: pip install 'gpt2-interp[transformers]'") from None
     hf: Any  # a GPT2LMHeadModel or a LlamaForCausalLM
-    if model.cfg.family == "llama":
+    if model.cfg.family in HF_CLASSES:
+        config_class, model_class = (getattr(transformers, n) for n in HF_CLASSES[model.cfg.family])
+        hf = model_class(config_class(**model.cfg.to_hf_dict()))
+    elif model.cfg.family == "llama":
         hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**model.cfg.to_hf_dict()))
     else:
         hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**model.cfg.to_hf_dict()))

@@ -1,5 +1,6 @@
 """The transformer building blocks: GPT-2's (LayerNorm, GELU MLP, learned positions) and its
-descendants' (RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention), chosen by the config.
+descendants' (RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention, and the later families'
+options: q/k norms, sliding windows, soft-caps, parallel and sandwich blocks), chosen by the config.
 
 Weights are stored so that activations multiply on the left (``x @ W``, as in
 GPT-2's Conv1D) and with TransformerLens names: ``W_E``, ``W_pos``, ``ln.w/b``,
@@ -44,6 +45,11 @@ class LayerNorm(nn.Module):
         """The norm of ``x`` without running its hooks (e.g. the logit lens on any residual)."""
         return F.layer_norm(x, x.shape[-1:], self.w, self.b, self.eps)
 
+    @property
+    def gain(self) -> torch.Tensor:
+        """The weight the normalised input is multiplied by (``w``; RMSNorm's may be ``1 + w``)."""
+        return self.w
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.hook_scale.has_hooks or self.hook_normalized.has_hooks):
             return self.unhooked(x)
@@ -54,12 +60,13 @@ class LayerNorm(nn.Module):
 
 class RMSNorm(nn.Module):
     """``w · x / sqrt(mean(x²) + eps)`` (no centring, no bias) with LayerNorm's hooks:
-    ``hook_scale`` ``[batch, pos, 1]`` and ``hook_normalized`` ``[batch, pos, d]`` (before the gain)."""
+    ``hook_scale`` ``[batch, pos, 1]`` and ``hook_normalized`` ``[batch, pos, d]`` (before the gain).
+    With ``offset`` (Gemma) the gain is ``1 + w`` (``w`` starts at zero)."""
 
-    def __init__(self, d: int, eps: float) -> None:
+    def __init__(self, d: int, eps: float, offset: bool = False) -> None:
         super().__init__()
-        self.eps = eps
-        self.w = nn.Parameter(torch.ones(d))
+        self.eps, self.offset = eps, offset
+        self.w = nn.Parameter(torch.zeros(d) if offset else torch.ones(d))
         self.hook_scale = HookPoint()
         self.hook_normalized = HookPoint()
 
@@ -68,18 +75,25 @@ class RMSNorm(nn.Module):
 
     def unhooked(self, x: torch.Tensor) -> torch.Tensor:
         """The norm of ``x`` without running its hooks (e.g. the logit lens on any residual)."""
-        return F.rms_norm(x, x.shape[-1:], self.w, self.eps)
+        return F.rms_norm(x, x.shape[-1:], self.gain, self.eps)
+
+    @property
+    def gain(self) -> torch.Tensor:
+        """The weight the normalised input is multiplied by: ``w``, or ``1 + w`` with ``offset``."""
+        return self.w + 1.0 if self.offset else self.w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.hook_scale.has_hooks or self.hook_normalized.has_hooks):
             return self.unhooked(x)
         scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(x / scale) * self.w
+        return self.hook_normalized(x / scale) * self.gain
 
 
-def norm(cfg: GPT2Config) -> LayerNorm | RMSNorm:
-    """The config's normalisation layer over ``d_model``."""
-    return (RMSNorm if cfg.norm == "rmsnorm" else LayerNorm)(cfg.d_model, cfg.layer_norm_eps)
+def norm(cfg: GPT2Config, d: int | None = None) -> LayerNorm | RMSNorm:
+    """The config's normalisation layer over ``d`` (default ``d_model``)."""
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(d or cfg.d_model, cfg.layer_norm_eps, cfg.norm_offset)
+    return LayerNorm(d or cfg.d_model, cfg.layer_norm_eps)
 
 
 class Embed(nn.Module):
@@ -119,10 +133,15 @@ class Unembed(nn.Module):
     """Logits ``[..., d_vocab]`` of normalised residuals ``[..., d_model]``: ``x @ W_U``, with
     TransformerLens's hook points ``hook_in`` (the residual) and ``hook_out`` (the logits). Tied (GPT-2):
     ``W_U`` is ``W_Eᵀ`` of ``embed`` and the module holds no parameter; untied: its own ``W_U``
-    ``[d_model, d_vocab]`` (state-dict key ``unembed.W_U``). ``b_U`` is zeros (no unembedding bias)."""
+    ``[d_model, d_vocab]`` (state-dict key ``unembed.W_U``). ``b_U`` is zeros unless the config has
+    ``unembed_bias`` (GPT-J). With ``final_softcap`` (Gemma 2) the returned logits are
+    ``cap · tanh(logits / cap)``; ``hook_out`` sees them before the cap, as in TransformerLens."""
 
     def __init__(self, cfg: GPT2Config, embed: Embed) -> None:
         super().__init__()
+        self.softcap = cfg.final_softcap
+        if cfg.unembed_bias:
+            self.register_parameter("b_U", nn.Parameter(torch.zeros(cfg.d_vocab)))
         if cfg.tied_embeddings:
             self.__dict__["_embed"] = embed  # read, not owned: not a submodule, not in the state dict
         else:
@@ -140,12 +159,19 @@ class Unembed(nn.Module):
         return self.__dict__["_embed"].W_E.T
 
     @property
-    def b_U(self) -> torch.Tensor:  # [d_vocab] zeros
+    def b_U(self) -> torch.Tensor:  # [d_vocab] zeros without an unembedding bias
+        own = self._parameters.get("b_U")
+        if own is not None:
+            return own
         W_U = self.W_U
         return W_U.new_zeros(W_U.shape[-1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.hook_out(self.hook_in(x) @ self.W_U)
+        own = self._parameters.get("b_U")
+        logits = self.hook_out(_linear(self.hook_in(x), self.W_U, own))
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -155,24 +181,87 @@ def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.T
     return torch.addmm(b, x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[-1])
 
 
-def _bias(cfg: GPT2Config, n: int) -> nn.Parameter | None:
-    return nn.Parameter(torch.zeros(n)) if cfg.bias else None
+def _bias(cfg: GPT2Config, n: int, on: bool | None = None) -> nn.Parameter | None:
+    return nn.Parameter(torch.zeros(n)) if (cfg.bias if on is None else on) else None
+
+
+def _yarn(inv_freq: torch.Tensor, d: int, theta: float, cfg: GPT2Config) -> torch.Tensor:
+    """YaRN's frequencies (as transformers): interpolated (÷ ``rope_factor``) below the ramp between the dimensions
+    that turn ``rope_beta_fast`` and ``rope_beta_slow`` times over the original context, kept above it."""
+
+    def dim_of(rotations: float) -> float:
+        return d * math.log(cfg.rope_original_ctx / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(cfg.rope_beta_fast), dim_of(cfg.rope_beta_slow)
+    if cfg.rope_truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(d // 2, dtype=torch.float32, device=inv_freq.device) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp
+    return inv_freq / cfg.rope_factor * (1 - keep) + inv_freq * keep
+
+
+@boundary
+def rope_inv_freq(
+    d: int, theta: float, device: torch.device | None = None, cfg: GPT2Config | None = None
+) -> torch.Tensor:
+    """RoPE's inverse frequencies ``theta^(-2i/d)`` ``[d/2]`` (fp32) for ``d`` rotated dimensions, rescaled
+    as ``cfg.rope_scaling`` says: ``"linear"`` divides them by ``rope_factor``; ``"llama3"`` divides the low
+    frequencies by ``rope_factor`` and interpolates the middle band (Llama 3.1's scheme, as transformers)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d)
+    if cfg is None or cfg.rope_scaling == "none":
+        return inv_freq
+    factor = cfg.rope_factor
+    if cfg.rope_scaling == "linear":
+        return inv_freq / factor
+    if cfg.rope_scaling == "yarn":
+        return _yarn(inv_freq, d, theta, cfg)
+    low, high, old = cfg.rope_low_freq_factor, cfg.rope_high_freq_factor, cfg.rope_original_ctx
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+    return torch.where(medium, smoothed, scaled)
 
 
 def rotary_cos_sin(
-    pos: torch.Tensor, d_head: int, theta: float, dtype: torch.dtype
+    pos: torch.Tensor,
+    d_head: int,
+    theta: float,
+    dtype: torch.dtype,
+    inv_freq: torch.Tensor | None = None,
+    interleaved: bool = False,
+    scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE's ``(cos, sin)`` ``[batch|1, pos, 1, d_head]`` for integer positions ``pos: [batch|1, pos]``,
     in the half-split layout of ``transformers``' Llama: frequency ``i`` rotates the pair of dimensions
-    ``(i, i + d_head/2)`` by ``pos · theta^(-2i/d_head)``. Angles are computed in fp32."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, d_head, 2, dtype=torch.int64, device=pos.device).float() / d_head)
-    angles = pos.float()[..., None] * inv_freq  # [batch, pos, d_head/2]
-    angles = torch.cat([angles, angles], dim=-1)[:, :, None]
+    ``(i, i + d_head/2)`` by ``pos · theta^(-2i/d_head)`` (``inv_freq`` replaces those frequencies);
+    ``interleaved`` (GPT-J): the pair ``(2i, 2i + 1)``; ``scale`` multiplies cos and sin (YaRN's attention
+    factor). Angles are computed in fp32."""
+    if inv_freq is None:
+        inv_freq = rope_inv_freq(d_head, theta, pos.device)
+    angles = pos.float()[..., None] * inv_freq.to(pos.device)  # [batch, pos, d_head/2]
+    if interleaved:
+        angles = angles.repeat_interleave(2, dim=-1)[:, :, None]
+    else:
+        angles = torch.cat([angles, angles], dim=-1)[:, :, None]
+    if scale != 1.0:
+        return (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Apply RoPE to ``x: [batch, pos, head, d_head]``: ``x·cos + rotate_half(x)·sin``."""
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """Apply RoPE to the first ``cos.shape[-1]`` dimensions of ``x: [batch, pos, head, d_head]``:
+    ``x·cos + rotate_half(x)·sin`` (``interleaved``: GPT-J's ``rotate_every_two``); the rest pass through."""
+    d = cos.shape[-1]
+    if d < x.shape[-1]:
+        return torch.cat([rotate(x[..., :d], cos, sin, interleaved), x[..., d:]], dim=-1)
+    if interleaved:
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        return x * cos + torch.stack([-x2, x1], dim=-1).flatten(-2) * sin
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
@@ -207,12 +296,16 @@ class KVCache:
 class Attention(nn.Module):
     """Causal self-attention with a fused QKV projection; grouped-query when ``n_kv < n_head``
     (query head ``i`` reads key/value head ``i // (n_head / n_kv)``); RoPE on q and k when the
-    config is rotary (``hook_rot_q``/``hook_rot_k``).
+    config is rotary (``hook_rot_q``/``hook_rot_k``; on the first ``rotary_dim`` dimensions, interleaved for
+    GPT-J). With the config's q/k norm, ``q_norm``/``k_norm`` normalise the queries and keys after ``hook_q``/
+    ``hook_k`` and before RoPE; a sliding layer (``cfg.is_sliding``) sees keys less than ``sliding_window``
+    positions back; scores are scaled by ``attn_scale`` (default ``d_head ** -0.5``) and soft-capped by
+    ``attn_softcap``.
 
-    Uses ``scaled_dot_product_attention`` unless a hook asks for the scores or
-    the pattern, in which case they are materialised (same result within fp error). The per-head
-    results ``hook_result`` ``[batch, pos, head, d_model]`` are computed only when the model's
-    ``cfg.use_attn_result`` is on (as in TransformerLens); otherwise ``hook_result`` never fires.
+    Uses ``scaled_dot_product_attention`` unless a hook asks for the scores or the pattern, or the scores are
+    soft-capped, in which case they are materialised (same result within fp error). The per-head results
+    ``hook_result`` ``[batch, pos, head, d_model]`` are computed only when the model's ``cfg.use_attn_result`` is
+    on (as in TransformerLens); otherwise ``hook_result`` never fires.
     """
 
     # set in __init__ by name (hook_rot_q, hook_rot_k with rotary positions only)
@@ -231,9 +324,18 @@ class Attention(nn.Module):
         self.cfg, self.layer = cfg, layer
         d, h, kv, dh = cfg.d_model, cfg.n_head, cfg.n_kv, cfg.d_head
         self.W_QKV = nn.Parameter(torch.empty(d, (h + 2 * kv) * dh))
-        self.b_QKV = _bias(cfg, (h + 2 * kv) * dh)
+        self.b_QKV = _bias(cfg, (h + 2 * kv) * dh, cfg.has_qkv_bias)
         self.W_O = nn.Parameter(torch.empty(h, dh, d))
-        self.b_O = _bias(cfg, d)
+        self.b_O = _bias(cfg, d, cfg.has_attn_out_bias)
+        # q/k norms: Qwen 3 and Gemma 3 per head over d_head, OLMo 2 over the whole projection
+        if cfg.qk_norm != "none":
+            full = cfg.qk_norm == "full"
+            self.q_norm = norm(cfg, h * dh if full else dh)
+            self.k_norm = norm(cfg, kv * dh if full else dh)
+        self.window = cfg.sliding_window if cfg.is_sliding(layer) else None
+        self.local_rope = self.window is not None and cfg.rope_local_theta is not None
+        self.scale = cfg.attn_scale if cfg.attn_scale is not None else 1 / math.sqrt(dh)
+        self.softcap = cfg.attn_softcap
         names = ["q", "k", "v", "attn_scores", "pattern", "z", "result"]  # result: only with cfg.use_attn_result
         if cfg.positional == "rotary":
             names += ["rot_q", "rot_k"]
@@ -284,8 +386,19 @@ class Attention(nn.Module):
         bias = self._bias_view(which)
         return out if bias is None else out + bias
 
+    def _qk_norm(self, t: torch.Tensor, which: str) -> torch.Tensor:
+        """``t: [batch, pos, head, d_head]`` through the q or k norm (``which``), if the config has one."""
+        if self.cfg.qk_norm == "none":
+            return t
+        n = self.q_norm if which == "q" else self.k_norm
+        return n(t) if self.cfg.qk_norm == "head" else n(t.flatten(-2)).unflatten(-1, t.shape[-2:])
+
+    def _rope(self, rope: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's ``(cos, sin)`` of the model's ``rope`` (Gemma 3's local layers take the second pair)."""
+        return (rope[2], rope[3]) if self.local_rope and len(rope) == 4 else (rope[0], rope[1])
+
     def keys_values(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, ...] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (after RoPE) and values ``[batch, n_kv, pos, d_head]`` of normalised input
         ``x: [batch, pos, d_model]``, as the forward pass would cache them (no hooks run)."""
@@ -294,16 +407,29 @@ class Attention(nn.Module):
             x, self.W_QKV[:, c.n_head * c.d_head :], None if self.b_QKV is None else self.b_QKV[c.n_head * c.d_head :]
         )
         k, v = (t.unflatten(-1, (c.n_kv, c.d_head)) for t in kv.chunk(2, dim=-1))
+        k = self._qk_norm(k, "k")
         if rope is not None:
-            k = rotate(k, *rope)
+            k = rotate(k, *self._rope(rope), interleaved=c.rotary_interleaved)
         return k.transpose(1, 2), v.transpose(1, 2)
+
+    def _window_mask(
+        self, mask: torch.Tensor | None, q_len: int, k_len: int, device: torch.device
+    ) -> torch.Tensor | None:
+        """``mask`` narrowed to the sliding window: query column ``i`` sees key column ``j`` only when
+        ``i - j < window`` (transformers' rule); unchanged when no key is that far back."""
+        if self.window is None or k_len <= self.window:
+            return mask
+        qcol = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+        kcol = torch.arange(k_len, device=device)[None]
+        band = (kcol <= qcol) & (qcol - kcol < self.window)
+        return band[None, None] if mask is None else mask & band
 
     def forward(
         self,
         x: torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         mask: torch.Tensor | None,
         kv: KVCache | None = None,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: tuple[torch.Tensor, ...] | None = None,
     ) -> torch.Tensor:
         """``x: [batch, pos, d_model]``, or per-head inputs ``(query [batch, pos, head, d_model], key and
         value [batch, pos, kv_head, d_model])`` (the block's split inputs, already normalised): head ``i``
@@ -315,16 +441,22 @@ class Attention(nn.Module):
         else:
             q, k, v = (t.unflatten(-1, (-1, c.d_head)) for t in self._split(_linear(x, self.W_QKV, self.b_QKV)))
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)  # [batch, pos, head | kv_head, d_head]
+        q, k = self._qk_norm(q, "q"), self._qk_norm(k, "k")
         if rope is not None:
-            q, k = self.hook_rot_q(rotate(q, *rope)), self.hook_rot_k(rotate(k, *rope))
+            cos, sin = self._rope(rope)
+            q = self.hook_rot_q(rotate(q, cos, sin, c.rotary_interleaved))
+            k = self.hook_rot_k(rotate(k, cos, sin, c.rotary_interleaved))
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [batch, head, pos, d_head]
         if kv is not None:
             k, v = kv.extend(self.layer, k, v)
+        mask = self._window_mask(mask, q.shape[2], k.shape[2], q.device)
         gqa = c.n_kv != c.n_head
-        if self.hook_attn_scores.has_hooks or self.hook_pattern.has_hooks:
+        if self.hook_attn_scores.has_hooks or self.hook_pattern.has_hooks or self.softcap is not None:
             if gqa:
                 k, v = (t.repeat_interleave(c.n_head // c.n_kv, dim=1) for t in (k, v))
-            scores = q @ k.transpose(-1, -2) / math.sqrt(c.d_head)
+            scores = q @ k.transpose(-1, -2) * self.scale
+            if self.softcap is not None:
+                scores = torch.tanh(scores / self.softcap) * self.softcap
             if mask is None:
                 q_len, k_len = scores.shape[-2:]
                 mask = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(k_len - q_len)
@@ -334,9 +466,11 @@ class Attention(nn.Module):
         else:
             causal = mask is None and q.shape[2] == k.shape[2]
             if gqa:
-                z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+                z = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True, scale=self.scale
+                )
             else:
-                z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+                z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale)
         z = self.hook_z(z.transpose(1, 2))  # [batch, pos, head, d_head]
         if c.use_attn_result:  # TransformerLens's opt-in per-head results (model.set_use_attn_result(True))
             result = self.hook_result(einsum(z, self.W_O, "b p h dh, h dh d -> b p h d"))
@@ -346,16 +480,18 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """GPT-2: ``W_out · gelu_new(W_in · x + b_in) + b_out``; SwiGLU: ``W_out · (silu(W_gate · x) ⊙ W_in · x)``.
+    """GPT-2: ``W_out · gelu_new(W_in · x + b_in) + b_out`` (``mlp="gelu_erf"``: exact GELU, GPT-NeoX);
+    SwiGLU: ``W_out · (silu(W_gate · x) ⊙ W_in · x)`` (``mlp="geglu"``: a tanh-GELU gate, Gemma).
 
     Hooks ``[batch, pos, d_mlp]``: ``hook_pre`` (the activation function's input: GPT-2's
-    ``W_in·x``, SwiGLU's gate), ``hook_pre_linear`` (SwiGLU's up projection ``W_in·x``) and
+    ``W_in·x``, the gated MLPs' gate), ``hook_pre_linear`` (the gated MLPs' up projection ``W_in·x``) and
     ``hook_post`` (the input of ``W_out``: ROME's key).
     """
 
     def __init__(self, cfg: GPT2Config) -> None:
         super().__init__()
-        self.gated = cfg.mlp == "swiglu"
+        self.kind = cfg.mlp
+        self.gated = cfg.mlp in ("swiglu", "geglu")
         if self.gated:
             self.W_gate = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
             self.hook_pre_linear = HookPoint()
@@ -369,10 +505,11 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated:
             pre = self.hook_pre(x @ self.W_gate)
-            post = self.hook_post(F.silu(pre) * self.hook_pre_linear(_linear(x, self.W_in, self.b_in)))
+            act = F.silu(pre) if self.kind == "swiglu" else F.gelu(pre, approximate="tanh")
+            post = self.hook_post(act * self.hook_pre_linear(_linear(x, self.W_in, self.b_in)))
         else:
             pre = self.hook_pre(_linear(x, self.W_in, self.b_in))
-            post = self.hook_post(F.gelu(pre, approximate="tanh"))
+            post = self.hook_post(F.gelu(pre, approximate="tanh" if self.kind == "gelu" else "none"))
         return _linear(post, self.W_out, self.b_out)
 
 
@@ -383,7 +520,11 @@ def head_copies(x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 class Block(nn.Module):
-    """A pre-norm transformer block: ``x + attn(ln1(x))``, then ``+ mlp(ln2(·))``.
+    """A pre-norm transformer block: ``x + attn(ln1(x))``, then ``+ mlp(ln2(·))``; by the config's
+    ``norm_position``, ``"sandwich"`` (Gemma) also normalises each output (``ln1_post``, ``ln2_post``) and
+    ``"post"`` (OLMo 2) normalises only the outputs (no ``ln1``/``ln2``); ``parallel`` (GPT-NeoX, GPT-J)
+    adds attention and MLP of the same residual, ``x + attn(ln1(x)) + mlp(ln2(x))``, with one shared
+    norm ``ln1`` for ``"one_norm"`` (GPT-J; no ``ln2``).
 
     The receiver-input hooks fire only when the model's switch is on (TransformerLens's, see
     :class:`~.config.ModelConfig`): ``hook_q_input`` ``[batch, pos, head, d_model]``, ``hook_k_input``
@@ -408,9 +549,14 @@ class Block(nn.Module):
     def __init__(self, cfg: GPT2Config, layer: int) -> None:
         super().__init__()
         self.cfg = cfg  # the model's view: its switches (use_split_qkv_input, …) are read in forward
-        self.ln1 = norm(cfg)
+        pre, post = cfg.norm_position != "post", cfg.norm_position != "pre"
+        self.ln1: nn.Module = norm(cfg) if pre else nn.Identity()
+        if post:
+            self.ln1_post = norm(cfg)
         self.attn = Attention(cfg, layer)
-        self.ln2 = norm(cfg)
+        self.ln2: nn.Module = norm(cfg) if pre and cfg.parallel != "one_norm" else nn.Identity()
+        if post:
+            self.ln2_post = norm(cfg)
         self.mlp = MLP(cfg)
         names = ("resid_pre", "attn_in", "q_input", "k_input", "v_input", "attn_out", "resid_mid", "mlp_in")
         for name in (*names, "mlp_out", "resid_post"):
@@ -436,9 +582,25 @@ class Block(nn.Module):
         x: torch.Tensor,
         mask: torch.Tensor | None,
         kv: KVCache | None = None,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: tuple[torch.Tensor, ...] | None = None,
     ) -> torch.Tensor:
+        c = self.cfg
         x = self.hook_resid_pre(x)
-        x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(self.attention_input(x), mask, kv, rope)))
-        mlp_in = self.hook_mlp_in(x.clone()) if self.cfg.use_hook_mlp_in else x
-        return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(mlp_in))))
+        attn_in = self.attention_input(x)
+        attn_out = self.attn(attn_in, mask, kv, rope)
+        if c.norm_position != "pre":
+            attn_out = self.ln1_post(attn_out)
+        attn_out = self.hook_attn_out(attn_out)
+        if c.parallel != "none":  # both read the block's input; GPT-J's MLP reads ln1's output
+            mlp_in = self.hook_mlp_in(x.clone()) if c.use_hook_mlp_in else x
+            if c.parallel == "one_norm":
+                h = attn_in if isinstance(attn_in, torch.Tensor) and not c.use_hook_mlp_in else self.ln1(mlp_in)
+            else:
+                h = self.ln2(mlp_in)
+            return self.hook_resid_post(x + attn_out + self.hook_mlp_out(self.mlp(h)))
+        x = self.hook_resid_mid(x + attn_out)
+        mlp_in = self.hook_mlp_in(x.clone()) if c.use_hook_mlp_in else x
+        mlp_out = self.mlp(self.ln2(mlp_in))
+        if c.norm_position != "pre":
+            mlp_out = self.ln2_post(mlp_out)
+        return self.hook_resid_post(x + self.hook_mlp_out(mlp_out))

@@ -41,15 +41,28 @@ def parameter_table(model) -> ParameterTable:
         names = [n for n, p in zip(label.split("+"), params) if p is not None]
         return " + ".join(n.strip() for n in names), ps
 
+    def norm_part(name: str) -> list[tuple[str, list]]:
+        try:
+            n = b0.get_submodule(name)
+        except AttributeError:  # a norm the config lacks (q/k norms, post-norms)
+            return []
+        if not hasattr(n, "w"):  # no norm there (OLMo 2 has no ln1/ln2)
+            return []
+        return [(f"{name} ({'w, b' if n.b is not None else 'w'})", [p for p in (n.w, n.b) if p is not None])]
+
     block_parts = dict(
         [
-            (f"ln1 ({'w, b' if b0.ln1.b is not None else 'w'})", [p for p in (b0.ln1.w, b0.ln1.b) if p is not None]),
+            *norm_part("ln1"),
             part("attn W_QKV + b_QKV", b0.attn.W_QKV, b0.attn.b_QKV),
+            *norm_part("attn.q_norm"),
+            *norm_part("attn.k_norm"),
             part("attn W_O + b_O", b0.attn.W_O, b0.attn.b_O),
-            (f"ln2 ({'w, b' if b0.ln2.b is not None else 'w'})", [p for p in (b0.ln2.w, b0.ln2.b) if p is not None]),
-            *([part("mlp W_gate", b0.mlp.W_gate)] if c.mlp == "swiglu" else []),
+            *norm_part("ln1_post"),
+            *norm_part("ln2"),
+            *([part("mlp W_gate", b0.mlp.W_gate)] if b0.mlp.gated else []),
             part("mlp W_in + b_in", b0.mlp.W_in, b0.mlp.b_in),
             part("mlp W_out + b_out", b0.mlp.W_out, b0.mlp.b_out),
+            *norm_part("ln2_post"),
         ]
     )
 
@@ -71,6 +84,8 @@ def parameter_table(model) -> ParameterTable:
         rows.append(("W_U = W_Eᵀ (tied)", f"{c.d_model}×{c.d_vocab}", 0))
     else:
         rows.append(("W_U (unembedding)", shape([model.W_U]), model.W_U.numel()))
+    if c.unembed_bias:
+        rows.append(("b_U (unembedding bias)", shape([model.unembed.b_U]), model.unembed.b_U.numel()))
     total = model.n_params()
     assert total == sum(r[2] for r in rows) - per_block  # the block rows break down one block of the "blocks ×" row
     notes = (

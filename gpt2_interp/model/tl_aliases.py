@@ -31,8 +31,9 @@ def _kv_heads(model: Any, t: torch.Tensor) -> torch.Tensor:
 
 
 def _bias(model: Any, get: Any, shape: tuple[int, ...]) -> torch.Tensor:
-    """A stacked bias; zeros of TransformerLens's shape ``[layer, *shape]`` when the config has no biases."""
-    if model.cfg.bias:
+    """A stacked bias; zeros of TransformerLens's shape ``[layer, *shape]`` when the config has none there
+    (biases may be on some projections only: Qwen 2's on query/key/value, GPT-J's on the MLP)."""
+    if get(model.blocks[0]) is not None:
         return _stack(model, get)
     W_E = model.W_E
     return W_E.new_zeros((model.cfg.n_layer, *shape))
@@ -269,9 +270,8 @@ class TransformerLensAliases:
 
     @property
     def b_U(self) -> torch.Tensor:
-        """``[d_vocab]`` zeros: GPT-2's unembedding has no bias."""
-        W_U = self.W_U  # type: ignore[attr-defined]  # mixin: HookedGPT2 provides it
-        return W_U.new_zeros(W_U.shape[-1])
+        """The unembedding bias ``[d_vocab]``: GPT-J's, zeros for the others (GPT-2's has none)."""
+        return self.unembed.b_U  # type: ignore[attr-defined]  # mixin: HookedGPT2 provides it
 
     @property
     def OV(self) -> FactoredMatrix:

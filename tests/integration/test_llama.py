@@ -267,14 +267,16 @@ def test_gpt2_config_is_untouched_by_the_new_fields():
 
 def test_llama_configs_we_do_not_implement_are_refused():
     base = _hf_llama(True).config.to_dict()
-    with pytest.raises(ValueError, match=r"rope scaling 'linear'.*only plain rotary"):
-        GPT2Config.from_hf_dict({**base, "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}})
-    with pytest.raises(ValueError, match="rope scaling 'llama3'"):
-        GPT2Config.from_hf_dict({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+    with pytest.raises(ValueError, match=r"rope_type='longrope' is not supported; accepted: 'default', 'linear'"):
+        GPT2Config.from_hf_dict(
+            {**base, "rope_parameters": {"rope_type": "longrope", "factor": 2.0, "rope_theta": 1e4}}
+        )
+    with pytest.raises(ValueError, match="rope_type='dynamic'"):
+        GPT2Config.from_hf_dict({**base, "rope_scaling": {"rope_type": "dynamic", "factor": 8.0}})
     with pytest.raises(ValueError, match="attention_bias"):
         GPT2Config.from_hf_dict({**base, "attention_bias": True})
-    with pytest.raises(ValueError, match=r"model_type='mistral'.*'gpt2', 'llama'"):
-        GPT2Config.from_hf_dict({**base, "model_type": "mistral"})
+    with pytest.raises(ValueError, match=r"model_type='mamba'.*'gpt2', 'llama', 'qwen2'"):
+        GPT2Config.from_hf_dict({**base, "model_type": "mamba"})
     with pytest.raises(ValueError, match=r"n_kv_heads=3 must .* divide n_head=4"):
         llama_config(n_head=4, d_model=64, n_kv_heads=3)
     with pytest.raises(ValueError, match="norm='batchnorm'"):
