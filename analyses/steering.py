@@ -161,7 +161,7 @@ def compare_with_steering_vectors(
 def curve_of(data: dict) -> SteeringCurve:
     """The :class:`SteeringCurve` saved in the data."""
     c = dict(data["curve"])
-    for k in ("loss_change", "prob_shift", "best"):
+    for k in ("result", "loss_change", "prob_shift", "best"):  # the kind and the derived fields
         c.pop(k, None)
     for k in ("scales", "target_prob", "target_sem", "shift_sem", "loss", "kl", "generation_nll"):
         c[k] = None if c.get(k) is None else torch.tensor(c[k])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from einops import einsum
@@ -138,7 +138,7 @@ class LensResult(Result):
       :meth:`to_dict`); ``lens``: ``"logit lens"`` or ``"tuned lens"``.
     """
 
-    result_kind: ClassVar[str] = "lens"
+    result_kind = "lens"
 
     prompts: list[str]
     layers: list[str]
@@ -361,7 +361,7 @@ class DLAResult(Result):
     logit (difference) there; ``ln_bias``: ``b · (W_U[:, target] - W_U[:, baseline])``.
     """
 
-    result_kind: ClassVar[str] = "direct logit attribution"
+    result_kind = "direct logit attribution"
 
     prompt: str
     str_tokens: list[str]

@@ -17,7 +17,7 @@ import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -182,7 +182,7 @@ class PatchResult(Result):
     - ``clean_pair_metric``/``corrupted_pair_metric`` ``[n_pairs]``: the metric on each unpatched run.
     """
 
-    result_kind: ClassVar[str] = "patching"
+    result_kind = "patching"
 
     values: torch.Tensor
     pair_values: torch.Tensor

@@ -29,7 +29,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -186,7 +186,7 @@ class ProbeResult(Result):
     - ``model_name`` and ``fingerprint``: the model whose activations were probed (``""`` for
       precomputed features); :meth:`check` compares them with a model."""
 
-    result_kind: ClassVar[str] = "probe"
+    result_kind = "probe"
 
     task: str
     kind: str

@@ -23,7 +23,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 
@@ -84,7 +84,7 @@ class TraceResult(Result):
     ``window`` layers restored together (mlp/attn), ``seed`` of the draws.
     """
 
-    result_kind: ClassVar[str] = "causal trace"
+    result_kind = "causal trace"
 
     prompt: str
     subject: str
@@ -185,7 +185,7 @@ class TraceResult(Result):
 class TraceSet(Result):
     """Traces of one prompt for several kinds; ``.plot()`` draws ROME's side-by-side panels."""
 
-    result_kind: ClassVar[str] = "trace set"
+    result_kind = "trace set"
 
     traces: list[TraceResult]
 
@@ -663,7 +663,7 @@ class AverageTrace(Result):
     ``facts``: the traced (known) facts as ``"prompt →target"``.
     """
 
-    result_kind: ClassVar[str] = "average trace"
+    result_kind = "average trace"
 
     kinds: list[str]
     buckets: list[str]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -93,7 +93,7 @@ class VocabProjection(Result):
     ``bottom_tokens`` (strings); ``apply_ln``: whether ln_final's gain was applied (see the module
     doc); ``layer`` and ``neurons``: which value vectors the rows are (None for arbitrary vectors)."""
 
-    result_kind: ClassVar[str] = "vocabulary projection"
+    result_kind = "vocabulary projection"
 
     labels: list[str]
     top_ids: torch.Tensor
@@ -233,7 +233,7 @@ class NeuronSearch(Result):
     neurons, best first; ``apply_ln``: whether ln_final's gain weighted the scores; ``baseline``: what
     each neuron's mean score was subtracted over (``"vocabulary"``, ``"contrast"`` or None)."""
 
-    result_kind: ClassVar[str] = "neuron search"
+    result_kind = "neuron search"
 
     tokens: list[str]
     layers: list[int]
@@ -357,7 +357,7 @@ class SubupdateResult(Result):
     was given.
     """
 
-    result_kind: ClassVar[str] = "MLP sub-updates"
+    result_kind = "MLP sub-updates"
 
     prompt: str
     position: int

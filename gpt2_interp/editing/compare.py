@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class TopKComparison(Result):
     """Top-k next tokens of prompts without and with an edit (``.table()``, ``.plot()``)."""
 
-    result_kind: ClassVar[str] = "top-k comparison"
+    result_kind = "top-k comparison"
 
     prompts: list[str]
     before: list[list[tuple[str, float]]]

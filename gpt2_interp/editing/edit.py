@@ -294,8 +294,9 @@ class Edit:
         base_fingerprint: str = "",
         **fields: Any,
     ) -> Edit:
-        """The rank-one edit ``ΔW = outer(u, v)`` of one layer (``u: [d_mlp]``, ``v: [d_model]``) for one
-        request; ``fields``: the keyword fields of :class:`Edit` (``k``, ``v_star``, ``hparams``, …)."""
+        """The rank-one edit ``ΔW = outer(u, v)`` of one ``layer`` (``u: [d_mlp]``, ``v: [d_model]``) for one
+        ``request``, computed on the weights ``base_fingerprint`` identifies; ``fields``: the keyword fields of
+        :class:`Edit` (``k``, ``v_star``, ``hparams``, …)."""
         if u.ndim != 1 or v.ndim != 1:
             raise ValueError(f"u and v must be vectors, got shapes {tuple(u.shape)} and {tuple(v.shape)}")
         requests = [request] if request is not None else []
@@ -310,7 +311,8 @@ class Edit:
         **fields: Any,
     ) -> Edit:
         """The edit ``ΔW_l = U_l @ V_l`` (or a dense ``(ΔW_l, None)``) of each layer in ``factors``, for
-        ``requests``; ``fields``: the keyword fields of :class:`Edit` (``keys``, ``hparams``, …)."""
+        ``requests``, computed on the weights ``base_fingerprint`` identifies; ``fields``: the keyword fields of
+        :class:`Edit` (``keys``, ``hparams``, …)."""
         return cls(factors, requests, base_fingerprint, **fields)
 
     # ------------------------------------------------------------ views

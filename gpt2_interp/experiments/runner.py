@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -252,7 +252,7 @@ class ExperimentResult(Result):
     """An experiment's data with the config and provenance that produced it; ``tables()``,
     ``figures()``, ``table()``/``plot()`` render it, ``save(dir)`` writes the layout above."""
 
-    result_kind: ClassVar[str] = "experiment"
+    result_kind = "experiment"
 
     experiment: str
     model: str

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from ..core.result import Result
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 class ParameterTable(Result):
     """Rows ``(part, shape, count)``; ``total`` counts W_U = W_Eᵀ once (HF's accounting)."""
 
-    result_kind: ClassVar[str] = "parameter table"
+    result_kind = "parameter table"
 
     rows: list[tuple[str, str, int]]
     per_block: int

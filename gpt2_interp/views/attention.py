@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ class AttentionPatterns(Result):
     ``n_kv_heads``: key/value heads (fewer than ``n_head`` under grouped-query attention: query head ``h``
     reads KV group ``h // (n_head // n_kv_heads)``)."""
 
-    result_kind: ClassVar[str] = "attention patterns"
+    result_kind = "attention patterns"
 
     prompt: str
     str_tokens: list[str]

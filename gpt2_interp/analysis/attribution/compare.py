@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -57,7 +57,7 @@ class Agreement(Result):
     (by ``|effect|``) among the estimate's top-``k`` (by score); ``estimate``/``exact``
     ``[n_cells]``: the flattened effects."""
 
-    result_kind: ClassVar[str] = "agreement"
+    result_kind = "agreement"
 
     method: str
     hook: str

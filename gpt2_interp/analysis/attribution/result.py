@@ -4,7 +4,6 @@ are estimates, with the score its cells are ranked by and the run it came from (
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 import torch
 
@@ -28,7 +27,7 @@ class AttributionResult(PatchResult):
     ``graddrop``: whether ``score`` is GradDrop's. The other fields are :class:`~.patching.PatchResult`'s.
     """
 
-    result_kind: ClassVar[str] = "attribution"
+    result_kind = "attribution"
 
     method: str = "atp"
     ig_steps: int | None = None

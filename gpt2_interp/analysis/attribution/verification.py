@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,7 +40,7 @@ class Verification(Result):
     ``method`` and ``hook``: the estimate's; ``labels``: a readable label per cell (:func:`cell_label`).
     """
 
-    result_kind: ClassVar[str] = "verification"
+    result_kind = "verification"
 
     method: str
     hook: str

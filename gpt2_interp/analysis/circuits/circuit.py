@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -132,7 +132,7 @@ class Circuit(Result):
       recorded, as in older files); :meth:`check_model` refuses another model.
     """
 
-    result_kind: ClassVar[str] = "circuit"
+    result_kind = "circuit"
 
     edges: list[str]
     scores: list[float]
@@ -531,7 +531,7 @@ class FaithfulnessCurve(Result):
       ``clean_metric``/``corrupted_metric`` (pair means).
     """
 
-    result_kind: ClassVar[str] = "faithfulness curve"
+    result_kind = "faithfulness curve"
 
     faithfulness: torch.Tensor
     sizes: list[int]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from einops import einsum, rearrange, repeat
@@ -60,7 +60,7 @@ class EdgeScores(Result):
       not recorded); :meth:`check_model` refuses another model.
     """
 
-    result_kind: ClassVar[str] = "edge scores"
+    result_kind = "edge scores"
 
     scores: torch.Tensor
     edges: list[str]

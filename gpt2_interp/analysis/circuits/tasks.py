@@ -28,7 +28,7 @@ import random
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -447,7 +447,7 @@ class TaskPerformance(Result):
     - ``clean_pair_metric`` / ``corrupted_pair_metric`` ``[n_pairs]``, ``correct`` ``[n_pairs]`` bool.
     """
 
-    result_kind: ClassVar[str] = "task performance"
+    result_kind = "task performance"
 
     task: str
     model: str

@@ -15,7 +15,7 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,7 +59,7 @@ class LatentProbe(Result):
     ``[n_folds]``: held-out accuracy of a logistic regression on the picked latents, one per class;
     ``chance``: the majority class's held-out accuracy; ``hook_name``; ``classes``; ``n_prompts``."""
 
-    result_kind: ClassVar[str] = "latent probe"
+    result_kind = "latent probe"
 
     task: str
     hook_name: str

@@ -19,7 +19,7 @@ activation in both ablations. ``bos`` and ``outliers`` count what was left out.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -46,7 +46,7 @@ class SAEEvaluation(Result):
     the positions left out as BOS and as norm outliers (``outlier_ratio``: the rule, None for none);
     ``text``: what the windows were (e.g. held out from the SAE's training text; empty: not said)."""
 
-    result_kind: ClassVar[str] = "SAE evaluation"
+    result_kind = "SAE evaluation"
 
     hook_name: str
     architecture: str

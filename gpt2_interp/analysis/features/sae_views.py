@@ -17,7 +17,7 @@ JSON); an interactive page renders them elsewhere.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -62,7 +62,7 @@ class FeatureView(Result):
     ``histogram`` (``counts`` and bin ``edges`` of the non-zero activations); ``density`` (the
     fraction of ``tokens`` evaluated on which it fires)."""
 
-    result_kind: ClassVar[str] = "feature"
+    result_kind = "feature"
 
     latent: int
     hook_name: str
@@ -169,7 +169,7 @@ class LatentSearch(Result):
     ``"activation"``), ``latents`` and their ``scores`` (best first); ``promotes``: for each latent, the
     tokens its decoder row promotes most (:func:`logit_effect`, largest first), what the latent writes."""
 
-    result_kind: ClassVar[str] = "latent search"
+    result_kind = "latent search"
 
     query: str
     by: str

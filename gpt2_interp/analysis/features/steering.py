@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -196,7 +196,7 @@ class SteeringCurve(Result):
     Steering only some positions (e.g. ``[-1]``) leaves the loss of the text before them unchanged: the
     fluency cost then shows in what the model goes on to generate, not in this loss."""
 
-    result_kind: ClassVar[str] = "steering curve"
+    result_kind = "steering curve"
 
     model_name: str
     at: str

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from ...core.boundary import boundary
 from ...core.result import Result
@@ -25,7 +25,7 @@ class EditEvaluation(Result):
     ``restored_exactly``: whether the weights came back bit-exactly; ``batch_size``: requests per
     edit; ``steps``: the drift after every step (:class:`~.scores.StepDrift`, sequential only)."""
 
-    result_kind: ClassVar[str] = "edit evaluation"
+    result_kind = "edit evaluation"
 
     method: str
     sequential: bool
