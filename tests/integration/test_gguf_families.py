@@ -29,11 +29,11 @@ transformers = pytest.importorskip("transformers")
 
 # family case → (GGUF architecture, what the case changes so that a GGUF file can hold it)
 # llama.cpp stores no query_pre_attn_scalar (it scales by 1/sqrt(head_dim)), no local rope base for Gemma 3 (10000)
-# and puts a global layer every 6th layer of Gemma 3 and every 2nd of Gemma 2.
+# and puts a global layer every 6th layer of Gemma 3 and every 2nd of Gemma 2: the cases use those values.
 GGUF_CASES = {
     "llama3-rope": ("llama", {}),
     "llama-linear-rope": ("llama", {}),
-    "mistral": ("llama", {}),
+    "mistral": ("llama", {}),  # its window written as the gguf package's llama.attention.sliding_window
     "qwen2": ("qwen2", {}),
     "qwen2-yarn": ("qwen2", {}),
     "qwen3": ("qwen3", {}),
