@@ -27,7 +27,7 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # names the shard file of every tensor
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 # bytes of one block when a 2-D tensor is read straight into its transposed layout
-BLOCK_BYTES = 16 * 2**20
+BLOCK_BYTES = 8 * 2**20
 
 
 def detect_format(sd: Mapping[str, Any]) -> str:
@@ -191,6 +191,14 @@ def tensor_names(path: Path) -> list[str]:
     return list(read_weights(path))
 
 
+def _finite(t: torch.Tensor) -> bool:
+    """:func:`~gpt2_interp.core.finite.is_finite` block by block, so that checking a half-precision tensor
+    never holds a float32 copy of more than one block (``BLOCK_BYTES``)."""
+    flat = t.reshape(-1)
+    step = BLOCK_BYTES // 4
+    return all(is_finite(flat[i : i + step]) for i in range(0, flat.numel(), step))
+
+
 class DirWeights(Mapping[str, torch.Tensor]):
     """The tensors of a model directory's weight files (``files``: tensor name → file, as
     :func:`hf_weight_files` gives), read one at a time when asked for, never kept: iterating reads the
@@ -266,7 +274,7 @@ class DirWeights(Mapping[str, torch.Tensor]):
 
     def _converted(self, t: torch.Tensor, name: str, path: Path, copy: bool) -> torch.Tensor:
         out = t.to(self.device, self.dtype or t.dtype, copy=copy)
-        if not is_finite(out):
+        if not _finite(out):
             self._refuse(t, out, name, path)
         return out
 
@@ -277,7 +285,7 @@ class DirWeights(Mapping[str, torch.Tensor]):
         step = max(1, BLOCK_BYTES // max(1, cols * dest.element_size()))
         for r in range(0, rows, step):
             part = sl[r : min(r + step, rows)].to(self.device, dtype)
-            if not is_finite(part):
+            if not _finite(part):
                 whole = sl[:]
                 self._refuse(whole, whole.to(dtype), name, path)
             dest[:, r : r + part.shape[0]].copy_(part.T)
