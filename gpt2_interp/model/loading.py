@@ -795,6 +795,13 @@ def load(
     :class:`GPT2Config` of a bare weights file (else read from a ``config.json`` beside it, else
     inferred from the tensors).
 
+    A local transformers folder (``config.json`` with ``model.safetensors``, or the shards that
+    ``save_pretrained(..., max_shard_size=...)`` writes with their ``model.safetensors.index.json``) of
+    any supported family is read shard by shard, one tensor at a time, each converted to our layout and
+    to ``dtype`` on ``device`` as it is read, into a model built without weights first: the peak memory
+    is about one copy of the weights in ``dtype`` (a bf16 folder loaded with ``dtype="bf16"`` never holds
+    float32 weights). Its config, index and tensor names and shapes are checked before any weight is read.
+
     Refused: a non-path argument (TypeError); an unknown device or dtype, a damaged or mismatched
     checkpoint, non-finite weights (ValueError, before any work or before a model is built); a
     name that is neither a file, a directory nor a known model, or a named model not found offline
