@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -102,15 +103,22 @@ def child(lib: str, dtype: str, folder: str, warmup: str) -> None:
     print(json.dumps({"added": peak - before, "seconds": seconds, "dtypes": sorted(map(str, params))}))
 
 
-def measure(lib: str, dtype: str, folder: Path, warmup: Path) -> dict:
+def spawn(*args: str) -> str:
+    """Run this script with ``args`` in a fresh process (one thread) and return its output. This process
+    never imports torch nor holds weights: Linux carries a process's peak resident memory across
+    ``fork``/``exec`` into ``ru_maxrss``, so a large parent would set a floor under every measurement."""
     out = subprocess.run(
-        [sys.executable, __file__, "--child", lib, dtype, str(folder), str(warmup)],
+        [sys.executable, __file__, *args],
         check=True,
         capture_output=True,
         text=True,
-        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return out.stdout
+
+
+def measure(lib: str, dtype: str, folder: Path, warmup: Path) -> dict:
+    return json.loads(spawn("--child", lib, dtype, str(folder), str(warmup)).strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -125,8 +133,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         work = a.workdir or Path(tmp)
         for name in a.models.split(","):
             folder, warm = work / name, work / f"{name}-tiny"
-            write_folder(name, folder, a.shard)
-            write_folder(name, warm, a.shard, layers=2)
+            for path, layers in ((folder, "-"), (warm, "2")):  # in a process of their own (see spawn)
+                spawn("--write", name, str(path), a.shard, layers)
             size, shards = weight_bytes(folder)
             for label, (lib, dtype) in CONTENDERS.items():
                 r = measure(lib, dtype, folder, warm)
@@ -167,5 +175,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(*sys.argv[2:6])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--write":
+        write_folder(sys.argv[2], Path(sys.argv[3]), sys.argv[4], None if sys.argv[5] == "-" else int(sys.argv[5]))
     else:
         main()
