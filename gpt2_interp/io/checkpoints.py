@@ -202,9 +202,9 @@ def _finite(t: torch.Tensor) -> bool:
 class DirWeights(Mapping[str, torch.Tensor]):
     """The tensors of a model directory's weight files (``files``: tensor name → file, as
     :func:`hf_weight_files` gives), read one at a time when asked for, never kept: iterating reads the
-    files shard by shard, each tensor with ``pread`` into memory of its own and then converted to
-    ``dtype`` (None: as stored) on ``device`` (None: CPU), so that holding every tensor costs one copy
-    of the weights in ``dtype`` plus one tensor. ``transposed(name)``: read that 2-D tensor ``[rows,
+    files shard by shard, each tensor block by block (``BLOCK_BYTES``, with ``pread``) into memory of its
+    own in ``dtype`` (None: as stored) on ``device`` (None: CPU), so that holding every tensor costs one
+    copy of the weights in ``dtype`` plus one block. ``transposed(name)``: read that 2-D tensor ``[rows,
     cols]`` block by block straight into a ``[cols, rows]`` contiguous tensor and return its transposed
     view (same shape and values; its ``.T`` is contiguous, with no second copy).
 
@@ -266,6 +266,8 @@ class DirWeights(Mapping[str, torch.Tensor]):
             shape = sl.get_shape()
             if len(shape) == 2 and self.transposed(name):
                 return self._read_transposed(sl, name, path, shape)
+            if len(shape) >= 1 and shape[0] > 1:
+                return self._read_rows(sl, name, path, shape)
             return self._converted(reader.get_tensor(name), name, path, copy=bool(self._handle and self._handle[2]))
         except ValueError:
             raise
@@ -277,6 +279,20 @@ class DirWeights(Mapping[str, torch.Tensor]):
         if not _finite(out):
             self._refuse(t, out, name, path)
         return out
+
+    def _read_rows(self, sl: Any, name: str, path: Path, shape: list[int]) -> torch.Tensor:
+        """The tensor read block by block into its own memory (no second copy of it is ever held)."""
+        dtype = self.dtype or sl[0:1].dtype
+        dest = torch.empty(shape, dtype=dtype, device=self.device)
+        row = max(1, dest[0].numel() * dest.element_size())
+        step = max(1, BLOCK_BYTES // row)
+        for r in range(0, shape[0], step):
+            part = sl[r : min(r + step, shape[0])].to(self.device, dtype)
+            if not _finite(part):
+                whole = sl[:]
+                self._refuse(whole, whole.to(dtype), name, path)
+            dest[r : r + part.shape[0]].copy_(part)
+        return dest
 
     def _read_transposed(self, sl: Any, name: str, path: Path, shape: list[int]) -> torch.Tensor:
         rows, cols = shape
