@@ -392,9 +392,11 @@ class GPT2Config:
 
     @classmethod
     def _from_llama_dict(cls, hf: dict[str, Any], name: str | None) -> GPT2Config:
-        from .families import read_rope
+        from .families import llama_like
 
-        rope_fields = read_rope(hf)
+        kw = llama_like(hf)  # the one reader of Llama-style config.json keys; embeddings untied unless said
+        for key in ("sliding_window", "global_every"):  # LlamaForCausalLM has no sliding window
+            kw.pop(key, None)
         unsupported = {
             "hidden_act": ("silu", hf.get("hidden_act", "silu")),
             "attention_bias": (False, hf.get("attention_bias", False)),
@@ -407,27 +409,7 @@ class GPT2Config:
                 f"this Llama checkpoint uses {bad}; gpt2-interp implements Llama with "
                 "hidden_act 'silu', no attention/MLP biases, pretraining_tp 1"
             )
-        d_model = check_count(hf.get("hidden_size", 4096), "d_model")
-        n_head = check_count(hf.get("num_attention_heads", 32), "n_head")
-        head_dim = hf.get("head_dim")
-        return cls(
-            **rope_fields,
-            head_dim=None if head_dim in (None, d_model // n_head) else head_dim,
-            n_layer=hf.get("num_hidden_layers", 32),
-            d_model=d_model,
-            n_head=n_head,
-            n_kv_heads=hf.get("num_key_value_heads") or n_head,
-            d_mlp=hf.get("intermediate_size", 11008),
-            n_ctx=hf.get("max_position_embeddings", 2048),
-            d_vocab=hf.get("vocab_size", 32000),
-            layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            norm="rmsnorm",
-            positional="rotary",
-            mlp="swiglu",
-            bias=False,
-            name=name or hf.get("gpt2_interp_name") or hf.get("_name_or_path") or "llama",
-        )
+        return cls(**kw, name=name or hf.get("gpt2_interp_name") or hf.get("_name_or_path") or "llama")
 
 
 @boundary

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ..core.boundary import boundary
+from ..core.checks import check_count
 from .config import GPT2Config
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -162,8 +163,14 @@ def _check_act(hf: Mapping[str, Any], key: str, allowed: Mapping[str, str]) -> s
     return allowed[act]
 
 
-def _llama_like(hf: Mapping[str, Any], tied_default: bool = False) -> dict[str, Any]:
-    d_model, n_head = hf.get("hidden_size", 4096), hf.get("num_attention_heads", 32)
+@boundary
+def llama_like(hf: Mapping[str, Any], tied_default: bool = False) -> dict[str, Any]:
+    """Our fields of a Llama-style ``config.json`` ``hf`` (Llama and the families built on it): sizes,
+    RMSNorm, rotary positions (:func:`read_rope`), SwiGLU, no biases, sliding windows; the embeddings are
+    tied when ``tie_word_embeddings`` says so, else ``tied_default``. A head count or width below 1
+    raises ValueError naming our field."""
+    d_model = check_count(hf.get("hidden_size", 4096), "d_model")
+    n_head = check_count(hf.get("num_attention_heads", 32), "n_head")
     head_dim = hf.get("head_dim")
     n_layer = hf.get("num_hidden_layers", 32)
     return dict(
@@ -204,28 +211,28 @@ def _attention_bias(hf: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _qwen2(hf: Mapping[str, Any]) -> dict[str, Any]:
-    return {**_llama_like(hf), **_silu(hf), "qkv_bias": True}
+    return {**llama_like(hf), **_silu(hf), "qkv_bias": True}
 
 
 def _mistral(hf: Mapping[str, Any]) -> dict[str, Any]:
-    return {**_llama_like(hf), **_silu(hf)}
+    return {**llama_like(hf), **_silu(hf)}
 
 
 def _qwen3(hf: Mapping[str, Any]) -> dict[str, Any]:
-    return {**_llama_like(hf), **_silu(hf), **_attention_bias(hf), "qk_norm": "head"}
+    return {**llama_like(hf), **_silu(hf), **_attention_bias(hf), "qk_norm": "head"}
 
 
 def _olmo2(hf: Mapping[str, Any]) -> dict[str, Any]:
-    return {**_llama_like(hf), **_silu(hf), **_attention_bias(hf), "qk_norm": "full", "norm_position": "post"}
+    return {**llama_like(hf), **_silu(hf), **_attention_bias(hf), "qk_norm": "full", "norm_position": "post"}
 
 
 def _phi3(hf: Mapping[str, Any]) -> dict[str, Any]:
-    kw = {**_llama_like(hf), **_silu(hf)}
+    kw = {**llama_like(hf), **_silu(hf)}
     return {**kw, **_partial(hf, kw["head_dim"] or kw["d_model"] // kw["n_head"])}
 
 
 def _gemma(hf: Mapping[str, Any], three: bool) -> dict[str, Any]:
-    kw = _llama_like(hf, tied_default=True)
+    kw = llama_like(hf, tied_default=True)
     act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
     if act not in ("gelu_pytorch_tanh", "gelu_new"):
         raise ValueError(f"hidden_activation={act!r} is not supported; accepted: 'gelu_pytorch_tanh'")

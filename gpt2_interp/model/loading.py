@@ -14,7 +14,7 @@ import difflib
 import importlib.util
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -332,8 +332,8 @@ def from_state_dict(
     """A model from a state dict ``sd`` (name → tensor) in HF (GPT-2 or Llama), TransformerLens or
     native naming; the format is detected from the names. ``cfg``: the model's shape (None: inferred
     from the tensors, GPT-2 style; a Llama state dict needs it); ``tokenizer``: the model's tokenizer
-    (None: GPT-2's). The weights are stored in float32; the model is in training mode (:func:`load`
-    returns eval mode).
+    (None: GPT-2's). The weights are copied (the model shares no memory with ``sd``) and stored in
+    float32; the model is in training mode (:func:`load` returns eval mode).
 
     Refuses (ValueError) non-tensor entries, non-finite weights (naming the tensor), missing or
     unexpected tensors and shapes that do not match ``cfg``; ``source`` names the checkpoint in those
@@ -341,27 +341,7 @@ def from_state_dict(
     for name, t in sd.items():
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{source}: entry {name!r} is a {type(t).__name__}, not a tensor")
-    try:
-        cfg = cfg or infer_config(sd)
-        fmt = "family" if cfg.family in HF_TYPES and not any(k.startswith("blocks.") for k in sd) else None
-        fmt = fmt or ckpt.detect_format(sd)
-        convert = {
-            "hf": _hf_to_native,
-            "hf_llama": _llama_to_native,
-            "tl": _tl_to_native,
-            "family": family_to_native,
-            "native": lambda s, c: dict(s),
-        }
-        native = convert[fmt](sd, cfg)
-    except KeyError as e:
-        raise ValueError(
-            f"{source} lacks the tensor {e.args[0]!r} that a checkpoint "
-            f"{'with this config ' if cfg else ''}needs{f' ({cfg})' if cfg else ''}"
-        ) from None
-    except (RuntimeError, IndexError) as e:  # reshapes of tensors whose shapes do not fit the config
-        raise ValueError(f"{source}: tensor shapes do not match the config {cfg} ({e})") from None
-    except ValueError as e:
-        raise ValueError(f"{source}: {e}") from None
+    cfg, native = _to_native(sd, cfg, source)
     for k, v in native.items():  # weights only (masks such as TransformerLens' IGNORE = -inf are not weights)
         if not is_finite(v):
             in_file = next(
@@ -371,21 +351,92 @@ def from_state_dict(
                 f"{source}: tensor {in_file or k!r}{f' ({k})' if in_file and in_file != k else ''} holds "
                 f"non-finite values ({nonfinite_summary(v)}); refusing to load a model with NaN/inf weights"
             )
-    model = HookedGPT2(cfg, seed=0, tokenizer=tokenizer)
-    expected = model.state_dict()
+    model = _meta_model(cfg, tokenizer)
+    _check_shapes(native, model, cfg, source)
+    return _materialise(model, native, torch.float32, torch.device("cpu"), owned=False)
+
+
+def _unchecked(fn: Any) -> Any:
+    """``fn`` without its argument check (which would read one value of a lazy mapping)."""
+    return getattr(fn, "__wrapped__", fn)
+
+
+def _format(sd: Mapping[str, Any], cfg: GPT2Config) -> str:
+    """The naming of ``sd``'s keys: 'family' (a transformers class of ``cfg.family``), or one of
+    :func:`~gpt2_interp.io.checkpoints.detect_format`'s."""
+    if cfg.family in HF_TYPES and not any(k.startswith("blocks.") for k in sd):
+        return "family"
+    return ckpt.detect_format(sd)
+
+
+def _to_native(
+    sd: Mapping[str, torch.Tensor], cfg: GPT2Config | None, source: str
+) -> tuple[GPT2Config, dict[str, torch.Tensor]]:
+    """``(cfg, sd in our names and layouts)``; a missing tensor or a shape that does not fit the config
+    raises a ValueError naming ``source``. ``sd`` may be a lazy mapping: each value is asked for once."""
+    try:
+        cfg = cfg or infer_config(sd)
+        convert = {
+            "hf": _hf_to_native,
+            "hf_llama": _llama_to_native,
+            "tl": _tl_to_native,
+            "family": _unchecked(family_to_native),
+            "native": lambda s, c: dict(s),
+        }
+        return cfg, convert[_format(sd, cfg)](sd, cfg)
+    except KeyError as e:
+        raise ValueError(
+            f"{source} lacks the tensor {e.args[0]!r} that a checkpoint "
+            f"{'with this config ' if cfg else ''}needs{f' ({cfg})' if cfg else ''}"
+        ) from None
+    except (RuntimeError, IndexError) as e:  # reshapes of tensors whose shapes do not fit the config
+        raise ValueError(f"{source}: tensor shapes do not match the config {cfg} ({e})") from None
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+
+
+def _meta_model(cfg: GPT2Config, tokenizer: tok.Tokenizer | None) -> HookedGPT2:
+    """A model of ``cfg`` whose parameters are on the ``meta`` device: no weight memory is allocated."""
+    tokenizer = tokenizer if tokenizer is not None else tok.GPT2Tokenizer()
+    with torch.device("meta"):
+        return HookedGPT2(cfg, tokenizer=tokenizer)
+
+
+def _check_shapes(native: Mapping[str, torch.Tensor], model: HookedGPT2, cfg: GPT2Config, source: str) -> None:
+    """Refuse a missing or unexpected tensor, or a shape other than ``model``'s, naming ``source``."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = sorted(set(expected) - set(native))
     if missing:
         raise ValueError(f"{source} lacks {missing[:5]} for config {cfg}")
     for k, v in native.items():
         if k not in expected:
             raise ValueError(f"unexpected tensor {k!r} in {source}")
-        if v.shape != expected[k].shape:
+        if tuple(v.shape) != expected[k]:
             raise ValueError(
                 f"{source}: tensor {k} has shape {tuple(v.shape)} but the config "
                 f"(n_layer={cfg.n_layer}, d_model={cfg.d_model}, n_head={cfg.n_head}, n_kv_heads={cfg.n_kv}, "
-                f"d_mlp={cfg.d_mlp}, n_ctx={cfg.n_ctx}, d_vocab={cfg.d_vocab}) needs {tuple(expected[k].shape)}"
+                f"d_mlp={cfg.d_mlp}, n_ctx={cfg.n_ctx}, d_vocab={cfg.d_vocab}) needs {expected[k]}"
             )
-    model.load_state_dict({k: v.to(torch.float32) for k, v in native.items()})
+
+
+def _materialise(
+    model: HookedGPT2, native: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device, owned: bool
+) -> HookedGPT2:
+    """Give the ``meta`` model ``native``'s tensors as its parameters in ``dtype`` on ``device``, one at a
+    time (``native`` is emptied). ``owned``: the tensors belong to this load, so one already contiguous,
+    of its own storage, in ``dtype`` on ``device`` becomes the parameter itself; any other is copied
+    (a transposed view or a slice of a fused tensor once, and the tensor it viewed is freed when its last
+    view is)."""
+    params = {}
+    for k in list(native):
+        v = native.pop(k)
+        whole = v.is_contiguous() and v.untyped_storage().nbytes() == v.numel() * v.element_size()
+        if owned and whole and v.dtype == dtype and v.device == device:
+            params[k] = v
+        else:
+            params[k] = torch.empty(v.shape, dtype=dtype, device=device).copy_(v)
+        del v
+    model.load_state_dict(params, strict=True, assign=True)
     return model
 
 
@@ -412,20 +463,66 @@ def dir_tokenizer(path: Path, hf: Mapping[str, Any]) -> tok.Tokenizer | None:
     return tok.HFTokenizer(backend, path.name, bos_id=bos, eos_id=eos, pad_id=tid("pad_token"))
 
 
-def load_dir(path: Path, name: str | None = None) -> HookedGPT2:
-    """A Hugging Face directory of a supported family (config.json + model.safetensors; tokenizer.json if any).
-    The config is read and checked before any weight is."""
+def load_dir(
+    path: Path, name: str | None = None, dtype: torch.dtype | None = None, device: torch.device | None = None
+) -> HookedGPT2:
+    """A Hugging Face directory of a supported family (config.json + model.safetensors, or the shards a
+    model.safetensors.index.json names; tokenizer.json if any), its weights in ``dtype`` (None: float32)
+    on ``device`` (None: CPU). The config, the index, the shards' headers and every tensor's name and
+    shape are read and checked before any weight is; the weights are then read one tensor at a time
+    (:class:`~gpt2_interp.io.checkpoints.DirWeights`), each converted to our layout and given to a model
+    built on the ``meta`` device, so the peak memory is one copy of the weights in ``dtype`` plus about
+    one tensor."""
     path = Path(path)
-    if (path / "config.json").exists():  # an unsupported family is refused before its weights are read
-        try:
-            GPT2Config.from_hf_dict(ckpt.read_config_json(path / "config.json"), name=name)
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"{path / 'config.json'}: {e}") from None
-    hf, sd = ckpt.read_hf_dir(path)
-    cfg = GPT2Config.from_hf_dict(hf, name=name)
+    dtype, device = dtype or torch.float32, torch.device(device or "cpu")
+    config_path = path / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"{path} has no config.json; a model directory needs config.json and model.safetensors")
+    hf = ckpt.read_config_json(config_path)
+    try:  # an unsupported family is refused before its weights are read
+        cfg = GPT2Config.from_hf_dict(hf, name=name)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{config_path}: {e}") from None
+    files = {k: f for k, f in ckpt.hf_weight_files(path).items() if not k.endswith(_BUFFER_SUFFIXES)}
     tokenizer = dir_tokenizer(path, hf) if cfg.family != "gpt2" else None
     check_vocab(tokenizer, cfg, path / "tokenizer.json")
-    return from_state_dict(sd, cfg, tokenizer, source=str(path))
+    source = str(path)
+    shapes = ckpt.DirWeights(files).shapes()
+    fmt = _format(shapes, cfg)
+    if fmt not in ("hf", "hf_llama", "family"):  # our own or TransformerLens's names: read whole
+        model = from_state_dict(dict(ckpt.DirWeights(files).items()), cfg, tokenizer, source=source)
+        return model.to(device=device, dtype=dtype)
+    heads = ("lm_head.weight", "embed_out.weight") if cfg.tied_embeddings and fmt == "family" else ()
+    meta = {k: torch.empty(s, device="meta") for k, s in shapes.items() if k not in heads}
+    model = _meta_model(cfg, tokenizer)
+    _check_shapes(_to_native(meta, cfg, source)[1], model, cfg, source)  # names and shapes, no weight read
+    weights = ckpt.DirWeights(files, dtype, device, transposed=_read_transposed(fmt))
+    return _materialise(model, _to_native(weights, cfg, source)[1], dtype, device, owned=True)
+
+
+# buffers some checkpoints hold beside their weights (causal masks, rotary tables): never read
+_BUFFER_SUFFIXES = (*ckpt.IGNORED_SUFFIXES, ".attn.masked_bias", "inv_freq")
+
+# transformers' [out, in] weights that our converters use transposed as a whole (not fused, split
+# or viewed first): read straight into the transposed layout, so the conversion copies nothing
+_NOT_TRANSPOSED = (
+    "embed_tokens.weight",
+    "wte.weight",
+    "wpe.weight",
+    "embed_in.weight",
+    "query_key_value.weight",
+    "q_proj.weight",
+    "k_proj.weight",
+    "v_proj.weight",
+    "gate_up_proj.weight",
+)
+
+
+def _read_transposed(fmt: str) -> Callable[[str], bool]:
+    """Which 2-D tensors of a checkpoint in naming ``fmt`` to read into their transposed layout."""
+    if fmt == "hf":  # GPT-2's Conv1D weights are [in, out] already; only an untied head is transposed
+        return lambda name: name.endswith("lm_head.weight")
+    return lambda name: name.endswith(".weight") and not name.endswith(_NOT_TRANSPOSED)
 
 
 def check_vocab(tokenizer: tok.Tokenizer | None, cfg: GPT2Config, source: str | Path) -> None:
@@ -931,6 +1028,13 @@ def load(
     :class:`GPT2Config` of a bare weights file (else read from a ``config.json`` beside it, else
     inferred from the tensors).
 
+    A local transformers folder (``config.json`` with ``model.safetensors``, or the shards that
+    ``save_pretrained(..., max_shard_size=...)`` writes with their ``model.safetensors.index.json``) of
+    any supported family is read shard by shard, one tensor at a time, each converted to our layout and
+    to ``dtype`` on ``device`` as it is read, into a model built without weights first: the peak memory
+    is about one copy of the weights in ``dtype`` (a bf16 folder loaded with ``dtype="bf16"`` never holds
+    float32 weights). Its config, index and tensor names and shapes are checked before any weight is read.
+
     Refused: a non-path argument (TypeError); an unknown device or dtype, a damaged or mismatched
     checkpoint, non-finite weights (ValueError, before any work or before a model is built); a
     name that is neither a file, a directory nor a known model, or a named model not found offline
@@ -952,7 +1056,7 @@ def load(
     elif name in HUB_REPOS:
         model = _from_hub(name)
     elif path.is_dir():
-        model = load_dir(path)
+        model = load_dir(path, dtype=dtype, device=device)
     elif path.is_file() and path.suffix == ".gguf":
         model = load_gguf(path)
     elif path.is_file():
