@@ -5,7 +5,8 @@ the kept tensors, and against a plain forward; TransformerLens 3.9 on the same s
                                             [--out benchmarks/RESULTS_cache_memory.md]
 
 Each measurement runs in a fresh Python process: it builds the model (``KNOWN_CONFIGS[size]``, random weights,
-fp32, gradients off; TransformerLens: ``HookedTransformer`` of TL's own config converter for that shape), reads
+fp32, gradients off; TransformerLens: ``HookedTransformer`` of TL's own config converter for that shape, every
+weight written with random values), reads
 its resident memory (``/proc/self/statm``), resets the high-water mark (``/proc/self/clear_refs``, so the
 model's initialisation does not hide the call's peak), runs the operation once under ``torch.no_grad()`` and
 reads the high-water mark (``VmHWM``, the resettable ``ru_maxrss``). Reported: the peak over the process before
@@ -76,6 +77,8 @@ def measure(mode: str, size: str, batch: int, pos: int, hook: str) -> dict[str, 
         tl_cfg = lp.get_pretrained_model_config(str(folder), device="cpu")
         tl_cfg.tokenizer_name = None
         model = HookedTransformer(tl_cfg).eval().requires_grad_(False)
+        for p in model.parameters():  # the config says init_weights=False: write every weight so it is resident
+            p.normal_(0.0, 0.02)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     tokens = torch.randint(1, cfg.d_vocab, (batch, pos), generator=torch.Generator().manual_seed(0))
     built_peak = _maxrss()
