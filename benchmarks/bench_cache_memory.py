@@ -173,6 +173,9 @@ def main() -> None:
     print(text)
     if a.out:
         Path(a.out).write_text(text)
+        from gpt2_interp.experiments.provenance import standalone, write_beside
+
+        write_beside(a.out, standalone(sys.argv))
 
 
 if __name__ == "__main__":
