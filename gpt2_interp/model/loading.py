@@ -161,8 +161,9 @@ def unknown_model_error(name: str) -> FileNotFoundError:
     hint = f" Did you mean {', '.join(repr(by_lower[c]) for c in close)}?" if close else ""
     return FileNotFoundError(
         f"{name!r} is neither a file, a directory, nor a known model name.{hint} Known: "
-        f"{', '.join(sorted(ckpt.EMBEDDED | set(GPT2_SIZES) | set(GGUF_MODELS)))} (also under their Hugging Face "
-        "hub ids and TransformerLens names, e.g. 'openai-community/gpt2', 'gpt2-small')"
+        f"{', '.join(sorted(ckpt.EMBEDDED | set(GPT2_SIZES) | set(GGUF_MODELS)))}; from the local Hugging Face cache: "
+        f"{', '.join(FAMILY_HUB_REPOS)} (also under their Hugging Face hub ids and TransformerLens names, e.g. "
+        "'openai-community/gpt2', 'gpt2-small', 'EleutherAI/pythia-70m')"
     )
 
 
