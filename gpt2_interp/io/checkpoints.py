@@ -332,20 +332,28 @@ def write_hf_dir(path: Path, config: dict[str, Any], sd: Mapping[str, torch.Tens
     return path
 
 
-def hf_cache_dirs(repo: str, need: tuple[str, ...] = WEIGHT_FILES) -> list[Path]:
-    """Snapshots of ``repo`` in the local Hugging Face cache (newest first) holding a config.json and
-    one of the ``need`` files."""
+def hf_cache_roots() -> list[Path]:
+    """The local Hugging Face cache folders searched for models, in order: ``$HF_HUB_CACHE`` (if set), then
+    ``$HF_HOME/hub`` (``HF_HOME`` defaults to ``~/.cache/huggingface``)."""
     roots = []
     if os.environ.get("HF_HUB_CACHE"):
         roots.append(Path(os.environ["HF_HUB_CACHE"]))
     hf_home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
     roots.append(hf_home / "hub")
-    names = {repo, repo.split("/")[-1]}
+    return roots
+
+
+def hf_cache_dirs(repo: str, need: tuple[str, ...] = WEIGHT_FILES) -> list[Path]:
+    """Snapshots of ``repo`` in the local Hugging Face cache (newest first) holding a config.json and
+    one of the ``need`` files."""
+    roots = hf_cache_roots()
+    # the hub matches repository ids in any case, so a cache folder may be spelled either way
+    wanted = {f"models--{n.replace('/', '--')}".lower() for n in (repo, repo.split("/")[-1])}
     found = []
     for root in roots:
-        for n in names:
-            snaps = root / f"models--{n.replace('/', '--')}" / "snapshots"
-            if snaps.is_dir():
+        for folder in sorted(root.iterdir()) if root.is_dir() else []:
+            snaps = folder / "snapshots"
+            if folder.name.lower() in wanted and snaps.is_dir():
                 found += sorted(snaps.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
     with_config = need == WEIGHT_FILES
     return [

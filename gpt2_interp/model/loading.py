@@ -80,9 +80,69 @@ MODEL_ALIASES: dict[str, str] = {
 }
 
 
+#: The Hugging Face hub repository of each later-family shape in :data:`KNOWN_CONFIGS`; :func:`load` reads it
+#: from the local Hugging Face cache only (these are large; nothing is downloaded).
+FAMILY_HUB_REPOS: dict[str, str] = {
+    "llama-3.2-1b": "meta-llama/Llama-3.2-1B",
+    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
+    "qwen3-0.6b": "Qwen/Qwen3-0.6B",
+    "gemma-2-2b": "google/gemma-2-2b",
+    "gemma-3-1b": "google/gemma-3-1b-pt",
+    "gpt-j-6b": "EleutherAI/gpt-j-6b",
+    **{f"pythia-{size}": f"EleutherAI/pythia-{size}" for size in ("70m", "160m", "410m", "1.4b")},
+    "mistral-7b": "mistralai/Mistral-7B-v0.1",
+    "phi-3-mini": "microsoft/Phi-3-mini-4k-instruct",
+    "olmo-2-1b": "allenai/OLMo-2-0425-1B",
+}
+
+# Other names of those models, matched case-insensitively: the hub ids and TransformerLens's official names and
+# aliases (MODEL_ALIASES in transformer_lens.loading_from_pretrained) → our name.
+FAMILY_ALIASES: dict[str, str] = {
+    **{repo: name for name, repo in FAMILY_HUB_REPOS.items()},
+    "gemma-3-1b-pt": "gemma-3-1b",
+    **dict.fromkeys(("gpt-j", "gptj"), "gpt-j-6b"),
+    **dict.fromkeys(("pythia", "EleutherAI/pythia-19m", "pythia-19m"), "pythia-70m"),
+    **dict.fromkeys(("EleutherAI/pythia-125m", "pythia-125m"), "pythia-160m"),
+    **dict.fromkeys(("EleutherAI/pythia-350m", "pythia-350m"), "pythia-410m"),
+    **dict.fromkeys(("EleutherAI/pythia-1.3b", "pythia-1.3b"), "pythia-1.4b"),
+    "phi-3": "phi-3-mini",
+}
+
+
+def family_model_name(name: str) -> str | None:
+    """Our name of a later-family model (``"EleutherAI/pythia-70m"``, ``"pythia-70m"`` → ``"pythia-70m"``;
+    ``"Qwen/Qwen2.5-0.5B"`` → ``"qwen2.5-0.5b"``; any case), or None if it is not one of :data:`FAMILY_HUB_REPOS`."""
+    by_lower = {n.lower(): n for n in FAMILY_HUB_REPOS}
+    by_lower.update({alias.lower(): ours for alias, ours in FAMILY_ALIASES.items()})
+    return by_lower.get(name.lower())
+
+
+def resolve_family_name(name_or_path: str) -> str:
+    """``name_or_path`` unchanged, unless it is a later family's model name (:func:`family_model_name`) and
+    not an existing path: then the newest snapshot folder of its repository in the local Hugging Face cache
+    (``$HF_HUB_CACHE``, ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``). A name with no snapshot there raises
+    a FileNotFoundError saying where it looked and how to get the folder offline."""
+    if Path(name_or_path).expanduser().exists():
+        return name_or_path
+    name = family_model_name(name_or_path)
+    if name is None:
+        return name_or_path
+    repo = FAMILY_HUB_REPOS[name]
+    for snapshot in ckpt.hf_cache_dirs(repo, need=("config.json",)):
+        return str(snapshot)
+    roots = ckpt.hf_cache_roots()
+    raise FileNotFoundError(
+        f"{name_or_path!r} ({repo}) is not in the local Hugging Face cache: no models--{repo.replace('/', '--')}"
+        f"/snapshots/<rev>/config.json under {' or '.join(str(r) for r in roots)}. On a machine with internet run "
+        f"`huggingface-cli download {repo}` and copy its models--{repo.replace('/', '--')} folder into one of "
+        "those (or set HF_HUB_CACHE to where it is), or pass the model folder's path to gpt2_interp.load()"
+    )
+
+
 def model_names() -> list[str]:
     """Every name :func:`load` accepts for a model (ours first, then hub ids and TransformerLens's names)."""
-    return sorted(ckpt.EMBEDDED | set(GPT2_SIZES) | set(GGUF_MODELS)) + sorted(MODEL_ALIASES)
+    ours = ckpt.EMBEDDED | set(GPT2_SIZES) | set(GGUF_MODELS) | set(FAMILY_HUB_REPOS)
+    return sorted(ours) + sorted(MODEL_ALIASES | FAMILY_ALIASES)
 
 
 def canonical_model_name(name: str) -> str | None:
@@ -101,8 +161,9 @@ def unknown_model_error(name: str) -> FileNotFoundError:
     hint = f" Did you mean {', '.join(repr(by_lower[c]) for c in close)}?" if close else ""
     return FileNotFoundError(
         f"{name!r} is neither a file, a directory, nor a known model name.{hint} Known: "
-        f"{', '.join(sorted(ckpt.EMBEDDED | set(GPT2_SIZES) | set(GGUF_MODELS)))} (also under their Hugging Face "
-        "hub ids and TransformerLens names, e.g. 'openai-community/gpt2', 'gpt2-small')"
+        f"{', '.join(sorted(ckpt.EMBEDDED | set(GPT2_SIZES) | set(GGUF_MODELS)))}; from the local Hugging Face cache: "
+        f"{', '.join(FAMILY_HUB_REPOS)} (also under their Hugging Face hub ids and TransformerLens names, e.g. "
+        "'openai-community/gpt2', 'gpt2-small', 'EleutherAI/pythia-70m')"
     )
 
 
@@ -1042,11 +1103,14 @@ def load(
 
     A model name may also be given as its Hugging Face hub id (``"openai-community/gpt2"``,
     ``"HuggingFaceTB/SmolLM2-135M-Instruct"``) or TransformerLens's name (``"gpt2-small"``), in any
-    case (:data:`MODEL_ALIASES`); an unknown name raises a FileNotFoundError naming the closest ones."""
+    case (:data:`MODEL_ALIASES`); an unknown name raises a FileNotFoundError naming the closest ones. The later
+    families' shapes of :data:`KNOWN_CONFIGS` (``"pythia-70m"``, ``"qwen2.5-0.5b"``, …), their hub ids
+    (``"EleutherAI/pythia-70m"``) and TransformerLens's names for them are read from their snapshot folder in the
+    local Hugging Face cache (:func:`resolve_family_name`; never downloaded)."""
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise TypeError(f"load() takes a model name or a path, got {type(name_or_path).__name__}")
     device, dtype = resolve_device(device), resolve_dtype(dtype)  # checked before any work
-    key = str(name_or_path)
+    key = resolve_family_name(str(name_or_path))
     path = Path(key).expanduser()
     name = canonical_model_name(key) if not path.exists() else None
     if name in ckpt.EMBEDDED:
