@@ -143,10 +143,11 @@ REFERENCE_CASES = {
 }
 
 
-def hf_model(family: str):
+def hf_model(family: str, vocab: int = VOCAB):
     """The transformers model of ``family`` (a key of ``CASES`` or ``REFERENCE_CASES``), seeded, eager
-    attention, with noise added to every parameter."""
+    attention, with noise added to every parameter; ``vocab`` 50257 lets GPT-2's tokenizer read text."""
     config_class, model_class, kw = {**CASES, **REFERENCE_CASES}[family]
+    kw = {**kw, "vocab_size": vocab}
     torch.manual_seed(0)
     cfg = getattr(transformers, config_class)(**kw)
     cfg._attn_implementation = "eager"
@@ -159,10 +160,10 @@ def hf_model(family: str):
     return model
 
 
-def family_pair(family: str):
+def family_pair(family: str, vocab: int = VOCAB):
     """``(family, transformers model, our model)`` for one family of ``CASES`` or ``REFERENCE_CASES``; each
     call builds a fresh pair, so a test that edits weights leaves other modules' models alone."""
-    hf = hf_model(family)
+    hf = hf_model(family, vocab)
     return family, hf, gi.from_transformers(hf).eval()
 
 
