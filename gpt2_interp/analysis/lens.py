@@ -432,6 +432,25 @@ def direct_effect(
     return (c @ direction) / scale
 
 
+def _through_post_norm(
+    model: HookedGPT2, heads: torch.Tensor, b_O: torch.Tensor, cache: Any, pos: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each head's output ``heads [n_layer, n_head, d_model]`` and the output bias ``b_O [n_layer, d_model]`` as
+    each block's post-attention norm (``ln1_post``) passes them to the residual with the scale of the run:
+    ``(x − mean(x)) / scale · w`` (no centring for RMSNorm); the norm's own bias joins ``b_O``'s term. The
+    parts then sum to ``hook_attn_out``."""
+    outs, biases = [], []
+    for i, block in enumerate(model.blocks):
+        ln = block.ln1_post
+        s = cache[f"blocks.{i}.ln1_post.hook_scale"][0, pos].float()
+        x = torch.cat([heads[i], b_O[i][None]])  # [n_head + 1, d_model]
+        x = (x - x.mean(-1, keepdim=True) if ln.centred else x) / s * ln.gain.float()
+        bias = getattr(ln, "b", None)
+        outs.append(x[:-1])
+        biases.append(x[-1] + (0 if bias is None else bias.float()))
+    return torch.stack(outs), torch.stack(biases)
+
+
 @boundary
 @torch.no_grad()
 def logit_attribution(
@@ -447,7 +466,9 @@ def logit_attribution(
     Uses ln_final's scale of the actual run, so the parts (token and position embeddings,
     each attention and MLP output; per head via ``hook_z @ W_O`` with ``b_O`` apart) sum
     exactly to the model's logit (difference) minus the LN bias term ``b · W_U[:, t]`` (plus GPT-J's head bias
-    ``b_U[t]``). A model whose logits are soft-capped (Gemma 2) is refused (ValueError).
+    ``b_U[t]``). Where each attention output is normalised before it joins the residual (Gemma, OLMo 2), the
+    heads and ``b_O`` pass through that norm at the run's scale, so they still sum to the attention part.
+    A model whose logits are soft-capped (Gemma 2) is refused (ValueError).
 
     ``prompt``: one string (BOS is prepended); ``target``/``baseline``: single tokens (strings or
     ids); ``position``: index into the prompt's tokens, BOS = 0 (default -1, the last);
@@ -464,8 +485,10 @@ def logit_attribution(
     tokens, pos = prompt_position(model, prompt, position, "logit_attribution")
     learned = "hook_pos_embed" in model.hook_dict  # rotary models have no position embedding
     names = ["hook_embed", "ln_final.hook_scale"] + (["hook_pos_embed"] if learned else [])
+    post = model.cfg.norm_position != "pre"  # Gemma, OLMo 2: the attention output is normalised before it is added
     for i in range(n):
         names += [hook_name("attn_out", i), hook_name("mlp_out", i)] + ([hook_name("z", i)] if per_head else [])
+        names += [f"blocks.{i}.ln1_post.hook_scale"] if per_head and post else []
     logits, cache = model.run_with_cache(tokens, names_filter=names)
     direction = logit_direction(model, target, baseline).float()  # [d_model]
     scale = cache["ln_final.hook_scale"][0, pos].float()  # [1]
@@ -483,13 +506,15 @@ def logit_attribution(
     parts = direct_effect(torch.stack(comps), direction, scale, centre)  # [n_parts]
     zeros = torch.zeros(model.cfg.d_model, device=model.device)
     b_O = torch.stack([zeros if b.attn.b_O is None else b.attn.b_O.float() for b in model.blocks])  # [n_layer, d_model]
-    b_O_parts = direct_effect(b_O, direction, scale, centre)
     head_parts = None
     if per_head:
         z = torch.stack([at(hook_name("z", i)) for i in range(n)])  # [n_layer, n_head, d_head]
         W_O = torch.stack([b.attn.W_O.float() for b in model.blocks])  # [n_layer, n_head, d_head, d_model]
         heads = einsum(z, W_O, "l h dh, l h dh d -> l h d")
+        if post:  # the post-attention norm is linear at the run's scale: each head and b_O go through it
+            heads, b_O = _through_post_norm(model, heads, b_O, cache, pos)
         head_parts = direct_effect(heads, direction, scale, centre)  # [n_layer, n_head]
+    b_O_parts = direct_effect(b_O, direction, scale, centre)
     tid = model.to_single_token(target)
     ln_b = zeros if model.ln_final.b is None else model.ln_final.b.float()  # RMSNorm: no bias term
     b_U = model.unembed.b_U.float()  # zeros but for GPT-J's head bias

@@ -2,13 +2,17 @@
 
 An MLP writes ``Σ_i m_i · v_i`` to the residual stream, with ``m_i`` the neuron's
 activation (``mlp.hook_post``) and ``v_i = W_out[i]`` its value vector. Projecting
-``v_i`` onto the unembedding says which tokens the neuron promotes when it fires.
+``v_i`` onto the unembedding says which tokens the neuron promotes when it fires. Where the
+block normalises its MLP output before adding it (Gemma's and OLMo 2's post-feedforward norm),
+``v_i`` is ``W_out[i]`` times that norm's gain (:func:`value_vectors`): the norm's ``1/scale`` is
+one positive number per position, so the direction it writes is that, not ``W_out[i]``.
 
 What ``apply_ln=True`` applies, exactly: ``score[t] = Σ_d v[d] · w[d] · W_U[d, t]`` with
 ``w`` ln_final's gain. Not applied: ln_final's centring (subtracting ``mean(v)``; it
 shifts scores by ``mean(v) · Σ_d w[d] W_U[d, t]``), its ``1/scale`` (a positive number
 per position, which does not change any ranking) and its bias ``b`` (a per-token
-constant that does not depend on ``v``). ``apply_ln=False`` is the raw ``v @ W_U``.
+constant that does not depend on ``v``), nor the head's bias (GPT-J; a per-token constant) and
+the final soft-cap (Gemma 2; monotone, so no ranking changes). ``apply_ln=False`` is the raw ``v @ W_U``.
 On a real prompt, :func:`top_subupdates` reports the exact direct effect instead
 (centred, divided by the run's scale — the same formula as ``logit_attribution``).
 """
@@ -58,8 +62,26 @@ def _readout_in(model: HookedGPT2, vectors: torch.Tensor, apply_ln: bool) -> tor
 
 @boundary
 def vocab_scores(model: HookedGPT2, vectors: torch.Tensor, apply_ln: bool = True) -> torch.Tensor:
-    """Vocabulary scores ``[n, d_vocab]`` of ``vectors [n, d_model]`` (see the module doc)."""
-    return model.unembed(_readout_in(model, vectors, apply_ln))
+    """Vocabulary scores ``[n, d_vocab]`` of ``vectors [n, d_model]`` (see the module doc): the linear
+    readout ``v · w · W_U``, without the head's bias (GPT-J) or the final soft-cap (Gemma 2), which are a
+    per-token constant and a monotone map."""
+    return _readout_in(model, vectors, apply_ln) @ model.W_U
+
+
+@boundary
+def value_vectors(model: HookedGPT2, layer: int, neurons: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:
+    """What each neuron of ``layer``'s MLP writes to the residual stream per unit activation, ``[n, d_model]``:
+    ``W_out[neurons]`` (all neurons by default), passed through the block's post-feedforward norm where it has
+    one (Gemma's and OLMo 2's ``ln2_post``: times its gain, centred first for a LayerNorm), up to that norm's
+    ``1/scale``, a positive number per position that no ranking depends on. Refused: a layer or neuron index
+    out of range (IndexError), an empty neuron list (ValueError)."""
+    layer = model.check_layer(layer)
+    block = model.blocks[layer]
+    V = block.mlp.W_out[_check_neurons(model, neurons)]
+    post = getattr(block, "ln2_post", None)
+    if post is None:
+        return V
+    return (V - V.mean(-1, keepdim=True) if post.centred else V) * post.gain
 
 
 @torch.no_grad()
@@ -187,7 +209,7 @@ def neuron_vocab(
     k = check_count(k, "k")
     layer = model.check_layer(layer)
     idx = _check_neurons(model, neurons)
-    V = model.blocks[layer].mlp.W_out[idx]  # [n, d_model]
+    V = value_vectors(model, layer, idx)  # [n, d_model]
     return _projection(
         model,
         V,
@@ -323,13 +345,13 @@ def find_neurons(
         readout = readout - w * model.W_U.mean(-1)
     elif contrast is not None:
         readout = readout - w * model.W_U[:, _token_ids(model, contrast)].mean(-1)
-    W_out = torch.stack([model.blocks[l].mlp.W_out for l in ls])  # [n_layers, d_mlp, d_model]
+    W_out = torch.stack([value_vectors(model, l) for l in ls])  # [n_layers, d_mlp, d_model]
     scores = (W_out @ readout).float()  # [n_layers, d_mlp]
     top = scores.flatten().topk(min(k, scores.numel()))
     d = model.cfg.d_mlp
     li = [ls[int(i) // d] for i in top.indices]
     ni = [int(i) % d for i in top.indices]
-    V = torch.stack([model.blocks[l].mlp.W_out[i] for l, i in zip(li, ni)])
+    V = W_out[[ls.index(l) for l in li], ni]
     _, tids, _, _ = _top_bottom(model, V, n_tokens, apply_ln)
     return NeuronSearch(
         [model.tokenizer.token_str(i) for i in ids],
@@ -423,11 +445,15 @@ def top_subupdates(
     k = check_count(k, "k")
     ls = _layers(model, layer)
     tokens, pos = prompt_position(model, prompt, position, "top_subupdates")
+    post = model.cfg.norm_position != "pre"  # the MLP output is normalised before it joins the residual
     names = [hook_name("post", l) for l in ls] + (["ln_final.hook_scale"] if target is not None else [])
+    names += [f"blocks.{l}.ln2_post.hook_scale" for l in ls] if post else []
     # ln_final (and its scale hook) only runs when logits are asked for
     _, cache = model.run_with_cache(tokens, names_filter=names, return_type=None if target is None else "logits")
     m = torch.stack([cache[hook_name("post", l)][0, pos] for l in ls])  # [n_layers, d_mlp]
-    W_out = torch.stack([model.blocks[l].mlp.W_out for l in ls])  # [n_layers, d_mlp, d_model]
+    W_out = torch.stack([value_vectors(model, l) for l in ls])  # [n_layers, d_mlp, d_model]
+    if post:  # the post-feedforward norm's scale of this run: W_out rows become what reaches the residual
+        W_out = W_out / torch.stack([cache[f"blocks.{l}.ln2_post.hook_scale"][0, pos] for l in ls])[:, None]
     norms = m.abs() * W_out.norm(dim=-1)  # [n_layers, d_mlp]
     top = norms.flatten().topk(min(k, norms.numel()))
     d = model.cfg.d_mlp

@@ -173,6 +173,18 @@ class Unembed(nn.Module):
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
+    def columns(self, x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """The logits of the tokens ``cols [k]`` only, ``[..., k]``, of normalised residuals ``x [..., d_model]``:
+        the same values as ``forward(x)[..., cols]`` (head bias and soft-cap included) without the full
+        unembedding, and without the hooks."""
+        logits = x @ self.W_U[:, cols]
+        own = self._parameters.get("b_U")
+        if own is not None:
+            logits = logits + own[cols]
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
 
 def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """``x @ w + b`` for ``x: [..., d_in]``, ``w: [d_in, d_out]`` with one fused addmm (as GPT-2's Conv1D)."""

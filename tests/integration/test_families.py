@@ -18,163 +18,19 @@ from gpt2_interp.model import KNOWN_CONFIGS, GPT2Config, HookedGPT2
 
 transformers = pytest.importorskip("transformers")
 
-VOCAB = 256
-LLAMA_LIKE = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-    pad_token_id=0,
-)
-
-# family → (config class, model class, config kwargs)
-CASES = {
-    "llama3-rope": (
-        "LlamaConfig",
-        "LlamaForCausalLM",
-        dict(
-            LLAMA_LIKE,
-            rope_parameters=dict(
-                rope_type="llama3",
-                rope_theta=10000.0,
-                factor=8.0,
-                low_freq_factor=1.0,
-                high_freq_factor=4.0,
-                original_max_position_embeddings=16,
-            ),
-        ),
-    ),
-    "llama-linear-rope": (
-        "LlamaConfig",
-        "LlamaForCausalLM",
-        dict(LLAMA_LIKE, rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0)),
-    ),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(LLAMA_LIKE, tie_word_embeddings=True)),
-    "qwen2-yarn": (
-        "Qwen2Config",
-        "Qwen2ForCausalLM",
-        dict(
-            LLAMA_LIKE,
-            rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32),
-        ),
-    ),
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(LLAMA_LIKE, head_dim=24, sliding_window=5)),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(LLAMA_LIKE, head_dim=24, tie_word_embeddings=True)),
-    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(LLAMA_LIKE)),
-    "phi3": (
-        "Phi3Config",
-        "Phi3ForCausalLM",
-        dict(LLAMA_LIKE, sliding_window=6, original_max_position_embeddings=128),
-    ),
-    "gpt_neox": (
-        "GPTNeoXConfig",
-        "GPTNeoXForCausalLM",
-        dict(
-            vocab_size=VOCAB,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=128,
-            rotary_pct=0.25,
-            use_parallel_residual=True,
-            pad_token_id=0,
-        ),
-    ),
-    "gpt_neox-sequential": (
-        "GPTNeoXConfig",
-        "GPTNeoXForCausalLM",
-        dict(
-            vocab_size=VOCAB,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=128,
-            rotary_pct=0.5,
-            use_parallel_residual=False,
-            pad_token_id=0,
-        ),
-    ),
-    "gptj": (
-        "GPTJConfig",
-        "GPTJForCausalLM",
-        dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128, rotary_dim=8),
-    ),
-    "gemma2": (
-        "Gemma2Config",
-        "Gemma2ForCausalLM",
-        dict(
-            LLAMA_LIKE,
-            head_dim=24,
-            query_pre_attn_scalar=20,
-            sliding_window=4,
-            attn_logit_softcapping=3.0,
-            final_logit_softcapping=2.0,
-            tie_word_embeddings=True,
-        ),
-    ),
-    "gemma3": (
-        "Gemma3TextConfig",
-        "Gemma3ForCausalLM",
-        dict(
-            LLAMA_LIKE,
-            num_hidden_layers=3,
-            head_dim=24,
-            query_pre_attn_scalar=20,
-            sliding_window=4,
-            sliding_window_pattern=3,
-            rope_parameters={
-                "full_attention": {"rope_type": "linear", "rope_theta": 100000.0, "factor": 2.0},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
-            },
-            tie_word_embeddings=True,
-        ),
-    ),
-}
-
-
-def _hf_model(family: str):
-    config_class, model_class, kw = CASES[family]
-    torch.manual_seed(0)
-    cfg = getattr(transformers, config_class)(**kw)
-    cfg._attn_implementation = "eager"
-    model = getattr(transformers, model_class)(cfg).eval()
-    with torch.no_grad():  # non-trivial norm gains and biases, larger weights so attention is not uniform
-        for _name, p in model.named_parameters():
-            p.add_(torch.randn_like(p) * (0.3 if p.ndim == 1 else 0.05))
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    return model
+from tests.families_cases import CASES, PROMPTS, family_pair, padded  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def pair(request):
-    hf = _hf_model(request.param)
-    return request.param, hf, gi.from_transformers(hf).eval()
-
-
-PROMPTS = [torch.randint(1, VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (13, 8, 3)]
-
-
-def _padded():
-    width = max(len(p) for p in PROMPTS)
-    tokens = torch.zeros(len(PROMPTS), width, dtype=torch.long)
-    mask = torch.zeros_like(tokens)
-    for i, p in enumerate(PROMPTS):
-        tokens[i, width - len(p) :], mask[i, width - len(p) :] = p, 1
-    return tokens, mask
+    """Each family's ``(family, transformers model, our model)``."""
+    return family_pair(request.param)
 
 
 @torch.no_grad()
 def test_padded_batch_logits_match_transformers_and_each_prompt_alone(pair):
     family, hf, ours = pair
-    tokens, mask = _padded()
+    tokens, mask = padded()
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     theirs = hf(input_ids=tokens, attention_mask=mask, position_ids=pos).logits
     mine = ours(tokens, attention_mask=mask)
@@ -311,7 +167,7 @@ def test_opt_in_hooks_keep_the_output(pair):
     """TransformerLens's opt-in hook points (per-head results, split inputs, mlp_in) and a hooked
     pattern (the explicit attention path) leave every family's logits unchanged."""
     family, _, ours = pair
-    tokens, mask = _padded()
+    tokens, mask = padded()
     plain = ours(tokens, attention_mask=mask)
     ours.cfg.use_attn_result = True
     ours.cfg.use_split_qkv_input = True

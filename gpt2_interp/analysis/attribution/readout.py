@@ -60,7 +60,7 @@ class Readout:
     def logits(self, resid: torch.Tensor) -> torch.Tensor:
         """``resid [b, pos, d_model]`` (after the last block) → last-position logits ``[b, d_vocab | k]``."""
         x = self.model.ln_final(resid[:, -1])
-        return self.model.unembed(x) if self.cols is None else x @ self.model.W_U[:, self.cols]
+        return self.model.unembed(x) if self.cols is None else self.model.unembed.columns(x, self.cols)
 
     def bind(self, reference: torch.Tensor) -> None:
         """Bind the metric; ``reference``: the clean run's logits of the chunk (a KL metric's reference)."""

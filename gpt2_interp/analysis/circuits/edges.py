@@ -560,7 +560,7 @@ def _columns(model: HookedGPT2, cols: torch.Tensor) -> Any:
     """The unembedding restricted to columns ``cols``: ``[r, d_model]`` → ``[r, len(cols)]``."""
 
     def unembed(x: torch.Tensor) -> torch.Tensor:
-        return x @ model.W_U[:, cols]
+        return model.unembed.columns(x, cols)
 
     return unembed
 

@@ -188,8 +188,26 @@ class Graph:
 @boundary
 def graph_of(model: HookedGPT2) -> Graph:
     """The sender/receiver :class:`Graph` of ``model`` (GPT-2 and Llama-family configs alike; under
-    grouped-query attention the key and value receivers are the ``n_kv`` KV heads)."""
+    grouped-query attention the key and value receivers are the ``n_kv`` KV heads).
+
+    Refused (ValueError): a model that normalises each attention or MLP output before adding it
+    (``norm_position`` ``"sandwich"`` or ``"post"``: Gemma, OLMo 2), whose residual stream is not a sum of
+    the heads' outputs, so a head has no edge of its own; and parallel blocks (GPT-NeoX, GPT-J), whose MLP
+    reads the block's input rather than the residual after attention, which this graph's MLP receivers
+    and their edge patching assume."""
     c = model.cfg
+    if c.norm_position != "pre":
+        raise ValueError(
+            f"edge circuits need a residual stream that sums its senders' outputs; {c.name} normalises each "
+            f"attention and MLP output before adding it (norm_position={c.norm_position!r}), so a head has no "
+            "edge of its own: use patch() per head or attribute() instead"
+        )
+    if c.parallel != "none":
+        raise ValueError(
+            f"edge circuits are built for sequential blocks; {c.name} has parallel blocks (parallel="
+            f"{c.parallel!r}: the MLP reads the block's input, not the residual after attention): use patch() "
+            "per head or attribute() instead"
+        )
     return Graph(c.n_layer, c.n_head, c.n_kv, model=c.name)
 
 
