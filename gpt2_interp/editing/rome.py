@@ -26,6 +26,9 @@ memory and inserts the association ``k* → v*`` with the smallest change in the
   their last token, averaged over the prompts) enters the loss × ``keep_factor``. The edit writes
   to the subject's representation, which every relation reads, so without it writing one relation
   can rewrite the subject's others.
+* a norm on the MLP's output (OLMo 2's and Gemma's ``ln2_post``): ``v₀``, ``δ`` and ``v*`` are
+  ``W_out``'s output before it, and δ passes through it at every step (:func:`.targets.optimise_deltas`'
+  ``delta_site``), so the update below writes exactly the value optimised;
 * the update ``ΔW = outer(C⁻¹k*, v* − (k* @ W_out + b_out)) / (k*ᵀ C⁻¹ k*)``, so
   ``k* @ (W_out + ΔW) + b_out = v*`` exactly, and any key ``k`` with ``kᵀC⁻¹k* = 0`` is untouched.
 

@@ -38,7 +38,7 @@ from gpt2_interp.analysis.features.sae_train import SAETrainConfig, train_sae
 from gpt2_interp.editing import NullSpace, compute_edit, compute_edits, key_second_moment
 from gpt2_interp.editing.memit import MemitHparams
 from gpt2_interp.editing.settings import hparams_for
-from gpt2_interp.io.tokenizer import HFTokenizer
+from gpt2_interp.io.tokenizer import HFTokenizer, bytes_to_unicode
 from gpt2_interp.model import KNOWN_CONFIGS, HookedGPT2, Steer
 from gpt2_interp.model.steer import steering
 from tests.integration.test_families import CASES, LLAMA_LIKE, VOCAB, _hf_model
@@ -78,8 +78,6 @@ FAST = dict(v_steps=10, v_lr=0.1, weight_decay=0.05, prefixes_per_length=0, n_sa
 def _byte_tokenizer() -> HFTokenizer:
     """One token per byte (ids 0-255, the model's vocabulary); id 0 (the NUL byte) is BOS, EOS and padding."""
     alphabet = tokenizers.pre_tokenizers.ByteLevel.alphabet()
-    from gpt2_interp.io.tokenizer import bytes_to_unicode
-
     chars = bytes_to_unicode()
     assert set(chars.values()) == set(alphabet)
     vocab = {chars[b]: b for b in range(256)}
@@ -231,13 +229,15 @@ def test_rome_edits_the_matrix_transformers_calls_w_out_exactly(family, corpus):
     _, logp0 = _target_nll(hf, req)
     saved = _snapshot(ours)
     edit.apply(ours)
-    tokens = torch.tensor([_ids("Paris is located in Rome")])
-    back = _check_written_back(name, hf, ours, edit, tokens)
-    nll1, logp1 = _target_nll(back, req)
-    # the δ optimisation's final loss is the edited transformers model's loss (exact_edit)
-    assert abs(edit.metrics["final_loss"]["bare_nll"] - nll1) < 1e-4, (name, edit.metrics["final_loss"], nll1)
-    assert logp1 > logp0 + 0.5, f"{name}: log P(target) {logp0:.3f} → {logp1:.3f}"
-    _check_undo(name, ours, edit, saved)
+    try:
+        tokens = torch.tensor([_ids("Paris is located in Rome")])
+        back = _check_written_back(name, hf, ours, edit, tokens)
+        nll1, logp1 = _target_nll(back, req)
+        # the δ optimisation's final loss is the edited transformers model's loss (exact_edit)
+        assert abs(edit.metrics["final_loss"]["bare_nll"] - nll1) < 1e-4, (name, edit.metrics["final_loss"], nll1)
+        assert logp1 > logp0 + 0.5, f"{name}: log P(target) {logp0:.3f} → {logp1:.3f}"
+    finally:  # undone also when a check fails, so the next test gets the unedited model
+        _check_undo(name, ours, edit, saved)
 
 
 @pytest.mark.parametrize("method", ["memit", "alphaedit"])
@@ -252,48 +252,50 @@ def test_memit_and_alphaedit_solve_their_normal_equations_on_the_keys_transforme
     saved = _snapshot(ours)
     before = [_target_nll(hf, r)[1] for r in REQUESTS]
     edit.apply(ours)
-    back = _check_written_back(name, hf, ours, edit, torch.tensor([_ids("Berlin is located in Oslo")]))
-    for j, req in enumerate(REQUESTS):  # the keys: inputs of the rewritten matrices in the edited model
-        for l, k in _keys_in_transformers(back, req, layers).items():
-            assert torch.allclose(edit.keys[l][j].double(), k, rtol=1e-4, atol=1e-5), (name, l, j)
-    for l in layers:
-        _, R = edit.factors[l]
-        assert R is not None
-        K, dW = edit.keys[l].double(), edit.delta(l).double()
-        if preserve is None:  # (λC + KᵀK) ΔW = Kᵀ R
-            lhs = (10.0 * stats[l].C.double() + K.T @ K) @ dW
-        else:  # ΔW = P X in P's range, (P KᵀK P + αI) X = P Kᵀ R
-            P = preserve.P[l].double()
-            assert torch.allclose(P @ dW, dW, atol=1e-6 * float(dW.abs().max())), (name, l)
-            ridge = 0.01 * float(stats[l].C.double().diagonal().mean())
-            lhs = (P @ K.T @ K @ P + ridge * torch.eye(P.shape[0], dtype=torch.float64)) @ dW
-        rhs = (K.T if preserve is None else preserve.P[l].double() @ K.T) @ R.double()
-        err = float((lhs - rhs).norm() / rhs.norm())
-        assert err < 1e-4, (name, l, err)
-    if getattr(ours.blocks[1], "ln2_post", None) is None:  # the top layer carries z − h, h read in transformers
-        lower = copy.deepcopy(hf)  # with layer 0's update only: the residual the top layer's update adds to
-        key0 = f"{_rewritten(hf, 0)}.weight"
-        operator.attrgetter(_rewritten(hf, 0))(lower).weight.data.copy_(back.state_dict()[key0])
+    try:
+        back = _check_written_back(name, hf, ours, edit, torch.tensor([_ids("Berlin is located in Oslo")]))
+        for j, req in enumerate(REQUESTS):  # the keys: inputs of the rewritten matrices in the edited model
+            for l, k in _keys_in_transformers(back, req, layers).items():
+                assert torch.allclose(edit.keys[l][j].double(), k, rtol=1e-4, atol=1e-5), (name, l, j)
+        for l in layers:
+            _, R = edit.factors[l]
+            assert R is not None
+            K, dW = edit.keys[l].double(), edit.delta(l).double()
+            if preserve is None:  # (λC + KᵀK) ΔW = Kᵀ R
+                lhs = (10.0 * stats[l].C.double() + K.T @ K) @ dW
+            else:  # ΔW = P X in P's range, (P KᵀK P + αI) X = P Kᵀ R
+                P = preserve.P[l].double()
+                assert torch.allclose(P @ dW, dW, atol=1e-6 * float(dW.abs().max())), (name, l)
+                ridge = 0.01 * float(stats[l].C.double().diagonal().mean())
+                lhs = (P @ K.T @ K @ P + ridge * torch.eye(P.shape[0], dtype=torch.float64)) @ dW
+            rhs = (K.T if preserve is None else preserve.P[l].double() @ K.T) @ R.double()
+            err = float((lhs - rhs).norm() / rhs.norm())
+            assert err < 1e-4, (name, l, err)
+        if getattr(ours.blocks[1], "ln2_post", None) is None:  # the top layer carries z − h, h read in transformers
+            lower = copy.deepcopy(hf)  # with layer 0's update only: the residual the top layer's update adds to
+            key0 = f"{_rewritten(hf, 0)}.weight"
+            operator.attrgetter(_rewritten(hf, 0))(lower).weight.data.copy_(back.state_dict()[key0])
+            for j, req in enumerate(REQUESTS):
+                h = _block_output(lower, 1, req)
+                R_top = edit.factors[1][1]
+                assert R_top is not None
+                assert torch.allclose(R_top[j].double(), edit.v_star[j].double() - h, rtol=1e-4, atol=1e-4), (name, j)
+        # the residual leaving the top block reaches z; after a post-MLP norm (OLMo 2, Gemma), whose output has a
+        # fixed RMS, the MLP's output points to z (its part that a normalised output can reach: the direction)
+        post_norm = getattr(ours.blocks[1], "ln2_post", None)
         for j, req in enumerate(REQUESTS):
-            h = _block_output(lower, 1, req)
-            R_top = edit.factors[1][1]
-            assert R_top is not None
-            assert torch.allclose(R_top[j].double(), edit.v_star[j].double() - h, rtol=1e-4, atol=1e-4), (name, j)
-    # the residual leaving the top block reaches z; after a post-MLP norm (OLMo 2, Gemma), whose output has a
-    # fixed RMS, the MLP's output points to z (its part that a normalised output can reach: the direction)
-    post_norm = getattr(ours.blocks[1], "ln2_post", None)
-    for j, req in enumerate(REQUESTS):
-        z, h0, h1 = edit.v_star[j].double(), _block_output(hf, 1, req), _block_output(back, 1, req)
-        if post_norm is None:
-            assert (h1 - z).norm() <= 1e-3 * (z - h0).norm(), (name, j)
-        else:
-            y1 = _block_output(back, 1, req, "post_feedforward_layernorm")  # the MLP's normalised output
-            gain = post_norm.gain.detach().double()
-            cos = torch.cosine_similarity(y1 / gain, (z - (h1 - y1)) / gain, dim=0)
-            assert cos > 1 - 1e-4, (name, j, float(cos))
-    after = [_target_nll(back, r)[1] for r in REQUESTS]
-    assert all(a > b for a, b in zip(after, before)), f"{name} {method}: log P(target) {before} → {after}"
-    _check_undo(name, ours, edit, saved)
+            z, h0, h1 = edit.v_star[j].double(), _block_output(hf, 1, req), _block_output(back, 1, req)
+            if post_norm is None:
+                assert (h1 - z).norm() <= 1e-3 * (z - h0).norm(), (name, j)
+            else:
+                y1 = _block_output(back, 1, req, "post_feedforward_layernorm")  # the MLP's normalised output
+                gain = post_norm.gain.detach().double()
+                cos = torch.cosine_similarity(y1 / gain, (z - (h1 - y1)) / gain, dim=0)
+                assert cos > 1 - 1e-4, (name, j, float(cos))
+        after = [_target_nll(back, r)[1] for r in REQUESTS]
+        assert all(a > b for a, b in zip(after, before)), f"{name} {method}: log P(target) {before} → {after}"
+    finally:  # undone also when a check fails, so the next test gets the unedited model
+        _check_undo(name, ours, edit, saved)
 
 
 def _authors(method: str) -> dict:
@@ -314,7 +316,7 @@ def test_gpt_j_paper_preset_is_the_authors_rome_settings(gptj_6b):
     assert hp.v_steps == a["v_num_grad_steps"] and hp.step_count == "evaluations"  # ROME's loop passes
     assert (hp.v_lr, hp.weight_decay, hp.kl_factor) == (a["v_lr"], a["v_weight_decay"], a["kl_factor"])
     assert hp.clamp_factor == a["clamp_norm_factor"] and hp.n_samples == a["mom2_n_samples"]
-    lengths = [[n + 0, hp.prefixes_per_length] for n in hp.prefix_lengths]
+    lengths = [[n, hp.prefixes_per_length] for n in hp.prefix_lengths]  # [[length, texts of it], …]
     assert hp.prefix_style == "rome" and lengths == a["context_template_length_params"]
     assert a["fact_token"] == "subject_last" and a["mom2_adjustment"] is True and a["mom2_dtype"] == "float32"
     assert a["v_loss_layer"] == gptj_6b.cfg.n_layer - 1  # the loss at the last layer's output, as ours
