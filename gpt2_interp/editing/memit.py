@@ -20,7 +20,8 @@ batch of ``n`` requests and edit layers ``L_1 < … < L_m`` (top layer ``L_m``):
 3. **Least squares** per layer. MEMIT: ``ΔW = argmin ‖K ΔW − R‖² + λ·tr(ΔWᵀ C ΔW)``
    ``= (λC + KᵀK)⁻¹ Kᵀ R`` with ``C = E[k kᵀ]`` over a corpus (:mod:`.stats`) and ``λ = mom2_weight``
    (MEMIT's ``mom2_update_weight``); where the block normalises its MLP's output (OLMo 2's and Gemma's
-   ``ln2_post``) ``R`` is first carried back through that norm with its scale held (``R · scale / gain``). With one request, ``(λC + kkᵀ)⁻¹k = C⁻¹k / (λ + kᵀC⁻¹k)``
+   ``ln2_post``) ``R`` is first carried back through that norm with its scale held (``R · scale / gain``).
+   With one request, ``(λC + kkᵀ)⁻¹k = C⁻¹k / (λ + kᵀC⁻¹k)``
    (Sherman–Morrison), so ``ΔW = C⁻¹k δᵀ / (λ + kᵀC⁻¹k)``: ROME's update
    ``C⁻¹k δᵀ / (kᵀC⁻¹k)`` scaled by ``kᵀC⁻¹k / (λ + kᵀC⁻¹k)`` — the documented difference; the two
    agree as ``λ → 0``.
