@@ -312,6 +312,8 @@ def gptj_6b():
 def test_gpt_j_paper_preset_is_the_authors_rome_settings(gptj_6b):
     a = _authors("rome")
     hp = hparams_for(gptj_6b, preset="paper")
+    with torch.device("meta"):  # the authors' spelling of the hub id names the same model
+        assert hparams_for(HookedGPT2(gptj_6b.cfg.replace(name="gpt-j-6B")), preset="paper") == hp
     assert [hp.layer] == a["layers"]
     assert hp.v_steps == a["v_num_grad_steps"] and hp.step_count == "evaluations"  # ROME's loop passes
     assert (hp.v_lr, hp.weight_decay, hp.kl_factor) == (a["v_lr"], a["v_weight_decay"], a["kl_factor"])
@@ -392,11 +394,13 @@ def test_saelens_reads_an_sae_of_a_gemma_model_to_the_same_latents(tmp_path):
     assert int((z > 0).sum()) > 0
 
 
-def _add_in_transformers(hf, where: str, vec: torch.Tensor):
-    """A transformers hook adding ``vec``: at layer 1's input (``resid_pre``) or at layer 0's MLP output after
-    its post norm when the block has one (``mlp_out``)."""
-    layer = _hf_layers(hf)[1 if where == "resid_pre" else 0]
-    if where == "resid_pre":
+def _add_in_transformers(hf, ours: HookedGPT2, at: str, vec: torch.Tensor):
+    """A transformers hook adding ``vec`` where our hook point ``at`` is: a block's input (``hook_resid_pre``,
+    after Gemma's embedding scale), its attention's output after the post-attention norm when the block has one
+    (``hook_attn_out``), its MLP's output after the post-MLP norm when the block has one (``hook_mlp_out``)."""
+    block, leaf = int(at.split(".")[1]), at.rsplit(".", 1)[1]
+    layer = _hf_layers(hf)[block]
+    if leaf == "hook_resid_pre":
 
         def pre(module, args, kwargs):
             if args:
@@ -404,26 +408,42 @@ def _add_in_transformers(hf, where: str, vec: torch.Tensor):
             return args, {**kwargs, "hidden_states": kwargs["hidden_states"] + vec}
 
         return layer.register_forward_pre_hook(pre, with_kwargs=True)
-    module = getattr(layer, "post_feedforward_layernorm", None) or layer.mlp
-    return module.register_forward_hook(lambda m, a, out: out + vec)
+    if leaf == "hook_attn_out":  # OLMo 2's and Gemma's post_attention_layernorm normalises the attention's output
+        has_post = getattr(ours.blocks[block], "ln1_post", None) is not None
+        module = layer.post_attention_layernorm if has_post else _hf_attention(layer)
+    else:
+        module = getattr(layer, "post_feedforward_layernorm", None) or layer.mlp
+
+    def add(m, a, out):
+        return (out[0] + vec, *out[1:]) if isinstance(out, tuple) else out + vec
+
+    return module.register_forward_hook(add)
 
 
-@pytest.mark.parametrize("where", ["resid_pre", "mlp_out"])
-def test_steering_adds_at_the_point_transformers_names_by_hand(family, where):
+def _hf_attention(layer):
+    for name in ("self_attn", "attention", "attn"):
+        if hasattr(layer, name):
+            return getattr(layer, name)
+    raise AttributeError(f"no attention module in {type(layer).__name__}")
+
+
+@pytest.mark.parametrize(
+    "at", ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre", "blocks.0.hook_attn_out", "blocks.1.hook_mlp_out"]
+)
+def test_steering_adds_at_the_point_transformers_names_by_hand(family, at):
     name, hf, ours = family
     vec = torch.randn(64, generator=torch.Generator().manual_seed(3))
-    at = "blocks.1.hook_resid_pre" if where == "resid_pre" else "blocks.0.hook_mlp_out"
     tokens = _windows(2)[:, :12]
     with torch.no_grad():
         plain = ours(tokens)
         with steering(ours, Steer(vec, at, scale=2.0)):
             steered = ours(tokens)
         by_hand = ours.run_with_hooks(tokens, fwd_hooks=[(at, lambda x, hook: x + 2.0 * vec)])
-        handle = _add_in_transformers(hf, where, 2.0 * vec)
+        handle = _add_in_transformers(hf, ours, at, 2.0 * vec)
         try:
             theirs = hf(tokens).logits
         finally:
             handle.remove()
     assert torch.equal(steered, by_hand), name
-    assert (steered - theirs).abs().max().item() < 1e-4, name
+    assert (steered - theirs).abs().max().item() < 1e-4, (name, (steered - theirs).abs().max().item())
     assert (steered - plain).abs().max().item() > 1e-2, name
