@@ -11,14 +11,17 @@ form or a hook written by hand:
 - MEMIT and AlphaEdit: each layer's keys are the edited transformers model's inputs of the rewritten matrix,
   each layer's update solves its normal equations (MEMIT's ``(λC + KᵀK) ΔW = Kᵀ R``, AlphaEdit's projected
   ones with ``ΔW`` in the null space's range), the top layer's residual target is ``z − h`` read from
-  transformers (blocks without a post-MLP norm), and the transformers, undo and target checks as for ROME;
+  transformers (blocks without a post-MLP norm), the residual leaving the top block reaches z (after a post-MLP
+  norm, whose output has a fixed RMS, the normalised MLP output points at it), and the transformers, undo and
+  target checks as for ROME;
 - the authors' GPT-J 6B settings (``preset="paper"``) against copies of their hparams files
   (``tests/data/authors_hparams``);
 - an SAE trained for a few steps on each family's residual stream; spliced in with its error term the
   logits are the model's; without it, the reconstruction flows on as a replacing hook makes it;
   SAELens loads a Gemma 2 SAE to the same latents;
-- steering at ``hook_resid_pre`` and ``hook_mlp_out`` equals adding the vector in transformers at the
-  block's input and at the MLP's output after its post norm (TransformerLens's names).
+- steering at ``hook_resid_pre`` (blocks 0 and 1: after Gemma's embedding scale), ``hook_attn_out`` and
+  ``hook_mlp_out`` equals adding the vector in transformers at the block's input and at the attention's and the
+  MLP's output after their post norms where the block has them (TransformerLens's names).
 
 Run: ``pytest -p no:cacheprovider -q tests/integration/test_family_editing.py``."""
 
