@@ -19,7 +19,9 @@ batch of ``n`` requests and edit layers ``L_1 < … < L_m`` (top layer ``L_m``):
    lower updates applied), so each layer takes an equal share of what is left.
 3. **Least squares** per layer. MEMIT: ``ΔW = argmin ‖K ΔW − R‖² + λ·tr(ΔWᵀ C ΔW)``
    ``= (λC + KᵀK)⁻¹ Kᵀ R`` with ``C = E[k kᵀ]`` over a corpus (:mod:`.stats`) and ``λ = mom2_weight``
-   (MEMIT's ``mom2_update_weight``). With one request, ``(λC + kkᵀ)⁻¹k = C⁻¹k / (λ + kᵀC⁻¹k)``
+   (MEMIT's ``mom2_update_weight``); where the block normalises its MLP's output (OLMo 2's and Gemma's
+   ``ln2_post``) ``R`` is first carried back through that norm with its scale held (``R · scale / gain``).
+   With one request, ``(λC + kkᵀ)⁻¹k = C⁻¹k / (λ + kᵀC⁻¹k)``
    (Sherman–Morrison), so ``ΔW = C⁻¹k δᵀ / (λ + kᵀC⁻¹k)``: ROME's update
    ``C⁻¹k δᵀ / (kᵀC⁻¹k)`` scaled by ``kᵀC⁻¹k / (λ + kᵀC⁻¹k)`` — the documented difference; the two
    agree as ``λ → 0``.
@@ -576,6 +578,7 @@ def compute_edits(
             norm_reference=hp.delta_norm,
             desc=f"{'alphaedit' if ns is not None else 'memit'}: δ at layer {top}",
             key_weights=weights.keys,
+            delta_site="resid_post",  # z is a residual: δ after the top block (and after its post-MLP norm)
             packed=True,  # many requests of many lengths: measured 1.21× faster than the padded batch
         )
         delta = torch.stack([o["delta"] for o in opt]).double().cpu()  # [n, d_model]
@@ -766,6 +769,7 @@ def _solve_layers(
             assert h_now is not None, "subject_states returns the residual of resid_layer"
             K = K_all[lay].double().cpu()  # [n, d_mlp]
             R = (z - h_now.double().cpu()) / (len(layers) - j)  # [n, d_model]
+            R = _before_post_norm(model.blocks[lay], K, R)
             if ns is None:
                 A = least_squares_update(K, R, st[lay].C, hp.mom2_weight)
             else:
@@ -791,6 +795,25 @@ def _solve_layers(
             for l, W0 in saved.items():
                 model.blocks[l].mlp.W_out.copy_(W0)
     return factors, keys_used, fit, after
+
+
+def _before_post_norm(block: Any, K: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+    """The change of a layer's MLP output that moves the residual by ``R`` ``[n, d_model]``: ``R`` itself,
+    or where the block normalises its MLP's output (``ln2_post``: OLMo 2, Gemma), ``R`` carried back
+    through that norm to first order at the keys' output ``K W_out + b`` with the norm's scale held:
+    ``R · scale / gain`` (``scale = sqrt(mean(x²) + eps)`` for RMSNorm, the standard deviation's for
+    LayerNorm)."""
+    norm = getattr(block, "ln2_post", None)
+    if norm is None:
+        return R
+    mlp = block.mlp
+    x = K @ mlp.W_out.detach().double().cpu()
+    if mlp.b_out is not None:
+        x = x + mlp.b_out.detach().double().cpu()
+    if getattr(norm, "centred", False):
+        x = x - x.mean(-1, keepdim=True)
+    scale = (x.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()  # [n, 1]
+    return R * scale / norm.gain.detach().double().cpu()
 
 
 @boundary

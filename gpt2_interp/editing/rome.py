@@ -26,6 +26,9 @@ memory and inserts the association ``k* → v*`` with the smallest change in the
   their last token, averaged over the prompts) enters the loss × ``keep_factor``. The edit writes
   to the subject's representation, which every relation reads, so without it writing one relation
   can rewrite the subject's others.
+* a norm on the MLP's output (OLMo 2's and Gemma's ``ln2_post``): ``v₀``, ``δ`` and ``v*`` are
+  ``W_out``'s output before it, and δ passes through it at every step (:func:`.targets.optimise_deltas`'
+  ``delta_site``), so the update below writes exactly the value optimised;
 * the update ``ΔW = outer(C⁻¹k*, v* − (k* @ W_out + b_out)) / (k*ᵀ C⁻¹ k*)``, so
   ``k* @ (W_out + ΔW) + b_out = v*`` exactly, and any key ``k`` with ``kᵀC⁻¹k* = 0`` is untouched.
 
@@ -46,7 +49,8 @@ docs/guide/editing.md), checked against their code in tests/unit/test_paper_gold
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -166,7 +170,7 @@ def compute_edit(
     req, ids = validate_request(model, request)
     hp = hparams_for(model, **hparams)
     if layer is None:
-        layer = default_layer(model)
+        layer = hp.layer if hp.layer is not None and hp.layer < model.cfg.n_layer else default_layer(model)
     elif layer == "auto":
         layer = choose_layer(model, req, progress=progress)
     elif isinstance(layer, str):
@@ -194,7 +198,7 @@ def compute_edit(
     v_star = (k_star if k_res is None else k_res) @ mlp.W_out.detach().float()
     v_star = v_star + (0.0 if b_out is None else b_out.float()) + opt["delta"]
     u, v = rank_one_update(mlp.W_out.detach(), b_out, k_star, v_star, stats.solve, k_residual=k_res)
-    with model.hooks(_delta_hooks(layer, u, v)):
+    with _updated(mlp.W_out, u, v):
         (after,) = target_outcomes(model, [req.text], [ids])
     metrics = {
         "p_target_before": float(torch.tensor(before.logprob).exp()),
@@ -232,18 +236,19 @@ def compute_edit(
     )
 
 
-def _delta_hooks(layer: int, u: torch.Tensor, v: torch.Tensor) -> list:
-    """Hooks that add ``(k · u) v`` to the layer's MLP output: the edit without touching weights."""
-    seen: dict[str, torch.Tensor] = {}
-
-    def grab(act: torch.Tensor, hook: Any) -> None:
-        seen["k"] = act
-
-    def add(act: torch.Tensor, hook: Any) -> torch.Tensor:
-        k = seen.pop("k").float()
-        return act + ((k @ u.to(k.device))[..., None] * v.to(k.device)).to(act.dtype)
-
-    return [(f"blocks.{layer}.mlp.hook_post", grab), (f"blocks.{layer}.hook_mlp_out", add)]
+@contextmanager
+def _updated(W_out: torch.Tensor, u: torch.Tensor, v: torch.Tensor) -> Iterator[None]:
+    """``W_out`` with ``outer(u, v)`` added inside the block, restored bit for bit after it: the edited model
+    as the edit will make it (also where the MLP's output passes a norm before the residual, OLMo 2 and
+    Gemma)."""
+    saved = W_out.detach().clone()
+    try:
+        with torch.no_grad():
+            W_out.add_(torch.outer(u, v).to(W_out.device, W_out.dtype))
+        yield
+    finally:
+        with torch.no_grad():
+            W_out.copy_(saved)
 
 
 @boundary

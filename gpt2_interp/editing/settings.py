@@ -49,7 +49,8 @@ class RomeHparams:
     Every value is checked when the object is made (:meth:`__post_init__`): a wrong kind, a non-finite
     number or a value out of range raises naming the field.
 
-    - ``layer``: the edit layer when none is given (None: ``n_layer // 3``; :func:`default_layer`);
+    - ``layer``: the edit layer :func:`~.rome.compute_edit` uses when it is given none (None, or a layer
+      the model does not have: :func:`default_layer`);
     - ``v_steps`` Adam steps on δ at learning rate ``v_lr``; ``early_stop``: stop when the total loss
       falls below it (with ``bare_early_stop``, the bare prompt's mean target NLL must also be below
       that);
@@ -85,7 +86,7 @@ class RomeHparams:
     - ``prepend_bos``: ``True`` (the δ optimisation's and the keys' prompts start with BOS, as the model
       reads text everywhere else) or ``False`` (the authors' code tokenises without it)."""
 
-    layer: int | None = None  # edit layer when none is given (None: n_layer // 3; see default_layer)
+    layer: int | None = None  # edit layer when none is given (None: default_layer)
     v_steps: int = 20  # Adam steps on δ
     v_lr: float = 0.5  # Adam learning rate
     kl_factor: float = 0.0625  # weight of the essence KL on "{subject} is a"

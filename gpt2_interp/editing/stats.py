@@ -386,7 +386,6 @@ def _cache_name(key: dict[str, Any]) -> str:
     return f"{key['model_name']}-L{key['layer']}-{digest}.safetensors".replace("/", "_")
 
 
-@torch.no_grad()
 @overload
 def key_second_moment(
     model: HookedGPT2,
@@ -514,6 +513,7 @@ def key_second_moment(
     return out[layers[0]] if single else {lay: out[lay] for lay in layers}
 
 
+@torch.no_grad()  # keys only: no graph over the corpus
 def _accumulate(
     model: HookedGPT2,
     layers: list[int],

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 from .settings import MEMIT_PREFIX_SEEDS, PREFIX_STYLES, RomeHparams
 
 RequestLike = Request | Mapping[str, Any]
+#: Where the δ optimisation adds δ (:func:`optimise_deltas`' ``delta_site``): the edited MLP's output
+#: (before a post-MLP norm; ROME) or the residual stream after the block (MEMIT).
+DELTA_SITES = ("mlp_out", "resid_post")
 
 
 # ---------------------------------------------------------------- prompts and positions
@@ -63,7 +66,9 @@ def context_prefix_groups(
     if key not in cache:
         groups: list[list[str]] = []
         for i, n in enumerate(lengths):
-            if style == "sampled":
+            if per_length == 0:  # no prefixes of this length: the bare prompt alone
+                groups.append([])
+            elif style == "sampled":
                 texts = model.generate([""] * per_length, max_new_tokens=n, temperature=1.0, top_k=5, seed=seed + i)
                 cleaned = (" ".join(t.replace("{", " ").replace("}", " ").split()).rstrip(". ") for t in texts)
                 groups.append([t for t in cleaned if t])
@@ -370,6 +375,7 @@ def optimise_deltas(
     desc: str | None = None,
     key_weights: Sequence[float] | None = None,
     packed: bool = False,
+    delta_site: str = "mlp_out",
 ) -> list[dict[str, Any]]:
     """One δ per ``(request, target ids)``, optimised together: every request's prompt variants sit
     in one batch (its δ reaches only its own rows), the loss is the sum of the requests' losses, so
@@ -402,11 +408,20 @@ def optimise_deltas(
     the current loss and P(target) (averaged over the prompt variants; over the requests still
     optimised when there are several) and how many requests are done; ``desc`` labels it.
 
+    ``delta_site``: where δ is added, ``"mlp_out"`` (ROME's v* = v₀ + δ: the output of the edited ``W_out``,
+    before the norm a block applies to its MLP's output, OLMo 2's and Gemma's ``ln2_post``; so v* is the value
+    the rank-one update writes and the edited model's loss is the optimised one) or ``"resid_post"`` (MEMIT's
+    z: the residual stream after the block). The two are the same point in a block without a post-MLP norm;
+    with one, δ at ``"mlp_out"`` passes through it (``resid_mid + ln2_post(v₀ + δ)``) and v₀ is the MLP's
+    output before it.
+
     ``key_weights`` ``[1 + len(prefixes)]``: k* as a weighted sum over the variants instead of their mean
     (:func:`variant_weights`). ``hp.n_updates`` Adam updates at most (:attr:`RomeHparams.step_count`);
     ``hp.kl_positions`` picks the KL's positions."""
     if norm_reference not in ("mlp_out", "resid"):
         raise ValueError(f"norm_reference must be 'mlp_out' (ROME) or 'resid' (MEMIT), got {norm_reference!r}")
+    if delta_site not in DELTA_SITES:
+        raise ValueError(f"delta_site must be 'mlp_out' (ROME) or 'resid_post' (MEMIT), got {delta_site!r}")
     chunk = chunk or (len(items) if model.device.type != "cpu" else 32)
     n_chunks = -(-len(items) // chunk) if items else 0
     out: list[dict[str, Any]] = []
@@ -421,7 +436,17 @@ def optimise_deltas(
         for s in range(0, len(items), chunk):
             report = _StepReport(bar, len(items), len(out), hp.n_updates)
             out += _optimise_deltas(
-                model, items[s : s + chunk], layer, prefixes, hp, solve, norm_reference, report, key_weights, packed
+                model,
+                items[s : s + chunk],
+                layer,
+                prefixes,
+                hp,
+                solve,
+                norm_reference,
+                report,
+                key_weights,
+                packed,
+                delta_site,
             )
             report.finish()
     bar.close()
@@ -639,6 +664,7 @@ def _optimise_deltas(
     report: Callable[[int, list[dict[str, float]], int], None] | None = None,
     key_weights: Sequence[float] | None = None,
     packed: bool = True,
+    delta_site: str = "mlp_out",
 ) -> list[dict[str, Any]]:
     dev, n_layer, n = model.device, model.cfg.n_layer, len(items)
     n_upd = hp.n_updates
@@ -653,10 +679,14 @@ def _optimise_deltas(
     rw_rows_t, rw_req_t, n_rw_t, n_tok_t = R.rw_rows, R.rw_req, R.n_rw, R.n_tok
 
     post, mlp_out, resid = (f"blocks.{layer}.{x}" for x in ("mlp.hook_post", "hook_mlp_out", "hook_resid_post"))
+    block = model.blocks[layer]
+    # a norm on the MLP's output (OLMo 2, Gemma): δ at "mlp_out" enters before it, as the rank-one update does
+    post_norm = getattr(block, "ln2_post", None) if delta_site == "mlp_out" else None
+    mid = f"blocks.{layer}.hook_resid_mid"
     with torch.no_grad():
         _, cache = model.run_with_cache(
             tokens,
-            names_filter=[post, mlp_out, resid],
+            names_filter=[post, mlp_out, resid] + ([mid] if post_norm is not None else []),
             attention_mask=mask,
             stop_at_layer=layer + 1,
             return_type=None,
@@ -669,6 +699,11 @@ def _optimise_deltas(
             [_weights(key_weights, b.n_rewrite, keys) @ keys[r : r + b.n_rewrite, c] for r, b in zip(r0, bs)]
         )
     k_bare = keys[torch.tensor(r0, device=dev), c]  # [n, d_mlp], the bare prompts'
+    raw = None  # the MLP's output before its post norm [rows, width, d_model] (with a post norm only)
+    if post_norm is not None:
+        with torch.no_grad():
+            w_out, b_out = block.mlp.W_out, block.mlp.b_out
+            raw = cache[post] @ w_out if b_out is None else cache[post] @ w_out + b_out
 
     if hp.exact_edit:  # what the rank-one update adds at each position: (k_t·u)/(k*·u) · δ
         c_inv_k = (solve(k_star) if solve is not None else k_star).float()  # [n, d_mlp]
@@ -678,10 +713,11 @@ def _optimise_deltas(
         scale = torch.zeros(mask.shape, device=dev)
         scale[:, c] = 1.0
     del keys
-    v0 = cache[mlp_out][torch.tensor(r0, device=dev), c].float()  # [n, d_model], the bare prompts'
+    v0 = (cache[mlp_out] if raw is None else raw)[torch.tensor(r0, device=dev), c].float()  # [n, d_model], bare
     # δ enters after the edit layer's MLP, so that layer's attention and MLP are the same at every step:
     # each step starts from the residual stream after the edit layer with δ added, and runs the layers above
     resid0 = cache[resid]  # [rows, width, d_model], leaving the edit layer (without δ)
+    resid_mid = cache[mid] if post_norm is not None else None  # [rows, width, d_model]
     delta = torch.zeros(n, model.cfg.d_model, device=dev, requires_grad=True)
     ref = v0 if norm_reference == "mlp_out" else cache[resid][torch.tensor(r0, device=dev), c].float()
     v0_norm = ref.norm(dim=-1)  # [n]: the clamp's and the weight decay's scale
@@ -694,6 +730,13 @@ def _optimise_deltas(
     def with_delta(x: torch.Tensor, sc: torch.Tensor, req: torch.Tensor) -> torch.Tensor:  # x: [rows|packs, width, d]
         return x + (sc[:, :, None] * delta[req]).to(x.dtype)
 
+    def leaving(at: Callable[[torch.Tensor], torch.Tensor], sc: torch.Tensor, req: torch.Tensor) -> torch.Tensor:
+        """The residual leaving the edit layer with δ added (``at`` picks the rows/slots of a
+        ``[rows, width, d_model]`` tensor): after it, or to the MLP's output before the post norm."""
+        if post_norm is None or raw is None or resid_mid is None:
+            return with_delta(at(resid0), sc, req)
+        return at(resid_mid) + post_norm(with_delta(at(raw), sc, req))
+
     width = tokens.shape[1]
     pack: _Packing | None = None
     with _frozen(model):
@@ -702,15 +745,23 @@ def _optimise_deltas(
             if packed:
                 if pack is None or pack.n_rows != len(rows):  # the active rows only ever shrink
                     pack = _Packing.of(model, mask, rows)
-                x = resid0.reshape(-1, resid0.shape[-1])[pack.src]  # [packs, L, d_model]
-                x = with_delta(x, scale.reshape(-1)[pack.src] * pack.real, row_req_t[pack.src // width])
+                src = pack.src
+
+                def slots(t: torch.Tensor, s: torch.Tensor = src) -> torch.Tensor:  # [packs, L, d_model]
+                    return t.reshape(-1, t.shape[-1])[s]
+
+                x = leaving(slots, scale.reshape(-1)[src] * pack.real, row_req_t[src // width])
                 for block in model.blocks[layer + 1 : n_layer]:
                     x = block(x, pack.mask, None, pack.rope)
                 flat, index_of = x.reshape(-1, x.shape[-1]), pack.slot  # (row · width + col) → flat slot
             else:
                 new_row = torch.full((len(row_req),), -1, dtype=torch.long, device=dev)
                 new_row[rows] = torch.arange(len(rows), device=dev)
-                x = with_delta(resid0[rows], scale[rows], row_req_t[rows][:, None])
+
+                def active_rows(t: torch.Tensor, r: torch.Tensor = rows) -> torch.Tensor:  # [rows, width, d_model]
+                    return t[r]
+
+                x = leaving(active_rows, scale[rows], row_req_t[rows][:, None])
                 if layer + 1 < n_layer:
                     x = model(x, start_at_layer=layer + 1, stop_at_layer=n_layer, attention_mask=mask[rows])
                 flat = x.reshape(-1, x.shape[-1])
@@ -799,6 +850,7 @@ def _adam_step(
 
 
 __all__ = [
+    "DELTA_SITES",
     "PACK_TOKENS",
     "RequestLike",
     "TargetOutcome",

@@ -161,13 +161,14 @@ def _read_preset(preset: str) -> dict[str, Any]:
 @boundary
 def preset_hparams(preset: str, method: str, model_name: str) -> dict[str, Any]:
     """The settings of ``preset`` for ``method`` on ``model_name``: the method's preset settings updated by
-    the model's entry (its published size class) when the preset has one.
+    the model's entry (its published size class; the name's case ignored) when the preset has one.
 
     >>> preset_hparams("paper", "rome", "gpt2-medium")["clamp_factor"]
     3.0
     """
     block = _read_preset(preset)["methods"][_check_method(method)]
-    own = block.get("models", {}).get(model_name, {"settings": {}})
+    by_name = {name.lower(): entry for name, entry in block.get("models", {}).items()}
+    own = by_name.get(model_name.lower(), {"settings": {}})  # a hub id's case varies: gpt-j-6B is gpt-j-6b
     return _tuples(block["settings"]) | _tuples(own["settings"])
 
 
