@@ -121,7 +121,9 @@ class AttributionGraph(Result):
         out: dict[str, Any] = {KIND_KEY: self.result_kind}
         for f in fields(self):
             v = getattr(self, f.name)
-            out[f.name] = {"dtype": str(v.dtype).removeprefix("torch."), "data": v.tolist()} if torch.is_tensor(v) else v
+            out[f.name] = (
+                {"dtype": str(v.dtype).removeprefix("torch."), "data": v.tolist()} if torch.is_tensor(v) else v
+            )
         return out
 
     def save(self, path: str | Path) -> Path:

@@ -4,7 +4,8 @@ A transcoder at layer ``L`` reads ``x = blocks.L.ln2.hook_normalized`` ``[..., d
 input before the norm's gain) and predicts ``y = blocks.L.hook_mlp_out`` ``[..., d_model]``:
 
 - pre-activations ``h = x W_enc + b_enc`` ``[..., d_tc]`` (no input centring: ``b_dec`` is the output's bias),
-- features ``a = σ(h)`` (TopK by default; ReLU or a BatchTopK threshold, as :class:`~gpt2_interp.analysis.features.sae.SAE`),
+- features ``a = σ(h)`` (TopK by default; ReLU or a BatchTopK threshold, as
+  :class:`~gpt2_interp.analysis.features.sae.SAE`),
 - prediction ``ŷ = a W_dec + b_dec + x W_skipᵀ`` (the linear skip ``W_skip`` ``[d_model, d_model]`` optional).
 
 It is an :class:`~gpt2_interp.analysis.features.sae.SAE` whose target differs from its input, trained by
@@ -24,7 +25,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -152,7 +153,9 @@ class TranscoderSet:
         cfg_text = json.dumps(cfg, sort_keys=True)
         out = []
         for i, layer_cfg in enumerate(cfg["layers"]):
-            tensors, meta, _ = load_checked(folder / f"layer_{i}.safetensors", kind="transcoder", allow_unverified=False)
+            tensors, meta, _ = load_checked(
+                folder / f"layer_{i}.safetensors", kind="transcoder", allow_unverified=False
+            )
             if meta.get("config") != cfg_text:
                 raise IntegrityError(f"{folder / CONFIG_FILE} differs from the config layer {i} was saved with")
             layer_cfg = dict(layer_cfg)
@@ -190,10 +193,11 @@ def _cache_layers(model: HookedGPT2, rows: torch.Tensor) -> list[tuple[torch.Ten
     with torch.no_grad():
         _, cache = model.run_with_cache(rows.to(model.device), names_filter=names, return_type=None)
     first = 1 if model.tokenizer.bos_id is not None else 0
-    return [
-        tuple(cache[h.format(layer=L)][:, first:].reshape(-1, model.cfg.d_model).float() for h in (INPUT_HOOK, TARGET_HOOK))
-        for L in range(n)
-    ]  # type: ignore[misc]
+
+    def flat(h: str, L: int) -> torch.Tensor:
+        return cache[h.format(layer=L)][:, first:].reshape(-1, model.cfg.d_model).float()
+
+    return [(flat(INPUT_HOOK, L), flat(TARGET_HOOK, L)) for L in range(n)]
 
 
 @boundary
@@ -276,7 +280,8 @@ def evaluate_transcoders(model: HookedGPT2, transcoders: TranscoderSet, windows:
     """:class:`TranscoderMetrics` of ``transcoders`` on token ``windows`` ``[n, pos]`` (BOS left out)."""
     windows = check_token_windows(windows, "windows")
     n = len(transcoders)
-    err, var_parts, l0 = [0.0] * n, [[] for _ in range(n)], [0.0] * n
+    err, l0 = [0.0] * n, [0.0] * n
+    var_parts: list[list[torch.Tensor]] = [[] for _ in range(n)]
     fired = [torch.zeros(t.d_sae, dtype=torch.bool, device=model.device) for t in transcoders]
     tokens = 0
     for start in range(0, len(windows), 32):
