@@ -218,8 +218,8 @@ def test_pruning_keeps_the_influential_part_and_saves_to_json(facts_graph, tmp_p
         AttributionGraph.load(path)
 
 
-def test_transcoders_train_on_all_layers_and_load_back_checked(tmp_path):
-    model = gi.load("gpt2-facts")
+def test_transcoders_train_on_all_layers_and_load_back_checked(facts, tmp_path):
+    model = facts[0]
     docs = [f"The capital of {c} is a city." for c in ("France", "Spain", "Italy", "Japan", "Peru", "Chile")] * 6
     ids = torch.cat([model.to_tokens(d)[0] for d in docs])
     windows = ids[: len(ids) // 16 * 16].view(-1, 16)
