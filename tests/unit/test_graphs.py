@@ -246,3 +246,16 @@ def test_transcoders_train_on_all_layers_and_load_back_checked(facts, tmp_path):
     (folder / "layer_2.safetensors").write_bytes(raw[:-8] + bytes(8))
     with pytest.raises(IntegrityError):
         TranscoderSet.load(folder)
+
+
+def test_bad_inputs_are_refused_naming_the_argument(llama):
+    model, ts, tokens = llama
+    with pytest.raises(ValueError, match=r"tokens must be one prompt's token ids \[pos\], got shape \(1, 6\)"):
+        ReplacementModel(model, ts, tokens[None])
+    with pytest.raises(ValueError, match="desired_logit_prob"):
+        AttributionConfig(desired_logit_prob=0.0)
+    with pytest.raises(ValueError, match="transcoders must cover layers 0, 1"):
+        TranscoderSet([ts[1]])
+    other = HookedGPT2(llama_config(n_layer=3, d_model=32, n_head=4, n_kv_heads=2, d_mlp=48, n_ctx=16, d_vocab=64))
+    with pytest.raises(ValueError, match="2 layers for a model of n_layer=3"):
+        ReplacementModel(other, ts, tokens)
