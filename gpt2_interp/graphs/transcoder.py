@@ -35,7 +35,7 @@ from ..analysis.features.sae_train import SAETrainConfig, SAETrainer
 from ..core.boundary import boundary
 from ..core.checks import check_token_windows
 from ..core.result import Result
-from ..io.files import FileFormatError, check_finite, read_json, write_json
+from ..io.files import FileFormatError, check_finite, load_tree, read_json, save_tree, write_json
 from ..io.integrity import IntegrityError, load_checked, save_checked
 from ..model.fingerprint import weights_fingerprint
 
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 INPUT_HOOK, TARGET_HOOK = "blocks.{layer}.ln2.hook_normalized", "blocks.{layer}.hook_mlp_out"
 CONFIG_FILE = "config.json"
+CHECKPOINT_FILE = "train_state.safetensors"  # written by save_tree: no pickle, digest-checked
 FORMAT = "gpt2-interp-transcoders/1"
 
 
@@ -220,32 +221,55 @@ def new_transcoders(model: HookedGPT2, cfg: TranscoderTrainConfig) -> Transcoder
 
 
 @boundary
-def train_transcoders(model: HookedGPT2, cfg: TranscoderTrainConfig, windows: torch.Tensor) -> TranscoderSet:
+def train_transcoders(
+    model: HookedGPT2,
+    cfg: TranscoderTrainConfig,
+    windows: torch.Tensor,
+    checkpoint: str | Path | None = None,
+) -> TranscoderSet:
     """Train every layer's transcoder on token ``windows`` ``[n, pos]``: each forward pass of
     ``cfg.forward_batch`` windows caches all layers' MLP inputs and outputs, which fill one shuffling store
-    per layer (``cfg.buffer_tokens``, shuffled with one permutation shared by input and output); each layer's
-    :class:`~gpt2_interp.analysis.features.sae_train.SAETrainer` then steps on batches of
-    ``cfg.batch_size`` (its ``b_dec`` initialised from the first batch of targets). Stops after
-    ``cfg.tokens // cfg.batch_size`` steps or when the windows (× ``cfg.epochs``) run out."""
+    per layer (``cfg.buffer_tokens``, shuffled with one permutation shared by input and output, seeded by
+    ``cfg.seed`` and the step); each layer's :class:`~gpt2_interp.analysis.features.sae_train.SAETrainer`
+    then steps on batches of ``cfg.batch_size`` (its ``b_dec`` initialised from the first batch of
+    targets). Stops after ``cfg.tokens // cfg.batch_size`` steps or when the windows (× ``cfg.epochs``) run
+    out. ``checkpoint``: a folder where the transcoders, optimizers and position in the windows are saved
+    (through :func:`~gpt2_interp.io.files.save_tree`) after each store of at least ``cfg.checkpoint_every``
+    new steps; a run given the same folder resumes from it, bit for bit as if never interrupted (a
+    checkpoint of other settings or base weights is refused)."""
     windows = check_token_windows(windows, "windows")
     torch.manual_seed(cfg.seed)
     ts = new_transcoders(model, cfg)
     total = max(1, cfg.tokens // cfg.batch_size)
     trainers = [SAETrainer(t, cfg, total) for t in ts]
-    g = torch.Generator().manual_seed(cfg.seed)
-    stores: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in ts]
-    have, steps = 0, 0
     order = [i for _ in range(cfg.epochs) for i in range(0, len(windows), cfg.forward_batch)]
-    for n_read, start in enumerate(order):
+    steps, first, saved = 0, 0, 0
+    ckpt = Path(checkpoint) / CHECKPOINT_FILE if checkpoint is not None else None
+    if ckpt is not None and ckpt.is_file():
+        state = load_tree(ckpt, kind="transcoder training checkpoint", map_location=model.device)
+        if state["config"] != asdict(cfg) or state["weights"] != ts[0].cfg.base_fingerprint:
+            raise ValueError(f"{ckpt} was written by a run with other settings or base weights; use another folder")
+        for t, trainer, layer in zip(ts, trainers, state["layers"]):
+            t.load_state_dict(layer["transcoder"])
+            trainer.opt.load_state_dict(layer["optimizer"])
+            trainer.since_fired, trainer.steps = layer["since_fired"], int(state["steps"])
+        steps = saved = int(state["steps"])
+        first = int(state["chunks_read"])
+    stores: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in ts]
+    have = 0
+    for n_read in range(first, len(order)):
+        if steps >= total:
+            break
+        start = order[n_read]
         for L, pair in enumerate(_cache_layers(model, windows[start : start + cfg.forward_batch])):
             stores[L].append(pair)
         have += len(stores[0][-1][0])
         if have < cfg.buffer_tokens and n_read < len(order) - 1:
             continue
-        perm = torch.randperm(have, generator=g)
+        perm = torch.randperm(have, generator=torch.Generator().manual_seed(cfg.seed + steps)).to(model.device)
         n_batches = min(have // cfg.batch_size, total - steps)
         for L, trainer in enumerate(trainers):
-            x, y = (torch.cat([p[i] for p in stores[L]])[perm.to(model.device)] for i in (0, 1))
+            x, y = (torch.cat([p[i] for p in stores[L]])[perm] for i in (0, 1))
             if steps == 0 and n_batches:
                 trainer.init_b_dec(y[: cfg.batch_size])
             for b in range(n_batches):
@@ -253,11 +277,27 @@ def train_transcoders(model: HookedGPT2, cfg: TranscoderTrainConfig, windows: to
                 trainer.step(x[sl], y[sl])
         steps += n_batches
         stores, have = [[] for _ in ts], 0
-        if steps >= total:
-            break
+        if ckpt is not None and (steps - saved >= cfg.checkpoint_every or steps >= total):
+            _save_state(ckpt, trainers, steps, n_read + 1)
+            saved = steps
     for t in ts:
         t.eval()
     return ts
+
+
+def _save_state(path: Path, trainers: list[SAETrainer], steps: int, chunks_read: int) -> None:
+    layers = [
+        {"transcoder": tr.sae.state_dict(), "optimizer": tr.opt.state_dict(), "since_fired": tr.since_fired}
+        for tr in trainers
+    ]
+    state = {
+        "layers": layers,
+        "steps": steps,
+        "chunks_read": chunks_read,
+        "config": asdict(trainers[0].cfg),
+        "weights": trainers[0].sae.cfg.base_fingerprint,
+    }
+    save_tree(path, state, kind="transcoder training checkpoint")
 
 
 @boundary

@@ -259,3 +259,47 @@ def test_bad_inputs_are_refused_naming_the_argument(llama):
     other = HookedGPT2(llama_config(n_layer=3, d_model=32, n_head=4, n_kv_heads=2, d_mlp=48, n_ctx=16, d_vocab=64))
     with pytest.raises(ValueError, match="2 layers for a model of n_layer=3"):
         ReplacementModel(other, ts, tokens)
+
+
+def test_transcoder_training_resumes_from_its_checkpoint_as_if_never_stopped(llama, tmp_path, monkeypatch):
+    from gpt2_interp.analysis.features.sae_train import SAETrainer
+
+    model = llama[0]
+    windows = torch.randint(0, 64, (24, 8), generator=torch.Generator().manual_seed(0))
+    cfg = TranscoderTrainConfig(
+        d_sae=32,
+        k=4,
+        skip=True,
+        tokens=32 * 12,
+        batch_size=32,
+        buffer_tokens=64,
+        forward_batch=4,
+        checkpoint_every=3,
+        epochs=3,
+    )
+    whole = train_transcoders(model, cfg, windows)
+    real_step, calls = SAETrainer.step, {"n": 0}
+
+    def failing_step(self, x, target=None):
+        calls["n"] += 1
+        if calls["n"] > 13:  # 2 layers × 2 batches a store: stops inside the 4th store, after the checkpoint at step 4
+            raise RuntimeError("stopped")
+        return real_step(self, x, target)
+
+    monkeypatch.setattr(SAETrainer, "step", failing_step)
+    with pytest.raises(RuntimeError, match="stopped"):
+        train_transcoders(model, cfg, windows, checkpoint=tmp_path)
+    resumed_calls = {"n": 0}
+
+    def counted_step(self, x, target=None):
+        resumed_calls["n"] += 1
+        return real_step(self, x, target)
+
+    monkeypatch.setattr(SAETrainer, "step", counted_step)
+    resumed = train_transcoders(model, cfg, windows, checkpoint=tmp_path)
+    assert resumed_calls["n"] == 2 * (12 - 4)  # only the steps after the checkpoint ran again, in both layers
+    for a, b in zip(whole, resumed):
+        for (name, p), q in zip(a.named_parameters(), b.parameters()):
+            assert torch.equal(p, q), name
+    with pytest.raises(ValueError, match="other settings"):
+        train_transcoders(model, TranscoderTrainConfig(**{**cfg.__dict__, "seed": 5}), windows, checkpoint=tmp_path)
