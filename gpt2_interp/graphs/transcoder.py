@@ -146,7 +146,8 @@ class TranscoderSet:
     @staticmethod
     def load(path: str | Path, model: HookedGPT2 | None = None) -> TranscoderSet:
         """The set saved in folder ``path`` by :meth:`save`, each file's digest verified (IntegrityError when
-        damaged or when its config was changed); with ``model``, refused (ValueError) for other weights."""
+        damaged or when its config was changed); with ``model``, refused (ValueError) for other weights and
+        otherwise moved to its device."""
         folder = Path(path)
         cfg = read_json(folder / CONFIG_FILE, "transcoder config", required=("format", "n_layers", "layers"))
         if cfg["format"] != FORMAT:
@@ -172,6 +173,7 @@ class TranscoderSet:
         ts = TranscoderSet(out)
         if model is not None:
             ts.check_model(model)
+            ts.to(model.device)
         return ts
 
 
