@@ -45,6 +45,8 @@ from .transcoder import TranscoderSet
 if TYPE_CHECKING:
     from ..model.hooked_gpt2 import HookedGPT2
 
+FEATURE_SLICE = 1 << 26  # floats of the [batch, features, d_model] gradient gather made at once
+
 
 @boundary
 @dataclass
@@ -160,7 +162,8 @@ def attribute(
 ) -> AttributionGraph:
     """The unpruned :class:`AttributionGraph` of the prompt ``tokens`` ``[pos]`` (see the module's
     docstring): the replacement model is built and run once on ``cfg.batch_size`` copies, then one backward
-    pass per batch of targets (features and logits) fills their rows of the adjacency."""
+    pass per batch of targets (features and logits) fills their rows of the adjacency (the feature sources'
+    columns read in slices, so that no gather exceeds ``FEATURE_SLICE`` floats)."""
     cfg = cfg or AttributionConfig()
     rm = ReplacementModel(model, transcoders, tokens)
     n_layers, pos = model.cfg.n_layer, rm.n_pos
@@ -190,10 +193,12 @@ def attribute(
         got = torch.autograd.grad(outputs, probes, grads, retain_graph=True, allow_unused=True)
         g = [torch.zeros_like(p) if x is None else x for p, x in zip(probes, got)]
         cols = []
-        for L in range(n_layers):  # feature sources: a · W_dec[f] · g_L[p]
-            p_ix, f_ix = active[L][:, 0], active[L][:, 1]
-            w_dec = transcoders[L].W_dec.detach()[f_ix]
-            cols.append(einsum(g[L][:, p_ix], w_dec, "b k d, k d -> b k") * acts[L])
+        for L in range(n_layers):  # feature sources: a · W_dec[f] · g_L[p], in slices of features
+            step = max(1, FEATURE_SLICE // (B * model.cfg.d_model))
+            for i in range(0, len(active[L]), step):
+                p_ix, f_ix = active[L][i : i + step, 0], active[L][i : i + step, 1]
+                w_dec = transcoders[L].W_dec.detach()[f_ix]
+                cols.append(einsum(g[L][:, p_ix], w_dec, "b k d, k d -> b k") * acts[L][i : i + step])
         cols += [einsum(g[L], rm.errors[L], "b p d, p d -> b p") for L in range(n_layers)]
         cols.append(einsum(g[-1], rm.embed.float(), "b p d, p d -> b p"))
         rows = torch.cat(cols, 1)[: len(chunk)]

@@ -303,3 +303,14 @@ def test_transcoder_training_resumes_from_its_checkpoint_as_if_never_stopped(lla
             assert torch.equal(p, q), name
     with pytest.raises(ValueError, match="other settings"):
         train_transcoders(model, TranscoderTrainConfig(**{**cfg.__dict__, "seed": 5}), windows, checkpoint=tmp_path)
+
+
+def test_reading_feature_sources_in_slices_gives_the_same_graph(llama, monkeypatch):
+    from gpt2_interp.graphs import attribution
+
+    model, ts, tokens = llama
+    whole = attribute(model, ts, tokens, AttributionConfig(batch_size=7))
+    monkeypatch.setattr(attribution, "FEATURE_SLICE", 1)  # one feature per gather
+    sliced = attribute(model, ts, tokens, AttributionConfig(batch_size=7))
+    assert whole.n_features > 7
+    torch.testing.assert_close(sliced.adjacency, whole.adjacency, atol=1e-6, rtol=1e-6)
