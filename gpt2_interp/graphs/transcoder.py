@@ -181,12 +181,21 @@ class TranscoderSet:
 @dataclass
 class TranscoderTrainConfig(SAETrainConfig):
     """How to train every layer's transcoder: :class:`~gpt2_interp.analysis.features.sae_train.SAETrainConfig`'s
-    settings (``hook_name`` is each layer's input, ``{layer}`` standing for the layer) plus ``skip``
-    (a linear skip ``W_skip``). ``tokens`` is the budget of each layer (every layer sees every token)."""
+    settings plus ``skip`` (a linear skip ``W_skip``). ``tokens`` is the budget of each layer (every layer
+    sees every token). ``hook_name`` is fixed: each layer's MLP input (``blocks.{layer}.ln2.hook_normalized``);
+    ``context_size`` is unused (the windows are given) and ``outlier_ratio`` must stay None (BOS is the
+    only position left out)."""
 
     hook_name: str = INPUT_HOOK
     b_dec_init: str = "mean"
     skip: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.hook_name != INPUT_HOOK:
+            raise ValueError(f"hook_name is each layer's MLP input {INPUT_HOOK!r}, got {self.hook_name!r}")
+        if self.outlier_ratio is not None:
+            raise ValueError(f"outlier_ratio={self.outlier_ratio} is not applied to transcoder training: leave it None")
 
 
 def _cache_layers(model: HookedGPT2, rows: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

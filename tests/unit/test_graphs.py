@@ -314,3 +314,10 @@ def test_reading_feature_sources_in_slices_gives_the_same_graph(llama, monkeypat
     sliced = attribute(model, ts, tokens, AttributionConfig(batch_size=7))
     assert whole.n_features > 7
     torch.testing.assert_close(sliced.adjacency, whole.adjacency, atol=1e-6, rtol=1e-6)
+
+
+def test_transcoder_training_settings_it_would_not_apply_are_refused():
+    with pytest.raises(ValueError, match="hook_name is each layer's MLP input"):
+        TranscoderTrainConfig(hook_name="blocks.0.hook_resid_post")
+    with pytest.raises(ValueError, match=r"outlier_ratio=3\.0 is not applied"):
+        TranscoderTrainConfig(outlier_ratio=3.0)
