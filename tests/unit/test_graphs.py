@@ -224,7 +224,7 @@ def test_transcoders_train_on_all_layers_and_load_back_checked(facts, tmp_path):
     ids = torch.cat([model.to_tokens(d)[0] for d in docs])
     windows = ids[: len(ids) // 16 * 16].view(-1, 16)
     cfg = TranscoderTrainConfig(
-        d_sae=96, k=8, skip=True, tokens=64 * 25, batch_size=64, buffer_tokens=512, forward_batch=8, lr=5e-3, epochs=6
+        d_sae=96, k=8, skip=True, tokens=64 * 15, batch_size=64, buffer_tokens=512, forward_batch=8, lr=8e-3, epochs=4
     )
     before = evaluate_transcoders(model, new_transcoders(model, cfg), windows)
     ts = train_transcoders(model, cfg, windows)
