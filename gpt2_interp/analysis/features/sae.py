@@ -144,6 +144,11 @@ class SAE(nn.Module):
         """Latents ``[..., d_sae]`` of activations ``x`` ``[..., d_in]`` (through ``hook_sae_acts_post``)."""
         return self.hook_sae_acts_post(self.activate(self.pre_acts(x)))
 
+    def skip(self, x: torch.Tensor) -> torch.Tensor | None:
+        """A linear term of the input added to the reconstruction (None for an SAE; a transcoder's
+        optional ``x W_skipᵀ``)."""
+        return None
+
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """Reconstruction ``z W_dec + b_dec`` ``[..., d_in]`` of latents ``z`` ``[..., d_sae]``
         (through ``hook_sae_recons``)."""

@@ -467,9 +467,11 @@ def geometric_median(x: torch.Tensor, iterations: int = 50, eps: float = 1e-6) -
 
 
 def _step_loss(
-    sae: SAE, x: torch.Tensor, cfg: SAETrainConfig, dead: torch.Tensor
+    sae: SAE, x: torch.Tensor, cfg: SAETrainConfig, dead: torch.Tensor, target: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(loss, latents, fvu)`` of one batch ``x`` ``[batch, d_in]``; ``dead`` ``[d_sae]`` marks dead latents."""
+    """``(loss, latents, fvu)`` of one batch ``x`` ``[batch, d_in]``; ``dead`` ``[d_sae]`` marks dead latents.
+    ``target`` ``[batch, d_out]``: what the decoder predicts (None: ``x`` itself, an SAE; a transcoder's
+    is another hook's activation, and its linear ``sae.skip(x)`` joins the prediction)."""
     pre = sae.pre_acts(x)
     if cfg.architecture == "topk":  # decode the k active rows only (a gather, not a [batch, d_sae] product)
         vals, idx = pre.topk(sae.cfg.k, dim=-1, sorted=False)
@@ -479,6 +481,10 @@ def _step_loss(
     else:
         z = sae.activate(pre, batch=True)
         recons = z @ sae.W_dec + sae.b_dec
+    skip = sae.skip(x)
+    if skip is not None:
+        recons = recons + skip
+    x = x if target is None else target
     var = (x - x.mean(0)).pow(2).sum()
     err = x - recons
     batch_fvu = fvu(x, recons)
@@ -513,13 +519,18 @@ class SAETrainer:
 
     @torch.no_grad()
     def init_b_dec(self, x: torch.Tensor) -> None:
-        """Set ``b_dec`` from a first batch ``x`` ``[batch, d_in]`` as ``cfg.b_dec_init`` says."""
+        """Set ``b_dec`` from a first batch ``x`` ``[batch, d_out]`` of what the decoder predicts (an SAE's
+        input, a transcoder's target) as ``cfg.b_dec_init`` says."""
         if self.cfg.b_dec_init != "zeros":
             self.sae.b_dec.copy_(geometric_median(x) if self.cfg.b_dec_init == "geometric_median" else x.mean(0))
 
-    def step(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def step(
+        self, x: torch.Tensor, target: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One optimisation step on activations ``x`` ``[batch, d_in]``: ``(fvu, latents, dead)``, the
-        batch's FVU before the step, its latents ``[batch, d_sae]`` and the dead-latent mask ``[d_sae]``."""
+        batch's FVU before the step, its latents ``[batch, d_sae]`` and the dead-latent mask ``[d_sae]``.
+        ``target`` ``[batch, d_out]``: the activations to predict (None: ``x``, an SAE; a transcoder's
+        differ)."""
         cfg, sae, step = self.cfg, self.sae, self.steps
         scale = min(1.0, (step + 1) / self.warm)
         if step >= self.decay_from:
@@ -527,7 +538,7 @@ class SAETrainer:
         for group in self.opt.param_groups:
             group["lr"] = self.lr * scale
         dead = self.since_fired >= cfg.dead_after
-        loss, z, fvu = _step_loss(sae, x, cfg, dead)
+        loss, z, fvu = _step_loss(sae, x, cfg, dead, target)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         with torch.no_grad():

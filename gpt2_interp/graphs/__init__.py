@@ -1,0 +1,31 @@
+"""Attribution graphs (Ameisen et al. 2025, "Circuit Tracing"), as circuit-tracer computes them.
+
+- ``transcoder``: per-layer transcoders (MLP input → MLP output), trained by the SAE trainer from one
+  stream of forward passes, their metrics, and their files (circuit-tracer's ``layer_{i}.safetensors`` layout)
+- ``replacement``: the replacement model of one prompt (transcoders plus error terms, attention patterns
+  and norm scales frozen), affine in its sources
+- ``attribution``: the graph of direct effects between features, errors, tokens and logits
+- ``prune``: pruning by influence on the logits; replacement and completeness scores
+
+Each submodule is imported on first use of one of its names.
+"""
+
+from __future__ import annotations
+
+from ..core.lazy import lazy_face
+
+_FACE: dict[str, tuple[str, ...]] = {
+    "transcoder": (
+        "Transcoder",
+        "TranscoderSet",
+        "TranscoderTrainConfig",
+        "TranscoderMetrics",
+        "new_transcoders",
+        "train_transcoders",
+        "evaluate_transcoders",
+    ),
+    "replacement": ("ReplacementModel", "ReplacementRun"),
+    "attribution": ("AttributionConfig", "AttributionGraph", "attribute"),
+    "prune": ("prune_graph", "graph_scores", "influence", "normalise_rows"),
+}
+__all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

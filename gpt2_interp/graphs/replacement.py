@@ -1,0 +1,147 @@
+"""The local replacement model of one prompt: every MLP replaced by its transcoder plus an error term,
+attention patterns and norm scales frozen from the clean run.
+
+For a prompt of ``pos`` tokens the clean run fixes, per layer ``L``: the attention patterns, every norm's
+scale (``hook_scale``: ``ln1``, ``ln2``, ``ln_final`` and any post-norms), the transcoder features
+``a_L = σ(x_L W_enc + b_enc)`` ``[pos, d_tc]`` and the error ``e_L = mlp_out_L − T_L(x_L)`` ``[pos, d_model]``.
+The replacement model then runs the model with
+
+- each norm's scale and each attention pattern replaced by the clean one (so a norm is ``(x − x̄)/s · w + b``
+  with ``s`` a constant, and attention is ``pattern · V(x)`` with the pattern a constant),
+- each ``hook_mlp_out`` replaced by ``a_L W_dec + b_dec + x_L W_skipᵀ + e_L`` with ``a_L`` and ``e_L`` inputs.
+
+Every quantity downstream is then an affine function of the sources: the token embeddings, the feature
+activations and the error terms (biases, positional embeddings and the transcoders' ``b_dec`` are the
+constant part). With the clean inputs it reproduces the model's logits on that prompt exactly (up to
+float rounding). Gradients of a read-out with respect to a writer's output, taken through this model, are
+the direct effects of :mod:`gpt2_interp.graphs.attribution`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..core.boundary import boundary
+from .transcoder import INPUT_HOOK, TARGET_HOOK, TranscoderSet
+
+if TYPE_CHECKING:
+    from ..model.hooked_gpt2 import HookedGPT2
+
+
+@boundary
+@dataclass
+class ReplacementRun:
+    """One forward pass of the replacement model, its graph kept for gradients: ``logits``
+    ``[batch, pos, d_vocab]``; ``mlp_inputs[L]`` ``[batch, pos, d_model]`` (``blocks.L.ln2.hook_normalized``,
+    where layer ``L``'s features read: pre-activations are ``mlp_inputs[L] W_enc + b_enc``);
+    ``mlp_probes[L]`` and ``embed_probe`` ``[batch, pos, d_model]``: zero leaves added to each layer's
+    MLP output and to the token embeddings, whose gradients are those with respect to what the writers add."""
+
+    logits: torch.Tensor
+    mlp_inputs: list[torch.Tensor]
+    mlp_probes: list[torch.Tensor]
+    embed_probe: torch.Tensor
+
+    def pre_acts(self, transcoders: TranscoderSet) -> list[torch.Tensor]:
+        """Each layer's feature pre-activations ``[batch, pos, d_tc]`` in this run."""
+        return [t.pre_acts(x) for t, x in zip(transcoders, self.mlp_inputs)]
+
+
+@boundary
+class ReplacementModel:
+    """The replacement model of ``model`` with ``transcoders`` on the prompt ``tokens`` ``[pos]`` (see the
+    module's docstring). Attributes from the clean run: ``logits`` ``[pos, d_vocab]``, ``activations[L]``
+    ``[pos, d_tc]`` (features), ``errors[L]`` ``[pos, d_model]``, ``embed`` ``[pos, d_model]`` (what
+    ``hook_embed`` writes), ``mlp_inputs[L]`` ``[pos, d_model]``. Models whose blocks read their MLP from a
+    hook other than ``blocks.L.ln2.hook_normalized`` (parallel one-norm, post-norm-only) are refused."""
+
+    def __init__(self, model: HookedGPT2, transcoders: TranscoderSet, tokens: torch.Tensor) -> None:
+        if tokens.dim() != 1 or tokens.numel() < 1 or tokens.is_floating_point():
+            raise ValueError(f"tokens must be one prompt's token ids [pos], got shape {tuple(tokens.shape)}")
+        transcoders.check_model(model)
+        if model.cfg.final_softcap is not None:
+            raise ValueError(f"{model.cfg.name} caps its logits with tanh: its replacement model is not linear")
+        self.model, self.transcoders = model, transcoders
+        self.tokens = tokens.to(model.device)
+        n = model.cfg.n_layer
+        ins, outs = [INPUT_HOOK.format(layer=L) for L in range(n)], [TARGET_HOOK.format(layer=L) for L in range(n)]
+        self.frozen = [h for h in model.hook_dict if h.endswith(("hook_scale", "attn.hook_pattern"))]
+
+        def wanted(name: str) -> bool:
+            return name in self.frozen or name in ins or name in outs or name == "hook_embed"
+
+        with torch.no_grad():
+            logits, cache = model.run_with_cache(self.tokens[None], names_filter=wanted)
+        self.cache = {h: cache[h] for h in self.frozen}
+        self.logits = logits[0].float()
+        self.embed = cache["hook_embed"][0]
+        self.mlp_inputs = [cache[h][0] for h in ins]
+        with torch.no_grad():
+            self.activations = [t.encode(x) for t, x in zip(transcoders, self.mlp_inputs)]
+            self.errors = [cache[o][0] - t(x) for t, x, o in zip(transcoders, self.mlp_inputs, outs)]
+
+    @property
+    def n_pos(self) -> int:
+        """The prompt's length."""
+        return int(self.tokens.numel())
+
+    def run(
+        self,
+        batch: int = 1,
+        activations: list[torch.Tensor] | None = None,
+        errors: list[torch.Tensor] | None = None,
+        embed: torch.Tensor | None = None,
+        grad: bool = True,
+    ) -> ReplacementRun:
+        """The replacement model's forward pass on ``batch`` copies of the prompt: a :class:`ReplacementRun`.
+        ``activations[L]`` ``[pos, d_tc]`` or ``[batch, pos, d_tc]``, ``errors[L]`` ``[(batch,) pos, d_model]``
+        and ``embed`` ``[(batch,) pos, d_model]`` replace the clean sources (None: the clean ones); ``grad``:
+        keep the graph and make the probes require gradients."""
+        acts = self.activations if activations is None else activations
+        errs = self.errors if errors is None else errors
+        emb = self.embed if embed is None else embed
+        n, shape = self.model.cfg.n_layer, (batch, self.n_pos, self.model.cfg.d_model)
+        dev = self.model.device
+        probes = [torch.zeros(shape, device=dev, requires_grad=grad) for _ in range(n)]
+        embed_probe = torch.zeros(shape, device=dev, requires_grad=grad)
+        inputs: list[torch.Tensor] = []
+
+        def frozen(x: torch.Tensor, hook: Any) -> torch.Tensor:
+            c = self.cache[hook.name]
+            return c.expand(x.shape[0], *c.shape[1:]).to(x.dtype)
+
+        def embed_hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
+            return (emb.expand(x.shape).to(x.dtype) + embed_probe).to(x.dtype)
+
+        def read_input(x: torch.Tensor, hook: Any) -> torch.Tensor:
+            inputs.append(x)
+            return x
+
+        def mlp_out(layer: int) -> Any:
+            t = self.transcoders[layer]
+
+            def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
+                xin = inputs[layer]
+                a = acts[layer].to(t.W_dec.dtype)
+                out = a @ t.W_dec + t.b_dec + errs[layer].to(t.W_dec.dtype)
+                skip = t.skip(xin)
+                if skip is not None:
+                    out = out + skip
+                return (out.expand(x.shape) + probes[layer]).to(x.dtype)
+
+            return hook
+
+        hooks: list[tuple[str, Any]] = [(h, frozen) for h in self.frozen]
+        hooks += [("hook_embed", embed_hook)]
+        hooks += [(INPUT_HOOK.format(layer=L), read_input) for L in range(n)]
+        hooks += [(TARGET_HOOK.format(layer=L), mlp_out(L)) for L in range(n)]
+        tokens = self.tokens[None].expand(batch, -1)
+        with torch.set_grad_enabled(grad), self.model.hooks(hooks):
+            logits = self.model(tokens)
+        return ReplacementRun(logits.float(), inputs, probes, embed_probe)
+
+
+__all__ = ["ReplacementModel", "ReplacementRun"]

@@ -1,0 +1,368 @@
+"""Per-layer transcoders: sparse dictionaries that read an MLP's input and predict its output.
+
+A transcoder at layer ``L`` reads ``x = blocks.L.ln2.hook_normalized`` ``[..., d_model]`` (the MLP's
+input before the norm's gain) and predicts ``y = blocks.L.hook_mlp_out`` ``[..., d_model]``:
+
+- pre-activations ``h = x W_enc + b_enc`` ``[..., d_tc]`` (no input centring: ``b_dec`` is the output's bias),
+- features ``a = σ(h)`` (TopK by default; ReLU or a BatchTopK threshold, as
+  :class:`~gpt2_interp.analysis.features.sae.SAE`),
+- prediction ``ŷ = a W_dec + b_dec + x W_skipᵀ`` (the linear skip ``W_skip`` ``[d_model, d_model]`` optional).
+
+It is an :class:`~gpt2_interp.analysis.features.sae.SAE` whose target differs from its input, trained by
+the SAE trainer (:class:`~gpt2_interp.analysis.features.sae_train.SAETrainer`, TopK, dead-latent
+auxiliary loss, unit-norm decoder rows) on target batches; :func:`train_transcoders` trains every
+layer's from one stream of forward passes (one pass caches each layer's input and output).
+
+Files follow circuit-tracer's layout: a folder of ``layer_{i}.safetensors`` (``W_enc [d_model, d_tc]``,
+``W_dec [d_tc, d_model]``, ``b_enc``, ``b_dec``, optional ``W_skip``, a BatchTopK ``threshold``) and
+``config.json``; each layer's file carries a sha256 digest over its tensors and the config, which
+names the base model's weights fingerprint, so damaged files and other weights are refused.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from ..analysis.features.sae import SAE, SAEConfig
+from ..analysis.features.sae_train import SAETrainConfig, SAETrainer
+from ..core.boundary import boundary
+from ..core.checks import check_token_windows
+from ..core.result import Result
+from ..io.files import FileFormatError, check_finite, load_tree, read_json, save_tree, write_json
+from ..io.integrity import IntegrityError, load_checked, save_checked
+from ..model.fingerprint import weights_fingerprint
+
+if TYPE_CHECKING:
+    from ..model.hooked_gpt2 import HookedGPT2
+
+INPUT_HOOK, TARGET_HOOK = "blocks.{layer}.ln2.hook_normalized", "blocks.{layer}.hook_mlp_out"
+CONFIG_FILE = "config.json"
+CHECKPOINT_FILE = "train_state.safetensors"  # written by save_tree: no pickle, digest-checked
+FORMAT = "gpt2-interp-transcoders/1"
+
+
+@boundary
+class Transcoder(SAE):
+    """One layer's transcoder (see the module's docstring for the maths). ``cfg.hook_name`` is the hook it
+    reads (``blocks.L.ln2.hook_normalized``); ``target_hook`` the one it predicts
+    (``blocks.L.hook_mlp_out``); ``layer`` its layer; ``skip``: with a linear skip ``W_skip``
+    ``[d_model, d_model]`` (zero-initialised); ``seed`` seeds the initialisation."""
+
+    W_skip: nn.Parameter | None
+
+    def __init__(self, cfg: SAEConfig, layer: int, target_hook: str, skip: bool = False, seed: int | None = None):
+        super().__init__(cfg, seed)
+        self.layer, self.target_hook = layer, target_hook
+        self.W_skip = nn.Parameter(torch.zeros(cfg.d_in, cfg.d_in)) if skip else None
+
+    def pre_acts(self, x: torch.Tensor) -> torch.Tensor:
+        """Pre-activations ``x W_enc + b_enc`` ``[..., d_tc]`` of MLP inputs ``x`` ``[..., d_model]``."""
+        self._check_input(x)
+        x = self.hook_sae_input(x.to(self.W_enc.dtype))
+        return self.hook_sae_acts_pre(x @ self.W_enc + self.b_enc)
+
+    def skip(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The linear skip ``x W_skipᵀ`` ``[..., d_model]`` (None without one)."""
+        return None if self.W_skip is None else x.to(self.W_skip.dtype) @ self.W_skip.T
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The predicted MLP output ``a W_dec + b_dec (+ x W_skipᵀ)`` ``[..., d_model]`` of ``x`` ``[..., d_model]``."""
+        out = self.decode(self.encode(x))
+        skip = self.skip(x)
+        return out if skip is None else out + skip
+
+    def _clean_recons(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self(x)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """The weights by circuit-tracer's names (``W_skip`` and ``threshold`` when present)."""
+        sd = self.saelens_state_dict()
+        if self.W_skip is not None:
+            sd["W_skip"] = self.W_skip.detach()
+        return sd
+
+
+@boundary
+@dataclass
+class TranscoderSet:
+    """One transcoder per layer ``[0, n_layer)`` of a model: ``transcoders[L]`` reads layer ``L``'s MLP input."""
+
+    transcoders: list[Transcoder]
+
+    def __post_init__(self) -> None:
+        got = [t.layer for t in self.transcoders]
+        if got != list(range(len(got))) or not got:
+            raise ValueError(f"transcoders must cover layers 0, 1, … in order, got layers {got}")
+
+    def __len__(self) -> int:
+        return len(self.transcoders)
+
+    def __getitem__(self, layer: int) -> Transcoder:
+        return self.transcoders[layer]
+
+    def __iter__(self) -> Iterator[Transcoder]:
+        return iter(self.transcoders)
+
+    def to(self, device: torch.device | str) -> TranscoderSet:
+        """This set with every transcoder moved to ``device`` (in place); returns it."""
+        for t in self.transcoders:
+            t.to(device)
+        return self
+
+    def check_model(self, model: HookedGPT2) -> None:
+        """Raise a ValueError when ``model`` is not the one these were trained on (layer count, hooks,
+        widths, weights fingerprint)."""
+        if len(self) != model.cfg.n_layer:
+            raise ValueError(f"transcoders: {len(self)} layers for a model of n_layer={model.cfg.n_layer}")
+        for t in self.transcoders:
+            t.check_model(model)
+
+    def save(self, path: str | Path) -> Path:
+        """A folder of ``layer_{i}.safetensors`` and ``config.json`` (see the module's docstring)."""
+        folder = Path(path)
+        cfg = {
+            "format": FORMAT,
+            "n_layers": len(self),
+            "feature_input_hook": "ln2.hook_normalized",
+            "feature_output_hook": "hook_mlp_out",
+            "layers": [asdict(t.cfg) | {"target_hook": t.target_hook, "skip": t.W_skip is not None} for t in self],
+        }
+        cfg_text = json.dumps(cfg, sort_keys=True)
+        for t in self.transcoders:
+            tensors = t.state_tensors()
+            check_finite(tensors, folder, "transcoder")
+            save_checked(folder / f"layer_{t.layer}.safetensors", tensors, {"format": FORMAT, "config": cfg_text})
+        write_json(folder / CONFIG_FILE, cfg)
+        return folder
+
+    @staticmethod
+    def load(path: str | Path, model: HookedGPT2 | None = None) -> TranscoderSet:
+        """The set saved in folder ``path`` by :meth:`save`, each file's digest verified (IntegrityError when
+        damaged or when its config was changed); with ``model``, refused (ValueError) for other weights and
+        otherwise moved to its device."""
+        folder = Path(path)
+        cfg = read_json(folder / CONFIG_FILE, "transcoder config", required=("format", "n_layers", "layers"))
+        if cfg["format"] != FORMAT:
+            raise FileFormatError(f"{folder / CONFIG_FILE}: format {cfg['format']!r}, expected {FORMAT!r}")
+        cfg_text = json.dumps(cfg, sort_keys=True)
+        out = []
+        for i, layer_cfg in enumerate(cfg["layers"]):
+            tensors, meta, _ = load_checked(
+                folder / f"layer_{i}.safetensors", kind="transcoder", allow_unverified=False
+            )
+            if meta.get("config") != cfg_text:
+                raise IntegrityError(f"{folder / CONFIG_FILE} differs from the config layer {i} was saved with")
+            layer_cfg = dict(layer_cfg)
+            target, skip = layer_cfg.pop("target_hook"), layer_cfg.pop("skip")
+            t = Transcoder(SAEConfig(**layer_cfg), i, target, skip)
+            expected = t.state_tensors()
+            if set(tensors) != set(expected):
+                raise FileFormatError(f"layer_{i}.safetensors holds {sorted(tensors)}, expected {sorted(expected)}")
+            with torch.no_grad():
+                for n, p in expected.items():
+                    p.copy_(tensors[n])
+            out.append(t.eval())
+        ts = TranscoderSet(out)
+        if model is not None:
+            ts.check_model(model)
+            ts.to(model.device)
+        return ts
+
+
+@boundary
+@dataclass
+class TranscoderTrainConfig(SAETrainConfig):
+    """How to train every layer's transcoder: :class:`~gpt2_interp.analysis.features.sae_train.SAETrainConfig`'s
+    settings plus ``skip`` (a linear skip ``W_skip``). ``tokens`` is the budget of each layer (every layer
+    sees every token). ``hook_name`` is fixed: each layer's MLP input (``blocks.{layer}.ln2.hook_normalized``);
+    ``context_size`` is unused (the windows are given) and ``outlier_ratio`` must stay None (BOS is the
+    only position left out)."""
+
+    hook_name: str = INPUT_HOOK
+    b_dec_init: str = "mean"
+    skip: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.hook_name != INPUT_HOOK:
+            raise ValueError(f"hook_name is each layer's MLP input {INPUT_HOOK!r}, got {self.hook_name!r}")
+        if self.outlier_ratio is not None:
+            raise ValueError(f"outlier_ratio={self.outlier_ratio} is not applied to transcoder training: leave it None")
+
+
+def _cache_layers(model: HookedGPT2, rows: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's ``(MLP input, MLP output)`` ``[rows·pos', d_model]`` from one forward pass (BOS left out)."""
+    n = model.cfg.n_layer
+    names = [h.format(layer=L) for L in range(n) for h in (INPUT_HOOK, TARGET_HOOK)]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(rows.to(model.device), names_filter=names, return_type=None)
+    first = 1 if model.tokenizer.bos_id is not None else 0
+
+    def flat(h: str, L: int) -> torch.Tensor:
+        return cache[h.format(layer=L)][:, first:].reshape(-1, model.cfg.d_model).float()
+
+    return [(flat(INPUT_HOOK, L), flat(TARGET_HOOK, L)) for L in range(n)]
+
+
+@boundary
+def new_transcoders(model: HookedGPT2, cfg: TranscoderTrainConfig) -> TranscoderSet:
+    """Freshly initialised transcoders for every layer of ``model`` (``cfg``'s sizes, seeded by ``cfg.seed + L``)."""
+    d, fp = model.cfg.d_model, weights_fingerprint(model)
+    out = []
+    for L in range(model.cfg.n_layer):
+        sae_cfg = SAEConfig(
+            d_in=d,
+            d_sae=cfg.d_sae if cfg.d_sae is not None else cfg.expansion * d,
+            hook_name=INPUT_HOOK.format(layer=L),
+            architecture=cfg.architecture,
+            k=cfg.k if cfg.k is not None else 32,
+            model_name=model.cfg.name,
+            base_fingerprint=fp,
+        )
+        out.append(Transcoder(sae_cfg, L, TARGET_HOOK.format(layer=L), cfg.skip, seed=cfg.seed + L).to(model.device))
+    return TranscoderSet(out)
+
+
+@boundary
+def train_transcoders(
+    model: HookedGPT2,
+    cfg: TranscoderTrainConfig,
+    windows: torch.Tensor,
+    checkpoint: str | Path | None = None,
+) -> TranscoderSet:
+    """Train every layer's transcoder on token ``windows`` ``[n, pos]``: each forward pass of
+    ``cfg.forward_batch`` windows caches all layers' MLP inputs and outputs, which fill one shuffling store
+    per layer (``cfg.buffer_tokens``, shuffled with one permutation shared by input and output, seeded by
+    ``cfg.seed`` and the step); each layer's :class:`~gpt2_interp.analysis.features.sae_train.SAETrainer`
+    then steps on batches of ``cfg.batch_size`` (its ``b_dec`` initialised from the first batch of
+    targets). Stops after ``cfg.tokens // cfg.batch_size`` steps or when the windows (× ``cfg.epochs``) run
+    out. ``checkpoint``: a folder where the transcoders, optimizers and position in the windows are saved
+    (through :func:`~gpt2_interp.io.files.save_tree`) after each store of at least ``cfg.checkpoint_every``
+    new steps; a run given the same folder resumes from it, bit for bit as if never interrupted (a
+    checkpoint of other settings or base weights is refused)."""
+    windows = check_token_windows(windows, "windows")
+    torch.manual_seed(cfg.seed)
+    ts = new_transcoders(model, cfg)
+    total = max(1, cfg.tokens // cfg.batch_size)
+    trainers = [SAETrainer(t, cfg, total) for t in ts]
+    order = [i for _ in range(cfg.epochs) for i in range(0, len(windows), cfg.forward_batch)]
+    steps, first, saved = 0, 0, 0
+    ckpt = Path(checkpoint) / CHECKPOINT_FILE if checkpoint is not None else None
+    if ckpt is not None and ckpt.is_file():
+        state = load_tree(ckpt, kind="transcoder training checkpoint", map_location=model.device)
+        if state["config"] != asdict(cfg) or state["weights"] != ts[0].cfg.base_fingerprint:
+            raise ValueError(f"{ckpt} was written by a run with other settings or base weights; use another folder")
+        for t, trainer, layer in zip(ts, trainers, state["layers"]):
+            t.load_state_dict(layer["transcoder"])
+            trainer.opt.load_state_dict(layer["optimizer"])
+            trainer.since_fired, trainer.steps = layer["since_fired"], int(state["steps"])
+        steps = saved = int(state["steps"])
+        first = int(state["chunks_read"])
+    stores: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in ts]
+    have = 0
+    for n_read in range(first, len(order)):
+        if steps >= total:
+            break
+        start = order[n_read]
+        for L, pair in enumerate(_cache_layers(model, windows[start : start + cfg.forward_batch])):
+            stores[L].append(pair)
+        have += len(stores[0][-1][0])
+        if have < cfg.buffer_tokens and n_read < len(order) - 1:
+            continue
+        perm = torch.randperm(have, generator=torch.Generator().manual_seed(cfg.seed + steps)).to(model.device)
+        n_batches = min(have // cfg.batch_size, total - steps)
+        for L, trainer in enumerate(trainers):
+            x, y = (torch.cat([p[i] for p in stores[L]])[perm] for i in (0, 1))
+            if steps == 0 and n_batches:
+                trainer.init_b_dec(y[: cfg.batch_size])
+            for b in range(n_batches):
+                sl = slice(b * cfg.batch_size, (b + 1) * cfg.batch_size)
+                trainer.step(x[sl], y[sl])
+        steps += n_batches
+        stores, have = [[] for _ in ts], 0
+        if ckpt is not None and (steps - saved >= cfg.checkpoint_every or steps >= total):
+            _save_state(ckpt, trainers, steps, n_read + 1)
+            saved = steps
+    for t in ts:
+        t.eval()
+    return ts
+
+
+def _save_state(path: Path, trainers: list[SAETrainer], steps: int, chunks_read: int) -> None:
+    layers = [
+        {"transcoder": tr.sae.state_dict(), "optimizer": tr.opt.state_dict(), "since_fired": tr.since_fired}
+        for tr in trainers
+    ]
+    state = {
+        "layers": layers,
+        "steps": steps,
+        "chunks_read": chunks_read,
+        "config": asdict(trainers[0].cfg),
+        "weights": trainers[0].sae.cfg.base_fingerprint,
+    }
+    save_tree(path, state, kind="transcoder training checkpoint")
+
+
+@boundary
+@dataclass
+class TranscoderMetrics(Result):
+    """How well each layer's transcoder predicts its MLP's output on held-out windows: ``variance_explained``
+    (``1 − Σ‖y − ŷ‖² / Σ‖y − ȳ‖²`` per layer), ``l0`` (mean active features per token), ``dead``
+    (the fraction of features that never fired on these tokens), ``tokens`` evaluated."""
+
+    result_kind = "transcoder_metrics"
+    variance_explained: list[float] = field(default_factory=list)
+    l0: list[float] = field(default_factory=list)
+    dead: list[float] = field(default_factory=list)
+    tokens: int = 0
+
+
+@boundary
+@torch.no_grad()
+def evaluate_transcoders(model: HookedGPT2, transcoders: TranscoderSet, windows: torch.Tensor) -> TranscoderMetrics:
+    """:class:`TranscoderMetrics` of ``transcoders`` on token ``windows`` ``[n, pos]`` (BOS left out)."""
+    windows = check_token_windows(windows, "windows")
+    n = len(transcoders)
+    err, l0 = [0.0] * n, [0.0] * n
+    var_parts: list[list[torch.Tensor]] = [[] for _ in range(n)]
+    fired = [torch.zeros(t.d_sae, dtype=torch.bool, device=model.device) for t in transcoders]
+    tokens = 0
+    for start in range(0, len(windows), 32):
+        for L, (x, y) in enumerate(_cache_layers(model, windows[start : start + 32])):
+            t = transcoders[L]
+            a = t.encode(x)
+            err[L] += float((y - t(x)).pow(2).sum())
+            var_parts[L].append(y)
+            l0[L] += float((a > 0).sum())
+            fired[L] |= (a > 0).any(0)
+            if L == 0:
+                tokens += len(x)
+    ve = []
+    for L in range(n):
+        y = torch.cat(var_parts[L])
+        ve.append(1 - err[L] / float((y - y.mean(0)).pow(2).sum()))
+    return TranscoderMetrics(
+        variance_explained=ve,
+        l0=[v / max(tokens, 1) for v in l0],
+        dead=[1 - float(f.float().mean()) for f in fired],
+        tokens=tokens,
+    )
+
+
+__all__ = [
+    "Transcoder",
+    "TranscoderMetrics",
+    "TranscoderSet",
+    "TranscoderTrainConfig",
+    "evaluate_transcoders",
+    "new_transcoders",
+    "train_transcoders",
+]
