@@ -44,7 +44,7 @@ from gpt2_interp.editing.settings import hparams_for
 from gpt2_interp.io.tokenizer import HFTokenizer, bytes_to_unicode
 from gpt2_interp.model import KNOWN_CONFIGS, HookedGPT2, Steer
 from gpt2_interp.model.steer import steering
-from tests.integration.test_families import CASES, LLAMA_LIKE, VOCAB, _hf_model
+from tests.families_cases import CASES, LLAMA_LIKE, VOCAB, hf_model
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -92,7 +92,7 @@ def _byte_tokenizer() -> HFTokenizer:
 
 def _hf(family: str):
     if family in CASES:
-        return _hf_model(family)
+        return hf_model(family)
     config_class, model_class, kw = REFERENCE[family]
     torch.manual_seed(0)
     cfg = getattr(transformers, config_class)(**kw)
