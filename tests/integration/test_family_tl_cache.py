@@ -28,7 +28,7 @@ import pytest
 import torch
 
 import gpt2_interp as gi
-from tests.integration.test_families import CASES, PROMPTS, _hf_model
+from tests.families_cases import CASES, PROMPTS, hf_model
 
 lp = pytest.importorskip("transformer_lens.loading_from_pretrained")
 from transformer_lens import HookedTransformer, HookedTransformerConfig  # noqa: E402
@@ -44,10 +44,10 @@ TL_ONLY = {"gptj": (".ln2.hook_normalized", ".ln2.hook_scale")}
 
 def _tiny_hf(family: str):
     if family != "olmo2":
-        return _hf_model(family)
+        return hf_model(family)
     config_class, model_class, kw = CASES[family]
     with mock.patch.dict(CASES, {family: (config_class, model_class, dict(kw, num_key_value_heads=4))}):
-        return _hf_model(family)
+        return hf_model(family)
 
 
 def _tl_config_by_name(family: str, hf) -> HookedTransformerConfig:

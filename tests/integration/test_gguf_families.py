@@ -3,7 +3,7 @@ them: tensor names from the ``gguf`` package's own HF → GGUF name map, the con
 ``gguf.GGUFWriter``'s ``add_*`` methods) and its per-architecture changes (the ``llama`` architecture's Q/K row
 permutation, Llama 3's ``rope_freqs`` factors, Gemma's RMSNorm gains + 1, GPT-NeoX's Q|K|V regrouping).
 
-Each tiny random model of ``test_families.CASES`` round-trips to the transformers model's logits; where
+Each tiny random model of ``tests.families_cases.CASES`` round-trips to the transformers model's logits; where
 transformers' own GGUF loader reads the architecture, its model of the same file gives the same logits too (an
 independent reader of the layout). Metadata the config cannot represent is refused before the weights are read.
 """
@@ -21,8 +21,7 @@ import gpt2_interp as gi
 from gpt2_interp.io import gguf as gg
 from gpt2_interp.io.gguf import GGUFError
 from gpt2_interp.model.loading import model_config
-
-from .test_families import CASES, PROMPTS, VOCAB
+from tests.families_cases import CASES, PROMPTS, VOCAB
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")

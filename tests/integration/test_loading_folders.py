@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import gpt2_interp as gi
-from tests.integration.test_families import PROMPTS, VOCAB, _hf_model
+from tests.families_cases import PROMPTS, VOCAB, hf_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -33,7 +33,7 @@ def _gpt2_model():
 
 
 def _model(family: str):
-    return _gpt2_model() if family == "gpt2" else _hf_model(family)
+    return _gpt2_model() if family == "gpt2" else hf_model(family)
 
 
 def _save_sharded(hf, folder, dtype=torch.float32):

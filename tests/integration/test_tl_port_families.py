@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import gpt2_interp as gi
-from tests.integration.test_families import _hf_model
+from tests.families_cases import hf_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -49,7 +49,7 @@ def hub(tmp_path_factory):
     root = tmp_path_factory.mktemp("hub")
     models = {}
     for family, repo in SAVED.items():
-        hf = _hf_model(family)
+        hf = hf_model(family)
         snapshot = root / f"models--{repo.replace('/', '--')}" / "snapshots" / "abc"
         hf.save_pretrained(snapshot)
         _byte_tokenizer().save_pretrained(snapshot)
