@@ -53,6 +53,8 @@ def _rewrite(folder, **changes):
 
 
 @pytest.mark.slow
+@pytest.mark.full  # every part of the mass-editing study on gpt2-facts (~3 min); MEMIT, AlphaEdit and the
+# scores each part runs are tested on their own in tests/unit/test_memit.py and test_evaluate.py
 def test_quick_run_parts_merge_and_marks(facts_model, tmp_path):
     before = weights_fingerprint(facts_model)
 

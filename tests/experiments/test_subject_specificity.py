@@ -13,6 +13,7 @@ from gpt2_interp.facts.base import FactBase
 pytestmark = pytest.mark.slow  # ROME and MEMIT edits with and without keep prompts: about a minute
 
 
+@pytest.mark.full  # four edits and their scores (~1.5 min); keep prompts are tested in tests/unit/test_rome.py
 def test_quick_run_then_appended_runs(facts_model, tmp_path):
     res = run_experiment("subject_specificity", facts_model, quick=True, out=tmp_path, progress=False)
     d = tmp_path / "subject_specificity" / "gpt2-facts" / "quick"
