@@ -84,12 +84,15 @@ MODEL_ALIASES: dict[str, str] = {
 #: from the local Hugging Face cache only (these are large; nothing is downloaded).
 FAMILY_HUB_REPOS: dict[str, str] = {
     "llama-3.2-1b": "meta-llama/Llama-3.2-1B",
+    "llama-3.2-3b": "meta-llama/Llama-3.2-3B",
     "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
+    "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B",
     "qwen3-0.6b": "Qwen/Qwen3-0.6B",
+    "qwen3-1.7b": "Qwen/Qwen3-1.7B",
     "gemma-2-2b": "google/gemma-2-2b",
     "gemma-3-1b": "google/gemma-3-1b-pt",
     "gpt-j-6b": "EleutherAI/gpt-j-6b",
-    **{f"pythia-{size}": f"EleutherAI/pythia-{size}" for size in ("70m", "160m", "410m", "1.4b")},
+    **{f"pythia-{size}": f"EleutherAI/pythia-{size}" for size in ("70m", "160m", "410m", "1b", "1.4b")},
     "mistral-7b": "mistralai/Mistral-7B-v0.1",
     "phi-3-mini": "microsoft/Phi-3-mini-4k-instruct",
     "olmo-2-1b": "allenai/OLMo-2-0425-1B",
@@ -104,6 +107,7 @@ FAMILY_ALIASES: dict[str, str] = {
     **dict.fromkeys(("pythia", "EleutherAI/pythia-19m", "pythia-19m"), "pythia-70m"),
     **dict.fromkeys(("EleutherAI/pythia-125m", "pythia-125m"), "pythia-160m"),
     **dict.fromkeys(("EleutherAI/pythia-350m", "pythia-350m"), "pythia-410m"),
+    **dict.fromkeys(("EleutherAI/pythia-800m", "pythia-800m"), "pythia-1b"),
     **dict.fromkeys(("EleutherAI/pythia-1.3b", "pythia-1.3b"), "pythia-1.4b"),
     "phi-3": "phi-3-mini",
 }

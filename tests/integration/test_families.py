@@ -104,6 +104,10 @@ def test_hook_points_follow_transformer_lens_names(pair):
 
 FAMILY_OF = {
     "llama-3.2-1b": ("LlamaConfig", "LlamaForCausalLM"),
+    "llama-3.2-3b": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2.5-1.5b": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3-1.7b": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "pythia-1b": ("GPTNeoXConfig", "GPTNeoXForCausalLM"),
     "qwen2.5-0.5b": ("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3-0.6b": ("Qwen3Config", "Qwen3ForCausalLM"),
     "gemma-2-2b": ("Gemma2Config", "Gemma2ForCausalLM"),
@@ -117,6 +121,23 @@ FAMILY_OF = {
     "phi-3-mini": ("Phi3Config", "Phi3ForCausalLM"),
     "olmo-2-1b": ("Olmo2Config", "Olmo2ForCausalLM"),
 }
+
+
+# Total parameters as published in the Pythia suite's model table (EleutherAI/pythia README).
+PYTHIA_PARAMETERS = {
+    "pythia-70m": 70_426_624,
+    "pythia-160m": 162_322_944,
+    "pythia-410m": 405_334_016,
+    "pythia-1b": 1_011_781_632,
+    "pythia-1.4b": 1_414_647_808,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PYTHIA_PARAMETERS))
+def test_pythia_shapes_have_the_published_parameter_count(name):
+    with torch.device("meta"):
+        n = sum(p.numel() for p in HookedGPT2(KNOWN_CONFIGS[name]).parameters())
+    assert n == PYTHIA_PARAMETERS[name]
 
 
 @pytest.mark.parametrize("name", sorted(FAMILY_OF))

@@ -1,5 +1,5 @@
 """ROME, MEMIT, AlphaEdit, SAEs and steering on a tiny random-weight model of every family (those of
-``test_families.CASES`` plus GPT-2 and a plain Llama), each checked against transformers, the edit's closed
+``tests.families_cases.CASES`` plus GPT-2 and a plain Llama), each checked against transformers, the edit's closed
 form or a hook written by hand:
 
 - ROME: the key k* is the input of the transformers matrix the edit rewrites (``down_proj``,
