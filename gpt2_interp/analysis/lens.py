@@ -468,7 +468,9 @@ def logit_attribution(
     exactly to the model's logit (difference) minus the LN bias term ``b · W_U[:, t]`` (plus GPT-J's head bias
     ``b_U[t]``). Where each attention output is normalised before it joins the residual (Gemma, OLMo 2), the
     heads and ``b_O`` pass through that norm at the run's scale, so they still sum to the attention part.
-    A model whose logits are soft-capped (Gemma 2) is refused (ValueError).
+    Where the logits are soft-capped (Gemma 2's ``cap · tanh(x / cap)``), the parts split the readout before the
+    cap (``unembed.hook_out``), which the cap maps monotonically to the model's logit: ``logit`` is then that
+    uncapped logit (difference).
 
     ``prompt``: one string (BOS is prepended); ``target``/``baseline``: single tokens (strings or
     ids); ``position``: index into the prompt's tokens, BOS = 0 (default -1, the last);
@@ -477,19 +479,15 @@ def logit_attribution(
     position out of range IndexError, a target or baseline that is not one token ValueError.
     """
     n = model.cfg.n_layer
-    if model.cfg.final_softcap is not None:
-        raise ValueError(
-            f"direct logit attribution splits a linear readout; {model.cfg.name} soft-caps its logits "
-            f"(final_softcap={model.cfg.final_softcap}), so the parts would not sum to the logit"
-        )
     tokens, pos = prompt_position(model, prompt, position, "logit_attribution")
     learned = "hook_pos_embed" in model.hook_dict  # rotary models have no position embedding
-    names = ["hook_embed", "ln_final.hook_scale"] + (["hook_pos_embed"] if learned else [])
+    names = ["hook_embed", "ln_final.hook_scale", "unembed.hook_out"] + (["hook_pos_embed"] if learned else [])
     post = model.cfg.norm_position != "pre"  # Gemma, OLMo 2: the attention output is normalised before it is added
     for i in range(n):
         names += [hook_name("attn_out", i), hook_name("mlp_out", i)] + ([hook_name("z", i)] if per_head else [])
         names += [f"blocks.{i}.ln1_post.hook_scale"] if per_head and post else []
-    logits, cache = model.run_with_cache(tokens, names_filter=names)
+    _, cache = model.run_with_cache(tokens, names_filter=names)
+    logits = cache["unembed.hook_out"]  # the linear readout: before Gemma 2's final soft-cap, the logits elsewhere
     direction = logit_direction(model, target, baseline).float()  # [d_model]
     scale = cache["ln_final.hook_scale"][0, pos].float()  # [1]
 

@@ -246,25 +246,6 @@ def test_transformer_lens_weight_names_cover_partial_biases(pair):
 
 
 @torch.no_grad()
-def test_direct_logit_attribution_sums_to_the_logit(pair):
-    """DLA's parts sum to the logit for every family whose readout is linear (Gemma's 1 + w gain, GPT-J's
-    head bias, parallel and post-norm blocks); Gemma 2's soft-capped logits are refused."""
-    from gpt2_interp.analysis import logit_attribution
-
-    family, _, ours = pair
-    model = HookedGPT2(ours.cfg.replace(d_vocab=50257), seed=0).eval()  # GPT-2's tokenizer for text prompts
-    for p in model.parameters():
-        if p.ndim == 1:
-            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.3)
-    if model.cfg.final_softcap is not None:
-        with pytest.raises(ValueError, match="soft-caps its logits"):
-            logit_attribution(model, "The capital of France is", " Paris")
-        return
-    dla = logit_attribution(model, "The capital of France is", " Paris", baseline=" Rome")
-    assert abs(dla.total - dla.logit) < 1e-4, family
-
-
-@torch.no_grad()
 def test_patching_engine_equals_naive_patching(pair):
     """The batched patching sweep (prefix keys reused after q/k norms and each layer's rope, windows applied)
     equals patching one residual at a time with a hook."""

@@ -98,14 +98,18 @@ def test_identity_tuned_lens_is_the_logit_lens_and_training_lowers_its_kl(pair):
 def test_dla_parts_sum_to_the_logit_and_heads_to_each_attention_output(pair):
     """Per component the parts sum to the logit difference; per head (grouped-query, parallel, and after
     the post-attention norm where the family has one) the heads plus the output bias sum to each layer's
-    attention part. Soft-capped logits (Gemma 2) are refused."""
-    family, _, ours = pair
-    if ours.cfg.final_softcap is not None:
-        with pytest.raises(ValueError, match="soft-caps its logits"):
-            logit_attribution(ours, PROMPT, " Paris", baseline=" Rome")
-        return
+    attention part. Soft-capped logits (Gemma 2) are split before the cap: the logit the parts sum to is the
+    difference of transformers' head applied to its final hidden state, and capping it gives transformers' logits."""
+    family, hf, ours = pair
     dla = logit_attribution(ours, PROMPT, " Paris", baseline=" Rome")
     assert abs(dla.total - dla.logit) < 1e-4, family
+    out = hf(_tokens(ours), output_hidden_states=True)
+    _, head, cap = _hf_final(hf)
+    paris, rome = ours.to_single_token(" Paris"), ours.to_single_token(" Rome")
+    readout = head(out.hidden_states[-1])[0, -1]  # transformers' last hidden state is already normalised
+    assert abs(dla.logit - float(readout[paris] - readout[rome])) < 1e-4, family
+    capped = torch.tanh(readout / cap) * cap if cap else readout
+    assert (capped - out.logits[0, -1]).abs().max().item() < 1e-4, family
     attn = torch.stack([dla.parts[dla.labels.index(f"L{i}.attn")] for i in range(ours.cfg.n_layer)])
     heads = dla.head_parts.sum(-1) + dla.b_O_parts
     assert (heads - attn).abs().max().item() < 1e-4, (family, heads, attn)
