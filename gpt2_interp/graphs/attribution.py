@@ -161,7 +161,8 @@ def attribute(
     cfg: AttributionConfig | None = None,
 ) -> AttributionGraph:
     """The unpruned :class:`AttributionGraph` of the prompt ``tokens`` ``[pos]`` (see the module's
-    docstring): the replacement model is built and run once on ``cfg.batch_size`` copies, then one backward
+    docstring), with ``model``'s MLPs replaced by ``transcoders`` (one per layer) and the node limits and batch
+    size of ``cfg`` (None: :class:`AttributionConfig`'s defaults): the replacement model is built and run once on ``cfg.batch_size`` copies, then one backward
     pass per batch of targets (features and logits) fills their rows of the adjacency (the feature sources'
     columns read in slices, so that no gather exceeds ``FEATURE_SLICE`` floats)."""
     cfg = cfg or AttributionConfig()

@@ -25,7 +25,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -316,13 +316,50 @@ def _save_state(path: Path, trainers: list[SAETrainer], steps: int, chunks_read:
 class TranscoderMetrics(Result):
     """How well each layer's transcoder predicts its MLP's output on held-out windows: ``variance_explained``
     (``1 − Σ‖y − ŷ‖² / Σ‖y − ȳ‖²`` per layer), ``l0`` (mean active features per token), ``dead``
-    (the fraction of features that never fired on these tokens), ``tokens`` evaluated."""
+    (the fraction of features that never fired on these tokens), ``tokens`` evaluated; and for the whole set, the
+    model's next-token loss (nats, BOS's prediction included) ``clean_loss``, ``replaced_loss`` with every MLP's
+    output replaced by its transcoder's prediction at once (each layer reading the replaced stream), and
+    ``replaced_with_errors_loss`` where each prediction carries its error term ``y − ŷ`` from the clean run (the
+    model's own loss up to float error: a check that the replacement is exact)."""
 
     result_kind = "transcoder_metrics"
     variance_explained: list[float] = field(default_factory=list)
     l0: list[float] = field(default_factory=list)
     dead: list[float] = field(default_factory=list)
     tokens: int = 0
+    clean_loss: float = float("nan")
+    replaced_loss: float = float("nan")
+    replaced_with_errors_loss: float = float("nan")
+
+
+def _replaced_logits(
+    model: HookedGPT2, transcoders: TranscoderSet, rows: torch.Tensor, errors: list[torch.Tensor] | None = None
+) -> torch.Tensor:
+    """Logits with every MLP output replaced by its transcoder's prediction from the MLP input of the same run,
+    plus ``errors[L]`` (``[rows, pos, d_model]``) where given."""
+    inputs: dict[int, torch.Tensor] = {}
+
+    def read(x: torch.Tensor, hook: Any) -> None:
+        inputs[int(hook.name.split(".")[1])] = x
+
+    def replace(y: torch.Tensor, hook: Any) -> torch.Tensor:
+        L = int(hook.name.split(".")[1])
+        pred = transcoders[L](inputs[L].float())
+        return (pred if errors is None else pred + errors[L]).to(y.dtype)
+
+    hooks: list[tuple[str, Any]] = [(INPUT_HOOK.format(layer=L), read) for L in range(len(transcoders))]
+    hooks += [(TARGET_HOOK.format(layer=L), replace) for L in range(len(transcoders))]
+    return model.run_with_hooks(rows, fwd_hooks=hooks)
+
+
+def _errors(model: HookedGPT2, transcoders: TranscoderSet, rows: torch.Tensor) -> list[torch.Tensor]:
+    """Each layer's error ``y − ŷ`` ``[rows, pos, d_model]`` of the clean run."""
+    names = [h.format(layer=L) for L in range(len(transcoders)) for h in (INPUT_HOOK, TARGET_HOOK)]
+    _, cache = model.run_with_cache(rows, names_filter=names, return_type=None)
+    return [
+        cache[TARGET_HOOK.format(layer=L)].float() - t(cache[INPUT_HOOK.format(layer=L)].float())
+        for L, t in enumerate(transcoders)
+    ]
 
 
 @boundary
@@ -335,8 +372,14 @@ def evaluate_transcoders(model: HookedGPT2, transcoders: TranscoderSet, windows:
     var_parts: list[list[torch.Tensor]] = [[] for _ in range(n)]
     fired = [torch.zeros(t.d_sae, dtype=torch.bool, device=model.device) for t in transcoders]
     tokens = 0
+    losses = {"clean": 0.0, "replaced": 0.0, "errors": 0.0}
     for start in range(0, len(windows), 32):
-        for L, (x, y) in enumerate(_cache_layers(model, windows[start : start + 32])):
+        rows = windows[start : start + 32].to(model.device)
+        losses["clean"] += float(model.loss(model(rows), rows)) * len(rows)
+        losses["replaced"] += float(model.loss(_replaced_logits(model, transcoders, rows), rows)) * len(rows)
+        with_errors = _replaced_logits(model, transcoders, rows, _errors(model, transcoders, rows))
+        losses["errors"] += float(model.loss(with_errors, rows)) * len(rows)
+        for L, (x, y) in enumerate(_cache_layers(model, rows)):
             t = transcoders[L]
             a = t.encode(x)
             err[L] += float((y - t(x)).pow(2).sum())
@@ -354,6 +397,9 @@ def evaluate_transcoders(model: HookedGPT2, transcoders: TranscoderSet, windows:
         l0=[v / max(tokens, 1) for v in l0],
         dead=[1 - float(f.float().mean()) for f in fired],
         tokens=tokens,
+        clean_loss=losses["clean"] / len(windows),
+        replaced_loss=losses["replaced"] / len(windows),
+        replaced_with_errors_loss=losses["errors"] / len(windows),
     )
 
 

@@ -233,6 +233,12 @@ def test_transcoders_train_on_all_layers_and_load_back_checked(facts, tmp_path):
     assert all(b < 0 for b in before.variance_explained)  # random dictionaries explain nothing
     assert all(a > 0.3 for a in after.variance_explained)  # every layer learned its MLP (on the windows it read)
     assert all(0 < l0 <= 8 for l0 in after.l0) and all(0 <= d <= 1 for d in after.dead)
+    with torch.no_grad():  # the whole set: the clean loss as the model computes it, the error terms restoring it
+        clean = float(model.loss(model(windows), windows))
+    assert after.clean_loss == pytest.approx(clean, abs=1e-5) and before.clean_loss == after.clean_loss
+    assert abs(after.replaced_with_errors_loss - clean) < 1e-4 and abs(before.replaced_with_errors_loss - clean) < 1e-4
+    # trained dictionaries move the loss less than random ones (on these odd windows either way)
+    assert abs(after.replaced_loss - clean) < abs(before.replaced_loss - clean)
     folder = ts.save(tmp_path / "tc")
     assert sorted(p.name for p in folder.iterdir()) == ["config.json"] + [f"layer_{i}.safetensors" for i in range(6)]
     back = TranscoderSet.load(folder, model)
