@@ -98,6 +98,10 @@ class TranscoderSet:
     transcoders: list[Transcoder]
 
     def __post_init__(self) -> None:
+        if not isinstance(self.transcoders, (list, tuple)) or not all(
+            isinstance(t, Transcoder) for t in self.transcoders
+        ):
+            raise TypeError(f"transcoders must be a list of Transcoder, got {self.transcoders!r}")
         got = [t.layer for t in self.transcoders]
         if got != list(range(len(got))) or not got:
             raise ValueError(f"transcoders must cover layers 0, 1, … in order, got layers {got}")
