@@ -234,7 +234,7 @@ def test_transcoders_train_on_all_layers_and_load_back_checked(facts, tmp_path):
     assert all(a > 0.3 for a in after.variance_explained)  # every layer learned its MLP (on the windows it read)
     assert all(0 < l0 <= 8 for l0 in after.l0) and all(0 <= d <= 1 for d in after.dead)
     folder = ts.save(tmp_path / "tc")
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json"] + [f"layer_{i}.safetensors" for i in range(6)]
+    assert sorted(p.name for p in folder.iterdir()) == ["config.yaml"] + [f"layer_{i}.safetensors" for i in range(6)]
     back = TranscoderSet.load(folder, model)
     x = torch.randn(3, model.cfg.d_model)
     for a, b in zip(ts, back):
@@ -246,6 +246,79 @@ def test_transcoders_train_on_all_layers_and_load_back_checked(facts, tmp_path):
     (folder / "layer_2.safetensors").write_bytes(raw[:-8] + bytes(8))
     with pytest.raises(IntegrityError):
         TranscoderSet.load(folder)
+
+
+@pytest.mark.parametrize("architecture", ["relu", "batchtopk", "topk"])
+def test_transcoder_files_hold_circuit_tracers_tensors(llama, tmp_path, architecture):
+    import json
+
+    from safetensors.torch import load_file
+
+    model = llama[0]
+    cfg = TranscoderTrainConfig(d_sae=24, k=None if architecture == "relu" else 4, architecture=architecture, skip=True)
+    ts = new_transcoders(model, cfg)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for t in ts:
+            t.b_enc.copy_(torch.randn(t.b_enc.shape, generator=g))
+            t.b_dec.copy_(torch.randn(t.b_dec.shape, generator=g))
+            t.W_skip.copy_(0.1 * torch.randn(t.W_skip.shape, generator=g))
+            if t.threshold is not None:
+                t.threshold.copy_(torch.rand(t.threshold.shape, generator=g) - 0.3)  # some below zero
+    folder = ts.save(tmp_path / "tc")
+    config = json.loads((folder / "config.yaml").read_text())
+    assert config["feature_input_hook"] == "ln2.hook_normalized" and config["feature_output_hook"] == "hook_mlp_out"
+    # circuit-tracer's loader knows ReLU and JumpReLU only: a TopK set names a kind it refuses
+    assert config["model_kind"] == ("topk_transcoder_set" if architecture == "topk" else "transcoder_set")
+    x = torch.randn(7, model.cfg.d_model, generator=g)
+    for t in ts:
+        f = load_file(folder / f"layer_{t.layer}.safetensors")
+        # circuit-tracer's SingleLayerTranscoder: pre = F.linear(x, W_enc, b_enc), JumpReLU x·[x > θ] or ReLU,
+        # out = a W_dec + b_dec + x W_skipᵀ
+        pre = torch.nn.functional.linear(x, f["W_enc"], f["b_enc"])
+        if architecture == "batchtopk":
+            a = pre * (pre > f["activation_function.threshold"])
+        else:
+            a = pre.relu()
+        expected = a @ f["W_dec"] + f["b_dec"] + x @ f["W_skip"].T
+        torch.testing.assert_close(pre, t.pre_acts(x), atol=1e-5, rtol=1e-5)
+        if architecture != "topk":
+            torch.testing.assert_close(expected, t(x), atol=1e-5, rtol=1e-5)
+    back = TranscoderSet.load(folder, model)
+    for a, b in zip(ts, back):
+        assert torch.equal(a(x), b(x))
+
+
+def test_transcoder_folders_of_the_first_layout_still_load(llama, tmp_path):
+    import json
+
+    from gpt2_interp.io.files import write_json
+    from gpt2_interp.io.integrity import save_checked
+
+    model = llama[0]
+    ts = new_transcoders(model, TranscoderTrainConfig(d_sae=24, k=4, architecture="batchtopk", skip=True, seed=4))
+    with torch.no_grad():
+        for t in ts:
+            t.threshold.uniform_(0.0, 0.5)
+    # the gpt2-interp-transcoders/1 layout: config.json, W_enc [d_model, d_tc], the threshold as "threshold"
+    cfg = {
+        "format": "gpt2-interp-transcoders/1",
+        "n_layers": len(ts),
+        "feature_input_hook": "ln2.hook_normalized",
+        "feature_output_hook": "hook_mlp_out",
+        "layers": [t.cfg.__dict__ | {"target_hook": t.target_hook, "skip": True} for t in ts],
+    }
+    cfg = json.loads(json.dumps(cfg))
+    for t in ts:
+        tensors = {"W_enc": t.W_enc, "W_dec": t.W_dec, "b_enc": t.b_enc, "b_dec": t.b_dec}
+        tensors |= {"threshold": t.threshold, "W_skip": t.W_skip}
+        meta = {"format": cfg["format"], "config": json.dumps(cfg, sort_keys=True)}
+        save_checked(tmp_path / f"layer_{t.layer}.safetensors", {k: v.detach() for k, v in tensors.items()}, meta)
+    write_json(tmp_path / "config.json", cfg)
+    back = TranscoderSet.load(tmp_path, model)
+    x = torch.randn(5, model.cfg.d_model)
+    for a, b in zip(ts, back):
+        assert torch.equal(a(x), b(x))
 
 
 def test_bad_inputs_are_refused_naming_the_argument(llama):
