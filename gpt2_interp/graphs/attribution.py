@@ -1,9 +1,12 @@
 """Attribution graphs: the direct effects between the nodes of a prompt's replacement model.
 
 Nodes, in this order (circuit-tracer's): the active transcoder features ``(layer, pos, feature)`` (every
-``a > 0``), one error node per ``(layer, pos)``, one token-embedding node per position, and the top output
-logits at the last position (by probability, at most ``max_n_logits`` and no more than it takes to reach
-``desired_logit_prob`` in total).
+``a > 0`` at positions 1 and on), one error node per ``(layer, pos)``, one token-embedding node per position,
+and the top output logits at the last position (by probability, at most ``max_n_logits`` and no more than
+it takes to reach ``desired_logit_prob`` in total). As in circuit-tracer, position 0 (BOS, whose residual
+stream has an unusually large norm and many active features) has no feature nodes and its error nodes no edges:
+what its MLPs write is part of every target's constant part (``AttributionConfig.first_position_features``
+makes them sources like any other position's).
 
 In the replacement model (:mod:`gpt2_interp.graphs.replacement`) every target is affine in the sources, so
 
@@ -18,8 +21,8 @@ frozen patterns, norms with frozen scales, the transcoders' skips; never through
 - a feature source writes ``a · W_dec[f]`` into layer ``L``'s MLP output, so ``A[t, s] = a · W_dec[f] · g_L[p]``
   with ``g_L`` the gradient of the target with respect to that output; an error source writes ``e_L[p]``
   (``A = e_L[p] · g_L[p]``) and a token node its embedding (``A = embed[p] · g_embed[p]``);
-- ``bias(t)``: the constant part (biases, positional embeddings, the transcoders' ``b_dec``), the value
-  with every source set to zero.
+- ``bias(t)``: the constant part (biases, positional embeddings, the transcoders' ``b_dec``, position 0's
+  MLP outputs), the value with every source set to zero.
 
 The gradients come from batched backward passes through one forward pass of ``batch_size`` copies of the
 prompt: the ``b``-th copy carries one target's read direction as the gradient at its reading point, and one
@@ -53,11 +56,13 @@ FEATURE_SLICE = 1 << 26  # floats of the [batch, features, d_model] gradient gat
 class AttributionConfig:
     """How to build a graph: ``max_n_logits`` (10) and ``desired_logit_prob`` (0.95), which logits become
     nodes (circuit-tracer's defaults); ``batch_size``: targets per backward pass (memory: one forward pass
-    of this many copies of the prompt)."""
+    of this many copies of the prompt); ``first_position_features``: position 0's features and error terms
+    are sources (False, circuit-tracer's choice: what position 0's MLPs write is constant)."""
 
     max_n_logits: int = 10
     desired_logit_prob: float = 0.95
     batch_size: int = 64
+    first_position_features: bool = False
 
     def __post_init__(self) -> None:
         check_count(self.max_n_logits, "max_n_logits")
@@ -167,7 +172,9 @@ def attribute(
     cfg = cfg or AttributionConfig()
     rm = ReplacementModel(model, transcoders, tokens)
     n_layers, pos = model.cfg.n_layer, rm.n_pos
-    active = [a.nonzero() for a in rm.activations]  # per layer [k_L, 2]: (position, feature)
+    first = 0 if cfg.first_position_features else 1  # the first position whose MLP writes are sources
+    active = [a[first:].nonzero() + torch.tensor([first, 0], device=a.device) for a in rm.activations]
+    errors = [torch.cat([torch.zeros_like(e[:first]), e[first:]]) for e in rm.errors]  # [pos, d_model]
     feats = torch.cat([torch.cat([torch.full_like(ix[:, :1], L), ix], 1) for L, ix in enumerate(active)]).cpu()
     acts = [a[ix[:, 0], ix[:, 1]] for a, ix in zip(rm.activations, active)]
     logit_tokens, logit_probs = _select_logits(rm.logits[-1], cfg)
@@ -199,7 +206,7 @@ def attribute(
                 p_ix, f_ix = active[L][i : i + step, 0], active[L][i : i + step, 1]
                 w_dec = transcoders[L].W_dec.detach()[f_ix]
                 cols.append(einsum(g[L][:, p_ix], w_dec, "b k d, k d -> b k") * acts[L][i : i + step])
-        cols += [einsum(g[L], rm.errors[L], "b p d, p d -> b p") for L in range(n_layers)]
+        cols += [einsum(g[L], errors[L], "b p d, p d -> b p") for L in range(n_layers)]
         cols.append(einsum(g[-1], rm.embed.float(), "b p d, p d -> b p"))
         rows = torch.cat(cols, 1)[: len(chunk)]
         adjacency[torch.tensor(chunk), : n - n_logits] = rows.detach().float().cpu()

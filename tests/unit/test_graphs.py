@@ -55,10 +55,16 @@ def facts_graph(facts):
     return attribute(model, ts, tokens, AttributionConfig(batch_size=48, max_n_logits=3, desired_logit_prob=0.9999))
 
 
-def _zero_sources(rm: ReplacementModel) -> dict:
+def _zero_sources(rm: ReplacementModel, first: int = 1) -> dict:
+    """Every source set to zero: token embeddings, and features and errors from position ``first`` on (those
+    at earlier positions are not sources: they stay, part of the constant)."""
+
+    def zero_from(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x[:first], torch.zeros_like(x[first:])])
+
     return dict(
-        activations=[torch.zeros_like(a) for a in rm.activations],
-        errors=[torch.zeros_like(e) for e in rm.errors],
+        activations=[zero_from(a) for a in rm.activations],
+        errors=[zero_from(e) for e in rm.errors],
         embed=torch.zeros_like(rm.embed),
     )
 
@@ -101,17 +107,16 @@ def test_replacement_model_is_affine_in_one_features_activation(which, request):
     torch.testing.assert_close(outs[1].mlp_inputs[0], outs[0].mlp_inputs[0])
 
 
-@pytest.mark.parametrize("which", ["facts", "llama"])
+@pytest.mark.parametrize("which", ["facts", "llama", "llama-first-position"])
 def test_feature_and_logit_edges_sum_to_their_values(which, request):
-    model, ts, tokens = request.getfixturevalue(which)
-    graph = (
-        request.getfixturevalue("facts_graph")
-        if which == "facts"
-        else attribute(model, ts, tokens, AttributionConfig(batch_size=16, max_n_logits=4, desired_logit_prob=0.9999))
-    )
+    model, ts, tokens = request.getfixturevalue(which.split("-")[0])
+    first = 0 if which.endswith("first-position") else 1
+    cfg = AttributionConfig(batch_size=16, max_n_logits=4, desired_logit_prob=0.9999, first_position_features=not first)
+    graph = request.getfixturevalue("facts_graph") if which == "facts" else attribute(model, ts, tokens, cfg)
+    assert (graph.features[:, 1] >= first).all() and (graph.features[:, 1] == 0).any() == (first == 0)
     rm = ReplacementModel(model, ts, tokens)
     with torch.no_grad():
-        run, zero = rm.run(grad=False), rm.run(grad=False, **_zero_sources(rm))
+        run, zero = rm.run(grad=False), rm.run(grad=False, **_zero_sources(rm, first))
     pre, bias = run.pre_acts(ts), zero.pre_acts(ts)
     value = torch.stack([pre[L][0, p, f] for L, p, f in graph.features.tolist()])
     const = torch.stack([bias[L][0, p, f] for L, p, f in graph.features.tolist()])
