@@ -17,7 +17,8 @@ frozen patterns, norms with frozen scales, the transcoders' skips; never through
 
 - a feature target's value is its pre-activation ``h = x_L W_enc[:, f] + b_enc[f]``, read along ``W_enc[:, f]``
   at ``blocks.L.ln2.hook_normalized``;
-- a logit target's is its de-meaned logit ``logit[v] − mean(logit)``, read along ``onehot(v) − 1/d_vocab``;
+- a logit target's is its de-meaned logit ``logit[v] − mean(logit)``, read along ``W_U[:, v] − mean_v W_U``
+  at the unembedding's input (``ln_final``'s output), so that no backward pass goes through the unembedding;
 - a feature source writes ``a · W_dec[f]`` into layer ``L``'s MLP output, so ``A[t, s] = a · W_dec[f] · g_L[p]``
   with ``g_L`` the gradient of the target with respect to that output; an error source writes ``e_L[p]``
   (``A = e_L[p] · g_L[p]``) and a token node its embedding (``A = embed[p] · g_embed[p]``);
@@ -183,9 +184,10 @@ def attribute(
     adjacency = torch.zeros(n, n)
     targets = [*range(n_f), *range(n - n_logits, n)]
     B = min(cfg.batch_size, len(targets))
-    run = rm.run(batch=B)
-    outputs = [*run.mlp_inputs, run.logits]
-    d_vocab = run.logits.shape[-1]
+    run = rm.run(batch=B, unembed=False)
+    outputs = [*run.mlp_inputs, run.final]
+    W_U = model.unembed.W_U.detach()  # [d_model, d_vocab]
+    logit_dirs = (W_U[:, logit_tokens] - W_U.mean(1, keepdim=True)).T  # [n_logits, d_model]
     for start in range(0, len(targets), B):
         chunk = targets[start : start + B]
         grads = [torch.zeros_like(o) for o in outputs]
@@ -194,8 +196,7 @@ def attribute(
                 L, p, f = (int(v) for v in feats[t])
                 grads[L][b, p] = transcoders[L].W_enc[:, f].detach()
             else:
-                grads[-1][b, -1] = -1 / d_vocab
-                grads[-1][b, -1, int(logit_tokens[t - (n - n_logits)])] += 1
+                grads[-1][b, -1] = logit_dirs[t - (n - n_logits)]
         probes = [*run.mlp_probes, run.embed_probe]
         got = torch.autograd.grad(outputs, probes, grads, retain_graph=True, allow_unused=True)
         g = [torch.zeros_like(p) if x is None else x for p, x in zip(probes, got)]

@@ -35,12 +35,14 @@ if TYPE_CHECKING:
 @dataclass
 class ReplacementRun:
     """One forward pass of the replacement model, its graph kept for gradients: ``logits``
-    ``[batch, pos, d_vocab]``; ``mlp_inputs[L]`` ``[batch, pos, d_model]`` (``blocks.L.ln2.hook_normalized``,
+    ``[batch, pos, d_vocab]`` (None when run without the unembedding); ``final`` ``[batch, pos, d_model]``
+    the unembedding's input (``ln_final``'s output, its scale frozen); ``mlp_inputs[L]`` ``[batch, pos, d_model]`` (``blocks.L.ln2.hook_normalized``,
     where layer ``L``'s features read: pre-activations are ``mlp_inputs[L] W_enc + b_enc``);
     ``mlp_probes[L]`` and ``embed_probe`` ``[batch, pos, d_model]``: zero leaves added to each layer's
     MLP output and to the token embeddings, whose gradients are those with respect to what the writers add."""
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None
+    final: torch.Tensor
     mlp_inputs: list[torch.Tensor]
     mlp_probes: list[torch.Tensor]
     embed_probe: torch.Tensor
@@ -95,11 +97,13 @@ class ReplacementModel:
         errors: list[torch.Tensor] | None = None,
         embed: torch.Tensor | None = None,
         grad: bool = True,
+        unembed: bool = True,
     ) -> ReplacementRun:
         """The replacement model's forward pass on ``batch`` copies of the prompt: a :class:`ReplacementRun`.
         ``activations[L]`` ``[pos, d_tc]`` or ``[batch, pos, d_tc]``, ``errors[L]`` ``[(batch,) pos, d_model]``
         and ``embed`` ``[(batch,) pos, d_model]`` replace the clean sources (None: the clean ones); ``grad``:
-        keep the graph and make the probes require gradients."""
+        keep the graph and make the probes require gradients; ``unembed``: compute the logits (False: stop at
+        the unembedding's input, ``final``)."""
         acts = self.activations if activations is None else activations
         errs = self.errors if errors is None else errors
         emb = self.embed if embed is None else embed
@@ -140,8 +144,9 @@ class ReplacementModel:
         hooks += [(TARGET_HOOK.format(layer=L), mlp_out(L)) for L in range(n)]
         tokens = self.tokens[None].expand(batch, -1)
         with torch.set_grad_enabled(grad), self.model.hooks(hooks):
-            logits = self.model(tokens)
-        return ReplacementRun(logits.float(), inputs, probes, embed_probe)
+            final = self.model.ln_final(self.model(tokens, stop_at_layer=n))
+            logits = self.model.unembed(final).float() if unembed else None
+        return ReplacementRun(logits, final, inputs, probes, embed_probe)
 
 
 __all__ = ["ReplacementModel", "ReplacementRun"]
