@@ -5,8 +5,8 @@ nodes' probabilities (zero elsewhere) ``[n_nodes]``, a node's influence on the o
 ``w Â + w Â² + w Â³ + …`` (the series ends: the graph is acyclic, so ``Â`` is nilpotent). Pruning
 (Ameisen et al. 2025, as circuit-tracer computes it):
 
-1. keep the features whose influence makes up ``node_threshold`` of the features' total, largest first
-   (errors, tokens and logits are kept);
+1. keep the nodes whose influence makes up ``node_threshold`` of the total over all nodes, largest first
+   (features and errors can go; tokens and logits are kept);
 2. on the graph of kept nodes, score each edge ``Â[t, s] · (influence(t) + w(t))`` and keep the edges
    making up ``edge_threshold`` of the total score;
 3. repeatedly drop features without a kept incoming edge and features or errors without a kept outgoing
@@ -90,9 +90,8 @@ def prune_graph(graph: AttributionGraph, node_threshold: float = 0.8, edge_thres
     n_f, first_token = graph.n_features, graph.token_index(0)
     w = _logit_weights(graph)
     node_inf = influence(normalise_rows(graph.adjacency), w)
-    node_mask = torch.ones(len(w), dtype=torch.bool)
-    if n_f:
-        node_mask[:n_f] = node_inf[:n_f] >= _threshold(node_inf[:n_f], node_threshold)
+    node_mask = node_inf >= _threshold(node_inf, node_threshold)
+    node_mask[first_token:] = True  # tokens and logits
     kept = graph.adjacency * node_mask[:, None] * node_mask[None, :]
     a = normalise_rows(kept)
     edge_scores = a * (influence(a, w) + w)[:, None]
