@@ -49,8 +49,6 @@ from .transcoder import TranscoderSet
 if TYPE_CHECKING:
     from ..model.hooked_gpt2 import HookedGPT2
 
-FEATURE_SLICE = 1 << 26  # floats of the [batch, features, d_model] gradient gather made at once
-
 
 @boundary
 @dataclass
@@ -168,8 +166,8 @@ def attribute(
 ) -> AttributionGraph:
     """The unpruned :class:`AttributionGraph` of the prompt ``tokens`` ``[pos]`` (see the module's
     docstring): the replacement model is built and run once on ``cfg.batch_size`` copies, then one backward
-    pass per batch of targets (features and logits) fills their rows of the adjacency (the feature sources'
-    columns read in slices, so that no gather exceeds ``FEATURE_SLICE`` floats)."""
+    pass per batch of targets (features and logits) fills their rows of the adjacency (a feature source's
+    column is one product per position: ``g_L[p]`` ``[batch, d_model]`` times that position's writes)."""
     cfg = cfg or AttributionConfig()
     rm = ReplacementModel(model, transcoders, tokens)
     n_layers, pos = model.cfg.n_layer, rm.n_pos
@@ -182,35 +180,45 @@ def attribute(
     n_f, n_logits = len(feats), len(logit_tokens)
     n = n_f + (n_layers + 1) * pos + n_logits
     adjacency = torch.zeros(n, n)
-    targets = [*range(n_f), *range(n - n_logits, n)]
+    targets = torch.cat([torch.arange(n_f), torch.arange(n - n_logits, n)])
     B = min(cfg.batch_size, len(targets))
     run = rm.run(batch=B, unembed=False)
     outputs = [*run.mlp_inputs, run.final]
+    probes = [*run.mlp_probes, run.embed_probe]
+    dev = run.final.device
     W_U = model.unembed.W_U.detach()  # [d_model, d_vocab]
     logit_dirs = (W_U[:, logit_tokens] - W_U.mean(1, keepdim=True)).T  # [n_logits, d_model]
+    # per layer, over its active features (ordered by position): what each reads, W_enc[:, f] [k_L, d_model],
+    # what each writes, a · W_dec[f] [k_L, d_model], and where each position's features start and end
+    reads = [t.W_enc.detach()[:, ix[:, 1]].T for t, ix in zip(transcoders, active)]
+    writes = [a[:, None] * t.W_dec.detach()[ix[:, 1]] for a, t, ix in zip(acts, transcoders, active)]
+    spans = [
+        torch.searchsorted(ix[:, 0].contiguous(), torch.arange(pos + 1, device=ix.device)).tolist() for ix in active
+    ]
+    first_of_layer = torch.tensor([0, *torch.tensor([len(ix) for ix in active]).cumsum(0).tolist()])
     for start in range(0, len(targets), B):
         chunk = targets[start : start + B]
+        rows_b = torch.arange(len(chunk))
         grads = [torch.zeros_like(o) for o in outputs]
-        for b, t in enumerate(chunk):
-            if t < n_f:
-                L, p, f = (int(v) for v in feats[t])
-                grads[L][b, p] = transcoders[L].W_enc[:, f].detach()
-            else:
-                grads[-1][b, -1] = logit_dirs[t - (n - n_logits)]
-        probes = [*run.mlp_probes, run.embed_probe]
+        is_feature = chunk < n_f
+        feature_t, feature_b = chunk[is_feature], rows_b[is_feature]
+        for L in feats[feature_t, 0].unique().tolist():
+            here = feats[feature_t, 0] == L
+            t_L = feature_t[here]
+            grads[L][feature_b[here].to(dev), feats[t_L, 1].to(dev)] = reads[L][(t_L - first_of_layer[L]).to(dev)]
+        logit_b = rows_b[~is_feature]
+        grads[-1][logit_b.to(dev), -1] = logit_dirs[(chunk[~is_feature] - (n - n_logits)).to(dev)]
         got = torch.autograd.grad(outputs, probes, grads, retain_graph=True, allow_unused=True)
         g = [torch.zeros_like(p) if x is None else x for p, x in zip(probes, got)]
         cols = []
-        for L in range(n_layers):  # feature sources: a · W_dec[f] · g_L[p], in slices of features
-            step = max(1, FEATURE_SLICE // (B * model.cfg.d_model))
-            for i in range(0, len(active[L]), step):
-                p_ix, f_ix = active[L][i : i + step, 0], active[L][i : i + step, 1]
-                w_dec = transcoders[L].W_dec.detach()[f_ix]
-                cols.append(einsum(g[L][:, p_ix], w_dec, "b k d, k d -> b k") * acts[L][i : i + step])
+        for L in range(n_layers):  # feature sources: g_L[p] · a W_dec[f], one product per position
+            for p, (s, e) in enumerate(zip(spans[L], spans[L][1:])):
+                if e > s:
+                    cols.append(g[L][:, p] @ writes[L][s:e].T)
         cols += [einsum(g[L], errors[L], "b p d, p d -> b p") for L in range(n_layers)]
-        cols.append(einsum(g[-1], rm.embed.float(), "b p d, p d -> b p"))
+        cols.append(einsum(g[-1], rm.embed.to(g[-1].dtype), "b p d, p d -> b p"))
         rows = torch.cat(cols, 1)[: len(chunk)]
-        adjacency[torch.tensor(chunk), : n - n_logits] = rows.detach().float().cpu()
+        adjacency[chunk, : n - n_logits] = rows.detach().float().cpu()
     return AttributionGraph(
         tokens=rm.tokens.cpu(),
         features=feats,

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 class ReplacementRun:
     """One forward pass of the replacement model, its graph kept for gradients: ``logits``
     ``[batch, pos, d_vocab]`` (None when run without the unembedding); ``final`` ``[batch, pos, d_model]``
-    the unembedding's input (``ln_final``'s output, its scale frozen); ``mlp_inputs[L]`` ``[batch, pos, d_model]`` (``blocks.L.ln2.hook_normalized``,
+    the unembedding's input (``ln_final``'s output, its scale frozen); ``mlp_inputs[L]``
+    ``[batch, pos, d_model]`` (``blocks.L.ln2.hook_normalized``,
     where layer ``L``'s features read: pre-activations are ``mlp_inputs[L] W_enc + b_enc``);
     ``mlp_probes[L]`` and ``embed_probe`` ``[batch, pos, d_model]``: zero leaves added to each layer's
     MLP output and to the token embeddings, whose gradients are those with respect to what the writers add."""
@@ -109,8 +110,8 @@ class ReplacementModel:
         emb = self.embed if embed is None else embed
         n, shape = self.model.cfg.n_layer, (batch, self.n_pos, self.model.cfg.d_model)
         dev = self.model.device
-        probes = [torch.zeros(shape, device=dev, requires_grad=grad) for _ in range(n)]
-        embed_probe = torch.zeros(shape, device=dev, requires_grad=grad)
+        probes = [torch.zeros(shape, device=dev, dtype=self.model.dtype, requires_grad=grad) for _ in range(n)]
+        embed_probe = torch.zeros(shape, device=dev, dtype=self.model.dtype, requires_grad=grad)
         inputs: list[torch.Tensor] = []
 
         def frozen(x: torch.Tensor, hook: Any) -> torch.Tensor:

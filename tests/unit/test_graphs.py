@@ -384,15 +384,13 @@ def test_transcoder_training_resumes_from_its_checkpoint_as_if_never_stopped(lla
         train_transcoders(model, TranscoderTrainConfig(**{**cfg.__dict__, "seed": 5}), windows, checkpoint=tmp_path)
 
 
-def test_reading_feature_sources_in_slices_gives_the_same_graph(llama, monkeypatch):
-    from gpt2_interp.graphs import attribution
-
+def test_batching_targets_does_not_change_the_graph(llama):
     model, ts, tokens = llama
-    whole = attribute(model, ts, tokens, AttributionConfig(batch_size=7))
-    monkeypatch.setattr(attribution, "FEATURE_SLICE", 1)  # one feature per gather
-    sliced = attribute(model, ts, tokens, AttributionConfig(batch_size=7))
-    assert whole.n_features > 7
-    torch.testing.assert_close(sliced.adjacency, whole.adjacency, atol=1e-6, rtol=1e-6)
+    cfg = AttributionConfig(max_n_logits=4, desired_logit_prob=0.9999, first_position_features=True)
+    one = attribute(model, ts, tokens, AttributionConfig(**{**cfg.__dict__, "batch_size": 1000}))
+    sevens = attribute(model, ts, tokens, AttributionConfig(**{**cfg.__dict__, "batch_size": 7}))
+    assert one.n_features > 7 and len(one.logit_tokens) > 1  # chunks mix layers, and features with logits
+    torch.testing.assert_close(sevens.adjacency, one.adjacency, atol=1e-6, rtol=1e-5)
 
 
 def test_transcoder_training_settings_it_would_not_apply_are_refused():
