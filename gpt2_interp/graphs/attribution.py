@@ -151,7 +151,7 @@ class AttributionGraph(Result):
 
 def _select_logits(logits: torch.Tensor, cfg: AttributionConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The top tokens ``[n]`` and probabilities ``[n]`` of last-position ``logits`` ``[d_vocab]``."""
-    probs = logits.float().softmax(-1)
+    probs = logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(-1)
     top_p, top_i = probs.topk(min(cfg.max_n_logits, len(probs)))
     n = int((top_p.cumsum(0) < cfg.desired_logit_prob).sum()) + 1
     return top_i[:n], top_p[:n]

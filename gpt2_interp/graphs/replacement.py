@@ -79,7 +79,7 @@ class ReplacementModel:
         with torch.no_grad():
             logits, cache = model.run_with_cache(self.tokens[None], names_filter=wanted)
         self.cache = {h: cache[h] for h in self.frozen}
-        self.logits = logits[0].float()
+        self.logits = logits[0].to(torch.promote_types(logits.dtype, torch.float32))  # float32 or finer
         self.embed = cache["hook_embed"][0]
         self.mlp_inputs = [cache[h][0] for h in ins]
         with torch.no_grad():
