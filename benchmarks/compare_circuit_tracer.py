@@ -220,7 +220,7 @@ def report(r: dict[str, Any], argv: list[str]) -> str:
         else f"Command: `OMP_NUM_THREADS=1 python benchmarks/compare_circuit_tracer.py {' '.join(argv)}`",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs (shared), Python {platform.python_version()}; CPU, "
-        f"fp32, one thread each side. circuit-tracer's side: "
+        f"float32 (timed) and float64, one thread each side. circuit-tracer's side: "
         + ", ".join(f"{k} {v}" for k, v in r["versions"].items())
         + ".",
         "",
@@ -235,7 +235,7 @@ def report(r: dict[str, Any], argv: list[str]) -> str:
         f"circuit-tracer: {'identical' if r['same_features'] else 'DIFFERENT'} |",
         f"| logit nodes | {r['n_logits']}: {'identical' if r['same_logit_tokens'] else 'DIFFERENT'} |",
     ]
-    if "adjacency_max_abs" in r:
+    if "n_kept_edges" in r:
         lines += [
             f"| feature activations, largest relative difference | {r['activation_max_rel']:.1e} |",
             f"| logit probabilities, largest difference | {r['logit_prob_max_abs']:.1e} |",
