@@ -164,10 +164,11 @@ def attribute(
     tokens: torch.Tensor,
     cfg: AttributionConfig | None = None,
 ) -> AttributionGraph:
-    """The unpruned :class:`AttributionGraph` of the prompt ``tokens`` ``[pos]`` (see the module's
-    docstring): the replacement model is built and run once on ``cfg.batch_size`` copies, then one backward
-    pass per batch of targets (features and logits) fills their rows of the adjacency (a feature source's
-    column is one product per position: ``g_L[p]`` ``[batch, d_model]`` times that position's writes)."""
+    """The unpruned :class:`AttributionGraph` of the prompt ``tokens`` ``[pos]`` for ``model`` with
+    ``transcoders`` (one per layer) and settings ``cfg`` (see the module's docstring): the replacement model
+    is built and run once on ``cfg.batch_size`` copies, then one backward pass per batch of targets (features
+    and logits) fills their rows of the adjacency (a feature source's column is one product per position:
+    ``g_L[p]`` ``[batch, d_model]`` times that position's writes)."""
     cfg = cfg or AttributionConfig()
     rm = ReplacementModel(model, transcoders, tokens)
     n_layers, pos = model.cfg.n_layer, rm.n_pos

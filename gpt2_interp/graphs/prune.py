@@ -37,7 +37,8 @@ def normalise_rows(adjacency: torch.Tensor) -> torch.Tensor:
 
 @boundary
 def influence(normalised: torch.Tensor, weights: torch.Tensor, max_iter: int = 10_000) -> torch.Tensor:
-    """``Σ_{k≥1} w Âᵏ`` ``[n]`` for a nilpotent ``Â`` ``[n, n]`` (an acyclic graph) and weights ``w`` ``[n]``;
+    """``Σ_{k≥1} w Âᵏ`` ``[n]`` for a nilpotent ``normalised`` ``Â`` ``[n, n]`` (an acyclic graph) and ``weights``
+    ``w`` ``[n]``;
     a RuntimeError when the series has not ended after ``max_iter`` terms (a graph with a cycle)."""
     term = weights @ normalised
     total = term.clone()
@@ -82,7 +83,8 @@ def graph_scores(graph: AttributionGraph, adjacency: torch.Tensor | None = None)
 
 @boundary
 def prune_graph(graph: AttributionGraph, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> AttributionGraph:
-    """``graph`` pruned as the module's docstring says: a copy with ``node_mask`` ``[n_nodes]``,
+    """``graph`` pruned as the module's docstring says (``node_threshold``, ``edge_threshold``: the shares of
+    the nodes' influence and of the edges' scores kept): a copy with ``node_mask`` ``[n_nodes]``,
     ``edge_mask`` ``[n_nodes, n_nodes]`` and the pruned graph's ``replacement_score`` and
     ``completeness_score`` (its adjacency kept whole; ``adjacency * edge_mask`` is the pruned one)."""
     check_number(node_threshold, "node_threshold", 0, 1)
