@@ -30,7 +30,7 @@ Files are circuit-tracer's (0.5) local transcoder-set layout, which its loaders 
 
 circuit-tracer's file loader knows ReLU and JumpReLU only: a TopK set's ``model_kind`` is
 ``topk_transcoder_set``, which circuit-tracer refuses by name rather than read as ReLU. Folders of the
-earlier ``gpt2-interp-transcoders/1`` layout (``config.json``, ``W_enc`` ``[d_model, d_tc]``, ``threshold``)
+first layout, ``gpt2-interp-transcoders/1`` (``config.json``, ``W_enc`` ``[d_model, d_tc]``, ``threshold``)
 still load.
 """
 
