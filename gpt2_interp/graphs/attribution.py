@@ -1,9 +1,12 @@
 """Attribution graphs: the direct effects between the nodes of a prompt's replacement model.
 
 Nodes, in this order (circuit-tracer's): the active transcoder features ``(layer, pos, feature)`` (every
-``a > 0``), one error node per ``(layer, pos)``, one token-embedding node per position, and the top output
-logits at the last position (by probability, at most ``max_n_logits`` and no more than it takes to reach
-``desired_logit_prob`` in total).
+``a > 0`` at positions 1 and on), one error node per ``(layer, pos)``, one token-embedding node per position,
+and the top output logits at the last position (by probability, at most ``max_n_logits`` and no more than
+it takes to reach ``desired_logit_prob`` in total). As in circuit-tracer, position 0 (BOS, whose residual
+stream has an unusually large norm and many active features) has no feature nodes and its error nodes no edges:
+what its MLPs write is part of every target's constant part (``AttributionConfig.first_position_features``
+makes them sources like any other position's).
 
 In the replacement model (:mod:`gpt2_interp.graphs.replacement`) every target is affine in the sources, so
 
@@ -14,12 +17,13 @@ frozen patterns, norms with frozen scales, the transcoders' skips; never through
 
 - a feature target's value is its pre-activation ``h = x_L W_enc[:, f] + b_enc[f]``, read along ``W_enc[:, f]``
   at ``blocks.L.ln2.hook_normalized``;
-- a logit target's is its de-meaned logit ``logit[v] − mean(logit)``, read along ``onehot(v) − 1/d_vocab``;
+- a logit target's is its de-meaned logit ``logit[v] − mean(logit)``, read along ``W_U[:, v] − mean_v W_U``
+  at the unembedding's input (``ln_final``'s output), so that no backward pass goes through the unembedding;
 - a feature source writes ``a · W_dec[f]`` into layer ``L``'s MLP output, so ``A[t, s] = a · W_dec[f] · g_L[p]``
   with ``g_L`` the gradient of the target with respect to that output; an error source writes ``e_L[p]``
   (``A = e_L[p] · g_L[p]``) and a token node its embedding (``A = embed[p] · g_embed[p]``);
-- ``bias(t)``: the constant part (biases, positional embeddings, the transcoders' ``b_dec``), the value
-  with every source set to zero.
+- ``bias(t)``: the constant part (biases, positional embeddings, the transcoders' ``b_dec``, position 0's
+  MLP outputs), the value with every source set to zero.
 
 The gradients come from batched backward passes through one forward pass of ``batch_size`` copies of the
 prompt: the ``b``-th copy carries one target's read direction as the gradient at its reading point, and one
@@ -45,19 +49,19 @@ from .transcoder import TranscoderSet
 if TYPE_CHECKING:
     from ..model.hooked_gpt2 import HookedGPT2
 
-FEATURE_SLICE = 1 << 26  # floats of the [batch, features, d_model] gradient gather made at once
-
 
 @boundary
 @dataclass
 class AttributionConfig:
     """How to build a graph: ``max_n_logits`` (10) and ``desired_logit_prob`` (0.95), which logits become
     nodes (circuit-tracer's defaults); ``batch_size``: targets per backward pass (memory: one forward pass
-    of this many copies of the prompt)."""
+    of this many copies of the prompt); ``first_position_features``: position 0's features and error terms
+    are sources (False, circuit-tracer's choice: what position 0's MLPs write is constant)."""
 
     max_n_logits: int = 10
     desired_logit_prob: float = 0.95
     batch_size: int = 64
+    first_position_features: bool = False
 
     def __post_init__(self) -> None:
         check_count(self.max_n_logits, "max_n_logits")
@@ -147,7 +151,7 @@ class AttributionGraph(Result):
 
 def _select_logits(logits: torch.Tensor, cfg: AttributionConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The top tokens ``[n]`` and probabilities ``[n]`` of last-position ``logits`` ``[d_vocab]``."""
-    probs = logits.float().softmax(-1)
+    probs = logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(-1)
     top_p, top_i = probs.topk(min(cfg.max_n_logits, len(probs)))
     n = int((top_p.cumsum(0) < cfg.desired_logit_prob).sum()) + 1
     return top_i[:n], top_p[:n]
@@ -160,50 +164,62 @@ def attribute(
     tokens: torch.Tensor,
     cfg: AttributionConfig | None = None,
 ) -> AttributionGraph:
-    """The unpruned :class:`AttributionGraph` of the prompt ``tokens`` ``[pos]`` (see the module's
-    docstring), with ``model``'s MLPs replaced by ``transcoders`` (one per layer) and the node limits and batch
-    size of ``cfg`` (None: :class:`AttributionConfig`'s defaults): the replacement model is built and run once on ``cfg.batch_size`` copies, then one backward
-    pass per batch of targets (features and logits) fills their rows of the adjacency (the feature sources'
-    columns read in slices, so that no gather exceeds ``FEATURE_SLICE`` floats)."""
+    """The unpruned :class:`AttributionGraph` of the prompt ``tokens`` ``[pos]`` for ``model`` with
+    ``transcoders`` (one per layer) and settings ``cfg`` (see the module's docstring): the replacement model
+    is built and run once on ``cfg.batch_size`` copies, then one backward pass per batch of targets (features
+    and logits) fills their rows of the adjacency (a feature source's column is one product per position:
+    ``g_L[p]`` ``[batch, d_model]`` times that position's writes)."""
     cfg = cfg or AttributionConfig()
     rm = ReplacementModel(model, transcoders, tokens)
     n_layers, pos = model.cfg.n_layer, rm.n_pos
-    active = [a.nonzero() for a in rm.activations]  # per layer [k_L, 2]: (position, feature)
+    first = 0 if cfg.first_position_features else 1  # the first position whose MLP writes are sources
+    active = [a[first:].nonzero() + torch.tensor([first, 0], device=a.device) for a in rm.activations]
+    errors = [torch.cat([torch.zeros_like(e[:first]), e[first:]]) for e in rm.errors]  # [pos, d_model]
     feats = torch.cat([torch.cat([torch.full_like(ix[:, :1], L), ix], 1) for L, ix in enumerate(active)]).cpu()
     acts = [a[ix[:, 0], ix[:, 1]] for a, ix in zip(rm.activations, active)]
     logit_tokens, logit_probs = _select_logits(rm.logits[-1], cfg)
     n_f, n_logits = len(feats), len(logit_tokens)
     n = n_f + (n_layers + 1) * pos + n_logits
     adjacency = torch.zeros(n, n)
-    targets = [*range(n_f), *range(n - n_logits, n)]
+    targets = torch.cat([torch.arange(n_f), torch.arange(n - n_logits, n)])
     B = min(cfg.batch_size, len(targets))
-    run = rm.run(batch=B)
-    outputs = [*run.mlp_inputs, run.logits]
-    d_vocab = run.logits.shape[-1]
+    run = rm.run(batch=B, unembed=False)
+    outputs = [*run.mlp_inputs, run.final]
+    probes = [*run.mlp_probes, run.embed_probe]
+    dev = run.final.device
+    W_U = model.unembed.W_U.detach()  # [d_model, d_vocab]
+    logit_dirs = (W_U[:, logit_tokens] - W_U.mean(1, keepdim=True)).T  # [n_logits, d_model]
+    # per layer, over its active features (ordered by position): what each reads, W_enc[:, f] [k_L, d_model],
+    # what each writes, a · W_dec[f] [k_L, d_model], and where each position's features start and end
+    reads = [t.W_enc.detach()[:, ix[:, 1]].T for t, ix in zip(transcoders, active)]
+    writes = [a[:, None] * t.W_dec.detach()[ix[:, 1]] for a, t, ix in zip(acts, transcoders, active)]
+    spans = [
+        torch.searchsorted(ix[:, 0].contiguous(), torch.arange(pos + 1, device=ix.device)).tolist() for ix in active
+    ]
+    first_of_layer = torch.tensor([0, *torch.tensor([len(ix) for ix in active]).cumsum(0).tolist()])
     for start in range(0, len(targets), B):
         chunk = targets[start : start + B]
+        rows_b = torch.arange(len(chunk))
         grads = [torch.zeros_like(o) for o in outputs]
-        for b, t in enumerate(chunk):
-            if t < n_f:
-                L, p, f = (int(v) for v in feats[t])
-                grads[L][b, p] = transcoders[L].W_enc[:, f].detach()
-            else:
-                grads[-1][b, -1] = -1 / d_vocab
-                grads[-1][b, -1, int(logit_tokens[t - (n - n_logits)])] += 1
-        probes = [*run.mlp_probes, run.embed_probe]
+        is_feature = chunk < n_f
+        feature_t, feature_b = chunk[is_feature], rows_b[is_feature]
+        for L in feats[feature_t, 0].unique().tolist():
+            here = feats[feature_t, 0] == L
+            t_L = feature_t[here]
+            grads[L][feature_b[here].to(dev), feats[t_L, 1].to(dev)] = reads[L][(t_L - first_of_layer[L]).to(dev)]
+        logit_b = rows_b[~is_feature]
+        grads[-1][logit_b.to(dev), -1] = logit_dirs[(chunk[~is_feature] - (n - n_logits)).to(dev)]
         got = torch.autograd.grad(outputs, probes, grads, retain_graph=True, allow_unused=True)
         g = [torch.zeros_like(p) if x is None else x for p, x in zip(probes, got)]
         cols = []
-        for L in range(n_layers):  # feature sources: a · W_dec[f] · g_L[p], in slices of features
-            step = max(1, FEATURE_SLICE // (B * model.cfg.d_model))
-            for i in range(0, len(active[L]), step):
-                p_ix, f_ix = active[L][i : i + step, 0], active[L][i : i + step, 1]
-                w_dec = transcoders[L].W_dec.detach()[f_ix]
-                cols.append(einsum(g[L][:, p_ix], w_dec, "b k d, k d -> b k") * acts[L][i : i + step])
-        cols += [einsum(g[L], rm.errors[L], "b p d, p d -> b p") for L in range(n_layers)]
-        cols.append(einsum(g[-1], rm.embed.float(), "b p d, p d -> b p"))
+        for L in range(n_layers):  # feature sources: g_L[p] · a W_dec[f], one product per position
+            for p, (s, e) in enumerate(zip(spans[L], spans[L][1:])):
+                if e > s:
+                    cols.append(g[L][:, p] @ writes[L][s:e].T)
+        cols += [einsum(g[L], errors[L], "b p d, p d -> b p") for L in range(n_layers)]
+        cols.append(einsum(g[-1], rm.embed.to(g[-1].dtype), "b p d, p d -> b p"))
         rows = torch.cat(cols, 1)[: len(chunk)]
-        adjacency[torch.tensor(chunk), : n - n_logits] = rows.detach().float().cpu()
+        adjacency[chunk, : n - n_logits] = rows.detach().float().cpu()
     return AttributionGraph(
         tokens=rm.tokens.cpu(),
         features=feats,

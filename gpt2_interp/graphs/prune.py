@@ -5,8 +5,8 @@ nodes' probabilities (zero elsewhere) ``[n_nodes]``, a node's influence on the o
 ``w Â + w Â² + w Â³ + …`` (the series ends: the graph is acyclic, so ``Â`` is nilpotent). Pruning
 (Ameisen et al. 2025, as circuit-tracer computes it):
 
-1. keep the features whose influence makes up ``node_threshold`` of the features' total, largest first
-   (errors, tokens and logits are kept);
+1. keep the nodes whose influence makes up ``node_threshold`` of the total over all nodes, largest first
+   (features and errors can go; tokens and logits are kept);
 2. on the graph of kept nodes, score each edge ``Â[t, s] · (influence(t) + w(t))`` and keep the edges
    making up ``edge_threshold`` of the total score;
 3. repeatedly drop features without a kept incoming edge and features or errors without a kept outgoing
@@ -37,8 +37,8 @@ def normalise_rows(adjacency: torch.Tensor) -> torch.Tensor:
 
 @boundary
 def influence(normalised: torch.Tensor, weights: torch.Tensor, max_iter: int = 10_000) -> torch.Tensor:
-    """``Σ_{k≥1} w Âᵏ`` ``[n]`` for ``normalised`` ``Â`` ``[n, n]``, a nilpotent adjacency (an acyclic graph, rows
-    normalised by :func:`normalise_rows`), and ``weights`` ``w`` ``[n]``;
+    """``Σ_{k≥1} w Âᵏ`` ``[n]`` for a nilpotent ``normalised`` ``Â`` ``[n, n]`` (an acyclic graph) and ``weights``
+    ``w`` ``[n]``;
     a RuntimeError when the series has not ended after ``max_iter`` terms (a graph with a cycle)."""
     term = weights @ normalised
     total = term.clone()
@@ -83,9 +83,8 @@ def graph_scores(graph: AttributionGraph, adjacency: torch.Tensor | None = None)
 
 @boundary
 def prune_graph(graph: AttributionGraph, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> AttributionGraph:
-    """``graph`` pruned as the module's docstring says — the features carrying ``node_threshold`` of the
-    influence on the logits kept, then the edges carrying ``edge_threshold`` of it (the paper's 0.8 and 0.98) —:
-    a copy with ``node_mask`` ``[n_nodes]``,
+    """``graph`` pruned as the module's docstring says (``node_threshold``, ``edge_threshold``: the shares of
+    the nodes' influence and of the edges' scores kept): a copy with ``node_mask`` ``[n_nodes]``,
     ``edge_mask`` ``[n_nodes, n_nodes]`` and the pruned graph's ``replacement_score`` and
     ``completeness_score`` (its adjacency kept whole; ``adjacency * edge_mask`` is the pruned one)."""
     check_number(node_threshold, "node_threshold", 0, 1)
@@ -93,9 +92,8 @@ def prune_graph(graph: AttributionGraph, node_threshold: float = 0.8, edge_thres
     n_f, first_token = graph.n_features, graph.token_index(0)
     w = _logit_weights(graph)
     node_inf = influence(normalise_rows(graph.adjacency), w)
-    node_mask = torch.ones(len(w), dtype=torch.bool)
-    if n_f:
-        node_mask[:n_f] = node_inf[:n_f] >= _threshold(node_inf[:n_f], node_threshold)
+    node_mask = node_inf >= _threshold(node_inf, node_threshold)
+    node_mask[first_token:] = True  # tokens and logits
     kept = graph.adjacency * node_mask[:, None] * node_mask[None, :]
     a = normalise_rows(kept)
     edge_scores = a * (influence(a, w) + w)[:, None]

@@ -35,12 +35,15 @@ if TYPE_CHECKING:
 @dataclass
 class ReplacementRun:
     """One forward pass of the replacement model, its graph kept for gradients: ``logits``
-    ``[batch, pos, d_vocab]``; ``mlp_inputs[L]`` ``[batch, pos, d_model]`` (``blocks.L.ln2.hook_normalized``,
+    ``[batch, pos, d_vocab]`` (None when run without the unembedding); ``final`` ``[batch, pos, d_model]``
+    the unembedding's input (``ln_final``'s output, its scale frozen); ``mlp_inputs[L]``
+    ``[batch, pos, d_model]`` (``blocks.L.ln2.hook_normalized``,
     where layer ``L``'s features read: pre-activations are ``mlp_inputs[L] W_enc + b_enc``);
     ``mlp_probes[L]`` and ``embed_probe`` ``[batch, pos, d_model]``: zero leaves added to each layer's
     MLP output and to the token embeddings, whose gradients are those with respect to what the writers add."""
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None
+    final: torch.Tensor
     mlp_inputs: list[torch.Tensor]
     mlp_probes: list[torch.Tensor]
     embed_probe: torch.Tensor
@@ -76,7 +79,7 @@ class ReplacementModel:
         with torch.no_grad():
             logits, cache = model.run_with_cache(self.tokens[None], names_filter=wanted)
         self.cache = {h: cache[h] for h in self.frozen}
-        self.logits = logits[0].float()
+        self.logits = logits[0].to(torch.promote_types(logits.dtype, torch.float32))  # float32 or finer
         self.embed = cache["hook_embed"][0]
         self.mlp_inputs = [cache[h][0] for h in ins]
         with torch.no_grad():
@@ -95,18 +98,20 @@ class ReplacementModel:
         errors: list[torch.Tensor] | None = None,
         embed: torch.Tensor | None = None,
         grad: bool = True,
+        unembed: bool = True,
     ) -> ReplacementRun:
         """The replacement model's forward pass on ``batch`` copies of the prompt: a :class:`ReplacementRun`.
         ``activations[L]`` ``[pos, d_tc]`` or ``[batch, pos, d_tc]``, ``errors[L]`` ``[(batch,) pos, d_model]``
         and ``embed`` ``[(batch,) pos, d_model]`` replace the clean sources (None: the clean ones); ``grad``:
-        keep the graph and make the probes require gradients."""
+        keep the graph and make the probes require gradients; ``unembed``: compute the logits (False: stop at
+        the unembedding's input, ``final``)."""
         acts = self.activations if activations is None else activations
         errs = self.errors if errors is None else errors
         emb = self.embed if embed is None else embed
         n, shape = self.model.cfg.n_layer, (batch, self.n_pos, self.model.cfg.d_model)
         dev = self.model.device
-        probes = [torch.zeros(shape, device=dev, requires_grad=grad) for _ in range(n)]
-        embed_probe = torch.zeros(shape, device=dev, requires_grad=grad)
+        probes = [torch.zeros(shape, device=dev, dtype=self.model.dtype, requires_grad=grad) for _ in range(n)]
+        embed_probe = torch.zeros(shape, device=dev, dtype=self.model.dtype, requires_grad=grad)
         inputs: list[torch.Tensor] = []
 
         def frozen(x: torch.Tensor, hook: Any) -> torch.Tensor:
@@ -140,8 +145,9 @@ class ReplacementModel:
         hooks += [(TARGET_HOOK.format(layer=L), mlp_out(L)) for L in range(n)]
         tokens = self.tokens[None].expand(batch, -1)
         with torch.set_grad_enabled(grad), self.model.hooks(hooks):
-            logits = self.model(tokens)
-        return ReplacementRun(logits.float(), inputs, probes, embed_probe)
+            final = self.model.ln_final(self.model(tokens, stop_at_layer=n))
+            logits = self.model.unembed(final).float() if unembed else None
+        return ReplacementRun(logits, final, inputs, probes, embed_probe)
 
 
 __all__ = ["ReplacementModel", "ReplacementRun"]

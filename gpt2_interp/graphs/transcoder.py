@@ -13,10 +13,25 @@ the SAE trainer (:class:`~gpt2_interp.analysis.features.sae_train.SAETrainer`, T
 auxiliary loss, unit-norm decoder rows) on target batches; :func:`train_transcoders` trains every
 layer's from one stream of forward passes (one pass caches each layer's input and output).
 
-Files follow circuit-tracer's layout: a folder of ``layer_{i}.safetensors`` (``W_enc [d_model, d_tc]``,
-``W_dec [d_tc, d_model]``, ``b_enc``, ``b_dec``, optional ``W_skip``, a BatchTopK ``threshold``) and
-``config.json``; each layer's file carries a sha256 digest over its tensors and the config, which
-names the base model's weights fingerprint, so damaged files and other weights are refused.
+Files are circuit-tracer's (0.5) local transcoder-set layout, which its loaders read as they are
+(``circuit_tracer.utils.hf_utils.load_transcoder_from_hub`` given the folder's absolute path, or
+``ReplacementModel.from_pretrained(model_name, folder)``): a folder of
+
+- ``layer_{i}.safetensors``: ``W_enc`` ``[d_tc, d_model]`` (circuit-tracer's orientation, the transpose of
+  :attr:`Transcoder.W_enc`), ``W_dec`` ``[d_tc, d_model]``, ``b_enc`` ``[d_tc]``, ``b_dec`` ``[d_model]``,
+  ``W_skip`` ``[d_model, d_model]`` when there is a skip, and for BatchTopK the threshold as
+  ``activation_function.threshold`` ``[d_tc]`` (a JumpReLU ``h · [h > θ]``; written as ``max(θ, 0)``,
+  which gives the same features as ``relu(h) · [h > θ]``); a ReLU transcoder has no threshold. Each file's
+  safetensors metadata carries the set's config and a sha256 digest over its tensors and metadata.
+- ``config.yaml``: circuit-tracer's keys (``model_kind``, ``feature_input_hook`` ``ln2.hook_normalized``,
+  ``feature_output_hook`` ``hook_mlp_out``, ``scan``, ``model_name``) and this library's (``format``, each
+  layer's :class:`~gpt2_interp.analysis.features.sae.SAEConfig` with the base model's weights
+  fingerprint), written as JSON, which YAML reads, with a sha256 field.
+
+circuit-tracer's file loader knows ReLU and JumpReLU only: a TopK set's ``model_kind`` is
+``topk_transcoder_set``, which circuit-tracer refuses by name rather than read as ReLU. Folders of the
+first layout, ``gpt2-interp-transcoders/1`` (``config.json``, ``W_enc`` ``[d_model, d_tc]``, ``threshold``)
+still load.
 """
 
 from __future__ import annotations
@@ -43,9 +58,12 @@ if TYPE_CHECKING:
     from ..model.hooked_gpt2 import HookedGPT2
 
 INPUT_HOOK, TARGET_HOOK = "blocks.{layer}.ln2.hook_normalized", "blocks.{layer}.hook_mlp_out"
-CONFIG_FILE = "config.json"
+CONFIG_FILE = "config.yaml"  # JSON text (YAML reads JSON): circuit-tracer's keys and ours
+LEGACY_CONFIG_FILE, LEGACY_FORMAT = "config.json", "gpt2-interp-transcoders/1"
 CHECKPOINT_FILE = "train_state.safetensors"  # written by save_tree: no pickle, digest-checked
-FORMAT = "gpt2-interp-transcoders/1"
+FORMAT = "gpt2-interp-transcoders/2"
+THRESHOLD = "activation_function.threshold"  # circuit-tracer's JumpReLU parameter name
+INPUT_SITE, OUTPUT_SITE = INPUT_HOOK.split(".", 2)[2], TARGET_HOOK.split(".", 2)[2]  # within blocks.L
 
 
 @boundary
@@ -83,11 +101,41 @@ class Transcoder(SAE):
             return self(x)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """The weights by circuit-tracer's names (``W_skip`` and ``threshold`` when present)."""
-        sd = self.saelens_state_dict()
+        """The weights as circuit-tracer's files hold them: ``W_enc`` ``[d_tc, d_model]`` (transposed),
+        ``W_dec``, ``b_enc``, ``b_dec``, and ``W_skip`` and ``activation_function.threshold`` (``max(θ, 0)``)
+        when present."""
+        sd = {"W_enc": self.W_enc.detach().T, "W_dec": self.W_dec.detach()}
+        sd |= {"b_enc": self.b_enc.detach(), "b_dec": self.b_dec.detach()}
+        if self.threshold is not None:
+            sd[THRESHOLD] = self.threshold.detach().clamp_min(0)
         if self.W_skip is not None:
             sd["W_skip"] = self.W_skip.detach()
         return sd
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], legacy: bool = False) -> None:
+        """Copy weights named as :meth:`state_tensors` names them (``legacy``: the ``/1`` layout, ``W_enc``
+        ``[d_model, d_tc]`` and ``threshold``) into this transcoder; a FileFormatError names missing or
+        extra tensors and wrong shapes."""
+        names = {"W_enc": "W_enc", "W_dec": "W_dec", "b_enc": "b_enc", "b_dec": "b_dec"}
+        if self.threshold is not None:
+            names["threshold" if legacy else THRESHOLD] = "threshold"
+        if self.W_skip is not None:
+            names["W_skip"] = "W_skip"
+        if set(tensors) != set(names):
+            raise FileFormatError(
+                f"layer {self.layer}'s file holds {sorted(tensors)}, expected {sorted(names)} "
+                f"(a {self.cfg.architecture} transcoder{' with a skip' if self.W_skip is not None else ''})"
+            )
+        with torch.no_grad():
+            for file_name, attr in names.items():
+                value = tensors[file_name].T if file_name == "W_enc" and not legacy else tensors[file_name]
+                target = getattr(self, attr)
+                if value.shape != target.shape:
+                    raise FileFormatError(
+                        f"layer {self.layer}'s {file_name} has shape {tuple(tensors[file_name].shape)}, "
+                        f"expected {tuple((target.T if file_name == 'W_enc' and not legacy else target).shape)}"
+                    )
+                target.copy_(value)
 
 
 @boundary
@@ -130,15 +178,22 @@ class TranscoderSet:
             t.check_model(model)
 
     def save(self, path: str | Path) -> Path:
-        """A folder of ``layer_{i}.safetensors`` and ``config.json`` (see the module's docstring)."""
+        """A folder of ``layer_{i}.safetensors`` and ``config.yaml`` in circuit-tracer's layout (see the
+        module's docstring); returns the folder."""
         folder = Path(path)
+        first = self.transcoders[0].cfg
+        topk = any(t.cfg.architecture == "topk" for t in self)
         cfg = {
             "format": FORMAT,
+            "model_kind": "topk_transcoder_set" if topk else "transcoder_set",
+            "model_name": first.model_name,
+            "scan": f"gpt2-interp/{first.model_name}/{first.base_fingerprint[:16]}",
+            "feature_input_hook": INPUT_SITE,
+            "feature_output_hook": OUTPUT_SITE,
             "n_layers": len(self),
-            "feature_input_hook": "ln2.hook_normalized",
-            "feature_output_hook": "hook_mlp_out",
             "layers": [asdict(t.cfg) | {"target_hook": t.target_hook, "skip": t.W_skip is not None} for t in self],
         }
+        cfg = json.loads(json.dumps(cfg))  # what a reader parses back (tuples as lists)
         cfg_text = json.dumps(cfg, sort_keys=True)
         for t in self.transcoders:
             tensors = t.state_tensors()
@@ -149,13 +204,16 @@ class TranscoderSet:
 
     @staticmethod
     def load(path: str | Path, model: HookedGPT2 | None = None) -> TranscoderSet:
-        """The set saved in folder ``path`` by :meth:`save`, each file's digest verified (IntegrityError when
-        damaged or when its config was changed); with ``model``, refused (ValueError) for other weights and
-        otherwise moved to its device."""
+        """The set saved in folder ``path`` by :meth:`save` (or in the ``/1`` layout), each file's digest
+        verified (IntegrityError when damaged or when its config was changed); with ``model``, refused
+        (ValueError) for other weights and otherwise moved to its device."""
         folder = Path(path)
-        cfg = read_json(folder / CONFIG_FILE, "transcoder config", required=("format", "n_layers", "layers"))
-        if cfg["format"] != FORMAT:
-            raise FileFormatError(f"{folder / CONFIG_FILE}: format {cfg['format']!r}, expected {FORMAT!r}")
+        legacy = not (folder / CONFIG_FILE).is_file() and (folder / LEGACY_CONFIG_FILE).is_file()
+        cfg_path = folder / (LEGACY_CONFIG_FILE if legacy else CONFIG_FILE)
+        cfg = read_json(cfg_path, "transcoder config", required=("format", "n_layers", "layers"))
+        expected_format = LEGACY_FORMAT if legacy else FORMAT
+        if cfg["format"] != expected_format:
+            raise FileFormatError(f"{cfg_path}: format {cfg['format']!r}, expected {expected_format!r}")
         cfg_text = json.dumps(cfg, sort_keys=True)
         out = []
         for i, layer_cfg in enumerate(cfg["layers"]):
@@ -163,16 +221,11 @@ class TranscoderSet:
                 folder / f"layer_{i}.safetensors", kind="transcoder", allow_unverified=False
             )
             if meta.get("config") != cfg_text:
-                raise IntegrityError(f"{folder / CONFIG_FILE} differs from the config layer {i} was saved with")
+                raise IntegrityError(f"{cfg_path} differs from the config layer {i} was saved with")
             layer_cfg = dict(layer_cfg)
             target, skip = layer_cfg.pop("target_hook"), layer_cfg.pop("skip")
             t = Transcoder(SAEConfig(**layer_cfg), i, target, skip)
-            expected = t.state_tensors()
-            if set(tensors) != set(expected):
-                raise FileFormatError(f"layer_{i}.safetensors holds {sorted(tensors)}, expected {sorted(expected)}")
-            with torch.no_grad():
-                for n, p in expected.items():
-                    p.copy_(tensors[n])
+            t.load_state_tensors(tensors, legacy=legacy)
             out.append(t.eval())
         ts = TranscoderSet(out)
         if model is not None:

@@ -473,7 +473,8 @@ class Attention(nn.Module):
                 q_len, k_len = scores.shape[-2:]
                 mask = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(k_len - q_len)
             scores = self.hook_attn_scores(scores.masked_fill(~mask, float("-inf")))
-            pattern = self.hook_pattern(torch.softmax(scores.float(), dim=-1).to(v.dtype))
+            exact = torch.promote_types(scores.dtype, torch.float32)  # half precision softmaxes in float32
+            pattern = self.hook_pattern(torch.softmax(scores.to(exact), dim=-1).to(v.dtype))
             z = pattern @ v
         else:
             causal = mask is None and q.shape[2] == k.shape[2]

@@ -55,10 +55,16 @@ def facts_graph(facts):
     return attribute(model, ts, tokens, AttributionConfig(batch_size=48, max_n_logits=3, desired_logit_prob=0.9999))
 
 
-def _zero_sources(rm: ReplacementModel) -> dict:
+def _zero_sources(rm: ReplacementModel, first: int = 1) -> dict:
+    """Every source set to zero: token embeddings, and features and errors from position ``first`` on (those
+    at earlier positions are not sources: they stay, part of the constant)."""
+
+    def zero_from(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x[:first], torch.zeros_like(x[first:])])
+
     return dict(
-        activations=[torch.zeros_like(a) for a in rm.activations],
-        errors=[torch.zeros_like(e) for e in rm.errors],
+        activations=[zero_from(a) for a in rm.activations],
+        errors=[zero_from(e) for e in rm.errors],
         embed=torch.zeros_like(rm.embed),
     )
 
@@ -101,17 +107,16 @@ def test_replacement_model_is_affine_in_one_features_activation(which, request):
     torch.testing.assert_close(outs[1].mlp_inputs[0], outs[0].mlp_inputs[0])
 
 
-@pytest.mark.parametrize("which", ["facts", "llama"])
+@pytest.mark.parametrize("which", ["facts", "llama", "llama-first-position"])
 def test_feature_and_logit_edges_sum_to_their_values(which, request):
-    model, ts, tokens = request.getfixturevalue(which)
-    graph = (
-        request.getfixturevalue("facts_graph")
-        if which == "facts"
-        else attribute(model, ts, tokens, AttributionConfig(batch_size=16, max_n_logits=4, desired_logit_prob=0.9999))
-    )
+    model, ts, tokens = request.getfixturevalue(which.split("-")[0])
+    first = 0 if which.endswith("first-position") else 1
+    cfg = AttributionConfig(batch_size=16, max_n_logits=4, desired_logit_prob=0.9999, first_position_features=not first)
+    graph = request.getfixturevalue("facts_graph") if which == "facts" else attribute(model, ts, tokens, cfg)
+    assert (graph.features[:, 1] >= first).all() and (graph.features[:, 1] == 0).any() == (first == 0)
     rm = ReplacementModel(model, ts, tokens)
     with torch.no_grad():
-        run, zero = rm.run(grad=False), rm.run(grad=False, **_zero_sources(rm))
+        run, zero = rm.run(grad=False), rm.run(grad=False, **_zero_sources(rm, first))
     pre, bias = run.pre_acts(ts), zero.pre_acts(ts)
     value = torch.stack([pre[L][0, p, f] for L, p, f in graph.features.tolist()])
     const = torch.stack([bias[L][0, p, f] for L, p, f in graph.features.tolist()])
@@ -185,7 +190,8 @@ def test_influence_is_the_matrix_power_series():
 def test_pruning_keeps_the_influential_part_and_saves_to_json(facts_graph, tmp_path):
     g = facts_graph
     full_replacement, full_completeness = graph_scores(g)
-    pruned = prune_graph(g)
+    # untrained transcoders: errors carry most of the influence (features ~7 %), so keep 99 % of it
+    pruned = prune_graph(g, node_threshold=0.99)
     assert pruned.node_mask is not None and pruned.edge_mask is not None
     kept = int(pruned.node_mask[: g.n_features].sum())
     assert 0 < kept < g.n_features
@@ -195,15 +201,15 @@ def test_pruning_keeps_the_influential_part_and_saves_to_json(facts_graph, tmp_p
     assert not em[~nm].any() and not em[:, ~nm].any()
     feats = torch.arange(g.n_features)[nm[: g.n_features]]
     assert em[feats].any(1).all() and em[:, feats].any(0).all()
-    # kept features are among the most influential ones that make up 80% of the features' influence
+    # kept features and errors are among the most influential nodes that make up 99% of all nodes' influence
     inf = influence(normalise_rows(g.adjacency), torch.cat([torch.zeros(g.logit_index(0)), g.logit_probabilities]))
-    order, total, top = inf[: g.n_features].argsort(descending=True).tolist(), 0.0, set()
+    order, total, top = inf.argsort(descending=True).tolist(), 0.0, set()
     for i in order:
         top.add(i)
         total += float(inf[i])
-        if total >= 0.8 * float(inf[: g.n_features].sum()):
+        if total >= 0.99 * float(inf.sum()):
             break
-    assert set(feats.tolist()) <= top
+    assert set(nm[: g.token_index(0)].nonzero().flatten().tolist()) <= top
     for score in (pruned.replacement_score, pruned.completeness_score, full_replacement, full_completeness):
         assert score is not None and 0.0 <= score <= 1.0
     path = pruned.save(tmp_path / "graph.json")
@@ -240,7 +246,7 @@ def test_transcoders_train_on_all_layers_and_load_back_checked(facts, tmp_path):
     # trained dictionaries move the loss less than random ones (on these odd windows either way)
     assert abs(after.replaced_loss - clean) < abs(before.replaced_loss - clean)
     folder = ts.save(tmp_path / "tc")
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json"] + [f"layer_{i}.safetensors" for i in range(6)]
+    assert sorted(p.name for p in folder.iterdir()) == ["config.yaml"] + [f"layer_{i}.safetensors" for i in range(6)]
     back = TranscoderSet.load(folder, model)
     x = torch.randn(3, model.cfg.d_model)
     for a, b in zip(ts, back):
@@ -252,6 +258,79 @@ def test_transcoders_train_on_all_layers_and_load_back_checked(facts, tmp_path):
     (folder / "layer_2.safetensors").write_bytes(raw[:-8] + bytes(8))
     with pytest.raises(IntegrityError):
         TranscoderSet.load(folder)
+
+
+@pytest.mark.parametrize("architecture", ["relu", "batchtopk", "topk"])
+def test_transcoder_files_hold_circuit_tracers_tensors(llama, tmp_path, architecture):
+    import json
+
+    from safetensors.torch import load_file
+
+    model = llama[0]
+    cfg = TranscoderTrainConfig(d_sae=24, k=None if architecture == "relu" else 4, architecture=architecture, skip=True)
+    ts = new_transcoders(model, cfg)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for t in ts:
+            t.b_enc.copy_(torch.randn(t.b_enc.shape, generator=g))
+            t.b_dec.copy_(torch.randn(t.b_dec.shape, generator=g))
+            t.W_skip.copy_(0.1 * torch.randn(t.W_skip.shape, generator=g))
+            if t.threshold is not None:
+                t.threshold.copy_(torch.rand(t.threshold.shape, generator=g) - 0.3)  # some below zero
+    folder = ts.save(tmp_path / "tc")
+    config = json.loads((folder / "config.yaml").read_text())
+    assert config["feature_input_hook"] == "ln2.hook_normalized" and config["feature_output_hook"] == "hook_mlp_out"
+    # circuit-tracer's loader knows ReLU and JumpReLU only: a TopK set names a kind it refuses
+    assert config["model_kind"] == ("topk_transcoder_set" if architecture == "topk" else "transcoder_set")
+    x = torch.randn(7, model.cfg.d_model, generator=g)
+    for t in ts:
+        f = load_file(folder / f"layer_{t.layer}.safetensors")
+        # circuit-tracer's SingleLayerTranscoder: pre = F.linear(x, W_enc, b_enc), JumpReLU x·[x > θ] or ReLU,
+        # out = a W_dec + b_dec + x W_skipᵀ
+        pre = torch.nn.functional.linear(x, f["W_enc"], f["b_enc"])
+        if architecture == "batchtopk":
+            a = pre * (pre > f["activation_function.threshold"])
+        else:
+            a = pre.relu()
+        expected = a @ f["W_dec"] + f["b_dec"] + x @ f["W_skip"].T
+        torch.testing.assert_close(pre, t.pre_acts(x), atol=1e-5, rtol=1e-5)
+        if architecture != "topk":
+            torch.testing.assert_close(expected, t(x), atol=1e-5, rtol=1e-5)
+    back = TranscoderSet.load(folder, model)
+    for a, b in zip(ts, back):
+        assert torch.equal(a(x), b(x))
+
+
+def test_transcoder_folders_of_the_first_layout_still_load(llama, tmp_path):
+    import json
+
+    from gpt2_interp.io.files import write_json
+    from gpt2_interp.io.integrity import save_checked
+
+    model = llama[0]
+    ts = new_transcoders(model, TranscoderTrainConfig(d_sae=24, k=4, architecture="batchtopk", skip=True, seed=4))
+    with torch.no_grad():
+        for t in ts:
+            t.threshold.uniform_(0.0, 0.5)
+    # the gpt2-interp-transcoders/1 layout: config.json, W_enc [d_model, d_tc], the threshold as "threshold"
+    cfg = {
+        "format": "gpt2-interp-transcoders/1",
+        "n_layers": len(ts),
+        "feature_input_hook": "ln2.hook_normalized",
+        "feature_output_hook": "hook_mlp_out",
+        "layers": [t.cfg.__dict__ | {"target_hook": t.target_hook, "skip": True} for t in ts],
+    }
+    cfg = json.loads(json.dumps(cfg))
+    for t in ts:
+        tensors = {"W_enc": t.W_enc, "W_dec": t.W_dec, "b_enc": t.b_enc, "b_dec": t.b_dec}
+        tensors |= {"threshold": t.threshold, "W_skip": t.W_skip}
+        meta = {"format": cfg["format"], "config": json.dumps(cfg, sort_keys=True)}
+        save_checked(tmp_path / f"layer_{t.layer}.safetensors", {k: v.detach() for k, v in tensors.items()}, meta)
+    write_json(tmp_path / "config.json", cfg)
+    back = TranscoderSet.load(tmp_path, model)
+    x = torch.randn(5, model.cfg.d_model)
+    for a, b in zip(ts, back):
+        assert torch.equal(a(x), b(x))
 
 
 def test_bad_inputs_are_refused_naming_the_argument(llama):
@@ -311,15 +390,13 @@ def test_transcoder_training_resumes_from_its_checkpoint_as_if_never_stopped(lla
         train_transcoders(model, TranscoderTrainConfig(**{**cfg.__dict__, "seed": 5}), windows, checkpoint=tmp_path)
 
 
-def test_reading_feature_sources_in_slices_gives_the_same_graph(llama, monkeypatch):
-    from gpt2_interp.graphs import attribution
-
+def test_batching_targets_does_not_change_the_graph(llama):
     model, ts, tokens = llama
-    whole = attribute(model, ts, tokens, AttributionConfig(batch_size=7))
-    monkeypatch.setattr(attribution, "FEATURE_SLICE", 1)  # one feature per gather
-    sliced = attribute(model, ts, tokens, AttributionConfig(batch_size=7))
-    assert whole.n_features > 7
-    torch.testing.assert_close(sliced.adjacency, whole.adjacency, atol=1e-6, rtol=1e-6)
+    cfg = AttributionConfig(max_n_logits=4, desired_logit_prob=0.9999, first_position_features=True)
+    one = attribute(model, ts, tokens, AttributionConfig(**{**cfg.__dict__, "batch_size": 1000}))
+    sevens = attribute(model, ts, tokens, AttributionConfig(**{**cfg.__dict__, "batch_size": 7}))
+    assert one.n_features > 7 and len(one.logit_tokens) > 1  # chunks mix layers, and features with logits
+    torch.testing.assert_close(sevens.adjacency, one.adjacency, atol=1e-6, rtol=1e-5)
 
 
 def test_transcoder_training_settings_it_would_not_apply_are_refused():
