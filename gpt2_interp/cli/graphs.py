@@ -151,12 +151,15 @@ def train(args: argparse.Namespace) -> int:
 
 def _contexts_windows(args: argparse.Namespace, model: Any, record: dict[str, Any] | None) -> Any:
     """The windows the contexts are read from: ``--texts``'s (cut at the training's context size), else the
-    held-out windows of the transcoders' training record (a folder without one needs ``--texts``)."""
+    held-out windows of the transcoders' training record (transcoders without any need ``--texts``)."""
     from ..analysis.features.sae_train import heldout_windows, text_source, token_windows
 
     if args.texts is None:
-        if record is None:
-            raise ValueError("--contexts: these transcoders record no training text; name one with --texts")
+        if record is None or not record.get("heldout_windows"):
+            raise ValueError(
+                "--contexts: these transcoders' training held out no windows (or records none); name a text "
+                "with --texts"
+            )
         return heldout_windows(model, record)[: args.windows]
     ctx = int(record["context_size"]) if record is not None else min(64, model.cfg.n_ctx)
     return token_windows(model, text_source(model, args.texts), ctx)[: args.windows]
