@@ -253,7 +253,8 @@ def graph_page_data(result: ResultLike, max_edges: int = 2000) -> dict[str, Any]
 @boundary
 def view_graph(result: ResultLike, max_edges: int = 2000, highlight: str = "paths") -> View:
     """The page of the attribution graph ``result``: an
-    :class:`~gpt2_interp.graphs.attribution.AttributionGraph`, its ``to_dict()`` or its JSON read back (see the module's docstring for the fields read).
+    :class:`~gpt2_interp.graphs.attribution.AttributionGraph`, its ``to_dict()`` or its JSON read back (see
+    the module's docstring for the fields read).
 
     Nodes by layer (y: the input tokens at the bottom, each layer's feature nodes (circles) and error nodes
     (grey squares), the top output logits at the top) and token position (x); edges as curves whose width
