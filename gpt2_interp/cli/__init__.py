@@ -1,9 +1,9 @@
 """``gpt2-interp``: a thin command line over the API (parse, call, print/save).
 
 Each area registers its subcommands in its own module (``model_cmds``, ``reading``, ``probing``,
-``causal``, ``circuits``, ``editing``, ``demo``, ``experiments``, ``view``) through ``register(subparsers)``; each
-subcommand sets ``func(args)``. Commands that produce a result object print it through
-:func:`emit` (table, or ``--json``; figure with ``--out``), declared by :func:`add_output_args`.
+``causal``, ``circuits``, ``graphs``, ``editing``, ``demo``, ``experiments``, ``view``) through
+``register(subparsers)``; each subcommand sets ``func(args)``. Commands that produce a result object print it
+through :func:`emit` (table, or ``--json``; figure with ``--out``), declared by :func:`add_output_args`.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ AREAS = (
     "features",
     "causal",
     "circuits",
+    "graphs",
     "editing",
     "demo",
     "experiments",

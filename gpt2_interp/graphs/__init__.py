@@ -6,6 +6,8 @@
   and norm scales frozen), affine in its sources
 - ``attribution``: the graph of direct effects between features, errors, tokens and logits
 - ``prune``: pruning by influence on the logits; replacement and completeness scores
+- ``annotate``: what a graph's page shows about each feature (top logit effects, top-activating contexts);
+  ``AttributionGraph.view()`` is the page (:func:`gpt2_interp.views.graphs.view_graph`)
 
 Each submodule is imported on first use of one of its names.
 """
@@ -27,5 +29,6 @@ _FACE: dict[str, tuple[str, ...]] = {
     "replacement": ("ReplacementModel", "ReplacementRun"),
     "attribution": ("AttributionConfig", "AttributionGraph", "attribute"),
     "prune": ("prune_graph", "graph_scores", "influence", "normalise_rows"),
+    "annotate": ("annotate_graph",),
 }
 __all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

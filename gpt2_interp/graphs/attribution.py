@@ -43,6 +43,8 @@ from ..core.boundary import boundary
 from ..core.checks import check_count, check_number
 from ..core.result import KIND_KEY, Result
 from ..io.files import FileFormatError, read_json, write_json
+from ..views.graphs import view_graph
+from ..views.page import View
 from .replacement import ReplacementModel
 from .transcoder import TranscoderSet
 
@@ -78,7 +80,15 @@ class AttributionGraph(Result):
     the target, column the source, nodes ordered features, errors (layer-major, ``n_layers × pos``),
     tokens, logits. A pruned graph (:func:`~gpt2_interp.graphs.prune.prune_graph`) also has ``node_mask``
     ``[n_nodes]``, ``edge_mask`` ``[n_nodes, n_nodes]`` (the nodes and edges kept) and its
-    ``replacement_score`` and ``completeness_score``."""
+    ``replacement_score`` and ``completeness_score``.
+
+    What the page (:meth:`view`) shows beside the numbers, each optional: ``str_tokens`` ``[pos]`` and
+    ``logit_strs`` ``[n_logits]`` (the tokens as text, filled by :func:`attribute`); ``feature_labels``
+    ``[n_features]`` (a name per feature, e.g. from automatic interpretation); and, filled by
+    :func:`~gpt2_interp.graphs.annotate.annotate_graph` (None for a feature left out),
+    ``feature_logits`` ``[n_features]`` (``{"promoted": [[token, effect], …], "suppressed": […]}``: the
+    decoder row through the unembedding) and ``feature_contexts`` ``[n_features]`` (top-activating contexts,
+    each ``{"tokens", "acts", "max_act", "window", "position"}`` as a feature view's)."""
 
     result_kind: ClassVar[str] = "attribution_graph"
     tokens: torch.Tensor
@@ -92,6 +102,11 @@ class AttributionGraph(Result):
     edge_mask: torch.Tensor | None = None
     replacement_score: float | None = None
     completeness_score: float | None = None
+    str_tokens: list[str] | None = None
+    logit_strs: list[str] | None = None
+    feature_labels: list[str] | None = None
+    feature_logits: list[dict[str, Any] | None] | None = None
+    feature_contexts: list[list[dict[str, Any]] | None] | None = None
 
     @property
     def n_features(self) -> int:
@@ -131,6 +146,12 @@ class AttributionGraph(Result):
                 {"dtype": str(v.dtype).removeprefix("torch."), "data": v.tolist()} if torch.is_tensor(v) else v
             )
         return out
+
+    def view(self, **kwargs: Any) -> View:
+        """The interactive page of this graph (:func:`~gpt2_interp.views.graphs.view_graph`; ``kwargs`` go to
+        it): ``.save(path)`` writes it, ``.show()`` opens it, and a notebook cell displays it."""
+        fields_ = {f.name: getattr(self, f.name) for f in fields(self)}  # tensors as they are: no list copy
+        return view_graph({KIND_KEY: self.result_kind, **fields_}, **kwargs)
 
     def save(self, path: str | Path) -> Path:
         """Write the graph as JSON with a digest (:func:`~gpt2_interp.io.files.write_json`); returns the path."""
@@ -228,6 +249,8 @@ def attribute(
         logit_probabilities=logit_probs.cpu(),
         adjacency=adjacency,
         n_layers=n_layers,
+        str_tokens=[model.tokenizer.decode([i]) for i in rm.tokens.tolist()],
+        logit_strs=[model.tokenizer.decode([i]) for i in logit_tokens.tolist()],
     )
 
 

@@ -25,6 +25,7 @@ from .causal import view_average_trace, view_patch, view_traces
 from .circuits import view_circuit, view_faithfulness
 from .editing import view_edit_evaluation, view_probe, view_topk
 from .features import view_feature
+from .graphs import view_graph
 from .heatmap import as_dict
 from .lens import view_dla, view_lens, view_neuron_search, view_subupdates, view_vocab
 from .page import Part, View, text_part
@@ -53,6 +54,7 @@ VIEWS: dict[str, Callable[..., View]] = {
     "faithfulness curve": view_faithfulness,
     "feature": view_feature,
     "steering curve": view_steering,
+    "attribution_graph": view_graph,
 }
 
 #: For a dict that names no kind: the fields each kind always has, most specific first.
@@ -77,6 +79,7 @@ FIELDS: list[tuple[str, frozenset[str]]] = [
     ("faithfulness curve", frozenset({"faithfulness", "sizes", "kept", "methods"})),
     ("feature", frozenset({"latent", "contexts", "promoted", "suppressed", "histogram", "density"})),
     ("steering curve", frozenset({"scales", "target_prob", "loss_change", "kl", "baseline_prob"})),
+    ("attribution_graph", frozenset({"adjacency", "features", "logit_tokens", "logit_probabilities", "n_layers"})),
 ]
 
 
@@ -109,7 +112,7 @@ def view(result: ResultLike, **kwargs: Any) -> View:
     """The interactive :class:`~gpt2_interp.views.View` of ``result``: a result object (lens, patching,
     attribution, trace, average trace, verification, agreement, top-k comparison, edit evaluation, probe,
     vocabulary, neuron search, sub-updates, attention patterns, circuit, edge scores, faithfulness curve,
-    feature), its ``to_dict()``, or an experiment
+    feature, steering curve, attribution graph), its ``to_dict()``, or an experiment
     result (``ExperimentResult`` or its ``result.json`` as a dict), whose data is searched for the
     results it holds. ``kwargs`` go to the kind's view function. A dict of no known kind raises
     ValueError naming the kinds; a dict of a known kind that lacks a field or holds one of the wrong type

@@ -255,3 +255,50 @@ def test_a_per_position_circuit_is_drawn_by_its_edges_with_scores_summed_over_po
     d = _collapsed(c.to_dict())
     assert d["edges"] == ["input->a0.h1<q>", "a1.h2->logits", "input->logits"]
     assert d["scores"] == [2.5, -1.5, 0.25] and d["total_edges"] == graph_edges
+
+
+def test_a_saved_graph_views_as_the_live_one_and_an_unpruned_one_draws_its_largest_edges(tmp_path):
+    from dataclasses import replace
+
+    from gpt2_interp.views.graphs import graph_page_data
+
+    from .view_results import GRAPH_EDGES, small_graph
+
+    g = small_graph()
+    saved = load_result(g.save(tmp_path / "graph.json"))
+    assert kind_of(saved) == "attribution_graph"
+    del saved["result"]
+    assert kind_of(saved) == "attribution_graph"  # known by its fields too
+    live = graph_page_data(g)
+    assert graph_page_data(saved) == live  # the JSON's {"dtype", "data"} tensors draw what the tensors draw
+    assert view(saved).title == g.view().title == "Attribution graph: '<|endoftext|> a b' → ' x' (p = 0.750)"
+    # the layout: each row's nodes left to right by position, rows top to bottom logits, L1, L0, tokens
+    nodes = live["nodes"]
+    for row in {n["y"] for n in nodes}:
+        xs = sorted((n["x"], n["pos"]) for n in nodes if n["y"] == row)
+        assert [p for _, p in xs] == sorted(p for _, p in xs) and len({x for x, _ in xs}) == len(xs)
+    assert [sorted({n["y"] for n in nodes if n["kind"] == k}) for k in ("logit", "token")] == [[96], [96 + 3 * 62]]
+    # unpruned: the 5 largest |weight| edges of the whole adjacency, their nodes, every token and logit
+    data = graph_page_data(replace(g, node_mask=None, edge_mask=None), max_edges=5)
+    top5 = sorted(GRAPH_EDGES, key=lambda e: -abs(e[2]))[:5]
+    ids = [n["id"] for n in data["nodes"]]
+    drawn = [(ids[s], ids[t], w) for s, t, w in data["edges"]]
+    assert sorted(drawn) == sorted((s, t, pytest.approx(w)) for s, t, w in top5)
+    ends = {i for s, t, _ in top5 for i in (s, t)} | {9, 10, 11, 12, 13}
+    assert sorted(ids) == sorted(ends) and data["total_edges"] == len(GRAPH_EDGES)
+
+
+def test_a_graph_dict_of_the_wrong_shape_is_refused_naming_the_field():
+    from .view_results import small_graph
+
+    d = small_graph().to_dict()
+    d["adjacency"] = {"dtype": "float32", "data": [[0.0] * 13] * 13}
+    with pytest.raises(ValueError, match=r"'adjacency' has shape \(13, 13\); .* make 14 nodes: \(14, 14\) expected"):
+        view(d)
+    del d["logit_tokens"]
+    with pytest.raises(
+        ValueError, match=r"an attribution graph view needs logit_tokens; the result has fields \['activations'"
+    ):
+        view(d)
+    with pytest.raises(ValueError, match="highlight must be 'paths' or 'direct', got 'all'"):
+        small_graph().view(highlight="all")

@@ -208,3 +208,77 @@ def test_feature_page_colours_tokens_by_activation_as_the_data_say(browser, tmp_
     counts = browser.execute_script("return Array.from(arguments[0].data[0].y)", figs[1])
     assert counts == f.histogram["counts"]
     assert not_blank(browser) > 10
+
+
+def _closure(kept: np.ndarray) -> np.ndarray:
+    """``R[t, s]``: a path of kept edges leads from ``s`` to ``t`` (``kept[t, s]``: the edge ``s → t``)."""
+    r = kept.copy()
+    while True:
+        nxt = r | ((r.astype(int) @ r.astype(int)) > 0)
+        if (nxt == r).all():
+            return r
+        r = nxt
+
+
+def test_graph_page_draws_each_node_and_edge_shows_a_feature_on_hover_and_pins_its_paths(browser, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    from .view_results import small_graph
+
+    g = small_graph()
+    assert open_page(browser, g.view().save(tmp_path / "graph.html")) == []
+    nodes = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.g2v-gnode')).map(n => [+n.dataset.node, n.dataset.kind])"
+    )
+    kinds = ["feature"] * 3 + ["error"] * 6 + ["token"] * 3 + ["logit"] * 2
+    assert sorted(nodes) == sorted([i, kinds[i]] for i in g.node_mask.nonzero()[:, 0].tolist())  # one per kept node
+    edges = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.g2v-gedge'))"
+        ".map(e => [+e.dataset.s, +e.dataset.t, +e.dataset.w])"
+    )
+    kept = g.edge_mask.numpy()
+    assert sorted(edges) == sorted([s, t, float(g.adjacency[t, s])] for t, s in zip(*np.nonzero(kept)))
+    assert len(edges) == 11  # GRAPH_EDGES but the pruned one
+    y = {i: browser.execute_script(
+        "return document.querySelector('.g2v-gnode[data-node=\"' + arguments[0] + '\"]').getBoundingClientRect().top", i
+    ) for i in (9, 0, 2, 12)}  # fmt: skip
+    assert y[12] < y[2] < y[0] < y[9]  # logits at the top, then layer 1, layer 0, tokens at the bottom
+
+    def node(i: int):
+        return browser.find_element(By.CSS_SELECTOR, f'.g2v-gnode[data-node="{i}"]')
+
+    ActionChains(browser).move_to_element(node(2)).perform()
+    tip = browser.find_element(By.CSS_SELECTOR, ".g2v-gtip")
+    text = tip.text
+    assert tip.is_displayed() and "says Paris (L1 F3) · position 2 '␣b'" in text and "activation 2.0000" in text, text
+    assert "promotes ␣Paris +1.500" in text and "suppresses ␣Rome -0.8750" in text  # its top logit effects
+    assert "direct effect on the logits: ␣x +2.000, ␣y -0.7000" in text and "the capital" in text  # and a context
+
+    def highlighted() -> list[list[int]]:
+        return sorted(browser.execute_script(
+            "return Array.from(document.querySelectorAll('.g2v-gedge.g2v-hl')).map(e => [+e.dataset.s, +e.dataset.t])"
+        ))  # fmt: skip
+
+    reach = _closure(kept)
+    for pinned in (0, 2):  # a layer-0 feature, then the layer-1 one: every edge on a path through it
+        ActionChains(browser).click(node(pinned)).perform()
+        up = reach[pinned] | (np.arange(len(kept)) == pinned)  # nodes with a path into it, and itself
+        down = reach[:, pinned] | (np.arange(len(kept)) == pinned)  # nodes it reaches, and itself
+        ref = [[s, t] for t, s in zip(*np.nonzero(kept)) if (up[t] and up[s]) or (down[s] and down[t])]
+        assert highlighted() == sorted(ref) and len(ref) >= 4
+        assert "g2v-pinned" in node(pinned).get_attribute("class")
+        assert "pinned: " in browser.find_element(By.CSS_SELECTOR, ".g2v-ginfo").text
+        if pinned == 0:  # its source's edge and its target's edges count; its sibling's (feature 1's) do not
+            assert [10, 0] in highlighted() and [2, 12] in highlighted() and [1, 2] not in highlighted()
+    browser.execute_script(
+        "var s = document.querySelector('select[aria-label=highlight]'); s.value = 'direct'; s.onchange()"
+    )
+    assert highlighted() == sorted([s, t] for t, s in zip(*np.nonzero(kept)) if 2 in (s, t))  # its own edges only
+    ActionChains(browser).click(node(2)).perform()  # clicking it again unpins it
+    assert highlighted() == [] and not browser.find_elements(By.CSS_SELECTOR, ".g2v-pinned, .g2v-pinmode")
+    browser.execute_script(
+        "var r = document.querySelector('input[aria-label=\"edge threshold\"]'); r.value = 0.3; r.oninput()"
+    )
+    hidden = browser.execute_script("return document.querySelectorAll('.g2v-gedge.g2v-ghide').length")
+    assert hidden == sum(abs(w) < 0.3 * 2.0 for s, t, w in edges)  # below 30% of the largest |weight| (2.0)
+    assert not_blank(browser) > 10

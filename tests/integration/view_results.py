@@ -1,4 +1,5 @@
-"""Small circuit, faithfulness-curve and feature results built by hand (no model run), shared by the view tests."""
+"""Small circuit, faithfulness-curve, feature and attribution-graph results built by hand (no model run), shared
+by the view tests."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import torch
 
 from gpt2_interp.analysis.circuits import EdgeScores, FaithfulnessCurve, Graph, circuit
 from gpt2_interp.analysis.features import FeatureView
+from gpt2_interp.graphs.attribution import AttributionGraph
 
 
 def edge_scores_2x4x2() -> EdgeScores:
@@ -59,4 +61,50 @@ def small_feature() -> FeatureView:
         histogram={"counts": [5.0, 2.0, 0.0, 1.0], "edges": [0.0, 1.0, 2.0, 3.0, 4.0]},
         density=0.04,
         tokens=200,
+    )
+
+
+#: The edges of :func:`small_graph` as ``(source, target, weight)``: node indices, features 0–2, errors 3–8
+#: (layer 0 at positions 0–2, then layer 1), tokens 9–11, logits 12–13.
+GRAPH_EDGES = [
+    (10, 0, 0.8), (11, 1, 0.6), (10, 1, -0.3),  # tokens into the layer-0 features
+    (0, 2, 1.25), (1, 2, -0.5), (5, 2, 0.2),  # layer-0 features and an error into the layer-1 feature
+    (2, 12, 2.0), (1, 12, 0.4), (8, 12, -0.1), (11, 12, 0.3), (2, 13, -0.7),  # into the logits
+    (0, 13, 0.05),  # pruned away: in the adjacency, not in the edge mask
+]  # fmt: skip
+
+
+def small_graph() -> AttributionGraph:
+    """A pruned attribution graph of 2 layers, 3 positions, 3 features and 2 logits, edges :data:`GRAPH_EDGES`
+    (all kept but the last); the error nodes without an edge are pruned; the layer-1 feature carries a
+    label, top logit effects and a context."""
+    n = 3 + 2 * 3 + 3 + 2
+    adjacency = torch.zeros(n, n)
+    for s, t, w in GRAPH_EDGES:
+        adjacency[t, s] = w
+    edge_mask = adjacency != 0
+    edge_mask[13, 0] = False
+    node_mask = torch.ones(n, dtype=torch.bool)
+    node_mask[[3, 4, 6, 7]] = False
+    return AttributionGraph(
+        tokens=torch.tensor([50256, 64, 65]),
+        features=torch.tensor([[0, 1, 5], [0, 2, 7], [1, 2, 3]]),
+        activations=torch.tensor([1.5, 0.5, 2.0]),
+        logit_tokens=torch.tensor([20, 21]),
+        logit_probabilities=torch.tensor([0.75, 0.125]),
+        adjacency=adjacency,
+        n_layers=2,
+        node_mask=node_mask,
+        edge_mask=edge_mask,
+        replacement_score=0.5,
+        completeness_score=0.875,
+        str_tokens=["<|endoftext|>", " a", " b"],
+        logit_strs=[" x", " y"],
+        feature_labels=["country", "capital", "says Paris"],
+        feature_logits=[None, None, {"promoted": [[" Paris", 1.5]], "suppressed": [[" Rome", -0.875]]}],
+        feature_contexts=[
+            None,
+            None,
+            [{"tokens": [" the", " capital"], "acts": [0.5, 2.5], "max_act": 2.5, "window": 3, "position": 1}],
+        ],
     )
