@@ -169,14 +169,14 @@ def build(args: argparse.Namespace) -> int:
     from ..graphs.annotate import annotate_graph
     from ..graphs.attribution import AttributionConfig, attribute
     from ..graphs.prune import prune_graph
-    from ..graphs.transcoder import CONFIG_FILE, TranscoderSet
+    from ..graphs.transcoder import CONFIG_FILE, LEGACY_CONFIG_FILE, TranscoderSet
 
     if not args.prompt.strip():
         raise ValueError("--prompt is empty; give the text whose next token the graph explains")
     folder = Path(args.transcoders).expanduser()
     if not folder.is_dir():
         raise FileNotFoundError(f"--transcoders {args.transcoders}: no such folder; give one `graph train --out` wrote")
-    if not (folder / CONFIG_FILE).is_file():
+    if not any((folder / name).is_file() for name in (CONFIG_FILE, LEGACY_CONFIG_FILE)):
         raise FileNotFoundError(f"--transcoders {args.transcoders}: no {CONFIG_FILE}; not a folder `graph train` wrote")
     if args.texts is not None:
         _check_texts(args.texts)

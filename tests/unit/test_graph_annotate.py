@@ -18,7 +18,8 @@ def test_annotations_equal_each_kept_features_feature_view(facts_model):
     model = facts_model
     ts = new_transcoders(model, TranscoderTrainConfig(d_sae=64, k=8, seed=1))
     tokens = model.to_tokens("The capital of France is")[0]
-    graph = prune_graph(attribute(model, ts, tokens, AttributionConfig(batch_size=48, max_n_logits=3)))
+    graph = attribute(model, ts, tokens, AttributionConfig(batch_size=48, max_n_logits=3))
+    graph = prune_graph(graph, node_threshold=0.99)  # random transcoders: the error nodes carry most influence
     windows = token_windows(model, text_source(model, "facts")[:60], 16)[:24]
     out = annotate_graph(graph, model, ts, windows, n_logits=4, n_contexts=3, context=5)
     assert out.str_tokens == model.to_str_tokens(tokens) and out.logit_strs == graph.logit_strs
