@@ -4,7 +4,8 @@ receiver of a later layer" (and the sequential graph's extra head → own-MLP ed
 :func:`run_with_edges` against hand-written hooks that add one sender's corrupted − clean output to one
 receiver's input — an MLP's input rebuilt from transformers' own norm and MLP modules of that layer applied to
 the block's input; EAP and EAP-IG (both paths) against the derivative of that hand-written patch, scaled by
-ε, taken by ``torch.autograd`` at the clean run (EAP) or at the path's midpoints (EAP-IG).
+ε, taken by ``torch.autograd`` at the clean run (EAP) or at the path's midpoints (EAP-IG); a circuit's file keeping
+its parallel graph, the whole graph's faithfulness 1, and a model with sequential blocks refused.
 
 Run: ``pytest -p no:cacheprovider -q tests/integration/test_parallel_circuits.py``."""
 
@@ -15,7 +16,17 @@ import re
 import pytest
 import torch
 
-from gpt2_interp.analysis.circuits import Graph, edge_patch, edge_scores, graph_of, pairs_of, run_with_edges
+from gpt2_interp.analysis.circuits import (
+    Circuit,
+    Graph,
+    circuit,
+    edge_patch,
+    edge_scores,
+    evaluate,
+    graph_of,
+    pairs_of,
+    run_with_edges,
+)
 from gpt2_interp.analysis.metrics import logit_diff
 
 transformers = pytest.importorskip("transformers")
@@ -251,3 +262,17 @@ def test_parallel_eap_and_eap_ig_are_the_autograd_derivative_of_the_hand_written
                 want,
             )
     assert max(abs(float(v)) for v in got["eap", "inputs"]) > 1e-3, family
+
+
+def test_a_parallel_circuit_keeps_its_graph_through_a_file_and_refuses_sequential_blocks(case, tmp_path):
+    family, _, ours, clean, corrupted = case
+    scores = edge_scores(ours, clean, corrupted, METRIC, method="eap", progress=False)
+    circ = evaluate(ours, circuit(scores, top=20), clean, corrupted, METRIC, completeness=False)
+    back = Circuit.load(circ.save(tmp_path / "c.json"))
+    assert back.parallel and back.graph.edges == graph_of(ours).edges, family
+    # the whole graph as a circuit reproduces the clean run: faithfulness 1
+    whole = evaluate(ours, circuit(scores, fraction=1.0, prune_dangling=False), clean, corrupted, METRIC)
+    assert abs(whole.faithfulness - 1) < 1e-4 and abs(whole.completeness) < 1e-4, family
+    _, _, sequential = family_pair("gpt_neox-sequential")  # the same sizes, sequential blocks: another graph
+    with pytest.raises(ValueError, match=r"parallel blocks.*sequential blocks"):
+        back.check_model(sequential)
