@@ -281,21 +281,23 @@ def _edge_by_hand(ours, clean, c, k, metric, edge: str) -> float:
 @torch.no_grad()
 def test_edge_patching_equals_a_hand_written_hook_loop(pair):
     """Edges into a query head, a key/value head (grouped-query), an MLP and the logits; every edge patched
-    gives the corrupted run. A family that normalises each block output (Gemma, OLMo 2) has no head-level
-    edges (the residual is not a sum of the heads' outputs) and parallel blocks (GPT-NeoX, GPT-J) feed
-    their MLP from the block's input: both are refused by name."""
+    gives the corrupted run. Parallel blocks (GPT-NeoX, GPT-J) feed their MLP from the block's input, so a
+    layer's heads have no edge to its own MLP. A family that normalises each block output (Gemma, OLMo 2) has
+    no head-level edges (the residual is not a sum of the heads' outputs): refused by name."""
     family, _, ours = pair
     clean = ours.to_tokens(PROMPT)
     corr = clean.clone()
     corr[0, 2], corr[0, 5] = 9, 11
     metric = logit_diff(5, 6)
-    if ours.cfg.norm_position != "pre" or ours.cfg.parallel != "none":
-        with pytest.raises(ValueError, match=r"norm_position=|parallel="):
+    if ours.cfg.norm_position != "pre":
+        with pytest.raises(ValueError, match=r"norm_position="):
             graph_of(ours)
         return
     graph = graph_of(ours)
     pairs = pairs_of(ours, clean, corr, metric)
-    edges = ["input->a0.h1<q>", "a0.h2->a1.h1<k>", "a0.h3->a1.h0<v>", "a0.h0->m0", "m0->m1", "a1.h0->logits"]
+    into_mlp = "a0.h0->m1" if ours.cfg.parallel != "none" else "a0.h0->m0"
+    assert ("a0.h0->m0" in graph.edges) == (ours.cfg.parallel == "none"), family
+    edges = ["input->a0.h1<q>", "a0.h2->a1.h1<k>", "a0.h3->a1.h0<v>", into_mlp, "m0->m1", "a1.h0->logits"]
     exact = edge_patch(ours, graph, pairs, edges=[graph.edges.index(e) for e in edges])
     _, c = ours.run_with_cache(clean)
     _, k = ours.run_with_cache(corr)

@@ -6,7 +6,7 @@ scores with dangling nodes pruned, and their faithfulness measured exactly.
 >>> c = evaluate(model, circuit(scores, top=200), clean, corrupted, logit_diff(" Paris", " Rome"))
 >>> c.faithfulness, c.save("circuit.json")
 
-- ``graph``: :class:`Graph` and :func:`graph_of` (senders, receivers, edges; GPT-2 and GQA alike);
+- ``graph``: :class:`Graph` and :func:`graph_of` (senders, receivers, edges; GPT-2, GQA and parallel blocks alike);
   :class:`CircuitWarning` for degenerate results (no edges, fewer pairs, non-finite scores)
 - ``edges``: :func:`pairs_of`, :func:`run_with_edges` (any set of edges patched), :func:`edge_patch` (exact)
 - ``scores``: :func:`edge_scores` → :class:`EdgeScores`

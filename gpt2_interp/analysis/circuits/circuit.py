@@ -129,7 +129,9 @@ class Circuit(Result):
     - ``positions``: per position, each edge's position (parallel to ``edges``; None for a circuit of whole
       edges) and ``n_pos`` the prompts' length; ``total_edges`` then counts (position, edge) items;
     - ``model_name``, ``weights``: the model the circuit was found on and its weights fingerprint (None: not
-      recorded, as in older files); :meth:`check_model` refuses another model.
+      recorded, as in older files); :meth:`check_model` refuses another model;
+    - ``parallel``: the model has parallel blocks (no edge from a layer's heads to its own MLP; see
+      :func:`~gpt2_interp.analysis.circuits.graph.graph_of`).
     """
 
     result_kind = "circuit"
@@ -148,6 +150,7 @@ class Circuit(Result):
     n_pos: int | None = None
     model_name: str | None = None
     weights: str | None = None
+    parallel: bool = False
     _mask: torch.Tensor | None = field(default=None, repr=False)
 
     @property
@@ -163,7 +166,7 @@ class Circuit(Result):
     @property
     def graph(self) -> Graph:
         """The graph the circuit lives in."""
-        return Graph(self.n_layer, self.n_head, self.n_kv, model=self.model_name)
+        return Graph(self.n_layer, self.n_head, self.n_kv, model=self.model_name, parallel=self.parallel)
 
     def check_model(self, model: HookedGPT2) -> None:
         """Refuse (ValueError naming both models) a model this circuit was not found on: other sizes than its
@@ -208,6 +211,7 @@ class Circuit(Result):
             self.graph.n_edges,
             model_name=self.model_name,
             weights=self.weights,
+            parallel=self.parallel,
         )
 
     def nodes(self) -> list[str]:
@@ -267,11 +271,12 @@ class Circuit(Result):
         """A circuit from a JSON file written by :meth:`save` (its digest checked); a ValueError naming the
         file (and the field) for one that is not a circuit file, is damaged, holds a field of the wrong type or
         does not fit its own graph. Files written before circuits recorded their model load with
-        ``model_name``/``weights`` None."""
+        ``model_name``/``weights`` None, and a file without ``parallel`` as a circuit of sequential blocks."""
         need = ("edges", "scores", "method", "metric", "n_layer", "n_head", "n_kv", "total_edges")
         optional = ("faithfulness", "completeness", "positions", "n_pos", "model_name", "weights")
         data = read_json(path, "circuit", required=need)
         fields: dict[str, Any] = {k: data[k] for k in need} | {k: data.get(k) for k in optional}
+        fields["parallel"] = data.get("parallel", False)
         try:
             c = cls(**fields)
             graph = c.graph
@@ -478,6 +483,7 @@ def _circuit_of(
         n_pos=keep.shape[0] if keep.ndim == 2 else None,
         model_name=scores.model_name,
         weights=scores.weights,
+        parallel=graph.parallel,
         _mask=keep.clone(),
     )
 

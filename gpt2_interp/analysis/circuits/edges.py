@@ -190,11 +190,7 @@ class _Corrupted:
 
 def _corrupted(model: HookedGPT2, graph: Graph, pairs: Pairs) -> _Corrupted:
     L = model.cfg.n_layer
-    where = {"q": "hook_resid_pre", "k": "hook_resid_pre", "v": "hook_resid_pre", "mlp": "hook_resid_mid"}
-    source = {
-        g.name: f"blocks.{g.layer}.{where[g.kind]}" if g.kind != "logits" else f"blocks.{L - 1}.hook_resid_post"
-        for g in graph.groups
-    }
+    source = {g.name: graph.input_of(g) for g in graph.groups}
     names = list(dict.fromkeys([*sender_hooks(model), *source.values()]))
     c = _cache(model, pairs.corrupted, pairs.mask, names)
     return _Corrupted(
@@ -431,8 +427,8 @@ def edge_patch(
     with split_inputs(model):
         _, diff = sender_differences(model, pairs)
         resid = [f"blocks.{l}.hook_resid_pre" for l in range(n_layer)]
-        mids = [f"blocks.{l}.hook_resid_mid" for l in range(n_layer)]
-        names = list(dict.fromkeys(resid + mids + [entry_name(model, n_layer)] + kv_names(model, 0)))
+        inputs = [graph.input_of(g) for g in graph.groups]  # each receiver's input before the patch
+        names = list(dict.fromkeys(resid + inputs + [entry_name(model, n_layer)] + kv_names(model, 0)))
         cache = _cache(model, pairs.clean, pairs.mask, names)
         entries = {s: cache[entry_name(model, s)] for s in range(n_layer + 1)}
         group_of = torch.empty(graph.n_receivers, dtype=torch.long)
@@ -516,12 +512,7 @@ def _edge_rows(
         rows = (which[:, None] * n + torch.arange(n)[None]).flatten()  # [m]
         e = part[which].repeat_interleave(n)
         p_idx = torch.arange(n).repeat(which.numel())
-        if g.kind == "mlp":
-            base_in = cache[f"blocks.{g.layer}.hook_resid_mid"]
-        elif g.kind == "logits":
-            base_in = entries[n_layer]
-        else:
-            base_in = cache[f"blocks.{g.layer}.hook_resid_pre"]
+        base_in = cache[graph.input_of(g)]  # [n, pos, d_model]
         where = at[which].repeat_interleave(n)  # [m]
         if bool((where < 0).all()):
             p = pos

@@ -15,6 +15,12 @@ The receivers' inputs are the model's split hook points (TransformerLens's
 ``[batch, pos, n_head, d_model]``, ``hook_k_input``/``hook_v_input`` ``[batch, pos, n_kv, d_model]``,
 ``hook_mlp_in`` ``[batch, pos, d_model]``, and ``blocks.{n-1}.hook_resid_post`` for the logits.
 
+**Parallel blocks** (GPT-NeoX with ``use_parallel_residual``, GPT-J: config ``parallel`` ``"two_norms"`` or
+``"one_norm"``) add ``attn(ln1(x)) + mlp(ln(x))`` to the block's input ``x``: the MLP of layer ``l`` reads
+the same residual as that layer's heads, the sum of every sender before layer ``l``, so there is no edge
+``a{l}.h{h} → m{l}``; its input hook ``hook_mlp_in`` is a copy of ``hook_resid_pre`` (not ``hook_resid_mid``,
+which such a block does not have). :meth:`Graph.input_of` names the residual each receiver reads.
+
 Scores and masks are ``[n_senders, n_receivers]`` matrices, ``-inf``/False where no edge exists
 (``Graph.valid``); :meth:`Graph.flat` lists the edges' values in ``Graph.edges`` order.
 """
@@ -56,19 +62,23 @@ class Graph:
     - ``senders``: names, in forward order: ``input``, then per layer ``a{l}.h0…`` and ``m{l}``;
     - ``receivers``: names, per layer ``<q>`` of each head, ``<k>``/``<v>`` of each KV head, ``m{l}``, then ``logits``;
     - ``sender_stage``/``receiver_stage`` ``[n]``: position in the forward pass (``input`` 0, the
-      heads of layer ``l`` read at and write after ``2l + 1``, its MLP at ``2l + 2``); an edge exists
-      where the sender's stage is below the receiver's (``valid`` ``[n_senders, n_receivers]``);
+      heads of layer ``l`` read at and write after ``2l + 1``, its MLP writes after ``2l + 2`` and reads at
+      ``2l + 2``, or with ``parallel`` at ``2l + 1``, beside the heads); an edge exists where the sender's
+      stage is below the receiver's (``valid`` ``[n_senders, n_receivers]``);
     - ``groups``: the receivers by hook point (:class:`Receivers`), in forward order;
-    - ``n_layer``, ``n_head``, ``n_kv``: the model's sizes (each ≥ 1); ``model``: the name of the model the
+    - ``n_layer``, ``n_head``, ``n_kv``: the model's sizes (each ≥ 1); ``parallel``: parallel blocks (each
+      MLP reads its block's input, no edge from its own layer's heads); ``model``: the name of the model the
       graph was built for (None: not known), named when another model does not fit it.
     """
 
-    def __init__(self, n_layer: int, n_head: int, n_kv: int, model: str | None = None) -> None:
+    def __init__(self, n_layer: int, n_head: int, n_kv: int, model: str | None = None, parallel: bool = False) -> None:
         for what, value in (("n_layer", n_layer), ("n_head", n_head), ("n_kv", n_kv)):
             check_count(value, f"Graph(): {what}")
         if n_head % n_kv:
             raise ValueError(f"Graph(): n_kv {n_kv} must divide n_head {n_head} (each KV head serves a group of heads)")
-        self.n_layer, self.n_head, self.n_kv, self.model = n_layer, n_head, n_kv, model
+        if not isinstance(parallel, bool):
+            raise TypeError(f"Graph(): parallel must be a bool, got {parallel!r}")
+        self.n_layer, self.n_head, self.n_kv, self.model, self.parallel = n_layer, n_head, n_kv, model, parallel
         self.senders = ["input"]
         stages = [0]
         for l in range(n_layer):
@@ -88,7 +98,7 @@ class Graph:
             add("q", l, f"blocks.{l}.hook_q_input", [f"a{l}.h{h}<q>" for h in range(n_head)], 2 * l + 1)
             for kind in ("k", "v"):
                 add(kind, l, f"blocks.{l}.hook_{kind}_input", [f"a{l}.h{g}<{kind}>" for g in range(n_kv)], 2 * l + 1)
-            add("mlp", l, f"blocks.{l}.hook_mlp_in", [f"m{l}"], 2 * l + 2)
+            add("mlp", l, f"blocks.{l}.hook_mlp_in", [f"m{l}"], 2 * l + 1 if parallel else 2 * l + 2)
         add("logits", n_layer, f"blocks.{n_layer - 1}.hook_resid_post", ["logits"], 2 * n_layer + 1)
         self.receiver_stage = torch.tensor(rstages)
         self.valid = self.sender_stage[:, None] < self.receiver_stage[None, :]
@@ -129,6 +139,17 @@ class Graph:
         out[..., self._edge_s, self._edge_r] = flat
         return out
 
+    def input_of(self, group: Receivers) -> str:
+        """The residual-stream hook whose value is ``group``'s input before any patch (every receiver's input
+        is a copy of it): ``blocks.{l}.hook_resid_pre`` for the heads' q/k/v inputs and, in parallel blocks,
+        the MLP's; ``blocks.{l}.hook_resid_mid`` for a sequential block's MLP; ``blocks.{n-1}.hook_resid_post``
+        for the logits."""
+        if group.kind == "logits":
+            return f"blocks.{self.n_layer - 1}.hook_resid_post"
+        if group.kind == "mlp" and not self.parallel:
+            return f"blocks.{group.layer}.hook_resid_mid"
+        return f"blocks.{group.layer}.hook_resid_pre"
+
     def edge(self, name: str) -> int:
         """The index of edge ``name`` (``"a0.h1->a2.h3<q>"``) in :attr:`edges`; KeyError (with the
         closest names) for an unknown edge."""
@@ -160,11 +181,13 @@ class Graph:
         ``what`` names the object made for the graph (``"this circuit"``), ``made_for`` its model (default:
         the graph's)."""
         c = model.cfg
-        if (c.n_layer, c.n_head, c.n_kv) != (self.n_layer, self.n_head, self.n_kv):
+        par = c.parallel != "none"
+        if (c.n_layer, c.n_head, c.n_kv, par) != (self.n_layer, self.n_head, self.n_kv, self.parallel):
             made_for = made_for or self.model or "a model whose name was not recorded"
             raise ValueError(
                 f"{what} {_was(what)} made for {made_for} ({self.n_layer} layers × {self.n_head} heads, {self.n_kv} "
-                f"KV heads); the model is {c.name} ({c.n_layer} × {c.n_head}, {c.n_kv} KV heads): "
+                f"KV heads{_blocks(self.parallel, par)}); the model is {c.name} ({c.n_layer} × {c.n_head}, {c.n_kv} "
+                f"KV heads{_blocks(par, self.parallel)}): "
                 + (
                     "build the graph with graph_of(model)"
                     if what == "this graph"
@@ -175,10 +198,11 @@ class Graph:
             )
 
     def describe(self) -> str:
-        """``"graph: 301 senders, 481 receivers, 72 000 edges (30 layers × 9 heads, 3 KV heads)"``."""
+        """``"graph: 301 senders, 481 receivers, 72 000 edges (30 layers × 9 heads, 3 KV heads)"`` (``, parallel
+        blocks`` added for a graph of parallel blocks)."""
         return (
             f"graph: {self.n_senders} senders, {self.n_receivers} receivers, {self.n_edges} edges "
-            f"({self.n_layer} layers × {self.n_head} heads, {self.n_kv} KV heads)"
+            f"({self.n_layer} layers × {self.n_head} heads, {self.n_kv} KV heads{', parallel blocks' * self.parallel})"
         )
 
     def __repr__(self) -> str:
@@ -190,11 +214,13 @@ def graph_of(model: HookedGPT2) -> Graph:
     """The sender/receiver :class:`Graph` of ``model`` (GPT-2 and Llama-family configs alike; under
     grouped-query attention the key and value receivers are the ``n_kv`` KV heads).
 
+    Parallel blocks (config ``parallel`` not ``"none"``: GPT-NeoX/Pythia with ``use_parallel_residual``,
+    GPT-J) give a graph whose MLP of layer ``l`` reads the block's input, the sum of the senders before layer
+    ``l``: it has every edge of the sequential graph except ``a{l}.h{h} → m{l}`` (``Graph.parallel``).
+
     Refused (ValueError): a model that normalises each attention or MLP output before adding it
     (``norm_position`` ``"sandwich"`` or ``"post"``: Gemma, OLMo 2), whose residual stream is not a sum of
-    the heads' outputs, so a head has no edge of its own; and parallel blocks (GPT-NeoX, GPT-J), whose MLP
-    reads the block's input rather than the residual after attention, which this graph's MLP receivers
-    and their edge patching assume."""
+    the heads' outputs, so a head has no edge of its own."""
     c = model.cfg
     if c.norm_position != "pre":
         raise ValueError(
@@ -202,13 +228,7 @@ def graph_of(model: HookedGPT2) -> Graph:
             f"attention and MLP output before adding it (norm_position={c.norm_position!r}), so a head has no "
             "edge of its own: use patch() per head or attribute() instead"
         )
-    if c.parallel != "none":
-        raise ValueError(
-            f"edge circuits are built for sequential blocks; {c.name} has parallel blocks (parallel="
-            f"{c.parallel!r}: the MLP reads the block's input, not the residual after attention): use patch() "
-            "per head or attribute() instead"
-        )
-    return Graph(c.n_layer, c.n_head, c.n_kv, model=c.name)
+    return Graph(c.n_layer, c.n_head, c.n_kv, model=c.name, parallel=c.parallel != "none")
 
 
 class CircuitWarning(UserWarning):
@@ -240,6 +260,13 @@ def refuse_other_model(
             f"{what} {_was(what)} made for {made_for or 'another model'} (weights {weights[:12]}…); the model is "
             f"{model.cfg.name} (weights {fp[:12]}…): {it} computed on, so use them with that model"
         )
+
+
+def _blocks(parallel: bool, other: bool) -> str:
+    """How a model's blocks read, for a message where ``other`` (the other side's) differs: ``""`` when both agree."""
+    if parallel == other:
+        return ""
+    return ", parallel blocks" if parallel else ", sequential blocks"
 
 
 def _was(what: str) -> str:

@@ -6,9 +6,10 @@ estimated from gradients (EAP, EAP-IG) or measured exactly (edge patching).
 - ``"eap-ig"`` (Hanna et al. 2024): the same product with the gradient averaged over ``ig_steps``
   points of a path from the clean to the corrupted run (midpoints ``α = (i + ½)/m``). ``ig_path="inputs"``
   (the paper's): the input embedding is interpolated and the gradients are read at every receiver;
-  ``ig_path="activations"``: for each layer, only that layer's receiver inputs are interpolated
-  between their clean and corrupted values, everything upstream at the clean run (one pass per
-  layer and step, as node attribution's activation path).
+  ``ig_path="activations"``: for each receiver stage (a layer's q/k/v inputs; its MLP input, read with
+  them in a parallel block and after them otherwise; the logits), only that stage's receiver inputs are
+  interpolated between their clean and corrupted values, everything upstream at the clean run (one pass
+  per stage and step, as node attribution's activation path).
 - ``"exact"``: :func:`~gpt2_interp.analysis.circuits.edges.edge_patch` on every edge (or ``edges``).
 
 Scores are the mean over pairs of ``M(patched) − M(clean)``: the sign says whether the corrupted
@@ -298,17 +299,19 @@ def final_resid_logits(model: HookedGPT2, tokens: torch.Tensor, mask: torch.Tens
 def _activation_path_grads(
     model: HookedGPT2, graph: Graph, pairs: Pairs, rows: slice, readout: Readout, steps: int
 ) -> torch.Tensor:
-    """``[b, p, n_receivers, d_model]``: per receiver stage (a layer's q/k/v inputs, its MLP input,
-    the logits), ∂M/∂in_r averaged over ``steps`` midpoints of that stage's inputs interpolated
-    between their clean and corrupted values, the run started at the stage's layer from the clean
-    residual stream (upstream unchanged, downstream computed)."""
+    """``[b, p, n_receivers, d_model]``: per receiver stage (a layer's q/k/v inputs, its MLP input — read
+    beside the q/k/v inputs in a parallel block, so interpolated with them — the logits), ∂M/∂in_r averaged
+    over ``steps`` midpoints of that stage's inputs interpolated between their clean and corrupted values,
+    the run started at the stage's layer from the clean residual stream (upstream unchanged, downstream
+    computed)."""
     n_layer = model.cfg.n_layer
     tokens, ctok = pairs.clean[rows], pairs.corrupted[rows]
     mask = None if pairs.mask is None else pairs.mask[rows]
-    names = [f"blocks.{l}.hook_resid_pre" for l in range(n_layer)] + [
-        f"blocks.{l}.hook_resid_mid" for l in range(n_layer)
-    ]
-    names.append(f"blocks.{n_layer - 1}.hook_resid_post")
+    names = list(
+        dict.fromkeys(
+            [f"blocks.{l}.hook_resid_pre" for l in range(n_layer)] + [graph.input_of(g) for g in graph.groups]
+        )
+    )
     with torch.no_grad():
         _, c0 = model.run_with_cache(tokens, attention_mask=mask, names_filter=names, return_type=None)
         _, c1 = model.run_with_cache(ctok, attention_mask=mask, names_filter=names, return_type=None)
@@ -317,16 +320,13 @@ def _activation_path_grads(
     b, P = tokens.shape
     out = torch.zeros(b, P, graph.n_receivers, model.cfg.d_model, dtype=torch.float32, device=model.device)
     alphas = torch.tensor([(i + 0.5) / steps for i in range(steps)])
-    by_stage: dict[tuple[int, str], list[int]] = {}
+    by_stage: dict[int, list[int]] = {}  # receiver stage -> its groups (all read one residual)
     for i, g in enumerate(graph.groups):
-        by_stage.setdefault(
-            (g.layer, "mlp" if g.kind == "mlp" else g.kind if g.kind == "logits" else "attn"), []
-        ).append(i)
-    for (layer, part), idx in by_stage.items():
-        src = "hook_resid_mid" if part == "mlp" else "hook_resid_pre"
-        lay = min(layer, n_layer - 1)
-        a0 = c0[f"blocks.{lay}.{src}" if part != "logits" else f"blocks.{n_layer - 1}.hook_resid_post"]
-        a1 = c1[f"blocks.{lay}.{src}" if part != "logits" else f"blocks.{n_layer - 1}.hook_resid_post"]
+        by_stage.setdefault(int(graph.receiver_stage[g.first]), []).append(i)
+    for idx in by_stage.values():
+        source = graph.input_of(graph.groups[idx[0]])
+        lay = min(graph.groups[idx[0]].layer, n_layer - 1)
+        a0, a1 = c0[source], c1[source]
         s = alphas.numel()
         path = a0[None] + alphas.view(-1, 1, 1, 1).to(a0) * (a1 - a0)[None]  # [s, b, p, d]
         path = rearrange(path, "s b p d -> (s b) p d")
