@@ -478,6 +478,7 @@ def test_cli_edit_many_requests_memit_and_alphaedit(tiny, tmp_path, monkeypatch,
 
 
 @pytest.mark.slow
+@pytest.mark.full  # the benchmark script end to end (~40 s); what it times is tested above
 def test_mass_editing_benchmark_runs(tmp_path):
     """The benchmark's smallest run: a handful of edits, its table written (speed is its job, not ours)."""
     out = tmp_path / "r.md"
