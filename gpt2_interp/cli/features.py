@@ -53,8 +53,22 @@ def _eval_text_args(p: argparse.ArgumentParser) -> None:
     ratio.add_argument("--keep-outliers", action="store_true", help="leave out no norm outliers (BOS only)")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def add_dictionary_args(p: argparse.ArgumentParser, unit: str) -> None:
+    """The flags every sparse-dictionary trainer takes (``sae train``, ``graph train``): its kind and size, its
+    optimiser's batch and step, and the shuffling store; ``unit`` names its dictionary entries in the help."""
     from ..analysis.features.sae import ARCHITECTURES
+
+    p.add_argument("--architecture", choices=list(ARCHITECTURES), default="topk")
+    p.add_argument("--expansion", type=count(1), default=8, help=f"{unit} per input dimension (default 8)")
+    p.add_argument("--k", type=count(1), default=None, help=f"active {unit} per token, top-k kinds only (default 32)")
+    p.add_argument("--batch-size", type=count(1), default=4096, help="activations per step (default 4096)")
+    p.add_argument("--lr", type=number(0.0, open_min=True), default=None, help="Adam step (default by size)")
+    p.add_argument(
+        "--buffer-tokens", type=count(1), default=65_536, help="activations each shuffling store holds (default 65536)"
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> None:
 
     sae = sub.add_parser("sae", help="sparse autoencoders: train, evaluate, view latents")
     cmds = sae.add_subparsers(dest="sae_command", metavar="SAE_COMMAND", required=True)
@@ -79,13 +93,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0.1,
         help="share of the text's windows (the last ones) kept out of training for `sae eval` (default 0.1)",
     )
-    p.add_argument("--architecture", choices=list(ARCHITECTURES), default="topk")
-    p.add_argument("--expansion", type=count(1), default=8, help="latents per input dimension (default 8)")
-    p.add_argument("--k", type=count(1), default=None, help="active latents per token, top-k kinds only (default 32)")
+    add_dictionary_args(p, "latents")
     p.add_argument("--l1", type=number(0.0), default=5.0, help="L1 coefficient of a relu SAE (default 5)")
     p.add_argument("--tokens", type=count(1), default=2_000_000, help="training tokens (default 2,000,000)")
-    p.add_argument("--batch-size", type=count(1), default=4096, help="activations per step (default 4096)")
-    p.add_argument("--lr", type=number(0.0, open_min=True), default=None, help="Adam step (default by size)")
     p.add_argument(
         "--epochs", type=count(1), default=1, help="passes over the text (later ones from memory; default 1)"
     )
@@ -95,9 +105,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="leave out positions whose norm exceeds this × their window's median (massive activations; "
         "SmolLM2: 10), as BOS is left out (default: none left out)",
-    )
-    p.add_argument(
-        "--buffer-tokens", type=count(1), default=65_536, help="activations the shuffling buffer holds (default 65536)"
     )
     p.add_argument("--forward-batch", type=count(1), default=32, help="windows per forward pass (default 32)")
     p.add_argument("--checkpoint", default=None, metavar="DIR", help="resumable checkpoints here")

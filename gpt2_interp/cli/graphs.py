@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from . import DEFAULT_MODEL, add_model_args, count, load_model, number
-from .features import _check_texts
+from .features import _check_texts, add_dictionary_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..analysis.features.sae import ARCHITECTURES
 
     graph = sub.add_parser("graph", help="attribution graphs: train transcoders, build a prompt's graph and its page")
     cmds = graph.add_subparsers(dest="graph_command", metavar="GRAPH_COMMAND", required=True)
@@ -47,17 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="share of the windows (the last ones) kept out of training and measured (default 0.1)",
     )
     p.add_argument("--eval-windows", type=count(1), default=64, help="held-out windows measured (default 64)")
-    p.add_argument("--architecture", choices=list(ARCHITECTURES), default="topk")
-    p.add_argument("--expansion", type=count(1), default=8, help="features per input dimension (default 8)")
+    add_dictionary_args(p, "features")
     p.add_argument("--d-sae", type=count(1), default=None, help="features per layer (overrides --expansion)")
-    p.add_argument("--k", type=count(1), default=None, help="active features per token, top-k kinds (default 32)")
     p.add_argument("--skip", action="store_true", help="add a linear skip W_skip to each transcoder")
-    p.add_argument("--batch-size", type=count(1), default=4096, help="activations per step (default 4096)")
-    p.add_argument("--lr", type=number(0.0, open_min=True), default=None, help="Adam step (default by size)")
     p.add_argument("--epochs", type=count(1), default=1, help="passes over the windows (default 1)")
-    p.add_argument(
-        "--buffer-tokens", type=count(1), default=65_536, help="activations each shuffling store holds (default 65536)"
-    )
     p.add_argument("--forward-batch", type=count(1), default=32, help="windows per forward pass (default 32)")
     p.add_argument("--checkpoint", default=None, metavar="DIR", help="resumable checkpoints here")
     p.add_argument("--seed", type=int, default=0)

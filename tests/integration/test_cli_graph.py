@@ -25,7 +25,7 @@ TRAIN += ["--buffer-tokens", "256", "--forward-batch", "8", "--eval-windows", "8
 
 @pytest.fixture
 def models(facts_model, monkeypatch):
-    """``load("gpt2-facts")`` answers the session's model; ``load("facts-other")`` a model of its shape with
+    """``load("gpt2-facts")`` answers the model the test run shares; ``load("facts-other")`` a model of its shape with
     other weights (and every name asked for is recorded)."""
     other, asked = HookedGPT2(facts_model.cfg, seed=3), []
 
