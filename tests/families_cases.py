@@ -26,6 +26,16 @@ LLAMA_LIKE = dict(
     pad_token_id=0,
 )
 
+NEOX_LIKE = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=128,
+    pad_token_id=0,
+)
+
 # family → (config class, model class, config kwargs)
 CASES = {
     "llama3-rope": (
@@ -65,35 +75,11 @@ CASES = {
         "Phi3ForCausalLM",
         dict(LLAMA_LIKE, sliding_window=6, original_max_position_embeddings=128),
     ),
-    "gpt_neox": (
-        "GPTNeoXConfig",
-        "GPTNeoXForCausalLM",
-        dict(
-            vocab_size=VOCAB,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=128,
-            rotary_pct=0.25,
-            use_parallel_residual=True,
-            pad_token_id=0,
-        ),
-    ),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(NEOX_LIKE, rotary_pct=0.25, use_parallel_residual=True)),
     "gpt_neox-sequential": (
         "GPTNeoXConfig",
         "GPTNeoXForCausalLM",
-        dict(
-            vocab_size=VOCAB,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=128,
-            rotary_pct=0.5,
-            use_parallel_residual=False,
-            pad_token_id=0,
-        ),
+        dict(NEOX_LIKE, rotary_pct=0.5, use_parallel_residual=False),
     ),
     "gptj": (
         "GPTJConfig",
