@@ -610,6 +610,36 @@ def _pythia(layers: int, d: int, heads: int) -> dict[str, Any]:
     }
 
 
+_LLAMA3 = {
+    "model_type": "llama",
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+}
+_QWEN2 = {
+    "model_type": "qwen2",
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+    "use_sliding_window": False,
+    "sliding_window": None,
+}
+_QWEN3 = {
+    "model_type": "qwen3",
+    "head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "sliding_window": None,
+}
 _GEMMA = {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256, "tie_word_embeddings": True}
 
 #: The published ``config.json`` values (the keys that shape the model) of released models of the later
@@ -623,18 +653,8 @@ PUBLISHED_CONFIG_JSON: dict[str, dict[str, Any]] = {
         8192,
         128256,
         131072,
-        model_type="llama",
         head_dim=64,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-        rope_theta=500000.0,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
+        **_LLAMA3,
     ),
     "llama-3.2-3b": _llama_json(
         28,
@@ -644,18 +664,8 @@ PUBLISHED_CONFIG_JSON: dict[str, dict[str, Any]] = {
         8192,
         128256,
         131072,
-        model_type="llama",
         head_dim=128,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-        rope_theta=500000.0,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
+        **_LLAMA3,
     ),
     "qwen2.5-0.5b": _llama_json(
         24,
@@ -665,12 +675,7 @@ PUBLISHED_CONFIG_JSON: dict[str, dict[str, Any]] = {
         4864,
         151936,
         32768,
-        model_type="qwen2",
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-        use_sliding_window=False,
-        sliding_window=None,
+        **_QWEN2,
     ),
     "qwen2.5-1.5b": _llama_json(
         28,
@@ -680,12 +685,7 @@ PUBLISHED_CONFIG_JSON: dict[str, dict[str, Any]] = {
         8960,
         151936,
         131072,
-        model_type="qwen2",
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-        use_sliding_window=False,
-        sliding_window=None,
+        **_QWEN2,
     ),
     "qwen3-0.6b": _llama_json(
         28,
@@ -695,13 +695,7 @@ PUBLISHED_CONFIG_JSON: dict[str, dict[str, Any]] = {
         3072,
         151936,
         40960,
-        model_type="qwen3",
-        head_dim=128,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-        attention_bias=False,
-        sliding_window=None,
+        **_QWEN3,
     ),
     "qwen3-1.7b": _llama_json(
         28,
@@ -711,13 +705,7 @@ PUBLISHED_CONFIG_JSON: dict[str, dict[str, Any]] = {
         6144,
         151936,
         40960,
-        model_type="qwen3",
-        head_dim=128,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-        attention_bias=False,
-        sliding_window=None,
+        **_QWEN3,
     ),
     "gemma-2-2b": _llama_json(
         26,
