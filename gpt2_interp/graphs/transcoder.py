@@ -255,18 +255,27 @@ class TranscoderTrainConfig(SAETrainConfig):
             raise ValueError(f"outlier_ratio={self.outlier_ratio} is not applied to transcoder training: leave it None")
 
 
-def _cache_layers(model: HookedGPT2, rows: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each layer's ``(MLP input, MLP output)`` ``[rows·pos', d_model]`` from one forward pass (BOS left out)."""
-    n = model.cfg.n_layer
-    names = [h.format(layer=L) for L in range(n) for h in (INPUT_HOOK, TARGET_HOOK)]
+def _layers_run(model: HookedGPT2, rows: torch.Tensor, logits: bool = False) -> tuple[torch.Tensor | None, Any]:
+    """One forward pass of ``rows`` caching every layer's MLP input and output: ``(logits or None, cache)``."""
+    names = [h.format(layer=L) for L in range(model.cfg.n_layer) for h in (INPUT_HOOK, TARGET_HOOK)]
     with torch.no_grad():
-        _, cache = model.run_with_cache(rows.to(model.device), names_filter=names, return_type=None)
+        return model.run_with_cache(rows.to(model.device), names_filter=names, return_type="logits" if logits else None)
+
+
+def _layer_pairs(model: HookedGPT2, cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's ``(MLP input, MLP output)`` ``[rows·pos', d_model]`` from a :func:`_layers_run` cache (BOS
+    left out)."""
     first = 1 if model.tokenizer.bos_id is not None else 0
 
     def flat(h: str, L: int) -> torch.Tensor:
         return cache[h.format(layer=L)][:, first:].reshape(-1, model.cfg.d_model).float()
 
-    return [(flat(INPUT_HOOK, L), flat(TARGET_HOOK, L)) for L in range(n)]
+    return [(flat(INPUT_HOOK, L), flat(TARGET_HOOK, L)) for L in range(model.cfg.n_layer)]
+
+
+def _cache_layers(model: HookedGPT2, rows: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's ``(MLP input, MLP output)`` ``[rows·pos', d_model]`` from one forward pass (BOS left out)."""
+    return _layer_pairs(model, _layers_run(model, rows)[1])
 
 
 @boundary
@@ -409,10 +418,8 @@ def _replaced_logits(
     return model.run_with_hooks(rows, fwd_hooks=hooks)
 
 
-def _errors(model: HookedGPT2, transcoders: TranscoderSet, rows: torch.Tensor) -> list[torch.Tensor]:
-    """Each layer's error ``y − ŷ`` ``[rows, pos, d_model]`` of the clean run."""
-    names = [h.format(layer=L) for L in range(len(transcoders)) for h in (INPUT_HOOK, TARGET_HOOK)]
-    _, cache = model.run_with_cache(rows, names_filter=names, return_type=None)
+def _errors(transcoders: TranscoderSet, cache: Any) -> list[torch.Tensor]:
+    """Each layer's error ``y − ŷ`` ``[rows, pos, d_model]`` from a clean :func:`_layers_run` cache."""
     return [
         cache[TARGET_HOOK.format(layer=L)].float() - t(cache[INPUT_HOOK.format(layer=L)].float())
         for L, t in enumerate(transcoders)
@@ -432,11 +439,13 @@ def evaluate_transcoders(model: HookedGPT2, transcoders: TranscoderSet, windows:
     losses = {"clean": 0.0, "replaced": 0.0, "errors": 0.0}
     for start in range(0, len(windows), 32):
         rows = windows[start : start + 32].to(model.device)
-        losses["clean"] += float(model.loss(model(rows), rows)) * len(rows)
+        clean, cache = _layers_run(model, rows, logits=True)  # one clean pass: the loss, the errors, the pairs
+        assert clean is not None
+        losses["clean"] += float(model.loss(clean, rows)) * len(rows)
         losses["replaced"] += float(model.loss(_replaced_logits(model, transcoders, rows), rows)) * len(rows)
-        with_errors = _replaced_logits(model, transcoders, rows, _errors(model, transcoders, rows))
+        with_errors = _replaced_logits(model, transcoders, rows, _errors(transcoders, cache))
         losses["errors"] += float(model.loss(with_errors, rows)) * len(rows)
-        for L, (x, y) in enumerate(_cache_layers(model, rows)):
+        for L, (x, y) in enumerate(_layer_pairs(model, cache)):
             t = transcoders[L]
             a = t.encode(x)
             err[L] += float((y - t(x)).pow(2).sum())
