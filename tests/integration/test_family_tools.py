@@ -248,7 +248,13 @@ def _edge_by_hand(ours, clean, c, k, metric, edge: str) -> float:
         if sender.startswith("m"):
             return cache[f"blocks.{int(sender[1:])}.hook_mlp_out"]
         l, h = map(int, re.fullmatch(r"a(\d+)\.h(\d+)", sender).groups())
-        return cache[f"blocks.{l}.attn.hook_z"][:, :, h] @ ours.blocks[l].attn.W_O[h]
+        head = cache[f"blocks.{l}.attn.hook_z"][:, :, h] @ ours.blocks[l].attn.W_O[h]
+        if ours.cfg.norm_position == "pre":
+            return head
+        # a post-norm block adds g ⊙ Σ_h head_h / σ: head h's share at that run's scale σ
+        attn_out = cache[f"blocks.{l}.attn.hook_z"].flatten(-2) @ ours.blocks[l].attn.W_O.flatten(0, 1)
+        sigma = (attn_out.pow(2).mean(-1, keepdim=True) + ours.cfg.layer_norm_eps).sqrt()
+        return ours.blocks[l].ln1_post.gain * head / sigma
 
     delta = out(k) - out(c)
     if receiver == "logits":
@@ -283,16 +289,12 @@ def test_edge_patching_equals_a_hand_written_hook_loop(pair):
     """Edges into a query head, a key/value head (grouped-query), an MLP and the logits; every edge patched
     gives the corrupted run. Parallel blocks (GPT-NeoX, GPT-J) feed their MLP from the block's input, so a
     layer's heads have no edge to its own MLP. A family that normalises each block output (Gemma, OLMo 2) has
-    no head-level edges (the residual is not a sum of the heads' outputs): refused by name."""
+    reads a head's output as its share of the normalised attention output at the run's scale."""
     family, _, ours = pair
     clean = ours.to_tokens(PROMPT)
     corr = clean.clone()
     corr[0, 2], corr[0, 5] = 9, 11
     metric = logit_diff(5, 6)
-    if ours.cfg.norm_position != "pre":
-        with pytest.raises(ValueError, match=r"norm_position="):
-            graph_of(ours)
-        return
     graph = graph_of(ours)
     pairs = pairs_of(ours, clean, corr, metric)
     into_mlp = "a0.h0->m1" if ours.cfg.parallel != "none" else "a0.h0->m0"

@@ -7,6 +7,12 @@ Patching an edge ``s → r`` replaces sender ``s``'s term in receiver ``r``'s in
 corrupted run: ``in_r ← in_r + (s_corrupted − s_current)``, where ``s_current`` is the sender's
 output in the run being patched (with several edges patched, a sender may itself have changed).
 Every other receiver, and the residual stream itself, keep their values.
+
+A block that normalises its attention output before adding it (``norm_position`` ``"post"`` or
+``"sandwich"``: OLMo 2, Gemma 2 and 3) adds ``g ⊙ Σ_h z_h W_O[h] / σ`` to the residual, ``σ`` the
+post-attention norm's scale in that run (``ln1_post.hook_scale``) and ``g`` its gain: head ``h``'s output is
+its share ``g ⊙ z_h W_O[h] / σ`` at the scale of the run it is read from, so the residual stream of every
+run is still the sum of its senders' outputs (the MLP's output is read after its own post-norm).
 """
 
 from __future__ import annotations
@@ -58,26 +64,48 @@ def split_inputs(model: HookedGPT2) -> Iterator[None]:
             cfg.use_attn_in = True
 
 
+def post_norm(model: HookedGPT2) -> bool:
+    """Whether ``model``'s blocks normalise the attention output before adding it (``norm_position``
+    ``"post"`` or ``"sandwich"``): a head's output is then its share at the run's post-norm scale."""
+    return model.cfg.norm_position != "pre"
+
+
+def scale_hook(layer: int) -> str:
+    """The hook of layer ``layer``'s post-attention norm scale ``σ`` ``[batch, pos, 1]`` (post-norm blocks)."""
+    return f"blocks.{layer}.ln1_post.hook_scale"
+
+
 def sender_hooks(model: HookedGPT2) -> list[str]:
     """The hooks the senders' outputs are read from: the residual entering block 0 (``input``), each
-    layer's ``attn.hook_z`` (head ``h``'s output is ``z_h · W_O[h]``) and ``hook_mlp_out``."""
+    layer's ``attn.hook_z`` (head ``h``'s output is ``z_h · W_O[h]``; in post-norm blocks with the
+    post-attention norm's scale, :func:`scale_hook`) and ``hook_mlp_out``."""
     out = ["blocks.0.hook_resid_pre"]
     for l in range(model.cfg.n_layer):
         out += [f"blocks.{l}.attn.hook_z", f"blocks.{l}.hook_mlp_out"]
+        if post_norm(model):
+            out.append(scale_hook(l))
     return out
 
 
-def head_outputs(model: HookedGPT2, layer: int, z: torch.Tensor) -> torch.Tensor:
-    """Each head's output ``z_h · W_O[h]``, ``[batch, pos, n_head, d_model]``, of ``z [batch, pos, n_head, d_head]``."""
-    return einsum(z, model.blocks[layer].attn.W_O, "b p h e, h e d -> b p h d")
+def head_outputs(model: HookedGPT2, layer: int, z: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Each head's output ``[batch, pos, n_head, d_model]`` of ``z [batch, pos, n_head, d_head]``: ``z_h · W_O[h]``,
+    and in post-norm blocks its share of the normalised output, ``g ⊙ z_h · W_O[h] / σ`` with ``scale`` ``σ``
+    ``[batch, pos, 1]`` of the run ``z`` comes from and ``g`` the post-attention norm's gain."""
+    out = einsum(z, model.blocks[layer].attn.W_O, "b p h e, h e d -> b p h d")
+    if not post_norm(model):
+        return out
+    if scale is None:
+        raise ValueError(f"{model.cfg.name} normalises each attention output: a head's output needs the run's scale")
+    return out * (model.blocks[layer].ln1_post.gain / scale[:, :, :, None])
 
 
 def sender_outputs(model: HookedGPT2, cache: Any) -> torch.Tensor:
     """Every sender's output ``[batch, pos, n_senders, d_model]`` from a cache holding :func:`sender_hooks`."""
     parts = [cache["blocks.0.hook_resid_pre"][:, :, None]]
     for l in range(model.cfg.n_layer):
+        scale = cache[scale_hook(l)] if post_norm(model) else None
         parts += [
-            head_outputs(model, l, cache[f"blocks.{l}.attn.hook_z"]),
+            head_outputs(model, l, cache[f"blocks.{l}.attn.hook_z"], scale),
             cache[f"blocks.{l}.hook_mlp_out"][:, :, None],
         ]
     return torch.cat(parts, 2)
@@ -180,12 +208,14 @@ def _one_length(pairs: Pairs) -> None:
 class _Corrupted:
     """The corrupted run's pieces :func:`run_with_edges` reads, every pair: the input embedding
     ``input [n, pos, d_model]``, per layer the heads' ``z [n, pos, n_head, d_head]`` and ``mlp`` outputs
-    ``[n, pos, d_model]``, and each receiver group's corrupted input ``[n, pos, d_model]`` (by hook name)."""
+    ``[n, pos, d_model]``, each receiver group's corrupted input ``[n, pos, d_model]`` (by hook name), and in
+    post-norm blocks each layer's post-attention norm ``scale`` ``[n, pos, 1]`` (empty otherwise)."""
 
     input: torch.Tensor
     z: list[torch.Tensor]
     mlp: list[torch.Tensor]
     inputs: dict[str, torch.Tensor]
+    scale: list[torch.Tensor]
 
 
 def _corrupted(model: HookedGPT2, graph: Graph, pairs: Pairs) -> _Corrupted:
@@ -198,6 +228,7 @@ def _corrupted(model: HookedGPT2, graph: Graph, pairs: Pairs) -> _Corrupted:
         [c[f"blocks.{l}.attn.hook_z"] for l in range(L)],
         [c[f"blocks.{l}.hook_mlp_out"] for l in range(L)],
         {g: c[s] for g, s in source.items()},
+        [c[scale_hook(l)] for l in range(L)] if post_norm(model) else [],
     )
 
 
@@ -315,6 +346,9 @@ def _patched_metric(
     def minus(act: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:  # [b, ...] − [m, ...] per mask row
         return (act.view(k, m, *act.shape[1:]) - ref[p0:p1]).view(act.shape)
 
+    post = post_norm(model)
+    z_run: dict[int, torch.Tensor] = {}  # post-norm blocks: this run's z, until its scale is known
+
     def put(lo: int, hi: int, layer: int | None) -> Any:
         def fn(act: torch.Tensor, hook: Any) -> None:
             if not bool(needed[lo:hi].any()):
@@ -322,9 +356,25 @@ def _patched_metric(
             if layer is None:
                 ref = corr.input if lo == 0 else corr.mlp[(lo - 1) // (H + 1)]
                 diff[lo] = minus(act, ref)
+            elif post:
+                z_run[layer] = act
             else:
                 out = head_outputs(model, layer, minus(act, corr.z[layer]))
                 diff[lo:hi] = rearrange(out, "b p h d -> h b p d")
+            return None
+
+        return fn
+
+    def put_scaled(lo: int, hi: int, layer: int) -> Any:
+        """A post-norm layer's head shares: this run's ``z`` at its scale minus the corrupted run's at its own."""
+
+        def fn(scale: torch.Tensor, hook: Any) -> None:
+            z = z_run.pop(layer, None)
+            if z is None:
+                return None
+            ref = head_outputs(model, layer, corr.z[layer][p0:p1], corr.scale[layer][p0:p1])  # [m, P, H, d]
+            out = head_outputs(model, layer, z, scale).view(k, m, *ref.shape[1:]) - ref
+            diff[lo:hi] = rearrange(out, "k m p h d -> h (k m) p d")
             return None
 
         return fn
@@ -333,6 +383,8 @@ def _patched_metric(
     for l in range(model.cfg.n_layer):
         s0 = 1 + l * (H + 1)
         hooks.append((f"blocks.{l}.attn.hook_z", put(s0, s0 + H, l)))
+        if post:
+            hooks.append((scale_hook(l), put_scaled(s0, s0 + H, l)))
         hooks.append((f"blocks.{l}.hook_mlp_out", put(s0 + H, s0 + H + 1, None)))
 
     def patch_in(act: torch.Tensor, hook: Any, gi: int) -> torch.Tensor | None:
@@ -567,7 +619,9 @@ __all__ = [
     "edge_patch",
     "head_outputs",
     "pairs_of",
+    "post_norm",
     "run_with_edges",
+    "scale_hook",
     "sender_differences",
     "sender_hooks",
     "sender_outputs",

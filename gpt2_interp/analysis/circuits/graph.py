@@ -218,15 +218,19 @@ def graph_of(model: HookedGPT2) -> Graph:
     GPT-J) give a graph whose MLP of layer ``l`` reads the block's input, the sum of the senders before layer
     ``l``: it has every edge of the sequential graph except ``a{l}.h{h} → m{l}`` (``Graph.parallel``).
 
-    Refused (ValueError): a model that normalises each attention or MLP output before adding it
-    (``norm_position`` ``"sandwich"`` or ``"post"``: Gemma, OLMo 2), whose residual stream is not a sum of
-    the heads' outputs, so a head has no edge of its own."""
+    Blocks that normalise each attention and MLP output before adding it (``norm_position`` ``"post"`` or
+    ``"sandwich"``: OLMo 2, Gemma 2 and 3) have the same graph: a head's output is its share of the normalised
+    attention output at the post-norm scale of the run it is read from (``g ⊙ z_h W_O[h] / σ``), so each run's
+    residual stream is still the sum of its senders' outputs and the edges patch exactly.
+
+    Refused (ValueError): a post-norm block with an attention output bias, whose normalised bias belongs to
+    no head."""
     c = model.cfg
-    if c.norm_position != "pre":
+    if c.norm_position != "pre" and c.has_attn_out_bias:
         raise ValueError(
-            f"edge circuits need a residual stream that sums its senders' outputs; {c.name} normalises each "
-            f"attention and MLP output before adding it (norm_position={c.norm_position!r}), so a head has no "
-            "edge of its own: use patch() per head or attribute() instead"
+            f"edge circuits read a post-norm head's output as its share of the normalised attention output; "
+            f"{c.name} adds an attention output bias before the norm (norm_position={c.norm_position!r}, "
+            "has_attn_out_bias=True), which belongs to no head: use patch() per head or attribute() instead"
         )
     return Graph(c.n_layer, c.n_head, c.n_kv, model=c.name, parallel=c.parallel != "none")
 
