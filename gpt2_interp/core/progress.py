@@ -140,9 +140,8 @@ class PlainProgress(_console_tqdm):
         """The plain progress line for the bar's state now (``start``: the first one, ``final``: the last)."""
         elapsed = time.monotonic() - self._began
         n, total, unit = self.n, self.total, self.unit or "it"
-        units = (
-            unit if unit == "it" or unit.endswith("s") else unit + ("es" if unit.endswith(("ch", "sh", "x")) else "s")
-        )
+        plural = unit == "it" or (unit.endswith("s") and not unit.endswith("ss"))  # "steps" as is, "pass" → "passes"
+        units = unit if plural else unit + ("es" if unit.endswith(("ch", "sh", "ss", "x")) else "s")
         count = f"{n:g}/{total:g}" if total else f"{n:g}"
         parts = [f"{count} {units}", f"{duration(elapsed)} elapsed"]
         done = n - (self.initial or 0)

@@ -49,6 +49,7 @@ from ..analysis.features.sae import SAE, SAEConfig
 from ..analysis.features.sae_train import SAETrainConfig, SAETrainer
 from ..core.boundary import boundary
 from ..core.checks import check_token_windows
+from ..core.progress import progress_bar
 from ..core.result import Result
 from ..io.files import FileFormatError, check_finite, load_tree, read_json, save_tree, write_json
 from ..io.integrity import IntegrityError, load_checked, save_checked
@@ -303,6 +304,7 @@ def train_transcoders(
     cfg: TranscoderTrainConfig,
     windows: torch.Tensor,
     checkpoint: str | Path | None = None,
+    progress: bool | None = True,
 ) -> TranscoderSet:
     """Train every layer's transcoder on token ``windows`` ``[n, pos]``: each forward pass of
     ``cfg.forward_batch`` windows caches all layers' MLP inputs and outputs, which fill one shuffling store
@@ -313,7 +315,9 @@ def train_transcoders(
     out. ``checkpoint``: a folder where the transcoders, optimizers and position in the windows are saved
     (through :func:`~gpt2_interp.io.files.save_tree`) after each store of at least ``cfg.checkpoint_every``
     new steps; a run given the same folder resumes from it, bit for bit as if never interrupted (a
-    checkpoint of other settings or base weights is refused)."""
+    checkpoint of other settings or base weights is refused). ``progress``: a bar over the forward passes with
+    the layers' mean and worst FVU of the last store (None: on a terminal, else plain lines at a steady
+    interval, :mod:`gpt2_interp.core.progress`)."""
     windows = check_token_windows(windows, "windows")
     torch.manual_seed(cfg.seed)
     ts = new_transcoders(model, cfg)
@@ -334,9 +338,14 @@ def train_transcoders(
         first = int(state["chunks_read"])
     stores: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in ts]
     have = 0
+    passes = min(len(order), first + _passes_needed(model, cfg, windows.shape[1], total - steps))
+    bar = progress_bar(
+        total=passes, initial=first, enabled=progress, desc="transcoders (forward passes)", unit="pass", smoothing=0
+    )
     for n_read in range(first, len(order)):
         if steps >= total:
             break
+        bar.update(1)
         start = order[n_read]
         for L, pair in enumerate(_cache_layers(model, windows[start : start + cfg.forward_batch])):
             stores[L].append(pair)
@@ -345,21 +354,38 @@ def train_transcoders(
             continue
         perm = torch.randperm(have, generator=torch.Generator().manual_seed(cfg.seed + steps)).to(model.device)
         n_batches = min(have // cfg.batch_size, total - steps)
+        fvus = []
         for L, trainer in enumerate(trainers):
             x, y = (torch.cat([p[i] for p in stores[L]])[perm] for i in (0, 1))
             if steps == 0 and n_batches:
                 trainer.init_b_dec(y[: cfg.batch_size])
             for b in range(n_batches):
                 sl = slice(b * cfg.batch_size, (b + 1) * cfg.batch_size)
-                trainer.step(x[sl], y[sl])
+                fvu, _, _ = trainer.step(x[sl], y[sl])
+                if b == n_batches - 1:
+                    fvus.append(float(fvu))
         steps += n_batches
+        if fvus:
+            bar.set_postfix(step=f"{steps}/{total}", fvu=f"{sum(fvus) / len(fvus):.3f}", worst=f"{max(fvus):.3f}")
         stores, have = [[] for _ in ts], 0
         if ckpt is not None and (steps - saved >= cfg.checkpoint_every or steps >= total):
             _save_state(ckpt, trainers, steps, n_read + 1)
             saved = steps
+    bar.total = bar.n  # the passes were an estimate: the work is done
+    bar.close()
     for t in ts:
         t.eval()
     return ts
+
+
+def _passes_needed(model: HookedGPT2, cfg: TranscoderTrainConfig, n_pos: int, steps: int) -> int:
+    """Forward passes of ``cfg.forward_batch`` windows of ``n_pos`` tokens that ``steps`` more training steps
+    read: each store takes the passes that fill ``cfg.buffer_tokens`` (BOS left out) and gives the whole
+    batches they hold."""
+    per_pass = cfg.forward_batch * (n_pos - (1 if model.tokenizer.bos_id is not None else 0))
+    per_store = max(1, -(-cfg.buffer_tokens // per_pass))
+    batches = max(1, per_store * per_pass // cfg.batch_size)
+    return -(-steps // batches) * per_store
 
 
 def _save_state(path: Path, trainers: list[SAETrainer], steps: int, chunks_read: int) -> None:

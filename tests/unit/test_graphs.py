@@ -4,6 +4,8 @@ train, save and load; pruning keeps what carries the logits and the graph round-
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -404,3 +406,42 @@ def test_transcoder_training_settings_it_would_not_apply_are_refused():
         TranscoderTrainConfig(hook_name="blocks.0.hook_resid_post")
     with pytest.raises(ValueError, match=r"outlier_ratio=3\.0 is not applied"):
         TranscoderTrainConfig(outlier_ratio=3.0)
+
+
+def test_transcoder_training_reports_its_forward_passes_and_the_layers_fvu(llama, capsys, monkeypatch):
+    import gpt2_interp.graphs.transcoder as transcoder
+    from gpt2_interp.analysis.features.sae_train import SAETrainer
+    from gpt2_interp.core import progress
+
+    monkeypatch.setattr(progress, "_live", lambda: False)  # plain lines, as in a log file
+    model = llama[0]
+    windows = torch.randint(0, 64, (24, 8), generator=torch.Generator().manual_seed(0))
+    cfg = TranscoderTrainConfig(
+        d_sae=32, k=4, tokens=32 * 12, batch_size=32, buffer_tokens=64, forward_batch=4, epochs=3
+    )
+    passes, last_fvu = {"n": 0}, {}
+    real_cache, real_step = transcoder._cache_layers, SAETrainer.step
+
+    def counted(*args):
+        passes["n"] += 1
+        return real_cache(*args)
+
+    def step(self, x, target=None):
+        out = real_step(self, x, target)
+        last_fvu[id(self)] = float(out[0])
+        return out
+
+    monkeypatch.setattr(transcoder, "_cache_layers", counted)
+    monkeypatch.setattr(SAETrainer, "step", step)
+    train_transcoders(model, cfg, windows)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"transcoders (forward passes): 0/{passes['n']} passes, started", lines
+    done = re.fullmatch(
+        rf"transcoders \(forward passes\): {passes['n']}/{passes['n']} passes, done in \d+s "
+        r"\(fvu=([\d.]+), step=12/12, worst=([\d.]+)\)",
+        lines[-1],
+    )
+    assert done, lines[-1]
+    fvus = list(last_fvu.values())  # each layer's trainer's FVU at its last step
+    assert len(fvus) == model.cfg.n_layer
+    assert abs(float(done[1]) - sum(fvus) / len(fvus)) < 1e-3 and abs(float(done[2]) - max(fvus)) < 1e-3
