@@ -64,10 +64,10 @@ def two_hop_cases(
     facts: FactBase, second: str = "country_capital", first: str = "city_country", n: int | None = None
 ) -> list[TwoHopCase]:
     """The two-hop prompts of the fact base ``facts`` for the chain ``first`` → ``second`` (see
-    :data:`TWO_HOP_TEMPLATES`), one per ``first`` fact whose object has exactly one ``second`` fact, in the fact base's order (the first ``n``; all
-    when None). Left out, as no test of composition: a subject that is its bridge or its answer (the city
-    Luxembourg; Paris, the capital of France), and a bridge that is its own answer (Singapore). A chain
-    without a template raises ValueError listing those with one."""
+    :data:`TWO_HOP_TEMPLATES`), one per ``first`` fact whose object has exactly one ``second`` fact, in the fact
+    base's order (the first ``n``; all when None). Left out, as no test of composition: a subject that names
+    its bridge or its answer (the city Luxembourg, Mexico City; Paris, the capital of France), and a bridge that
+    is its own answer (Singapore). A chain without a template raises ValueError listing those with one."""
     if (first, second) not in TWO_HOP_TEMPLATES:
         raise ValueError(
             f"no two-hop template for {first} → {second}; chains with one: "
@@ -81,7 +81,7 @@ def two_hop_cases(
     template, out = TWO_HOP_TEMPLATES[first, second], []
     for f in facts.facts(first):
         hops = by_subject.get(f.object, [])
-        if len(hops) != 1 or f.subject in (f.object, hops[0].object) or f.object == hops[0].object:
+        if len(hops) != 1 or f.object in f.subject or hops[0].object in f.subject or f.object == hops[0].object:
             continue
         out.append(TwoHopCase(template.format(f.subject), f.subject, f.object, f, hops[0]))
         if n is not None and len(out) == n:

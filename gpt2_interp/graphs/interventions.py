@@ -246,7 +246,9 @@ def intervene(
         pruned = _propagate(graph, adjacency * graph.edge_mask, nodes, delta)[1]
 
     def at_logits(change: torch.Tensor) -> torch.Tensor:
-        return torch.tensor([float(change[logit_node[t]]) if t in logit_node else math.nan for t in track])
+        return torch.tensor(
+            [float(change[logit_node[t]]) if t in logit_node else math.nan for t in track], dtype=torch.float64
+        )
 
     # the frozen replacement model: features held (inputs) and free (recomputed, the intervened ones set)
     rm = ReplacementModel(model, transcoders, graph.tokens)
