@@ -106,6 +106,15 @@ class InterventionResult(Result):
         scale = float(pred.abs().max()) if len(pred) else 0.0
         return float((got - pred).abs().max()) / scale if scale > 0 else 0.0
 
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as JSON-ready values (:meth:`Result.to_dict`), a graph prediction of a token that is not a
+        logit node (NaN) as None."""
+        d = super().to_dict()
+        for name in ("graph_direct", "graph_total", "graph_pruned"):
+            if d[name] is not None:
+                d[name] = [None if math.isnan(v) else v for v in d[name]]
+        return d
+
     def table(self) -> str:
         """The features changed, then one row per tracked token (its logit's change each way, its probability
         in the real model before and after), then the real model's top tokens before and after."""

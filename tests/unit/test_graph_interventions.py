@@ -7,6 +7,8 @@ chain the fact base's own facts."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -240,3 +242,6 @@ def test_two_hop_check_finds_the_features_that_promote_the_bridge_and_suppresses
     answer = int(model.to_tokens(case.target, prepend_bos=False)[0, 0])
     assert check.answer_prob == float(p[answer]) and check.answer_rank == int((p > p[answer]).sum())
     assert case.prompt in check.table()
+    # the answer (rank 11 in the model) is not a logit node: no graph prediction, None in the JSON
+    saved = json.loads(check.to_json())
+    assert saved["suppressed"]["graph_total"][0] is None and saved["bridge_features"] == want
