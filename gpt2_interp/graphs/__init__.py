@@ -8,6 +8,8 @@
 - ``prune``: pruning by influence on the logits; replacement and completeness scores
 - ``annotate``: what a graph's page shows about each feature (top logit effects, top-activating contexts);
   ``AttributionGraph.view()`` is the page (:func:`gpt2_interp.views.graphs.view_graph`)
+- ``interventions``: setting or scaling features (one, or a group) in the real model and in the frozen
+  replacement model, beside what the graph predicts; the two-hop check of a fact prompt's graph
 
 Each submodule is imported on first use of one of its names.
 """
@@ -30,5 +32,6 @@ _FACE: dict[str, tuple[str, ...]] = {
     "attribution": ("AttributionConfig", "AttributionGraph", "attribute"),
     "prune": ("prune_graph", "graph_scores", "influence", "normalise_rows"),
     "annotate": ("annotate_graph",),
+    "interventions": ("InterventionResult", "TwoHopCheck", "intervene", "two_hop_check"),
 }
 __all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

@@ -19,6 +19,7 @@ the direct effects of :mod:`gpt2_interp.graphs.attribution`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -99,12 +100,16 @@ class ReplacementModel:
         embed: torch.Tensor | None = None,
         grad: bool = True,
         unembed: bool = True,
+        live: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     ) -> ReplacementRun:
         """The replacement model's forward pass on ``batch`` copies of the prompt: a :class:`ReplacementRun`.
         ``activations[L]`` ``[pos, d_tc]`` or ``[batch, pos, d_tc]``, ``errors[L]`` ``[(batch,) pos, d_model]``
         and ``embed`` ``[(batch,) pos, d_model]`` replace the clean sources (None: the clean ones); ``grad``:
         keep the graph and make the probes require gradients; ``unembed``: compute the logits (False: stop at
-        the unembedding's input, ``final``)."""
+        the unembedding's input, ``final``). ``live``: each layer's features are computed in this run from its
+        own MLP input (the transcoder's nonlinearity live, as in the model; attention and norms stay frozen)
+        and ``live(layer, a)`` (``a`` ``[batch, pos, d_tc]``) returns the ones used, e.g. with some set to other
+        values; ``activations`` is then not read."""
         acts = self.activations if activations is None else activations
         errs = self.errors if errors is None else errors
         emb = self.embed if embed is None else embed
@@ -130,7 +135,7 @@ class ReplacementModel:
 
             def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
                 xin = inputs[layer]
-                a = acts[layer].to(t.W_dec.dtype)
+                a = (acts[layer] if live is None else live(layer, t.encode(xin))).to(t.W_dec.dtype)
                 out = a @ t.W_dec + t.b_dec + errs[layer].to(t.W_dec.dtype)
                 skip = t.skip(xin)
                 if skip is not None:
