@@ -273,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     load1 = os.getloadavg()
     lines = report(a, argv, res, load0, load1, wall)
     a.out.write_text("\n".join(lines) + "\n")
+    sys.path.insert(0, str(ROOT))
+    from gpt2_interp.experiments.provenance import standalone, write_beside
+
+    write_beside(a.out, standalone(sys.argv))
     print("\n".join(lines))
     return 0
 

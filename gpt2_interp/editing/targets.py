@@ -387,7 +387,12 @@ def optimise_deltas(
 
     One no-grad forward over every variant gives the keys, v₀ and the residual entering the edit
     layer; each step adds δ to the residual stream after the edit layer (whose attention and MLP do not change)
-    and reruns the layers above it (see ``exact_edit``).
+    and reruns the layers above it (see ``exact_edit``). With ``exact_edit`` off (δ at the subject's last
+    token only, the authors' ROME and MEMIT) the columns before that token never see δ: one more no-grad
+    pass keeps their keys and values in every block above the edit layer, and each step runs only the
+    columns from the subject's last token on (the rest of the prompt and the target) against them, which
+    skips the context prefixes' tokens (about 3× fewer tokens per step in the paper preset on
+    SmolLM2-135M, ``benchmarks/RESULTS_delta.md``); ``packed`` then has no effect.
     ``packed``: each step runs only the real tokens of the active requests' rows, packed
     end to end into sequences of at most :data:`PACK_TOKENS` tokens (or the longest row) with a
     block-diagonal causal mask and every token's own position, instead of the rows padded to the
