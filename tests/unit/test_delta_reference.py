@@ -118,8 +118,8 @@ def reference(
             keep = keep + (lp.exp() * (lp - ref)).sum() / len(keep_rows)
         loss = nll + hp.kl_factor * kl + hp.keep_factor * keep + hp.weight_decay * delta.norm() / v0.norm() ** 2
         losses.append(float(loss.detach()))
-        bare_ok = hp.bare_early_stop is None or float(nll_rows[0]) < hp.bare_early_stop
-        if step == hp.n_updates or (float(loss) < hp.early_stop and bare_ok):
+        bare_ok = hp.bare_early_stop is None or float(nll_rows[0].detach()) < hp.bare_early_stop
+        if step == hp.n_updates or (losses[-1] < hp.early_stop and bare_ok):
             break
         loss.backward()
         opt.step()
