@@ -132,6 +132,13 @@ class Config(DeltaConfig):
     )
     n_samples: int = field(default=100_000, metadata={"help": "tokens for the key statistics"})
     fluency_tokens: int = field(default=40, metadata={"help": "generated tokens per fluency prompt"})
+    generation_tokens: int = field(
+        default=10,
+        metadata={
+            "help": "greedy tokens per prompt for the generation-based scores and the two-hop questions through "
+            "the edits (0: not scored)"
+        },
+    )
 
     NOT_IN_CACHE_KEY: ClassVar[tuple[str, ...]] = ("only",)  # each part's key holds the settings it ran with
     QUICK: ClassVar[dict[str, Any]] = {
@@ -140,6 +147,7 @@ class Config(DeltaConfig):
         "tune_n": 4,
         "n_samples": 3000,
         "fluency_tokens": 8,
+        "generation_tokens": 4,
         "lambdas": [100.0],
         "thresholds": [1e-3],
         "rome_seconds": 1.0,
@@ -495,6 +503,7 @@ class MassEditing:
         common = dict(
             stats=self.stats,
             fluency_tokens=self.cfg.fluency_tokens,
+            generation_tokens=self.cfg.generation_tokens,
             progress=False,
             score_batch_size=self.sb,
             **self.hp,
@@ -591,7 +600,14 @@ def figures(report: dict) -> dict[str, Figure]:
 
 def tables(report: dict) -> dict[str, str]:
     """``mass_editing``: the statistics, the tuning, the runs, the curves and the batch edit's checks."""
-    parts = [_header(report), _tuning_table(report), _runs_table(report), _curves(report), _footer(report)]
+    parts = [
+        _header(report),
+        _tuning_table(report),
+        _runs_table(report),
+        _generation_table(report),
+        _curves(report),
+        _footer(report),
+    ]
     return {"mass_editing": "\n".join(line for p in parts for line in p)}
 
 
@@ -774,6 +790,33 @@ def _runs_table(report: dict) -> list[str]:
             "",
         ]
     return lines
+
+
+def _generation_table(report: dict) -> list[str]:
+    """The runs scored by greedy generation (those that were), beside their teacher-forced scores."""
+    rows = [(k, ev["summary"]["all"]) for k, ev in report.get("evaluations", {}).items()]
+    rows = [(k, s) for k, s in rows if s.get("gen_post")]
+    if not rows:
+        return []
+    lines = [
+        "By greedy generation (the continuation states the new object; neighbours: still the true one), beside "
+        "the teacher-forced scores; two-hop questions through the edited facts (the answer through the new "
+        "object, generated and teacher-forced; through the true object, generated). In brackets: the unedited "
+        "model.",
+        "",
+        "| run | ES gen (forced) | PS gen (forced) | NS gen (forced) | two-hop cases | new answer gen | new answer "
+        "forced | true answer gen |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in rows:
+        g0, g1, tf = s["gen_pre"], s["gen_post"], s["post"]
+        lines.append(
+            f"| {name} | {_pc(g1['es'])} ({_pc(tf['es'])}) | {_pc(g1['ps'])} ({_pc(tf['ps'])}) | "
+            f"{_pc(g1['ns'])} [{_pc(g0['ns'])}] ({_pc(tf['ns'])}) | {s.get('n_hop', 0)} | {_pc(g1['hop'])} "
+            f"[{_pc(g0['hop'])}] | {_pc(g1['hop_tf'])} [{_pc(g0['hop_tf'])}] | {_pc(g1['hop_true'])} "
+            f"[{_pc(g0['hop_true'])}] |"
+        )
+    return [*lines, ""]
 
 
 def _places(report: dict) -> list[str]:

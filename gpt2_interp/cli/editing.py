@@ -184,6 +184,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="each request keeps the subject's other facts "
         "(their second training prompt; subject specificity is scored on the first)",
     )
+    p.add_argument(
+        "--generation-tokens",
+        type=count(0),
+        default=0,
+        help="also score by greedy generation, this many tokens per prompt, with two-hop questions through "
+        "the edits (0: not; 10 suits one-entity answers)",
+    )
     _method_args(p)
     add_output_args(p)
     _common(p)
@@ -456,6 +463,7 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
         layer=args.layer,
         seed=args.seed,
         progress=not args.quiet,
+        generation_tokens=args.generation_tokens,
         **hp,
     )
     return emit(args, ev)

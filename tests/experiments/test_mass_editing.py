@@ -44,6 +44,37 @@ def test_table_names_where_each_part_ran():
     assert "the others (tuning) on cuda:0." in text
 
 
+def test_generation_table_sets_each_generated_score_beside_its_teacher_forced_one():
+    gen = dict(es=0.5, ps=0.25, ns=0.75, hop=0.125, hop_true=0.625, hop_tf=0.375)
+    summary = {
+        "n": 4,
+        "pre": {"es": 0.0, "ps": 0.0, "ns": 1.0},
+        "post": {"es": 1.0, "ps": 0.875, "ns": 0.9},
+        "gen_pre": {**gen, "es": 0.0, "ns": 1.0, "hop": 0.0},
+        "gen_post": gen,
+        "n_hop": 3,
+    }
+    plain = {**summary, "gen_pre": None, "gen_post": None}
+    report = {
+        "model": "m",
+        "device": "cpu",
+        "n_known_cases": 4,
+        "layers": [0],
+        "chosen": {"mom2_weight": 10.0, "nullspace_threshold": 0.01},
+        "evaluations": {
+            "memit_batch": {"summary": {"all": summary}, "seconds": 1.0},
+            "rome_sequential": {"summary": {"all": plain}, "seconds": 1.0},
+        },
+    }
+    text = tables(report)["mass_editing"]
+    row = next(line for line in text.splitlines() if line.startswith("| memit_batch | 50.0"))
+    assert (
+        row
+        == "| memit_batch | 50.0 (100.0) | 25.0 (87.5) | 75.0 [100.0] (90.0) | 3 | 12.5 [0.0] | 37.5 [37.5] | 62.5 [62.5] |"
+    )
+    assert not any(line.startswith("| rome_sequential | –") for line in text.splitlines())
+
+
 def _rewrite(folder, **changes):
     """Change the data of the result in ``folder`` (what the next ``only=`` run merges into)."""
     body = read_json(folder / "result.json", "experiment result")

@@ -47,6 +47,7 @@ def assert_one_line_error(code, err, *needles):
         (["neurons", "--layer", "0", "--top", "0"], ["--top", ">= 1"]),
         (["trace", "Munich is a city in", "--subject", "Munich", "--samples", "0"], ["--samples"]),
         (["evaluate-edits", "--n", "-3"], ["--n", ">= 1"]),
+        (["evaluate-edits", "--n", "2", "--generation-tokens", "-1"], ["--generation-tokens", ">= 0"]),
         (["lens", "x", "--positions", "a,b"], ["positions"]),
         (["nonsense-command"], ["invalid choice"]),
         (

@@ -18,7 +18,10 @@ Beyond CounterFact (facts from the embedded fact base only):
   answer, over those the unedited model knows;
 * **shared-token neighbours** (STN): facts of subjects whose last token equals the edited
   subject's (the position the edit writes to) keep their answer;
-* **drift per step** (sequential): mean and max KL on the unrelated prompts after every edit or batch.
+* **drift per step** (sequential): mean and max KL on the unrelated prompts after every edit or batch;
+* **by generation** (``generation_tokens`` > 0, :mod:`.generation`): whether the greedy continuation of
+  each prompt states the new object (neighbours: still the true one), and two-hop questions through the
+  edited facts, answered by generation and by teacher forcing.
 
 A fact is known, and keeps its answer, by one rule (:func:`gpt2_interp.analysis.known.knows`): the
 model's top-1 next token is the object's first token, and that token holds more than whitespace.
@@ -49,6 +52,7 @@ from .cases import (
 )
 from .config import DEFAULT_CHECKPOINTS, EDIT_METHODS, EvalConfig
 from .editors import AlphaEditEditor, Editor, MemitEditor, RomeEditor, make_editor
+from .generation import GENERATION_TOKENS, TwoHopQuestion, continuations, generation_scores, states, two_hop_questions
 from .loop import Baseline, baseline, evaluate_edits, evaluate_edits_local, evaluate_local, run_evaluation
 from .result import EditEvaluation
 from .scores import (
@@ -56,6 +60,7 @@ from .scores import (
     CaseRow,
     CaseScores,
     CurvePoint,
+    GenerationScores,
     MeanScores,
     Scores,
     StepDrift,
@@ -77,6 +82,7 @@ from .scores import (
 __all__ = [
     "DEFAULT_CHECKPOINTS",
     "EDIT_METHODS",
+    "GENERATION_TOKENS",
     "SCORES",
     "AlphaEditEditor",
     "Baseline",
@@ -87,6 +93,7 @@ __all__ = [
     "EditEvaluation",
     "Editor",
     "EvalConfig",
+    "GenerationScores",
     "MeanScores",
     "MemitEditor",
     "RelatedPrompt",
@@ -94,16 +101,19 @@ __all__ = [
     "Scores",
     "StepDrift",
     "Summary",
+    "TwoHopQuestion",
     "as_cases",
     "baseline",
     "case_scores",
     "choose_setting",
+    "continuations",
     "counterfact_requests",
     "evaluate_edits",
     "evaluate_edits_local",
     "evaluate_local",
     "fluency",
     "fluency_prompts",
+    "generation_scores",
     "greedy_continuations",
     "harmonic_score",
     "keep_other_relations",
@@ -117,7 +127,9 @@ __all__ = [
     "related_hits",
     "related_prompts",
     "run_evaluation",
+    "states",
     "summarize",
     "target_logprobs",
+    "two_hop_questions",
     "unrelated_prompts",
 ]

@@ -35,13 +35,16 @@ class EvalConfig:
     prompts per forward pass when scoring. ``preserve``: AlphaEdit's :class:`~..memit.NullSpace` or statistics to
     preserve (None: the edit layers' statistics). ``related``: score subject specificity and
     shared-token neighbours. ``time_limit``: seconds (sequential only). ``targets``: target
-    residuals of an earlier edit of the same one batch (MEMIT/AlphaEdit). ``hparams``: the editor's
-    hyperparameters (ROME's or MEMIT's).
+    residuals of an earlier edit of the same one batch (MEMIT/AlphaEdit). ``generation_tokens``: greedy
+    tokens per prompt for the generation-based scores and the two-hop questions through the edits
+    (:mod:`.generation`; 0, the default: not scored; 10 suits one-entity answers). ``hparams``: the
+    editor's hyperparameters (ROME's or MEMIT's).
 
     Refused when made: an unknown method; ``n_unrelated``, ``score_batch_size``, ``batch_size`` or
-    a checkpoint < 1, negative ``fluency_tokens``, a non-integer seed; ``batch_size`` > 1 with ROME;
-    ``time_limit`` without ``sequential`` or negative; ``targets`` with ROME or sequential editing
-    (ValueError/TypeError, naming the field); ``hparams`` that is not a mapping (TypeError)."""
+    a checkpoint < 1, negative ``fluency_tokens`` or ``generation_tokens``, a non-integer seed;
+    ``batch_size`` > 1 with ROME; ``time_limit`` without ``sequential`` or negative;
+    ``targets`` with ROME or sequential editing (ValueError/TypeError, naming the field);
+    ``hparams`` that is not a mapping (TypeError)."""
 
     method: str = "rome"
     sequential: bool = False
@@ -58,12 +61,14 @@ class EvalConfig:
     related: bool = True
     time_limit: float | None = None
     targets: TargetResiduals | None = None
+    generation_tokens: int = 0
     hparams: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.method not in EDIT_METHODS:
             raise ValueError(f"method must be one of {EDIT_METHODS}, got {self.method!r}")
         self.fluency_tokens = check_count(self.fluency_tokens, "fluency_tokens", minimum=0)
+        self.generation_tokens = check_count(self.generation_tokens, "generation_tokens", minimum=0)
         self.n_unrelated = check_count(self.n_unrelated, "n_unrelated")
         self.score_batch_size = check_count(self.score_batch_size, "score_batch_size")
         self.seed = as_int(self.seed, "seed")

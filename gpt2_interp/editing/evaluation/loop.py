@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,6 +33,7 @@ from ..edit import Edit, EditFailedWarning, undo_all
 from .cases import CounterfactCase, RelatedPrompt, as_cases, known_flags, known_related, unrelated_prompts
 from .config import DEFAULT_CHECKPOINTS, EvalConfig
 from .editors import Editor, make_editor
+from .generation import TwoHopQuestion, generation_scores, two_hop_questions
 from .result import EditEvaluation
 from .scores import (
     CaseRow,
@@ -59,12 +60,15 @@ class Baseline:
 
     ``rows``: one :class:`~.scores.CaseRow` per case (pre-edit); ``related``: per case, the related
     facts the model knows; ``unrelated``: ``(relation, subject, prompt)`` triples; ``unrelated_pre``
-    ``[n_unrelated, d_vocab]``: the unedited next-token log-probabilities after each."""
+    ``[n_unrelated, d_vocab]``: the unedited next-token log-probabilities after each; ``hops``: per case,
+    the two-hop questions through its edit (:func:`~.generation.two_hop_questions`; empty unless the
+    evaluation scores generations)."""
 
     rows: list[CaseRow]
     related: list[list[RelatedPrompt]]
     unrelated: list[tuple[str, str, str]]
     unrelated_pre: torch.Tensor  # [n_unrelated, d_vocab]
+    hops: list[list[TwoHopQuestion]] = field(default_factory=list)
 
     @property
     def unrelated_texts(self) -> list[str]:
@@ -83,7 +87,10 @@ def baseline(model: HookedGPT2, cases: Sequence[CounterfactCase], config: EvalCo
     """Measure the unedited ``model`` on ``cases`` (batched, ``config.score_batch_size`` prompts a pass),
     with a bar over the measurements (``config.progress``)."""
     sb = config.score_batch_size
-    bar = progress_bar(total=4, unit="step", desc="baseline (unedited model)", enabled=config.progress, leave=False)
+    gen = config.generation_tokens > 0
+    bar = progress_bar(
+        total=4 + gen, unit="step", desc="baseline (unedited model)", enabled=config.progress, leave=False
+    )
     bar.set_postfix_str("scores", refresh=False)
     pre = case_scores(model, cases, sb)
     bar.update(1)
@@ -112,6 +119,12 @@ def baseline(model: HookedGPT2, cases: Sequence[CounterfactCase], config: EvalCo
     related = known_related(model, cases, config.seed, sb) if config.related else [[] for _ in cases]
     out = Baseline(rows, related, unrel, next_logprobs(model, [p for *_, p in unrel]))
     bar.update(1)
+    if gen:
+        bar.set_postfix_str("generations", refresh=False)
+        out.hops = two_hop_questions(cases) if all(c.relation for c in cases) else [[] for _ in cases]
+        for row, g in zip(rows, generation_scores(model, cases, out.hops, config.generation_tokens, sb)):
+            row.gen_pre = g
+        bar.update(1)
     bar.close()
     return out
 
@@ -123,9 +136,15 @@ def score_after(
     related: Sequence[list[RelatedPrompt]],
     base: Baseline,
     config: EvalConfig,
+    hops: Sequence[list[TwoHopQuestion]] | None = None,
 ) -> None:
-    """Fill ``rows``' post-edit scores, related-fact hits, fluency and drift on the model as it is."""
+    """Fill ``rows``' post-edit scores, related-fact hits, fluency and drift on the model as it is, and
+    with ``config.generation_tokens`` the generation-based scores (``hops``: the cases' two-hop questions)."""
     sb = config.score_batch_size
+    if config.generation_tokens:
+        got = generation_scores(model, cases, hops, config.generation_tokens, sb)
+        for row, g in zip(rows, got):
+            row.gen_post = g
     for row, s, hits in zip(rows, case_scores(model, cases, sb), related_hits(model, related, sb)):
         row.post = s
         (row.ss_hits, row.ss_n), (row.stn_hits, row.stn_n) = hits["ss"], hits["stn"]
@@ -199,6 +218,7 @@ def _independent(
                 [base.related[i] for i in unit],
                 base,
                 config,
+                [base.hops[i] for i in unit] if base.hops else None,
             )
         finally:
             edit.undo(model)
@@ -258,9 +278,9 @@ def evaluate_local(
     steps: list[StepDrift] = []
     if config.sequential:
         n, curve, steps = _sequential(model, editor, cases, base, config, bar, t_start)
-        cases, base.rows, base.related = cases[:n], base.rows[:n], base.related[:n]
+        cases, base.rows, base.related, base.hops = cases[:n], base.rows[:n], base.related[:n], base.hops[:n]
         bar.close()
-        score_after(model, cases, base.rows, base.related, base, config)
+        score_after(model, cases, base.rows, base.related, base, config, base.hops or None)
         undo_all(model)
         if weights_fingerprint(model) != base_fp:  # pragma: no cover
             raise RuntimeError("undoing the sequential edits did not restore the weights bit-exactly")

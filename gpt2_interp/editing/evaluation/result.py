@@ -7,7 +7,7 @@ from typing import Any
 
 from ...core.boundary import boundary
 from ...core.result import Result
-from .scores import SCORES, CaseRow, CurvePoint, MeanScores, StepDrift, Summary, _mean
+from .scores import SCORES, CaseRow, CurvePoint, GenerationScores, MeanScores, StepDrift, Summary, _mean
 
 
 @boundary
@@ -44,7 +44,8 @@ class EditEvaluation(Result):
         """An evaluation back from its JSON form (:meth:`to_dict`), e.g. to render a saved result's table and figure."""
 
         def summary(s: dict[str, Any]) -> Summary:
-            return Summary(**{**s, "pre": MeanScores(**s["pre"]), "post": MeanScores(**s["post"])})
+            gen = {k: GenerationScores(**s[k]) for k in ("gen_pre", "gen_post") if s.get(k) is not None}
+            return Summary(**{**s, "pre": MeanScores(**s["pre"]), "post": MeanScores(**s["post"]), **gen})
 
         return cls(
             d["method"],
@@ -101,6 +102,18 @@ class EditEvaluation(Result):
             f"{fmt(s.edit_seconds_median, '.2f')} s median; weights restored bit-exactly: "
             f"{self.restored_exactly}"
         )
+        if s.gen_post is not None and s.gen_pre is not None:
+            g0, g1 = s.gen_pre, s.gen_post
+            lines.append(
+                f"by greedy generation: ES {pc(g0.es)} → {pc(g1.es)}, PS {pc(g0.ps)} → {pc(g1.ps)}, "
+                f"NS {pc(g0.ns)} → {pc(g1.ns)}"
+            )
+            if s.n_hop:
+                lines.append(
+                    f"two-hop questions through the edits ({s.n_hop} cases): answer through the new object "
+                    f"{pc(g0.hop)} → {pc(g1.hop)} generated, {pc(g0.hop_tf)} → {pc(g1.hop_tf)} teacher-forced; "
+                    f"through the true object {pc(g0.hop_true)} → {pc(g1.hop_true)} generated"
+                )
         if self.curve:
 
             def pct(x):

@@ -97,6 +97,32 @@ class Scores:
 
 @boundary
 @dataclass
+class GenerationScores:
+    """One case's (or, averaged, many cases') scores from greedy continuations (:mod:`.generation`): ``es``,
+    ``ps``, ``ns`` as rates in [0, 1]; ``hop`` / ``hop_true``: the two-hop questions whose continuation
+    states the answer through the new / the true object; ``hop_tf``: those where P(answer through new) >
+    P(answer through true). None where the case has no such prompt."""
+
+    es: float | None = None
+    ps: float | None = None
+    ns: float | None = None
+    hop: float | None = None
+    hop_true: float | None = None
+    hop_tf: float | None = None
+
+    @classmethod
+    def over(cls, scores: Sequence[GenerationScores | None]) -> GenerationScores:
+        """The mean of each score over ``scores`` (None entries and undefined scores skipped)."""
+        got = [s for s in scores if s is not None]
+        out = cls()
+        for k in vars(out):
+            xs = [getattr(s, k) for s in got if getattr(s, k) is not None]
+            setattr(out, k, sum(xs) / len(xs) if xs else None)
+        return out
+
+
+@boundary
+@dataclass
 class CaseScores(Scores):
     """One case's :class:`Scores` on the model as it is, and ``p_new`` = P(new) / ``p_true`` = P(true) on
     its rewrite prompt (``p_true`` None for a case without a true target)."""
@@ -293,7 +319,8 @@ class CaseRow:
     its :class:`CaseScores` before and after (``post`` None until edited); ``fluency_pre`` and
     ``fluency_post``: :func:`n_gram_entropy` of its continuations; ``ss_hits``/``stn_hits``: related
     facts still known after the edit; ``kl_drift``: mean KL(unedited ‖ edited) on unrelated prompts;
-    ``edit_seconds``: the time to compute the edit."""
+    ``edit_seconds``: the time to compute the edit; ``gen_pre``/``gen_post``: its
+    :class:`GenerationScores` before and after (None unless the evaluation scores generations)."""
 
     case_id: int
     relation: str
@@ -313,6 +340,8 @@ class CaseRow:
     kl_drift: float | None = None
     edit_seconds: float | None = None
     layer: int | list[int] | None = None
+    gen_pre: GenerationScores | None = None
+    gen_post: GenerationScores | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CaseRow:
@@ -321,6 +350,8 @@ class CaseRow:
         for stage in ("pre", "post"):
             if d.get(stage) is not None:
                 d[stage] = CaseScores(**d[stage])
+            if d.get(f"gen_{stage}") is not None:
+                d[f"gen_{stage}"] = GenerationScores(**d[f"gen_{stage}"])
         return cls(**d)
 
     @property
@@ -361,7 +392,9 @@ class Summary:
 
     ``n``: rows summarised; ``pre``/``post``: :class:`MeanScores` before and after; ``n_neighbourhood``:
     rows with a neighbourhood score after the edit; ``fluency_pre``/``fluency_post``, ``kl_drift``,
-    ``edit_seconds`` (mean) and ``edit_seconds_median``: means over the rows that have them."""
+    ``edit_seconds`` (mean) and ``edit_seconds_median``: means over the rows that have them;
+    ``gen_pre``/``gen_post``: the mean :class:`GenerationScores` (None unless scored); ``n_hop``: rows
+    with two-hop questions."""
 
     n: int
     pre: MeanScores
@@ -376,6 +409,9 @@ class Summary:
     kl_drift: float | None = None
     edit_seconds: float | None = None
     edit_seconds_median: float | None = None
+    gen_pre: GenerationScores | None = None
+    gen_post: GenerationScores | None = None
+    n_hop: int = 0
 
 
 @boundary
@@ -398,6 +434,9 @@ def summarize(rows: Sequence[CaseRow]) -> Summary:
         kl_drift=_mean([r.kl_drift for r in rows]),
         edit_seconds=_mean(times),
         edit_seconds_median=statistics.median(times) if times else None,
+        gen_pre=GenerationScores.over([r.gen_pre for r in rows]) if any(r.gen_pre for r in rows) else None,
+        gen_post=GenerationScores.over([r.gen_post for r in rows]) if any(r.gen_post for r in rows) else None,
+        n_hop=sum(r.gen_pre is not None and r.gen_pre.hop_tf is not None for r in rows),
     )
 
 
