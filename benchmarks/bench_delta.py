@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -281,6 +282,44 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _speed_rows(
+    res: dict[tuple[str, str], list[dict[str, Any]]],
+    kind: str,
+    cells: Callable[[list[dict[str, Any]], list[dict[str, Any]]], list[str]],
+) -> list[str]:
+    """A table's rows, one per preset and code: ``| preset | code | cells |``, ``cells(x, b)`` the cells of that
+    code's results ``x`` of task ``{kind}-{preset}`` (``b``: the baseline's)."""
+    lines = []
+    for preset in ("paper", "default"):
+        b, t = res[("baseline", f"{kind}-{preset}")], res[("this", f"{kind}-{preset}")]
+        for name, x in (("baseline", b), ("this", t)):
+            lines.append("| " + " | ".join([preset, name, *cells(x, b)]) + " |")
+    return lines
+
+
+def _span(values: Iterable[int]) -> str:
+    """``lowest–highest`` of ``values``."""
+    v = sorted(values)
+    return f"{v[0]}–{v[-1]}"
+
+
+def _max_rel(
+    res: dict[tuple[str, str], list[dict[str, Any]]],
+    kind: str,
+    vectors: Callable[[dict[str, Any]], list[list[float]]],
+) -> dict[str, float]:
+    """Per preset, the largest ``rel`` between this checkout's and the baseline's ``vectors`` of one result, the
+    results of task ``{kind}-{preset}`` paired in order."""
+    return {
+        p: max(
+            rel(d, e)
+            for x, y in zip(res[("this", f"{kind}-{p}")], res[("baseline", f"{kind}-{p}")])
+            for d, e in zip(vectors(x), vectors(y))
+        )
+        for p in ("paper", "default")
+    }
+
+
 def report(
     a: argparse.Namespace,
     argv: list[str] | None,
@@ -307,20 +346,18 @@ def report(
         "| preset | code | median s per edit | median δ s | steps | speed-up (edit) | speed-up (δ) |",
         "|---|---|---|---|---|---|---|",
     ]
-    for preset in ("paper", "default"):
-        b, t = res[("baseline", f"rome-{preset}")], res[("this", f"rome-{preset}")]
-        for name, x in (("baseline", b), ("this", t)):
-            steps = sorted({r["steps"] for r in x})
-            sp = med(r["s"] for r in b) / med(r["s"] for r in x)
-            spd = med(r["delta_s"] for r in b) / med(r["delta_s"] for r in x)
-            lines.append(
-                f"| {preset} | {name} | {med(r['s'] for r in x):.2f} | {med(r['delta_s'] for r in x):.2f} "
-                f"| {steps[0]}–{steps[-1]} | {sp:.2f}× | {spd:.2f}× |"
-            )
-    vdiff = {
-        p: max(rel(x["delta"], y["delta"]) for x, y in zip(res[("this", f"rome-{p}")], res[("baseline", f"rome-{p}")]))
-        for p in ("paper", "default")
-    }
+    lines += _speed_rows(
+        res,
+        "rome",
+        lambda x, b: [
+            f"{med(r['s'] for r in x):.2f}",
+            f"{med(r['delta_s'] for r in x):.2f}",
+            _span(r["steps"] for r in x),
+            f"{med(r['s'] for r in b) / med(r['s'] for r in x):.2f}×",
+            f"{med(r['delta_s'] for r in b) / med(r['delta_s'] for r in x):.2f}×",
+        ],
+    )
+    vdiff = _max_rel(res, "rome", lambda r: [r["delta"]])
     lines += [
         "",
         f"Same edits, both codes: max ‖v* − v*_base‖/‖v*_base‖ paper {vdiff['paper']:.1e}, "
@@ -333,22 +370,16 @@ def report(
         "| preset | code | median s per request | mean steps | speed-up |",
         "|---|---|---|---|---|",
     ]
-    for preset in ("paper", "default"):
-        b, t = res[("baseline", f"memit-{preset}")], res[("this", f"memit-{preset}")]
-        for name, x in (("baseline", b), ("this", t)):
-            steps = statistics.mean(s for r in x for s in r["steps"])
-            lines.append(
-                f"| {preset} | {name} | {med(r['s'] for r in x):.2f} | {steps:.1f} "
-                f"| {med(r['s'] for r in b) / med(r['s'] for r in x):.2f}× |"
-            )
-    diffs = {
-        p: max(
-            rel(d, e)
-            for x, y in zip(res[("this", f"memit-{p}")], res[("baseline", f"memit-{p}")])
-            for d, e in zip(x["deltas"], y["deltas"])
-        )
-        for p in ("paper", "default")
-    }
+    lines += _speed_rows(
+        res,
+        "memit",
+        lambda x, b: [
+            f"{med(r['s'] for r in x):.2f}",
+            f"{statistics.mean(s for r in x for s in r['steps']):.1f}",
+            f"{med(r['s'] for r in b) / med(r['s'] for r in x):.2f}×",
+        ],
+    )
+    diffs = _max_rel(res, "memit", lambda r: r["deltas"])
     lines += [
         "",
         f"Same requests, both codes: max ‖δ − δ_base‖/‖δ_base‖ paper {diffs['paper']:.1e}, "

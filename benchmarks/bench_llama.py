@@ -20,7 +20,6 @@ import platform
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -28,6 +27,12 @@ from harness import interleaved
 
 import gpt2_interp as gi
 from gpt2_interp.experiments.provenance import standalone, write_beside
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.families_cases import tl_llama as transformer_lens_twin  # noqa: E402 (the Llama tests' own twin)
 
 
 def llama_config(
@@ -49,42 +54,6 @@ def llama_config(
         tie_word_embeddings=True,
         attn_implementation="sdpa",
     )
-
-
-def transformer_lens_twin(hf):
-    """TransformerLens's HookedTransformer holding ``hf``'s (a LlamaForCausalLM) weights."""
-    import transformer_lens as tl
-    from transformer_lens.pretrained.weight_conversions.llama import convert_llama_weights
-
-    c = hf.config
-    d_head = c.hidden_size // c.num_attention_heads
-    rope = getattr(c, "rope_parameters", None) or {}  # transformers ≥ 5 keeps θ there
-    rope_theta = float(rope.get("rope_theta") or getattr(c, "rope_theta", 10000.0))
-    cfg = tl.HookedTransformerConfig(
-        n_layers=c.num_hidden_layers,
-        d_model=c.hidden_size,
-        n_heads=c.num_attention_heads,
-        d_head=d_head,
-        n_key_value_heads=c.num_key_value_heads,
-        d_mlp=c.intermediate_size,
-        n_ctx=c.max_position_embeddings,
-        d_vocab=c.vocab_size,
-        act_fn="silu",
-        gated_mlp=True,
-        normalization_type="RMS",
-        eps=c.rms_norm_eps,
-        positional_embedding_type="rotary",
-        rotary_dim=d_head,
-        rotary_base=rope_theta,
-        rotary_adjacent_pairs=False,
-        final_rms=True,
-        default_prepend_bos=False,
-    )
-    with warnings.catch_warnings():  # TL 3.9 points to TransformerBridge; the classic class is what we compare with
-        warnings.simplefilter("ignore", DeprecationWarning)
-        ref = tl.HookedTransformer(cfg)
-    ref.load_state_dict(convert_llama_weights(hf, cfg), strict=False)
-    return ref.eval()
 
 
 def sweep_benchmark(layers: int, pos: int, repeats: int, **shape) -> tuple[str, float, str, str]:

@@ -1,14 +1,20 @@
 """The model families on tiny random weights, shared by the family tests: ``CASES`` (family → transformers
 config class, model class and kwargs keeping the family's features), ``hf_model`` (the transformers model
 with non-trivial norm gains and biases), ``family_pair`` (that model and ours converted from it, for a test
-module's fixture) and the test prompts; ``REFERENCE_CASES`` adds GPT-2 for tools compared across families."""
+module's fixture) and the test prompts; ``REFERENCE_CASES`` adds GPT-2 for tools compared across families.
+``LLAMA_LIKE`` also gives the plain Llama of the Llama tests: ``llama_like_config`` (ours), ``hf_llama`` and
+``tl_llama`` (transformers' and TransformerLens's, on the same weights)."""
 
 from __future__ import annotations
+
+import dataclasses
+import warnings
 
 import pytest
 import torch
 
 import gpt2_interp as gi
+from gpt2_interp.model import GPT2Config
 
 transformers = pytest.importorskip("transformers")
 
@@ -133,7 +139,10 @@ def hf_model(family: str, vocab: int = VOCAB):
     """The transformers model of ``family`` (a key of ``CASES`` or ``REFERENCE_CASES``), seeded, eager
     attention, with noise added to every parameter; ``vocab`` 50257 lets GPT-2's tokenizer read text."""
     config_class, model_class, kw = {**CASES, **REFERENCE_CASES}[family]
-    kw = {**kw, "vocab_size": vocab}
+    return _noisy(config_class, model_class, {**kw, "vocab_size": vocab})
+
+
+def _noisy(config_class: str, model_class: str, kw: dict):
     torch.manual_seed(0)
     cfg = getattr(transformers, config_class)(**kw)
     cfg._attn_implementation = "eager"
@@ -144,6 +153,61 @@ def hf_model(family: str, vocab: int = VOCAB):
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
+
+
+# a small RoPE base: every rotary frequency turns visibly over a test prompt, so a wrong rotation shows
+LLAMA_ROPE_THETA = 500.0
+
+
+def hf_llama(tied: bool = False):
+    """transformers' LlamaForCausalLM of ``LLAMA_LIKE`` (RoPE base ``LLAMA_ROPE_THETA``), built as
+    :func:`hf_model` builds the families; ``tied``: the unembedding shares the embedding's weights."""
+    kw = dict(LLAMA_LIKE, rope_theta=LLAMA_ROPE_THETA, tie_word_embeddings=tied)
+    return _noisy("LlamaConfig", "LlamaForCausalLM", kw)
+
+
+def llama_like_config(**changes) -> GPT2Config:
+    """Our config of ``LLAMA_LIKE`` (through ``GPT2Config.from_hf_dict``), with ``changes`` applied."""
+    cfg = GPT2Config.from_hf_dict({**LLAMA_LIKE, "model_type": "llama", "rope_theta": LLAMA_ROPE_THETA})
+    return dataclasses.replace(cfg, **changes)
+
+
+def tl_llama(hf):
+    """TransformerLens 3.9's HookedTransformer with the weights of the transformers Llama ``hf`` (a config it
+    can build: RMSNorm, rotary on every head dimension with halves rotated as transformers does, SwiGLU, GQA),
+    through TransformerLens's own ``convert_llama_weights``."""
+    tl = pytest.importorskip("transformer_lens")
+    from transformer_lens.pretrained.weight_conversions.llama import convert_llama_weights
+
+    c = hf.config
+    d_head = c.hidden_size // c.num_attention_heads
+    rope = getattr(c, "rope_parameters", None) or {}  # transformers ≥ 5 keeps θ there
+    rope_theta = float(rope.get("rope_theta") or getattr(c, "rope_theta", 10000.0))
+    cfg = tl.HookedTransformerConfig(
+        n_layers=c.num_hidden_layers,
+        d_model=c.hidden_size,
+        n_heads=c.num_attention_heads,
+        d_head=d_head,
+        n_key_value_heads=c.num_key_value_heads,
+        d_mlp=c.intermediate_size,
+        n_ctx=c.max_position_embeddings,
+        d_vocab=c.vocab_size,
+        act_fn="silu",
+        gated_mlp=True,
+        normalization_type="RMS",
+        eps=c.rms_norm_eps,
+        positional_embedding_type="rotary",
+        rotary_dim=d_head,
+        rotary_base=rope_theta,
+        rotary_adjacent_pairs=False,
+        final_rms=True,
+        default_prepend_bos=False,
+    )
+    with warnings.catch_warnings():  # TL 3.9 points to TransformerBridge; the classic class is what we compare with
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ref = tl.HookedTransformer(cfg)
+    ref.load_state_dict(convert_llama_weights(hf, cfg), strict=False)
+    return ref.eval()
 
 
 def family_pair(family: str, vocab: int = VOCAB):

@@ -12,7 +12,8 @@ from gpt2_interp.model import GPT2Config, HookedGPT2, llama_config
 
 transformers = pytest.importorskip("transformers")
 
-VOCAB = 320
+from tests.families_cases import VOCAB, hf_llama, llama_like_config, tl_llama  # noqa: E402
+
 TOKENS = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(1))
 
 
@@ -25,31 +26,9 @@ def close(a, b, tol=1e-4):
     return (a[finite] - b[finite]).abs().max().item() <= tol
 
 
-def _hf_llama(tied: bool):
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        rope_theta=500.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=tied,
-        attn_implementation="eager",
-    )
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # non-trivial norm gains, larger weights so attention is not uniform
-        for name, p in model.named_parameters():
-            p.add_(torch.randn_like(p) * (0.3 if "norm" in name else 0.05))
-    return model
-
-
 @pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
 def llama_pair(request):
-    hf = _hf_llama(request.param)
+    hf = hf_llama(tied=request.param)
     return hf, gi.from_transformers(hf)
 
 
@@ -134,34 +113,8 @@ def test_logits_and_every_shared_hook_match_transformers_llama(llama_pair):
 
 
 def test_matches_transformer_lens_where_it_supports_the_config(llama_pair):
-    tl = pytest.importorskip("transformer_lens")
-    from transformer_lens.pretrained.weight_conversions.llama import convert_llama_weights
-
     hf, ours = llama_pair
-    c = hf.config
-    cfg = tl.HookedTransformerConfig(
-        n_layers=c.num_hidden_layers,
-        d_model=c.hidden_size,
-        n_heads=c.num_attention_heads,
-        d_head=16,
-        n_key_value_heads=c.num_key_value_heads,
-        d_mlp=c.intermediate_size,
-        n_ctx=c.max_position_embeddings,
-        d_vocab=VOCAB,
-        act_fn="silu",
-        gated_mlp=True,
-        normalization_type="RMS",
-        eps=c.rms_norm_eps,
-        positional_embedding_type="rotary",
-        rotary_dim=16,
-        rotary_base=500.0,
-        rotary_adjacent_pairs=False,
-        final_rms=True,
-        default_prepend_bos=False,
-    )
-    ref = tl.HookedTransformer(cfg)
-    ref.load_state_dict(convert_llama_weights(hf, cfg), strict=False)
-    ref.eval()
+    ref = tl_llama(hf)
     with torch.no_grad():
         ref_logits, ref_cache = ref.run_with_cache(TOKENS)
     logits, cache = ours.run_with_cache(TOKENS)
@@ -224,10 +177,10 @@ def test_left_padded_batch_equals_single_prompts_under_rope(llama_pair):
 
 
 def test_gqa_per_head_views_and_parameter_names():
-    cfg = llama_config(n_layer=1, d_model=32, n_head=4, n_kv_heads=1, d_mlp=48, n_ctx=16, d_vocab=50)
-    m = HookedGPT2(cfg, seed=0)
+    # one key/value head for all four query heads (multi-query, GQA's extreme); one layer is enough here
+    m = HookedGPT2(llama_like_config(n_layer=1, n_kv_heads=1), seed=0)
     a = m.blocks[0].attn
-    assert a.W_Q.shape == (4, 32, 8) and a.W_K.shape == (1, 32, 8) and a.W_V.shape == (1, 32, 8)
+    assert a.W_Q.shape == (4, 64, 16) and a.W_K.shape == (1, 64, 16) and a.W_V.shape == (1, 64, 16)
     assert a.b_QKV is None and m.blocks[0].mlp.b_out is None and m.W_pos is None
     assert {n.split(".", 2)[-1] for n, _ in m.named_parameters() if n.startswith("blocks.0.")} == {
         "ln1.w",
@@ -266,7 +219,7 @@ def test_gpt2_config_is_untouched_by_the_new_fields():
 
 
 def test_llama_configs_we_do_not_implement_are_refused():
-    base = _hf_llama(True).config.to_dict()
+    base = hf_llama(tied=True).config.to_dict()
     with pytest.raises(ValueError, match=r"rope_type='longrope' is not supported; accepted: 'default', 'linear'"):
         GPT2Config.from_hf_dict(
             {**base, "rope_parameters": {"rope_type": "longrope", "factor": 2.0, "rope_theta": 1e4}}

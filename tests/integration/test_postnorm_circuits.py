@@ -16,28 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from functools import partial
 
 import pytest
 import torch
 
-from gpt2_interp.analysis.circuits import (
-    Circuit,
-    Graph,
-    circuit,
-    edge_patch,
-    edge_scores,
-    evaluate,
-    graph_of,
-    pairs_of,
-    run_with_edges,
-)
-from gpt2_interp.analysis.metrics import logit_diff
+from gpt2_interp.analysis.circuits import Graph, graph_of, run_with_edges
 
 transformers = pytest.importorskip("transformers")
 
-from tests.families_cases import VOCAB, family_pair  # noqa: E402
+from tests.families_cases import family_pair  # noqa: E402
+from tests.integration import circuit_refs as refs  # noqa: E402
 
-METRIC = logit_diff(5, 6)
 EDGES = [
     "input->m0",
     "a0.h1->m0",
@@ -56,11 +46,8 @@ EDGES = [
 def case(request):
     """``(family, transformers model, our model, clean tokens, corrupted tokens)``: three pairs of 7 tokens
     that differ at positions 2 and 4."""
-    family, hf, ours = family_pair(request.param)
+    family, hf, ours, clean, corrupted = refs.circuit_case(request.param)
     assert ours.cfg.norm_position in ("post", "sandwich"), family
-    clean = torch.randint(1, VOCAB, (3, 7), generator=torch.Generator().manual_seed(1))
-    corrupted = clean.clone()
-    corrupted[:, 2], corrupted[:, 4] = 9, 11
     return family, hf, ours, clean, corrupted
 
 
@@ -74,22 +61,9 @@ def _gain(hf, l: int) -> torch.Tensor:
     return 1 + w if "Gemma" in type(hf).__name__ else w
 
 
-def _sender_output(hf, ours, cache, sender: str) -> torch.Tensor:
-    """``[batch, pos, d_model]``: the input embedding, an MLP's (normalised) output, or one head's share
-    ``g ⊙ z_h W_O[h] / σ`` of its layer's normalised attention output in the run of ``cache``."""
-    if sender == "input":
-        return cache["blocks.0.hook_resid_pre"]
-    if sender.startswith("m"):
-        return cache[f"blocks.{int(sender[1:])}.hook_mlp_out"]
-    l, h = map(int, re.fullmatch(r"a(\d+)\.h(\d+)", sender).groups())
-    z, w_o = cache[f"blocks.{l}.attn.hook_z"], ours.blocks[l].attn.W_O
-    total = torch.einsum("bphe,hed->bpd", z, w_o)
-    sigma = (total.pow(2).mean(-1, keepdim=True) + ours.cfg.layer_norm_eps).sqrt()
-    return _gain(hf, l) * (z[:, :, h] @ w_o[h]) / sigma
-
-
-def _senders(n_layer: int, n_head: int) -> list[str]:
-    return ["input"] + [x for l in range(n_layer) for x in [*(f"a{l}.h{h}" for h in range(n_head)), f"m{l}"]]
+def _out(hf, ours):
+    """``out(cache, sender)``: a head's share ``g ⊙ z_h W_O[h] / σ`` of its layer's normalised attention output."""
+    return partial(refs.sender_output, ours, gain=partial(_gain, hf))
 
 
 @torch.no_grad()
@@ -99,12 +73,16 @@ def test_the_senders_outputs_sum_to_the_residual_stream_of_each_run(case):
     graph = graph_of(ours)
     # the same edges as a pre-norm model of these sizes
     assert graph.edges == Graph(c.n_layer, c.n_head, c.n_kv).edges, family
-    senders = _senders(c.n_layer, c.n_head)
+    out = _out(hf, ours)
     for tokens in (clean, corrupted):
         _, cache = ours.run_with_cache(tokens)
         for l in range(c.n_layer):
-            before = [s for s in senders if s == "input" or int(re.match(r"[am](\d+)", s).group(1)) < l]
-            total = sum(_sender_output(hf, ours, cache, s) for s in before)
+            before = [
+                s
+                for s in refs.senders(c.n_layer, c.n_head)
+                if s == "input" or int(re.match(r"[am](\d+)", s).group(1)) < l
+            ]
+            total = sum(out(cache, s) for s in before)
             assert torch.allclose(total, cache[f"blocks.{l}.hook_resid_pre"], atol=1e-4), (family, l)
 
 
@@ -115,13 +93,8 @@ def _metric_by_hand(hf, ours, tokens, receiver=None, add=None, start=None, reads
     logits read the final residual. ``start``: the residual entering block 0 (an input path); ``reads(stage, x)``:
     what the receivers of ``stage`` (``("qkv", l)``, ``("mlp", l)``, ``("logits", n_layer)``) read instead of the
     residual ``x`` there, the residual stream itself unchanged (an activation path)."""
-    n = ours.cfg.n_layer
     receiver = receiver or ""
-    head = re.fullmatch(r"a(\d+)\.h(\d+)<([qkv])>", receiver)
     mid: dict[int, torch.Tensor] = {}
-
-    def read(stage, x, here: bool):
-        return (x if reads is None else reads(stage, x)) + (add if here else 0)
 
     def keep_mid(act, hook, l):
         mid[l] = act
@@ -130,80 +103,40 @@ def _metric_by_hand(hf, ours, tokens, receiver=None, add=None, start=None, reads
         if receiver != f"m{l}" and reads is None:
             return None
         layer = _hf_layer(hf, l)
-        x = read(("mlp", l), mid[l], receiver == f"m{l}")
+        x = refs.read(reads, ("mlp", l), mid[l], add, receiver == f"m{l}")
         if hasattr(layer, "pre_feedforward_layernorm"):
             x = layer.pre_feedforward_layernorm(x)
         return layer.post_feedforward_layernorm(layer.mlp(x))
-
-    def qkv_in(act, hook, l, kind):
-        act = read(("qkv", l), act[:, :, 0], False)[:, :, None].expand_as(act).clone()
-        if head is not None and (int(head.group(1)), head.group(3)) == (l, kind):
-            act[:, :, int(head.group(2))] += add
-        return act
 
     def first(act, hook):
         return start
 
     hooks = [("blocks.0.hook_resid_pre", first)] if start is not None else []
-    for l in range(n):
+    for l in range(ours.cfg.n_layer):
         hooks += [
             (f"blocks.{l}.hook_resid_mid", lambda a, hook, l=l: keep_mid(a, hook, l)),
             (f"blocks.{l}.hook_mlp_out", lambda a, hook, l=l: mlp_out(a, hook, l)),
         ]
-    handles = []
-    if receiver == "logits" or reads is not None:
-        handles.append(
-            ours.ln_final.register_forward_pre_hook(lambda m, a: (read(("logits", n), a[0], receiver == "logits"),))
-        )
-    split = head is not None or reads is not None
-    hooks += [
-        (f"blocks.{l}.hook_{kind}_input", lambda act, hook, l=l, kind=kind: qkv_in(act, hook, l, kind))
-        for l in (range(n) if split else ())
-        for kind in "qkv"
-    ]
-    ours.set_use_split_qkv_input(split)
-    try:
-        logits = ours.run_with_hooks(tokens, fwd_hooks=hooks)
-    finally:
-        ours.set_use_split_qkv_input(False)
-        for h in handles:
-            h.remove()
-    return METRIC(logits[:, -1]).mean()
+    return refs.run_by_hand(ours, tokens, receiver, add, reads, lambda stage, l: (stage, l), hooks, [])
 
 
 def _edges(ours) -> list[str]:
     return [e for e in EDGES if e in graph_of(ours).edges]
 
 
+def _refs(case) -> refs.Refs:
+    family, hf, ours, clean, corrupted = case
+    return refs.Refs(family, ours, clean, corrupted, _edges(ours), _out(hf, ours), partial(_metric_by_hand, hf, ours))
+
+
 @torch.no_grad()
 def test_post_norm_edge_patching_equals_a_hand_written_patch_through_transformers_layers(case):
-    family, hf, ours, clean, corrupted = case
-    graph = graph_of(ours)
-    pairs = pairs_of(ours, clean, corrupted, METRIC)
-    edges = _edges(ours)
-    assert len(edges) == len(EDGES), family
-    ids = [graph.edge(e) for e in edges]
-    exact = edge_patch(ours, graph, pairs, edges=ids, progress=False).mean(-1)
-    rows = torch.zeros(len(ids), graph.n_edges)
-    rows[torch.arange(len(ids)), ids] = 1
-    run = run_with_edges(ours, graph, pairs, rows).mean(-1) - pairs.clean_metric.mean()
-    _, c = ours.run_with_cache(clean)
-    _, k = ours.run_with_cache(corrupted)
-    base = _metric_by_hand(hf, ours, clean)
+    family, _, ours, clean, _ = case
+    r = _refs(case)
+    assert len(r.edges) == len(EDGES), family
+    base = r.by_hand(clean)
+    graph, pairs, rows, _ = refs.check_edge_patching(r, base)
     assert abs(float(base) - float(pairs.clean_metric.mean())) < 2e-5, family
-    want = torch.stack(
-        [
-            _metric_by_hand(
-                hf, ours, clean, e.split("->")[1], _sender_output(hf, ours, k, s) - _sender_output(hf, ours, c, s)
-            )
-            - base
-            for e in edges
-            for s in [e.split("->")[0]]
-        ]
-    )
-    assert float(want.abs().max()) > 1e-3, family  # the edges do something
-    assert torch.allclose(exact, want, atol=2e-5), (family, exact, want)
-    assert torch.allclose(run, want, atol=2e-5), (family, run, want)
     # every edge patched is the corrupted run; none patched the clean one; several at once compose in one run
     masks = torch.stack([torch.ones(graph.n_edges), torch.zeros(graph.n_edges), rows.sum(0)])
     every = run_with_edges(ours, graph, pairs, masks)
@@ -212,72 +145,25 @@ def test_post_norm_edge_patching_equals_a_hand_written_patch_through_transformer
     assert float((every[2] - every[1]).abs().max()) > 1e-3, family
 
 
-def _derivative(hf, ours, tokens, receiver, delta, **kw) -> float:
-    """d/dε at ε = 0 of the pair-mean metric with ``ε · delta`` added to ``receiver``'s input (by hand)."""
-    eps = torch.zeros((), requires_grad=True)
-    (g,) = torch.autograd.grad(_metric_by_hand(hf, ours, tokens, receiver, eps * delta, **kw), [eps])
-    return float(g)
-
-
-def _stage(receiver: str, n_layer: int) -> tuple[str, int]:
+def _point(receiver: str, n_layer: int) -> tuple[tuple[str, int], str]:
+    """The activation path's ``(stage, hook)`` of a receiver: a head's q/k/v reads its block's input, an MLP the
+    residual after attention, the logits the last block's output."""
     if receiver == "logits":
-        return ("logits", n_layer)
+        return ("logits", n_layer), f"blocks.{n_layer - 1}.hook_resid_post"
     if receiver.startswith("m"):
-        return ("mlp", int(receiver[1:]))
-    return ("qkv", int(re.match(r"a(\d+)", receiver).group(1)))
+        l = int(receiver[1:])
+        return ("mlp", l), f"blocks.{l}.hook_resid_mid"
+    l = int(re.match(r"a(\d+)", receiver).group(1))
+    return ("qkv", l), f"blocks.{l}.hook_resid_pre"
 
 
 def test_post_norm_eap_and_eap_ig_are_the_autograd_derivative_of_the_hand_written_patch(case):
-    family, hf, ours, clean, corrupted = case
-    n = ours.cfg.n_layer
-    with torch.no_grad():
-        _, c = ours.run_with_cache(clean)
-        _, k = ours.run_with_cache(corrupted)
-    alphas = (0.25, 0.75)
-    at = {("qkv", l): f"blocks.{l}.hook_resid_pre" for l in range(n)}
-    at |= {("mlp", l): f"blocks.{l}.hook_resid_mid" for l in range(n)}
-    at[("logits", n)] = f"blocks.{n - 1}.hook_resid_post"
-    edges = _edges(ours)
-    ids = [graph_of(ours).edge(e) for e in edges]
-    got = {
-        (m, p): edge_scores(ours, clean, corrupted, METRIC, method=m, ig_steps=2, ig_path=p, progress=False).scores[ids]
-        for m, p in (("eap", "inputs"), ("eap-ig", "inputs"), ("eap-ig", "activations"))
-    }
-    for i, e in enumerate(edges):
-        s, r = e.split("->")
-        delta = _sender_output(hf, ours, k, s) - _sender_output(hf, ours, c, s)
-        eap = _derivative(hf, ours, clean, r, delta)
-        e0, e1 = c["blocks.0.hook_resid_pre"], k["blocks.0.hook_resid_pre"]
-        ig_in = sum(_derivative(hf, ours, clean, r, delta, start=e0 + a * (e1 - e0)) for a in alphas) / 2
-        stage = _stage(r, n)
-        a0, a1 = c[at[stage]], k[at[stage]]
-        ig_act = (
-            sum(
-                _derivative(
-                    hf,
-                    ours,
-                    clean,
-                    r,
-                    delta,
-                    reads=lambda st, x, a=a, a0=a0, a1=a1, stage=stage: a0 + a * (a1 - a0) if st == stage else x,
-                )
-                for a in alphas
-            )
-            / 2
-        )
-        for key, want in ((("eap", "inputs"), eap), (("eap-ig", "inputs"), ig_in), (("eap-ig", "activations"), ig_act)):
-            assert abs(float(got[key][i]) - want) < 2e-5 + 1e-4 * abs(want), (family, key, e, float(got[key][i]), want)
-    assert max(abs(float(v)) for v in got["eap", "inputs"]) > 1e-3, family
+    refs.check_eap_against_derivatives(_refs(case), partial(_point, n_layer=case[2].cfg.n_layer))
 
 
 def test_a_post_norm_circuit_keeps_its_graph_through_a_file_and_is_faithful_on_the_whole_graph(case, tmp_path):
     family, _, ours, clean, corrupted = case
-    scores = edge_scores(ours, clean, corrupted, METRIC, method="eap", progress=False)
-    circ = evaluate(ours, circuit(scores, top=20), clean, corrupted, METRIC, completeness=False)
-    back = Circuit.load(circ.save(tmp_path / "c.json"))
-    assert back.graph.edges == graph_of(ours).edges, family
-    whole = evaluate(ours, circuit(scores, fraction=1.0, prune_dangling=False), clean, corrupted, METRIC)
-    assert abs(whole.faithfulness - 1) < 1e-4 and abs(whole.completeness) < 1e-4, family
+    refs.check_circuit_file_and_whole_graph(family, ours, clean, corrupted, tmp_path)
 
 
 def test_a_post_norm_block_with_an_attention_output_bias_is_refused_by_name():

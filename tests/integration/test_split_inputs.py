@@ -9,90 +9,29 @@ import torch
 
 import gpt2_interp as gi
 from gpt2_interp.analysis.patching import logit_diff, patch
-from gpt2_interp.model import HookedGPT2, llama_config
+from gpt2_interp.model import HookedGPT2
 
 transformers = pytest.importorskip("transformers")
 
-VOCAB = 320
+from tests.families_cases import VOCAB, hf_llama, hf_model, llama_like_config, tl_llama  # noqa: E402
+
 TOKENS = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(3))
 OTHER = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(4))
 FLAGS = ("use_split_qkv_input", "use_attn_in", "use_hook_mlp_in")
 
 
-def _hf_gpt2():
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=32, vocab_size=VOCAB)
-    model = transformers.GPT2LMHeadModel(cfg).eval()
-    with torch.no_grad():  # non-trivial norms and biases
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or ".ln_" in name:
-                p.add_(torch.randn_like(p) * 0.05)
-    return model
-
-
-def _hf_llama():
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        rope_theta=500.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-    )
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.add_(torch.randn_like(p) * (0.3 if "norm" in name else 0.05))
-    return model
-
-
-def _tl_llama(hf):
-    tl = pytest.importorskip("transformer_lens")
-    from transformer_lens.pretrained.weight_conversions.llama import convert_llama_weights
-
-    c = hf.config
-    cfg = tl.HookedTransformerConfig(
-        n_layers=c.num_hidden_layers,
-        d_model=c.hidden_size,
-        n_heads=c.num_attention_heads,
-        d_head=16,
-        n_key_value_heads=c.num_key_value_heads,
-        d_mlp=c.intermediate_size,
-        n_ctx=c.max_position_embeddings,
-        d_vocab=VOCAB,
-        act_fn="silu",
-        gated_mlp=True,
-        normalization_type="RMS",
-        eps=c.rms_norm_eps,
-        positional_embedding_type="rotary",
-        rotary_dim=16,
-        rotary_base=500.0,
-        rotary_adjacent_pairs=False,
-        final_rms=True,
-        default_prepend_bos=False,
-    )
-    ref = tl.HookedTransformer(cfg)
-    ref.load_state_dict(convert_llama_weights(hf, cfg), strict=False)
-    return ref.eval()
-
-
 @pytest.fixture(scope="module")
 def gpt2_pair(tl_from_hf):
     """(ours, TransformerLens) on one small random GPT-2."""
-    hf = _hf_gpt2()
+    hf = hf_model("gpt2")
     return gi.from_transformers(hf), tl_from_hf(hf)
 
 
 @pytest.fixture(scope="module")
 def llama_pair():
     """(ours, TransformerLens) on one small random Llama: RMSNorm, RoPE, SwiGLU, 4 heads over 2 KV heads."""
-    hf = _hf_llama()
-    return gi.from_transformers(hf), _tl_llama(hf)
+    hf = hf_llama()
+    return gi.from_transformers(hf), tl_llama(hf)
 
 
 @pytest.fixture(scope="module")
@@ -380,8 +319,7 @@ def test_patching_engine_with_split_inputs_equals_without(gpt2_64, hook):
 def test_patching_a_heads_input_equals_patching_its_projection_gqa(family):
     """A head's query/key/value at every position is a function of its own input copy alone, so the
     patching sweep over ``{family}_input`` equals the sweep over ``{family}`` (key/value heads under GQA)."""
-    cfg = llama_config(n_layer=2, d_model=64, n_head=4, n_kv_heads=2, d_mlp=96, n_ctx=64, d_vocab=VOCAB)
-    model = HookedGPT2(cfg, seed=0).double().eval()
+    model = HookedGPT2(llama_like_config(), seed=0).double().eval()
     metric = logit_diff(torch.tensor([5, 6]), torch.tensor([7, 8]))
     on_projection = patch(model, TOKENS, OTHER, metric, hook=family, progress=False)
     model.set_use_split_qkv_input(True)

@@ -727,12 +727,11 @@ def test_tl_patching_call_shape_matches_transformer_lens(pair, fn):
 def test_decomposition_sums_to_the_logits_on_a_llama_config():
     """The same cache methods on RMSNorm, RoPE, SwiGLU, grouped-query attention and no biases:
     every head, neuron and embedding through the real (uncentred) ln_final sums to the logits."""
-    from gpt2_interp.model import HookedGPT2, llama_config
+    from gpt2_interp.model import HookedGPT2
+    from tests.families_cases import llama_like_config
 
-    cfg = llama_config(
-        n_layer=2, d_model=64, n_head=4, n_kv_heads=2, d_mlp=96, n_ctx=64, d_vocab=50257, tied_embeddings=False
-    )
-    model = HookedGPT2(cfg, seed=0).eval()
+    # GPT-2's vocabulary: TEXT goes through GPT-2's tokenizer
+    model = HookedGPT2(llama_like_config(d_vocab=50257), seed=0).eval()
     with torch.no_grad():
         model.ln_final.w.add_(torch.randn_like(model.ln_final.w) * 0.2)
     logits, cache = model.run_with_cache(TEXT)
@@ -887,49 +886,10 @@ def test_from_pretrained_loads_through_load_and_says_it_never_folds(pair):
 def llama_pair():
     """(ours, TransformerLens) on one random Llama-style model: RMSNorm, RoPE, SwiGLU, GQA (4 heads, 2 kv), no
     biases."""
-    transformers = pytest.importorskip("transformers")
-    tl = pytest.importorskip("transformer_lens")
-    from transformer_lens.pretrained.weight_conversions.llama import convert_llama_weights
+    from tests.families_cases import hf_llama, tl_llama
 
-    torch.manual_seed(0)
-    c = transformers.LlamaConfig(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        rope_theta=500.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-    )
-    hf = transformers.LlamaForCausalLM(c).eval()
-    cfg = tl.HookedTransformerConfig(
-        n_layers=2,
-        d_model=64,
-        n_heads=4,
-        d_head=16,
-        n_key_value_heads=2,
-        d_mlp=96,
-        n_ctx=128,
-        d_vocab=320,
-        act_fn="silu",
-        gated_mlp=True,
-        normalization_type="RMS",
-        eps=1e-5,
-        positional_embedding_type="rotary",
-        rotary_dim=16,
-        rotary_base=500.0,
-        rotary_adjacent_pairs=False,
-        final_rms=True,
-        default_prepend_bos=False,
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        ref = tl.HookedTransformer(cfg)
-    ref.load_state_dict(convert_llama_weights(hf, cfg), strict=False)
-    return gi.from_transformers(hf).eval(), ref.eval()
+    hf = hf_llama()
+    return gi.from_transformers(hf).eval(), tl_llama(hf)
 
 
 def stacked_weights_rotary(model, utils):

@@ -12,30 +12,13 @@ import json
 import pytest
 import torch
 
-import gpt2_interp as gi
 from gpt2_interp.facts import Fact, FactBase, two_hop_cases, two_hop_chains
 from gpt2_interp.graphs import AttributionConfig, attribute, intervene, prune_graph, two_hop_check
-from gpt2_interp.graphs.transcoder import TranscoderSet, TranscoderTrainConfig, new_transcoders
-from gpt2_interp.model import HookedGPT2
-
-
-def _random_transcoders(model: HookedGPT2) -> TranscoderSet:
-    """Untrained transcoders with non-zero biases and skips (every term of the maths exercised)."""
-    ts = new_transcoders(model, TranscoderTrainConfig(d_sae=64, k=8, skip=True, seed=1))
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for t in ts:
-            t.b_enc.copy_(0.1 * torch.randn(t.b_enc.shape, generator=g))
-            t.b_dec.copy_(0.1 * torch.randn(t.b_dec.shape, generator=g))
-            assert t.W_skip is not None
-            t.W_skip.copy_(0.05 * torch.randn(t.W_skip.shape, generator=g))
-    return ts
+from tests.unit.transcoder_cases import facts_with_transcoders
 
 
 def _setup(dtype: torch.dtype, prompt: str = "The capital of France is"):
-    model = gi.load("gpt2-facts").to(dtype)
-    ts = _random_transcoders(model).to(dtype)
-    tokens = model.to_tokens(prompt)[0]
+    model, ts, tokens = facts_with_transcoders(dtype, prompt)
     graph = attribute(model, ts, tokens, AttributionConfig(batch_size=64, max_n_logits=4, desired_logit_prob=0.9999))
     return model, ts, graph
 

@@ -9,7 +9,6 @@ import re
 import pytest
 import torch
 
-import gpt2_interp as gi
 from gpt2_interp.graphs.attribution import AttributionConfig, AttributionGraph, attribute
 from gpt2_interp.graphs.prune import graph_scores, influence, normalise_rows, prune_graph
 from gpt2_interp.graphs.replacement import ReplacementModel
@@ -22,33 +21,19 @@ from gpt2_interp.graphs.transcoder import (
 )
 from gpt2_interp.io.integrity import IntegrityError
 from gpt2_interp.model import HookedGPT2, llama_config
-
-
-def _random_transcoders(model: HookedGPT2, skip: bool = True) -> TranscoderSet:
-    """Untrained transcoders with non-zero biases and skips (so that every term of the maths is exercised)."""
-    ts = new_transcoders(model, TranscoderTrainConfig(d_sae=64, k=8, skip=skip, seed=1))
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for t in ts:
-            t.b_enc.copy_(0.1 * torch.randn(t.b_enc.shape, generator=g))
-            t.b_dec.copy_(0.1 * torch.randn(t.b_dec.shape, generator=g))
-            if t.W_skip is not None:
-                t.W_skip.copy_(0.05 * torch.randn(t.W_skip.shape, generator=g))
-    return ts
+from tests.unit.transcoder_cases import facts_with_transcoders, random_transcoders
 
 
 @pytest.fixture(scope="module")
 def facts():
-    model = gi.load("gpt2-facts")
-    tokens = model.to_tokens("The capital of France is")[0]
-    return model, _random_transcoders(model), tokens
+    return facts_with_transcoders()
 
 
 @pytest.fixture(scope="module")
 def llama():
     cfg = llama_config(n_layer=2, d_model=32, n_head=4, n_kv_heads=2, d_mlp=48, n_ctx=16, d_vocab=64)
     model = HookedGPT2(cfg, seed=0).eval()
-    return model, _random_transcoders(model), torch.tensor([1, 5, 9, 33, 7, 2])
+    return model, random_transcoders(model), torch.tensor([1, 5, 9, 33, 7, 2])
 
 
 @pytest.fixture(scope="module")
