@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -100,12 +100,16 @@ class InterventionResult(Result):
     node_total: torch.Tensor
     node_free: torch.Tensor
     graph_pruned: torch.Tensor | None = None
+    _direct_error: float | None = field(default=None, repr=False)  # read back from JSON: measured at full precision
 
     @property
     def direct_error(self) -> float:
         """The largest ``|node_held − node_direct|`` over the feature nodes and tracked logit nodes, divided by
         the largest ``|node_direct|`` there (0 when nothing moves): how far the frozen model is from the
-        graph's edges."""
+        graph's edges. A result read back from its JSON (:meth:`from_dict`) gives the value stored there, which
+        was measured at full precision (the stored changes hold 6 significant digits)."""
+        if self._direct_error is not None:
+            return self._direct_error
         pred = torch.cat([self.node_direct, self.graph_direct[~self.graph_direct.isnan()]])
         got = torch.cat([self.node_held, self.frozen_held[~self.graph_direct.isnan()]])
         scale = float(pred.abs().max()) if len(pred) else 0.0
@@ -124,7 +128,7 @@ class InterventionResult(Result):
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> InterventionResult:
         """The result back from its JSON form (:meth:`to_dict`; None as NaN), e.g. to draw a saved result's
-        figure. Keys that are not fields (the kind, ``direct_error``) are ignored."""
+        figure. ``direct_error`` is kept as stored; other keys that are not fields (the kind) are ignored."""
 
         def floats(name: str, dtype: torch.dtype = torch.float64) -> torch.Tensor:
             return torch.tensor([math.nan if v is None else float(v) for v in d[name]], dtype=dtype)
@@ -149,6 +153,7 @@ class InterventionResult(Result):
             node_total=floats("node_total"),
             node_free=floats("node_free"),
             graph_pruned=None if d.get("graph_pruned") is None else floats("graph_pruned"),
+            _direct_error=None if d.get("direct_error") is None else float(d["direct_error"]),
         )
 
     def plot(self, **kwargs: Any) -> Figure:
