@@ -33,7 +33,8 @@ suppressing them move the answer in the real model?
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -45,11 +46,15 @@ from ..core.result import Result
 from ..core.tables import format_table
 from ..facts.templates import templates
 from ..facts.two_hop import TwoHopCase
+from ..views.interventions import view_intervention, view_two_hop_check
+from ..views.page import View
 from .attribution import AttributionGraph
 from .replacement import ReplacementModel
 from .transcoder import TARGET_HOOK, TranscoderSet
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from ..model.hooked_gpt2 import HookedGPT2
 
 #: A feature of a graph: ``(layer, position, feature index)``.
@@ -95,12 +100,16 @@ class InterventionResult(Result):
     node_total: torch.Tensor
     node_free: torch.Tensor
     graph_pruned: torch.Tensor | None = None
+    _direct_error: float | None = field(default=None, repr=False)  # read back from JSON: measured at full precision
 
     @property
     def direct_error(self) -> float:
         """The largest ``|node_held − node_direct|`` over the feature nodes and tracked logit nodes, divided by
         the largest ``|node_direct|`` there (0 when nothing moves): how far the frozen model is from the
-        graph's edges."""
+        graph's edges. A result read back from its JSON (:meth:`from_dict`) gives the value stored there, which
+        was measured at full precision (the stored changes hold 6 significant digits)."""
+        if self._direct_error is not None:
+            return self._direct_error
         pred = torch.cat([self.node_direct, self.graph_direct[~self.graph_direct.isnan()]])
         got = torch.cat([self.node_held, self.frozen_held[~self.graph_direct.isnan()]])
         scale = float(pred.abs().max()) if len(pred) else 0.0
@@ -108,12 +117,57 @@ class InterventionResult(Result):
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as JSON-ready values (:meth:`Result.to_dict`), a graph prediction of a token that is not a
-        logit node (NaN) as None."""
+        logit node (NaN) as None, and ``direct_error``."""
         d = super().to_dict()
         for name in ("graph_direct", "graph_total", "graph_pruned"):
             if d[name] is not None:
                 d[name] = [None if math.isnan(v) else v for v in d[name]]
+        d["direct_error"] = float(f"{self.direct_error:.6g}")
         return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> InterventionResult:
+        """The result back from its JSON form (:meth:`to_dict`; None as NaN), e.g. to draw a saved result's
+        figure. ``direct_error`` is kept as stored; other keys that are not fields (the kind) are ignored."""
+
+        def floats(name: str, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+            return torch.tensor([math.nan if v is None else float(v) for v in d[name]], dtype=dtype)
+
+        return cls(
+            features=torch.tensor(d["features"], dtype=torch.long).reshape(-1, 3),
+            old=floats("old", torch.float32),
+            new=floats("new", torch.float32),
+            tokens=torch.tensor(d["tokens"], dtype=torch.long).reshape(-1),
+            token_strs=[str(t) for t in d["token_strs"]],
+            graph_direct=floats("graph_direct"),
+            graph_total=floats("graph_total"),
+            frozen_held=floats("frozen_held"),
+            frozen_free=floats("frozen_free"),
+            real=floats("real"),
+            prob_before=floats("prob_before"),
+            prob_after=floats("prob_after"),
+            top_before=[(str(t), float(p)) for t, p in d["top_before"]],
+            top_after=[(str(t), float(p)) for t, p in d["top_after"]],
+            node_direct=floats("node_direct"),
+            node_held=floats("node_held"),
+            node_total=floats("node_total"),
+            node_free=floats("node_free"),
+            graph_pruned=None if d.get("graph_pruned") is None else floats("graph_pruned"),
+            _direct_error=None if d.get("direct_error") is None else float(d["direct_error"]),
+        )
+
+    def plot(self, **kwargs: Any) -> Figure:
+        """Each tracked token's logit change as the graph predicts it and as the frozen and the real model
+        measure it, the graph's prediction against the measured changes, and the real model's top tokens
+        before and after (:func:`~gpt2_interp.plots.interventions.plot_intervention`; ``kwargs`` go to it)."""
+        from ..plots.interventions import plot_intervention
+
+        return plot_intervention(self, **kwargs)
+
+    def view(self, **kwargs: Any) -> View:
+        """The interactive page of this result (:func:`~gpt2_interp.views.interventions.view_intervention`;
+        ``kwargs`` go to it): ``.save(path)`` writes it, ``.show()`` opens it, and a notebook cell displays it."""
+        return view_intervention(self, **kwargs)
 
     def table(self) -> str:
         """The features changed, then one row per tracked token (its logit's change each way, its probability
@@ -378,6 +432,38 @@ class TwoHopCheck(Result):
         d = super().to_dict()
         d["suppressed"] = None if self.suppressed is None else self.suppressed.to_dict()
         return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TwoHopCheck:
+        """The check back from its JSON form (:meth:`to_dict`), ``suppressed`` through
+        :meth:`InterventionResult.from_dict`."""
+        return cls(
+            prompt=str(d["prompt"]),
+            bridge=str(d["bridge"]),
+            answer=str(d["answer"]),
+            answer_prob=float(d["answer_prob"]),
+            answer_rank=int(d["answer_rank"]),
+            first_hop_prob=float(d["first_hop_prob"]),
+            second_hop_prob=float(d["second_hop_prob"]),
+            bridge_features=torch.tensor(d["bridge_features"], dtype=torch.long).reshape(-1, 3),
+            bridge_activations=torch.tensor(d["bridge_activations"], dtype=torch.float32).reshape(-1),
+            bridge_ranks=torch.tensor(d["bridge_ranks"], dtype=torch.long).reshape(-1),
+            suppressed=None if d.get("suppressed") is None else InterventionResult.from_dict(d["suppressed"]),
+        )
+
+    def plot(self, **kwargs: Any) -> Figure:
+        """The answer's and the hops' probabilities, what suppressing the bridge features does to the answer's
+        and the bridge's logits (the graph's prediction beside the frozen and the real model's), and the bridge
+        features' activations (:func:`~gpt2_interp.plots.interventions.plot_two_hop_check`; ``kwargs`` go to
+        it)."""
+        from ..plots.interventions import plot_two_hop_check
+
+        return plot_two_hop_check(self, **kwargs)
+
+    def view(self, **kwargs: Any) -> View:
+        """The interactive page of this check (:func:`~gpt2_interp.views.interventions.view_two_hop_check`;
+        ``kwargs`` go to it)."""
+        return view_two_hop_check(self, **kwargs)
 
     def table(self) -> str:
         """The prompt, the answer's and the hops' probabilities, the bridge features, and what suppressing

@@ -1,8 +1,8 @@
 """Every figure of gpt2-interp, one module per area (``lens``, ``causal``, ``attribution``, ``editing``,
-``probes``, ``circuits``; ``figure`` holds the common finishing touches, ``layout`` the geometry that keeps
-text legible: sizes from the data's shape, labels placed apart, titles fitted), each building
-``matplotlib.figure.Figure`` objects from result objects — never pyplot state, never a backend
-switch, so a notebook's backend is left alone. Results call these through their ``.plot()``."""
+``probes``, ``circuits``, ``steering``, ``interventions``; ``figure`` holds the common finishing touches,
+``layout`` the geometry that keeps text legible: sizes from the data's shape, labels placed apart, titles
+fitted), each building ``matplotlib.figure.Figure`` objects from result objects — never pyplot state, never a
+backend switch, so a notebook's backend is left alone. Results call these through their ``.plot()``."""
 
 from ..core.lazy import lazy_face
 
@@ -21,5 +21,6 @@ _FACE = {
     "probes": ("plot_probe", "plot_probe_summary"),
     "circuits": ("plot_circuit", "plot_faithfulness", "plot_edge_scores"),
     "steering": ("plot_steering_curve",),
+    "interventions": ("plot_intervention", "plot_two_hop_check"),
 }
 __all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

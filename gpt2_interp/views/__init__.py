@@ -1,8 +1,8 @@
 """Interactive views of gpt2-interp's results: self-contained HTML pages (plotly.js inside, once per
 page, no network when viewed) that also display themselves in Jupyter. One module per area (``attention``,
-``lens``, ``causal``, ``attribution``, ``editing``, ``circuits``, ``features``, ``steering``, ``graphs``);
-``page`` holds the :class:`View` they all return, ``dispatch`` the :func:`view` that finds the right one for
-any result or saved result file.
+``lens``, ``causal``, ``attribution``, ``editing``, ``circuits``, ``features``, ``steering``, ``graphs``,
+``interventions``); ``page`` holds the :class:`View` they all return, ``dispatch`` the :func:`view` that
+finds the right one for any result or saved result file.
 
 Requires Plotly (``pip install gpt2-interp[views]``); importing the library loads none of it."""
 
@@ -20,5 +20,6 @@ _FACE = {
     "features": ("view_feature",),
     "steering": ("view_steering",),
     "graphs": ("view_graph", "graph_page_data"),
+    "interventions": ("view_intervention", "view_two_hop_check", "intervention_figure"),
 }
 __all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

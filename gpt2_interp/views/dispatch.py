@@ -27,6 +27,7 @@ from .editing import view_edit_evaluation, view_probe, view_topk
 from .features import view_feature
 from .graphs import view_graph
 from .heatmap import as_dict
+from .interventions import view_intervention, view_two_hop_check
 from .lens import view_dla, view_lens, view_neuron_search, view_subupdates, view_vocab
 from .page import Part, View, text_part
 from .steering import view_steering
@@ -55,6 +56,8 @@ VIEWS: dict[str, Callable[..., View]] = {
     "feature": view_feature,
     "steering curve": view_steering,
     "attribution_graph": view_graph,
+    "graph_intervention": view_intervention,
+    "two_hop_check": view_two_hop_check,
 }
 
 #: For a dict that names no kind: the fields each kind always has, most specific first.
@@ -80,6 +83,11 @@ FIELDS: list[tuple[str, frozenset[str]]] = [
     ("feature", frozenset({"latent", "contexts", "promoted", "suppressed", "histogram", "density"})),
     ("steering curve", frozenset({"scales", "target_prob", "loss_change", "kl", "baseline_prob"})),
     ("attribution_graph", frozenset({"adjacency", "features", "logit_tokens", "logit_probabilities", "n_layers"})),
+    (
+        "graph_intervention",
+        frozenset({"graph_direct", "graph_total", "frozen_held", "frozen_free", "real", "node_free"}),
+    ),
+    ("two_hop_check", frozenset({"bridge", "answer", "bridge_features", "first_hop_prob", "suppressed"})),
 ]
 
 
@@ -112,7 +120,7 @@ def view(result: ResultLike, **kwargs: Any) -> View:
     """The interactive :class:`~gpt2_interp.views.View` of ``result``: a result object (lens, patching,
     attribution, trace, average trace, verification, agreement, top-k comparison, edit evaluation, probe,
     vocabulary, neuron search, sub-updates, attention patterns, circuit, edge scores, faithfulness curve,
-    feature, steering curve, attribution graph), its ``to_dict()``, or an experiment
+    feature, steering curve, attribution graph, graph intervention, two-hop check), its ``to_dict()``, or an experiment
     result (``ExperimentResult`` or its ``result.json`` as a dict), whose data is searched for the
     results it holds. ``kwargs`` go to the kind's view function. A dict of no known kind raises
     ValueError naming the kinds; a dict of a known kind that lacks a field or holds one of the wrong type

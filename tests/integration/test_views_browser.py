@@ -282,3 +282,20 @@ def test_graph_page_draws_each_node_and_edge_shows_a_feature_on_hover_and_pins_i
     hidden = browser.execute_script("return document.querySelectorAll('.g2v-gedge.g2v-ghide').length")
     assert hidden == sum(abs(w) < 0.3 * 2.0 for s, t, w in edges)  # below 30% of the largest |weight| (2.0)
     assert not_blank(browser) > 10
+
+
+def test_intervention_page_draws_the_results_changes_with_gaps_where_the_graph_predicts_nothing(browser, tmp_path):
+    from .view_results import small_intervention
+
+    r = small_intervention()
+    assert open_page(browser, r.view().save(tmp_path / "intervention.html")) == []
+    fig = browser.find_elements(By.CSS_SELECTOR, ".g2v-fig")[0]
+    drawn = browser.execute_script(
+        "return arguments[0].data.filter(t => t.type === 'bar').map(t => [t.name, Array.from(t.y)])", fig
+    )
+    want = {"graph, direct": r.graph_direct, "graph, direct + indirect": r.graph_total, "real model": r.real}
+    got = dict(drawn)
+    for name, values in want.items():
+        assert got[name] == [None if v != v else v for v in values.tolist()]  # NaN: no bar
+    assert browser.execute_script("return arguments[0].querySelectorAll('.bars .point path').length", fig) > 10
+    assert not_blank(browser) > 10

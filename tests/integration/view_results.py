@@ -1,5 +1,5 @@
-"""Small circuit, faithfulness-curve, feature and attribution-graph results built by hand (no model run), shared
-by the view tests."""
+"""Small circuit, faithfulness-curve, feature, attribution-graph and intervention results built by hand (no model
+run), shared by the view tests."""
 
 from __future__ import annotations
 
@@ -108,3 +108,26 @@ def small_graph() -> AttributionGraph:
             [{"tokens": [" the", " capital"], "acts": [0.5, 2.5], "max_act": 2.5, "window": 3, "position": 1}],
         ],
     )
+
+
+def small_intervention():
+    """An intervention's result by hand: two features set to 0, three tracked tokens (the last no logit node of
+    the graph: its graph predictions NaN), four feature nodes."""
+    from gpt2_interp.graphs.interventions import InterventionResult
+
+    t = torch.tensor
+    return InterventionResult(
+        features=t([[0, 1, 5], [1, 2, 3]]), old=t([1.5, 2.0]), new=t([0.0, 0.0]), tokens=t([20, 21, 22]),
+        token_strs=[" x", " y", "<|endoftext|>"],
+        graph_direct=t([-0.5, 0.25, float("nan")], dtype=torch.float64),
+        graph_total=t([-0.75, 0.5, float("nan")], dtype=torch.float64),
+        frozen_held=t([-0.5, 0.25, 0.125], dtype=torch.float64),
+        frozen_free=t([-0.625, 0.375, 0.25], dtype=torch.float64),
+        real=t([-0.25, 0.125, 0.0625], dtype=torch.float64),
+        prob_before=t([0.5, 0.25, 0.125], dtype=torch.float64), prob_after=t([0.25, 0.5, 0.125], dtype=torch.float64),
+        top_before=[(" x", 0.5), (" y", 0.25)], top_after=[(" y", 0.5), (" x", 0.25)],
+        node_direct=t([0.0, 0.0, -1.0, 0.5], dtype=torch.float64),
+        node_held=t([0.0, 0.0, -1.0, 0.5], dtype=torch.float64),
+        node_total=t([0.0, 0.0, -1.0, 0.75], dtype=torch.float64),
+        node_free=t([0.0, 0.0, -1.25, 0.625], dtype=torch.float64),
+    )  # fmt: skip
