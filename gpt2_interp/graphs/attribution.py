@@ -45,6 +45,7 @@ from ..core.result import KIND_KEY, Result
 from ..io.files import FileFormatError, read_json, write_json
 from ..views.graphs import view_graph
 from ..views.page import View
+from .clt import CrossLayerTranscoder
 from .replacement import ReplacementModel
 from .transcoder import TranscoderSet
 
@@ -181,7 +182,7 @@ def _select_logits(logits: torch.Tensor, cfg: AttributionConfig) -> tuple[torch.
 @boundary
 def attribute(
     model: HookedGPT2,
-    transcoders: TranscoderSet,
+    transcoders: TranscoderSet | CrossLayerTranscoder,
     tokens: torch.Tensor,
     cfg: AttributionConfig | None = None,
 ) -> AttributionGraph:
@@ -211,9 +212,11 @@ def attribute(
     W_U = model.unembed.W_U.detach()  # [d_model, d_vocab]
     logit_dirs = (W_U[:, logit_tokens] - W_U.mean(1, keepdim=True)).T  # [n_logits, d_model]
     # per layer, over its active features (ordered by position): what each reads, W_enc[:, f] [k_L, d_model],
-    # what each writes, a · W_dec[f] [k_L, d_model], and where each position's features start and end
-    reads = [t.W_enc.detach()[:, ix[:, 1]].T for t, ix in zip(transcoders, active)]
-    writes = [a[:, None] * t.W_dec.detach()[ix[:, 1]] for a, t, ix in zip(acts, transcoders, active)]
+    # what each writes, a · W_dec[f] [k_L, n_out · d_model] into the MLP outputs of layers L … L + n_out − 1
+    # (n_out = 1 for per-layer transcoders), and where each position's features start and end
+    reads = [transcoders.encoder_weight(L).detach()[:, ix[:, 1]].T for L, ix in enumerate(active)]
+    decoders = [transcoders.decoder_weight(L).detach() for L in range(n_layers)]  # [d_tc, n_out, d_model]
+    writes = [(a[:, None, None] * w[ix[:, 1]]).flatten(1) for a, w, ix in zip(acts, decoders, active)]
     spans = [
         torch.searchsorted(ix[:, 0].contiguous(), torch.arange(pos + 1, device=ix.device)).tolist() for ix in active
     ]
@@ -233,10 +236,12 @@ def attribute(
         got = torch.autograd.grad(outputs, probes, grads, retain_graph=True, allow_unused=True)
         g = [torch.zeros_like(p) if x is None else x for p, x in zip(probes, got)]
         cols = []
-        for L in range(n_layers):  # feature sources: g_L[p] · a W_dec[f], one product per position
+        for L in range(n_layers):  # feature sources: Σ_j g_{L+j}[p] · a W_dec[f, j], one product per position
+            n_out = decoders[L].shape[1]
+            g_out = g[L] if n_out == 1 else torch.cat(g[L : L + n_out], -1)  # [batch, pos, n_out · d_model]
             for p, (s, e) in enumerate(zip(spans[L], spans[L][1:])):
                 if e > s:
-                    cols.append(g[L][:, p] @ writes[L][s:e].T)
+                    cols.append(g_out[:, p] @ writes[L][s:e].T)
         cols += [einsum(g[L], errors[L], "b p d, p d -> b p") for L in range(n_layers)]
         cols.append(einsum(g[-1], rm.embed.to(g[-1].dtype), "b p d, p d -> b p"))
         rows = torch.cat(cols, 1)[: len(chunk)]
