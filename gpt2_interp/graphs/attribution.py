@@ -20,7 +20,9 @@ frozen patterns, norms with frozen scales, the transcoders' skips; never through
 - a logit target's is its de-meaned logit ``logit[v] − mean(logit)``, read along ``W_U[:, v] − mean_v W_U``
   at the unembedding's input (``ln_final``'s output), so that no backward pass goes through the unembedding;
 - a feature source writes ``a · W_dec[f]`` into layer ``L``'s MLP output, so ``A[t, s] = a · W_dec[f] · g_L[p]``
-  with ``g_L`` the gradient of the target with respect to that output; an error source writes ``e_L[p]``
+  with ``g_L`` the gradient of the target with respect to that output (a cross-layer transcoder's feature
+  writes ``a · W_dec[L][f, j]`` into layer ``L + j``'s output for every ``j``, so ``A[t, s] = Σ_j a · W_dec[L][f, j] ·
+  g_{L+j}[p]``); an error source writes ``e_L[p]``
   (``A = e_L[p] · g_L[p]``) and a token node its embedding (``A = embed[p] · g_embed[p]``);
 - ``bias(t)``: the constant part (biases, positional embeddings, the transcoders' ``b_dec``, position 0's
   MLP outputs), the value with every source set to zero.
@@ -187,10 +189,12 @@ def attribute(
     cfg: AttributionConfig | None = None,
 ) -> AttributionGraph:
     """The unpruned :class:`AttributionGraph` of the prompt ``tokens`` ``[pos]`` for ``model`` with
-    ``transcoders`` (one per layer) and settings ``cfg`` (see the module's docstring): the replacement model
-    is built and run once on ``cfg.batch_size`` copies, then one backward pass per batch of targets (features
-    and logits) fills their rows of the adjacency (a feature source's column is one product per position:
-    ``g_L[p]`` ``[batch, d_model]`` times that position's writes)."""
+    ``transcoders`` (one per layer, or a cross-layer transcoder) and settings ``cfg`` (see the module's
+    docstring): the replacement model is built and run once on ``cfg.batch_size`` copies, then one backward
+    pass per batch of targets (features and logits) fills their rows of the adjacency (a feature source's
+    column is one product per position: ``g_L[p]`` ``[batch, d_model]``, or for a cross-layer transcoder the
+    gradients at every output it writes concatenated ``[batch, n_out · d_model]``, times that position's
+    writes)."""
     cfg = cfg or AttributionConfig()
     rm = ReplacementModel(model, transcoders, tokens)
     n_layers, pos = model.cfg.n_layer, rm.n_pos

@@ -8,7 +8,10 @@ The replacement model then runs the model with
 
 - each norm's scale and each attention pattern replaced by the clean one (so a norm is ``(x − x̄)/s · w + b``
   with ``s`` a constant, and attention is ``pattern · V(x)`` with the pattern a constant),
-- each ``hook_mlp_out`` replaced by ``a_L W_dec + b_dec + x_L W_skipᵀ + e_L`` with ``a_L`` and ``e_L`` inputs.
+- each ``hook_mlp_out`` replaced by ``a_L W_dec + b_dec + x_L W_skipᵀ + e_L`` with ``a_L`` and ``e_L`` inputs
+  (with a cross-layer transcoder, :mod:`gpt2_interp.graphs.clt`, the sum ``Σ_{ℓ ≤ L} a_ℓ W_dec[ℓ][:, L − ℓ]`` of
+  every layer's features up to ``L`` instead of ``a_L W_dec``, and ``e_L`` the MLP output minus that sum's
+  prediction; both kinds are read through their shared layer-wise face).
 
 Every quantity downstream is then an affine function of the sources: the token embeddings, the feature
 activations and the error terms (biases, positional embeddings and the transcoders' ``b_dec`` are the

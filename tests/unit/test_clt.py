@@ -227,7 +227,8 @@ def test_clt_loss_counts_each_output_layers_fvu():
     ys = [torch.randn(16, 32, generator=g) * (L + 1) for L in range(3)]
     cfg = CLTTrainConfig(d_sae=24, k=4)
     loss, fvus, acts = clt_loss(clt, xs, ys, cfg)
-    preds = clt(xs)
+    with torch.no_grad():
+        preds = clt(xs)
     for y, p, f in zip(ys, preds, fvus):
         assert float(f) == pytest.approx(float(((y - p) ** 2).sum() / ((y - y.mean(0)) ** 2).sum()), rel=1e-5)
     assert float(loss) == pytest.approx(sum(float(f) for f in fvus), rel=1e-6)  # top-k: no penalty
@@ -274,3 +275,20 @@ def test_clt_files_are_circuit_tracers_layout_and_load_back_checked(tmp_path, ar
     (folder / "W_dec_1.safetensors").write_bytes(raw[:-8] + bytes(8))
     with pytest.raises(IntegrityError):
         CrossLayerTranscoder.load(folder)
+
+
+def test_graph_train_cross_layer_saves_a_clt_and_reports_each_layer(tmp_path, capsys):
+    from gpt2_interp.cli import main
+
+    folder = tmp_path / "clt"
+    argv = ["graph", "train", "--cross-layer", "--out", str(folder), "--steps", "3", "--batch-size", "64"]
+    argv += ["--d-sae", "32", "--k", "4", "--context", "16", "--buffer-tokens", "256", "--forward-batch", "8"]
+    assert main([*argv, "--eval-windows", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(
+        f"topk cross-layer transcoder of 6 layers (32 features per layer) of gpt2-facts saved to {folder}"
+    )
+    assert len(lines) == 2 + 6  # a row per layer: variance explained, L0, dead share
+    clt = load_transcoders(folder)
+    assert isinstance(clt, CrossLayerTranscoder) and clt.cfg.training is not None
+    assert clt.cfg.training["texts"] == "facts" and clt.W_dec[0].shape == (32, 6, clt.cfg.d_model)
