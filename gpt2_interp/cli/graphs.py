@@ -49,6 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_dictionary_args(p, "features")
     p.add_argument("--d-sae", type=count(1), default=None, help="features per layer (overrides --expansion)")
     p.add_argument("--skip", action="store_true", help="add a linear skip W_skip to each transcoder")
+    p.add_argument(
+        "--cross-layer",
+        action="store_true",
+        help="train one cross-layer transcoder (each layer's features write to every later MLP output; the "
+        "paper's loss) instead of one transcoder per layer",
+    )
     p.add_argument("--epochs", type=count(1), default=1, help="passes over the windows (default 1)")
     p.add_argument("--forward-batch", type=count(1), default=32, help="windows per forward pass (default 32)")
     p.add_argument("--checkpoint", default=None, metavar="DIR", help="resumable checkpoints here")
@@ -97,11 +103,12 @@ def _default_texts(args: argparse.Namespace) -> str:
 
 def train(args: argparse.Namespace) -> int:
     from ..analysis.features.sae_train import heldout_windows, split_windows
+    from ..graphs.clt import CLTTrainConfig, train_cross_layer_transcoder
     from ..graphs.transcoder import TranscoderTrainConfig, evaluate_transcoders, train_transcoders
 
     texts = _default_texts(args)
     _check_texts(texts)
-    cfg = TranscoderTrainConfig(
+    cfg = (CLTTrainConfig if args.cross_layer else TranscoderTrainConfig)(
         d_sae=args.d_sae,
         expansion=args.expansion,
         architecture=args.architecture,
@@ -121,14 +128,21 @@ def train(args: argparse.Namespace) -> int:
         raise ValueError(f"--context {args.context} exceeds {model.cfg.name}'s context of {model.cfg.n_ctx} tokens")
     windows, record = split_windows(model, texts, args.context, args.heldout, seed=args.seed)
     have = len(windows) * (args.context - (model.tokenizer.bos_id is not None)) * args.epochs
-    transcoders = train_transcoders(model, cfg, windows, checkpoint=args.checkpoint)
-    for t in transcoders:
-        t.cfg.training = record
+    if args.cross_layer:
+        assert isinstance(cfg, CLTTrainConfig)
+        transcoders: Any = train_cross_layer_transcoder(model, cfg, windows, checkpoint=args.checkpoint)
+        transcoders.cfg.training = record
+        n, d_sae = transcoders.n_layers, transcoders.cfg.d_sae
+        what = f"{cfg.architecture} cross-layer transcoder of {n} layers ({d_sae} features per layer"
+    else:
+        transcoders = train_transcoders(model, cfg, windows, checkpoint=args.checkpoint)
+        for t in transcoders:
+            t.cfg.training = record
+        what = f"{len(transcoders)} {cfg.architecture} transcoders ({transcoders[0].d_sae} features each"
     path = transcoders.save(args.out)
     short = f" (the text gives {have} tokens × epochs: at most {have // args.batch_size})" if have < cfg.tokens else ""
     print(
-        f"{len(transcoders)} {cfg.architecture} transcoders ({transcoders[0].d_sae} features each"
-        f"{', with skips' if args.skip else ''}) of {model.cfg.name} saved to {path}: {args.steps} steps of "
+        f"{what}{', with skips' if args.skip else ''}) of {model.cfg.name} saved to {path}: {args.steps} steps of "
         f"{args.batch_size} activations per layer{short}, from {len(windows)} windows of {texts} "
         f"({args.context} tokens each)"
     )

@@ -2,6 +2,8 @@
 
 - ``transcoder``: per-layer transcoders (MLP input → MLP output), trained by the SAE trainer from one
   stream of forward passes, their metrics, and their files (circuit-tracer's ``layer_{i}.safetensors`` layout)
+- ``clt``: cross-layer transcoders (features that read one layer's MLP input and write to the MLP output of
+  every later layer), their training with the paper's loss, and their files (circuit-tracer's CLT layout)
 - ``replacement``: the replacement model of one prompt (transcoders plus error terms, attention patterns
   and norm scales frozen), affine in its sources
 - ``attribution``: the graph of direct effects between features, errors, tokens and logits
@@ -27,6 +29,15 @@ _FACE: dict[str, tuple[str, ...]] = {
         "new_transcoders",
         "train_transcoders",
         "evaluate_transcoders",
+    ),
+    "clt": (
+        "CLTConfig",
+        "CLTTrainConfig",
+        "CrossLayerTranscoder",
+        "clt_loss",
+        "load_transcoders",
+        "new_cross_layer_transcoder",
+        "train_cross_layer_transcoder",
     ),
     "replacement": ("ReplacementModel", "ReplacementRun"),
     "attribution": ("AttributionConfig", "AttributionGraph", "attribute"),

@@ -20,7 +20,9 @@ frozen patterns, norms with frozen scales, the transcoders' skips; never through
 - a logit target's is its de-meaned logit ``logit[v] − mean(logit)``, read along ``W_U[:, v] − mean_v W_U``
   at the unembedding's input (``ln_final``'s output), so that no backward pass goes through the unembedding;
 - a feature source writes ``a · W_dec[f]`` into layer ``L``'s MLP output, so ``A[t, s] = a · W_dec[f] · g_L[p]``
-  with ``g_L`` the gradient of the target with respect to that output; an error source writes ``e_L[p]``
+  with ``g_L`` the gradient of the target with respect to that output (a cross-layer transcoder's feature
+  writes ``a · W_dec[L][f, j]`` into layer ``L + j``'s output for every ``j``, so ``A[t, s] = Σ_j a · W_dec[L][f, j] ·
+  g_{L+j}[p]``); an error source writes ``e_L[p]``
   (``A = e_L[p] · g_L[p]``) and a token node its embedding (``A = embed[p] · g_embed[p]``);
 - ``bias(t)``: the constant part (biases, positional embeddings, the transcoders' ``b_dec``, position 0's
   MLP outputs), the value with every source set to zero.
@@ -45,6 +47,7 @@ from ..core.result import KIND_KEY, Result
 from ..io.files import FileFormatError, read_json, write_json
 from ..views.graphs import view_graph
 from ..views.page import View
+from .clt import CrossLayerTranscoder
 from .replacement import ReplacementModel
 from .transcoder import TranscoderSet
 
@@ -181,15 +184,17 @@ def _select_logits(logits: torch.Tensor, cfg: AttributionConfig) -> tuple[torch.
 @boundary
 def attribute(
     model: HookedGPT2,
-    transcoders: TranscoderSet,
+    transcoders: TranscoderSet | CrossLayerTranscoder,
     tokens: torch.Tensor,
     cfg: AttributionConfig | None = None,
 ) -> AttributionGraph:
     """The unpruned :class:`AttributionGraph` of the prompt ``tokens`` ``[pos]`` for ``model`` with
-    ``transcoders`` (one per layer) and settings ``cfg`` (see the module's docstring): the replacement model
-    is built and run once on ``cfg.batch_size`` copies, then one backward pass per batch of targets (features
-    and logits) fills their rows of the adjacency (a feature source's column is one product per position:
-    ``g_L[p]`` ``[batch, d_model]`` times that position's writes)."""
+    ``transcoders`` (one per layer, or a cross-layer transcoder) and settings ``cfg`` (see the module's
+    docstring): the replacement model is built and run once on ``cfg.batch_size`` copies, then one backward
+    pass per batch of targets (features and logits) fills their rows of the adjacency (a feature source's
+    column is one product per position: ``g_L[p]`` ``[batch, d_model]``, or for a cross-layer transcoder the
+    gradients at every output it writes concatenated ``[batch, n_out · d_model]``, times that position's
+    writes)."""
     cfg = cfg or AttributionConfig()
     rm = ReplacementModel(model, transcoders, tokens)
     n_layers, pos = model.cfg.n_layer, rm.n_pos
@@ -211,9 +216,11 @@ def attribute(
     W_U = model.unembed.W_U.detach()  # [d_model, d_vocab]
     logit_dirs = (W_U[:, logit_tokens] - W_U.mean(1, keepdim=True)).T  # [n_logits, d_model]
     # per layer, over its active features (ordered by position): what each reads, W_enc[:, f] [k_L, d_model],
-    # what each writes, a · W_dec[f] [k_L, d_model], and where each position's features start and end
-    reads = [t.W_enc.detach()[:, ix[:, 1]].T for t, ix in zip(transcoders, active)]
-    writes = [a[:, None] * t.W_dec.detach()[ix[:, 1]] for a, t, ix in zip(acts, transcoders, active)]
+    # what each writes, a · W_dec[f] [k_L, n_out · d_model] into the MLP outputs of layers L … L + n_out − 1
+    # (n_out = 1 for per-layer transcoders), and where each position's features start and end
+    reads = [transcoders.encoder_weight(L).detach()[:, ix[:, 1]].T for L, ix in enumerate(active)]
+    decoders = [transcoders.decoder_weight(L).detach() for L in range(n_layers)]  # [d_tc, n_out, d_model]
+    writes = [(a[:, None, None] * w[ix[:, 1]]).flatten(1) for a, w, ix in zip(acts, decoders, active)]
     spans = [
         torch.searchsorted(ix[:, 0].contiguous(), torch.arange(pos + 1, device=ix.device)).tolist() for ix in active
     ]
@@ -233,10 +240,12 @@ def attribute(
         got = torch.autograd.grad(outputs, probes, grads, retain_graph=True, allow_unused=True)
         g = [torch.zeros_like(p) if x is None else x for p, x in zip(probes, got)]
         cols = []
-        for L in range(n_layers):  # feature sources: g_L[p] · a W_dec[f], one product per position
+        for L in range(n_layers):  # feature sources: Σ_j g_{L+j}[p] · a W_dec[f, j], one product per position
+            n_out = decoders[L].shape[1]
+            g_out = g[L] if n_out == 1 else torch.cat(g[L : L + n_out], -1)  # [batch, pos, n_out · d_model]
             for p, (s, e) in enumerate(zip(spans[L], spans[L][1:])):
                 if e > s:
-                    cols.append(g[L][:, p] @ writes[L][s:e].T)
+                    cols.append(g_out[:, p] @ writes[L][s:e].T)
         cols += [einsum(g[L], errors[L], "b p d, p d -> b p") for L in range(n_layers)]
         cols.append(einsum(g[-1], rm.embed.to(g[-1].dtype), "b p d, p d -> b p"))
         rows = torch.cat(cols, 1)[: len(chunk)]

@@ -8,7 +8,10 @@ The replacement model then runs the model with
 
 - each norm's scale and each attention pattern replaced by the clean one (so a norm is ``(x − x̄)/s · w + b``
   with ``s`` a constant, and attention is ``pattern · V(x)`` with the pattern a constant),
-- each ``hook_mlp_out`` replaced by ``a_L W_dec + b_dec + x_L W_skipᵀ + e_L`` with ``a_L`` and ``e_L`` inputs.
+- each ``hook_mlp_out`` replaced by ``a_L W_dec + b_dec + x_L W_skipᵀ + e_L`` with ``a_L`` and ``e_L`` inputs
+  (with a cross-layer transcoder, :mod:`gpt2_interp.graphs.clt`, the sum ``Σ_{ℓ ≤ L} a_ℓ W_dec[ℓ][:, L − ℓ]`` of
+  every layer's features up to ``L`` instead of ``a_L W_dec``, and ``e_L`` the MLP output minus that sum's
+  prediction; both kinds are read through their shared layer-wise face).
 
 Every quantity downstream is then an affine function of the sources: the token embeddings, the feature
 activations and the error terms (biases, positional embeddings and the transcoders' ``b_dec`` are the
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.boundary import boundary
+from .clt import CrossLayerTranscoder
 from .transcoder import INPUT_HOOK, TARGET_HOOK, TranscoderSet
 
 if TYPE_CHECKING:
@@ -49,9 +53,9 @@ class ReplacementRun:
     mlp_probes: list[torch.Tensor]
     embed_probe: torch.Tensor
 
-    def pre_acts(self, transcoders: TranscoderSet) -> list[torch.Tensor]:
+    def pre_acts(self, transcoders: TranscoderSet | CrossLayerTranscoder) -> list[torch.Tensor]:
         """Each layer's feature pre-activations ``[batch, pos, d_tc]`` in this run."""
-        return [t.pre_acts(x) for t, x in zip(transcoders, self.mlp_inputs)]
+        return [transcoders.pre_acts(L, x) for L, x in enumerate(self.mlp_inputs)]
 
 
 @boundary
@@ -62,7 +66,9 @@ class ReplacementModel:
     ``hook_embed`` writes), ``mlp_inputs[L]`` ``[pos, d_model]``. Models whose blocks read their MLP from a
     hook other than ``blocks.L.ln2.hook_normalized`` (parallel one-norm, post-norm-only) are refused."""
 
-    def __init__(self, model: HookedGPT2, transcoders: TranscoderSet, tokens: torch.Tensor) -> None:
+    def __init__(
+        self, model: HookedGPT2, transcoders: TranscoderSet | CrossLayerTranscoder, tokens: torch.Tensor
+    ) -> None:
         if tokens.dim() != 1 or tokens.numel() < 1 or tokens.is_floating_point():
             raise ValueError(f"tokens must be one prompt's token ids [pos], got shape {tuple(tokens.shape)}")
         transcoders.check_model(model)
@@ -84,8 +90,11 @@ class ReplacementModel:
         self.embed = cache["hook_embed"][0]
         self.mlp_inputs = [cache[h][0] for h in ins]
         with torch.no_grad():
-            self.activations = [t.encode(x) for t, x in zip(transcoders, self.mlp_inputs)]
-            self.errors = [cache[o][0] - t(x) for t, x, o in zip(transcoders, self.mlp_inputs, outs)]
+            self.activations = [transcoders.encode(L, x) for L, x in enumerate(self.mlp_inputs)]
+            self.errors = [
+                cache[o][0] - transcoders.reconstruct(L, self.activations, x)
+                for L, (x, o) in enumerate(zip(self.mlp_inputs, outs))
+            ]
 
     @property
     def n_pos(self) -> int:
@@ -110,6 +119,7 @@ class ReplacementModel:
         own MLP input (the transcoder's nonlinearity live, as in the model; attention and norms stay frozen)
         and ``live(layer, a)`` (``a`` ``[batch, pos, d_tc]``) returns the ones used, e.g. with some set to other
         values; ``activations`` is then not read."""
+        tc = self.transcoders
         acts = self.activations if activations is None else activations
         errs = self.errors if errors is None else errors
         emb = self.embed if embed is None else embed
@@ -130,16 +140,13 @@ class ReplacementModel:
             inputs.append(x)
             return x
 
-        def mlp_out(layer: int) -> Any:
-            t = self.transcoders[layer]
+        used: list[torch.Tensor] = []  # each layer's features in this run, in layer order
 
+        def mlp_out(layer: int) -> Any:
             def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
                 xin = inputs[layer]
-                a = (acts[layer] if live is None else live(layer, t.encode(xin))).to(t.W_dec.dtype)
-                out = a @ t.W_dec + t.b_dec + errs[layer].to(t.W_dec.dtype)
-                skip = t.skip(xin)
-                if skip is not None:
-                    out = out + skip
+                used.append(acts[layer] if live is None else live(layer, tc.encode(layer, xin)))
+                out = tc.reconstruct(layer, used, xin, errs[layer])
                 return (out.expand(x.shape) + probes[layer]).to(x.dtype)
 
             return hook
@@ -151,7 +158,9 @@ class ReplacementModel:
         tokens = self.tokens[None].expand(batch, -1)
         with torch.set_grad_enabled(grad), self.model.hooks(hooks):
             final = self.model.ln_final(self.model(tokens, stop_at_layer=n))
-            logits = self.model.unembed(final).float() if unembed else None
+            logits = self.model.unembed(final) if unembed else None
+            if logits is not None:  # float32 or finer
+                logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         return ReplacementRun(logits, final, inputs, probes, embed_probe)
 
 

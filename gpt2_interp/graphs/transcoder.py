@@ -40,7 +40,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -57,6 +57,7 @@ from ..model.fingerprint import weights_fingerprint
 
 if TYPE_CHECKING:
     from ..model.hooked_gpt2 import HookedGPT2
+    from .clt import CrossLayerTranscoder
 
 INPUT_HOOK, TARGET_HOOK = "blocks.{layer}.ln2.hook_normalized", "blocks.{layer}.hook_mlp_out"
 CONFIG_FILE = "config.yaml"  # JSON text (YAML reads JSON): circuit-tracer's keys and ours
@@ -169,6 +170,47 @@ class TranscoderSet:
         for t in self.transcoders:
             t.to(device)
         return self
+
+    # the layer-wise face it shares with a cross-layer transcoder (gpt2_interp.graphs.clt), which the
+    # replacement model, the attribution graph and the metrics read
+    @property
+    def n_layers(self) -> int:
+        """The number of layers (one transcoder each)."""
+        return len(self.transcoders)
+
+    def d_sae(self, layer: int) -> int:
+        """The number of features of layer ``layer``."""
+        return self.transcoders[layer].d_sae
+
+    def pre_acts(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """Layer ``layer``'s feature pre-activations ``[..., d_tc]`` of its MLP inputs ``x`` ``[..., d_model]``."""
+        return self.transcoders[layer].pre_acts(x)
+
+    def encode(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """Layer ``layer``'s features ``[..., d_tc]`` of its MLP inputs ``x`` ``[..., d_model]``."""
+        return self.transcoders[layer].encode(x)
+
+    def encoder_weight(self, layer: int) -> torch.Tensor:
+        """What layer ``layer``'s features read, ``W_enc`` ``[d_model, d_tc]``."""
+        return self.transcoders[layer].W_enc
+
+    def decoder_weight(self, layer: int) -> torch.Tensor:
+        """What layer ``layer``'s features write ``[d_tc, 1, d_model]``: into one MLP output, their own layer's
+        (a cross-layer transcoder's is ``[d_tc, n_layers − layer, d_model]``, layers ``layer, layer + 1, …``)."""
+        return self.transcoders[layer].W_dec[:, None]
+
+    def reconstruct(
+        self, layer: int, acts: list[torch.Tensor], x: torch.Tensor, error: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Layer ``layer``'s predicted MLP output ``a W_dec + b_dec (+ error) (+ x W_skipᵀ)`` ``[..., d_model]``
+        from the features ``acts[layer]`` ``[..., d_tc]`` (the other layers' are not read) and its MLP input
+        ``x`` ``[..., d_model]``; ``error`` ``[..., d_model]`` added before the skip."""
+        t = self.transcoders[layer]
+        out = acts[layer].to(t.W_dec.dtype) @ t.W_dec + t.b_dec
+        if error is not None:
+            out = out + error.to(t.W_dec.dtype)
+        skip = t.skip(x)
+        return out if skip is None else out + skip
 
     def check_model(self, model: HookedGPT2) -> None:
         """Raise a ValueError when ``model`` is not the one these were trained on (layer count, hooks,
@@ -322,25 +364,85 @@ def train_transcoders(
     torch.manual_seed(cfg.seed)
     ts = new_transcoders(model, cfg)
     total = max(1, cfg.tokens // cfg.batch_size)
-    trainers = [SAETrainer(t, cfg, total) for t in ts]
+    train_loop(model, cfg, windows, _LayerTrainers(ts, cfg, total), total, checkpoint, progress, "transcoders")
+    for t in ts:
+        t.eval()
+    return ts
+
+
+class _LayerTrainers:
+    """Each layer's :class:`~gpt2_interp.analysis.features.sae_train.SAETrainer`, each stepped on its own
+    layer's batch (the layers are independent)."""
+
+    def __init__(self, ts: TranscoderSet, cfg: TranscoderTrainConfig, total: int) -> None:
+        self.trainers = [SAETrainer(t, cfg, total) for t in ts]
+
+    def init_b_dec(self, ys: list[torch.Tensor]) -> None:
+        for trainer, y in zip(self.trainers, ys):
+            trainer.init_b_dec(y)
+
+    def step(self, xs: list[torch.Tensor], ys: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [trainer.step(x, y)[0] for trainer, x, y in zip(self.trainers, xs, ys)]
+
+    def state(self) -> dict[str, Any]:
+        layers = [
+            {"transcoder": tr.sae.state_dict(), "optimizer": tr.opt.state_dict(), "since_fired": tr.since_fired}
+            for tr in self.trainers
+        ]
+        return {"layers": layers}
+
+    def load_state(self, state: dict[str, Any], steps: int) -> None:
+        for trainer, layer in zip(self.trainers, state["layers"]):
+            trainer.sae.load_state_dict(layer["transcoder"])
+            trainer.opt.load_state_dict(layer["optimizer"])
+            trainer.since_fired, trainer.steps = layer["since_fired"], steps
+
+
+class LayerStepper(Protocol):
+    """What :func:`train_loop` steps: ``init_b_dec(ys)`` on the first batch of every layer's targets,
+    ``step(xs, ys)`` on one batch of every layer's MLP inputs and outputs ``[batch, d_model]`` (returning
+    each output layer's FVU before the step), and ``state()``/``load_state(state, steps)`` for checkpoints."""
+
+    def init_b_dec(self, ys: list[torch.Tensor]) -> None: ...
+
+    def step(self, xs: list[torch.Tensor], ys: list[torch.Tensor]) -> list[torch.Tensor]: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+    def load_state(self, state: dict[str, Any], steps: int) -> None: ...
+
+
+def train_loop(
+    model: HookedGPT2,
+    cfg: TranscoderTrainConfig,
+    windows: torch.Tensor,
+    stepper: LayerStepper,
+    total: int,
+    checkpoint: str | Path | None,
+    progress: bool | None,
+    desc: str,
+) -> None:
+    """The activation stream, checkpoints and progress of :func:`train_transcoders` (and of the cross-layer
+    transcoder's training, :func:`gpt2_interp.graphs.clt.train_cross_layer_transcoder`): forward passes fill
+    one store per layer, each store shuffled by one permutation shared by every layer's input and output,
+    and ``stepper`` steps on every layer's batch at once, ``total`` steps in all."""
     order = [i for _ in range(cfg.epochs) for i in range(0, len(windows), cfg.forward_batch)]
     steps, first, saved = 0, 0, 0
+    fingerprint = weights_fingerprint(model)
     ckpt = Path(checkpoint) / CHECKPOINT_FILE if checkpoint is not None else None
     if ckpt is not None and ckpt.is_file():
         state = load_tree(ckpt, kind="transcoder training checkpoint", map_location=model.device)
-        if state["config"] != asdict(cfg) or state["weights"] != ts[0].cfg.base_fingerprint:
+        if state["config"] != asdict(cfg) or state["weights"] != fingerprint:
             raise ValueError(f"{ckpt} was written by a run with other settings or base weights; use another folder")
-        for t, trainer, layer in zip(ts, trainers, state["layers"]):
-            t.load_state_dict(layer["transcoder"])
-            trainer.opt.load_state_dict(layer["optimizer"])
-            trainer.since_fired, trainer.steps = layer["since_fired"], int(state["steps"])
+        stepper.load_state(state, int(state["steps"]))
         steps = saved = int(state["steps"])
         first = int(state["chunks_read"])
-    stores: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in ts]
+    n_layers = model.cfg.n_layer
+    stores: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(n_layers)]
     have = 0
     passes = min(len(order), first + _passes_needed(model, cfg, windows.shape[1], total - steps))
     bar = progress_bar(
-        total=passes, initial=first, enabled=progress, desc="transcoders (forward passes)", unit="pass", smoothing=0
+        total=passes, initial=first, enabled=progress, desc=f"{desc} (forward passes)", unit="pass", smoothing=0
     )
     for n_read in range(first, len(order)):
         if steps >= total:
@@ -354,28 +456,29 @@ def train_transcoders(
             continue
         perm = torch.randperm(have, generator=torch.Generator().manual_seed(cfg.seed + steps)).to(model.device)
         n_batches = min(have // cfg.batch_size, total - steps)
-        fvus = []
-        for L, trainer in enumerate(trainers):
-            x, y = (torch.cat([p[i] for p in stores[L]])[perm] for i in (0, 1))
-            if steps == 0 and n_batches:
-                trainer.init_b_dec(y[: cfg.batch_size])
-            for b in range(n_batches):
-                sl = slice(b * cfg.batch_size, (b + 1) * cfg.batch_size)
-                fvu, _, _ = trainer.step(x[sl], y[sl])
-                if b == n_batches - 1:
-                    fvus.append(float(fvu))
+        xs, ys = [], []
+        for L in range(n_layers):  # each layer's store freed as it is shuffled: one copy at a time
+            xs.append(torch.cat([p[0] for p in stores[L]])[perm])
+            ys.append(torch.cat([p[1] for p in stores[L]])[perm])
+            stores[L] = []
+        if steps == 0 and n_batches:
+            stepper.init_b_dec([y[: cfg.batch_size] for y in ys])
+        fvus: list[torch.Tensor] = []
+        for b in range(n_batches):
+            sl = slice(b * cfg.batch_size, (b + 1) * cfg.batch_size)
+            fvus = stepper.step([x[sl] for x in xs], [y[sl] for y in ys])
         steps += n_batches
         if fvus:
-            bar.set_postfix(step=f"{steps}/{total}", fvu=f"{sum(fvus) / len(fvus):.3f}", worst=f"{max(fvus):.3f}")
-        stores, have = [[] for _ in ts], 0
+            last = [float(f) for f in fvus]
+            bar.set_postfix(step=f"{steps}/{total}", fvu=f"{sum(last) / len(last):.3f}", worst=f"{max(last):.3f}")
+        del xs, ys
+        have = 0
         if ckpt is not None and (steps - saved >= cfg.checkpoint_every or steps >= total):
-            _save_state(ckpt, trainers, steps, n_read + 1)
+            state = {"steps": steps, "chunks_read": n_read + 1, "config": asdict(cfg), "weights": fingerprint}
+            save_tree(ckpt, stepper.state() | state, kind="transcoder training checkpoint")
             saved = steps
     bar.total = bar.n  # the passes were an estimate: the work is done
     bar.close()
-    for t in ts:
-        t.eval()
-    return ts
 
 
 def _passes_needed(model: HookedGPT2, cfg: TranscoderTrainConfig, n_pos: int, steps: int) -> int:
@@ -386,21 +489,6 @@ def _passes_needed(model: HookedGPT2, cfg: TranscoderTrainConfig, n_pos: int, st
     per_store = max(1, -(-cfg.buffer_tokens // per_pass))
     batches = max(1, per_store * per_pass // cfg.batch_size)
     return -(-steps // batches) * per_store
-
-
-def _save_state(path: Path, trainers: list[SAETrainer], steps: int, chunks_read: int) -> None:
-    layers = [
-        {"transcoder": tr.sae.state_dict(), "optimizer": tr.opt.state_dict(), "since_fired": tr.since_fired}
-        for tr in trainers
-    ]
-    state = {
-        "layers": layers,
-        "steps": steps,
-        "chunks_read": chunks_read,
-        "config": asdict(trainers[0].cfg),
-        "weights": trainers[0].sae.cfg.base_fingerprint,
-    }
-    save_tree(path, state, kind="transcoder training checkpoint")
 
 
 @boundary
@@ -425,42 +513,53 @@ class TranscoderMetrics(Result):
 
 
 def _replaced_logits(
-    model: HookedGPT2, transcoders: TranscoderSet, rows: torch.Tensor, errors: list[torch.Tensor] | None = None
+    model: HookedGPT2,
+    transcoders: TranscoderSet | CrossLayerTranscoder,
+    rows: torch.Tensor,
+    errors: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Logits with every MLP output replaced by its transcoder's prediction from the MLP input of the same run,
-    plus ``errors[L]`` (``[rows, pos, d_model]``) where given."""
+    """Logits with every MLP output replaced by its transcoders' prediction from the MLP inputs of the same run
+    (a cross-layer transcoder's from every layer up to it), plus ``errors[L]`` (``[rows, pos, d_model]``) where
+    given."""
     inputs: dict[int, torch.Tensor] = {}
+    acts: list[torch.Tensor] = []
 
     def read(x: torch.Tensor, hook: Any) -> None:
-        inputs[int(hook.name.split(".")[1])] = x
+        L = int(hook.name.split(".")[1])
+        inputs[L] = x.float()
+        acts.append(transcoders.encode(L, inputs[L]))
 
     def replace(y: torch.Tensor, hook: Any) -> torch.Tensor:
         L = int(hook.name.split(".")[1])
-        pred = transcoders[L](inputs[L].float())
-        return (pred if errors is None else pred + errors[L]).to(y.dtype)
+        pred = transcoders.reconstruct(L, acts, inputs[L], None if errors is None else errors[L])
+        return pred.to(y.dtype)
 
-    hooks: list[tuple[str, Any]] = [(INPUT_HOOK.format(layer=L), read) for L in range(len(transcoders))]
-    hooks += [(TARGET_HOOK.format(layer=L), replace) for L in range(len(transcoders))]
+    hooks: list[tuple[str, Any]] = [(INPUT_HOOK.format(layer=L), read) for L in range(transcoders.n_layers)]
+    hooks += [(TARGET_HOOK.format(layer=L), replace) for L in range(transcoders.n_layers)]
     return model.run_with_hooks(rows, fwd_hooks=hooks)
 
 
-def _errors(transcoders: TranscoderSet, cache: Any) -> list[torch.Tensor]:
+def _errors(transcoders: TranscoderSet | CrossLayerTranscoder, cache: Any) -> list[torch.Tensor]:
     """Each layer's error ``y − ŷ`` ``[rows, pos, d_model]`` from a clean :func:`_layers_run` cache."""
-    return [
-        cache[TARGET_HOOK.format(layer=L)].float() - t(cache[INPUT_HOOK.format(layer=L)].float())
-        for L, t in enumerate(transcoders)
-    ]
+    n = transcoders.n_layers
+    xs = [cache[INPUT_HOOK.format(layer=L)].float() for L in range(n)]
+    acts = [transcoders.encode(L, x) for L, x in enumerate(xs)]
+    return [cache[TARGET_HOOK.format(layer=L)].float() - transcoders.reconstruct(L, acts, xs[L]) for L in range(n)]
 
 
 @boundary
 @torch.no_grad()
-def evaluate_transcoders(model: HookedGPT2, transcoders: TranscoderSet, windows: torch.Tensor) -> TranscoderMetrics:
-    """:class:`TranscoderMetrics` of ``transcoders`` on token ``windows`` ``[n, pos]`` (BOS left out)."""
+def evaluate_transcoders(
+    model: HookedGPT2, transcoders: TranscoderSet | CrossLayerTranscoder, windows: torch.Tensor
+) -> TranscoderMetrics:
+    """:class:`TranscoderMetrics` of ``transcoders`` (one per layer, or a cross-layer transcoder, whose
+    prediction of layer ``L``'s MLP output sums the features of every layer up to ``L``) on token ``windows``
+    ``[n, pos]`` (BOS left out)."""
     windows = check_token_windows(windows, "windows")
-    n = len(transcoders)
+    n = transcoders.n_layers
     err, l0 = [0.0] * n, [0.0] * n
     var_parts: list[list[torch.Tensor]] = [[] for _ in range(n)]
-    fired = [torch.zeros(t.d_sae, dtype=torch.bool, device=model.device) for t in transcoders]
+    fired = [torch.zeros(transcoders.d_sae(L), dtype=torch.bool, device=model.device) for L in range(n)]
     tokens = 0
     losses = {"clean": 0.0, "replaced": 0.0, "errors": 0.0}
     for start in range(0, len(windows), 32):
@@ -471,10 +570,11 @@ def evaluate_transcoders(model: HookedGPT2, transcoders: TranscoderSet, windows:
         losses["replaced"] += float(model.loss(_replaced_logits(model, transcoders, rows), rows)) * len(rows)
         with_errors = _replaced_logits(model, transcoders, rows, _errors(transcoders, cache))
         losses["errors"] += float(model.loss(with_errors, rows)) * len(rows)
-        for L, (x, y) in enumerate(_layer_pairs(model, cache)):
-            t = transcoders[L]
-            a = t.encode(x)
-            err[L] += float((y - t(x)).pow(2).sum())
+        pairs = _layer_pairs(model, cache)
+        acts = [transcoders.encode(L, x) for L, (x, _) in enumerate(pairs)]
+        for L, (x, y) in enumerate(pairs):
+            a = acts[L]
+            err[L] += float((y - transcoders.reconstruct(L, acts, x)).pow(2).sum())
             var_parts[L].append(y)
             l0[L] += float((a > 0).sum())
             fired[L] |= (a > 0).any(0)
