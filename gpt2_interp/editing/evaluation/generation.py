@@ -125,6 +125,26 @@ def continuations(model: HookedGPT2, prompts: Sequence[str], n_tokens: int, batc
     return out
 
 
+def _checks(case: CounterfactCase, questions: Sequence[TwoHopQuestion]) -> list[tuple[str, str, str, str]]:
+    """``(score, prompt, object, other)`` per check of one case: the continuation of ``prompt`` counts for
+    ``score`` when it states ``object`` before ``other`` (:func:`states`)."""
+    new, true = case.request.target, case.target_true
+    rows = [("es", case.request.text, new, true)] + [("ps", p, new, true) for p in case.paraphrases]
+    rows += [("ns", p, true, new) for p in case.neighbourhood] if true else []
+    for q in questions:
+        rows += [("hop", q.prompt, q.answer_new, q.answer_true), ("hop_true", q.prompt, q.answer_true, q.answer_new)]
+    return rows
+
+
+def _hop_tf(model: HookedGPT2, questions: Sequence[TwoHopQuestion], batch_size: int) -> list[bool]:
+    """Per question: P(answer through the new object) > P(answer through the true object), teacher-forced."""
+    if not questions:
+        return []
+    prompts = [q.prompt for q in questions for _ in range(2)]
+    lp = target_logprobs(model, prompts, [t for q in questions for t in (q.answer_new, q.answer_true)], batch_size)
+    return (lp[0::2] > lp[1::2]).tolist()
+
+
 @boundary
 def generation_scores(
     model: HookedGPT2,
@@ -135,54 +155,23 @@ def generation_scores(
 ) -> list[GenerationScores]:
     """Per case of ``cases``: its :class:`GenerationScores` on ``model`` as it stands. ``questions``: each
     case's two-hop questions (:func:`two_hop_questions`; None: no two-hop scores); ``n_tokens`` greedy
-    tokens per prompt (default 10); ``batch_size`` prompts per batch. All prompts are continued together."""
+    tokens per prompt (default 10); ``batch_size`` prompts per batch. Every distinct prompt is continued
+    once, all of them batched together."""
     if questions is not None and len(questions) != len(cases):
         raise ValueError(f"{len(questions)} lists of two-hop questions for {len(cases)} cases")
     qs = [list(q) for q in questions] if questions is not None else [[] for _ in cases]
-    rows: list[tuple[int, str, str]] = []  # (case, part, prompt)
-    for i, c in enumerate(cases):
-        rows += [(i, "es", c.request.text)] + [(i, "ps", p) for p in c.paraphrases]
-        if c.target_true:
-            rows += [(i, "ns", p) for p in c.neighbourhood]
-        rows += [(i, "hop", q.prompt) for q in qs[i]]
-    texts = continuations(model, [p for *_, p in rows], n_tokens, batch_size)
-    flat = [q for row in qs for q in row]
-    tf: list[bool] = []
-    if flat:
-        lp = target_logprobs(
-            model,
-            [q.prompt for q in flat for _ in range(2)],
-            [t for q in flat for t in (q.answer_new, q.answer_true)],
-            batch_size,
-        )
-        tf = (lp[0::2] > lp[1::2]).tolist()
-    hits: list[dict[str, list[bool]]] = [{} for _ in cases]
-    hop_seen = [0] * len(cases)
-    for (i, part, _), text in zip(rows, texts):
-        c, got = cases[i], hits[i]
-        if part == "hop":
-            q = qs[i][hop_seen[i]]
-            hop_seen[i] += 1
-            got.setdefault("hop", []).append(states(text, q.answer_new, q.answer_true))
-            got.setdefault("hop_true", []).append(states(text, q.answer_true, q.answer_new))
-        elif part == "ns":
-            got.setdefault("ns", []).append(states(text, c.target_true, c.request.target))
-        else:
-            got.setdefault(part, []).append(states(text, c.request.target, c.target_true))
-    offsets = [0]
-    for row in qs:
-        offsets.append(offsets[-1] + len(row))
-    return [
-        GenerationScores(
-            _rate(h.get("es", [])),
-            _rate(h.get("ps", [])),
-            _rate(h.get("ns", [])),
-            _rate(h.get("hop", [])),
-            _rate(h.get("hop_true", [])),
-            _rate(tf[offsets[i] : offsets[i + 1]]),
-        )
-        for i, h in enumerate(hits)
-    ]
+    checks = [_checks(c, q) for c, q in zip(cases, qs)]
+    prompts = list(dict.fromkeys(p for rows in checks for _, p, _, _ in rows))
+    said = dict(zip(prompts, continuations(model, prompts, n_tokens, batch_size)))
+    forced = iter(_hop_tf(model, [q for row in qs for q in row], batch_size))
+    out = []
+    for rows, q in zip(checks, qs):
+        hits: dict[str, list[bool]] = {}
+        for score, prompt, obj, other in rows:
+            hits.setdefault(score, []).append(states(said[prompt], obj, other))
+        rates = {k: _rate(hits.get(k, [])) for k in ("es", "ps", "ns", "hop", "hop_true")}
+        out.append(GenerationScores(**rates, hop_tf=_rate([next(forced) for _ in q])))
+    return out
 
 
 __all__ = [

@@ -414,6 +414,16 @@ class Summary:
     n_hop: int = 0
 
 
+def _share(hits: int, n: int) -> float | None:
+    return hits / n if n else None
+
+
+def _generated_mean(scores: Sequence[GenerationScores | None]) -> GenerationScores | None:
+    """The mean generation-based scores of the rows scored by generation; None when none was."""
+    got = [g for g in scores if g is not None]
+    return GenerationScores.over(got) if got else None
+
+
 @boundary
 def summarize(rows: Sequence[CaseRow]) -> Summary:
     """Means of every score over ``rows`` (cases without a score are skipped) + S, before and after;
@@ -425,17 +435,17 @@ def summarize(rows: Sequence[CaseRow]) -> Summary:
         MeanScores.over([r.pre for r in rows]),
         MeanScores.over([r.post for r in rows]),
         n_neighbourhood=sum(r.post is not None and r.post.ns is not None for r in rows),
-        ss=sum(r.ss_hits for r in rows) / n_ss if n_ss else None,
+        ss=_share(sum(r.ss_hits for r in rows), n_ss),
         n_ss=n_ss,
-        stn=sum(r.stn_hits for r in rows) / n_stn if n_stn else None,
+        stn=_share(sum(r.stn_hits for r in rows), n_stn),
         n_stn=n_stn,
         fluency_pre=_mean([r.fluency_pre for r in rows]),
         fluency_post=_mean([r.fluency_post for r in rows]),
         kl_drift=_mean([r.kl_drift for r in rows]),
         edit_seconds=_mean(times),
         edit_seconds_median=statistics.median(times) if times else None,
-        gen_pre=GenerationScores.over([r.gen_pre for r in rows]) if any(r.gen_pre for r in rows) else None,
-        gen_post=GenerationScores.over([r.gen_post for r in rows]) if any(r.gen_post for r in rows) else None,
+        gen_pre=_generated_mean([r.gen_pre for r in rows]),
+        gen_post=_generated_mean([r.gen_post for r in rows]),
         n_hop=sum(r.gen_pre is not None and r.gen_pre.hop_tf is not None for r in rows),
     )
 
