@@ -18,6 +18,7 @@ The drawing is one SVG element per node and per edge (no Plotly), scripted by ``
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,246 @@ def _per_feature(d: Mapping[str, Any], name: str, n: int) -> list[Any]:
     return list(v)
 
 
+@dataclass
+class _Graph:
+    """The fields of an attribution graph's dict that the page reads, as arrays and lists, checked."""
+
+    d: Mapping[str, Any]
+    tokens: np.ndarray  # [pos]
+    features: np.ndarray  # [n_features, 3]: layer, position, index
+    acts: np.ndarray  # [n_features]
+    logit_tokens: np.ndarray  # [n_logits]
+    probs: np.ndarray  # [n_logits]
+    adj: np.ndarray  # [n_nodes, n_nodes]: row the target, column the source
+    n_layers: int
+
+    @property
+    def pos(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_f(self) -> int:
+        return len(self.features)
+
+    @property
+    def n_logits(self) -> int:
+        return len(self.logit_tokens)
+
+    @property
+    def n(self) -> int:
+        return self.n_f + (self.n_layers + 1) * self.pos + self.n_logits
+
+    @property
+    def first_token(self) -> int:
+        return self.n_f + self.n_layers * self.pos
+
+    @property
+    def first_logit(self) -> int:
+        return self.n - self.n_logits
+
+    def where(self, i: int) -> tuple[str, int, int]:
+        """(kind, layer, position) of node ``i``."""
+        if i < self.n_f:
+            return "feature", int(self.features[i, 0]), int(self.features[i, 1])
+        if i < self.first_token:
+            L, p = divmod(i - self.n_f, self.pos)
+            return "error", L, p
+        if i < self.first_logit:
+            return "token", -1, i - self.first_token
+        return "logit", self.n_layers, self.pos - 1
+
+
+def _read_graph(d: Mapping[str, Any]) -> _Graph:
+    """The required fields of ``d`` (:data:`_REQUIRED`) read and their sizes checked against each other."""
+    missing = [k for k in _REQUIRED if k not in d]
+    if missing:
+        raise ValueError(
+            f"an attribution graph view needs {', '.join(missing)}; the result has fields {sorted(d)[:12]}"
+        )
+    g = _Graph(
+        d,
+        tokens=_array(d, "tokens", np.int64).reshape(-1),
+        features=_array(d, "features", np.int64).reshape(-1, 3),
+        acts=_array(d, "activations", np.float64).reshape(-1),
+        logit_tokens=_array(d, "logit_tokens", np.int64).reshape(-1),
+        probs=_array(d, "logit_probabilities", np.float64).reshape(-1),
+        adj=_array(d, "adjacency", np.float64),
+        n_layers=int(d["n_layers"]),
+    )
+    _check_sizes(g)
+    return g
+
+
+def _check_sizes(g: _Graph) -> None:
+    """ValueError naming the field where the adjacency, the activations, the probabilities or the features'
+    layers and positions do not match the graph's node counts."""
+    n, n_f, pos, n_logits = g.n, g.n_f, g.pos, g.n_logits
+    if g.adj.shape != (n, n):
+        raise ValueError(
+            f"graph field 'adjacency' has shape {g.adj.shape}; {n_f} features, {g.n_layers} layers × {pos} positions "
+            f"of errors, {pos} tokens and {n_logits} logits make {n} nodes: ({n}, {n}) expected"
+        )
+    if len(g.acts) != n_f or len(g.probs) != n_logits:
+        raise ValueError(
+            f"graph fields 'activations' ({len(g.acts)}) and 'logit_probabilities' ({len(g.probs)}) must match the "
+            f"{n_f} features and {n_logits} logit tokens"
+        )
+    layers, positions = g.features[:, 0], g.features[:, 1]
+    if n_f and (layers.min() < 0 or layers.max() >= g.n_layers or positions.max() >= pos):
+        raise ValueError(
+            f"graph field 'features' names a layer outside [0, {g.n_layers}) or a position outside [0, {pos})"
+        )
+
+
+def _kept(g: _Graph) -> tuple[np.ndarray, np.ndarray, bool]:
+    """``(keep [n, n], shown [n], pruned)``: the edges that may be drawn (nonzero; a pruned graph's kept edges
+    between kept nodes) and the nodes shown whatever edges are drawn (a pruned graph's kept nodes; else the
+    tokens and logits)."""
+    node_mask, edge_mask = _values(g.d, "node_mask"), _values(g.d, "edge_mask")
+    if node_mask is None or edge_mask is None:
+        if (node_mask is None) != (edge_mask is None):
+            raise ValueError("a pruned graph has both 'node_mask' and 'edge_mask'; this one has one of them")
+        shown = np.zeros(g.n, dtype=bool)
+        shown[g.first_token :] = True
+        return g.adj != 0, shown, False
+    if node_mask.shape != (g.n,) or edge_mask.shape != (g.n, g.n):
+        raise ValueError(
+            f"graph fields 'node_mask' {node_mask.shape} and 'edge_mask' {edge_mask.shape}: "
+            f"({g.n},) and ({g.n}, {g.n}) expected"
+        )
+    nodes = node_mask.astype(bool)
+    keep = edge_mask.astype(bool) & (g.adj != 0) & nodes[:, None] & nodes[None, :]
+    return keep, nodes.copy(), True
+
+
+def _drawn_edges(adj: np.ndarray, keep: np.ndarray, max_edges: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """``(targets, sources, weights, total)`` of the edges drawn: the ``max_edges`` largest ``|weight|`` of
+    those ``keep`` marks (``total`` of them), smallest ``|weight|`` first."""
+    tgt, src = np.nonzero(keep)
+    total = len(tgt)
+    w = adj[tgt, src]
+    if len(w) > max_edges:
+        top = np.argsort(-np.abs(w), kind="stable")[:max_edges]
+        tgt, src, w = tgt[top], src[top], w[top]
+    order = np.argsort(np.abs(w), kind="stable")
+    return tgt[order], src[order], w[order], total
+
+
+@dataclass
+class _Layout:
+    """Where the nodes go: the nodes of each (layer, position) cell in order, each position column's width
+    and left edge, in pixels."""
+
+    cells: dict[tuple[int, int], list[int]]
+    widths: list[int]
+    lefts: list[int]
+    n_layers: int
+
+    def x(self, L: int, p: int, i: int) -> float:
+        """The x of node ``i`` in cell ``(L, p)``: the cell's nodes side by side, centred in its column."""
+        cell = self.cells[(L, p)]
+        return self.lefts[p] + self.widths[p] / 2 + (cell.index(i) - (len(cell) - 1) / 2) * SLOT
+
+    def y(self, L: int) -> float:
+        return TOP + (self.n_layers - L) * ROW  # logits (L = n_layers) at the top, tokens (L = -1) at the bottom
+
+
+def _layout(g: _Graph, ids: list[int]) -> _Layout:
+    """The layout of nodes ``ids``: each position column as wide as its fullest cell."""
+    cells: dict[tuple[int, int], list[int]] = {}
+    for i in ids:
+        _, L, p = g.where(i)
+        cells.setdefault((L, p), []).append(i)  # features by index, then the error node; logits by probability
+    slots = [max([len(v) for (_, p), v in cells.items() if p == q], default=1) for q in range(g.pos)]
+    widths = [s * SLOT + GAP for s in slots]
+    lefts = np.concatenate([[LEFT], LEFT + np.cumsum(widths)]).tolist()
+    return _Layout(cells, widths, lefts, g.n_layers)
+
+
+@dataclass
+class _Texts:
+    """The graph's names for its nodes: the tokens and logit tokens as text, the features' labels, and the
+    features' top logits and contexts where the graph carries them."""
+
+    str_tokens: list[str]
+    logit_strs: list[str]
+    labels: list[str]
+    feature_logits: list[Any]
+    contexts: list[Any]
+
+
+def _texts(g: _Graph) -> _Texts:
+    d = g.d
+    return _Texts(
+        _strings(d, "str_tokens", g.pos, [f"#{t}" for t in g.tokens.tolist()]),
+        _strings(d, "logit_strs", g.n_logits, [f"#{t}" for t in g.logit_tokens.tolist()]),
+        _strings(d, "feature_labels", g.n_f, [f"L{L} F{f}" for L, _, f in g.features.tolist()]),
+        _per_feature(d, "feature_logits", g.n_f),
+        _per_feature(d, "feature_contexts", g.n_f),
+    )
+
+
+def _feature_node(g: _Graph, t: _Texts, i: int, L: int, at: str) -> dict[str, Any]:
+    """What a feature node's hover shows: its label, index and activation, its top logits and contexts."""
+    named = "" if g.d.get("feature_labels") is None else f" (L{L} F{int(g.features[i, 2])})"
+    node: dict[str, Any] = {
+        "label": t.labels[i],
+        "title": f"{t.labels[i]}{named} · {at}",
+        "feature": int(g.features[i, 2]),
+        "act": float(g.acts[i]),
+    }
+    if t.feature_logits[i] is not None:
+        node["logits"] = t.feature_logits[i]
+    if t.contexts[i] is not None:
+        node["contexts"] = t.contexts[i]
+    return node
+
+
+def _node_text(g: _Graph, t: _Texts, i: int, kind: str, L: int, p: int) -> dict[str, Any]:
+    """A node's label and hover fields, by its kind."""
+    at = f"position {p} {_shown(t.str_tokens[p])}"
+    if kind == "feature":
+        return _feature_node(g, t, i, L, at)
+    if kind == "error":
+        return {"label": f"error L{L}", "title": f"error L{L} · {at}: what layer {L}'s transcoder misses"}
+    if kind == "token":
+        return {"label": t.str_tokens[p], "title": f"token {at} (id {int(g.tokens[p])})"}
+    k = i - g.first_logit
+    return {
+        "label": t.logit_strs[k],
+        "title": f"logit {_shown(t.logit_strs[k])} (id {int(g.logit_tokens[k])})",
+        "prob": float(g.probs[k]),
+    }
+
+
+def _to_logits(g: _Graph, t: _Texts, i: int) -> list[list[Any]]:
+    """Node ``i``'s largest direct effects on the logit nodes (at most :data:`TO_LOGITS`, nonzero ones)."""
+    eff = g.adj[g.first_logit :, i]
+    top_k = np.argsort(-np.abs(eff), kind="stable")[:TO_LOGITS]
+    return [[t.logit_strs[k], float(eff[k])] for k in top_k.tolist() if eff[k] != 0]
+
+
+def _node(g: _Graph, t: _Texts, lay: _Layout, i: int) -> dict[str, Any]:
+    """The page's node ``i``: where it is drawn and what its hover shows."""
+    kind, L, p = g.where(i)
+    x = lay.x(L, p, i)
+    node: dict[str, Any] = {"id": i, "kind": kind, "layer": L, "pos": p, "x": round(x, 2), "y": lay.y(L)}
+    node.update(_node_text(g, t, i, kind, L, p))
+    if kind != "logit" and g.n_logits:
+        node["to_logits"] = _to_logits(g, t, i)
+    return node
+
+
+def _rows(lay: _Layout) -> list[dict[str, Any]]:
+    """The row names and their y: the logits at the top, each layer, the tokens at the bottom."""
+    L = lay.n_layers
+    return (
+        [{"name": "logits", "y": lay.y(L)}]
+        + [{"name": f"L{layer}", "y": lay.y(layer)} for layer in reversed(range(L))]
+        + [{"name": "tokens", "y": lay.y(-1)}]
+    )
+
+
 @boundary
 def graph_page_data(result: ResultLike, max_edges: int = 2000) -> dict[str, Any]:
     """What the page of an attribution graph draws, as JSON-ready data: ``nodes`` (each with its index in
@@ -105,148 +346,33 @@ def graph_page_data(result: ResultLike, max_edges: int = 2000) -> dict[str, Any]
     ``|weight|`` edges with their nodes (and every token and logit); a pruned graph with more kept edges
     than ``max_edges`` keeps its largest ones. Fields of the wrong shape raise ValueError naming them."""
     max_edges = check_count(max_edges, "max_edges")
-    d = as_dict(result)
-    missing = [k for k in _REQUIRED if k not in d]
-    if missing:
-        raise ValueError(
-            f"an attribution graph view needs {', '.join(missing)}; the result has fields {sorted(d)[:12]}"
-        )
-    tokens = _array(d, "tokens", np.int64).reshape(-1)
-    features = _array(d, "features", np.int64).reshape(-1, 3)
-    acts = _array(d, "activations", np.float64).reshape(-1)
-    logit_tokens = _array(d, "logit_tokens", np.int64).reshape(-1)
-    probs = _array(d, "logit_probabilities", np.float64).reshape(-1)
-    adj = _array(d, "adjacency", np.float64)
-    n_layers, pos, n_f, n_logits = int(d["n_layers"]), len(tokens), len(features), len(logit_tokens)
-    n = n_f + (n_layers + 1) * pos + n_logits
-    if adj.shape != (n, n):
-        raise ValueError(
-            f"graph field 'adjacency' has shape {adj.shape}; {n_f} features, {n_layers} layers × {pos} positions "
-            f"of errors, {pos} tokens and {n_logits} logits make {n} nodes: ({n}, {n}) expected"
-        )
-    if len(acts) != n_f or len(probs) != n_logits:
-        raise ValueError(
-            f"graph fields 'activations' ({len(acts)}) and 'logit_probabilities' ({len(probs)}) must match the "
-            f"{n_f} features and {n_logits} logit tokens"
-        )
-    if n_f and (features[:, 0].min() < 0 or features[:, 0].max() >= n_layers or features[:, 1].max() >= pos):
-        raise ValueError(
-            f"graph field 'features' names a layer outside [0, {n_layers}) or a position outside [0, {pos})"
-        )
-    str_tokens = _strings(d, "str_tokens", pos, [f"#{t}" for t in tokens.tolist()])
-    logit_strs = _strings(d, "logit_strs", n_logits, [f"#{t}" for t in logit_tokens.tolist()])
-    labels = _strings(d, "feature_labels", n_f, [f"L{L} F{f}" for L, _, f in features.tolist()])
-    feature_logits = _per_feature(d, "feature_logits", n_f)
-    contexts = _per_feature(d, "feature_contexts", n_f)
-    first_token, first_logit = n_f + n_layers * pos, n - n_logits
-
-    node_mask, edge_mask = _values(d, "node_mask"), _values(d, "edge_mask")
-    if (node_mask is None) != (edge_mask is None):
-        raise ValueError("a pruned graph has both 'node_mask' and 'edge_mask'; this one has one of them")
-    if node_mask is not None and edge_mask is not None:
-        if node_mask.shape != (n,) or edge_mask.shape != (n, n):
-            raise ValueError(
-                f"graph fields 'node_mask' {node_mask.shape} and 'edge_mask' {edge_mask.shape}: "
-                f"({n},) and ({n}, {n}) expected"
-            )
-        keep = edge_mask.astype(bool) & (adj != 0)
-        keep &= node_mask.astype(bool)[:, None] & node_mask.astype(bool)[None, :]
-        shown = node_mask.astype(bool).copy()
-    else:
-        keep = adj != 0
-        shown = np.zeros(n, dtype=bool)
-        shown[first_token:] = True
-    tgt, src = np.nonzero(keep)
-    total_edges = len(tgt)
-    w = adj[tgt, src]
-    if len(w) > max_edges:
-        top = np.argsort(-np.abs(w), kind="stable")[:max_edges]
-        tgt, src, w = tgt[top], src[top], w[top]
+    g = _read_graph(as_dict(result))
+    t = _texts(g)
+    keep, shown, pruned = _kept(g)
+    tgt, src, w, total_edges = _drawn_edges(g.adj, keep, max_edges)
     shown[tgt] = True
     shown[src] = True
-    order = np.argsort(np.abs(w), kind="stable")
-    tgt, src, w = tgt[order], src[order], w[order]
-
-    def where(i: int) -> tuple[str, int, int]:
-        """(kind, layer, position) of node ``i``."""
-        if i < n_f:
-            return "feature", int(features[i, 0]), int(features[i, 1])
-        if i < first_token:
-            L, p = divmod(i - n_f, pos)
-            return "error", L, p
-        if i < first_logit:
-            return "token", -1, i - first_token
-        return "logit", n_layers, pos - 1
-
     ids = np.flatnonzero(shown).tolist()
-    cells: dict[tuple[int, int], list[int]] = {}
-    for i in ids:
-        _, L, p = where(i)
-        cells.setdefault((L, p), []).append(i)  # features by index, then the error node; logits by probability
-    slots = [max([len(v) for (_, p), v in cells.items() if p == q], default=1) for q in range(pos)]
-    widths = [s * SLOT + GAP for s in slots]
-    lefts = np.concatenate([[LEFT], LEFT + np.cumsum(widths)]).tolist()
-    n_rows = n_layers + 2
-    height = TOP + (n_rows - 1) * ROW + BOTTOM
-
-    def row_y(L: int) -> float:
-        return TOP + (n_layers - L) * ROW  # logits (L = n_layers) at the top, tokens (L = -1) at the bottom
-
-    logit_rows = adj[first_logit:]  # [n_logits, n_nodes]: each node's direct effect on each logit
-    nodes: list[dict[str, Any]] = []
-    local: dict[int, int] = {}
-    for i in ids:
-        kind, L, p = where(i)
-        cell = cells[(L, p)]
-        j = cell.index(i)
-        x = lefts[p] + widths[p] / 2 + (j - (len(cell) - 1) / 2) * SLOT
-        node: dict[str, Any] = {"id": i, "kind": kind, "layer": L, "pos": p, "x": round(x, 2), "y": row_y(L)}
-        at = f"position {p} {_shown(str_tokens[p])}"
-        if kind == "feature":
-            named = "" if d.get("feature_labels") is None else f" (L{L} F{int(features[i, 2])})"
-            title = f"{labels[i]}{named} · {at}"
-            node.update(label=labels[i], title=title, feature=int(features[i, 2]), act=float(acts[i]))
-            if feature_logits[i] is not None:
-                node["logits"] = feature_logits[i]
-            if contexts[i] is not None:
-                node["contexts"] = contexts[i]
-        elif kind == "error":
-            node.update(label=f"error L{L}", title=f"error L{L} · {at}: what layer {L}'s transcoder misses")
-        elif kind == "token":
-            node.update(label=str_tokens[p], title=f"token {at} (id {int(tokens[p])})")
-        else:
-            k = i - first_logit
-            node.update(
-                label=logit_strs[k],
-                title=f"logit {_shown(logit_strs[k])} (id {int(logit_tokens[k])})",
-                prob=float(probs[k]),
-            )
-        if kind != "logit" and n_logits:
-            eff = logit_rows[:, i]
-            top_k = np.argsort(-np.abs(eff), kind="stable")[:TO_LOGITS]
-            node["to_logits"] = [[logit_strs[k], float(eff[k])] for k in top_k.tolist() if eff[k] != 0]
-        local[i] = len(nodes)
-        nodes.append(node)
-    edges = [[local[int(s)], local[int(t)], float(v)] for s, t, v in zip(src, tgt, w)]
-    pruned = node_mask is not None
-    prompt = "".join(str_tokens) if d.get("str_tokens") is not None else " ".join(str_tokens)
+    lay = _layout(g, ids)
+    nodes = [_node(g, t, lay, i) for i in ids]
+    local = {i: j for j, i in enumerate(ids)}
+    edges = [[local[int(s)], local[int(r)], float(v)] for s, r, v in zip(src, tgt, w)]
+    prompt = "".join(t.str_tokens) if g.d.get("str_tokens") is not None else " ".join(t.str_tokens)
     return {
         "nodes": nodes,
         "edges": edges,
-        "width": lefts[-1] + 20,
-        "height": height,
-        "rows": [{"name": "logits", "y": row_y(n_layers)}]
-        + [{"name": f"L{L}", "y": row_y(L)} for L in reversed(range(n_layers))]
-        + [{"name": "tokens", "y": row_y(-1)}],
-        "columns": [{"x": lefts[p] + widths[p] / 2, "w": widths[p]} for p in range(pos)],
+        "width": lay.lefts[-1] + 20,
+        "height": TOP + (g.n_layers + 1) * ROW + BOTTOM,
+        "rows": _rows(lay),
+        "columns": [{"x": lay.lefts[p] + lay.widths[p] / 2, "w": lay.widths[p]} for p in range(g.pos)],
         "colours": [POSITIVE, NEGATIVE],
         "prompt": prompt,
-        "top_logit": [logit_strs[0], float(probs[0])] if n_logits else None,
+        "top_logit": [t.logit_strs[0], float(g.probs[0])] if g.n_logits else None,
         "pruned": pruned,
         "total_edges": int(total_edges),
-        "n_features": n_f,
-        "shown_features": sum(1 for i in ids if i < n_f),
-        "scores": [d.get("replacement_score"), d.get("completeness_score")],
+        "n_features": g.n_f,
+        "shown_features": sum(1 for i in ids if i < g.n_f),
+        "scores": [g.d.get("replacement_score"), g.d.get("completeness_score")],
     }
 
 
