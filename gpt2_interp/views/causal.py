@@ -10,7 +10,7 @@ import numpy as np
 
 from ..core.boundary import boundary
 from ..core.result import ResultLike
-from .heatmap import KIND_COLOURS, array, as_dict, heatmap, token_label
+from .heatmap import KIND_COLOURS, array, as_dict, colorbar_beside, heatmap, token_label
 from .page import View, figure_part, text_part
 
 KIND_NAMES = {"hidden": "hidden state", "mlp": "MLP", "attn": "attention"}
@@ -24,6 +24,63 @@ def baseline(d: dict[str, Any]) -> float:
     return float(d["corrupted_metric"] if d["direction"] == "denoise" else d["clean_metric"])
 
 
+def _patch_labels(d: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """``(rows, columns)`` of a patching result's map: its layers; its positions ``"pos:token"`` (clean/corrupted
+    tokens) or its heads ``"head h"``."""
+    if d["index_names"][1] == "pos":
+        cols = [f"{p}:{token_label(lab)}" for p, lab in zip(d["positions"], d["position_labels"])]
+    else:
+        cols = [f"head {h}" for h in d["head_labels"]]
+    return list(d["layer_labels"]), cols
+
+
+def _patch_panels(v: np.ndarray, d: dict[str, Any]) -> list[tuple[np.ndarray, Any]]:
+    """``(map [layer, column], head label)`` per panel: one panel of a ``[layer, pos]`` or ``[layer, head]``
+    result (head None), one per head of a ``[layer, pos, head]`` one."""
+    if v.ndim == 2:
+        return [(v, None)]
+    return [(v[:, :, h], label) for h, label in enumerate(d["head_labels"])]
+
+
+def _patch_hover(z: np.ndarray, rows: list[str], cols: list[str], value: str, base: float) -> list[list[str]]:
+    """Each cell's hover: its row and column, ``value`` then the cell's value, and its effect (value − ``base``)."""
+    return [
+        [f"<b>{r}</b> · {c}{value}{z[a, b]:.5g}<br>effect = {z[a, b] - base:+.5g}" for b, c in enumerate(cols)]
+        for a, r in enumerate(rows)
+    ]
+
+
+def _mark_trace(m: tuple[int, ...], kind: str, rows: list[str], cols: list[str]) -> Any:
+    """The outline of cell ``m`` (``(layer index, column index[, head index])``): black for a ``"top"`` cell,
+    grey for a control; a head's mark shown with its head's panel."""
+    import plotly.graph_objects as go
+
+    return go.Scatter(
+        x=[cols[m[1]]],
+        y=[rows[m[0]]],
+        mode="markers",
+        marker={
+            "symbol": "square-open",
+            "size": 14,
+            "color": "black" if kind == "top" else "#999",
+            "line": {"width": 2},
+        },
+        hoverinfo="skip",
+        showlegend=False,
+        visible=len(m) < 3 or m[2] == 0,
+        name="verified" if len(m) < 3 else f"verified head {m[2]}",
+    )
+
+
+def _head_menu(heads: list[Any], marks: Sequence[tuple[int, ...]]) -> list[dict[str, Any]]:
+    """The menu showing one head's panel (and its marks) at a time."""
+    buttons = []
+    for i, h in enumerate(heads):
+        vis = [j == i for j in range(len(heads))] + [len(m) < 3 or m[2] == i for m in marks]
+        buttons.append({"label": f"head {h}", "method": "update", "args": [{"visible": vis}]})
+    return [{"buttons": buttons, "x": 0, "y": 1.12, "xanchor": "left", "yanchor": "bottom"}]
+
+
 def patch_figure(
     d: dict[str, Any], title: str = "", marks: Sequence[tuple[int, ...]] = (), mark_kinds: Sequence[str] = ()
 ) -> Any:
@@ -35,70 +92,40 @@ def patch_figure(
     import plotly.graph_objects as go
 
     v = array(d["values"])
-    base = baseline(d)
-    spread = float(np.nanmax(np.abs(v - base))) if v.size else 0.0
-    spread = spread or 1.0
-    names = list(d["index_names"])
-    rows = list(d["layer_labels"])
-    if names[1] == "pos":
-        cols = [f"{p}:{token_label(lab)}" for p, lab in zip(d["positions"], d["position_labels"])]
-    else:
-        cols = [f"head {h}" for h in d["head_labels"]]
-    metric = f"{d['metric']}{' (normalised)' if d.get('normalized') else ''}"
-    panels = [v] if v.ndim == 2 else [v[:, :, h] for h in range(v.shape[2])]
-    heads = [None] if v.ndim == 2 else list(d["head_labels"])
-    fig = go.Figure()
-    for i, (z, h) in enumerate(zip(panels, heads)):
-        where = "" if h is None else f" · head {h}"
-        hover = [
-            [
-                f"<b>{r}</b> · {c}{where}<br>{metric} = {z[a, b]:.5g}<br>effect = {z[a, b] - base:+.5g}"
-                for b, c in enumerate(cols)
-            ]
-            for a, r in enumerate(rows)
-        ]
-        tr = heatmap(
-            z, cols, rows, hover=hover, colorscale="RdBu", zmin=base - spread, zmax=base + spread, colorbar=metric
-        )
-        tr.visible = i == 0
-        tr.name = "all" if h is None else f"head {h}"
-        fig.add_trace(tr)
-    for m, mk in zip(marks, [*mark_kinds, *["top"] * (len(marks) - len(mark_kinds))]):
+    rows, cols = _patch_labels(d)
+    panels = _patch_panels(v, d)
+    fig = go.Figure([_panel_trace(d, v, z, h, rows, cols, i == 0) for i, (z, h) in enumerate(panels)])
+    kinds = [*mark_kinds, *["top"] * (len(marks) - len(mark_kinds))]
+    drawn = [m for m, mk in zip(marks, kinds) if len(m) >= 2]
+    for m, mk in zip(marks, kinds):
         if len(m) >= 2:
-            fig.add_trace(
-                go.Scatter(
-                    x=[cols[m[1]]],
-                    y=[rows[m[0]]],
-                    mode="markers",
-                    marker={
-                        "symbol": "square-open",
-                        "size": 14,
-                        "color": "black" if mk == "top" else "#999",
-                        "line": {"width": 2},
-                    },
-                    hoverinfo="skip",
-                    showlegend=False,
-                    visible=len(m) < 3 or m[2] == 0,
-                    name="verified" if len(m) < 3 else f"verified head {m[2]}",
-                )
-            )
-    updatemenus = []
-    if v.ndim == 3:
-        n = len(heads)
-        buttons = []
-        for i, h in enumerate(heads):
-            vis = [j == i for j in range(n)] + [len(m) < 3 or m[2] == i for m in marks if len(m) >= 2]
-            buttons.append({"label": f"head {h}", "method": "update", "args": [{"visible": vis}]})
-        updatemenus = [{"buttons": buttons, "x": 0, "y": 1.12, "xanchor": "left", "yanchor": "bottom"}]
+            fig.add_trace(_mark_trace(m, mk, rows, cols))
+    pos = d["index_names"][1] == "pos"
     fig.update_layout(
         title={"text": title, "font": {"size": 12}},
         height=int(min(max(26 * len(rows) + 180, 320), 1000)),
         margin={"l": 80, "r": 20, "t": 80, "b": 100},
-        xaxis={"type": "category", "title": "position (clean/corrupted token)" if names[1] == "pos" else "head"},
+        xaxis={"type": "category", "title": "position (clean/corrupted token)" if pos else "head"},
         yaxis={"type": "category", "title": "layer", "autorange": "reversed"},
-        updatemenus=updatemenus,
+        updatemenus=_head_menu([h for _, h in panels], drawn) if v.ndim == 3 else [],
     )
     return fig
+
+
+def _panel_trace(
+    d: dict[str, Any], v: np.ndarray, z: np.ndarray, h: Any, rows: list[str], cols: list[str], visible: bool
+) -> Any:
+    """The heatmap of panel ``z`` (head ``h``, None for the only panel) of a patching result ``d`` whose values
+    are ``v``: diverging colours centred on the baseline, as far out as the largest effect of ``v``."""
+    base = baseline(d)
+    spread = (float(np.nanmax(np.abs(v - base))) if v.size else 0.0) or 1.0
+    metric = f"{d['metric']}{' (normalised)' if d.get('normalized') else ''}"
+    where = "" if h is None else f" · head {h}"
+    hover = _patch_hover(z, rows, cols, f"{where}<br>{metric} = ", base)
+    tr = heatmap(z, cols, rows, hover=hover, colorscale="RdBu", zmin=base - spread, zmax=base + spread, colorbar=metric)
+    tr.visible = visible
+    tr.name = "all" if h is None else f"head {h}"
+    return tr
 
 
 @boundary
@@ -151,8 +178,7 @@ def trace_figure(traces: Sequence[dict[str, Any]]) -> Any:
         scale = KIND_COLOURS.get(t["kind"], "Blues")
         tr = heatmap(s, cols, rows, hover=hover, colorscale=scale, zmin=0.0, zmax=hi_, colorbar="p restored")
         fig.add_trace(tr, 1, i + 1)
-        dom = fig.layout[f"xaxis{'' if i == 0 else i + 1}"].domain
-        fig.data[-1].colorbar.update(x=dom[1] + 0.005, len=0.9, thickness=10, title={"text": ""})
+        colorbar_beside(fig, i, len=0.9, thickness=10, title={"text": ""})
         fig.update_yaxes(type="category", autorange="reversed", tickfont={"size": 9}, row=1, col=i + 1)
         fig.update_xaxes(type="category", tickfont={"size": 9}, title_text="layer", row=1, col=i + 1)
     n_tok = len(traces[0]["tokens"])
@@ -178,6 +204,19 @@ def view_traces(result: ResultLike) -> View:
     return View(f"Causal trace: {t0['prompt']!r} → {t0['target']!r}", [note, figure_part(trace_figure(traces))])
 
 
+def _average_hover(d: dict[str, Any], z: np.ndarray, p: np.ndarray | None, cols: list[str]) -> list[list[str]]:
+    """Each cell's hover in one kind's panel of an average trace: the bucket, its count of facts, the layer, the
+    average indirect effect ``z`` and, where given, the average restored probability ``p``."""
+    return [
+        [
+            f"<b>{bucket}</b> ({count} facts) · {c}<br>average indirect effect = {z[a, b]:+.4f}"
+            + (f"<br>average p restored = {p[a, b]:.4f}" if p is not None else "")
+            for b, c in enumerate(cols)
+        ]
+        for a, (bucket, count) in enumerate(zip(d["buckets"], d["counts"]))
+    ]
+
+
 @boundary
 def view_average_trace(result: ResultLike) -> View:
     """An :class:`~gpt2_interp.analysis.AverageTrace` (or its dict — the ``causal_trace`` experiment's
@@ -198,14 +237,7 @@ def view_average_trace(result: ResultLike) -> View:
     )
     for i, kind in enumerate(kinds):
         z = ie[i]
-        hover = [
-            [
-                f"<b>{d['buckets'][a]}</b> ({counts[a]} facts) · {c}<br>average indirect effect = {z[a, b]:+.4f}"
-                + (f"<br>average p restored = {scores[i, a, b]:.4f}" if scores is not None else "")
-                for b, c in enumerate(cols)
-            ]
-            for a in range(len(rows))
-        ]
+        hover = _average_hover(d, z, None if scores is None else scores[i], cols)
         tr = heatmap(
             z,
             cols,
@@ -217,8 +249,7 @@ def view_average_trace(result: ResultLike) -> View:
             colorbar="AIE",
         )
         fig.add_trace(tr, 1, i + 1)
-        dom = fig.layout[f"xaxis{'' if i == 0 else i + 1}"].domain
-        fig.data[-1].colorbar.update(x=dom[1] + 0.005, thickness=10)
+        colorbar_beside(fig, i, thickness=10)
         fig.update_yaxes(type="category", autorange="reversed", showticklabels=i == 0, row=1, col=i + 1)
         fig.update_xaxes(type="category", title_text="layer" if kind == "hidden" else "window centre", row=1, col=i + 1)
     fig.update_layout(height=380, margin={"l": 170, "r": 40, "t": 60, "b": 60})

@@ -94,6 +94,13 @@ def heatmap(
     )
 
 
+def colorbar_beside(fig: Any, i: int, **kw: Any) -> None:
+    """Put the colour bar of ``fig``'s last trace just right of subplot ``i`` (0 the first), with the colour
+    bar settings ``kw``."""
+    dom = fig.layout[f"xaxis{'' if i == 0 else i + 1}"].domain
+    fig.data[-1].colorbar.update(x=dom[1] + 0.005, **kw)
+
+
 def grid_height(rows: int, per_row: int = 16, lo: int = 260, hi: int = 900) -> int:
     """A figure height in pixels for ``rows`` heatmap rows, within ``[lo, hi]``."""
     return int(min(max(per_row * rows + 140, lo), hi))
