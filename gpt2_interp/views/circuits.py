@@ -79,70 +79,62 @@ def _exact_of(exact: ResultLike) -> dict[str, float]:
     return {e: float(v) for e, v in zip(d["edges"], values) if np.isfinite(v)}
 
 
-def circuit_figure(
-    d: Mapping[str, Any], max_edges: int = 300, exact: Mapping[str, float] | None = None, title: str = ""
-) -> Any:
-    """The Plotly figure of a circuit's (or edge scores') dict ``d``: one line trace per edge (named
-    ``edge:<name>``; width and opacity by ``|score|``, colour by the input it enters, dashed where the
-    score is negative), a trace of edge midpoints carrying each edge's hover text (score, and its exact
-    effect where ``exact`` has it), the nodes (named ``nodes``: the input, the logits, every sender and
-    every head or MLP reading a receiver input; hover: name, KV group under GQA), and the q/k/v ports."""
+def _edge_trace(e: str, s: float, start: tuple[float, float], end: tuple[float, float], kind: str, w: float) -> Any:
+    """The line of edge ``e`` (score ``s``, ``w`` its ``|score|`` over the largest) from ``start`` to ``end``:
+    width and opacity by ``w``, colour by the input ``kind`` it enters, dashed where ``s`` is negative."""
     import plotly.graph_objects as go
 
-    edges, scores = _edge_list(d, max_edges)
-    seen = graph_sizes(d["edges"])
-    L, H, K = (int(d.get(k) or v) for k, v in zip(("n_layer", "n_head", "n_kv"), seen))
-    method = str(d.get("method", "score"))
-    label = "exact effect" if method == "exact" else f"{method} score"
-    top = float(np.abs(scores).max(initial=0.0)) or 1.0
-    fig = go.Figure()
-    nodes: set[str] = {"input", "logits"}
-    ports: dict[tuple[float, float], str] = {}
-    mids: tuple[list[float], list[float], list[str]] = ([], [], [])
-    for e, s in zip(edges, scores.tolist()):
-        sender, receiver = e.split("->")
-        x0, y0 = node_xy(sender, L, H)
-        kind, x1, y1 = receiver_port(receiver, L, H, K)
-        w = abs(s) / top
-        fig.add_trace(
-            go.Scatter(
-                x=[x0, x1],
-                y=[y0, y1],
-                mode="lines",
-                line={"color": KIND_COLOURS[kind], "width": 0.6 + 4.5 * w, "dash": "solid" if s >= 0 else "dash"},
-                opacity=0.3 + 0.65 * w,
-                hoverinfo="skip",
-                showlegend=False,
-                name=f"edge:{e}",
-            )
-        )
-        nodes.add(sender)
-        m = _RECEIVER.fullmatch(receiver)
-        if m is None:
-            nodes.add(receiver)
-        else:
-            layer, idx, kind_ = m.group(1), int(m.group(2)), m.group(3)
-            ports[(x1, y1)] = kind_
-            per = 1 if kind_ == "q" else H // max(K, 1)  # a key/value input is read by its group's query heads
-            nodes.update(f"a{layer}.h{h}" for h in range(idx * per, (idx + 1) * per))
-        hover = f"<b>{e}</b><br>{label} {s:+.5g}"
-        if exact is not None and method != "exact":
-            hover += f"<br>exact effect {exact[e]:+.5g}" if e in exact else "<br>exact effect: not measured"
-        mids[0].append((x0 + x1) / 2)
-        mids[1].append((y0 + y1) / 2)
-        mids[2].append(hover)
-    fig.add_trace(
-        go.Scatter(
-            x=mids[0],
-            y=mids[1],
-            mode="markers",
-            marker={"size": 7, "color": "rgba(0,0,0,0.25)"},
-            customdata=mids[2],
-            hovertemplate="%{customdata}<extra></extra>",
-            name="edges",
-            showlegend=False,
-        )
+    return go.Scatter(
+        x=[start[0], end[0]],
+        y=[start[1], end[1]],
+        mode="lines",
+        line={"color": KIND_COLOURS[kind], "width": 0.6 + 4.5 * w, "dash": "solid" if s >= 0 else "dash"},
+        opacity=0.3 + 0.65 * w,
+        hoverinfo="skip",
+        showlegend=False,
+        name=f"edge:{e}",
     )
+
+
+def _readers(receiver: str, H: int, K: int) -> tuple[list[str], str | None]:
+    """``(nodes, port)``: the nodes reading ``receiver`` (a head's query input: that head; its key or value
+    input: the query heads of its group; an MLP or the logits: itself) and its q/k/v port (None for none)."""
+    m = _RECEIVER.fullmatch(receiver)
+    if m is None:
+        return [receiver], None
+    layer, idx, port = m.group(1), int(m.group(2)), m.group(3)
+    per = 1 if port == "q" else H // max(K, 1)  # a key/value input is read by its group's query heads
+    return [f"a{layer}.h{h}" for h in range(idx * per, (idx + 1) * per)], port
+
+
+def _edge_hover(e: str, s: float, label: str, exact: Mapping[str, float] | None) -> str:
+    """An edge's hover: its name, its score (``label``) and, where ``exact`` is given, its exact effect."""
+    hover = f"<b>{e}</b><br>{label} {s:+.5g}"
+    if exact is not None:
+        hover += f"<br>exact effect {exact[e]:+.5g}" if e in exact else "<br>exact effect: not measured"
+    return hover
+
+
+def _midpoint_trace(mids: tuple[list[float], list[float], list[str]]) -> Any:
+    """The edges' midpoints ``(x, y, hover)``: the points carrying each edge's hover text."""
+    import plotly.graph_objects as go
+
+    return go.Scatter(
+        x=mids[0],
+        y=mids[1],
+        mode="markers",
+        marker={"size": 7, "color": "rgba(0,0,0,0.25)"},
+        customdata=mids[2],
+        hovertemplate="%{customdata}<extra></extra>",
+        name="edges",
+        showlegend=False,
+    )
+
+
+def _node_trace(nodes: set[str], L: int, H: int, K: int) -> Any:
+    """The nodes, named; hover: the name and, under GQA, a head's key/value group."""
+    import plotly.graph_objects as go
+
     names = sorted(nodes, key=lambda n: node_xy(n, L, H)[::-1])
     xy = [node_xy(n, L, H) for n in names]
 
@@ -152,35 +144,43 @@ def circuit_figure(
             return n
         return f"{n} (KV group {int(m.group(2)) // (H // K)})"
 
-    fig.add_trace(
-        go.Scatter(
-            x=[p[0] for p in xy],
-            y=[p[1] for p in xy],
-            mode="markers+text",
-            marker={"size": NODE_SIZE, "color": "white", "line": {"color": "#333", "width": 1.5}},
-            text=names,
-            textposition=["bottom center" if n == "input" else "top center" for n in names],
-            textfont={"size": LABEL_SIZE},
-            customdata=[node_hover(n) for n in names],
-            hovertemplate="%{customdata}<extra></extra>",
-            name="nodes",
-            showlegend=False,
-        )
+    return go.Scatter(
+        x=[p[0] for p in xy],
+        y=[p[1] for p in xy],
+        mode="markers+text",
+        marker={"size": NODE_SIZE, "color": "white", "line": {"color": "#333", "width": 1.5}},
+        text=names,
+        textposition=["bottom center" if n == "input" else "top center" for n in names],
+        textfont={"size": LABEL_SIZE},
+        customdata=[node_hover(n) for n in names],
+        hovertemplate="%{customdata}<extra></extra>",
+        name="nodes",
+        showlegend=False,
     )
-    fig.add_trace(
-        go.Scatter(
-            x=[p[0] for p in ports],
-            y=[p[1] for p in ports],
-            mode="markers+text",
-            marker={"size": 6, "color": [KIND_COLOURS[k] for k in ports.values()], "symbol": "triangle-up"},
-            text=list(ports.values()),
-            textposition="bottom center",
-            textfont={"size": 8},
-            hoverinfo="skip",
-            name="ports",
-            showlegend=False,
-        )
+
+
+def _port_trace(ports: dict[tuple[float, float], str]) -> Any:
+    """The q/k/v input ports below the heads, at their places, coloured as the edges entering them."""
+    import plotly.graph_objects as go
+
+    return go.Scatter(
+        x=[p[0] for p in ports],
+        y=[p[1] for p in ports],
+        mode="markers+text",
+        marker={"size": 6, "color": [KIND_COLOURS[k] for k in ports.values()], "symbol": "triangle-up"},
+        text=list(ports.values()),
+        textposition="bottom center",
+        textfont={"size": 8},
+        hoverinfo="skip",
+        name="ports",
+        showlegend=False,
     )
+
+
+def _circuit_layout(fig: Any, L: int, H: int, title: str) -> None:
+    """The legend of edge colours, the figure's size, and the axes: the rows of :func:`row_ticks`, x hidden."""
+    import plotly.graph_objects as go
+
     for kind, colour in KIND_COLOURS.items():
         fig.add_trace(
             go.Scatter(x=[None], y=[None], mode="lines", line={"color": colour, "width": 3}, name=f"into {kind}")
@@ -202,6 +202,45 @@ def circuit_figure(
             "zeroline": False,
         },
     )
+
+
+def circuit_figure(
+    d: Mapping[str, Any], max_edges: int = 300, exact: Mapping[str, float] | None = None, title: str = ""
+) -> Any:
+    """The Plotly figure of a circuit's (or edge scores') dict ``d``: one line trace per edge (named
+    ``edge:<name>``; width and opacity by ``|score|``, colour by the input it enters, dashed where the
+    score is negative), a trace of edge midpoints carrying each edge's hover text (score, and its exact
+    effect where ``exact`` has it), the nodes (named ``nodes``: the input, the logits, every sender and
+    every head or MLP reading a receiver input; hover: name, KV group under GQA), and the q/k/v ports."""
+    import plotly.graph_objects as go
+
+    edges, scores = _edge_list(d, max_edges)
+    seen = graph_sizes(d["edges"])
+    L, H, K = (int(d.get(k) or v) for k, v in zip(("n_layer", "n_head", "n_kv"), seen))
+    method = str(d.get("method", "score"))
+    label = "exact effect" if method == "exact" else f"{method} score"
+    shown_exact = exact if method != "exact" else None
+    top = float(np.abs(scores).max(initial=0.0)) or 1.0
+    fig = go.Figure()
+    nodes: set[str] = {"input", "logits"}
+    ports: dict[tuple[float, float], str] = {}
+    mids: tuple[list[float], list[float], list[str]] = ([], [], [])
+    for e, s in zip(edges, scores.tolist()):
+        sender, receiver = e.split("->")
+        x0, y0 = node_xy(sender, L, H)
+        kind, x1, y1 = receiver_port(receiver, L, H, K)
+        fig.add_trace(_edge_trace(e, s, (x0, y0), (x1, y1), kind, abs(s) / top))
+        readers, port = _readers(receiver, H, K)
+        nodes.update([sender, *readers])
+        if port is not None:
+            ports[(x1, y1)] = port
+        mids[0].append((x0 + x1) / 2)
+        mids[1].append((y0 + y1) / 2)
+        mids[2].append(_edge_hover(e, s, label, shown_exact))
+    fig.add_trace(_midpoint_trace(mids))
+    fig.add_trace(_node_trace(nodes, L, H, K))
+    fig.add_trace(_port_trace(ports))
+    _circuit_layout(fig, L, H, title)
     return fig
 
 
@@ -225,19 +264,7 @@ def view_circuit(result: ResultLike, exact: ResultLike | None = None, max_edges:
     if d.get("positions") is not None:  # a per-position circuit is drawn by its edges, scores summed over positions
         d = _collapsed(d)
     n = min(len(d["edges"]), max_edges)
-    if is_circuit:
-        f, c = d.get("faithfulness"), d.get("completeness")
-        measured = ("" if f is None else f", faithfulness {f:.3f}") + ("" if c is None else f", completeness {c:.3f}")
-        title = f"Circuit ({method}): {len(d['edges'])} of {d['total_edges']} edges{measured}"
-        if "n_pos_items" in d:
-            title = (
-                f"Circuit ({method}, per position): {items} of {d['n_pos_items']} (position, edge) items on "
-                f"{len(d['edges'])} edges{measured}"
-            )
-        what = f"{n} edges drawn" + (f" (the {n} largest)" if n < len(d["edges"]) else "")
-    else:
-        title = f"Edge scores ({method}): the {n} largest |score| of {len(d['edges'])} edges"
-        what = f"{n} edges drawn"
+    title, what = _circuit_title(d, items, n) if is_circuit else _scores_title(d, n)
     note = text_part(
         f"{what}; metric {metric}; width and opacity by |{method} score|, colour by the input the edge enters, "
         "dashed: negative score. Hover an edge's midpoint for its score"
@@ -246,6 +273,29 @@ def view_circuit(result: ResultLike, exact: ResultLike | None = None, max_edges:
     )
     fig = circuit_figure(d, max_edges, ex)
     return View(title, [note, figure_part(fig)])
+
+
+def _circuit_title(d: Mapping[str, Any], items: int, n: int) -> tuple[str, str]:
+    """A circuit view's title (its edges, or a per-position circuit's ``items``, of how many, the faithfulness
+    and completeness measured) and what it draws (``n`` edges)."""
+    method = d.get("method", "?")
+    f, c = d.get("faithfulness"), d.get("completeness")
+    measured = ("" if f is None else f", faithfulness {f:.3f}") + ("" if c is None else f", completeness {c:.3f}")
+    title = f"Circuit ({method}): {len(d['edges'])} of {d['total_edges']} edges{measured}"
+    if "n_pos_items" in d:
+        title = (
+            f"Circuit ({method}, per position): {items} of {d['n_pos_items']} (position, edge) items on "
+            f"{len(d['edges'])} edges{measured}"
+        )
+    return title, f"{n} edges drawn" + (f" (the {n} largest)" if n < len(d["edges"]) else "")
+
+
+def _scores_title(d: Mapping[str, Any], n: int) -> tuple[str, str]:
+    """An edge-score view's title and what it draws (its ``n`` largest edges)."""
+    return (
+        f"Edge scores ({d.get('method', '?')}): the {n} largest |score| of {len(d['edges'])} edges",
+        f"{n} edges drawn",
+    )
 
 
 def _collapsed(d: dict) -> dict:
@@ -263,6 +313,31 @@ def _collapsed(d: dict) -> dict:
     }
 
 
+def _curve_trace(f: np.ndarray, kept: np.ndarray, sizes: list[int], method: str) -> Any:
+    """One method's faithfulness ``f [sizes]`` against the edges ``kept [sizes]`` after pruning (the sizes
+    that keep an edge); hover: the method, the requested and kept edge counts, the faithfulness."""
+    import plotly.graph_objects as go
+
+    ok = kept > 0
+    return go.Scatter(
+        x=kept[ok].tolist(),  # plain lists: the drawn figure's data read back as they are
+        y=f[ok].tolist(),
+        mode="lines+markers",
+        name=method,
+        customdata=[[sizes[j], method] for j in np.flatnonzero(ok)],
+        hovertemplate="%{customdata[1]}: top %{customdata[0]} edges, %{x:.0f} kept after pruning"
+        "<br>faithfulness %{y:.4f}<extra></extra>",
+    )
+
+
+def _smallest(f: np.ndarray, kept: np.ndarray, methods: list[str], target: float) -> str:
+    """Per method, the fewest edges kept among the sizes whose faithfulness reaches ``target``."""
+    hits = [kept[i][f[i] >= target] for i in range(len(methods))]
+    return ", ".join(
+        f"{m}: {int(h.min())} edges" if h.size else f"{m}: none of the sizes" for m, h in zip(methods, hits)
+    )
+
+
 @boundary
 def view_faithfulness(result: ResultLike, target: float | None = 0.8) -> View:
     """A :class:`~gpt2_interp.analysis.circuits.FaithfulnessCurve` (or its dict): exact faithfulness against
@@ -278,35 +353,21 @@ def view_faithfulness(result: ResultLike, target: float | None = 0.8) -> View:
         raise ValueError(
             f"faithfulness {f.shape} and kept {kept.shape} must both be [methods, sizes] = {(len(methods), len(sizes))}"
         )
-    fig = go.Figure()
-    smallest = []
-    for i, m in enumerate(methods):
-        ok = kept[i] > 0
-        fig.add_trace(
-            go.Scatter(
-                x=kept[i][ok].tolist(),  # plain lists: the drawn figure's data read back as they are
-                y=f[i][ok].tolist(),
-                mode="lines+markers",
-                name=m,
-                customdata=[[sizes[j], m] for j in np.flatnonzero(ok)],
-                hovertemplate="%{customdata[1]}: top %{customdata[0]} edges, %{x:.0f} kept after pruning"
-                "<br>faithfulness %{y:.4f}<extra></extra>",
-            )
-        )
-        if target is not None:
-            hit = kept[i][f[i] >= target]
-            smallest.append(f"{m}: {int(hit.min())} edges" if hit.size else f"{m}: none of the sizes")
-    for y, dash, colour in ((1.0, "dot", "#888"), (0.0, "dot", "#888")) + (
-        ((target, "dot", "#d62728"),) if target is not None else ()
-    ):
-        fig.add_hline(y=y, line={"dash": dash, "color": colour, "width": 1})
+    fig = go.Figure([_curve_trace(f[i], kept[i], sizes, m) for i, m in enumerate(methods)])
+    lines = [(1.0, "#888"), (0.0, "#888")] + ([(target, "#d62728")] if target is not None else [])
+    for y, colour in lines:
+        fig.add_hline(y=y, line={"dash": "dot", "color": colour, "width": 1})
     fig.update_layout(
         height=420,
         xaxis={"type": "log", "title": f"edges in the circuit (of {d.get('total_edges', '?')})"},
         yaxis={"title": f"faithfulness ({d.get('metric', '?')})"},
         margin={"t": 30},
     )
-    reach = f"; the smallest circuit reaching {target:.0%}: " + ", ".join(smallest) if target is not None else ""
+    reach = (
+        ""
+        if target is None
+        else f"; the smallest circuit reaching {target:.0%}: " + _smallest(f, kept, methods, target)
+    )
     note = text_part(
         "Faithfulness (exact: every edge outside the circuit patched to the corrupted run, normalised to 1 for "
         f"the whole model and 0 for the empty circuit) per scoring method{reach}."
