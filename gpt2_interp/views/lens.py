@@ -3,6 +3,7 @@ neuron searches and MLP sub-updates — each drawn from the result's own fields 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,46 +32,19 @@ def view_lens(result: ResultLike, prompt: int = 0, k: int = 5) -> View:
     cols = [j for j in range(len(positions)) if valid[j]]
     layers = list(d["layers"])
     toks = d["str_tokens"][b]
-    top_tokens = d["top_tokens"]  # [layer][prompt][col][k]
-    top_probs = array(d["top_probs"])  # [layer, prompt, col, k]
-    has_t = d.get("target_prob") is not None
-    target = d["targets"][b] if has_t else None
-    t_prob = array(d["target_prob"])[:, b] if has_t else None
-    t_rank = np.asarray(d["target_rank"])[:, b] if has_t and d.get("target_rank") is not None else None
     x = [f"{int(positions[j])}:{token_label(toks[int(positions[j])])}" for j in cols]
-    z = np.empty((len(layers), len(cols)))
-    text: list[list[str]] = []
-    hover: list[list[str]] = []
-    for li, layer in enumerate(layers):
-        trow, hrow = [], []
-        for ci, j in enumerate(cols):
-            tops = top_tokens[li][b][j][:k]
-            probs = top_probs[li, b, j, :k]
-            trow.append(token_label(tops[0])[:8])
-            lines = [f"<b>{layer}</b> · input {x[ci]}"]
-            lines += [f"{r + 1}. {token_label(t)}  {p:.3f}" for r, (t, p) in enumerate(zip(tops, probs))]
-            if has_t:
-                assert t_prob is not None
-                rank = f", rank {int(t_rank[li, j])}" if t_rank is not None else ""
-                lines.append(f"target {token_label(target or '')}: p = {t_prob[li, j]:.4g}{rank}")
-                z[li, ci] = np.log(max(float(t_prob[li, j]), 1e-12))
-            else:
-                z[li, ci] = float(probs[0])
-            hrow.append("<br>".join(lines))
-        text.append(trow)
-        hover.append(hrow)
-    scale = "Viridis" if has_t else WHITE_BLUE
-    bar = f"log p({token_label(target or '')})" if has_t else "p(top-1)"
+    t = _LensTarget.of(d, b)
+    z, text, hover = _lens_cells(d, b, cols, x, k, t)
     trace = heatmap(
         z,
         x,
         layers,
         hover=hover,
         text=text if len(cols) <= 32 else None,  # cell texts only where cells are wide enough to read them
-        colorscale=scale,
-        zmin=None if has_t else 0.0,
-        zmax=0.0 if has_t else 1.0,
-        colorbar=bar,
+        colorscale="Viridis" if t else WHITE_BLUE,
+        zmin=None if t else 0.0,
+        zmax=0.0 if t else 1.0,
+        colorbar=f"log p({token_label(t.target)})" if t else "p(top-1)",
     )
     fig = go.Figure(trace)
     fig.update_layout(
@@ -80,9 +54,79 @@ def view_lens(result: ResultLike, prompt: int = 0, k: int = 5) -> View:
         yaxis={"type": "category", "title": "layer boundary", "tickfont": {"size": 9}},
     )
     lens = d.get("lens", "logit lens")
-    what = f"colour: log p of the target {target!r}" if has_t else "colour: probability of the top-1 token"
+    what = f"colour: log p of the target {t.name!r}" if t else "colour: probability of the top-1 token"
     note = text_part(f"{lens}: each cell is the lens's top-1 token at that layer boundary and position; {what}.")
     return View(f"{lens}: {d['prompts'][b]!r}", [note, figure_part(fig)])
+
+
+@dataclass
+class _LensTarget:
+    """A lens result's target for one prompt: its name (as given), its probability ``[layer, col]`` and, where
+    the result holds it, its rank ``[layer, col]``; false where the result has no target."""
+
+    name: Any = None
+    prob: np.ndarray | None = None
+    rank: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, d: dict[str, Any], b: int) -> _LensTarget:
+        """The target of prompt ``b`` of the lens result ``d`` (empty without one)."""
+        if d.get("target_prob") is None:
+            return cls()
+        rank = np.asarray(d["target_rank"])[:, b] if d.get("target_rank") is not None else None
+        return cls(d["targets"][b], array(d["target_prob"])[:, b], rank)
+
+    def __bool__(self) -> bool:
+        return self.prob is not None
+
+    @property
+    def target(self) -> str:
+        """The target as text (empty for none)."""
+        return self.name or ""
+
+    def line(self, li: int, j: int) -> str:
+        """The hover line of layer ``li``, column ``j``: the target's probability and rank."""
+        assert self.prob is not None
+        rank = f", rank {int(self.rank[li, j])}" if self.rank is not None else ""
+        return f"target {token_label(self.target)}: p = {self.prob[li, j]:.4g}{rank}"
+
+
+def _lens_cells(
+    d: dict[str, Any], b: int, cols: list[int], x: list[str], k: int, t: _LensTarget
+) -> tuple[np.ndarray, list[list[str]], list[list[str]]]:
+    """``(z, text, hover)`` of the lens map of prompt ``b``, layers down and columns ``cols`` (labelled ``x``)
+    across: the colour (the target's log p, else the top-1 probability), the top-1 token written in the cell,
+    and the hover (the layer, the input, the top-``k`` tokens with their probabilities, the target's line)."""
+    layers = list(d["layers"])
+    top_tokens = d["top_tokens"]  # [layer][prompt][col][k]
+    top_probs = array(d["top_probs"])  # [layer, prompt, col, k]
+    z = np.empty((len(layers), len(cols)))
+    text: list[list[str]] = []
+    hover: list[list[str]] = []
+    for li, layer in enumerate(layers):
+        tops = [top_tokens[li][b][j][:k] for j in cols]
+        probs = [top_probs[li, b, j, :k] for j in cols]
+        text.append([token_label(tt[0])[:8] for tt in tops])
+        hover.append([_top_hover(layer, x[ci], tops[ci], probs[ci]) for ci in range(len(cols))])
+        z[li] = _lens_colour(t, li, cols, probs)
+        if t:
+            hover[-1] = [h + "<br>" + t.line(li, j) for h, j in zip(hover[-1], cols)]
+    return z, text, hover
+
+
+def _lens_colour(t: _LensTarget, li: int, cols: list[int], probs: list[np.ndarray]) -> list[float]:
+    """The colours of layer ``li``'s cells: the target's log-probability (floored at 1e-12) where there is a
+    target, else the top-1 probability."""
+    if t.prob is None:
+        return [float(p[0]) for p in probs]
+    return [np.log(max(float(t.prob[li, j]), 1e-12)) for j in cols]
+
+
+def _top_hover(layer: str, where: str, tops: list[str], probs: np.ndarray) -> str:
+    """A lens cell's hover: the layer, the input token, the top tokens with their probabilities."""
+    lines = [f"<b>{layer}</b> · input {where}"]
+    lines += [f"{r + 1}. {token_label(t)}  {p:.3f}" for r, (t, p) in enumerate(zip(tops, probs))]
+    return "<br>".join(lines)
 
 
 @boundary
@@ -202,7 +246,6 @@ def view_subupdates(result: ResultLike) -> View:
     """A :class:`~gpt2_interp.analysis.SubupdateResult` (or its dict): the largest MLP sub-updates by norm
     ``|m|·‖v‖`` and, with a target, their direct effect on its logit; hover for each one's activation and
     top promoted tokens."""
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     d = as_dict(result)
@@ -212,36 +255,32 @@ def view_subupdates(result: ResultLike) -> View:
     custom = [[f"{a:+.4g}", t] for a, t in zip(acts, tops)]
     has_t = d.get("target_effects") is not None
     fig = make_subplots(1, 2 if has_t else 1, shared_yaxes=True, horizontal_spacing=0.03)
-    tmpl = "%{y}: %{x:.4g}<br>activation m = %{customdata[0]}<br>promotes %{customdata[1]}<extra></extra>"
-    fig.add_trace(
-        go.Bar(
-            y=names,
-            x=array(d["norms"])[::-1],
-            orientation="h",
-            name="|m|·‖v‖",
-            customdata=custom,
-            hovertemplate=tmpl,
-            marker_color=["#1f77b4" if a > 0 else "#9467bd" for a in acts],
-        ),
-        1,
-        1,
-    )
+    norms = _signed_bars(names, array(d["norms"])[::-1], acts, "|m|·‖v‖", custom, ("#1f77b4", "#9467bd"))
+    fig.add_trace(norms, 1, 1)
     if has_t:
         e = array(d["target_effects"])[::-1]
         fig.add_trace(
-            go.Bar(
-                y=names,
-                x=e,
-                orientation="h",
-                name=f"effect on logit({d['target']!r})",
-                customdata=custom,
-                hovertemplate=tmpl,
-                marker_color=["#2ca02c" if v > 0 else "#d62728" for v in e],
-            ),
-            1,
-            2,
+            _signed_bars(names, e, e, f"effect on logit({d['target']!r})", custom, ("#2ca02c", "#d62728")), 1, 2
         )
         fig.update_xaxes(title_text=f"direct effect on logit({d['target']!r})", row=1, col=2)
     fig.update_xaxes(title_text="|m_i| · ‖v_i‖ (blue: m > 0)", row=1, col=1)
     fig.update_layout(height=22 * len(names) + 160, showlegend=False, yaxis={"type": "category"})
     return View(f"MLP sub-updates at {d['token']!r} of {d['prompt']!r}", [figure_part(fig)])
+
+
+def _signed_bars(
+    names: list[str], x: np.ndarray, sign: np.ndarray, name: str, custom: list[list[str]], colours: tuple[str, str]
+) -> Any:
+    """Horizontal bars ``x`` of the sub-updates ``names``, coloured ``colours[0]`` where ``sign`` is positive and
+    ``colours[1]`` elsewhere; hover: the value, the activation and the promoted tokens (``custom``)."""
+    import plotly.graph_objects as go
+
+    return go.Bar(
+        y=names,
+        x=x,
+        orientation="h",
+        name=name,
+        customdata=custom,
+        hovertemplate="%{y}: %{x:.4g}<br>activation m = %{customdata[0]}<br>promotes %{customdata[1]}<extra></extra>",
+        marker_color=[colours[0] if v > 0 else colours[1] for v in sign],
+    )
