@@ -23,7 +23,6 @@ def view_topk(result: ResultLike, roles: Sequence[str] | None = None, scores: Ma
     in red; hover gives the exact probability. ``roles``: one word per prompt (``"rewrite"``,
     ``"paraphrase"``, ``"neighbour"``, …) shown beside it; ``scores``: the edit's scores (e.g. ``{"ES": 1.0,
     "PS": 0.5, "NS": 1.0}`` or the demo's edit record), written above the bars."""
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     d = as_dict(result)
@@ -31,35 +30,14 @@ def view_topk(result: ResultLike, roles: Sequence[str] | None = None, scores: Ma
     n = len(prompts)
     if roles is not None and len(roles) != n:
         raise ValueError(f"roles has {len(roles)} entries for {n} prompts; give one role per prompt")
-    first = d.get("target_token") or None
-    pb, pa = d.get("p_target_before") or [], d.get("p_target_after") or []
-    titles = []
-    for i, p in enumerate(prompts):
-        role = f"[{roles[i]}] " if roles else ""
-        for side, pt in (("before", pb), ("after", pa)):
-            extra = f" · P(target) = {pt[i]:.3g}" if i < len(pt) else ""
-            titles.append(f"{role}{token_label(p)} — {side}{extra}")
+    titles = _topk_titles(d, prompts, roles)
     fig = make_subplots(
         n, 2, subplot_titles=titles, horizontal_spacing=0.18, vertical_spacing=min(0.35 / max(n, 1), 0.12)
     )
+    first = d.get("target_token") or None
     for i in range(n):
         for j, side in enumerate(("before", "after")):
-            rows = d[side][i]
-            toks = [token_label(t) for t, _ in rows][::-1]
-            probs = [float(p) for _, p in rows][::-1]
-            colours = ["#d62728" if t == first else "#1f77b4" for t, _ in rows][::-1]
-            fig.add_trace(
-                go.Bar(
-                    y=[f"{t} " for t in toks],
-                    x=probs,
-                    orientation="h",
-                    marker_color=colours,
-                    showlegend=False,
-                    hovertemplate=f"{side}: %{{y}} p = %{{x:.4f}}<extra></extra>",
-                ),
-                i + 1,
-                j + 1,
-            )
+            fig.add_trace(_topk_bars(d[side][i], first, side), i + 1, j + 1)
             fig.update_xaxes(range=[0, 1], row=i + 1, col=j + 1)
             fig.update_yaxes(type="category", tickfont={"size": 10}, row=i + 1, col=j + 1)
     for a in fig.layout.annotations:
@@ -69,8 +47,36 @@ def view_topk(result: ResultLike, roles: Sequence[str] | None = None, scores: Ma
     if scores:
         parts.append(text_part(" · ".join(f"{k}: {_fmt(v)}" for k, v in scores.items())))
     parts.append(figure_part(fig))
-    return View(
-        f"Edit → {d.get('target', '')!r}: top-{len(d['before'][0]) if d['before'] else 0} before and after", parts
+    k = len(d["before"][0]) if d["before"] else 0
+    return View(f"Edit → {d.get('target', '')!r}: top-{k} before and after", parts)
+
+
+def _topk_titles(d: dict[str, Any], prompts: list[str], roles: Sequence[str] | None) -> list[str]:
+    """The panels' titles, before and after per prompt: its role, the prompt, the side and the target's
+    probability where the result holds it."""
+    pb, pa = d.get("p_target_before") or [], d.get("p_target_after") or []
+    titles = []
+    for i, p in enumerate(prompts):
+        role = f"[{roles[i]}] " if roles else ""
+        for side, pt in (("before", pb), ("after", pa)):
+            extra = f" · P(target) = {pt[i]:.3g}" if i < len(pt) else ""
+            titles.append(f"{role}{token_label(p)} — {side}{extra}")
+    return titles
+
+
+def _topk_bars(rows: Sequence[tuple[str, Any]], first: str | None, side: str) -> Any:
+    """The top-k tokens ``rows`` (token, probability) of one prompt on one ``side`` as horizontal bars, the most
+    probable at the top, the target's first token ``first`` in red."""
+    import plotly.graph_objects as go
+
+    toks = [token_label(t) for t, _ in rows][::-1]
+    return go.Bar(
+        y=[f"{t} " for t in toks],
+        x=[float(p) for _, p in rows][::-1],
+        orientation="h",
+        marker_color=["#d62728" if t == first else "#1f77b4" for t, _ in rows][::-1],
+        showlegend=False,
+        hovertemplate=f"{side}: %{{y}} p = %{{x:.4f}}<extra></extra>",
     )
 
 
@@ -83,49 +89,12 @@ def view_edit_evaluation(result: ResultLike) -> View:
     """An :class:`~gpt2_interp.editing.evaluation.EditEvaluation` (or its dict): CounterFact scores
     (ES/PS/NS/S) and magnitudes before and after editing, over all cases and the known subset (hover: the
     exact value and the number of cases); with a sequential curve, the scores against the edits applied."""
-    import plotly.graph_objects as go
-
     d = as_dict(result)
     summary = d["summary"]
-    score = go.Figure()
-    mag = go.Figure()
-    for subset in ("all", "known"):
-        if subset not in summary:
-            continue
-        s = summary[subset]
-        for stage in ("pre", "post"):
-            name = f"{subset} {stage} (n={s['n']})"
-            for fig, keys in ((score, ("es", "ps", "ns", "S")), (mag, ("em", "pm", "nm"))):
-                vals = [None if s[stage].get(k) is None else 100 * float(s[stage][k]) for k in keys]
-                fig.add_trace(
-                    go.Bar(
-                        x=[SCORE_NAMES[k] for k in keys],
-                        y=vals,
-                        name=name,
-                        hovertemplate=f"{name}<br>%{{x}} = %{{y:.2f}}<extra></extra>",
-                    )
-                )
-    score.update_layout(
-        barmode="group", height=380, yaxis={"title": "score (%)", "range": [0, 105]}, title="CounterFact scores"
-    )
-    mag.update_layout(barmode="group", height=380, yaxis={"title": "percentage points"}, title="magnitudes")
+    score, mag = _summary_figures(summary)
     parts = [figure_part(score), figure_part(mag)]
     if d.get("curve"):
-        curve = go.Figure()
-        ks = [c["n_edits"] for c in d["curve"]]
-        for key in ("es", "ps", "ns", "S"):
-            curve.add_trace(
-                go.Scatter(
-                    x=ks,
-                    y=[None if c.get(key) is None else 100 * float(c[key]) for c in d["curve"]],
-                    mode="lines+markers",
-                    name=SCORE_NAMES[key],
-                )
-            )
-        curve.update_layout(
-            height=360, xaxis={"type": "log", "title": "edits applied (sequential)"}, yaxis={"title": "score (%)"}
-        )
-        parts.append(figure_part(curve))
+        parts.append(figure_part(_curve_figure(d["curve"])))
     layer = d.get("layer")
     how = "sequential" if d.get("sequential") else "one at a time" if d["method"] == "rome" else "one batch"
     a = summary.get("all", {})
@@ -134,6 +103,53 @@ def view_edit_evaluation(result: ResultLike) -> View:
         f"bit-exactly: {d.get('restored_exactly')}; KL drift on unrelated prompts {_fmt(a.get('kl_drift'))}."
     )
     return View(f"Edit evaluation: {str(d['method']).upper()}", [note, *parts])
+
+
+def _percent(scores: Mapping[str, Any], keys: Sequence[str]) -> list[float | None]:
+    """``scores[key]`` in percent per key (None where missing or None)."""
+    return [None if scores.get(k) is None else 100 * float(scores[k]) for k in keys]
+
+
+def _summary_figures(summary: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The CounterFact scores and the magnitudes of an evaluation's ``summary``: a bar group per subset (all
+    cases, the known ones) and stage (before, after editing)."""
+    import plotly.graph_objects as go
+
+    score = go.Figure()
+    mag = go.Figure()
+    for subset in (k for k in ("all", "known") if k in summary):
+        s = summary[subset]
+        for stage in ("pre", "post"):
+            name = f"{subset} {stage} (n={s['n']})"
+            for fig, keys in ((score, ("es", "ps", "ns", "S")), (mag, ("em", "pm", "nm"))):
+                fig.add_trace(
+                    go.Bar(
+                        x=[SCORE_NAMES[k] for k in keys],
+                        y=_percent(s[stage], keys),
+                        name=name,
+                        hovertemplate=f"{name}<br>%{{x}} = %{{y:.2f}}<extra></extra>",
+                    )
+                )
+    score.update_layout(
+        barmode="group", height=380, yaxis={"title": "score (%)", "range": [0, 105]}, title="CounterFact scores"
+    )
+    mag.update_layout(barmode="group", height=380, yaxis={"title": "percentage points"}, title="magnitudes")
+    return score, mag
+
+
+def _curve_figure(curve: Sequence[Mapping[str, Any]]) -> Any:
+    """A sequential evaluation's scores against the number of edits applied."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    ks = [c["n_edits"] for c in curve]
+    for key in ("es", "ps", "ns", "S"):
+        y = [_percent(c, (key,))[0] for c in curve]
+        fig.add_trace(go.Scatter(x=ks, y=y, mode="lines+markers", name=SCORE_NAMES[key]))
+    fig.update_layout(
+        height=360, xaxis={"type": "log", "title": "edits applied (sequential)"}, yaxis={"title": "score (%)"}
+    )
+    return fig
 
 
 @boundary
