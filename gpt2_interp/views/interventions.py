@@ -65,7 +65,6 @@ def intervention_figure(result: ResultLike) -> Any:
     graph's direct-and-indirect prediction (x) against the measured change (y) for the feature nodes (frozen
     model, features free), the tracked logits (frozen model, features free; real model) and the line y = x.
     Hover: the token or node and the exact values."""
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     d = as_dict(result)
@@ -79,61 +78,15 @@ def intervention_figure(result: ResultLike) -> Any:
         subplot_titles=("change of each tracked token's de-meaned logit", "graph's prediction vs measured"),
     )
     for name, label, colour in MEASURES:
-        if d.get(name) is None:
-            continue
-        values = _values(d[name])
-        if len(values) != len(tokens):
-            raise ValueError(f"{name} has {len(values)} values for {len(tokens)} tracked tokens")
-        fig.add_trace(
-            go.Bar(
-                x=labels,
-                y=values,
-                name=label,
-                marker_color=colour,
-                legendgroup="bars",
-                hovertemplate=f"%{{x}}<br>{html.escape(label)}: %{{y:+.5g}}<extra></extra>",
-            ),
-            row=1,
-            col=1,
-        )
-    pred = _values(d["graph_total"])
-    node_x, node_y = _values(d["node_total"]), _values(d["node_free"])
-    at = [i for i, v in enumerate(pred) if v is not None]
-    series = [
-        ("feature nodes, frozen model (free)", node_x, node_y, [f"feature node {i}" for i in range(len(node_x))],
-         "#969696", 5),
-        ("logits, frozen model (free)", [pred[i] for i in at], [_values(d["frozen_free"])[i] for i in at],
-         [labels[i] for i in at], "#238b45", 9),
-        ("logits, real model", [pred[i] for i in at], [_values(d["real"])[i] for i in at], [labels[i] for i in at],
-         "#d62728", 9),
-    ]  # fmt: skip
+        if d.get(name) is not None:
+            fig.add_trace(_measure_bars(d, name, label, colour, labels), row=1, col=1)
     seen: list[float] = []
-    for label, xs, ys, names, colour, size in series:
-        if not xs:
-            continue
-        seen += [v for v in (*xs, *ys) if v is not None]
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=ys,
-                mode="markers",
-                name=label,
-                text=names,
-                marker={"color": colour, "size": size},
-                hovertemplate="%{text}<br>graph %{x:+.5g}<br>measured %{y:+.5g}<extra></extra>",
-            ),
-            row=1,
-            col=2,
-        )
+    for label, xs, ys, names, colour, size in _prediction_series(d, labels):
+        if xs:
+            seen += [v for v in (*xs, *ys) if v is not None]
+            fig.add_trace(_prediction_points(label, xs, ys, names, colour, size), row=1, col=2)
     if seen:
-        lo, hi = min(seen), max(seen)
-        pad = 0.05 * (hi - lo) or 1.0
-        line = [lo - pad, hi + pad]
-        fig.add_trace(
-            go.Scatter(x=line, y=line, mode="lines", name="y = x", line={"dash": "dash", "color": "grey", "width": 1}),
-            row=1,
-            col=2,
-        )
+        fig.add_trace(_diagonal(seen), row=1, col=2)
     fig.update_xaxes(type="category", tickfont={"size": 9}, row=1, col=1)
     fig.update_xaxes(title_text="graph (direct + indirect)", row=1, col=2)
     fig.update_yaxes(title_text="measured", row=1, col=2)
@@ -141,8 +94,66 @@ def intervention_figure(result: ResultLike) -> Any:
     return fig
 
 
-def _intervention_parts(d: Mapping[str, Any]) -> list[Part]:
-    """The note, the figure and the probability tables of an intervention's dict."""
+def _measure_bars(d: Mapping[str, Any], name: str, label: str, colour: str, labels: list[str]) -> Any:
+    """The bars of measure ``name`` (legend ``label``) of each tracked token (``labels``), one per token."""
+    import plotly.graph_objects as go
+
+    values = _values(d[name])
+    if len(values) != len(labels):
+        raise ValueError(f"{name} has {len(values)} values for {len(labels)} tracked tokens")
+    return go.Bar(
+        x=labels,
+        y=values,
+        name=label,
+        marker_color=colour,
+        legendgroup="bars",
+        hovertemplate=f"%{{x}}<br>{html.escape(label)}: %{{y:+.5g}}<extra></extra>",
+    )
+
+
+def _prediction_series(d: Mapping[str, Any], labels: list[str]) -> list[tuple[Any, ...]]:
+    """``(legend label, graph's predictions, measured changes, names, colour, marker size)`` of the feature
+    nodes (frozen model, features free) and of the tracked tokens that are logit nodes (frozen model, features
+    free; real model)."""
+    pred = _values(d["graph_total"])
+    node_x, node_y = _values(d["node_total"]), _values(d["node_free"])
+    at = [i for i, v in enumerate(pred) if v is not None]
+    xs, names = [pred[i] for i in at], [labels[i] for i in at]
+    return [
+        ("feature nodes, frozen model (free)", node_x, node_y, [f"feature node {i}" for i in range(len(node_x))],
+         "#969696", 5),
+        ("logits, frozen model (free)", xs, [_values(d["frozen_free"])[i] for i in at], names, "#238b45", 9),
+        ("logits, real model", xs, [_values(d["real"])[i] for i in at], names, "#d62728", 9),
+    ]  # fmt: skip
+
+
+def _prediction_points(label: str, xs: list, ys: list, names: list[str], colour: str, size: int) -> Any:
+    """The points (graph's prediction, measured change) of one series; hover: the name and both values."""
+    import plotly.graph_objects as go
+
+    return go.Scatter(
+        x=xs,
+        y=ys,
+        mode="markers",
+        name=label,
+        text=names,
+        marker={"color": colour, "size": size},
+        hovertemplate="%{text}<br>graph %{x:+.5g}<br>measured %{y:+.5g}<extra></extra>",
+    )
+
+
+def _diagonal(seen: list[float]) -> Any:
+    """The line y = x across the values ``seen``, 5% beyond them (±1 where they are all equal)."""
+    import plotly.graph_objects as go
+
+    lo, hi = min(seen), max(seen)
+    pad = 0.05 * (hi - lo) or 1.0
+    line = [lo - pad, hi + pad]
+    return go.Scatter(x=line, y=line, mode="lines", name="y = x", line={"dash": "dash", "color": "grey", "width": 1})
+
+
+def _intervention_note(d: Mapping[str, Any]) -> str:
+    """The features an intervention changed and how far the frozen model (features held) is from the graph."""
     error = d.get("direct_error")
     note = f"Features changed: {_features_text(d)}."
     if error is not None:
@@ -150,28 +161,37 @@ def _intervention_parts(d: Mapping[str, Any]) -> list[Part]:
             f" The frozen model with the downstream features held differs from the graph's edges by at most "
             f"{float(error):.1e} of the largest change."
         )
-    note += " Logit changes are those of the de-meaned last-position logits; NaN where a token is no logit node."
+    return note + " Logit changes are those of the de-meaned last-position logits; NaN where a token is no logit node."
+
+
+def _tracked_rows(d: Mapping[str, Any]) -> list[list[str]]:
+    """Per tracked token: the token, its probability before and after (``—`` where missing)."""
     before, after = _values(d["prob_before"]), _values(d["prob_after"])
-    tracked = [
+    return [
         [repr(str(t)), f"{b:.4f}" if b is not None else "—", f"{a:.4f}" if a is not None else "—"]
         for t, b, a in zip(d["token_strs"], before, after)
     ]
+
+
+def _top_rows(d: Mapping[str, Any]) -> list[list[str]]:
+    """The most probable tokens before and after side by side: token, p, token, p (blank past a shorter list)."""
     tops = [(str(t), float(p)) for t, p in d["top_before"]], [(str(t), float(p)) for t, p in d["top_after"]]
     n = max(len(tops[0]), len(tops[1]))
-    top_rows = [
-        [*(
-            [repr(side[i][0]), f"{side[i][1]:.4f}"] if i < len(side) else ["", ""]
-            for side in tops
-        )]
-        for i in range(n)
-    ]  # fmt: skip
     return [
-        text_part(note),
+        [cell for side in tops for cell in ([repr(side[i][0]), f"{side[i][1]:.4f}"] if i < len(side) else ["", ""])]
+        for i in range(n)
+    ]
+
+
+def _intervention_parts(d: Mapping[str, Any]) -> list[Part]:
+    """The note, the figure and the probability tables of an intervention's dict."""
+    return [
+        text_part(_intervention_note(d)),
         figure_part(intervention_figure(d)),
         text_part("The tracked tokens' probabilities in the real model:"),
-        _table(["token", "p before", "p after"], tracked),
+        _table(["token", "p before", "p after"], _tracked_rows(d)),
         text_part("The real model's most probable tokens before and after:"),
-        _table(["before", "p", "after", "p"], [[*a, *b] for a, b in top_rows]),
+        _table(["before", "p", "after", "p"], _top_rows(d)),
     ]
 
 
