@@ -102,17 +102,22 @@ def kind_of(d: Mapping[str, Any]) -> str | None:
     return next((name for name, need in FIELDS if need <= keys), None)
 
 
+def _children(data: Any, where: str) -> list[tuple[str, Any]]:
+    """The entries of a mapping, or the first 8 of a list of mappings, each with the path it sits at."""
+    if isinstance(data, Mapping):
+        return [(f"{where}.{k}" if where else str(k), v) for k, v in data.items()]
+    if isinstance(data, list) and data and isinstance(data[0], Mapping):
+        return [(f"{where}[{i}]", v) for i, v in enumerate(data[:8])]
+    return []
+
+
 def _found(data: Any, where: str, depth: int = 0) -> list[tuple[str, dict[str, Any]]]:
     """Result dicts inside an experiment's data (two levels deep), each with the path it sits at."""
     if depth > 2:
         return []
-    if isinstance(data, Mapping):
-        if kind_of(data):
-            return [(where, dict(data))]
-        return [hit for k, v in data.items() for hit in _found(v, f"{where}.{k}" if where else str(k), depth + 1)]
-    if isinstance(data, list) and data and isinstance(data[0], Mapping):
-        return [hit for i, v in enumerate(data[:8]) for hit in _found(v, f"{where}[{i}]", depth + 1)]
-    return []
+    if isinstance(data, Mapping) and kind_of(data):
+        return [(where, dict(data))]
+    return [hit for path, v in _children(data, where) for hit in _found(v, path, depth + 1)]
 
 
 @boundary
@@ -171,17 +176,30 @@ def view_experiment(
     if isinstance(data, Mapping) and data.get("finding"):
         parts.append(text_part(str(data["finding"]), "p", "g2v-finding"))
     found = _found(data, "")
-    for where, sub in found:
-        inner = view(sub)
-        parts += [text_part(f"{inner.title} (data{'.' + where if where else ''})", "h3", "g2v-title"), *inner.parts]
-    for tname, table in (tables or {}).items():
-        parts.append(Part(f"<h3>{html.escape(tname)}</h3>{table}"))
-    for fname, png in (figures or {}).items() if not found else ():
-        img = f'<img alt="{html.escape(fname)}" src="data:image/png;base64,{png}" style="max-width:100%">'
-        parts.append(Part(f"<h3>{html.escape(fname)}</h3>{img}"))
+    parts += _found_parts(found)
+    parts += _rendered_parts(tables or {}, {} if found else figures or {})
     if not found and not tables and not figures:
         parts.append(Part(f"<pre>{html.escape(json.dumps(data, indent=1)[:200_000])}</pre>"))
     return View(f"Experiment {name}", parts)
+
+
+def _found_parts(found: list[tuple[str, dict[str, Any]]]) -> list[Part]:
+    """The view of each result found in an experiment's data, under its title and the path it sits at."""
+    parts: list[Part] = []
+    for where, sub in found:
+        inner = view(sub)
+        parts += [text_part(f"{inner.title} (data{'.' + where if where else ''})", "h3", "g2v-title"), *inner.parts]
+    return parts
+
+
+def _rendered_parts(tables: Mapping[str, str], figures: Mapping[str, str]) -> list[Part]:
+    """The ``tables`` (``{name: HTML}``) and ``figures`` (``{name: PNG as base64}``) an experiment renders
+    itself, each under its name."""
+    parts = [Part(f"<h3>{html.escape(tname)}</h3>{table}") for tname, table in tables.items()]
+    for fname, png in figures.items():
+        img = f'<img alt="{html.escape(fname)}" src="data:image/png;base64,{png}" style="max-width:100%">'
+        parts.append(Part(f"<h3>{html.escape(fname)}</h3>{img}"))
+    return parts
 
 
 @boundary
