@@ -241,68 +241,91 @@ def _inline(text: str) -> str:
     return "".join(out)
 
 
+class _Markdown:
+    """The state of :func:`markdown_html` across lines: the HTML written, and the paragraph, list items, table
+    rows and code block being collected."""
+
+    def __init__(self) -> None:
+        self.out: list[str] = []
+        self.para: list[str] = []
+        self.table: list[list[str]] = []
+        self.items: list[str] = []
+        self.code: list[str] | None = None
+
+    def flush(self) -> None:
+        """Write the paragraph, the list and the table collected so far."""
+        if self.para:
+            self.out.append("<p>" + _inline(" ".join(self.para)) + "</p>")
+            self.para.clear()
+        if self.items:
+            self.out.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in self.items) + "</ul>")
+            self.items.clear()
+        if self.table:
+            self.out.append(_table_html(self.table))
+            self.table.clear()
+
+    def fence(self) -> None:
+        """A ```` ``` ```` line: open a code block, or write the one open."""
+        self.flush()
+        if self.code is None:
+            self.code = []
+        else:
+            self.out.append("<pre>" + _html.escape("\n".join(self.code)) + "</pre>")
+            self.code = None
+
+    def add(self, raw: str) -> None:
+        """One line of the Markdown."""
+        line = raw.rstrip()
+        if line.startswith("```"):
+            self.fence()
+        elif self.code is not None:
+            self.code.append(raw)
+        elif not line or line.startswith("!["):
+            self.flush()
+        else:
+            self.text(line)
+
+    def text(self, line: str) -> None:
+        """A line of text outside a code block: a heading, a table row, a list item or a paragraph's line."""
+        m = re.match(r"^(#{1,6})\s+(.*)$", line)
+        if m:
+            self.flush()
+            n = len(m.group(1))
+            self.out.append(f"<h{n}>{_inline(m.group(2))}</h{n}>")
+        elif line.startswith("|"):
+            self.row(line)
+        elif line.startswith(("- ", "* ")):
+            if self.para or self.table:
+                self.flush()
+            self.items.append(line[2:])
+        else:
+            if self.table or self.items:
+                self.flush()
+            self.para.append(line)
+
+    def row(self, line: str) -> None:
+        """A table row, added to the table being collected (a paragraph or list before it ends first)."""
+        if (self.para or self.items) and not self.table:
+            self.flush()
+        self.table.append([c.strip() for c in line.strip().strip("|").split("|")])
+
+
+def _table_html(table: list[list[str]]) -> str:
+    """A pipe table's rows as an HTML table: the first row the head, separator rows (``-``, ``:``) left out."""
+    head, *rows = [r for r in table if not all(set(c.strip()) <= set("-:") for c in r)]
+    html_rows = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return (
+        '<table class="g2v-table"><tr>' + "".join(f"<th>{_inline(c)}</th>" for c in head) + f"</tr>{html_rows}</table>"
+    )
+
+
 @boundary
 def markdown_html(lines: Sequence[str]) -> str:
     """The small Markdown the reports are written in — headings, paragraphs, ``-`` lists, pipe tables,
     fenced code blocks, inline code, bold, italic — as HTML. Image lines (``![alt](file)``) are left out:
     a page shows its interactive views in their place."""
-    out: list[str] = []
-    para: list[str] = []
-    table: list[list[str]] = []
-    items: list[str] = []
-    code: list[str] | None = None
-
-    def flush() -> None:
-        if para:
-            out.append("<p>" + _inline(" ".join(para)) + "</p>")
-            para.clear()
-        if items:
-            out.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in items) + "</ul>")
-            items.clear()
-        if table:
-            head, *rows = [r for r in table if not all(set(c.strip()) <= set("-:") for c in r)]
-            html_rows = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in rows)
-            out.append(
-                '<table class="g2v-table"><tr>'
-                + "".join(f"<th>{_inline(c)}</th>" for c in head)
-                + f"</tr>{html_rows}</table>"
-            )
-            table.clear()
-
+    md = _Markdown()
     for raw in lines:
-        line = raw.rstrip()
-        if line.startswith("```"):
-            flush()
-            if code is None:
-                code = []
-            else:
-                out.append("<pre>" + _html.escape("\n".join(code)) + "</pre>")
-                code = None
-            continue
-        if code is not None:
-            code.append(raw)
-            continue
-        if not line or line.startswith("!["):
-            flush()
-            continue
-        m = re.match(r"^(#{1,6})\s+(.*)$", line)
-        if m:
-            flush()
-            n = len(m.group(1))
-            out.append(f"<h{n}>{_inline(m.group(2))}</h{n}>")
-        elif line.startswith("|"):
-            if para or items:
-                para_items = bool(table)
-                if not para_items:
-                    flush()
-            table.append([c.strip() for c in line.strip().strip("|").split("|")])
-        elif line.startswith(("- ", "* ")):
-            if para or table:
-                flush()
-            items.append(line[2:])
-        else:
-            if table or items:
-                flush()
-            para.append(line)
-    flush()
-    return "\n".join(out)
+        md.add(raw)
+    md.flush()
+    return "\n".join(md.out)
