@@ -191,7 +191,8 @@ def attribute(
     """The unpruned :class:`AttributionGraph` of the prompt ``tokens`` ``[pos]`` for ``model`` with
     ``transcoders`` (one per layer, or a cross-layer transcoder) and settings ``cfg`` (see the module's
     docstring): the replacement model is built and run once on ``cfg.batch_size`` copies, then one backward
-    pass per batch of targets (features and logits) fills their rows of the adjacency (a feature source's
+    pass per batch of targets (features and logits), from the highest layer the batch reads down, fills their
+    rows of the adjacency (a feature source's
     column is one product per position: ``g_L[p]`` ``[batch, d_model]``, or for a cross-layer transcoder the
     gradients at every output it writes concatenated ``[batch, n_out · d_model]``, times that position's
     writes)."""
@@ -237,7 +238,11 @@ def attribute(
             grads[L][feature_b[here].to(dev), feats[t_L, 1].to(dev)] = reads[L][(t_L - first_of_layer[L]).to(dev)]
         logit_b = rows_b[~is_feature]
         grads[-1][logit_b.to(dev), -1] = logit_dirs[(chunk[~is_feature] - (n - n_logits)).to(dev)]
-        got = torch.autograd.grad(outputs, probes, grads, retain_graph=True, allow_unused=True)
+        # only the outputs this chunk's targets read: the backward pass then stops at their layers' tops
+        used = sorted({*feats[feature_t, 0].tolist(), *([len(outputs) - 1] if len(logit_b) else [])})
+        got = torch.autograd.grad(
+            [outputs[i] for i in used], probes, [grads[i] for i in used], retain_graph=True, allow_unused=True
+        )
         g = [torch.zeros_like(p) if x is None else x for p, x in zip(probes, got)]
         cols = []
         for L in range(n_layers):  # feature sources: Σ_j g_{L+j}[p] · a W_dec[f, j], one product per position
