@@ -759,7 +759,7 @@ def _warn_empty_null_space(ns: NullSpace, layers: list[int]) -> None:
             f"Raise nullspace_threshold (e.g. τ = {min(ns.threshold * 10, 0.5):g}) or use "
             "nullspace_rule='energy'",
             EditWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
 
 
