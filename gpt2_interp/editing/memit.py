@@ -539,11 +539,7 @@ def compute_edits(
     (IndexError).
     """
     t0 = time.perf_counter()
-    hp = (
-        MemitHparams.of(model, **dict(hparams or {}))
-        if not isinstance(hparams, MemitHparams)
-        else replace(hparams, rome=replace(hparams.rome))
-    )  # re-checks every field, also after the object was changed
+    hp = _checked_hparams(model, hparams)
     reqs, ids = validate_requests(model, requests)
     layers_ = _resolve_layers(model, layers, hp, reqs, progress)
     top = layers_[-1]
@@ -552,6 +548,7 @@ def compute_edits(
     given = _given_targets(targets, base_fp, reqs, top, model.cfg.d_model)
     st = _resolve_stats(model, layers_, stats, hp, digests, progress)
     ns = _resolve_preserve(model, preserve, st, layers_, hp, digests)
+    method = "alphaedit" if ns is not None else "memit"
     groups = context_prefix_groups(
         model, hp.rome.prefix_lengths, hp.rome.prefixes_per_length, hp.rome.prefix_seed, hp.rome.prefix_style
     )
@@ -561,30 +558,9 @@ def compute_edits(
 
     # 1. target residuals at the top layer
     t1 = time.perf_counter()
-    _, h0 = subject_states(
-        model, reqs, [], prefixes, resid_layer=top, resid_weights=weights.resid, prepend_bos=hp.rome.prepend_bos
+    h0, delta, opt = _target_residuals(
+        model, list(zip(reqs, ids)), top, prefixes, hp, st[top], weights, given, f"{method}: δ at layer {top}", progress
     )
-    assert h0 is not None, "subject_states returns the residual of resid_layer"
-    if given is None:
-        opt = optimise_deltas(
-            model,
-            list(zip(reqs, ids)),
-            top,
-            prefixes,
-            hp.rome,
-            st[top].solve,
-            chunk=hp.chunk,
-            progress=progress,
-            norm_reference=hp.delta_norm,
-            desc=f"{'alphaedit' if ns is not None else 'memit'}: δ at layer {top}",
-            key_weights=weights.keys,
-            delta_site="resid_post",  # z is a residual: δ after the top block (and after its post-MLP norm)
-            packed=True,  # many requests of many lengths: measured 1.21× faster than the padded batch
-        )
-        delta = torch.stack([o["delta"] for o in opt]).double().cpu()  # [n, d_model]
-    else:
-        opt = []
-        delta = given.z.double().cpu() - h0.double().cpu()
     t_delta = time.perf_counter() - t1
     z = h0.double().cpu() + delta  # [n, d_model]
 
@@ -592,31 +568,18 @@ def compute_edits(
     factors, keys_used, fit, after = _solve_layers(
         model, reqs, ids, z, layers_, prefixes, st, hp, ns, progress, weights
     )
-    p_after = [float(torch.tensor(o.logprob).exp()) for o in after]
     if ns is not None and remember:
         ns.remember(keys_used)
-    n = len(reqs)
     metrics = {
-        "n_requests": n,
+        "n_requests": len(reqs),
         "layers": layers_,
         "seconds": time.perf_counter() - t0,
         "delta_seconds": t_delta,
-        "delta_norm_mean": float(delta.norm(dim=-1).mean()),
-        "steps_mean": sum(len(o["log"]) - 1 for o in opt) / n if opt else None,
-        "p_target_optimised_mean": sum(o["log"][-1]["p_target"] for o in opt) / n if opt else None,
-        "targets_given": given is not None,
+        **_delta_metrics(delta, opt, given is not None),
         "fit": fit,
-        "p_target_before": p_before,
-        "p_target_after": p_after,
-        "took": [o.took for o in after],
-        "top1_after": [o.top1 for o in after],
+        **_outcome_metrics(p_before, after, ns, layers_),
     }
-    if ns is not None:
-        metrics["null_dim"] = {l: ns.null_dim[l] for l in layers_}
-        metrics["null_leak"] = {l: ns.leak[l] for l in layers_}
-        _warn_empty_null_space(ns, layers_)
-    metrics["weak"] = [i for i, (b, a) in enumerate(zip(p_before, p_after)) if is_weak(b, a)]
-    report_failed(reqs, [o.took for o in after], p_before, p_after, [o.top1 for o in after])
+    report_failed(reqs, [o.took for o in after], p_before, metrics["p_target_after"], [o.top1 for o in after])
     hdict = hp.to_dict() | {"layers": layers_, "stats_corpus": st[top].key.get("corpus"), "stats_count": st[top].count}
     hdict["stats_corpus_default"] = DEFAULT_CORPUS_RULE
     return Edit.factored(
@@ -629,8 +592,88 @@ def compute_edits(
         metrics=metrics,
         model_name=model.cfg.name,
         shape=(model.cfg.d_mlp, model.cfg.d_model),
-        method="alphaedit" if ns is not None else "memit",
+        method=method,
     )
+
+
+def _checked_hparams(model: HookedGPT2, hparams: MemitHparams | Mapping[str, Any] | None) -> MemitHparams:
+    """``compute_edits``' ``hparams`` as :class:`MemitHparams`, every field checked (a given object is copied,
+    which re-checks it also after it was changed)."""
+    if isinstance(hparams, MemitHparams):
+        return replace(hparams, rome=replace(hparams.rome))
+    return MemitHparams.of(model, **dict(hparams or {}))
+
+
+def _target_residuals(
+    model: HookedGPT2,
+    items: list[tuple[Request, list[int]]],
+    top: int,
+    prefixes: list[str],
+    hp: MemitHparams,
+    stats: KeyStats,
+    weights: _Weights,
+    given: TargetResiduals | None,
+    desc: str,
+    progress: bool | None,
+) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, Any]]]:
+    """Step 1 of the module doc: the residual after the top layer ``h0`` ``[n, d_model]``, δ ``[n, d_model]``
+    (float64, CPU) that moves it to the target z, and the δ optimisation's result per request (empty when
+    the targets are ``given``)."""
+    reqs = [r for r, _ in items]
+    _, h0 = subject_states(
+        model, reqs, [], prefixes, resid_layer=top, resid_weights=weights.resid, prepend_bos=hp.rome.prepend_bos
+    )
+    assert h0 is not None, "subject_states returns the residual of resid_layer"
+    if given is not None:
+        return h0, given.z.double().cpu() - h0.double().cpu(), []
+    opt = optimise_deltas(
+        model,
+        items,
+        top,
+        prefixes,
+        hp.rome,
+        stats.solve,
+        chunk=hp.chunk,
+        progress=progress,
+        norm_reference=hp.delta_norm,
+        desc=desc,
+        key_weights=weights.keys,
+        delta_site="resid_post",  # z is a residual: δ after the top block (and after its post-MLP norm)
+        packed=True,  # many requests of many lengths: measured 1.21× faster than the padded batch
+    )
+    return h0, torch.stack([o["delta"] for o in opt]).double().cpu(), opt
+
+
+def _delta_metrics(delta: torch.Tensor, opt: list[dict[str, Any]], given: bool) -> dict[str, Any]:
+    """The metrics of step 1: δ's mean norm, the mean steps and final P(target) of the optimisation (None
+    when the targets were given)."""
+    n = len(delta)
+    return {
+        "delta_norm_mean": float(delta.norm(dim=-1).mean()),
+        "steps_mean": sum(len(o["log"]) - 1 for o in opt) / n if opt else None,
+        "p_target_optimised_mean": sum(o["log"][-1]["p_target"] for o in opt) / n if opt else None,
+        "targets_given": given,
+    }
+
+
+def _outcome_metrics(
+    p_before: list[float], after: list[TargetOutcome], ns: NullSpace | None, layers: list[int]
+) -> dict[str, Any]:
+    """The metrics of the edited model: P(target) before and after, whether each edit took, the top-1 token
+    after it, AlphaEdit's null space per layer (warning where it is empty) and the weak edits."""
+    p_after = [float(torch.tensor(o.logprob).exp()) for o in after]
+    out: dict[str, Any] = {
+        "p_target_before": p_before,
+        "p_target_after": p_after,
+        "took": [o.took for o in after],
+        "top1_after": [o.top1 for o in after],
+    }
+    if ns is not None:
+        out["null_dim"] = {l: ns.null_dim[l] for l in layers}
+        out["null_leak"] = {l: ns.leak[l] for l in layers}
+        _warn_empty_null_space(ns, layers)
+    out["weak"] = [i for i, (b, a) in enumerate(zip(p_before, p_after)) if is_weak(b, a)]
+    return out
 
 
 @dataclass(frozen=True)
@@ -716,7 +759,7 @@ def _warn_empty_null_space(ns: NullSpace, layers: list[int]) -> None:
             f"Raise nullspace_threshold (e.g. τ = {min(ns.threshold * 10, 0.5):g}) or use "
             "nullspace_rule='energy'",
             EditWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
 
 

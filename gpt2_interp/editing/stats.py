@@ -226,7 +226,7 @@ def _read_cache(path: Path) -> KeyStats | None:
     try:
         return KeyStats.load(path, allow_unverified=False)
     except ValueError as e:  # IntegrityError included
-        warnings.warn(f"ignoring the key-statistics cache file: {e}; computing the statistics again", stacklevel=3)
+        warnings.warn(f"ignoring the key-statistics cache file: {e}; computing the statistics again", stacklevel=5)
         return None
 
 
@@ -459,6 +459,19 @@ def key_second_moment(
     of range (IndexError); a corpus path that does not exist (FileNotFoundError).
     """
     single = not isinstance(layer, Sequence)
+    layers, n_samples, batch_size, max_len = _checked_arguments(model, layer, n_samples, batch_size, max_len)
+    src = resolve_corpus(model, corpus, seed, n_samples, max_len)
+    out, todo = _from_cache(model, layers, src, n_samples, dtype, max_len, cache_dir, recompute, group)
+    if todo:
+        out.update(_computed_stats(model, todo, src, corpus, n_samples, batch_size, max_len, dtype, progress, group))
+    return out[layers[0]] if single else {lay: out[lay] for lay in layers}
+
+
+def _checked_arguments(
+    model: HookedGPT2, layer: int | Sequence[int], n_samples: int, batch_size: int, max_len: int
+) -> tuple[list[int], int, int, int]:
+    """:func:`key_second_moment`'s layers (sorted, each once), ``n_samples``, ``batch_size`` and ``max_len``
+    (capped at the context), checked."""
     requested = list(layer) if isinstance(layer, Sequence) else [layer]
     layers = sorted({model.check_layer(lay) for lay in requested})
     if not layers:
@@ -466,51 +479,99 @@ def key_second_moment(
     n_samples = check_count(n_samples, "n_samples")
     batch_size = check_count(batch_size, "batch_size")
     max_len = check_count(max_len, "max_len", minimum=2)
-    max_len = min(max_len, model.cfg.n_ctx)
-    src = resolve_corpus(model, corpus, seed, n_samples, max_len)
+    return layers, n_samples, batch_size, min(max_len, model.cfg.n_ctx)
+
+
+def _from_cache(
+    model: HookedGPT2,
+    layers: list[int],
+    src: Corpus,
+    n_samples: int,
+    dtype: torch.dtype,
+    max_len: int,
+    cache_dir: str | os.PathLike | Literal[False] | None,
+    recompute: bool,
+    group: Any,
+) -> tuple[dict[int, KeyStats], dict[int, tuple[dict[str, Any], Path | None]]]:
+    """The statistics of ``layers`` found in memory or on disk (``{layer: KeyStats}``), and for the others
+    their cache key and file (``{layer: (key, path)}``)."""
     digests = parameter_digests(model)
     out: dict[int, KeyStats] = {}
     todo: dict[int, tuple[dict[str, Any], Path | None]] = {}
     for lay in layers:
-        key = {
-            "fingerprint": keys_fingerprint(model, lay, digests),
-            "layer": lay,
-            "corpus": src.id,
-            "n_samples": int(n_samples),
-            "dtype": str(dtype).replace("torch.", ""),
-            "max_len": max_len,
-            "model_name": model.cfg.name,
-            "hook": f"blocks.{lay}.mlp.hook_post",
-        }
+        key = _stats_key(model, lay, src, n_samples, dtype, max_len, digests)
         path = None if cache_dir is False else Path(cache_dir or default_cache_dir()) / _cache_name(key)
-        cached = None
-        if not recompute:
-            cached = _MEMORY.get(json.dumps(key, sort_keys=True))
-            if cached is None and path is not None and path.exists():
-                cached = _read_cache(path)
-                cached = cached if cached is not None and cached.key == key else None
+        cached = None if recompute else _cached_stats(key, path)
         # distributed: use a cached result only if every rank has it (else all compute together)
         if distributed.all_reduce_number(int(cached is not None), group, "min"):
             assert cached is not None, "every rank has it cached, this one included"
             _MEMORY[json.dumps(key, sort_keys=True)] = out[lay] = cached
         else:
             todo[lay] = (key, path)
-    if todo:
-        show = progress if distributed.is_main(group) else False
-        why = "as given" if corpus is not None else f"the default — {DEFAULT_CORPUS_RULE}"
-        note(
-            f"key statistics of layer(s) {','.join(map(str, sorted(todo)))} from {n_samples:,} tokens of "
-            f"corpus {src.id} ({why})",
-            show,
-        )
-        sums = _accumulate(model, sorted(todo), src, n_samples, batch_size, max_len, progress, group)
-        for lay, (C, count) in sums.items():
-            key, path = todo[lay]
-            out[lay] = KeyStats(C.to(dtype), count, key, path)
-            if path is not None and distributed.is_main(group):
-                out[lay].save(path)
-            _MEMORY[json.dumps(key, sort_keys=True)] = out[lay]
-    return out[layers[0]] if single else {lay: out[lay] for lay in layers}
+    return out, todo
+
+
+def _stats_key(
+    model: HookedGPT2,
+    lay: int,
+    src: Corpus,
+    n_samples: int,
+    dtype: torch.dtype,
+    max_len: int,
+    digests: dict[str, str],
+) -> dict[str, Any]:
+    """What identifies the statistics of layer ``lay`` (their cache key)."""
+    return {
+        "fingerprint": keys_fingerprint(model, lay, digests),
+        "layer": lay,
+        "corpus": src.id,
+        "n_samples": int(n_samples),
+        "dtype": str(dtype).replace("torch.", ""),
+        "max_len": max_len,
+        "model_name": model.cfg.name,
+        "hook": f"blocks.{lay}.mlp.hook_post",
+    }
+
+
+def _cached_stats(key: dict[str, Any], path: Path | None) -> KeyStats | None:
+    """The statistics of ``key`` held in memory, else read from ``path`` if it holds them, else None."""
+    cached = _MEMORY.get(json.dumps(key, sort_keys=True))
+    if cached is None and path is not None and path.exists():
+        cached = _read_cache(path)
+        cached = cached if cached is not None and cached.key == key else None
+    return cached
+
+
+def _computed_stats(
+    model: HookedGPT2,
+    todo: dict[int, tuple[dict[str, Any], Path | None]],
+    src: Corpus,
+    corpus: str | os.PathLike | None,
+    n_samples: int,
+    batch_size: int,
+    max_len: int,
+    dtype: torch.dtype,
+    progress: bool | None,
+    group: Any,
+) -> dict[int, KeyStats]:
+    """The statistics of the layers of ``todo`` (``{layer: (key, cache path)}``) computed in one pass over
+    ``src``, kept in memory and written to their cache files (rank 0)."""
+    show = progress if distributed.is_main(group) else False
+    why = "as given" if corpus is not None else f"the default — {DEFAULT_CORPUS_RULE}"
+    note(
+        f"key statistics of layer(s) {','.join(map(str, sorted(todo)))} from {n_samples:,} tokens of "
+        f"corpus {src.id} ({why})",
+        show,
+    )
+    out: dict[int, KeyStats] = {}
+    sums = _accumulate(model, sorted(todo), src, n_samples, batch_size, max_len, progress, group)
+    for lay, (C, count) in sums.items():
+        key, path = todo[lay]
+        out[lay] = KeyStats(C.to(dtype), count, key, path)
+        if path is not None and distributed.is_main(group):
+            out[lay].save(path)
+        _MEMORY[json.dumps(key, sort_keys=True)] = out[lay]
+    return out
 
 
 @torch.no_grad()  # keys only: no graph over the corpus
@@ -567,7 +628,7 @@ def _accumulate(
         raise ValueError(f"corpus {src.id} yielded no tokens")
     if count < n_samples:
         warnings.warn(
-            f"corpus {src.id} has only {count} tokens (< n_samples={n_samples}); using them all", stacklevel=3
+            f"corpus {src.id} has only {count} tokens (< n_samples={n_samples}); using them all", stacklevel=4
         )
     for lay, t in totals.items():
         require_finite(

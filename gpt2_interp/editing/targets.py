@@ -712,6 +712,343 @@ def _attention_inputs(
     return (causal & keys) | own, model.rotary(pos)
 
 
+@dataclass
+class _Start:
+    """What the δ optimisation starts from, read by one no-grad forward to the edit layer: the batch
+    (:class:`_Rows`, each request's :class:`_Batch`), the keys ``k_star``/``k_bare`` ``[n, d_mlp]``,
+    δ's ``scale`` at every position ``[rows, width]``, ``v0`` ``[n, d_model]`` and the norm ``v0_norm``
+    ``[n]`` of the clamp and weight decay, and the residual leaving the edit layer without δ ``resid0``
+    ``[rows, width, d_model]``; with a post-MLP norm (``post_norm``) also the residual before the MLP
+    ``resid_mid`` and the MLP's output before the norm ``raw``, both ``[rows, width, d_model]``."""
+
+    rows: _Rows
+    bs: list[_Batch]
+    k_star: torch.Tensor
+    k_bare: torch.Tensor
+    scale: torch.Tensor
+    v0: torch.Tensor
+    v0_norm: torch.Tensor
+    resid0: torch.Tensor
+    resid_mid: torch.Tensor | None
+    raw: torch.Tensor | None
+    post_norm: Any
+
+    @classmethod
+    def of(
+        cls,
+        model: HookedGPT2,
+        items: Sequence[tuple[Request, list[int]]],
+        layer: int,
+        prefixes: list[str],
+        hp: RomeHparams,
+        solve: Callable[[torch.Tensor], torch.Tensor] | None,
+        norm_reference: str,
+        key_weights: Sequence[float] | None,
+        delta_site: str,
+    ) -> _Start:
+        """The start of :func:`optimise_deltas` for ``items`` (see its arguments)."""
+        kl_last = hp.kl_positions == "subject_last"
+        bs = [_build_batch(model, req, ids, prefixes, hp.kl_prompt, kl_last, hp.prepend_bos) for req, ids in items]
+        R = _Rows.of(model, items, bs, hp)
+        block = model.blocks[layer]
+        # a norm on the MLP's output (OLMo 2, Gemma): δ at "mlp_out" enters before it, as the rank-one update does
+        post_norm = getattr(block, "ln2_post", None) if delta_site == "mlp_out" else None
+        cache = _edit_layer_cache(model, R, layer, post_norm is not None)
+        bare = torch.tensor(R.r0, device=model.device)  # the bare prompts' rows
+        keys = cache[f"blocks.{layer}.mlp.hook_post"].float()  # [rows, width, d_mlp]
+        k_star = _key_star(keys, R, bs, key_weights)  # [n, d_mlp]
+        k_bare = keys[bare, R.c]  # [n, d_mlp], the bare prompts'
+        raw = None if post_norm is None else _mlp_output(block, cache[f"blocks.{layer}.mlp.hook_post"])
+        scale = _delta_scale(keys, k_star, R, hp.exact_edit, solve)
+        del keys
+        v0 = (cache[f"blocks.{layer}.hook_mlp_out"] if raw is None else raw)[bare, R.c].float()  # [n, d_model]
+        # δ enters after the edit layer's MLP, so that layer's attention and MLP are the same at every step:
+        # each step starts from the residual stream after the edit layer with δ added, and runs the layers above
+        resid0 = cache[f"blocks.{layer}.hook_resid_post"]  # [rows, width, d_model], leaving the edit layer
+        resid_mid = cache[f"blocks.{layer}.hook_resid_mid"] if post_norm is not None else None
+        ref = v0 if norm_reference == "mlp_out" else resid0[bare, R.c].float()
+        return cls(R, bs, k_star, k_bare, scale, v0, ref.norm(dim=-1), resid0, resid_mid, raw, post_norm)
+
+
+@torch.no_grad()
+def _edit_layer_cache(model: HookedGPT2, R: _Rows, layer: int, mid: bool) -> Mapping[str, torch.Tensor]:
+    """The edit layer's MLP keys, MLP output and residual after it (and before its MLP with ``mid``) for
+    every row of ``R``, ``[rows, width, d]`` each, by name."""
+    names = [f"blocks.{layer}.{x}" for x in ("mlp.hook_post", "hook_mlp_out", "hook_resid_post")]
+    _, cache = model.run_with_cache(
+        R.tokens,
+        names_filter=names + ([f"blocks.{layer}.hook_resid_mid"] if mid else []),
+        attention_mask=R.mask,
+        stop_at_layer=layer + 1,
+        return_type=None,
+    )
+    return cache
+
+
+def _key_star(keys: torch.Tensor, R: _Rows, bs: list[_Batch], key_weights: Sequence[float] | None) -> torch.Tensor:
+    """k* ``[n, d_mlp]``: each request's keys ``[rows, width, d_mlp]`` at the subject's last token over its
+    rewrite variants, their mean or their ``key_weights`` sum."""
+    if key_weights is None:
+        return torch.stack([keys[r : r + b.n_rewrite, R.c].mean(0) for r, b in zip(R.r0, bs)])
+    return torch.stack(
+        [_weights(key_weights, b.n_rewrite, keys) @ keys[r : r + b.n_rewrite, R.c] for r, b in zip(R.r0, bs)]
+    )
+
+
+@torch.no_grad()
+def _mlp_output(block: Any, post: torch.Tensor) -> torch.Tensor:
+    """The MLP's output before its post norm ``[rows, width, d_model]`` from its keys ``post``."""
+    w_out, b_out = block.mlp.W_out, block.mlp.b_out
+    return post @ w_out if b_out is None else post @ w_out + b_out
+
+
+def _delta_scale(
+    keys: torch.Tensor,
+    k_star: torch.Tensor,
+    R: _Rows,
+    exact_edit: bool,
+    solve: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> torch.Tensor:
+    """How much of δ each position ``[rows, width]`` gets: ``exact_edit``, what the rank-one update adds
+    there, ``(k_t·u)/(k*·u)``; else 1 at the subject's last token (ROME) and 0 elsewhere."""
+    if exact_edit:
+        c_inv_k = (solve(k_star) if solve is not None else k_star).float()  # [n, d_mlp]
+        num = torch.einsum("bpk,bk->bp", keys, c_inv_k[R.row_req_t])
+        return num / (k_star * c_inv_k).sum(-1)[R.row_req_t][:, None] * R.mask
+    scale = torch.zeros(R.mask.shape, device=R.mask.device)
+    scale[:, R.c] = 1.0
+    return scale
+
+
+@dataclass
+class _Leaving:
+    """The residual leaving the edit layer with δ ``[n, d_model]`` added (the tensor optimised in place)."""
+
+    start: _Start
+    delta: torch.Tensor
+
+    def __call__(self, at: Callable[[torch.Tensor], torch.Tensor], sc: torch.Tensor, req: torch.Tensor) -> torch.Tensor:
+        """``at`` picks the rows/slots of a ``[rows, width, d_model]`` tensor; ``sc`` δ's scale and ``req``
+        the request at each of them: the residual after the edit layer plus δ, or, with a post-MLP norm,
+        δ added to the MLP's output before it."""
+        s = self.start
+        if s.post_norm is None or s.raw is None or s.resid_mid is None:
+            return self._with_delta(at(s.resid0), sc, req)
+        return at(s.resid_mid) + s.post_norm(self._with_delta(at(s.raw), sc, req))
+
+    def _with_delta(self, x: torch.Tensor, sc: torch.Tensor, req: torch.Tensor) -> torch.Tensor:
+        return x + (sc[:, :, None] * self.delta[req]).to(x.dtype)  # x: [rows|packs, width, d]
+
+
+def _row_numbers(rows: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """``[n_rows]``: each of ``rows``' index among them, −1 for the other rows."""
+    new_row = torch.full((n_rows,), -1, dtype=torch.long, device=rows.device)
+    new_row[rows] = torch.arange(len(rows), device=rows.device)
+    return new_row
+
+
+# The forward of the layers above the edit layer, one per way of batching the active rows. Each is called
+# with the active rows (indices) and the residual leaving the edit layer (:class:`_Leaving`) and returns
+# ``(flat, index_of)``: the last block's output ``[tokens, d_model]`` and, for every ``row · width + col``
+# of the padded batch, its token in ``flat``.
+class _TailForward:
+    """δ at the subject's last token only (column ``c`` of every row): the columns before it never see δ,
+    so their keys and values above the edit layer are computed once (:class:`_PrefixCache`) and each step
+    runs columns ``c…`` only."""
+
+    def __init__(self, model: HookedGPT2, layer: int, start: _Start) -> None:
+        R = start.rows
+        self.model, self.layer, self.R, self.start = model, layer, R, start
+        self.prefix = None if R.c == 0 else _PrefixCache.record(model, start.resid0[:, : R.c], R.mask[:, : R.c], layer)
+        self.tail: tuple[int, torch.Tensor, tuple[torch.Tensor, ...] | None, _PrefixCache | None] | None = None
+
+    def __call__(self, rows: torch.Tensor, leave: _Leaving) -> tuple[torch.Tensor, torch.Tensor]:
+        R, c, width = self.R, self.R.c, self.R.tokens.shape[1]
+        s_w = width - c
+        if self.tail is None or self.tail[0] != len(rows):  # the active rows only ever shrink
+            att, rope = _attention_inputs(self.model, R.mask[rows], c, s_w)
+            self.tail = (len(rows), att, rope, None if self.prefix is None else self.prefix.rows(rows))
+        tail = self.tail
+        new_row = _row_numbers(rows, len(R.row_req))
+
+        def tail_cols(t: torch.Tensor, r: torch.Tensor = rows) -> torch.Tensor:  # [rows, width − c, d]
+            return t[r][:, c:]
+
+        x = leave(tail_cols, self.start.scale[rows][:, c:], R.row_req_t[rows][:, None])
+        for block in self.model.blocks[self.layer + 1 : self.model.cfg.n_layer]:
+            x = block(x, tail[1], tail[3], tail[2])
+        index_of = (new_row[:, None] * s_w + torch.arange(width, device=rows.device) - c).reshape(-1)
+        return x.reshape(-1, x.shape[-1]), index_of
+
+
+class _PackedForward:
+    """The active rows' real tokens packed end to end (:class:`_Packing`)."""
+
+    def __init__(self, model: HookedGPT2, layer: int, start: _Start) -> None:
+        self.model, self.layer, self.start = model, layer, start
+        self.pack: _Packing | None = None
+
+    def __call__(self, rows: torch.Tensor, leave: _Leaving) -> tuple[torch.Tensor, torch.Tensor]:
+        R, width = self.start.rows, self.start.rows.tokens.shape[1]
+        if self.pack is None or self.pack.n_rows != len(rows):  # the active rows only ever shrink
+            self.pack = _Packing.of(self.model, R.mask, rows)
+        pack = self.pack
+        src = pack.src
+
+        def slots(t: torch.Tensor, s: torch.Tensor = src) -> torch.Tensor:  # [packs, L, d_model]
+            return t.reshape(-1, t.shape[-1])[s]
+
+        x = leave(slots, self.start.scale.reshape(-1)[src] * pack.real, R.row_req_t[src // width])
+        for block in self.model.blocks[self.layer + 1 : self.model.cfg.n_layer]:
+            x = block(x, pack.mask, None, pack.rope)
+        return x.reshape(-1, x.shape[-1]), pack.slot  # (row · width + col) → flat slot
+
+
+class _RowsForward:
+    """The active rows padded to the batch's width."""
+
+    def __init__(self, model: HookedGPT2, layer: int, start: _Start) -> None:
+        self.model, self.layer, self.start = model, layer, start
+
+    def __call__(self, rows: torch.Tensor, leave: _Leaving) -> tuple[torch.Tensor, torch.Tensor]:
+        R, width, n_layer = self.start.rows, self.start.rows.tokens.shape[1], self.model.cfg.n_layer
+        new_row = _row_numbers(rows, len(R.row_req))
+
+        def active_rows(t: torch.Tensor, r: torch.Tensor = rows) -> torch.Tensor:  # [rows, width, d_model]
+            return t[r]
+
+        x = leave(active_rows, self.start.scale[rows], R.row_req_t[rows][:, None])
+        if self.layer + 1 < n_layer:
+            x = self.model(x, start_at_layer=self.layer + 1, stop_at_layer=n_layer, attention_mask=R.mask[rows])
+        index_of = (new_row[:, None] * width + torch.arange(width, device=rows.device)).reshape(-1)
+        return x.reshape(-1, x.shape[-1]), index_of
+
+
+def _forward_above(
+    model: HookedGPT2, layer: int, start: _Start, exact_edit: bool, packed: bool
+) -> _TailForward | _PackedForward | _RowsForward:
+    """The forward of the layers above the edit layer that the settings call for."""
+    if not exact_edit:
+        return _TailForward(model, layer, start)
+    return _PackedForward(model, layer, start) if packed else _RowsForward(model, layer, start)
+
+
+@dataclass
+class _Terms:
+    """One step's loss ``[n]`` and its terms ``[n]`` per request, with the target tokens' log-probabilities
+    ``lp_t`` ``[entries]`` of the NLL entries ``e_nll`` read."""
+
+    loss: torch.Tensor
+    nll: torch.Tensor
+    kl: torch.Tensor
+    keep: torch.Tensor
+    lp_t: torch.Tensor
+    e_nll: torch.Tensor
+
+
+class _Loss:
+    """The loss of each request from the last block's output: the NLL of the target tokens, the KL of the
+    essence prompt's and the keep prompts' next-token distributions to the unedited ones (taken at the
+    first call, when every request is active), and the weight decay of δ."""
+
+    def __init__(self, model: HookedGPT2, R: _Rows, hp: RomeHparams, v0_norm: torch.Tensor) -> None:
+        self.model, self.R, self.hp, self.v0_norm = model, R, hp, v0_norm
+        self.kl_init: torch.Tensor | None = None
+        self.keep_init: torch.Tensor | None = None
+
+    def _log_probs(
+        self, flat: torch.Tensor, index_of: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
+    ) -> torch.Tensor:
+        """Log-probabilities ``[positions, d_vocab]`` (float32) at the padded batch's ``rows``, ``cols``."""
+        width = self.R.tokens.shape[1]
+        return self.model.unembed(self.model.ln_final(flat[index_of[rows * width + cols]])).float().log_softmax(-1)
+
+    def __call__(self, flat: torch.Tensor, index_of: torch.Tensor, active: torch.Tensor, delta: torch.Tensor) -> _Terms:
+        R, hp, n, dev = self.R, self.hp, len(active), active.device
+        e_nll = active[R.nll_req].nonzero()[:, 0]
+        e_kl = active[R.kl_req].nonzero()[:, 0]
+        e_keep = active[R.keep_req].nonzero()[:, 0]
+        # only the positions the loss reads are unembedded, each group on its own (slices of one
+        # vocabulary-wide tensor would each build a vocabulary-wide gradient in the backward)
+        lp_t = self._log_probs(flat, index_of, R.nll_rows[e_nll], R.nll_cols[e_nll])
+        lp_t = lp_t.gather(-1, R.nll_ids[e_nll, None])[:, 0]  # [entries]
+        kl_lp = self._log_probs(flat, index_of, R.kl_rows[e_kl], R.kl_cols[e_kl])
+        keep_lp = self._log_probs(flat, index_of, R.keep_rows[e_keep], R.keep_cols[e_keep])
+        if self.kl_init is None or self.keep_init is None:  # step 0 (both set together): every request is active
+            self.kl_init, self.keep_init = kl_lp.detach(), keep_lp.detach()
+        nll = torch.zeros(n, device=dev).index_add(0, R.nll_req[e_nll], -lp_t * R.nll_w[e_nll])
+        kl_pos = (kl_lp.exp() * (kl_lp - self.kl_init[e_kl])).sum(-1)  # KL(edited || unedited) per position
+        kl = torch.zeros(n, device=dev).index_add(0, R.kl_req[e_kl], kl_pos) / R.kl_count.clamp(min=1)
+        keep_pos = (keep_lp.exp() * (keep_lp - self.keep_init[e_keep])).sum(-1)
+        keep = torch.zeros(n, device=dev).index_add(0, R.keep_req[e_keep], keep_pos) / R.keep_count.clamp(min=1)
+        wd = delta.norm(dim=-1) / self.v0_norm**2
+        loss = nll + hp.kl_factor * kl + hp.keep_factor * keep + hp.weight_decay * wd  # [n]
+        return _Terms(loss, nll, kl, keep, lp_t, e_nll)
+
+
+_LOG_KEYS = ("loss", "nll", "kl", "p_target", "bare_nll", "keep_kl")
+
+
+class _StepLog:
+    """Each request's log of the δ optimisation (one entry per evaluation while it is optimised), its
+    early stop, and the report of each step."""
+
+    def __init__(
+        self, R: _Rows, hp: RomeHparams, report: Callable[[int, list[dict[str, float]], int], None] | None
+    ) -> None:
+        self.R, self.hp, self.report = R, hp, report
+        self.logs: list[list[dict[str, float]]] = [[] for _ in range(len(R.r0))]
+
+    @torch.no_grad()
+    def _stats(self, t: _Terms) -> list[list[float]]:
+        """Per request, the values of :data:`_LOG_KEYS` (P(target | variant) from each row's target tokens)."""
+        R, n, dev = self.R, len(self.R.r0), t.loss.device
+        per_row = torch.zeros(len(R.row_req), device=dev).index_add(0, R.nll_rows[t.e_nll], t.lp_t.detach())
+        p_tgt = torch.zeros(n, device=dev).index_add(0, R.rw_req, per_row[R.rw_rows].exp()) / R.n_rw
+        bare_nll = -per_row[R.r0_t] / R.n_tok
+        return torch.stack(
+            [t.loss.detach(), t.nll.detach(), t.kl.detach(), p_tgt, bare_nll, t.keep.detach()], 1
+        ).tolist()
+
+    def _stops(self, last: dict[str, float]) -> bool:
+        hp = self.hp
+        return last["loss"] < hp.early_stop and (hp.bare_early_stop is None or last["bare_nll"] < hp.bare_early_stop)
+
+    def record(self, step: int, t: _Terms, active: torch.Tensor) -> torch.Tensor:
+        """Log step ``step``'s terms for the ``active`` requests and report; returns the requests done
+        ``[n]`` (bool: met the early stop, or the last step)."""
+        stat = self._stats(t)
+        done = torch.zeros(len(active), dtype=torch.bool, device=active.device)
+        for i in active.nonzero()[:, 0].tolist():
+            self.logs[i].append(dict(zip(_LOG_KEYS, stat[i])))
+            if step == self.hp.n_updates or self._stops(self.logs[i][-1]):
+                done[i] = True
+        if self.report is not None:
+            now = active.nonzero()[:, 0].tolist()
+            n = len(active)
+            self.report(step, [self.logs[i][-1] for i in now], n - len(now) + int(done[now].sum()) if now else n)
+        return done
+
+
+@torch.no_grad()
+def _clamped_step(
+    delta: torch.Tensor,
+    grad: torch.Tensor,
+    adam: dict[str, Any],
+    lr: float,
+    max_norm: torch.Tensor,
+    frozen: torch.Tensor,
+) -> None:
+    """One Adam step on ``delta`` ``[n, d_model]`` in place, each row then scaled back into its ball
+    ‖δ‖ ≤ ``max_norm``; the ``frozen`` requests' rows are left as they were."""
+    keep = delta.detach().clone()
+    _adam_step(delta, grad, adam, lr)
+    nrm = delta.norm(dim=-1)
+    over = nrm > max_norm
+    delta[over] *= (max_norm[over] / nrm[over])[:, None]
+    delta[frozen] = keep[frozen]  # frozen requests do not move
+
+
 def _optimise_deltas(
     model: HookedGPT2,
     items: Sequence[tuple[Request, list[int]]],
@@ -725,189 +1062,41 @@ def _optimise_deltas(
     packed: bool = True,
     delta_site: str = "mlp_out",
 ) -> list[dict[str, Any]]:
-    dev, n_layer, n = model.device, model.cfg.n_layer, len(items)
-    n_upd = hp.n_updates
-    kl_last = hp.kl_positions == "subject_last"
-    bs = [_build_batch(model, req, ids, prefixes, hp.kl_prompt, kl_last, hp.prepend_bos) for req, ids in items]
-    R = _Rows.of(model, items, bs, hp)
-    c, tokens, mask, r0, row_req = R.c, R.tokens, R.mask, R.r0, R.row_req
-    row_req_t, r0_t = R.row_req_t, R.r0_t
-    nll_rows_t, nll_cols_t, nll_ids_t, nll_req_t, nll_w_t = R.nll_rows, R.nll_cols, R.nll_ids, R.nll_req, R.nll_w
-    kl_rows_t, kl_cols_t, kl_req_t, kl_count = R.kl_rows, R.kl_cols, R.kl_req, R.kl_count
-    keep_rows_t, keep_cols_t, keep_req_t, keep_count = R.keep_rows, R.keep_cols, R.keep_req, R.keep_count
-    rw_rows_t, rw_req_t, n_rw_t, n_tok_t = R.rw_rows, R.rw_req, R.n_rw, R.n_tok
-
-    post, mlp_out, resid = (f"blocks.{layer}.{x}" for x in ("mlp.hook_post", "hook_mlp_out", "hook_resid_post"))
-    block = model.blocks[layer]
-    # a norm on the MLP's output (OLMo 2, Gemma): δ at "mlp_out" enters before it, as the rank-one update does
-    post_norm = getattr(block, "ln2_post", None) if delta_site == "mlp_out" else None
-    mid = f"blocks.{layer}.hook_resid_mid"
-    with torch.no_grad():
-        _, cache = model.run_with_cache(
-            tokens,
-            names_filter=[post, mlp_out, resid] + ([mid] if post_norm is not None else []),
-            attention_mask=mask,
-            stop_at_layer=layer + 1,
-            return_type=None,
-        )
-    keys = cache[post].float()  # [rows, width, d_mlp]
-    if key_weights is None:
-        k_star = torch.stack([keys[r : r + b.n_rewrite, c].mean(0) for r, b in zip(r0, bs)])  # [n, d_mlp]
-    else:
-        k_star = torch.stack(
-            [_weights(key_weights, b.n_rewrite, keys) @ keys[r : r + b.n_rewrite, c] for r, b in zip(r0, bs)]
-        )
-    k_bare = keys[torch.tensor(r0, device=dev), c]  # [n, d_mlp], the bare prompts'
-    raw = None  # the MLP's output before its post norm [rows, width, d_model] (with a post norm only)
-    if post_norm is not None:
-        with torch.no_grad():
-            w_out, b_out = block.mlp.W_out, block.mlp.b_out
-            raw = cache[post] @ w_out if b_out is None else cache[post] @ w_out + b_out
-
-    if hp.exact_edit:  # what the rank-one update adds at each position: (k_t·u)/(k*·u) · δ
-        c_inv_k = (solve(k_star) if solve is not None else k_star).float()  # [n, d_mlp]
-        num = torch.einsum("bpk,bk->bp", keys, c_inv_k[row_req_t])
-        scale = num / (k_star * c_inv_k).sum(-1)[row_req_t][:, None] * mask  # [rows, width]
-    else:  # ROME: δ at the subject's last token
-        scale = torch.zeros(mask.shape, device=dev)
-        scale[:, c] = 1.0
-    del keys
-    v0 = (cache[mlp_out] if raw is None else raw)[torch.tensor(r0, device=dev), c].float()  # [n, d_model], bare
-    # δ enters after the edit layer's MLP, so that layer's attention and MLP are the same at every step:
-    # each step starts from the residual stream after the edit layer with δ added, and runs the layers above
-    resid0 = cache[resid]  # [rows, width, d_model], leaving the edit layer (without δ)
-    resid_mid = cache[mid] if post_norm is not None else None  # [rows, width, d_model]
-    delta = torch.zeros(n, model.cfg.d_model, device=dev, requires_grad=True)
-    ref = v0 if norm_reference == "mlp_out" else cache[resid][torch.tensor(r0, device=dev), c].float()
-    v0_norm = ref.norm(dim=-1)  # [n]: the clamp's and the weight decay's scale
-    max_norm = hp.clamp_factor * v0_norm
+    """One chunk of :func:`optimise_deltas`: the start, then Adam steps until every request has stopped."""
+    n = len(items)
+    start = _Start.of(model, items, layer, prefixes, hp, solve, norm_reference, key_weights, delta_site)
+    R = start.rows
+    delta = torch.zeros(n, model.cfg.d_model, device=model.device, requires_grad=True)
+    max_norm = hp.clamp_factor * start.v0_norm
     adam = {"t": 0, "m": torch.zeros_like(delta), "v": torch.zeros_like(delta)}
-    active = torch.ones(n, dtype=torch.bool, device=dev)
-    logs: list[list[dict[str, float]]] = [[] for _ in range(n)]
-    kl_init = keep_init = None
-
-    def with_delta(x: torch.Tensor, sc: torch.Tensor, req: torch.Tensor) -> torch.Tensor:  # x: [rows|packs, width, d]
-        return x + (sc[:, :, None] * delta[req]).to(x.dtype)
-
-    def leaving(at: Callable[[torch.Tensor], torch.Tensor], sc: torch.Tensor, req: torch.Tensor) -> torch.Tensor:
-        """The residual leaving the edit layer with δ added (``at`` picks the rows/slots of a
-        ``[rows, width, d_model]`` tensor): after it, or to the MLP's output before the post norm."""
-        if post_norm is None or raw is None or resid_mid is None:
-            return with_delta(at(resid0), sc, req)
-        return at(resid_mid) + post_norm(with_delta(at(raw), sc, req))
-
-    width = tokens.shape[1]
-    pack: _Packing | None = None
-    # δ at the subject's last token only (column c of every row): the columns before it never see δ, so
-    # their keys and values above the edit layer are computed once and each step runs columns c… only
-    prefix = None if hp.exact_edit or c == 0 else _PrefixCache.record(model, resid0[:, :c], mask[:, :c], layer)
-    tail: tuple[int, torch.Tensor, tuple[torch.Tensor, ...] | None, _PrefixCache | None] | None = None
+    active = torch.ones(n, dtype=torch.bool, device=model.device)
+    leave, loss_of, log = _Leaving(start, delta), _Loss(model, R, hp, start.v0_norm), _StepLog(R, hp, report)
+    forward = _forward_above(model, layer, start, hp.exact_edit, packed)
     with _frozen(model):
-        for step in range(n_upd + 1):
-            rows = active[row_req_t].nonzero()[:, 0]  # the active requests' rows
-            if not hp.exact_edit:
-                s_w = width - c
-                if tail is None or tail[0] != len(rows):  # the active rows only ever shrink
-                    att, rope = _attention_inputs(model, mask[rows], c, s_w)
-                    tail = (len(rows), att, rope, None if prefix is None else prefix.rows(rows))
-                new_row = torch.full((len(row_req),), -1, dtype=torch.long, device=dev)
-                new_row[rows] = torch.arange(len(rows), device=dev)
-
-                def tail_cols(t: torch.Tensor, r: torch.Tensor = rows) -> torch.Tensor:  # [rows, width − c, d]
-                    return t[r][:, c:]
-
-                x = leaving(tail_cols, scale[rows][:, c:], row_req_t[rows][:, None])
-                for block in model.blocks[layer + 1 : n_layer]:
-                    x = block(x, tail[1], tail[3], tail[2])
-                flat = x.reshape(-1, x.shape[-1])
-                index_of = (new_row[:, None] * s_w + torch.arange(width, device=dev) - c).reshape(-1)
-            elif packed:
-                if pack is None or pack.n_rows != len(rows):  # the active rows only ever shrink
-                    pack = _Packing.of(model, mask, rows)
-                src = pack.src
-
-                def slots(t: torch.Tensor, s: torch.Tensor = src) -> torch.Tensor:  # [packs, L, d_model]
-                    return t.reshape(-1, t.shape[-1])[s]
-
-                x = leaving(slots, scale.reshape(-1)[src] * pack.real, row_req_t[src // width])
-                for block in model.blocks[layer + 1 : n_layer]:
-                    x = block(x, pack.mask, None, pack.rope)
-                flat, index_of = x.reshape(-1, x.shape[-1]), pack.slot  # (row · width + col) → flat slot
-            else:
-                new_row = torch.full((len(row_req),), -1, dtype=torch.long, device=dev)
-                new_row[rows] = torch.arange(len(rows), device=dev)
-
-                def active_rows(t: torch.Tensor, r: torch.Tensor = rows) -> torch.Tensor:  # [rows, width, d_model]
-                    return t[r]
-
-                x = leaving(active_rows, scale[rows], row_req_t[rows][:, None])
-                if layer + 1 < n_layer:
-                    x = model(x, start_at_layer=layer + 1, stop_at_layer=n_layer, attention_mask=mask[rows])
-                flat = x.reshape(-1, x.shape[-1])
-                index_of = (new_row[:, None] * width + torch.arange(width, device=dev)).reshape(-1)
-
-            e_nll = active[nll_req_t].nonzero()[:, 0]
-            e_kl = active[kl_req_t].nonzero()[:, 0]
-            e_keep = active[keep_req_t].nonzero()[:, 0]
-            # only the positions the loss reads are unembedded, each group on its own (slices of one
-            # vocabulary-wide tensor would each build a vocabulary-wide gradient in the backward)
-            lp_t = model.unembed(model.ln_final(flat[index_of[nll_rows_t[e_nll] * width + nll_cols_t[e_nll]]]))
-            lp_t = lp_t.float().log_softmax(-1).gather(-1, nll_ids_t[e_nll, None])[:, 0]  # [entries]
-            kl_lp = model.unembed(model.ln_final(flat[index_of[kl_rows_t[e_kl] * width + kl_cols_t[e_kl]]]))
-            kl_lp = kl_lp.float().log_softmax(-1)
-            keep_lp = model.unembed(model.ln_final(flat[index_of[keep_rows_t[e_keep] * width + keep_cols_t[e_keep]]]))
-            keep_lp = keep_lp.float().log_softmax(-1)
-            if kl_init is None or keep_init is None:  # step 0 (both set together): every request is active
-                kl_init, keep_init = kl_lp.detach(), keep_lp.detach()
-            nll = torch.zeros(n, device=dev).index_add(0, nll_req_t[e_nll], -lp_t * nll_w_t[e_nll])
-            kl_pos = (kl_lp.exp() * (kl_lp - kl_init[e_kl])).sum(-1)  # KL(edited || unedited) per position
-            kl = torch.zeros(n, device=dev).index_add(0, kl_req_t[e_kl], kl_pos) / kl_count.clamp(min=1)
-            keep_pos = (keep_lp.exp() * (keep_lp - keep_init[e_keep])).sum(-1)
-            keep = torch.zeros(n, device=dev).index_add(0, keep_req_t[e_keep], keep_pos) / keep_count.clamp(min=1)
-            wd = delta.norm(dim=-1) / v0_norm**2
-            loss = nll + hp.kl_factor * kl + hp.keep_factor * keep + hp.weight_decay * wd  # [n]
-            with torch.no_grad():  # log P(target | variant) per row, for the log and the early stop
-                per_row = torch.zeros(len(row_req), device=dev).index_add(0, nll_rows_t[e_nll], lp_t.detach())
-                p_tgt = torch.zeros(n, device=dev).index_add(0, rw_req_t, per_row[rw_rows_t].exp()) / n_rw_t
-                bare_nll = -per_row[r0_t] / n_tok_t
-                stat = torch.stack(
-                    [loss.detach(), nll.detach(), kl.detach(), p_tgt, bare_nll, keep.detach()], 1
-                ).tolist()
-            done = torch.zeros(n, dtype=torch.bool, device=dev)
-            for i in active.nonzero()[:, 0].tolist():
-                logs[i].append(dict(zip(("loss", "nll", "kl", "p_target", "bare_nll", "keep_kl"), stat[i])))
-                last = logs[i][-1]
-                if step == n_upd or (
-                    last["loss"] < hp.early_stop
-                    and (hp.bare_early_stop is None or last["bare_nll"] < hp.bare_early_stop)
-                ):
-                    done[i] = True
-            if report is not None:
-                now = active.nonzero()[:, 0].tolist()
-                report(step, [logs[i][-1] for i in now], n - len(now) + int(done[now].sum()) if now else n)
-            if not bool((active & ~done).any()) or step == n_upd:  # every request has stopped
+        for step in range(hp.n_updates + 1):
+            rows = active[R.row_req_t].nonzero()[:, 0]  # the active requests' rows
+            t = loss_of(*forward(rows, leave), active, delta)
+            done = log.record(step, t, active)
+            if not bool((active & ~done).any()) or step == hp.n_updates:  # every request has stopped
                 break
-            (grad,) = torch.autograd.grad(loss[active].sum(), delta)
-            with torch.no_grad():
-                keep = delta.detach().clone()
-                _adam_step(delta, grad, adam, hp.v_lr)
-                nrm = delta.norm(dim=-1)
-                over = nrm > max_norm
-                delta[over] *= (max_norm[over] / nrm[over])[:, None]
-                delta[done | ~active] = keep[done | ~active]  # frozen requests do not move
+            (grad,) = torch.autograd.grad(t.loss[active].sum(), delta)
+            _clamped_step(delta, grad, adam, hp.v_lr, max_norm, done | ~active)
             active &= ~done
-    return [
-        {
-            "k_star": k_star[i],
-            "k_bare": k_bare[i],
-            "delta": delta[i].detach(),
-            "v0": v0[i],
-            "log": logs[i],
-            "n_prompts": bs[i].n_rewrite,
-            "key_scale": scale[r0[i] : r0[i] + bs[i].tokens.shape[0], c].tolist(),
-        }
-        for i in range(n)
-    ]
+    return [_outcome(start, delta, log.logs, i) for i in range(n)]
+
+
+def _outcome(start: _Start, delta: torch.Tensor, logs: list[list[dict[str, float]]], i: int) -> dict[str, Any]:
+    """Request ``i``'s entry of :func:`optimise_deltas`' result."""
+    r0, b, c = start.rows.r0[i], start.bs[i], start.rows.c
+    return {
+        "k_star": start.k_star[i],
+        "k_bare": start.k_bare[i],
+        "delta": delta[i].detach(),
+        "v0": start.v0[i],
+        "log": logs[i],
+        "n_prompts": b.n_rewrite,
+        "key_scale": start.scale[r0 : r0 + b.tokens.shape[0], c].tolist(),
+    }
 
 
 def _adam_step(
