@@ -1,5 +1,6 @@
 """Our attribution graph against circuit-tracer 0.5's on the same model, transcoders and prompt: node set,
-adjacency, pruning, scores and wall time.
+adjacency, pruning, scores and wall time; once with per-layer transcoders and once with a cross-layer transcoder
+(CLT), and a CLT that circuit-tracer writes read by ours.
 
     OMP_NUM_THREADS=1 python benchmarks/compare_circuit_tracer.py [--python /work/venvs/ct/bin/python]
         [--d-sae 1024] [--prompt "..."] [--batch-size 64] [--repeats 3] [--out benchmarks/RESULTS_circuit_tracer.md]
@@ -23,6 +24,16 @@ float32 graph against its own float64 one; pruning (ours and
 circuit-tracer's ``prune_graph`` on our adjacency: node and edge masks) and the replacement and completeness
 scores; wall time of one ``attribute`` call (median of ``--repeats`` after one warm-up; each side in its own
 process with one thread; ours timed before and after circuit-tracer's runs).
+
+The CLT leg does the same with one BatchTopK cross-layer transcoder (:func:`make_clt`: ``--d-sae`` features per
+layer, random encoders, decoders into every later layer, biases and thresholds, seeded; no skip, as
+circuit-tracer's CLT file loader reads none), written by
+:meth:`~gpt2_interp.graphs.clt.CrossLayerTranscoder.save` and read on the other side by circuit-tracer's own
+loader (``load_transcoder_from_hub`` of the folder's absolute path, which calls ``load_clt``). Then the other way
+(``circuit_tracer_side.py --write-clt``): circuit-tracer makes a random JumpReLU CLT of its own (float64),
+writes it with its ``to_safetensors`` and a ``config.yaml`` of its keys, and computes its ``forward`` on random
+MLP inputs; this side loads the folder with :func:`~gpt2_interp.graphs.clt.load_transcoders` and compares its
+outputs.
 """
 
 from __future__ import annotations
@@ -66,6 +77,27 @@ def make_transcoders(model: Any, d_sae: int, seed: int = 0) -> Any:
     return ts
 
 
+def make_clt(model: Any, d_sae: int, seed: int = 0) -> Any:
+    """A random BatchTopK CLT without a skip, drawn as :func:`make_transcoders` draws a layer:
+    ``W_enc ~ N(0, 1/d_model)`` (pre-activations about ``N(b_enc, 1)``), ``b_enc ~ N(0, 0.3)``, thresholds
+    uniform in [1.5, 2.5], ``b_dec ~ N(0, 0.1)``, and each decoder ``W_dec[ℓ] ~ N(0, 1/(d_model (n − ℓ)))`` (a
+    feature's decoders into the ``n − ℓ`` layers together about unit norm)."""
+    from gpt2_interp.graphs.clt import CLTTrainConfig, new_cross_layer_transcoder
+
+    clt = new_cross_layer_transcoder(model, CLTTrainConfig(d_sae=d_sae, k=8, architecture="batchtopk", seed=seed))
+    g = torch.Generator().manual_seed(seed)
+    n, d = clt.n_layers, clt.cfg.d_model
+    with torch.no_grad():
+        assert clt.threshold is not None
+        clt.W_enc.copy_(torch.randn(clt.W_enc.shape, generator=g) / d**0.5)
+        clt.b_enc.copy_(0.3 * torch.randn(clt.b_enc.shape, generator=g))
+        clt.threshold.copy_(1.5 + torch.rand(clt.threshold.shape, generator=g))
+        clt.b_dec.copy_(0.1 * torch.randn(clt.b_dec.shape, generator=g))
+        for L, w in enumerate(clt.W_dec):
+            w.copy_(torch.randn(w.shape, generator=g) / (d * (n - L)) ** 0.5)
+    return clt.eval()
+
+
 def _edges(ours: torch.Tensor, theirs: torch.Tensor, kept: torch.Tensor) -> dict[str, float]:
     """How two adjacencies ``[n, n]`` differ: the largest difference relative to the largest entry, and the
     largest relative difference on the ``kept`` edges (a mask)."""
@@ -85,9 +117,11 @@ def compare(
     node_threshold: float = 0.8,
     edge_threshold: float = 0.98,
     dtypes: tuple[str, ...] = ("float32", "float64"),
+    kind: str = "transcoders",
 ) -> dict[str, Any]:
-    """Run both sides (see the module's docstring) in each of ``dtypes`` (float32, float64: the algorithms
-    without float32's rounding), timing ``repeats`` calls in the first; the measurements as a dict."""
+    """Run both sides (see the module's docstring) with per-layer transcoders (``kind`` ``"transcoders"``) or
+    a CLT (``"clt"``) in each of ``dtypes`` (float32, float64: the algorithms without float32's rounding),
+    timing ``repeats`` calls in the first; the measurements as a dict."""
     import copy
     import dataclasses
 
@@ -100,7 +134,7 @@ def compare(
 
     torch.set_num_threads(1)
     model = gi.load("gpt2-facts")
-    ts = make_transcoders(model, d_sae)
+    ts = make_transcoders(model, d_sae) if kind == "transcoders" else make_clt(model, d_sae)
     tokens = model.to_tokens(prompt)[0]
     cfg = AttributionConfig(batch_size=batch_size)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
@@ -109,7 +143,7 @@ def compare(
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model.to_transformers().save_pretrained(work / "model")
-        ts.save(work / "transcoders")
+        ts.save(work / kind)
         job = {
             "model_name": model.cfg.name,
             "tokens": tokens.tolist(),
@@ -130,7 +164,7 @@ def compare(
             m, t = model, ts
             if dtype == "float64":
                 m, t = copy.deepcopy(model).to(torch.float64), copy.deepcopy(ts)
-                for one in t:  # the same weights, cast: made for the cast model's fingerprint
+                for one in t if kind == "transcoders" else [t]:  # the same weights, cast, for the cast model
                     one.to(torch.float64)
                     one.cfg = dataclasses.replace(one.cfg, base_fingerprint=weights_fingerprint(m))
             timed = dtype == dtypes[0]
@@ -144,24 +178,25 @@ def compare(
                     "activations": graph.activations.contiguous(),
                     "logit_probabilities": graph.logit_probabilities.contiguous(),
                 },
-                str(work / f"ours_{dtype}.safetensors"),
+                str(work / f"ours_{kind}_{dtype}.safetensors"),
             )
             n_runs = repeats if timed else 0
             side = [str(python), str(HERE / "circuit_tracer_side.py"), str(work), "--batch-size", str(batch_size)]
-            side += ["--repeats", str(n_runs), "--dtype", dtype]
+            side += ["--repeats", str(n_runs), "--dtype", dtype, "--kind", kind]
             out = subprocess.run(side, capture_output=True, text=True, env=env, check=False)
             if out.returncode:
                 raise RuntimeError(f"circuit-tracer's side failed:\n{out.stderr[-4000:]}")
             if timed:
                 ours_timed(m, t)  # ours again, after theirs: a change of load hits both
-            theirs[dtype] = load_file(work / f"theirs_{dtype}.safetensors")
-            info[dtype] = json.loads((work / f"theirs_{dtype}.json").read_text())
+            theirs[dtype] = load_file(work / f"theirs_{kind}_{dtype}.safetensors")
+            info[dtype] = json.loads((work / f"theirs_{kind}_{dtype}.json").read_text())
 
     first = dtypes[0]
     graph, th = graphs[first], theirs[first]
     same_features = all(torch.equal(graphs[d].features, theirs[d]["features"].to(torch.long)) for d in graphs)
     same_logits = all(torch.equal(graphs[d].logit_tokens, theirs[d]["logit_tokens"].to(torch.long)) for d in graphs)
     result: dict[str, Any] = {
+        "kind": kind,
         "prompt": prompt,
         "n_tokens": len(tokens),
         "d_sae": d_sae,
@@ -209,9 +244,47 @@ def compare(
     return result
 
 
+def read_circuit_tracers_clt(python: Path) -> dict[str, Any]:
+    """A CLT circuit-tracer writes (``circuit_tracer_side.py --write-clt``: its own random JumpReLU CLT, saved by
+    its ``to_safetensors`` in float32 with a ``config.yaml`` of its keys, its ``forward`` computed in float64 on
+    random MLP inputs), loaded by :func:`~gpt2_interp.graphs.clt.load_transcoders`, cast to float64 and run on
+    the same inputs: the largest differences of the features and of the outputs."""
+    from safetensors.torch import load_file
+
+    from gpt2_interp.graphs.clt import CrossLayerTranscoder, load_transcoders
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        side = [str(python), str(HERE / "circuit_tracer_side.py"), str(work), "--write-clt"]
+        out = subprocess.run(side, capture_output=True, text=True, env=env, check=False)
+        if out.returncode:
+            raise RuntimeError(f"circuit-tracer's side failed:\n{out.stderr[-4000:]}")
+        files = sorted(p.name for p in (work / "clt").iterdir())
+        clt = load_transcoders(work / "clt")
+        io = load_file(work / "clt_io.safetensors")
+    assert isinstance(clt, CrossLayerTranscoder)
+    clt = clt.to(torch.float64)
+    x, want, feats = io["x"], io["out"], io["features"]
+    with torch.no_grad():
+        got = torch.stack(clt(list(x)))
+        acts = torch.stack([clt.encode(L, x[L]) for L in range(clt.n_layers)])
+    return {
+        "files": files,
+        "shape": [clt.n_layers, clt.cfg.d_sae, clt.cfg.d_model],
+        "architecture": clt.cfg.architecture,
+        "n_positions": x.shape[1],
+        "active": [int((acts != 0).sum()), int((feats != 0).sum())],
+        "same_active": torch.equal(acts != 0, feats != 0),
+        "features_max_abs": float((acts - feats).abs().max()),
+        "out_max_abs": float((got - want).abs().max()),
+        "out_max_rel_to_largest": float((got - want).abs().max() / want.abs().max()),
+    }
+
+
 def report(r: dict[str, Any], argv: list[str]) -> str:
     """The results page (markdown)."""
-    speed = r["theirs_median_s"] / r["ours_median_s"]
+    first = r["transcoders"]
     lines = [
         "# Attribution graphs against circuit-tracer 0.5",
         "",
@@ -221,14 +294,59 @@ def report(r: dict[str, Any], argv: list[str]) -> str:
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs (shared), Python {platform.python_version()}; CPU, "
         f"float32 (timed) and float64, one thread each side. circuit-tracer's side: "
-        + ", ".join(f"{k} {v}" for k, v in r["versions"].items())
+        + ", ".join(f"{k} {v}" for k, v in first["versions"].items())
         + ".",
         "",
-        f"Model `gpt2-facts` (6 layers, d_model 256); one BatchTopK transcoder per layer, d_tc {r['d_sae']}, with a "
-        "skip, random weights, biases and thresholds (seeded); "
-        f"prompt {r['prompt']!r} ({r['n_tokens']} tokens with BOS); batch size {r['batch_size']} on both sides; "
-        "max_n_logits 10, desired_logit_prob 0.95.",
+        f"Model `gpt2-facts` (6 layers, d_model 256); prompt {first['prompt']!r} ({first['n_tokens']} tokens with "
+        f"BOS); batch size {first['batch_size']} on both sides; max_n_logits 10, desired_logit_prob 0.95.",
         "",
+        "## Per-layer transcoders",
+        "",
+        f"One BatchTopK transcoder per layer, d_tc {first['d_sae']}, with a skip, random weights, biases and "
+        "thresholds (seeded), written by `TranscoderSet.save` and read by circuit-tracer's `load_transcoder_from_hub`.",
+        "",
+        *_table(first),
+    ]
+    if "clt" in r:
+        c = r["clt"]
+        lines += [
+            "## Cross-layer transcoder",
+            "",
+            f"One BatchTopK CLT, d_tc {c['d_sae']} per layer, decoders into every later layer, "
+            "no skip (circuit-tracer's "
+            "CLT file loader reads none), random weights, biases and thresholds (seeded), written by "
+            "`CrossLayerTranscoder.save` and read by circuit-tracer's own loader (`load_transcoder_from_hub` of the "
+            "folder, which calls `load_clt`).",
+            "",
+            *_table(c),
+        ]
+    if "clt_from_circuit_tracer" in r:
+        f = r["clt_from_circuit_tracer"]
+        n, d_tc, d = f["shape"]
+        lines += [
+            "## A CLT circuit-tracer writes, read by gpt2-interp",
+            "",
+            f"circuit-tracer's own random JumpReLU `CrossLayerTranscoder` ({n} layers, d_tc {d_tc}, d_model {d}), "
+            f"saved by its `to_safetensors` (float32) with a `config.yaml` of its keys ({', '.join(f['files'])}); "
+            f"loaded by `load_transcoders` (read as {f['architecture']}), both cast to float64 and run on the same "
+            f"random MLP inputs ({f['n_positions']} positions per layer).",
+            "",
+            "| check | result |",
+            "|---|---|",
+            f"| active features, ours and circuit-tracer's `encode` | {f['active'][0]}, {f['active'][1]}: "
+            f"{'identical' if f['same_active'] else 'DIFFERENT'} |",
+            f"| feature values, largest difference | {f['features_max_abs']:.1e} |",
+            f"| every layer's output (`forward`), largest difference ÷ largest entry | "
+            f"{f['out_max_rel_to_largest']:.1e} |",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _table(r: dict[str, Any]) -> list[str]:
+    """One kind's comparison as markdown table rows."""
+    speed = r["theirs_median_s"] / r["ours_median_s"]
+    lines = [
         "| check | result |",
         "|---|---|",
         f"| feature nodes (layer, position, feature), in order | {r['n_features']} ours, {r['n_features_theirs']} "
@@ -269,7 +387,7 @@ def report(r: dict[str, Any], argv: list[str]) -> str:
         f"| circuit-tracer ÷ ours | {speed:.2f}× |",
         "",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -280,10 +398,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--no-clt", action="store_true", help="per-layer transcoders only")
     a = ap.parse_args(argv)
     if not a.python.is_file():
         sys.exit(f"no circuit-tracer environment at {a.python}: make one (see the docstring) or pass --python")
-    r = compare(a.python, a.d_sae, a.prompt, a.batch_size, a.repeats)
+    r = {"transcoders": compare(a.python, a.d_sae, a.prompt, a.batch_size, a.repeats)}
+    if not a.no_clt:
+        r["clt"] = compare(a.python, a.d_sae, a.prompt, a.batch_size, a.repeats, kind="clt")
+        r["clt_from_circuit_tracer"] = read_circuit_tracers_clt(a.python)
     text = report(r, [x for x in (argv if argv is not None else sys.argv[1:]) if x])
     print(text)
     if a.out:

@@ -30,24 +30,41 @@ output layers ``ℓ' ≥ ℓ``, ``λ`` is ``l1_coefficient`` and ``c`` is ``tanh
 sparse by their ``k`` (per layer) and have no penalty. Adam with the SAE trainer's learning-rate schedule;
 decoders are not renormalised (the penalty carries their norm); no auxiliary dead-feature loss.
 
-Files are circuit-tracer's (0.5) CLT layout (``circuit_tracer.transcoder.cross_layer_transcoder.load_clt``
-reads a ReLU or BatchTopK folder): for each layer ``i``
+Files are circuit-tracer's (0.5) CLT layout, which its loader
+(``circuit_tracer.transcoder.cross_layer_transcoder.load_clt``, or ``load_transcoder_from_hub`` given the
+folder's absolute path) reads as they are: for each layer ``i``
 
 - ``W_enc_{i}.safetensors``: ``W_enc_{i}`` ``[d_tc, d_model]`` (the transpose of ``W_enc[i]``), ``b_enc_{i}``
   ``[d_tc]``, ``b_dec_{i}`` ``[d_model]``, a BatchTopK CLT's ``threshold_{i}`` ``[d_tc]`` (written as
-  ``max(θ, 0)``, a JumpReLU giving the same features), and with skips ``W_skip_{i}`` ``[d_model, d_model]`` in
-  circuit-tracer's orientation (``x @ W_skip_{i}``; circuit-tracer's file loader does not read skips);
+  ``max(θ, 0)``, a JumpReLU ``h · [h > θ]`` giving the same features as ``relu(h) · [h > θ]``), and with skips
+  ``W_skip_{i}`` ``[d_model, d_model]`` in circuit-tracer's orientation (``x @ W_skip_{i}``);
 - ``W_dec_{i}.safetensors``: ``W_dec_{i}`` ``[d_tc, n − i, d_model]``;
-- ``config.yaml`` (JSON text): ``model_kind`` ``cross_layer_transcoder`` (``topk_cross_layer_transcoder`` for
-  TopK, which circuit-tracer does not read), the hooks, ``model_name``, ``scan``, and this library's
-  :class:`CLTConfig` with the base model's weights fingerprint; every file's metadata carries the config and a
-  sha256 digest.
+- ``config.yaml`` (JSON text, which YAML reads): ``model_kind``, the hooks, ``model_name``, ``scan``, and
+  this library's :class:`CLTConfig` with the base model's weights fingerprint; every file's metadata carries the
+  config and a sha256 digest.
+
+What circuit-tracer cannot represent is written under a ``model_kind`` it refuses by name, so that it never
+reads such a CLT as a different one: a ReLU or BatchTopK CLT without skips is ``cross_layer_transcoder``
+(circuit-tracer builds the same CLT: ReLU, or JumpReLU with the threshold); a TopK CLT is
+``topk_cross_layer_transcoder`` (circuit-tracer's CLT has no TopK); a CLT with skips is
+``skip_cross_layer_transcoder`` (circuit-tracer's CLT module has ``W_skip``, but its file loader never reads
+``W_skip_{i}``: it would build the CLT without its skips).
+
+:meth:`CrossLayerTranscoder.load` also reads the folders circuit-tracer writes
+(``CrossLayerTranscoder.to_safetensors``) and publishes: ``W_enc_{i}`` / ``W_dec_{i}`` files without this
+library's config or digests, with or without circuit-tracer's ``config.yaml`` (YAML; its ``model_kind`` must be
+``cross_layer_transcoder`` and its hooks the ones this library's CLT reads and writes, ``ln2.hook_normalized``
+and ``hook_mlp_out``; without a config these hooks are assumed). Such a CLT is ReLU, or BatchTopK with the file's
+threshold when it has one (JumpReLU thresholds must be ``≥ 0``, where ``h · [h > θ] = relu(h) · [h > θ]``), with
+skips when every layer has ``W_skip_{i}``, and of unknown base model (no fingerprint to check); its tensors are
+checked for names, shapes and finite values, and a digest, where a file has one, is verified.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -61,7 +78,7 @@ from ..analysis.features.sae_train import geometric_median
 from ..core.boundary import boundary
 from ..core.checks import check_choice, check_count, check_number, check_token_windows
 from ..io.files import FileFormatError, check_finite, read_json, write_json
-from ..io.integrity import IntegrityError, load_checked, save_checked
+from ..io.integrity import IntegrityError, UnverifiedFileWarning, load_checked, save_checked
 from ..model.fingerprint import weights_fingerprint
 from .transcoder import (
     CONFIG_FILE,
@@ -78,6 +95,16 @@ if TYPE_CHECKING:
     from ..model.hooked_gpt2 import HookedGPT2
 
 FORMAT = "gpt2-interp-clt/1"
+CT_KIND = "cross_layer_transcoder"  # the one model_kind circuit-tracer's loaders read as a CLT
+
+
+def _model_kind(cfg: CLTConfig) -> str:
+    """The ``model_kind`` a CLT of config ``cfg`` is saved under: circuit-tracer's ``cross_layer_transcoder``
+    when circuit-tracer's loader builds the same CLT from its files (ReLU or BatchTopK, no skips), else a kind
+    circuit-tracer refuses by name (``topk_cross_layer_transcoder``, ``skip_cross_layer_transcoder``)."""
+    if cfg.architecture == "topk":
+        return "topk_" + CT_KIND
+    return "skip_" + CT_KIND if cfg.skip else CT_KIND
 
 
 @boundary
@@ -287,7 +314,7 @@ class CrossLayerTranscoder(nn.Module):
         c = self.cfg
         cfg = {
             "format": FORMAT,
-            "model_kind": "topk_cross_layer_transcoder" if c.architecture == "topk" else "cross_layer_transcoder",
+            "model_kind": _model_kind(c),
             "model_name": c.model_name,
             "scan": f"gpt2-interp/{c.model_name}/{c.base_fingerprint[:16]}",
             "feature_input_hook": INPUT_SITE,
@@ -323,43 +350,58 @@ class CrossLayerTranscoder(nn.Module):
         write_json(folder / CONFIG_FILE, cfg)
         return folder
 
+    def _fill(self, folder: Path, name: str, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy file ``name``'s ``tensors`` into this CLT: refused (FileFormatError) for other tensor names or
+        shapes than :meth:`_files` writes, (ValueError) for NaN or ±inf."""
+        want = self._files()[name]
+        if set(tensors) != set(want):
+            raise FileFormatError(f"{folder / name} holds {sorted(tensors)}, expected {sorted(want)}")
+        check_finite(tensors, folder / name, "cross-layer transcoder")
+        with torch.no_grad():
+            for key, value in tensors.items():
+                if value.shape != want[key].shape:
+                    raise FileFormatError(
+                        f"{folder / name}: {key} has shape {tuple(value.shape)}, expected {tuple(want[key].shape)}"
+                    )
+                i, kind = int(key.rsplit("_", 1)[1]), key.rsplit("_", 1)[0]
+                if kind == "W_enc":
+                    self.W_enc[i].copy_(value.T)
+                elif kind == "W_skip":
+                    assert self.W_skip is not None
+                    self.W_skip[i].copy_(value.T)
+                elif kind == "W_dec":
+                    self.W_dec[i].copy_(value)
+                elif kind == "threshold":
+                    assert self.threshold is not None
+                    self.threshold[i].copy_(value)
+                else:
+                    getattr(self, kind)[i].copy_(value)
+
     @staticmethod
     def load(path: str | Path, model: HookedGPT2 | None = None) -> CrossLayerTranscoder:
-        """The CLT :meth:`save` wrote to folder ``path``, each file's digest verified (IntegrityError when
-        damaged or when its config was changed; FileFormatError for missing or misshapen tensors); with
-        ``model``, refused (ValueError) for other weights and otherwise moved to its device."""
+        """The CLT in folder ``path``. One :meth:`save` wrote (its ``config.yaml`` has this library's
+        ``format``): each file's digest verified (IntegrityError when damaged or when its config was changed).
+        One circuit-tracer wrote or publishes (no config, or circuit-tracer's): read as the module's docstring
+        says (a config for other hooks or another ``model_kind``: FileFormatError). FileFormatError for missing,
+        extra or misshapen tensors, ValueError for NaN or ±inf; with ``model``, refused (ValueError) for
+        another model and otherwise moved to its device."""
         folder = Path(path)
-        cfg = read_json(folder / CONFIG_FILE, "cross-layer transcoder config", required=("format", "clt"))
-        if cfg["format"] != FORMAT:
-            raise FileFormatError(f"{folder / CONFIG_FILE}: format {cfg['format']!r}, expected {FORMAT!r}")
-        cfg_text = json.dumps(cfg, sort_keys=True)
-        clt = CrossLayerTranscoder(CLTConfig(**cfg["clt"]))
-        expected = clt._files()
-        with torch.no_grad():
-            for name, want in expected.items():
+        config_path = folder / CONFIG_FILE
+        cfg = _read_config(config_path) if config_path.is_file() else None
+        if cfg is None or "format" not in cfg:
+            clt = _load_foreign(folder, cfg)
+        else:
+            if cfg["format"] != FORMAT:
+                raise FileFormatError(f"{config_path}: format {cfg['format']!r}, expected {FORMAT!r}")
+            if "clt" not in cfg:
+                raise FileFormatError(f"{config_path} lacks the field 'clt' (this library's CLT config)")
+            cfg_text = json.dumps(cfg, sort_keys=True)
+            clt = CrossLayerTranscoder(CLTConfig(**cfg["clt"]))
+            for name in clt._files():
                 tensors, meta, _ = load_checked(folder / name, kind="cross-layer transcoder", allow_unverified=False)
                 if meta.get("config") != cfg_text:
-                    raise IntegrityError(f"{folder / CONFIG_FILE} differs from the config {name} was saved with")
-                if set(tensors) != set(want):
-                    raise FileFormatError(f"{folder / name} holds {sorted(tensors)}, expected {sorted(want)}")
-                for key, value in tensors.items():
-                    if value.shape != want[key].shape:
-                        raise FileFormatError(
-                            f"{folder / name}: {key} has shape {tuple(value.shape)}, expected {tuple(want[key].shape)}"
-                        )
-                    i, kind = int(key.rsplit("_", 1)[1]), key.rsplit("_", 1)[0]
-                    if kind == "W_enc":
-                        clt.W_enc[i].copy_(value.T)
-                    elif kind == "W_skip":
-                        assert clt.W_skip is not None
-                        clt.W_skip[i].copy_(value.T)
-                    elif kind == "W_dec":
-                        clt.W_dec[i].copy_(value)
-                    elif kind == "threshold":
-                        assert clt.threshold is not None
-                        clt.threshold[i].copy_(value)
-                    else:
-                        getattr(clt, kind)[i].copy_(value)
+                    raise IntegrityError(f"{config_path} differs from the config {name} was saved with")
+                clt._fill(folder, name, tensors)
         clt.eval()
         if model is not None:
             clt.check_model(model)
@@ -367,13 +409,79 @@ class CrossLayerTranscoder(nn.Module):
         return clt
 
 
+def _read_config(path: Path) -> dict[str, Any]:
+    """A CLT folder's ``config.yaml``: this library's (JSON text, its digest checked) or circuit-tracer's (YAML:
+    its top-level ``key: value`` lines, the only ones read)."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if text.lstrip().startswith("{"):
+        return read_json(path, "cross-layer transcoder config")
+    cfg: dict[str, Any] = {}
+    for line in text.splitlines():
+        if line[:1] in ("", " ", "\t", "#", "-") or ":" not in line:
+            continue
+        key, _, value = line.partition(":")
+        cfg[key.strip()] = value.split(" #")[0].strip().strip("'\"")
+    return cfg
+
+
+def _load_foreign(folder: Path, cfg: dict[str, Any] | None) -> CrossLayerTranscoder:
+    """A CLT folder in circuit-tracer's own form (see the module's docstring), its sizes read from its files."""
+    from safetensors import safe_open
+
+    if cfg is not None:
+        if cfg.get("model_kind") != CT_KIND:
+            raise FileFormatError(
+                f"{folder / CONFIG_FILE}: model_kind {cfg.get('model_kind')!r}; a cross-layer transcoder folder "
+                f"of circuit-tracer's is {CT_KIND!r}"
+            )
+        hooks = (cfg.get("feature_input_hook"), cfg.get("feature_output_hook"))
+        if hooks != (INPUT_SITE, OUTPUT_SITE):
+            raise FileFormatError(
+                f"{folder / CONFIG_FILE}: this CLT reads {hooks[0]!r} and writes {hooks[1]!r}; this library's CLT "
+                f"reads each block's {INPUT_SITE!r} and writes its {OUTPUT_SITE!r}"
+            )
+    n = 0
+    while (folder / f"W_enc_{n}.safetensors").is_file():
+        n += 1
+    if n == 0:
+        raise FileNotFoundError(f"no cross-layer transcoder at {folder}: no W_enc_0.safetensors")
+    layers = {str(i) for i in range(n)}
+    extra = sorted(p.name for p in folder.glob("W_*_*.safetensors") if p.stem.rsplit("_", 1)[1] not in layers)
+    if extra:
+        raise FileFormatError(f"{folder}: {extra[0]} is beyond the layers W_enc_0 … W_enc_{n - 1}")
+    try:
+        with safe_open(str(folder / "W_enc_0.safetensors"), framework="pt") as f:
+            keys = set(f.keys())
+            d_sae, d_model = f.get_slice("W_enc_0").get_shape() if "W_enc_0" in keys else (0, 0)
+    except Exception as e:  # safetensors raises its own error types
+        raise FileFormatError(f"{folder / 'W_enc_0.safetensors'} is not a safetensors file ({e})") from None
+    if not d_sae:
+        raise FileFormatError(f"{folder / 'W_enc_0.safetensors'} holds {sorted(keys)}, no W_enc_0")
+    arch: Architecture = "batchtopk" if "threshold_0" in keys else "relu"
+    clt_cfg = CLTConfig(n, d_model, d_sae, architecture=arch, k=min(32, d_sae), skip="W_skip_0" in keys)
+    clt = CrossLayerTranscoder(clt_cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnverifiedFileWarning)  # the foreign form has no digests
+        for name in clt._files():
+            tensors, _, _ = load_checked(folder / name, kind="cross-layer transcoder")
+            clt._fill(folder, name, tensors)
+            low = {k: float(v.min()) for k, v in tensors.items() if k.startswith("threshold_") and v.numel()}
+            for key, value in low.items():
+                if value < 0:
+                    raise FileFormatError(
+                        f"{folder / name}: {key} has a negative threshold ({value:.3g}); its JumpReLU lets "
+                        "pre-activations in (θ, 0) through, which this library's CLT (relu(h) · [h > θ]) does not"
+                    )
+    return clt
+
+
 @boundary
 def load_transcoders(path: str | Path, model: HookedGPT2 | None = None) -> TranscoderSet | CrossLayerTranscoder:
-    """The per-layer transcoders or the cross-layer transcoder saved in folder ``path``, as its
-    ``config.yaml`` says (:meth:`TranscoderSet.load <gpt2_interp.graphs.transcoder.TranscoderSet.load>` or
-    :meth:`CrossLayerTranscoder.load`)."""
+    """The per-layer transcoders or the cross-layer transcoder saved in folder ``path``: a CLT where it has
+    ``W_enc_0.safetensors`` (:meth:`CrossLayerTranscoder.load`: this library's CLT folders and circuit-tracer's),
+    else per-layer transcoders (:meth:`TranscoderSet.load <gpt2_interp.graphs.transcoder.TranscoderSet.load>`)."""
     folder = Path(path)
-    if (folder / CONFIG_FILE).is_file() and (folder / "W_enc_0.safetensors").is_file():
+    if (folder / "W_enc_0.safetensors").is_file():
         return CrossLayerTranscoder.load(folder, model)
     return TranscoderSet.load(folder, model)
 

@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..analysis.features.sae_views import logit_effect
 from ..core.boundary import boundary
 from ..core.checks import check_count, check_number
 from ..core.result import Result
@@ -49,6 +48,7 @@ from ..facts.two_hop import TwoHopCase
 from ..views.interventions import view_intervention, view_two_hop_check
 from ..views.page import View
 from .attribution import AttributionGraph
+from .clt import CrossLayerTranscoder
 from .replacement import ReplacementModel
 from .transcoder import TARGET_HOOK, TranscoderSet
 
@@ -202,7 +202,7 @@ class InterventionResult(Result):
 
 
 def _check_features(
-    graph: AttributionGraph, transcoders: TranscoderSet, features: Any
+    graph: AttributionGraph, transcoders: TranscoderSet | CrossLayerTranscoder, features: Any
 ) -> tuple[list[FeatureKey], list[int]]:
     """``features`` (one ``(layer, position, feature)`` or a list of them) as a list, and their node indices;
     a ValueError naming the first bad value."""
@@ -219,7 +219,7 @@ def _check_features(
             raise ValueError(f"features: layer {L} is out of range: the graph has layers 0..{graph.n_layers - 1}")
         if not 0 <= p < graph.n_pos:
             raise ValueError(f"features: position {p} is out of range: the prompt has positions 0..{graph.n_pos - 1}")
-        d_tc = transcoders[L].cfg.d_sae
+        d_tc = transcoders.d_sae(L)
         if not 0 <= f < d_tc:
             raise ValueError(
                 f"features: feature {f} is out of range: layer {L}'s transcoder has features 0..{d_tc - 1}"
@@ -266,7 +266,7 @@ def _demeaned(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 @boundary
 def intervene(
     model: HookedGPT2,
-    transcoders: TranscoderSet,
+    transcoders: TranscoderSet | CrossLayerTranscoder,
     graph: AttributionGraph,
     features: FeatureKey | list[FeatureKey],
     scale: float | None = None,
@@ -282,8 +282,8 @@ def intervene(
     ``graph`` is the graph of ``model`` with ``transcoders`` (pruned or not); each feature must be one of its
     nodes (active on its prompt, from position 1 on unless it was built with position 0's features)."""
     transcoders.check_model(model)
-    if len(transcoders) != graph.n_layers:
-        raise ValueError(f"transcoders: {len(transcoders)} layers for a graph of n_layers={graph.n_layers}")
+    if transcoders.n_layers != graph.n_layers:
+        raise ValueError(f"transcoders: {transcoders.n_layers} layers for a graph of n_layers={graph.n_layers}")
     keys, nodes = _check_features(graph, transcoders, features)
     if (scale is None) == (value is None):
         raise ValueError(f"give exactly one of scale and value, got scale={scale!r}, value={value!r}")
@@ -349,12 +349,14 @@ def intervene(
     node_held = node_pre(held_run) - pre0 if n_f else pre0
     node_free = node_pre(free_run) - pre0 if n_f else pre0
 
-    # the real model: Δ · W_dec[f] added to the MLP's output at the feature's position
+    # the real model: Δ · W_dec[f] added to the MLP output of each layer the feature writes (a per-layer
+    # transcoder's: its own; a CLT's: its own and every later one) at the feature's position
     adds: dict[int, torch.Tensor] = {}
     for (L, p, f), d in zip(keys, delta.tolist()):
-        w = transcoders[L].W_dec.detach()[f]
-        add = adds.setdefault(L, torch.zeros(rm.n_pos, w.numel(), dtype=w.dtype, device=w.device))
-        add[p] += d * w
+        w = transcoders.decoder_weight(L).detach()[f]  # [n_out, d_model]
+        for j in range(len(w)):
+            add = adds.setdefault(L + j, torch.zeros(rm.n_pos, w.shape[-1], dtype=w.dtype, device=w.device))
+            add[p] += d * w[j]
 
     def add_hook(layer: int) -> Any:
         def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
@@ -497,10 +499,23 @@ def _prob(model: HookedGPT2, prompt: str, token: int) -> float:
     return float(model(model.to_tokens(prompt))[0, -1].double().softmax(-1)[token])
 
 
+def _logit_effects(
+    model: HookedGPT2, transcoders: TranscoderSet | CrossLayerTranscoder, layer: int, features: list[int]
+) -> torch.Tensor:
+    """``[len(features), d_vocab]``: each of layer ``layer``'s ``features``' decoders summed over the MLP outputs
+    it writes (its whole write into the residual stream), through the final norm's gain and the unembedding as
+    :func:`~gpt2_interp.analysis.features.sae_views.logit_effect` does for one decoder row."""
+    w = transcoders.decoder_weight(layer).detach()[features].sum(1).to(model.dtype)
+    gain = getattr(model.ln_final, "w", None)
+    if gain is not None:
+        w = w * gain.detach()
+    return w @ model.W_U.detach()
+
+
 @boundary
 def two_hop_check(
     model: HookedGPT2,
-    transcoders: TranscoderSet,
+    transcoders: TranscoderSet | CrossLayerTranscoder,
     graph: AttributionGraph,
     case: TwoHopCase,
     rank: int = 10,
@@ -511,6 +526,7 @@ def two_hop_check(
     bridge's first token, ``" " + case.bridge`` — and what setting them all to zero does to the answer in the
     real model, beside what the graph predicts (:func:`intervene`): a :class:`TwoHopCheck`."""
     rank = check_count(rank, "rank")
+    transcoders.check_model(model)
     prompt_ids = model.to_tokens(case.prompt)[0].cpu()
     if not torch.equal(prompt_ids, graph.tokens.cpu()):
         raise ValueError(f"graph is not the graph of case.prompt {case.prompt!r}: its tokens differ")
@@ -520,7 +536,7 @@ def two_hop_check(
         nodes = (graph.features[:, 0] == L).nonzero()[:, 0].tolist()
         for start in range(0, len(nodes), 256):
             chunk = nodes[start : start + 256]
-            effects = logit_effect(model, transcoders[L], graph.features[chunk, 2].tolist()).double()
+            effects = _logit_effects(model, transcoders, L, graph.features[chunk, 2].tolist()).double()
             ranks = (effects > effects[:, bridge : bridge + 1]).sum(1).cpu()
             found += [(n, int(r)) for n, r in zip(chunk, ranks.tolist()) if r < rank]
     feats = graph.features[[n for n, _ in found]].reshape(-1, 3)

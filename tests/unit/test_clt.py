@@ -7,6 +7,7 @@ checked by hand), and the files are circuit-tracer's CLT layout."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 
@@ -26,6 +27,7 @@ from gpt2_interp.graphs.clt import (
 )
 from gpt2_interp.graphs.replacement import ReplacementModel
 from gpt2_interp.graphs.transcoder import TranscoderTrainConfig, evaluate_transcoders, new_transcoders
+from gpt2_interp.io.files import FileFormatError
 from gpt2_interp.io.integrity import IntegrityError
 from gpt2_interp.model import GPT2Config, HookedGPT2, llama_config
 
@@ -245,8 +247,12 @@ def test_clt_files_are_circuit_tracers_layout_and_load_back_checked(tmp_path, ar
     names = sorted(p.name for p in folder.iterdir())
     assert names == [f"W_{w}_{i}.safetensors" for w in ("dec", "enc") for i in range(3)] + ["config.yaml"]
     config = json.loads((folder / "config.yaml").read_text())
-    kind = "topk_cross_layer_transcoder" if architecture == "topk" else "cross_layer_transcoder"
+    # a TopK CLT, or one with skips (circuit-tracer's loader drops W_skip_{i}), under a kind circuit-tracer refuses
+    kind = "topk_cross_layer_transcoder" if architecture == "topk" else "skip_cross_layer_transcoder"
     assert config["model_kind"] == kind and config["feature_output_hook"] == "hook_mlp_out"
+    no_skip = CrossLayerTranscoder(dataclasses.replace(clt.cfg, skip=False)).save(tmp_path / "no_skip")
+    kind = "topk_cross_layer_transcoder" if architecture == "topk" else "cross_layer_transcoder"
+    assert json.loads((no_skip / "config.yaml").read_text())["model_kind"] == kind
     g = torch.Generator().manual_seed(3)
     xs = [torch.randn(5, 32, generator=g) for _ in range(3)]
     # circuit-tracer's CrossLayerTranscoder from these files: pre = x W_enc_iᵀ + b_enc_i, ReLU or JumpReLU
@@ -292,3 +298,83 @@ def test_graph_train_cross_layer_saves_a_clt_and_reports_each_layer(tmp_path, ca
     clt = load_transcoders(folder)
     assert isinstance(clt, CrossLayerTranscoder) and clt.cfg.training is not None
     assert clt.cfg.training["texts"] == "facts" and clt.W_dec[0].shape == (32, 6, clt.cfg.d_model)
+
+
+def _circuit_tracer_folder(folder, n=3, d_tc=24, d_model=32, threshold=True, seed=5):
+    """The files circuit-tracer's ``CrossLayerTranscoder.to_safetensors`` writes (plain safetensors, no
+    metadata): per layer ``W_enc_{i}`` ``[d_tc, d_model]``, ``b_enc_{i}``, ``b_dec_{i}``, ``threshold_{i}``
+    ``[d_tc]`` in ``W_enc_{i}.safetensors`` and ``W_dec_{i}`` ``[d_tc, n − i, d_model]``; the raw tensors."""
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    g = torch.Generator().manual_seed(seed)
+    raw = {}
+    for i in range(n):
+        enc = {
+            f"W_enc_{i}": torch.randn(d_tc, d_model, generator=g) / math.sqrt(d_model),
+            f"b_enc_{i}": 0.3 * torch.randn(d_tc, generator=g),
+            f"b_dec_{i}": 0.1 * torch.randn(d_model, generator=g),
+        }
+        if threshold:
+            enc[f"threshold_{i}"] = 0.5 * torch.rand(d_tc, generator=g)
+        dec = {f"W_dec_{i}": torch.randn(d_tc, n - i, d_model, generator=g) / math.sqrt(d_model)}
+        save_file(enc, str(folder / f"W_enc_{i}.safetensors"))
+        save_file(dec, str(folder / f"W_dec_{i}.safetensors"))
+        raw |= enc | dec
+    return raw
+
+
+@pytest.mark.parametrize("threshold", [True, False])
+def test_a_clt_folder_in_circuit_tracers_own_form_loads_and_computes_its_maths(tmp_path, threshold):
+    model = _model("gpt2", torch.float32)
+    folder = tmp_path / "ct"
+    raw = _circuit_tracer_folder(folder, threshold=threshold)
+    # circuit-tracer's published config.yaml (YAML, its keys only)
+    hooks = "model_kind: cross_layer_transcoder\nfeature_input_hook: {}\nfeature_output_hook: hook_mlp_out\n"
+    (folder / "config.yaml").write_text("# a CLT\n" + hooks.format("ln2.hook_normalized") + "scan: 'some/scan'\n")
+    clt = load_transcoders(folder, model)
+    assert isinstance(clt, CrossLayerTranscoder)
+    assert clt.cfg.architecture == ("batchtopk" if threshold else "relu") and clt.cfg.base_fingerprint == ""
+    g = torch.Generator().manual_seed(6)
+    xs = [torch.randn(7, 32, generator=g) for _ in range(3)]
+    # circuit-tracer's maths on the raw tensors: h = x W_encᵀ + b_enc, JumpReLU h·[h > θ] (or ReLU), output t
+    # Σ_{i ≤ t} a_i W_dec_i[:, t − i] + b_dec_t
+    pre = [xs[i] @ raw[f"W_enc_{i}"].T + raw[f"b_enc_{i}"] for i in range(3)]
+    acts = [p * (p > raw[f"threshold_{i}"]) if threshold else p.relu() for i, p in enumerate(pre)]
+    assert 0 < sum(int((a > 0).sum()) for a in acts) < 3 * 7 * 24
+    for t, out in enumerate(clt(xs)):
+        want = sum(acts[i] @ raw[f"W_dec_{i}"][:, t - i] for i in range(t + 1)) + raw[f"b_dec_{t}"]
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    (folder / "config.yaml").unlink()  # to_safetensors writes no config: the hooks are assumed
+    for p, q in zip(clt(xs), CrossLayerTranscoder.load(folder)(xs)):
+        assert torch.equal(p, q)
+
+
+def test_a_foreign_clt_folder_is_checked_for_hooks_shapes_and_values(tmp_path):
+    from safetensors.torch import save_file
+
+    def folder_with(name, **change):
+        folder = tmp_path / name
+        raw = _circuit_tracer_folder(folder)
+        for key, value in change.items():
+            i = key.rsplit("_", 1)[1]
+            file = folder / f"W_{'dec' if key.startswith('W_dec') else 'enc'}_{i}.safetensors"
+            dec = key.startswith("W_dec")
+            tensors = {k: v for k, v in raw.items() if k.endswith(f"_{i}") and k.startswith("W_dec") == dec}
+            save_file(tensors | {key: value}, str(file))
+        return folder
+
+    resid = folder_with("resid")
+    (resid / "config.yaml").write_text(
+        "model_kind: cross_layer_transcoder\nfeature_input_hook: hook_resid_mid\nfeature_output_hook: hook_mlp_out\n"
+    )
+    with pytest.raises(FileFormatError, match="hook_resid_mid"):
+        CrossLayerTranscoder.load(resid)
+    with pytest.raises(FileFormatError, match="shape"):
+        CrossLayerTranscoder.load(folder_with("shape", W_dec_1=torch.zeros(24, 3, 32)))
+    with pytest.raises(ValueError, match="non-finite"):
+        CrossLayerTranscoder.load(folder_with("nan", b_enc_2=torch.full((24,), float("nan"))))
+    with pytest.raises(FileFormatError, match="negative threshold"):
+        CrossLayerTranscoder.load(folder_with("negative", threshold_0=torch.full((24,), -0.1)))
+    with pytest.raises(FileFormatError, match="holds"):
+        CrossLayerTranscoder.load(folder_with("extra", W_skip_1=torch.zeros(32, 32)))

@@ -228,3 +228,36 @@ def test_two_hop_check_finds_the_features_that_promote_the_bridge_and_suppresses
     # the answer (rank 11 in the model) is not a logit node: no graph prediction, None in the JSON
     saved = json.loads(check.to_json())
     assert saved["suppressed"]["graph_total"][0] is None and saved["bridge_features"] == want
+
+
+def _same_result(a, b) -> None:
+    for name in ("features", "old", "new", "tokens", "graph_direct", "graph_total", "frozen_held", "frozen_free"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=1e-9, atol=1e-12, equal_nan=True)
+    for name in ("real", "prob_before", "prob_after", "node_direct", "node_held", "node_total", "node_free"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=1e-9, atol=1e-12, equal_nan=True)
+    assert a.top_before == b.top_before and a.top_after == b.top_after
+
+
+def test_a_clt_with_zero_cross_layer_decoders_intervenes_as_the_per_layer_transcoders(f64):
+    from gpt2_interp.graphs.clt import CrossLayerTranscoder
+
+    model, ts, g = f64
+    clt = CrossLayerTranscoder.from_transcoders(ts)
+    members = [_key(g, int((g.features[:, 0] == L).nonzero()[0, 0])) for L in (1, 3)]
+    want = intervene(model, ts, g, members, scale=3.0)
+    assert want.real.abs().max() > 1e-3
+    _same_result(intervene(model, clt, g, members, scale=3.0), want)
+
+
+def test_a_clt_with_zero_cross_layer_decoders_finds_the_per_layer_bridge_features(f32):
+    from gpt2_interp.graphs.clt import CrossLayerTranscoder
+
+    model, ts, _ = f32
+    case = two_hop_cases(FactBase.load(), n=1)[0]
+    g = attribute(model, ts, model.to_tokens(case.prompt)[0], AttributionConfig(batch_size=64, max_n_logits=3))
+    want = two_hop_check(model, ts, g, case, rank=200)
+    got = two_hop_check(model, CrossLayerTranscoder.from_transcoders(ts), g, case, rank=200)
+    assert want.present and torch.equal(got.bridge_features, want.bridge_features)
+    assert torch.equal(got.bridge_ranks, want.bridge_ranks)
+    assert got.suppressed is not None and want.suppressed is not None
+    _same_result(got.suppressed, want.suppressed)
